@@ -1,0 +1,23 @@
+"""jax_smddp: collectives for JAX as XLA FFI custom calls.
+
+The API mirrors ``jax.lax`` so that switching is a rename::
+
+    import jax_smddp as smddp
+    y = smddp.all_gather(x, "fsdp", axis=0, tiled=True)   # inside jax.shard_map
+
+Collectives run on the plugin's engine on CPU (XLA CPU devices of one process);
+cases the engine does not handle, and other platforms, lower through jax.lax.
+"""
+
+from jax_smddp.all_gather import all_gather
+from jax_smddp.all_reduce import all_reduce, pmax, pmin, psum
+from jax_smddp.all_to_all import all_to_all
+from jax_smddp.config import set_timeout, timeout
+from jax_smddp.reduce_scatter import psum_scatter, reduce_scatter
+
+__version__ = "0.1.0"
+
+__all__ = [
+    "all_gather", "psum_scatter", "reduce_scatter", "psum", "pmax", "pmin",
+    "all_reduce", "all_to_all", "set_timeout", "timeout",
+]

@@ -1,0 +1,189 @@
+"""What every jax_smddp collective shares.
+
+Each collective is a JAX primitive whose parameters are those of the matching
+``jax.lax`` primitive. Typing (shapes, varying axes under ``check_vma``, axis
+checks) is delegated to jax.lax's abstract evaluation, so a jax_smddp
+collective types exactly like its lax twin; the primitive's own rules are
+batching, differentiation and lowering. On CPU the lowering emits the plugin's
+FFI custom call; any case the engine does not handle (and every other
+platform, until the GPU backend lands) lowers through jax.lax's own rule.
+"""
+
+from __future__ import annotations
+
+import itertools
+import logging
+from typing import Any, Callable
+
+import numpy as np
+
+import jax
+import jax.numpy as jnp
+from jax._src import config as jax_config
+from jax._src import core
+from jax._src.interpreters import batching
+from jax._src.interpreters import mlir
+from jax._src.interpreters import pxla
+from jax._src.lax import parallel as lax_parallel
+from jax._src.lib.mlir.dialects import hlo
+from jax._src.sharding_impls import SPMDAxisContext
+
+from jax_smddp import _native
+
+log = logging.getLogger("jax_smddp")
+
+# Element types the engine handles; others lower through jax.lax.
+ENGINE_DTYPES = frozenset(np.dtype(t) for t in (
+    np.bool_, np.int8, np.uint8, np.int32, np.uint32, np.int64,
+    np.float16, jnp.bfloat16, np.float32, np.float64))
+
+# Reductions, numbered as the engine's ReduceOp.
+REDUCE_OPS = {"sum": 0, "max": 1, "min": 2}
+
+# Lowering platforms that have their own jax.lax rules we fall back to.
+_OTHER_PLATFORMS = ("cuda", "rocm", "tpu")
+
+_OP_IDS = ("jax_smddp", "op_ids")  # key of the per-module op counter
+
+
+def axes_tuple(axis_name) -> tuple:
+  return tuple(axis_name) if isinstance(axis_name, (tuple, list)) else (axis_name,)
+
+
+def check_bound(api: str, axes: tuple) -> None:
+  """Raises a NameError that says what to do when an axis name is unbound."""
+  env = core.get_axis_env()
+  for name in axes:
+    if not env.axis_exists(name):
+      raise NameError(
+          f"jax_smddp.{api}: axis name {name!r} is not bound here. Call jax_smddp "
+          f"collectives inside jax.shard_map(f, mesh=mesh, in_specs=..., out_specs=...) "
+          f"over a mesh that has an axis named {name!r}.")
+
+
+def group_size(axes: tuple) -> int:
+  env = core.get_axis_env()
+  size = 1
+  for name in axes:
+    size *= env.axis_size(name)
+  return size
+
+
+def vma_checked() -> bool:
+  return bool(jax_config._check_vma.value)
+
+
+def pvary_for(axes: tuple, x):
+  """Marks `x` as varying over `axes` where JAX would (auto_pcast), as lax does."""
+  return lax_parallel.insert_collective_pvary(axes, x)
+
+
+def make_primitive(name: str, to_lax: Callable[..., tuple[core.Primitive, dict]],
+                   lower_cpu: Callable[..., Any]) -> core.Primitive:
+  """A primitive typed like its lax twin, lowered by `lower_cpu` on CPU.
+
+  `to_lax(**params)` names the lax primitive (and its parameters) that this
+  call is equivalent to: used for typing and for every fallback lowering.
+  `lower_cpu(ctx, x, **params)` returns the lowered values, or a string saying
+  why the engine cannot take this case.
+  """
+  p = core.Primitive(f"smddp_{name}")
+
+  def abstract_eval(x, **params):
+    lax_prim, lax_params = to_lax(**params)
+    return lax_prim.abstract_eval(x, **lax_params)
+
+  def impl(*args, **params):
+    raise RuntimeError(f"jax_smddp.{name} runs only inside jax.shard_map (under jax.jit).")
+
+  p.def_effectful_abstract_eval(abstract_eval)
+  p.def_impl(impl)
+
+  def fallback(platform):
+    def rule(ctx, x, **params):
+      lax_prim, lax_params = to_lax(**params)
+      return lax_rule(lax_prim, platform)(ctx, x, **lax_params)
+    return rule
+
+  def cpu_rule(ctx, x, **params):
+    out = lower_cpu(ctx, x, **params)
+    if isinstance(out, str):
+      _log_fallback_once(name, out)
+      return fallback("cpu")(ctx, x, **params)
+    return out
+
+  mlir.register_lowering(p, fallback(None))
+  for platform in _OTHER_PLATFORMS:
+    mlir.register_lowering(p, fallback(platform), platform=platform)
+  mlir.register_lowering(p, cpu_rule, platform="cpu")
+  return p
+
+
+def lax_rule(lax_prim: core.Primitive, platform: str | None):
+  specific = mlir._platform_specific_lowerings.get(platform, {}) if platform else {}
+  entry = specific.get(lax_prim) or mlir._lowerings[lax_prim]
+  return entry.rule
+
+
+_logged: set = set()
+
+
+def _log_fallback_once(name: str, why: str) -> None:
+  if (name, why) not in _logged:
+    _logged.add((name, why))
+    log.debug("jax_smddp.%s lowers through jax.lax here: %s", name, why)
+
+
+def engine_unsupported(ctx, dtype, axes: tuple) -> str | None:
+  """Why the engine cannot run this call (None when it can)."""
+  axis_ctx = ctx.module_context.axis_context
+  if not isinstance(axis_ctx, SPMDAxisContext):
+    return f"not inside jax.shard_map under jit (axis context {type(axis_ctx).__name__})"
+  if set(axis_ctx.manual_axes) != set(axis_ctx.mesh.axis_names):
+    return "shard_map is manual over only some mesh axes"
+  if any(name not in axis_ctx.mesh.axis_names for name in axes):
+    return f"axis {axes} is not a mesh axis (vmap or pmap axis)"
+  if np.dtype(dtype) not in ENGINE_DTYPES:
+    return f"element type {np.dtype(dtype).name} is not handled by the engine"
+  return None
+
+
+def emit_ffi_call(ctx, target: str, x, axes: tuple, x_aval, out_aval, **attrs):
+  """Emits the plugin's custom call for one collective.
+
+  Operands are the input and this device's partition id (the id XLA uses in
+  replica groups); attributes are the replica groups, the op's position in the
+  module (with the XLA run id, the rendezvous key) and per-op layout.
+  """
+  _native.register_cpu_targets()
+  axis_ctx = ctx.module_context.axis_context
+  groups = np.asarray(pxla.axis_groups(axis_ctx, axes), dtype=np.int64)
+  op_ids = ctx.module_context.cached_primitive_lowerings.setdefault(_OP_IDS, itertools.count())
+  partition_id = hlo.partition_id()
+  pid_aval = core.ShapedArray((), np.uint32)
+  call_ctx = ctx.replace(avals_in=[x_aval, pid_aval], avals_out=[out_aval])
+  return jax.ffi.ffi_lowering(target)(
+      call_ctx, x, partition_id,
+      op_id=np.int64(next(op_ids)),
+      groups=groups.reshape(-1),
+      group_size=np.int64(groups.shape[1]),
+      **{k: np.int64(v) for k, v in attrs.items()})
+
+
+def lax_batcher(to_lax, axis_data, vals_in, dims_in, params):
+  """vmap over the collective's own axis name: jax.lax's rule (no communication)."""
+  lax_prim, lax_params = to_lax(**params)
+  return batching.fancy_primitive_batchers[lax_prim](axis_data, vals_in, dims_in, **lax_params)
+
+
+def prod(shape) -> int:
+  out = 1
+  for s in shape:
+    out *= int(s)
+  return out
+
+
+def group_size_of(ctx, axes: tuple) -> int:
+  """Group size of a collective over `axes`, at lowering time."""
+  mesh = ctx.module_context.axis_context.mesh
+  return prod(mesh.shape[name] for name in axes)

@@ -1,0 +1,84 @@
+"""all_gather: every rank receives every rank's block (the FSDP parameter gather)."""
+
+from __future__ import annotations
+
+import numpy as np
+
+from jax._src import core
+from jax._src import tree_util
+from jax._src.interpreters import ad
+from jax._src.interpreters import batching
+from jax._src.lax import parallel as lax_parallel
+
+from jax_smddp import _collective as c
+
+
+def all_gather(x, axis_name, *, axis: int = 0, tiled: bool = False):
+  """Gathers `x` from every rank of `axis_name`, like :func:`jax.lax.all_gather`.
+
+  Args:
+    x: array (or pytree of arrays) on this rank.
+    axis_name: a mesh axis name of the enclosing ``jax.shard_map``, or a tuple
+      of them (ranks ordered as ``jax.lax`` orders them).
+    axis: where the gathered dimension goes in the result.
+    tiled: if True, concatenate along `axis` instead of stacking a new one.
+  """
+  axes = c.axes_tuple(axis_name)
+  c.check_bound("all_gather", axes)
+  size = c.group_size(axes)
+
+  def bind(leaf):
+    ndim = np.ndim(leaf)
+    limit = ndim if tiled else ndim + 1
+    if not -limit <= axis < limit:
+      raise ValueError(f"jax_smddp.all_gather: axis={axis} is out of range for an input of rank "
+                       f"{ndim} (tiled={tiled}); use an axis in [{-limit}, {limit}).")
+    leaf = c.pvary_for(axes, leaf)
+    return all_gather_p.bind(leaf, all_gather_dimension=axis % limit, axis_name=axes,
+                             axis_index_groups=None, axis_size=size, tiled=tiled)
+
+  return tree_util.tree_map(bind, x)
+
+
+def _to_lax(**params):
+  return lax_parallel.all_gather_p, params
+
+
+def _lower_cpu(ctx, x, *, all_gather_dimension, axis_name, axis_index_groups, axis_size, tiled):
+  if axis_index_groups is not None:
+    return "axis_index_groups"
+  x_aval, = ctx.avals_in
+  out_aval, = ctx.avals_out
+  why = c.engine_unsupported(ctx, x_aval.dtype, axis_name)
+  if why:
+    return why
+  # Output viewed as [outer, ranks, inner]: rank p's input is block [:, p, :],
+  # whether tiled (concatenated) or not (stacked).
+  d = all_gather_dimension
+  return c.emit_ffi_call(ctx, "smddp_all_gather", x, axis_name, x_aval, out_aval,
+                         outer=c.prod(x_aval.shape[:d]),
+                         inner_bytes=c.prod(x_aval.shape[d:]) * np.dtype(x_aval.dtype).itemsize)
+
+
+def _transpose(cts, x, *, all_gather_dimension, axis_name, axis_index_groups, axis_size, tiled):
+  from jax_smddp.reduce_scatter import psum_scatter
+  return (psum_scatter(cts, axis_name, scatter_dimension=all_gather_dimension, tiled=tiled),)
+
+
+def _batcher(axis_data, vals_in, dims_in, **params):
+  (x,), (d,) = vals_in, dims_in
+  if axis_data.name in params["axis_name"]:
+    return c.lax_batcher(_to_lax, axis_data, vals_in, dims_in, params)
+  if d is None:
+    return all_gather_p.bind(x, **params), None
+  dim = params["all_gather_dimension"]
+  if d <= dim:
+    dim += 1
+  elif not params["tiled"]:
+    d += 1
+  return all_gather_p.bind(x, **{**params, "all_gather_dimension": dim}), d
+
+
+all_gather_p = c.make_primitive("all_gather", _to_lax, _lower_cpu)
+ad.deflinear2(all_gather_p, _transpose)
+batching.fancy_primitive_batchers[all_gather_p] = _batcher

@@ -1,0 +1,143 @@
+#include "xla_ffi/cpu_handlers.h"
+
+#include <cstdint>
+#include <memory>
+#include <string>
+
+#include "xla/ffi/api/ffi.h"
+#include "xla_ffi/engine/algorithms.h"
+#include "xla_ffi/engine/communicator.h"
+
+namespace ffi = xla::ffi;
+
+namespace smddp {
+namespace {
+
+bool ToDType(ffi::DataType t, DType* out) {
+  switch (t) {
+    case ffi::DataType::PRED: *out = DType::kBool; return true;
+    case ffi::DataType::S8: *out = DType::kInt8; return true;
+    case ffi::DataType::U8: *out = DType::kUInt8; return true;
+    case ffi::DataType::S32: *out = DType::kInt32; return true;
+    case ffi::DataType::U32: *out = DType::kUInt32; return true;
+    case ffi::DataType::S64: *out = DType::kInt64; return true;
+    case ffi::DataType::F16: *out = DType::kFloat16; return true;
+    case ffi::DataType::BF16: *out = DType::kBFloat16; return true;
+    case ffi::DataType::F32: *out = DType::kFloat32; return true;
+    case ffi::DataType::F64: *out = DType::kFloat64; return true;
+    default: return false;
+  }
+}
+
+ffi::Error ToFfi(const Status& st) {
+  if (st.ok()) return ffi::Error::Success();
+  return ffi::Error(ffi::ErrorCode::kInternal, st.message());
+}
+
+// The attributes every collective carries, and the call they describe.
+struct Common {
+  const char* op;
+  int64_t op_id;
+  ffi::Span<const int64_t> groups;  // replica groups, row-major
+  int64_t group_size;
+};
+
+// Opens the call: finds this device's group (the row of `groups` holding its
+// partition id), the communicator for it and this device's rank in it.
+ffi::Error Open(const Common& c, int64_t run_id, uint32_t partition_id,
+                ffi::AnyBuffer x, ffi::Result<ffi::AnyBuffer>& out, ReduceOp reduce,
+                std::unique_ptr<Exchange>* exchange, DType* dtype) {
+  if (!ToDType(x.element_type(), dtype))
+    return ffi::Error::InvalidArgument(std::string("jax_smddp ") + c.op +
+                                       ": unsupported element type reached the engine");
+  const int64_t n = c.group_size;
+  if (n <= 0 || c.groups.size() % n != 0)
+    return ffi::Error::InvalidArgument(std::string("jax_smddp ") + c.op + ": malformed replica groups");
+  for (size_t g = 0; g < c.groups.size(); g += n) {
+    for (int64_t r = 0; r < n; ++r) {
+      if (c.groups[g + r] != int64_t(partition_id)) continue;
+      Communicator* comm = FindOrCreateCommunicator(c.groups.begin() + g, int(n));
+      CallInfo info{c.op, *dtype, reduce, uint64_t(x.size_bytes()), uint64_t(out->size_bytes())};
+      return ToFfi(comm->Open(run_id, c.op_id, int(r), x.untyped_data(),
+                              out->untyped_data(), info, exchange));
+    }
+  }
+  return ffi::Error::InvalidArgument(std::string("jax_smddp ") + c.op + ": device " +
+                                     std::to_string(partition_id) + " is in no replica group");
+}
+
+ffi::Error AllGatherImpl(ffi::RunId run, ffi::AnyBuffer x, ffi::Buffer<ffi::U32> pid,
+                         ffi::Result<ffi::AnyBuffer> out, int64_t op_id,
+                         ffi::Span<const int64_t> groups, int64_t group_size,
+                         int64_t outer, int64_t inner_bytes) {
+  std::unique_ptr<Exchange> ex;
+  DType dtype;
+  Common c{"all_gather", op_id, groups, group_size};
+  if (auto err = Open(c, run.run_id, pid.typed_data()[0], x, out, ReduceOp::kSum, &ex, &dtype); err.failure())
+    return err;
+  return ToFfi(AllGather(*ex, out->untyped_data(), size_t(outer), size_t(inner_bytes)));
+}
+
+ffi::Error ReduceScatterImpl(ffi::RunId run, ffi::AnyBuffer x, ffi::Buffer<ffi::U32> pid,
+                             ffi::Result<ffi::AnyBuffer> out, int64_t op_id,
+                             ffi::Span<const int64_t> groups, int64_t group_size,
+                             int64_t reduce, int64_t outer, int64_t inner) {
+  std::unique_ptr<Exchange> ex;
+  DType dtype;
+  Common c{"reduce_scatter", op_id, groups, group_size};
+  if (auto err = Open(c, run.run_id, pid.typed_data()[0], x, out, ReduceOp(reduce), &ex, &dtype); err.failure())
+    return err;
+  return ToFfi(ReduceScatter(*ex, out->untyped_data(), dtype, ReduceOp(reduce), size_t(outer), size_t(inner)));
+}
+
+ffi::Error AllReduceImpl(ffi::RunId run, ffi::AnyBuffer x, ffi::Buffer<ffi::U32> pid,
+                         ffi::Result<ffi::AnyBuffer> out, int64_t op_id,
+                         ffi::Span<const int64_t> groups, int64_t group_size, int64_t reduce) {
+  std::unique_ptr<Exchange> ex;
+  DType dtype;
+  Common c{"all_reduce", op_id, groups, group_size};
+  if (auto err = Open(c, run.run_id, pid.typed_data()[0], x, out, ReduceOp(reduce), &ex, &dtype); err.failure())
+    return err;
+  return ToFfi(AllReduce(*ex, out->untyped_data(), dtype, ReduceOp(reduce), x.element_count()));
+}
+
+ffi::Error AllToAllImpl(ffi::RunId run, ffi::AnyBuffer x, ffi::Buffer<ffi::U32> pid,
+                        ffi::Result<ffi::AnyBuffer> out, int64_t op_id,
+                        ffi::Span<const int64_t> groups, int64_t group_size,
+                        int64_t outer, int64_t inner_bytes) {
+  std::unique_ptr<Exchange> ex;
+  DType dtype;
+  Common c{"all_to_all", op_id, groups, group_size};
+  if (auto err = Open(c, run.run_id, pid.typed_data()[0], x, out, ReduceOp::kSum, &ex, &dtype); err.failure())
+    return err;
+  return ToFfi(AllToAll(*ex, out->untyped_data(), size_t(outer), size_t(inner_bytes)));
+}
+
+}  // namespace
+}  // namespace smddp
+
+#define SMDDP_COMMON_BINDING()                 \
+  ffi::Ffi::Bind()                             \
+      .Ctx<ffi::RunId>()                       \
+      .Arg<ffi::AnyBuffer>()                   \
+      .Arg<ffi::Buffer<ffi::U32>>()            \
+      .Ret<ffi::AnyBuffer>()                   \
+      .Attr<int64_t>("op_id")                  \
+      .Attr<ffi::Span<const int64_t>>("groups") \
+      .Attr<int64_t>("group_size")
+
+XLA_FFI_DEFINE_HANDLER_SYMBOL(SmddpAllGatherCpu, smddp::AllGatherImpl,
+                              SMDDP_COMMON_BINDING()
+                                  .Attr<int64_t>("outer")
+                                  .Attr<int64_t>("inner_bytes"));
+XLA_FFI_DEFINE_HANDLER_SYMBOL(SmddpReduceScatterCpu, smddp::ReduceScatterImpl,
+                              SMDDP_COMMON_BINDING()
+                                  .Attr<int64_t>("reduce")
+                                  .Attr<int64_t>("outer")
+                                  .Attr<int64_t>("inner"));
+XLA_FFI_DEFINE_HANDLER_SYMBOL(SmddpAllReduceCpu, smddp::AllReduceImpl,
+                              SMDDP_COMMON_BINDING().Attr<int64_t>("reduce"));
+XLA_FFI_DEFINE_HANDLER_SYMBOL(SmddpAllToAllCpu, smddp::AllToAllImpl,
+                              SMDDP_COMMON_BINDING()
+                                  .Attr<int64_t>("outer")
+                                  .Attr<int64_t>("inner_bytes"));

@@ -1,0 +1,72 @@
+#include "xla_ffi/engine/communicator.h"
+
+#include <algorithm>
+#include <atomic>
+#include <map>
+#include <sstream>
+
+#include "xla_ffi/engine/inprocess_transport.h"
+
+namespace smddp {
+
+namespace {
+
+// Runs kept in the invocation table: far more executions than XLA can have in
+// flight at once, so a live run is never forgotten.
+constexpr size_t kRecentRuns = 1024;
+
+std::atomic<int64_t> g_timeout_ms{300'000};
+
+std::string DescribeMembers(const std::vector<int64_t>& members) {
+  std::ostringstream os;
+  os << "devices [";
+  for (size_t i = 0; i < members.size(); ++i) os << (i ? " " : "") << members[i];
+  os << "]";
+  return os.str();
+}
+
+}  // namespace
+
+void SetTimeoutSeconds(double seconds) { g_timeout_ms = int64_t(seconds * 1000.0); }
+double TimeoutSeconds() { return double(g_timeout_ms.load()) / 1000.0; }
+
+Communicator::Communicator(uint64_t id, std::vector<int64_t> members, Transport* transport)
+    : members_(std::move(members)), transport_(transport) {
+  info_.id = id;
+  info_.description = DescribeMembers(members_);
+}
+
+uint64_t Communicator::NextInvocation(int64_t run_id, int64_t op_id, int rank) {
+  std::lock_guard<std::mutex> lock(mu_);
+  if (std::find(recent_runs_.rbegin(), recent_runs_.rend(), run_id) == recent_runs_.rend()) {
+    recent_runs_.push_back(run_id);
+    if (recent_runs_.size() > kRecentRuns) {
+      const int64_t old = recent_runs_.front();
+      recent_runs_.pop_front();
+      for (auto it = invocations_.begin(); it != invocations_.end();) {
+        it = it->first.run_id == old ? invocations_.erase(it) : std::next(it);
+      }
+    }
+  }
+  return invocations_[CounterKey{run_id, op_id, rank}]++;
+}
+
+Status Communicator::Open(int64_t run_id, int64_t op_id, int rank, const void* send,
+                          void* recv, const CallInfo& call, std::unique_ptr<Exchange>* out) {
+  CallKey key{info_.id, run_id, op_id, NextInvocation(run_id, op_id, rank)};
+  const auto deadline = Clock::now() + std::chrono::milliseconds(g_timeout_ms.load());
+  return transport_->Open(info_, size(), key, rank, send, recv, call, deadline, out);
+}
+
+Communicator* FindOrCreateCommunicator(const int64_t* members, int size) {
+  static std::mutex mu;
+  static auto* table = new std::map<std::vector<int64_t>, std::unique_ptr<Communicator>>();
+  static auto* in_process = new InProcessTransport();
+  std::vector<int64_t> key(members, members + size);
+  std::lock_guard<std::mutex> lock(mu);
+  auto& comm = (*table)[key];
+  if (!comm) comm = std::make_unique<Communicator>(table->size(), key, in_process);
+  return comm.get();
+}
+
+}  // namespace smddp

@@ -1,0 +1,86 @@
+// The transport interface every collective algorithm is written against.
+//
+// A collective call is opened on a transport by every rank of a communicator;
+// the transport returns an Exchange: this rank's view of all ranks' buffers
+// for that one call, with the moves it may make between them. The in-process
+// transport moves bytes with memcpy between XLA devices of one process; later
+// transports (shared memory, libfabric, CUDA IPC) implement the same calls.
+#ifndef JAX_SMDDP_ENGINE_TRANSPORT_H_
+#define JAX_SMDDP_ENGINE_TRANSPORT_H_
+
+#include <chrono>
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <string>
+
+#include "xla_ffi/engine/dtype.h"
+#include "xla_ffi/engine/status.h"
+
+namespace smddp {
+
+using Clock = std::chrono::steady_clock;
+
+// What every rank of one call must agree on; checked when the call opens so
+// that mismatched programs fail loudly instead of mixing data.
+struct CallInfo {
+  const char* op = "";
+  DType dtype = DType::kFloat32;
+  ReduceOp reduce = ReduceOp::kSum;
+  uint64_t send_bytes = 0;
+  uint64_t recv_bytes = 0;
+  bool operator==(const CallInfo& o) const {
+    return std::string(op) == o.op && dtype == o.dtype && reduce == o.reduce &&
+           send_bytes == o.send_bytes && recv_bytes == o.recv_bytes;
+  }
+};
+
+// Identifies one call instance of one collective across all ranks.
+struct CallKey {
+  uint64_t communicator = 0;
+  int64_t run_id = 0;      // the XLA execution (equal on every device)
+  int64_t op_id = 0;       // the collective's position in the program
+  uint64_t invocation = 0; // how many times this op already ran in this run
+  bool operator==(const CallKey& o) const {
+    return communicator == o.communicator && run_id == o.run_id &&
+           op_id == o.op_id && invocation == o.invocation;
+  }
+};
+
+class Exchange {
+ public:
+  virtual ~Exchange() = default;
+  virtual int rank() const = 0;
+  virtual int size() const = 0;
+  // Direct pointer to `peer`'s send buffer when it is addressable from this
+  // rank (always for peer == rank), else nullptr.
+  virtual const void* PeerSend(int peer) = 0;
+  // Copies `bytes` of `peer`'s send buffer, from `offset`, into local `dst`.
+  virtual Status Get(int peer, size_t offset, void* dst, size_t bytes) = 0;
+  // Copies local `src` into `peer`'s receive buffer at `offset`.
+  virtual Status Put(int peer, size_t offset, const void* src, size_t bytes) = 0;
+  // Returns once every rank has finished all its moves of this call; only
+  // then may any rank release its buffers.
+  virtual Status Finish() = 0;
+};
+
+// Describes a communicator to its transport, for error messages.
+struct GroupInfo {
+  uint64_t id = 0;
+  std::string description;  // e.g. "devices [0 1 2 3]"
+};
+
+class Transport {
+ public:
+  virtual ~Transport() = default;
+  // Waits (until `deadline`) for every rank of the group to open the call
+  // `key`, then returns this rank's Exchange.
+  virtual Status Open(const GroupInfo& group, int size, const CallKey& key,
+                      int rank, const void* send, void* recv,
+                      const CallInfo& info, Clock::time_point deadline,
+                      std::unique_ptr<Exchange>* exchange) = 0;
+};
+
+}  // namespace smddp
+
+#endif  // JAX_SMDDP_ENGINE_TRANSPORT_H_

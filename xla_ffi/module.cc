@@ -1,0 +1,81 @@
+// Python bindings of the native engine: the FFI targets (as capsules the
+// Python layer registers with jax.ffi), engine settings, and a direct entry
+// into the engine's rendezvous for tests of its failure paths.
+#include <atomic>
+#include <chrono>
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <thread>
+#include <utility>
+#include <vector>
+
+#include "nanobind/nanobind.h"
+#include "nanobind/stl/pair.h"
+#include "nanobind/stl/string.h"
+#include "nanobind/stl/vector.h"
+#include "xla_ffi/cpu_handlers.h"
+#include "xla_ffi/engine/algorithms.h"
+#include "xla_ffi/engine/communicator.h"
+
+namespace nb = nanobind;
+
+namespace {
+
+template <typename T>
+nb::capsule Capsule(T* fn) {
+  return nb::capsule(reinterpret_cast<void*>(fn));
+}
+
+// Runs one all_reduce of `count` floats on a private communicator of `size`
+// ranks, where only the ranks in `present` ever arrive. Returns, per present
+// rank, the error text ("" on success). Used to test the deadline path.
+std::vector<std::pair<int, std::string>> RendezvousProbe(int size, std::vector<int> present,
+                                                         double timeout_s, int64_t count) {
+  static std::atomic<int64_t> next_run{1};
+  std::vector<int64_t> members;
+  for (int r = 0; r < size; ++r) members.push_back(-1000000 - r);  // never a real device
+  smddp::Communicator* comm = smddp::FindOrCreateCommunicator(members.data(), size);
+  const int64_t run_id = -(next_run++);
+  const double saved = smddp::TimeoutSeconds();
+  smddp::SetTimeoutSeconds(timeout_s);
+  std::vector<std::pair<int, std::string>> results(present.size());
+  std::vector<std::vector<float>> send(present.size(), std::vector<float>(count, 1.0f));
+  std::vector<std::vector<float>> recv(present.size(), std::vector<float>(count, 0.0f));
+  {
+    nb::gil_scoped_release release;
+    std::vector<std::thread> threads;
+    for (size_t i = 0; i < present.size(); ++i) {
+      threads.emplace_back([&, i] {
+        std::unique_ptr<smddp::Exchange> ex;
+        smddp::CallInfo info{"all_reduce", smddp::DType::kFloat32, smddp::ReduceOp::kSum,
+                             uint64_t(count * 4), uint64_t(count * 4)};
+        smddp::Status st = comm->Open(run_id, 0, present[i], send[i].data(), recv[i].data(), info, &ex);
+        if (st.ok()) st = smddp::AllReduce(*ex, recv[i].data(), smddp::DType::kFloat32,
+                                           smddp::ReduceOp::kSum, size_t(count));
+        results[i] = {present[i], st.ok() ? std::string() : st.message()};
+      });
+    }
+    for (auto& t : threads) t.join();
+  }
+  smddp::SetTimeoutSeconds(saved);
+  return results;
+}
+
+}  // namespace
+
+NB_MODULE(_smddp_cpu, m) {
+  m.doc() = "jax_smddp native engine (CPU)";
+  m.def("registrations", []() {
+    nb::dict d;
+    d["smddp_all_gather"] = Capsule(SmddpAllGatherCpu);
+    d["smddp_reduce_scatter"] = Capsule(SmddpReduceScatterCpu);
+    d["smddp_all_reduce"] = Capsule(SmddpAllReduceCpu);
+    d["smddp_all_to_all"] = Capsule(SmddpAllToAllCpu);
+    return d;
+  });
+  m.def("set_timeout", &smddp::SetTimeoutSeconds, nb::arg("seconds"));
+  m.def("timeout", &smddp::TimeoutSeconds);
+  m.def("rendezvous_probe", &RendezvousProbe, nb::arg("size"), nb::arg("present"),
+        nb::arg("timeout_s"), nb::arg("count") = 1024);
+}
