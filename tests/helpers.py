@@ -1,0 +1,59 @@
+"""Shared test helpers: meshes, sharded inputs, and a runner that executes the
+same shard_map body with jax_smddp and with jax.lax."""
+
+from __future__ import annotations
+
+import numpy as np
+
+import jax
+import jax.numpy as jnp
+from jax.sharding import NamedSharding, PartitionSpec as P
+
+
+def mesh_1d(n: int = 8):
+  return jax.make_mesh((n,), ("x",))
+
+
+def mesh_2d():
+  return jax.make_mesh((2, 4), ("r", "s"))
+
+
+def random_array(shape, dtype, seed=0):
+  """Data that reveals misplaced blocks: distinct values everywhere."""
+  rng = np.random.default_rng(seed)
+  dtype = np.dtype(dtype)
+  if dtype == np.bool_:
+    return rng.integers(0, 2, size=shape).astype(np.bool_)
+  if np.issubdtype(dtype, np.integer):
+    info = np.iinfo(dtype)
+    lo, hi = max(info.min, -100), min(info.max, 100)
+    return rng.integers(lo, hi, size=shape).astype(dtype)
+  return rng.standard_normal(shape).astype(dtype)
+
+
+def shard(x, mesh, spec):
+  return jax.device_put(jnp.asarray(x), NamedSharding(mesh, spec))
+
+
+def run(body, x, mesh, in_spec, out_spec, check_vma=True):
+  f = jax.jit(jax.shard_map(body, mesh=mesh, in_specs=in_spec, out_specs=out_spec,
+                            check_vma=check_vma))
+  return f, f(shard(x, mesh, in_spec))
+
+
+def lowered_text(body, x, mesh, in_spec, out_spec, check_vma=True):
+  f = jax.jit(jax.shard_map(body, mesh=mesh, in_specs=in_spec, out_specs=out_spec,
+                            check_vma=check_vma))
+  return f.lower(shard(x, mesh, in_spec)).as_text()
+
+
+def assert_same(got, want, dtype):
+  got, want = np.asarray(got), np.asarray(want)
+  assert got.shape == want.shape and got.dtype == want.dtype, (got.shape, want.shape, got.dtype, want.dtype)
+  if np.dtype(dtype) in (np.dtype(np.float16), np.dtype(jnp.bfloat16)):
+    # 16-bit floats: the engine accumulates in f32, XLA may not.
+    np.testing.assert_allclose(got.astype(np.float32), want.astype(np.float32), rtol=2e-2, atol=2e-2)
+  elif np.issubdtype(np.dtype(dtype), np.floating):
+    np.testing.assert_allclose(got, want, rtol=1e-6, atol=1e-6)
+  else:
+    np.testing.assert_array_equal(got, want)
