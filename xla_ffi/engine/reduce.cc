@@ -70,8 +70,6 @@ inline uint16_t StoreF16(float f) {
 }
 
 template <typename T> inline T Identity(T v) { return v; }
-template <typename T, typename A> inline A Widen(T v) { return A(v); }
-template <typename T, typename A> inline T Narrow(A v) { return T(v); }
 
 struct Sum { template <typename A> A operator()(A a, A b) const { return a + b; } };
 // Float max/min propagate NaN, as XLA's maximum/minimum do.
@@ -88,37 +86,56 @@ struct Min {
   }
 };
 
-// Combines the sources block by block so the accumulator stays in L1.
+// Combines the sources block by block, three sources per pass over the block
+// (fewer passes over the accumulator, few enough streams for the prefetcher),
+// always in source order. When no conversion is needed the output block is
+// the accumulator; otherwise an f32 stage in L1 is.
 template <typename S, typename A, A (*Load)(S), S (*Store)(A), typename Op>
 void ReduceBlocks(const void* const* srcs, int n, void* out, size_t count) {
-  constexpr size_t kBlock = 2048;
-  A acc[kBlock];
+  constexpr bool kInPlace = std::is_same_v<S, A>;
+  constexpr size_t kBlock = kInPlace ? 16384 : 4096;
+  A stage[kInPlace ? 1 : kBlock];
   Op op;
   for (size_t base = 0; base < count; base += kBlock) {
     const size_t m = std::min(kBlock, count - base);
-    const S* s0 = static_cast<const S*>(srcs[0]) + base;
-    for (size_t i = 0; i < m; ++i) acc[i] = Load(s0[i]);
-    for (int p = 1; p < n; ++p) {
-      const S* sp = static_cast<const S*>(srcs[p]) + base;
-      for (size_t i = 0; i < m; ++i) acc[i] = op(acc[i], Load(sp[i]));
+    A* __restrict__ acc = kInPlace ? reinterpret_cast<A*>(static_cast<S*>(out) + base) : stage;
+    auto src = [&](int p) { return static_cast<const S*>(srcs[p]) + base; };
+    const S* __restrict__ s0 = src(0);
+    int p = 1;
+    if (n >= 2) {
+      const S* __restrict__ s1 = src(1);
+      for (size_t i = 0; i < m; ++i) acc[i] = op(Load(s0[i]), Load(s1[i]));
+      p = 2;
+    } else {
+      for (size_t i = 0; i < m; ++i) acc[i] = Load(s0[i]);
     }
-    S* o = static_cast<S*>(out) + base;
-    for (size_t i = 0; i < m; ++i) o[i] = Store(acc[i]);
+    for (; p + 2 < n; p += 3) {
+      const S* __restrict__ a = src(p);
+      const S* __restrict__ b = src(p + 1);
+      const S* __restrict__ c = src(p + 2);
+      for (size_t i = 0; i < m; ++i) acc[i] = op(op(op(acc[i], Load(a[i])), Load(b[i])), Load(c[i]));
+    }
+    for (; p < n; ++p) {
+      const S* __restrict__ a = src(p);
+      for (size_t i = 0; i < m; ++i) acc[i] = op(acc[i], Load(a[i]));
+    }
+    if constexpr (!kInPlace) {
+      S* __restrict__ o = static_cast<S*>(out) + base;
+      for (size_t i = 0; i < m; ++i) o[i] = Store(acc[i]);
+    }
   }
 }
 
-// Picks the accumulator: f32 for 16-bit floats, unsigned (wrapping) for
-// integer sums, the storage type otherwise.
+// Picks the accumulator: f32 for 16-bit floats; for integer sums the unsigned
+// type of the same width (two's-complement wrap-around, no undefined
+// overflow); the storage type otherwise.
 template <typename Op>
 bool Dispatch(DType dtype, const void* const* srcs, int n, void* out, size_t count) {
   constexpr bool kSum = std::is_same_v<Op, Sum>;
+#define SMDDP_SAME(T) ReduceBlocks<T, T, Identity<T>, Identity<T>, Op>(srcs, n, out, count)
   switch (dtype) {
-    case DType::kFloat32:
-      ReduceBlocks<float, float, Identity<float>, Identity<float>, Op>(srcs, n, out, count);
-      return true;
-    case DType::kFloat64:
-      ReduceBlocks<double, double, Identity<double>, Identity<double>, Op>(srcs, n, out, count);
-      return true;
+    case DType::kFloat32: SMDDP_SAME(float); return true;
+    case DType::kFloat64: SMDDP_SAME(double); return true;
     case DType::kBFloat16:
       ReduceBlocks<uint16_t, float, LoadBF16, StoreBF16, Op>(srcs, n, out, count);
       return true;
@@ -126,26 +143,20 @@ bool Dispatch(DType dtype, const void* const* srcs, int n, void* out, size_t cou
       ReduceBlocks<uint16_t, float, LoadF16, StoreF16, Op>(srcs, n, out, count);
       return true;
     case DType::kInt8:
-      if constexpr (kSum) ReduceBlocks<int8_t, uint32_t, Widen<int8_t, uint32_t>, Narrow<int8_t, uint32_t>, Op>(srcs, n, out, count);
-      else ReduceBlocks<int8_t, int8_t, Identity<int8_t>, Identity<int8_t>, Op>(srcs, n, out, count);
+      if constexpr (kSum) SMDDP_SAME(uint8_t); else SMDDP_SAME(int8_t);
       return true;
-    case DType::kUInt8:
-      ReduceBlocks<uint8_t, uint32_t, Widen<uint8_t, uint32_t>, Narrow<uint8_t, uint32_t>, Op>(srcs, n, out, count);
-      return true;
+    case DType::kUInt8: SMDDP_SAME(uint8_t); return true;
     case DType::kInt32:
-      if constexpr (kSum) ReduceBlocks<int32_t, uint32_t, Widen<int32_t, uint32_t>, Narrow<int32_t, uint32_t>, Op>(srcs, n, out, count);
-      else ReduceBlocks<int32_t, int32_t, Identity<int32_t>, Identity<int32_t>, Op>(srcs, n, out, count);
+      if constexpr (kSum) SMDDP_SAME(uint32_t); else SMDDP_SAME(int32_t);
       return true;
-    case DType::kUInt32:
-      ReduceBlocks<uint32_t, uint32_t, Identity<uint32_t>, Identity<uint32_t>, Op>(srcs, n, out, count);
-      return true;
+    case DType::kUInt32: SMDDP_SAME(uint32_t); return true;
     case DType::kInt64:
-      if constexpr (kSum) ReduceBlocks<int64_t, uint64_t, Widen<int64_t, uint64_t>, Narrow<int64_t, uint64_t>, Op>(srcs, n, out, count);
-      else ReduceBlocks<int64_t, int64_t, Identity<int64_t>, Identity<int64_t>, Op>(srcs, n, out, count);
+      if constexpr (kSum) SMDDP_SAME(uint64_t); else SMDDP_SAME(int64_t);
       return true;
     case DType::kBool:
       return false;
   }
+#undef SMDDP_SAME
   return false;
 }
 

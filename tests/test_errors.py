@@ -1,0 +1,123 @@
+"""User-facing errors: at trace time, and the engine's deadline when a peer
+never arrives (error on the others, no hang, no crash)."""
+
+import subprocess
+import sys
+import textwrap
+import time
+
+import numpy as np
+import pytest
+
+import jax
+import jax.numpy as jnp
+from jax.sharding import PartitionSpec as P
+
+import jax_smddp as smddp
+from jax_smddp import _native
+from helpers import mesh_1d, random_array, run
+
+
+def test_outside_shard_map_names_the_fix():
+  with pytest.raises(NameError, match=r"inside jax.shard_map"):
+    jax.jit(lambda v: smddp.all_gather(v, "x"))(jnp.ones(4))
+
+
+def test_unbound_axis_name():
+  x = random_array((8 * 2,), np.float32)
+  with pytest.raises(NameError, match=r"axis name 'y' is not bound"):
+    run(lambda v: smddp.psum(v, "y"), x, mesh_1d(), P("x"), P())
+
+
+def test_tiled_scatter_not_divisible():
+  x = random_array((8 * 3,), np.float32)
+  with pytest.raises(ValueError, match=r"not divisible by the 8 ranks.*pad"):
+    run(lambda v: smddp.psum_scatter(v, "x", tiled=True), x, mesh_1d(), P("x"), P("x"))
+
+
+def test_untiled_scatter_wrong_size():
+  x = random_array((8 * 3,), np.float32)
+  with pytest.raises(ValueError, match=r"must be equal"):
+    run(lambda v: smddp.psum_scatter(v, "x"), x, mesh_1d(), P("x"), P("x"))
+
+
+def test_reduction_of_bool_is_refused():
+  x = random_array((8 * 8,), np.bool_)
+  with pytest.raises(TypeError, match=r"cast to an integer"):
+    run(lambda v: smddp.psum_scatter(v, "x", tiled=True), x, mesh_1d(), P("x"), P("x"))
+  with pytest.raises(TypeError, match=r"cast to an integer"):
+    run(lambda v: smddp.pmax(v, "x"), x, mesh_1d(), P("x"), P())
+
+
+def test_bad_reduce_op_and_axis():
+  x = random_array((8 * 8,), np.float32)
+  with pytest.raises(ValueError, match=r"op must be one of"):
+    run(lambda v: smddp.all_reduce(v, "x", op="prod"), x, mesh_1d(), P("x"), P())
+  with pytest.raises(ValueError, match=r"out of range"):
+    run(lambda v: smddp.all_gather(v, "x", axis=3), x, mesh_1d(), P("x"), P("x"))
+
+
+def test_set_timeout_validates():
+  with pytest.raises(ValueError):
+    smddp.set_timeout(0)
+  old = smddp.timeout()
+  smddp.set_timeout(12.5)
+  assert smddp.timeout() == 12.5
+  smddp.set_timeout(old)
+
+
+@pytest.mark.timeout(60)
+def test_engine_deadline_when_a_rank_never_arrives():
+  start = time.monotonic()
+  results = _native.engine().rendezvous_probe(4, [0, 1, 2], 0.5)
+  elapsed = time.monotonic() - start
+  assert elapsed < 10
+  assert [r for r, _ in results] == [0, 1, 2]
+  for rank, err in results:
+    assert "timed out" in err or "never arrived" in err or "gave up" in err, err
+    assert "3" in err.split("rank(s)")[1].split()[0], err   # names the missing rank
+    assert "all_reduce" in err
+  # The engine stays healthy: a complete group succeeds afterwards.
+  ok = _native.engine().rendezvous_probe(4, [0, 1, 2, 3], 5.0)
+  assert all(err == "" for _, err in ok), ok
+
+
+@pytest.mark.timeout(60)
+def test_engine_late_rank_fails_fast_without_touching_buffers():
+  # Rank 3 arrives after the others gave up: it must fail too, at once.
+  results = _native.engine().rendezvous_probe(4, [0, 1, 2], 0.3)
+  assert all(err for _, err in results)
+
+
+@pytest.mark.timeout(120)
+def test_jax_program_with_a_rank_that_skips_the_collective_raises(tmp_path):
+  # One device takes a branch without the collective: the others must raise
+  # an error naming the missing rank within the deadline, not hang.
+  script = textwrap.dedent("""
+    import os
+    os.environ["XLA_FLAGS"] = "--xla_force_host_platform_device_count=4"
+    import jax, jax.numpy as jnp, numpy as np
+    from jax.sharding import PartitionSpec as P, NamedSharding
+    import jax_smddp as smddp
+    smddp.set_timeout(1.0)
+    mesh = jax.make_mesh((4,), ("x",))
+    def body(v):
+      i = jax.lax.axis_index("x")
+      return jax.lax.cond(i == 2, lambda u: u * 1.0, lambda u: smddp.psum(u, "x") * 1.0, v)
+    f = jax.jit(jax.shard_map(body, mesh=mesh, in_specs=P("x"), out_specs=P("x"), check_vma=False))
+    x = jax.device_put(jnp.arange(8.0), NamedSharding(mesh, P("x")))
+    try:
+      f(x).block_until_ready()
+      print("NO ERROR")
+    except Exception as e:
+      print("ERROR:", e)
+  """)
+  path = tmp_path / "skip.py"
+  path.write_text(script)
+  start = time.monotonic()
+  proc = subprocess.run([sys.executable, str(path)], capture_output=True, text=True, timeout=100)
+  elapsed = time.monotonic() - start
+  out = proc.stdout + proc.stderr
+  assert "ERROR:" in proc.stdout, out
+  assert "timed out" in out and "rank(s) 2" in out, out
+  assert elapsed < 60, elapsed
