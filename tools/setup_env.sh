@@ -1,0 +1,19 @@
+#!/usr/bin/env bash
+# Creates (or reuses) a virtual environment with jax and builds jax_smddp into it.
+#   tools/setup_env.sh PYTHON VENV_DIR JAX_SPEC [EXTRA_PIP_PACKAGES...]
+# The plugin is compiled against the FFI headers of the jaxlib installed in
+# that environment, so each jax version gets its own environment and build.
+set -euo pipefail
+python=$1 venv=$2 jax_spec=$3
+shift 3
+root=$(cd "$(dirname "$0")/.." && pwd)
+if [ ! -x "$venv/bin/python" ]; then
+  $python -m venv "$venv"
+fi
+pip() { "$venv/bin/python" -m pip "$@"; }
+pip install -q --disable-pip-version-check --upgrade pip >/dev/null
+pip install -q --disable-pip-version-check "$jax_spec" numpy nanobind "scikit-build-core>=0.10" \
+  cmake ninja pytest pytest-timeout "$@"
+# --no-build-isolation: build against the jax installed above, not a newer one.
+pip install -q --disable-pip-version-check --no-build-isolation --no-deps "$root"
+"$venv/bin/python" -c "import jax, jax_smddp; print('jax', jax.__version__, '+ jax_smddp', jax_smddp.__version__, 'in', '$venv')"

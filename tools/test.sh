@@ -1,0 +1,33 @@
+#!/usr/bin/env bash
+# Sets up and runs the test suite at both ends of the supported range:
+# Python 3.11 + jax 0.10.2 and Python 3.12 + jax 0.12.
+set -euo pipefail
+root=$(cd "$(dirname "$0")/.." && pwd)
+cd "$root"
+
+find_python312() {
+  if command -v python3.12 >/dev/null && PYENV_VERSION=3.12.1 python3.12 -c 'pass' 2>/dev/null; then
+    echo "env PYENV_VERSION=3.12.1 python3.12"
+  fi
+}
+
+status=0
+run_suite() {  # name python venv jax_spec
+  local name=$1 python=$2 venv=$3 jax_spec=$4
+  echo "=== $name: setting up $venv ($jax_spec)"
+  bash tools/setup_env.sh "$python" "$venv" "$jax_spec"
+  echo "=== $name: pytest"
+  "$venv/bin/pytest" -q -p no:cacheprovider tests || status=1
+}
+
+run_suite "python3.11 / jax 0.10.2" python3.11 .venv/py311 "jax==0.10.2"
+py312=$(find_python312)
+if [ -n "$py312" ]; then
+  run_suite "python3.12 / jax 0.12" "$py312" .venv/py312 "jax>=0.12,<0.13"
+elif [ "${CI:-}" = "true" ]; then
+  echo "python3.12 is missing: CI must test jax 0.12 too" >&2
+  status=1
+else
+  echo "=== python3.12 not found: skipped the jax 0.12 suite"
+fi
+exit $status
