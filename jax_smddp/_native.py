@@ -6,7 +6,13 @@ import functools
 
 import jax
 
-from jax_smddp import _smddp_cpu  # built by CMake (see CMakeLists.txt)
+try:
+  from jax_smddp import _smddp_cpu  # built by CMake (see CMakeLists.txt)
+except ImportError as e:
+  raise ImportError(
+      "jax_smddp's native extension (_smddp_cpu) is missing: build and install the package "
+      "with `pip install --no-build-isolation .` (after installing jax), and do not import it "
+      "from an unbuilt source checkout.") from e
 
 # Names of the FFI targets, by collective; the same names on every platform.
 TARGETS = ("smddp_all_gather", "smddp_reduce_scatter", "smddp_all_reduce", "smddp_all_to_all")
@@ -14,8 +20,11 @@ TARGETS = ("smddp_all_gather", "smddp_reduce_scatter", "smddp_all_reduce", "smdd
 
 @functools.cache
 def register_cpu_targets() -> None:
-  for name, capsule in _smddp_cpu.registrations().items():
-    jax.ffi.register_ffi_target(name, capsule, platform="cpu")
+  # Types before the handlers that use them.
+  for name, registration in _smddp_cpu.type_registrations().items():
+    jax.ffi.register_ffi_type(name, registration, platform="cpu")
+  for name, stages in _smddp_cpu.registrations().items():
+    jax.ffi.register_ffi_target(name, stages, platform="cpu")
 
 
 def engine():

@@ -199,3 +199,26 @@ def test_eager_shard_map_without_jit():
   want = jax.shard_map(lambda v: jax.lax.all_gather(v, "x", tiled=True), mesh=m,
                        in_specs=P("x"), out_specs=P("x"))(shard(x, m, P("x")))
   np.testing.assert_array_equal(np.asarray(got), np.asarray(want))
+
+
+def test_same_inner_jit_called_twice_pairs_the_right_instances():
+  # jax lowers the inner jit once; XLA inlines it twice, so two collective
+  # instructions carry identical attributes and may run in either order on
+  # each device. The engine must still pair each with its own peers.
+  m = mesh()
+
+  @jax.jit
+  def gather(w):
+    return smddp.all_gather(w, "x", tiled=True)
+
+  def body(w1, w2):
+    return gather(w1) * 2.0, gather(w2) * 3.0
+
+  f = jax.jit(jax.shard_map(body, mesh=m, in_specs=(P("x"), P("x")), out_specs=(P("x"), P("x"))))
+  n = 4096
+  a = np.arange(8 * n, dtype=np.float32)
+  w1, w2 = shard(a, m, P("x")), shard(-a, m, P("x"))
+  for _ in range(20):
+    r1, r2 = f(w1, w2)
+    np.testing.assert_array_equal(np.asarray(r1), np.tile(a, 8) * 2)
+    np.testing.assert_array_equal(np.asarray(r2), np.tile(-a, 8) * 3)

@@ -16,4 +16,4 @@ pip install -q --disable-pip-version-check "$jax_spec" numpy nanobind "scikit-bu
   cmake ninja pytest pytest-timeout "$@"
 # --no-build-isolation: build against the jax installed above, not a newer one.
 pip install -q --disable-pip-version-check --no-build-isolation --no-deps "$root"
-"$venv/bin/python" -c "import jax, jax_smddp; print('jax', jax.__version__, '+ jax_smddp', jax_smddp.__version__, 'in', '$venv')"
+(cd / && "$venv/bin/python" -c "import jax, jax_smddp; print('jax', jax.__version__, '+ jax_smddp', jax_smddp.__version__, 'in', '$venv')")

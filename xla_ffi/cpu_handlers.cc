@@ -1,5 +1,6 @@
 #include "xla_ffi/cpu_handlers.h"
 
+#include <atomic>
 #include <cstdint>
 #include <memory>
 #include <string>
@@ -11,7 +12,21 @@
 namespace ffi = xla::ffi;
 
 namespace smddp {
+
+struct CallSite {
+  static ffi::TypeId id;
+  static ffi::TypeInfo info;
+  int64_t instance;
+};
+ffi::TypeId CallSite::id = {};
+ffi::TypeInfo CallSite::info = ffi::MakeTypeInfo<CallSite>();
+
 namespace {
+
+ffi::ErrorOr<std::unique_ptr<CallSite>> Instantiate() {
+  static std::atomic<int64_t> next{0};
+  return std::make_unique<CallSite>(CallSite{next++});
+}
 
 bool ToDType(ffi::DataType t, DType* out) {
   switch (t) {
@@ -37,7 +52,8 @@ ffi::Error ToFfi(const Status& st) {
 // The attributes every collective carries, and the call they describe.
 struct Common {
   const char* op;
-  int64_t op_id;
+  int64_t op_id;      // position in the module, for messages
+  int64_t instance;   // which instruction: the rendezvous key
   ffi::Span<const int64_t> groups;  // replica groups, row-major
   int64_t group_size;
 };
@@ -58,7 +74,7 @@ ffi::Error Open(const Common& c, int64_t run_id, uint32_t partition_id,
       if (c.groups[g + r] != int64_t(partition_id)) continue;
       Communicator* comm = FindOrCreateCommunicator(c.groups.begin() + g, int(n));
       CallInfo info{c.op, *dtype, reduce, uint64_t(x.size_bytes()), uint64_t(out->size_bytes())};
-      return ToFfi(comm->Open(run_id, c.op_id, int(r), x.untyped_data(),
+      return ToFfi(comm->Open(run_id, c.instance, c.op_id, int(r), x.untyped_data(),
                               out->untyped_data(), info, exchange));
     }
   }
@@ -66,48 +82,48 @@ ffi::Error Open(const Common& c, int64_t run_id, uint32_t partition_id,
                                      std::to_string(partition_id) + " is in no replica group");
 }
 
-ffi::Error AllGatherImpl(ffi::RunId run, ffi::AnyBuffer x, ffi::Buffer<ffi::U32> pid,
+ffi::Error AllGatherImpl(ffi::RunId run, CallSite* site, ffi::AnyBuffer x, ffi::Buffer<ffi::U32> pid,
                          ffi::Result<ffi::AnyBuffer> out, int64_t op_id,
                          ffi::Span<const int64_t> groups, int64_t group_size,
                          int64_t outer, int64_t inner_bytes) {
   std::unique_ptr<Exchange> ex;
   DType dtype;
-  Common c{"all_gather", op_id, groups, group_size};
+  Common c{"all_gather", op_id, site->instance, groups, group_size};
   if (auto err = Open(c, run.run_id, pid.typed_data()[0], x, out, ReduceOp::kSum, &ex, &dtype); err.failure())
     return err;
   return ToFfi(AllGather(*ex, out->untyped_data(), size_t(outer), size_t(inner_bytes)));
 }
 
-ffi::Error ReduceScatterImpl(ffi::RunId run, ffi::AnyBuffer x, ffi::Buffer<ffi::U32> pid,
+ffi::Error ReduceScatterImpl(ffi::RunId run, CallSite* site, ffi::AnyBuffer x, ffi::Buffer<ffi::U32> pid,
                              ffi::Result<ffi::AnyBuffer> out, int64_t op_id,
                              ffi::Span<const int64_t> groups, int64_t group_size,
                              int64_t reduce, int64_t outer, int64_t inner) {
   std::unique_ptr<Exchange> ex;
   DType dtype;
-  Common c{"reduce_scatter", op_id, groups, group_size};
+  Common c{"reduce_scatter", op_id, site->instance, groups, group_size};
   if (auto err = Open(c, run.run_id, pid.typed_data()[0], x, out, ReduceOp(reduce), &ex, &dtype); err.failure())
     return err;
   return ToFfi(ReduceScatter(*ex, out->untyped_data(), dtype, ReduceOp(reduce), size_t(outer), size_t(inner)));
 }
 
-ffi::Error AllReduceImpl(ffi::RunId run, ffi::AnyBuffer x, ffi::Buffer<ffi::U32> pid,
+ffi::Error AllReduceImpl(ffi::RunId run, CallSite* site, ffi::AnyBuffer x, ffi::Buffer<ffi::U32> pid,
                          ffi::Result<ffi::AnyBuffer> out, int64_t op_id,
                          ffi::Span<const int64_t> groups, int64_t group_size, int64_t reduce) {
   std::unique_ptr<Exchange> ex;
   DType dtype;
-  Common c{"all_reduce", op_id, groups, group_size};
+  Common c{"all_reduce", op_id, site->instance, groups, group_size};
   if (auto err = Open(c, run.run_id, pid.typed_data()[0], x, out, ReduceOp(reduce), &ex, &dtype); err.failure())
     return err;
   return ToFfi(AllReduce(*ex, out->untyped_data(), dtype, ReduceOp(reduce), x.element_count()));
 }
 
-ffi::Error AllToAllImpl(ffi::RunId run, ffi::AnyBuffer x, ffi::Buffer<ffi::U32> pid,
+ffi::Error AllToAllImpl(ffi::RunId run, CallSite* site, ffi::AnyBuffer x, ffi::Buffer<ffi::U32> pid,
                         ffi::Result<ffi::AnyBuffer> out, int64_t op_id,
                         ffi::Span<const int64_t> groups, int64_t group_size,
                         int64_t outer, int64_t inner_bytes) {
   std::unique_ptr<Exchange> ex;
   DType dtype;
-  Common c{"all_to_all", op_id, groups, group_size};
+  Common c{"all_to_all", op_id, site->instance, groups, group_size};
   if (auto err = Open(c, run.run_id, pid.typed_data()[0], x, out, ReduceOp::kSum, &ex, &dtype); err.failure())
     return err;
   return ToFfi(AllToAll(*ex, out->untyped_data(), size_t(outer), size_t(inner_bytes)));
@@ -119,6 +135,7 @@ ffi::Error AllToAllImpl(ffi::RunId run, ffi::AnyBuffer x, ffi::Buffer<ffi::U32> 
 #define SMDDP_COMMON_BINDING()                 \
   ffi::Ffi::Bind()                             \
       .Ctx<ffi::RunId>()                       \
+      .Ctx<ffi::State<smddp::CallSite>>()      \
       .Arg<ffi::AnyBuffer>()                   \
       .Arg<ffi::Buffer<ffi::U32>>()            \
       .Ret<ffi::AnyBuffer>()                   \
@@ -141,3 +158,8 @@ XLA_FFI_DEFINE_HANDLER_SYMBOL(SmddpAllToAllCpu, smddp::AllToAllImpl,
                               SMDDP_COMMON_BINDING()
                                   .Attr<int64_t>("outer")
                                   .Attr<int64_t>("inner_bytes"));
+
+XLA_FFI_DEFINE_HANDLER_SYMBOL(SmddpInstantiateCpu, smddp::Instantiate, ffi::Ffi::BindInstantiate());
+
+extern "C" XLA_FFI_TypeId* SmddpCallSiteTypeId() { return &smddp::CallSite::id; }
+extern "C" const XLA_FFI_TypeInfo* SmddpCallSiteTypeInfo() { return &smddp::CallSite::info; }

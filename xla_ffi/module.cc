@@ -50,7 +50,7 @@ std::vector<std::pair<int, std::string>> RendezvousProbe(int size, std::vector<i
         std::unique_ptr<smddp::Exchange> ex;
         smddp::CallInfo info{"all_reduce", smddp::DType::kFloat32, smddp::ReduceOp::kSum,
                              uint64_t(count * 4), uint64_t(count * 4)};
-        smddp::Status st = comm->Open(run_id, 0, present[i], send[i].data(), recv[i].data(), info, &ex);
+        smddp::Status st = comm->Open(run_id, 0, 0, present[i], send[i].data(), recv[i].data(), info, &ex);
         if (st.ok()) st = smddp::AllReduce(*ex, recv[i].data(), smddp::DType::kFloat32,
                                            smddp::ReduceOp::kSum, size_t(count));
         results[i] = {present[i], st.ok() ? std::string() : st.message()};
@@ -66,12 +66,25 @@ std::vector<std::pair<int, std::string>> RendezvousProbe(int size, std::vector<i
 
 NB_MODULE(_smddp_cpu, m) {
   m.doc() = "jax_smddp native engine (CPU)";
+  m.def("type_registrations", []() {
+    nb::dict d, call_site;
+    call_site["type_id"] = Capsule(SmddpCallSiteTypeId());
+    call_site["type_info"] = Capsule(const_cast<XLA_FFI_TypeInfo*>(SmddpCallSiteTypeInfo()));
+    d["smddp_call_site"] = call_site;
+    return d;
+  });
   m.def("registrations", []() {
     nb::dict d;
-    d["smddp_all_gather"] = Capsule(SmddpAllGatherCpu);
-    d["smddp_reduce_scatter"] = Capsule(SmddpReduceScatterCpu);
-    d["smddp_all_reduce"] = Capsule(SmddpAllReduceCpu);
-    d["smddp_all_to_all"] = Capsule(SmddpAllToAllCpu);
+    auto stages = [](auto* execute) {
+      nb::dict s;
+      s["instantiate"] = Capsule(SmddpInstantiateCpu);
+      s["execute"] = Capsule(execute);
+      return s;
+    };
+    d["smddp_all_gather"] = stages(SmddpAllGatherCpu);
+    d["smddp_reduce_scatter"] = stages(SmddpReduceScatterCpu);
+    d["smddp_all_reduce"] = stages(SmddpAllReduceCpu);
+    d["smddp_all_to_all"] = stages(SmddpAllToAllCpu);
     return d;
   });
   m.def("set_timeout", &smddp::SetTimeoutSeconds, nb::arg("seconds"));

@@ -51,9 +51,9 @@ uint64_t Communicator::NextInvocation(int64_t run_id, int64_t op_id, int rank) {
   return invocations_[CounterKey{run_id, op_id, rank}]++;
 }
 
-Status Communicator::Open(int64_t run_id, int64_t op_id, int rank, const void* send,
+Status Communicator::Open(int64_t run_id, int64_t instance, int64_t op_id, int rank, const void* send,
                           void* recv, const CallInfo& call, std::unique_ptr<Exchange>* out) {
-  CallKey key{info_.id, run_id, op_id, NextInvocation(run_id, op_id, rank)};
+  CallKey key{info_.id, run_id, instance, NextInvocation(run_id, instance, rank), op_id};
   const auto deadline = Clock::now() + std::chrono::milliseconds(g_timeout_ms.load());
   return transport_->Open(info_, size(), key, rank, send, recv, call, deadline, out);
 }

@@ -26,8 +26,9 @@ class Communicator {
   const GroupInfo& info() const { return info_; }
 
   // Opens one collective call for `rank`, waiting for all peers (until the
-  // engine's timeout).
-  Status Open(int64_t run_id, int64_t op_id, int rank, const void* send,
+  // engine's timeout). `instance` identifies the instruction (equal on every
+  // rank); `op_id` is its position in the program, for messages.
+  Status Open(int64_t run_id, int64_t instance, int64_t op_id, int rank, const void* send,
               void* recv, const CallInfo& call, std::unique_ptr<Exchange>* out);
 
  private:

@@ -16,7 +16,7 @@ struct CallKeyHash {
   size_t operator()(const CallKey& k) const {
     uint64_t h = k.communicator * 0x9e3779b97f4a7c15ull;
     h ^= uint64_t(k.run_id) + 0x9e3779b97f4a7c15ull + (h << 6) + (h >> 2);
-    h ^= uint64_t(k.op_id) + 0x9e3779b97f4a7c15ull + (h << 6) + (h >> 2);
+    h ^= uint64_t(k.instance) + 0x9e3779b97f4a7c15ull + (h << 6) + (h >> 2);
     h ^= k.invocation + 0x9e3779b97f4a7c15ull + (h << 6) + (h >> 2);
     return size_t(h);
   }

@@ -39,11 +39,12 @@ struct CallInfo {
 struct CallKey {
   uint64_t communicator = 0;
   int64_t run_id = 0;      // the XLA execution (equal on every device)
-  int64_t op_id = 0;       // the collective's position in the program
-  uint64_t invocation = 0; // how many times this op already ran in this run
+  int64_t instance = 0;    // the collective instruction
+  uint64_t invocation = 0; // how many times it already ran in this run (loops)
+  int64_t op_id = 0;       // its position in the program: for messages only
   bool operator==(const CallKey& o) const {
     return communicator == o.communicator && run_id == o.run_id &&
-           op_id == o.op_id && invocation == o.invocation;
+           instance == o.instance && invocation == o.invocation;
   }
 };
 
