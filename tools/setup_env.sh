@@ -5,6 +5,7 @@
 # that environment, so each jax version gets its own environment and build.
 set -euo pipefail
 python=$1 venv=$2 jax_spec=$3
+[[ "$venv" = /* ]] || venv="$PWD/$venv"
 shift 3
 root=$(cd "$(dirname "$0")/.." && pwd)
 if [ ! -x "$venv/bin/python" ]; then
