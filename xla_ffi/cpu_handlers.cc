@@ -58,12 +58,14 @@ struct Common {
   int64_t group_size;
 };
 
-// Opens the call: finds this device's group (the row of `groups` holding its
-// partition id), the communicator for it and this device's rank in it.
-ffi::Error Open(const Common& c, int64_t run_id, uint32_t partition_id,
-                ffi::AnyBuffer x, ffi::Result<ffi::AnyBuffer>& out, ReduceOp reduce,
-                std::unique_ptr<Exchange>* exchange, DType* dtype) {
-  if (!ToDType(x.element_type(), dtype))
+// Runs the call: finds this device's group (the row of `groups` holding its
+// partition id), the communicator for it and this device's rank in it, and
+// runs `algorithm` (a body: Status(Exchange&, DType)) through it.
+template <typename Algorithm>
+ffi::Error RunCall(const Common& c, int64_t run_id, uint32_t partition_id, ffi::AnyBuffer x,
+                   ffi::Result<ffi::AnyBuffer>& out, ReduceOp reduce, Algorithm algorithm) {
+  DType dtype;
+  if (!ToDType(x.element_type(), &dtype))
     return ffi::Error::InvalidArgument(std::string("jax_smddp ") + c.op +
                                        ": unsupported element type reached the engine");
   const int64_t n = c.group_size;
@@ -73,9 +75,10 @@ ffi::Error Open(const Common& c, int64_t run_id, uint32_t partition_id,
     for (int64_t r = 0; r < n; ++r) {
       if (c.groups[g + r] != int64_t(partition_id)) continue;
       Communicator* comm = FindOrCreateCommunicator(c.groups.begin() + g, int(n));
-      CallInfo info{c.op, *dtype, reduce, uint64_t(x.size_bytes()), uint64_t(out->size_bytes())};
-      return ToFfi(comm->Open(run_id, c.instance, c.op_id, int(r), x.untyped_data(),
-                              out->untyped_data(), info, exchange));
+      CallInfo info{c.op, dtype, reduce, uint64_t(x.size_bytes()), uint64_t(out->size_bytes())};
+      auto body = [&](Exchange& ex) { return algorithm(ex, dtype); };
+      return ToFfi(comm->Run(run_id, c.instance, c.op_id, int(r), x.untyped_data(),
+                             out->untyped_data(), info, body));
     }
   }
   return ffi::Error::InvalidArgument(std::string("jax_smddp ") + c.op + ": device " +
@@ -86,47 +89,40 @@ ffi::Error AllGatherImpl(ffi::RunId run, CallSite* site, ffi::AnyBuffer x, ffi::
                          ffi::Result<ffi::AnyBuffer> out, int64_t op_id,
                          ffi::Span<const int64_t> groups, int64_t group_size,
                          int64_t outer, int64_t inner_bytes) {
-  std::unique_ptr<Exchange> ex;
-  DType dtype;
   Common c{"all_gather", op_id, site->instance, groups, group_size};
-  if (auto err = Open(c, run.run_id, pid.typed_data()[0], x, out, ReduceOp::kSum, &ex, &dtype); err.failure())
-    return err;
-  return ToFfi(AllGather(*ex, out->untyped_data(), size_t(outer), size_t(inner_bytes)));
+  return RunCall(c, run.run_id, pid.typed_data()[0], x, out, ReduceOp::kSum,
+                 [&](Exchange& ex, DType) { return AllGather(ex, size_t(outer), size_t(inner_bytes)); });
 }
 
 ffi::Error ReduceScatterImpl(ffi::RunId run, CallSite* site, ffi::AnyBuffer x, ffi::Buffer<ffi::U32> pid,
                              ffi::Result<ffi::AnyBuffer> out, int64_t op_id,
                              ffi::Span<const int64_t> groups, int64_t group_size,
                              int64_t reduce, int64_t outer, int64_t inner) {
-  std::unique_ptr<Exchange> ex;
-  DType dtype;
   Common c{"reduce_scatter", op_id, site->instance, groups, group_size};
-  if (auto err = Open(c, run.run_id, pid.typed_data()[0], x, out, ReduceOp(reduce), &ex, &dtype); err.failure())
-    return err;
-  return ToFfi(ReduceScatter(*ex, out->untyped_data(), dtype, ReduceOp(reduce), size_t(outer), size_t(inner)));
+  const ReduceOp op = ReduceOp(reduce);
+  return RunCall(c, run.run_id, pid.typed_data()[0], x, out, op, [&](Exchange& ex, DType dtype) {
+    return ReduceScatter(ex, dtype, op, size_t(outer), size_t(inner));
+  });
 }
 
 ffi::Error AllReduceImpl(ffi::RunId run, CallSite* site, ffi::AnyBuffer x, ffi::Buffer<ffi::U32> pid,
                          ffi::Result<ffi::AnyBuffer> out, int64_t op_id,
                          ffi::Span<const int64_t> groups, int64_t group_size, int64_t reduce) {
-  std::unique_ptr<Exchange> ex;
-  DType dtype;
   Common c{"all_reduce", op_id, site->instance, groups, group_size};
-  if (auto err = Open(c, run.run_id, pid.typed_data()[0], x, out, ReduceOp(reduce), &ex, &dtype); err.failure())
-    return err;
-  return ToFfi(AllReduce(*ex, out->untyped_data(), dtype, ReduceOp(reduce), x.element_count()));
+  const ReduceOp op = ReduceOp(reduce);
+  const size_t count = x.element_count();
+  return RunCall(c, run.run_id, pid.typed_data()[0], x, out, op, [&](Exchange& ex, DType dtype) {
+    return AllReduce(ex, dtype, op, count);
+  });
 }
 
 ffi::Error AllToAllImpl(ffi::RunId run, CallSite* site, ffi::AnyBuffer x, ffi::Buffer<ffi::U32> pid,
                         ffi::Result<ffi::AnyBuffer> out, int64_t op_id,
                         ffi::Span<const int64_t> groups, int64_t group_size,
                         int64_t outer, int64_t inner_bytes) {
-  std::unique_ptr<Exchange> ex;
-  DType dtype;
   Common c{"all_to_all", op_id, site->instance, groups, group_size};
-  if (auto err = Open(c, run.run_id, pid.typed_data()[0], x, out, ReduceOp::kSum, &ex, &dtype); err.failure())
-    return err;
-  return ToFfi(AllToAll(*ex, out->untyped_data(), size_t(outer), size_t(inner_bytes)));
+  return RunCall(c, run.run_id, pid.typed_data()[0], x, out, ReduceOp::kSum,
+                 [&](Exchange& ex, DType) { return AllToAll(ex, size_t(outer), size_t(inner_bytes)); });
 }
 
 }  // namespace

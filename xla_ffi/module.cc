@@ -47,12 +47,12 @@ std::vector<std::pair<int, std::string>> RendezvousProbe(int size, std::vector<i
     std::vector<std::thread> threads;
     for (size_t i = 0; i < present.size(); ++i) {
       threads.emplace_back([&, i] {
-        std::unique_ptr<smddp::Exchange> ex;
         smddp::CallInfo info{"all_reduce", smddp::DType::kFloat32, smddp::ReduceOp::kSum,
                              uint64_t(count * 4), uint64_t(count * 4)};
-        smddp::Status st = comm->Open(run_id, 0, 0, present[i], send[i].data(), recv[i].data(), info, &ex);
-        if (st.ok()) st = smddp::AllReduce(*ex, recv[i].data(), smddp::DType::kFloat32,
-                                           smddp::ReduceOp::kSum, size_t(count));
+        auto body = [&](smddp::Exchange& ex) {
+          return smddp::AllReduce(ex, smddp::DType::kFloat32, smddp::ReduceOp::kSum, size_t(count));
+        };
+        smddp::Status st = comm->Run(run_id, 0, 0, present[i], send[i].data(), recv[i].data(), info, body);
         results[i] = {present[i], st.ok() ? std::string() : st.message()};
       });
     }

@@ -55,75 +55,58 @@ class PeerReader {
   std::vector<char> stage_;
 };
 
-// Runs `body`, then always Finish(), reporting the first error.
-template <typename Body>
-Status RunThenFinish(Exchange& ex, Body body) {
-  Status st = body();
-  Status fin = ex.Finish();
-  return st.ok() ? fin : st;
-}
-
 }  // namespace
 
-Status AllGather(Exchange& ex, void* recv, size_t outer, size_t inner_bytes) {
-  return RunThenFinish(ex, [&]() -> Status {
-    const int n = ex.size(), r = ex.rank();
-    char* out = static_cast<char*>(recv);
-    // Start at a different peer on each rank so ranks do not all read the
-    // same buffer at once.
-    for (int i = 0; i < n; ++i) {
-      const int p = (r + i) % n;
-      for (size_t o = 0; o < outer; ++o) {
-        SMDDP_RETURN_IF_ERROR(ex.Get(p, o * inner_bytes,
-                                     out + (o * n + p) * inner_bytes, inner_bytes));
-      }
-    }
-    return Status::Ok();
-  });
-}
-
-Status ReduceScatter(Exchange& ex, void* recv, DType dtype, ReduceOp op,
-                     size_t outer, size_t inner) {
-  return RunThenFinish(ex, [&]() -> Status {
-    const size_t n = ex.size(), r = ex.rank(), esize = ElementSize(dtype);
-    PeerReader reader(ex, dtype, op);
-    char* out = static_cast<char*>(recv);
+Status AllGather(Exchange& ex, size_t outer, size_t inner_bytes) {
+  const int n = ex.size(), r = ex.rank();
+  char* out = static_cast<char*>(ex.Recv());
+  // Start at a different peer on each rank so ranks do not all read the
+  // same buffer at once.
+  for (int i = 0; i < n; ++i) {
+    const int p = (r + i) % n;
     for (size_t o = 0; o < outer; ++o) {
-      SMDDP_RETURN_IF_ERROR(reader.ReduceAt((o * n + r) * inner * esize,
-                                            out + o * inner * esize, inner));
+      SMDDP_RETURN_IF_ERROR(ex.Get(p, o * inner_bytes,
+                                   out + (o * n + p) * inner_bytes, inner_bytes));
     }
-    return Status::Ok();
-  });
+  }
+  return Status::Ok();
 }
 
-Status AllReduce(Exchange& ex, void* recv, DType dtype, ReduceOp op, size_t count) {
-  return RunThenFinish(ex, [&]() -> Status {
-    const size_t n = ex.size(), r = ex.rank(), esize = ElementSize(dtype);
-    const size_t begin = count * r / n, end = count * (r + 1) / n;
-    const size_t offset = begin * esize, bytes = (end - begin) * esize;
-    char* mine = static_cast<char*>(recv) + offset;
-    PeerReader reader(ex, dtype, op);
-    SMDDP_RETURN_IF_ERROR(reader.ReduceAt(offset, mine, end - begin));
-    for (size_t i = 1; i < n; ++i) {
-      SMDDP_RETURN_IF_ERROR(ex.Put(int((r + i) % n), offset, mine, bytes));
-    }
-    return Status::Ok();
-  });
+Status ReduceScatter(Exchange& ex, DType dtype, ReduceOp op, size_t outer, size_t inner) {
+  const size_t n = ex.size(), r = ex.rank(), esize = ElementSize(dtype);
+  PeerReader reader(ex, dtype, op);
+  char* out = static_cast<char*>(ex.Recv());
+  for (size_t o = 0; o < outer; ++o) {
+    SMDDP_RETURN_IF_ERROR(reader.ReduceAt((o * n + r) * inner * esize,
+                                          out + o * inner * esize, inner));
+  }
+  return Status::Ok();
 }
 
-Status AllToAll(Exchange& ex, void* recv, size_t outer, size_t inner_bytes) {
-  return RunThenFinish(ex, [&]() -> Status {
-    const size_t n = ex.size(), r = ex.rank();
-    char* out = static_cast<char*>(recv);
-    for (size_t i = 0; i < n; ++i) {
-      const size_t p = (r + i) % n;
-      for (size_t o = 0; o < outer; ++o) {
-        SMDDP_RETURN_IF_ERROR(ex.Get(int(p), (o * n + r) * inner_bytes,
-                                     out + (o * n + p) * inner_bytes, inner_bytes));
-      }
+Status AllReduce(Exchange& ex, DType dtype, ReduceOp op, size_t count) {
+  const size_t n = ex.size(), r = ex.rank(), esize = ElementSize(dtype);
+  const size_t begin = count * r / n, end = count * (r + 1) / n;
+  const size_t offset = begin * esize, bytes = (end - begin) * esize;
+  char* mine = static_cast<char*>(ex.Recv()) + offset;
+  PeerReader reader(ex, dtype, op);
+  SMDDP_RETURN_IF_ERROR(reader.ReduceAt(offset, mine, end - begin));
+  for (size_t i = 1; i < n; ++i) {
+    SMDDP_RETURN_IF_ERROR(ex.Put(int((r + i) % n), offset, mine, bytes));
+  }
+  return Status::Ok();
+}
+
+Status AllToAll(Exchange& ex, size_t outer, size_t inner_bytes) {
+  const size_t n = ex.size(), r = ex.rank();
+  char* out = static_cast<char*>(ex.Recv());
+  for (size_t i = 0; i < n; ++i) {
+    const size_t p = (r + i) % n;
+    for (size_t o = 0; o < outer; ++o) {
+      SMDDP_RETURN_IF_ERROR(ex.Get(int(p), (o * n + r) * inner_bytes,
+                                   out + (o * n + p) * inner_bytes, inner_bytes));
     }
-    return Status::Ok();
-  });
+  }
+  return Status::Ok();
 }
 
 }  // namespace smddp

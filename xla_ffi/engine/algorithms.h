@@ -1,8 +1,7 @@
 // Collective algorithms, written once against the Exchange interface so they
-// run over any transport. Layouts are described as [outer, ranks, inner]
-// blocks so gathers and scatters along any dimension need no transposes.
-// Every algorithm ends with Exchange::Finish(): when it returns, no peer will
-// touch this rank's buffers again.
+// run over any transport: each is the body of one rank (see transport.h).
+// Layouts are described as [outer, ranks, inner] blocks so gathers and
+// scatters along any dimension need no transposes.
 #ifndef JAX_SMDDP_ENGINE_ALGORITHMS_H_
 #define JAX_SMDDP_ENGINE_ALGORITHMS_H_
 
@@ -14,19 +13,18 @@
 namespace smddp {
 
 // recv[o, p, :] = send_p[o, :] for every rank p; blocks of `inner_bytes`.
-Status AllGather(Exchange& ex, void* recv, size_t outer, size_t inner_bytes);
+Status AllGather(Exchange& ex, size_t outer, size_t inner_bytes);
 
 // recv[o, :] = reduce_p send_p[o, rank, :]; blocks of `inner` elements.
-Status ReduceScatter(Exchange& ex, void* recv, DType dtype, ReduceOp op,
-                     size_t outer, size_t inner);
+Status ReduceScatter(Exchange& ex, DType dtype, ReduceOp op, size_t outer, size_t inner);
 
 // recv = reduce_p send_p, balanced: rank r reduces the r-th of `size` equal
 // shards and writes it to every rank, so each rank reads and writes 1/size of
 // the total.
-Status AllReduce(Exchange& ex, void* recv, DType dtype, ReduceOp op, size_t count);
+Status AllReduce(Exchange& ex, DType dtype, ReduceOp op, size_t count);
 
 // recv[o, p, :] = send_p[o, rank, :]; blocks of `inner_bytes`.
-Status AllToAll(Exchange& ex, void* recv, size_t outer, size_t inner_bytes);
+Status AllToAll(Exchange& ex, size_t outer, size_t inner_bytes);
 
 }  // namespace smddp
 

@@ -1,6 +1,10 @@
 #include "xla_ffi/engine/communicator.h"
 
+#include <sched.h>
+
 #include <algorithm>
+#include <cstdlib>
+#include <thread>
 #include <atomic>
 #include <map>
 #include <sstream>
@@ -23,6 +27,17 @@ std::string DescribeMembers(const std::vector<int64_t>& members) {
   for (size_t i = 0; i < members.size(); ++i) os << (i ? " " : "") << members[i];
   os << "]";
   return os.str();
+}
+
+// Threads the in-process transport may run collective bodies on at once,
+// beyond the one that arrives last: the cores this process may use, less one
+// (JAX_SMDDP_CPU_HELPERS overrides).
+int InProcessHelpers() {
+  if (const char* env = std::getenv("JAX_SMDDP_CPU_HELPERS")) return std::atoi(env);
+  cpu_set_t set;
+  int cores = sched_getaffinity(0, sizeof(set), &set) == 0 ? CPU_COUNT(&set) : 0;
+  if (cores <= 0) cores = int(std::thread::hardware_concurrency());
+  return std::max(cores, 1) - 1;
 }
 
 }  // namespace
@@ -51,17 +66,17 @@ uint64_t Communicator::NextInvocation(int64_t run_id, int64_t op_id, int rank) {
   return invocations_[CounterKey{run_id, op_id, rank}]++;
 }
 
-Status Communicator::Open(int64_t run_id, int64_t instance, int64_t op_id, int rank, const void* send,
-                          void* recv, const CallInfo& call, std::unique_ptr<Exchange>* out) {
+Status Communicator::Run(int64_t run_id, int64_t instance, int64_t op_id, int rank, const void* send,
+                         void* recv, const CallInfo& call, const Body& body) {
   CallKey key{info_.id, run_id, instance, NextInvocation(run_id, instance, rank), op_id};
   const auto deadline = Clock::now() + std::chrono::milliseconds(g_timeout_ms.load());
-  return transport_->Open(info_, size(), key, rank, send, recv, call, deadline, out);
+  return transport_->Run(info_, size(), key, rank, send, recv, call, deadline, body);
 }
 
 Communicator* FindOrCreateCommunicator(const int64_t* members, int size) {
   static std::mutex mu;
   static auto* table = new std::map<std::vector<int64_t>, std::unique_ptr<Communicator>>();
-  static auto* in_process = new InProcessTransport();
+  static auto* in_process = new InProcessTransport(InProcessHelpers());
   std::vector<int64_t> key(members, members + size);
   std::lock_guard<std::mutex> lock(mu);
   auto& comm = (*table)[key];

@@ -25,11 +25,12 @@ class Communicator {
   const std::vector<int64_t>& members() const { return members_; }
   const GroupInfo& info() const { return info_; }
 
-  // Opens one collective call for `rank`, waiting for all peers (until the
-  // engine's timeout). `instance` identifies the instruction (equal on every
-  // rank); `op_id` is its position in the program, for messages.
-  Status Open(int64_t run_id, int64_t instance, int64_t op_id, int rank, const void* send,
-              void* recv, const CallInfo& call, std::unique_ptr<Exchange>* out);
+  // Runs one collective call for `rank` (see Transport::Run), waiting for
+  // all peers until the engine's timeout. `instance` identifies the
+  // instruction (equal on every rank); `op_id` is its position in the
+  // program, for messages.
+  Status Run(int64_t run_id, int64_t instance, int64_t op_id, int rank, const void* send,
+             void* recv, const CallInfo& call, const Body& body);
 
  private:
   uint64_t NextInvocation(int64_t run_id, int64_t op_id, int rank);

@@ -3,6 +3,8 @@
 #include <sys/mman.h>
 #include <unistd.h>
 
+#include <algorithm>
+#include <atomic>
 #include <condition_variable>
 #include <cstring>
 #include <sstream>
@@ -24,12 +26,21 @@ struct InProcessTransport::Slot {
   std::condition_variable cv;
   std::vector<Entry> entries;
   int arrived = 0;
-  int finished = 0;
   int departed = 0;
-  bool aborted = false;
+  bool aborted = false;        // a rank gave up before every rank arrived
+  int helpers_wanted = 0;      // sleeping ranks asked to run bodies
+  std::atomic<int> next_body{0};
+  int bodies_done = 0;
+  bool done = false;           // every body ran (or the call was refused)
+  Status status;               // the call's outcome, the same for every rank
 };
 
 namespace {
+
+std::string Where(const GroupInfo& group, const CallKey& key, const CallInfo& info, int rank) {
+  return std::string("jax_smddp ") + info.op + " (op " + std::to_string(key.op_id) + ", rank " +
+         std::to_string(rank) + " of communicator " + group.description + ")";
+}
 
 std::string Seconds(Clock::duration d) {
   std::ostringstream os;
@@ -51,82 +62,83 @@ std::string MissingRanks(const InProcessTransport::Slot& slot) {
 
 std::string Describe(const CallInfo& i) {
   std::ostringstream os;
-  os << i.op << " of " << DTypeName(i.dtype) << " (" << i.send_bytes
-     << " bytes in, " << i.recv_bytes << " bytes out";
+  os << i.op << " of " << DTypeName(i.dtype) << " (" << i.send_bytes << " bytes in, "
+     << i.recv_bytes << " bytes out";
   if (std::strcmp(i.op, "all_gather") != 0 && std::strcmp(i.op, "all_to_all") != 0)
     os << ", " << ReduceOpName(i.reduce);
   os << ")";
   return os.str();
 }
 
-class InProcessExchange : public Exchange {
+// One rank's view of a call whose ranks all live in this process.
+class RankView : public Exchange {
  public:
-  InProcessExchange(InProcessTransport* transport, std::shared_ptr<InProcessTransport::Slot> slot,
-                    CallKey key, int rank, Clock::time_point deadline,
-                    std::string where)
-      : transport_(transport), slot_(std::move(slot)), key_(key), rank_(rank),
-        deadline_(deadline), where_(std::move(where)) {}
-
-  ~InProcessExchange() override {
-    if (!finished_) Finish();
-  }
+  RankView(InProcessTransport::Slot& slot, int rank) : slot_(slot), rank_(rank) {}
 
   int rank() const override { return rank_; }
-  int size() const override { return int(slot_->entries.size()); }
-
-  const void* PeerSend(int peer) override { return slot_->entries[peer].send; }
+  int size() const override { return int(slot_.entries.size()); }
+  const void* PeerSend(int peer) override { return slot_.entries[peer].send; }
+  void* Recv() override { return slot_.entries[rank_].recv; }
 
   Status Get(int peer, size_t offset, void* dst, size_t bytes) override {
-    const auto& e = slot_->entries[peer];
+    const auto& e = slot_.entries[peer];
     if (offset + bytes > e.info.send_bytes)
-      return Status::Error(where_ + ": read past the end of rank " + std::to_string(peer) + "'s send buffer");
+      return Status::Error(std::string("jax_smddp: read past the end of rank ") +
+                           std::to_string(peer) + "'s send buffer");
     if (bytes) std::memcpy(dst, static_cast<const char*>(e.send) + offset, bytes);
     return Status::Ok();
   }
 
   Status Put(int peer, size_t offset, const void* src, size_t bytes) override {
-    const auto& e = slot_->entries[peer];
+    const auto& e = slot_.entries[peer];
     if (offset + bytes > e.info.recv_bytes)
-      return Status::Error(where_ + ": write past the end of rank " + std::to_string(peer) + "'s receive buffer");
+      return Status::Error(std::string("jax_smddp: write past the end of rank ") +
+                           std::to_string(peer) + "'s receive buffer");
     if (bytes) std::memcpy(static_cast<char*>(e.recv) + offset, src, bytes);
     return Status::Ok();
   }
 
-  Status Finish() override {
-    finished_ = true;
-    Status status;
-    bool last;
-    {
-      std::unique_lock<std::mutex> lock(slot_->mu);
-      if (++slot_->finished == size()) {
-        slot_->cv.notify_all();
-      } else {
-        const int n = size();
-        // Peers are past the rendezvous and only copying; they cannot stall
-        // for long, but the wait still has a deadline.
-        if (!slot_->cv.wait_until(lock, deadline_, [&] { return slot_->finished == n; })) {
-          slot_->aborted = true;
-          slot_->cv.notify_all();
-          status = Status::Error(where_ + ": timed out waiting for peers to finish copying");
-        }
-      }
-      last = ++slot_->departed == size();
-    }
-    if (last) transport_->Release(key_, slot_.get());
-    return status;
-  }
-
  private:
-  InProcessTransport* transport_;
-  std::shared_ptr<InProcessTransport::Slot> slot_;
-  CallKey key_;
+  InProcessTransport::Slot& slot_;
   int rank_;
-  Clock::time_point deadline_;
-  std::string where_;
-  bool finished_ = false;
 };
 
+// Claims and runs bodies until none is left; the last to finish marks the
+// call done. Called without the slot's lock.
+void RunBodies(InProcessTransport::Slot& slot, const Body& body) {
+  const int n = int(slot.entries.size());
+  for (int r; (r = slot.next_body.fetch_add(1)) < n;) {
+    RankView view(slot, r);
+    Status st = body(view);
+    std::lock_guard<std::mutex> lock(slot.mu);
+    if (!st.ok() && slot.status.ok()) slot.status = st;
+    if (++slot.bodies_done == n) {
+      slot.done = true;
+      slot.cv.notify_all();
+    }
+  }
+}
+
+// Populates the page tables of a large buffer this rank's call will fill, in
+// one system call, rather than taking one page fault per 4 KiB page: XLA often
+// hands collectives freshly mapped output buffers.
+void Prefault(void* buf, size_t bytes) {
+#ifdef MADV_POPULATE_WRITE
+  constexpr size_t kMinBytes = 1 << 20;
+  if (bytes < kMinBytes) return;
+  static const uintptr_t page = uintptr_t(sysconf(_SC_PAGESIZE));
+  uintptr_t begin = (uintptr_t(buf) + page - 1) & ~(page - 1);
+  uintptr_t end = (uintptr_t(buf) + bytes) & ~(page - 1);
+  if (end > begin) madvise(reinterpret_cast<void*>(begin), end - begin, MADV_POPULATE_WRITE);
+#else
+  (void)buf;
+  (void)bytes;
+#endif
+}
+
 }  // namespace
+
+InProcessTransport::InProcessTransport(int helpers) : helpers_(std::max(0, helpers)) {}
 
 std::shared_ptr<InProcessTransport::Slot> InProcessTransport::GetOrCreate(const CallKey& key, int size) {
   std::lock_guard<std::mutex> lock(mu_);
@@ -141,75 +153,85 @@ void InProcessTransport::Release(const CallKey& key, const Slot* slot) {
   if (it != slots_.end() && it->second.get() == slot) slots_.erase(it);
 }
 
-// Populates the page tables of a large buffer this rank is about to fill, in
-// one system call, rather than taking one page fault per 4 KiB page: XLA often
-// hands collectives freshly mapped output buffers.
-void Prefault(void* buf, size_t bytes) {
-#ifdef MADV_POPULATE_WRITE
-  constexpr size_t kMinBytes = 1 << 20;
-  if (bytes < kMinBytes) return;
-  const uintptr_t page = uintptr_t(sysconf(_SC_PAGESIZE));
-  uintptr_t begin = (uintptr_t(buf) + page - 1) & ~(page - 1);
-  uintptr_t end = (uintptr_t(buf) + bytes) & ~(page - 1);
-  if (end > begin) madvise(reinterpret_cast<void*>(begin), end - begin, MADV_POPULATE_WRITE);
-#else
-  (void)buf; (void)bytes;
-#endif
-}
-
-Status InProcessTransport::Open(const GroupInfo& group, int size, const CallKey& key,
-                                int rank, const void* send, void* recv,
-                                const CallInfo& info, Clock::time_point deadline,
-                                std::unique_ptr<Exchange>* exchange) {
+Status InProcessTransport::Run(const GroupInfo& group, int size, const CallKey& key, int rank,
+                               const void* send, void* recv, const CallInfo& info,
+                               Clock::time_point deadline, const Body& body) {
   const Clock::time_point start = Clock::now();
-  std::string where = std::string("jax_smddp ") + info.op + " (op " +
-                      std::to_string(key.op_id) + ", rank " + std::to_string(rank) +
-                      " of communicator " + group.description + ")";
   Prefault(recv, info.recv_bytes);  // while peers are still arriving
   std::shared_ptr<Slot> slot = GetOrCreate(key, size);
   std::unique_lock<std::mutex> lock(slot->mu);
-  if (int(slot->entries.size()) != size || rank < 0 || rank >= size)
-    return Status::Error(where + ": rank or communicator size disagrees with its peers");
   auto leave = [&](Status st) {
-    bool last = ++slot->departed == size;
+    const bool last = ++slot->departed == size;
     lock.unlock();
     if (last) Release(key, slot.get());
     return st;
   };
+  if (int(slot->entries.size()) != size || rank < 0 || rank >= size)
+    return Status::Error(Where(group, key, info, rank) + ": rank or communicator size disagrees with its peers");
   if (slot->aborted) {
-    return leave(Status::Error(where + ": a peer already gave up on this collective (missing rank(s): " +
+    return leave(Status::Error(Where(group, key, info, rank) +
+                               ": a peer already gave up on this collective (missing rank(s): " +
                                MissingRanks(*slot) + "); this rank did not touch any peer buffer"));
   }
   Slot::Entry& me = slot->entries[rank];
   if (me.present)
-    return leave(Status::Error(where + ": this rank entered the same collective twice"));
+    return leave(Status::Error(Where(group, key, info, rank) + ": this rank entered the same collective twice"));
   me = Slot::Entry{true, send, recv, info};
+
   if (++slot->arrived == size) {
-    slot->cv.notify_all();
-  } else if (!slot->cv.wait_until(lock, deadline, [&] { return slot->arrived == size || slot->aborted; })) {
-    slot->aborted = true;
-    slot->cv.notify_all();
-    return leave(Status::Error(
-        where + ": timed out after " + Seconds(Clock::now() - start) +
-        " waiting for rank(s) " + MissingRanks(*slot) +
-        " to reach this collective. A rank that never arrives usually means the devices run "
-        "different programs or one failed earlier; if it is only slow, raise JAX_SMDDP_TIMEOUT_S "
-        "(or jax_smddp.set_timeout)."));
-  }
-  if (slot->aborted) {
-    return leave(Status::Error(where + ": abandoned: rank(s) " + MissingRanks(*slot) +
-                               " never arrived before the deadline"));
-  }
-  for (int r = 0; r < size; ++r) {
-    if (!(slot->entries[r].info == slot->entries[0].info)) {
-      return leave(Status::Error(where + ": ranks disagree on the call: rank 0 runs " +
-                                 Describe(slot->entries[0].info) + " but rank " + std::to_string(r) +
-                                 " runs " + Describe(slot->entries[r].info)));
+    // Last to arrive: check that every rank runs the same call, then run
+    // bodies with as many helpers as there are spare cores.
+    for (int r = 0; r < size && slot->status.ok(); ++r) {
+      if (!(slot->entries[r].info == slot->entries[0].info)) {
+        slot->status = Status::Error(Where(group, key, info, rank) + ": ranks disagree on the call: rank 0 runs " +
+                                     Describe(slot->entries[0].info) + " but rank " + std::to_string(r) +
+                                     " runs " + Describe(slot->entries[r].info));
+      }
+    }
+    if (!slot->status.ok()) {
+      slot->done = true;
+      slot->cv.notify_all();
+      return leave(slot->status);
+    }
+    slot->helpers_wanted = std::min(helpers_, size - 1);
+    if (slot->helpers_wanted == size - 1) {
+      slot->cv.notify_all();
+    } else {
+      for (int i = 0; i < slot->helpers_wanted; ++i) slot->cv.notify_one();
+    }
+    lock.unlock();
+    RunBodies(*slot, body);
+    lock.lock();
+  } else {
+    // Wait for the others; this is the only wait with a deadline, because
+    // once every rank has arrived bodies may be touching this rank's buffers
+    // and it must not leave before they are done (they are bounded copies).
+    const bool arrived = slot->cv.wait_until(lock, deadline, [&] {
+      return slot->aborted || slot->done || slot->helpers_wanted > 0;
+    });
+    if (!arrived && slot->arrived < size) {
+      slot->aborted = true;
+      slot->cv.notify_all();
+      return leave(Status::Error(
+          Where(group, key, info, rank) + ": timed out after " + Seconds(Clock::now() - start) +
+          " waiting for rank(s) " + MissingRanks(*slot) +
+          " to reach this collective. A rank that never arrives usually means the devices run "
+          "different programs or one failed earlier; if it is only slow, raise JAX_SMDDP_TIMEOUT_S "
+          "(or jax_smddp.set_timeout)."));
+    }
+    if (slot->aborted) {
+      return leave(Status::Error(Where(group, key, info, rank) + ": abandoned: rank(s) " +
+                                 MissingRanks(*slot) + " never arrived before the deadline"));
+    }
+    if (!slot->done && slot->helpers_wanted > 0) {
+      --slot->helpers_wanted;
+      lock.unlock();
+      RunBodies(*slot, body);
+      lock.lock();
     }
   }
-  lock.unlock();
-  *exchange = std::make_unique<InProcessExchange>(this, std::move(slot), key, rank, deadline, where);
-  return Status::Ok();
+  slot->cv.wait(lock, [&] { return slot->done; });
+  return leave(slot->status);
 }
 
 }  // namespace smddp

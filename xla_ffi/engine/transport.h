@@ -1,10 +1,13 @@
 // The transport interface every collective algorithm is written against.
 //
-// A collective call is opened on a transport by every rank of a communicator;
-// the transport returns an Exchange: this rank's view of all ranks' buffers
-// for that one call, with the moves it may make between them. The in-process
-// transport moves bytes with memcpy between XLA devices of one process; later
-// transports (shared memory, libfabric, CUDA IPC) implement the same calls.
+// Every rank of a communicator runs a collective call through the transport.
+// An algorithm is a body: what one rank does, given an Exchange (that rank's
+// view of all ranks' buffers for the call, with the moves it may make between
+// them). The transport decides where bodies run and when buffers are free:
+// the in-process transport shares the bodies of all ranks among the threads
+// that are awake; transports between processes run each rank's own body and
+// then a completion barrier. Later transports (shared memory, libfabric, CUDA
+// IPC) implement the same calls, and the algorithms stay as they are.
 #ifndef JAX_SMDDP_ENGINE_TRANSPORT_H_
 #define JAX_SMDDP_ENGINE_TRANSPORT_H_
 
@@ -60,9 +63,22 @@ class Exchange {
   virtual Status Get(int peer, size_t offset, void* dst, size_t bytes) = 0;
   // Copies local `src` into `peer`'s receive buffer at `offset`.
   virtual Status Put(int peer, size_t offset, const void* src, size_t bytes) = 0;
-  // Returns once every rank has finished all its moves of this call; only
-  // then may any rank release its buffers.
-  virtual Status Finish() = 0;
+  // This rank's receive buffer.
+  virtual void* Recv() = 0;
+};
+
+// What one rank does in a collective call: a non-owning reference to a
+// callable `Status(Exchange&)`, so the per-call path does not allocate.
+class Body {
+ public:
+  template <typename F>
+  Body(F& f)  // NOLINT: implicit, like std::function_ref
+      : obj_(&f), call_([](void* o, Exchange& ex) { return (*static_cast<F*>(o))(ex); }) {}
+  Status operator()(Exchange& ex) const { return call_(obj_, ex); }
+
+ private:
+  void* obj_;
+  Status (*call_)(void*, Exchange&);
 };
 
 // Describes a communicator to its transport, for error messages.
@@ -74,12 +90,14 @@ struct GroupInfo {
 class Transport {
  public:
   virtual ~Transport() = default;
-  // Waits (until `deadline`) for every rank of the group to open the call
-  // `key`, then returns this rank's Exchange.
-  virtual Status Open(const GroupInfo& group, int size, const CallKey& key,
-                      int rank, const void* send, void* recv,
-                      const CallInfo& info, Clock::time_point deadline,
-                      std::unique_ptr<Exchange>* exchange) = 0;
+  // Runs the call `key` for `rank`: waits (until `deadline`) for every rank
+  // of the group, sees that `body` runs for every rank, and returns once no
+  // rank will touch this rank's buffers again. Every rank gets the same
+  // status.
+  virtual Status Run(const GroupInfo& group, int size, const CallKey& key,
+                     int rank, const void* send, void* recv,
+                     const CallInfo& info, Clock::time_point deadline,
+                     const Body& body) = 0;
 };
 
 }  // namespace smddp
