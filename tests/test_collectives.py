@@ -1,6 +1,8 @@
 """Every collective against jax.lax (and numpy) on data that reveals misplaced
 blocks: dtypes, axes, tiled/untiled, uneven shapes, 1-D and 2-D meshes."""
 
+import os
+
 import numpy as np
 import pytest
 
@@ -226,3 +228,34 @@ def test_unsupported_dtype_falls_back_to_lax():
   assert "smddp_all_reduce" not in text and "stablehlo.all_reduce" in text
   got, want = both(lambda v: smddp.psum(v, "x"), lambda v: jax.lax.psum(v, "x"), x, "1d", P())
   np.testing.assert_allclose(np.asarray(got), np.asarray(want), rtol=1e-6)
+
+
+@pytest.mark.timeout(180)
+@pytest.mark.parametrize("helpers", ["0", "7"])
+def test_body_sharing_modes(helpers, tmp_path):
+  # The in-process transport runs collective bodies on the last rank to
+  # arrive plus JAX_SMDDP_CPU_HELPERS woken ranks: check both extremes.
+  import subprocess, sys, textwrap
+  script = textwrap.dedent("""
+    import os
+    os.environ["XLA_FLAGS"] = "--xla_force_host_platform_device_count=8"
+    import jax, jax.numpy as jnp, numpy as np
+    from jax.sharding import PartitionSpec as P, NamedSharding
+    import jax_smddp as smddp
+    mesh = jax.make_mesh((8,), ("x",))
+    x = jax.device_put(jnp.arange(8 * 4096, dtype=jnp.float32), NamedSharding(mesh, P("x")))
+    for s, l, out in ((lambda v: smddp.all_gather(v, "x", tiled=True), lambda v: jax.lax.all_gather(v, "x", tiled=True), P("x")),
+                      (lambda v: smddp.psum_scatter(v, "x", tiled=True), lambda v: jax.lax.psum_scatter(v, "x", tiled=True), P("x")),
+                      (lambda v: smddp.psum(v, "x"), lambda v: jax.lax.psum(v, "x"), P())):
+      f = jax.jit(jax.shard_map(s, mesh=mesh, in_specs=P("x"), out_specs=out))
+      g = jax.jit(jax.shard_map(l, mesh=mesh, in_specs=P("x"), out_specs=out))
+      for _ in range(20):
+        np.testing.assert_array_equal(np.asarray(f(x)), np.asarray(g(x)))
+    print("OK")
+  """)
+  path = tmp_path / "modes.py"
+  path.write_text(script)
+  env = dict(os.environ, JAX_SMDDP_CPU_HELPERS=helpers)
+  env.pop("XLA_FLAGS", None)
+  proc = subprocess.run([sys.executable, str(path)], env=env, capture_output=True, text=True, timeout=170)
+  assert proc.stdout.strip().endswith("OK"), proc.stdout + proc.stderr

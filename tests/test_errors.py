@@ -89,6 +89,20 @@ def test_engine_late_rank_fails_fast_without_touching_buffers():
   assert all(err for _, err in results)
 
 
+@pytest.mark.timeout(60)
+def test_engine_refuses_ranks_that_disagree_on_the_call():
+  results = _native.engine().rendezvous_probe(4, [0, 1, 2, 3], 5.0, count=1000, odd_rank=2)
+  for rank, err in results:
+    assert "ranks disagree" in err and "4000 bytes" in err and "4004 bytes" in err, err
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize("count", [0, 1, 5, 4096, 300_000])
+def test_engine_all_reduce_sums(count):
+  ok = _native.engine().rendezvous_probe(8, list(range(8)), 10.0, count=count)
+  assert all(err == "" for _, err in ok), ok
+
+
 @pytest.mark.timeout(120)
 def test_jax_program_with_a_rank_that_skips_the_collective_raises(tmp_path):
   # One device takes a branch without the collective: the others must raise

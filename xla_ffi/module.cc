@@ -28,10 +28,13 @@ nb::capsule Capsule(T* fn) {
 }
 
 // Runs one all_reduce of `count` floats on a private communicator of `size`
-// ranks, where only the ranks in `present` ever arrive. Returns, per present
-// rank, the error text ("" on success). Used to test the deadline path.
+// ranks, where only the ranks in `present` ever arrive (rank `odd_rank`, if
+// any, with one element more than the others). Checks the sum and returns, per
+// present rank, the error text ("" on success). Tests the engine's failure
+// paths directly.
 std::vector<std::pair<int, std::string>> RendezvousProbe(int size, std::vector<int> present,
-                                                         double timeout_s, int64_t count) {
+                                                         double timeout_s, int64_t count,
+                                                         int odd_rank) {
   static std::atomic<int64_t> next_run{1};
   std::vector<int64_t> members;
   for (int r = 0; r < size; ++r) members.push_back(-1000000 - r);  // never a real device
@@ -40,19 +43,27 @@ std::vector<std::pair<int, std::string>> RendezvousProbe(int size, std::vector<i
   const double saved = smddp::TimeoutSeconds();
   smddp::SetTimeoutSeconds(timeout_s);
   std::vector<std::pair<int, std::string>> results(present.size());
-  std::vector<std::vector<float>> send(present.size(), std::vector<float>(count, 1.0f));
-  std::vector<std::vector<float>> recv(present.size(), std::vector<float>(count, 0.0f));
+  std::vector<std::vector<float>> send, recv;
+  for (int r : present) {
+    const int64_t n = count + (r == odd_rank ? 1 : 0);
+    send.emplace_back(n, float(r + 1));
+    recv.emplace_back(n, 0.0f);
+  }
   {
     nb::gil_scoped_release release;
     std::vector<std::thread> threads;
     for (size_t i = 0; i < present.size(); ++i) {
       threads.emplace_back([&, i] {
-        smddp::CallInfo info{"all_reduce", smddp::DType::kFloat32, smddp::ReduceOp::kSum,
-                             uint64_t(count * 4), uint64_t(count * 4)};
+        const uint64_t bytes = send[i].size() * 4;
+        smddp::CallInfo info{"all_reduce", smddp::DType::kFloat32, smddp::ReduceOp::kSum, bytes, bytes};
         auto body = [&](smddp::Exchange& ex) {
-          return smddp::AllReduce(ex, smddp::DType::kFloat32, smddp::ReduceOp::kSum, size_t(count));
+          return smddp::AllReduce(ex, smddp::DType::kFloat32, smddp::ReduceOp::kSum, send[i].size());
         };
         smddp::Status st = comm->Run(run_id, 0, 0, present[i], send[i].data(), recv[i].data(), info, body);
+        const float want = float(size) * float(size + 1) / 2;
+        for (float v : recv[i]) {
+          if (st.ok() && v != want) st = smddp::Status::Error("wrong sum");
+        }
         results[i] = {present[i], st.ok() ? std::string() : st.message()};
       });
     }
@@ -90,5 +101,5 @@ NB_MODULE(_smddp_cpu, m) {
   m.def("set_timeout", &smddp::SetTimeoutSeconds, nb::arg("seconds"));
   m.def("timeout", &smddp::TimeoutSeconds);
   m.def("rendezvous_probe", &RendezvousProbe, nb::arg("size"), nb::arg("present"),
-        nb::arg("timeout_s"), nb::arg("count") = 1024);
+        nb::arg("timeout_s"), nb::arg("count") = 1024, nb::arg("odd_rank") = -1);
 }

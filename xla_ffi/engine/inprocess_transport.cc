@@ -209,7 +209,7 @@ Status InProcessTransport::Run(const GroupInfo& group, int size, const CallKey& 
     const bool arrived = slot->cv.wait_until(lock, deadline, [&] {
       return slot->aborted || slot->done || slot->helpers_wanted > 0;
     });
-    if (!arrived && slot->arrived < size) {
+    if (slot->aborted || (!arrived && slot->arrived < size)) {
       slot->aborted = true;
       slot->cv.notify_all();
       return leave(Status::Error(
@@ -218,10 +218,6 @@ Status InProcessTransport::Run(const GroupInfo& group, int size, const CallKey& 
           " to reach this collective. A rank that never arrives usually means the devices run "
           "different programs or one failed earlier; if it is only slow, raise JAX_SMDDP_TIMEOUT_S "
           "(or jax_smddp.set_timeout)."));
-    }
-    if (slot->aborted) {
-      return leave(Status::Error(Where(group, key, info, rank) + ": abandoned: rank(s) " +
-                                 MissingRanks(*slot) + " never arrived before the deadline"));
     }
     if (!slot->done && slot->helpers_wanted > 0) {
       --slot->helpers_wanted;
