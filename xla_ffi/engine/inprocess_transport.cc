@@ -5,6 +5,7 @@
 
 #include <algorithm>
 #include <atomic>
+#include <cstdlib>
 #include <condition_variable>
 #include <cstring>
 #include <sstream>
@@ -121,11 +122,15 @@ void RunBodies(InProcessTransport::Slot& slot, const Body& body) {
 
 // Populates the page tables of a large buffer this rank's call will fill, in
 // one system call, rather than taking one page fault per 4 KiB page: XLA often
-// hands collectives freshly mapped output buffers.
+// hands collectives freshly mapped output buffers. Buffers from
+// JAX_SMDDP_PREFAULT_BYTES up (default 1 MiB; 0 turns it off).
 void Prefault(void* buf, size_t bytes) {
 #ifdef MADV_POPULATE_WRITE
-  constexpr size_t kMinBytes = 1 << 20;
-  if (bytes < kMinBytes) return;
+  static const size_t min_bytes = [] {
+    const char* env = std::getenv("JAX_SMDDP_PREFAULT_BYTES");
+    return env ? size_t(std::strtoull(env, nullptr, 10)) : size_t(1) << 20;
+  }();
+  if (min_bytes == 0 || bytes < min_bytes) return;
   static const uintptr_t page = uintptr_t(sysconf(_SC_PAGESIZE));
   uintptr_t begin = (uintptr_t(buf) + page - 1) & ~(page - 1);
   uintptr_t end = (uintptr_t(buf) + bytes) & ~(page - 1);
