@@ -4,6 +4,7 @@
 #include <cstdint>
 #include <memory>
 #include <string>
+#include <vector>
 
 #include "xla/ffi/api/ffi.h"
 #include "xla_ffi/engine/algorithms.h"
@@ -13,19 +14,46 @@ namespace ffi = xla::ffi;
 
 namespace smddp {
 
+// State of one collective instruction, built once when XLA instantiates it
+// and shared by every device that runs it: its instance number (the
+// rendezvous key) and, per partition id, the communicator and rank, so the
+// per-call path looks nothing up.
 struct CallSite {
   static ffi::TypeId id;
   static ffi::TypeInfo info;
-  int64_t instance;
+  struct Member {
+    Communicator* comm = nullptr;
+    int rank = -1;
+  };
+  int64_t instance = 0;
+  std::vector<Member> by_partition;
 };
 ffi::TypeId CallSite::id = {};
 ffi::TypeInfo CallSite::info = ffi::MakeTypeInfo<CallSite>();
 
 namespace {
 
-ffi::ErrorOr<std::unique_ptr<CallSite>> Instantiate() {
+ffi::ErrorOr<std::unique_ptr<CallSite>> Instantiate(ffi::Dictionary attrs) {
   static std::atomic<int64_t> next{0};
-  return std::make_unique<CallSite>(CallSite{next++});
+  auto groups = attrs.get<ffi::Span<const int64_t>>("groups");
+  auto size = attrs.get<int64_t>("group_size");
+  if (!groups.has_value()) return ffi::Unexpected(groups.error());
+  if (!size.has_value()) return ffi::Unexpected(size.error());
+  const int64_t n = *size;
+  if (n <= 0 || groups->size() % n != 0)
+    return ffi::Unexpected(ffi::Error::InvalidArgument("jax_smddp: malformed replica groups"));
+  auto site = std::make_unique<CallSite>();
+  site->instance = next++;
+  for (size_t g = 0; g < groups->size(); g += n) {
+    Communicator* comm = FindOrCreateCommunicator(groups->begin() + g, int(n));
+    for (int64_t r = 0; r < n; ++r) {
+      const int64_t id = (*groups)[g + r];
+      if (id < 0) return ffi::Unexpected(ffi::Error::InvalidArgument("jax_smddp: negative device id in replica groups"));
+      if (size_t(id) >= site->by_partition.size()) site->by_partition.resize(id + 1);
+      site->by_partition[id] = CallSite::Member{comm, int(r)};
+    }
+  }
+  return site;
 }
 
 bool ToDType(ffi::DataType t, DType* out) {
@@ -49,18 +77,15 @@ ffi::Error ToFfi(const Status& st) {
   return ffi::Error(ffi::ErrorCode::kInternal, st.message());
 }
 
-// The attributes every collective carries, and the call they describe.
+// What every collective's handler knows of its call.
 struct Common {
   const char* op;
-  int64_t op_id;      // position in the module, for messages
-  int64_t instance;   // which instruction: the rendezvous key
-  ffi::Span<const int64_t> groups;  // replica groups, row-major
-  int64_t group_size;
+  int64_t op_id;  // position in the module, for messages
+  CallSite* site;
 };
 
-// Runs the call: finds this device's group (the row of `groups` holding its
-// partition id), the communicator for it and this device's rank in it, and
-// runs `algorithm` (a body: Status(Exchange&, DType)) through it.
+// Runs the call through this device's communicator (looked up by partition
+// id in the instruction's state); `algorithm` is Status(Exchange&, DType).
 template <typename Algorithm>
 ffi::Error RunCall(const Common& c, int64_t run_id, uint32_t partition_id, ffi::AnyBuffer x,
                    ffi::Result<ffi::AnyBuffer>& out, ReduceOp reduce, Algorithm algorithm) {
@@ -68,37 +93,31 @@ ffi::Error RunCall(const Common& c, int64_t run_id, uint32_t partition_id, ffi::
   if (!ToDType(x.element_type(), &dtype))
     return ffi::Error::InvalidArgument(std::string("jax_smddp ") + c.op +
                                        ": unsupported element type reached the engine");
-  const int64_t n = c.group_size;
-  if (n <= 0 || c.groups.size() % n != 0)
-    return ffi::Error::InvalidArgument(std::string("jax_smddp ") + c.op + ": malformed replica groups");
-  for (size_t g = 0; g < c.groups.size(); g += n) {
-    for (int64_t r = 0; r < n; ++r) {
-      if (c.groups[g + r] != int64_t(partition_id)) continue;
-      Communicator* comm = FindOrCreateCommunicator(c.groups.begin() + g, int(n));
-      CallInfo info{c.op, dtype, reduce, uint64_t(x.size_bytes()), uint64_t(out->size_bytes())};
-      auto body = [&](Exchange& ex) { return algorithm(ex, dtype); };
-      return ToFfi(comm->Run(run_id, c.instance, c.op_id, int(r), x.untyped_data(),
-                             out->untyped_data(), info, body));
-    }
-  }
-  return ffi::Error::InvalidArgument(std::string("jax_smddp ") + c.op + ": device " +
-                                     std::to_string(partition_id) + " is in no replica group");
+  const auto& members = c.site->by_partition;
+  if (partition_id >= members.size() || members[partition_id].comm == nullptr)
+    return ffi::Error::InvalidArgument(std::string("jax_smddp ") + c.op + ": device " +
+                                       std::to_string(partition_id) + " is in no replica group");
+  const CallSite::Member& me = members[partition_id];
+  CallInfo info{c.op, dtype, reduce, uint64_t(x.size_bytes()), uint64_t(out->size_bytes())};
+  auto body = [&](Exchange& ex) { return algorithm(ex, dtype); };
+  return ToFfi(me.comm->Run(run_id, c.site->instance, c.op_id, me.rank, x.untyped_data(),
+                            out->untyped_data(), info, body));
 }
 
 ffi::Error AllGatherImpl(ffi::RunId run, CallSite* site, ffi::AnyBuffer x, ffi::Buffer<ffi::U32> pid,
                          ffi::Result<ffi::AnyBuffer> out, int64_t op_id,
-                         ffi::Span<const int64_t> groups, int64_t group_size,
+                         ffi::Span<const int64_t> /*groups*/, int64_t /*group_size*/,
                          int64_t outer, int64_t inner_bytes) {
-  Common c{"all_gather", op_id, site->instance, groups, group_size};
+  Common c{"all_gather", op_id, site};
   return RunCall(c, run.run_id, pid.typed_data()[0], x, out, ReduceOp::kSum,
                  [&](Exchange& ex, DType) { return AllGather(ex, size_t(outer), size_t(inner_bytes)); });
 }
 
 ffi::Error ReduceScatterImpl(ffi::RunId run, CallSite* site, ffi::AnyBuffer x, ffi::Buffer<ffi::U32> pid,
                              ffi::Result<ffi::AnyBuffer> out, int64_t op_id,
-                             ffi::Span<const int64_t> groups, int64_t group_size,
+                             ffi::Span<const int64_t> /*groups*/, int64_t /*group_size*/,
                              int64_t reduce, int64_t outer, int64_t inner) {
-  Common c{"reduce_scatter", op_id, site->instance, groups, group_size};
+  Common c{"reduce_scatter", op_id, site};
   const ReduceOp op = ReduceOp(reduce);
   return RunCall(c, run.run_id, pid.typed_data()[0], x, out, op, [&](Exchange& ex, DType dtype) {
     return ReduceScatter(ex, dtype, op, size_t(outer), size_t(inner));
@@ -107,8 +126,8 @@ ffi::Error ReduceScatterImpl(ffi::RunId run, CallSite* site, ffi::AnyBuffer x, f
 
 ffi::Error AllReduceImpl(ffi::RunId run, CallSite* site, ffi::AnyBuffer x, ffi::Buffer<ffi::U32> pid,
                          ffi::Result<ffi::AnyBuffer> out, int64_t op_id,
-                         ffi::Span<const int64_t> groups, int64_t group_size, int64_t reduce) {
-  Common c{"all_reduce", op_id, site->instance, groups, group_size};
+                         ffi::Span<const int64_t> /*groups*/, int64_t /*group_size*/, int64_t reduce) {
+  Common c{"all_reduce", op_id, site};
   const ReduceOp op = ReduceOp(reduce);
   const size_t count = x.element_count();
   return RunCall(c, run.run_id, pid.typed_data()[0], x, out, op, [&](Exchange& ex, DType dtype) {
@@ -118,9 +137,9 @@ ffi::Error AllReduceImpl(ffi::RunId run, CallSite* site, ffi::AnyBuffer x, ffi::
 
 ffi::Error AllToAllImpl(ffi::RunId run, CallSite* site, ffi::AnyBuffer x, ffi::Buffer<ffi::U32> pid,
                         ffi::Result<ffi::AnyBuffer> out, int64_t op_id,
-                        ffi::Span<const int64_t> groups, int64_t group_size,
+                        ffi::Span<const int64_t> /*groups*/, int64_t /*group_size*/,
                         int64_t outer, int64_t inner_bytes) {
-  Common c{"all_to_all", op_id, site->instance, groups, group_size};
+  Common c{"all_to_all", op_id, site};
   return RunCall(c, run.run_id, pid.typed_data()[0], x, out, ReduceOp::kSum,
                  [&](Exchange& ex, DType) { return AllToAll(ex, size_t(outer), size_t(inner_bytes)); });
 }
@@ -136,7 +155,7 @@ ffi::Error AllToAllImpl(ffi::RunId run, CallSite* site, ffi::AnyBuffer x, ffi::B
       .Arg<ffi::Buffer<ffi::U32>>()            \
       .Ret<ffi::AnyBuffer>()                   \
       .Attr<int64_t>("op_id")                  \
-      .Attr<ffi::Span<const int64_t>>("groups") \
+      .Attr<ffi::Span<const int64_t>>("groups") /* read at instantiation */ \
       .Attr<int64_t>("group_size")
 
 XLA_FFI_DEFINE_HANDLER_SYMBOL(SmddpAllGatherCpu, smddp::AllGatherImpl,
@@ -155,7 +174,8 @@ XLA_FFI_DEFINE_HANDLER_SYMBOL(SmddpAllToAllCpu, smddp::AllToAllImpl,
                                   .Attr<int64_t>("outer")
                                   .Attr<int64_t>("inner_bytes"));
 
-XLA_FFI_DEFINE_HANDLER_SYMBOL(SmddpInstantiateCpu, smddp::Instantiate, ffi::Ffi::BindInstantiate());
+XLA_FFI_DEFINE_HANDLER_SYMBOL(SmddpInstantiateCpu, smddp::Instantiate,
+                              ffi::Ffi::BindInstantiate().Attrs());
 
 extern "C" XLA_FFI_TypeId* SmddpCallSiteTypeId() { return &smddp::CallSite::id; }
 extern "C" const XLA_FFI_TypeInfo* SmddpCallSiteTypeInfo() { return &smddp::CallSite::info; }
