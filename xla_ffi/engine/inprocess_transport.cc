@@ -141,6 +141,16 @@ void Prefault(void* buf, size_t bytes) {
 #endif
 }
 
+// Calls that move fewer bytes than this (over all ranks) run on the last
+// arrival alone (JAX_SMDDP_CPU_HELPER_MIN_BYTES, default 256 KiB).
+uint64_t HelperMinBytes() {
+  static const uint64_t min_bytes = [] {
+    const char* env = std::getenv("JAX_SMDDP_CPU_HELPER_MIN_BYTES");
+    return env ? uint64_t(std::strtoull(env, nullptr, 10)) : uint64_t(256) << 10;
+  }();
+  return min_bytes;
+}
+
 }  // namespace
 
 InProcessTransport::InProcessTransport(int helpers) : helpers_(std::max(0, helpers)) {}
@@ -198,7 +208,9 @@ Status InProcessTransport::Run(const GroupInfo& group, int size, const CallKey& 
       slot->cv.notify_all();
       return leave(slot->status);
     }
-    slot->helpers_wanted = std::min(helpers_, size - 1);
+    // Waking a sleeping rank costs more than a small call's copies.
+    const uint64_t moved = std::max(info.send_bytes, info.recv_bytes) * uint64_t(size);
+    slot->helpers_wanted = moved >= HelperMinBytes() ? std::min(helpers_, size - 1) : 0;
     if (slot->helpers_wanted == size - 1) {
       slot->cv.notify_all();
     } else {

@@ -1,0 +1,21 @@
+"""JAX plugin entry point (``[project.entry-points.jax_plugins]``).
+
+JAX imports this module and calls :func:`initialize` when its backends first
+initialise (``jax._src.xla_bridge.discover_pjrt_plugins``). jax_smddp adds no
+PJRT backend: it only reads ``JAX_SMDDP_COLLECTIVES`` and, when it is set,
+lowers the named ``jax.lax`` collectives through jax_smddp (see
+:mod:`jax_smddp.swap`), so an unmodified program uses the plugin. When the
+variable is unset nothing is imported: programs that do not ask for the
+plugin do not load it.
+"""
+
+from __future__ import annotations
+
+import os
+
+
+def initialize() -> None:
+  if not os.environ.get("JAX_SMDDP_COLLECTIVES", "").strip():
+    return
+  from jax_smddp import swap
+  swap.use_from_env()

@@ -1,0 +1,264 @@
+"""Drop-in backend swap: lower ``jax.lax`` collectives through jax_smddp.
+
+An unmodified program that calls ``jax.lax.all_gather``, ``psum_scatter``,
+``psum``/``pmax``/``pmin`` or ``all_to_all`` inside ``jax.shard_map`` can run on
+jax_smddp's engine, either by setting ``JAX_SMDDP_COLLECTIVES`` before the
+program starts (read by the ``jax_plugins`` entry point when JAX initialises its
+backends) or from code with :func:`use`.
+
+How: the CPU lowering of the lax primitives themselves is replaced by a rule
+that asks the jax_smddp module of that collective to lower the call (the
+``_lower_cpu`` functions take the lax primitive's parameters) and falls back to
+lax's original rule for any case jax_smddp does not take (the same cases as
+for the jax_smddp API: other dtypes, ``axis_index_groups``, partially manual
+``shard_map``, vmap/pmap axes, other platforms). Typing, batching and
+differentiation stay jax.lax's: only the emitted code changes. The original
+rules are kept and restored when a collective is swapped back.
+
+Lowerings and compiled executables are cached by JAX: :func:`use` clears
+JAX's caches whenever the set of swapped collectives changes, so a function
+compiled before the change is compiled again.
+"""
+
+from __future__ import annotations
+
+import importlib
+import logging
+import os
+from typing import Any, Callable, Iterable
+
+import numpy as np
+
+import jax
+from jax._src.interpreters import mlir
+from jax._src.lax import parallel as lax_parallel
+
+# The modules, not the functions of the same name that jax_smddp exports.
+_ag = importlib.import_module("jax_smddp.all_gather")
+_ar = importlib.import_module("jax_smddp.all_reduce")
+_a2a = importlib.import_module("jax_smddp.all_to_all")
+_rs = importlib.import_module("jax_smddp.reduce_scatter")
+
+log = logging.getLogger("jax_smddp")
+
+ENV_VAR = "JAX_SMDDP_COLLECTIVES"
+
+# The collectives that can be swapped, by their jax_smddp name.
+OPS = ("all_gather", "reduce_scatter", "all_reduce", "all_to_all")
+
+_ALIASES = {
+    "all_gather": "all_gather", "all_gather_invariant": "all_gather",
+    "reduce_scatter": "reduce_scatter", "psum_scatter": "reduce_scatter",
+    "all_reduce": "all_reduce", "psum": "all_reduce", "pmax": "all_reduce",
+    "pmin": "all_reduce",
+    "all_to_all": "all_to_all",
+}
+
+_PLATFORM = "cpu"  # the engine's platform in this release
+
+Lowered = Any  # lowered values, or a string saying why jax_smddp does not take the call
+
+
+def _single(fn: Callable[..., Lowered], *params: str) -> Callable[..., Lowered]:
+  """Adapts a one-operand jax_smddp lowering to a lax rule (ctx, *args, **params).
+
+  `params` are the lax primitive's parameter names this module knows; a call
+  with others (another jax version) keeps lax's lowering.
+  """
+  known = frozenset(params)
+
+  def adapter(ctx, *args, **kw):
+    if len(args) != 1:
+      return f"{len(args)} operands in one call"
+    if set(kw) != known:
+      return f"unexpected parameters {sorted(set(kw) ^ known)}"
+    return fn(ctx, args[0], **kw)
+  return adapter
+
+
+def _no_bool(fn):
+  """Reductions of booleans stay with lax (the engine does not reduce them)."""
+  def adapter(ctx, x, **params):
+    if np.dtype(ctx.avals_in[0].dtype) == np.bool_:
+      return "reduction of booleans"
+    return fn(ctx, x, **params)
+  return adapter
+
+
+def _gather_no_groups(ctx, x, **params):  # all_gather_invariant_p, all_gather_reduced_p
+  return _ag._lower_cpu(ctx, x, axis_index_groups=None, **params)
+
+
+def _scatter_no_groups(ctx, x, **params):  # unreduced_reduce_scatter_p
+  return _rs._lower_cpu(ctx, x, axis_index_groups=None, **params)
+
+
+def _reduce(op: str, invariant: bool):
+  def lower(ctx, x, *, axes, axis_index_groups=None):
+    if axis_index_groups is not None:
+      return "axis_index_groups"
+    return _ar._lower_cpu(ctx, x, axes=tuple(axes), reduce=op, invariant=invariant)
+  return lower
+
+
+# Parameters of the lax primitives (besides axis_index_groups where they have it).
+_GATHER = ("all_gather_dimension", "axis_name", "axis_size", "tiled")
+_SCATTER = ("scatter_dimension", "axis_name", "axis_size", "tiled")
+_A2A = ("split_axis", "concat_axis", "axis_name", "axis_index_groups", "tiled")
+
+
+def _takeovers() -> dict[str, list[tuple[Any, Callable[..., Lowered]]]]:
+  """For each swappable collective: the lax primitives taken over, with their lowering.
+
+  A primitive this jax version does not have is skipped.
+  """
+  table = {
+      "all_gather": [
+          ("all_gather_p", _single(_ag._lower_cpu, "axis_index_groups", *_GATHER)),
+          ("all_gather_invariant_p", _single(_gather_no_groups, *_GATHER)),
+          ("all_gather_reduced_p", _single(_gather_no_groups, *_GATHER))],
+      "reduce_scatter": [
+          ("reduce_scatter_p",
+           _single(_no_bool(_rs._lower_cpu), "axis_index_groups", *_SCATTER)),
+          ("unreduced_reduce_scatter_p", _single(_no_bool(_scatter_no_groups), *_SCATTER))],
+      "all_reduce": [
+          ("psum_p", _single(_reduce("sum", False), "axes", "axis_index_groups")),
+          ("psum_invariant_p", _single(_reduce("sum", True), "axes")),
+          ("unreduced_psum_p", _single(_reduce("sum", True), "axes")),
+          ("pmax_p", _single(_no_bool(_reduce("max", False)), "axes", "axis_index_groups")),
+          ("pmin_p", _single(_no_bool(_reduce("min", False)), "axes", "axis_index_groups"))],
+      "all_to_all": [
+          ("all_to_all_p", _single(_a2a._lower_cpu, *_A2A))],
+  }
+  return {op: [(getattr(lax_parallel, name), lower) for name, lower in rows
+               if hasattr(lax_parallel, name)]
+          for op, rows in table.items()}
+
+
+_active: set[str] = set()
+_saved: dict[Any, Any] = {}  # lax primitive -> its original CPU-specific entry (or None)
+_logged: set = set()
+
+
+def _install(prim, lower: Callable[..., Lowered]) -> None:
+  table = mlir._platform_specific_lowerings[_PLATFORM]
+  original = table.get(prim)
+  _saved[prim] = original
+  entry = original if original is not None else mlir._lowerings[prim]
+  original_rule = entry.rule
+
+  def rule(ctx, *args, **params):
+    out = lower(ctx, *args, **params)
+    if isinstance(out, str):
+      if (prim.name, out) not in _logged:
+        _logged.add((prim.name, out))
+        log.debug("jax.lax %s keeps its own lowering here: %s", prim.name, out)
+      return original_rule(ctx, *args, **params)
+    return out
+
+  rule.__name__ = f"smddp_swapped_{prim.name}"
+  mlir.register_lowering(prim, rule, platform=_PLATFORM, inline=entry.inline)
+
+
+def _uninstall(prim) -> None:
+  table = mlir._platform_specific_lowerings[_PLATFORM]
+  original = _saved.pop(prim)
+  if original is None:
+    table.pop(prim, None)
+  else:
+    table[prim] = original
+
+
+def parse(ops: Iterable[str] | str) -> frozenset[str]:
+  """Names of collectives (``all``, ``none``, jax_smddp or jax.lax names, comma lists)."""
+  if isinstance(ops, str):
+    ops = [ops]
+  out: set[str] = set()
+  for item in ops:
+    if not isinstance(item, str):
+      raise TypeError(f"jax_smddp.use: collective names are strings, got {item!r}")
+    for name in item.split(","):
+      name = name.strip().lower()
+      if name in ("", "none"):
+        continue
+      if name == "all":
+        out.update(OPS)
+      elif name in _ALIASES:
+        out.add(_ALIASES[name])
+      else:
+        raise ValueError(
+            f"jax_smddp: unknown collective {name!r}; use a comma list of {', '.join(OPS)} "
+            f"(or their jax.lax names psum_scatter, psum, pmax, pmin), 'all' or 'none'.")
+  return frozenset(out)
+
+
+def active() -> frozenset[str]:
+  """The jax.lax collectives currently lowered through jax_smddp."""
+  return frozenset(_active)
+
+
+def _set(ops: frozenset[str], clear_caches: bool) -> None:
+  if ops == _active:
+    return
+  takeovers = _takeovers()
+  for op in OPS:
+    if op in _active and op not in ops:
+      for prim, _ in takeovers[op]:
+        _uninstall(prim)
+    elif op in ops and op not in _active:
+      for prim, lower in takeovers[op]:
+        _install(prim, lower)
+  _active.clear()
+  _active.update(ops)
+  if clear_caches:
+    jax.clear_caches()
+
+
+class use:
+  """Lowers the named ``jax.lax`` collectives through jax_smddp.
+
+  ``use("all_gather", "reduce_scatter")`` (or ``use("all")``) takes effect at
+  once and sets exactly the collectives that are swapped (``use()`` or
+  ``use("none")`` swaps none back). Used as a context manager, the previous
+  set is restored on exit::
+
+      with jax_smddp.use("all"):
+        y = f(x)            # jax.lax collectives in f run on jax_smddp
+
+  Names: ``all_gather``, ``reduce_scatter``, ``all_reduce``, ``all_to_all``, or
+  the jax.lax names ``psum_scatter``, ``psum``/``pmax``/``pmin`` (all three are
+  ``all_reduce``), ``all``, ``none``; comma lists are accepted.
+
+  JAX caches lowerings and executables: whenever the set changes, JAX's caches
+  are cleared (``jax.clear_caches()``) so that functions already compiled are
+  compiled again with the new lowering; pass ``clear_caches=False`` to keep
+  them (then only functions first traced after the change are affected).
+  """
+
+  def __init__(self, *ops: str, clear_caches: bool = True):
+    self._previous = active()
+    self._clear = clear_caches
+    _set(parse(ops), clear_caches)
+
+  def __enter__(self) -> "use":
+    return self
+
+  def __exit__(self, *exc) -> None:
+    _set(self._previous, self._clear)
+
+  def __repr__(self) -> str:
+    return f"jax_smddp.use({', '.join(sorted(active()))})"
+
+
+def use_from_env() -> frozenset[str]:
+  """Applies ``JAX_SMDDP_COLLECTIVES`` (done by the jax_plugins entry point)."""
+  raw = os.environ.get(ENV_VAR, "")
+  try:
+    ops = parse(raw)
+  except ValueError as e:
+    raise ValueError(f"{ENV_VAR}={raw!r}: {e}") from None
+  if ops:
+    _set(ops | _active, clear_caches=False)
+    log.info("jax_smddp: jax.lax %s lower through jax_smddp (%s)",
+             ", ".join(sorted(ops)), ENV_VAR)
+  return ops
