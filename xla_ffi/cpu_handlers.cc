@@ -9,6 +9,7 @@
 #include "xla/ffi/api/ffi.h"
 #include "xla_ffi/engine/algorithms.h"
 #include "xla_ffi/engine/communicator.h"
+#include "xla_ffi/engine/invocation_counter.h"
 
 namespace ffi = xla::ffi;
 
@@ -24,6 +25,7 @@ struct CallSite {
   struct Member {
     Communicator* comm = nullptr;
     int rank = -1;
+    std::unique_ptr<InvocationCounter> calls;  // touched by this device only
   };
   int64_t instance = 0;
   std::vector<Member> by_partition;
@@ -50,7 +52,7 @@ ffi::ErrorOr<std::unique_ptr<CallSite>> Instantiate(ffi::Dictionary attrs) {
       const int64_t id = (*groups)[g + r];
       if (id < 0) return ffi::Unexpected(ffi::Error::InvalidArgument("jax_smddp: negative device id in replica groups"));
       if (size_t(id) >= site->by_partition.size()) site->by_partition.resize(id + 1);
-      site->by_partition[id] = CallSite::Member{comm, int(r)};
+      site->by_partition[id] = CallSite::Member{comm, int(r), std::make_unique<InvocationCounter>()};
     }
   }
   return site;
@@ -100,8 +102,8 @@ ffi::Error RunCall(const Common& c, int64_t run_id, uint32_t partition_id, ffi::
   const CallSite::Member& me = members[partition_id];
   CallInfo info{c.op, dtype, reduce, uint64_t(x.size_bytes()), uint64_t(out->size_bytes())};
   auto body = [&](Exchange& ex) { return algorithm(ex, dtype); };
-  return ToFfi(me.comm->Run(run_id, c.site->instance, c.op_id, me.rank, x.untyped_data(),
-                            out->untyped_data(), info, body));
+  return ToFfi(me.comm->Run(run_id, c.site->instance, me.calls->Next(run_id), c.op_id, me.rank,
+                            x.untyped_data(), out->untyped_data(), info, body));
 }
 
 ffi::Error AllGatherImpl(ffi::RunId run, CallSite* site, ffi::AnyBuffer x, ffi::Buffer<ffi::U32> pid,

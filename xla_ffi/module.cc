@@ -59,7 +59,7 @@ std::vector<std::pair<int, std::string>> RendezvousProbe(int size, std::vector<i
         auto body = [&](smddp::Exchange& ex) {
           return smddp::AllReduce(ex, smddp::DType::kFloat32, smddp::ReduceOp::kSum, send[i].size());
         };
-        smddp::Status st = comm->Run(run_id, 0, 0, present[i], send[i].data(), recv[i].data(), info, body);
+        smddp::Status st = comm->Run(run_id, 0, 0, 0, present[i], send[i].data(), recv[i].data(), info, body);
         const float want = float(size) * float(size + 1) / 2;
         for (float v : recv[i]) {
           if (st.ok() && v != want) st = smddp::Status::Error("wrong sum");

@@ -15,10 +15,6 @@ namespace smddp {
 
 namespace {
 
-// Runs kept in the invocation table: far more executions than XLA can have in
-// flight at once, so a live run is never forgotten.
-constexpr size_t kRecentRuns = 1024;
-
 std::atomic<int64_t> g_timeout_ms{300'000};
 
 std::string DescribeMembers(const std::vector<int64_t>& members) {
@@ -51,24 +47,10 @@ Communicator::Communicator(uint64_t id, std::vector<int64_t> members, Transport*
   info_.description = DescribeMembers(members_);
 }
 
-uint64_t Communicator::NextInvocation(int64_t run_id, int64_t op_id, int rank) {
-  std::lock_guard<std::mutex> lock(mu_);
-  if (std::find(recent_runs_.rbegin(), recent_runs_.rend(), run_id) == recent_runs_.rend()) {
-    recent_runs_.push_back(run_id);
-    if (recent_runs_.size() > kRecentRuns) {
-      const int64_t old = recent_runs_.front();
-      recent_runs_.pop_front();
-      for (auto it = invocations_.begin(); it != invocations_.end();) {
-        it = it->first.run_id == old ? invocations_.erase(it) : std::next(it);
-      }
-    }
-  }
-  return invocations_[CounterKey{run_id, op_id, rank}]++;
-}
-
-Status Communicator::Run(int64_t run_id, int64_t instance, int64_t op_id, int rank, const void* send,
-                         void* recv, const CallInfo& call, const Body& body) {
-  CallKey key{info_.id, run_id, instance, NextInvocation(run_id, instance, rank), op_id};
+Status Communicator::Run(int64_t run_id, int64_t instance, uint64_t invocation, int64_t op_id,
+                         int rank, const void* send, void* recv, const CallInfo& call,
+                         const Body& body) {
+  CallKey key{info_.id, run_id, instance, invocation, op_id};
   const auto deadline = Clock::now() + std::chrono::milliseconds(g_timeout_ms.load());
   return transport_->Run(info_, size(), key, rank, send, recv, call, deadline, body);
 }
