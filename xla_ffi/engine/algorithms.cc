@@ -58,13 +58,12 @@ class PeerReader {
 }  // namespace
 
 Status AllGather(Exchange& ex, size_t outer, size_t inner_bytes) {
-  const int n = ex.size(), r = ex.rank();
+  const int n = ex.size();
   char* out = static_cast<char*>(ex.Recv());
-  // Start at a different peer on each rank so ranks do not all read the
-  // same buffer at once.
-  for (int i = 0; i < n; ++i) {
-    const int p = (r + i) % n;
-    for (size_t o = 0; o < outer; ++o) {
+  // Fill the output front to back: its pages are often fresh, and the
+  // kernel serves sequential first touches fastest.
+  for (size_t o = 0; o < outer; ++o) {
+    for (int p = 0; p < n; ++p) {
       SMDDP_RETURN_IF_ERROR(ex.Get(p, o * inner_bytes,
                                    out + (o * n + p) * inner_bytes, inner_bytes));
     }

@@ -1,8 +1,5 @@
 #include "xla_ffi/engine/inprocess_transport.h"
 
-#include <sys/mman.h>
-#include <unistd.h>
-
 #include <algorithm>
 #include <atomic>
 #include <cstdlib>
@@ -120,27 +117,6 @@ void RunBodies(InProcessTransport::Slot& slot, const Body& body) {
   }
 }
 
-// Populates the page tables of a large buffer this rank's call will fill, in
-// one system call, rather than taking one page fault per 4 KiB page: XLA often
-// hands collectives freshly mapped output buffers. Buffers from
-// JAX_SMDDP_PREFAULT_BYTES up (default 1 MiB; 0 turns it off).
-void Prefault(void* buf, size_t bytes) {
-#ifdef MADV_POPULATE_WRITE
-  static const size_t min_bytes = [] {
-    const char* env = std::getenv("JAX_SMDDP_PREFAULT_BYTES");
-    return env ? size_t(std::strtoull(env, nullptr, 10)) : size_t(1) << 20;
-  }();
-  if (min_bytes == 0 || bytes < min_bytes) return;
-  static const uintptr_t page = uintptr_t(sysconf(_SC_PAGESIZE));
-  uintptr_t begin = (uintptr_t(buf) + page - 1) & ~(page - 1);
-  uintptr_t end = (uintptr_t(buf) + bytes) & ~(page - 1);
-  if (end > begin) madvise(reinterpret_cast<void*>(begin), end - begin, MADV_POPULATE_WRITE);
-#else
-  (void)buf;
-  (void)bytes;
-#endif
-}
-
 // Calls that move fewer bytes than this (over all ranks) run on the last
 // arrival alone (JAX_SMDDP_CPU_HELPER_MIN_BYTES, default 256 KiB).
 uint64_t HelperMinBytes() {
@@ -172,7 +148,6 @@ Status InProcessTransport::Run(const GroupInfo& group, int size, const CallKey& 
                                const void* send, void* recv, const CallInfo& info,
                                Clock::time_point deadline, const Body& body) {
   const Clock::time_point start = Clock::now();
-  Prefault(recv, info.recv_bytes);  // while peers are still arriving
   std::shared_ptr<Slot> slot = GetOrCreate(key, size);
   std::unique_lock<std::mutex> lock(slot->mu);
   auto leave = [&](Status st) {
