@@ -74,11 +74,6 @@ bool ToDType(ffi::DataType t, DType* out) {
   }
 }
 
-ffi::Error ToFfi(const Status& st) {
-  if (st.ok()) return ffi::Error::Success();
-  return ffi::Error(ffi::ErrorCode::kInternal, st.message());
-}
-
 // What every collective's handler knows of its call.
 struct Common {
   const char* op;
@@ -86,64 +81,87 @@ struct Common {
   CallSite* site;
 };
 
-// Runs the call through this device's communicator (looked up by partition
-// id in the instruction's state); `algorithm` is Status(Exchange&, DType).
-template <typename Algorithm>
-ffi::Error RunCall(const Common& c, int64_t run_id, uint32_t partition_id, ffi::AnyBuffer x,
-                   ffi::Result<ffi::AnyBuffer>& out, ReduceOp reduce, Algorithm algorithm) {
-  DType dtype;
-  if (!ToDType(x.element_type(), &dtype))
-    return ffi::Error::InvalidArgument(std::string("jax_smddp ") + c.op +
-                                       ": unsupported element type reached the engine");
+ffi::Future Failed(ffi::Error error) {
+  ffi::Promise promise;
+  ffi::Future future(promise);
+  promise.SetError(std::move(error));
+  return future;
+}
+
+// Starts the call on this device's communicator (looked up by partition id
+// in the instruction's state) and returns at once: the future completes when
+// the collective is over for this device. Handlers never block an XLA thread
+// waiting for peers (XLA may run independent collectives of one device at the
+// same time; blocked handlers would exhaust its threads).
+ffi::Future StartCall(const Common& c, int64_t run_id, uint32_t partition_id, ffi::AnyBuffer x,
+                      ffi::Result<ffi::AnyBuffer>& out, Plan plan) {
+  if (!ToDType(x.element_type(), &plan.dtype))
+    return Failed(ffi::Error::InvalidArgument(std::string("jax_smddp ") + c.op +
+                                              ": unsupported element type reached the engine"));
   const auto& members = c.site->by_partition;
   if (partition_id >= members.size() || members[partition_id].comm == nullptr)
-    return ffi::Error::InvalidArgument(std::string("jax_smddp ") + c.op + ": device " +
-                                       std::to_string(partition_id) + " is in no replica group");
+    return Failed(ffi::Error::InvalidArgument(std::string("jax_smddp ") + c.op + ": device " +
+                                              std::to_string(partition_id) + " is in no replica group"));
   const CallSite::Member& me = members[partition_id];
-  CallInfo info{c.op, dtype, reduce, uint64_t(x.size_bytes()), uint64_t(out->size_bytes())};
-  auto body = [&](Exchange& ex) { return algorithm(ex, dtype); };
-  return ToFfi(me.comm->Run(run_id, c.site->instance, me.calls->Next(run_id), c.op_id, me.rank,
-                            x.untyped_data(), out->untyped_data(), info, body));
+  CallInfo info{c.op, plan.dtype, plan.op, uint64_t(x.size_bytes()), uint64_t(out->size_bytes())};
+  ffi::Promise promise;
+  ffi::Future future(promise);
+  me.comm->Start(run_id, c.site->instance, me.calls->Next(run_id), c.op_id, me.rank,
+                 x.untyped_data(), out->untyped_data(), info, plan,
+                 [promise](const Status& st) mutable {
+                   if (st.ok()) {
+                     promise.SetAvailable();
+                   } else {
+                     promise.SetError(ffi::Error(ffi::ErrorCode::kInternal, st.message()));
+                   }
+                 });
+  return future;
 }
 
-ffi::Error AllGatherImpl(ffi::RunId run, CallSite* site, ffi::AnyBuffer x, ffi::Buffer<ffi::U32> pid,
-                         ffi::Result<ffi::AnyBuffer> out, int64_t op_id,
-                         ffi::Span<const int64_t> /*groups*/, int64_t /*group_size*/,
-                         int64_t outer, int64_t inner_bytes) {
-  Common c{"all_gather", op_id, site};
-  return RunCall(c, run.run_id, pid.typed_data()[0], x, out, ReduceOp::kSum,
-                 [&](Exchange& ex, DType) { return AllGather(ex, size_t(outer), size_t(inner_bytes)); });
+ffi::Future AllGatherImpl(ffi::RunId run, CallSite* site, ffi::AnyBuffer x,
+                          ffi::Buffer<ffi::U32> pid, ffi::Result<ffi::AnyBuffer> out,
+                          int64_t op_id, ffi::Span<const int64_t> /*groups*/,
+                          int64_t /*group_size*/, int64_t outer, int64_t inner_bytes) {
+  Plan plan;
+  plan.kind = Plan::Kind::kAllGather;
+  plan.outer = size_t(outer);
+  plan.inner = size_t(inner_bytes);
+  return StartCall(Common{"all_gather", op_id, site}, run.run_id, pid.typed_data()[0], x, out, plan);
 }
 
-ffi::Error ReduceScatterImpl(ffi::RunId run, CallSite* site, ffi::AnyBuffer x, ffi::Buffer<ffi::U32> pid,
-                             ffi::Result<ffi::AnyBuffer> out, int64_t op_id,
-                             ffi::Span<const int64_t> /*groups*/, int64_t /*group_size*/,
-                             int64_t reduce, int64_t outer, int64_t inner) {
-  Common c{"reduce_scatter", op_id, site};
-  const ReduceOp op = ReduceOp(reduce);
-  return RunCall(c, run.run_id, pid.typed_data()[0], x, out, op, [&](Exchange& ex, DType dtype) {
-    return ReduceScatter(ex, dtype, op, size_t(outer), size_t(inner));
-  });
+ffi::Future ReduceScatterImpl(ffi::RunId run, CallSite* site, ffi::AnyBuffer x,
+                              ffi::Buffer<ffi::U32> pid, ffi::Result<ffi::AnyBuffer> out,
+                              int64_t op_id, ffi::Span<const int64_t> /*groups*/,
+                              int64_t /*group_size*/, int64_t reduce, int64_t outer,
+                              int64_t inner) {
+  Plan plan;
+  plan.kind = Plan::Kind::kReduceScatter;
+  plan.op = ReduceOp(reduce);
+  plan.outer = size_t(outer);
+  plan.inner = size_t(inner);
+  return StartCall(Common{"reduce_scatter", op_id, site}, run.run_id, pid.typed_data()[0], x, out, plan);
 }
 
-ffi::Error AllReduceImpl(ffi::RunId run, CallSite* site, ffi::AnyBuffer x, ffi::Buffer<ffi::U32> pid,
-                         ffi::Result<ffi::AnyBuffer> out, int64_t op_id,
-                         ffi::Span<const int64_t> /*groups*/, int64_t /*group_size*/, int64_t reduce) {
-  Common c{"all_reduce", op_id, site};
-  const ReduceOp op = ReduceOp(reduce);
-  const size_t count = x.element_count();
-  return RunCall(c, run.run_id, pid.typed_data()[0], x, out, op, [&](Exchange& ex, DType dtype) {
-    return AllReduce(ex, dtype, op, count);
-  });
+ffi::Future AllReduceImpl(ffi::RunId run, CallSite* site, ffi::AnyBuffer x,
+                          ffi::Buffer<ffi::U32> pid, ffi::Result<ffi::AnyBuffer> out,
+                          int64_t op_id, ffi::Span<const int64_t> /*groups*/,
+                          int64_t /*group_size*/, int64_t reduce) {
+  Plan plan;
+  plan.kind = Plan::Kind::kAllReduce;
+  plan.op = ReduceOp(reduce);
+  plan.count = x.element_count();
+  return StartCall(Common{"all_reduce", op_id, site}, run.run_id, pid.typed_data()[0], x, out, plan);
 }
 
-ffi::Error AllToAllImpl(ffi::RunId run, CallSite* site, ffi::AnyBuffer x, ffi::Buffer<ffi::U32> pid,
-                        ffi::Result<ffi::AnyBuffer> out, int64_t op_id,
-                        ffi::Span<const int64_t> /*groups*/, int64_t /*group_size*/,
-                        int64_t outer, int64_t inner_bytes) {
-  Common c{"all_to_all", op_id, site};
-  return RunCall(c, run.run_id, pid.typed_data()[0], x, out, ReduceOp::kSum,
-                 [&](Exchange& ex, DType) { return AllToAll(ex, size_t(outer), size_t(inner_bytes)); });
+ffi::Future AllToAllImpl(ffi::RunId run, CallSite* site, ffi::AnyBuffer x,
+                         ffi::Buffer<ffi::U32> pid, ffi::Result<ffi::AnyBuffer> out,
+                         int64_t op_id, ffi::Span<const int64_t> /*groups*/,
+                         int64_t /*group_size*/, int64_t outer, int64_t inner_bytes) {
+  Plan plan;
+  plan.kind = Plan::Kind::kAllToAll;
+  plan.outer = size_t(outer);
+  plan.inner = size_t(inner_bytes);
+  return StartCall(Common{"all_to_all", op_id, site}, run.run_id, pid.typed_data()[0], x, out, plan);
 }
 
 }  // namespace

@@ -3,6 +3,7 @@
 // into the engine's rendezvous for tests of its failure paths.
 #include <atomic>
 #include <chrono>
+#include <future>
 #include <cstdint>
 #include <memory>
 #include <string>
@@ -56,10 +57,13 @@ std::vector<std::pair<int, std::string>> RendezvousProbe(int size, std::vector<i
       threads.emplace_back([&, i] {
         const uint64_t bytes = send[i].size() * 4;
         smddp::CallInfo info{"all_reduce", smddp::DType::kFloat32, smddp::ReduceOp::kSum, bytes, bytes};
-        auto body = [&](smddp::Exchange& ex) {
-          return smddp::AllReduce(ex, smddp::DType::kFloat32, smddp::ReduceOp::kSum, send[i].size());
-        };
-        smddp::Status st = comm->Run(run_id, 0, 0, 0, present[i], send[i].data(), recv[i].data(), info, body);
+        smddp::Plan plan;
+        plan.kind = smddp::Plan::Kind::kAllReduce;
+        plan.count = send[i].size();
+        std::promise<smddp::Status> finished;
+        comm->Start(run_id, 0, 0, 0, present[i], send[i].data(), recv[i].data(), info, plan,
+                    [&finished](const smddp::Status& st) { finished.set_value(st); });
+        smddp::Status st = finished.get_future().get();
         const float want = float(size) * float(size + 1) / 2;
         for (float v : recv[i]) {
           if (st.ok() && v != want) st = smddp::Status::Error("wrong sum");

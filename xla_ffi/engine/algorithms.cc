@@ -108,4 +108,15 @@ Status AllToAll(Exchange& ex, size_t outer, size_t inner_bytes) {
   return Status::Ok();
 }
 
+Status RunPlan(const Plan& plan, Exchange& ex) {
+  switch (plan.kind) {
+    case Plan::Kind::kAllGather: return AllGather(ex, plan.outer, plan.inner);
+    case Plan::Kind::kReduceScatter:
+      return ReduceScatter(ex, plan.dtype, plan.op, plan.outer, plan.inner);
+    case Plan::Kind::kAllReduce: return AllReduce(ex, plan.dtype, plan.op, plan.count);
+    case Plan::Kind::kAllToAll: return AllToAll(ex, plan.outer, plan.inner);
+  }
+  return Status::Error("jax_smddp: unknown collective plan");
+}
+
 }  // namespace smddp

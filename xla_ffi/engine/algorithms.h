@@ -6,11 +6,27 @@
 #define JAX_SMDDP_ENGINE_ALGORITHMS_H_
 
 #include <cstddef>
+#include <cstdint>
 
 #include "xla_ffi/engine/dtype.h"
 #include "xla_ffi/engine/transport.h"
 
 namespace smddp {
+
+// One collective call's algorithm and its parameters (equal on every rank):
+// what a transport needs to run any rank's body, on any thread.
+struct Plan {
+  enum class Kind : uint8_t { kAllGather, kReduceScatter, kAllReduce, kAllToAll };
+  Kind kind = Kind::kAllGather;
+  DType dtype = DType::kFloat32;
+  ReduceOp op = ReduceOp::kSum;
+  size_t outer = 1;
+  size_t inner = 0;  // bytes for gathers and all_to_all, elements for reductions
+  size_t count = 0;  // elements, for all_reduce
+};
+
+// Runs `plan` as the rank of `ex`.
+Status RunPlan(const Plan& plan, Exchange& ex);
 
 // recv[o, p, :] = send_p[o, :] for every rank p; blocks of `inner_bytes`.
 Status AllGather(Exchange& ex, size_t outer, size_t inner_bytes);

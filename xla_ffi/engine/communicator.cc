@@ -10,6 +10,7 @@
 #include <sstream>
 
 #include "xla_ffi/engine/inprocess_transport.h"
+#include "xla_ffi/engine/scheduler.h"
 
 namespace smddp {
 
@@ -25,15 +26,15 @@ std::string DescribeMembers(const std::vector<int64_t>& members) {
   return os.str();
 }
 
-// Threads the in-process transport may run collective bodies on at once,
-// beyond the one that arrives last: the cores this process may use, less one
-// (JAX_SMDDP_CPU_HELPERS overrides).
+// Engine workers that run collective bodies beside the rank that arrives
+// last: the cores this process may use, less one (JAX_SMDDP_CPU_HELPERS
+// overrides).
 int InProcessHelpers() {
   if (const char* env = std::getenv("JAX_SMDDP_CPU_HELPERS")) return std::atoi(env);
   cpu_set_t set;
   int cores = sched_getaffinity(0, sizeof(set), &set) == 0 ? CPU_COUNT(&set) : 0;
   if (cores <= 0) cores = int(std::thread::hardware_concurrency());
-  return std::max(cores, 1) - 1;
+  return std::min(std::max(cores, 1) - 1, WorkerCount());
 }
 
 }  // namespace
@@ -47,12 +48,12 @@ Communicator::Communicator(uint64_t id, std::vector<int64_t> members, Transport*
   info_.description = DescribeMembers(members_);
 }
 
-Status Communicator::Run(int64_t run_id, int64_t instance, uint64_t invocation, int64_t op_id,
+void Communicator::Start(int64_t run_id, int64_t instance, uint64_t invocation, int64_t op_id,
                          int rank, const void* send, void* recv, const CallInfo& call,
-                         const Body& body) {
+                         const Plan& plan, Done done) {
   CallKey key{info_.id, run_id, instance, invocation, op_id};
   const auto deadline = Clock::now() + std::chrono::milliseconds(g_timeout_ms.load());
-  return transport_->Run(info_, size(), key, rank, send, recv, call, deadline, body);
+  transport_->Start(info_, size(), key, rank, send, recv, call, deadline, plan, std::move(done));
 }
 
 Communicator* FindOrCreateCommunicator(const int64_t* members, int size) {

@@ -7,6 +7,7 @@
 #include <memory>
 #include <vector>
 
+#include "xla_ffi/engine/algorithms.h"
 #include "xla_ffi/engine/transport.h"
 
 namespace smddp {
@@ -19,13 +20,13 @@ class Communicator {
   const std::vector<int64_t>& members() const { return members_; }
   const GroupInfo& info() const { return info_; }
 
-  // Runs one collective call for `rank` (see Transport::Run), waiting for
-  // all peers until the engine's timeout. `instance` identifies the
-  // instruction and `invocation` how many times it already ran in execution
-  // `run_id` (both equal on every rank); `op_id` is its position in the
-  // program, for messages.
-  Status Run(int64_t run_id, int64_t instance, uint64_t invocation, int64_t op_id, int rank,
-             const void* send, void* recv, const CallInfo& call, const Body& body);
+  // Starts one collective call for `rank` (see Transport::Start); `done`
+  // reports its end. Peers that have not arrived by the engine's timeout
+  // fail the call. `instance` identifies the instruction and `invocation`
+  // how many times it already ran in execution `run_id` (both equal on every
+  // rank); `op_id` is its position in the program, for messages.
+  void Start(int64_t run_id, int64_t instance, uint64_t invocation, int64_t op_id, int rank,
+             const void* send, void* recv, const CallInfo& call, const Plan& plan, Done done);
 
  private:
   std::vector<int64_t> members_;

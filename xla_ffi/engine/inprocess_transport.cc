@@ -3,11 +3,13 @@
 #include <algorithm>
 #include <atomic>
 #include <cstdlib>
-#include <condition_variable>
 #include <cstring>
 #include <sstream>
 #include <string>
 #include <vector>
+
+#include "xla_ffi/engine/algorithms.h"
+#include "xla_ffi/engine/scheduler.h"
 
 namespace smddp {
 
@@ -17,27 +19,29 @@ struct InProcessTransport::Slot {
     const void* send = nullptr;
     void* recv = nullptr;
     CallInfo info;
+    Done done;
   };
-  explicit Slot(int n) : entries(n) {}
+  Slot(int n, const GroupInfo& g, const CallKey& k) : entries(n), group(g), key(k) {}
 
   std::mutex mu;
-  std::condition_variable cv;
   std::vector<Entry> entries;
+  GroupInfo group;
+  CallKey key;
+  Plan plan;
+  Timer deadline;        // fails the call if a rank is missing by then
   int arrived = 0;
-  int departed = 0;
-  bool aborted = false;        // a rank gave up before every rank arrived
-  int helpers_wanted = 0;      // sleeping ranks asked to run bodies
+  bool started = false;  // every rank arrived: bodies run
+  bool over = false;     // every arrived rank has been (or is being) completed
   std::atomic<int> next_body{0};
   int bodies_done = 0;
-  bool done = false;           // every body ran (or the call was refused)
-  Status status;               // the call's outcome, the same for every rank
+  Status status;         // the call's outcome, the same for every rank
 };
 
 namespace {
 
-std::string Where(const GroupInfo& group, const CallKey& key, const CallInfo& info, int rank) {
-  return std::string("jax_smddp ") + info.op + " (op " + std::to_string(key.op_id) + ", rank " +
-         std::to_string(rank) + " of communicator " + group.description + ")";
+std::string Where(const GroupInfo& group, const CallKey& key, const char* op) {
+  return std::string("jax_smddp ") + op + " (op " + std::to_string(key.op_id) +
+         " of communicator " + group.description + ")";
 }
 
 std::string Seconds(Clock::duration d) {
@@ -101,19 +105,15 @@ class RankView : public Exchange {
   int rank_;
 };
 
-// Claims and runs bodies until none is left; the last to finish marks the
-// call done. Called without the slot's lock.
-void RunBodies(InProcessTransport::Slot& slot, const Body& body) {
-  const int n = int(slot.entries.size());
-  for (int r; (r = slot.next_body.fetch_add(1)) < n;) {
-    RankView view(slot, r);
-    Status st = body(view);
-    std::lock_guard<std::mutex> lock(slot.mu);
-    if (!st.ok() && slot.status.ok()) slot.status = st;
-    if (++slot.bodies_done == n) {
-      slot.done = true;
-      slot.cv.notify_all();
-    }
+// Completes every arrived rank of `slot` with its status, each on an engine
+// worker (XLA continues that device's program on the completing thread, so
+// devices continue in parallel). Called with the slot's lock held.
+void CompleteArrived(InProcessTransport::Slot& slot) {
+  slot.over = true;
+  for (auto& e : slot.entries) {
+    if (!e.present || !e.done) continue;
+    Post([done = std::move(e.done), status = slot.status] { done(status); });
+    e.done = nullptr;
   }
 }
 
@@ -131,95 +131,104 @@ uint64_t HelperMinBytes() {
 
 InProcessTransport::InProcessTransport(int helpers) : helpers_(std::max(0, helpers)) {}
 
-std::shared_ptr<InProcessTransport::Slot> InProcessTransport::GetOrCreate(const CallKey& key, int size) {
+std::shared_ptr<InProcessTransport::Slot> InProcessTransport::GetOrCreate(const CallKey& key,
+                                                                          int size, bool* created) {
   std::lock_guard<std::mutex> lock(mu_);
   auto& slot = slots_[key];
-  if (!slot) slot = std::make_shared<Slot>(size);
+  *created = !slot;
+  if (!slot) slot = std::make_shared<Slot>(size, GroupInfo{}, key);
   return slot;
 }
 
-void InProcessTransport::Release(const CallKey& key, const Slot* slot) {
+void InProcessTransport::Forget(const CallKey& key, const Slot* slot) {
   std::lock_guard<std::mutex> lock(mu_);
   auto it = slots_.find(key);
   if (it != slots_.end() && it->second.get() == slot) slots_.erase(it);
 }
 
-Status InProcessTransport::Run(const GroupInfo& group, int size, const CallKey& key, int rank,
+// Claims and runs bodies until none is left; the last to finish completes
+// every rank.
+void InProcessTransport::RunBodies(const std::shared_ptr<Slot>& slot) {
+  const int n = int(slot->entries.size());
+  for (int r; (r = slot->next_body.fetch_add(1)) < n;) {
+    RankView view(*slot, r);
+    Status st = RunPlan(slot->plan, view);
+    std::lock_guard<std::mutex> lock(slot->mu);
+    if (!st.ok() && slot->status.ok()) slot->status = st;
+    if (++slot->bodies_done == n) {
+      CompleteArrived(*slot);
+      Forget(slot->key, slot.get());
+    }
+  }
+}
+
+// The deadline passed: if some rank never arrived, fail every arrived rank.
+void InProcessTransport::Expire(const std::shared_ptr<Slot>& slot, Clock::time_point start) {
+  std::lock_guard<std::mutex> lock(slot->mu);
+  if (slot->started || slot->over) return;
+  const char* op = "collective";
+  for (const auto& e : slot->entries) if (e.present) op = e.info.op;
+  slot->status = Status::Error(
+      Where(slot->group, slot->key, op) + ": timed out after " + Seconds(Clock::now() - start) +
+      " waiting for rank(s) " + MissingRanks(*slot) +
+      " to reach this collective. A rank that never arrives usually means the devices run "
+      "different programs or one failed earlier; if it is only slow, raise JAX_SMDDP_TIMEOUT_S "
+      "(or jax_smddp.set_timeout). No rank touched a peer's buffers.");
+  CompleteArrived(*slot);
+  // The slot stays in the table: a rank arriving late finds it over and fails at once.
+}
+
+void InProcessTransport::Start(const GroupInfo& group, int size, const CallKey& key, int rank,
                                const void* send, void* recv, const CallInfo& info,
-                               Clock::time_point deadline, const Body& body) {
-  const Clock::time_point start = Clock::now();
-  std::shared_ptr<Slot> slot = GetOrCreate(key, size);
+                               Clock::time_point deadline, const Plan& plan, Done done) {
+  bool created;
+  std::shared_ptr<Slot> slot = GetOrCreate(key, size, &created);
   std::unique_lock<std::mutex> lock(slot->mu);
-  auto leave = [&](Status st) {
-    const bool last = ++slot->departed == size;
+  if (created) {
+    slot->group = group;
+    std::weak_ptr<Slot> weak = slot;
+    slot->deadline = PostAt(deadline, [this, weak, start = Clock::now()] {
+      if (auto s = weak.lock()) Expire(s, start);
+    });
+  }
+  auto fail_now = [&](const std::string& why) {
     lock.unlock();
-    if (last) Release(key, slot.get());
-    return st;
+    done(Status::Error(Where(group, key, info.op) + ": rank " + std::to_string(rank) + ": " + why));
   };
   if (int(slot->entries.size()) != size || rank < 0 || rank >= size)
-    return Status::Error(Where(group, key, info, rank) + ": rank or communicator size disagrees with its peers");
-  if (slot->aborted) {
-    return leave(Status::Error(Where(group, key, info, rank) +
-                               ": a peer already gave up on this collective (missing rank(s): " +
-                               MissingRanks(*slot) + "); this rank did not touch any peer buffer"));
+    return fail_now("rank or communicator size disagrees with its peers");
+  if (slot->over) {
+    return fail_now("a peer already gave up on this collective (missing rank(s): " +
+                    MissingRanks(*slot) + "); this rank touched no peer buffer");
   }
   Slot::Entry& me = slot->entries[rank];
-  if (me.present)
-    return leave(Status::Error(Where(group, key, info, rank) + ": this rank entered the same collective twice"));
-  me = Slot::Entry{true, send, recv, info};
+  if (me.present) return fail_now("this rank entered the same collective twice");
+  me = Slot::Entry{true, send, recv, info, std::move(done)};
+  if (++slot->arrived < size) return;
 
-  if (++slot->arrived == size) {
-    // Last to arrive: check that every rank runs the same call, then run
-    // bodies with as many helpers as there are spare cores.
-    for (int r = 0; r < size && slot->status.ok(); ++r) {
-      if (!(slot->entries[r].info == slot->entries[0].info)) {
-        slot->status = Status::Error(Where(group, key, info, rank) + ": ranks disagree on the call: rank 0 runs " +
-                                     Describe(slot->entries[0].info) + " but rank " + std::to_string(r) +
-                                     " runs " + Describe(slot->entries[r].info));
-      }
-    }
-    if (!slot->status.ok()) {
-      slot->done = true;
-      slot->cv.notify_all();
-      return leave(slot->status);
-    }
-    // Waking a sleeping rank costs more than a small call's copies.
-    const uint64_t moved = std::max(info.send_bytes, info.recv_bytes) * uint64_t(size);
-    slot->helpers_wanted = moved >= HelperMinBytes() ? std::min(helpers_, size - 1) : 0;
-    if (slot->helpers_wanted == size - 1) {
-      slot->cv.notify_all();
-    } else {
-      for (int i = 0; i < slot->helpers_wanted; ++i) slot->cv.notify_one();
-    }
-    lock.unlock();
-    RunBodies(*slot, body);
-    lock.lock();
-  } else {
-    // Wait for the others; this is the only wait with a deadline, because
-    // once every rank has arrived bodies may be touching this rank's buffers
-    // and it must not leave before they are done (they are bounded copies).
-    const bool arrived = slot->cv.wait_until(lock, deadline, [&] {
-      return slot->aborted || slot->done || slot->helpers_wanted > 0;
-    });
-    if (slot->aborted || (!arrived && slot->arrived < size)) {
-      slot->aborted = true;
-      slot->cv.notify_all();
-      return leave(Status::Error(
-          Where(group, key, info, rank) + ": timed out after " + Seconds(Clock::now() - start) +
-          " waiting for rank(s) " + MissingRanks(*slot) +
-          " to reach this collective. A rank that never arrives usually means the devices run "
-          "different programs or one failed earlier; if it is only slow, raise JAX_SMDDP_TIMEOUT_S "
-          "(or jax_smddp.set_timeout)."));
-    }
-    if (!slot->done && slot->helpers_wanted > 0) {
-      --slot->helpers_wanted;
-      lock.unlock();
-      RunBodies(*slot, body);
-      lock.lock();
+  // Last to arrive: check that every rank runs the same call, then run the
+  // bodies here, with helpers for large calls.
+  slot->started = true;
+  Cancel(slot->deadline);
+  for (int r = 0; r < size && slot->status.ok(); ++r) {
+    if (!(slot->entries[r].info == slot->entries[0].info)) {
+      slot->status = Status::Error(Where(group, key, info.op) + ": ranks disagree on the call: rank 0 runs " +
+                                   Describe(slot->entries[0].info) + " but rank " + std::to_string(r) +
+                                   " runs " + Describe(slot->entries[r].info));
     }
   }
-  slot->cv.wait(lock, [&] { return slot->done; });
-  return leave(slot->status);
+  if (!slot->status.ok()) {
+    CompleteArrived(*slot);
+    lock.unlock();
+    Forget(key, slot.get());
+    return;
+  }
+  slot->plan = plan;
+  const uint64_t moved = std::max(info.send_bytes, info.recv_bytes) * uint64_t(size);
+  const int helpers = moved >= HelperMinBytes() ? std::min(helpers_, size - 1) : 0;
+  lock.unlock();
+  for (int i = 0; i < helpers; ++i) Post([this, slot] { RunBodies(slot); });
+  RunBodies(slot);
 }
 
 }  // namespace smddp

@@ -2,12 +2,11 @@
 // so a call's buffers are exchanged as pointers through a rendezvous slot and
 // data moves with memcpy (or is read in place by the algorithm).
 //
-// XLA runs each device's program on its own thread, and there are usually
-// more devices than cores. So the bodies of a call are not tied to their
-// ranks' threads: once every rank has arrived, the last one to arrive runs
-// bodies, waking only as many sleeping ranks as there are spare cores to help,
-// and every rank leaves when all bodies are done. That is one sleep and one
-// wake-up per rank, and no more threads competing than there are cores.
+// No rank waits: each rank's handler registers its buffers and returns. The
+// last rank to arrive runs the bodies of every rank, with as many engine
+// workers helping as there are spare cores (none for small calls), and the
+// last body to finish completes every rank. A timer fails the call on every
+// arrived rank if a peer has not arrived by the deadline.
 #ifndef JAX_SMDDP_ENGINE_INPROCESS_TRANSPORT_H_
 #define JAX_SMDDP_ENGINE_INPROCESS_TRANSPORT_H_
 
@@ -33,18 +32,18 @@ class InProcessTransport : public Transport {
  public:
   struct Slot;
 
-  // `helpers`: how many sleeping ranks the last arrival wakes to run bodies
-  // alongside it (cores to spare); 0 means it runs every body itself.
+  // `helpers`: engine workers that run bodies beside the last arrival.
   explicit InProcessTransport(int helpers);
 
-  Status Run(const GroupInfo& group, int size, const CallKey& key, int rank,
+  void Start(const GroupInfo& group, int size, const CallKey& key, int rank,
              const void* send, void* recv, const CallInfo& info,
-             Clock::time_point deadline, const Body& body) override;
+             Clock::time_point deadline, const Plan& plan, Done done) override;
 
  private:
-  std::shared_ptr<Slot> GetOrCreate(const CallKey& key, int size);
-  // Drops `slot` from the table once its last rank has left it.
-  void Release(const CallKey& key, const Slot* slot);
+  std::shared_ptr<Slot> GetOrCreate(const CallKey& key, int size, bool* created);
+  void Forget(const CallKey& key, const Slot* slot);
+  void RunBodies(const std::shared_ptr<Slot>& slot);
+  void Expire(const std::shared_ptr<Slot>& slot, Clock::time_point start);
 
   int helpers_;
   std::mutex mu_;

@@ -1,17 +1,17 @@
 // The transport interface every collective algorithm is written against.
 //
-// Every rank of a communicator runs a collective call through the transport.
-// An algorithm is a body: what one rank does, given an Exchange (that rank's
-// view of all ranks' buffers for the call, with the moves it may make between
-// them). The transport decides where bodies run and when buffers are free:
-// the in-process transport shares the bodies of all ranks among the threads
-// that are awake; transports between processes run each rank's own body and
-// then a completion barrier. Later transports (shared memory, libfabric, CUDA
+// Every rank of a communicator starts a collective call through the
+// transport. An algorithm is a body: what one rank does, given an Exchange
+// (that rank's view of all ranks' buffers for the call, with the moves it may
+// make between them). The transport decides where bodies run and when buffers
+// are free, and reports completion asynchronously: no caller ever blocks
+// waiting for a peer. Later transports (shared memory, libfabric, CUDA
 // IPC) implement the same calls, and the algorithms stay as they are.
 #ifndef JAX_SMDDP_ENGINE_TRANSPORT_H_
 #define JAX_SMDDP_ENGINE_TRANSPORT_H_
 
 #include <chrono>
+#include <functional>
 #include <cstddef>
 #include <cstdint>
 #include <memory>
@@ -67,19 +67,11 @@ class Exchange {
   virtual void* Recv() = 0;
 };
 
-// What one rank does in a collective call: a non-owning reference to a
-// callable `Status(Exchange&)`, so the per-call path does not allocate.
-class Body {
- public:
-  template <typename F>
-  Body(F& f)  // NOLINT: implicit, like std::function_ref
-      : obj_(&f), call_([](void* o, Exchange& ex) { return (*static_cast<F*>(o))(ex); }) {}
-  Status operator()(Exchange& ex) const { return call_(obj_, ex); }
+// Called once per rank when its part of a call is over: no peer will touch
+// its buffers again.
+using Done = std::function<void(const Status&)>;
 
- private:
-  void* obj_;
-  Status (*call_)(void*, Exchange&);
-};
+struct Plan;
 
 // Describes a communicator to its transport, for error messages.
 struct GroupInfo {
@@ -90,14 +82,13 @@ struct GroupInfo {
 class Transport {
  public:
   virtual ~Transport() = default;
-  // Runs the call `key` for `rank`: waits (until `deadline`) for every rank
-  // of the group, sees that `body` runs for every rank, and returns once no
-  // rank will touch this rank's buffers again. Every rank gets the same
-  // status.
-  virtual Status Run(const GroupInfo& group, int size, const CallKey& key,
-                     int rank, const void* send, void* recv,
-                     const CallInfo& info, Clock::time_point deadline,
-                     const Body& body) = 0;
+  // Starts the call `key` for `rank` and returns without waiting: once
+  // every rank of the group has started it (by `deadline`, else every rank
+  // fails), `plan` runs as every rank, and each rank's `done` is called with
+  // the call's status (the same for every rank), on an engine thread.
+  virtual void Start(const GroupInfo& group, int size, const CallKey& key, int rank,
+                     const void* send, void* recv, const CallInfo& info,
+                     Clock::time_point deadline, const Plan& plan, Done done) = 0;
 };
 
 }  // namespace smddp

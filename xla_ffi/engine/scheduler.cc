@@ -1,0 +1,134 @@
+#include "xla_ffi/engine/scheduler.h"
+
+#include <sched.h>
+
+#include <algorithm>
+#include <condition_variable>
+#include <deque>
+#include <map>
+#include <mutex>
+#include <thread>
+#include <vector>
+
+namespace smddp {
+
+namespace {
+
+int CoresAvailable() {
+  cpu_set_t set;
+  int cores = sched_getaffinity(0, sizeof(set), &set) == 0 ? CPU_COUNT(&set) : 0;
+  if (cores <= 0) cores = int(std::thread::hardware_concurrency());
+  return std::max(cores, 1);
+}
+
+class Scheduler {
+ public:
+  Scheduler() : workers_(std::max(2, CoresAvailable())) {
+    std::thread([this] { Time(); }).detach();
+  }
+
+  void Post(Task task) {
+    bool spawn;
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      tasks_.push_back(std::move(task));
+      // Every queued task gets a worker of its own: an idle one, or a new one.
+      spawn = idle_ < int(tasks_.size());
+      if (spawn) ++threads_;
+    }
+    if (spawn) {
+      std::thread([this] { Work(); }).detach();
+    } else {
+      cv_.notify_one();
+    }
+  }
+
+  Timer PostAt(std::chrono::steady_clock::time_point at, Task task) {
+    Timer timer;
+    {
+      std::lock_guard<std::mutex> lock(timer_mu_);
+      timer = Timer{at, ++next_timer_};
+      timers_.emplace(std::make_pair(at, timer.id), std::move(task));
+    }
+    timer_cv_.notify_one();
+    return timer;
+  }
+
+  void Cancel(const Timer& timer) {
+    std::lock_guard<std::mutex> lock(timer_mu_);
+    timers_.erase(std::make_pair(timer.deadline, timer.id));
+  }
+
+  int workers() const { return workers_; }
+
+ private:
+  void Work() {
+    std::unique_lock<std::mutex> lock(mu_);
+    for (;;) {
+      ++idle_;
+      const bool got = cv_.wait_for(lock, std::chrono::seconds(30), [&] { return !tasks_.empty(); });
+      --idle_;
+      if (!got) {
+        if (threads_ > workers_) {  // idle for long: give the thread back
+          --threads_;
+          return;
+        }
+        continue;
+      }
+      Task task = std::move(tasks_.front());
+      tasks_.pop_front();
+      lock.unlock();
+      task();
+      lock.lock();
+    }
+  }
+
+  void Time() {
+    std::unique_lock<std::mutex> lock(timer_mu_);
+    for (;;) {
+      if (timers_.empty()) {
+        timer_cv_.wait(lock);
+        continue;
+      }
+      auto first = timers_.begin();
+      if (std::chrono::steady_clock::now() < first->first.first) {
+        timer_cv_.wait_until(lock, first->first.first);
+        continue;
+      }
+      Task task = std::move(first->second);
+      timers_.erase(first);
+      lock.unlock();
+      Post(std::move(task));
+      lock.lock();
+    }
+  }
+
+  const int workers_;
+  std::mutex mu_;
+  int threads_ = 0;  // worker threads alive
+  int idle_ = 0;     // of which waiting for a task
+  std::condition_variable cv_;
+  std::deque<Task> tasks_;
+  std::mutex timer_mu_;
+  std::condition_variable timer_cv_;
+  uint64_t next_timer_ = 0;
+  std::map<std::pair<std::chrono::steady_clock::time_point, uint64_t>, Task> timers_;
+};
+
+// Threads live for the process (detached): never destroyed at exit, while
+// XLA may still be completing calls.
+Scheduler& Get() {
+  static Scheduler* scheduler = new Scheduler();
+  return *scheduler;
+}
+
+}  // namespace
+
+void Post(Task task) { Get().Post(std::move(task)); }
+Timer PostAt(std::chrono::steady_clock::time_point deadline, Task task) {
+  return Get().PostAt(deadline, std::move(task));
+}
+void Cancel(const Timer& timer) { Get().Cancel(timer); }
+int WorkerCount() { return Get().workers(); }
+
+}  // namespace smddp

@@ -1,0 +1,41 @@
+// The engine's own threads: a pool that runs collective bodies beside the
+// rank that started them and completes ranks' calls, and a timer for
+// deadlines. Collectives never block an XLA thread while waiting for peers:
+// XLA may run several independent collectives of one device at once, and
+// blocked handlers would exhaust its thread pool (a deadlock).
+//
+// Completing a rank's call makes XLA continue that device's program on the
+// completing thread, and that program may block (in XLA's own collectives,
+// say). So the pool never lets a task wait for a busy worker: when none is
+// idle it starts another thread; threads idle for a while exit, down to the
+// base count.
+#ifndef JAX_SMDDP_ENGINE_SCHEDULER_H_
+#define JAX_SMDDP_ENGINE_SCHEDULER_H_
+
+#include <chrono>
+#include <cstdint>
+#include <functional>
+
+namespace smddp {
+
+using Task = std::function<void()>;
+
+// Runs `task` on one of the engine's worker threads.
+void Post(Task task);
+
+// Runs `task` on a worker thread once `deadline` has passed, unless the
+// returned timer is cancelled first.
+struct Timer {
+  std::chrono::steady_clock::time_point deadline;
+  uint64_t id = 0;
+};
+Timer PostAt(std::chrono::steady_clock::time_point deadline, Task task);
+void Cancel(const Timer& timer);
+
+// Worker threads the engine keeps (the cores this process may use, at least
+// 2); it starts more while all are busy.
+int WorkerCount();
+
+}  // namespace smddp
+
+#endif  // JAX_SMDDP_ENGINE_SCHEDULER_H_
