@@ -13,8 +13,10 @@ if [ ! -x "$venv/bin/python" ]; then
 fi
 pip() { "$venv/bin/python" -m pip "$@"; }
 pip install -q --disable-pip-version-check --upgrade pip >/dev/null
+# The example's packages on the same line as jax, so they resolve against it
+# (newer flax releases need a newer jax).
 pip install -q --disable-pip-version-check "$jax_spec" numpy nanobind "scikit-build-core>=0.10" \
-  cmake ninja pytest pytest-timeout "$@"
+  cmake ninja pytest pytest-timeout flax optax orbax-checkpoint tqdm "$@"
 # --no-build-isolation: build against the jax installed above, not a newer one.
 pip install -q --disable-pip-version-check --no-build-isolation --no-deps "$root"
 (cd / && "$venv/bin/python" -c "import jax, jax_smddp; print('jax', jax.__version__, '+ jax_smddp', jax_smddp.__version__, 'in', '$venv')")

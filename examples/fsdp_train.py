@@ -1,0 +1,289 @@
+"""Train a small transformer with FSDP, its collectives run by jax_smddp (or by jax.lax).
+
+    python examples/fsdp_train.py                      # 8 CPU devices, FSDP 8-way, jax_smddp
+    python examples/fsdp_train.py --collectives xla    # the same training, jax.lax collectives
+    python examples/fsdp_train.py --mesh 2x4           # hybrid: 2 replica groups x 4-way FSDP
+    python examples/fsdp_train.py --checkpoint-dir /tmp/ck --stop-at 100   # "preempted" at 100
+    python examples/fsdp_train.py --checkpoint-dir /tmp/ck --resume        # continues at 101
+
+A decoder-only transformer (Flax; RMSNorm, rotary embeddings, causal attention, SwiGLU)
+learns to predict the bytes of Python's standard library. Parameters and AdamW state
+live sharded over the `fsdp` mesh axis; each layer's parameters are all-gathered just
+before the layer runs and its gradients come back reduce-scattered (fsdp_step.py).
+
+Output: a progress bar (loss, tokens/s, collective share), the held-out loss, and a
+final line of JSON. The collective share is the time of a jitted function that runs
+only the step's collectives (same library, groups, shapes and count, no model math;
+fsdp_step.py, `collectives_only_step`) divided by the measured time of a training step:
+the cost of the communication on its own. Inside the real step it can be partly hidden
+(XLA's CPU runtime runs a collective concurrently with independent compute) or
+lengthened (a collective waits for the slowest rank), so read it as an estimate.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import statistics
+import sys
+import time
+
+
+def parse_args(argv=None) -> argparse.Namespace:
+  p = argparse.ArgumentParser(description=__doc__.split("\n\n")[2].strip(),
+                              formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+  a = p.add_argument_group("parallelism")
+  a.add_argument("--mesh", default="8", help="N (FSDP over N devices) or RxS (replica x fsdp)")
+  a.add_argument("--collectives", default="smddp", choices=["smddp", "xla"],
+                 help="library running all_gather / psum_scatter / psum")
+  a.add_argument("--devices", type=int, default=0,
+                 help="XLA CPU devices to create (default: as many as the mesh needs, at least 8)")
+  a.add_argument("--platform", default="cpu", help="JAX_PLATFORMS, unless already set")
+  a.add_argument("--remat", nargs="?", const="dots", default="none",
+                 choices=["none", "dots", "dots_no_batch", "full"],
+                 help="jax.checkpoint policy per layer (bare --remat: dots). Any policy but "
+                      "none re-gathers each layer's parameters in the backward pass")
+  a.add_argument("--offload", action="store_true",
+                 help="offload matmul outputs to pinned host memory between forward and "
+                      "backward (jax.checkpoint_policies.offload_dot_with_no_batch_dims)")
+  m = p.add_argument_group("model")
+  m.add_argument("--layers", type=int, default=4)
+  m.add_argument("--d-model", type=int, default=128)
+  m.add_argument("--heads", type=int, default=4)
+  m.add_argument("--d-ff", type=int, default=0, help="SwiGLU width (default ~8/3 d_model)")
+  m.add_argument("--seq", type=int, default=128)
+  t = p.add_argument_group("training")
+  t.add_argument("--steps", type=int, default=600, help="total steps (the schedule's length)")
+  t.add_argument("--batch", type=int, default=16, help="global batch, in sequences")
+  t.add_argument("--lr", type=float, default=3e-3, help="peak learning rate")
+  t.add_argument("--warmup", type=int, default=-1, help="warmup steps (default: 10%% of steps)")
+  t.add_argument("--weight-decay", type=float, default=0.1)
+  t.add_argument("--clip", type=float, default=1.0, help="global gradient norm clip")
+  t.add_argument("--seed", type=int, default=0)
+  t.add_argument("--data-mb", type=float, default=2.0, help="MB of stdlib source to read")
+  t.add_argument("--eval-batches", type=int, default=8)
+  c = p.add_argument_group("checkpoints and output")
+  c.add_argument("--checkpoint-dir", default="", help="save checkpoints here (Orbax)")
+  c.add_argument("--save-every", type=int, default=0, help="also save every N steps")
+  c.add_argument("--resume", action="store_true", help="continue from the latest checkpoint")
+  c.add_argument("--stop-at", type=int, default=0,
+                 help="stop (and save) after this step, as if preempted; the schedule still "
+                      "spans --steps")
+  c.add_argument("--metrics", default="", help="write one JSON line per step to this file")
+  c.add_argument("--no-progress", action="store_true", help="print lines instead of a bar")
+  c.add_argument("--log-every", type=int, default=25, help="steps between lines (no bar)")
+  return p.parse_args(argv)
+
+
+def set_up_devices(args) -> None:
+  """JAX reads these when it is imported, so this runs before any jax import."""
+  os.environ.setdefault("JAX_PLATFORMS", args.platform)
+  if args.collectives == "xla" and os.environ.pop("JAX_SMDDP_COLLECTIVES", ""):
+    # That variable makes jax_smddp lower jax.lax's collectives too (README, drop-in use).
+    print("--collectives xla: ignoring JAX_SMDDP_COLLECTIVES, so that XLA's own collectives run",
+          file=sys.stderr)
+  flags = os.environ.get("XLA_FLAGS", "")
+  if "xla_force_host_platform_device_count" not in flags:
+    mesh_devices = math.prod(int(s) for s in args.mesh.lower().split("x") if s.isdigit())
+    count = max(args.devices or 8, mesh_devices)
+    os.environ["XLA_FLAGS"] = f"{flags} --xla_force_host_platform_device_count={count}".strip()
+
+
+class Progress:
+  """tqdm when installed and wanted, else a printed line every few steps."""
+
+  def __init__(self, start: int, total: int, plain: bool, every: int):
+    self.bar = None
+    self.every = every
+    if not plain:
+      try:
+        from tqdm import tqdm
+        self.bar = tqdm(total=total, initial=start, unit="step", dynamic_ncols=True)
+      except ImportError:
+        pass
+
+  def update(self, step: int, fields: dict) -> None:
+    if self.bar is not None:
+      self.bar.set_postfix_str("  ".join(f"{k} {v}" for k, v in fields.items()), refresh=False)
+      self.bar.update(1)
+    elif step % self.every == 0 or step == 1:
+      print(f"step {step:5d}  " + "  ".join(f"{k} {v}" for k, v in fields.items()), flush=True)
+
+  def close(self) -> None:
+    if self.bar is not None:
+      self.bar.close()
+
+
+def time_calls(fn, repeats: int) -> list[float]:
+  import jax
+  times = []
+  for _ in range(repeats):
+    t0 = time.perf_counter()
+    jax.block_until_ready(fn())
+    times.append(time.perf_counter() - t0)
+  return times
+
+
+def main(argv=None) -> dict:
+  args = parse_args(argv)
+  set_up_devices(args)
+  sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+  import jax
+  import fsdp_model as fm
+  from fsdp_data import VOCAB, ByteDataset
+  from fsdp_mesh import MeshPlan, collectives_module
+  from fsdp_step import (FSDP, OFFLOAD_POLICY, collective_ops, make_optimizer,
+                         make_schedule)
+
+  plan = MeshPlan.parse(args.mesh)
+
+  t_start = time.perf_counter()
+  d_ff = args.d_ff or 32 * math.ceil(8 * args.d_model / 3 / 32)
+  cfg = fm.Config(vocab=VOCAB, d_model=args.d_model, n_heads=args.heads, n_layers=args.layers,
+                  d_ff=d_ff, seq_len=args.seq)
+  warmup = args.warmup if args.warmup >= 0 else max(1, args.steps // 10)
+  if args.batch % plan.num_devices:
+    raise SystemExit(f"--batch {args.batch} must be a multiple of the {plan.num_devices} "
+                     f"devices of --mesh {plan}")
+  data = ByteDataset.from_stdlib(cfg.seq_len, max_bytes=int(args.data_mb * 2**20))
+  collectives = collectives_module(args.collectives)
+
+  schedule = make_schedule(args.lr, warmup, args.steps)
+  run = FSDP(cfg, plan, collectives,
+             lambda decay_mask: make_optimizer(schedule, args.weight_decay, decay_mask),
+             args.batch, remat=args.remat, offload=args.offload, clip_norm=args.clip)
+  params, opt_state = run.init_state(args.seed)
+
+  settings = {"model": [cfg.vocab, cfg.d_model, cfg.n_heads, cfg.n_layers, cfg.d_ff,
+                        cfg.seq_len],
+              "mesh": str(plan), "batch": args.batch, "steps": args.steps, "lr": args.lr,
+              "warmup": warmup, "weight_decay": args.weight_decay, "clip": args.clip,
+              "seed": args.seed, "data_bytes": int(args.data_mb * 2**20)}
+  ckpt = None
+  if args.checkpoint_dir:
+    from fsdp_checkpoint import Checkpoints  # Orbax, only when checkpointing
+    ckpt = Checkpoints(args.checkpoint_dir)
+  start = 0
+  if args.resume:
+    if ckpt is None:
+      raise SystemExit("--resume needs --checkpoint-dir")
+    latest = ckpt.latest_step()
+    if latest is None:
+      print(f"no checkpoint in {ckpt.directory}: starting at step 0", file=sys.stderr)
+    else:
+      try:
+        params, opt_state = ckpt.restore(latest, params, opt_state, settings)
+      except ValueError as e:
+        raise SystemExit(f"--resume: {e}") from None
+      start = latest
+      print(f"resumed from {ckpt.directory} at step {start}", file=sys.stderr)
+
+  if args.offload:
+    if args.remat != "none":
+      print(f"--offload: its policy ({OFFLOAD_POLICY}) replaces --remat {args.remat}",
+            file=sys.stderr)
+    if jax.default_backend() == "cpu":
+      print("--offload: on the CPU backend, JAX lowers moves to host memory as no-ops (CPU "
+            "device memory is host memory), so the policy runs but nothing moves: this is "
+            "--remat dots_no_batch. On GPU/TPU the saved matmul outputs live in pinned host "
+            "memory between the forward and backward passes.", file=sys.stderr)
+
+  # Compile ahead of time, so that every timed step is a real step.
+  batch0 = run.shard_batch(data.train_batch(start, args.batch, args.seed))
+  t0 = time.perf_counter()
+  step_fn = run.train_step.lower(params, opt_state, batch0).compile()
+  compile_s = time.perf_counter() - t0
+  ops = collective_ops(step_fn.as_text())
+
+  # The step's collectives alone (see collectives_only_step), timed before and after
+  # training; the median of all runs is reported.
+  comm = run.collectives_only_step
+  jax.block_until_ready(comm())
+  comm_times = time_calls(comm, 5)
+  comm_s = statistics.median(comm_times)
+
+  metrics_file = open(args.metrics, "a" if args.resume else "w") if args.metrics else None
+  stop = min(args.steps, args.stop_at) if args.stop_at else args.steps
+  tokens_per_step = args.batch * cfg.seq_len
+  progress = Progress(start, stop, args.no_progress, args.log_every)
+  step_times, losses = [], []
+  batch = batch0
+  for step in range(start, stop):
+    t0 = time.perf_counter()
+    params, opt_state, m = step_fn(params, opt_state, batch)
+    if step + 1 < stop:  # next batch's host work and transfer overlap this step
+      batch = run.shard_batch(data.train_batch(step + 1, args.batch, args.seed))
+    loss, grad_norm = float(m["loss"]), float(m["grad_norm"])  # waits for the step
+    step_times.append(time.perf_counter() - t0)
+    losses.append(loss)
+    if not math.isfinite(loss):
+      raise SystemExit(f"loss is {loss} at step {step + 1}")
+    if metrics_file:
+      metrics_file.write(json.dumps({"step": step + 1, "loss": loss, "grad_norm": grad_norm,
+                                     "lr": float(schedule(step))}) + "\n")
+    recent = statistics.mean(step_times[-20:])
+    progress.update(step + 1, {"loss": f"{loss:.4f}",
+                               "tok/s": f"{tokens_per_step / recent:,.0f}",
+                               "coll": f"{min(1.0, comm_s / recent):.0%}"})
+    if ckpt and args.save_every and (step + 1) % args.save_every == 0 and step + 1 < stop:
+      ckpt.save(step + 1, params, opt_state, settings)
+  progress.close()
+  if metrics_file:
+    metrics_file.close()
+  if ckpt and stop > start:
+    ckpt.save(stop, params, opt_state, settings)
+  if ckpt:
+    ckpt.close()
+
+  comm_times += time_calls(comm, 5)
+  comm_s = statistics.median(comm_times)
+
+  eval_loss = statistics.mean(
+      float(run.eval_step(params, run.shard_batch(b)))
+      for b in data.eval_batches(args.batch, args.eval_batches))
+
+  step_s = statistics.mean(step_times) if step_times else float("nan")
+  summary = {
+      "final_loss": losses[-1] if losses else None,
+      "eval_loss": eval_loss,
+      "eval_bits_per_byte": eval_loss / math.log(2),
+      "tokens_per_s": tokens_per_step / step_s if step_times else None,
+      "steps": stop,
+      "start_step": start,
+      "collectives": args.collectives,
+      "mesh": str(plan),
+      "devices": plan.num_devices,
+      "step_time_s": step_s,
+      "collectives_time_s": comm_s,
+      "collective_share": comm_s / step_s if step_times else None,
+      "gathers_per_layer": run.gathers_per_layer,
+      "step_collective_ops": ops,
+      "remat": run.policy_name,
+      "offload": args.offload,
+      "params": run.num_params,
+      "param_bytes_per_device": run.layout.bytes_per_rank(),
+      "model": {"layers": cfg.n_layers, "d_model": cfg.d_model, "heads": cfg.n_heads,
+                "d_ff": cfg.d_ff, "seq": cfg.seq_len, "vocab": cfg.vocab},
+      "batch": args.batch,
+      "tokens_per_step": tokens_per_step,
+      "compile_s": compile_s,
+      "wall_s": time.perf_counter() - t_start,
+      "jax": jax.__version__,
+      "backend": jax.default_backend(),
+  }
+  print(f"eval loss {eval_loss:.4f} ({summary['eval_bits_per_byte']:.3f} bits/byte) on "
+        f"{args.eval_batches * args.batch} held-out sequences", file=sys.stderr)
+  if step_times:
+    print(f"{stop - start} steps, {step_s * 1e3:.1f} ms per step, "
+          f"{summary['tokens_per_s']:,.0f} tokens/s; the step's collectives "
+          f"({', '.join(f'{k} x{v}' for k, v in ops.items())} in the compiled step) take "
+          f"{comm_s * 1e3:.1f} ms when run alone: {summary['collective_share']:.1%} of a step",
+          file=sys.stderr)
+  print(json.dumps(summary), flush=True)
+  return summary
+
+
+if __name__ == "__main__":
+  main()
