@@ -107,14 +107,23 @@ class RankView : public Exchange {
 
 // Completes every arrived rank of `slot` with its status, each on an engine
 // worker (XLA continues that device's program on the completing thread, so
-// devices continue in parallel). Called with the slot's lock held.
-void CompleteArrived(InProcessTransport::Slot& slot) {
+// devices continue in parallel) except rank `mine`, whose completion is
+// returned for the caller to run on its own thread once it has released the
+// lock. Called with the slot's lock held.
+Task CompleteArrived(InProcessTransport::Slot& slot, int mine = -1) {
   slot.over = true;
-  for (auto& e : slot.entries) {
+  Task inline_done;
+  for (int r = 0; r < int(slot.entries.size()); ++r) {
+    auto& e = slot.entries[r];
     if (!e.present || !e.done) continue;
-    Post([done = std::move(e.done), status = slot.status] { done(status); });
+    if (r == mine) {
+      inline_done = [done = std::move(e.done), status = slot.status] { done(status); };
+    } else {
+      Post([done = std::move(e.done), status = slot.status] { done(status); });
+    }
     e.done = nullptr;
   }
+  return inline_done;
 }
 
 // Calls that move fewer bytes than this (over all ranks) run on the last
@@ -147,19 +156,23 @@ void InProcessTransport::Forget(const CallKey& key, const Slot* slot) {
 }
 
 // Claims and runs bodies until none is left; the last to finish completes
-// every rank.
-void InProcessTransport::RunBodies(const std::shared_ptr<Slot>& slot) {
+// every rank. Run by rank `mine` (the last arrival, on its own XLA thread:
+// its completion is returned to run inline, so XLA continues that device
+// without a thread switch) or by a helper (mine = -1).
+Task InProcessTransport::RunBodies(const std::shared_ptr<Slot>& slot, int mine) {
   const int n = int(slot->entries.size());
+  Task inline_done;
   for (int r; (r = slot->next_body.fetch_add(1)) < n;) {
     RankView view(*slot, r);
     Status st = RunPlan(slot->plan, view);
     std::lock_guard<std::mutex> lock(slot->mu);
     if (!st.ok() && slot->status.ok()) slot->status = st;
     if (++slot->bodies_done == n) {
-      CompleteArrived(*slot);
+      inline_done = CompleteArrived(*slot, mine);
       Forget(slot->key, slot.get());
     }
   }
+  return inline_done;
 }
 
 // The deadline passed: if some rank never arrived, fail every arrived rank.
@@ -227,8 +240,8 @@ void InProcessTransport::Start(const GroupInfo& group, int size, const CallKey& 
   const uint64_t moved = std::max(info.send_bytes, info.recv_bytes) * uint64_t(size);
   const int helpers = moved >= HelperMinBytes() ? std::min(helpers_, size - 1) : 0;
   lock.unlock();
-  for (int i = 0; i < helpers; ++i) Post([this, slot] { RunBodies(slot); });
-  RunBodies(slot);
+  for (int i = 0; i < helpers; ++i) Post([this, slot] { RunBodies(slot, -1); });
+  if (Task mine = RunBodies(slot, rank)) mine();
 }
 
 }  // namespace smddp

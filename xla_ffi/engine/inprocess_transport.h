@@ -14,6 +14,7 @@
 #include <mutex>
 #include <unordered_map>
 
+#include "xla_ffi/engine/scheduler.h"
 #include "xla_ffi/engine/transport.h"
 
 namespace smddp {
@@ -42,7 +43,7 @@ class InProcessTransport : public Transport {
  private:
   std::shared_ptr<Slot> GetOrCreate(const CallKey& key, int size, bool* created);
   void Forget(const CallKey& key, const Slot* slot);
-  void RunBodies(const std::shared_ptr<Slot>& slot);
+  Task RunBodies(const std::shared_ptr<Slot>& slot, int mine);
   void Expire(const std::shared_ptr<Slot>& slot, Clock::time_point start);
 
   int helpers_;

@@ -45,12 +45,14 @@ class Scheduler {
 
   Timer PostAt(std::chrono::steady_clock::time_point at, Task task) {
     Timer timer;
+    bool earliest;
     {
       std::lock_guard<std::mutex> lock(timer_mu_);
       timer = Timer{at, ++next_timer_};
-      timers_.emplace(std::make_pair(at, timer.id), std::move(task));
+      auto it = timers_.emplace(std::make_pair(at, timer.id), std::move(task)).first;
+      earliest = it == timers_.begin();
     }
-    timer_cv_.notify_one();
+    if (earliest) timer_cv_.notify_one();  // else the timer thread wakes earlier anyway
     return timer;
   }
 
