@@ -21,6 +21,7 @@ import jax
 import jax.numpy as jnp
 from jax._src import config as jax_config
 from jax._src import core
+from jax._src import tree_util
 from jax._src.interpreters import batching
 from jax._src.interpreters import mlir
 from jax._src.interpreters import pxla
@@ -168,6 +169,25 @@ def emit_ffi_call(ctx, target: str, x, axes: tuple, x_aval, out_aval, **attrs):
       groups=groups.reshape(-1),
       group_size=np.int64(groups.shape[1]),
       **{k: np.int64(v) for k, v in attrs.items()})
+
+
+def bind_gather(api: str, prim, x, axis_name, axis: int, tiled: bool, **extra):
+  """The front end every gather shares: checks the axis names and `axis`,
+  marks inputs varying as lax does, and binds `prim` on every leaf of `x`."""
+  axes = axes_tuple(axis_name)
+  check_bound(api, axes)
+  size = group_size(axes)
+
+  def bind(leaf):
+    ndim = np.ndim(leaf)
+    limit = ndim if tiled else ndim + 1
+    if not -limit <= axis < limit:
+      raise ValueError(f"jax_smddp.{api}: axis={axis} is out of range for an input of rank "
+                       f"{ndim} (tiled={tiled}); use an axis in [{-limit}, {limit}).")
+    return prim.bind(pvary_for(axes, leaf), all_gather_dimension=axis % limit, axis_name=axes,
+                     axis_size=size, tiled=tiled, **extra)
+
+  return tree_util.tree_map(bind, x)
 
 
 def lax_batcher(to_lax, axis_data, vals_in, dims_in, params):

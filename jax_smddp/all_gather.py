@@ -4,8 +4,6 @@ from __future__ import annotations
 
 import numpy as np
 
-from jax._src import core
-from jax._src import tree_util
 from jax._src.interpreters import ad
 from jax._src.interpreters import batching
 from jax._src.lax import parallel as lax_parallel
@@ -23,21 +21,8 @@ def all_gather(x, axis_name, *, axis: int = 0, tiled: bool = False):
     axis: where the gathered dimension goes in the result.
     tiled: if True, concatenate along `axis` instead of stacking a new one.
   """
-  axes = c.axes_tuple(axis_name)
-  c.check_bound("all_gather", axes)
-  size = c.group_size(axes)
-
-  def bind(leaf):
-    ndim = np.ndim(leaf)
-    limit = ndim if tiled else ndim + 1
-    if not -limit <= axis < limit:
-      raise ValueError(f"jax_smddp.all_gather: axis={axis} is out of range for an input of rank "
-                       f"{ndim} (tiled={tiled}); use an axis in [{-limit}, {limit}).")
-    leaf = c.pvary_for(axes, leaf)
-    return all_gather_p.bind(leaf, all_gather_dimension=axis % limit, axis_name=axes,
-                             axis_index_groups=None, axis_size=size, tiled=tiled)
-
-  return tree_util.tree_map(bind, x)
+  return c.bind_gather("all_gather", all_gather_p, x, axis_name, axis, tiled,
+                       axis_index_groups=None)
 
 
 def _to_lax(**params):

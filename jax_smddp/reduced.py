@@ -41,41 +41,13 @@ def all_gather_reduced(x, axis_name, *, axis: int = 0, tiled: bool = False):
   its transpose is :func:`unreduced_psum_scatter`. Inside ``jax.shard_map`` on a
   mesh whose axes are ``Explicit``.
   """
-  axes = c.axes_tuple(axis_name)
-  c.check_bound("all_gather_reduced", axes)
-  size = c.group_size(axes)
-
-  def bind(leaf):
-    ndim = np.ndim(leaf)
-    limit = ndim if tiled else ndim + 1
-    if not -limit <= axis < limit:
-      raise ValueError(f"jax_smddp.all_gather_reduced: axis={axis} is out of range for an input "
-                       f"of rank {ndim} (tiled={tiled}); use an axis in [{-limit}, {limit}).")
-    leaf = c.pvary_for(axes, leaf)
-    return all_gather_reduced_p.bind(leaf, all_gather_dimension=axis % limit, axis_name=axes,
-                                     axis_size=size, tiled=tiled)
-
-  return tree_util.tree_map(bind, x)
+  return c.bind_gather("all_gather_reduced", all_gather_reduced_p, x, axis_name, axis, tiled)
 
 
 def all_gather_invariant(x, axis_name, *, axis: int = 0, tiled: bool = False):
   """Gathers `x` (varying over `axis_name`) into a value invariant over it, like
   ``jax.lax.all_gather_invariant``; its transpose slices this rank's block."""
-  axes = c.axes_tuple(axis_name)
-  c.check_bound("all_gather_invariant", axes)
-  size = c.group_size(axes)
-
-  def bind(leaf):
-    ndim = np.ndim(leaf)
-    limit = ndim if tiled else ndim + 1
-    if not -limit <= axis < limit:
-      raise ValueError(f"jax_smddp.all_gather_invariant: axis={axis} is out of range for an "
-                       f"input of rank {ndim} (tiled={tiled}); use an axis in [{-limit}, {limit}).")
-    leaf = c.pvary_for(axes, leaf)
-    return all_gather_invariant_p.bind(leaf, all_gather_dimension=axis % limit, axis_name=axes,
-                                       axis_size=size, tiled=tiled)
-
-  return tree_util.tree_map(bind, x)
+  return c.bind_gather("all_gather_invariant", all_gather_invariant_p, x, axis_name, axis, tiled)
 
 
 def unreduced_psum_scatter(x, axis_name, *, scatter_dimension: int = 0, tiled: bool = False):
