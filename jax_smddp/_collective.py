@@ -196,6 +196,27 @@ def lax_batcher(to_lax, axis_data, vals_in, dims_in, params):
   return batching.fancy_primitive_batchers[lax_prim](axis_data, vals_in, dims_in, **lax_params)
 
 
+def bind_batched_gather(prim, x, d: int, params: dict):
+  """A gather of `x` batched along `d` (not a collective axis): the gathered
+  dimension moves past the batch one; returns (result, its batch dim)."""
+  dim = params["all_gather_dimension"]
+  if d <= dim:
+    dim += 1
+  elif not params["tiled"]:
+    d += 1  # untiled gathers insert a dimension before the batch one
+  return prim.bind(x, **{**params, "all_gather_dimension": dim}), d
+
+
+def bind_batched_scatter(prim, x, d: int, params: dict):
+  """A reduce-scatter of `x` batched along `d`, likewise."""
+  dim = params["scatter_dimension"]
+  if d <= dim:
+    dim += 1
+  elif not params["tiled"]:
+    d -= 1  # untiled scatters remove a dimension before the batch one
+  return prim.bind(x, **{**params, "scatter_dimension": dim}), d
+
+
 def prod(shape) -> int:
   out = 1
   for s in shape:

@@ -56,12 +56,7 @@ def _batcher(axis_data, vals_in, dims_in, **params):
     return c.lax_batcher(_to_lax, axis_data, vals_in, dims_in, params)
   if d is None:
     return all_gather_p.bind(x, **params), None
-  dim = params["all_gather_dimension"]
-  if d <= dim:
-    dim += 1
-  elif not params["tiled"]:
-    d += 1
-  return all_gather_p.bind(x, **{**params, "all_gather_dimension": dim}), d
+  return c.bind_batched_gather(all_gather_p, x, d, params)
 
 
 all_gather_p = c.make_primitive("all_gather", _to_lax, _lower_cpu)

@@ -85,12 +85,7 @@ def _batcher(axis_data, vals_in, dims_in, **params):
     return c.lax_batcher(_to_lax, axis_data, vals_in, dims_in, params)
   if d is None:
     return reduce_scatter_p.bind(x, **params), None
-  dim = params["scatter_dimension"]
-  if d <= dim:
-    dim += 1
-  elif not params["tiled"]:
-    d -= 1
-  return reduce_scatter_p.bind(x, **{**params, "scatter_dimension": dim}), d
+  return c.bind_batched_scatter(reduce_scatter_p, x, d, params)
 
 
 reduce_scatter_p = c.make_primitive("reduce_scatter", _to_lax, _lower_cpu)

@@ -115,12 +115,7 @@ def _gather_batcher(prim, to_lax):
     (x,), (d,) = vals_in, dims_in
     if axis_data.name in params["axis_name"] or d is None:
       return c.lax_batcher(to_lax, axis_data, vals_in, dims_in, params)
-    dim = params["all_gather_dimension"]
-    if d <= dim:
-      dim += 1
-    elif not params["tiled"]:
-      d += 1
-    return prim.bind(x, **{**params, "all_gather_dimension": dim}), d
+    return c.bind_batched_gather(prim, x, d, params)
   return batcher
 
 
@@ -128,12 +123,7 @@ def _scatter_batcher(axis_data, vals_in, dims_in, **params):
   (x,), (d,) = vals_in, dims_in
   if axis_data.name in params["axis_name"] or d is None:
     return c.lax_batcher(_scatter_to_lax, axis_data, vals_in, dims_in, params)
-  dim = params["scatter_dimension"]
-  if d <= dim:
-    dim += 1
-  elif not params["tiled"]:
-    d -= 1
-  return unreduced_reduce_scatter_p.bind(x, **{**params, "scatter_dimension": dim}), d
+  return c.bind_batched_scatter(unreduced_reduce_scatter_p, x, d, params)
 
 
 all_gather_reduced_p = c.make_primitive("all_gather_reduced", _gather_to_lax, _gather_lower_cpu)
