@@ -45,6 +45,8 @@ REDUCE_OPS = {"sum": 0, "max": 1, "min": 2}
 _OTHER_PLATFORMS = ("cuda", "rocm", "tpu")
 
 _OP_IDS = ("jax_smddp", "op_ids")  # key of the per-module op counter
+_MODULE_UID = ("jax_smddp", "module_uid")
+_modules_lowered: dict[str, int] = {}  # by module name: how many lowered so far
 
 
 def axes_tuple(axis_name) -> tuple:
@@ -159,16 +161,49 @@ def emit_ffi_call(ctx, target: str, x, axes: tuple, x_aval, out_aval, **attrs):
   _native.register_cpu_targets()
   axis_ctx = ctx.module_context.axis_context
   groups = np.asarray(pxla.axis_groups(axis_ctx, axes), dtype=np.int64)
-  op_ids = ctx.module_context.cached_primitive_lowerings.setdefault(_OP_IDS, itertools.count())
+  processes = _processes_of(axis_ctx.mesh)
+  cache = ctx.module_context.cached_primitive_lowerings
+  op_ids = cache.setdefault(_OP_IDS, itertools.count())
+  if _MODULE_UID not in cache:
+    cache[_MODULE_UID] = _module_uid(ctx)
+  op_id = next(op_ids)
   partition_id = hlo.partition_id()
   pid_aval = core.ShapedArray((), np.uint32)
   call_ctx = ctx.replace(avals_in=[x_aval, pid_aval], avals_out=[out_aval])
   return jax.ffi.ffi_lowering(target)(
       call_ctx, x, partition_id,
-      op_id=np.int64(next(op_ids)),
+      op_id=np.int64(op_id),
       groups=groups.reshape(-1),
       group_size=np.int64(groups.shape[1]),
+      processes=processes,
+      site_uid=np.int64((cache[_MODULE_UID] * 1_000_003 + op_id) & 0x7FFF_FFFF_FFFF_FFFF),
       **{k: np.int64(v) for k, v in attrs.items()})
+
+
+def _processes_of(mesh) -> np.ndarray:
+  """The process of each partition id (the mesh's devices in order)."""
+  if jax.process_count() == 1:
+    return np.zeros(mesh.size, np.int64)
+  from jax_smddp import distributed
+  distributed.ensure_initialized()  # every process lowers the same program
+  return np.asarray([d.process_index for d in mesh.devices.flat], np.int64)
+
+
+def _module_uid(ctx) -> int:
+  """Names this module alike in every process of a job: its name and how many
+  modules of that name this process lowered before (every process lowers the
+  same programs in the same order), hashed. With the op's position, it names
+  each collective instruction alike everywhere (instance numbers are local)."""
+  try:
+    name = str(ctx.module_context.module.operation.attributes["sym_name"])
+  except (KeyError, AttributeError):
+    name = "?"
+  count = _modules_lowered.get(name, 0)
+  _modules_lowered[name] = count + 1
+  digest = 1469598103934665603
+  for byte in f"{name}#{count}".encode():
+    digest = ((digest ^ byte) * 1099511628211) & 0xFFFF_FFFF_FFFF
+  return digest
 
 
 def bind_gather(api: str, prim, x, axis_name, axis: int, tiled: bool, **extra):

@@ -1,6 +1,8 @@
 #include "xla_ffi/cpu_handlers.h"
 
 #include <atomic>
+#include <map>
+#include <mutex>
 #include <cstdint>
 #include <memory>
 #include <string>
@@ -10,6 +12,7 @@
 #include "xla_ffi/engine/algorithms.h"
 #include "xla_ffi/engine/communicator.h"
 #include "xla_ffi/engine/invocation_counter.h"
+#include "xla_ffi/engine/process_call.h"  // MixTag
 
 namespace ffi = xla::ffi;
 
@@ -28,6 +31,7 @@ struct CallSite {
     std::unique_ptr<InvocationCounter> calls;  // touched by this device only
   };
   int64_t instance = 0;
+  uint64_t site = 0;  // names this instruction alike in every process
   std::vector<Member> by_partition;
 };
 ffi::TypeId CallSite::id = {};
@@ -37,17 +41,39 @@ namespace {
 
 ffi::ErrorOr<std::unique_ptr<CallSite>> Instantiate(ffi::Dictionary attrs) {
   static std::atomic<int64_t> next{0};
+  static std::mutex mu;
+  static auto* copies = new std::map<int64_t, uint64_t>();
   auto groups = attrs.get<ffi::Span<const int64_t>>("groups");
   auto size = attrs.get<int64_t>("group_size");
+  auto processes = attrs.get<ffi::Span<const int64_t>>("processes");
+  auto site_uid = attrs.get<int64_t>("site_uid");
   if (!groups.has_value()) return ffi::Unexpected(groups.error());
   if (!size.has_value()) return ffi::Unexpected(size.error());
+  if (!processes.has_value()) return ffi::Unexpected(processes.error());
+  if (!site_uid.has_value()) return ffi::Unexpected(site_uid.error());
   const int64_t n = *size;
   if (n <= 0 || groups->size() % n != 0)
     return ffi::Unexpected(ffi::Error::InvalidArgument("jax_smddp: malformed replica groups"));
   auto site = std::make_unique<CallSite>();
   site->instance = next++;
+  {
+    // XLA may inline one lowered sub-function twice: two instructions with
+    // the same attributes. Every process compiles the same module and
+    // instantiates its instructions in the same order, so the copy number
+    // tells them apart alike everywhere.
+    std::lock_guard<std::mutex> lock(mu);
+    site->site = MixTag(uint64_t(*site_uid), (*copies)[*site_uid]++);
+  }
+  std::vector<int64_t> group_processes(n);
   for (size_t g = 0; g < groups->size(); g += n) {
-    Communicator* comm = FindOrCreateCommunicator(groups->begin() + g, int(n));
+    for (int64_t r = 0; r < n; ++r) {
+      const int64_t id = (*groups)[g + r];
+      group_processes[r] = id >= 0 && size_t(id) < processes->size() ? (*processes)[id] : 0;
+    }
+    Status error;
+    Communicator* comm = FindOrCreateCommunicator(groups->begin() + g, group_processes.data(),
+                                                  int(n), &error);
+    if (!comm) return ffi::Unexpected(ffi::Error(ffi::ErrorCode::kFailedPrecondition, error.message()));
     for (int64_t r = 0; r < n; ++r) {
       const int64_t id = (*groups)[g + r];
       if (id < 0) return ffi::Unexpected(ffi::Error::InvalidArgument("jax_smddp: negative device id in replica groups"));
@@ -106,7 +132,9 @@ ffi::Future StartCall(const Common& c, int64_t run_id, uint32_t partition_id, ff
   CallInfo info{c.op, plan.dtype, plan.op, uint64_t(x.size_bytes()), uint64_t(out->size_bytes())};
   ffi::Promise promise;
   ffi::Future future(promise);
-  me.comm->Start(run_id, c.site->instance, me.calls->Next(run_id), c.op_id, me.rank,
+  uint64_t sequence;
+  const uint64_t invocation = me.calls->Next(run_id, &sequence);
+  me.comm->Start(run_id, c.site->instance, c.site->site, sequence, invocation, c.op_id, me.rank,
                  x.untyped_data(), out->untyped_data(), info, plan,
                  [promise](const Status& st) mutable {
                    if (st.ok()) {
@@ -121,7 +149,8 @@ ffi::Future StartCall(const Common& c, int64_t run_id, uint32_t partition_id, ff
 ffi::Future AllGatherImpl(ffi::RunId run, CallSite* site, ffi::AnyBuffer x,
                           ffi::Buffer<ffi::U32> pid, ffi::Result<ffi::AnyBuffer> out,
                           int64_t op_id, ffi::Span<const int64_t> /*groups*/,
-                          int64_t /*group_size*/, int64_t outer, int64_t inner_bytes) {
+                          int64_t /*group_size*/, ffi::Span<const int64_t> /*processes*/,
+                          int64_t /*site_uid*/, int64_t outer, int64_t inner_bytes) {
   Plan plan;
   plan.kind = Plan::Kind::kAllGather;
   plan.outer = size_t(outer);
@@ -132,7 +161,8 @@ ffi::Future AllGatherImpl(ffi::RunId run, CallSite* site, ffi::AnyBuffer x,
 ffi::Future ReduceScatterImpl(ffi::RunId run, CallSite* site, ffi::AnyBuffer x,
                               ffi::Buffer<ffi::U32> pid, ffi::Result<ffi::AnyBuffer> out,
                               int64_t op_id, ffi::Span<const int64_t> /*groups*/,
-                              int64_t /*group_size*/, int64_t reduce, int64_t outer,
+                              int64_t /*group_size*/, ffi::Span<const int64_t> /*processes*/,
+                          int64_t /*site_uid*/, int64_t reduce, int64_t outer,
                               int64_t inner) {
   Plan plan;
   plan.kind = Plan::Kind::kReduceScatter;
@@ -145,7 +175,8 @@ ffi::Future ReduceScatterImpl(ffi::RunId run, CallSite* site, ffi::AnyBuffer x,
 ffi::Future AllReduceImpl(ffi::RunId run, CallSite* site, ffi::AnyBuffer x,
                           ffi::Buffer<ffi::U32> pid, ffi::Result<ffi::AnyBuffer> out,
                           int64_t op_id, ffi::Span<const int64_t> /*groups*/,
-                          int64_t /*group_size*/, int64_t reduce) {
+                          int64_t /*group_size*/, ffi::Span<const int64_t> /*processes*/,
+                          int64_t /*site_uid*/, int64_t reduce) {
   Plan plan;
   plan.kind = Plan::Kind::kAllReduce;
   plan.op = ReduceOp(reduce);
@@ -156,7 +187,8 @@ ffi::Future AllReduceImpl(ffi::RunId run, CallSite* site, ffi::AnyBuffer x,
 ffi::Future AllToAllImpl(ffi::RunId run, CallSite* site, ffi::AnyBuffer x,
                          ffi::Buffer<ffi::U32> pid, ffi::Result<ffi::AnyBuffer> out,
                          int64_t op_id, ffi::Span<const int64_t> /*groups*/,
-                         int64_t /*group_size*/, int64_t outer, int64_t inner_bytes) {
+                         int64_t /*group_size*/, ffi::Span<const int64_t> /*processes*/,
+                          int64_t /*site_uid*/, int64_t outer, int64_t inner_bytes) {
   Plan plan;
   plan.kind = Plan::Kind::kAllToAll;
   plan.outer = size_t(outer);
@@ -176,7 +208,9 @@ ffi::Future AllToAllImpl(ffi::RunId run, CallSite* site, ffi::AnyBuffer x,
       .Ret<ffi::AnyBuffer>()                   \
       .Attr<int64_t>("op_id")                  \
       .Attr<ffi::Span<const int64_t>>("groups") /* read at instantiation */ \
-      .Attr<int64_t>("group_size")
+      .Attr<int64_t>("group_size")              \
+      .Attr<ffi::Span<const int64_t>>("processes") /* read at instantiation */ \
+      .Attr<int64_t>("site_uid")
 
 XLA_FFI_DEFINE_HANDLER_SYMBOL(SmddpAllGatherCpu, smddp::AllGatherImpl,
                               SMDDP_COMMON_BINDING()

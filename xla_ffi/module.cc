@@ -6,6 +6,7 @@
 #include <future>
 #include <cstdint>
 #include <memory>
+#include <stdexcept>
 #include <string>
 #include <thread>
 #include <utility>
@@ -18,6 +19,7 @@
 #include "xla_ffi/cpu_handlers.h"
 #include "xla_ffi/engine/algorithms.h"
 #include "xla_ffi/engine/communicator.h"
+#include "xla_ffi/engine/world.h"
 
 namespace nb = nanobind;
 
@@ -39,7 +41,8 @@ std::vector<std::pair<int, std::string>> RendezvousProbe(int size, std::vector<i
   static std::atomic<int64_t> next_run{1};
   std::vector<int64_t> members;
   for (int r = 0; r < size; ++r) members.push_back(-1000000 - r);  // never a real device
-  smddp::Communicator* comm = smddp::FindOrCreateCommunicator(members.data(), size);
+  smddp::Status error;
+  smddp::Communicator* comm = smddp::FindOrCreateCommunicator(members.data(), nullptr, size, &error);
   const int64_t run_id = -(next_run++);
   const double saved = smddp::TimeoutSeconds();
   smddp::SetTimeoutSeconds(timeout_s);
@@ -61,7 +64,7 @@ std::vector<std::pair<int, std::string>> RendezvousProbe(int size, std::vector<i
         plan.kind = smddp::Plan::Kind::kAllReduce;
         plan.count = send[i].size();
         std::promise<smddp::Status> finished;
-        comm->Start(run_id, 0, 0, 0, present[i], send[i].data(), recv[i].data(), info, plan,
+        comm->Start(run_id, 0, 0, 0, 0, 0, present[i], send[i].data(), recv[i].data(), info, plan,
                     [&finished](const smddp::Status& st) { finished.set_value(st); });
         smddp::Status st = finished.get_future().get();
         const float want = float(size) * float(size + 1) / 2;
@@ -75,6 +78,59 @@ std::vector<std::pair<int, std::string>> RendezvousProbe(int size, std::vector<i
   }
   smddp::SetTimeoutSeconds(saved);
   return results;
+}
+
+// Raises the engine's error as a Python RuntimeError.
+void Check(const smddp::Status& st) {
+  if (!st.ok()) throw std::runtime_error(st.message());
+}
+
+// The bootstrap steps of jax_smddp.initialize() (see engine/world.h).
+void BindWorld(nb::module_& m) {
+  m.def("world_begin", [](int process, int processes) { Check(smddp::WorldBegin(process, processes)); });
+  m.def("world_set_peer", [](int process, int pid, const std::string& host) {
+    Check(smddp::WorldSetPeer(process, pid, host));
+  });
+  m.def("world_create_shm", [](int peer) {
+    std::string name;
+    Check(smddp::WorldCreateShm(peer, &name));
+    return name;
+  });
+  m.def("world_open_shm", [](int peer, const std::string& name) { Check(smddp::WorldOpenShm(peer, name)); });
+  m.def("world_unlink_shm", [](int peer) { Check(smddp::WorldUnlinkShm(peer)); });
+  m.def("world_open_fabric", [](const std::string& provider, const std::string& node) {
+    std::string address, chosen;
+    {
+      nb::gil_scoped_release release;
+      Check(smddp::WorldOpenFabric(provider, node, &address, &chosen));
+    }
+    return std::make_pair(nb::bytes(address.data(), address.size()), chosen);
+  });
+  m.def("world_connect_fabric", [](int peer, nb::bytes address) {
+    Check(smddp::WorldConnectFabric(peer, std::string(address.c_str(), address.size())));
+  });
+  m.def("world_watch_listen", [](const std::string& node) {
+    std::string address;
+    Check(smddp::WorldWatchListen(node, &address));
+    return address;
+  });
+  m.def("world_watch_connect", [](int peer, const std::string& address) {
+    nb::gil_scoped_release release;
+    Check(smddp::WorldWatchConnect(peer, address));
+  });
+  m.def("world_watch_accept", [](std::vector<int> peers) {
+    nb::gil_scoped_release release;
+    Check(smddp::WorldWatchAccept(peers));
+  });
+  m.def("world_start", [] { Check(smddp::WorldStart()); });
+  m.def("world_shutdown", [] {
+    nb::gil_scoped_release release;
+    smddp::WorldShutdown();
+  });
+  m.def("world_process", [] {
+    auto world = smddp::CurrentWorld();
+    return world ? world->process() : -1;
+  });
 }
 
 }  // namespace
@@ -104,6 +160,7 @@ NB_MODULE(_smddp_cpu, m) {
   });
   m.def("set_timeout", &smddp::SetTimeoutSeconds, nb::arg("seconds"));
   m.def("timeout", &smddp::TimeoutSeconds);
+  BindWorld(m);
   m.def("rendezvous_probe", &RendezvousProbe, nb::arg("size"), nb::arg("present"),
         nb::arg("timeout_s"), nb::arg("count") = 1024, nb::arg("odd_rank") = -1);
 }

@@ -10,6 +10,8 @@
 #include <sstream>
 
 #include "xla_ffi/engine/inprocess_transport.h"
+#include "xla_ffi/engine/process_transport.h"
+#include "xla_ffi/engine/world.h"
 #include "xla_ffi/engine/scheduler.h"
 
 namespace smddp {
@@ -42,28 +44,57 @@ int InProcessHelpers() {
 void SetTimeoutSeconds(double seconds) { g_timeout_ms = int64_t(seconds * 1000.0); }
 double TimeoutSeconds() { return double(g_timeout_ms.load()) / 1000.0; }
 
-Communicator::Communicator(uint64_t id, std::vector<int64_t> members, Transport* transport)
-    : members_(std::move(members)), transport_(transport) {
+Communicator::Communicator(uint64_t id, std::vector<int64_t> members, Transport* transport,
+                           std::unique_ptr<Transport> owned)
+    : members_(std::move(members)), owned_(std::move(owned)),
+      transport_(owned_ ? owned_.get() : transport) {
   info_.id = id;
   info_.description = DescribeMembers(members_);
 }
 
-void Communicator::Start(int64_t run_id, int64_t instance, uint64_t invocation, int64_t op_id,
-                         int rank, const void* send, void* recv, const CallInfo& call,
+void Communicator::Start(int64_t run_id, int64_t instance, uint64_t site, uint64_t sequence,
+                         uint64_t invocation, int64_t op_id, int rank, const void* send, void* recv, const CallInfo& call,
                          const Plan& plan, Done done) {
-  CallKey key{info_.id, run_id, instance, invocation, op_id};
+  CallKey key{info_.id, run_id, instance, invocation, op_id, site, sequence};
   const auto deadline = Clock::now() + std::chrono::milliseconds(g_timeout_ms.load());
   transport_->Start(info_, size(), key, rank, send, recv, call, deadline, plan, std::move(done));
 }
 
-Communicator* FindOrCreateCommunicator(const int64_t* members, int size) {
+Communicator* FindOrCreateCommunicator(const int64_t* members, const int64_t* processes, int size,
+                                       Status* error) {
   static std::mutex mu;
+  // Keyed by members and their processes: one device id names different
+  // devices under different device assignments.
   static auto* table = new std::map<std::vector<int64_t>, std::unique_ptr<Communicator>>();
   static auto* in_process = new InProcessTransport(InProcessHelpers());
-  std::vector<int64_t> key(members, members + size);
+  std::vector<int64_t> ids(members, members + size);
+  std::vector<int64_t> key = ids;
+  bool spans = false;
+  if (processes) {
+    key.insert(key.end(), processes, processes + size);
+    for (int r = 1; r < size; ++r) spans |= processes[r] != processes[0];
+  }
   std::lock_guard<std::mutex> lock(mu);
   auto& comm = (*table)[key];
-  if (!comm) comm = std::make_unique<Communicator>(table->size(), key, in_process);
+  if (comm) return comm.get();
+  if (!spans) {
+    comm = std::make_unique<Communicator>(table->size(), ids, in_process);
+    return comm.get();
+  }
+  std::shared_ptr<const World> world = CurrentWorld();
+  if (!world) {
+    table->erase(key);
+    *error = Status::Error(
+        "jax_smddp: a collective's devices span several processes, but jax_smddp is not "
+        "initialized in this process: call jax.distributed.initialize() and then "
+        "jax_smddp.initialize() in every process (jax_smddp does this itself when it lowers a "
+        "collective in a multi-process job).");
+    return nullptr;
+  }
+  std::vector<int> process_of_rank(processes, processes + size);
+  comm = std::make_unique<Communicator>(
+      table->size(), ids, nullptr,
+      std::make_unique<ProcessTransport>(ids, std::move(process_of_rank), world->process()));
   return comm.get();
 }
 

@@ -14,7 +14,8 @@ namespace smddp {
 
 class Communicator {
  public:
-  Communicator(uint64_t id, std::vector<int64_t> members, Transport* transport);
+  Communicator(uint64_t id, std::vector<int64_t> members, Transport* transport,
+               std::unique_ptr<Transport> owned = nullptr);
 
   int size() const { return int(members_.size()); }
   const std::vector<int64_t>& members() const { return members_; }
@@ -24,18 +25,26 @@ class Communicator {
   // reports its end. Peers that have not arrived by the engine's timeout
   // fail the call. `instance` identifies the instruction and `invocation`
   // how many times it already ran in execution `run_id` (both equal on every
-  // rank); `op_id` is its position in the program, for messages.
-  void Start(int64_t run_id, int64_t instance, uint64_t invocation, int64_t op_id, int rank,
+  // rank); `site` names the instruction alike in every process and
+  // `sequence` counts its earlier calls over all runs (together they name the
+  // call across processes); `op_id` is its position in the program, for
+  // messages.
+  void Start(int64_t run_id, int64_t instance, uint64_t site, uint64_t sequence,
+             uint64_t invocation, int64_t op_id, int rank,
              const void* send, void* recv, const CallInfo& call, const Plan& plan, Done done);
 
  private:
   std::vector<int64_t> members_;
   GroupInfo info_;
+  std::unique_ptr<Transport> owned_;
   Transport* transport_;
 };
 
 // The engine's communicators, created on first use and kept for the process.
-Communicator* FindOrCreateCommunicator(const int64_t* members, int size);
+// `processes` (null: all in this process) gives each member's process; a
+// group that spans processes needs the world (jax_smddp.initialize()).
+Communicator* FindOrCreateCommunicator(const int64_t* members, const int64_t* processes, int size,
+                                       Status* error);
 
 // Deadline for every wait of a collective, in seconds.
 void SetTimeoutSeconds(double seconds);

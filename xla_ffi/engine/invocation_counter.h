@@ -14,9 +14,14 @@ namespace smddp {
 
 class InvocationCounter {
  public:
-  // The number of earlier calls in execution `run_id`, then counts this one.
-  uint64_t Next(int64_t run_id) {
+  // The number of earlier calls in execution `run_id`, then counts this one;
+  // `sequence` gets the number of earlier calls in every execution (equal on
+  // every device of every process that runs the same program: the name of
+  // this call across processes, where run ids differ between programs).
+  uint64_t Next(int64_t run_id, uint64_t* sequence = nullptr) {
     std::lock_guard<std::mutex> lock(mu_);
+    if (sequence) *sequence = sequence_;
+    ++sequence_;
     Entry* oldest = &entries_[0];
     for (Entry& e : entries_) {
       if (e.used && e.run_id == run_id) {
@@ -40,6 +45,7 @@ class InvocationCounter {
   };
   std::mutex mu_;
   uint64_t clock_ = 0;
+  uint64_t sequence_ = 0;
   std::array<Entry, 32> entries_;
 };
 

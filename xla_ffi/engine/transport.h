@@ -45,6 +45,10 @@ struct CallKey {
   int64_t instance = 0;    // the collective instruction
   uint64_t invocation = 0; // how many times it already ran in this run (loops)
   int64_t op_id = 0;       // its position in the program: for messages only
+  uint64_t site = 0;       // the instruction, named alike in every process
+                           // (instance numbers are per process)
+  uint64_t sequence = 0;   // calls of it before this one, over all runs:
+                           // with `site`, names the call across processes
   bool operator==(const CallKey& o) const {
     return communicator == o.communicator && run_id == o.run_id &&
            instance == o.instance && invocation == o.invocation;

@@ -1,0 +1,208 @@
+"""Multi-process set-up: jax_smddp over the processes of a jax.distributed job.
+
+Call ``jax_smddp.initialize()`` after ``jax.distributed.initialize()`` (or let
+jax_smddp do it: it initializes itself when it lowers its first collective in
+a multi-process job). Every process must call it, in the same order relative
+to its other collectives, as with any collective.
+
+What it does, over the jax.distributed key-value store (no other cluster
+manager is involved):
+
+1. Every process publishes its host and pid. Processes are on the same host
+   when their host ids match: the hostname plus the network namespace (so two
+   network namespaces on one machine act as two hosts, as in the tests), or
+   ``JAX_SMDDP_HOST_ID`` where set.
+2. Each pair of processes on one host shares a POSIX shared-memory segment
+   (mode 0600, an unguessable name). The lower-numbered process creates it and
+   publishes its name; the other maps it and says so; the creator then unlinks
+   the name at once, so nothing is left in /dev/shm even if a process crashes
+   later.
+3. When some peers are on other hosts, each process opens a libfabric RDM
+   endpoint (provider: ``JAX_SMDDP_FABRIC_PROVIDER``, default ``efa`` when
+   present, else ``tcp;ofi_rxm``) bound to the address it uses to reach the
+   jax.distributed coordinator, and publishes its address. Each such pair
+   also keeps one idle TCP connection, so that a process that dies is noticed
+   by its peers at once rather than at the deadline.
+
+Settings (environment):
+
+JAX_SMDDP_HOST_ID           overrides the host id (processes with equal ids use
+                            shared memory between them).
+JAX_SMDDP_FABRIC_PROVIDER   libfabric provider for peers on other hosts.
+JAX_SMDDP_FABRIC_NODE       local address to bind the endpoint to.
+JAX_SMDDP_SHM_RING_BYTES    bytes of each shared-memory ring (default 8 MiB).
+JAX_SMDDP_CHUNK_BYTES       bytes per message chunk (default 1 MiB).
+"""
+
+from __future__ import annotations
+
+import atexit
+import json
+import logging
+import os
+import socket
+import threading
+
+import jax
+
+from jax_smddp import _native
+
+log = logging.getLogger("jax_smddp")
+
+_lock = threading.RLock()
+_generation = 0          # initialize() calls so far: keys of one never meet another's
+_initialized = False
+_summary: dict | None = None
+_atexit_registered = False
+
+_KV_TIMEOUT_MS = 300_000
+
+
+def _client():
+  from jax._src import distributed as jax_distributed
+  return jax_distributed.global_state.client
+
+
+def _host_id() -> str:
+  override = os.environ.get("JAX_SMDDP_HOST_ID")
+  if override:
+    return override
+  try:
+    netns = os.readlink("/proc/self/ns/net")
+  except OSError:
+    netns = "?"
+  return f"{socket.gethostname()}/{netns}"
+
+
+def _coordinator_host() -> str | None:
+  from jax._src import distributed as jax_distributed
+  address = jax_distributed.global_state.coordinator_address
+  if not address:
+    return None
+  host = address.rsplit(":", 1)[0].strip("[]")
+  return host or None
+
+
+def _local_address() -> str:
+  """The local IP this process uses to reach the coordinator: where peers on
+  other hosts can reach it too."""
+  node = os.environ.get("JAX_SMDDP_FABRIC_NODE")
+  if node:
+    return node
+  host = _coordinator_host()
+  if not host:
+    return ""
+  try:
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    with socket.socket(family, socket.SOCK_DGRAM) as s:
+      s.connect((host, 9))  # no packet is sent: this only picks the route
+      return s.getsockname()[0]
+  except OSError:
+    return ""
+
+
+def is_initialized() -> bool:
+  return _initialized
+
+
+def initialize() -> None:
+  """Connects this process's engine to every other process of the job.
+
+  Idempotent. A single-process job needs nothing (returns at once). Raises a
+  RuntimeError saying what to do when jax.distributed is not initialized in a
+  multi-process job, or when a peer's set-up fails.
+  """
+  global _initialized, _generation, _summary, _atexit_registered
+  with _lock:
+    if _initialized:
+      return
+    if jax.process_count() == 1:
+      return
+    client = _client()
+    if client is None:
+      raise RuntimeError(
+          "jax_smddp.initialize(): this is a multi-process job but jax.distributed is not "
+          "initialized here; call jax.distributed.initialize(...) first.")
+    me, n = jax.process_index(), jax.process_count()
+    _generation += 1
+    prefix = f"jax_smddp/{_generation}"
+    engine = _native.engine()
+
+    def get(key: str) -> str:
+      return client.blocking_key_value_get(f"{prefix}/{key}", _KV_TIMEOUT_MS)
+
+    def put(key: str, value: str) -> None:
+      client.key_value_set(f"{prefix}/{key}", value)
+
+    host = _host_id()
+    put(f"proc/{me}", json.dumps({"host": host, "pid": os.getpid()}))
+    procs = [json.loads(get(f"proc/{q}")) if q != me else {"host": host, "pid": os.getpid()}
+             for q in range(n)]
+    engine.world_begin(me, n)
+    try:
+      for q, info in enumerate(procs):
+        engine.world_set_peer(q, int(info["pid"]), info["host"])
+      same = [q for q in range(n) if q != me and procs[q]["host"] == host]
+      remote = [q for q in range(n) if procs[q]["host"] != host]
+      for q in same:
+        if me < q:
+          put(f"shm/{me}/{q}", engine.world_create_shm(q))
+      for q in same:
+        if q < me:
+          engine.world_open_shm(q, get(f"shm/{q}/{me}"))
+          put(f"shm_mapped/{q}/{me}", "1")
+      for q in same:
+        if me < q:
+          get(f"shm_mapped/{me}/{q}")
+          engine.world_unlink_shm(q)
+      provider = ""
+      if remote:
+        node = _local_address()
+        requested = os.environ.get("JAX_SMDDP_FABRIC_PROVIDER", "")
+        address, provider = engine.world_open_fabric(requested, node)
+        put(f"fabric/{me}", address.hex())
+        put(f"watch/{me}", engine.world_watch_listen(node))
+        for q in remote:
+          engine.world_connect_fabric(q, bytes.fromhex(get(f"fabric/{q}")))
+        for q in remote:
+          if q < me:
+            engine.world_watch_connect(q, get(f"watch/{q}"))
+        engine.world_watch_accept([q for q in remote if q > me])
+      engine.world_start()
+    except BaseException:
+      engine.world_shutdown()
+      raise
+    # Nobody runs a collective until every process is connected.
+    client.wait_at_barrier(f"{prefix}/ready", _KV_TIMEOUT_MS)
+    _initialized = True
+    _summary = {"process": me, "processes": n, "host": host,
+                "shared_memory_peers": same, "network_peers": remote,
+                "fabric_provider": provider or None}
+    log.info("jax_smddp initialized: %s", _summary)
+    if not _atexit_registered:
+      atexit.register(shutdown)
+      _atexit_registered = True
+
+
+def shutdown() -> None:
+  """Releases the links to other processes (idempotent). Collectives already
+  running finish first; later multi-process collectives need initialize()."""
+  global _initialized, _summary
+  with _lock:
+    if not _initialized:
+      return
+    _native.engine().world_shutdown()
+    _initialized = False
+    _summary = None
+
+
+def topology() -> dict | None:
+  """What initialize() found: this process, its shared-memory and network
+  peers, the libfabric provider (None before initialize())."""
+  return dict(_summary) if _summary else None
+
+
+def ensure_initialized() -> None:
+  """Initializes on first use in a multi-process job (called at lowering)."""
+  if not _initialized and jax.process_count() > 1:
+    initialize()

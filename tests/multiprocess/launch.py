@@ -1,0 +1,95 @@
+"""Starts real multi-process jax.distributed jobs for the tests and the benchmark.
+
+Each job runs `NUM_PROCESSES` Python processes of one script on this machine;
+process i runs with argv (…, i, NUM_PROCESSES, coordinator, devices). With
+`hosts`, processes are placed in network namespaces (simulated hosts, see
+netns.py) and reach the coordinator over a veth pair. Every job has a
+deadline: a job still running then is killed and reported, never waited on.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+WORKER = os.path.join(HERE, "worker.py")
+
+
+@dataclasses.dataclass
+class Process:
+  index: int
+  returncode: int | None
+  output: str
+  result: dict | None  # the worker's last `RESULT {...}` line
+
+
+def free_port(host: str = "127.0.0.1") -> int:
+  with socket.socket() as s:
+    s.bind((host, 0))
+    return s.getsockname()[1]
+
+
+def run_job(args: list[str], nprocs: int, devices: int, *, timeout: float = 240,
+            script: str = WORKER, env: dict | None = None,
+            namespaces: list[str] | None = None, coordinator_ip: str = "127.0.0.1",
+            per_process_env: list[dict] | None = None) -> list[Process]:
+  """Runs `script args... i nprocs coordinator devices` for i < nprocs.
+
+  `namespaces[i]`, when given, is the network namespace process i runs in
+  (`ip netns exec`); `coordinator_ip` must then be reachable from all.
+  """
+  port = free_port("127.0.0.1" if namespaces is None else "0.0.0.0")
+  coordinator = f"{coordinator_ip}:{port}"
+  base_env = dict(os.environ)
+  base_env.pop("XLA_FLAGS", None)
+  base_env.update({"JAX_PLATFORMS": "cpu", "PYTHONUNBUFFERED": "1"})
+  base_env.update(env or {})
+  procs = []
+  for i in range(nprocs):
+    cmd = [sys.executable, script, *args, str(i), str(nprocs), coordinator, str(devices)]
+    if namespaces is not None:
+      cmd = ["ip", "netns", "exec", namespaces[i], *cmd]
+    penv = dict(base_env)
+    if per_process_env:
+      penv.update(per_process_env[i])
+    procs.append(subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                                  text=True, env=penv, start_new_session=True))
+  deadline = time.monotonic() + timeout
+  outputs = []
+  timed_out = False
+  for p in procs:
+    left = max(0.1, deadline - time.monotonic())
+    try:
+      out, _ = p.communicate(timeout=left)
+    except subprocess.TimeoutExpired:
+      timed_out = True
+      _kill(p)
+      out, _ = p.communicate()
+      out += f"\n[launch.py: killed after the job's {timeout:.0f} s deadline]"
+    outputs.append(out)
+  results = []
+  for i, (p, out) in enumerate(zip(procs, outputs)):
+    res = None
+    for line in out.splitlines():
+      if line.startswith("RESULT "):
+        res = json.loads(line[len("RESULT "):])
+    results.append(Process(i, None if timed_out and p.returncode is None else p.returncode, out, res))
+  return results
+
+
+def _kill(p: subprocess.Popen) -> None:
+  try:
+    os.killpg(p.pid, signal.SIGKILL)
+  except ProcessLookupError:
+    pass
+
+
+def describe(procs: list[Process]) -> str:
+  return "\n".join(f"--- process {p.index} (rc={p.returncode}) ---\n{p.output[-4000:]}" for p in procs)

@@ -1,0 +1,304 @@
+"""One process of a multi-process test job (started by tests/multiprocess/launch.py).
+
+Usage: worker.py SCENARIO PROCESS_ID NUM_PROCESSES COORDINATOR DEVICES_PER_PROCESS
+
+Prints one line `RESULT <json>` at the end: {"ok": true} or {"ok": false,
+"error": "..."}. Scenarios check jax_smddp's collectives against numpy on
+data that reveals misplaced blocks (every element distinct).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+import time
+import traceback
+
+scenario, pid, nprocs, coordinator, ndev = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), sys.argv[4], int(sys.argv[5])
+os.environ["XLA_FLAGS"] = f"--xla_force_host_platform_device_count={ndev}"
+os.environ.setdefault("JAX_PLATFORMS", "cpu")
+
+import numpy as np  # noqa: E402
+
+import jax  # noqa: E402
+
+jax.config.update("jax_cpu_collectives_implementation", "gloo")
+jax.distributed.initialize(coordinator, nprocs, pid)
+
+import jax.numpy as jnp  # noqa: E402
+from jax.sharding import Mesh, NamedSharding, PartitionSpec as P  # noqa: E402
+
+import jax_smddp as smddp  # noqa: E402
+
+
+def result(**kw):
+  print("RESULT " + json.dumps(kw), flush=True)
+
+
+def global_array(mesh, spec, x: np.ndarray):
+  return jax.make_array_from_callback(x.shape, NamedSharding(mesh, spec), lambda idx: x[idx])
+
+
+def check(name, y, want):
+  for s in y.addressable_shards:
+    got = np.asarray(s.data)
+    exp = want[s.index]
+    if got.shape != exp.shape or not np.array_equal(got, exp):
+      bad = np.argwhere(got != exp) if got.shape == exp.shape else "shape"
+      raise AssertionError(f"{name}: device {s.device.id} shard {s.index} differs from numpy "
+                           f"(first bad index {bad[:3] if not isinstance(bad, str) else bad})")
+
+
+def values(shape, dtype, seed):
+  """Distinct small integers (exact in every dtype and every summation order)."""
+  rng = np.random.default_rng(seed)
+  return rng.integers(-50, 50, size=shape).astype(dtype)
+
+
+def smap(mesh, body, in_spec, out_spec, check_vma=False):
+  return jax.jit(jax.shard_map(body, mesh=mesh, in_specs=in_spec, out_specs=out_spec,
+                               check_vma=check_vma))
+
+
+def run_collectives(mesh, axis, label, sizes=(1, 3000)):
+  """Every collective over `axis` of `mesh`, against numpy."""
+  n = mesh.shape[axis]
+  other = [a for a in mesh.axis_names if a != axis]
+  lead = (axis, *other) if other else axis  # shard the first dimension over every mesh axis
+  m = int(np.prod([mesh.shape[a] for a in other])) if other else 1
+  for k, cols in enumerate(sizes):
+    for dtype in (np.float32, np.int32, jnp.bfloat16):
+      tag = f"{label} cols={cols} {np.dtype(dtype).name}"
+      # all_gather, tiled along 0 and untiled.
+      x = values((m * n * 2, cols), dtype, seed=k)
+      xs = global_array(mesh, P(lead), x)
+      y = smap(mesh, lambda v: smddp.all_gather(v, axis, axis=0, tiled=True), P(lead), P(lead))(xs)
+      # device (a, b) holds rows of group a gathered over axis: a group = fixed other-coords.
+      want = _gather_reference(x, mesh, axis, lead)
+      check(f"all_gather {tag}", y, want)
+      # psum_scatter.
+      x = values((m * n * n * 2, cols), dtype, seed=10 + k)
+      xs = global_array(mesh, P(lead), x)
+      y = smap(mesh, lambda v: smddp.psum_scatter(v, axis, scatter_dimension=0, tiled=True),
+               P(lead), P(lead))(xs)
+      check(f"psum_scatter {tag}", y, _scatter_reference(x, mesh, axis, lead))
+      # psum (sum of every block of the group, on every member).
+      x = values((m * n * 3, cols), dtype, seed=20 + k)
+      xs = global_array(mesh, P(lead), x)
+      y = smap(mesh, lambda v: smddp.psum(v, axis), P(lead), P(lead))(xs)
+      check(f"psum {tag}", y, _psum_reference(x, mesh, axis, lead))
+    # all_to_all and pmax on f32 only.
+    x = values((m * n * n, cols), np.float32, seed=30 + k)
+    xs = global_array(mesh, P(lead), x)
+    y = smap(mesh, lambda v: smddp.all_to_all(v, axis, 0, 0, tiled=True), P(lead), P(lead))(xs)
+    check(f"all_to_all {label} cols={cols}", y, _all_to_all_reference(x, mesh, axis, lead))
+    y = smap(mesh, lambda v: smddp.pmax(v, axis), P(lead), P(lead))(global_array(mesh, P(lead), x))
+    check(f"pmax {label} cols={cols}", y, _psum_reference(x, mesh, axis, lead, np.maximum))
+    # Gather along dimension 1 of a 3-D array: strided blocks ([outer, ranks, inner]).
+    x = values((m * n * 2, 3, cols), np.float32, seed=40 + k)
+    xs = global_array(mesh, P(lead), x)
+    y = smap(mesh, lambda v: smddp.all_gather(v, axis, axis=1, tiled=True), P(lead), P(lead))(xs)
+    want = _blocks_apply(x, mesh, axis, lead, lambda blocks: [np.concatenate(blocks, 1)] * len(blocks))
+    check(f"all_gather axis=1 {label} cols={cols}", y, want)
+
+
+def _groups(mesh, axis, lead):
+  """Row blocks of the global array, by device position, grouped by `axis`:
+  returns a list of groups, each a list of block indices in axis order."""
+  names = lead if isinstance(lead, tuple) else (lead,)
+  shape = [mesh.shape[a] for a in names]
+  total = int(np.prod(shape))
+  coords = np.array(np.unravel_index(np.arange(total), shape)).T  # block b -> coords in `names` order
+  ax = names.index(axis)
+  groups = {}
+  for b, c in enumerate(coords):
+    key = tuple(v for i, v in enumerate(c) if i != ax)
+    groups.setdefault(key, []).append((c[ax], b))
+  return [[b for _, b in sorted(g)] for g in groups.values()], total
+
+
+def _blocks_apply(x, mesh, axis, lead, fn):
+  groups, total = _groups(mesh, axis, lead)
+  blocks = np.split(x, total, 0)
+  out = [None] * total
+  for g in groups:
+    res = fn([blocks[b] for b in g])
+    for b, r in zip(g, res):
+      out[b] = r
+  return np.concatenate(out, 0)
+
+
+def _gather_reference(x, mesh, axis, lead):
+  return _blocks_apply(x, mesh, axis, lead, lambda bl: [np.concatenate(bl, 0)] * len(bl))
+
+
+def _scatter_reference(x, mesh, axis, lead):
+  def fn(bl):
+    s = np.sum(np.stack([b.astype(np.float64) for b in bl]), 0).astype(bl[0].dtype)
+    return np.split(s, len(bl), 0)
+  return _blocks_apply(x, mesh, axis, lead, fn)
+
+
+def _psum_reference(x, mesh, axis, lead, op=None):
+  def fn(bl):
+    if op is None:
+      s = np.sum(np.stack([b.astype(np.float64) for b in bl]), 0).astype(bl[0].dtype)
+    else:
+      s = bl[0]
+      for b in bl[1:]:
+        s = op(s, b)
+    return [s] * len(bl)
+  return _blocks_apply(x, mesh, axis, lead, fn)
+
+
+def _all_to_all_reference(x, mesh, axis, lead):
+  def fn(bl):
+    n = len(bl)
+    parts = [np.split(b, n, 0) for b in bl]  # parts[s][r]: sender s's block for r
+    return [np.concatenate([parts[s][r] for s in range(n)], 0) for r in range(n)]
+  return _blocks_apply(x, mesh, axis, lead, fn)
+
+
+def scenario_collectives():
+  devs = np.array(jax.devices())
+  mesh = Mesh(devs, ("x",))
+  # The engine runs these (not a fallback to jax.lax).
+  x = global_array(mesh, P("x"), values((mesh.size, 4), np.float32, 0))
+  hlo = smap(mesh, lambda v: smddp.all_gather(v, "x", axis=0, tiled=True), P("x"), P("x")).lower(x).as_text()
+  assert "smddp_all_gather" in hlo, "all_gather did not lower to jax_smddp's custom call"
+  run_collectives(mesh, "x", "1-D mesh")
+  if nprocs > 1 and ndev > 1:
+    # Hybrid: ("proc", "local"): groups over "proc" span processes with one
+    # rank each; groups over "local" stay inside a process.
+    mesh2 = Mesh(devs.reshape(nprocs, ndev), ("proc", "local"))
+    run_collectives(mesh2, "proc", "2-D mesh, across processes", sizes=(5,))
+    run_collectives(mesh2, "local", "2-D mesh, within processes", sizes=(5,))
+    # Interleaved: a group's ranks alternate between processes.
+    inter = Mesh(devs.reshape(nprocs, ndev).T.reshape(-1), ("x",))
+    run_collectives(inter, "x", "interleaved 1-D mesh", sizes=(5,))
+  result(ok=True, topology=smddp.topology())
+
+
+def scenario_grad():
+  """FSDP-style: gather parameters, loss, gradient reduce-scattered; against jax.lax."""
+  mesh = Mesh(np.array(jax.devices()), ("x",))
+  n = mesh.size
+  w = values((n * 4, 6), np.float32, 1) / 10
+  xb = values((n * 2, 6), np.float32, 2) / 10
+
+  def loss(gather):
+    def body(w_shard, x_shard):
+      full = gather(w_shard)
+      y = jnp.tanh(x_shard @ full.T)
+      return jax.lax.psum(jnp.sum(y * y), "x")
+    return body
+
+  def grad_fn(gather):
+    f = jax.shard_map(loss(gather), mesh=mesh, in_specs=(P("x"), P("x")), out_specs=P())
+    return jax.jit(jax.grad(f))
+
+  ws, xs = global_array(mesh, P("x"), w), global_array(mesh, P("x"), xb)
+  g_smddp = grad_fn(lambda v: smddp.all_gather(v, "x", axis=0, tiled=True))(ws, xs)
+  g_lax = grad_fn(lambda v: jax.lax.all_gather(v, "x", axis=0, tiled=True))(ws, xs)
+  for a, b in zip(g_smddp.addressable_shards, g_lax.addressable_shards):
+    np.testing.assert_allclose(np.asarray(a.data), np.asarray(b.data), rtol=1e-5, atol=1e-6)
+  result(ok=True)
+
+
+def scenario_mismatch():
+  """Process 1 runs the collective on a differently shaped input."""
+  mesh = Mesh(np.array(jax.devices()), ("x",))
+  cols = 3 if pid == 0 else 5
+  x = values((mesh.size * 2, cols), np.float32, 0)
+  f = smap(mesh, lambda v: smddp.all_gather(v, "x", axis=0, tiled=True), P("x"), P("x"))
+  try:
+    jax.block_until_ready(f(global_array(mesh, P("x"), x)))
+  except Exception as e:  # noqa: BLE001
+    result(ok=False, error=str(e))
+    return
+  result(ok=True)
+
+
+def scenario_peer_dies():
+  """The last process dies (SIGKILL-like) instead of entering the collective;
+  the others must raise naming it, well within the timeout."""
+  mesh = Mesh(np.array(jax.devices()), ("x",))
+  x = values((mesh.size * 2, 1000), np.float32, 0)
+  f = smap(mesh, lambda v: smddp.psum(v, "x"), P("x"), P("x"))
+  xs = global_array(mesh, P("x"), x)
+  jax.block_until_ready(f(xs))  # connected and warm
+  smddp.initialize()
+  if pid == nprocs - 1:
+    result(ok=True, dying=True)
+    os._exit(17)
+  time.sleep(0.5)
+  t0 = time.monotonic()
+  try:
+    jax.block_until_ready(f(xs))
+  except Exception as e:  # noqa: BLE001
+    result(ok=False, error=str(e), seconds=time.monotonic() - t0)
+    os._exit(0)  # jax.distributed's shutdown would wait for the dead peer
+  result(ok=True, seconds=time.monotonic() - t0)
+  os._exit(0)
+
+
+def scenario_peer_killed_midway():
+  """The last process is SIGKILLed while large collectives are in flight."""
+  import signal
+  import threading
+  mesh = Mesh(np.array(jax.devices()), ("x",))
+  x = values((mesh.size * 64, 16384), np.float32, 0)  # 4 MiB per device
+  f = smap(mesh, lambda v: smddp.psum(v, "x"), P("x"), P("x"))
+  xs = global_array(mesh, P("x"), x)
+  jax.block_until_ready(f(xs))
+  if pid == nprocs - 1:
+    threading.Timer(0.3, lambda: os.kill(os.getpid(), signal.SIGKILL)).start()
+  t0 = time.monotonic()
+  try:
+    for _ in range(100000):
+      xs = f(xs) * 0.0 + xs
+      jax.block_until_ready(xs)
+      if time.monotonic() - t0 > 60:
+        break
+  except Exception as e:  # noqa: BLE001
+    result(ok=False, error=str(e), seconds=time.monotonic() - t0)
+    os._exit(0)
+  result(ok=True, seconds=time.monotonic() - t0)
+  os._exit(0)
+
+
+def scenario_peer_stalls():
+  """The last process stalls; the others must time out naming it."""
+  mesh = Mesh(np.array(jax.devices()), ("x",))
+  x = values((mesh.size * 2, 100), np.float32, 0)
+  f = smap(mesh, lambda v: smddp.all_gather(v, "x", axis=0, tiled=True), P("x"), P("x"))
+  xs = global_array(mesh, P("x"), x)
+  jax.block_until_ready(f(xs))
+  smddp.set_timeout(3.0)
+  if pid == nprocs - 1:
+    result(ok=True, stalling=True)
+    time.sleep(30)
+    os._exit(0)
+  t0 = time.monotonic()
+  try:
+    jax.block_until_ready(f(xs))
+  except Exception as e:  # noqa: BLE001
+    result(ok=False, error=str(e), seconds=time.monotonic() - t0)
+    os._exit(0)
+  result(ok=True, seconds=time.monotonic() - t0)
+  os._exit(0)
+
+
+SCENARIOS = {name[len("scenario_"):]: fn for name, fn in globals().items() if name.startswith("scenario_")}
+
+if __name__ == "__main__":
+  try:
+    SCENARIOS[scenario]()
+  except Exception as e:  # noqa: BLE001
+    traceback.print_exc()
+    result(ok=False, error=f"{type(e).__name__}: {e}")
+    sys.stdout.flush()
+    os._exit(1)
+  smddp.shutdown()
+  jax.distributed.shutdown()

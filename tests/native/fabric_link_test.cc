@@ -1,0 +1,588 @@
+// Standalone test of FabricEndpoint / FabricLink (no jax): forks a child,
+// both open an endpoint of the provider named in argv[1], exchange addresses
+// through pipes, connect, and run the phases below in lockstep. Exits 0 on
+// success; prints GB/s for 64 MiB messages.
+//
+//   fabric_link_test <provider> [node]      e.g. "tcp;ofi_rxm" 127.0.0.1, or shm
+#include <poll.h>
+#include <signal.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <cstdarg>
+#include <cstdint>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <memory>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "xla_ffi/engine/fabric_link.h"
+
+using smddp::FabricEndpoint;
+using smddp::Link;
+using smddp::Request;
+using smddp::Status;
+using Clock = std::chrono::steady_clock;
+
+namespace {
+
+const char* g_who = "parent";
+int g_rd = -1, g_wr = -1;  // pipe ends to the other process
+pid_t g_child = 0;         // in the parent: killed when the parent fails
+
+[[noreturn]] void Fail(const char* file, int line, const char* fmt, ...) {
+  std::fprintf(stderr, "[%s] FAILED at %s:%d: ", g_who, file, line);
+  va_list ap;
+  va_start(ap, fmt);
+  std::vfprintf(stderr, fmt, ap);
+  va_end(ap);
+  std::fprintf(stderr, "\n");
+  std::fflush(stderr);
+  if (g_child > 0) kill(g_child, SIGKILL);
+  std::_Exit(1);
+}
+#define CHECK(cond, ...)                                        \
+  do {                                                          \
+    if (!(cond)) Fail(__FILE__, __LINE__, "" __VA_ARGS__);      \
+  } while (0)
+
+void Log(const char* fmt, ...) {
+  std::printf("[%s] ", g_who);
+  va_list ap;
+  va_start(ap, fmt);
+  std::vprintf(fmt, ap);
+  va_end(ap);
+  std::printf("\n");
+  std::fflush(stdout);
+}
+
+void WriteAll(const void* p, size_t n) {
+  const char* c = static_cast<const char*>(p);
+  while (n > 0) {
+    ssize_t w = write(g_wr, c, n);
+    CHECK(w > 0, "pipe write failed");
+    c += w;
+    n -= static_cast<size_t>(w);
+  }
+}
+
+void ReadAll(void* p, size_t n) {
+  char* c = static_cast<char*>(p);
+  while (n > 0) {
+    struct pollfd pfd = {g_rd, POLLIN, 0};
+    CHECK(poll(&pfd, 1, 120000) == 1, "the other process did not answer within 120 s");
+    ssize_t r = read(g_rd, c, n);
+    CHECK(r > 0, "the other process exited (see its messages above)");
+    c += r;
+    n -= static_cast<size_t>(r);
+  }
+}
+
+void Barrier() {
+  char b = 'b';
+  WriteAll(&b, 1);
+  ReadAll(&b, 1);
+  CHECK(b == 'b', "barrier out of step");
+}
+
+// Bytes that depend on the tag, the offset and the sender, in 8-byte words.
+uint64_t Mix(uint64_t x) {
+  x ^= x >> 31;
+  x *= 0x7fb5d329728ea185ull;
+  x ^= x >> 27;
+  x *= 0x81dadef4bc2dd44dull;
+  x ^= x >> 33;
+  return x;
+}
+uint64_t Word(uint64_t tag, int from, uint64_t w) {
+  return Mix(w * 0x9e3779b97f4a7c15ull + (tag << 20) + static_cast<uint64_t>(from) * 0x51ed27);
+}
+void Fill(std::vector<char>& buf, uint64_t tag, int from) {
+  size_t n = buf.size(), w = 0;
+  for (; (w + 1) * 8 <= n; ++w) {
+    uint64_t v = Word(tag, from, w);
+    std::memcpy(buf.data() + w * 8, &v, 8);
+  }
+  uint64_t v = Word(tag, from, w);
+  std::memcpy(buf.data() + w * 8, &v, n - w * 8);
+}
+// Offset of the first wrong byte, or -1.
+long long Verify(const std::vector<char>& buf, uint64_t tag, int from) {
+  size_t n = buf.size(), w = 0;
+  for (; (w + 1) * 8 <= n; ++w) {
+    uint64_t v = Word(tag, from, w);
+    if (std::memcmp(buf.data() + w * 8, &v, 8) != 0) {
+      for (size_t i = 0; i < 8; ++i) {
+        if (buf[w * 8 + i] != reinterpret_cast<const char*>(&v)[i]) {
+          return static_cast<long long>(w * 8 + i);
+        }
+      }
+    }
+  }
+  uint64_t v = Word(tag, from, w);
+  for (size_t i = 0; w * 8 + i < n; ++i) {
+    if (buf[w * 8 + i] != reinterpret_cast<const char*>(&v)[i]) {
+      return static_cast<long long>(w * 8 + i);
+    }
+  }
+  return -1;
+}
+bool AllBytes(const std::vector<char>& buf, char c) {
+  for (char x : buf) {
+    if (x != c) return false;
+  }
+  return true;
+}
+
+// Drives progress until every request is done; fails the test on the
+// peer's failure or at the deadline instead of hanging.
+void Wait(Link* link, const std::vector<Request*>& reqs, double seconds, const char* what) {
+  auto deadline = Clock::now() + std::chrono::duration<double>(seconds);
+  for (unsigned spins = 0;; ++spins) {
+    bool all = true;
+    for (Request* r : reqs) all = all && r->done();
+    if (all) return;
+    link->Progress();
+    if ((spins & 63) == 0) {
+      std::string f = link->PeerFailure();
+      CHECK(f.empty(), "%s: peer failure: %s", what, f.c_str());
+      CHECK(Clock::now() < deadline, "%s: not done after %.0f s", what, seconds);
+    }
+  }
+}
+
+void ProgressFor(Link* link, double seconds) {
+  auto until = Clock::now() + std::chrono::duration<double>(seconds);
+  while (Clock::now() < until) link->Progress();
+}
+
+void CheckOk(const Request& r, const char* what) {
+  CHECK(r.done(), "%s: not done", what);
+  CHECK(r.status().ok(), "%s: %s", what, r.status().message().c_str());
+}
+
+const size_t kMiB = 1 << 20;
+const std::vector<size_t> kSizes = {0, 1, 7, 4096, kMiB + 3, 64 * kMiB};
+
+// Every size both ways at once. Receives posted before the peer sends
+// (after_arrival = false), or after its data had time to arrive.
+void ExchangeSizes(Link* link, int me, uint64_t tag0, bool after_arrival) {
+  const int peer = 1 - me;
+  size_t n = kSizes.size();
+  std::vector<std::vector<char>> out(n), in(n);
+  std::vector<Request> sreq(n), rreq(n);
+  std::vector<Request*> all;
+  for (size_t i = 0; i < n; ++i) {
+    out[i].resize(kSizes[i]);
+    Fill(out[i], tag0 + i, me);
+    in[i].assign(kSizes[i], '\xEE');
+  }
+  auto post_recvs = [&] {
+    for (size_t i = 0; i < n; ++i) {
+      link->Recv(tag0 + i, in[i].data(), in[i].size(), &rreq[i]);
+      all.push_back(&rreq[i]);
+    }
+  };
+  if (!after_arrival) post_recvs();
+  Barrier();
+  auto t0 = Clock::now();
+  for (size_t i = 0; i < n; ++i) {
+    link->Send(tag0 + i, out[i].data(), out[i].size(), &sreq[i]);
+    all.push_back(&sreq[i]);
+  }
+  if (after_arrival) {
+    std::vector<Request*> sends;
+    for (auto& r : sreq) sends.push_back(&r);
+    Wait(link, sends, 60, "sends before the receives");
+    ProgressFor(link, 0.3);
+    Barrier();
+    ProgressFor(link, 0.1);
+    post_recvs();
+  }
+  Wait(link, all, 60, after_arrival ? "sizes, receives posted late" : "sizes, receives posted early");
+  double s = std::chrono::duration<double>(Clock::now() - t0).count();
+  for (size_t i = 0; i < n; ++i) {
+    CheckOk(sreq[i], "send");
+    CheckOk(rreq[i], "recv");
+    long long bad = Verify(in[i], tag0 + i, peer);
+    CHECK(bad < 0, "message of %zu bytes (tag %llu): wrong byte at offset %lld", kSizes[i],
+          static_cast<unsigned long long>(tag0 + i), bad);
+  }
+  Log("sizes 0..64 MiB both ways, receives posted %s arrival: ok (%.3f s)",
+      after_arrival ? "after" : "before", s);
+}
+
+// 8 tags sent in one order, received in another (half posted before the
+// sends, half after); then one tag used twice: receives match in send order.
+void TagOrder(Link* link, int me) {
+  const int peer = 1 - me;
+  const int order[8] = {5, 2, 7, 0, 3, 6, 1, 4};
+  std::vector<std::vector<char>> out(8), in(8);
+  std::vector<Request> sreq(8), rreq(8);
+  std::vector<Request*> all;
+  for (int k = 0; k < 8; ++k) {
+    size_t bytes = 1000 * (k + 1) + k + (k == 6 ? 3 * kMiB : 0);
+    out[k].resize(bytes);
+    Fill(out[k], 300 + k, me);
+    in[k].assign(bytes, '\xEE');
+  }
+  for (int j = 0; j < 4; ++j) {
+    int k = order[j];
+    link->Recv(300 + k, in[k].data(), in[k].size(), &rreq[k]);
+  }
+  Barrier();
+  for (int k = 0; k < 8; ++k) link->Send(300 + k, out[k].data(), out[k].size(), &sreq[k]);
+  ProgressFor(link, 0.05);
+  for (int j = 4; j < 8; ++j) {
+    int k = order[j];
+    link->Recv(300 + k, in[k].data(), in[k].size(), &rreq[k]);
+  }
+  for (int k = 0; k < 8; ++k) {
+    all.push_back(&sreq[k]);
+    all.push_back(&rreq[k]);
+  }
+  // The same tag twice: the first receive gets the first message.
+  std::vector<char> a(300), b(2 * kMiB + 5), ra(300, '\xEE'), rb(2 * kMiB + 5, '\xEE');
+  Fill(a, 1310, me);
+  Fill(b, 2310, me);
+  Request sa, sb, qa, qb;
+  link->Send(310, a.data(), a.size(), &sa);
+  link->Send(310, b.data(), b.size(), &sb);
+  link->Recv(310, ra.data(), ra.size(), &qa);
+  link->Recv(310, rb.data(), rb.size(), &qb);
+  all.insert(all.end(), {&sa, &sb, &qa, &qb});
+  Wait(link, all, 60, "tag order");
+  for (int k = 0; k < 8; ++k) {
+    CheckOk(sreq[k], "send");
+    CheckOk(rreq[k], "recv");
+    CHECK(Verify(in[k], 300 + k, peer) < 0, "tag %d: wrong data", 300 + k);
+  }
+  CheckOk(qa, "first receive of a reused tag");
+  CheckOk(qb, "second receive of a reused tag");
+  CHECK(Verify(ra, 1310, peer) < 0 && Verify(rb, 2310, peer) < 0, "reused tag: wrong data");
+  Log("8 tags received in another order, and a reused tag: ok");
+}
+
+// A receive of the wrong size fails with a message; the link still works.
+void SizeMismatch(Link* link, int me) {
+  const int peer = 1 - me;
+  std::vector<char> out(100), in(64, '\xEE'), out2(50), in2(50);
+  Fill(out, 400, me);
+  Fill(out2, 401, me);
+  Request s, r, s2, r2;
+  link->Recv(400, in.data(), in.size(), &r);
+  Barrier();
+  link->Send(400, out.data(), out.size(), &s);
+  Wait(link, {&s, &r}, 30, "size mismatch");
+  CheckOk(s, "send of the mismatched message");
+  CHECK(!r.status().ok(), "a 64-byte receive of a 100-byte message succeeded");
+  const std::string& m = r.status().message();
+  CHECK(m.find("100") != std::string::npos && m.find("64") != std::string::npos,
+        "unclear size mismatch message: %s", m.c_str());
+  CHECK(AllBytes(in, '\xEE'), "a failed receive wrote into its buffer");
+  link->Send(401, out2.data(), out2.size(), &s2);
+  link->Recv(401, in2.data(), in2.size(), &r2);
+  Wait(link, {&s2, &r2}, 30, "after a size mismatch");
+  CheckOk(r2, "receive after a size mismatch");
+  CHECK(Verify(in2, 401, peer) < 0, "wrong data after a size mismatch");
+  Log("size mismatch: ok (\"%s\")", m.c_str());
+}
+
+void Cancels(Link* link, int me) {
+  const int peer = 1 - me;
+  // (a) A receive cancelled before its message arrives: the buffer stays
+  // untouched and the message goes to the next receive of the tag.
+  {
+    std::vector<char> out(4096), in(4096, '\xEE'), in2(4096, '\xEE');
+    Fill(out, 500, me);
+    Request s, r, r2;
+    link->Recv(500, in.data(), in.size(), &r);
+    link->Cancel(&r);
+    Barrier();
+    link->Send(500, out.data(), out.size(), &s);
+    Wait(link, {&s}, 30, "send to a cancelled receive");
+    ProgressFor(link, 0.3);
+    CHECK(!r.done(), "a cancelled receive completed");
+    CHECK(AllBytes(in, '\xEE'), "a cancelled receive's buffer was written");
+    link->Recv(500, in2.data(), in2.size(), &r2);
+    Wait(link, {&r2}, 30, "receive after a cancelled one");
+    CheckOk(r2, "receive after a cancelled one");
+    CHECK(Verify(in2, 500, peer) < 0, "wrong data after a cancelled receive");
+  }
+  Barrier();
+  // (b) A receive cancelled while its 64 MiB arrive: nothing is written
+  // after Cancel returns; later messages still flow.
+  {
+    std::vector<char> out(64 * kMiB), in(64 * kMiB, '\xEE');
+    Fill(out, 501, me);
+    Request s, r;
+    link->Recv(501, in.data(), in.size(), &r);
+    Barrier();
+    link->Send(501, out.data(), out.size(), &s);
+    for (int i = 0; i < 40 && !r.done(); ++i) link->Progress();
+    link->Cancel(&r);
+    bool was_done = r.done();
+    if (!was_done) std::memset(in.data(), 0x5A, in.size());
+    Wait(link, {&s}, 60, "send of a message whose receive is cancelled");
+    ProgressFor(link, 0.5);
+    if (was_done) {
+      CheckOk(r, "receive that completed before its Cancel");
+      CHECK(Verify(in, 501, peer) < 0, "wrong data");
+    } else {
+      CHECK(!r.done(), "a cancelled receive completed");
+      CHECK(AllBytes(in, 0x5A), "the link wrote into a receive buffer after Cancel");
+    }
+    std::vector<char> o2(5000), i2(5000);
+    Fill(o2, 502, me);
+    Request s2, r2;
+    link->Send(502, o2.data(), o2.size(), &s2);
+    link->Recv(502, i2.data(), i2.size(), &r2);
+    Wait(link, {&s2, &r2}, 30, "messages after a cancel mid-transfer");
+    CheckOk(r2, "receive after a cancel mid-transfer");
+    CHECK(Verify(i2, 502, peer) < 0, "wrong data after a cancel mid-transfer");
+    Log("cancel of a receive mid-transfer: ok (%s)",
+        was_done ? "it had completed already" : "cancelled");
+  }
+  Barrier();
+  // (c) A send cancelled before all its bytes went out: the receiver's
+  // receive fails (or, if it all went out, gets the right bytes even though
+  // the source is overwritten right after Cancel).
+  {
+    std::vector<char> out(64 * kMiB), in(64 * kMiB, '\xEE');
+    Fill(out, 503, me);
+    Request s, r;
+    link->Recv(503, in.data(), in.size(), &r);
+    Barrier();
+    link->Send(503, out.data(), out.size(), &s);
+    link->Cancel(&s);
+    bool sent = s.done();
+    std::memset(out.data(), 0x33, out.size());
+    Wait(link, {&r}, 60, "receive of a cancelled send");
+    if (r.status().ok()) {
+      CHECK(Verify(in, 503, peer) < 0, "a cancelled send delivered wrong data");
+    } else {
+      CHECK(r.status().message().find("cancelled") != std::string::npos, "unclear: %s",
+            r.status().message().c_str());
+    }
+    std::vector<char> o2(7), i2(7);
+    Fill(o2, 504, me);
+    Request s2, r2;
+    link->Send(504, o2.data(), o2.size(), &s2);
+    link->Recv(504, i2.data(), i2.size(), &r2);
+    Wait(link, {&s2, &r2}, 30, "messages after a cancelled send");
+    CheckOk(r2, "receive after a cancelled send");
+    CHECK(Verify(i2, 504, peer) < 0, "wrong data after a cancelled send");
+    Log("cancel of a send: ok (%s; the peer's receive: %s)", sent ? "it had been copied" : "cancelled",
+        r.status().ok() ? "ok" : r.status().message().c_str());
+  }
+}
+
+// Several threads send, receive and progress the same link at once.
+void Threads(Link* link, int me) {
+  const int peer = 1 - me;
+  const int kThreads = 4, kMsgs = 40;
+  std::vector<std::thread> threads;
+  for (int t = 0; t < kThreads; ++t) {
+    threads.emplace_back([=] {
+      std::vector<std::vector<char>> out(kMsgs), in(kMsgs);
+      std::vector<Request> sreq(kMsgs), rreq(kMsgs);
+      std::vector<Request*> all;
+      for (int i = 0; i < kMsgs; ++i) {
+        uint64_t tag = 1000 + 100 * t + i;
+        size_t bytes = (static_cast<size_t>(i) * 7919 + t * 104729) % 600000;
+        out[i].resize(bytes);
+        Fill(out[i], tag, me);
+        in[i].assign(bytes, '\xEE');
+        if (i % 2) link->Recv(tag, in[i].data(), bytes, &rreq[i]);
+        link->Send(tag, out[i].data(), bytes, &sreq[i]);
+        if (i % 2 == 0) link->Recv(tag, in[i].data(), bytes, &rreq[i]);
+        all.push_back(&sreq[i]);
+        all.push_back(&rreq[i]);
+      }
+      Wait(link, all, 60, "threads");
+      for (int i = 0; i < kMsgs; ++i) {
+        CheckOk(sreq[i], "send from a thread");
+        CheckOk(rreq[i], "recv in a thread");
+        CHECK(Verify(in[i], 1000 + 100 * t + i, peer) < 0, "thread %d message %d: wrong data",
+              t, i);
+      }
+    });
+  }
+  for (auto& th : threads) th.join();
+  Log("%d threads x %d messages each way on one link: ok", kThreads, kMsgs);
+}
+
+void Throughput(Link* link, int me, const std::string& provider) {
+  const size_t bytes = 64 * kMiB;
+  const int kMsgs = 4;
+  std::vector<std::vector<char>> buf(kMsgs, std::vector<char>(bytes, 1));
+  double best_uni = 0, best_bi = 0;
+  for (int rep = 0; rep < 3; ++rep) {
+    // One way: parent -> child, 4 x 64 MiB in flight.
+    Barrier();
+    std::vector<Request> reqs(kMsgs);
+    std::vector<Request*> ptrs;
+    auto t0 = Clock::now();
+    for (int k = 0; k < kMsgs; ++k) {
+      if (me == 0) {
+        link->Send(600 + k, buf[k].data(), bytes, &reqs[k]);
+      } else {
+        link->Recv(600 + k, buf[k].data(), bytes, &reqs[k]);
+      }
+      ptrs.push_back(&reqs[k]);
+    }
+    Wait(link, ptrs, 120, "throughput, one way");
+    double s = std::chrono::duration<double>(Clock::now() - t0).count();
+    for (auto& r : reqs) CheckOk(r, "throughput");
+    if (me == 1) best_uni = std::max(best_uni, kMsgs * bytes / s / 1e9);
+    // Both ways: 64 MiB each.
+    Barrier();
+    Request sr, rr;
+    t0 = Clock::now();
+    link->Send(700, buf[0].data(), bytes, &sr);
+    link->Recv(700, buf[1].data(), bytes, &rr);
+    Wait(link, {&sr, &rr}, 120, "throughput, both ways");
+    s = std::chrono::duration<double>(Clock::now() - t0).count();
+    CheckOk(rr, "throughput");
+    best_bi = std::max(best_bi, bytes / s / 1e9);
+  }
+  if (me == 1) {
+    std::printf("THROUGHPUT %s: 64 MiB messages one way %.2f GB/s; both ways at once %.2f GB/s "
+                "each way\n", provider.c_str(), best_uni, best_bi);
+    std::fflush(stdout);
+  }
+  Barrier();
+}
+
+std::unique_ptr<FabricEndpoint> OpenEndpoint(const std::string& provider, const std::string& node) {
+  std::unique_ptr<FabricEndpoint> ep;
+  Status st = FabricEndpoint::Open(provider, node, &ep);
+  CHECK(st.ok(), "Open(%s): %s", provider.c_str(), st.message().c_str());
+  return ep;
+}
+
+std::unique_ptr<Link> Handshake(FabricEndpoint* ep, const char* peer_name) {
+  std::string mine = ep->Address();
+  uint32_t n = static_cast<uint32_t>(mine.size());
+  WriteAll(&n, 4);
+  WriteAll(mine.data(), n);
+  ReadAll(&n, 4);
+  CHECK(n > 0 && n < 4096, "bad address length %u", n);
+  std::string theirs(n, '\0');
+  ReadAll(&theirs[0], n);
+  std::unique_ptr<Link> link;
+  Status st = ep->Connect(theirs, peer_name, &link);
+  CHECK(st.ok(), "Connect: %s", st.message().c_str());
+  return link;
+}
+
+int Run(int me, const std::string& provider, const std::string& node, pid_t child) {
+  std::unique_ptr<FabricEndpoint> ep = OpenEndpoint(provider, node);
+  std::unique_ptr<Link> link = Handshake(ep.get(), me == 0 ? "the child" : "the parent");
+  CHECK(link->Kind() == "libfabric " + ep->Provider(), "Kind() is %s", link->Kind().c_str());
+  if (me == 0) Log("%s, address %zu bytes", link->Kind().c_str(), ep->Address().size());
+
+  ExchangeSizes(link.get(), me, 100, false);
+  ExchangeSizes(link.get(), me, 200, true);
+  TagOrder(link.get(), me);
+  SizeMismatch(link.get(), me);
+  Cancels(link.get(), me);
+  Barrier();
+  Threads(link.get(), me);
+  Throughput(link.get(), me, provider);
+
+  // The child is killed mid-run: the parent must see its failure (or hit its
+  // own deadline) without crashing, cancel, and close cleanly.
+  Barrier();
+  if (me == 1) {
+    for (;;) link->Progress();  // until killed
+  }
+  std::vector<char> out(64 * kMiB, 7), in(4096);
+  Request s, r;
+  link->Recv(800, in.data(), in.size(), &r);
+  link->Send(801, out.data(), out.size(), &s);
+  ProgressFor(link.get(), 0.05);
+  CHECK(kill(child, SIGKILL) == 0, "kill");
+  int status = 0;
+  waitpid(child, &status, 0);
+  g_child = 0;
+  auto t0 = Clock::now();
+  std::string failure;
+  Request s2;
+  bool s2_posted = false;
+  uint64_t tag = 802;
+  for (; Clock::now() - t0 < std::chrono::seconds(10);) {
+    link->Progress();
+    failure = link->PeerFailure();
+    if (!failure.empty()) break;
+    if (s.done() && (!s2_posted || s2.done())) {  // keep sending: a broken connection shows
+      link->Send(tag++, out.data(), 4096, &s2);
+      s2_posted = true;
+    }
+  }
+  double waited = std::chrono::duration<double>(Clock::now() - t0).count();
+  link->Cancel(&r);
+  link->Cancel(&s);
+  link->Cancel(&s2);
+  CHECK(!r.done(), "a receive from a killed process completed");
+  if (failure.empty()) {
+    Log("killed child: no failure reported within %.1f s (the caller's deadline catches it)",
+        waited);
+  } else {
+    Log("killed child: PeerFailure after %.2f s: %s", waited, failure.c_str());
+  }
+  link.reset();
+  ep.reset();
+
+  // Errors name the problem and the way out.
+  std::unique_ptr<FabricEndpoint> bad;
+  Status st = FabricEndpoint::Open("no_such_provider", "", &bad);
+  CHECK(!st.ok() && st.message().find("fi_info") != std::string::npos &&
+            st.message().find("JAX_SMDDP_FABRIC_PROVIDER") != std::string::npos,
+        "unhelpful error for a missing provider: %s", st.message().c_str());
+  CHECK(smddp::ChooseFabricProvider("shm") == "shm", "ChooseFabricProvider ignores its argument");
+  unsetenv("JAX_SMDDP_FABRIC_PROVIDER");
+  std::string dflt = smddp::ChooseFabricProvider("");
+  CHECK(dflt == "efa" || dflt == "tcp;ofi_rxm", "default provider %s", dflt.c_str());
+  setenv("JAX_SMDDP_FABRIC_PROVIDER", "shm", 1);
+  CHECK(smddp::ChooseFabricProvider("") == "shm", "JAX_SMDDP_FABRIC_PROVIDER ignored");
+  std::string why;
+  CHECK(smddp::FabricAvailable(&why), "FabricAvailable: %s", why.c_str());
+  Log("all fabric link tests passed");
+  return 0;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  if (argc < 2) {
+    std::fprintf(stderr, "usage: %s <provider> [node]\n", argv[0]);
+    return 2;
+  }
+  std::string provider = argv[1];
+  std::string node = argc > 2 ? argv[2] : "";
+  std::setvbuf(stdout, nullptr, _IOLBF, 0);
+  int p2c[2], c2p[2];
+  CHECK(pipe(p2c) == 0 && pipe(c2p) == 0, "pipe");
+  pid_t child = fork();
+  CHECK(child >= 0, "fork");
+  if (child == 0) {
+    g_who = "child";
+    g_rd = p2c[0];
+    g_wr = c2p[1];
+    close(p2c[1]);
+    close(c2p[0]);
+    return Run(1, provider, node, 0);
+  }
+  g_child = child;
+  g_rd = c2p[0];
+  g_wr = p2c[1];
+  close(p2c[0]);
+  close(c2p[1]);
+  int rc = Run(0, provider, node, child);
+  return rc;
+}

@@ -1,0 +1,137 @@
+"""jax_smddp across real processes: jax.distributed jobs on this machine.
+
+Every job starts real Python processes (tests/multiprocess/launch.py) that
+check jax_smddp's collectives against numpy; two simulated hosts (network
+namespaces joined by veth) exercise the libfabric path over the tcp provider.
+"""
+
+from __future__ import annotations
+
+import glob
+import os
+import sys
+
+import pytest
+
+sys.path.insert(0, os.path.join(os.path.dirname(__file__), "multiprocess"))
+
+import launch  # noqa: E402
+import netns  # noqa: E402
+
+IN_CI = os.environ.get("CI") == "true"
+
+
+def shm_names() -> set:
+  return set(glob.glob("/dev/shm/jax_smddp-*"))
+
+
+def assert_all_ok(procs):
+  assert all(p.result and p.result.get("ok") for p in procs), launch.describe(procs)
+  assert all(p.returncode == 0 for p in procs), launch.describe(procs)
+
+
+@pytest.mark.timeout(300)
+@pytest.mark.parametrize("nprocs,devices", [(2, 1), (2, 2), (4, 1), (4, 2)])
+def test_collectives_across_processes(nprocs, devices):
+  before = shm_names()
+  procs = launch.run_job(["collectives"], nprocs, devices, timeout=240)
+  assert_all_ok(procs)
+  topo = procs[0].result["topology"]
+  assert topo["shared_memory_peers"] == list(range(1, nprocs)) and topo["network_peers"] == []
+  assert shm_names() - before == set(), "shared-memory segments left in /dev/shm after exit"
+
+
+@pytest.mark.timeout(300)
+def test_small_chunks_and_rings():
+  """Messages far larger than the chunk and the ring: chunking and ring wrap-around."""
+  procs = launch.run_job(["collectives"], 2, 2, timeout=240,
+                         env={"JAX_SMDDP_CHUNK_BYTES": "192", "JAX_SMDDP_SHM_RING_BYTES": "4096"})
+  assert_all_ok(procs)
+
+
+@pytest.mark.timeout(300)
+def test_gradients_match_jax_lax():
+  assert_all_ok(launch.run_job(["grad"], 2, 2, timeout=240))
+
+
+@pytest.mark.timeout(300)
+def test_mismatched_shapes_are_reported():
+  procs = launch.run_job(["mismatch"], 2, 2, timeout=240, env={"JAX_SMDDP_TIMEOUT_S": "60"})
+  for p in procs:
+    assert p.result is not None, launch.describe(procs)
+    err = p.result.get("error", "")
+    assert "processes disagree on the call" in err, launch.describe(procs)
+    assert "24 bytes in" in err and "40 bytes in" in err, err
+
+
+def _check_peer_failure(procs, dead: int, within_s: float):
+  survivors = [p for p in procs if p.index != dead]
+  for p in survivors:
+    assert p.result is not None and not p.result["ok"], launch.describe(procs)
+    assert f"process {dead} (devices" in p.result["error"], p.result["error"]
+    assert p.result["seconds"] < within_s, p.result
+
+
+@pytest.mark.timeout(300)
+def test_dead_peer_raises_within_seconds():
+  before = shm_names()
+  procs = launch.run_job(["peer_dies"], 3, 1, timeout=240, env={"JAX_SMDDP_TIMEOUT_S": "120"})
+  _check_peer_failure(procs, dead=2, within_s=10)
+  assert "exited" in procs[0].result["error"]
+  assert shm_names() - before == set()
+
+
+@pytest.mark.timeout(300)
+def test_peer_killed_mid_collective():
+  before = shm_names()
+  procs = launch.run_job(["peer_killed_midway"], 2, 2, timeout=240,
+                         env={"JAX_SMDDP_TIMEOUT_S": "120"})
+  assert procs[1].returncode == -9, launch.describe(procs)
+  _check_peer_failure(procs, dead=1, within_s=15)
+  assert shm_names() - before == set()
+
+
+@pytest.mark.timeout(300)
+def test_stalled_peer_times_out_naming_it():
+  procs = launch.run_job(["peer_stalls"], 2, 1, timeout=240)
+  _check_peer_failure(procs, dead=1, within_s=20)
+  assert "timed out" in procs[0].result["error"]
+
+
+def _need_netns():
+  why = netns.available()
+  if why:
+    if IN_CI:
+      pytest.fail(f"two-host tests must run in CI: {why}")
+    pytest.skip(why)
+
+
+@pytest.mark.timeout(400)
+@pytest.mark.parametrize("devices", [1, 2])
+def test_two_hosts_over_libfabric_tcp(devices):
+  """2 simulated hosts x 2 processes: shared memory within, libfabric tcp between."""
+  _need_netns()
+  before = shm_names()
+  with netns.two_hosts() as (names, ips):
+    procs = launch.run_job(["collectives"], 4, devices, timeout=300,
+                           namespaces=[names[0], names[0], names[1], names[1]],
+                           coordinator_ip=ips[0],
+                           env={"JAX_SMDDP_FABRIC_PROVIDER": "tcp;ofi_rxm"})
+  assert_all_ok(procs)
+  for p in procs:
+    topo = p.result["topology"]
+    assert topo["fabric_provider"] == "tcp;ofi_rxm"
+    assert len(topo["shared_memory_peers"]) == 1 and len(topo["network_peers"]) == 2, topo
+  assert shm_names() - before == set()
+
+
+@pytest.mark.timeout(400)
+def test_two_hosts_dead_peer():
+  _need_netns()
+  with netns.two_hosts() as (names, ips):
+    procs = launch.run_job(["peer_killed_midway"], 2, 1, timeout=300,
+                           namespaces=names, coordinator_ip=ips[0],
+                           env={"JAX_SMDDP_FABRIC_PROVIDER": "tcp;ofi_rxm",
+                                "JAX_SMDDP_TIMEOUT_S": "120"})
+  assert procs[1].returncode == -9, launch.describe(procs)
+  _check_peer_failure(procs, dead=1, within_s=30)

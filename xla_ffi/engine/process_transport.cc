@@ -1,0 +1,232 @@
+#include "xla_ffi/engine/process_transport.h"
+
+#include <algorithm>
+#include <sstream>
+#include <string>
+
+#include "xla_ffi/engine/messages.h"
+#include "xla_ffi/engine/process_algorithms.h"
+#include "xla_ffi/engine/process_call.h"
+#include "xla_ffi/engine/scheduler.h"
+#include "xla_ffi/engine/world.h"
+
+namespace smddp {
+
+struct ProcessTransport::Slot {
+  struct Entry {
+    bool present = false;
+    const void* send = nullptr;
+    void* recv = nullptr;
+    CallInfo info;
+    Done done;
+  };
+  Slot(int n, const GroupInfo& g, const CallKey& k) : entries(n), group(g), key(k) {}
+
+  std::mutex mu;
+  std::vector<Entry> entries;  // per local rank
+  GroupInfo group;
+  CallKey key;
+  Plan plan;
+  Clock::time_point start, deadline;
+  Timer timer;
+  int arrived = 0;
+  bool started = false;
+  bool over = false;
+  Status status;
+};
+
+namespace {
+
+std::string Where(const GroupInfo& group, const CallKey& key, const char* op) {
+  return std::string("jax_smddp ") + op + " (op " + std::to_string(key.op_id) +
+         " of communicator " + group.description + ")";
+}
+
+// Completes every arrived local rank with the slot's status: each on an
+// engine worker but the last, which runs on the calling thread (XLA then
+// continues that device's program here). Called with the slot's lock held;
+// returns the inline completion.
+Task CompleteArrived(ProcessTransport::Slot& slot) {
+  slot.over = true;
+  Task inline_done;
+  for (auto& e : slot.entries) {
+    if (!e.present || !e.done) continue;
+    Task t = [done = std::move(e.done), status = slot.status] { done(status); };
+    e.done = nullptr;
+    if (inline_done) Post(std::move(inline_done));
+    inline_done = std::move(t);
+  }
+  return inline_done;
+}
+
+}  // namespace
+
+ProcessTransport::ProcessTransport(std::vector<int64_t> members, std::vector<int> process_of_rank,
+                                   int process)
+    : members_(std::move(members)), process_of_rank_(std::move(process_of_rank)), process_(process) {
+  const int n = int(process_of_rank_.size());
+  local_index_.assign(n, -1);
+  for (int r = 0; r < n; ++r) {
+    const int p = process_of_rank_[r];
+    if (p == process_) {
+      local_index_[r] = int(local_.size());
+      local_.push_back(r);
+      continue;
+    }
+    auto it = std::lower_bound(peers_.begin(), peers_.end(), p);
+    if (it == peers_.end() || *it != p) {
+      const size_t at = size_t(it - peers_.begin());
+      peers_.insert(it, p);
+      peer_ranks_.insert(peer_ranks_.begin() + at, std::vector<int>());
+    }
+  }
+  for (int r = 0; r < n; ++r) {
+    const int p = process_of_rank_[r];
+    if (p == process_) continue;
+    const size_t at = size_t(std::lower_bound(peers_.begin(), peers_.end(), p) - peers_.begin());
+    peer_ranks_[at].push_back(r);
+  }
+  uint64_t h = 0x6a09e667f3bcc908ull;
+  for (int r = 0; r < n; ++r) h = MixTag(MixTag(h, uint64_t(members_[r])), uint64_t(process_of_rank_[r]));
+  group_hash_ = h;
+}
+
+void ProcessTransport::Forget(const CallKey& key, const Slot* slot) {
+  std::lock_guard<std::mutex> lock(mu_);
+  auto it = slots_.find(key);
+  if (it != slots_.end() && it->second.get() == slot) slots_.erase(it);
+}
+
+void ProcessTransport::Expire(const std::shared_ptr<Slot>& slot) {
+  Task inline_done;
+  {
+    std::lock_guard<std::mutex> lock(slot->mu);
+    if (slot->started || slot->over) return;
+    std::ostringstream missing;
+    const char* op = "collective";
+    bool first = true;
+    for (size_t li = 0; li < slot->entries.size(); ++li) {
+      if (slot->entries[li].present) {
+        op = slot->entries[li].info.op;
+        continue;
+      }
+      missing << (first ? "" : " ") << members_[local_[li]];
+      first = false;
+    }
+    slot->status = Status::Error(
+        Where(slot->group, slot->key, op) + ": timed out waiting for device(s) [" + missing.str() +
+        "] of this process to reach this collective. A device that never arrives usually means the "
+        "devices run different programs or one failed earlier; if it is only slow, raise "
+        "JAX_SMDDP_TIMEOUT_S (or jax_smddp.set_timeout).");
+    inline_done = CompleteArrived(*slot);
+  }
+  if (inline_done) inline_done();
+}
+
+void ProcessTransport::Start(const GroupInfo& group, int size, const CallKey& key, int rank,
+                             const void* send, void* recv, const CallInfo& info,
+                             Clock::time_point deadline, const Plan& plan, Done done) {
+  auto fail_now = [&](const std::string& why) {
+    done(Status::Error(Where(group, key, info.op) + ": device " +
+                       (rank >= 0 && rank < int(members_.size()) ? std::to_string(members_[rank]) : "?") +
+                       ": " + why));
+  };
+  if (size != int(process_of_rank_.size()) || rank < 0 || rank >= size || local_index_[rank] < 0)
+    return fail_now("rank or communicator size disagrees with this process's view of the group");
+  std::shared_ptr<Slot> slot;
+  bool created;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    auto& s = slots_[key];
+    created = !s;
+    if (created) s = std::make_shared<Slot>(int(local_.size()), group, key);
+    slot = s;
+  }
+  std::unique_lock<std::mutex> lock(slot->mu);
+  if (created) {
+    slot->start = Clock::now();
+    slot->deadline = deadline;
+    std::weak_ptr<Slot> weak = slot;
+    slot->timer = PostAt(deadline, [this, weak] {
+      if (auto s = weak.lock()) Expire(s);
+    });
+  }
+  if (slot->over) {
+    lock.unlock();
+    return fail_now("a device of this process already gave up on this collective");
+  }
+  auto& me = slot->entries[local_index_[rank]];
+  if (me.present) {
+    lock.unlock();
+    return fail_now("this device entered the same collective twice");
+  }
+  me = Slot::Entry{true, send, recv, info, std::move(done)};
+  if (++slot->arrived < int(local_.size())) return;
+  slot->started = true;
+  Cancel(slot->timer);
+  for (size_t li = 1; li < slot->entries.size() && slot->status.ok(); ++li) {
+    if (!(slot->entries[li].info == slot->entries[0].info)) {
+      slot->status = Status::Error(Where(group, key, info.op) +
+                                   ": devices of this process disagree on the call (shapes or dtypes differ)");
+    }
+  }
+  if (!slot->status.ok()) {
+    Task t = CompleteArrived(*slot);
+    lock.unlock();
+    Forget(key, slot.get());
+    if (t) t();
+    return;
+  }
+  slot->plan = plan;
+  lock.unlock();
+  // The cross-process part waits on peers: an engine worker runs it.
+  Post([this, slot] { Run(slot); });
+}
+
+void ProcessTransport::Run(const std::shared_ptr<Slot>& slot) {
+  std::shared_ptr<const World> world = CurrentWorld();
+  const CallKey& key = slot->key;
+  const CallInfo& info = slot->entries[0].info;
+  Status st;
+  if (!world) {
+    st = Status::Error(Where(slot->group, key, info.op) +
+                       ": this communicator spans processes but jax_smddp is not initialized here: "
+                       "call jax.distributed.initialize() and then jax_smddp.initialize() in every "
+                       "process before running collectives.");
+  } else if (world->process() != process_) {
+    st = Status::Error(Where(slot->group, key, info.op) +
+                       ": the world changed since this program was compiled (jax_smddp.shutdown() "
+                       "and initialize() with another process index); recompile it.");
+  } else {
+    ProcessCall call;
+    call.world = world.get();
+    call.size = int(process_of_rank_.size());
+    call.members = &members_;
+    call.process_of_rank = &process_of_rank_;
+    call.local = local_;
+    for (auto& e : slot->entries) {
+      call.send.push_back(e.send);
+      call.recv.push_back(e.recv);
+    }
+    call.peers = peers_;
+    call.peer_ranks = peer_ranks_;
+    // Not the run id: it differs between different programs, and processes
+    // that run different programs must meet to report it.
+    call.tag = MixTag(MixTag(MixTag(group_hash_, key.site), key.sequence), 0x736d646470ull);
+    call.start = slot->start;
+    call.deadline = slot->deadline;
+    call.where = Where(slot->group, key, info.op);
+    call.info = info;
+    st = RunProcessPlan(slot->plan, call);
+  }
+  Task inline_done;
+  {
+    std::lock_guard<std::mutex> lock(slot->mu);
+    slot->status = st;
+    inline_done = CompleteArrived(*slot);
+  }
+  Forget(key, slot.get());
+  if (inline_done) inline_done();
+}
+
+}  // namespace smddp

@@ -1,0 +1,50 @@
+// Transport for a communicator whose ranks live in several processes. The
+// ranks of this process meet in memory (as in-process ranks do); once all of
+// them have arrived, one engine worker runs the cross-process algorithm for
+// all of them (process_algorithms.h) over the links of the current world and
+// then completes every local rank. No XLA thread waits for a peer.
+#ifndef JAX_SMDDP_ENGINE_PROCESS_TRANSPORT_H_
+#define JAX_SMDDP_ENGINE_PROCESS_TRANSPORT_H_
+
+#include <memory>
+#include <mutex>
+#include <unordered_map>
+#include <vector>
+
+#include "xla_ffi/engine/inprocess_transport.h"  // CallKeyHash
+#include "xla_ffi/engine/transport.h"
+
+namespace smddp {
+
+class ProcessTransport : public Transport {
+ public:
+  struct Slot;
+
+  // `process_of_rank`: the process of each rank of the communicator;
+  // `members`: their device ids (for messages); `process`: this process.
+  ProcessTransport(std::vector<int64_t> members, std::vector<int> process_of_rank, int process);
+
+  void Start(const GroupInfo& group, int size, const CallKey& key, int rank,
+             const void* send, void* recv, const CallInfo& info,
+             Clock::time_point deadline, const Plan& plan, Done done) override;
+
+ private:
+  void Run(const std::shared_ptr<Slot>& slot);
+  void Expire(const std::shared_ptr<Slot>& slot);
+  void Forget(const CallKey& key, const Slot* slot);
+
+  std::vector<int64_t> members_;
+  std::vector<int> process_of_rank_;
+  int process_;
+  std::vector<int> local_;                    // this process's ranks
+  std::vector<int> local_index_;              // rank -> index in local_, or -1
+  std::vector<int> peers_;                    // other processes, ascending
+  std::vector<std::vector<int>> peer_ranks_;  // per peer, its ranks
+  uint64_t group_hash_ = 0;                   // equal on every process
+  std::mutex mu_;
+  std::unordered_map<CallKey, std::shared_ptr<Slot>, CallKeyHash> slots_;
+};
+
+}  // namespace smddp
+
+#endif  // JAX_SMDDP_ENGINE_PROCESS_TRANSPORT_H_

@@ -1,0 +1,75 @@
+// The processes of a multi-process job, as this process sees them: its own
+// index, and a link to every peer process that a communicator may span
+// (shared memory to peers on the same host, libfabric to the others).
+//
+// Built by jax_smddp.initialize() from what the processes publish in the
+// jax.distributed key-value store (the bootstrap steps below); released by
+// jax_smddp.shutdown(). Calls in flight keep the world they started with
+// alive, so shutdown never pulls a link from under a running collective.
+#ifndef JAX_SMDDP_ENGINE_WORLD_H_
+#define JAX_SMDDP_ENGINE_WORLD_H_
+
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "xla_ffi/engine/link.h"
+#include "xla_ffi/engine/status.h"
+
+namespace smddp {
+
+class World {
+ public:
+  struct Peer {
+    std::unique_ptr<Link> link;  // null for this process and unconnected peers
+    int pid = 0;
+    std::string host;
+  };
+
+  // `endpoint` keeps what the links share (the libfabric endpoint) alive
+  // until after the links are gone.
+  World(int process, std::vector<Peer> peers, std::shared_ptr<void> endpoint)
+      : endpoint_(std::move(endpoint)), process_(process), peers_(std::move(peers)) {}
+
+  int process() const { return process_; }
+  int processes() const { return int(peers_.size()); }
+  // The link to `process`, or null (itself, or a process it has no link to).
+  Link* link(int process) const {
+    return process >= 0 && process < processes() ? peers_[process].link.get() : nullptr;
+  }
+  const Peer& peer(int process) const { return peers_[process]; }
+
+ private:
+  std::shared_ptr<void> endpoint_;  // declared first: destroyed after the links
+  int process_;
+  std::vector<Peer> peers_;
+};
+
+// The current world; null before initialize() and after shutdown().
+std::shared_ptr<const World> CurrentWorld();
+
+// Bootstrap, in the order initialize() calls it. Each step names what failed.
+Status WorldBegin(int process, int processes);
+Status WorldSetPeer(int process, int pid, const std::string& host);
+// Same host: the lower-numbered process creates the segment and publishes its
+// name; the other maps it; the creator unlinks the name once both have.
+Status WorldCreateShm(int peer, std::string* name);
+Status WorldOpenShm(int peer, const std::string& name);
+Status WorldUnlinkShm(int peer);
+// Other hosts: one libfabric endpoint per process; its address is published.
+Status WorldOpenFabric(const std::string& provider, const std::string& node,
+                       std::string* address, std::string* chosen_provider);
+Status WorldConnectFabric(int peer, const std::string& address);
+// Other hosts: a TCP connection per pair, idle, to notice a peer's exit at
+// once (peer_watch.h). Higher-numbered processes connect to lower ones.
+Status WorldWatchListen(const std::string& node, std::string* address);
+Status WorldWatchConnect(int peer, const std::string& address);
+Status WorldWatchAccept(const std::vector<int>& peers);
+// Makes the world current.
+Status WorldStart();
+// Drops the current world (and any half-built one): links close once no call uses them.
+void WorldShutdown();
+
+}  // namespace smddp
+
+#endif  // JAX_SMDDP_ENGINE_WORLD_H_
