@@ -179,16 +179,16 @@ def parse(ops: Iterable[str] | str) -> frozenset[str]:
       raise TypeError(f"jax_smddp.use: collective names are strings, got {item!r}")
     for name in item.split(","):
       name = name.strip().lower()
-      if name in ("", "none"):
+      if name in ("", "none", "0", "false", "off", "no"):
         continue
-      if name == "all":
+      if name in ("all", "1", "true", "on", "yes"):
         out.update(OPS)
       elif name in _ALIASES:
         out.add(_ALIASES[name])
       else:
         raise ValueError(
             f"jax_smddp: unknown collective {name!r}; use a comma list of {', '.join(OPS)} "
-            f"(or their jax.lax names psum_scatter, psum, pmax, pmin), 'all' or 'none'.")
+            f"(or their jax.lax names psum_scatter, psum, pmax, pmin), 'all' (or 1) or 'none' (or 0).")
   return frozenset(out)
 
 

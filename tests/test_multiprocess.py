@@ -9,16 +9,18 @@ from __future__ import annotations
 
 import glob
 import os
-import sys
 
 import pytest
 
-sys.path.insert(0, os.path.join(os.path.dirname(__file__), "multiprocess"))
+from jax_smddp import launch, netns
 
-import launch  # noqa: E402
-import netns  # noqa: E402
+WORKER = os.path.join(os.path.dirname(__file__), "multiprocess", "worker.py")
 
 IN_CI = os.environ.get("CI") == "true"
+
+
+def run_job(*args, **kwargs):
+  return launch.run_job(*args, script=WORKER, **kwargs)
 
 
 def shm_names() -> set:
@@ -34,7 +36,7 @@ def assert_all_ok(procs):
 @pytest.mark.parametrize("nprocs,devices", [(2, 1), (2, 2), (4, 1), (4, 2)])
 def test_collectives_across_processes(nprocs, devices):
   before = shm_names()
-  procs = launch.run_job(["collectives"], nprocs, devices, timeout=240)
+  procs = run_job(["collectives"], nprocs, devices, timeout=240)
   assert_all_ok(procs)
   topo = procs[0].result["topology"]
   assert topo["shared_memory_peers"] == list(range(1, nprocs)) and topo["network_peers"] == []
@@ -44,19 +46,29 @@ def test_collectives_across_processes(nprocs, devices):
 @pytest.mark.timeout(300)
 def test_small_chunks_and_rings():
   """Messages far larger than the chunk and the ring: chunking and ring wrap-around."""
-  procs = launch.run_job(["collectives"], 2, 2, timeout=240,
+  procs = run_job(["collectives"], 2, 2, timeout=240,
                          env={"JAX_SMDDP_CHUNK_BYTES": "192", "JAX_SMDDP_SHM_RING_BYTES": "4096"})
   assert_all_ok(procs)
 
 
 @pytest.mark.timeout(300)
 def test_gradients_match_jax_lax():
-  assert_all_ok(launch.run_job(["grad"], 2, 2, timeout=240))
+  assert_all_ok(run_job(["grad"], 2, 2, timeout=240))
+
+
+@pytest.mark.timeout(300)
+def test_initialize_is_idempotent_and_restartable():
+  assert_all_ok(run_job(["reinitialize"], 2, 2, timeout=240))
+
+
+@pytest.mark.timeout(300)
+def test_backend_swap_flag_across_processes():
+  assert_all_ok(run_job(["swap"], 2, 2, timeout=240, env={"JAX_SMDDP_COLLECTIVES": "1"}))
 
 
 @pytest.mark.timeout(300)
 def test_mismatched_shapes_are_reported():
-  procs = launch.run_job(["mismatch"], 2, 2, timeout=240, env={"JAX_SMDDP_TIMEOUT_S": "60"})
+  procs = run_job(["mismatch"], 2, 2, timeout=240, env={"JAX_SMDDP_TIMEOUT_S": "60"})
   for p in procs:
     assert p.result is not None, launch.describe(procs)
     err = p.result.get("error", "")
@@ -75,7 +87,7 @@ def _check_peer_failure(procs, dead: int, within_s: float):
 @pytest.mark.timeout(300)
 def test_dead_peer_raises_within_seconds():
   before = shm_names()
-  procs = launch.run_job(["peer_dies"], 3, 1, timeout=240, env={"JAX_SMDDP_TIMEOUT_S": "120"})
+  procs = run_job(["peer_dies"], 3, 1, timeout=240, env={"JAX_SMDDP_TIMEOUT_S": "120"})
   _check_peer_failure(procs, dead=2, within_s=10)
   assert "exited" in procs[0].result["error"]
   assert shm_names() - before == set()
@@ -84,7 +96,7 @@ def test_dead_peer_raises_within_seconds():
 @pytest.mark.timeout(300)
 def test_peer_killed_mid_collective():
   before = shm_names()
-  procs = launch.run_job(["peer_killed_midway"], 2, 2, timeout=240,
+  procs = run_job(["peer_killed_midway"], 2, 2, timeout=240,
                          env={"JAX_SMDDP_TIMEOUT_S": "120"})
   assert procs[1].returncode == -9, launch.describe(procs)
   _check_peer_failure(procs, dead=1, within_s=15)
@@ -93,9 +105,29 @@ def test_peer_killed_mid_collective():
 
 @pytest.mark.timeout(300)
 def test_stalled_peer_times_out_naming_it():
-  procs = launch.run_job(["peer_stalls"], 2, 1, timeout=240)
+  procs = run_job(["peer_stalls"], 2, 1, timeout=240)
   _check_peer_failure(procs, dead=1, within_s=20)
   assert "timed out" in procs[0].result["error"]
+
+
+@pytest.mark.timeout(400)
+@pytest.mark.parametrize("hosts,devices,hierarchical", [
+    ("aabb", 2, "1"),    # 2 hosts x 2 processes: rails, relays and per-host combining
+    ("aabb", 1, "0"),    # the same, flat: every byte directly between processes
+    ("aaab", 1, "1"),    # uneven hosts: flat routes
+    ("aabbcc", 1, "1"),  # 3 hosts x 2 processes
+])
+def test_hosts_by_host_id(hosts, devices, hierarchical):
+  """Hosts told apart by JAX_SMDDP_HOST_ID: libfabric (tcp on loopback)
+  between them, shared memory within, without network namespaces."""
+  procs = run_job(["collectives"], len(hosts), devices, timeout=300,
+                  env={"JAX_SMDDP_FABRIC_PROVIDER": "tcp;ofi_rxm",
+                       "JAX_SMDDP_HIERARCHICAL": hierarchical},
+                  per_process_env=[{"JAX_SMDDP_HOST_ID": h} for h in hosts])
+  assert_all_ok(procs)
+  for p, h in zip(procs, hosts):
+    topo = p.result["topology"]
+    assert len(topo["network_peers"]) == sum(1 for g in hosts if g != h), topo
 
 
 def _need_netns():
@@ -113,7 +145,7 @@ def test_two_hosts_over_libfabric_tcp(devices):
   _need_netns()
   before = shm_names()
   with netns.two_hosts() as (names, ips):
-    procs = launch.run_job(["collectives"], 4, devices, timeout=300,
+    procs = run_job(["collectives"], 4, devices, timeout=300,
                            namespaces=[names[0], names[0], names[1], names[1]],
                            coordinator_ip=ips[0],
                            env={"JAX_SMDDP_FABRIC_PROVIDER": "tcp;ofi_rxm"})
@@ -129,7 +161,7 @@ def test_two_hosts_over_libfabric_tcp(devices):
 def test_two_hosts_dead_peer():
   _need_netns()
   with netns.two_hosts() as (names, ips):
-    procs = launch.run_job(["peer_killed_midway"], 2, 1, timeout=300,
+    procs = run_job(["peer_killed_midway"], 2, 1, timeout=300,
                            namespaces=names, coordinator_ip=ips[0],
                            env={"JAX_SMDDP_FABRIC_PROVIDER": "tcp;ofi_rxm",
                                 "JAX_SMDDP_TIMEOUT_S": "120"})

@@ -1,4 +1,4 @@
-"""One process of a multi-process test job (started by tests/multiprocess/launch.py).
+"""One process of a multi-process test job (started by jax_smddp.launch).
 
 Usage: worker.py SCENARIO PROCESS_ID NUM_PROCESSES COORDINATOR DEVICES_PER_PROCESS
 
@@ -203,6 +203,40 @@ def scenario_grad():
   g_lax = grad_fn(lambda v: jax.lax.all_gather(v, "x", axis=0, tiled=True))(ws, xs)
   for a, b in zip(g_smddp.addressable_shards, g_lax.addressable_shards):
     np.testing.assert_allclose(np.asarray(a.data), np.asarray(b.data), rtol=1e-5, atol=1e-6)
+  result(ok=True)
+
+
+def scenario_reinitialize():
+  """initialize() is idempotent; after shutdown() and initialize() the same
+  compiled programs run again over the new links."""
+  mesh = Mesh(np.array(jax.devices()), ("x",))
+  x = values((mesh.size * 2, 7), np.float32, 3)
+  f = smap(mesh, lambda v: smddp.psum(v, "x"), P("x"), P("x"))
+  xs = global_array(mesh, P("x"), x)
+  want = _psum_reference(x, mesh, "x", "x")
+  check("psum before", f(xs), want)
+  smddp.initialize()
+  smddp.initialize()
+  smddp.shutdown()
+  assert smddp.topology() is None
+  smddp.initialize()
+  check("psum after re-initialize", f(xs), want)
+  result(ok=True)
+
+
+def scenario_swap():
+  """JAX_SMDDP_COLLECTIVES=1 (set by the launcher): unmodified jax.lax code runs on jax_smddp."""
+  assert os.environ.get("JAX_SMDDP_COLLECTIVES"), "the test must set JAX_SMDDP_COLLECTIVES"
+  mesh = Mesh(np.array(jax.devices()), ("x",))
+  x = values((mesh.size * mesh.size * 2, 5), np.float32, 4)
+  xs = global_array(mesh, P("x"), x)
+  g = smap(mesh, lambda v: jax.lax.all_gather(v, "x", axis=0, tiled=True), P("x"), P("x"))
+  assert "smddp_all_gather" in g.lower(xs).as_text(), "jax.lax.all_gather was not swapped"
+  check("swapped all_gather", g(xs), _gather_reference(x, mesh, "x", "x"))
+  s = smap(mesh, lambda v: jax.lax.psum_scatter(v, "x", scatter_dimension=0, tiled=True), P("x"), P("x"))
+  check("swapped psum_scatter", s(xs), _scatter_reference(x, mesh, "x", "x"))
+  p = smap(mesh, lambda v: jax.lax.psum(v, "x"), P("x"), P("x"))
+  check("swapped psum", p(xs), _psum_reference(x, mesh, "x", "x"))
   result(ok=True)
 
 

@@ -108,7 +108,7 @@ void Fill(std::vector<char>& buf, uint64_t tag, int from) {
     std::memcpy(buf.data() + w * 8, &v, 8);
   }
   uint64_t v = Word(tag, from, w);
-  std::memcpy(buf.data() + w * 8, &v, n - w * 8);
+  if (n > w * 8) std::memcpy(buf.data() + w * 8, &v, n - w * 8);
 }
 // Offset of the first wrong byte, or -1.
 long long Verify(const std::vector<char>& buf, uint64_t tag, int from) {

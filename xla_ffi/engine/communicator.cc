@@ -92,9 +92,19 @@ Communicator* FindOrCreateCommunicator(const int64_t* members, const int64_t* pr
     return nullptr;
   }
   std::vector<int> process_of_rank(processes, processes + size);
+  std::vector<std::string> hosts(world->processes());
+  for (int p = 0; p < world->processes(); ++p) hosts[p] = world->peer(p).host;
+  for (int p : process_of_rank) {
+    if (p < 0 || p >= world->processes()) {
+      table->erase(key);
+      *error = Status::Error("jax_smddp: a collective names process " + std::to_string(p) +
+                             " but the job has " + std::to_string(world->processes()));
+      return nullptr;
+    }
+  }
   comm = std::make_unique<Communicator>(
       table->size(), ids, nullptr,
-      std::make_unique<ProcessTransport>(ids, std::move(process_of_rank), world->process()));
+      std::make_unique<ProcessTransport>(ids, std::move(process_of_rank), world->process(), hosts));
   return comm.get();
 }
 

@@ -660,7 +660,7 @@ void FabricEndpoint::Impl::PostChunk(Peer* p) {
   h.offset = o.offset;
   if (o.kind == kData) {
     h.len = std::min<uint64_t>(payload_, o.total - o.offset);
-    std::memcpy(s.buf + kHeaderBytes, o.src + o.offset, h.len);
+    if (h.len > 0) std::memcpy(s.buf + kHeaderBytes, o.src + o.offset, h.len);
     o.offset += h.len;
   }
   std::memcpy(s.buf, &h, sizeof(h));

@@ -83,8 +83,23 @@ Status CheckCallsAgree(const ProcessCall& c, const Plan& plan) {
   return Status::Ok();
 }
 
+// Remote ranks in the order their blocks are awaited: those this process
+// relays first, so no process waits on a relay that waits on it.
+std::vector<int> GatherOrder(const ProcessCall& c) {
+  const Routes& rt = *c.routes;
+  std::vector<int> order;
+  for (int pass = 0; pass < 2; ++pass) {
+    for (int s = 0; s < c.size; ++s) {
+      if (rt.gather_source[s] < 0) continue;
+      if ((pass == 0) == !rt.gather_relay[s].empty()) order.push_back(s);
+    }
+  }
+  return order;
+}
+
 // recv_r[o, s, :] = send_s[o, :] for every rank s.
 Status AllGatherAcross(const ProcessCall& c, size_t outer, size_t inner) {
+  const Routes& rt = *c.routes;
   const size_t n = c.size, block = outer * inner, nl = c.local.size();
   if (block == 0) return Status::Ok();
   Messages m(c);
@@ -93,19 +108,16 @@ Status AllGatherAcross(const ProcessCall& c, size_t outer, size_t inner) {
   // contiguous there (outer == 1), else in staging.
   struct Incoming { int rank; Messages::Range range; char* dst; };
   std::vector<Incoming> incoming;
-  size_t remote = 0;
-  for (const auto& ranks : c.peer_ranks) remote += ranks.size();
-  char* stage = outer == 1 ? nullptr : Scratch(remote * block);
-  for (size_t qi = 0; qi < c.peers.size(); ++qi) {
-    for (int s : c.peer_ranks[qi]) {
-      char* dst = outer == 1 ? first + s * inner : stage + incoming.size() * block;
-      incoming.push_back({s, m.Recv(c.peers[qi], Msg(kData, s), dst, block), dst});
-    }
+  const std::vector<int> order = GatherOrder(c);
+  char* stage = outer == 1 ? nullptr : Scratch(order.size() * block);
+  for (int s : order) {
+    char* dst = outer == 1 ? first + s * inner : stage + incoming.size() * block;
+    incoming.push_back({s, m.Recv(rt.gather_source[s], Msg(kData, s), dst, block), dst});
   }
-  for (int q : c.peers) {
+  for (int q : rt.gather_targets) {
     for (size_t li = 0; li < nl; ++li) m.Send(q, Msg(kData, c.local[li]), c.send[li], block);
   }
-  // This process's own blocks, while the network works.
+  // This process's own blocks, while the links work.
   for (size_t d = 0; d < nl; ++d) {
     char* out = static_cast<char*>(c.recv[d]);
     for (size_t o = 0; o < outer; ++o) {
@@ -116,17 +128,18 @@ Status AllGatherAcross(const ProcessCall& c, size_t outer, size_t inner) {
     }
   }
   for (const Incoming& in : incoming) {
-    if (outer == 1) {
-      // Chunk by chunk into the other local outputs as it arrives.
-      for (size_t k = 0; k < in.range.count; ++k) {
-        SMDDP_RETURN_IF_ERROR(m.Wait(in.range.first + k));
-        size_t off, bytes;
-        Messages::Chunk(block, k, &off, &bytes);
-        for (size_t d = 1; d < nl; ++d)
-          std::memcpy(static_cast<char*>(c.recv[d]) + in.rank * inner + off, in.dst + off, bytes);
-      }
-    } else {
-      SMDDP_RETURN_IF_ERROR(m.WaitRange(in.range));
+    // Chunk by chunk, as it arrives: relayed on, and copied into the other
+    // local outputs.
+    for (size_t k = 0; k < in.range.count; ++k) {
+      SMDDP_RETURN_IF_ERROR(m.Wait(in.range.first + k));
+      for (int t : rt.gather_relay[in.rank]) m.SendChunk(t, Msg(kData, in.rank), block, k, in.dst);
+      if (outer != 1) continue;
+      size_t off, bytes;
+      Messages::Chunk(block, k, &off, &bytes);
+      for (size_t d = 1; d < nl; ++d)
+        std::memcpy(static_cast<char*>(c.recv[d]) + in.rank * inner + off, in.dst + off, bytes);
+    }
+    if (outer != 1) {
       for (size_t d = 0; d < nl; ++d) {
         char* out = static_cast<char*>(c.recv[d]);
         for (size_t o = 0; o < outer; ++o)
@@ -135,6 +148,24 @@ Status AllGatherAcross(const ProcessCall& c, size_t outer, size_t inner) {
     }
   }
   return m.WaitAll();
+}
+
+// Ranks in the order reductions handle them: remote ranks that need nothing
+// received (this process's partial only), then remote ranks this process
+// combines for its host, then its own ranks; each stage waits only on
+// earlier stages of other processes, so none waits in a cycle.
+std::vector<int> ReduceOrder(const ProcessCall& c) {
+  const Routes& rt = *c.routes;
+  std::vector<int> order;
+  for (int pass = 0; pass < 3; ++pass) {
+    for (int r = 0; r < c.size; ++r) {
+      const bool local = rt.reduce_dest[r] < 0;
+      const bool combines = !rt.reduce_sources[r].empty();
+      const int stage = local ? 2 : (combines ? 1 : 0);
+      if (stage == pass) order.push_back(r);
+    }
+  }
+  return order;
 }
 
 // Reduces elements [j0, j1) of rank r's block ([outer, inner] rows taken from
@@ -166,141 +197,156 @@ class BlockReducer {
   std::vector<const void*> srcs_;
 };
 
-// recv_r[o, :] = reduce over ranks s of send_s[o, r, :]. Each process sends
-// each peer one partial (its own ranks reduced) per rank of that peer.
-Status ReduceScatterAcross(const ProcessCall& c, DType dtype, ReduceOp op, size_t outer,
-                           size_t inner) {
-  const size_t esize = ElementSize(dtype), block = outer * inner, bb = block * esize;
-  const size_t nl = c.local.size(), np = c.peers.size();
-  if (bb == 0) return Status::Ok();
-  Messages m(c);
-  size_t remote = 0;
-  for (const auto& ranks : c.peer_ranks) remote += ranks.size();
-  const bool direct = nl == 1 && outer == 1;  // partials are the input itself
-  char* stage = Scratch((nl * np + (direct ? 0 : remote)) * bb);
-  char* partials = stage + nl * np * bb;
-  std::vector<std::vector<Messages::Range>> in(nl, std::vector<Messages::Range>(np));
-  for (size_t li = 0; li < nl; ++li) {
-    for (size_t qi = 0; qi < np; ++qi)
-      in[li][qi] = m.Recv(c.peers[qi], Msg(kData, c.local[li]), stage + (li * np + qi) * bb, bb);
-  }
-  BlockReducer reducer(c, dtype, op, inner);
-  const std::vector<const char*> none;
-  const size_t chunks = Messages::Chunks(bb);
-  size_t k_remote = 0;
-  for (size_t qi = 0; qi < np; ++qi) {
-    for (int r : c.peer_ranks[qi]) {
-      const char* base;
-      if (direct) {
-        base = static_cast<const char*>(c.send[0]) + r * bb;
-      } else {
-        base = partials + (k_remote++) * bb;
-      }
-      for (size_t k = 0; k < chunks; ++k) {
-        size_t off, bytes;
-        Messages::Chunk(bb, k, &off, &bytes);
-        if (!direct)
-          reducer.Run(r, off / esize, (off + bytes) / esize, none, const_cast<char*>(base));
-        m.SendChunk(c.peers[qi], Msg(kData, r), bb, k, base);
+// Contributions received for each rank that has sources, in staging.
+struct Contributions {
+  std::vector<std::vector<const char*>> buffers;       // per rank, per source
+  std::vector<std::vector<Messages::Range>> ranges;    // per rank, per source
+
+  // Posts the receives: rank r's contributions of bytes(r) each.
+  template <typename Bytes>
+  char* Post(const ProcessCall& c, Messages& m, uint64_t round, Bytes bytes, size_t slot_bytes,
+             size_t extra_bytes) {
+    const Routes& rt = *c.routes;
+    size_t slots = 0;
+    for (int r = 0; r < c.size; ++r) slots += rt.reduce_sources[r].size();
+    char* stage = Scratch(slots * slot_bytes + extra_bytes);
+    buffers.assign(c.size, {});
+    ranges.assign(c.size, {});
+    size_t k = 0;
+    for (int r = 0; r < c.size; ++r) {
+      for (int q : rt.reduce_sources[r]) {
+        char* slot = stage + (k++) * slot_bytes;
+        buffers[r].push_back(slot);
+        ranges[r].push_back(m.Recv(q, Msg(round, r), slot, bytes(r)));
       }
     }
+    return stage + slots * slot_bytes;  // the extra bytes
   }
-  std::vector<const char*> extra(np);
-  for (size_t li = 0; li < nl; ++li) {
-    for (size_t qi = 0; qi < np; ++qi) extra[qi] = stage + (li * np + qi) * bb;
+
+  Status WaitChunk(Messages& m, int r, size_t k) {
+    for (const auto& range : ranges[r]) SMDDP_RETURN_IF_ERROR(m.Wait(range.first + k));
+    return Status::Ok();
+  }
+};
+
+// recv_r[o, :] = reduce over ranks s of send_s[o, r, :]. Each rank's block is
+// reduced once per process (its own ranks first), combined per host on the
+// way (hierarchical routes), and completed by the rank's own process.
+Status ReduceScatterAcross(const ProcessCall& c, DType dtype, ReduceOp op, size_t outer,
+                           size_t inner) {
+  const Routes& rt = *c.routes;
+  const size_t esize = ElementSize(dtype), block = outer * inner, bb = block * esize;
+  const size_t nl = c.local.size();
+  if (bb == 0) return Status::Ok();
+  Messages m(c);
+  size_t outgoing = 0;
+  for (int r = 0; r < c.size; ++r) outgoing += rt.reduce_dest[r] >= 0 ? 1 : 0;
+  Contributions in;
+  char* partials = in.Post(c, m, kData, [&](int) { return bb; }, bb, outgoing * bb);
+  BlockReducer reducer(c, dtype, op, inner);
+  const size_t chunks = Messages::Chunks(bb);
+  size_t next_partial = 0;
+  for (int r : ReduceOrder(c)) {
+    const int dest = rt.reduce_dest[r];
+    const bool combines = !in.buffers[r].empty();
+    char* out;
+    if (dest < 0) {
+      out = static_cast<char*>(c.recv[std::lower_bound(c.local.begin(), c.local.end(), r) - c.local.begin()]);
+    } else if (!combines && nl == 1 && outer == 1) {
+      out = nullptr;  // the partial is the input itself
+    } else {
+      out = partials + (next_partial++) * bb;
+    }
+    const char* base = out ? out : static_cast<const char*>(c.send[0]) + r * bb;
     for (size_t k = 0; k < chunks; ++k) {
-      for (size_t qi = 0; qi < np; ++qi) SMDDP_RETURN_IF_ERROR(m.Wait(in[li][qi].first + k));
       size_t off, bytes;
       Messages::Chunk(bb, k, &off, &bytes);
-      reducer.Run(c.local[li], off / esize, (off + bytes) / esize, extra,
-                  static_cast<char*>(c.recv[li]));
+      if (out) {
+        SMDDP_RETURN_IF_ERROR(in.WaitChunk(m, r, k));
+        reducer.Run(r, off / esize, (off + bytes) / esize, in.buffers[r], out);
+      }
+      if (dest >= 0) m.SendChunk(dest, Msg(kData, r), bb, k, base);
     }
   }
   return m.WaitAll();
 }
 
 // recv = reduce over ranks of send, balanced: shard r (the r-th of `size`
-// equal parts) is reduced once, by rank r's process, and sent to the others.
+// equal parts) is reduced once, by rank r's process (combined per host on the
+// way), and its result spread to every process as a gather would.
 Status AllReduceAcross(const ProcessCall& c, DType dtype, ReduceOp op, size_t count) {
-  const size_t n = c.size, esize = ElementSize(dtype), nl = c.local.size(), np = c.peers.size();
+  const Routes& rt = *c.routes;
+  const size_t n = c.size, esize = ElementSize(dtype), nl = c.local.size();
   if (count == 0) return Status::Ok();
   auto begin = [&](size_t r) { return count * r / n; };
   auto shard = [&](size_t r) { return (count * (r + 1) / n - count * r / n) * esize; };
-  Messages m(c);
-  size_t max_shard = 0;
-  for (size_t r = 0; r < n; ++r) max_shard = std::max(max_shard, shard(r));
-  size_t remote = 0;
-  for (const auto& ranks : c.peer_ranks) remote += ranks.size();
-  const bool direct = nl == 1;
-  char* stage = Scratch((nl * np + (direct ? 0 : remote)) * max_shard);
-  char* partials = stage + nl * np * max_shard;
-  char* first = static_cast<char*>(c.recv[0]);
-  // Partials of this process's shards from every peer; finished remote shards.
-  std::vector<std::vector<Messages::Range>> in(nl, std::vector<Messages::Range>(np));
-  for (size_t li = 0; li < nl; ++li) {
-    const int r = c.local[li];
-    for (size_t qi = 0; qi < np; ++qi)
-      in[li][qi] = m.Recv(c.peers[qi], Msg(kData, r), stage + (li * np + qi) * max_shard, shard(r));
+  size_t max_shard = 0, outgoing = 0;
+  for (size_t r = 0; r < n; ++r) {
+    max_shard = std::max(max_shard, shard(r));
+    outgoing += rt.reduce_dest[r] >= 0 ? 1 : 0;
   }
+  Messages m(c);
+  Contributions in;
+  char* partials = in.Post(c, m, kData, [&](int r) { return shard(r); }, max_shard, outgoing * max_shard);
+  char* first = static_cast<char*>(c.recv[0]);
   struct Result { int rank; Messages::Range range; };
   std::vector<Result> results;
-  for (size_t qi = 0; qi < np; ++qi) {
-    for (int s : c.peer_ranks[qi])
-      results.push_back({s, m.Recv(c.peers[qi], Msg(kResult, s), first + begin(s) * esize, shard(s))});
-  }
-  std::vector<const void*> srcs(nl + np);
-  auto reduce_local = [&](size_t r, size_t off, size_t bytes, const std::vector<const char*>& extra,
-                          char* dst) {
-    size_t k = 0;
+  for (int s : GatherOrder(c))
+    results.push_back({s, m.Recv(rt.gather_source[s], Msg(kResult, s), first + begin(s) * esize, shard(s))});
+  std::vector<const void*> srcs;
+  auto reduce = [&](size_t r, size_t off, size_t bytes, const std::vector<const char*>& extra, char* dst) {
+    srcs.clear();
     for (size_t li = 0; li < nl; ++li)
-      srcs[k++] = static_cast<const char*>(c.send[li]) + begin(r) * esize + off;
-    for (const char* e : extra) srcs[k++] = e + off;
-    Reduce(dtype, op, srcs.data(), int(k), dst, bytes / esize);
+      srcs.push_back(static_cast<const char*>(c.send[li]) + begin(r) * esize + off);
+    for (const char* e : extra) srcs.push_back(e + off);
+    Reduce(dtype, op, srcs.data(), int(srcs.size()), dst + off, bytes / esize);
   };
-  // Partials of the peers' shards, chunk by chunk.
-  const std::vector<const char*> none;
-  size_t k_remote = 0;
-  for (size_t qi = 0; qi < np; ++qi) {
-    for (int r : c.peer_ranks[qi]) {
-      const size_t sb = shard(r);
-      const char* base = direct ? static_cast<const char*>(c.send[0]) + begin(r) * esize
-                                : partials + (k_remote++) * max_shard;
-      for (size_t k = 0; k < Messages::Chunks(sb); ++k) {
-        size_t off, bytes;
-        Messages::Chunk(sb, k, &off, &bytes);
-        if (!direct) reduce_local(r, off, bytes, none, const_cast<char*>(base) + off);
-        m.SendChunk(c.peers[qi], Msg(kData, r), sb, k, base);
-      }
-    }
-  }
-  // This process's shards: reduce, send to every peer, copy to the other local outputs.
-  std::vector<const char*> extra(np);
-  for (size_t li = 0; li < nl; ++li) {
-    const int r = c.local[li];
+  size_t next_partial = 0;
+  for (int r : ReduceOrder(c)) {
     const size_t sb = shard(r);
-    char* result = static_cast<char*>(c.recv[li]) + begin(r) * esize;
-    for (size_t qi = 0; qi < np; ++qi) extra[qi] = stage + (li * np + qi) * max_shard;
+    const int dest = rt.reduce_dest[r];
+    const bool combines = !in.buffers[r].empty();
+    char* out;
+    int li = -1;
+    if (dest < 0) {
+      li = int(std::lower_bound(c.local.begin(), c.local.end(), r) - c.local.begin());
+      out = static_cast<char*>(c.recv[li]) + begin(r) * esize;
+    } else if (!combines && nl == 1) {
+      out = nullptr;  // the partial is the input itself
+    } else {
+      out = partials + (next_partial++) * max_shard;
+    }
+    const char* base = out ? out : static_cast<const char*>(c.send[0]) + begin(r) * esize;
     for (size_t k = 0; k < Messages::Chunks(sb); ++k) {
-      for (size_t qi = 0; qi < np; ++qi) SMDDP_RETURN_IF_ERROR(m.Wait(in[li][qi].first + k));
       size_t off, bytes;
       Messages::Chunk(sb, k, &off, &bytes);
-      // reduce_local offsets sources by `off`; the destination is chunk k.
-      reduce_local(r, off, bytes, extra, result + off);
-      for (int q : c.peers) m.SendChunk(q, Msg(kResult, r), sb, k, result);
+      if (out) {
+        SMDDP_RETURN_IF_ERROR(in.WaitChunk(m, r, k));
+        reduce(r, off, bytes, in.buffers[r], out);
+      }
+      if (dest >= 0) {
+        m.SendChunk(dest, Msg(kData, r), sb, k, base);
+        continue;
+      }
+      // This process's shard is final: out to the other processes, and into
+      // the other local outputs.
+      for (int t : rt.gather_targets) m.SendChunk(t, Msg(kResult, r), sb, k, out);
       for (size_t d = 0; d < nl; ++d) {
-        if (d != li) std::memcpy(static_cast<char*>(c.recv[d]) + begin(r) * esize + off, result + off, bytes);
+        if (int(d) != li)
+          std::memcpy(static_cast<char*>(c.recv[d]) + begin(r) * esize + off, out + off, bytes);
       }
     }
   }
   for (const Result& res : results) {
     const size_t sb = shard(res.rank);
+    char* base = first + begin(res.rank) * esize;
     for (size_t k = 0; k < res.range.count; ++k) {
       SMDDP_RETURN_IF_ERROR(m.Wait(res.range.first + k));
+      for (int t : rt.gather_relay[res.rank]) m.SendChunk(t, Msg(kResult, res.rank), sb, k, base);
       size_t off, bytes;
       Messages::Chunk(sb, k, &off, &bytes);
       for (size_t d = 1; d < nl; ++d)
-        std::memcpy(static_cast<char*>(c.recv[d]) + begin(res.rank) * esize + off,
-                    first + begin(res.rank) * esize + off, bytes);
+        std::memcpy(static_cast<char*>(c.recv[d]) + begin(res.rank) * esize + off, base + off, bytes);
     }
   }
   return m.WaitAll();

@@ -1,6 +1,7 @@
 #include "xla_ffi/engine/process_transport.h"
 
 #include <algorithm>
+#include <cstdlib>
 #include <sstream>
 #include <string>
 
@@ -61,9 +62,21 @@ Task CompleteArrived(ProcessTransport::Slot& slot) {
 
 }  // namespace
 
+namespace {
+
+// JAX_SMDDP_HIERARCHICAL=0 sends every byte directly between processes
+// (flat), even across hosts; for comparisons and tests.
+bool HierarchyAllowed() {
+  const char* env = std::getenv("JAX_SMDDP_HIERARCHICAL");
+  return !(env && std::string(env) == "0");
+}
+
+}  // namespace
+
 ProcessTransport::ProcessTransport(std::vector<int64_t> members, std::vector<int> process_of_rank,
-                                   int process)
+                                   int process, const std::vector<std::string>& host_of_process)
     : members_(std::move(members)), process_of_rank_(std::move(process_of_rank)), process_(process) {
+  routes_ = ComputeRoutes(process_of_rank_, process_, host_of_process, HierarchyAllowed());
   const int n = int(process_of_rank_.size());
   local_index_.assign(n, -1);
   for (int r = 0; r < n; ++r) {
@@ -210,6 +223,7 @@ void ProcessTransport::Run(const std::shared_ptr<Slot>& slot) {
     }
     call.peers = peers_;
     call.peer_ranks = peer_ranks_;
+    call.routes = &routes_;
     // Not the run id: it differs between different programs, and processes
     // that run different programs must meet to report it.
     call.tag = MixTag(MixTag(MixTag(group_hash_, key.site), key.sequence), 0x736d646470ull);

@@ -12,6 +12,7 @@
 #include <vector>
 
 #include "xla_ffi/engine/inprocess_transport.h"  // CallKeyHash
+#include "xla_ffi/engine/process_call.h"
 #include "xla_ffi/engine/transport.h"
 
 namespace smddp {
@@ -21,8 +22,10 @@ class ProcessTransport : public Transport {
   struct Slot;
 
   // `process_of_rank`: the process of each rank of the communicator;
-  // `members`: their device ids (for messages); `process`: this process.
-  ProcessTransport(std::vector<int64_t> members, std::vector<int> process_of_rank, int process);
+  // `members`: their device ids (for messages); `process`: this process;
+  // `host_of_process`: each process's host (routes between hosts).
+  ProcessTransport(std::vector<int64_t> members, std::vector<int> process_of_rank, int process,
+                   const std::vector<std::string>& host_of_process);
 
   void Start(const GroupInfo& group, int size, const CallKey& key, int rank,
              const void* send, void* recv, const CallInfo& info,
@@ -41,6 +44,7 @@ class ProcessTransport : public Transport {
   std::vector<int> peers_;                    // other processes, ascending
   std::vector<std::vector<int>> peer_ranks_;  // per peer, its ranks
   uint64_t group_hash_ = 0;                   // equal on every process
+  Routes routes_;
   std::mutex mu_;
   std::unordered_map<CallKey, std::shared_ptr<Slot>, CallKeyHash> slots_;
 };

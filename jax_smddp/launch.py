@@ -1,10 +1,12 @@
-"""Starts real multi-process jax.distributed jobs for the tests and the benchmark.
+"""Runs a multi-process jax.distributed job on this machine (tests, benchmark).
 
-Each job runs `NUM_PROCESSES` Python processes of one script on this machine;
-process i runs with argv (…, i, NUM_PROCESSES, coordinator, devices). With
-`hosts`, processes are placed in network namespaces (simulated hosts, see
-netns.py) and reach the coordinator over a veth pair. Every job has a
+Each job runs `nprocs` Python processes of one script; process i gets argv
+(args..., i, nprocs, coordinator, devices) and must call
+``jax.distributed.initialize(coordinator, nprocs, i)`` itself. With
+`namespaces`, processes run in network namespaces (simulated hosts, see
+jax_smddp.netns) and reach the coordinator over a veth pair. Every job has a
 deadline: a job still running then is killed and reported, never waited on.
+A worker reports to the launcher by printing one line ``RESULT <json>``.
 """
 
 from __future__ import annotations
@@ -16,10 +18,9 @@ import signal
 import socket
 import subprocess
 import sys
+import tempfile
 import time
 
-HERE = os.path.dirname(os.path.abspath(__file__))
-WORKER = os.path.join(HERE, "worker.py")
 
 
 @dataclasses.dataclass
@@ -36,11 +37,13 @@ def free_port(host: str = "127.0.0.1") -> int:
     return s.getsockname()[1]
 
 
-def run_job(args: list[str], nprocs: int, devices: int, *, timeout: float = 240,
-            script: str = WORKER, env: dict | None = None,
+def run_job(args: list[str], nprocs: int, devices: int, *, script: str | list[str],
+            timeout: float = 240, env: dict | None = None,
             namespaces: list[str] | None = None, coordinator_ip: str = "127.0.0.1",
             per_process_env: list[dict] | None = None) -> list[Process]:
   """Runs `script args... i nprocs coordinator devices` for i < nprocs.
+
+  `script` is a path, or a command prefix such as ["-m", "jax_smddp.bench"].
 
   `namespaces[i]`, when given, is the network namespace process i runs in
   (`ip netns exec`); `coordinator_ip` must then be reachable from all.
@@ -53,14 +56,16 @@ def run_job(args: list[str], nprocs: int, devices: int, *, timeout: float = 240,
   base_env.update(env or {})
   procs = []
   for i in range(nprocs):
-    cmd = [sys.executable, script, *args, str(i), str(nprocs), coordinator, str(devices)]
+    prefix = [script] if isinstance(script, str) else list(script)
+    cmd = [sys.executable, *prefix, *args, str(i), str(nprocs), coordinator, str(devices)]
     if namespaces is not None:
       cmd = ["ip", "netns", "exec", namespaces[i], *cmd]
     penv = dict(base_env)
     if per_process_env:
       penv.update(per_process_env[i])
     procs.append(subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                                  text=True, env=penv, start_new_session=True))
+                                  text=True, env=penv, start_new_session=True,
+                                  cwd=tempfile.gettempdir()))  # crash dumps land there
   deadline = time.monotonic() + timeout
   outputs = []
   timed_out = False
