@@ -4,7 +4,29 @@ Usage::
 
     python -m jax_smddp.bench                       # all_gather, reduce_scatter, all_reduce
     python -m jax_smddp.bench --ops all_to_all --min-bytes 1K --max-bytes 1M
-    python -m jax_smddp.bench --quick --devices 4   # smoke run
+    python -m jax_smddp.bench --quick --devices 4   # smoke run (same as --layout 4 / 1x4)
+    python -m jax_smddp.bench --layout 2x2 --compare-in-process
+                                                    # 2 processes x 2 devices on this host
+    python -m jax_smddp.bench --layout 2x2x1        # 2 simulated hosts x 2 processes x 1
+                                                    # device (network namespaces; root)
+
+Layouts (``--layout``):
+
+* ``N`` or ``1xN``: one process, N CPU devices (the default, N = ``--devices``).
+* ``PxD``: P processes on this host, D devices each, one ``jax.distributed``
+  job; jax_smddp links the processes through shared memory.
+* ``HxPxD``: H = 2 simulated hosts (network namespaces joined by a veth pair,
+  :mod:`jax_smddp.netns`) x P processes x D devices; jax_smddp uses shared
+  memory within a host and libfabric (``JAX_SMDDP_FABRIC_PROVIDER``, default
+  here ``tcp;ofi_rxm``) between hosts. Needs root and iproute2.
+
+Multi-process layouts are run by :mod:`jax_smddp.launch`: every worker
+(:mod:`jax_smddp.bench_worker`) benchmarks the same programs over a 1-D mesh of
+all global devices, so the jax.lax baseline runs on JAX's default CPU
+collectives across processes (gloo over TCP); process 0 reports the times.
+``--compare-in-process`` also runs the same total device count in one process
+(a subprocess) and adds the column ``vs 1p`` = multi-process jax_smddp time /
+in-process jax_smddp time.
 
 For every op and size two jitted ``jax.shard_map`` programs over a 1-D mesh
 ``"x"`` of all (CPU) devices are built: one calling the jax_smddp collective,
@@ -15,11 +37,13 @@ one calling its ``jax.lax`` equivalent::
     all_reduce      smddp.psum(x, "x")                        lax.psum(x, "x")
     all_to_all      smddp.all_to_all(x, "x", 0, 0, tiled=True) lax.all_to_all(..., 0, 0, tiled=True)
 
-The jax_smddp result is checked against the jax.lax one before timing. Each
-timed sample is one whole jitted call followed by ``block_until_ready`` (every
-call is synchronised: XLA's CPU runtime can hang with many multi-device
-executions in flight); the two implementations alternate call by call so that
-noise hits both alike, and the median is reported.
+The jax_smddp result is checked against the jax.lax one before timing (in
+every process, on its addressable shards). Each timed sample is one whole
+jitted call followed by ``block_until_ready`` (every call is synchronised: XLA's
+CPU runtime can hang with many multi-device executions in flight; across
+processes the collective itself keeps the processes in step); the two
+implementations alternate call by call so that noise hits both alike, and the
+median is reported (process 0's, in multi-process layouts).
 
 Definitions (as in nccl-tests; n = number of ranks, t = median time):
 
@@ -48,7 +72,9 @@ import json
 import os
 import platform
 import statistics
+import subprocess
 import sys
+import tempfile
 import time
 from dataclasses import dataclass
 from typing import Callable
@@ -102,6 +128,65 @@ def power_of_two_sizes(min_bytes: int, max_bytes: int) -> list[int]:
     sizes.append(size)
     size *= 2
   return sizes
+
+
+# --------------------------------------------------------------------------- layouts
+
+@dataclass(frozen=True)
+class Layout:
+  """hosts x processes per host x devices per process."""
+  hosts: int
+  procs_per_host: int
+  devices_per_proc: int
+
+  @property
+  def processes(self) -> int:
+    return self.hosts * self.procs_per_host
+
+  @property
+  def devices(self) -> int:
+    return self.processes * self.devices_per_proc
+
+  @property
+  def multi_process(self) -> bool:
+    return self.processes > 1
+
+  @property
+  def spec(self) -> str:
+    if self.hosts > 1:
+      return f"{self.hosts}x{self.procs_per_host}x{self.devices_per_proc}"
+    return f"{self.procs_per_host}x{self.devices_per_proc}"
+
+  def describe(self) -> str:
+    host = f"{self.hosts} simulated hosts x " if self.hosts > 1 else ""
+    return (f"{host}{self.procs_per_host} process{'es' if self.procs_per_host > 1 else ''} x "
+            f"{self.devices_per_proc} device{'s' if self.devices_per_proc > 1 else ''}")
+
+  def as_dict(self) -> dict:
+    return {"spec": self.spec, "hosts": self.hosts, "processes": self.processes,
+            "processes_per_host": self.procs_per_host,
+            "devices_per_process": self.devices_per_proc, "devices": self.devices,
+            "backend": "cpu"}
+
+
+def parse_layout(text: str) -> Layout:
+  """``"N"`` / ``"1xN"`` (one process), ``"PxD"`` (processes x devices on this
+  host) or ``"HxPxD"`` (H = 2 simulated hosts x P processes x D devices)."""
+  try:
+    parts = [int(v) for v in text.strip().lower().split("x")]
+  except ValueError:
+    parts = []
+  if not 1 <= len(parts) <= 3 or any(v < 1 for v in parts):
+    raise argparse.ArgumentTypeError(
+        f"not a layout: {text!r} (use N, PxD or HxPxD with positive integers, e.g. 8, 2x2, 2x2x1)")
+  if len(parts) == 1:
+    return Layout(1, 1, parts[0])
+  if len(parts) == 2:
+    return Layout(1, *parts)
+  if parts[0] != 2:
+    raise argparse.ArgumentTypeError(
+        f"layout {text!r}: only 2 simulated hosts are supported (2xPxD)")
+  return Layout(*parts)
 
 
 # --------------------------------------------------------------------------- ops
@@ -172,7 +257,8 @@ def is_float(dtype) -> bool:
 
 
 def make_input(nbytes: int, n: int, dtype, mesh, seed: int = 0):
-  """A global 1-D array of n x nbytes, sharded so each rank holds nbytes."""
+  """A global 1-D array of n x nbytes, sharded so each rank holds nbytes (every
+  process builds the same host data and places its own shards)."""
   import jax
   from jax.sharding import NamedSharding, PartitionSpec as P
 
@@ -189,13 +275,30 @@ def make_input(nbytes: int, n: int, dtype, mesh, seed: int = 0):
   else:
     host = rng.integers(-4 if np.issubdtype(dtype, np.signedinteger) else 0, 8,
                         n * count).astype(dtype)
-  return jax.device_put(host, NamedSharding(mesh, P("x")))
+  return jax.make_array_from_callback(host.shape, NamedSharding(mesh, P("x")),
+                                     lambda index: host[index])
 
 
 def check_result(spec: OpSpec, dtype, got, want, nbytes: int) -> None:
-  """Raises AssertionError unless jax_smddp's answer matches jax.lax's."""
-  got, want = np.asarray(got), np.asarray(want)
+  """Raises AssertionError unless jax_smddp's answer matches jax.lax's: jax
+  arrays are compared shard by shard on this process's devices (all of them in
+  one process; its own in a multi-process job), anything else as a whole."""
   where = f"jax_smddp {spec.name} ({format_size(nbytes)}/rank, {to_dtype(dtype).name})"
+  if hasattr(got, "addressable_shards") and hasattr(want, "addressable_shards"):
+    if got.shape != want.shape:
+      raise AssertionError(f"{where}: shape {got.shape} != jax.lax shape {want.shape}")
+    wanted = {s.device: s for s in want.addressable_shards}
+    for shard in got.addressable_shards:
+      ref = wanted.get(shard.device)
+      if ref is None:
+        raise AssertionError(f"{where}: jax.lax has no shard on {shard.device}")
+      _check_arrays(dtype, np.asarray(shard.data), np.asarray(ref.data),
+                    f"{where}, shard {shard.index} on device {shard.device.id}")
+    return
+  _check_arrays(dtype, np.asarray(got), np.asarray(want), where)
+
+
+def _check_arrays(dtype, got: np.ndarray, want: np.ndarray, where: str) -> None:
   if got.shape != want.shape:
     raise AssertionError(f"{where}: shape {got.shape} != jax.lax shape {want.shape}")
   if is_float(dtype):
@@ -295,41 +398,54 @@ def run_benchmark(ops, sizes, *, dtype="float32", iters: int = 20, warmup: int =
   return results
 
 
-def metadata(n_devices: int, dtype: str, memcpy_gbs: float) -> dict:
-  """Machine, software and layout of this run."""
+def metadata(layout: "Layout | int", dtype: str, memcpy_gbs: float,
+             topology: dict | None = None) -> dict:
+  """Machine, software and layout of this run (`layout`: a Layout, or a device
+  count for one process)."""
   import jax
   import jaxlib
-  return {
+  if isinstance(layout, int):
+    layout = Layout(1, 1, layout)
+  meta = {
       "machine": platform.node(), "cpu_count": os.cpu_count(), "platform": platform.platform(),
       "python": platform.python_version(), "jax": jax.__version__, "jaxlib": jaxlib.__version__,
-      "layout": {"processes": 1, "devices": n_devices, "backend": "cpu"},
+      "layout": layout.as_dict(),
       "dtype": to_dtype(dtype).name,
       "timestamp": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
       "memcpy_gbs": memcpy_gbs,
       "definitions": {
           "bytes_per_rank": "input buffer bytes of one rank",
-          "time_us": "median wall time of one jitted call incl. block_until_ready",
+          "time_us": "median wall time of one jitted call incl. block_until_ready "
+                     "(process 0's, in multi-process layouts)",
           "algbw_gbs": "S_total / time; S_total = n*bytes_per_rank for all_gather, "
                        "bytes_per_rank otherwise",
           "busbw_gbs": "algbw * (n-1)/n, or * 2(n-1)/n for all_reduce",
           "speedup": "lax time / smddp time",
       },
   }
+  if layout.multi_process:
+    meta["lax_cpu_collectives"] = "gloo"
+    meta["fabric_provider"] = (topology or {}).get("fabric_provider")
+    meta["topology"] = topology
+  return meta
 
 
 # --------------------------------------------------------------------------- output
 
 _COLUMNS = ("size", "smddp us", "algbw", "busbw", "lax us", "busbw", "speedup")
 _WIDTHS = (8, 11, 8, 8, 11, 8, 8)
+_RATIO = ("vs 1p", 7)
 
 
-def table_header(op: str, n: int) -> str:
+def table_header(op: str, n: int, ratio: bool = False, lax_note: str = "") -> str:
   title = (f"# {op}: {n} ranks; size = input bytes per rank; "
            "time = median us per call; bw in GB/s")
   span = lambda cols: sum(_WIDTHS[i] + 2 for i in cols) - 2
   groups = (f"{'':{_WIDTHS[0]}}  {' jax_smddp ':-^{span((1, 2, 3))}}  "
-            f"{' jax.lax ':-^{span((4, 5))}}")
+            f"{f' jax.lax{lax_note} ':-^{span((4, 5))}}")
   cols = "  ".join(f"{c:>{w}}" for c, w in zip(_COLUMNS, _WIDTHS))
+  if ratio:
+    cols += f"  {_RATIO[0]:>{_RATIO[1]}}"
   return "\n".join((title, groups, cols))
 
 
@@ -338,7 +454,11 @@ def table_row(r: dict) -> str:
   cells = (format_size(r["bytes_per_rank"]), f"{s['time_us']:.1f}", f"{s['algbw_gbs']:.3f}",
            f"{s['busbw_gbs']:.3f}", f"{l['time_us']:.1f}", f"{l['busbw_gbs']:.3f}",
            f"{r['speedup']:.2f}" + ("" if r["engine"] else "*"))
-  return "  ".join(f"{c:>{w}}" for c, w in zip(cells, _WIDTHS))
+  row = "  ".join(f"{c:>{w}}" for c, w in zip(cells, _WIDTHS))
+  if "vs_in_process" in r:
+    ratio = r["vs_in_process"]
+    row += f"  {'-' if ratio is None else f'{ratio:.2f}':>{_RATIO[1]}}"
+  return row
 
 
 def write_json(path: str, meta: dict, results: list[dict]) -> None:
@@ -362,6 +482,10 @@ def write_plot(path: str, meta: dict, results: list[dict]) -> None:
     for impl, style in (("smddp", "o-"), ("lax", "s--")):
       ax.plot(sizes, [r[impl]["busbw_gbs"] for r in rows], style,
               label="jax_smddp" if impl == "smddp" else "jax.lax")
+    if any(r.get("vs_in_process") for r in rows):  # busbw scales as 1 / time
+      ref = [(r["bytes_per_rank"], r["smddp"]["busbw_gbs"] * r["vs_in_process"])
+             for r in rows if r.get("vs_in_process")]
+      ax.plot(*zip(*ref), "^:", label="jax_smddp, 1 process")
     ax.axhline(meta["memcpy_gbs"], color="gray", lw=0.8, ls=":", label="memcpy")
     ax.set_xscale("log", base=2)
     ax.set_xticks(sizes, [format_size(s) for s in sizes], rotation=60, fontsize=7)
@@ -371,7 +495,10 @@ def write_plot(path: str, meta: dict, results: list[dict]) -> None:
     ax.grid(alpha=0.3)
     ax.legend(fontsize=8)
   layout = meta["layout"]
-  fig.suptitle(f"{layout['devices']} CPU devices, {meta['dtype']}, {meta['machine']}", fontsize=9)
+  where = (f"layout {layout['spec']} ({layout['processes']} processes, "
+           f"jax.lax across processes: gloo), " if layout.get("processes", 1) > 1 else "")
+  fig.suptitle(f"{layout['devices']} CPU devices, {where}{meta['dtype']}, {meta['machine']}",
+               fontsize=9)
   fig.tight_layout()
   os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
   fig.savefig(path, dpi=120)
@@ -385,8 +512,22 @@ def parse_args(argv=None) -> argparse.Namespace:
                               description="nccl-tests-style benchmark: jax_smddp vs jax.lax.",
                               formatter_class=argparse.ArgumentDefaultsHelpFormatter)
   p.add_argument("--devices", type=int, default=8,
-                 help="CPU devices (sets XLA_FLAGS --xla_force_host_platform_device_count "
-                      "unless already set)")
+                 help="CPU devices of the one-process layout (sets XLA_FLAGS "
+                      "--xla_force_host_platform_device_count unless already set); "
+                      "--layout overrides it")
+  p.add_argument("--layout", type=parse_layout, default=None,
+                 help="N or 1xN: one process, N devices; PxD: P processes on this host x D "
+                      "devices each (shared memory between processes); HxPxD: H=2 simulated "
+                      "hosts (network namespaces, needs root) x P processes x D devices "
+                      "(libfabric between hosts). Across processes jax.lax runs on gloo. "
+                      "Default: 1x<--devices>")
+  p.add_argument("--compare-in-process", action="store_true",
+                 help="multi-process layouts: also run the same device count in one process "
+                      "(a subprocess) and add the column 'vs 1p' = multi-process smddp time / "
+                      "in-process smddp time")
+  p.add_argument("--timeout", type=float, default=1800,
+                 help="seconds a multi-process job (or the in-process comparison) may take "
+                      "before its processes are killed")
   p.add_argument("--ops", default=",".join(DEFAULT_OPS), help=f"comma list from {','.join(OPS)}")
   p.add_argument("--min-bytes", type=parse_size, default="4K", help="smallest size per rank")
   p.add_argument("--max-bytes", type=parse_size, default="16M", help="largest size per rank")
@@ -409,7 +550,24 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.error("--min-bytes is larger than --max-bytes")
   if args.iters < 1 or args.warmup < 0 or args.devices < 1:
     p.error("--iters and --devices must be >= 1, --warmup >= 0")
+  if args.layout is None:
+    args.layout = Layout(1, 1, args.devices)
+  if args.compare_in_process and not args.layout.multi_process:
+    p.error("--compare-in-process needs a multi-process layout (PxD or 2xPxD)")
+  if args.layout.hosts > 1:
+    from jax_smddp import netns
+    why = netns.available()
+    if why:
+      p.error(f"layout {args.layout.spec} simulates hosts with network namespaces: {why}")
   return args
+
+
+def worker_options(args) -> list[str]:
+  """The options a multi-process worker (or the in-process comparison) runs with."""
+  opts = ["--ops", ",".join(args.ops), "--min-bytes", str(args.min_bytes),
+          "--max-bytes", str(args.max_bytes), "--iters", str(args.iters),
+          "--warmup", str(args.warmup), "--dtype", args.dtype]
+  return opts + (["--quick"] if args.quick else [])
 
 
 def set_device_count(n: int) -> None:
@@ -434,34 +592,31 @@ def selected_sizes(args) -> list[int]:
   return sizes
 
 
-def main(argv=None) -> int:
-  args = parse_args(argv)
-  set_device_count(args.devices)
-  import jax  # after XLA_FLAGS is set
+def iters_warmup(args) -> tuple[int, int]:
+  return (min(args.iters, 3), min(args.warmup, 1)) if args.quick else (args.iters, args.warmup)
 
-  devices = jax.devices("cpu")
-  if len(devices) < args.devices:
-    print(f"note: only {len(devices)} CPU devices available (XLA_FLAGS={os.environ.get('XLA_FLAGS')!r})")
-  devices = devices[:args.devices]
-  n = len(devices)
-  iters, warmup = (min(args.iters, 3), min(args.warmup, 1)) if args.quick else (args.iters, args.warmup)
-  sizes = selected_sizes(args)
 
-  memcpy_gbs = memcpy_bandwidth()
-  meta = metadata(n, args.dtype, memcpy_gbs)
-  print(f"# jax_smddp bench: {n} CPU devices, 1 process, {meta['dtype']}, "
+def print_preamble(meta: dict, iters: int, warmup: int) -> None:
+  layout = meta["layout"]
+  if layout["processes"] > 1:
+    where = (f"layout {layout['spec']} ({Layout(layout['hosts'], layout['processes_per_host'], layout['devices_per_process']).describe()}), "
+             f"{layout['devices']} CPU devices")
+  else:
+    where = f"{layout['devices']} CPU devices, 1 process"
+  print(f"# jax_smddp bench: {where}, {meta['dtype']}, "
         f"{meta['machine']} ({meta['cpu_count']} cpus), jax {meta['jax']}, jaxlib {meta['jaxlib']}")
-  print(f"# memcpy reference (np.copyto, {format_size(MEMCPY_BYTES)}): {memcpy_gbs:.2f} GB/s")
+  if layout["processes"] > 1:
+    topo = meta.get("topology") or {}
+    print(f"# across processes: jax_smddp shared memory to {len(topo.get('shared_memory_peers', []))} "
+          f"and libfabric ({meta.get('fabric_provider') or 'none'}) to "
+          f"{len(topo.get('network_peers', []))} peer processes of process 0; "
+          "jax.lax on gloo (TCP); times are process 0's medians")
+  print(f"# memcpy reference (np.copyto, {format_size(MEMCPY_BYTES)}): {meta['memcpy_gbs']:.2f} GB/s")
   print(f"# iters {iters} (capped to {format_size(BYTES_BUDGET)} moved per size), warmup {warmup}; "
         "speedup = lax time / smddp time; * = smddp fell back to jax.lax")
 
-  results = []
-  for op in args.ops:
-    print()
-    print(table_header(op, n))
-    results += run_benchmark([op], sizes, dtype=args.dtype, iters=iters, warmup=warmup,
-                             devices=devices, report=lambda r: print(table_row(r), flush=True))
 
+def write_outputs(args, meta: dict, results: list[dict]) -> None:
   write_json(args.json, meta, results)
   print(f"\nwrote {args.json}")
   if not args.no_plot:
@@ -471,6 +626,134 @@ def main(argv=None) -> int:
       print(f"wrote {plot}")
     except ImportError:
       print(f"note: matplotlib not importable; skipped the plot ({plot})")
+
+
+def _child_env() -> dict:
+  env = dict(os.environ)
+  env.pop("XLA_FLAGS", None)  # the child's layout decides
+  env.update({"JAX_PLATFORMS": "cpu", "PYTHONUNBUFFERED": "1"})
+  return env
+
+
+def _tail(text: str, chars: int = 4000) -> str:
+  return text[-chars:]
+
+
+def run_in_process_comparison(args, n: int) -> list[dict]:
+  """The same benchmark over n devices in one process (a fresh subprocess, so
+  this process's XLA_FLAGS and backends do not matter); returns its results."""
+  with tempfile.TemporaryDirectory(prefix="smddp_bench_") as tmp:
+    out = os.path.join(tmp, "in_process.json")
+    cmd = [sys.executable, "-m", "jax_smddp.bench", "--layout", f"1x{n}", *worker_options(args),
+           "--json", out, "--no-plot"]
+    try:
+      proc = subprocess.run(cmd, env=_child_env(), capture_output=True, text=True,
+                            timeout=args.timeout)
+    except subprocess.TimeoutExpired as e:
+      out_text = (e.stdout or b"")
+      out_text = out_text.decode(errors="replace") if isinstance(out_text, bytes) else out_text
+      raise RuntimeError(f"in-process comparison ({' '.join(cmd)}) timed out after "
+                         f"{args.timeout:.0f} s:\n{_tail(out_text)}") from None
+    if proc.returncode != 0:
+      raise RuntimeError(f"in-process comparison ({' '.join(cmd)}) failed "
+                         f"(rc={proc.returncode}):\n{_tail(proc.stdout + proc.stderr)}")
+    with open(out) as f:
+      return json.load(f)["results"]
+
+
+def run_multi_process(args) -> int:
+  """Runs the benchmark as a jax.distributed job of args.layout; prints the tables."""
+  from jax_smddp import launch
+
+  layout = args.layout
+  iters, warmup = iters_warmup(args)
+  sizes = selected_sizes(args)
+  memcpy_gbs = memcpy_bandwidth()  # before the workers start: an idle machine
+  worker_args = worker_options(args)
+  print(f"# running {layout.processes} worker processes (layout {layout.spec}: "
+        f"{layout.describe()}), {len(args.ops)} ops x {len(sizes)} sizes ...", flush=True)
+  t0 = time.monotonic()
+  script = ["-m", "jax_smddp.bench_worker"]
+  if layout.hosts > 1:
+    from jax_smddp import netns
+    env = {"JAX_SMDDP_FABRIC_PROVIDER": os.environ.get("JAX_SMDDP_FABRIC_PROVIDER", "tcp;ofi_rxm")}
+    with netns.two_hosts() as (names, ips):
+      spaces = [names[h] for h in range(layout.hosts) for _ in range(layout.procs_per_host)]
+      procs = launch.run_job(worker_args, layout.processes, layout.devices_per_proc,
+                             script=script, timeout=args.timeout, env=env,
+                             namespaces=spaces, coordinator_ip=ips[0])
+  else:
+    procs = launch.run_job(worker_args, layout.processes, layout.devices_per_proc,
+                           script=script, timeout=args.timeout)
+  failed = [p for p in procs if p.returncode != 0 or not (p.result or {}).get("ok")]
+  if failed:
+    print(f"error: the {layout.spec} benchmark job failed (processes "
+          f"{[p.index for p in failed]}); the workers' output, last lines:", file=sys.stderr)
+    print(launch.describe(procs), file=sys.stderr)
+    return 1
+  print(f"# job took {time.monotonic() - t0:.0f} s", flush=True)
+  first = procs[0].result
+  results = first["results"]
+
+  in_process = None
+  if args.compare_in_process:
+    print(f"# in-process comparison: 1 process x {layout.devices} devices ...", flush=True)
+    try:
+      in_process = run_in_process_comparison(args, layout.devices)
+    except RuntimeError as e:
+      print(f"error: {e}", file=sys.stderr)
+      return 1
+    ref = {(r["op"], r["bytes_per_rank"]): r for r in in_process}
+    for r in results:
+      other = ref.get((r["op"], r["bytes_per_rank"]))
+      r["in_process_smddp_time_us"] = other["smddp"]["time_us"] if other else None
+      r["vs_in_process"] = (r["smddp"]["time_us"] / other["smddp"]["time_us"]) if other else None
+
+  meta = metadata(layout, args.dtype, memcpy_gbs, topology=first.get("topology"))
+  meta["topologies"] = [p.result.get("topology") for p in procs]
+  if in_process is not None:
+    meta["in_process"] = {"layout": f"1x{layout.devices}", "results": in_process,
+                          "vs_in_process": "multi-process smddp time / in-process smddp time"}
+  print_preamble(meta, iters, warmup)
+  if in_process is not None:
+    print(f"# vs 1p = this layout's jax_smddp time / jax_smddp time with {layout.devices} "
+          "devices in one process (< 2: the target)")
+  for op in args.ops:
+    print()
+    print(table_header(op, layout.devices, ratio=in_process is not None, lax_note=" (gloo)"))
+    for r in results:
+      if r["op"] == op:
+        print(table_row(r))
+  write_outputs(args, meta, results)
+  return 0
+
+
+def main(argv=None) -> int:
+  args = parse_args(argv)
+  if args.layout.multi_process:
+    return run_multi_process(args)
+  set_device_count(args.layout.devices)
+  import jax  # after XLA_FLAGS is set
+
+  devices = jax.devices("cpu")
+  if len(devices) < args.layout.devices:
+    print(f"note: only {len(devices)} CPU devices available (XLA_FLAGS={os.environ.get('XLA_FLAGS')!r})")
+  devices = devices[:args.layout.devices]
+  n = len(devices)
+  iters, warmup = iters_warmup(args)
+  sizes = selected_sizes(args)
+
+  memcpy_gbs = memcpy_bandwidth()
+  meta = metadata(n, args.dtype, memcpy_gbs)
+  print_preamble(meta, iters, warmup)
+
+  results = []
+  for op in args.ops:
+    print()
+    print(table_header(op, n))
+    results += run_benchmark([op], sizes, dtype=args.dtype, iters=iters, warmup=warmup,
+                             devices=devices, report=lambda r: print(table_row(r), flush=True))
+  write_outputs(args, meta, results)
   return 0
 
 

@@ -1,4 +1,5 @@
-"""Smoke test of the benchmark CLI (python -m jax_smddp.bench) in a subprocess."""
+"""Smoke tests of the benchmark CLI (python -m jax_smddp.bench) in subprocesses:
+one process, several processes on this host, and two simulated hosts."""
 
 import json
 import os
@@ -7,28 +8,120 @@ import sys
 
 import pytest
 
+from jax_smddp import bench, netns
+
 OPS = ("all_gather", "reduce_scatter", "all_reduce", "all_to_all")
+IN_CI = os.environ.get("CI") == "true"
 
 
-@pytest.mark.timeout(300)
-def test_bench_quick(tmp_path):
+def run_bench(tmp_path, *args, timeout=240):
   out = tmp_path / "b.json"
-  env = {k: v for k, v in os.environ.items() if k != "XLA_FLAGS"}  # --devices decides
-  cmd = [sys.executable, "-m", "jax_smddp.bench", "--quick", "--devices", "4",
-         "--max-bytes", "64K", "--ops", ",".join(OPS), "--json", str(out),
-         "--plot", str(tmp_path / "b.png")]
-  proc = subprocess.run(cmd, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=240)
-  assert proc.returncode == 0, proc.stdout + proc.stderr
+  env = {k: v for k, v in os.environ.items() if k != "XLA_FLAGS"}  # the layout decides
+  cmd = [sys.executable, "-m", "jax_smddp.bench", "--quick", *args, "--json", str(out)]
+  proc = subprocess.run(cmd, cwd=tmp_path, env=env, capture_output=True, text=True,
+                        timeout=timeout)
+  return proc, out
 
-  data = json.loads(out.read_text())
-  meta, results = data["meta"], data["results"]
-  assert meta["layout"] == {"processes": 1, "devices": 4, "backend": "cpu"}
-  assert meta["memcpy_gbs"] > 0
-  assert {r["op"] for r in results} == set(OPS)
+
+def check_results(results, ops):
+  assert {r["op"] for r in results} == set(ops)
   for r in results:
     assert r["engine"], r  # the smddp program really calls the plugin
     for impl in ("smddp", "lax"):
       assert r[impl]["time_us"] > 0 and r[impl]["algbw_gbs"] > 0 and r[impl]["busbw_gbs"] > 0
     assert r["speedup"] == pytest.approx(r["lax"]["time_us"] / r["smddp"]["time_us"])
+
+
+@pytest.mark.timeout(300)
+def test_bench_quick(tmp_path):
+  proc, out = run_bench(tmp_path, "--devices", "4", "--max-bytes", "64K", "--ops", ",".join(OPS),
+                        "--plot", str(tmp_path / "b.png"))
+  assert proc.returncode == 0, proc.stdout + proc.stderr
+
+  data = json.loads(out.read_text())
+  meta, results = data["meta"], data["results"]
+  assert meta["layout"] == {"spec": "1x4", "hosts": 1, "processes": 1, "processes_per_host": 1,
+                            "devices_per_process": 4, "devices": 4, "backend": "cpu"}
+  assert meta["memcpy_gbs"] > 0
+  check_results(results, OPS)
   for op in OPS:  # one table per op in the terminal output
     assert f"# {op}: 4 ranks" in proc.stdout
+
+
+def test_parse_layout():
+  L = bench.Layout
+  assert bench.parse_layout("8") == L(1, 1, 8) and bench.parse_layout("1x8") == L(1, 1, 8)
+  assert bench.parse_layout("2x2") == L(1, 2, 2) and bench.parse_layout("2x2").spec == "2x2"
+  assert bench.parse_layout("2x2x1") == L(2, 2, 1)
+  assert bench.parse_layout("2x2x1").processes == 4 and bench.parse_layout("2x2x1").devices == 4
+  for bad in ("0", "2x", "x2", "3x1x1", "2x2x2x2", "a"):
+    with pytest.raises(Exception):
+      bench.parse_layout(bad)
+
+
+@pytest.mark.timeout(200)
+def test_bench_two_processes(tmp_path):
+  """2 processes x 1 device: jax_smddp over shared memory, jax.lax over gloo."""
+  ops = ("all_gather", "reduce_scatter", "all_reduce")
+  proc, out = run_bench(tmp_path, "--layout", "2x1", "--max-bytes", "64K", "--no-plot",
+                        timeout=180)
+  assert proc.returncode == 0, proc.stdout + proc.stderr
+  data = json.loads(out.read_text())
+  meta, results = data["meta"], data["results"]
+  assert meta["layout"]["spec"] == "2x1" and meta["layout"]["processes"] == 2
+  assert meta["layout"]["devices"] == 2 and meta["layout"]["hosts"] == 1
+  assert meta["lax_cpu_collectives"] == "gloo"
+  assert meta["topology"]["shared_memory_peers"] == [1] and meta["topology"]["network_peers"] == []
+  check_results(results, ops)
+  assert "jax.lax (gloo)" in proc.stdout and "# all_gather: 2 ranks" in proc.stdout
+
+
+@pytest.mark.timeout(300)
+def test_bench_two_by_two_compare_in_process(tmp_path):
+  ops = ("all_gather", "all_reduce")
+  proc, out = run_bench(tmp_path, "--layout", "2x2", "--min-bytes", "16K", "--max-bytes", "16K",
+                        "--ops", ",".join(ops), "--compare-in-process",
+                        "--plot", str(tmp_path / "b.png"), timeout=240)
+  assert proc.returncode == 0, proc.stdout + proc.stderr
+  data = json.loads(out.read_text())
+  meta, results = data["meta"], data["results"]
+  assert meta["layout"]["spec"] == "2x2" and meta["layout"]["processes"] == 2
+  assert meta["layout"]["devices"] == 4
+  assert meta["in_process"]["layout"] == "1x4"
+  check_results(results, ops)
+  for r in results:
+    assert r["vs_in_process"] == pytest.approx(
+        r["smddp"]["time_us"] / r["in_process_smddp_time_us"])
+  assert "vs 1p" in proc.stdout
+
+
+@pytest.mark.timeout(120)
+def test_bench_job_failure_is_reported(tmp_path):
+  """A job past its deadline: the parent exits nonzero with the workers' output."""
+  proc, _ = run_bench(tmp_path, "--layout", "2x1", "--max-bytes", "4K", "--timeout", "1",
+                      "--no-plot", timeout=100)
+  assert proc.returncode != 0
+  assert "benchmark job failed" in proc.stderr and "--- process 0" in proc.stderr, proc.stderr
+
+
+def test_bench_rejects_bad_options(tmp_path):
+  proc, _ = run_bench(tmp_path, "--layout", "4", "--compare-in-process", timeout=60)
+  assert proc.returncode == 2 and "multi-process layout" in proc.stderr
+
+
+@pytest.mark.timeout(400)
+def test_bench_two_hosts(tmp_path):
+  """2 simulated hosts x 1 process x 1 device: libfabric tcp vs gloo over a veth pair."""
+  why = netns.available()
+  if why:
+    if IN_CI:
+      pytest.fail(f"two-host tests must run in CI: {why}")
+    pytest.skip(why)
+  proc, out = run_bench(tmp_path, "--layout", "2x1x1", "--max-bytes", "64K",
+                        "--ops", "all_reduce", "--no-plot", timeout=300)
+  assert proc.returncode == 0, proc.stdout + proc.stderr
+  meta, results = (lambda d: (d["meta"], d["results"]))(json.loads(out.read_text()))
+  assert meta["layout"]["spec"] == "2x1x1" and meta["layout"]["hosts"] == 2
+  assert meta["fabric_provider"] == "tcp;ofi_rxm"
+  assert meta["topology"]["network_peers"] == [1]
+  check_results(results, ("all_reduce",))

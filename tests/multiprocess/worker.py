@@ -206,6 +206,37 @@ def scenario_grad():
   result(ok=True)
 
 
+def scenario_stress():
+  """Many large calls on fresh data, interleaved with jax.lax (gloo) calls as
+  the benchmark does; every result against numpy."""
+  mesh = Mesh(np.array(jax.devices()), ("x",))
+  n = mesh.size
+  iters = int(os.environ.get("STRESS_ITERS", "20"))
+  ops = os.environ.get("STRESS_OPS", "reduce_scatter,all_gather,all_reduce").split(",")
+  fns = {
+      "reduce_scatter": (lambda v: smddp.psum_scatter(v, "x", scatter_dimension=0, tiled=True),
+                         lambda v: jax.lax.psum_scatter(v, "x", scatter_dimension=0, tiled=True),
+                         _scatter_reference),
+      "all_gather": (lambda v: smddp.all_gather(v, "x", axis=0, tiled=True),
+                     lambda v: jax.lax.all_gather(v, "x", axis=0, tiled=True), _gather_reference),
+      "all_reduce": (lambda v: smddp.psum(v, "x"), lambda v: jax.lax.psum(v, "x"), _psum_reference),
+  }
+  for per_rank in (512 << 10, 2 << 20):
+    rows = per_rank // 4 // 256
+    for op in ops:
+      mine, lax, ref = fns[op]
+      f = smap(mesh, mine, P("x"), P("x"))
+      g = smap(mesh, lax, P("x"), P("x"))
+      for it in range(iters):
+        x = values((n * rows, 256), np.float32, 1000 + it)
+        xs = global_array(mesh, P("x"), x)
+        y = f(xs)
+        z = g(xs)
+        check(f"{op} {per_rank} bytes/rank iteration {it}", y, ref(x, mesh, "x", "x"))
+        jax.block_until_ready(z)
+  result(ok=True)
+
+
 def scenario_reinitialize():
   """initialize() is idempotent; after shutdown() and initialize() the same
   compiled programs run again over the new links."""
