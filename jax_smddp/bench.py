@@ -69,6 +69,7 @@ from __future__ import annotations
 import argparse
 import datetime
 import json
+import logging
 import os
 import platform
 import statistics
@@ -80,6 +81,8 @@ from dataclasses import dataclass
 from typing import Callable
 
 import numpy as np
+
+log = logging.getLogger("jax_smddp.bench")
 
 OPS = ("all_gather", "reduce_scatter", "all_reduce", "all_to_all")
 DEFAULT_OPS = ("all_gather", "reduce_scatter", "all_reduce")
@@ -262,6 +265,13 @@ def make_input(nbytes: int, n: int, dtype, mesh, seed: int = 0):
   import jax
   from jax.sharding import NamedSharding, PartitionSpec as P
 
+  host = host_input(nbytes, n, dtype, seed)
+  return jax.make_array_from_callback(host.shape, NamedSharding(mesh, P("x")),
+                                     lambda index: host[index])
+
+
+def host_input(nbytes: int, n: int, dtype, seed: int = 0) -> np.ndarray:
+  """The host data of make_input: n blocks of nbytes, distinct values."""
   dtype = to_dtype(dtype)
   count = nbytes // dtype.itemsize
   if count == 0 or count * dtype.itemsize != nbytes or count % n:
@@ -275,8 +285,38 @@ def make_input(nbytes: int, n: int, dtype, mesh, seed: int = 0):
   else:
     host = rng.integers(-4 if np.issubdtype(dtype, np.signedinteger) else 0, 8,
                         n * count).astype(dtype)
-  return jax.make_array_from_callback(host.shape, NamedSharding(mesh, P("x")),
-                                     lambda index: host[index])
+  return host
+
+
+def numpy_reference(op: str, host: np.ndarray, n: int) -> np.ndarray:
+  """The global output (out_specs P("x")) of `op` on make_input's data,
+  computed by numpy: the independent reference (jax.lax's answer is checked
+  against it too: JAX's gloo path can be wrong, see the README)."""
+  blocks = host.reshape(n, -1)
+  wide = np.float64 if is_float(host.dtype) else np.int64
+  if op == "all_gather":
+    return np.tile(host, n)
+  if op == "reduce_scatter":
+    return blocks.astype(wide).sum(0).astype(host.dtype) if host.dtype != np.bool_ else blocks.any(0)
+  if op == "all_reduce":
+    total = blocks.astype(wide).sum(0).astype(host.dtype) if host.dtype != np.bool_ else blocks.any(0)
+    return np.tile(total, n)
+  if op == "all_to_all":
+    parts = blocks.reshape(n, n, -1)  # [sender, receiver, :]
+    return parts.transpose(1, 0, 2).reshape(-1)
+  raise ValueError(op)
+
+
+def wrong_shards(dtype, got, want: np.ndarray) -> list[str]:
+  """Shards of jax array `got` (this process's) that differ from `want`."""
+  bad = []
+  for shard in got.addressable_shards:
+    try:
+      _check_arrays(dtype, np.asarray(shard.data), want[shard.index],
+                    f"shard {shard.index} on device {shard.device.id}")
+    except AssertionError as e:
+      bad.append(str(e).strip().splitlines()[0] + " " + " ".join(str(e).split())[:300])
+  return bad
 
 
 def check_result(spec: OpSpec, dtype, got, want, nbytes: int) -> None:
@@ -380,7 +420,15 @@ def run_benchmark(ops, sizes, *, dtype="float32", iters: int = 20, warmup: int =
     smddp_fn, lax_fn = build_programs(spec, mesh)
     for nbytes in sizes:
       x = make_input(nbytes, n, dtype, mesh)
-      check_result(spec, dtype, smddp_fn(x), lax_fn(x), nbytes)
+      want = numpy_reference(op, host_input(nbytes, n, dtype), n)
+      where = f"jax_smddp {op} ({format_size(nbytes)}/rank, {to_dtype(dtype).name})"
+      bad = wrong_shards(dtype, smddp_fn(x), want)
+      if bad:
+        raise AssertionError(f"{where} differs from numpy: " + "; ".join(bad))
+      lax_bad = wrong_shards(dtype, lax_fn(x), want)
+      if lax_bad:
+        log.warning("jax.lax %s (%s/rank) differs from numpy (JAX's answer is wrong; jax_smddp's "
+                    "is right): %s", op, format_size(nbytes), "; ".join(lax_bad))
       k = iters_for(n * nbytes * spec.total_factor(n), iters)
       t_smddp, t_lax = (statistics.median(s) for s in
                         time_alternating((smddp_fn, lax_fn), x, k, warmup))
@@ -390,6 +438,7 @@ def run_benchmark(ops, sizes, *, dtype="float32", iters: int = 20, warmup: int =
           "smddp": bandwidths(spec, nbytes, n, t_smddp),
           "lax": bandwidths(spec, nbytes, n, t_lax),
           "speedup": t_lax / t_smddp,
+          "lax_wrong": bool(lax_bad),
       }
       results.append(result)
       if report:
@@ -458,6 +507,8 @@ def table_row(r: dict) -> str:
   if "vs_in_process" in r:
     ratio = r["vs_in_process"]
     row += f"  {'-' if ratio is None else f'{ratio:.2f}':>{_RATIO[1]}}"
+  if r.get("lax_wrong"):
+    row += "  (jax.lax answer wrong vs numpy)"
   return row
 
 
