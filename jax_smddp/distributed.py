@@ -202,6 +202,15 @@ def topology() -> dict | None:
   return dict(_summary) if _summary else None
 
 
+def traffic() -> dict:
+  """Bytes this process moved to and from each peer process since
+  initialize(), by link: {peer: {"link": "shared memory", "sent": .., "received": ..}}.
+  Shows the routes at work (e.g. between hosts, hierarchical routes send each
+  byte once per host)."""
+  return {p: {"link": kind, "sent": sent, "received": received}
+          for p, kind, sent, received in _native.engine().world_traffic()}
+
+
 def ensure_initialized() -> None:
   """Initializes on first use in a multi-process job (called at lowering)."""
   if not _initialized and jax.process_count() > 1:

@@ -130,6 +130,28 @@ def test_hosts_by_host_id(hosts, devices, hierarchical):
     assert len(topo["network_peers"]) == sum(1 for g in hosts if g != h), topo
 
 
+@pytest.mark.timeout(300)
+@pytest.mark.parametrize("hierarchical", ["1", "0"])
+def test_hierarchical_routes_cross_the_network_once_per_host(hierarchical):
+  """2 hosts x 2 processes, one all_gather: with rails each process sends its
+  block over the network once (to its rail partner) and relays the partner's
+  over shared memory; flat, it sends it to both processes of the other host."""
+  procs = run_job(["traffic"], 4, 1, timeout=240,
+                  env={"JAX_SMDDP_FABRIC_PROVIDER": "tcp;ofi_rxm",
+                       "JAX_SMDDP_HIERARCHICAL": hierarchical},
+                  per_process_env=[{"JAX_SMDDP_HOST_ID": h} for h in "aabb"])
+  assert_all_ok(procs)
+  header = 88  # the per-call agreement check, to every peer
+  for p in procs:
+    per_rank, traffic = p.result["per_rank"], p.result["traffic"]
+    net = sum(v["sent"] - header for v in traffic.values() if v["link"].startswith("libfabric"))
+    shm = sum(v["sent"] - header for v in traffic.values() if v["link"] == "shared memory")
+    if hierarchical == "1":
+      assert net == per_rank and shm == 2 * per_rank, traffic  # own block + the relayed one
+    else:
+      assert net == 2 * per_rank and shm == per_rank, traffic
+
+
 def _need_netns():
   why = netns.available()
   if why:

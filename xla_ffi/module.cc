@@ -15,6 +15,7 @@
 #include "nanobind/nanobind.h"
 #include "nanobind/stl/pair.h"
 #include "nanobind/stl/string.h"
+#include "nanobind/stl/tuple.h"
 #include "nanobind/stl/vector.h"
 #include "xla_ffi/cpu_handlers.h"
 #include "xla_ffi/engine/algorithms.h"
@@ -126,6 +127,17 @@ void BindWorld(nb::module_& m) {
   m.def("world_shutdown", [] {
     nb::gil_scoped_release release;
     smddp::WorldShutdown();
+  });
+  m.def("world_traffic", [] {
+    // Per peer process: (kind of link, bytes sent, bytes received).
+    std::vector<std::tuple<int, std::string, uint64_t, uint64_t>> out;
+    auto world = smddp::CurrentWorld();
+    if (!world) return out;
+    for (int p = 0; p < world->processes(); ++p) {
+      if (smddp::Link* link = world->link(p))
+        out.emplace_back(p, link->Kind(), world->sent(p), world->received(p));
+    }
+    return out;
   });
   m.def("world_process", [] {
     auto world = smddp::CurrentWorld();

@@ -237,6 +237,22 @@ def scenario_stress():
   result(ok=True)
 
 
+def scenario_traffic():
+  """Bytes over each link for one all_gather, reported for the test to check
+  the routes (hierarchical between hosts: each byte crosses once per host)."""
+  mesh = Mesh(np.array(jax.devices()), ("x",))
+  per_rank = 1 << 20
+  x = values((mesh.size * per_rank // 4 // 64, 64), np.float32, 5)
+  xs = global_array(mesh, P("x"), x)
+  f = smap(mesh, lambda v: smddp.all_gather(v, "x", axis=0, tiled=True), P("x"), P("x"))
+  jax.block_until_ready(f(xs))  # initializes
+  before = smddp.traffic()
+  check("all_gather", f(xs), _gather_reference(x, mesh, "x", "x"))
+  after = smddp.traffic()
+  delta = {str(p): {"link": v["link"], "sent": v["sent"] - before[p]["sent"]} for p, v in after.items()}
+  result(ok=True, traffic=delta, per_rank=per_rank, header=0)
+
+
 def scenario_reinitialize():
   """initialize() is idempotent; after shutdown() and initialize() the same
   compiled programs run again over the new links."""

@@ -18,6 +18,11 @@ std::string Seconds(Clock::duration d) {
   return os.str();
 }
 
+unsigned EnvUnsigned(const char* name, unsigned fallback) {
+  const char* env = std::getenv(name);
+  return env ? unsigned(std::strtoul(env, nullptr, 10)) : fallback;
+}
+
 }  // namespace
 
 uint64_t MixTag(uint64_t tag, uint64_t value) {
@@ -82,8 +87,10 @@ size_t Messages::Post(int process, uint64_t tag, const void* src, void* dst, siz
     e.req.Complete(Status::Error("no link to " + call_.DescribeProcess(process) +
                                  ": jax_smddp.initialize() connected only some processes"));
   } else if (recv) {
+    call_.world->CountReceived(process, bytes);
     e.link->Recv(tag, dst, bytes, &e.req);
   } else {
+    call_.world->CountSent(process, bytes);
     e.link->Send(tag, src, bytes, &e.req);
   }
   return entries_.size() - 1;
@@ -151,11 +158,14 @@ Status Messages::Wait(size_t id) {
     if (e.req.done()) break;
     // Spin briefly (shared-memory latency is microseconds), then yield the
     // core, then sleep: many calls may wait at once on few cores.
-    if (spins > 256) {
-      if (spins < 4096) {
+    static const unsigned yield_after = EnvUnsigned("JAX_SMDDP_SPIN", 256);
+    static const unsigned sleep_after = EnvUnsigned("JAX_SMDDP_YIELD", 4096);
+    static const unsigned sleep_us = EnvUnsigned("JAX_SMDDP_SLEEP_US", 50);
+    if (spins > yield_after) {
+      if (spins < sleep_after) {
         sched_yield();
       } else {
-        usleep(50);
+        usleep(sleep_us);
       }
     }
     if ((spins & 15) != 0) continue;

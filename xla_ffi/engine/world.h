@@ -9,6 +9,8 @@
 #ifndef JAX_SMDDP_ENGINE_WORLD_H_
 #define JAX_SMDDP_ENGINE_WORLD_H_
 
+#include <atomic>
+#include <cstdint>
 #include <memory>
 #include <string>
 #include <vector>
@@ -29,7 +31,9 @@ class World {
   // `endpoint` keeps what the links share (the libfabric endpoint) alive
   // until after the links are gone.
   World(int process, std::vector<Peer> peers, std::shared_ptr<void> endpoint)
-      : endpoint_(std::move(endpoint)), process_(process), peers_(std::move(peers)) {}
+      : endpoint_(std::move(endpoint)), process_(process), peers_(std::move(peers)),
+        sent_(new std::atomic<uint64_t>[peers_.size()]()),
+        received_(new std::atomic<uint64_t>[peers_.size()]()) {}
 
   int process() const { return process_; }
   int processes() const { return int(peers_.size()); }
@@ -39,10 +43,20 @@ class World {
   }
   const Peer& peer(int process) const { return peers_[process]; }
 
+  // Bytes this process sent to / received from `process` over its link, since
+  // the world started (what the benchmark and tests read to see the routes).
+  void CountSent(int process, uint64_t bytes) const { sent_[process].fetch_add(bytes, std::memory_order_relaxed); }
+  void CountReceived(int process, uint64_t bytes) const {
+    received_[process].fetch_add(bytes, std::memory_order_relaxed);
+  }
+  uint64_t sent(int process) const { return sent_[process].load(std::memory_order_relaxed); }
+  uint64_t received(int process) const { return received_[process].load(std::memory_order_relaxed); }
+
  private:
   std::shared_ptr<void> endpoint_;  // declared first: destroyed after the links
   int process_;
   std::vector<Peer> peers_;
+  std::unique_ptr<std::atomic<uint64_t>[]> sent_, received_;
 };
 
 // The current world; null before initialize() and after shutdown().
