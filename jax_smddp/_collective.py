@@ -167,6 +167,7 @@ def emit_ffi_call(ctx, target: str, x, axes: tuple, x_aval, out_aval, **attrs):
   if _MODULE_UID not in cache:
     cache[_MODULE_UID] = _module_uid(ctx)
   op_id = next(op_ids)
+  routing, chunk_bytes = _cross_process_choice(target, x_aval, groups, processes)
   partition_id = hlo.partition_id()
   pid_aval = core.ShapedArray((), np.uint32)
   call_ctx = ctx.replace(avals_in=[x_aval, pid_aval], avals_out=[out_aval])
@@ -177,6 +178,8 @@ def emit_ffi_call(ctx, target: str, x, axes: tuple, x_aval, out_aval, **attrs):
       group_size=np.int64(groups.shape[1]),
       processes=processes,
       site_uid=np.int64((cache[_MODULE_UID] * 1_000_003 + op_id) & 0x7FFF_FFFF_FFFF_FFFF),
+      routing=np.int64(routing),
+      chunk_bytes=np.int64(chunk_bytes),
       **{k: np.int64(v) for k, v in attrs.items()})
 
 
@@ -187,6 +190,40 @@ def _processes_of(mesh) -> np.ndarray:
   from jax_smddp import distributed
   distributed.ensure_initialized()  # every process lowers the same program
   return np.asarray([d.process_index for d in mesh.devices.flat], np.int64)
+
+
+_ROUTING = {"flat": 1, "hierarchical": 2}
+
+
+def _cross_process_choice(target: str, x_aval, groups: np.ndarray, processes: np.ndarray):
+  """(routing, chunk bytes) attributes for a call whose group spans processes,
+  chosen by jax_smddp.tuning for this op, size and layout; (0, 0) (engine
+  defaults) for groups inside one process."""
+  group = groups[0]
+  procs = processes[group]
+  if len(set(procs.tolist())) == 1:
+    return 0, 0
+  from jax_smddp import distributed
+  try:
+    from jax_smddp import tuning
+  except ImportError:  # built without the tuner: the engine's defaults
+    return 0, 0
+  hosts = distributed.host_of_process()
+  per_host: dict = {}
+  per_proc: dict = {}
+  for p in procs.tolist():
+    per_proc[p] = per_proc.get(p, 0) + 1
+  for p in per_proc:
+    per_host.setdefault(hosts[p] if hosts else 0, set()).add(p)
+  layout = tuning.Layout(hosts=len(per_host),
+                         processes_per_host=max(len(v) for v in per_host.values()),
+                         devices_per_process=max(per_proc.values()))
+  op = target[len("smddp_"):]
+  nbytes = prod(x_aval.shape) * np.dtype(x_aval.dtype).itemsize
+  choice = tuning.choose(op, nbytes, layout)
+  log.debug("jax_smddp %s, %d bytes per rank, %s: %s routes, %d-byte chunks (%s)", op, nbytes,
+            layout, choice.algorithm, choice.chunk_bytes, choice.reason)
+  return _ROUTING.get(choice.algorithm, 0), int(choice.chunk_bytes)
 
 
 def _module_uid(ctx) -> int:

@@ -53,6 +53,7 @@ _lock = threading.RLock()
 _generation = 0          # initialize() calls so far: keys of one never meet another's
 _initialized = False
 _summary: dict | None = None
+_hosts: list[str] | None = None  # host id of every process
 _atexit_registered = False
 
 _KV_TIMEOUT_MS = 300_000
@@ -112,7 +113,7 @@ def initialize() -> None:
   RuntimeError saying what to do when jax.distributed is not initialized in a
   multi-process job, or when a peer's set-up fails.
   """
-  global _initialized, _generation, _summary, _atexit_registered
+  global _initialized, _generation, _summary, _atexit_registered, _hosts
   with _lock:
     if _initialized:
       return
@@ -175,6 +176,7 @@ def initialize() -> None:
     # Nobody runs a collective until every process is connected.
     client.wait_at_barrier(f"{prefix}/ready", _KV_TIMEOUT_MS)
     _initialized = True
+    _hosts = [info["host"] for info in procs]
     _summary = {"process": me, "processes": n, "host": host,
                 "shared_memory_peers": same, "network_peers": remote,
                 "fabric_provider": provider or None}
@@ -194,6 +196,11 @@ def shutdown() -> None:
     _native.engine().world_shutdown()
     _initialized = False
     _summary = None
+
+
+def host_of_process() -> list[str] | None:
+  """The host id of every process (None before initialize())."""
+  return list(_hosts) if _hosts else None
 
 
 def topology() -> dict | None:

@@ -100,6 +100,17 @@ bool ToDType(ffi::DataType t, DType* out) {
   }
 }
 
+// How a call moves data across processes (chosen at lowering by
+// jax_smddp.tuning): routes and chunk size.
+Plan CrossProcessChoice(int64_t routing, int64_t chunk_bytes) {
+  Plan plan;
+  plan.routing = routing == 1   ? Plan::Routing::kFlat
+                 : routing == 2 ? Plan::Routing::kHierarchical
+                                : Plan::Routing::kAuto;
+  plan.chunk_bytes = chunk_bytes > 0 ? (size_t(chunk_bytes) + 63) / 64 * 64 : 0;
+  return plan;
+}
+
 // What every collective's handler knows of its call.
 struct Common {
   const char* op;
@@ -150,8 +161,9 @@ ffi::Future AllGatherImpl(ffi::RunId run, CallSite* site, ffi::AnyBuffer x,
                           ffi::Buffer<ffi::U32> pid, ffi::Result<ffi::AnyBuffer> out,
                           int64_t op_id, ffi::Span<const int64_t> /*groups*/,
                           int64_t /*group_size*/, ffi::Span<const int64_t> /*processes*/,
-                          int64_t /*site_uid*/, int64_t outer, int64_t inner_bytes) {
-  Plan plan;
+                          int64_t /*site_uid*/, int64_t routing, int64_t chunk_bytes,
+                          int64_t outer, int64_t inner_bytes) {
+  Plan plan = CrossProcessChoice(routing, chunk_bytes);
   plan.kind = Plan::Kind::kAllGather;
   plan.outer = size_t(outer);
   plan.inner = size_t(inner_bytes);
@@ -162,9 +174,10 @@ ffi::Future ReduceScatterImpl(ffi::RunId run, CallSite* site, ffi::AnyBuffer x,
                               ffi::Buffer<ffi::U32> pid, ffi::Result<ffi::AnyBuffer> out,
                               int64_t op_id, ffi::Span<const int64_t> /*groups*/,
                               int64_t /*group_size*/, ffi::Span<const int64_t> /*processes*/,
-                          int64_t /*site_uid*/, int64_t reduce, int64_t outer,
+                          int64_t /*site_uid*/, int64_t routing, int64_t chunk_bytes,
+                          int64_t reduce, int64_t outer,
                               int64_t inner) {
-  Plan plan;
+  Plan plan = CrossProcessChoice(routing, chunk_bytes);
   plan.kind = Plan::Kind::kReduceScatter;
   plan.op = ReduceOp(reduce);
   plan.outer = size_t(outer);
@@ -176,8 +189,9 @@ ffi::Future AllReduceImpl(ffi::RunId run, CallSite* site, ffi::AnyBuffer x,
                           ffi::Buffer<ffi::U32> pid, ffi::Result<ffi::AnyBuffer> out,
                           int64_t op_id, ffi::Span<const int64_t> /*groups*/,
                           int64_t /*group_size*/, ffi::Span<const int64_t> /*processes*/,
-                          int64_t /*site_uid*/, int64_t reduce) {
-  Plan plan;
+                          int64_t /*site_uid*/, int64_t routing, int64_t chunk_bytes,
+                          int64_t reduce) {
+  Plan plan = CrossProcessChoice(routing, chunk_bytes);
   plan.kind = Plan::Kind::kAllReduce;
   plan.op = ReduceOp(reduce);
   plan.count = x.element_count();
@@ -188,8 +202,9 @@ ffi::Future AllToAllImpl(ffi::RunId run, CallSite* site, ffi::AnyBuffer x,
                          ffi::Buffer<ffi::U32> pid, ffi::Result<ffi::AnyBuffer> out,
                          int64_t op_id, ffi::Span<const int64_t> /*groups*/,
                          int64_t /*group_size*/, ffi::Span<const int64_t> /*processes*/,
-                          int64_t /*site_uid*/, int64_t outer, int64_t inner_bytes) {
-  Plan plan;
+                          int64_t /*site_uid*/, int64_t routing, int64_t chunk_bytes,
+                          int64_t outer, int64_t inner_bytes) {
+  Plan plan = CrossProcessChoice(routing, chunk_bytes);
   plan.kind = Plan::Kind::kAllToAll;
   plan.outer = size_t(outer);
   plan.inner = size_t(inner_bytes);
@@ -210,7 +225,9 @@ ffi::Future AllToAllImpl(ffi::RunId run, CallSite* site, ffi::AnyBuffer x,
       .Attr<ffi::Span<const int64_t>>("groups") /* read at instantiation */ \
       .Attr<int64_t>("group_size")              \
       .Attr<ffi::Span<const int64_t>>("processes") /* read at instantiation */ \
-      .Attr<int64_t>("site_uid")
+      .Attr<int64_t>("site_uid")                \
+      .Attr<int64_t>("routing")                 \
+      .Attr<int64_t>("chunk_bytes")
 
 XLA_FFI_DEFINE_HANDLER_SYMBOL(SmddpAllGatherCpu, smddp::AllGatherImpl,
                               SMDDP_COMMON_BINDING()

@@ -23,6 +23,10 @@ struct Plan {
   size_t outer = 1;
   size_t inner = 0;  // bytes for gathers and all_to_all, elements for reductions
   size_t count = 0;  // elements, for all_reduce
+  // Across processes (chosen per call by jax_smddp.tuning at lowering):
+  enum class Routing : uint8_t { kAuto, kFlat, kHierarchical };
+  Routing routing = Routing::kAuto;  // kAuto: hierarchical where the hosts allow
+  size_t chunk_bytes = 0;            // message chunk; 0: JAX_SMDDP_CHUNK_BYTES
 };
 
 // Runs `plan` as the rank of `ex`.

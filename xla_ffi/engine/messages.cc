@@ -57,7 +57,8 @@ size_t ChunkBytes() {
   return bytes;
 }
 
-Messages::Messages(const ProcessCall& call) : call_(call) {
+Messages::Messages(const ProcessCall& call)
+    : call_(call), chunk_(call.chunk_bytes ? call.chunk_bytes : ChunkBytes()) {
   for (int p : call.peers) {
     if (Link* link = call.world->link(p)) links_.push_back(link);
   }
@@ -70,8 +71,8 @@ Messages::~Messages() {
   }
 }
 
-void Messages::Chunk(size_t total, size_t i, size_t* offset, size_t* bytes) {
-  const size_t c = ChunkBytes();
+void Messages::Chunk(size_t total, size_t i, size_t* offset, size_t* bytes) const {
+  const size_t c = chunk_;
   *offset = i * c;
   *bytes = std::min(c, total - *offset);
 }
@@ -97,7 +98,7 @@ size_t Messages::Post(int process, uint64_t tag, const void* src, void* dst, siz
 }
 
 Messages::Range Messages::Send(int process, uint64_t msg, const void* src, size_t bytes) {
-  Range r{entries_.size(), (bytes + ChunkBytes() - 1) / ChunkBytes()};
+  Range r{entries_.size(), Chunks(bytes)};
   const uint64_t base = MixTag(call_.tag, msg);
   for (size_t i = 0; i < r.count; ++i) {
     size_t off, n;
@@ -107,8 +108,6 @@ Messages::Range Messages::Send(int process, uint64_t msg, const void* src, size_
   return r;
 }
 
-size_t Messages::Chunks(size_t total) { return (total + ChunkBytes() - 1) / ChunkBytes(); }
-
 size_t Messages::SendChunk(int process, uint64_t msg, size_t total, size_t i, const void* base) {
   size_t off, n;
   Chunk(total, i, &off, &n);
@@ -117,7 +116,7 @@ size_t Messages::SendChunk(int process, uint64_t msg, size_t total, size_t i, co
 }
 
 Messages::Range Messages::Recv(int process, uint64_t msg, void* dst, size_t bytes) {
-  Range r{entries_.size(), (bytes + ChunkBytes() - 1) / ChunkBytes()};
+  Range r{entries_.size(), Chunks(bytes)};
   const uint64_t base = MixTag(call_.tag, msg);
   for (size_t i = 0; i < r.count; ++i) {
     size_t off, n;

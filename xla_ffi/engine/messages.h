@@ -17,7 +17,8 @@
 
 namespace smddp {
 
-// Bytes per chunk (JAX_SMDDP_CHUNK_BYTES, default 1 MiB).
+// Default bytes per chunk (JAX_SMDDP_CHUNK_BYTES, default 1 MiB); a call may
+// choose its own (ProcessCall::chunk_bytes).
 size_t ChunkBytes();
 
 class Messages {
@@ -33,7 +34,7 @@ class Messages {
   ~Messages();
 
   // Posts message `msg` (an id unique within the call) to or from `process`
-  // as chunks of ChunkBytes(); a zero-byte message posts nothing.
+  // as chunks of the call's chunk size; a zero-byte message posts nothing.
   Range Send(int process, uint64_t msg, const void* src, size_t bytes);
   Range Recv(int process, uint64_t msg, void* dst, size_t bytes);
   // Posts only chunk `i` of message `msg`, a `total`-byte message whose bytes
@@ -41,10 +42,10 @@ class Messages {
   size_t SendChunk(int process, uint64_t msg, size_t total, size_t i, const void* base);
 
   // How many chunks a `total`-byte message has.
-  static size_t Chunks(size_t total);
+  size_t Chunks(size_t total) const { return (total + chunk_ - 1) / chunk_; }
 
   // Byte range [offset, offset + bytes) of chunk `i` of a `total`-byte message.
-  static void Chunk(size_t total, size_t i, size_t* offset, size_t* bytes);
+  void Chunk(size_t total, size_t i, size_t* offset, size_t* bytes) const;
 
   // Waits until transfer `id` is done, progressing every link of the call.
   Status Wait(size_t id);
@@ -64,6 +65,7 @@ class Messages {
   Status CheckPeers();
 
   const ProcessCall& call_;
+  size_t chunk_;              // bytes per chunk
   std::vector<Link*> links_;  // of every peer process, for progress
   std::deque<Entry> entries_;
   Clock::time_point next_check_;

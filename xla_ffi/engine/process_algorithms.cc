@@ -36,6 +36,7 @@ char* Scratch(size_t bytes) {
 struct Header {
   char op[16];
   uint64_t dtype, reduce, send_bytes, recv_bytes, size, kind, outer, inner, count;
+  uint64_t hierarchical, chunk_bytes;  // how the call moves data: must agree too
 };
 
 Header MakeHeader(const ProcessCall& c, const Plan& p) {
@@ -51,6 +52,8 @@ Header MakeHeader(const ProcessCall& c, const Plan& p) {
   h.outer = p.outer;
   h.inner = p.inner;
   h.count = p.count;
+  h.hierarchical = c.routes->hierarchical ? 1 : 0;
+  h.chunk_bytes = c.chunk_bytes;
   return h;
 }
 
@@ -61,7 +64,8 @@ std::string Describe(const Header& h) {
      << h.send_bytes << " bytes in, " << h.recv_bytes << " bytes out per device";
   if (op != "all_gather" && op != "all_to_all")
     os << ", " << (h.reduce < 3 ? ReduceOpName(ReduceOp(h.reduce)) : "?");
-  os << ", " << h.size << " devices)";
+  os << ", " << h.size << " devices; " << (h.hierarchical ? "hierarchical" : "flat") << " routes, "
+     << (h.chunk_bytes ? std::to_string(h.chunk_bytes) + "-byte" : std::string("default")) << " chunks)";
   return os.str();
 }
 
@@ -135,7 +139,7 @@ Status AllGatherAcross(const ProcessCall& c, size_t outer, size_t inner) {
       for (int t : rt.gather_relay[in.rank]) m.SendChunk(t, Msg(kData, in.rank), block, k, in.dst);
       if (outer != 1) continue;
       size_t off, bytes;
-      Messages::Chunk(block, k, &off, &bytes);
+      m.Chunk(block, k, &off, &bytes);
       for (size_t d = 1; d < nl; ++d)
         std::memcpy(static_cast<char*>(c.recv[d]) + in.rank * inner + off, in.dst + off, bytes);
     }
@@ -244,7 +248,7 @@ Status ReduceScatterAcross(const ProcessCall& c, DType dtype, ReduceOp op, size_
   Contributions in;
   char* partials = in.Post(c, m, kData, [&](int) { return bb; }, bb, outgoing * bb);
   BlockReducer reducer(c, dtype, op, inner);
-  const size_t chunks = Messages::Chunks(bb);
+  const size_t chunks = m.Chunks(bb);
   size_t next_partial = 0;
   for (int r : ReduceOrder(c)) {
     const int dest = rt.reduce_dest[r];
@@ -260,7 +264,7 @@ Status ReduceScatterAcross(const ProcessCall& c, DType dtype, ReduceOp op, size_
     const char* base = out ? out : static_cast<const char*>(c.send[0]) + r * bb;
     for (size_t k = 0; k < chunks; ++k) {
       size_t off, bytes;
-      Messages::Chunk(bb, k, &off, &bytes);
+      m.Chunk(bb, k, &off, &bytes);
       if (out) {
         SMDDP_RETURN_IF_ERROR(in.WaitChunk(m, r, k));
         reducer.Run(r, off / esize, (off + bytes) / esize, in.buffers[r], out);
@@ -317,9 +321,9 @@ Status AllReduceAcross(const ProcessCall& c, DType dtype, ReduceOp op, size_t co
       out = partials + (next_partial++) * max_shard;
     }
     const char* base = out ? out : static_cast<const char*>(c.send[0]) + begin(r) * esize;
-    for (size_t k = 0; k < Messages::Chunks(sb); ++k) {
+    for (size_t k = 0; k < m.Chunks(sb); ++k) {
       size_t off, bytes;
-      Messages::Chunk(sb, k, &off, &bytes);
+      m.Chunk(sb, k, &off, &bytes);
       if (out) {
         SMDDP_RETURN_IF_ERROR(in.WaitChunk(m, r, k));
         reduce(r, off, bytes, in.buffers[r], out);
@@ -344,7 +348,7 @@ Status AllReduceAcross(const ProcessCall& c, DType dtype, ReduceOp op, size_t co
       SMDDP_RETURN_IF_ERROR(m.Wait(res.range.first + k));
       for (int t : rt.gather_relay[res.rank]) m.SendChunk(t, Msg(kResult, res.rank), sb, k, base);
       size_t off, bytes;
-      Messages::Chunk(sb, k, &off, &bytes);
+      m.Chunk(sb, k, &off, &bytes);
       for (size_t d = 1; d < nl; ++d)
         std::memcpy(static_cast<char*>(c.recv[d]) + begin(res.rank) * esize + off, base + off, bytes);
     }

@@ -77,6 +77,7 @@ ProcessTransport::ProcessTransport(std::vector<int64_t> members, std::vector<int
                                    int process, const std::vector<std::string>& host_of_process)
     : members_(std::move(members)), process_of_rank_(std::move(process_of_rank)), process_(process) {
   routes_ = ComputeRoutes(process_of_rank_, process_, host_of_process, HierarchyAllowed());
+  flat_routes_ = ComputeRoutes(process_of_rank_, process_, host_of_process, false);
   const int n = int(process_of_rank_.size());
   local_index_.assign(n, -1);
   for (int r = 0; r < n; ++r) {
@@ -223,7 +224,8 @@ void ProcessTransport::Run(const std::shared_ptr<Slot>& slot) {
     }
     call.peers = peers_;
     call.peer_ranks = peer_ranks_;
-    call.routes = &routes_;
+    call.routes = slot->plan.routing == Plan::Routing::kFlat ? &flat_routes_ : &routes_;
+    call.chunk_bytes = slot->plan.chunk_bytes;
     // Not the run id: it differs between different programs, and processes
     // that run different programs must meet to report it.
     call.tag = MixTag(MixTag(MixTag(group_hash_, key.site), key.sequence), 0x736d646470ull);

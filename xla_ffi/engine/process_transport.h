@@ -44,7 +44,8 @@ class ProcessTransport : public Transport {
   std::vector<int> peers_;                    // other processes, ascending
   std::vector<std::vector<int>> peer_ranks_;  // per peer, its ranks
   uint64_t group_hash_ = 0;                   // equal on every process
-  Routes routes_;
+  Routes routes_;       // hierarchical where the hosts allow (and the env does)
+  Routes flat_routes_;
   std::mutex mu_;
   std::unordered_map<CallKey, std::shared_ptr<Slot>, CallKeyHash> slots_;
 };
