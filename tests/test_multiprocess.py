@@ -111,18 +111,18 @@ def test_stalled_peer_times_out_naming_it():
 
 
 @pytest.mark.timeout(400)
-@pytest.mark.parametrize("hosts,devices,hierarchical", [
-    ("aabb", 2, "1"),    # 2 hosts x 2 processes: rails, relays and per-host combining
-    ("aabb", 1, "0"),    # the same, flat: every byte directly between processes
-    ("aaab", 1, "1"),    # uneven hosts: flat routes
-    ("aabbcc", 1, "1"),  # 3 hosts x 2 processes
+@pytest.mark.parametrize("hosts,devices,env", [
+    # 2 hosts x 2 processes: rails, relays and per-host combining
+    ("aabb", 2, {"JAX_SMDDP_ALGORITHM": "hierarchical"}),
+    ("aabb", 1, {"JAX_SMDDP_HIERARCHICAL": "0"}),  # the engine's veto: flat routes
+    ("aaab", 1, {}),  # uneven hosts: flat routes whatever the tuner says
+    ("aabbcc", 1, {"JAX_SMDDP_ALGORITHM": "hierarchical", "JAX_SMDDP_CHUNK_BYTES": "65536"}),
 ])
-def test_hosts_by_host_id(hosts, devices, hierarchical):
+def test_hosts_by_host_id(hosts, devices, env):
   """Hosts told apart by JAX_SMDDP_HOST_ID: libfabric (tcp on loopback)
   between them, shared memory within, without network namespaces."""
   procs = run_job(["collectives"], len(hosts), devices, timeout=300,
-                  env={"JAX_SMDDP_FABRIC_PROVIDER": "tcp;ofi_rxm",
-                       "JAX_SMDDP_HIERARCHICAL": hierarchical},
+                  env={"JAX_SMDDP_FABRIC_PROVIDER": "tcp;ofi_rxm", **env},
                   per_process_env=[{"JAX_SMDDP_HOST_ID": h} for h in hosts])
   assert_all_ok(procs)
   for p, h in zip(procs, hosts):
@@ -138,7 +138,7 @@ def test_hierarchical_routes_cross_the_network_once_per_host(hierarchical):
   over shared memory; flat, it sends it to both processes of the other host."""
   procs = run_job(["traffic"], 4, 1, timeout=240,
                   env={"JAX_SMDDP_FABRIC_PROVIDER": "tcp;ofi_rxm",
-                       "JAX_SMDDP_HIERARCHICAL": hierarchical},
+                       "JAX_SMDDP_ALGORITHM": "hierarchical" if hierarchical == "1" else "flat"},
                   per_process_env=[{"JAX_SMDDP_HOST_ID": h} for h in "aabb"])
   assert_all_ok(procs)
   header = 104  # the per-call agreement check (process_algorithms.cc Header), to every peer
