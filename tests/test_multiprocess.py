@@ -76,6 +76,16 @@ def test_mismatched_shapes_are_reported():
     assert "24 bytes in" in err and "40 bytes in" in err, err
 
 
+@pytest.mark.timeout(300)
+def test_mismatched_dtypes_are_reported():
+  procs = run_job(["mismatch_dtype"], 2, 1, timeout=240, env={"JAX_SMDDP_TIMEOUT_S": "60"})
+  for p in procs:
+    assert p.result is not None, launch.describe(procs)
+    err = p.result.get("error", "")
+    assert "processes disagree on the call" in err, launch.describe(procs)
+    assert "all_reduce of float32" in err and "all_reduce of int32" in err, err
+
+
 def _check_peer_failure(procs, dead: int, within_s: float):
   survivors = [p for p in procs if p.index != dead]
   for p in survivors:

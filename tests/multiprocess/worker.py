@@ -301,6 +301,19 @@ def scenario_mismatch():
   result(ok=True)
 
 
+def scenario_mismatch_dtype():
+  """Process 1 runs the collective on int32 where process 0 has float32 (same bytes)."""
+  mesh = Mesh(np.array(jax.devices()), ("x",))
+  x = values((mesh.size * 2, 3), np.float32 if pid == 0 else np.int32, 0)
+  f = smap(mesh, lambda v: smddp.psum(v, "x"), P("x"), P("x"))
+  try:
+    jax.block_until_ready(f(global_array(mesh, P("x"), x)))
+  except Exception as e:  # noqa: BLE001
+    result(ok=False, error=str(e))
+    return
+  result(ok=True)
+
+
 def scenario_peer_dies():
   """The last process dies (SIGKILL-like) instead of entering the collective;
   the others must raise naming it, well within the timeout."""
