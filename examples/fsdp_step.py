@@ -2,10 +2,13 @@
 
 Everything runs inside one `jax.shard_map` per step, on each device's shards:
 
-  forward   gather the embedding; scan over layers, gathering each layer's parameters
-            (one all_gather) just before the layer uses them; gather the head.
+  forward   gather the embedding; scan over layers (jax_smddp.fsdp.scan_layers), each
+            layer's parameters unsharded by one all_gather: with prefetch, layer i+1's
+            gather is issued while layer i computes (the scan carries the gathered
+            parameters); without, just before the layer uses them; gather the head.
   backward  jax.grad; the transpose of each all_gather is a reduce-scatter, so each
-            layer's gradient arrives already sharded like its parameters.
+            layer's gradient arrives already sharded like its parameters (with prefetch,
+            layer i+1's reduce-scatter is issued while layer i's gradient computes).
   hybrid    (--mesh RxS) parameters are invariant over the replica axis; they are cast to
             "varying" before jax.grad so that JAX inserts no reduction of its own, then
             the gradients are summed across replica groups with one psum of one flat buffer.
@@ -33,6 +36,7 @@ from jax.sharding import NamedSharding, PartitionSpec as P
 import fsdp_model as fm
 from fsdp_layout import FlatLayout, spec_for_ndim
 from fsdp_mesh import MeshPlan, psum_packed
+from jax_smddp.fsdp import gathers_per_layer, scan_layers
 
 REMAT_POLICIES = {
     # no jax.checkpoint: gathered layer parameters are kept for the backward pass.
@@ -82,9 +86,11 @@ class FSDP:
   def __init__(self, cfg: fm.Config, plan: MeshPlan, collectives,
                optimizer_for: Callable[[dict], optax.GradientTransformation],
                global_batch: int, remat: str = "none", offload: bool = False,
-               clip_norm: float = 1.0):
+               clip_norm: float = 1.0, prefetch: bool = False, unroll: int = 1):
     """`optimizer_for(decay_mask)` makes the optimizer, given which leaves to decay."""
     self.cfg, self.plan, self.c = cfg, plan, collectives
+    self.prefetch = prefetch
+    self.unroll = unroll if unroll > 0 else True     # lax.scan's unroll; 0: all layers
     self.mesh = plan.make_mesh()
     self.policy_name, self.policy = layer_policy(remat, offload)
     self.clip_norm = clip_norm
@@ -120,14 +126,13 @@ class FSDP:
   def _forward(self, params, inputs):
     cfg, lay, c = self.cfg, self.layout, self.c
     x = fm.Embed(cfg).apply({"params": lay.gather(c, "embed", params["embed"])}, inputs)
-
-    def layer(h, layer_shards):
-      p = lay.gather(c, "layers", layer_shards)      # all_gather just before use
-      return fm.Block(cfg).apply({"params": p}, h), None
-
-    if self.policy is not None:
-      layer = jax.checkpoint(layer, policy=self.policy)
-    x, _ = jax.lax.scan(layer, x, params["layers"])
+    # A lax.scan over the layers. prefetch: the scan carries the next layer's gathered
+    # parameters, so layer i+1's all_gather is issued while layer i computes (and, in the
+    # backward pass, its reduce-scatter while layer i's gradient computes). Otherwise each
+    # layer is gathered just before use.
+    x = scan_layers(lambda h, p: fm.Block(cfg).apply({"params": p}, h), x, params["layers"],
+                    functools.partial(lay.gather, c, "layers"),
+                    prefetch=self.prefetch, policy=self.policy, unroll=self.unroll)
     return fm.Head(cfg).apply({"params": lay.gather(c, "head", params["head"])}, x)
 
   def _local_loss(self, params, tokens):
@@ -174,8 +179,9 @@ class FSDP:
 
   @property
   def gathers_per_layer(self) -> int:
-    """Forward gather, plus a second one in the backward pass when the layer is remat'ed."""
-    return 1 if self.policy is None else 2
+    """Forward gather, plus a second one in the backward pass when the layer is remat'ed
+    without prefetch (with prefetch the gathered parameters are kept; jax_smddp.fsdp)."""
+    return gathers_per_layer(self.prefetch, self.policy)
 
   @functools.cached_property
   def collectives_only_step(self):
@@ -227,3 +233,28 @@ def collective_ops(hlo_text: str) -> dict:
   ops = re.findall(r'custom_call_target="(smddp_\w+)"', hlo_text)
   ops += re.findall(r"\s(all-gather|reduce-scatter|all-reduce|all-to-all)(?:-start)?\(", hlo_text)
   return dict(sorted(collections.Counter(ops).items()))
+
+
+def _computations(hlo_text: str) -> dict:
+  """Computation name -> its text, in a compiled module's text."""
+  comps, name, lines = {}, None, []
+  for line in hlo_text.splitlines():
+    head = re.match(r"(?:ENTRY\s+)?%?([\w.\-]+)\s.*\{\s*$", line)
+    if name is None and head and not line.startswith(" "):
+      name, lines = head.group(1), []
+    elif name is not None and line.startswith("}"):
+      comps[name] = "\n".join(lines)
+      name = None
+    elif name is not None:
+      lines.append(line)
+  return comps
+
+
+def loop_collective_ops(hlo_text: str) -> list:
+  """collective_ops of each while loop's body in a compiled module (the layer scans: the
+  forward loop, then the backward loop), in the module's order; loops without collectives
+  are left out."""
+  comps = _computations(hlo_text)
+  bodies = re.findall(r"\swhile\(.*?body=%?([\w.\-]+)", hlo_text)
+  out = [collective_ops(comps.get(b, "")) for b in dict.fromkeys(bodies)]
+  return [ops for ops in out if ops]

@@ -22,6 +22,7 @@ from jax_smddp.batched import all_gather_batched, psum_batched, psum_scatter_bat
 from jax_smddp.partitioning import unshard
 from jax_smddp.swap import use
 from jax_smddp import hybrid, swap
+from jax_smddp import fsdp
 
 __version__ = "0.1.0"
 
@@ -31,5 +32,5 @@ __all__ = [
     "initialize", "shutdown", "topology", "traffic",
     "all_gather_invariant", "all_gather_reduced", "unreduced_psum_scatter",
     "all_gather_batched", "psum_scatter_batched", "psum_batched",
-    "unshard", "use", "hybrid", "swap",
+    "unshard", "use", "hybrid", "swap", "fsdp",
 ]

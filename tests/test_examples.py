@@ -7,7 +7,10 @@ Tiny model and 20 steps; the checks are the example's promises:
     collectives at all (the reference below, run by executing this file);
   * the loss goes down; remat/offload policies do not change it;
   * a run stopped at step 10 and resumed from its checkpoint continues exactly as the
-    uninterrupted run.
+    uninterrupted run;
+  * prefetch (--prefetch, jax_smddp.fsdp.scan_layers) trains as --no-prefetch does, and its
+    compiled step gathers the next layer inside the forward loop and reduce-scatters it
+    inside the backward loop (--compare-prefetch runs both in one process).
 
 Tolerance: 1e-4 relative at every step. Measured here: smddp and lax runs are
 bit-identical; sharded and unsharded runs differ by about 3e-7 (float32 sums in a
@@ -151,6 +154,111 @@ def test_checkpoint_resume_continues_the_same_run(tmp_path, fsdp8):
   proc = subprocess.run(cmd, cwd=tmp_path, env=_env(), capture_output=True, text=True,
                         timeout=170)
   assert proc.returncode != 0 and "other settings" in proc.stderr, proc.stderr[-2000:]
+
+
+# ---- prefetch (jax_smddp.fsdp.scan_layers) ----
+
+def compare_prefetch(tmp_path, *extra: str, name: str = "compare") -> dict:
+  """The example's --compare-prefetch mode: both variants, same process, same batches."""
+  cmd = [sys.executable, TRAIN, *_cli({**TINY, "layers": 3}), "--no-progress",
+         "--compare-prefetch=10", "--compare-block=5", *extra]
+  proc = subprocess.run(cmd, cwd=tmp_path, env=_env(), capture_output=True, text=True,
+                        timeout=170)
+  assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+  return json.loads(proc.stdout.strip().splitlines()[-1])
+
+
+@pytest.mark.timeout(300)
+def test_other_prefetch_setting_trains_alike(tmp_path, fsdp8, unsharded):
+  """The non-default --prefetch/--no-prefetch equals the default run and unsharded training."""
+  default, default_losses = fsdp8
+  flag = "--no-prefetch" if default["prefetch"] else "--prefetch"
+  other, other_losses = train(tmp_path, "--mesh=8", flag, name="other")
+  assert other["prefetch"] is not default["prefetch"]
+  check_summary(other, "smddp", "8")
+  assert_close(other_losses, default_losses, f"{flag} vs default")
+  assert_close(other_losses, unsharded, f"{flag} vs unsharded")
+  runs = {r["prefetch"]: r for r in (default, other)}
+  # 2 layers: embed, head and one gather per layer (with prefetch, layer 0's is issued
+  # before the loop, layer 1's in it: XLA inlines a loop of one iteration), one
+  # reduce-scatter each: the same count either way.
+  for r in runs.values():
+    assert r["step_collective_ops"]["smddp_all_gather"] == 3 + r["prefetch"], r
+    assert r["step_collective_ops"]["smddp_reduce_scatter"] == 3 + r["prefetch"], r
+    assert r["gathers_per_layer"] == 1
+
+
+@pytest.mark.timeout(300)
+@pytest.mark.parametrize("mesh,collectives,remat", [("8", "smddp", "none"),
+                                                    ("2x4", "xla", "dots")])
+def test_prefetch_gathers_the_next_layer_in_the_loop(tmp_path, mesh, collectives, remat):
+  out = compare_prefetch(tmp_path, f"--mesh={mesh}", f"--collectives={collectives}",
+                         f"--remat={remat}")
+  assert out["collectives"] == collectives and out["mesh"] == mesh
+  assert out["steps_each"] == 10 and out["ratio"] > 0
+  # Same batches and initial state: the losses agree (rounding only: 15 steps each).
+  assert out["max_loss_rel_diff"] <= RTOL, out["max_loss_rel_diff"]
+  ag, rs = (("smddp_all_gather", "smddp_reduce_scatter") if collectives == "smddp"
+            else ("all-gather", "reduce-scatter"))
+  on, off = out["compare_prefetch"]["prefetch"], out["compare_prefetch"]["no_prefetch"]
+  # 3 layers. Prefetch: layer 0 gathered before the loop, the forward loop (2 iterations)
+  # gathers the next layer, the backward loop reduce-scatters it (autodiff's transpose);
+  # the prefetched parameters are kept for the backward pass, remat or not.
+  assert on["loop_collective_ops"] == [{ag: 1}, {rs: 1}], on
+  assert on["step_collective_ops"][ag] == 4 and on["step_collective_ops"][rs] == 4, on
+  # No prefetch: each layer gathered in the loop just before use; a remat'ed layer is
+  # gathered again in the backward loop (today's behaviour).
+  regather = remat != "none"
+  assert off["loop_collective_ops"] == [{ag: 1}, {ag: 1, rs: 1} if regather else {rs: 1}], off
+  assert off["step_collective_ops"][ag] == 3 + regather and off["step_collective_ops"][rs] == 3
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize("library", ["smddp", "xla"])
+def test_scan_layers_helper(library):
+  """jax_smddp.fsdp.scan_layers: values and gradients equal a plain loop, with and without
+  prefetch and remat; the prefetching program has one gather inside the layer loop."""
+  import jax
+  import jax.numpy as jnp
+  from jax.sharding import NamedSharding, PartitionSpec as P
+  import jax_smddp
+  from jax_smddp.fsdp import scan_layers
+
+  lib = jax_smddp if library == "smddp" else jax.lax
+  mesh = jax.make_mesh((8,), ("fsdp",))
+  layers, d = 4, 16
+  w = jax.random.normal(jax.random.key(1), (layers, d * d), jnp.float32) / d
+  x = jax.random.normal(jax.random.key(2), (8, d), jnp.float32)
+  gather = lambda s: lib.all_gather(s, "fsdp", axis=0, tiled=True).reshape(d, d)
+  layer = lambda h, p: jnp.tanh(h @ p)
+
+  def loss(w, x, **kw):
+    def local(w, x):
+      if kw:
+        h = scan_layers(layer, x, w, gather, **kw)
+      else:  # the reference: a plain loop
+        h = x
+        for i in range(layers):
+          h = layer(h, gather(w[i]))
+      return lib.psum(jnp.sum(h ** 2), "fsdp")
+    return jax.shard_map(local, mesh=mesh, in_specs=(P(None, "fsdp"), P("fsdp")),
+                         out_specs=P())(w, x)
+
+  args = (jax.device_put(w, NamedSharding(mesh, P(None, "fsdp"))),
+          jax.device_put(x, NamedSharding(mesh, P("fsdp"))))
+  want = jax.jit(jax.value_and_grad(loss))(*args)
+  for kw in ({"prefetch": True}, {"prefetch": False},
+             {"prefetch": True, "policy": jax.checkpoint_policies.nothing_saveable},
+             {"prefetch": False, "policy": jax.checkpoint_policies.dots_saveable}):
+    got = jax.jit(jax.value_and_grad(lambda w, x: loss(w, x, **kw)))(*args)
+    for a, b in zip(jax.tree.leaves(got), jax.tree.leaves(want)):
+      assert jnp.allclose(a, b, rtol=1e-5, atol=1e-6), kw
+  # The forward program: layer 0's gather before the loop, one in the loop (layer i+1).
+  sys.path.insert(0, EXAMPLES)
+  from fsdp_step import collective_ops, loop_collective_ops
+  text = jax.jit(lambda w, x: loss(w, x, prefetch=True)).lower(*args).compile().as_text()
+  ag = "smddp_all_gather" if library == "smddp" else "all-gather"
+  assert collective_ops(text)[ag] == 2 and loop_collective_ops(text) == [{ag: 1}]
 
 
 # ---- the reference: plain training, no mesh, no shard_map, no collectives ----
