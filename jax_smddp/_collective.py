@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import itertools
 import logging
+import os
 from typing import Any, Callable
 
 import numpy as np
@@ -206,8 +207,9 @@ def _cross_process_choice(target: str, x_aval, groups: np.ndarray, processes: np
   from jax_smddp import distributed
   try:
     from jax_smddp import tuning
-  except ImportError:  # built without the tuner: the engine's defaults
-    return 0, 0
+  except ImportError:  # no tuner: the engine's defaults, or the forced routes
+    forced = os.environ.get("JAX_SMDDP_ALGORITHM", "").strip().lower()
+    return _ROUTING.get(forced, 0), 0
   hosts = distributed.host_of_process()
   per_host: dict = {}
   per_proc: dict = {}
