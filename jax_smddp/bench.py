@@ -9,6 +9,12 @@ Usage::
                                                     # 2 processes x 2 devices on this host
     python -m jax_smddp.bench --layout 2x2x1        # 2 simulated hosts x 2 processes x 1
                                                     # device (network namespaces; root)
+    python -m jax_smddp.bench --layout 2x2 --predict
+                                                    # the cost model's prediction beside each
+                                                    # measurement (jax_smddp.cost_model)
+    python -m jax_smddp.bench --compare A.json B.json
+                                                    # runs nothing: B/A time ratios per op and
+                                                    # size, and a comparison PNG
 
 Layouts (``--layout``):
 
@@ -54,6 +60,12 @@ Definitions (as in nccl-tests; n = number of ranks, t = median time):
     - all_reduce:     size         (the buffer),           busbw = algbw x 2(n-1)/n
     - all_to_all:     size         (buffer of one rank),   busbw = algbw x (n-1)/n
 * speedup = lax time / smddp time (> 1: jax_smddp is faster).
+
+Each implementation's fastest call is kept too (``min_us``: the least disturbed
+by other load on a shared machine). Every row records the tuner's choice for the
+call (``choice``: :func:`jax_smddp.tuning.choose`, what the engine runs across
+processes) and, with ``--predict``, the cost model's prediction for it
+(``prediction``, ``smddp.predicted_us``; docs/performance_model.md).
 
 A physical reference, single-threaded numpy memcpy bandwidth (``np.copyto`` of
 a 64 MiB buffer), is measured in the same run. Results go to a JSON file with
@@ -430,13 +442,13 @@ def run_benchmark(ops, sizes, *, dtype="float32", iters: int = 20, warmup: int =
         log.warning("jax.lax %s (%s/rank) differs from numpy (JAX's answer is wrong; jax_smddp's "
                     "is right): %s", op, format_size(nbytes), "; ".join(lax_bad))
       k = iters_for(n * nbytes * spec.total_factor(n), iters)
-      t_smddp, t_lax = (statistics.median(s) for s in
-                        time_alternating((smddp_fn, lax_fn), x, k, warmup))
+      samples = time_alternating((smddp_fn, lax_fn), x, k, warmup)
+      t_smddp, t_lax = (statistics.median(s) for s in samples)
       result = {
           "op": op, "bytes_per_rank": nbytes, "iters": k,
           "engine": uses_engine(smddp_fn, x, spec.target),
-          "smddp": bandwidths(spec, nbytes, n, t_smddp),
-          "lax": bandwidths(spec, nbytes, n, t_lax),
+          "smddp": {**bandwidths(spec, nbytes, n, t_smddp), "min_us": min(samples[0]) * 1e6},
+          "lax": {**bandwidths(spec, nbytes, n, t_lax), "min_us": min(samples[1]) * 1e6},
           "speedup": t_lax / t_smddp,
           "lax_wrong": bool(lax_bad),
       }
@@ -470,6 +482,7 @@ def metadata(layout: "Layout | int", dtype: str, memcpy_gbs: float,
                        "bytes_per_rank otherwise",
           "busbw_gbs": "algbw * (n-1)/n, or * 2(n-1)/n for all_reduce",
           "speedup": "lax time / smddp time",
+          "min_us": "fastest of the timed calls (the least disturbed by other load)",
       },
   }
   if layout.multi_process:
@@ -486,7 +499,11 @@ _WIDTHS = (8, 11, 8, 8, 11, 8, 8)
 _RATIO = ("vs 1p", 7)
 
 
-def table_header(op: str, n: int, ratio: bool = False, lax_note: str = "") -> str:
+_MODEL = (("model us", 10), ("model/meas", 10), ("algorithm", 13))
+
+
+def table_header(op: str, n: int, ratio: bool = False, lax_note: str = "",
+                 model: bool = False) -> str:
   title = (f"# {op}: {n} ranks; size = input bytes per rank; "
            "time = median us per call; bw in GB/s")
   span = lambda cols: sum(_WIDTHS[i] + 2 for i in cols) - 2
@@ -495,6 +512,8 @@ def table_header(op: str, n: int, ratio: bool = False, lax_note: str = "") -> st
   cols = "  ".join(f"{c:>{w}}" for c, w in zip(_COLUMNS, _WIDTHS))
   if ratio:
     cols += f"  {_RATIO[0]:>{_RATIO[1]}}"
+  if model:
+    cols += "".join(f"  {c:>{w}}" for c, w in _MODEL)
   return "\n".join((title, groups, cols))
 
 
@@ -507,9 +526,50 @@ def table_row(r: dict) -> str:
   if "vs_in_process" in r:
     ratio = r["vs_in_process"]
     row += f"  {'-' if ratio is None else f'{ratio:.2f}':>{_RATIO[1]}}"
+  pred = r.get("prediction")
+  if pred:
+    cells = (f"{pred['time_us']:.1f}", f"{pred['time_us'] / r['smddp']['time_us']:.2f}",
+             pred["algorithm"])
+    row += "".join(f"  {c:>{w}}" for c, (_, w) in zip(cells, _MODEL))
   if r.get("lax_wrong"):
     row += "  (jax.lax answer wrong vs numpy)"
   return row
+
+
+# --------------------------------------------------------------------------- model
+
+def model_layout(layout: "Layout"):
+  from jax_smddp import cost_model
+  return cost_model.Layout(layout.hosts, layout.procs_per_host, layout.devices_per_proc)
+
+
+def annotate(r: dict, layout: "Layout", predict: bool = False, machine=None) -> dict:
+  """Adds the tuner's choice for this call ("choice": what
+  jax_smddp.tuning.choose answers for this op, size and layout) and, with
+  `predict`, the cost model's prediction ("prediction"; smddp "predicted_us")."""
+  from jax_smddp import cost_model, tuning
+  lay = model_layout(layout)
+  choice = tuning.choose(r["op"], r["bytes_per_rank"], lay)
+  r["choice"] = {"algorithm": choice.algorithm, "chunk_bytes": choice.chunk_bytes,
+                 "reason": choice.reason}
+  if predict:
+    machine = machine or cost_model.local_machine()
+    algo = choice.algorithm if layout.multi_process else "in_process"
+    p = cost_model.predict(r["op"], r["bytes_per_rank"], lay, machine, algo, choice.chunk_bytes)
+    r["prediction"] = {"time_us": p.time_us, "algorithm": p.algorithm,
+                       "chunk_bytes": p.chunk_bytes, "bottleneck": p.bottleneck,
+                       "machine": machine.name, "terms_us": {k: v * 1e6 for k, v in p.terms.items()}}
+    r["smddp"]["predicted_us"] = p.time_us
+  return r
+
+
+def model_meta(machine=None) -> dict:
+  from jax_smddp import cost_model
+  machine = machine or cost_model.local_machine()
+  return {"machine": machine.name, "source": machine.source,
+          "calibration": cost_model.calibration_path(),
+          "definition": "prediction = jax_smddp.cost_model.predict for the tuner's choice; "
+                        "model/meas = predicted time / measured median"}
 
 
 def write_json(path: str, meta: dict, results: list[dict]) -> None:
@@ -533,6 +593,10 @@ def write_plot(path: str, meta: dict, results: list[dict]) -> None:
     for impl, style in (("smddp", "o-"), ("lax", "s--")):
       ax.plot(sizes, [r[impl]["busbw_gbs"] for r in rows], style,
               label="jax_smddp" if impl == "smddp" else "jax.lax")
+    if any(r.get("prediction") for r in rows):  # busbw scales as 1 / time
+      pred = [(r["bytes_per_rank"], r["smddp"]["busbw_gbs"] * r["smddp"]["time_us"] /
+               r["prediction"]["time_us"]) for r in rows if r.get("prediction")]
+      ax.plot(*zip(*pred), "x:", color="tab:blue", label="jax_smddp, model")
     if any(r.get("vs_in_process") for r in rows):  # busbw scales as 1 / time
       ref = [(r["bytes_per_rank"], r["smddp"]["busbw_gbs"] * r["vs_in_process"])
              for r in rows if r.get("vs_in_process")]
@@ -554,6 +618,109 @@ def write_plot(path: str, meta: dict, results: list[dict]) -> None:
   os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
   fig.savefig(path, dpi=120)
   plt.close(fig)
+
+
+# --------------------------------------------------------------------------- compare
+
+def _label(path: str, meta: dict) -> str:
+  layout = meta.get("layout", {})
+  return f"{os.path.basename(path)} ({layout.get('spec', '?')}, {meta.get('machine', '?')})"
+
+
+def compare_results(a: dict, b: dict) -> list[dict]:
+  """Rows (op, size) present in both result sets, with B/A time ratios for each
+  implementation (< 1: B is faster)."""
+  index = {(r["op"], r["bytes_per_rank"]): r for r in a["results"]}
+  rows = []
+  for rb in b["results"]:
+    ra = index.get((rb["op"], rb["bytes_per_rank"]))
+    if ra is None:
+      continue
+    row = {"op": rb["op"], "bytes_per_rank": rb["bytes_per_rank"]}
+    for impl in ("smddp", "lax"):
+      ta, tb = ra[impl]["time_us"], rb[impl]["time_us"]
+      row[impl] = {"a_us": ta, "b_us": tb, "ratio": tb / ta,
+                   "a_busbw_gbs": ra[impl]["busbw_gbs"], "b_busbw_gbs": rb[impl]["busbw_gbs"]}
+    rows.append(row)
+  return rows
+
+
+def write_compare_plot(path: str, rows: list[dict], label_a: str, label_b: str) -> None:
+  """busbw of both files vs size (one column per op), and the B/A time ratio."""
+  import matplotlib
+  matplotlib.use("Agg")
+  import matplotlib.pyplot as plt
+
+  ops = list(dict.fromkeys(r["op"] for r in rows))
+  fig, axes = plt.subplots(2, len(ops), figsize=(4.5 * len(ops), 6.4), squeeze=False,
+                           sharex="col", gridspec_kw={"height_ratios": [2, 1]})
+  for j, op in enumerate(ops):
+    sel = [r for r in rows if r["op"] == op]
+    sizes = [r["bytes_per_rank"] for r in sel]
+    top, bottom = axes[0][j], axes[1][j]
+    for impl, name in (("smddp", "jax_smddp"), ("lax", "jax.lax")):
+      for side, style, lab in (("a", "o-" if impl == "smddp" else "s-", "A"),
+                               ("b", "o--" if impl == "smddp" else "s--", "B")):
+        top.plot(sizes, [r[impl][f"{side}_busbw_gbs"] for r in sel], style,
+                 label=f"{name} {lab}", alpha=0.85)
+      bottom.plot(sizes, [r[impl]["ratio"] for r in sel], "o-" if impl == "smddp" else "s--",
+                  label=name)
+    bottom.axhline(1.0, color="gray", lw=0.8)
+    for ax in (top, bottom):
+      ax.set_xscale("log", base=2)
+      ax.grid(alpha=0.3)
+    top.set_title(op)
+    top.set_ylabel("busbw (GB/s)")
+    top.legend(fontsize=7)
+    bottom.set_ylabel("time B / time A")
+    bottom.set_xticks(sizes, [format_size(x) for x in sizes], rotation=60, fontsize=7)
+    bottom.set_xlabel("input bytes per rank")
+    bottom.legend(fontsize=7)
+  fig.suptitle(f"A = {label_a}\nB = {label_b}", fontsize=8)
+  fig.tight_layout()
+  os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
+  fig.savefig(path, dpi=120)
+  plt.close(fig)
+
+
+def compare_main(args) -> int:
+  path_a, path_b = args.compare
+  try:
+    with open(path_a) as f:
+      a = json.load(f)
+    with open(path_b) as f:
+      b = json.load(f)
+  except (OSError, ValueError) as e:
+    print(f"error: cannot read the result files: {e}", file=sys.stderr)
+    return 2
+  rows = compare_results(a, b)
+  label_a, label_b = _label(path_a, a.get("meta", {})), _label(path_b, b.get("meta", {}))
+  print(f"# A = {label_a}\n# B = {label_b}")
+  print("# ratio = B time / A time (median us; < 1: B is faster)")
+  if not rows:
+    print("error: the files have no (op, size) in common", file=sys.stderr)
+    return 1
+  for op in dict.fromkeys(r["op"] for r in rows):
+    print(f"\n# {op}")
+    print(f"{'size':>8}  {'smddp A':>10}  {'smddp B':>10}  {'B/A':>6}  {'lax A':>10}  "
+          f"{'lax B':>10}  {'B/A':>6}")
+    for r in rows:
+      if r["op"] != op:
+        continue
+      s, l = r["smddp"], r["lax"]
+      print(f"{format_size(r['bytes_per_rank']):>8}  {s['a_us']:10.1f}  {s['b_us']:10.1f}  "
+            f"{s['ratio']:6.2f}  {l['a_us']:10.1f}  {l['b_us']:10.1f}  {l['ratio']:6.2f}")
+  ratios = sorted(r["smddp"]["ratio"] for r in rows)
+  print(f"\n# jax_smddp B/A: median {statistics.median(ratios):.2f}, "
+        f"range {ratios[0]:.2f} .. {ratios[-1]:.2f} over {len(ratios)} points")
+  if not args.no_plot:
+    plot = args.plot or os.path.join("bench_results", "compare.png")
+    try:
+      write_compare_plot(plot, rows, label_a, label_b)
+      print(f"wrote {plot}")
+    except ImportError:
+      print(f"note: matplotlib not importable; skipped the plot ({plot})")
+  return 0
 
 
 # --------------------------------------------------------------------------- CLI
@@ -592,7 +759,15 @@ def parse_args(argv=None) -> argparse.Namespace:
   p.add_argument("--no-plot", action="store_true", help="skip the plot")
   p.add_argument("--quick", action="store_true",
                  help="smoke run: every 4th size, 3 iters, 1 warmup")
+  p.add_argument("--predict", action="store_true",
+                 help="print the cost model's prediction (jax_smddp.cost_model, this machine's "
+                      "calibration) beside each measurement and store it in the JSON")
+  p.add_argument("--compare", nargs=2, metavar=("A.json", "B.json"), default=None,
+                 help="run nothing: compare two result files (B time / A time per op and size) "
+                      "and write a comparison PNG (--plot, default bench_results/compare.png)")
   args = p.parse_args(argv)
+  if args.compare:
+    return args
   args.ops = [op.strip() for op in args.ops.split(",") if op.strip()]
   bad = [op for op in args.ops if op not in OPS]
   if bad:
@@ -760,8 +935,12 @@ def run_multi_process(args) -> int:
       r["in_process_smddp_time_us"] = other["smddp"]["time_us"] if other else None
       r["vs_in_process"] = (r["smddp"]["time_us"] / other["smddp"]["time_us"]) if other else None
 
+  for r in results:
+    annotate(r, layout, predict=args.predict)
   meta = metadata(layout, args.dtype, memcpy_gbs, topology=first.get("topology"))
   meta["topologies"] = [p.result.get("topology") for p in procs]
+  if args.predict:
+    meta["model"] = model_meta()
   if in_process is not None:
     meta["in_process"] = {"layout": f"1x{layout.devices}", "results": in_process,
                           "vs_in_process": "multi-process smddp time / in-process smddp time"}
@@ -771,7 +950,8 @@ def run_multi_process(args) -> int:
           "devices in one process (< 2: the target)")
   for op in args.ops:
     print()
-    print(table_header(op, layout.devices, ratio=in_process is not None, lax_note=" (gloo)"))
+    print(table_header(op, layout.devices, ratio=in_process is not None, lax_note=" (gloo)",
+                       model=args.predict))
     for r in results:
       if r["op"] == op:
         print(table_row(r))
@@ -781,6 +961,8 @@ def run_multi_process(args) -> int:
 
 def main(argv=None) -> int:
   args = parse_args(argv)
+  if args.compare:
+    return compare_main(args)
   if args.layout.multi_process:
     return run_multi_process(args)
   set_device_count(args.layout.devices)
@@ -796,14 +978,21 @@ def main(argv=None) -> int:
 
   memcpy_gbs = memcpy_bandwidth()
   meta = metadata(n, args.dtype, memcpy_gbs)
+  if args.predict:
+    meta["model"] = model_meta()
   print_preamble(meta, iters, warmup)
+  layout = Layout(1, 1, n)
+
+  def report(r):
+    annotate(r, layout, predict=args.predict)
+    print(table_row(r), flush=True)
 
   results = []
   for op in args.ops:
     print()
-    print(table_header(op, n))
+    print(table_header(op, n, model=args.predict))
     results += run_benchmark([op], sizes, dtype=args.dtype, iters=iters, warmup=warmup,
-                             devices=devices, report=lambda r: print(table_row(r), flush=True))
+                             devices=devices, report=report)
   write_outputs(args, meta, results)
   return 0
 

@@ -125,3 +125,64 @@ def test_bench_two_hosts(tmp_path):
   assert meta["fabric_provider"] == "tcp;ofi_rxm"
   assert meta["topology"]["network_peers"] == [1]
   check_results(results, ("all_reduce",))
+
+
+def _fake_results(path, scale, layout="2x2"):
+  rows = []
+  for op in ("all_gather", "all_reduce"):
+    for size in (4096, 65536):
+      t = scale * size / 1e3
+      rows.append({"op": op, "bytes_per_rank": size, "iters": 3, "engine": True,
+                   "smddp": {"time_us": t, "algbw_gbs": size / t / 1e3, "busbw_gbs": size / t / 2e3},
+                   "lax": {"time_us": 2 * t, "algbw_gbs": size / t / 2e3, "busbw_gbs": size / t / 4e3},
+                   "speedup": 2.0, "lax_wrong": False})
+  meta = {"machine": "test", "layout": {"spec": layout}}
+  path.write_text(json.dumps({"meta": meta, "results": rows}))
+
+
+@pytest.mark.timeout(120)
+def test_bench_compare(tmp_path):
+  """--compare runs nothing: it prints B/A time ratios and writes a PNG."""
+  a, b = tmp_path / "a.json", tmp_path / "b.json"
+  _fake_results(a, 1.0)
+  _fake_results(b, 0.5)
+  png = tmp_path / "cmp.png"
+  env = {k: v for k, v in os.environ.items() if k != "XLA_FLAGS"}
+  proc = subprocess.run([sys.executable, "-m", "jax_smddp.bench", "--compare", str(a), str(b),
+                         "--plot", str(png)], cwd=tmp_path, env=env, capture_output=True,
+                        text=True, timeout=100)
+  assert proc.returncode == 0, proc.stdout + proc.stderr
+  assert "# all_gather" in proc.stdout and "# all_reduce" in proc.stdout
+  assert "0.50" in proc.stdout and "median 0.50" in proc.stdout
+  rows = bench.compare_results(json.loads(a.read_text()), json.loads(b.read_text()))
+  assert len(rows) == 4 and all(r["smddp"]["ratio"] == pytest.approx(0.5) for r in rows)
+  try:
+    import matplotlib  # noqa: F401
+  except ImportError:
+    return
+  assert png.exists() and png.stat().st_size > 1000
+
+
+def test_bench_compare_reports_unreadable_files(tmp_path):
+  proc = subprocess.run([sys.executable, "-m", "jax_smddp.bench", "--compare",
+                         str(tmp_path / "missing.json"), str(tmp_path / "b.json")],
+                        capture_output=True, text=True, timeout=60)
+  assert proc.returncode == 2 and "cannot read" in proc.stderr
+
+
+@pytest.mark.timeout(300)
+def test_bench_predict(tmp_path):
+  """--predict: the model's time and the tuner's choice beside each measurement."""
+  ops = ("all_gather", "reduce_scatter")
+  proc, out = run_bench(tmp_path, "--devices", "4", "--max-bytes", "16K", "--ops", ",".join(ops),
+                        "--predict", "--plot", str(tmp_path / "b.png"))
+  assert proc.returncode == 0, proc.stdout + proc.stderr
+  data = json.loads(out.read_text())
+  assert data["meta"]["model"]["machine"]
+  check_results(data["results"], ops)
+  for r in data["results"]:
+    assert r["choice"]["algorithm"] == "in_process" and r["choice"]["chunk_bytes"] >= 4096
+    assert r["prediction"]["time_us"] > 0 and r["prediction"]["algorithm"] == "in_process"
+    assert r["smddp"]["predicted_us"] == r["prediction"]["time_us"]
+    assert r["smddp"]["min_us"] <= r["smddp"]["time_us"]
+  assert "model us" in proc.stdout and "model/meas" in proc.stdout

@@ -1,0 +1,155 @@
+"""Algorithm and chunk-size choice per (op, size, layout), from the cost model.
+
+The engine asks :func:`choose` at lowering time (one answer per distinct
+(op, bytes, layout), cached). Within one process there is one algorithm
+(``in_process``: ranks share memory). Across processes the choice is
+``flat`` (every process exchanges with every other directly) or
+``hierarchical`` (rail routes: each byte crosses the network once per host,
+relayed over shared memory; only with >= 2 hosts of >= 2 processes each), and
+the message chunk (pipelining granularity). The model is
+:func:`jax_smddp.cost_model.local_machine`: this machine's calibration
+(``python -m jax_smddp.cost_model --calibrate``, cached in
+``~/.cache/jax_smddp/calibration.json``) when present, else defaults.
+
+Environment overrides (the reason then says "forced by ..."):
+
+* ``JAX_SMDDP_ALGORITHM`` = ``flat`` | ``hierarchical`` (hierarchical falls back
+  to flat where it is not valid, and says so);
+* ``JAX_SMDDP_CHUNK_BYTES`` = bytes (rounded up to a multiple of 64, at least
+  4096).
+
+Every choice is logged once at debug level on the ``jax_smddp`` logger.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import logging
+import os
+
+from jax_smddp import cost_model
+from jax_smddp.cost_model import Layout  # noqa: F401  (part of this module's interface)
+
+log = logging.getLogger("jax_smddp")
+
+OPS = cost_model.OPS
+MIN_CHUNK_BYTES = 4096
+
+
+@dataclasses.dataclass(frozen=True)
+class Choice:
+  algorithm: str    # "in_process" (one process), "flat" or "hierarchical" (across processes)
+  chunk_bytes: int  # message chunk for cross-process algorithms (multiple of 64, >= 4096)
+  reason: str       # short text for debug logs
+
+
+def _round_chunk(nbytes: int) -> int:
+  return max(MIN_CHUNK_BYTES, (int(nbytes) + 63) // 64 * 64)
+
+
+def _env_chunk() -> tuple[int | None, str]:
+  raw = os.environ.get("JAX_SMDDP_CHUNK_BYTES")
+  if raw is None or raw.strip() == "":
+    return None, ""
+  try:
+    value = int(float(raw))
+  except ValueError:
+    return None, f"JAX_SMDDP_CHUNK_BYTES={raw!r} is not a number (ignored)"
+  if value <= 0:
+    return None, f"JAX_SMDDP_CHUNK_BYTES={raw!r} is not positive (ignored)"
+  return _round_chunk(value), ""
+
+
+def _env_algorithm() -> tuple[str | None, str]:
+  raw = os.environ.get("JAX_SMDDP_ALGORITHM")
+  if raw is None or raw.strip() == "":
+    return None, ""
+  value = raw.strip().lower()
+  if value in ("flat", "hierarchical"):
+    return value, ""
+  return None, f"JAX_SMDDP_ALGORITHM={raw!r} is not flat or hierarchical (ignored)"
+
+
+def _us(seconds: float) -> str:
+  return f"{seconds * 1e3:.2f} ms" if seconds >= 1e-3 else f"{seconds * 1e6:.0f} us"
+
+
+def _valid_layout(layout) -> Layout:
+  h, p, d = (int(layout.hosts), int(layout.processes_per_host), int(layout.devices_per_process))
+  return Layout(max(1, h), max(1, p), max(1, d))
+
+
+def choose(op: str, bytes_per_rank: int, layout) -> Choice:
+  """The algorithm and chunk for one call; never raises for valid input (an
+  unexpected failure of the model falls back to the engine's defaults)."""
+  layout = _valid_layout(layout)
+  env = (os.environ.get("JAX_SMDDP_ALGORITHM"), os.environ.get("JAX_SMDDP_CHUNK_BYTES"))
+  return _choose(op, max(0, int(bytes_per_rank)), layout, env)
+
+
+@functools.lru_cache(maxsize=4096)
+def _choose(op: str, nbytes: int, layout: Layout, env) -> Choice:
+  try:
+    choice = _decide(op, nbytes, layout)
+  except Exception as e:  # never break lowering
+    algo = cost_model.default_algorithm(layout, op)
+    choice = Choice(algo, cost_model.DEFAULT_CHUNK_BYTES,
+                    f"default (model failed: {type(e).__name__}: {e})")
+  log.debug("jax_smddp tuning: %s %d bytes/rank on %s -> %s, chunk %d (%s)", op, nbytes,
+            layout.spec, choice.algorithm, choice.chunk_bytes, choice.reason)
+  return choice
+
+
+def _decide(op: str, nbytes: int, layout: Layout) -> Choice:
+  if op not in OPS:
+    raise ValueError(f"unknown op {op!r}")
+  forced_algo, algo_note = _env_algorithm()
+  forced_chunk, chunk_note = _env_chunk()
+  notes = [n for n in (algo_note, chunk_note) if n]
+  if layout.processes == 1:
+    chunk = forced_chunk or cost_model.DEFAULT_CHUNK_BYTES
+    return Choice("in_process", chunk, "; ".join(["one process: ranks share memory"] + notes))
+  machine = cost_model.local_machine()
+  valid = cost_model.hierarchical_valid(layout) and op != "all_to_all"
+  if forced_algo:
+    algo = forced_algo
+    reason = f"forced by JAX_SMDDP_ALGORITHM={forced_algo}"
+    if algo == "hierarchical" and not valid:
+      algo = "flat"
+      reason += (" (all_to_all is always direct; flat)" if op == "all_to_all" else
+                 " (not valid here: needs >= 2 hosts with >= 2 processes each; flat)")
+    if forced_chunk:
+      chunk = forced_chunk
+      reason += f", chunk forced by JAX_SMDDP_CHUNK_BYTES={forced_chunk}"
+    else:
+      top, _ = cost_model.best(op, nbytes, layout, machine, algorithms=[algo])
+      chunk = _round_chunk(top.chunk_bytes)
+      reason += f", chunk by model ({_us(top.time_s)})"
+    return Choice(algo, chunk, "; ".join([reason] + notes))
+  algos = ["flat", "hierarchical"] if valid else ["flat"]
+  if forced_chunk:
+    preds = {a: cost_model.predict(op, nbytes, layout, machine, a, forced_chunk) for a in algos}
+    default = cost_model.default_algorithm(layout, op)
+    algo = min(preds, key=lambda a: preds[a].time_s)
+    if default in preds and preds[algo].time_s >= 0.97 * preds[default].time_s:
+      algo = default
+    reason = (f"chunk forced by JAX_SMDDP_CHUNK_BYTES={forced_chunk}; model: " +
+              " vs ".join(f"{a} {_us(p.time_s)}" for a, p in sorted(preds.items(),
+                                                                   key=lambda kv: kv[0] != algo)))
+    return Choice(algo, forced_chunk, "; ".join([reason] + notes))
+  top, cands = cost_model.best(op, nbytes, layout, machine, algorithms=algos)
+  others = {}
+  for c in cands:
+    if c.algorithm != top.algorithm and (c.algorithm not in others or
+                                         c.time_s < others[c.algorithm].time_s):
+      others[c.algorithm] = c
+  reason = f"model ({machine.name}): {top.algorithm} {_us(top.time_s)}" + "".join(
+      f" vs {a} {_us(p.time_s)}" for a, p in sorted(others.items()))
+  return Choice(top.algorithm, _round_chunk(top.chunk_bytes), "; ".join([reason] + notes))
+
+
+def clear_cache() -> None:
+  """Forgets cached choices and the loaded calibration (after recalibrating)."""
+  _choose.cache_clear()
+  cost_model.local_machine.cache_clear()
