@@ -166,7 +166,7 @@ def test_bench_compare(tmp_path):
 def test_bench_compare_reports_unreadable_files(tmp_path):
   proc = subprocess.run([sys.executable, "-m", "jax_smddp.bench", "--compare",
                          str(tmp_path / "missing.json"), str(tmp_path / "b.json")],
-                        capture_output=True, text=True, timeout=60)
+                        capture_output=True, text=True, timeout=60, cwd=tmp_path)
   assert proc.returncode == 2 and "cannot read" in proc.stderr
 
 

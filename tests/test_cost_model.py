@@ -438,7 +438,8 @@ def test_figure_numbers():
 def test_figure_cli(tmp_path):
   out = tmp_path / "fig"
   proc = subprocess.run([sys.executable, "-m", "jax_smddp.figures", "--out", str(out),
-                         "--preset", "p4d.24xlarge"], capture_output=True, text=True, timeout=100)
+                         "--preset", "p4d.24xlarge"], capture_output=True, text=True, timeout=100,
+                        cwd=tmp_path)  # the installed package, not the source tree
   assert proc.returncode == 0, proc.stdout + proc.stderr
   data = json.loads((out / "allgather_network_utilisation.json").read_text())
   fig = data["figures"][0]
@@ -461,7 +462,8 @@ def test_calibrate_cli(tmp_path):
   out = tmp_path / "cal.json"
   data = os.path.join(DATA, "bench_2x2.json")
   proc = subprocess.run([sys.executable, "-m", "jax_smddp.cost_model", "--calibrate", "--from",
-                         data, "--out", str(out)], capture_output=True, text=True, timeout=100)
+                         data, "--out", str(out)], capture_output=True, text=True, timeout=100,
+                        cwd=tmp_path)
   assert proc.returncode == 0, proc.stdout + proc.stderr
   m = cm.load_machine(str(out))
   assert m.source == "fitted" and m.cores == (os.cpu_count() or 1)
@@ -469,5 +471,6 @@ def test_calibrate_cli(tmp_path):
   assert s["median_abs_error"] <= 0.25, s
   env = dict(os.environ, JAX_SMDDP_CALIBRATION=str(out))
   proc = subprocess.run([sys.executable, "-m", "jax_smddp.cost_model", "--predict", "all_gather",
-                         "1M", "2x2x1"], capture_output=True, text=True, timeout=100, env=env)
+                         "1M", "2x2x1"], capture_output=True, text=True, timeout=100, env=env,
+                        cwd=tmp_path)
   assert proc.returncode == 0 and "best:" in proc.stdout and "(local)" in proc.stdout, proc.stdout
