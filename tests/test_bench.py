@@ -98,7 +98,7 @@ def test_bench_two_by_two_compare_in_process(tmp_path):
 @pytest.mark.timeout(120)
 def test_bench_job_failure_is_reported(tmp_path):
   """A job past its deadline: the parent exits nonzero with the workers' output."""
-  proc, _ = run_bench(tmp_path, "--layout", "2x1", "--max-bytes", "4K", "--timeout", "1",
+  proc, _ = run_bench(tmp_path, "--layout", "2x1", "--max-bytes", "4K", "--timeout", "0.05",
                       "--no-plot", timeout=100)
   assert proc.returncode != 0
   assert "benchmark job failed" in proc.stderr and "--- process 0" in proc.stderr, proc.stderr
