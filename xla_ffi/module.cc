@@ -20,6 +20,8 @@
 #include "xla_ffi/cpu_handlers.h"
 #include "xla_ffi/engine/algorithms.h"
 #include "xla_ffi/engine/communicator.h"
+#include "xla_ffi/engine/host_stream_ops.h"
+#include "xla_ffi/engine/stream_algorithms.h"
 #include "xla_ffi/engine/world.h"
 
 namespace nb = nanobind;
@@ -79,6 +81,56 @@ std::vector<std::pair<int, std::string>> RendezvousProbe(int size, std::vector<i
   }
   smddp::SetTimeoutSeconds(saved);
   return results;
+}
+
+
+// Runs the stream-ordered algorithms (the GPU protocol) on host threads, one
+// per rank, over host memory: `calls` consecutive calls of one collective
+// (kind 0 all_gather, 1 reduce_scatter, 2 all_reduce, 3 all_to_all) with
+// `slot_bytes` staging slots. Returns each rank's output, or raises the first
+// rank's error. Tests the protocol (slots, flags, tiling) without a GPU.
+std::vector<nb::bytes> StreamProbe(int kind, int dtype, int op, size_t outer, size_t inner,
+                                   size_t count, size_t slot_bytes, std::vector<nb::bytes> inputs,
+                                   size_t out_bytes, int calls, double timeout_s) {
+  const int size = int(inputs.size());
+  smddp::Plan plan;
+  plan.kind = smddp::Plan::Kind(kind);
+  plan.dtype = smddp::DType(dtype);
+  plan.op = smddp::ReduceOp(op);
+  plan.outer = outer;
+  plan.inner = inner;
+  plan.count = count;
+  smddp::RegionLayout layout(size, slot_bytes);
+  std::vector<std::vector<uint8_t>> regions(size, std::vector<uint8_t>(layout.total_bytes + 64));
+  std::vector<uint8_t*> bases;
+  for (auto& r : regions) bases.push_back(reinterpret_cast<uint8_t*>((uintptr_t(r.data()) + 63) / 64 * 64));
+  std::vector<std::string> send;
+  for (auto& b : inputs) send.emplace_back(b.c_str(), b.size());
+  std::vector<std::string> recv(size, std::string(out_bytes, '\0'));
+  std::vector<smddp::Status> status(size);
+  {
+    nb::gil_scoped_release release;
+    std::vector<std::thread> threads;
+    for (int r = 0; r < size; ++r) {
+      threads.emplace_back([&, r] {
+        smddp::StreamRank me;
+        me.rank = r;
+        me.layout = layout;
+        me.regions = bases;
+        smddp::HostStreamOps ops(timeout_s);
+        for (int c = 0; c < calls && status[r].ok(); ++c) {
+          status[r] = smddp::RunStreamPlan(plan, me, ops, send[r].data(), recv[r].data());
+        }
+      });
+    }
+    for (auto& t : threads) t.join();
+  }
+  for (int r = 0; r < size; ++r) {
+    if (!status[r].ok()) throw std::runtime_error("rank " + std::to_string(r) + ": " + status[r].message());
+  }
+  std::vector<nb::bytes> out;
+  for (auto& r : recv) out.emplace_back(r.data(), r.size());
+  return out;
 }
 
 // Raises the engine's error as a Python RuntimeError.
@@ -175,4 +227,7 @@ NB_MODULE(_smddp_cpu, m) {
   BindWorld(m);
   m.def("rendezvous_probe", &RendezvousProbe, nb::arg("size"), nb::arg("present"),
         nb::arg("timeout_s"), nb::arg("count") = 1024, nb::arg("odd_rank") = -1);
+  m.def("stream_probe", &StreamProbe, nb::arg("kind"), nb::arg("dtype"), nb::arg("op"),
+        nb::arg("outer"), nb::arg("inner"), nb::arg("count"), nb::arg("slot_bytes"),
+        nb::arg("inputs"), nb::arg("out_bytes"), nb::arg("calls") = 1, nb::arg("timeout_s") = 20.0);
 }

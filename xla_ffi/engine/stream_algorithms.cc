@@ -1,0 +1,238 @@
+#include "xla_ffi/engine/stream_algorithms.h"
+
+#include <algorithm>
+#include <string>
+
+namespace smddp {
+
+RegionLayout::RegionLayout(int size_, size_t slot_bytes_) : size(size_) {
+  slot_bytes = std::max<size_t>((slot_bytes_ + 255) / 256 * 256, 256);
+  const size_t flags = kFlagStride * (1 + size_t(size));
+  slots_offset = (flags + 4095) / 4096 * 4096;
+  total_bytes = slots_offset + kSlots * slot_bytes;
+}
+
+namespace {
+
+// A tile of a [rows x inner] byte matrix: what one step moves per rank.
+struct Tile {
+  size_t row, rows;  // rows of the outer dimension
+  size_t col, width; // bytes within a row
+};
+
+// Splits [outer x inner bytes] into tiles whose `fanout` copies fit in `cap`
+// bytes (whole rows when a row fits, else pieces of one row, `align`ed).
+template <typename F>
+Status ForEachTile(size_t outer, size_t inner, size_t fanout, size_t cap, size_t align, F&& f) {
+  if (outer == 0 || inner == 0) return Status::Ok();
+  if (fanout * inner <= cap) {
+    const size_t per = cap / (fanout * inner);
+    for (size_t r = 0; r < outer; r += per) {
+      SMDDP_RETURN_IF_ERROR(f(Tile{r, std::min(per, outer - r), 0, inner}));
+    }
+    return Status::Ok();
+  }
+  const size_t w = cap / fanout / align * align;
+  if (w == 0) return Status::Error("jax_smddp: staging slot too small for one element per rank");
+  for (size_t r = 0; r < outer; ++r) {
+    for (size_t c = 0; c < inner; c += w) {
+      SMDDP_RETURN_IF_ERROR(f(Tile{r, 1, c, std::min(w, inner - c)}));
+    }
+  }
+  return Status::Ok();
+}
+
+// The step protocol of stream_algorithms.h for one rank.
+class Steps {
+ public:
+  Steps(StreamRank& me, StreamOps& ops) : me_(me), ops_(ops), layout_(me.layout) {}
+
+  int size() const { return layout_.size; }
+  int rank() const { return me_.rank; }
+  size_t cap() const { return layout_.slot_bytes; }
+
+  // Starts the next step; its slot is free once every peer consumed the step
+  // that last used it.
+  Status Begin(uint8_t** slot) {
+    step_ = ++me_.step;
+    if (step_ > uint32_t(RegionLayout::kSlots)) {
+      for (int q = 0; q < size(); ++q) {
+        if (q == rank()) continue;
+        SMDDP_RETURN_IF_ERROR(ops_.WaitAtLeast(Consumed(rank(), q), step_ - RegionLayout::kSlots));
+      }
+    }
+    *slot = Slot(rank());
+    return Status::Ok();
+  }
+  Status Post() { return ops_.Write(Posted(rank()), step_); }
+  // Waits until peer q posted this step; returns its slot.
+  Status Await(int q, const uint8_t** slot) {
+    *slot = Slot(q);
+    return q == rank() ? Status::Ok() : ops_.WaitAtLeast(Posted(q), step_);
+  }
+  Status Release(int q) {
+    return q == rank() ? Status::Ok() : ops_.Write(Consumed(q, rank()), step_);
+  }
+
+ private:
+  uint8_t* Slot(int q) const {
+    return me_.regions[q] + layout_.slot_offset(int(step_ % RegionLayout::kSlots));
+  }
+  uint32_t* Posted(int q) const {
+    return reinterpret_cast<uint32_t*>(me_.regions[q] + layout_.posted_offset());
+  }
+  uint32_t* Consumed(int owner, int reader) const {
+    return reinterpret_cast<uint32_t*>(me_.regions[owner] + layout_.consumed_offset(reader));
+  }
+
+  StreamRank& me_;
+  StreamOps& ops_;
+  const RegionLayout& layout_;
+  uint32_t step_ = 0;
+};
+
+// recv[o, p, :] = send_p[o, :]
+Status Gather(Steps& st, StreamOps& ops, const uint8_t* send, uint8_t* recv, size_t outer,
+              size_t inner) {
+  const int P = st.size(), me = st.rank();
+  SMDDP_RETURN_IF_ERROR(ops.Copy2D(recv + me * inner, P * inner, send, inner, inner, outer));
+  return ForEachTile(outer, inner, 1, st.cap(), 1, [&](const Tile& t) -> Status {
+    uint8_t* mine;
+    SMDDP_RETURN_IF_ERROR(st.Begin(&mine));
+    SMDDP_RETURN_IF_ERROR(ops.Copy2D(mine, t.width, send + t.row * inner + t.col, inner, t.width, t.rows));
+    SMDDP_RETURN_IF_ERROR(st.Post());
+    for (int k = 1; k < P; ++k) {
+      const int q = (me + k) % P;  // staggered so ranks do not all read one peer at once
+      const uint8_t* theirs;
+      SMDDP_RETURN_IF_ERROR(st.Await(q, &theirs));
+      SMDDP_RETURN_IF_ERROR(ops.Copy2D(recv + (t.row * P + q) * inner + t.col, P * inner, theirs,
+                                       t.width, t.width, t.rows));
+      SMDDP_RETURN_IF_ERROR(st.Release(q));
+    }
+    return Status::Ok();
+  });
+}
+
+// Posts tile t of send [outer, P, inner] as [rows, P, width] into this step's slot.
+Status PostBlocks(Steps& st, StreamOps& ops, const uint8_t* send, size_t inner, const Tile& t) {
+  uint8_t* mine;
+  SMDDP_RETURN_IF_ERROR(st.Begin(&mine));
+  const size_t P = size_t(st.size());
+  SMDDP_RETURN_IF_ERROR(ops.Copy2D(mine, t.width, send + t.row * P * inner + t.col, inner, t.width,
+                                   t.rows * P));
+  return st.Post();
+}
+
+// recv[o, p, :] = send_p[o, rank, :]
+Status Swap(Steps& st, StreamOps& ops, const uint8_t* send, uint8_t* recv, size_t outer,
+                size_t inner) {
+  const int P = st.size(), me = st.rank();
+  SMDDP_RETURN_IF_ERROR(ops.Copy2D(recv + me * inner, P * inner, send + me * inner, P * inner,
+                                   inner, outer));
+  return ForEachTile(outer, inner, P, st.cap(), 1, [&](const Tile& t) -> Status {
+    SMDDP_RETURN_IF_ERROR(PostBlocks(st, ops, send, inner, t));
+    for (int k = 1; k < P; ++k) {
+      const int q = (me + k) % P;
+      const uint8_t* theirs;
+      SMDDP_RETURN_IF_ERROR(st.Await(q, &theirs));
+      SMDDP_RETURN_IF_ERROR(ops.Copy2D(recv + (t.row * P + q) * inner + t.col, P * inner,
+                                       theirs + me * t.width, P * t.width, t.width, t.rows));
+      SMDDP_RETURN_IF_ERROR(st.Release(q));
+    }
+    return Status::Ok();
+  });
+}
+
+// recv[o, :] = reduce_p send_p[o, rank, :]; inner in elements.
+Status Scatter(Steps& st, StreamOps& ops, const uint8_t* send, uint8_t* recv, size_t outer,
+               size_t inner, DType dtype, ReduceOp op) {
+  const int P = st.size(), me = st.rank();
+  const size_t E = ElementSize(dtype), inner_b = inner * E;
+  std::vector<const void*> srcs(P);
+  return ForEachTile(outer, inner_b, P, st.cap(), E, [&](const Tile& t) -> Status {
+    SMDDP_RETURN_IF_ERROR(PostBlocks(st, ops, send, inner_b, t));
+    for (int q = 0; q < P; ++q) {
+      const uint8_t* theirs;
+      SMDDP_RETURN_IF_ERROR(st.Await(q, &theirs));
+      srcs[q] = theirs + me * t.width;
+    }
+    SMDDP_RETURN_IF_ERROR(ops.Reduce(recv + t.row * inner_b + t.col, inner_b, srcs.data(), P,
+                                     P * t.width, t.width / E, t.rows, dtype, op));
+    for (int q = 0; q < P; ++q) SMDDP_RETURN_IF_ERROR(st.Release(q));
+    return Status::Ok();
+  });
+}
+
+// recv = reduce_p send_p, balanced: rank r reduces shard r (elements
+// [r L, (r + 1) L) clipped to count) from every peer's slot, then every rank
+// copies each reduced shard from its owner's slot.
+Status ReduceAll(Steps& st, StreamOps& ops, const uint8_t* send, uint8_t* recv, size_t count,
+                 DType dtype, ReduceOp op) {
+  const int P = st.size(), me = st.rank();
+  const size_t E = ElementSize(dtype);
+  const size_t L = (count + P - 1) / P;
+  auto valid = [&](int q, size_t j, size_t w) -> size_t {  // elements of shard q in [j, j + w)
+    const size_t begin = std::min(count, q * L + j);
+    const size_t end = std::min({count, q * L + j + w, (q + 1) * L});
+    return end > begin ? end - begin : 0;
+  };
+  std::vector<const void*> srcs(P);
+  return ForEachTile(1, L * E, P, st.cap(), E, [&](const Tile& t) -> Status {
+    const size_t j = t.col / E, w = t.width / E;
+    uint8_t* mine;
+    SMDDP_RETURN_IF_ERROR(st.Begin(&mine));
+    for (int q = 0; q < P; ++q) {
+      const size_t n = valid(q, j, w);
+      if (n) SMDDP_RETURN_IF_ERROR(ops.Copy(mine + q * t.width, send + (q * L + j) * E, n * E));
+    }
+    SMDDP_RETURN_IF_ERROR(st.Post());
+    const size_t own = valid(me, j, w);
+    for (int q = 0; q < P; ++q) {
+      const uint8_t* theirs;
+      SMDDP_RETURN_IF_ERROR(st.Await(q, &theirs));
+      srcs[q] = theirs + me * t.width;
+    }
+    if (own) {
+      SMDDP_RETURN_IF_ERROR(ops.Reduce(recv + (me * L + j) * E, own * E, srcs.data(), P, own * E,
+                                       own, 1, dtype, op));
+    }
+    for (int q = 0; q < P; ++q) SMDDP_RETURN_IF_ERROR(st.Release(q));
+    // Spread the reduced shards like a gather.
+    SMDDP_RETURN_IF_ERROR(st.Begin(&mine));
+    if (own) SMDDP_RETURN_IF_ERROR(ops.Copy(mine, recv + (me * L + j) * E, own * E));
+    SMDDP_RETURN_IF_ERROR(st.Post());
+    for (int k = 1; k < P; ++k) {
+      const int q = (me + k) % P;
+      const uint8_t* theirs;
+      SMDDP_RETURN_IF_ERROR(st.Await(q, &theirs));
+      const size_t n = valid(q, j, w);
+      if (n) SMDDP_RETURN_IF_ERROR(ops.Copy(recv + (q * L + j) * E, theirs, n * E));
+      SMDDP_RETURN_IF_ERROR(st.Release(q));
+    }
+    return Status::Ok();
+  });
+}
+
+}  // namespace
+
+Status RunStreamPlan(const Plan& plan, StreamRank& me, StreamOps& ops, const void* send_v,
+                     void* recv_v) {
+  const auto* send = static_cast<const uint8_t*>(send_v);
+  auto* recv = static_cast<uint8_t*>(recv_v);
+  if (int(me.regions.size()) != me.layout.size || me.rank < 0 || me.rank >= me.layout.size)
+    return Status::Error("jax_smddp: stream communicator is not set up for this rank");
+  Steps steps(me, ops);
+  switch (plan.kind) {
+    case Plan::Kind::kAllGather:
+      return Gather(steps, ops, send, recv, plan.outer, plan.inner);
+    case Plan::Kind::kAllToAll:
+      return Swap(steps, ops, send, recv, plan.outer, plan.inner);
+    case Plan::Kind::kReduceScatter:
+      return Scatter(steps, ops, send, recv, plan.outer, plan.inner, plan.dtype, plan.op);
+    case Plan::Kind::kAllReduce:
+      return ReduceAll(steps, ops, send, recv, plan.count, plan.dtype, plan.op);
+  }
+  return Status::Error("jax_smddp: unknown collective kind");
+}
+
+}  // namespace smddp

@@ -1,0 +1,60 @@
+// Collectives as stream-ordered steps over registered staging memory, for
+// memory the host must not wait on (GPU memory; the handler only enqueues).
+//
+// Each rank owns one registered region that every peer has mapped (CUDA IPC
+// or peer access on GPUs, plain pointers in tests): a `posted` flag, one
+// `consumed` flag per peer, and kSlots staging slots. A call is a sequence of
+// steps; in step s a rank
+//   1. waits until every peer consumed step s - kSlots (its slot is free),
+//   2. copies its part of the step into slot s % kSlots and sets posted = s,
+//   3. for each peer: waits for the peer's posted >= s, copies or reduces
+//      straight out of the peer's slot into its output, and sets the peer's
+//      consumed[rank] = s.
+// Ranks keep their own step counters, equal because every rank runs the same
+// calls on a communicator in the same order. Nothing here blocks the host
+// except in the host implementation of StreamOps.
+#ifndef JAX_SMDDP_ENGINE_STREAM_ALGORITHMS_H_
+#define JAX_SMDDP_ENGINE_STREAM_ALGORITHMS_H_
+
+#include <cstddef>
+#include <cstdint>
+#include <vector>
+
+#include "xla_ffi/engine/algorithms.h"  // Plan
+#include "xla_ffi/engine/stream_ops.h"
+
+namespace smddp {
+
+// Where things are in a rank's registered region.
+struct RegionLayout {
+  static constexpr int kSlots = 2;  // double-buffered: post step s+1 while peers read s
+  static constexpr size_t kFlagStride = 64;  // one cache line per flag
+
+  RegionLayout(int size, size_t slot_bytes);
+
+  size_t posted_offset() const { return 0; }
+  size_t consumed_offset(int peer) const { return kFlagStride * (1 + size_t(peer)); }
+  size_t slot_offset(int slot) const { return slots_offset + size_t(slot) * slot_bytes; }
+
+  int size;
+  size_t slot_bytes;     // a multiple of 256
+  size_t slots_offset;   // page aligned
+  size_t total_bytes;    // what to allocate (zeroed) per rank
+};
+
+// One rank's view of a communicator's regions.
+struct StreamRank {
+  int rank = 0;
+  RegionLayout layout{1, 256};
+  std::vector<uint8_t*> regions;  // every rank's region, as this rank addresses it
+  uint32_t step = 0;              // steps run so far (host side)
+};
+
+// Runs one collective of `plan` (kinds and layouts as in algorithms.h) on
+// `ops`: recv of the same shapes as the host algorithms.
+Status RunStreamPlan(const Plan& plan, StreamRank& me, StreamOps& ops, const void* send,
+                     void* recv);
+
+}  // namespace smddp
+
+#endif  // JAX_SMDDP_ENGINE_STREAM_ALGORITHMS_H_
