@@ -6,14 +6,19 @@ checks) is delegated to jax.lax's abstract evaluation, so a jax_smddp
 collective types exactly like its lax twin; the primitive's own rules are
 batching, differentiation and lowering. On CPU the lowering emits the plugin's
 FFI custom call; any case the engine does not handle (and every other
-platform, until the GPU backend lands) lowers through jax.lax's own rule.
+platform but CUDA) lowers through jax.lax's own rule. On CUDA the lowering
+emits the GPU backend's custom call (jax_smddp/gpu.py sets up its
+communicators), placed on XLA's collective stream by JAX's stream annotation
+so XLA overlaps it with compute like its own collectives.
 """
 
 from __future__ import annotations
 
+import inspect
 import itertools
 import logging
 import os
+import threading
 from typing import Any, Callable
 
 import numpy as np
@@ -43,7 +48,14 @@ ENGINE_DTYPES = frozenset(np.dtype(t) for t in (
 REDUCE_OPS = {"sum": 0, "max": 1, "min": 2}
 
 # Lowering platforms that have their own jax.lax rules we fall back to.
-_OTHER_PLATFORMS = ("cuda", "rocm", "tpu")
+_OTHER_PLATFORMS = ("rocm", "tpu")
+
+# The platform a lowering rule is emitting for (emit_ffi_call reads it).
+_lowering = threading.local()
+
+
+class _Unsupported(Exception):
+  """Raised while emitting when the backend cannot take the call."""
 
 _OP_IDS = ("jax_smddp", "op_ids")  # key of the per-module op counter
 _MODULE_UID = ("jax_smddp", "module_uid")
@@ -116,11 +128,97 @@ def make_primitive(name: str, to_lax: Callable[..., tuple[core.Primitive, dict]]
       return fallback("cpu")(ctx, x, **params)
     return out
 
+  def cuda_rule(ctx, x, **params):
+    out = lower_cuda(p, lower_cpu, ctx, x, params)
+    if isinstance(out, str):
+      _log_fallback_once(name, out)
+      return fallback("cuda")(ctx, x, **params)
+    return out
+
   mlir.register_lowering(p, fallback(None))
   for platform in _OTHER_PLATFORMS:
     mlir.register_lowering(p, fallback(platform), platform=platform)
   mlir.register_lowering(p, cpu_rule, platform="cpu")
+  mlir.register_lowering(p, cuda_rule, platform="cuda")
   return p
+
+
+COLLECTIVE_STREAM = "gpu_stream:collective"
+
+
+def _stream_annotator():
+  """JAX's function-form stream annotation: compute_on2 in jax 0.10.1-0.11.0,
+  compute_on from 0.12 (None before 0.10.1: no annotation)."""
+  from jax._src import compute_on as co
+  for name in ("compute_on2", "compute_on"):
+    fn = getattr(co, name, None)
+    if fn is not None and "out_memory_spaces" in inspect.signature(fn).parameters:
+      return fn
+  return None
+
+
+def collective_stream_enabled() -> bool:
+  """JAX_SMDDP_GPU_STREAM=collective (default) puts every GPU collective on
+  XLA's collective stream; =compute leaves it on the compute stream."""
+  value = os.environ.get("JAX_SMDDP_GPU_STREAM", "collective").strip().lower()
+  if value not in ("collective", "compute"):
+    raise ValueError(f"JAX_SMDDP_GPU_STREAM={value!r}: use 'collective' or 'compute'")
+  return value == "collective"
+
+
+def lower_cuda(prim, lower, ctx, x, params):
+  """The GPU backend's lowering of `prim` (bound with `params`), or a string
+  saying why it does not take the call. `lower(ctx, x, **params)` is the
+  collective's platform-independent lowering (it calls emit_ffi_call)."""
+  if not _native.register_cuda_targets():
+    why = ("this jax_smddp was built without CUDA (nvcc was not found when it was installed): "
+           "its collectives lower to XLA's own on GPUs")
+    _warn_once(why)
+    return why
+  annotated = _on_collective_stream(prim, ctx, x, params)
+  if annotated is not None:
+    return annotated
+  _lowering.platform = "cuda"
+  try:
+    return lower(ctx, x, **params)
+  except _Unsupported as e:
+    return str(e)
+  finally:
+    _lowering.platform = None
+
+
+def _cuda_takes(ctx, params) -> bool:
+  """Whether the GPU backend will take this call (checked before annotating,
+  so a call that falls back to XLA's collective is never annotated)."""
+  from jax_smddp import gpu
+  axes = params.get("axis_name", params.get("axes"))
+  if axes is None or params.get("axis_index_groups") is not None:
+    return False
+  axes = axes_tuple(axes)
+  dtype = np.dtype(ctx.avals_in[0].dtype)
+  reduces = "axes" in params or "scatter_dimension" in params
+  if engine_unsupported(ctx, dtype, axes) or (reduces and dtype == np.bool_):
+    return False
+  groups = pxla.axis_groups(ctx.module_context.axis_context, axes)
+  return gpu.unsupported(ctx.module_context.axis_context.mesh, groups) is None
+
+
+def _on_collective_stream(p, ctx, x, params):
+  """Lowers `p` inside JAX's stream annotation, so XLA wraps the custom call
+  as an asynchronous start/done pair on its collective stream; None when
+  already inside one, when disabled, when this jax has no annotation, or when
+  the GPU backend will not take the call."""
+  eqn_ctx = getattr(ctx, "jaxpr_eqn_ctx", None)
+  if eqn_ctx is not None and getattr(eqn_ctx, "compute_type", None):
+    return None
+  if not collective_stream_enabled():
+    return None
+  annotate = _stream_annotator()
+  if annotate is None or not _cuda_takes(ctx, params):
+    return None
+  body = annotate(lambda v: p.bind(v, **params), compute_type=COLLECTIVE_STREAM,
+                  out_memory_spaces=core.MemorySpace.Device)
+  return mlir.lower_fun(body, multiple_results=False)(ctx, x)
 
 
 def lax_rule(lax_prim: core.Primitive, platform: str | None):
@@ -130,6 +228,12 @@ def lax_rule(lax_prim: core.Primitive, platform: str | None):
 
 
 _logged: set = set()
+
+
+def _warn_once(why: str) -> None:
+  if why not in _logged:
+    _logged.add(why)
+    log.warning("jax_smddp: %s", why)
 
 
 def _log_fallback_once(name: str, why: str) -> None:
@@ -159,6 +263,8 @@ def emit_ffi_call(ctx, target: str, x, axes: tuple, x_aval, out_aval, **attrs):
   replica groups); attributes are the replica groups, the op's position in the
   module (with the XLA run id, the rendezvous key) and per-op layout.
   """
+  if getattr(_lowering, "platform", None) == "cuda":
+    return _emit_cuda_call(ctx, target, x, axes, x_aval, out_aval, **attrs)
   _native.register_cpu_targets()
   axis_ctx = ctx.module_context.axis_context
   groups = np.asarray(pxla.axis_groups(axis_ctx, axes), dtype=np.int64)
@@ -181,6 +287,34 @@ def emit_ffi_call(ctx, target: str, x, axes: tuple, x_aval, out_aval, **attrs):
       site_uid=np.int64((cache[_MODULE_UID] * 1_000_003 + op_id) & 0x7FFF_FFFF_FFFF_FFFF),
       routing=np.int64(routing),
       chunk_bytes=np.int64(chunk_bytes),
+      **{k: np.int64(v) for k, v in attrs.items()})
+
+
+def _emit_cuda_call(ctx, target: str, x, axes: tuple, x_aval, out_aval, **attrs):
+  """The GPU backend's custom call: the input only (the device's rank comes
+  from its ordinal: a partition id on the GPU would need a device-to-host
+  copy), with each partition's process and device ordinal."""
+  from jax_smddp import gpu
+  axis_ctx = ctx.module_context.axis_context
+  mesh = axis_ctx.mesh
+  groups = np.asarray(pxla.axis_groups(axis_ctx, axes), dtype=np.int64)
+  why = gpu.unsupported(mesh, groups)
+  if why:
+    raise _Unsupported(why)
+  gpu.prepare(mesh, groups)
+  devices = list(mesh.devices.flat)
+  processes = np.asarray([d.process_index for d in devices], np.int64)
+  ordinals = np.asarray([d.local_hardware_id if d.local_hardware_id is not None else d.id
+                         for d in devices], np.int64)
+  op_ids = ctx.module_context.cached_primitive_lowerings.setdefault(_OP_IDS, itertools.count())
+  call_ctx = ctx.replace(avals_in=[x_aval], avals_out=[out_aval])
+  return jax.ffi.ffi_lowering(target)(
+      call_ctx, x,
+      op_id=np.int64(next(op_ids)),
+      groups=groups.reshape(-1),
+      group_size=np.int64(groups.shape[1]),
+      processes=processes,
+      ordinals=ordinals,
       **{k: np.int64(v) for k, v in attrs.items()})
 
 

@@ -27,6 +27,30 @@ def register_cpu_targets() -> None:
     jax.ffi.register_ffi_target(name, stages, platform="cpu")
 
 
+try:
+  from jax_smddp import _smddp_cuda  # built only where nvcc was found
+except ImportError:
+  _smddp_cuda = None
+
+
+@functools.cache
+def register_cuda_targets() -> bool:
+  """Registers the CUDA handlers; False when the CUDA backend was not built."""
+  if _smddp_cuda is None:
+    return False
+  for name, registration in _smddp_cuda.type_registrations().items():
+    jax.ffi.register_ffi_type(name, registration, platform="CUDA")
+  for name, stages in _smddp_cuda.registrations().items():
+    jax.ffi.register_ffi_target(name, stages, platform="CUDA")
+  return True
+
+
+def cuda_engine():
+  """The CUDA engine module, or None when this install has no CUDA backend
+  (built without nvcc)."""
+  return _smddp_cuda
+
+
 def engine():
   """The CPU engine module (settings and test entry points)."""
   return _smddp_cpu

@@ -33,6 +33,8 @@ import jax
 from jax._src.interpreters import mlir
 from jax._src.lax import parallel as lax_parallel
 
+from jax_smddp import _collective as c
+
 # The modules, not the functions of the same name that jax_smddp exports.
 _ag = importlib.import_module("jax_smddp.all_gather")
 _ar = importlib.import_module("jax_smddp.all_reduce")
@@ -54,7 +56,7 @@ _ALIASES = {
     "all_to_all": "all_to_all",
 }
 
-_PLATFORM = "cpu"  # the engine's platform in this release
+_PLATFORMS = ("cpu", "cuda")  # where jax_smddp has a backend
 
 Lowered = Any  # lowered values, or a string saying why jax_smddp does not take the call
 
@@ -136,19 +138,28 @@ def _takeovers() -> dict[str, list[tuple[Any, Callable[..., Lowered]]]]:
 
 
 _active: set[str] = set()
-_saved: dict[Any, Any] = {}  # lax primitive -> its original CPU-specific entry (or None)
+_saved: dict[Any, Any] = {}  # (lax primitive, platform) -> its original entry there (or None)
 _logged: set = set()
 
 
 def _install(prim, lower: Callable[..., Lowered]) -> None:
-  table = mlir._platform_specific_lowerings[_PLATFORM]
+  for platform in _PLATFORMS:
+    _install_for(prim, lower, platform)
+
+
+def _install_for(prim, lower: Callable[..., Lowered], platform: str) -> None:
+  table = mlir._platform_specific_lowerings[platform]
   original = table.get(prim)
-  _saved[prim] = original
+  _saved[(prim, platform)] = original
   entry = original if original is not None else mlir._lowerings[prim]
   original_rule = entry.rule
 
   def rule(ctx, *args, **params):
-    out = lower(ctx, *args, **params)
+    if platform == "cuda":
+      out = (c.lower_cuda(prim, lambda ctx, x, **kw: lower(ctx, x, **kw), ctx, args[0], params)
+             if len(args) == 1 else f"{len(args)} operands in one call")
+    else:
+      out = lower(ctx, *args, **params)
     if isinstance(out, str):
       if (prim.name, out) not in _logged:
         _logged.add((prim.name, out))
@@ -157,16 +168,17 @@ def _install(prim, lower: Callable[..., Lowered]) -> None:
     return out
 
   rule.__name__ = f"smddp_swapped_{prim.name}"
-  mlir.register_lowering(prim, rule, platform=_PLATFORM, inline=entry.inline)
+  mlir.register_lowering(prim, rule, platform=platform, inline=entry.inline)
 
 
 def _uninstall(prim) -> None:
-  table = mlir._platform_specific_lowerings[_PLATFORM]
-  original = _saved.pop(prim)
-  if original is None:
-    table.pop(prim, None)
-  else:
-    table[prim] = original
+  for platform in _PLATFORMS:
+    table = mlir._platform_specific_lowerings[platform]
+    original = _saved.pop((prim, platform))
+    if original is None:
+      table.pop(prim, None)
+    else:
+      table[prim] = original
 
 
 def parse(ops: Iterable[str] | str) -> frozenset[str]:

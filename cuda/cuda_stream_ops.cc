@@ -1,0 +1,135 @@
+#include "cuda/cuda_stream_ops.h"
+
+#include <cstdlib>
+#include <mutex>
+#include <string>
+
+#include <cuda.h>
+
+#include "cuda/kernels.h"
+
+namespace smddp {
+namespace cuda {
+namespace {
+
+using WaitValueFn = CUresult (*)(CUstream, CUdeviceptr, cuuint32_t, unsigned int);
+using WriteValueFn = CUresult (*)(CUstream, CUdeviceptr, cuuint32_t, unsigned int);
+
+struct MemOps {
+  WaitValueFn wait = nullptr;
+  WriteValueFn write = nullptr;
+};
+
+// Resolved through the runtime (no link-time dependency on libcuda).
+const MemOps& DriverMemOps() {
+  static MemOps ops = [] {
+    MemOps m;
+    void* wait = nullptr;
+    void* write = nullptr;
+    cudaDriverEntryPointQueryResult found_wait, found_write;
+    if (cudaGetDriverEntryPointByVersion("cuStreamWaitValue32", &wait, 12000, cudaEnableDefault,
+                                         &found_wait) == cudaSuccess &&
+        cudaGetDriverEntryPointByVersion("cuStreamWriteValue32", &write, 12000, cudaEnableDefault,
+                                         &found_write) == cudaSuccess &&
+        found_wait == cudaDriverEntryPointSuccess && found_write == cudaDriverEntryPointSuccess) {
+      m.wait = reinterpret_cast<WaitValueFn>(wait);
+      m.write = reinterpret_cast<WriteValueFn>(write);
+    }
+    cudaGetLastError();  // a failed lookup must not poison later calls
+    return m;
+  }();
+  return ops;
+}
+
+Status CudaError(const char* what, cudaError_t err) {
+  return Status::Error(std::string("jax_smddp (GPU): ") + what + " failed: " +
+                       cudaGetErrorString(err));
+}
+
+}  // namespace
+
+GpuSettings GpuSettings::FromEnvironment() {
+  GpuSettings s;
+  if (const char* v = std::getenv("JAX_SMDDP_GPU_COPIES")) {
+    if (std::string(v) == "kernel") s.copies = Copies::kKernel;
+  }
+  if (const char* v = std::getenv("JAX_SMDDP_GPU_FLAGS")) {
+    if (std::string(v) == "kernel") s.flags = Flags::kKernel;
+  }
+  if (const char* v = std::getenv("JAX_SMDDP_GPU_MAX_BLOCKS")) {
+    const int n = std::atoi(v);
+    if (n > 0) s.max_blocks = n;
+  }
+  return s;
+}
+
+GpuCounters& Counters() {
+  static GpuCounters* counters = new GpuCounters();
+  return *counters;
+}
+
+bool HaveStreamMemOps() { return DriverMemOps().wait != nullptr; }
+
+CudaStreamOps::CudaStreamOps(cudaStream_t stream, const GpuSettings& settings)
+    : stream_(stream), settings_(settings),
+      memops_(settings.flags == GpuSettings::Flags::kMemOps && HaveStreamMemOps()) {}
+
+Status CudaStreamOps::Copy2D(void* dst, size_t dpitch, const void* src, size_t spitch,
+                             size_t width, size_t rows) {
+  if (width == 0 || rows == 0) return Status::Ok();
+  cudaError_t err;
+  if (settings_.copies == GpuSettings::Copies::kEngine) {
+    Counters().engine_copies++;
+    err = rows == 1 ? cudaMemcpyAsync(dst, src, width, cudaMemcpyDefault, stream_)
+                    : cudaMemcpy2DAsync(dst, dpitch, src, spitch, width, rows, cudaMemcpyDefault,
+                                        stream_);
+  } else {
+    Counters().copy_kernels++;
+    err = LaunchCopy2D(dst, dpitch, src, spitch, width, rows, settings_.max_blocks, stream_);
+  }
+  return err == cudaSuccess ? Status::Ok() : CudaError("copy", err);
+}
+
+Status CudaStreamOps::Reduce(void* dst, size_t dpitch, const void* const* srcs, int n,
+                             size_t spitch, size_t count, size_t rows, DType dtype, ReduceOp op) {
+  Counters().reduce_kernels++;
+  const cudaError_t err = LaunchReduce(dst, dpitch, srcs, n, spitch, count, rows,
+                                       ElementType(uint8_t(dtype)), Reduction(uint8_t(op)),
+                                       settings_.max_blocks, stream_);
+  if (err == cudaErrorInvalidValue)
+    return Status::Error(std::string("jax_smddp (GPU): cannot reduce ") + DTypeName(dtype) +
+                         " with " + ReduceOpName(op) + " in this layout");
+  return err == cudaSuccess ? Status::Ok() : CudaError("reduction kernel", err);
+}
+
+Status CudaStreamOps::WaitAtLeast(const uint32_t* flag, uint32_t value) {
+  if (memops_) {
+    Counters().flag_memops++;
+    const CUresult r = DriverMemOps().wait(reinterpret_cast<CUstream>(stream_), CUdeviceptr(flag),
+                                           value, CU_STREAM_WAIT_VALUE_GEQ);
+    if (r == CUDA_SUCCESS) return Status::Ok();
+    return Status::Error("jax_smddp (GPU): cuStreamWaitValue32 failed (error " + std::to_string(int(r)) +
+                         "); set JAX_SMDDP_GPU_FLAGS=kernel to use flag kernels");
+  }
+  Counters().flag_kernels++;
+  const cudaError_t err = LaunchWaitFlag(flag, value, stream_);
+  return err == cudaSuccess ? Status::Ok() : CudaError("flag wait kernel", err);
+}
+
+Status CudaStreamOps::Write(uint32_t* flag, uint32_t value) {
+  if (memops_) {
+    Counters().flag_memops++;
+    // The default flags order the write after earlier work with a memory barrier.
+    const CUresult r = DriverMemOps().write(reinterpret_cast<CUstream>(stream_), CUdeviceptr(flag),
+                                            value, CU_STREAM_WRITE_VALUE_DEFAULT);
+    if (r == CUDA_SUCCESS) return Status::Ok();
+    return Status::Error("jax_smddp (GPU): cuStreamWriteValue32 failed (error " + std::to_string(int(r)) +
+                         "); set JAX_SMDDP_GPU_FLAGS=kernel to use flag kernels");
+  }
+  Counters().flag_kernels++;
+  const cudaError_t err = LaunchWriteFlag(flag, value, stream_);
+  return err == cudaSuccess ? Status::Ok() : CudaError("flag write kernel", err);
+}
+
+}  // namespace cuda
+}  // namespace smddp

@@ -1,0 +1,66 @@
+// StreamOps on CUDA streams: every call enqueues on the stream XLA gave the
+// handler and returns at once. Copies go to the copy engines
+// (cudaMemcpy2DAsync, no SMs) or to a kernel of at most `max_blocks` blocks;
+// reductions always run as kernels within that budget; flags use the driver's
+// stream memory operations (cuStreamWaitValue32 / cuStreamWriteValue32, no
+// kernel) when the driver has them, else one-thread kernels.
+#ifndef JAX_SMDDP_CUDA_CUDA_STREAM_OPS_H_
+#define JAX_SMDDP_CUDA_CUDA_STREAM_OPS_H_
+
+#include <atomic>
+#include <cstdint>
+
+#include <cuda_runtime_api.h>
+
+#include "xla_ffi/engine/stream_ops.h"
+
+namespace smddp {
+namespace cuda {
+
+struct GpuSettings {
+  enum class Copies : uint8_t { kEngine, kKernel };
+  enum class Flags : uint8_t { kMemOps, kKernel };
+  Copies copies = Copies::kEngine;
+  Flags flags = Flags::kMemOps;
+  int max_blocks = 8;
+
+  // JAX_SMDDP_GPU_COPIES=engine|kernel, JAX_SMDDP_GPU_FLAGS=memops|kernel,
+  // JAX_SMDDP_GPU_MAX_BLOCKS=N (default 8).
+  static GpuSettings FromEnvironment();
+};
+
+// What the ops enqueued, process-wide (tests check the copy-engine mode
+// launches no data-movement kernel).
+struct GpuCounters {
+  std::atomic<uint64_t> copy_kernels{0};
+  std::atomic<uint64_t> engine_copies{0};
+  std::atomic<uint64_t> reduce_kernels{0};
+  std::atomic<uint64_t> flag_kernels{0};
+  std::atomic<uint64_t> flag_memops{0};
+};
+GpuCounters& Counters();
+
+// Whether the driver provides stream memory operations (resolved once).
+bool HaveStreamMemOps();
+
+class CudaStreamOps : public StreamOps {
+ public:
+  CudaStreamOps(cudaStream_t stream, const GpuSettings& settings);
+
+  Status Copy2D(void* dst, size_t dpitch, const void* src, size_t spitch, size_t width,
+                size_t rows) override;
+  Status Reduce(void* dst, size_t dpitch, const void* const* srcs, int n, size_t spitch,
+                size_t count, size_t rows, DType dtype, ReduceOp op) override;
+  Status WaitAtLeast(const uint32_t* flag, uint32_t value) override;
+  Status Write(uint32_t* flag, uint32_t value) override;
+
+ private:
+  cudaStream_t stream_;
+  GpuSettings settings_;
+  bool memops_;
+};
+
+}  // namespace cuda
+}  // namespace smddp
+
+#endif  // JAX_SMDDP_CUDA_CUDA_STREAM_OPS_H_

@@ -1,0 +1,44 @@
+// Data-movement and flag kernels for the GPU backend. Each launch uses at most
+// `max_blocks` thread blocks (the SM budget: one block runs on one SM) and
+// only enqueues on `stream`. Knows nothing of XLA or of the engine's plans.
+#ifndef JAX_SMDDP_CUDA_KERNELS_H_
+#define JAX_SMDDP_CUDA_KERNELS_H_
+
+#include <cstddef>
+#include <cstdint>
+
+#include <cuda_runtime_api.h>
+
+namespace smddp {
+namespace cuda {
+
+// Element types as the engine numbers them (xla_ffi/engine/dtype.h).
+enum class ElementType : uint8_t {
+  kBool, kInt8, kUInt8, kInt32, kUInt32, kInt64, kFloat16, kBFloat16, kFloat32, kFloat64,
+};
+enum class Reduction : uint8_t { kSum = 0, kMax = 1, kMin = 2 };
+
+// Sources one reduction kernel reads; more are combined in passes.
+constexpr int kMaxSources = 32;
+
+// `rows` rows of `width` bytes: dst + i * dpitch <- src + i * spitch.
+cudaError_t LaunchCopy2D(void* dst, size_t dpitch, const void* src, size_t spitch, size_t width,
+                         size_t rows, int max_blocks, cudaStream_t stream);
+
+// dst row i = op over srcs[k] row i (k in order), rows `count` elements long,
+// pitches in bytes. 16-bit floats are combined in f32 and rounded once (per
+// pass of kMaxSources). Returns cudaErrorInvalidValue for unsupported types.
+cudaError_t LaunchReduce(void* dst, size_t dpitch, const void* const* srcs, int n, size_t spitch,
+                         size_t count, size_t rows, ElementType type, Reduction op, int max_blocks,
+                         cudaStream_t stream);
+
+// One-thread kernels: later work waits for *flag >= value; *flag = value
+// after earlier work, with a system-wide fence. The fallback when the
+// driver's stream memory operations are unavailable.
+cudaError_t LaunchWaitFlag(const uint32_t* flag, uint32_t value, cudaStream_t stream);
+cudaError_t LaunchWriteFlag(uint32_t* flag, uint32_t value, cudaStream_t stream);
+
+}  // namespace cuda
+}  // namespace smddp
+
+#endif  // JAX_SMDDP_CUDA_KERNELS_H_

@@ -1,0 +1,137 @@
+"""Set-up of the GPU backend's communicators, outside any XLA execution.
+
+When jax_smddp lowers a collective for local GPUs it makes sure every group
+of devices the program uses has its staging regions (one per rank, in device
+memory) and that each rank has mapped its peers' regions: peers in this
+process by peer access, peers in other processes of the same host by CUDA IPC
+handles exchanged over the jax.distributed key-value store. The handlers then
+only look them up and enqueue work. Groups that span hosts are left to XLA's
+own collectives (no inter-node GPU path yet).
+"""
+
+from __future__ import annotations
+
+import base64
+import logging
+import os
+import threading
+
+import jax
+
+from jax_smddp import _native
+
+log = logging.getLogger("jax_smddp")
+
+_lock = threading.Lock()
+_ready: set = set()  # groups (partition ids) set up in this process
+_generation: dict[tuple, int] = {}  # times each group was set up (names its key-value entries)
+_host_ids: list[str] | None = None
+_KV_TIMEOUT_MS = 300_000
+
+DEFAULT_SLOT_BYTES = 8 << 20
+
+
+def slot_bytes() -> int:
+  """Bytes per staging slot (JAX_SMDDP_GPU_SLOT_BYTES, default 8 MiB); each rank
+  has two per group."""
+  value = os.environ.get("JAX_SMDDP_GPU_SLOT_BYTES", "")
+  try:
+    n = int(value) if value else DEFAULT_SLOT_BYTES
+  except ValueError:
+    raise ValueError(f"JAX_SMDDP_GPU_SLOT_BYTES={value!r} is not a number of bytes") from None
+  if n < 4096:
+    raise ValueError(f"JAX_SMDDP_GPU_SLOT_BYTES={n} is too small: use at least 4096")
+  return n
+
+
+def available() -> bool:
+  """Whether this install has the CUDA backend (built with nvcc)."""
+  return _native.cuda_engine() is not None
+
+
+def _hosts() -> list[str]:
+  """Host id of every process (hostname + network namespace, as the CPU
+  backend names hosts), exchanged once."""
+  global _host_ids
+  if _host_ids is None:
+    from jax_smddp import distributed
+    n = jax.process_count()
+    if n == 1:
+      _host_ids = [distributed._host_id()]
+    else:
+      client = distributed._client()
+      if client is None:
+        raise RuntimeError("jax_smddp (GPU): multi-process job without jax.distributed; call "
+                           "jax.distributed.initialize(...) first.")
+      client.key_value_set(f"jax_smddp/gpu/host/{jax.process_index()}", distributed._host_id())
+      _host_ids = [client.blocking_key_value_get(f"jax_smddp/gpu/host/{p}", _KV_TIMEOUT_MS)
+                   for p in range(n)]
+  return _host_ids
+
+
+def unsupported(mesh, groups) -> str | None:
+  """Why these groups cannot run on the GPU backend (None when they can)."""
+  if not available():
+    return "this jax_smddp was built without CUDA (nvcc was not found at install)"
+  devices = list(mesh.devices.flat)
+  if any(d.platform != "gpu" for d in devices):
+    return None  # lowering only (no GPU here): nothing to set up
+  hosts = _hosts()
+  for group in groups:
+    if len({hosts[devices[int(i)].process_index] for i in group}) > 1:
+      return "the group spans hosts (jax_smddp's GPU backend is intra-node for now)"
+  return None
+
+
+def prepare(mesh, groups) -> None:
+  """Sets up every group of `groups` (rows of partition ids) that has a rank
+  in this process, once. Every process of a group must lower the program
+  (they meet in the key-value store)."""
+  ext = _native.cuda_engine()
+  devices = list(mesh.devices.flat)
+  if any(d.platform != "gpu" for d in devices):
+    return
+  me = jax.process_index()
+  ext.set_process(me)
+  with _lock:
+    for group in groups:
+      members = tuple(int(i) for i in group)
+      if members in _ready:
+        continue
+      local = [(r, devices[i].local_hardware_id) for r, i in enumerate(members)
+               if devices[i].process_index == me]
+      if not local:
+        continue
+      handles = ext.prepare(list(members), slot_bytes(), local)
+      remote = []
+      if any(devices[i].process_index != me for i in members):
+        from jax_smddp import distributed
+        client = distributed._client()
+        generation = _generation.get(members, 0)
+        prefix = f"jax_smddp/gpu/{ext.group_key(list(members)):x}/{generation}"
+        for rank, handle in handles:
+          client.key_value_set(f"{prefix}/{rank}", base64.b64encode(handle).decode())
+        for rank, i in enumerate(members):
+          if devices[i].process_index != me:
+            value = client.blocking_key_value_get(f"{prefix}/{rank}", _KV_TIMEOUT_MS)
+            remote.append((rank, base64.b64decode(value)))
+      ext.connect(list(members), remote)
+      _ready.add(members)
+      _generation[members] = _generation.get(members, 0) + 1
+      log.debug("jax_smddp (GPU): group %s ready (%d local ranks)", members, len(local))
+
+
+def release() -> None:
+  """Frees every GPU communicator of this process (after its programs ran)."""
+  ext = _native.cuda_engine()
+  with _lock:
+    if ext is not None:
+      ext.release()
+    _ready.clear()
+
+
+def counters() -> dict:
+  """What the GPU backend enqueued so far in this process: data-movement
+  kernels, copy-engine copies, reduction kernels, flag operations."""
+  ext = _native.cuda_engine()
+  return dict(ext.counters()) if ext is not None else {}

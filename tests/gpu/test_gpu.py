@@ -1,0 +1,66 @@
+"""The CUDA backend on a real GPU: several processes share one GPU (CUDA IPC
+between processes on one device) and run every collective against numpy, in
+each data-movement mode. Skipped where there is no GPU (CI); run by
+tools/gpu_check.sh on a GPU machine."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import sys
+
+import pytest
+
+from jax_smddp import launch
+
+WORKER = os.path.join(os.path.dirname(os.path.abspath(__file__)), "worker.py")
+
+
+def _gpu_present() -> bool:
+  if shutil.which("nvidia-smi") is None:
+    return False
+  try:
+    out = subprocess.run(["nvidia-smi", "-L"], capture_output=True, text=True, timeout=30)
+  except (OSError, subprocess.TimeoutExpired):
+    return False
+  return out.returncode == 0 and "GPU" in out.stdout
+
+
+pytestmark = [pytest.mark.skipif(not _gpu_present(), reason="no GPU on this machine"),
+              pytest.mark.timeout(600)]
+
+MODES = {
+    "copy engines, stream memory operations": {},
+    "copy kernels within 2 blocks": {"JAX_SMDDP_GPU_COPIES": "kernel", "JAX_SMDDP_GPU_MAX_BLOCKS": "2"},
+    "flag kernels": {"JAX_SMDDP_GPU_FLAGS": "kernel"},
+    "64 KiB slots (many steps per call)": {"JAX_SMDDP_GPU_SLOT_BYTES": "65536"},
+    "compute stream (no annotation)": {"JAX_SMDDP_GPU_STREAM": "compute"},
+}
+
+
+def run(nprocs: int, env: dict):
+  procs = launch.run_job(["collectives"], nprocs, 1, script=WORKER, timeout=540,
+                         env={"JAX_PLATFORMS": "cuda", **env})
+  for p in procs:
+    assert p.returncode == 0 and p.result and p.result["ok"], launch.describe(procs)
+  return procs
+
+
+@pytest.mark.parametrize("nprocs", [2, 4])
+@pytest.mark.parametrize("mode", list(MODES))
+def test_processes_sharing_one_gpu(nprocs, mode):
+  procs = run(nprocs, MODES[mode])
+  counters = procs[0].result["counters"]
+  assert procs[0].result["checked"] > 0
+  if MODES[mode].get("JAX_SMDDP_GPU_COPIES") == "kernel":
+    assert counters["engine_copies"] == 0 and counters["copy_kernels"] > 0, counters
+  else:
+    # The copy-engine mode launches no kernel to move data (reductions excepted).
+    assert counters["copy_kernels"] == 0 and counters["engine_copies"] > 0, counters
+  if MODES[mode].get("JAX_SMDDP_GPU_FLAGS") == "kernel":
+    assert counters["flag_memops"] == 0 and counters["flag_kernels"] > 0, counters
+
+
+def test_single_process():
+  run(1, {})

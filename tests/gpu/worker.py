@@ -1,0 +1,125 @@
+"""One process of a GPU test job (tests/gpu/test_gpu.py): every process uses
+GPU 0, joins jax.distributed, runs every collective through jax_smddp over a
+1-D mesh of all processes' devices and checks its own shard against numpy
+(XLA's NCCL cannot run several ranks on one GPU, so numpy is the reference).
+
+    python tests/gpu/worker.py SCENARIO PROCESS NPROCS COORDINATOR DEVICES
+
+Prints ``RESULT {"ok": ..., "checked": N, "counters": {...}}``.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+import traceback
+
+os.environ.setdefault("XLA_PYTHON_CLIENT_PREALLOCATE", "false")  # several processes per GPU
+os.environ.setdefault("XLA_PYTHON_CLIENT_MEM_FRACTION", "0.1")
+
+
+def cases(n: int):
+  """(name, body, reference(X) -> per-rank rows, input columns, dtype)."""
+  import numpy as np
+  import jax.numpy as jnp
+  import jax_smddp
+
+  def gather(x):
+    return jax_smddp.all_gather(x[0], "x", tiled=True)[None]
+
+  def gather_strided(x):  # gathered dimension in the middle: [4, n * k / 4]
+    return jax_smddp.all_gather(x[0].reshape(4, -1), "x", axis=1, tiled=True).reshape(-1)[None]
+
+  def scatter(x):
+    return jax_smddp.psum_scatter(x[0], "x", tiled=True)[None]
+
+  def reduce_sum(x):
+    return jax_smddp.psum(x[0], "x")[None]
+
+  def reduce_max(x):
+    return jax_smddp.pmax(x[0], "x")[None]
+
+  def exchange(x):
+    return jax_smddp.all_to_all(x[0].reshape(n, -1), "x", 0, 0, tiled=True).reshape(-1)[None]
+
+  def ref_gather(X):
+    return [X.reshape(-1)] * n
+
+  def ref_gather_strided(X):
+    return [np.concatenate([X[q].reshape(4, -1) for q in range(n)], axis=1).reshape(-1)] * n
+
+  def total(X, op):
+    acc = X[0].astype(np.float32) if X.dtype.itemsize == 2 and X.dtype.kind != "i" else X[0]
+    for q in range(1, n):
+      b = X[q].astype(acc.dtype)
+      acc = acc + b if op == "sum" else np.maximum(acc, b)
+    return acc.astype(X.dtype)
+
+  def ref_scatter(X):
+    k = X.shape[1] // n
+    s = total(X, "sum")
+    return [s[r * k:(r + 1) * k] for r in range(n)]
+
+  def ref_exchange(X):
+    return [np.concatenate([X[q].reshape(n, -1)[r] for q in range(n)]) for r in range(n)]
+
+  import ml_dtypes
+  out = []
+  for dtype in (np.float32, ml_dtypes.bfloat16, np.int32):
+    for cols in (n * 4 * 8, n * 4 * 300_000):  # small, and larger than a default slot
+      out += [
+          ("all_gather", gather, ref_gather, cols, dtype),
+          ("all_gather axis 1", gather_strided, ref_gather_strided, cols, dtype),
+          ("psum_scatter", scatter, ref_scatter, cols, dtype),
+          ("psum", reduce_sum, lambda X: [total(X, "sum")] * n, cols, dtype),
+          ("pmax", reduce_max, lambda X: [total(X, "max")] * n, cols, dtype),
+          ("all_to_all", exchange, ref_exchange, cols, dtype),
+      ]
+  return out
+
+
+def main() -> None:
+  scenario = sys.argv[1]
+  process, nprocs, coordinator = int(sys.argv[-4]), int(sys.argv[-3]), sys.argv[-2]
+  import numpy as np
+  import jax
+  jax.distributed.initialize(coordinator, nprocs, process, local_device_ids=[0])
+  from jax.sharding import NamedSharding, PartitionSpec as P
+  from jax_smddp import gpu
+  n = jax.device_count()
+  mesh = jax.make_mesh((n,), ("x",))
+  sharding = NamedSharding(mesh, P("x"))
+  checked = 0
+  rng = np.random.default_rng(7)
+  for name, body, ref, cols, dtype in cases(n):
+    if np.issubdtype(np.dtype(dtype), np.integer):
+      X = rng.integers(-1000, 1000, size=(n, cols)).astype(dtype)
+    else:
+      X = rng.standard_normal((n, cols)).astype(dtype)
+    x = jax.make_array_from_callback(X.shape, sharding, lambda idx: X[idx])
+    f = jax.jit(jax.shard_map(body, mesh=mesh, in_specs=P("x"), out_specs=P("x")))
+    want = ref(X)
+    for repeat in range(3):  # slots and flags reused across calls
+      y = f(x)
+      for shard in y.addressable_shards:
+        rank = shard.index[0].start
+        got = np.asarray(shard.data)[0]
+        if np.dtype(dtype) == np.dtype(np.float32) and name in ("psum", "psum_scatter"):
+          np.testing.assert_allclose(got, want[rank], rtol=1e-6, atol=1e-6,
+                                     err_msg=f"{name} {np.dtype(dtype).name} {cols} rank {rank}")
+        else:
+          np.testing.assert_array_equal(got, want[rank],
+                                        err_msg=f"{name} {np.dtype(dtype).name} {cols} rank {rank}")
+        checked += 1
+  print("RESULT " + json.dumps({"ok": True, "checked": checked, "scenario": scenario,
+                                "counters": gpu.counters()}), flush=True)
+
+
+if __name__ == "__main__":
+  try:
+    main()
+  except Exception:  # reported to the launcher, which fails the test with it
+    print("RESULT " + json.dumps({"ok": False, "error": traceback.format_exc()[-3000:]}),
+          flush=True)
+    sys.exit(1)

@@ -1,0 +1,218 @@
+"""The CUDA backend where there is no GPU: the build (kernels for sm_80 and
+sm_90, a CPU-only build that says so) and the lowering for CUDA (the plugin's
+custom calls, each on XLA's collective stream; fallbacks to XLA's own
+collectives). Runs on GPUs are in tests/gpu/."""
+
+from __future__ import annotations
+
+import logging
+import os
+import re
+import shutil
+import struct
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+import jax
+import jax.numpy as jnp
+from jax.sharding import NamedSharding, PartitionSpec as P
+
+import jax_smddp
+from jax_smddp import _collective, _native, gpu
+
+pytestmark = pytest.mark.timeout(120)
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+NVCC = shutil.which("nvcc") or ("/usr/local/cuda/bin/nvcc"
+                                if os.path.exists("/usr/local/cuda/bin/nvcc") else None)
+
+
+def fatbin_entries(path: str) -> set:
+  """(kind, sm) of every entry of the CUDA fat binaries embedded in `path`."""
+  data = open(path, "rb").read()
+  magic = struct.pack("<I", 0xBA55ED50)
+  out, pos = set(), data.find(magic)
+  while pos >= 0:
+    _, _, header, size = struct.unpack_from("<IHHQ", data, pos)
+    off, end = pos + header, pos + header + size
+    while off < end:
+      kind, _, entry_header, padded = struct.unpack_from("<HHII", data, off)
+      sm = struct.unpack_from("<I", data, off + 28)[0]
+      out.add(({1: "ptx", 2: "cubin"}.get(kind, str(kind)), sm))
+      if entry_header == 0:
+        break
+      off += entry_header + padded
+    pos = data.find(magic, end)
+  return out
+
+
+@pytest.mark.skipif(NVCC is None, reason="no nvcc: the install is CPU only")
+def test_built_with_kernels_for_a100_and_h100():
+  assert gpu.available(), "nvcc is installed but the CUDA backend was not built"
+  entries = fatbin_entries(_native.cuda_engine().__file__)
+  assert ("cubin", 80) in entries and ("cubin", 90) in entries, entries
+  assert ("ptx", 90) in entries, entries  # newer GPUs compile the PTX
+
+
+@pytest.mark.skipif(NVCC is None, reason="no nvcc")
+def test_extension_imports_without_a_gpu():
+  ext = _native.cuda_engine()
+  assert ext.device_count() == 0  # no driver here: reported, not raised
+  assert ext.settings() == {"copies": "engine", "flags": "memops", "max_blocks": 8}
+  assert set(ext.counters()) == {"copy_kernels", "engine_copies", "reduce_kernels",
+                                 "flag_kernels", "flag_memops"}
+
+
+def test_configure_without_cuda_says_so(tmp_path):
+  """JAX_SMDDP_CUDA=OFF (what a machine without nvcc gets) configures the CPU
+  backend only and warns that GPU collectives lower to XLA's."""
+  cmake = os.path.join(os.path.dirname(sys.executable), "cmake")
+  if not os.path.exists(cmake):
+    cmake = shutil.which("cmake")
+  if not cmake:
+    pytest.skip("no cmake")
+  run = subprocess.run([cmake, "-S", REPO, "-B", str(tmp_path), "-G", "Ninja",
+                        f"-DPython_EXECUTABLE={sys.executable}", "-DJAX_SMDDP_CUDA=OFF"],
+                       capture_output=True, text=True, timeout=110)
+  if run.returncode != 0 and "Ninja" in run.stderr:
+    run = subprocess.run([cmake, "-S", REPO, "-B", str(tmp_path / "make"),
+                          f"-DPython_EXECUTABLE={sys.executable}", "-DJAX_SMDDP_CUDA=OFF"],
+                         capture_output=True, text=True, timeout=110)
+  assert run.returncode == 0, run.stderr[-2000:]
+  assert "building the CPU backend only" in " ".join(run.stderr.split())
+  build_rules = "".join(p.read_text(errors="ignore") for p in tmp_path.rglob("*.ninja"))
+  build_rules += "".join(p.read_text(errors="ignore") for p in tmp_path.rglob("Makefile2"))
+  assert "_smddp_cpu" in build_rules and "_smddp_cuda" not in build_rules
+
+
+# --- lowering for CUDA on CPU devices -------------------------------------
+
+def lower_cuda(body, shape=(64,), dtype=jnp.float32, n=8, in_spec=P("x"), out_spec=P("x")):
+  mesh = jax.make_mesh((n,), ("x",))
+  f = jax.jit(jax.shard_map(body, mesh=mesh, in_specs=in_spec, out_specs=out_spec))
+  x = jax.ShapeDtypeStruct(shape, dtype, sharding=NamedSharding(mesh, in_spec))
+  return f.trace(x).lower(lowering_platforms=("cuda",)).as_text()
+
+
+def plugin_calls(text: str) -> list[str]:
+  return re.findall(r"custom_call @(smddp_\w+)", text)
+
+
+def annotated_calls(text: str) -> int:
+  return len(re.findall(r'func\.call @compute_on\w*\(.*_xla_stream_annotation = "collective"', text))
+
+
+needs_cuda_ext = pytest.mark.skipif(NVCC is None, reason="built without CUDA")
+
+
+@needs_cuda_ext
+@pytest.mark.parametrize("op,body,want", [
+    ("all_gather", lambda x: jax_smddp.all_gather(x, "x", tiled=True), "smddp_all_gather"),
+    ("all_gather untiled axis 1",
+     lambda x: jax_smddp.all_gather(x.reshape(2, -1), "x", axis=1).reshape(-1)[:8],
+     "smddp_all_gather"),
+    ("psum_scatter", lambda x: jax_smddp.psum_scatter(x, "x", tiled=True), "smddp_reduce_scatter"),
+    ("psum", lambda x: jax_smddp.psum(x, "x"), "smddp_all_reduce"),
+    ("pmax", lambda x: jax_smddp.pmax(x, "x"), "smddp_all_reduce"),
+    ("all_to_all", lambda x: jax_smddp.all_to_all(x, "x", 0, 0, tiled=True), "smddp_all_to_all"),
+])
+def test_each_collective_lowers_to_the_cuda_custom_call_on_the_collective_stream(op, body, want):
+  shape = (8 * 64,)
+  text = lower_cuda(body, shape=shape)
+  calls = plugin_calls(text)
+  assert calls == [want], (op, calls)
+  assert annotated_calls(text) == len(calls), text[:3000]
+  # The CUDA call takes the input only and names each partition's device.
+  line = next(l for l in text.splitlines() if f"custom_call @{want}" in l)
+  assert "ordinals = dense<[0, 1, 2, 3, 4, 5, 6, 7]>" in line
+  assert "processes = dense<0>" in line
+  assert re.search(rf"@{want}\(%\w+\) ", line), line
+
+
+@needs_cuda_ext
+def test_fsdp_step_lowers_every_collective_annotated():
+  """A gradient step (gather forward, reduce-scatter backward): every plugin
+  call, forward and backward, is on the collective stream."""
+  def loss(w, x):
+    full = jax_smddp.all_gather(w, "x", tiled=True)
+    return jnp.sum(jnp.tanh(x @ full.reshape(16, -1)) ** 2)
+
+  mesh = jax.make_mesh((8,), ("x",))
+  step = jax.jit(jax.shard_map(jax.grad(loss), mesh=mesh, in_specs=(P("x"), P()),
+                               out_specs=P("x")))
+  w = jax.ShapeDtypeStruct((16 * 32,), jnp.float32, sharding=NamedSharding(mesh, P("x")))
+  x = jax.ShapeDtypeStruct((4, 16), jnp.float32, sharding=NamedSharding(mesh, P()))
+  text = step.trace(w, x).lower(lowering_platforms=("cuda",)).as_text()
+  calls = plugin_calls(text)
+  assert sorted(calls) == ["smddp_all_gather", "smddp_reduce_scatter"], calls
+  assert annotated_calls(text) == 2
+
+
+@needs_cuda_ext
+def test_stream_annotation_can_be_turned_off(monkeypatch):
+  monkeypatch.setenv("JAX_SMDDP_GPU_STREAM", "compute")
+  text = lower_cuda(lambda x: jax_smddp.all_gather(x, "x", tiled=True))
+  assert plugin_calls(text) == ["smddp_all_gather"]
+  assert annotated_calls(text) == 0 and "_xla_stream_annotation" not in text
+  monkeypatch.setenv("JAX_SMDDP_GPU_STREAM", "sideways")
+  with pytest.raises(ValueError, match="JAX_SMDDP_GPU_STREAM"):
+    lower_cuda(lambda x: jax_smddp.all_gather(x, "x", tiled=True) * 2)
+
+
+@needs_cuda_ext
+def test_unsupported_calls_lower_to_xla_without_annotation():
+  """Element types the engine does not move stay XLA's collectives, and are
+  not put on the collective stream by jax_smddp."""
+  text = lower_cuda(lambda x: jax_smddp.all_gather(x, "x", tiled=True), dtype=jnp.complex64)
+  assert plugin_calls(text) == []
+  assert "all_gather" in text and "_xla_stream_annotation" not in text
+
+
+def test_cpu_lowering_is_unchanged_by_the_cuda_rule():
+  mesh = jax.make_mesh((8,), ("x",))
+  f = jax.jit(jax.shard_map(lambda x: jax_smddp.all_gather(x, "x", tiled=True), mesh=mesh,
+                            in_specs=P("x"), out_specs=P("x")))
+  x = jax.ShapeDtypeStruct((64,), jnp.float32, sharding=NamedSharding(mesh, P("x")))
+  text = f.trace(x).lower().as_text()
+  assert plugin_calls(text) == ["smddp_all_gather"]
+  assert "_xla_stream_annotation" not in text and "ordinals" not in text
+
+
+@needs_cuda_ext
+def test_backend_swap_lowers_lax_collectives_for_cuda():
+  jax_smddp.use("all")
+  try:
+    text = lower_cuda(lambda x: jax.lax.psum_scatter(jax.lax.all_gather(x, "x", tiled=True), "x",
+                                                      tiled=True))
+  finally:
+    jax_smddp.use("none")
+  assert plugin_calls(text) == ["smddp_all_gather", "smddp_reduce_scatter"]
+  assert annotated_calls(text) == 2
+
+
+def test_without_the_cuda_extension_collectives_fall_back_and_warn(monkeypatch, caplog):
+  monkeypatch.setattr(_native, "_smddp_cuda", None)
+  _native.register_cuda_targets.cache_clear()
+  _collective._logged.clear()
+  try:
+    with caplog.at_level(logging.WARNING, logger="jax_smddp"):
+      text = lower_cuda(lambda x: jax_smddp.all_gather(x, "x", tiled=True))
+  finally:
+    _native.register_cuda_targets.cache_clear()
+  assert plugin_calls(text) == [] and "all_gather" in text
+  assert "built without CUDA" in caplog.text
+  assert not gpu.available()
+
+
+def test_slot_size_setting_is_checked(monkeypatch):
+  monkeypatch.setenv("JAX_SMDDP_GPU_SLOT_BYTES", "1000")
+  with pytest.raises(ValueError, match="at least 4096"):
+    gpu.slot_bytes()
+  monkeypatch.setenv("JAX_SMDDP_GPU_SLOT_BYTES", "lots")
+  with pytest.raises(ValueError, match="not a number"):
+    gpu.slot_bytes()
+  monkeypatch.setenv("JAX_SMDDP_GPU_SLOT_BYTES", str(1 << 20))
+  assert gpu.slot_bytes() == 1 << 20

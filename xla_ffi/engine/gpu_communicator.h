@@ -1,0 +1,76 @@
+// Communicators of the GPU backend: per group of devices, one registered
+// region (stream_algorithms.h) per rank in device memory, mapped by every
+// peer once: CUDA IPC between processes, peer access between devices of one
+// process. Set up outside any XLA execution (at lowering, by
+// jax_smddp/gpu.py); the handlers only look them up.
+#ifndef JAX_SMDDP_ENGINE_GPU_COMMUNICATOR_H_
+#define JAX_SMDDP_ENGINE_GPU_COMMUNICATOR_H_
+
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "xla_ffi/engine/status.h"
+#include "xla_ffi/engine/stream_algorithms.h"
+
+namespace smddp {
+namespace gpu {
+
+// A rank of this process: its device and its view of every rank's region.
+struct LocalRank {
+  int ordinal = -1;
+  uint8_t* own = nullptr;  // this rank's region (cudaMalloc on `ordinal`)
+  StreamRank view;
+};
+
+class GpuCommunicator {
+ public:
+  GpuCommunicator(std::vector<int64_t> members, size_t slot_bytes);
+  ~GpuCommunicator();
+
+  uint64_t key() const { return key_; }
+  int size() const { return int(members_.size()); }
+  const std::vector<int64_t>& members() const { return members_; }
+  size_t slot_bytes() const { return layout_.slot_bytes; }
+
+  // Allocates (zeroed) the regions of this process's ranks, given as
+  // (rank, device ordinal); returns (rank, CUDA IPC handle bytes) for each.
+  Status Prepare(const std::vector<std::pair<int, int>>& local,
+                 std::vector<std::pair<int, std::string>>* handles);
+  // Maps every other process's regions from their handles (rank, bytes).
+  Status Connect(const std::vector<std::pair<int, std::string>>& remote);
+  bool connected() const { return connected_; }
+
+  LocalRank* Local(int rank);
+
+ private:
+  uint64_t key_;
+  std::vector<int64_t> members_;
+  RegionLayout layout_;
+  std::vector<std::unique_ptr<LocalRank>> local_;  // by rank; null for other processes'
+  std::vector<uint8_t*> opened_;                   // IPC mappings to close
+  bool connected_ = false;
+};
+
+// Names a group of devices (partition ids in rank order) alike everywhere.
+uint64_t GroupKey(const int64_t* members, int size);
+
+// Process-wide registry. Prepare creates (or returns) the group's communicator.
+Status PrepareCommunicator(const std::vector<int64_t>& members, size_t slot_bytes,
+                           const std::vector<std::pair<int, int>>& local,
+                           std::vector<std::pair<int, std::string>>* handles);
+Status ConnectCommunicator(const std::vector<int64_t>& members,
+                           const std::vector<std::pair<int, std::string>>& remote);
+GpuCommunicator* FindCommunicator(uint64_t key);
+void ReleaseCommunicators();
+
+// This process's index in the job (set by jax_smddp/gpu.py; 0 alone).
+void SetProcessIndex(int process);
+int ProcessIndex();
+
+}  // namespace gpu
+}  // namespace smddp
+
+#endif  // JAX_SMDDP_ENGINE_GPU_COMMUNICATOR_H_
