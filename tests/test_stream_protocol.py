@@ -102,3 +102,55 @@ def test_many_calls_reuse_slots_safely():
   for r, got in enumerate(probe(SCATTER, xs, (8, 100), np.float32, outer=8, inner=100, slot=256,
                                 calls=40)):
     np.testing.assert_array_equal(got, combine([x[:, r, :] for x in xs], "sum", np.float32))
+
+
+# --- across hosts: the hierarchical all_gather with its network proxy ------
+
+def hierarchical(hosts, local, xs, rank_of, *, outer, slot, calls=3, timeout=20.0, kill_host=-1):
+  return ENGINE.stream_hierarchical_probe(hosts, local, outer, xs[0].nbytes // outer, slot, rank_of,
+                                          [x.tobytes() for x in xs], calls, timeout, kill_host)
+
+
+@pytest.mark.parametrize("hosts,local", [(2, 1), (2, 2), (3, 2), (2, 4), (4, 1)])
+@pytest.mark.parametrize("order", ["host-major", "interleaved"])
+@pytest.mark.parametrize("outer,inner,slot", [(1, 1000, 1024), (5, 37, 256), (4, 64, 1 << 20)])
+def test_hierarchical_all_gather(hosts, local, order, outer, inner, slot):
+  """Rails between hosts, slots inside them; group ranks either host-major or
+  interleaved across hosts (as a 2-D mesh's other axis orders them)."""
+  P = hosts * local
+  if order == "host-major":
+    rank_of = list(range(P))
+  else:
+    rank_of = [j * hosts + g for g in range(hosts) for j in range(local)]
+  xs = inputs(P, (outer, inner), np.float32, seed=P + inner)
+  want = np.stack(xs, axis=1)
+  outs = hierarchical(hosts, local, xs, rank_of, outer=outer, slot=slot)
+  for x, o in enumerate(outs):
+    got = np.frombuffer(o, np.float32).reshape(outer, P, inner)
+    np.testing.assert_array_equal(got, want, err_msg=f"host {x // local} rank {x % local}")
+
+
+def test_hierarchical_many_calls_through_two_slots():
+  xs = inputs(6, (3, 500), np.int32, seed=3)
+  outs = hierarchical(3, 2, xs, list(range(6)), outer=3, slot=256, calls=25)
+  for o in outs:
+    np.testing.assert_array_equal(np.frombuffer(o, np.int32).reshape(3, 6, 500), np.stack(xs, 1))
+
+
+def test_hierarchical_dead_host_is_an_error_naming_the_peer():
+  """A host whose links closed: every rank that talks to it over the network
+  fails its call naming the peer process, in well under the deadline, and no
+  stream waits forever (the proxy releases its flags)."""
+  import time
+  xs = inputs(6, (1, 1000), np.float32, seed=4)
+  t0 = time.monotonic()
+  errors = hierarchical(3, 2, xs, list(range(6)), outer=1, slot=1024, calls=2, timeout=30,
+                        kill_host=1)
+  elapsed = time.monotonic() - t0
+  assert elapsed < 10, elapsed
+  for x, e in enumerate(errors):
+    e = e.decode()
+    if x // 2 == 1:
+      assert e == ""  # the dead host's ranks never ran
+    else:
+      assert "exited" in e and f"peer process {2 + x % 2}" in e, (x, e)

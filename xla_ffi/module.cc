@@ -12,6 +12,8 @@
 #include <utility>
 #include <vector>
 
+#include <unistd.h>
+
 #include "nanobind/nanobind.h"
 #include "nanobind/stl/pair.h"
 #include "nanobind/stl/string.h"
@@ -21,6 +23,8 @@
 #include "xla_ffi/engine/algorithms.h"
 #include "xla_ffi/engine/communicator.h"
 #include "xla_ffi/engine/host_stream_ops.h"
+#include "xla_ffi/engine/net_port.h"
+#include "xla_ffi/engine/shm_link.h"
 #include "xla_ffi/engine/stream_algorithms.h"
 #include "xla_ffi/engine/world.h"
 
@@ -138,6 +142,127 @@ void Check(const smddp::Status& st) {
   if (!st.ok()) throw std::runtime_error(st.message());
 }
 
+// The hierarchical all_gather of the GPU backend on host threads: `hosts` x
+// `local` ranks, each its own "process" with its own network proxy; rail
+// peers joined by shared-memory links in this process (the proxy sees only
+// the Link interface, as over libfabric). rank_of[g * local + j] is the group
+// rank of host g's j-th rank; inputs are by group rank. `kill_host` >= 0
+// closes that host's links before the calls (a dead peer): then returns the
+// ranks' errors instead of outputs.
+std::vector<nb::bytes> StreamHierarchicalProbe(int hosts, int local, size_t outer, size_t inner,
+                                               size_t slot_bytes, std::vector<int> rank_of,
+                                               std::vector<nb::bytes> inputs, int calls,
+                                               double timeout_s, int kill_host) {
+  const int P = hosts * local;
+  if (int(inputs.size()) != P || int(rank_of.size()) != P) throw std::invalid_argument("sizes");
+  smddp::RegionLayout layout(local, slot_bytes);
+  smddp::NetLayout net(hosts, slot_bytes);
+  auto aligned = [](std::vector<uint8_t>& v) {
+    return reinterpret_cast<uint8_t*>((uintptr_t(v.data()) + 63) / 64 * 64);
+  };
+  std::vector<std::vector<uint8_t>> regions(P, std::vector<uint8_t>(layout.total_bytes + 64));
+  std::vector<std::vector<uint8_t>> mailboxes(P, std::vector<uint8_t>(net.mailbox_bytes + 64));
+  std::vector<std::vector<uint8_t>> signals(P, std::vector<uint8_t>(net.signal_bytes + 64));
+  // Links: for each rail j and hosts g < g2, a pair between (g, j) and (g2, j).
+  std::vector<std::unique_ptr<smddp::Link>> owned;
+  std::vector<std::vector<smddp::Link*>> links(P, std::vector<smddp::Link*>(hosts, nullptr));
+  for (int j = 0; j < local; ++j) {
+    for (int g = 0; g < hosts; ++g) {
+      for (int g2 = g + 1; g2 < hosts; ++g2) {
+        std::string name;
+        std::shared_ptr<smddp::ShmSegment> a, b;
+        Check(smddp::CreateShmSegment(64 << 10, &name, &a));
+        Check(smddp::OpenShmSegment(name, &b));
+        Check(smddp::UnlinkShmSegment(name));
+        owned.push_back(smddp::MakeShmLink(a, true, ::getpid()));
+        links[g * local + j][g2] = owned.back().get();
+        owned.push_back(smddp::MakeShmLink(b, false, ::getpid()));
+        links[g2 * local + j][g] = owned.back().get();
+      }
+    }
+  }
+  if (kill_host >= 0) {
+    // Destroying a link marks its side closed: the peers see an orderly exit.
+    for (auto& l : owned) {
+      for (int j = 0; j < local; ++j) {
+        for (int g = 0; g < hosts; ++g) {
+          if (links[kill_host * local + j][g] == l.get()) l.reset();
+        }
+      }
+    }
+  }
+  std::vector<std::string> send;
+  for (int g = 0; g < hosts; ++g)
+    for (int j = 0; j < local; ++j) {
+      const auto& b = inputs[rank_of[g * local + j]];
+      send.emplace_back(b.c_str(), b.size());
+    }
+  const size_t out_bytes = send[0].size() * P;
+  std::vector<std::string> recv(P, std::string(out_bytes, '\0'));
+  std::vector<smddp::Status> status(P);
+  {
+    nb::gil_scoped_release release;
+    std::vector<std::unique_ptr<smddp::NetworkProxy>> proxies;
+    std::vector<smddp::NetPort> ports(P);
+    for (int x = 0; x < P; ++x) proxies.push_back(std::make_unique<smddp::NetworkProxy>(timeout_s));
+    std::vector<std::thread> threads;
+    for (int g = 0; g < hosts; ++g) {
+      for (int j = 0; j < local; ++j) {
+        const int x = g * local + j;  // thread index: host-major
+        if (g == kill_host) continue;
+        smddp::NetPort& port = ports[x];
+        port.hosts = hosts;
+        port.host = g;
+        port.rail = j;
+        port.key = 0x5eed;
+        port.layout = net;
+        port.mailbox_stream = port.mailbox_proxy = aligned(mailboxes[x]);
+        port.signals_stream = port.signals_proxy = aligned(signals[x]);
+        port.links = links[x];
+        port.peer_process.assign(hosts, 0);
+        for (int k = 0; k < hosts; ++k) port.peer_process[k] = k * local + j;
+        port.proxy = proxies[x].get();
+        threads.emplace_back([&, g, j, x] {
+          smddp::StreamRank me;
+          me.rank = j;
+          me.layout = layout;
+          for (int k = 0; k < local; ++k) me.regions.push_back(aligned(regions[g * local + k]));
+          smddp::HostStreamOps ops(timeout_s);
+          for (int c = 0; c < calls && status[x].ok(); ++c) {
+            status[x] = smddp::RunStreamHierarchicalGather(outer, send[x].size() / outer, me,
+                                                           ports[x], rank_of, ops, send[x].data(),
+                                                           recv[x].data());
+          }
+          // The proxy reports network failures; a failed step still released the stream.
+          if (status[x].ok()) {
+            // Drain: the last steps' errors surface once the proxy ran them.
+            for (int spin = 0; spin < 2000 && ports[x].proxy->error().ok(); ++spin) {
+              if (__atomic_load_n(ports[x].host_side<uint32_t>(net.done(), true), __ATOMIC_ACQUIRE) >=
+                  ports[x].step)
+                break;
+              std::this_thread::sleep_for(std::chrono::milliseconds(1));
+            }
+            status[x] = ports[x].proxy->error();
+          }
+        });
+      }
+    }
+    for (auto& t : threads) t.join();
+    proxies.clear();
+  }
+  (void)inner;
+  std::vector<nb::bytes> out;
+  for (int x = 0; x < P; ++x) {
+    if (kill_host >= 0) {
+      out.emplace_back(status[x].message().data(), status[x].message().size());
+    } else {
+      if (!status[x].ok()) throw std::runtime_error("rank " + std::to_string(x) + ": " + status[x].message());
+      out.emplace_back(recv[x].data(), recv[x].size());
+    }
+  }
+  return out;
+}
+
 // The bootstrap steps of jax_smddp.initialize() (see engine/world.h).
 void BindWorld(nb::module_& m) {
   m.def("world_begin", [](int process, int processes) { Check(smddp::WorldBegin(process, processes)); });
@@ -230,4 +355,8 @@ NB_MODULE(_smddp_cpu, m) {
   m.def("stream_probe", &StreamProbe, nb::arg("kind"), nb::arg("dtype"), nb::arg("op"),
         nb::arg("outer"), nb::arg("inner"), nb::arg("count"), nb::arg("slot_bytes"),
         nb::arg("inputs"), nb::arg("out_bytes"), nb::arg("calls") = 1, nb::arg("timeout_s") = 20.0);
+  m.def("stream_hierarchical_probe", &StreamHierarchicalProbe, nb::arg("hosts"), nb::arg("local"),
+        nb::arg("outer"), nb::arg("inner"), nb::arg("slot_bytes"), nb::arg("rank_of"),
+        nb::arg("inputs"), nb::arg("calls") = 1, nb::arg("timeout_s") = 20.0,
+        nb::arg("kill_host") = -1);
 }

@@ -3,6 +3,8 @@
 #include <algorithm>
 #include <string>
 
+#include "xla_ffi/engine/net_port.h"
+
 namespace smddp {
 
 RegionLayout::RegionLayout(int size_, size_t slot_bytes_) : size(size_) {
@@ -214,6 +216,59 @@ Status ReduceAll(Steps& st, StreamOps& ops, const uint8_t* send, uint8_t* recv, 
 }
 
 }  // namespace
+
+Status RunStreamHierarchicalGather(size_t outer, size_t inner, StreamRank& local, NetPort& port,
+                                   const std::vector<int>& rank_of, StreamOps& ops,
+                                   const void* send_v, void* recv_v) {
+  const auto* send = static_cast<const uint8_t*>(send_v);
+  auto* recv = static_cast<uint8_t*>(recv_v);
+  const int H = port.hosts, L = local.layout.size, h = port.host, i = local.rank;
+  const size_t P = size_t(H) * L;
+  if (int(rank_of.size()) != H * L || int(port.links.size()) != H || !port.proxy)
+    return Status::Error("jax_smddp: hierarchical communicator is not set up for this rank");
+  SMDDP_RETURN_IF_ERROR(port.proxy->error());  // an earlier network failure fails this call
+  const NetLayout& net = port.layout;
+  const size_t cap = std::min(local.layout.slot_bytes, net.slot_bytes);
+  return ForEachTile(outer, inner, 1, cap, 1, [&](const Tile& t) -> Status {
+    // Network: hand this tile to the proxy (all-to-all over the rail).
+    const uint32_t s = ++port.step;
+    if (s > 2) SMDDP_RETURN_IF_ERROR(ops.WaitAtLeast(port.stream<uint32_t>(net.done(), true), s - 2));
+    const uint8_t* mine = send + t.row * inner + t.col;
+    SMDDP_RETURN_IF_ERROR(ops.Copy2D(port.stream(net.send_slot(s)), t.width, mine, inner, t.width, t.rows));
+    SMDDP_RETURN_IF_ERROR(ops.Write(port.stream<uint32_t>(net.posted()), s));
+    port.proxy->Enqueue(&port, s, t.rows * t.width);
+    // Inside the host, host by host (the same order on every rank).
+    for (int g = 0; g < H; ++g) {
+      const uint8_t* src = mine;
+      size_t spitch = inner;
+      if (g != h) {
+        SMDDP_RETURN_IF_ERROR(ops.WaitAtLeast(port.stream<uint32_t>(net.arrived(g), true), s));
+        src = port.stream(net.recv_slot(g, s));
+        spitch = t.width;
+      }
+      auto out = [&](int j) { return recv + (t.row * P + rank_of[g * L + j]) * inner + t.col; };
+      SMDDP_RETURN_IF_ERROR(ops.Copy2D(out(i), P * inner, src, spitch, t.width, t.rows));
+      if (L > 1) {
+        Steps st(local, ops);
+        uint8_t* slot;
+        SMDDP_RETURN_IF_ERROR(st.Begin(&slot));
+        SMDDP_RETURN_IF_ERROR(ops.Copy2D(slot, t.width, src, spitch, t.width, t.rows));
+        SMDDP_RETURN_IF_ERROR(st.Post());
+        if (g != h) SMDDP_RETURN_IF_ERROR(ops.Write(port.stream<uint32_t>(net.consumed(g)), s));
+        for (int k = 1; k < L; ++k) {
+          const int j = (i + k) % L;
+          const uint8_t* theirs;
+          SMDDP_RETURN_IF_ERROR(st.Await(j, &theirs));
+          SMDDP_RETURN_IF_ERROR(ops.Copy2D(out(j), P * inner, theirs, t.width, t.width, t.rows));
+          SMDDP_RETURN_IF_ERROR(st.Release(j));
+        }
+      } else if (g != h) {
+        SMDDP_RETURN_IF_ERROR(ops.Write(port.stream<uint32_t>(net.consumed(g)), s));
+      }
+    }
+    return Status::Ok();
+  });
+}
 
 Status RunStreamPlan(const Plan& plan, StreamRank& me, StreamOps& ops, const void* send_v,
                      void* recv_v) {

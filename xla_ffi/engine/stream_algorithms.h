@@ -50,6 +50,19 @@ struct StreamRank {
   uint32_t step = 0;              // steps run so far (host side)
 };
 
+struct NetPort;
+
+// all_gather over hosts (the hierarchical, pipelined algorithm): the group is
+// `port.hosts` hosts of L = local.layout.size ranks each, and
+// rank_of[g * L + j] is the group rank of host g's j-th rank. Per tile, the
+// rank hands its part to the network proxy (an all-to-all between hosts over
+// its rail: same j everywhere), then, host by host as parts arrive, shares
+// each part with its local peers through the staging slots, so the exchange
+// inside the host overlaps the network's. recv[o, q, :] = send_q[o, :].
+Status RunStreamHierarchicalGather(size_t outer, size_t inner_bytes, StreamRank& local,
+                                   NetPort& port, const std::vector<int>& rank_of,
+                                   StreamOps& ops, const void* send, void* recv);
+
 // Runs one collective of `plan` (kinds and layouts as in algorithms.h) on
 // `ops`: recv of the same shapes as the host algorithms.
 Status RunStreamPlan(const Plan& plan, StreamRank& me, StreamOps& ops, const void* send,

@@ -1,0 +1,161 @@
+#include "xla_ffi/engine/net_port.h"
+
+#include <chrono>
+#include <cstdio>
+#include <memory>
+#include <string>
+
+#include "xla_ffi/engine/process_call.h"  // MixTag
+
+namespace smddp {
+
+NetLayout::NetLayout(int hosts_, size_t slot_bytes_) : hosts(hosts_) {
+  slot_bytes = (slot_bytes_ + 255) / 256 * 256;
+  slots = (kFlagStride * (1 + size_t(hosts)) + 4095) / 4096 * 4096;
+  mailbox_bytes = slots + (2 + 2 * size_t(hosts)) * slot_bytes;
+  signal_bytes = kFlagStride * (1 + size_t(hosts));
+}
+
+NetworkProxy::NetworkProxy(double timeout_s) : timeout_s_(timeout_s) {
+  thread_ = std::thread([this] { Loop(); });
+}
+
+NetworkProxy::~NetworkProxy() {
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    stop_ = true;
+  }
+  cv_.notify_all();
+  thread_.join();
+}
+
+void NetworkProxy::Enqueue(NetPort* port, uint32_t step, size_t bytes) {
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    queue_.push_back(Task{port, step, bytes});
+  }
+  cv_.notify_one();
+}
+
+Status NetworkProxy::error() {
+  std::lock_guard<std::mutex> lock(mu_);
+  return error_;
+}
+
+void NetworkProxy::Loop() {
+  for (;;) {
+    Task task;
+    bool failed;
+    {
+      std::unique_lock<std::mutex> lock(mu_);
+      cv_.wait(lock, [&] { return stop_ || !queue_.empty(); });
+      if (queue_.empty()) return;  // stopping, nothing left
+      task = queue_.front();
+      queue_.pop_front();
+      failed = !error_.ok();
+    }
+    if (!failed) {
+      Status st = Run(task);
+      if (!st.ok()) {
+        std::fprintf(stderr, "jax_smddp: network proxy: %s\n", st.message().c_str());
+        std::lock_guard<std::mutex> lock(mu_);
+        if (error_.ok()) error_ = st;
+        failed = true;
+      }
+    }
+    if (failed) Release(task);  // garbage in, but nobody waits forever
+  }
+}
+
+void NetworkProxy::Release(const Task& t) {
+  NetPort& p = *t.port;
+  for (int k = 0; k < p.hosts; ++k) {
+    if (k != p.host)
+      __atomic_store_n(p.host_side<uint32_t>(p.layout.arrived(k), true), t.step, __ATOMIC_SEQ_CST);
+  }
+  __atomic_store_n(p.host_side<uint32_t>(p.layout.done(), true), t.step, __ATOMIC_SEQ_CST);
+}
+
+Status NetworkProxy::Run(const Task& t) {
+  NetPort& p = *t.port;
+  const auto deadline =
+      std::chrono::steady_clock::now() + std::chrono::duration<double>(timeout_s_);
+  auto failure = [&](int k, const std::string& what) {
+    return Status::Error("network step " + std::to_string(t.step) + " of the GPU all_gather: " +
+                         what + (k >= 0 ? " (peer process " + std::to_string(p.peer_process[k]) + ")" : ""));
+  };
+  // Waits for a flag the stream raises, progressing links meanwhile.
+  auto wait_stream = [&](size_t offset, uint32_t value) -> Status {
+    const uint32_t* flag = p.host_side<uint32_t>(offset);
+    for (int spins = 0; __atomic_load_n(flag, __ATOMIC_ACQUIRE) < value; ++spins) {
+      for (Link* link : p.links) if (link) link->Progress();
+      if ((spins & 255) == 255) {
+        if (std::chrono::steady_clock::now() > deadline)
+          return failure(-1, "timed out waiting for the GPU to reach step " + std::to_string(value));
+        std::this_thread::yield();
+      }
+    }
+    return Status::Ok();
+  };
+  const uint64_t tag = MixTag(MixTag(p.key, uint64_t(p.rail)), t.step);
+  std::vector<std::unique_ptr<Request>> recvs(p.hosts), sends(p.hosts);
+  std::vector<bool> signalled(p.hosts, false);
+  auto cancel_all = [&] {
+    for (int k = 0; k < p.hosts; ++k) {
+      if (recvs[k] && !recvs[k]->done()) p.links[k]->Cancel(recvs[k].get());
+      if (sends[k] && !sends[k]->done()) p.links[k]->Cancel(sends[k].get());
+    }
+  };
+  for (int k = 0; k < p.hosts; ++k) {
+    if (k == p.host) continue;
+    if (t.step > 2) {
+      Status st = wait_stream(p.layout.consumed(k), t.step - 2);
+      if (!st.ok()) { cancel_all(); return st; }
+    }
+    recvs[k] = std::make_unique<Request>();
+    p.links[k]->Recv(tag, p.host_side(p.layout.recv_slot(k, t.step)), t.bytes, recvs[k].get());
+  }
+  Status st = wait_stream(p.layout.posted(), t.step);
+  if (!st.ok()) { cancel_all(); return st; }
+  for (int k = 0; k < p.hosts; ++k) {
+    if (k == p.host) continue;
+    sends[k] = std::make_unique<Request>();
+    p.links[k]->Send(tag, p.host_side(p.layout.send_slot(t.step)), t.bytes, sends[k].get());
+  }
+  for (int spins = 0;; ++spins) {
+    bool all = true, sent = true;
+    for (int k = 0; k < p.hosts; ++k) {
+      if (k == p.host) continue;
+      p.links[k]->Progress();
+      if (recvs[k]->done() && !signalled[k]) {
+        if (!recvs[k]->status().ok()) { cancel_all(); return failure(k, recvs[k]->status().message()); }
+        // The bytes are in the slot: let the stream read them.
+        __atomic_store_n(p.host_side<uint32_t>(p.layout.arrived(k), true), t.step, __ATOMIC_SEQ_CST);
+        signalled[k] = true;
+      }
+      if (sends[k]->done() && !sends[k]->status().ok()) {
+        cancel_all();
+        return failure(k, sends[k]->status().message());
+      }
+      all = all && signalled[k];
+      sent = sent && sends[k]->done();
+    }
+    if (all && sent) break;
+    if ((spins & 255) == 255) {
+      for (int k = 0; k < p.hosts; ++k) {
+        if (k == p.host) continue;
+        const std::string dead = p.links[k]->PeerFailure();
+        if (!dead.empty()) { cancel_all(); return failure(k, dead); }
+      }
+      if (std::chrono::steady_clock::now() > deadline) {
+        cancel_all();
+        return failure(-1, "timed out exchanging with the other hosts");
+      }
+      std::this_thread::yield();
+    }
+  }
+  __atomic_store_n(p.host_side<uint32_t>(p.layout.done(), true), t.step, __ATOMIC_SEQ_CST);
+  return Status::Ok();
+}
+
+}  // namespace smddp

@@ -1,0 +1,117 @@
+// The network side of one rank of a stream-ordered collective, and the proxy
+// thread that drives it. The stream (a GPU stream, or a host thread in tests)
+// never touches the network: it copies its part into a send slot and raises
+// a flag; the proxy, a host thread of the process, sees the flag, sends over
+// the rank's links (libfabric between hosts), receives its rail peers' parts
+// into receive slots and raises flags the stream waits on.
+//
+// Memory is reached through two addresses, the stream's and the proxy's:
+// on a GPU the mailbox (slots, stream->proxy flags) is mapped pinned host
+// memory and the signals (proxy->stream flags) are device memory mapped to the
+// host by GDRCopy, or mapped pinned host memory without it; in tests both are
+// plain host memory and the addresses are equal.
+#ifndef JAX_SMDDP_ENGINE_NET_PORT_H_
+#define JAX_SMDDP_ENGINE_NET_PORT_H_
+
+#include <condition_variable>
+#include <cstddef>
+#include <cstdint>
+#include <deque>
+#include <mutex>
+#include <thread>
+#include <vector>
+
+#include "xla_ffi/engine/link.h"
+#include "xla_ffi/engine/status.h"
+
+namespace smddp {
+
+// Offsets in a port's two blocks. Slots are double-buffered: the stream fills
+// step s + 1 while the proxy still moves step s.
+struct NetLayout {
+  static constexpr size_t kFlagStride = 64;
+  NetLayout() = default;
+  NetLayout(int hosts, size_t slot_bytes);
+
+  // Mailbox: written by the stream, read by the proxy (and the slots).
+  size_t posted() const { return 0; }
+  size_t consumed(int host) const { return kFlagStride * (1 + size_t(host)); }
+  size_t send_slot(uint32_t step) const { return slots + (step % 2) * slot_bytes; }
+  size_t recv_slot(int host, uint32_t step) const {
+    return slots + (2 + 2 * size_t(host) + step % 2) * slot_bytes;
+  }
+  // Signals: written by the proxy, read by the stream.
+  size_t done() const { return 0; }
+  size_t arrived(int host) const { return kFlagStride * (1 + size_t(host)); }
+
+  int hosts = 1;
+  size_t slot_bytes = 0;
+  size_t slots = 0;
+  size_t mailbox_bytes = 0;
+  size_t signal_bytes = 0;
+};
+
+class NetworkProxy;
+
+struct NetPort {
+  int hosts = 1;  // hosts of the group
+  int host = 0;   // this rank's host (its index among them)
+  int rail = 0;   // this rank's index on its host: it talks to the same index elsewhere
+  uint64_t key = 0;  // names the group in message tags
+  NetLayout layout;
+  uint8_t* mailbox_stream = nullptr;
+  uint8_t* mailbox_proxy = nullptr;
+  uint8_t* signals_stream = nullptr;
+  uint8_t* signals_proxy = nullptr;
+  std::vector<Link*> links;  // by host; null for this rank's own
+  std::vector<int> peer_process;  // by host, for messages
+  NetworkProxy* proxy = nullptr;
+  uint32_t step = 0;  // network steps enqueued (stream side)
+
+  template <typename T = uint8_t>
+  T* stream(size_t offset, bool signal = false) const {
+    return reinterpret_cast<T*>((signal ? signals_stream : mailbox_stream) + offset);
+  }
+  template <typename T = uint8_t>
+  T* host_side(size_t offset, bool signal = false) const {
+    return reinterpret_cast<T*>((signal ? signals_proxy : mailbox_proxy) + offset);
+  }
+};
+
+// One thread that runs every port's network steps of this process, in the
+// order they were enqueued. A step that fails (peer gone, timeout, size
+// mismatch) still raises its flags, so no stream waits forever on it; the
+// error sticks and every later Enqueue's caller sees it.
+class NetworkProxy {
+ public:
+  explicit NetworkProxy(double timeout_s);
+  ~NetworkProxy();
+
+  // Step `step` of `port` moves `bytes` from its send slot to every other
+  // host's rail peer, and theirs into its receive slots.
+  void Enqueue(NetPort* port, uint32_t step, size_t bytes);
+  // The first failure, if any (sticky).
+  Status error();
+
+ private:
+  struct Task {
+    NetPort* port;
+    uint32_t step;
+    size_t bytes;
+  };
+  void Loop();
+  Status Run(const Task& task);
+  void Release(const Task& task);
+
+  double timeout_s_;
+  std::mutex mu_;
+  std::condition_variable cv_;
+  std::deque<Task> queue_;
+  bool stop_ = false;
+  Status error_;
+  std::thread thread_;
+};
+
+}  // namespace smddp
+
+#endif  // JAX_SMDDP_ENGINE_NET_PORT_H_
