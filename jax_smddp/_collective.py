@@ -200,7 +200,8 @@ def _cuda_takes(ctx, params) -> bool:
   if engine_unsupported(ctx, dtype, axes) or (reduces and dtype == np.bool_):
     return False
   groups = pxla.axis_groups(ctx.module_context.axis_context, axes)
-  return gpu.unsupported(ctx.module_context.axis_context.mesh, groups) is None
+  op = "all_gather" if "all_gather_dimension" in params else "other"
+  return gpu.unsupported(ctx.module_context.axis_context.mesh, groups, op) is None
 
 
 def _on_collective_stream(p, ctx, x, params):
@@ -298,7 +299,7 @@ def _emit_cuda_call(ctx, target: str, x, axes: tuple, x_aval, out_aval, **attrs)
   axis_ctx = ctx.module_context.axis_context
   mesh = axis_ctx.mesh
   groups = np.asarray(pxla.axis_groups(axis_ctx, axes), dtype=np.int64)
-  why = gpu.unsupported(mesh, groups)
+  why = gpu.unsupported(mesh, groups, target[len("smddp_"):])
   if why:
     raise _Unsupported(why)
   gpu.prepare(mesh, groups)

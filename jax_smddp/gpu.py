@@ -5,8 +5,13 @@ of devices the program uses has its staging regions (one per rank, in device
 memory) and that each rank has mapped its peers' regions: peers in this
 process by peer access, peers in other processes of the same host by CUDA IPC
 handles exchanged over the jax.distributed key-value store. The handlers then
-only look them up and enqueue work. Groups that span hosts are left to XLA's
-own collectives (no inter-node GPU path yet).
+only look them up and enqueue work.
+
+A group that spans hosts runs all_gather hierarchically: the ranks on each
+host form an intra-host communicator, and each rank gets a network port that
+the process's proxy thread drives over the multi-process world's links
+(libfabric between hosts; jax_smddp.initialize() sets them up). Other
+collectives over such groups are left to XLA's own.
 """
 
 from __future__ import annotations
@@ -69,8 +74,8 @@ def _hosts() -> list[str]:
   return _host_ids
 
 
-def unsupported(mesh, groups) -> str | None:
-  """Why these groups cannot run on the GPU backend (None when they can)."""
+def unsupported(mesh, groups, op: str) -> str | None:
+  """Why these groups cannot run `op` on the GPU backend (None when they can)."""
   if not available():
     return "this jax_smddp was built without CUDA (nvcc was not found at install)"
   devices = list(mesh.devices.flat)
@@ -78,8 +83,15 @@ def unsupported(mesh, groups) -> str | None:
     return None  # lowering only (no GPU here): nothing to set up
   hosts = _hosts()
   for group in groups:
-    if len({hosts[devices[int(i)].process_index] for i in group}) > 1:
-      return "the group spans hosts (jax_smddp's GPU backend is intra-node for now)"
+    per_host: dict = {}
+    for i in group:
+      host = hosts[devices[int(i)].process_index]
+      per_host[host] = per_host.get(host, 0) + 1
+    if len(per_host) > 1:
+      if op != "all_gather":
+        return f"{op} over a group that spans hosts (on GPUs only all_gather crosses hosts)"
+      if len(set(per_host.values())) > 1:
+        return "the group has different numbers of ranks on its hosts"
   return None
 
 
@@ -96,29 +108,59 @@ def prepare(mesh, groups) -> None:
   with _lock:
     for group in groups:
       members = tuple(int(i) for i in group)
-      if members in _ready:
+      if members in _ready or not any(devices[i].process_index == me for i in members):
         continue
-      local = [(r, devices[i].local_hardware_id) for r, i in enumerate(members)
-               if devices[i].process_index == me]
-      if not local:
-        continue
-      handles = ext.prepare(list(members), slot_bytes(), local)
-      remote = []
-      if any(devices[i].process_index != me for i in members):
-        from jax_smddp import distributed
-        client = distributed._client()
-        generation = _generation.get(members, 0)
-        prefix = f"jax_smddp/gpu/{ext.group_key(list(members)):x}/{generation}"
-        for rank, handle in handles:
-          client.key_value_set(f"{prefix}/{rank}", base64.b64encode(handle).decode())
-        for rank, i in enumerate(members):
-          if devices[i].process_index != me:
-            value = client.blocking_key_value_get(f"{prefix}/{rank}", _KV_TIMEOUT_MS)
-            remote.append((rank, base64.b64decode(value)))
-      ext.connect(list(members), remote)
+      hosts = _hosts()
+      host_ids = [hosts[devices[i].process_index] for i in members]
+      if len(set(host_ids)) == 1:
+        _prepare_group(ext, members, devices, me)
+      else:
+        _prepare_hierarchy(ext, members, host_ids, devices, me)
       _ready.add(members)
-      _generation[members] = _generation.get(members, 0) + 1
-      log.debug("jax_smddp (GPU): group %s ready (%d local ranks)", members, len(local))
+
+
+def _prepare_group(ext, members: tuple, devices, me: int) -> None:
+  """Staging regions of a group inside one host, mapped by every rank."""
+  if members in _ready:
+    return
+  local = [(r, devices[i].local_hardware_id) for r, i in enumerate(members)
+           if devices[i].process_index == me]
+  handles = ext.prepare(list(members), slot_bytes(), local)
+  remote = []
+  if any(devices[i].process_index != me for i in members):
+    from jax_smddp import distributed
+    client = distributed._client()
+    generation = _generation.get(members, 0)
+    prefix = f"jax_smddp/gpu/{ext.group_key(list(members)):x}/{generation}"
+    for rank, handle in handles:
+      client.key_value_set(f"{prefix}/{rank}", base64.b64encode(handle).decode())
+    for rank, i in enumerate(members):
+      if devices[i].process_index != me:
+        value = client.blocking_key_value_get(f"{prefix}/{rank}", _KV_TIMEOUT_MS)
+        remote.append((rank, base64.b64decode(value)))
+  ext.connect(list(members), remote)
+  _ready.add(members)
+  _generation[members] = _generation.get(members, 0) + 1
+  log.debug("jax_smddp (GPU): group %s ready (%d local ranks)", members, len(local))
+
+
+def _prepare_hierarchy(ext, members: tuple, host_ids: list, devices, me: int) -> None:
+  """A group across hosts: this host's ranks as an intra-host group, then the
+  network ports of this process's ranks (over the world's links)."""
+  from jax_smddp import distributed
+  distributed.ensure_initialized()
+  order = list(dict.fromkeys(host_ids))  # hosts by first appearance: alike everywhere
+  host_of = [order.index(h) for h in host_ids]
+  mine = host_ids[[devices[i].process_index for i in members].index(me)]
+  intra = tuple(i for i, h in zip(members, host_ids) if h == mine)
+  _prepare_group(ext, intra, devices, me)
+  local = [(r, devices[i].local_hardware_id) for r, i in enumerate(members)
+           if devices[i].process_index == me]
+  gdrcopy = ext.prepare_hierarchy(list(members), host_of,
+                                  [devices[i].process_index for i in members], local,
+                                  list(intra), slot_bytes())
+  log.debug("jax_smddp (GPU): group %s across %d hosts ready (network signals: %s)", members,
+            len(order), "GDRCopy" if gdrcopy else "mapped host memory")
 
 
 def release() -> None:

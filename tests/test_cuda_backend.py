@@ -216,3 +216,29 @@ def test_slot_size_setting_is_checked(monkeypatch):
     gpu.slot_bytes()
   monkeypatch.setenv("JAX_SMDDP_GPU_SLOT_BYTES", str(1 << 20))
   assert gpu.slot_bytes() == 1 << 20
+
+
+class _Device:
+  platform = "gpu"
+
+  def __init__(self, process):
+    self.process_index = process
+
+
+class _Mesh:
+  def __init__(self, processes):
+    self.devices = np.array([_Device(p) for p in processes], dtype=object)
+
+
+@needs_cuda_ext
+def test_which_groups_cross_hosts_on_gpus(monkeypatch):
+  """Only all_gather crosses hosts on GPUs, and only with equal ranks per
+  host; everything else over such groups lowers to XLA's collectives."""
+  monkeypatch.setattr(gpu, "_hosts", lambda: ["a", "a", "b", "b", "b"])
+  even = _Mesh([0, 1, 2, 3])
+  assert gpu.unsupported(even, [[0, 1]], "psum_scatter") is None  # inside host a
+  assert gpu.unsupported(even, [[0, 1, 2, 3]], "all_gather") is None
+  assert "spans hosts" in gpu.unsupported(even, [[0, 1, 2, 3]], "reduce_scatter")
+  assert "spans hosts" in gpu.unsupported(even, [[0, 2], [1, 3]], "all_reduce")
+  uneven = _Mesh([0, 1, 2, 3, 4])
+  assert "different numbers of ranks" in gpu.unsupported(uneven, [[0, 1, 2, 3, 4]], "all_gather")

@@ -11,6 +11,7 @@
 #include <cuda_runtime_api.h>
 
 #include "cuda/cuda_stream_ops.h"
+#include "cuda/gdrcopy.h"
 #include "nanobind/nanobind.h"
 #include "nanobind/stl/pair.h"
 #include "nanobind/stl/string.h"
@@ -107,6 +108,21 @@ NB_MODULE(_smddp_cuda, m) {
     for (auto& [rank, b] : remote) handles.emplace_back(rank, std::string(b.c_str(), b.size()));
     Check(smddp::gpu::ConnectCommunicator(members, handles));
   }, nb::arg("members"), nb::arg("remote"));
+  m.def("prepare_hierarchy", [](std::vector<int64_t> members, std::vector<int> host_of,
+                                std::vector<int> process_of, std::vector<std::pair<int, int>> local,
+                                std::vector<int64_t> intra_members, size_t slot_bytes) {
+    bool gdrcopy = false;
+    nb::gil_scoped_release release;
+    Check(smddp::gpu::PrepareHierarchy(members, host_of, process_of, local, intra_members,
+                                       slot_bytes, &gdrcopy));
+    return gdrcopy;
+  }, "Sets up a group across hosts (this host's communicator first); returns whether its "
+     "network signals use GDRCopy.");
+  m.def("gdrcopy", [] {
+    std::string why;
+    const bool ok = smddp::cuda::GdrCopyAvailable(&why);
+    return std::make_pair(ok, why);
+  });
   m.def("group_key", [](std::vector<int64_t> members) {
     return smddp::gpu::GroupKey(members.data(), int(members.size()));
   });

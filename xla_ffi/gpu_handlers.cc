@@ -10,6 +10,7 @@
 #include "cuda/cuda_stream_ops.h"
 #include "xla/ffi/api/ffi.h"
 #include "xla_ffi/engine/gpu_communicator.h"
+#include "xla_ffi/engine/net_port.h"
 #include "xla_ffi/engine/stream_algorithms.h"
 
 namespace ffi = xla::ffi;
@@ -19,7 +20,12 @@ namespace smddp {
 struct GpuCallSite {
   static ffi::TypeId id;
   static ffi::TypeInfo info;
-  std::vector<gpu::LocalRank*> by_ordinal;  // this process's rank on each device
+  struct Member {
+    gpu::LocalRank* rank = nullptr;       // in the (intra-host) communicator
+    NetPort* port = nullptr;              // groups across hosts: the network side
+    const std::vector<int>* rank_of = nullptr;
+  };
+  std::vector<Member> by_ordinal;  // this process's rank on each device
 };
 ffi::TypeId GpuCallSite::id = {};
 ffi::TypeInfo GpuCallSite::info = ffi::MakeTypeInfo<GpuCallSite>();
@@ -45,26 +51,36 @@ ffi::ErrorOr<std::unique_ptr<GpuCallSite>> Instantiate(ffi::Dictionary attrs) {
   const int me = gpu::ProcessIndex();
   for (size_t g = 0; g < groups->size(); g += n) {
     std::vector<int64_t> members(groups->begin() + g, groups->begin() + g + n);
+    const uint64_t key = gpu::GroupKey(members.data(), int(n));
     gpu::GpuCommunicator* comm = nullptr;
+    gpu::GpuHierarchy* hierarchy = gpu::FindHierarchy(key);
     for (int64_t r = 0; r < n; ++r) {
       const int64_t id = members[r];
       if (id < 0 || size_t(id) >= processes->size() || size_t(id) >= ordinals->size())
         return ffi::Unexpected(Invalid("device id out of range in replica groups"));
       if ((*processes)[id] != me) continue;
-      if (!comm) comm = gpu::FindCommunicator(gpu::GroupKey(members.data(), int(n)));
+      const int64_t ordinal = (*ordinals)[id];
+      if (size_t(ordinal) >= site->by_ordinal.size()) site->by_ordinal.resize(ordinal + 1);
+      if (hierarchy) {
+        gpu::GpuHierarchy::Member* m = hierarchy->Find(int(r));
+        if (!m || m->local->ordinal != ordinal)
+          return ffi::Unexpected(Invalid("device " + std::to_string(ordinal) +
+                                         " has no prepared rank in its group"));
+        site->by_ordinal[ordinal] = GpuCallSite::Member{m->local, m->port, &hierarchy->rank_of()};
+        continue;
+      }
+      if (!comm) comm = gpu::FindCommunicator(key);
       if (!comm)
         return ffi::Unexpected(ffi::Error(
             ffi::ErrorCode::kFailedPrecondition,
             "jax_smddp (GPU): the communicator of this collective was never set up in this "
             "process; jax_smddp sets it up when it lowers the program for local GPUs (do not "
             "run programs lowered or exported elsewhere)"));
-      const int64_t ordinal = (*ordinals)[id];
       gpu::LocalRank* rank = comm->Local(int(r));
       if (!rank || rank->ordinal != ordinal)
         return ffi::Unexpected(Invalid("device " + std::to_string(ordinal) +
                                        " has no prepared rank in its group"));
-      if (size_t(ordinal) >= site->by_ordinal.size()) site->by_ordinal.resize(ordinal + 1, nullptr);
-      site->by_ordinal[ordinal] = rank;
+      site->by_ordinal[ordinal] = GpuCallSite::Member{rank, nullptr, nullptr};
     }
   }
   return site;
@@ -97,12 +113,21 @@ ffi::Error Enqueue(const char* op, int64_t op_id, cudaStream_t stream, int32_t o
                    Plan plan) {
   if (!ToDType(x.element_type(), &plan.dtype))
     return Invalid(std::string(op) + ": unsupported element type reached the engine");
-  if (ordinal < 0 || size_t(ordinal) >= site->by_ordinal.size() || !site->by_ordinal[ordinal])
+  if (ordinal < 0 || size_t(ordinal) >= site->by_ordinal.size() ||
+      !site->by_ordinal[ordinal].rank)
     return Invalid(std::string(op) + " (op " + std::to_string(op_id) + "): device " +
                    std::to_string(ordinal) + " is in no replica group of this process");
+  const GpuCallSite::Member& me = site->by_ordinal[ordinal];
   cuda::CudaStreamOps ops(stream, Settings());
-  const Status st = RunStreamPlan(plan, site->by_ordinal[ordinal]->view, ops, x.untyped_data(),
-                                  out->untyped_data());
+  Status st;
+  if (me.port) {
+    if (plan.kind != Plan::Kind::kAllGather)
+      return Invalid(std::string(op) + " across hosts is not supported on GPUs (only all_gather)");
+    st = RunStreamHierarchicalGather(plan.outer, plan.inner, me.rank->view, *me.port, *me.rank_of,
+                                     ops, x.untyped_data(), out->untyped_data());
+  } else {
+    st = RunStreamPlan(plan, me.rank->view, ops, x.untyped_data(), out->untyped_data());
+  }
   if (!st.ok())
     return ffi::Error(ffi::ErrorCode::kInternal,
                       std::string(op) + " (op " + std::to_string(op_id) + "): " + st.message());

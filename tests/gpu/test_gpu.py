@@ -39,9 +39,9 @@ MODES = {
 }
 
 
-def run(nprocs: int, env: dict):
-  procs = launch.run_job(["collectives"], nprocs, 1, script=WORKER, timeout=540,
-                         env={"JAX_PLATFORMS": "cuda", **env})
+def run(nprocs: int, env: dict, scenario: str = "collectives", per_process_env=None):
+  procs = launch.run_job([scenario], nprocs, 1, script=WORKER, timeout=540,
+                         env={"JAX_PLATFORMS": "cuda", **env}, per_process_env=per_process_env)
   for p in procs:
     assert p.returncode == 0 and p.result and p.result["ok"], launch.describe(procs)
   return procs
@@ -64,3 +64,24 @@ def test_processes_sharing_one_gpu(nprocs, mode):
 
 def test_single_process():
   run(1, {})
+
+
+def _libfabric() -> bool:
+  import ctypes
+  try:
+    ctypes.CDLL("libfabric.so.1")
+    return True
+  except OSError:
+    return False
+
+
+@pytest.mark.skipif(not _libfabric(), reason="libfabric is not installed (links between hosts)")
+@pytest.mark.parametrize("nprocs,per_host", [(2, 1), (4, 2)])
+@pytest.mark.parametrize("mode", ["copy engines, stream memory operations", "flag kernels"])
+def test_all_gather_across_simulated_hosts(nprocs, per_host, mode):
+  """Processes on one GPU named as different hosts (JAX_SMDDP_HOST_ID): the
+  hierarchical all_gather, its network proxy over libfabric (tcp), signals in
+  GDRCopy memory where gdrdrv is loaded, else mapped host memory."""
+  hosts = [{"JAX_SMDDP_HOST_ID": f"host{i // per_host}"} for i in range(nprocs)]
+  procs = run(nprocs, {**MODES[mode], "JAX_SMDDP_FABRIC_PROVIDER": "tcp;ofi_rxm"}, "hosts", hosts)
+  assert procs[0].result["checked"] > 0

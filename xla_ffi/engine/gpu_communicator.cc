@@ -1,10 +1,15 @@
 #include "xla_ffi/engine/gpu_communicator.h"
 
+#include <algorithm>
 #include <cstring>
 #include <map>
 #include <mutex>
 
 #include <cuda_runtime_api.h>
+
+#include "cuda/gdrcopy.h"
+#include "xla_ffi/engine/communicator.h"  // TimeoutSeconds
+#include "xla_ffi/engine/world.h"
 
 namespace smddp {
 namespace gpu {
@@ -37,6 +42,17 @@ std::map<uint64_t, std::unique_ptr<GpuCommunicator>>& Registry() {
   return *r;
 }
 int process_index = 0;
+
+std::map<uint64_t, std::unique_ptr<GpuHierarchy>>& Hierarchies() {
+  static auto* r = new std::map<uint64_t, std::unique_ptr<GpuHierarchy>>();
+  return *r;
+}
+
+// The process's network proxy, started with the first hierarchical group.
+NetworkProxy* Proxy() {
+  static NetworkProxy* proxy = new NetworkProxy(TimeoutSeconds());
+  return proxy;
+}
 
 }  // namespace
 
@@ -196,7 +212,161 @@ GpuCommunicator* FindCommunicator(uint64_t key) {
 
 void ReleaseCommunicators() {
   std::lock_guard<std::mutex> lock(registry_mu);
+  Hierarchies().clear();
   Registry().clear();
+}
+
+// Network port memory of one rank: the mailbox in mapped pinned host memory,
+// the signals in GDRCopy-mapped device memory or mapped pinned host memory.
+struct GpuHierarchy::PortMemory {
+  void* mailbox_host = nullptr;
+  void* signals_host = nullptr;   // pinned host signals (no GDRCopy)
+  void* signals_device = nullptr; // device signals (GDRCopy)
+  cuda::GdrMapping mapping;
+  int ordinal = 0;
+  ~PortMemory() {
+    if (mailbox_host) cudaFreeHost(mailbox_host);
+    if (signals_host) cudaFreeHost(signals_host);
+    if (signals_device) {
+      mapping = cuda::GdrMapping();
+      DeviceScope scope(ordinal);
+      cudaFree(signals_device);
+    }
+  }
+};
+
+GpuHierarchy::GpuHierarchy(std::vector<int64_t> members, std::vector<int> rank_of)
+    : members_(std::move(members)), rank_of_(std::move(rank_of)), by_rank_(members_.size()) {}
+
+GpuHierarchy::~GpuHierarchy() = default;
+
+GpuHierarchy::Member* GpuHierarchy::Find(int rank) {
+  return rank >= 0 && size_t(rank) < by_rank_.size() && by_rank_[rank].port ? &by_rank_[rank] : nullptr;
+}
+
+Status GpuHierarchy::Prepare(const std::vector<int>& host_of, const std::vector<int>& process_of,
+                             const std::vector<std::pair<int, int>>& local, GpuCommunicator* intra,
+                             size_t slot_bytes) {
+  const int P = int(members_.size());
+  int hosts = 0;
+  for (int h : host_of) hosts = std::max(hosts, h + 1);
+  if (hosts < 2 || P % hosts != 0) return Status::Error("jax_smddp (GPU): uneven hosts");
+  const int L = P / hosts;
+  world_ = CurrentWorld();
+  const World* world = world_.get();
+  if (!world)
+    return Status::Error("jax_smddp (GPU): a group across hosts needs the multi-process world "
+                         "(jax_smddp.initialize())");
+  NetLayout layout(hosts, slot_bytes);
+  std::string why;
+  gdrcopy_ = cuda::GdrCopyAvailable(&why);
+  for (const auto& [rank, ordinal] : local) {
+    const int h = host_of[rank];
+    int j = -1;
+    for (int x = 0; x < L; ++x) {
+      if (rank_of_[h * L + x] == rank) j = x;
+    }
+    if (j < 0) return Status::Error("jax_smddp (GPU): rank not on its host");
+    LocalRank* lr = intra->Local(j);
+    if (!lr || lr->ordinal != ordinal)
+      return Status::Error("jax_smddp (GPU): intra-host rank " + std::to_string(j) + " not prepared");
+    auto mem = std::make_unique<PortMemory>();
+    mem->ordinal = ordinal;
+    DeviceScope scope(ordinal);
+    cudaError_t err = cudaHostAlloc(&mem->mailbox_host, layout.mailbox_bytes,
+                                    cudaHostAllocMapped | cudaHostAllocPortable);
+    if (err != cudaSuccess) return CudaError("allocating the network mailbox", err);
+    std::memset(mem->mailbox_host, 0, layout.mailbox_bytes);
+    void* mailbox_device = nullptr;
+    err = cudaHostGetDevicePointer(&mailbox_device, mem->mailbox_host, 0);
+    if (err != cudaSuccess) return CudaError("mapping the network mailbox", err);
+    auto port = std::make_unique<NetPort>();
+    port->hosts = hosts;
+    port->host = h;
+    port->rail = j;
+    port->key = GroupKey(members_.data(), P);
+    port->layout = layout;
+    port->mailbox_proxy = static_cast<uint8_t*>(mem->mailbox_host);
+    port->mailbox_stream = static_cast<uint8_t*>(mailbox_device);
+    if (gdrcopy_) {
+      const size_t bytes = (layout.signal_bytes + (64 << 10) - 1) / (64 << 10) * (64 << 10);
+      err = cudaMalloc(&mem->signals_device, bytes);
+      if (err == cudaSuccess) err = cudaMemset(mem->signals_device, 0, bytes);
+      if (err == cudaSuccess) err = cudaDeviceSynchronize();
+      if (err != cudaSuccess) return CudaError("allocating GDRCopy signals", err);
+      SMDDP_RETURN_IF_ERROR(cuda::GdrMapping::Map(mem->signals_device, bytes, &mem->mapping));
+      port->signals_stream = static_cast<uint8_t*>(mem->signals_device);
+      port->signals_proxy = mem->mapping.host();
+    } else {
+      err = cudaHostAlloc(&mem->signals_host, layout.signal_bytes,
+                          cudaHostAllocMapped | cudaHostAllocPortable);
+      if (err != cudaSuccess) return CudaError("allocating the network signals", err);
+      std::memset(mem->signals_host, 0, layout.signal_bytes);
+      void* device = nullptr;
+      err = cudaHostGetDevicePointer(&device, mem->signals_host, 0);
+      if (err != cudaSuccess) return CudaError("mapping the network signals", err);
+      port->signals_proxy = static_cast<uint8_t*>(mem->signals_host);
+      port->signals_stream = static_cast<uint8_t*>(device);
+    }
+    port->links.assign(hosts, nullptr);
+    port->peer_process.assign(hosts, -1);
+    for (int k = 0; k < hosts; ++k) {
+      if (k == h) continue;
+      const int peer = process_of[rank_of_[k * L + j]];
+      port->peer_process[k] = peer;
+      port->links[k] = world->link(peer);
+      if (!port->links[k])
+        return Status::Error("jax_smddp (GPU): no link to process " + std::to_string(peer));
+    }
+    port->proxy = Proxy();
+    by_rank_[rank] = Member{lr, port.get()};
+    ports_.push_back(std::move(port));
+    memory_.push_back(std::move(mem));
+  }
+  (void)why;
+  return Status::Ok();
+}
+
+Status PrepareHierarchy(const std::vector<int64_t>& members, const std::vector<int>& host_of,
+                        const std::vector<int>& process_of,
+                        const std::vector<std::pair<int, int>>& local,
+                        const std::vector<int64_t>& intra_members, size_t slot_bytes,
+                        bool* uses_gdrcopy) {
+  const int P = int(members.size());
+  if (int(host_of.size()) != P || int(process_of.size()) != P)
+    return Status::Error("jax_smddp (GPU): malformed hierarchical group");
+  int hosts = 0;
+  for (int h : host_of) hosts = std::max(hosts, h + 1);
+  std::vector<std::vector<int>> on_host(hosts);
+  for (int r = 0; r < P; ++r) on_host[host_of[r]].push_back(r);
+  std::vector<int> rank_of;
+  for (auto& ranks : on_host) {
+    if (ranks.size() != on_host[0].size())
+      return Status::Error("jax_smddp (GPU): hosts have different numbers of ranks in the group");
+    rank_of.insert(rank_of.end(), ranks.begin(), ranks.end());
+  }
+  std::lock_guard<std::mutex> lock(registry_mu);
+  const uint64_t key = GroupKey(members.data(), P);
+  auto& slot = Hierarchies()[key];
+  if (slot) {
+    *uses_gdrcopy = slot->uses_gdrcopy();
+    return Status::Ok();
+  }
+  auto intra = Registry().find(GroupKey(intra_members.data(), int(intra_members.size())));
+  if (intra == Registry().end() || !intra->second->connected())
+    return Status::Error("jax_smddp (GPU): prepare this host's communicator first");
+  auto h = std::make_unique<GpuHierarchy>(members, rank_of);
+  Status st = h->Prepare(host_of, process_of, local, intra->second.get(), slot_bytes);
+  if (!st.ok()) return st;
+  *uses_gdrcopy = h->uses_gdrcopy();
+  slot = std::move(h);
+  return Status::Ok();
+}
+
+GpuHierarchy* FindHierarchy(uint64_t key) {
+  std::lock_guard<std::mutex> lock(registry_mu);
+  auto it = Hierarchies().find(key);
+  return it == Hierarchies().end() ? nullptr : it->second.get();
 }
 
 void SetProcessIndex(int process) { process_index = process; }

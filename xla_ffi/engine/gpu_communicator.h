@@ -12,10 +12,12 @@
 #include <utility>
 #include <vector>
 
+#include "xla_ffi/engine/net_port.h"
 #include "xla_ffi/engine/status.h"
 #include "xla_ffi/engine/stream_algorithms.h"
 
 namespace smddp {
+class World;
 namespace gpu {
 
 // A rank of this process: its device and its view of every rank's region.
@@ -53,6 +55,49 @@ class GpuCommunicator {
   std::vector<uint8_t*> opened_;                   // IPC mappings to close
   bool connected_ = false;
 };
+
+// A group that spans hosts (all_gather only, the hierarchical algorithm):
+// equal ranks per host; the ranks on this host form an intra-host
+// GpuCommunicator (the rails' local exchange), and each of this process's
+// ranks has a network port: a mailbox of mapped pinned host memory and
+// signals in device memory mapped by GDRCopy (mapped pinned host memory
+// without it), driven by the process's network proxy over the links of the
+// multi-process world (libfabric between hosts).
+class GpuHierarchy {
+ public:
+  struct Member {
+    LocalRank* local = nullptr;  // in the intra-host communicator
+    NetPort* port = nullptr;
+  };
+  GpuHierarchy(std::vector<int64_t> members, std::vector<int> rank_of);
+  ~GpuHierarchy();
+
+  // `host_of` / `process_of`: per group rank; `local`: (group rank, ordinal)
+  // of this process's ranks; `intra`: this host's communicator (ready).
+  Status Prepare(const std::vector<int>& host_of, const std::vector<int>& process_of,
+                 const std::vector<std::pair<int, int>>& local, GpuCommunicator* intra,
+                 size_t slot_bytes);
+  const std::vector<int>& rank_of() const { return rank_of_; }
+  Member* Find(int rank);
+  bool uses_gdrcopy() const { return gdrcopy_; }
+
+ private:
+  struct PortMemory;
+  std::vector<int64_t> members_;
+  std::vector<int> rank_of_;  // host g's j-th rank -> group rank, at g * L + j
+  std::vector<Member> by_rank_;
+  std::vector<std::unique_ptr<NetPort>> ports_;
+  std::vector<std::unique_ptr<PortMemory>> memory_;
+  std::shared_ptr<const World> world_;  // keeps the ports' links alive
+  bool gdrcopy_ = false;
+};
+
+Status PrepareHierarchy(const std::vector<int64_t>& members, const std::vector<int>& host_of,
+                        const std::vector<int>& process_of,
+                        const std::vector<std::pair<int, int>>& local,
+                        const std::vector<int64_t>& intra_members, size_t slot_bytes,
+                        bool* uses_gdrcopy);
+GpuHierarchy* FindHierarchy(uint64_t key);
 
 // Names a group of devices (partition ids in rank order) alike everywhere.
 uint64_t GroupKey(const int64_t* members, int size);
