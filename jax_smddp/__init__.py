@@ -7,8 +7,10 @@ The API mirrors ``jax.lax`` so that switching is a rename::
 
 Collectives run on the plugin's engine on CPU: XLA CPU devices of one process,
 and across the processes and hosts of a ``jax.distributed`` job (shared memory
-within a host, libfabric between hosts; see ``jax_smddp.initialize``);
-cases the engine does not handle, and other platforms, lower through jax.lax.
+within a host, libfabric between hosts; see ``jax_smddp.initialize``); on
+CUDA GPUs where the package was built with nvcc (``jax_smddp.gpu``; not yet
+run on a GPU, see docs/gpu.md). Cases the engine does not handle, and other
+platforms, lower through jax.lax.
 """
 
 from jax_smddp.all_gather import all_gather
@@ -23,6 +25,7 @@ from jax_smddp.partitioning import unshard
 from jax_smddp.swap import use
 from jax_smddp import hybrid, swap
 from jax_smddp import fsdp
+from jax_smddp import gpu
 
 __version__ = "0.1.0"
 
@@ -32,5 +35,5 @@ __all__ = [
     "initialize", "shutdown", "topology", "traffic",
     "all_gather_invariant", "all_gather_reduced", "unreduced_psum_scatter",
     "all_gather_batched", "psum_scatter_batched", "psum_batched",
-    "unshard", "use", "hybrid", "swap", "fsdp",
+    "unshard", "use", "hybrid", "swap", "fsdp", "gpu",
 ]

@@ -1,4 +1,4 @@
-"""GPU benchmark of jax_smddp's all_gather (and reduce_scatter), nccl-tests style.
+"""GPU benchmark of jax_smddp's all_gather, nccl-tests style.
 
     python -m jax_smddp.gpu_bench [--processes N] [--sizes 1M,16M,256M] [--json FILE]
 

@@ -242,3 +242,15 @@ def test_which_groups_cross_hosts_on_gpus(monkeypatch):
   assert "spans hosts" in gpu.unsupported(even, [[0, 2], [1, 3]], "all_reduce")
   uneven = _Mesh([0, 1, 2, 3, 4])
   assert "different numbers of ranks" in gpu.unsupported(uneven, [[0, 1, 2, 3, 4]], "all_gather")
+
+
+def test_gpu_benchmark_arithmetic():
+  """The GPU benchmark's sizes and columns (its runs need a GPU): 4 ranks,
+  16 MiB each in 1 ms -> algbw 67.1 GB/s, busbw 50.3, moved 201.3."""
+  from jax_smddp import gpu_bench
+  assert gpu_bench.parse_size("16M") == 16 << 20 and gpu_bench.parse_size("512K") == 512 << 10
+  row = {"bytes_per_rank": 16 << 20, "ranks": 4, "mode": "engine", "smddp_s": 1e-3,
+         "copy_Bps": 400e9}
+  line = gpu_bench.report([row]).splitlines()[1].split()
+  assert line[:4] == ["16384K", "4", "engine", "1000.0"]
+  assert [float(v) for v in line[4:9]] == [67.1, 50.3, 201.3, 400.0, 0.5]
