@@ -9,6 +9,7 @@
 
 #include "cuda/cuda_stream_ops.h"
 #include "xla/ffi/api/ffi.h"
+#include "xla_ffi/ffi_dtype.h"
 #include "xla_ffi/engine/gpu_communicator.h"
 #include "xla_ffi/engine/net_port.h"
 #include "xla_ffi/engine/stream_algorithms.h"
@@ -84,22 +85,6 @@ ffi::ErrorOr<std::unique_ptr<GpuCallSite>> Instantiate(ffi::Dictionary attrs) {
     }
   }
   return site;
-}
-
-bool ToDType(ffi::DataType t, DType* out) {
-  switch (t) {
-    case ffi::DataType::PRED: *out = DType::kBool; return true;
-    case ffi::DataType::S8: *out = DType::kInt8; return true;
-    case ffi::DataType::U8: *out = DType::kUInt8; return true;
-    case ffi::DataType::S32: *out = DType::kInt32; return true;
-    case ffi::DataType::U32: *out = DType::kUInt32; return true;
-    case ffi::DataType::S64: *out = DType::kInt64; return true;
-    case ffi::DataType::F16: *out = DType::kFloat16; return true;
-    case ffi::DataType::BF16: *out = DType::kBFloat16; return true;
-    case ffi::DataType::F32: *out = DType::kFloat32; return true;
-    case ffi::DataType::F64: *out = DType::kFloat64; return true;
-    default: return false;
-  }
 }
 
 const cuda::GpuSettings& Settings() {
