@@ -62,7 +62,12 @@ Definitions (as in nccl-tests; n = number of ranks, t = median time):
 * speedup = lax time / smddp time (> 1: jax_smddp is faster).
 
 Each implementation's fastest call is kept too (``min_us``: the least disturbed
-by other load on a shared machine). Every row records the tuner's choice for the
+by other load on a shared machine), and every call (``samples_us``). ``other_load``
+is the number of CPUs other work (other users, the hypervisor) kept busy while a
+point was timed, measured from /proc (machine CPU time minus this job's);
+``--timing blocks`` times 5 calls of one implementation back to back instead of
+alternating call by call (docs/performance_model.md: which statistic the model
+predicts, and why). Every row records the tuner's choice for the
 call (``choice``: :func:`jax_smddp.tuning.choose`, what the engine runs across
 processes) and, with ``--predict``, the cost model's prediction for it
 (``prediction``, ``smddp.predicted_us``; docs/performance_model.md).
@@ -388,6 +393,99 @@ def time_alternating(fns, x, iters: int, warmup: int) -> list[list[float]]:
   return samples
 
 
+def time_blocks(fns, x, iters: int, warmup: int, block: int = 5) -> list[list[float]]:
+  """Seconds per call of each fn(x), each synced, in blocks of `block` calls of one
+  fn back to back (a x5, b x5, a x5, ...): a block is the steady state of one
+  collective (every process in step), and the blocks' alternation spreads slow
+  periods of the machine over both."""
+  for fn in fns:
+    for _ in range(warmup):
+      fn(x).block_until_ready()
+  samples = [[] for _ in fns]
+  while len(samples[0]) < iters:
+    k = min(block, iters - len(samples[0]))
+    for fn, out in zip(fns, samples):
+      for _ in range(k):
+        t0 = time.perf_counter()
+        fn(x).block_until_ready()
+        out.append(time.perf_counter() - t0)
+  return samples
+
+
+TIMINGS = {"blocks": time_blocks, "alternating": time_alternating}
+# run_benchmark's default timing; parse_args sets it from --timing (multi-process
+# workers parse the same options, so their run_benchmark follows it too).
+_timing = "alternating"
+
+
+# --------------------------------------------------------------------------- other load
+
+_TICK = os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100
+
+
+def _job_root() -> int:
+  """The pid of this benchmark job: the ``python -m jax_smddp.bench`` process
+  that started this worker (an ancestor), else this process."""
+  pid = os.getpid()
+  try:
+    while pid > 1:
+      with open(f"/proc/{pid}/cmdline", "rb") as f:
+        argv = f.read().split(b"\0")
+      if b"jax_smddp.bench" in argv:
+        return pid
+      with open(f"/proc/{pid}/stat") as f:
+        pid = int(f.read().rsplit(")", 1)[1].split()[1])
+  except (OSError, ValueError, IndexError):
+    pass
+  return os.getpid()
+
+
+def _descendants(root: int) -> list[int]:
+  out, todo = [], [root]
+  while todo:
+    pid = todo.pop()
+    out.append(pid)
+    try:
+      for tid in os.listdir(f"/proc/{pid}/task"):
+        with open(f"/proc/{pid}/task/{tid}/children") as f:
+          todo += [int(c) for c in f.read().split()]
+    except OSError:
+      pass
+  return out
+
+
+class CpuMeter:
+  """CPU time of the whole machine and of this benchmark job (the bench process
+  and all its descendants: every worker of a multi-process layout) from /proc,
+  in seconds (clock ticks). other_cores(a, b) = CPUs busy with anything else
+  (other users' jobs, the hypervisor's steal) on average between two readings."""
+
+  def __init__(self):
+    self.root = _job_root()
+    self.ok = os.path.exists("/proc/stat")
+
+  def read(self) -> tuple[float, float, float]:
+    if not self.ok:
+      return time.perf_counter(), 0.0, 0.0
+    with open("/proc/stat") as f:
+      v = [int(x) for x in f.readline().split()[1:9]]
+    busy = (sum(v) - v[3] - v[4]) / _TICK          # all but idle and iowait (steal counts)
+    job = 0
+    for pid in _descendants(self.root):
+      try:
+        with open(f"/proc/{pid}/stat") as f:
+          fields = f.read().rsplit(")", 1)[1].split()
+        job += int(fields[11]) + int(fields[12])
+      except (OSError, ValueError, IndexError):
+        pass
+    return time.perf_counter(), busy, job / _TICK
+
+  @staticmethod
+  def other_cores(a, b) -> float:
+    wall = b[0] - a[0]
+    return max(0.0, ((b[1] - a[1]) - (b[2] - a[2])) / wall) if wall > 0 else 0.0
+
+
 def bandwidths(spec: OpSpec, nbytes: int, n: int, seconds: float) -> dict:
   """nccl-tests figures for one median time."""
   algbw = spec.total_factor(n) * nbytes / seconds / 1e9
@@ -410,7 +508,8 @@ def memcpy_bandwidth(nbytes: int = MEMCPY_BYTES, repeats: int = 5) -> float:
 # --------------------------------------------------------------------------- driver
 
 def run_benchmark(ops, sizes, *, dtype="float32", iters: int = 20, warmup: int = 3,
-                  devices=None, report: Callable[[dict], None] | None = None) -> list[dict]:
+                  devices=None, report: Callable[[dict], None] | None = None,
+                  timing: str | None = None) -> list[dict]:
   """Benchmarks `ops` at each per-rank size in `sizes` (bytes); returns one dict per
   (op, size) as in the JSON "results" list. `devices` defaults to all CPU devices.
   `report` is called with each result as it is ready (e.g. to print a row).
@@ -419,6 +518,7 @@ def run_benchmark(ops, sizes, *, dtype="float32", iters: int = 20, warmup: int =
   """
   import jax
 
+  timing = timing or _timing
   devices = list(devices if devices is not None else jax.devices("cpu"))
   n = len(devices)
   mesh = jax.sharding.Mesh(np.array(devices), ("x",))
@@ -427,6 +527,7 @@ def run_benchmark(ops, sizes, *, dtype="float32", iters: int = 20, warmup: int =
   if unknown:
     raise ValueError(f"unknown ops {unknown}; choose from {list(specs)}")
   results = []
+  meter = CpuMeter()
   for op in ops:
     spec = specs[op]
     smddp_fn, lax_fn = build_programs(spec, mesh)
@@ -442,7 +543,9 @@ def run_benchmark(ops, sizes, *, dtype="float32", iters: int = 20, warmup: int =
         log.warning("jax.lax %s (%s/rank) differs from numpy (JAX's answer is wrong; jax_smddp's "
                     "is right): %s", op, format_size(nbytes), "; ".join(lax_bad))
       k = iters_for(n * nbytes * spec.total_factor(n), iters)
-      samples = time_alternating((smddp_fn, lax_fn), x, k, warmup)
+      before = meter.read()
+      samples = TIMINGS[timing]((smddp_fn, lax_fn), x, k, warmup)
+      after = meter.read()
       t_smddp, t_lax = (statistics.median(s) for s in samples)
       result = {
           "op": op, "bytes_per_rank": nbytes, "iters": k,
@@ -451,6 +554,11 @@ def run_benchmark(ops, sizes, *, dtype="float32", iters: int = 20, warmup: int =
           "lax": {**bandwidths(spec, nbytes, n, t_lax), "min_us": min(samples[1]) * 1e6},
           "speedup": t_lax / t_smddp,
           "lax_wrong": bool(lax_bad),
+          "timing": timing,
+          "other_load": {"cores": round(CpuMeter.other_cores(before, after), 3),
+                         "seconds": round(after[0] - before[0], 4)},
+          "samples_us": {"smddp": [round(t * 1e6, 1) for t in samples[0]],
+                         "lax": [round(t * 1e6, 1) for t in samples[1]]},
       }
       results.append(result)
       if report:
@@ -483,6 +591,9 @@ def metadata(layout: "Layout | int", dtype: str, memcpy_gbs: float,
           "busbw_gbs": "algbw * (n-1)/n, or * 2(n-1)/n for all_reduce",
           "speedup": "lax time / smddp time",
           "min_us": "fastest of the timed calls (the least disturbed by other load)",
+          "samples_us": "every timed call, in order (process 0's)",
+          "other_load": "cores: CPUs kept busy by anything but this benchmark job (other "
+                        "users, steal) on average while the point was timed, from /proc",
       },
   }
   if layout.multi_process:
@@ -555,7 +666,9 @@ def annotate(r: dict, layout: "Layout", predict: bool = False, machine=None) -> 
   if predict:
     machine = machine or cost_model.local_machine()
     algo = choice.algorithm if layout.multi_process else "in_process"
-    p = cost_model.predict(r["op"], r["bytes_per_rank"], lay, machine, algo, choice.chunk_bytes)
+    other = float((r.get("other_load") or {}).get("cores", 0.0))
+    p = cost_model.predict(r["op"], r["bytes_per_rank"], lay, machine, algo, choice.chunk_bytes,
+                           other_load=other)
     r["prediction"] = {"time_us": p.time_us, "algorithm": p.algorithm,
                        "chunk_bytes": p.chunk_bytes, "bottleneck": p.bottleneck,
                        "machine": machine.name, "terms_us": {k: v * 1e6 for k, v in p.terms.items()}}
@@ -753,6 +866,9 @@ def parse_args(argv=None) -> argparse.Namespace:
                  f"(fewer for large sizes: at most {format_size(BYTES_BUDGET)} moved each)")
   p.add_argument("--warmup", type=int, default=3, help="untimed calls per implementation")
   p.add_argument("--dtype", default="float32")
+  p.add_argument("--timing", choices=sorted(TIMINGS), default="alternating",
+                 help="alternating: one call of each implementation in turn; blocks: 5 calls "
+                      "of one back to back, then 5 of the other, ...")
   p.add_argument("--json", default=os.path.join("bench_results", "bench.json"))
   p.add_argument("--plot", default=None,
                  help="PNG path (default bench_results/bench.png when matplotlib is importable)")
@@ -768,6 +884,8 @@ def parse_args(argv=None) -> argparse.Namespace:
   args = p.parse_args(argv)
   if args.compare:
     return args
+  global _timing
+  _timing = args.timing
   args.ops = [op.strip() for op in args.ops.split(",") if op.strip()]
   bad = [op for op in args.ops if op not in OPS]
   if bad:
@@ -792,7 +910,7 @@ def worker_options(args) -> list[str]:
   """The options a multi-process worker (or the in-process comparison) runs with."""
   opts = ["--ops", ",".join(args.ops), "--min-bytes", str(args.min_bytes),
           "--max-bytes", str(args.max_bytes), "--iters", str(args.iters),
-          "--warmup", str(args.warmup), "--dtype", args.dtype]
+          "--warmup", str(args.warmup), "--dtype", args.dtype, "--timing", args.timing]
   return opts + (["--quick"] if args.quick else [])
 
 

@@ -58,6 +58,11 @@ process 0 stands for all)::
   its cores) outnumber the cores (CPU); each round that waits on a network peer
   (the header when there are network peers, each network hop) then also costs
   ``oversubscribed_round_s`` (the peer's progress needs it to be scheduled).
+* contention (only when ``predict(..., other_load=E)`` is given, CPU machines):
+  T is multiplied by max(1, (B+E)/C) / max(1, B/C), B the call's busy threads,
+  C the cores, E the CPUs other work kept busy (measured by the benchmark). It
+  explains only a small part of the gap between median and fastest call on a
+  shared machine (docs/performance_model.md).
 * R_nic = max(bytes out, bytes in) over the host's NICs / (eta B * usable NICs),
   usable NICs = min(nics, ranks_on_host * max(1, nics/gpus_per_host)) (ranks
   spread over the NICs); R_intra = max(bytes out, in) on the intra-host link /
@@ -532,10 +537,48 @@ def _transport(machine: Machine, kind: str) -> Transport:
   return machine.intra_host if kind == "intra" else machine.network
 
 
+def busy_threads(op: str, bytes_per_rank: int, layout: Layout, machine: Machine) -> int:
+  """Threads of one call that want a core at once on one machine: the helper
+  threads of one process (min(cores, n) when the call moves >= 256 KiB, else 1),
+  or one engine thread per process of the host (of the machine, when simulated
+  hosts share its cores)."""
+  if layout.processes == 1:
+    n = layout.ranks
+    out = n * bytes_per_rank if op == "all_gather" else bytes_per_rank
+    moved = n * max(bytes_per_rank, out)
+    return min(machine.cores, n) if moved >= HELPER_MIN_BYTES else 1
+  return layout.processes if machine.hosts_share_cores else layout.processes_per_host
+
+
+def contention_factor(busy: int, other_cores: float, cores: int) -> float:
+  """How much slower a CPU-bound call runs when other work keeps `other_cores`
+  CPUs busy on average: the scheduler shares the `cores` among the call's `busy`
+  threads and the others, so the call gets cores / (busy + other) of them instead
+  of cores / busy (no more than one core per thread in either case)."""
+  if other_cores <= 0 or cores <= 0:
+    return 1.0
+  return max(1.0, (busy + other_cores) / cores) / max(1.0, busy / cores)
+
+
 def predict(op: str, bytes_per_rank: int, layout: Layout, machine: Machine,
-            algorithm: str | None = None, chunk_bytes: int | None = None) -> Prediction:
+            algorithm: str | None = None, chunk_bytes: int | None = None,
+            other_load: float = 0.0) -> Prediction:
   """Predicted time of one call of jax_smddp's `algorithm` (default: what the
-  engine runs untuned) for `op` on `layout` of `machine`."""
+  engine runs untuned) for `op` on `layout` of `machine`; `other_load`: CPUs
+  kept busy by other work during the call (measured; CPU machines only), which
+  multiplies the time by contention_factor (term "contention")."""
+  p = _predict(op, bytes_per_rank, layout, machine, algorithm, chunk_bytes)
+  if other_load > 0 and machine.kind == "cpu":
+    f = contention_factor(busy_threads(op, bytes_per_rank, layout, machine), other_load,
+                          machine.cores)
+    if f > 1:
+      p.terms["contention"] = p.time_s * (f - 1)
+      p.time_s *= f
+  return p
+
+
+def _predict(op: str, bytes_per_rank: int, layout: Layout, machine: Machine,
+             algorithm: str | None = None, chunk_bytes: int | None = None) -> Prediction:
   algorithm = algorithm or default_algorithm(layout, op)
   if algorithm == "hierarchical" and (not hierarchical_valid(layout) or op == "all_to_all"):
     algorithm = "flat"
@@ -699,6 +742,7 @@ def load_records(paths: Iterable[str], statistic: str = "min_us") -> list[dict]:
       choice = r.get("choice") or {}
       out.append({"layout": layout, "op": r["op"], "bytes_per_rank": int(r["bytes_per_rank"]),
                   "time_s": t * 1e-6, "file": os.path.basename(path),
+                  "other_load": float((r.get("other_load") or {}).get("cores", 0.0)),
                   "algorithm": choice.get("algorithm"), "chunk_bytes": choice.get("chunk_bytes")})
   return out
 
@@ -707,7 +751,8 @@ def predict_record(r: dict, machine: Machine, algorithm: str | None = None) -> P
   """The prediction for a benchmark record: of what ran (the tuner's choice
   recorded with it), unless `algorithm` is given."""
   return predict(r["op"], r["bytes_per_rank"], r["layout"], machine,
-                 algorithm or r.get("algorithm"), None if algorithm else r.get("chunk_bytes"))
+                 algorithm or r.get("algorithm"), None if algorithm else r.get("chunk_bytes"),
+                 other_load=r.get("other_load", 0.0))
 
 
 def errors(records: Sequence[dict], machine: Machine) -> list[float]:

@@ -44,6 +44,10 @@ def test_bench_quick(tmp_path):
                             "devices_per_process": 4, "devices": 4, "backend": "cpu"}
   assert meta["memcpy_gbs"] > 0
   check_results(results, OPS)
+  for r in results:  # every call, and the other load measured while timing
+    assert len(r["samples_us"]["smddp"]) == r["iters"] == len(r["samples_us"]["lax"])
+    assert min(r["samples_us"]["smddp"]) == pytest.approx(r["smddp"]["min_us"], abs=0.1)
+    assert r["other_load"]["cores"] >= 0 and r["other_load"]["seconds"] > 0
   for op in OPS:  # one table per op in the terminal output
     assert f"# {op}: 4 ranks" in proc.stdout
 
@@ -186,3 +190,18 @@ def test_bench_predict(tmp_path):
     assert r["smddp"]["predicted_us"] == r["prediction"]["time_us"]
     assert r["smddp"]["min_us"] <= r["smddp"]["time_us"]
   assert "model us" in proc.stdout and "model/meas" in proc.stdout
+
+
+def test_timing_methods_sample_every_call():
+  class Done:
+    def block_until_ready(self):
+      return self
+  calls = []
+  fns = (lambda x: calls.append("a") or Done(), lambda x: calls.append("b") or Done())
+  for name, fn in bench.TIMINGS.items():
+    calls.clear()
+    samples = fn(fns, None, 7, 1)
+    assert [len(s) for s in samples] == [7, 7] and len(calls) == 16, name
+  calls.clear()
+  bench.time_blocks(fns, None, 7, 0)
+  assert "".join(calls) == "aaaaabbbbbaabb"

@@ -156,6 +156,25 @@ def test_hierarchical_time_by_hand():
 
 
 @pytest.mark.timeout(30)
+def test_contention_by_hand():
+  """Other load (measured CPUs busy with other work) slows CPU-bound calls by
+  the share of the cores they lose: (busy + other) / cores, once that exceeds 1."""
+  f = cm.contention_factor
+  assert f(1, 0.0, 2) == 1.0 and f(1, 0.9, 2) == 1.0           # a free core remains
+  assert f(2, 1.0, 2) == pytest.approx(1.5)                     # 3 threads on 2 cores
+  assert f(4, 1.0, 2) == pytest.approx(5 / 4)                   # already oversubscribed
+  S, lay = MiB, L(1, 2, 2)
+  base = cm.predict("all_gather", S, lay, cm.CPU_REFERENCE, "flat")
+  loaded = cm.predict("all_gather", S, lay, cm.CPU_REFERENCE, "flat", other_load=1.0)
+  assert loaded.time_s == pytest.approx(1.5 * base.time_s)
+  assert loaded.terms["contention"] == pytest.approx(0.5 * base.time_s)
+  assert cm.busy_threads("all_gather", S, L(2, 2, 1), cm.CPU_REFERENCE) == 4   # shared cores
+  assert cm.busy_threads("all_gather", 1024, L(1, 1, 8), cm.CPU_REFERENCE) == 1
+  gpu = cm.predict("all_gather", S, L(2, 8, 1), cm.P4D, other_load=4.0)
+  assert "contention" not in gpu.terms                                        # CPU only
+
+
+@pytest.mark.timeout(30)
 def test_nccl_ring_by_hand():
   S = MiB
   p = cm.nccl_predict("all_gather", S, 32, 8, cm.P4D, "ring")
