@@ -122,21 +122,24 @@ ffi::Error Enqueue(const char* op, int64_t op_id, cudaStream_t stream, int32_t o
 // Group attributes are read at instantiation; the execute stage ignores them.
 using Ids = ffi::Span<const int64_t>;
 
-ffi::Error AllGatherImpl(cudaStream_t stream, int32_t ordinal, GpuCallSite* site,
-                         ffi::AnyBuffer x, ffi::Result<ffi::AnyBuffer> out, int64_t op_id,
-                         Ids /*groups*/, int64_t /*group_size*/, Ids /*processes*/, Ids /*ordinals*/,
-                         int64_t outer, int64_t inner_bytes) {
+// all_gather and all_to_all: blocks of `inner_bytes` in an [outer, ranks, inner] layout.
+template <Plan::Kind kKind>
+ffi::Error BlocksImpl(cudaStream_t stream, int32_t ordinal, GpuCallSite* site, ffi::AnyBuffer x,
+                      ffi::Result<ffi::AnyBuffer> out, int64_t op_id, Ids /*groups*/,
+                      int64_t /*group_size*/, Ids /*processes*/, Ids /*ordinals*/, int64_t outer,
+                      int64_t inner_bytes) {
   Plan plan;
-  plan.kind = Plan::Kind::kAllGather;
+  plan.kind = kKind;
   plan.outer = size_t(outer);
   plan.inner = size_t(inner_bytes);
-  return Enqueue("all_gather", op_id, stream, ordinal, site, x, out, plan);
+  return Enqueue(kKind == Plan::Kind::kAllGather ? "all_gather" : "all_to_all", op_id, stream,
+                 ordinal, site, x, out, plan);
 }
 
 ffi::Error ReduceScatterImpl(cudaStream_t stream, int32_t ordinal, GpuCallSite* site,
                              ffi::AnyBuffer x, ffi::Result<ffi::AnyBuffer> out, int64_t op_id,
-                         Ids /*groups*/, int64_t /*group_size*/, Ids /*processes*/, Ids /*ordinals*/,
-                             int64_t reduce, int64_t outer, int64_t inner) {
+                             Ids /*groups*/, int64_t /*group_size*/, Ids /*processes*/,
+                             Ids /*ordinals*/, int64_t reduce, int64_t outer, int64_t inner) {
   Plan plan;
   plan.kind = Plan::Kind::kReduceScatter;
   plan.op = ReduceOp(reduce);
@@ -147,24 +150,13 @@ ffi::Error ReduceScatterImpl(cudaStream_t stream, int32_t ordinal, GpuCallSite* 
 
 ffi::Error AllReduceImpl(cudaStream_t stream, int32_t ordinal, GpuCallSite* site,
                          ffi::AnyBuffer x, ffi::Result<ffi::AnyBuffer> out, int64_t op_id,
-                         Ids /*groups*/, int64_t /*group_size*/, Ids /*processes*/, Ids /*ordinals*/,
-                         int64_t reduce) {
+                         Ids /*groups*/, int64_t /*group_size*/, Ids /*processes*/,
+                         Ids /*ordinals*/, int64_t reduce) {
   Plan plan;
   plan.kind = Plan::Kind::kAllReduce;
   plan.op = ReduceOp(reduce);
   plan.count = x.element_count();
   return Enqueue("all_reduce", op_id, stream, ordinal, site, x, out, plan);
-}
-
-ffi::Error AllToAllImpl(cudaStream_t stream, int32_t ordinal, GpuCallSite* site,
-                        ffi::AnyBuffer x, ffi::Result<ffi::AnyBuffer> out, int64_t op_id,
-                         Ids /*groups*/, int64_t /*group_size*/, Ids /*processes*/, Ids /*ordinals*/,
-                        int64_t outer, int64_t inner_bytes) {
-  Plan plan;
-  plan.kind = Plan::Kind::kAllToAll;
-  plan.outer = size_t(outer);
-  plan.inner = size_t(inner_bytes);
-  return Enqueue("all_to_all", op_id, stream, ordinal, site, x, out, plan);
 }
 
 }  // namespace
@@ -185,7 +177,7 @@ ffi::Error AllToAllImpl(cudaStream_t stream, int32_t ordinal, GpuCallSite* site,
       .Attr<ffi::Span<const int64_t>>("processes")              \
       .Attr<ffi::Span<const int64_t>>("ordinals")
 
-XLA_FFI_DEFINE_HANDLER_SYMBOL(SmddpAllGatherCuda, smddp::AllGatherImpl,
+XLA_FFI_DEFINE_HANDLER_SYMBOL(SmddpAllGatherCuda, smddp::BlocksImpl<smddp::Plan::Kind::kAllGather>,
                               SMDDP_GPU_BINDING().Attr<int64_t>("outer").Attr<int64_t>("inner_bytes"));
 XLA_FFI_DEFINE_HANDLER_SYMBOL(SmddpReduceScatterCuda, smddp::ReduceScatterImpl,
                               SMDDP_GPU_BINDING()
@@ -194,7 +186,7 @@ XLA_FFI_DEFINE_HANDLER_SYMBOL(SmddpReduceScatterCuda, smddp::ReduceScatterImpl,
                                   .Attr<int64_t>("inner"));
 XLA_FFI_DEFINE_HANDLER_SYMBOL(SmddpAllReduceCuda, smddp::AllReduceImpl,
                               SMDDP_GPU_BINDING().Attr<int64_t>("reduce"));
-XLA_FFI_DEFINE_HANDLER_SYMBOL(SmddpAllToAllCuda, smddp::AllToAllImpl,
+XLA_FFI_DEFINE_HANDLER_SYMBOL(SmddpAllToAllCuda, smddp::BlocksImpl<smddp::Plan::Kind::kAllToAll>,
                               SMDDP_GPU_BINDING().Attr<int64_t>("outer").Attr<int64_t>("inner_bytes"));
 XLA_FFI_DEFINE_HANDLER_SYMBOL(SmddpInstantiateCuda, smddp::Instantiate,
                               ffi::Ffi::BindInstantiate().Attrs());
