@@ -200,7 +200,8 @@ def _cuda_takes(ctx, params) -> bool:
   if engine_unsupported(ctx, dtype, axes) or (reduces and dtype == np.bool_):
     return False
   groups = pxla.axis_groups(ctx.module_context.axis_context, axes)
-  op = "all_gather" if "all_gather_dimension" in params else "other"
+  op = ("all_gather" if "all_gather_dimension" in params else
+        "reduce_scatter" if "scatter_dimension" in params else "other")
   return gpu.unsupported(ctx.module_context.axis_context.mesh, groups, op) is None
 
 

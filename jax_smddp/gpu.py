@@ -7,11 +7,11 @@ process by peer access, peers in other processes of the same host by CUDA IPC
 handles exchanged over the jax.distributed key-value store. The handlers then
 only look them up and enqueue work.
 
-A group that spans hosts runs all_gather hierarchically: the ranks on each
-host form an intra-host communicator, and each rank gets a network port that
-the process's proxy thread drives over the multi-process world's links
-(libfabric between hosts; jax_smddp.initialize() sets them up). Other
-collectives over such groups are left to XLA's own.
+A group that spans hosts runs all_gather and reduce_scatter hierarchically:
+the ranks on each host form an intra-host communicator, and each rank gets a
+network port that the process's proxy thread drives over the multi-process
+world's links (libfabric between hosts; jax_smddp.initialize() sets them
+up). all_reduce and all_to_all over such groups are left to XLA's own.
 """
 
 from __future__ import annotations
@@ -88,8 +88,9 @@ def unsupported(mesh, groups, op: str) -> str | None:
       host = hosts[devices[int(i)].process_index]
       per_host[host] = per_host.get(host, 0) + 1
     if len(per_host) > 1:
-      if op != "all_gather":
-        return f"{op} over a group that spans hosts (on GPUs only all_gather crosses hosts)"
+      if op not in ("all_gather", "reduce_scatter"):
+        return (f"{op} over a group that spans hosts (on GPUs only all_gather and "
+                "reduce_scatter cross hosts)")
       if len(set(per_host.values())) > 1:
         return "the group has different numbers of ranks on its hosts"
   return None

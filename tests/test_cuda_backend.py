@@ -232,13 +232,14 @@ class _Mesh:
 
 @needs_cuda_ext
 def test_which_groups_cross_hosts_on_gpus(monkeypatch):
-  """Only all_gather crosses hosts on GPUs, and only with equal ranks per
-  host; everything else over such groups lowers to XLA's collectives."""
+  """Only all_gather and reduce_scatter cross hosts on GPUs, and only with
+  equal ranks per host; the others over such groups lower to XLA's."""
   monkeypatch.setattr(gpu, "_hosts", lambda: ["a", "a", "b", "b", "b"])
   even = _Mesh([0, 1, 2, 3])
   assert gpu.unsupported(even, [[0, 1]], "psum_scatter") is None  # inside host a
   assert gpu.unsupported(even, [[0, 1, 2, 3]], "all_gather") is None
-  assert "spans hosts" in gpu.unsupported(even, [[0, 1, 2, 3]], "reduce_scatter")
+  assert gpu.unsupported(even, [[0, 1, 2, 3]], "reduce_scatter") is None
+  assert "spans hosts" in gpu.unsupported(even, [[0, 1, 2, 3]], "all_to_all")
   assert "spans hosts" in gpu.unsupported(even, [[0, 2], [1, 3]], "all_reduce")
   uneven = _Mesh([0, 1, 2, 3, 4])
   assert "different numbers of ranks" in gpu.unsupported(uneven, [[0, 1, 2, 3, 4]], "all_gather")

@@ -106,9 +106,17 @@ def test_many_calls_reuse_slots_safely():
 
 # --- across hosts: the hierarchical all_gather with its network proxy ------
 
-def hierarchical(hosts, local, xs, rank_of, *, outer, slot, calls=3, timeout=20.0, kill_host=-1):
-  return ENGINE.stream_hierarchical_probe(hosts, local, outer, xs[0].nbytes // outer, slot, rank_of,
-                                          [x.tobytes() for x in xs], calls, timeout, kill_host)
+def hierarchical(hosts, local, xs, rank_of, *, outer, slot, calls=3, timeout=20.0, kill_host=-1,
+                 scatter=None):
+  """all_gather, or reduce_scatter with `scatter=op` (inputs [outer, P, inner])."""
+  if scatter is None:
+    return ENGINE.stream_hierarchical_probe(hosts, local, outer, xs[0].nbytes // outer, slot,
+                                            rank_of, [x.tobytes() for x in xs], calls, timeout,
+                                            kill_host)
+  inner = xs[0].shape[-1]
+  return ENGINE.stream_hierarchical_probe(hosts, local, outer, inner, slot, rank_of,
+                                          [x.tobytes() for x in xs], calls, timeout, kill_host,
+                                          kind=1, dtype=DTYPES[xs[0].dtype], op=OPS[scatter])
 
 
 @pytest.mark.parametrize("hosts,local", [(2, 1), (2, 2), (3, 2), (2, 4), (4, 1)])
@@ -154,3 +162,31 @@ def test_hierarchical_dead_host_is_an_error_naming_the_peer():
       assert e == ""  # the dead host's ranks never ran
     else:
       assert "exited" in e and f"peer process {2 + x % 2}" in e, (x, e)
+
+
+@pytest.mark.parametrize("hosts,local", [(2, 1), (2, 2), (3, 2), (2, 4), (4, 1)])
+@pytest.mark.parametrize("order", ["host-major", "interleaved"])
+@pytest.mark.parametrize("dtype,op", [(np.int32, "sum"), (np.float32, "max"), (np.float32, "sum"),
+                                      (ml_dtypes.bfloat16, "sum")])
+@pytest.mark.parametrize("outer,inner,slot", [(1, 1000, 1024), (5, 37, 512), (3, 64, 1 << 20)])
+def test_hierarchical_reduce_scatter(hosts, local, order, dtype, op, outer, inner, slot):
+  """Partials per host, then across hosts; ints and max exactly, float sums
+  within rounding of the two-level order (16-bit floats round per level)."""
+  P = hosts * local
+  rank_of = list(range(P)) if order == "host-major" else \
+      [j * hosts + g for g in range(hosts) for j in range(local)]
+  xs = inputs(P, (outer, P, inner), dtype, seed=P * 5 + inner)
+  outs = hierarchical(hosts, local, xs, rank_of, outer=outer, slot=slot, scatter=op)
+  host_of_rank = {rank_of[g * local + j]: (g, j) for g in range(hosts) for j in range(local)}
+  ranks_in_thread_order = [rank_of[g * local + j] for g in range(hosts) for j in range(local)]
+  for x, o in enumerate(outs):
+    r = ranks_in_thread_order[x]
+    got = np.frombuffer(o, dtype).reshape(outer, inner)
+    want = combine([xs[q][:, r, :] for q in range(P)], op, dtype)
+    if np.dtype(dtype) == np.dtype(ml_dtypes.bfloat16):
+      np.testing.assert_allclose(got.astype(np.float32), want.astype(np.float32), rtol=3e-2,
+                                 atol=3e-2, err_msg=f"rank {r} {host_of_rank[r]}")
+    elif op == "sum" and np.dtype(dtype).kind == "f":
+      np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5, err_msg=f"rank {r}")
+    else:
+      np.testing.assert_array_equal(got, want, err_msg=f"rank {r}")

@@ -106,10 +106,17 @@ ffi::Error Enqueue(const char* op, int64_t op_id, cudaStream_t stream, int32_t o
   cuda::CudaStreamOps ops(stream, Settings());
   Status st;
   if (me.port) {
-    if (plan.kind != Plan::Kind::kAllGather)
-      return Invalid(std::string(op) + " across hosts is not supported on GPUs (only all_gather)");
-    st = RunStreamHierarchicalGather(plan.outer, plan.inner, me.rank->view, *me.port, *me.rank_of,
-                                     ops, x.untyped_data(), out->untyped_data());
+    if (plan.kind == Plan::Kind::kAllGather) {
+      st = RunStreamHierarchicalGather(plan.outer, plan.inner, me.rank->view, *me.port,
+                                       *me.rank_of, ops, x.untyped_data(), out->untyped_data());
+    } else if (plan.kind == Plan::Kind::kReduceScatter) {
+      st = RunStreamHierarchicalScatter(plan.outer, plan.inner, plan.dtype, plan.op, me.rank->view,
+                                        *me.port, *me.rank_of, ops, x.untyped_data(),
+                                        out->untyped_data());
+    } else {
+      return Invalid(std::string(op) + " across hosts is not supported on GPUs (all_gather and "
+                     "reduce_scatter are)");
+    }
   } else {
     st = RunStreamPlan(plan, me.rank->view, ops, x.untyped_data(), out->untyped_data());
   }

@@ -142,7 +142,8 @@ void Check(const smddp::Status& st) {
   if (!st.ok()) throw std::runtime_error(st.message());
 }
 
-// The hierarchical all_gather of the GPU backend on host threads: `hosts` x
+// The hierarchical all_gather (kind 0) or reduce_scatter (kind 1) of the GPU
+// backend on host threads: `hosts` x
 // `local` ranks, each its own "process" with its own network proxy; rail
 // peers joined by shared-memory links in this process (the proxy sees only
 // the Link interface, as over libfabric). rank_of[g * local + j] is the group
@@ -152,7 +153,8 @@ void Check(const smddp::Status& st) {
 std::vector<nb::bytes> StreamHierarchicalProbe(int hosts, int local, size_t outer, size_t inner,
                                                size_t slot_bytes, std::vector<int> rank_of,
                                                std::vector<nb::bytes> inputs, int calls,
-                                               double timeout_s, int kill_host) {
+                                               double timeout_s, int kill_host, int kind,
+                                               int dtype, int op) {
   const int P = hosts * local;
   if (int(inputs.size()) != P || int(rank_of.size()) != P) throw std::invalid_argument("sizes");
   smddp::RegionLayout layout(local, slot_bytes);
@@ -197,7 +199,9 @@ std::vector<nb::bytes> StreamHierarchicalProbe(int hosts, int local, size_t oute
       const auto& b = inputs[rank_of[g * local + j]];
       send.emplace_back(b.c_str(), b.size());
     }
-  const size_t out_bytes = send[0].size() * P;
+  // kind 0: all_gather (inner: bytes per row); 1: reduce_scatter (inner:
+  // elements per block row).
+  const size_t out_bytes = kind == 0 ? send[0].size() * P : send[0].size() / P;
   std::vector<std::string> recv(P, std::string(out_bytes, '\0'));
   std::vector<smddp::Status> status(P);
   {
@@ -229,9 +233,14 @@ std::vector<nb::bytes> StreamHierarchicalProbe(int hosts, int local, size_t oute
           for (int k = 0; k < local; ++k) me.regions.push_back(aligned(regions[g * local + k]));
           smddp::HostStreamOps ops(timeout_s);
           for (int c = 0; c < calls && status[x].ok(); ++c) {
-            status[x] = smddp::RunStreamHierarchicalGather(outer, send[x].size() / outer, me,
-                                                           ports[x], rank_of, ops, send[x].data(),
-                                                           recv[x].data());
+            status[x] =
+                kind == 0
+                    ? smddp::RunStreamHierarchicalGather(outer, inner, me, ports[x], rank_of, ops,
+                                                         send[x].data(), recv[x].data())
+                    : smddp::RunStreamHierarchicalScatter(outer, inner, smddp::DType(dtype),
+                                                          smddp::ReduceOp(op), me, ports[x],
+                                                          rank_of, ops, send[x].data(),
+                                                          recv[x].data());
           }
           // The proxy reports network failures; a failed step still released the stream.
           if (status[x].ok()) {
@@ -250,7 +259,6 @@ std::vector<nb::bytes> StreamHierarchicalProbe(int hosts, int local, size_t oute
     for (auto& t : threads) t.join();
     proxies.clear();
   }
-  (void)inner;
   std::vector<nb::bytes> out;
   for (int x = 0; x < P; ++x) {
     if (kill_host >= 0) {
@@ -358,5 +366,5 @@ NB_MODULE(_smddp_cpu, m) {
   m.def("stream_hierarchical_probe", &StreamHierarchicalProbe, nb::arg("hosts"), nb::arg("local"),
         nb::arg("outer"), nb::arg("inner"), nb::arg("slot_bytes"), nb::arg("rank_of"),
         nb::arg("inputs"), nb::arg("calls") = 1, nb::arg("timeout_s") = 20.0,
-        nb::arg("kill_host") = -1);
+        nb::arg("kill_host") = -1, nb::arg("kind") = 0, nb::arg("dtype") = 8, nb::arg("op") = 0);
 }

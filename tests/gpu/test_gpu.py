@@ -78,9 +78,9 @@ def _libfabric() -> bool:
 @pytest.mark.skipif(not _libfabric(), reason="libfabric is not installed (links between hosts)")
 @pytest.mark.parametrize("nprocs,per_host", [(2, 1), (4, 2)])
 @pytest.mark.parametrize("mode", ["copy engines, stream memory operations", "flag kernels"])
-def test_all_gather_across_simulated_hosts(nprocs, per_host, mode):
+def test_across_simulated_hosts(nprocs, per_host, mode):
   """Processes on one GPU named as different hosts (JAX_SMDDP_HOST_ID): the
-  hierarchical all_gather, its network proxy over libfabric (tcp), signals in
+  hierarchical all_gather and reduce_scatter, the network proxy over libfabric (tcp), signals in
   GDRCopy memory where gdrdrv is loaded, else mapped host memory."""
   hosts = [{"JAX_SMDDP_HOST_ID": f"host{i // per_host}"} for i in range(nprocs)]
   procs = run(nprocs, {**MODES[mode], "JAX_SMDDP_FABRIC_PROVIDER": "tcp;ofi_rxm"}, "hosts", hosts)

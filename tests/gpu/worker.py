@@ -96,7 +96,7 @@ def main() -> None:
   if scenario == "hosts":  # simulated hosts (JAX_SMDDP_HOST_ID): only all_gather crosses hosts
     import jax_smddp
     jax_smddp.initialize()
-    todo = [c for c in todo if c[0].startswith("all_gather")]
+    todo = [c for c in todo if c[0].startswith("all_gather") or c[0] == "psum_scatter"]
   for name, body, ref, cols, dtype in todo:
     if np.issubdtype(np.dtype(dtype), np.integer):
       X = rng.integers(-1000, 1000, size=(n, cols)).astype(dtype)
@@ -110,9 +110,13 @@ def main() -> None:
       for shard in y.addressable_shards:
         rank = shard.index[0].start
         got = np.asarray(shard.data)[0]
+        what = f"{name} {np.dtype(dtype).name} {cols} rank {rank}"
         if np.dtype(dtype) == np.dtype(np.float32) and name in ("psum", "psum_scatter"):
-          np.testing.assert_allclose(got, want[rank], rtol=1e-6, atol=1e-6,
-                                     err_msg=f"{name} {np.dtype(dtype).name} {cols} rank {rank}")
+          np.testing.assert_allclose(got, want[rank], rtol=1e-5, atol=1e-5, err_msg=what)
+        elif scenario == "hosts" and name == "psum_scatter" and np.dtype(dtype).itemsize == 2:
+          # across hosts 16-bit floats round per level (host partial, final)
+          np.testing.assert_allclose(got.astype(np.float32), want[rank].astype(np.float32),
+                                     rtol=3e-2, atol=3e-2, err_msg=what)
         else:
           np.testing.assert_array_equal(got, want[rank],
                                         err_msg=f"{name} {np.dtype(dtype).name} {cols} rank {rank}")

@@ -29,10 +29,10 @@ NetworkProxy::~NetworkProxy() {
   thread_.join();
 }
 
-void NetworkProxy::Enqueue(NetPort* port, uint32_t step, size_t bytes) {
+void NetworkProxy::Enqueue(NetPort* port, uint32_t step, size_t bytes, bool scatter) {
   {
     std::lock_guard<std::mutex> lock(mu_);
-    queue_.push_back(Task{port, step, bytes});
+    queue_.push_back(Task{port, step, bytes, scatter});
   }
   cv_.notify_one();
 }
@@ -81,7 +81,7 @@ Status NetworkProxy::Run(const Task& t) {
   const auto deadline =
       std::chrono::steady_clock::now() + std::chrono::duration<double>(timeout_s_);
   auto failure = [&](int k, const std::string& what) {
-    return Status::Error("network step " + std::to_string(t.step) + " of the GPU all_gather: " +
+    return Status::Error("network step " + std::to_string(t.step) + " of a GPU collective across hosts: " +
                          what + (k >= 0 ? " (peer process " + std::to_string(p.peer_process[k]) + ")" : ""));
   };
   // Waits for a flag the stream raises, progressing links meanwhile.
@@ -120,7 +120,8 @@ Status NetworkProxy::Run(const Task& t) {
   for (int k = 0; k < p.hosts; ++k) {
     if (k == p.host) continue;
     sends[k] = std::make_unique<Request>();
-    p.links[k]->Send(tag, p.host_side(p.layout.send_slot(t.step)), t.bytes, sends[k].get());
+    const size_t offset = t.scatter ? size_t(k) * t.bytes : 0;
+    p.links[k]->Send(tag, p.host_side(p.layout.send_slot(t.step)) + offset, t.bytes, sends[k].get());
   }
   for (int spins = 0;; ++spins) {
     bool all = true, sent = true;

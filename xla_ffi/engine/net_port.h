@@ -88,8 +88,9 @@ class NetworkProxy {
   ~NetworkProxy();
 
   // Step `step` of `port` moves `bytes` from its send slot to every other
-  // host's rail peer, and theirs into its receive slots.
-  void Enqueue(NetPort* port, uint32_t step, size_t bytes);
+  // host's rail peer, and theirs into its receive slots. `scatter`: host k
+  // gets the k-th `bytes` of the send slot (else all get the first).
+  void Enqueue(NetPort* port, uint32_t step, size_t bytes, bool scatter = false);
   // The first failure, if any (sticky).
   Status error();
 
@@ -98,6 +99,7 @@ class NetworkProxy {
     NetPort* port;
     uint32_t step;
     size_t bytes;
+    bool scatter;
   };
   void Loop();
   Status Run(const Task& task);

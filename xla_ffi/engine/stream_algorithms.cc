@@ -270,6 +270,63 @@ Status RunStreamHierarchicalGather(size_t outer, size_t inner, StreamRank& local
   });
 }
 
+Status RunStreamHierarchicalScatter(size_t outer, size_t inner, DType dtype, ReduceOp op,
+                                    StreamRank& local, NetPort& port,
+                                    const std::vector<int>& rank_of, StreamOps& ops,
+                                    const void* send_v, void* recv_v) {
+  const auto* send = static_cast<const uint8_t*>(send_v);
+  auto* recv = static_cast<uint8_t*>(recv_v);
+  const int H = port.hosts, L = local.layout.size, h = port.host, i = local.rank;
+  const size_t P = size_t(H) * L, E = ElementSize(dtype), inner_b = inner * E;
+  if (int(rank_of.size()) != H * L || int(port.links.size()) != H || !port.proxy)
+    return Status::Error("jax_smddp: hierarchical communicator is not set up for this rank");
+  SMDDP_RETURN_IF_ERROR(port.proxy->error());
+  const NetLayout& net = port.layout;
+  const size_t cap = std::min(local.layout.slot_bytes, net.slot_bytes);
+  std::vector<const void*> srcs(std::max(H, L));
+  return ForEachTile(outer, inner_b, size_t(std::max(H, L)), cap, E, [&](const Tile& t) -> Status {
+    const uint32_t s = ++port.step;
+    const size_t sub = t.rows * t.width;  // one destination's part of this tile
+    if (s > 2) SMDDP_RETURN_IF_ERROR(ops.WaitAtLeast(port.stream<uint32_t>(net.done(), true), s - 2));
+    // Inside the host: the partial sum of each host's blocks for rail i.
+    for (int g = 0; g < H; ++g) {
+      Steps st(local, ops);
+      uint8_t* slot;
+      SMDDP_RETURN_IF_ERROR(st.Begin(&slot));
+      for (int j = 0; j < L; ++j) {  // [rows, L, width]: host g's rails' blocks
+        const int q = rank_of[g * L + j];
+        SMDDP_RETURN_IF_ERROR(ops.Copy2D(slot + j * t.width, L * t.width,
+                                         send + (t.row * P + q) * inner_b + t.col, P * inner_b,
+                                         t.width, t.rows));
+      }
+      SMDDP_RETURN_IF_ERROR(st.Post());
+      for (int j = 0; j < L; ++j) {
+        const uint8_t* theirs;
+        SMDDP_RETURN_IF_ERROR(st.Await(j, &theirs));
+        srcs[j] = theirs + i * t.width;
+      }
+      // This host's own partial waits in its (unused) receive slot.
+      uint8_t* dst = g == h ? port.stream(net.recv_slot(h, s)) : port.stream(net.send_slot(s)) + g * sub;
+      SMDDP_RETURN_IF_ERROR(ops.Reduce(dst, t.width, srcs.data(), L, L * t.width, t.width / E,
+                                       t.rows, dtype, op));
+      for (int j = 0; j < L; ++j) SMDDP_RETURN_IF_ERROR(st.Release(j));
+    }
+    // Across hosts: partial g to host g's rail peer, theirs for this host back.
+    SMDDP_RETURN_IF_ERROR(ops.Write(port.stream<uint32_t>(net.posted()), s));
+    port.proxy->Enqueue(&port, s, sub, /*scatter=*/true);
+    for (int k = 0; k < H; ++k) {
+      if (k != h) SMDDP_RETURN_IF_ERROR(ops.WaitAtLeast(port.stream<uint32_t>(net.arrived(k), true), s));
+      srcs[k] = port.stream(net.recv_slot(k, s));
+    }
+    SMDDP_RETURN_IF_ERROR(ops.Reduce(recv + t.row * inner_b + t.col, inner_b, srcs.data(), H,
+                                     t.width, t.width / E, t.rows, dtype, op));
+    for (int k = 0; k < H; ++k) {
+      if (k != h) SMDDP_RETURN_IF_ERROR(ops.Write(port.stream<uint32_t>(net.consumed(k)), s));
+    }
+    return Status::Ok();
+  });
+}
+
 Status RunStreamPlan(const Plan& plan, StreamRank& me, StreamOps& ops, const void* send_v,
                      void* recv_v) {
   const auto* send = static_cast<const uint8_t*>(send_v);

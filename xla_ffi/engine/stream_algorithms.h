@@ -63,6 +63,17 @@ Status RunStreamHierarchicalGather(size_t outer, size_t inner_bytes, StreamRank&
                                    NetPort& port, const std::vector<int>& rank_of,
                                    StreamOps& ops, const void* send, void* recv);
 
+// reduce_scatter over hosts, likewise: per tile and destination host g, the
+// ranks of each host reduce their blocks for host g's rail (rank i keeps
+// rail i's partial sum); the partials go over the network to host g's rail
+// peer, which combines the hosts' partials in host order. recv[o, :] =
+// reduce_q send_q[o, rank, :]; inner in elements. 16-bit floats are rounded
+// at each level (host partial, final).
+Status RunStreamHierarchicalScatter(size_t outer, size_t inner, DType dtype, ReduceOp op,
+                                    StreamRank& local, NetPort& port,
+                                    const std::vector<int>& rank_of, StreamOps& ops,
+                                    const void* send, void* recv);
+
 // Runs one collective of `plan` (kinds and layouts as in algorithms.h) on
 // `ops`: recv of the same shapes as the host algorithms.
 Status RunStreamPlan(const Plan& plan, StreamRank& me, StreamOps& ops, const void* send,
