@@ -20,8 +20,12 @@ echo "=== build (nvcc: $(command -v nvcc || echo /usr/local/cuda/bin/nvcc))"
 print('CUDA backend:', g.available(), 'GPUs:', e.device_count() if e else 0, \
 'stream memops:', e.have_stream_memops() if e else None)")
 echo "=== tests/gpu"
-"$PY" -m pytest -q -p no:cacheprovider tests/gpu tests/test_stream_protocol.py tests/test_cuda_backend.py \
-  2>&1 | tee "$out/pytest_gpu.log" || status=1
+"$PY" -m pytest -q -p no:cacheprovider tests/gpu 2>&1 | tee "$out/pytest_gpu.log"
+[ "${PIPESTATUS[0]}" = 0 ] || status=1
+echo "=== protocol and lowering tests (CPU devices)"
+JAX_PLATFORMS=cpu "$PY" -m pytest -q -p no:cacheprovider tests/test_stream_protocol.py \
+  tests/test_cuda_backend.py 2>&1 | tee "$out/pytest_cpu.log"
+[ "${PIPESTATUS[0]}" = 0 ] || status=1
 echo "=== GPU benchmark: 2 and 4 processes sharing GPU 0"
 for n in 2 4; do
   "$PY" -m jax_smddp.gpu_bench --processes "$n" --sizes 1M,4M,16M,64M,256M \

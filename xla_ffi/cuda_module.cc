@@ -5,6 +5,7 @@
 #include <cstdint>
 #include <stdexcept>
 #include <string>
+#include <thread>
 #include <utility>
 #include <vector>
 
@@ -17,6 +18,7 @@
 #include "nanobind/stl/string.h"
 #include "nanobind/stl/vector.h"
 #include "xla_ffi/engine/gpu_communicator.h"
+#include "xla_ffi/engine/stream_algorithms.h"
 #include "xla_ffi/gpu_handlers.h"
 
 namespace nb = nanobind;
@@ -67,6 +69,84 @@ double CopyBandwidth(int ordinal, size_t bytes, int iters) {
   cudaFree(b);
   cudaSetDevice(saved);
   return best_ms > 0 ? double(bytes) / (best_ms * 1e-3) : 0.0;
+}
+
+// Runs the stream algorithms on this process's GPU `ordinal` with CudaStreamOps:
+// `inputs.size()` ranks, each a host thread with its own stream and region on
+// the same device (pointers shared directly), `calls` calls of one collective
+// (kinds as in the host probe). Returns each rank's output. Checks kernels,
+// copy modes and flag operations on a GPU without JAX or XLA.
+std::vector<nb::bytes> StreamSelftest(int ordinal, int kind, int dtype, int op, size_t outer,
+                                      size_t inner, size_t count, size_t slot_bytes,
+                                      std::vector<nb::bytes> inputs, size_t out_bytes, int calls,
+                                      const std::string& copies, const std::string& flags,
+                                      int max_blocks) {
+  const int size = int(inputs.size());
+  smddp::Plan plan;
+  plan.kind = smddp::Plan::Kind(kind);
+  plan.dtype = smddp::DType(dtype);
+  plan.op = smddp::ReduceOp(op);
+  plan.outer = outer;
+  plan.inner = inner;
+  plan.count = count;
+  smddp::cuda::GpuSettings settings;
+  settings.copies = copies == "kernel" ? smddp::cuda::GpuSettings::Copies::kKernel
+                                       : smddp::cuda::GpuSettings::Copies::kEngine;
+  settings.flags = flags == "kernel" ? smddp::cuda::GpuSettings::Flags::kKernel
+                                     : smddp::cuda::GpuSettings::Flags::kMemOps;
+  settings.max_blocks = max_blocks;
+  smddp::RegionLayout layout(size, slot_bytes);
+  CheckCuda(cudaSetDevice(ordinal), "cudaSetDevice");
+  std::vector<uint8_t*> regions(size), send(size), recv(size);
+  for (int r = 0; r < size; ++r) {
+    void *a = nullptr, *b = nullptr, *c = nullptr;
+    CheckCuda(cudaMalloc(&a, layout.total_bytes), "cudaMalloc");
+    CheckCuda(cudaMemset(a, 0, layout.total_bytes), "cudaMemset");
+    CheckCuda(cudaMalloc(&b, inputs[r].size()), "cudaMalloc");
+    CheckCuda(cudaMemcpy(b, inputs[r].c_str(), inputs[r].size(), cudaMemcpyHostToDevice), "cudaMemcpy");
+    CheckCuda(cudaMalloc(&c, out_bytes), "cudaMalloc");
+    regions[r] = static_cast<uint8_t*>(a);
+    send[r] = static_cast<uint8_t*>(b);
+    recv[r] = static_cast<uint8_t*>(c);
+  }
+  CheckCuda(cudaDeviceSynchronize(), "cudaDeviceSynchronize");
+  std::vector<smddp::Status> status(size);
+  {
+    nb::gil_scoped_release release;
+    std::vector<std::thread> threads;
+    for (int r = 0; r < size; ++r) {
+      threads.emplace_back([&, r] {
+        cudaSetDevice(ordinal);
+        cudaStream_t stream;
+        cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking);
+        smddp::StreamRank me;
+        me.rank = r;
+        me.layout = layout;
+        me.regions = regions;
+        smddp::cuda::CudaStreamOps ops(stream, settings);
+        for (int c = 0; c < calls && status[r].ok(); ++c)
+          status[r] = smddp::RunStreamPlan(plan, me, ops, send[r], recv[r]);
+        const cudaError_t err = cudaStreamSynchronize(stream);
+        if (status[r].ok() && err != cudaSuccess)
+          status[r] = smddp::Status::Error(std::string("stream: ") + cudaGetErrorString(err));
+        cudaStreamDestroy(stream);
+      });
+    }
+    for (auto& t : threads) t.join();
+  }
+  std::vector<nb::bytes> out;
+  std::string host(out_bytes, '\0');
+  for (int r = 0; r < size; ++r) {
+    if (!status[r].ok()) throw std::runtime_error("rank " + std::to_string(r) + ": " + status[r].message());
+    CheckCuda(cudaMemcpy(host.data(), recv[r], out_bytes, cudaMemcpyDeviceToHost), "cudaMemcpy");
+    out.emplace_back(host.data(), host.size());
+  }
+  for (int r = 0; r < size; ++r) {
+    cudaFree(regions[r]);
+    cudaFree(send[r]);
+    cudaFree(recv[r]);
+  }
+  return out;
 }
 
 }  // namespace
@@ -140,6 +220,10 @@ NB_MODULE(_smddp_cuda, m) {
     nb::gil_scoped_release release;
     return CopyBandwidth(ordinal, bytes, iters);
   }, nb::arg("ordinal"), nb::arg("bytes"), nb::arg("iters") = 10);
+  m.def("stream_selftest", &StreamSelftest, nb::arg("ordinal"), nb::arg("kind"), nb::arg("dtype"),
+        nb::arg("op"), nb::arg("outer"), nb::arg("inner"), nb::arg("count"),
+        nb::arg("slot_bytes"), nb::arg("inputs"), nb::arg("out_bytes"), nb::arg("calls") = 1,
+        nb::arg("copies") = "engine", nb::arg("flags") = "memops", nb::arg("max_blocks") = 8);
   m.def("have_stream_memops", &smddp::cuda::HaveStreamMemOps);
   m.def("settings", [] {
     const auto s = smddp::cuda::GpuSettings::FromEnvironment();

@@ -216,6 +216,20 @@ void ReleaseCommunicators() {
   Registry().clear();
 }
 
+namespace {
+
+// Zeroed pinned host memory the current device can address (`device`).
+Status MappedHostAlloc(size_t bytes, const char* what, void** host, void** device) {
+  cudaError_t err = cudaHostAlloc(host, bytes, cudaHostAllocMapped | cudaHostAllocPortable);
+  if (err != cudaSuccess) return CudaError(std::string("allocating the ") + what, err);
+  std::memset(*host, 0, bytes);
+  err = cudaHostGetDevicePointer(device, *host, 0);
+  if (err != cudaSuccess) return CudaError(std::string("mapping the ") + what, err);
+  return Status::Ok();
+}
+
+}  // namespace
+
 // Network port memory of one rank: the mailbox in mapped pinned host memory,
 // the signals in GDRCopy-mapped device memory or mapped pinned host memory.
 struct GpuHierarchy::PortMemory {
@@ -273,13 +287,9 @@ Status GpuHierarchy::Prepare(const std::vector<int>& host_of, const std::vector<
     auto mem = std::make_unique<PortMemory>();
     mem->ordinal = ordinal;
     DeviceScope scope(ordinal);
-    cudaError_t err = cudaHostAlloc(&mem->mailbox_host, layout.mailbox_bytes,
-                                    cudaHostAllocMapped | cudaHostAllocPortable);
-    if (err != cudaSuccess) return CudaError("allocating the network mailbox", err);
-    std::memset(mem->mailbox_host, 0, layout.mailbox_bytes);
     void* mailbox_device = nullptr;
-    err = cudaHostGetDevicePointer(&mailbox_device, mem->mailbox_host, 0);
-    if (err != cudaSuccess) return CudaError("mapping the network mailbox", err);
+    SMDDP_RETURN_IF_ERROR(MappedHostAlloc(layout.mailbox_bytes, "network mailbox",
+                                          &mem->mailbox_host, &mailbox_device));
     auto port = std::make_unique<NetPort>();
     port->hosts = hosts;
     port->host = h;
@@ -290,7 +300,7 @@ Status GpuHierarchy::Prepare(const std::vector<int>& host_of, const std::vector<
     port->mailbox_stream = static_cast<uint8_t*>(mailbox_device);
     if (gdrcopy_) {
       const size_t bytes = (layout.signal_bytes + (64 << 10) - 1) / (64 << 10) * (64 << 10);
-      err = cudaMalloc(&mem->signals_device, bytes);
+      cudaError_t err = cudaMalloc(&mem->signals_device, bytes);
       if (err == cudaSuccess) err = cudaMemset(mem->signals_device, 0, bytes);
       if (err == cudaSuccess) err = cudaDeviceSynchronize();
       if (err != cudaSuccess) return CudaError("allocating GDRCopy signals", err);
@@ -298,13 +308,9 @@ Status GpuHierarchy::Prepare(const std::vector<int>& host_of, const std::vector<
       port->signals_stream = static_cast<uint8_t*>(mem->signals_device);
       port->signals_proxy = mem->mapping.host();
     } else {
-      err = cudaHostAlloc(&mem->signals_host, layout.signal_bytes,
-                          cudaHostAllocMapped | cudaHostAllocPortable);
-      if (err != cudaSuccess) return CudaError("allocating the network signals", err);
-      std::memset(mem->signals_host, 0, layout.signal_bytes);
       void* device = nullptr;
-      err = cudaHostGetDevicePointer(&device, mem->signals_host, 0);
-      if (err != cudaSuccess) return CudaError("mapping the network signals", err);
+      SMDDP_RETURN_IF_ERROR(MappedHostAlloc(layout.signal_bytes, "network signals",
+                                            &mem->signals_host, &device));
       port->signals_proxy = static_cast<uint8_t*>(mem->signals_host);
       port->signals_stream = static_cast<uint8_t*>(device);
     }
