@@ -201,7 +201,8 @@ def _cuda_takes(ctx, params) -> bool:
     return False
   groups = pxla.axis_groups(ctx.module_context.axis_context, axes)
   op = ("all_gather" if "all_gather_dimension" in params else
-        "reduce_scatter" if "scatter_dimension" in params else "other")
+        "reduce_scatter" if "scatter_dimension" in params else
+        "all_reduce" if "axes" in params else "other")
   return gpu.unsupported(ctx.module_context.axis_context.mesh, groups, op) is None
 
 
@@ -303,6 +304,9 @@ def _emit_cuda_call(ctx, target: str, x, axes: tuple, x_aval, out_aval, **attrs)
   why = gpu.unsupported(mesh, groups, target[len("smddp_"):])
   if why:
     raise _Unsupported(why)
+  if target == "smddp_all_reduce" and gpu.spans_hosts(mesh, groups):
+    return _cuda_all_reduce_across_hosts(ctx, x, axes, x_aval, out_aval, groups.shape[1],
+                                         attrs["reduce"])
   gpu.prepare(mesh, groups)
   devices = list(mesh.devices.flat)
   processes = np.asarray([d.process_index for d in devices], np.int64)
@@ -318,6 +322,29 @@ def _emit_cuda_call(ctx, target: str, x, axes: tuple, x_aval, out_aval, **attrs)
       processes=processes,
       ordinals=ordinals,
       **{k: np.int64(v) for k, v in attrs.items()})
+
+
+def _cuda_all_reduce_across_hosts(ctx, x, axes, x_aval, out_aval, n: int, reduce: int):
+  """all_reduce over hosts on GPUs, balanced: the input padded to n equal
+  shards, reduce-scattered (hierarchically) and all-gathered back, then the
+  padding sliced off. Padding only meets padding, so any reduction works."""
+  count = prod(x_aval.shape)
+  shard = -(-count // n)
+  dtype = x_aval.dtype
+  aval = lambda *shape: core.ShapedArray(shape, dtype)
+  flat = mlir.reshape(ctx, x, aval(count))
+  if n * shard != count:
+    zero = mlir.ir_constant(np.zeros((), dtype))
+    flat = hlo.pad(flat, zero, mlir.dense_int_array([0]), mlir.dense_int_array([n * shard - count]),
+                   mlir.dense_int_array([0]))
+  mine, = _emit_cuda_call(ctx, "smddp_reduce_scatter", flat, axes, aval(n * shard), aval(shard),
+                          reduce=reduce, outer=1, inner=shard)
+  full, = _emit_cuda_call(ctx, "smddp_all_gather", mine, axes, aval(shard), aval(n * shard),
+                          outer=1, inner_bytes=shard * np.dtype(dtype).itemsize)
+  if n * shard != count:
+    full = hlo.slice(full, mlir.dense_int_array([0]), mlir.dense_int_array([count]),
+                     mlir.dense_int_array([1]))
+  return [mlir.reshape(ctx, full, out_aval)]
 
 
 def _processes_of(mesh) -> np.ndarray:

@@ -11,7 +11,8 @@ A group that spans hosts runs all_gather and reduce_scatter hierarchically:
 the ranks on each host form an intra-host communicator, and each rank gets a
 network port that the process's proxy thread drives over the multi-process
 world's links (libfabric between hosts; jax_smddp.initialize() sets them
-up). all_reduce and all_to_all over such groups are left to XLA's own.
+up). all_reduce there is lowered as the two (balanced: reduce-scatter of
+padded shards, then all-gather); all_to_all is left to XLA's own.
 """
 
 from __future__ import annotations
@@ -88,12 +89,22 @@ def unsupported(mesh, groups, op: str) -> str | None:
       host = hosts[devices[int(i)].process_index]
       per_host[host] = per_host.get(host, 0) + 1
     if len(per_host) > 1:
-      if op not in ("all_gather", "reduce_scatter"):
-        return (f"{op} over a group that spans hosts (on GPUs only all_gather and "
-                "reduce_scatter cross hosts)")
+      if op not in ("all_gather", "reduce_scatter", "all_reduce"):
+        return (f"{op} over a group that spans hosts (on GPUs all_gather, reduce_scatter "
+                "and all_reduce cross hosts)")
       if len(set(per_host.values())) > 1:
         return "the group has different numbers of ranks on its hosts"
   return None
+
+
+def spans_hosts(mesh, groups) -> bool:
+  """Whether any group has ranks on several hosts (False when lowering
+  without GPUs)."""
+  devices = list(mesh.devices.flat)
+  if any(d.platform != "gpu" for d in devices):
+    return False
+  hosts = _hosts()
+  return any(len({hosts[devices[int(i)].process_index] for i in group}) > 1 for group in groups)
 
 
 def prepare(mesh, groups) -> None:

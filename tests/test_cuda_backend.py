@@ -235,15 +235,17 @@ class _Mesh:
 
 @needs_cuda_ext
 def test_which_groups_cross_hosts_on_gpus(monkeypatch):
-  """Only all_gather and reduce_scatter cross hosts on GPUs, and only with
-  equal ranks per host; the others over such groups lower to XLA's."""
+  """all_gather, reduce_scatter and all_reduce cross hosts on GPUs, only
+  with equal ranks per host; all_to_all over such groups lowers to XLA's."""
   monkeypatch.setattr(gpu, "_hosts", lambda: ["a", "a", "b", "b", "b"])
   even = _Mesh([0, 1, 2, 3])
   assert gpu.unsupported(even, [[0, 1]], "psum_scatter") is None  # inside host a
   assert gpu.unsupported(even, [[0, 1, 2, 3]], "all_gather") is None
   assert gpu.unsupported(even, [[0, 1, 2, 3]], "reduce_scatter") is None
+  assert gpu.unsupported(even, [[0, 1, 2, 3]], "all_reduce") is None
   assert "spans hosts" in gpu.unsupported(even, [[0, 1, 2, 3]], "all_to_all")
-  assert "spans hosts" in gpu.unsupported(even, [[0, 2], [1, 3]], "all_reduce")
+  assert "spans hosts" in gpu.unsupported(even, [[0, 2], [1, 3]], "all_to_all")
+  assert gpu.spans_hosts(even, [[0, 2], [1, 3]]) and not gpu.spans_hosts(even, [[0, 1]])
   uneven = _Mesh([0, 1, 2, 3, 4])
   assert "different numbers of ranks" in gpu.unsupported(uneven, [[0, 1, 2, 3, 4]], "all_gather")
 
@@ -258,3 +260,19 @@ def test_gpu_benchmark_arithmetic():
   line = gpu_bench.report([row]).splitlines()[1].split()
   assert line[:4] == ["16384K", "4", "engine", "1000.0"]
   assert [float(v) for v in line[4:9]] == [67.1, 50.3, 201.3, 400.0, 0.5]
+
+
+@needs_cuda_ext
+@pytest.mark.parametrize("count", [64, 61])
+def test_all_reduce_across_hosts_lowers_to_scatter_then_gather(monkeypatch, count):
+  """Over hosts, psum on GPUs is the hierarchical reduce-scatter of n padded
+  shards and the all-gather of the result, padding sliced off."""
+  monkeypatch.setattr(gpu, "spans_hosts", lambda mesh, groups: True)
+  monkeypatch.setattr(gpu, "prepare", lambda mesh, groups: None)
+  text = lower_cuda(lambda x: jax_smddp.psum(x, "x"), shape=(8 * count,))  # count per rank
+  assert plugin_calls(text) == ["smddp_reduce_scatter", "smddp_all_gather"], text[:2000]
+  assert annotated_calls(text) == 1  # one annotated call holds both
+  shard = -(-count // 8)
+  assert f"inner = {shard} : i64" in text and f"inner_bytes = {shard * 4} : i64" in text
+  assert ("stablehlo.pad" in text) == (count % 8 != 0)
+  assert ("stablehlo.slice" in text) == (count % 8 != 0)
