@@ -142,26 +142,27 @@ ffi::Future StartCall(const Common& c, int64_t run_id, uint32_t partition_id, ff
   return future;
 }
 
-ffi::Future AllGatherImpl(ffi::RunId run, CallSite* site, ffi::AnyBuffer x,
-                          ffi::Buffer<ffi::U32> pid, ffi::Result<ffi::AnyBuffer> out,
-                          int64_t op_id, ffi::Span<const int64_t> /*groups*/,
-                          int64_t /*group_size*/, ffi::Span<const int64_t> /*processes*/,
-                          int64_t /*site_uid*/, int64_t routing, int64_t chunk_bytes,
-                          int64_t outer, int64_t inner_bytes) {
+// all_gather and all_to_all: blocks of `inner_bytes` in an [outer, ranks, inner] layout.
+template <Plan::Kind kKind>
+ffi::Future BlocksImpl(ffi::RunId run, CallSite* site, ffi::AnyBuffer x, ffi::Buffer<ffi::U32> pid,
+                       ffi::Result<ffi::AnyBuffer> out, int64_t op_id,
+                       ffi::Span<const int64_t> /*groups*/, int64_t /*group_size*/,
+                       ffi::Span<const int64_t> /*processes*/, int64_t /*site_uid*/,
+                       int64_t routing, int64_t chunk_bytes, int64_t outer, int64_t inner_bytes) {
   Plan plan = CrossProcessChoice(routing, chunk_bytes);
-  plan.kind = Plan::Kind::kAllGather;
+  plan.kind = kKind;
   plan.outer = size_t(outer);
   plan.inner = size_t(inner_bytes);
-  return StartCall(Common{"all_gather", op_id, site}, run.run_id, pid.typed_data()[0], x, out, plan);
+  const char* op = kKind == Plan::Kind::kAllGather ? "all_gather" : "all_to_all";
+  return StartCall(Common{op, op_id, site}, run.run_id, pid.typed_data()[0], x, out, plan);
 }
 
 ffi::Future ReduceScatterImpl(ffi::RunId run, CallSite* site, ffi::AnyBuffer x,
                               ffi::Buffer<ffi::U32> pid, ffi::Result<ffi::AnyBuffer> out,
                               int64_t op_id, ffi::Span<const int64_t> /*groups*/,
                               int64_t /*group_size*/, ffi::Span<const int64_t> /*processes*/,
-                          int64_t /*site_uid*/, int64_t routing, int64_t chunk_bytes,
-                          int64_t reduce, int64_t outer,
-                              int64_t inner) {
+                              int64_t /*site_uid*/, int64_t routing, int64_t chunk_bytes,
+                              int64_t reduce, int64_t outer, int64_t inner) {
   Plan plan = CrossProcessChoice(routing, chunk_bytes);
   plan.kind = Plan::Kind::kReduceScatter;
   plan.op = ReduceOp(reduce);
@@ -183,19 +184,6 @@ ffi::Future AllReduceImpl(ffi::RunId run, CallSite* site, ffi::AnyBuffer x,
   return StartCall(Common{"all_reduce", op_id, site}, run.run_id, pid.typed_data()[0], x, out, plan);
 }
 
-ffi::Future AllToAllImpl(ffi::RunId run, CallSite* site, ffi::AnyBuffer x,
-                         ffi::Buffer<ffi::U32> pid, ffi::Result<ffi::AnyBuffer> out,
-                         int64_t op_id, ffi::Span<const int64_t> /*groups*/,
-                         int64_t /*group_size*/, ffi::Span<const int64_t> /*processes*/,
-                          int64_t /*site_uid*/, int64_t routing, int64_t chunk_bytes,
-                          int64_t outer, int64_t inner_bytes) {
-  Plan plan = CrossProcessChoice(routing, chunk_bytes);
-  plan.kind = Plan::Kind::kAllToAll;
-  plan.outer = size_t(outer);
-  plan.inner = size_t(inner_bytes);
-  return StartCall(Common{"all_to_all", op_id, site}, run.run_id, pid.typed_data()[0], x, out, plan);
-}
-
 }  // namespace
 }  // namespace smddp
 
@@ -214,7 +202,7 @@ ffi::Future AllToAllImpl(ffi::RunId run, CallSite* site, ffi::AnyBuffer x,
       .Attr<int64_t>("routing")                 \
       .Attr<int64_t>("chunk_bytes")
 
-XLA_FFI_DEFINE_HANDLER_SYMBOL(SmddpAllGatherCpu, smddp::AllGatherImpl,
+XLA_FFI_DEFINE_HANDLER_SYMBOL(SmddpAllGatherCpu, smddp::BlocksImpl<smddp::Plan::Kind::kAllGather>,
                               SMDDP_COMMON_BINDING()
                                   .Attr<int64_t>("outer")
                                   .Attr<int64_t>("inner_bytes"));
@@ -225,7 +213,7 @@ XLA_FFI_DEFINE_HANDLER_SYMBOL(SmddpReduceScatterCpu, smddp::ReduceScatterImpl,
                                   .Attr<int64_t>("inner"));
 XLA_FFI_DEFINE_HANDLER_SYMBOL(SmddpAllReduceCpu, smddp::AllReduceImpl,
                               SMDDP_COMMON_BINDING().Attr<int64_t>("reduce"));
-XLA_FFI_DEFINE_HANDLER_SYMBOL(SmddpAllToAllCpu, smddp::AllToAllImpl,
+XLA_FFI_DEFINE_HANDLER_SYMBOL(SmddpAllToAllCpu, smddp::BlocksImpl<smddp::Plan::Kind::kAllToAll>,
                               SMDDP_COMMON_BINDING()
                                   .Attr<int64_t>("outer")
                                   .Attr<int64_t>("inner_bytes"));

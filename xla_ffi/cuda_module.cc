@@ -20,15 +20,11 @@
 #include "xla_ffi/engine/gpu_communicator.h"
 #include "xla_ffi/engine/stream_algorithms.h"
 #include "xla_ffi/gpu_handlers.h"
+#include "xla_ffi/registrations.h"
 
 namespace nb = nanobind;
 
 namespace {
-
-template <typename T>
-nb::capsule Capsule(T* fn) {
-  return nb::capsule(reinterpret_cast<void*>(fn));
-}
 
 void Check(const smddp::Status& st) {
   if (!st.ok()) throw std::runtime_error(st.message());
@@ -153,26 +149,14 @@ std::vector<nb::bytes> StreamSelftest(int ordinal, int kind, int dtype, int op, 
 
 NB_MODULE(_smddp_cuda, m) {
   m.doc() = "jax_smddp native engine (CUDA)";
-  m.def("type_registrations", []() {
-    nb::dict d, site;
-    site["type_id"] = Capsule(SmddpGpuCallSiteTypeId());
-    site["type_info"] = Capsule(const_cast<XLA_FFI_TypeInfo*>(SmddpGpuCallSiteTypeInfo()));
-    d["smddp_gpu_call_site"] = site;
-    return d;
+  m.def("type_registrations", [] {
+    return smddp::TypeRegistrations("smddp_gpu_call_site", SmddpGpuCallSiteTypeId(),
+                                    SmddpGpuCallSiteTypeInfo());
   });
-  m.def("registrations", []() {
-    nb::dict d;
-    auto stages = [](auto* execute) {
-      nb::dict s;
-      s["instantiate"] = Capsule(SmddpInstantiateCuda);
-      s["execute"] = Capsule(execute);
-      return s;
-    };
-    d["smddp_all_gather"] = stages(SmddpAllGatherCuda);
-    d["smddp_reduce_scatter"] = stages(SmddpReduceScatterCuda);
-    d["smddp_all_reduce"] = stages(SmddpAllReduceCuda);
-    d["smddp_all_to_all"] = stages(SmddpAllToAllCuda);
-    return d;
+  m.def("registrations", [] {
+    return smddp::TargetRegistrations(SmddpInstantiateCuda, SmddpAllGatherCuda,
+                                      SmddpReduceScatterCuda, SmddpAllReduceCuda,
+                                      SmddpAllToAllCuda);
   });
   m.def("prepare", [](std::vector<int64_t> members, size_t slot_bytes,
                       std::vector<std::pair<int, int>> local) {

@@ -20,6 +20,7 @@
 #include "nanobind/stl/tuple.h"
 #include "nanobind/stl/vector.h"
 #include "xla_ffi/cpu_handlers.h"
+#include "xla_ffi/registrations.h"
 #include "xla_ffi/engine/algorithms.h"
 #include "xla_ffi/engine/communicator.h"
 #include "xla_ffi/engine/host_stream_ops.h"
@@ -31,11 +32,6 @@
 namespace nb = nanobind;
 
 namespace {
-
-template <typename T>
-nb::capsule Capsule(T* fn) {
-  return nb::capsule(reinterpret_cast<void*>(fn));
-}
 
 // Runs one all_reduce of `count` floats on a private communicator of `size`
 // ranks, where only the ranks in `present` ever arrive (rank `odd_rank`, if
@@ -334,26 +330,13 @@ void BindWorld(nb::module_& m) {
 
 NB_MODULE(_smddp_cpu, m) {
   m.doc() = "jax_smddp native engine (CPU)";
-  m.def("type_registrations", []() {
-    nb::dict d, call_site;
-    call_site["type_id"] = Capsule(SmddpCallSiteTypeId());
-    call_site["type_info"] = Capsule(const_cast<XLA_FFI_TypeInfo*>(SmddpCallSiteTypeInfo()));
-    d["smddp_call_site"] = call_site;
-    return d;
+  m.def("type_registrations", [] {
+    return smddp::TypeRegistrations("smddp_call_site", SmddpCallSiteTypeId(),
+                                    SmddpCallSiteTypeInfo());
   });
-  m.def("registrations", []() {
-    nb::dict d;
-    auto stages = [](auto* execute) {
-      nb::dict s;
-      s["instantiate"] = Capsule(SmddpInstantiateCpu);
-      s["execute"] = Capsule(execute);
-      return s;
-    };
-    d["smddp_all_gather"] = stages(SmddpAllGatherCpu);
-    d["smddp_reduce_scatter"] = stages(SmddpReduceScatterCpu);
-    d["smddp_all_reduce"] = stages(SmddpAllReduceCpu);
-    d["smddp_all_to_all"] = stages(SmddpAllToAllCpu);
-    return d;
+  m.def("registrations", [] {
+    return smddp::TargetRegistrations(SmddpInstantiateCpu, SmddpAllGatherCpu,
+                                      SmddpReduceScatterCpu, SmddpAllReduceCpu, SmddpAllToAllCpu);
   });
   m.def("set_timeout", &smddp::SetTimeoutSeconds, nb::arg("seconds"));
   m.def("timeout", &smddp::TimeoutSeconds);
