@@ -2,7 +2,6 @@
 
 #include <chrono>
 #include <cstdio>
-#include <memory>
 #include <string>
 
 #include "xla_ffi/engine/process_call.h"  // MixTag
@@ -98,12 +97,21 @@ Status NetworkProxy::Run(const Task& t) {
     return Status::Ok();
   };
   const uint64_t tag = MixTag(MixTag(p.key, uint64_t(p.rail)), t.step);
-  std::vector<std::unique_ptr<Request>> recvs(p.hosts), sends(p.hosts);
-  std::vector<bool> signalled(p.hosts, false);
+  if (int(p.recvs.size()) != p.hosts) {  // first step of this port
+    p.recvs = std::vector<Request>(p.hosts);
+    p.sends = std::vector<Request>(p.hosts);
+    p.state.assign(p.hosts, 0);
+  }
+  enum : char { kRecvPosted = 1, kSendPosted = 2, kSignalled = 4 };
+  for (int k = 0; k < p.hosts; ++k) {
+    p.recvs[k].Reset();
+    p.sends[k].Reset();
+    p.state[k] = 0;
+  }
   auto cancel_all = [&] {
     for (int k = 0; k < p.hosts; ++k) {
-      if (recvs[k] && !recvs[k]->done()) p.links[k]->Cancel(recvs[k].get());
-      if (sends[k] && !sends[k]->done()) p.links[k]->Cancel(sends[k].get());
+      if ((p.state[k] & kRecvPosted) && !p.recvs[k].done()) p.links[k]->Cancel(&p.recvs[k]);
+      if ((p.state[k] & kSendPosted) && !p.sends[k].done()) p.links[k]->Cancel(&p.sends[k]);
     }
   };
   for (int k = 0; k < p.hosts; ++k) {
@@ -112,34 +120,34 @@ Status NetworkProxy::Run(const Task& t) {
       Status st = wait_stream(p.layout.consumed(k), t.step - 2);
       if (!st.ok()) { cancel_all(); return st; }
     }
-    recvs[k] = std::make_unique<Request>();
-    p.links[k]->Recv(tag, p.host_side(p.layout.recv_slot(k, t.step)), t.bytes, recvs[k].get());
+    p.state[k] |= kRecvPosted;
+    p.links[k]->Recv(tag, p.host_side(p.layout.recv_slot(k, t.step)), t.bytes, &p.recvs[k]);
   }
   Status st = wait_stream(p.layout.posted(), t.step);
   if (!st.ok()) { cancel_all(); return st; }
   for (int k = 0; k < p.hosts; ++k) {
     if (k == p.host) continue;
-    sends[k] = std::make_unique<Request>();
     const size_t offset = t.scatter ? size_t(k) * t.bytes : 0;
-    p.links[k]->Send(tag, p.host_side(p.layout.send_slot(t.step)) + offset, t.bytes, sends[k].get());
+    p.state[k] |= kSendPosted;
+    p.links[k]->Send(tag, p.host_side(p.layout.send_slot(t.step)) + offset, t.bytes, &p.sends[k]);
   }
   for (int spins = 0;; ++spins) {
     bool all = true, sent = true;
     for (int k = 0; k < p.hosts; ++k) {
       if (k == p.host) continue;
       p.links[k]->Progress();
-      if (recvs[k]->done() && !signalled[k]) {
-        if (!recvs[k]->status().ok()) { cancel_all(); return failure(k, recvs[k]->status().message()); }
+      if (p.recvs[k].done() && !(p.state[k] & kSignalled)) {
+        if (!p.recvs[k].status().ok()) { cancel_all(); return failure(k, p.recvs[k].status().message()); }
         // The bytes are in the slot: let the stream read them.
         __atomic_store_n(p.host_side<uint32_t>(p.layout.arrived(k), true), t.step, __ATOMIC_SEQ_CST);
-        signalled[k] = true;
+        p.state[k] |= kSignalled;
       }
-      if (sends[k]->done() && !sends[k]->status().ok()) {
+      if (p.sends[k].done() && !p.sends[k].status().ok()) {
         cancel_all();
-        return failure(k, sends[k]->status().message());
+        return failure(k, p.sends[k].status().message());
       }
-      all = all && signalled[k];
-      sent = sent && sends[k]->done();
+      all = all && (p.state[k] & kSignalled);
+      sent = sent && p.sends[k].done();
     }
     if (all && sent) break;
     if ((spins & 255) == 255) {

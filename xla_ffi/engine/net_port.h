@@ -67,6 +67,10 @@ struct NetPort {
   std::vector<int> peer_process;  // by host, for messages
   NetworkProxy* proxy = nullptr;
   uint32_t step = 0;  // network steps enqueued (stream side)
+  // The proxy's requests and their state, by host, reused every step (no
+  // per-step allocation; touched by the proxy thread only).
+  std::vector<Request> recvs, sends;
+  std::vector<char> state;
 
   template <typename T = uint8_t>
   T* stream(size_t offset, bool signal = false) const {

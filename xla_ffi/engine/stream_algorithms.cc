@@ -44,6 +44,11 @@ Status ForEachTile(size_t outer, size_t inner, size_t fanout, size_t cap, size_t
   return Status::Ok();
 }
 
+const void** SourcesOf(StreamRank& me, size_t n) {
+  if (me.sources.size() < n) me.sources.resize(n);  // once per rank and size
+  return me.sources.data();
+}
+
 // The step protocol of stream_algorithms.h for one rank.
 class Steps {
  public:
@@ -52,6 +57,8 @@ class Steps {
   int size() const { return layout_.size; }
   int rank() const { return me_.rank; }
   size_t cap() const { return layout_.slot_bytes; }
+  // Room for `n` reduction sources, kept by the rank across calls.
+  const void** Sources(size_t n) { return SourcesOf(me_, n); }
 
   // Starts the next step; its slot is free once every peer consumed the step
   // that last used it.
@@ -150,7 +157,7 @@ Status Scatter(Steps& st, StreamOps& ops, const uint8_t* send, uint8_t* recv, si
                size_t inner, DType dtype, ReduceOp op) {
   const int P = st.size(), me = st.rank();
   const size_t E = ElementSize(dtype), inner_b = inner * E;
-  std::vector<const void*> srcs(P);
+  const void** srcs = st.Sources(P);
   return ForEachTile(outer, inner_b, P, st.cap(), E, [&](const Tile& t) -> Status {
     SMDDP_RETURN_IF_ERROR(PostBlocks(st, ops, send, inner_b, t));
     for (int q = 0; q < P; ++q) {
@@ -158,7 +165,7 @@ Status Scatter(Steps& st, StreamOps& ops, const uint8_t* send, uint8_t* recv, si
       SMDDP_RETURN_IF_ERROR(st.Await(q, &theirs));
       srcs[q] = theirs + me * t.width;
     }
-    SMDDP_RETURN_IF_ERROR(ops.Reduce(recv + t.row * inner_b + t.col, inner_b, srcs.data(), P,
+    SMDDP_RETURN_IF_ERROR(ops.Reduce(recv + t.row * inner_b + t.col, inner_b, srcs, P,
                                      P * t.width, t.width / E, t.rows, dtype, op));
     for (int q = 0; q < P; ++q) SMDDP_RETURN_IF_ERROR(st.Release(q));
     return Status::Ok();
@@ -178,7 +185,7 @@ Status ReduceAll(Steps& st, StreamOps& ops, const uint8_t* send, uint8_t* recv, 
     const size_t end = std::min({count, q * L + j + w, (q + 1) * L});
     return end > begin ? end - begin : 0;
   };
-  std::vector<const void*> srcs(P);
+  const void** srcs = st.Sources(P);
   return ForEachTile(1, L * E, P, st.cap(), E, [&](const Tile& t) -> Status {
     const size_t j = t.col / E, w = t.width / E;
     uint8_t* mine;
@@ -195,7 +202,7 @@ Status ReduceAll(Steps& st, StreamOps& ops, const uint8_t* send, uint8_t* recv, 
       srcs[q] = theirs + me * t.width;
     }
     if (own) {
-      SMDDP_RETURN_IF_ERROR(ops.Reduce(recv + (me * L + j) * E, own * E, srcs.data(), P, own * E,
+      SMDDP_RETURN_IF_ERROR(ops.Reduce(recv + (me * L + j) * E, own * E, srcs, P, own * E,
                                        own, 1, dtype, op));
     }
     for (int q = 0; q < P; ++q) SMDDP_RETURN_IF_ERROR(st.Release(q));
@@ -283,7 +290,7 @@ Status RunStreamHierarchicalScatter(size_t outer, size_t inner, DType dtype, Red
   SMDDP_RETURN_IF_ERROR(port.proxy->error());
   const NetLayout& net = port.layout;
   const size_t cap = std::min(local.layout.slot_bytes, net.slot_bytes);
-  std::vector<const void*> srcs(std::max(H, L));
+  const void** srcs = SourcesOf(local, size_t(std::max(H, L)));
   return ForEachTile(outer, inner_b, size_t(std::max(H, L)), cap, E, [&](const Tile& t) -> Status {
     const uint32_t s = ++port.step;
     const size_t sub = t.rows * t.width;  // one destination's part of this tile
@@ -307,7 +314,7 @@ Status RunStreamHierarchicalScatter(size_t outer, size_t inner, DType dtype, Red
       }
       // This host's own partial waits in its (unused) receive slot.
       uint8_t* dst = g == h ? port.stream(net.recv_slot(h, s)) : port.stream(net.send_slot(s)) + g * sub;
-      SMDDP_RETURN_IF_ERROR(ops.Reduce(dst, t.width, srcs.data(), L, L * t.width, t.width / E,
+      SMDDP_RETURN_IF_ERROR(ops.Reduce(dst, t.width, srcs, L, L * t.width, t.width / E,
                                        t.rows, dtype, op));
       for (int j = 0; j < L; ++j) SMDDP_RETURN_IF_ERROR(st.Release(j));
     }
@@ -318,7 +325,7 @@ Status RunStreamHierarchicalScatter(size_t outer, size_t inner, DType dtype, Red
       if (k != h) SMDDP_RETURN_IF_ERROR(ops.WaitAtLeast(port.stream<uint32_t>(net.arrived(k), true), s));
       srcs[k] = port.stream(net.recv_slot(k, s));
     }
-    SMDDP_RETURN_IF_ERROR(ops.Reduce(recv + t.row * inner_b + t.col, inner_b, srcs.data(), H,
+    SMDDP_RETURN_IF_ERROR(ops.Reduce(recv + t.row * inner_b + t.col, inner_b, srcs, H,
                                      t.width, t.width / E, t.rows, dtype, op));
     for (int k = 0; k < H; ++k) {
       if (k != h) SMDDP_RETURN_IF_ERROR(ops.Write(port.stream<uint32_t>(net.consumed(k)), s));

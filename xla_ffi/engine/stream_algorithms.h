@@ -48,6 +48,7 @@ struct StreamRank {
   RegionLayout layout{1, 256};
   std::vector<uint8_t*> regions;  // every rank's region, as this rank addresses it
   uint32_t step = 0;              // steps run so far (host side)
+  std::vector<const void*> sources;  // reduction sources, sized once (no per-call allocation)
 };
 
 struct NetPort;
