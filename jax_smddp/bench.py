@@ -99,6 +99,8 @@ from typing import Callable
 
 import numpy as np
 
+from jax_smddp import cost_model
+
 log = logging.getLogger("jax_smddp.bench")
 
 OPS = ("all_gather", "reduce_scatter", "all_reduce", "all_to_all")
@@ -153,39 +155,27 @@ def power_of_two_sizes(min_bytes: int, max_bytes: int) -> list[int]:
 # --------------------------------------------------------------------------- layouts
 
 @dataclass(frozen=True)
-class Layout:
-  """hosts x processes per host x devices per process."""
-  hosts: int
-  procs_per_host: int
-  devices_per_proc: int
-
-  @property
-  def processes(self) -> int:
-    return self.hosts * self.procs_per_host
+class Layout(cost_model.Layout):
+  """The model's layout (hosts x processes per host x devices per process),
+  with what the benchmark prints and records."""
 
   @property
   def devices(self) -> int:
-    return self.processes * self.devices_per_proc
+    return self.ranks
 
   @property
   def multi_process(self) -> bool:
     return self.processes > 1
 
-  @property
-  def spec(self) -> str:
-    if self.hosts > 1:
-      return f"{self.hosts}x{self.procs_per_host}x{self.devices_per_proc}"
-    return f"{self.procs_per_host}x{self.devices_per_proc}"
-
   def describe(self) -> str:
+    p, d = self.processes_per_host, self.devices_per_process
     host = f"{self.hosts} simulated hosts x " if self.hosts > 1 else ""
-    return (f"{host}{self.procs_per_host} process{'es' if self.procs_per_host > 1 else ''} x "
-            f"{self.devices_per_proc} device{'s' if self.devices_per_proc > 1 else ''}")
+    return f"{host}{p} process{'es' if p > 1 else ''} x {d} device{'s' if d > 1 else ''}"
 
   def as_dict(self) -> dict:
     return {"spec": self.spec, "hosts": self.hosts, "processes": self.processes,
-            "processes_per_host": self.procs_per_host,
-            "devices_per_process": self.devices_per_proc, "devices": self.devices,
+            "processes_per_host": self.processes_per_host,
+            "devices_per_process": self.devices_per_process, "devices": self.devices,
             "backend": "cpu"}
 
 
@@ -650,15 +640,15 @@ def table_row(r: dict) -> str:
 # --------------------------------------------------------------------------- model
 
 def model_layout(layout: "Layout"):
-  from jax_smddp import cost_model
-  return cost_model.Layout(layout.hosts, layout.procs_per_host, layout.devices_per_proc)
+  """The plain model layout (the tuner caches choices by it)."""
+  return cost_model.Layout(layout.hosts, layout.processes_per_host, layout.devices_per_process)
 
 
 def annotate(r: dict, layout: "Layout", predict: bool = False, machine=None) -> dict:
   """Adds the tuner's choice for this call ("choice": what
   jax_smddp.tuning.choose answers for this op, size and layout) and, with
   `predict`, the cost model's prediction ("prediction"; smddp "predicted_us")."""
-  from jax_smddp import cost_model, tuning
+  from jax_smddp import tuning
   lay = model_layout(layout)
   choice = tuning.choose(r["op"], r["bytes_per_rank"], lay)
   r["choice"] = {"algorithm": choice.algorithm, "chunk_bytes": choice.chunk_bytes,
@@ -677,7 +667,6 @@ def annotate(r: dict, layout: "Layout", predict: bool = False, machine=None) -> 
 
 
 def model_meta(machine=None) -> dict:
-  from jax_smddp import cost_model
   machine = machine or cost_model.local_machine()
   return {"machine": machine.name, "source": machine.source,
           "calibration": cost_model.calibration_path(),
@@ -1022,12 +1011,12 @@ def run_multi_process(args) -> int:
     from jax_smddp import netns
     env = {"JAX_SMDDP_FABRIC_PROVIDER": os.environ.get("JAX_SMDDP_FABRIC_PROVIDER", "tcp;ofi_rxm")}
     with netns.two_hosts() as (names, ips):
-      spaces = [names[h] for h in range(layout.hosts) for _ in range(layout.procs_per_host)]
-      procs = launch.run_job(worker_args, layout.processes, layout.devices_per_proc,
+      spaces = [names[h] for h in range(layout.hosts) for _ in range(layout.processes_per_host)]
+      procs = launch.run_job(worker_args, layout.processes, layout.devices_per_process,
                              script=script, timeout=args.timeout, env=env,
                              namespaces=spaces, coordinator_ip=ips[0])
   else:
-    procs = launch.run_job(worker_args, layout.processes, layout.devices_per_proc,
+    procs = launch.run_job(worker_args, layout.processes, layout.devices_per_process,
                            script=script, timeout=args.timeout)
   failed = [p for p in procs if p.returncode != 0 or not (p.result or {}).get("ok")]
   if failed:
