@@ -14,6 +14,7 @@ so XLA overlaps it with compute like its own collectives.
 
 from __future__ import annotations
 
+import functools
 import inspect
 import itertools
 import logging
@@ -146,6 +147,7 @@ def make_primitive(name: str, to_lax: Callable[..., tuple[core.Primitive, dict]]
 COLLECTIVE_STREAM = "gpu_stream:collective"
 
 
+@functools.cache
 def _stream_annotator():
   """JAX's function-form stream annotation: compute_on2 in jax 0.10.1-0.11.0,
   compute_on from 0.12 (None before 0.10.1: no annotation)."""

@@ -241,7 +241,7 @@ std::vector<nb::bytes> StreamHierarchicalProbe(int hosts, int local, size_t oute
           // The proxy reports network failures; a failed step still released the stream.
           if (status[x].ok()) {
             // Drain: the last steps' errors surface once the proxy ran them.
-            for (int spin = 0; spin < 2000 && ports[x].proxy->error().ok(); ++spin) {
+            for (int spin = 0; spin < 2000 && !ports[x].proxy->failed(); ++spin) {
               if (__atomic_load_n(ports[x].host_side<uint32_t>(net.done(), true), __ATOMIC_ACQUIRE) >=
                   ports[x].step)
                 break;

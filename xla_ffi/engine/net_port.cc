@@ -59,6 +59,7 @@ void NetworkProxy::Loop() {
         std::fprintf(stderr, "jax_smddp: network proxy: %s\n", st.message().c_str());
         std::lock_guard<std::mutex> lock(mu_);
         if (error_.ok()) error_ = st;
+        failed_.store(true, std::memory_order_release);
         failed = true;
       }
     }

@@ -13,6 +13,7 @@
 #ifndef JAX_SMDDP_ENGINE_NET_PORT_H_
 #define JAX_SMDDP_ENGINE_NET_PORT_H_
 
+#include <atomic>
 #include <condition_variable>
 #include <cstddef>
 #include <cstdint>
@@ -97,6 +98,8 @@ class NetworkProxy {
   void Enqueue(NetPort* port, uint32_t step, size_t bytes, bool scatter = false);
   // The first failure, if any (sticky).
   Status error();
+  // Whether a step failed: the per-call check, without a lock.
+  bool failed() const { return failed_.load(std::memory_order_acquire); }
 
  private:
   struct Task {
@@ -115,6 +118,7 @@ class NetworkProxy {
   std::deque<Task> queue_;
   bool stop_ = false;
   Status error_;
+  std::atomic<bool> failed_{false};
   std::thread thread_;
 };
 

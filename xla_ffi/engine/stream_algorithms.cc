@@ -233,7 +233,7 @@ Status RunStreamHierarchicalGather(size_t outer, size_t inner, StreamRank& local
   const size_t P = size_t(H) * L;
   if (int(rank_of.size()) != H * L || int(port.links.size()) != H || !port.proxy)
     return Status::Error("jax_smddp: hierarchical communicator is not set up for this rank");
-  SMDDP_RETURN_IF_ERROR(port.proxy->error());  // an earlier network failure fails this call
+  if (port.proxy->failed()) return port.proxy->error();  // an earlier network failure fails this call
   const NetLayout& net = port.layout;
   const size_t cap = std::min(local.layout.slot_bytes, net.slot_bytes);
   return ForEachTile(outer, inner, 1, cap, 1, [&](const Tile& t) -> Status {
@@ -287,7 +287,7 @@ Status RunStreamHierarchicalScatter(size_t outer, size_t inner, DType dtype, Red
   const size_t P = size_t(H) * L, E = ElementSize(dtype), inner_b = inner * E;
   if (int(rank_of.size()) != H * L || int(port.links.size()) != H || !port.proxy)
     return Status::Error("jax_smddp: hierarchical communicator is not set up for this rank");
-  SMDDP_RETURN_IF_ERROR(port.proxy->error());
+  if (port.proxy->failed()) return port.proxy->error();
   const NetLayout& net = port.layout;
   const size_t cap = std::min(local.layout.slot_bytes, net.slot_bytes);
   const void** srcs = SourcesOf(local, size_t(std::max(H, L)));
