@@ -31,6 +31,10 @@ try:
   from jax_smddp import _smddp_cuda  # built only where nvcc was found
 except ImportError:
   _smddp_cuda = None
+else:
+  # The CUDA module has its own copy of the engine: the multi-process world
+  # (jax_smddp.initialize()) is _smddp_cpu's, read through it.
+  _smddp_cuda.use_world_of(_smddp_cpu.world_source())
 
 
 @functools.cache

@@ -1,6 +1,8 @@
-"""GPU benchmark of jax_smddp's all_gather, nccl-tests style.
+"""GPU benchmark of jax_smddp's all_gather, reduce_scatter and all_reduce,
+nccl-tests style.
 
-    python -m jax_smddp.gpu_bench [--processes N] [--sizes 1M,16M,256M] [--json FILE]
+    python -m jax_smddp.gpu_bench [--processes N] [--sizes 1M,16M,256M]
+                                  [--ops all_gather,reduce_scatter,all_reduce] [--json FILE]
 
 Layouts: ``--processes 1`` uses every local GPU in one process and times
 JAX's default (XLA's NCCL) in the same run; ``--processes N`` (N > 1) starts N
@@ -9,10 +11,13 @@ NCCL cannot run, so the reference is the device-to-device copy bandwidth
 measured in the same run. Each size runs in both data-movement modes (copy
 engines, and copy kernels within JAX_SMDDP_GPU_MAX_BLOCKS blocks).
 
-Columns: time per call (median), algbw = output bytes / time, busbw = algbw x
-(n - 1) / n, and "moved" = bytes all ranks together received from peers per
-second (n x busbw), the figure to compare with one device's copy bandwidth
-when every rank shares that device's memory.
+Sizes are per rank shard: all_gather gathers n shards, reduce_scatter reduces
+n-shard inputs to one shard, all_reduce reduces n-shard buffers; so every op
+handles S = n x size bytes per rank, as nccl-tests counts them. Columns: time
+per call (median), algbw = S / time, busbw = algbw x (n - 1) / n (x 2 for
+all_reduce), and "moved" = n x busbw, bytes all ranks together received from
+peers per second: the figure to compare with one device's copy bandwidth when
+every rank shares that device's memory.
 """
 
 from __future__ import annotations
@@ -25,6 +30,8 @@ import sys
 import time
 
 from jax_smddp import launch
+
+OPS = ("all_gather", "reduce_scatter", "all_reduce")
 
 
 def parse_size(text: str) -> int:
@@ -44,10 +51,22 @@ def _time(f, x, iters: int) -> float:
   return statistics.median(times)
 
 
+def _bodies(op: str):
+  """(jax_smddp body, jax.lax body) of `op` on a rank's flat f32 input."""
+  import jax
+  import jax_smddp
+  if op == "all_gather":
+    return (lambda v: jax_smddp.all_gather(v, "x", tiled=True)[None],
+            lambda v: jax.lax.all_gather(v, "x", tiled=True)[None])
+  if op == "reduce_scatter":
+    return (lambda v: jax_smddp.psum_scatter(v, "x", tiled=True)[None],
+            lambda v: jax.lax.psum_scatter(v, "x", tiled=True)[None])
+  return (lambda v: jax_smddp.psum(v, "x")[None], lambda v: jax.lax.psum(v, "x")[None])
+
+
 def worker(args) -> dict:
   import numpy as np
   import jax
-  import jax.numpy as jnp
   from jax.sharding import NamedSharding, PartitionSpec as P
   import jax_smddp
   from jax_smddp import _native
@@ -56,38 +75,69 @@ def worker(args) -> dict:
   n = jax.device_count()
   mesh = jax.make_mesh((n,), ("x",))
   sharding = NamedSharding(mesh, P("x"))
-  ext = _native.cuda_engine()
+  ext = _native.cuda_engine() if jax.default_backend() == "gpu" else None
   rows = []
-  for size in args.sizes:
-    count = size // 4
-    x = jax.device_put(jnp.zeros((n * count,), jnp.float32), sharding)
-    ours = jax.jit(jax.shard_map(lambda v: jax_smddp.all_gather(v, "x", tiled=True)[None],
-                                 mesh=mesh, in_specs=P("x"), out_specs=P("x")))
-    row = {"bytes_per_rank": size, "ranks": n, "mode": os.environ.get("JAX_SMDDP_GPU_COPIES", "engine"),
-           "smddp_s": _time(ours, x, args.iters),
-           "copy_Bps": ext.copy_bandwidth(0, size * n, 10) if ext else None}
-    if args.nprocs == 1:
-      lax = jax.jit(jax.shard_map(lambda v: jax.lax.all_gather(v, "x", tiled=True)[None],
-                                  mesh=mesh, in_specs=P("x"), out_specs=P("x")))
-      row["xla_s"] = _time(lax, x, args.iters)
-    rows.append(row)
-  return {"ok": True, "rows": rows, "counters": jax_smddp.gpu.counters()}
+  for op in args.ops:
+    ours_body, lax_body = _bodies(op)
+    ours = jax.jit(jax.shard_map(ours_body, mesh=mesh, in_specs=P("x"), out_specs=P("x")))
+    lax = jax.jit(jax.shard_map(lax_body, mesh=mesh, in_specs=P("x"), out_specs=P("x")))
+    for size in args.sizes:
+      count = size // 4
+      local = count if op == "all_gather" else n * count  # a rank's input, in elements
+      # Built shard by shard: a device_put of a global value would check it
+      # across processes with XLA's collectives, which cannot run two ranks on one GPU.
+      # Rank r's input is r + 1 everywhere: a misplaced block or a missing rank shows.
+      x = jax.make_array_from_callback(
+          (n * local,), sharding,
+          lambda idx, local=local: np.full((local,), (idx[0].start or 0) // local + 1, np.float32))
+      _check(op, ours(x), n, count)
+      row = {"op": op, "bytes_per_rank": size, "ranks": n,
+             "mode": os.environ.get("JAX_SMDDP_GPU_COPIES", "engine"),
+             "smddp_s": _time(ours, x, args.iters),
+             "copy_Bps": ext.copy_bandwidth(0, size * n, 10) if ext else None}
+      if args.nprocs == 1:
+        row["xla_s"] = _time(lax, x, args.iters)
+      rows.append(row)
+  return {"ok": True, "rows": rows,
+          "counters": jax_smddp.gpu.counters() if ext else {}}
+
+
+def _check(op: str, y, n: int, count: int) -> None:
+  """The benchmark times right answers only: every local rank's output once."""
+  import numpy as np
+  if op == "all_gather":
+    want = np.repeat(np.arange(1, n + 1, dtype=np.float32), count)
+  else:
+    want = np.full((count if op == "reduce_scatter" else n * count,), n * (n + 1) / 2, np.float32)
+  for shard in y.addressable_shards:
+    got = np.asarray(shard.data)[0]
+    if not np.array_equal(got, want):
+      bad = np.flatnonzero(got != want)
+      raise AssertionError(f"{op}: rank {shard.index[0].start or 0} output differs from the "
+                           f"reference at {bad.size} of {want.size} elements (first {bad[:5]})")
+
+
+def _busbw(op: str, n: int, alg: float) -> float:
+  if n == 1:
+    return alg
+  return alg * (n - 1) / n * (2 if op == "all_reduce" else 1)
 
 
 def report(rows: list[dict]) -> str:
-  out = [f"{'size/rank':>10} {'ranks':>5} {'mode':>7} {'time us':>9} {'algbw GB/s':>10} "
+  out = [f"{'op':>14} {'size/rank':>10} {'ranks':>5} {'mode':>7} {'time us':>9} {'algbw GB/s':>10} "
          f"{'busbw':>8} {'moved':>8} {'copy GB/s':>9} {'moved/copy':>10} {'XLA busbw':>9}"]
   for r in rows:
-    n, t = r["ranks"], r["smddp_s"]
+    op, n, t = r.get("op", "all_gather"), r["ranks"], r["smddp_s"]
     alg = r["bytes_per_rank"] * n / t / 1e9
-    bus = alg * (n - 1) / n if n > 1 else alg
+    bus = _busbw(op, n, alg)
     moved = bus * n
     copy = (r["copy_Bps"] or 0) / 1e9
     xla = ""
     if "xla_s" in r:
-      xla = f"{r['bytes_per_rank'] * n / r['xla_s'] / 1e9 * (n - 1) / max(n, 1):9.1f}"
-    out.append(f"{r['bytes_per_rank'] >> 10:>9}K {n:>5} {r['mode']:>7} {t * 1e6:>9.1f} {alg:>10.1f} "
-               f"{bus:>8.1f} {moved:>8.1f} {copy:>9.1f} {moved / copy if copy else 0:>10.2f} {xla:>9}")
+      xla = f"{_busbw(op, n, r['bytes_per_rank'] * n / r['xla_s'] / 1e9):9.1f}"
+    out.append(f"{op:>14} {r['bytes_per_rank'] >> 10:>9}K {n:>5} {r['mode']:>7} {t * 1e6:>9.1f} "
+               f"{alg:>10.1f} {bus:>8.1f} {moved:>8.1f} {copy:>9.1f} "
+               f"{moved / copy if copy else 0:>10.2f} {xla:>9}")
   return "\n".join(out)
 
 
@@ -95,27 +145,35 @@ def main(argv=None) -> int:
   p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
   p.add_argument("--processes", type=int, default=2)
   p.add_argument("--sizes", default="1M,4M,16M,64M,256M")
+  p.add_argument("--ops", default=",".join(OPS))
   p.add_argument("--iters", type=int, default=20)
   p.add_argument("--modes", default="engine,kernel")
   p.add_argument("--json", default=None)
   p.add_argument("--timeout", type=float, default=500)
+  # cpu: the same processes and programs on CPU devices (checks this script without a GPU)
+  p.add_argument("--platform", default="cuda", choices=["cuda", "cpu"], help=argparse.SUPPRESS)
   p.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
   args, rest = p.parse_known_args(argv)
   args.sizes = [parse_size(s) for s in args.sizes.split(",")]
+  args.ops = [o.strip() for o in args.ops.split(",")]
+  unknown = [o for o in args.ops if o not in OPS]
+  if unknown:
+    p.error(f"unknown --ops {unknown}; choose from {', '.join(OPS)}")
   if args.worker:
     args.process, args.nprocs, args.coordinator = int(rest[0]), int(rest[1]), rest[2]
     try:
       print("RESULT " + json.dumps(worker(args)), flush=True)
-    except Exception as e:  # reported to the launcher
+    except Exception:  # reported to the launcher
       import traceback
       print("RESULT " + json.dumps({"ok": False, "error": traceback.format_exc()[-3000:]}), flush=True)
       return 1
     return 0
   rows = []
   for mode in args.modes.split(","):
-    env = {"JAX_PLATFORMS": "cuda", "JAX_SMDDP_GPU_COPIES": mode,
+    env = {"JAX_PLATFORMS": args.platform, "JAX_SMDDP_GPU_COPIES": mode,
            "XLA_PYTHON_CLIENT_PREALLOCATE": "false"}
-    forwarded = ["--worker", "--sizes", ",".join(str(s) for s in args.sizes), "--iters", str(args.iters)]
+    forwarded = ["--worker", "--sizes", ",".join(str(s) for s in args.sizes), "--iters",
+                 str(args.iters), "--ops", ",".join(args.ops)]
     procs = launch.run_job(forwarded, args.processes, 1, script=["-m", "jax_smddp.gpu_bench"],
                            timeout=args.timeout, env=env)
     if not all(q.result and q.result.get("ok") for q in procs):

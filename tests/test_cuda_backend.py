@@ -5,6 +5,7 @@ collectives). Runs on GPUs are in tests/gpu/."""
 
 from __future__ import annotations
 
+import json
 import logging
 import os
 import re
@@ -258,8 +259,29 @@ def test_gpu_benchmark_arithmetic():
   row = {"bytes_per_rank": 16 << 20, "ranks": 4, "mode": "engine", "smddp_s": 1e-3,
          "copy_Bps": 400e9}
   line = gpu_bench.report([row]).splitlines()[1].split()
-  assert line[:4] == ["16384K", "4", "engine", "1000.0"]
-  assert [float(v) for v in line[4:9]] == [67.1, 50.3, 201.3, 400.0, 0.5]
+  assert line[:5] == ["all_gather", "16384K", "4", "engine", "1000.0"]
+  assert [float(v) for v in line[5:10]] == [67.1, 50.3, 201.3, 400.0, 0.5]
+  # all_reduce moves twice the bytes per rank: busbw = algbw x 2 (n - 1) / n
+  line = gpu_bench.report([{**row, "op": "all_reduce"}]).splitlines()[1].split()
+  assert [float(v) for v in line[5:8]] == [67.1, 100.7, 402.7]
+
+
+@pytest.mark.timeout(240)
+def test_gpu_benchmark_programs_run_and_check_on_cpu_processes(tmp_path, capsys):
+  """The benchmark's processes, programs and result checks, on CPU devices
+  (--platform cpu): 2 processes, every op, two sizes; each op's output was
+  compared with the reference before it was timed."""
+  from jax_smddp import gpu_bench
+  out = tmp_path / "bench.json"
+  rc = gpu_bench.main(["--platform", "cpu", "--processes", "2", "--sizes", "4K,36K", "--iters", "2",
+                       "--modes", "engine", "--json", str(out), "--timeout", "200"])
+  assert rc == 0, capsys.readouterr()
+  rows = json.loads(out.read_text())["rows"]
+  assert [(r["op"], r["bytes_per_rank"]) for r in rows] == \
+      [(op, s) for op in gpu_bench.OPS for s in (4 << 10, 36 << 10)]
+  assert all(r["ranks"] == 2 and r["smddp_s"] > 0 for r in rows)
+  with pytest.raises(SystemExit):
+    gpu_bench.main(["--ops", "all_gather,broadcast"])
 
 
 @needs_cuda_ext

@@ -152,16 +152,29 @@ def test_hierarchical_dead_host_is_an_error_naming_the_peer():
   import time
   xs = inputs(6, (1, 1000), np.float32, seed=4)
   t0 = time.monotonic()
-  errors = hierarchical(3, 2, xs, list(range(6)), outer=1, slot=1024, calls=2, timeout=30,
-                        kill_host=1)
+  got = hierarchical(3, 2, xs, list(range(6)), outer=1, slot=1024, calls=2, timeout=30,
+                     kill_host=1)
   elapsed = time.monotonic() - t0
   assert elapsed < 10, elapsed
+  errors, outs = got[:6], got[6:]
+  poison = np.frombuffer(b"\xff" * 4000, np.float32)  # all-ones bytes: NaN
   for x, e in enumerate(errors):
     e = e.decode()
     if x // 2 == 1:
       assert e == ""  # the dead host's ranks never ran
-    else:
-      assert "exited" in e and f"peer process {2 + x % 2}" in e, (x, e)
+      continue
+    assert "exited" in e and f"peer process {2 + x % 2}" in e, (x, e)
+    # The failed call's output: what never arrived is poisoned (NaN), never stale or
+    # zero; this host's parts and the tiles that did arrive are right.
+    out = np.frombuffer(outs[x], np.float32).reshape(6, 1000)
+    for q in range(6):
+      poisoned = out[q].view(np.uint32) == poison.view(np.uint32)
+      if q // 2 == 1:
+        assert poisoned.all(), (x, q, out[q][:4])
+      elif q // 2 == x // 2:
+        np.testing.assert_array_equal(out[q], xs[q][0], err_msg=f"rank {x}, local part {q}")
+      else:
+        assert (poisoned | (out[q] == xs[q][0])).all(), (x, q)
 
 
 @pytest.mark.parametrize("hosts,local", [(2, 1), (2, 2), (3, 2), (2, 4), (4, 1)])

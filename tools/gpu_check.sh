@@ -1,37 +1,81 @@
 #!/usr/bin/env bash
 # On a fresh GPU machine (jax with CUDA already installed): builds jax_smddp
 # against that jax, then runs tests/gpu and the GPU benchmark. Output goes to
-# stdout; with OUT set, the benchmark's JSON and the pytest log land there.
-#   bash tools/gpu_check.sh            # PYTHON=python3 by default
+# stdout; with OUT set, the logs and the benchmark's JSON land there.
+#   bash tools/gpu_check.sh              # everything
+#   QUICK=1 bash tools/gpu_check.sh      # kernels, one test per scenario, small benchmark
+#   CPU_TESTS=0 bash tools/gpu_check.sh  # without the CPU-device tests (CI runs those)
+# PYTHON=python3 by default. Every stage runs under a time limit: a hang is a failure.
 set -uo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
 cd "$root"
 PY=${PYTHON:-python3}
 out=${OUT:-/tmp/jax_smddp_gpu_check}
+quick=${QUICK:-0}
 mkdir -p "$out"
+export PYTHONUNBUFFERED=1
 status=0
 echo "=== machine"
 nvidia-smi -L || { echo "no GPU: nothing to check"; exit 1; }
 "$PY" -c "import jax; print('jax', jax.__version__, jax.devices())"
+ls -l /dev/gdrdrv 2>/dev/null || echo "no /dev/gdrdrv (GDRCopy driver not loaded)"
+"$PY" -c "import ctypes; ctypes.CDLL('libfabric.so.1'); print('libfabric: found')" 2>/dev/null \
+  || echo "libfabric: not found (tests across simulated hosts skip)"
 echo "=== build (nvcc: $(command -v nvcc || echo /usr/local/cuda/bin/nvcc))"
-"$PY" -m pip install -q --disable-pip-version-check --no-build-isolation --no-deps -e . \
-  || { echo "build failed"; exit 1; }
+start=$(date +%s)
+timeout 420 "$PY" -m pip install -v --disable-pip-version-check --no-build-isolation --no-deps -e . \
+  >"$out/build.log" 2>&1 || { tail -60 "$out/build.log"; echo "build failed"; exit 1; }
+echo "built in $(( $(date +%s) - start )) s"
 (cd / && "$PY" -c "import jax_smddp.gpu as g, jax_smddp._native as n; e = n.cuda_engine(); \
 print('CUDA backend:', g.available(), 'GPUs:', e.device_count() if e else 0, \
 'stream memops:', e.have_stream_memops() if e else None)")
-echo "=== tests/gpu"
-"$PY" -m pytest -q -p no:cacheprovider tests/gpu 2>&1 | tee "$out/pytest_gpu.log"
+echo "=== tests/gpu/test_kernels.py (stream algorithms on one GPU, no JAX)"
+timeout 300 "$PY" -m pytest -q -p no:cacheprovider tests/gpu/test_kernels.py 2>&1 \
+  | tee "$out/pytest_kernels.log" | tail -40
 [ "${PIPESTATUS[0]}" = 0 ] || status=1
-echo "=== protocol and lowering tests (CPU devices)"
-JAX_PLATFORMS=cpu "$PY" -m pytest -q -p no:cacheprovider tests/test_stream_protocol.py \
-  tests/test_cuda_backend.py 2>&1 | tee "$out/pytest_cpu.log"
+echo "=== tests/gpu/test_gpu.py (JAX processes sharing the GPU)"
+select=()
+if [ "$quick" = 1 ]; then
+  export JAX_SMDDP_GPU_TEST_TIMEOUT=${JAX_SMDDP_GPU_TEST_TIMEOUT:-150}
+  select=(-k "single_process or (sharing and engines and 2) or (hosts and engines)")
+fi
+timeout 900 "$PY" -m pytest -q -p no:cacheprovider -rs tests/gpu/test_gpu.py "${select[@]}" 2>&1 \
+  | tee "$out/pytest_gpu.log" | tail -80
 [ "${PIPESTATUS[0]}" = 0 ] || status=1
-echo "=== GPU benchmark: 2 and 4 processes sharing GPU 0"
-for n in 2 4; do
-  "$PY" -m jax_smddp.gpu_bench --processes "$n" --sizes 1M,4M,16M,64M,256M \
+if [ "$quick" != 1 ] && [ "${CPU_TESTS:-1}" = 1 ]; then
+  echo "=== protocol and lowering tests (CPU devices)"
+  JAX_PLATFORMS=cpu timeout 600 "$PY" -m pytest -q -p no:cacheprovider tests/test_stream_protocol.py \
+    tests/test_cuda_backend.py 2>&1 | tee "$out/pytest_cpu.log" | tail -5
+  [ "${PIPESTATUS[0]}" = 0 ] || status=1
+fi
+echo "=== GPU benchmark: processes sharing GPU 0"
+sizes=1M,4M,16M,64M,256M; counts="2 4"
+[ "$quick" = 1 ] && { sizes=1M,16M,64M; counts=2; }
+for n in $counts; do
+  timeout 420 "$PY" -m jax_smddp.gpu_bench --processes "$n" --sizes "$sizes" \
     --json "$out/gpu_bench_${n}proc.json" || status=1
 done
+# Processes sharing one GPU time-slice it unless MPS runs them concurrently:
+# the same benchmark with 64 MiB slots (fewer steps per call), then under MPS.
+echo "=== GPU benchmark: 2 processes, 64 MiB slots"
+JAX_SMDDP_GPU_SLOT_BYTES=$((64 << 20)) timeout 420 "$PY" -m jax_smddp.gpu_bench --processes 2 \
+  --sizes "$sizes" --json "$out/gpu_bench_2proc_64M_slots.json" || status=1
+if command -v nvidia-cuda-mps-control >/dev/null; then
+  echo "=== GPU benchmark: 2 processes under MPS"
+  export CUDA_MPS_PIPE_DIRECTORY=/tmp/jax_smddp_mps CUDA_MPS_LOG_DIRECTORY=/tmp/jax_smddp_mps_log
+  mkdir -p "$CUDA_MPS_PIPE_DIRECTORY" "$CUDA_MPS_LOG_DIRECTORY"
+  if nvidia-cuda-mps-control -d; then
+    timeout 420 "$PY" -m jax_smddp.gpu_bench --processes 2 --sizes "$sizes" \
+      --json "$out/gpu_bench_2proc_mps.json" || status=1
+    echo quit | nvidia-cuda-mps-control
+  else
+    echo "MPS did not start"
+  fi
+  unset CUDA_MPS_PIPE_DIRECTORY CUDA_MPS_LOG_DIRECTORY
+else
+  echo "(no nvidia-cuda-mps-control: MPS comparison skipped)"
+fi
 echo "=== GPU benchmark: one process, every local GPU, against XLA's NCCL"
-"$PY" -m jax_smddp.gpu_bench --processes 1 --sizes 1M,16M,256M --json "$out/gpu_bench_1proc.json" \
-  || status=1
+timeout 300 "$PY" -m jax_smddp.gpu_bench --processes 1 --sizes 1M,16M,256M \
+  --json "$out/gpu_bench_1proc.json" || status=1
 exit $status

@@ -2,10 +2,10 @@
 // CUDA, communicator set-up (regions and CUDA IPC handles, exchanged by
 // jax_smddp/gpu.py over the jax.distributed key-value store), settings and
 // counters. Built only where nvcc is found; imports without a GPU or driver.
+#include <algorithm>
 #include <cstdint>
 #include <stdexcept>
 #include <string>
-#include <thread>
 #include <utility>
 #include <vector>
 
@@ -19,6 +19,7 @@
 #include "nanobind/stl/vector.h"
 #include "xla_ffi/engine/gpu_communicator.h"
 #include "xla_ffi/engine/stream_algorithms.h"
+#include "xla_ffi/engine/world.h"
 #include "xla_ffi/gpu_handlers.h"
 #include "xla_ffi/registrations.h"
 
@@ -67,17 +68,26 @@ double CopyBandwidth(int ordinal, size_t bytes, int iters) {
   return best_ms > 0 ? double(bytes) / (best_ms * 1e-3) : 0.0;
 }
 
-// Runs the stream algorithms on this process's GPU `ordinal` with CudaStreamOps:
-// `inputs.size()` ranks, each a host thread with its own stream and region on
-// the same device (pointers shared directly), `calls` calls of one collective
-// (kinds as in the host probe). Returns each rank's output. Checks kernels,
-// copy modes and flag operations on a GPU without JAX or XLA.
-std::vector<nb::bytes> StreamSelftest(int ordinal, int kind, int dtype, int op, size_t outer,
-                                      size_t inner, size_t count, size_t slot_bytes,
-                                      std::vector<nb::bytes> inputs, size_t out_bytes, int calls,
-                                      const std::string& copies, const std::string& flags,
-                                      int max_blocks) {
-  const int size = int(inputs.size());
+// Runs `calls` calls of one collective (kinds as in the host probe) as `rank`
+// of the prepared and connected communicator of `members`, on a stream of its
+// own, with CudaStreamOps; returns the output. Checks the kernels, copy modes
+// and flag operations on a GPU without JAX or XLA. Each rank must be in a
+// process of its own (tests/gpu/test_kernels.py): ranks on streams of one CUDA
+// context wait on each other through flags the CUDA scheduler does not see,
+// and it may serialise a waiting stream ahead of the one that would release it
+// (seen on an H100: each of 4 runs of the kernel tests as threads hung at a
+// 4-rank case, in memops and flag-kernel modes alike).
+nb::bytes StreamRun(std::vector<int64_t> members, int rank, int kind, int dtype, int op,
+                    size_t outer, size_t inner, size_t count, nb::bytes input, size_t out_bytes,
+                    int calls, const std::string& copies, const std::string& flags,
+                    int max_blocks) {
+  smddp::gpu::GpuCommunicator* comm =
+      smddp::gpu::FindCommunicator(smddp::gpu::GroupKey(members.data(), int(members.size())));
+  smddp::gpu::LocalRank* me = comm ? comm->Local(rank) : nullptr;
+  if (!comm || !comm->connected() || !me)
+    throw std::runtime_error("stream_run: rank " + std::to_string(rank) +
+                             " is not a rank of a connected communicator in this process "
+                             "(prepare and connect first)");
   smddp::Plan plan;
   plan.kind = smddp::Plan::Kind(kind);
   plan.dtype = smddp::DType(dtype);
@@ -91,58 +101,31 @@ std::vector<nb::bytes> StreamSelftest(int ordinal, int kind, int dtype, int op, 
   settings.flags = flags == "kernel" ? smddp::cuda::GpuSettings::Flags::kKernel
                                      : smddp::cuda::GpuSettings::Flags::kMemOps;
   settings.max_blocks = max_blocks;
-  smddp::RegionLayout layout(size, slot_bytes);
-  CheckCuda(cudaSetDevice(ordinal), "cudaSetDevice");
-  std::vector<uint8_t*> regions(size), send(size), recv(size);
-  for (int r = 0; r < size; ++r) {
-    void *a = nullptr, *b = nullptr, *c = nullptr;
-    CheckCuda(cudaMalloc(&a, layout.total_bytes), "cudaMalloc");
-    CheckCuda(cudaMemset(a, 0, layout.total_bytes), "cudaMemset");
-    CheckCuda(cudaMalloc(&b, inputs[r].size()), "cudaMalloc");
-    CheckCuda(cudaMemcpy(b, inputs[r].c_str(), inputs[r].size(), cudaMemcpyHostToDevice), "cudaMemcpy");
-    CheckCuda(cudaMalloc(&c, out_bytes), "cudaMalloc");
-    regions[r] = static_cast<uint8_t*>(a);
-    send[r] = static_cast<uint8_t*>(b);
-    recv[r] = static_cast<uint8_t*>(c);
-  }
-  CheckCuda(cudaDeviceSynchronize(), "cudaDeviceSynchronize");
-  std::vector<smddp::Status> status(size);
+  CheckCuda(cudaSetDevice(me->ordinal), "cudaSetDevice");
+  void *send = nullptr, *recv = nullptr;
+  CheckCuda(cudaMalloc(&send, std::max<size_t>(input.size(), 1)), "cudaMalloc");
+  CheckCuda(cudaMalloc(&recv, std::max<size_t>(out_bytes, 1)), "cudaMalloc");
+  CheckCuda(cudaMemcpy(send, input.c_str(), input.size(), cudaMemcpyHostToDevice), "cudaMemcpy");
+  smddp::Status status;
+  cudaError_t err = cudaSuccess;
   {
     nb::gil_scoped_release release;
-    std::vector<std::thread> threads;
-    for (int r = 0; r < size; ++r) {
-      threads.emplace_back([&, r] {
-        cudaSetDevice(ordinal);
-        cudaStream_t stream;
-        cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking);
-        smddp::StreamRank me;
-        me.rank = r;
-        me.layout = layout;
-        me.regions = regions;
-        smddp::cuda::CudaStreamOps ops(stream, settings);
-        for (int c = 0; c < calls && status[r].ok(); ++c)
-          status[r] = smddp::RunStreamPlan(plan, me, ops, send[r], recv[r]);
-        const cudaError_t err = cudaStreamSynchronize(stream);
-        if (status[r].ok() && err != cudaSuccess)
-          status[r] = smddp::Status::Error(std::string("stream: ") + cudaGetErrorString(err));
-        cudaStreamDestroy(stream);
-      });
-    }
-    for (auto& t : threads) t.join();
+    cudaStream_t stream;
+    CheckCuda(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking), "cudaStreamCreate");
+    smddp::cuda::CudaStreamOps ops(stream, settings);
+    for (int c = 0; c < calls && status.ok(); ++c)
+      status = smddp::RunStreamPlan(plan, me->view, ops, send, recv);
+    err = cudaStreamSynchronize(stream);
+    cudaStreamDestroy(stream);
   }
-  std::vector<nb::bytes> out;
   std::string host(out_bytes, '\0');
-  for (int r = 0; r < size; ++r) {
-    if (!status[r].ok()) throw std::runtime_error("rank " + std::to_string(r) + ": " + status[r].message());
-    CheckCuda(cudaMemcpy(host.data(), recv[r], out_bytes, cudaMemcpyDeviceToHost), "cudaMemcpy");
-    out.emplace_back(host.data(), host.size());
-  }
-  for (int r = 0; r < size; ++r) {
-    cudaFree(regions[r]);
-    cudaFree(send[r]);
-    cudaFree(recv[r]);
-  }
-  return out;
+  if (status.ok() && err == cudaSuccess)
+    err = cudaMemcpy(host.data(), recv, out_bytes, cudaMemcpyDeviceToHost);
+  cudaFree(send);
+  cudaFree(recv);
+  Check(status);
+  CheckCuda(err, "stream_run");
+  return nb::bytes(host.data(), host.size());
 }
 
 }  // namespace
@@ -191,6 +174,13 @@ NB_MODULE(_smddp_cuda, m) {
     return smddp::gpu::GroupKey(members.data(), int(members.size()));
   });
   m.def("set_process", &smddp::gpu::SetProcessIndex);
+  m.def("use_world_of", [](uintptr_t source) {  // _smddp_cpu.world_source(): one world
+    smddp::UseWorldOf(reinterpret_cast<smddp::WorldSource>(source));
+  });
+  m.def("world_processes", [] {  // the world as this module sees it (0: none)
+    auto world = smddp::CurrentWorld();
+    return world ? world->processes() : 0;
+  });
   m.def("release", &smddp::gpu::ReleaseCommunicators);
   m.def("device_count", [] {
     int n = 0;
@@ -204,9 +194,9 @@ NB_MODULE(_smddp_cuda, m) {
     nb::gil_scoped_release release;
     return CopyBandwidth(ordinal, bytes, iters);
   }, nb::arg("ordinal"), nb::arg("bytes"), nb::arg("iters") = 10);
-  m.def("stream_selftest", &StreamSelftest, nb::arg("ordinal"), nb::arg("kind"), nb::arg("dtype"),
-        nb::arg("op"), nb::arg("outer"), nb::arg("inner"), nb::arg("count"),
-        nb::arg("slot_bytes"), nb::arg("inputs"), nb::arg("out_bytes"), nb::arg("calls") = 1,
+  m.def("stream_run", &StreamRun, nb::arg("members"), nb::arg("rank"), nb::arg("kind"),
+        nb::arg("dtype"), nb::arg("op"), nb::arg("outer"), nb::arg("inner"), nb::arg("count"),
+        nb::arg("input"), nb::arg("out_bytes"), nb::arg("calls") = 1,
         nb::arg("copies") = "engine", nb::arg("flags") = "memops", nb::arg("max_blocks") = 8);
   m.def("have_stream_memops", &smddp::cuda::HaveStreamMemOps);
   m.def("settings", [] {

@@ -145,7 +145,7 @@ void Check(const smddp::Status& st) {
 // the Link interface, as over libfabric). rank_of[g * local + j] is the group
 // rank of host g's j-th rank; inputs are by group rank. `kill_host` >= 0
 // closes that host's links before the calls (a dead peer): then returns the
-// ranks' errors instead of outputs.
+// ranks' errors, then their outputs (by thread, host-major).
 std::vector<nb::bytes> StreamHierarchicalProbe(int hosts, int local, size_t outer, size_t inner,
                                                size_t slot_bytes, std::vector<int> rank_of,
                                                std::vector<nb::bytes> inputs, int calls,
@@ -259,16 +259,18 @@ std::vector<nb::bytes> StreamHierarchicalProbe(int hosts, int local, size_t oute
   for (int x = 0; x < P; ++x) {
     if (kill_host >= 0) {
       out.emplace_back(status[x].message().data(), status[x].message().size());
-    } else {
-      if (!status[x].ok()) throw std::runtime_error("rank " + std::to_string(x) + ": " + status[x].message());
-      out.emplace_back(recv[x].data(), recv[x].size());
+    } else if (!status[x].ok()) {
+      throw std::runtime_error("rank " + std::to_string(x) + ": " + status[x].message());
     }
   }
+  for (int x = 0; x < P; ++x) out.emplace_back(recv[x].data(), recv[x].size());
   return out;
 }
 
 // The bootstrap steps of jax_smddp.initialize() (see engine/world.h).
 void BindWorld(nb::module_& m) {
+  // The address of this module's world accessor, for the CUDA module (world.h).
+  m.def("world_source", [] { return reinterpret_cast<uintptr_t>(&smddp::CopyCurrentWorld); });
   m.def("world_begin", [](int process, int processes) { Check(smddp::WorldBegin(process, processes)); });
   m.def("world_set_peer", [](int process, int pid, const std::string& host) {
     Check(smddp::WorldSetPeer(process, pid, host));

@@ -1,9 +1,18 @@
-"""The GPU data movers without JAX: the stream algorithms run on one GPU with
-CudaStreamOps (every rank a thread with its own stream and region), in each
-copy and flag mode and SM budget, against numpy. Isolates the kernels, copy
-engines and stream memory operations from XLA. Skipped without a GPU."""
+"""The GPU data movers without JAX: the stream algorithms on one GPU with
+CudaStreamOps, every rank a process of its own (regions shared by CUDA IPC),
+in each copy and flag mode and SM budget, against numpy. Isolates the kernels,
+copy engines and stream memory operations from XLA. Skipped without a GPU.
+
+Ranks are processes, not threads: ranks on streams of one CUDA context wait on
+each other through flags the CUDA scheduler cannot see, and it may serialise a
+waiting stream ahead of the one that would release it (threads hung on an
+H100)."""
 
 from __future__ import annotations
+
+import multiprocessing
+import os
+import sys
 
 import numpy as np
 import pytest
@@ -11,61 +20,133 @@ import pytest
 import ml_dtypes
 
 from jax_smddp import _native
-from test_stream_protocol import DTYPES, OPS, combine, inputs
+from test_stream_protocol import ALL_REDUCE, ALL_TO_ALL, DTYPES, GATHER, OPS, SCATTER, combine, inputs
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import stream_rank  # noqa: E402  (the child's entry point)
 
 EXT = _native.cuda_engine()
+WAIT_S = float(os.environ.get("JAX_SMDDP_GPU_TEST_TIMEOUT", "120")) / 2  # per case: a hang fails
 pytestmark = [pytest.mark.skipif(EXT is None or EXT.device_count() == 0, reason="no GPU"),
-              pytest.mark.timeout(120)]
+              pytest.mark.timeout(int(os.environ.get("JAX_SMDDP_GPU_TEST_TIMEOUT", "120")) * 3)]
 
+# (copies, flags, SM budget)
 MODES = [("engine", "memops", 8), ("kernel", "memops", 1), ("kernel", "kernel", 8),
          ("engine", "kernel", 2)]
+SLOTS = [256, 4096, 8192, 65536, 1 << 20]
 
 
-def selftest(kind, xs, out_shape, dtype, mode, *, op="sum", outer=1, inner=0, count=0,
-             slot=4096, calls=3):
-  copies, flags, blocks = mode
-  outs = EXT.stream_selftest(0, kind, DTYPES[np.dtype(dtype)], OPS[op], outer, inner, count, slot,
-                             [x.tobytes() for x in xs],
-                             int(np.prod(out_shape)) * np.dtype(dtype).itemsize, calls, copies,
-                             flags, blocks)
-  return [np.frombuffer(o, dtype=dtype).reshape(out_shape) for o in outs]
+def cases(size):
+  """(name, job params, per-rank inputs, per-rank expected outputs)."""
+  out = []
+  for outer, inner, slot in [(1, 300_000, 1 << 20), (5, 37, 256), (3, 1000, 4096)]:
+    xs = inputs(size, (outer, inner), np.float32, seed=size + inner)
+    want = np.stack(xs, axis=1)
+    out.append((f"all_gather {outer}x{inner} slot {slot}",
+                dict(kind=GATHER, dtype=np.float32, op="sum", outer=outer, inner=inner * 4, count=0,
+                     slot=slot), xs, [want] * size))
+    xs = inputs(size, (outer, size, inner), np.int32, seed=size * 2 + inner)
+    out.append((f"all_to_all {outer}x{inner} slot {slot}",
+                dict(kind=ALL_TO_ALL, dtype=np.int32, op="sum", outer=outer, inner=inner * 4,
+                     count=0, slot=slot), xs,
+                [np.stack([x[:, r, :] for x in xs], axis=1) for r in range(size)]))
+  for dtype, op in [(np.float32, "sum"), (np.int32, "max"), (ml_dtypes.bfloat16, "sum"),
+                    (np.float16, "min")]:
+    name = np.dtype(dtype).name
+    xs = inputs(size, (3, size, 2000), dtype, seed=size)
+    out.append((f"reduce_scatter {name} {op}",
+                dict(kind=SCATTER, dtype=dtype, op=op, outer=3, inner=2000, count=0, slot=8192), xs,
+                [combine([x[:, r, :] for x in xs], op, dtype) for r in range(size)]))
+    xs = inputs(size, (100_003,), dtype, seed=size + 1)
+    out.append((f"all_reduce {name} {op}",
+                dict(kind=ALL_REDUCE, dtype=dtype, op=op, outer=1, inner=0, count=100_003,
+                     slot=65536), xs, [combine(xs, op, dtype)] * size))
+  return out
 
 
-@pytest.mark.parametrize("mode", MODES)
+class Ranks:
+  """`size` rank processes with their communicators connected."""
+
+  def __init__(self, size):
+    ctx = multiprocessing.get_context("spawn")
+    self.size = size
+    self.members = {slot: [i * 64 + r for r in range(size)] for i, slot in enumerate(SLOTS)}
+    self.conns, self.procs = [], []
+    for r in range(size):
+      parent, child = ctx.Pipe()
+      p = ctx.Process(target=stream_rank.serve, args=(r, child), daemon=True)
+      p.start()
+      self.conns.append(parent)
+      self.procs.append(p)
+    try:
+      groups = [(self.members[s], s) for s in SLOTS]
+      for c in self.conns:
+        c.send(groups)
+      handles = self._gather("IPC handles")
+      for r, c in enumerate(self.conns):
+        c.send([[h for q in range(size) if q != r for h in handles[q][g]]
+                for g in range(len(SLOTS))])
+      self._gather("connect")
+    except BaseException:
+      self.close()
+      raise
+
+  def _gather(self, what):
+    got = []
+    for r, c in enumerate(self.conns):
+      if not c.poll(WAIT_S):
+        raise AssertionError(f"rank {r} did not finish {what} within {WAIT_S:.0f} s (a hang)")
+      reply = c.recv()
+      if isinstance(reply, tuple) and reply[0] == "error":
+        raise AssertionError(reply[1])
+      got.append(reply[1] if isinstance(reply, tuple) else reply)
+    return got
+
+  def run(self, name, params, xs, wants, mode, calls=3):
+    """Every rank runs `calls` calls of the case; returns [(output, counters)] by rank."""
+    copies, flags, blocks = mode
+    dtype = np.dtype(params["dtype"])
+    for r, c in enumerate(self.conns):
+      c.send(dict(members=self.members[params["slot"]], rank=r, kind=params["kind"],
+                  dtype=DTYPES[dtype], op=OPS[params["op"]], outer=params["outer"],
+                  inner=params["inner"], count=params["count"], input=xs[r].tobytes(),
+                  out_bytes=wants[r].nbytes, calls=calls, copies=copies, flags=flags,
+                  max_blocks=blocks))
+    return [(np.frombuffer(out, dtype=dtype).reshape(wants[r].shape), counters)
+            for r, (out, counters) in enumerate(self._gather(name))]
+
+  def close(self):
+    for c in self.conns:
+      try:
+        c.send(None)
+      except OSError:
+        pass
+    for p in self.procs:
+      p.join(5)
+      if p.is_alive():
+        p.kill()
+
+
 @pytest.mark.parametrize("size", [2, 4])
-@pytest.mark.parametrize("outer,inner,slot", [(1, 300_000, 1 << 20), (5, 37, 256), (3, 1000, 4096)])
-def test_gather_and_exchange(mode, size, outer, inner, slot):
-  xs = inputs(size, (outer, inner), np.float32, seed=size + inner)
-  for got in selftest(0, xs, (outer, size, inner), np.float32, mode, outer=outer, inner=inner * 4,
-                      slot=slot):
-    np.testing.assert_array_equal(got, np.stack(xs, axis=1))
-  xs = inputs(size, (outer, size, inner), np.int32, seed=size * 2 + inner)
-  for r, got in enumerate(selftest(3, xs, (outer, size, inner), np.int32, mode, outer=outer,
-                                   inner=inner * 4, slot=slot)):
-    np.testing.assert_array_equal(got, np.stack([x[:, r, :] for x in xs], axis=1))
-
-
-@pytest.mark.parametrize("mode", MODES)
-@pytest.mark.parametrize("size", [2, 4])
-@pytest.mark.parametrize("dtype,op", [(np.float32, "sum"), (np.int32, "max"),
-                                      (ml_dtypes.bfloat16, "sum"), (np.float16, "min")])
-def test_reductions(mode, size, dtype, op):
-  xs = inputs(size, (3, size, 2000), dtype, seed=size)
-  for r, got in enumerate(selftest(1, xs, (3, 2000), dtype, mode, op=op, outer=3, inner=2000,
-                                   slot=8192)):
-    np.testing.assert_array_equal(got, combine([x[:, r, :] for x in xs], op, dtype))
-  xs = inputs(size, (100_003,), dtype, seed=size + 1)
-  want = combine(xs, op, dtype)
-  for got in selftest(2, xs, (100_003,), dtype, mode, op=op, count=100_003, slot=65536):
-    np.testing.assert_array_equal(got, want)
-
-
-def test_copy_engine_mode_launches_no_copy_kernel():
-  before = dict(EXT.counters())
-  xs = inputs(4, (1, 10_000), np.float32, seed=9)
-  selftest(0, xs, (1, 4, 10_000), np.float32, ("engine", "memops", 8), outer=1, inner=40_000)
-  after = EXT.counters()
-  assert after["copy_kernels"] == before["copy_kernels"]
-  assert after["engine_copies"] > before["engine_copies"]
-  if EXT.have_stream_memops():
-    assert after["flag_kernels"] == before["flag_kernels"]
+@pytest.mark.parametrize("mode", MODES, ids=lambda m: f"{m[0]} copies, {m[1]} flags, {m[2]} blocks")
+def test_collectives(mode, size):
+  ranks = Ranks(size)
+  try:
+    counters = None
+    for name, params, xs, wants in cases(size):
+      for r, (got, counters) in enumerate(ranks.run(name, params, xs, wants, mode)):
+        np.testing.assert_array_equal(got, wants[r], err_msg=f"{name}, rank {r} of {size}")
+  finally:
+    ranks.close()
+  # What moved the data (rank size-1's counters, all cases): copy engines launch no copy
+  # kernel, and stream memory operations no flag kernel.
+  copies, flags, _ = mode
+  if copies == "engine":
+    assert counters["copy_kernels"] == 0 and counters["engine_copies"] > 0, counters
+  else:
+    assert counters["engine_copies"] == 0 and counters["copy_kernels"] > 0, counters
+  assert counters["reduce_kernels"] > 0, counters
+  if flags == "kernel":
+    assert counters["flag_memops"] == 0 and counters["flag_kernels"] > 0, counters
+  elif EXT.have_stream_memops():
+    assert counters["flag_kernels"] == 0 and counters["flag_memops"] > 0, counters

@@ -30,6 +30,7 @@ import jax.numpy as jnp  # noqa: E402
 from jax.sharding import Mesh, NamedSharding, PartitionSpec as P  # noqa: E402
 
 import jax_smddp as smddp  # noqa: E402
+from jax_smddp import _native  # noqa: E402
 
 
 def result(**kw):
@@ -264,8 +265,11 @@ def scenario_reinitialize():
   check("psum before", f(xs), want)
   smddp.initialize()
   smddp.initialize()
+  cuda = _native.cuda_engine()  # its own engine copy reads this world (groups across hosts)
+  assert cuda is None or cuda.world_processes() == jax.process_count(), cuda.world_processes()
   smddp.shutdown()
   assert smddp.topology() is None
+  assert cuda is None or cuda.world_processes() == 0
   smddp.initialize()
   check("psum after re-initialize", f(xs), want)
   result(ok=True)

@@ -2,6 +2,7 @@
 
 #include <chrono>
 #include <cstdio>
+#include <cstring>
 #include <string>
 
 #include "xla_ffi/engine/process_call.h"  // MixTag
@@ -70,8 +71,14 @@ void NetworkProxy::Loop() {
 void NetworkProxy::Release(const Task& t) {
   NetPort& p = *t.port;
   for (int k = 0; k < p.hosts; ++k) {
-    if (k != p.host)
-      __atomic_store_n(p.host_side<uint32_t>(p.layout.arrived(k), true), t.step, __ATOMIC_SEQ_CST);
+    if (k == p.host) continue;
+    uint32_t* arrived = p.host_side<uint32_t>(p.layout.arrived(k), true);
+    if (__atomic_load_n(arrived, __ATOMIC_ACQUIRE) == t.step) continue;  // it did arrive
+    // What never arrived reads as all-ones bytes, NaN in every float type, so
+    // the failed call's output is visibly poisoned rather than holding an
+    // earlier step's data; the next call raises the error.
+    std::memset(p.host_side(p.layout.recv_slot(k, t.step)), 0xFF, t.bytes);
+    __atomic_store_n(arrived, t.step, __ATOMIC_SEQ_CST);
   }
   __atomic_store_n(p.host_side<uint32_t>(p.layout.done(), true), t.step, __ATOMIC_SEQ_CST);
 }

@@ -340,6 +340,13 @@ Status RunStreamPlan(const Plan& plan, StreamRank& me, StreamOps& ops, const voi
   auto* recv = static_cast<uint8_t*>(recv_v);
   if (int(me.regions.size()) != me.layout.size || me.rank < 0 || me.rank >= me.layout.size)
     return Status::Error("jax_smddp: stream communicator is not set up for this rank");
+  if (me.layout.size == 1) {  // a group of one: the output is the input, one copy, no staging
+    const size_t bytes = plan.kind == Plan::Kind::kAllReduce
+                             ? plan.count * ElementSize(plan.dtype)
+                             : plan.outer * plan.inner *
+                                   (plan.kind == Plan::Kind::kReduceScatter ? ElementSize(plan.dtype) : 1);
+    return bytes ? ops.Copy(recv, send, bytes) : Status::Ok();
+  }
   Steps steps(me, ops);
   switch (plan.kind) {
     case Plan::Kind::kAllGather:

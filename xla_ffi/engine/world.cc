@@ -47,9 +47,24 @@ Status CheckPeer(const Pending& p, int peer) {
 
 }  // namespace
 
+namespace {
+std::atomic<WorldSource> g_source{nullptr};  // another module's world, when handed over
+}  // namespace
+
 std::shared_ptr<const World> CurrentWorld() {
+  if (WorldSource source = g_source.load(std::memory_order_acquire)) {
+    std::shared_ptr<const World> world;
+    source(&world);
+    return world;
+  }
   std::lock_guard<std::mutex> lock(g_mu);
   return g_world;
+}
+
+void CopyCurrentWorld(std::shared_ptr<const World>* out) { *out = CurrentWorld(); }
+
+void UseWorldOf(WorldSource source) {
+  if (source != &CopyCurrentWorld) g_source.store(source, std::memory_order_release);
 }
 
 Status WorldBegin(int process, int processes) {

@@ -62,6 +62,15 @@ class World {
 // The current world; null before initialize() and after shutdown().
 std::shared_ptr<const World> CurrentWorld();
 
+// Each extension module (_smddp_cpu, _smddp_cuda) links its own copy of the
+// engine. The world is built by _smddp_cpu's copy; the CUDA module reads it
+// through that copy's CopyCurrentWorld, handed over once at import
+// (UseWorldOf), so both see one world. Both copies are built from the same
+// sources by the same build, so the World they share has one layout.
+using WorldSource = void (*)(std::shared_ptr<const World>* out);
+void CopyCurrentWorld(std::shared_ptr<const World>* out);
+void UseWorldOf(WorldSource source);
+
 // Bootstrap, in the order initialize() calls it. Each step names what failed.
 Status WorldBegin(int process, int processes);
 Status WorldSetPeer(int process, int pid, const std::string& host);

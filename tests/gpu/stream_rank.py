@@ -1,0 +1,23 @@
+"""One rank of tests/gpu/test_kernels.py, in a process of its own: allocates
+its staging regions, trades CUDA IPC handles with the other ranks through the
+parent, then runs the collectives it is sent with stream_run and returns the
+outputs and its counters. No JAX or XLA is involved beyond importing the
+extension."""
+
+from __future__ import annotations
+
+
+def serve(rank: int, conn) -> None:
+  from jax_smddp import _native
+  ext = _native.cuda_engine()
+  try:
+    groups = conn.recv()  # [(members, slot_bytes)]: one communicator per slot size
+    conn.send([ext.prepare(members, slot, [(rank, 0)]) for members, slot in groups])
+    for (members, _), remote in zip(groups, conn.recv()):
+      ext.connect(members, remote)
+    conn.send(("ready", None))
+    while (job := conn.recv()) is not None:
+      out = ext.stream_run(**job)
+      conn.send(("ok", (out, dict(ext.counters()))))
+  except Exception as e:  # the parent fails the test with it
+    conn.send(("error", f"rank {rank}: {type(e).__name__}: {e}"))
