@@ -63,7 +63,11 @@ def test_set_timeout_validates():
   old = smddp.timeout()
   smddp.set_timeout(12.5)
   assert smddp.timeout() == 12.5
+  # The CUDA module's engine copy (the GPU network proxy's deadline) follows.
+  cuda = _native.cuda_engine()
+  assert cuda is None or cuda.timeout() == 12.5
   smddp.set_timeout(old)
+  assert cuda is None or cuda.timeout() == old
 
 
 @pytest.mark.timeout(60)

@@ -6,6 +6,8 @@
 #   QUICK=1 bash tools/gpu_check.sh      # kernels, one test per scenario, small benchmark
 #   CPU_TESTS=0 bash tools/gpu_check.sh  # without the CPU-device tests (CI runs those)
 # PYTHON=python3 by default. Every stage runs under a time limit: a hang is a failure.
+# Where the GPU image has no libfabric, run tools/carry_libfabric.sh on a machine
+# that has it and carry .fab/ along: it is used when present.
 set -uo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
 cd "$root"
@@ -14,6 +16,10 @@ out=${OUT:-/tmp/jax_smddp_gpu_check}
 quick=${QUICK:-0}
 mkdir -p "$out"
 export PYTHONUNBUFFERED=1
+if [ -d "$root/.fab" ]; then  # libfabric carried by tools/carry_libfabric.sh
+  export LD_LIBRARY_PATH="$root/.fab${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
+  export CPATH="$root/.fab/include${CPATH:+:$CPATH}"
+fi
 status=0
 echo "=== machine"
 nvidia-smi -L || { echo "no GPU: nothing to check"; exit 1; }

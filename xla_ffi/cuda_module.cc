@@ -17,6 +17,7 @@
 #include "nanobind/stl/pair.h"
 #include "nanobind/stl/string.h"
 #include "nanobind/stl/vector.h"
+#include "xla_ffi/engine/communicator.h"
 #include "xla_ffi/engine/gpu_communicator.h"
 #include "xla_ffi/engine/stream_algorithms.h"
 #include "xla_ffi/engine/world.h"
@@ -181,6 +182,9 @@ NB_MODULE(_smddp_cuda, m) {
     auto world = smddp::CurrentWorld();
     return world ? world->processes() : 0;
   });
+  // This module's engine copy has its own timeout; jax_smddp.set_timeout sets both.
+  m.def("set_timeout", &smddp::SetTimeoutSeconds, nb::arg("seconds"));
+  m.def("timeout", &smddp::TimeoutSeconds);
   m.def("release", &smddp::gpu::ReleaseCommunicators);
   m.def("device_count", [] {
     int n = 0;

@@ -8,7 +8,7 @@
 #include <cuda_runtime_api.h>
 
 #include "cuda/gdrcopy.h"
-#include "xla_ffi/engine/communicator.h"  // TimeoutSeconds
+#include "xla_ffi/engine/communicator.h"
 #include "xla_ffi/engine/world.h"
 
 namespace smddp {
@@ -48,9 +48,10 @@ std::map<uint64_t, std::unique_ptr<GpuHierarchy>>& Hierarchies() {
   return *r;
 }
 
-// The process's network proxy, started with the first hierarchical group.
+// The process's network proxy, started with the first hierarchical group;
+// each step's deadline is the timeout current when it runs.
 NetworkProxy* Proxy() {
-  static NetworkProxy* proxy = new NetworkProxy(TimeoutSeconds());
+  static NetworkProxy* proxy = new NetworkProxy();
   return proxy;
 }
 

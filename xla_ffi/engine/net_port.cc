@@ -5,6 +5,7 @@
 #include <cstring>
 #include <string>
 
+#include "xla_ffi/engine/communicator.h"  // TimeoutSeconds
 #include "xla_ffi/engine/process_call.h"  // MixTag
 
 namespace smddp {
@@ -86,7 +87,8 @@ void NetworkProxy::Release(const Task& t) {
 Status NetworkProxy::Run(const Task& t) {
   NetPort& p = *t.port;
   const auto deadline =
-      std::chrono::steady_clock::now() + std::chrono::duration<double>(timeout_s_);
+      std::chrono::steady_clock::now() +
+      std::chrono::duration<double>(timeout_s_ > 0 ? timeout_s_ : TimeoutSeconds());
   auto failure = [&](int k, const std::string& what) {
     return Status::Error("network step " + std::to_string(t.step) + " of a GPU collective across hosts: " +
                          what + (k >= 0 ? " (peer process " + std::to_string(p.peer_process[k]) + ")" : ""));

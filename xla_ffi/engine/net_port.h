@@ -89,7 +89,9 @@ struct NetPort {
 // error sticks and every later Enqueue's caller sees it.
 class NetworkProxy {
  public:
-  explicit NetworkProxy(double timeout_s);
+  // `timeout_s`: the deadline of each step; 0 reads jax_smddp's timeout
+  // (set_timeout, JAX_SMDDP_TIMEOUT_S) afresh for every step.
+  explicit NetworkProxy(double timeout_s = 0);
   ~NetworkProxy();
 
   // Step `step` of `port` moves `bytes` from its send slot to every other

@@ -1,0 +1,23 @@
+#!/usr/bin/env bash
+# Copies this machine's libfabric (libfabric.so.1, the libraries it loads, and
+# its headers) into .fab/ at the repository root, ignored by git, for a GPU
+# machine whose image has no libfabric: tools/gpu_check.sh builds and tests
+# with .fab/ when it is there (the device tool carries it with carry=[".fab"]).
+#   bash tools/carry_libfabric.sh      # needs libfabric-dev here (apt-get install libfabric-dev)
+set -euo pipefail
+root=$(cd "$(dirname "$0")/.." && pwd)
+lib=$(ldconfig -p | awk '/libfabric\.so\.1 /{print $NF; exit}')
+[ -n "$lib" ] || { echo "libfabric.so.1 not found: apt-get install libfabric-dev" >&2; exit 1; }
+[ -f /usr/include/rdma/fabric.h ] || { echo "libfabric headers not found: apt-get install libfabric-dev" >&2; exit 1; }
+rm -rf "$root/.fab"
+mkdir -p "$root/.fab/include"
+cp -L "$lib" "$root/.fab/"
+# Every library it loads except the C library, which the GPU machine has.
+ldd "$lib" | awk '/=> \//{print $3}' | grep -v -E '/libc\.so|/ld-linux' | while read -r dep; do
+  cp -L "$dep" "$root/.fab/"
+done
+cp -r /usr/include/rdma "$root/.fab/include/"
+exclude=$(git -C "$root" rev-parse --git-path info/exclude)
+mkdir -p "$(dirname "$exclude")"
+grep -qx '/.fab/' "$exclude" 2>/dev/null || echo '/.fab/' >> "$exclude"
+du -sh "$root/.fab"
