@@ -23,8 +23,9 @@ def set_timeout(seconds: float) -> None:
   if not seconds > 0:
     raise ValueError(f"jax_smddp.set_timeout: the timeout must be positive, got {seconds}")
   _native.engine().set_timeout(seconds)
-  if _native.cuda_engine() is not None:  # its own engine copy (the GPU network proxy's deadline)
-    _native.cuda_engine().set_timeout(seconds)
+  cuda = _native.cuda_engine()
+  if cuda is not None:  # its own engine copy (the GPU network proxy's deadline)
+    cuda.set_timeout(seconds)
 
 
 def timeout() -> float:

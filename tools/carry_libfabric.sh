@@ -2,7 +2,7 @@
 # Copies this machine's libfabric (libfabric.so.1, the libraries it loads, and
 # its headers) into .fab/ at the repository root, ignored by git, for a GPU
 # machine whose image has no libfabric: tools/gpu_check.sh builds and tests
-# with .fab/ when it is there (the device tool carries it with carry=[".fab"]).
+# with .fab/ when it is there (copy .fab/ to the GPU machine with the checkout).
 #   bash tools/carry_libfabric.sh      # needs libfabric-dev here (apt-get install libfabric-dev)
 set -euo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)

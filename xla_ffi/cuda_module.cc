@@ -89,13 +89,7 @@ nb::bytes StreamRun(std::vector<int64_t> members, int rank, int kind, int dtype,
     throw std::runtime_error("stream_run: rank " + std::to_string(rank) +
                              " is not a rank of a connected communicator in this process "
                              "(prepare and connect first)");
-  smddp::Plan plan;
-  plan.kind = smddp::Plan::Kind(kind);
-  plan.dtype = smddp::DType(dtype);
-  plan.op = smddp::ReduceOp(op);
-  plan.outer = outer;
-  plan.inner = inner;
-  plan.count = count;
+  const smddp::Plan plan = smddp::PlanOf(kind, dtype, op, outer, inner, count);
   smddp::cuda::GpuSettings settings;
   settings.copies = copies == "kernel" ? smddp::cuda::GpuSettings::Copies::kKernel
                                        : smddp::cuda::GpuSettings::Copies::kEngine;

@@ -93,13 +93,7 @@ std::vector<nb::bytes> StreamProbe(int kind, int dtype, int op, size_t outer, si
                                    size_t count, size_t slot_bytes, std::vector<nb::bytes> inputs,
                                    size_t out_bytes, int calls, double timeout_s) {
   const int size = int(inputs.size());
-  smddp::Plan plan;
-  plan.kind = smddp::Plan::Kind(kind);
-  plan.dtype = smddp::DType(dtype);
-  plan.op = smddp::ReduceOp(op);
-  plan.outer = outer;
-  plan.inner = inner;
-  plan.count = count;
+  const smddp::Plan plan = smddp::PlanOf(kind, dtype, op, outer, inner, count);
   smddp::RegionLayout layout(size, slot_bytes);
   std::vector<std::vector<uint8_t>> regions(size, std::vector<uint8_t>(layout.total_bytes + 64));
   std::vector<uint8_t*> bases;

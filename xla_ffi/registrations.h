@@ -1,11 +1,13 @@
 // What the Python layer hands to jax.ffi for one platform's handlers: the
 // per-instruction state type and, per collective, its instantiate and execute
-// stages (shared by the CPU and CUDA modules).
+// stages; and the plan the modules' test entries take from Python (shared by
+// the CPU and CUDA modules).
 #ifndef JAX_SMDDP_XLA_FFI_REGISTRATIONS_H_
 #define JAX_SMDDP_XLA_FFI_REGISTRATIONS_H_
 
 #include "nanobind/nanobind.h"
 #include "xla/ffi/api/c_api.h"
+#include "xla_ffi/engine/algorithms.h"
 
 namespace smddp {
 
@@ -41,6 +43,19 @@ nanobind::dict TargetRegistrations(Handler* instantiate, Handler* all_gather,
   d["smddp_all_reduce"] = stages(all_reduce);
   d["smddp_all_to_all"] = stages(all_to_all);
   return d;
+}
+
+// A plan from the integers test entries receive (kind 0 all_gather,
+// 1 reduce_scatter, 2 all_reduce, 3 all_to_all; engine dtype and op codes).
+inline Plan PlanOf(int kind, int dtype, int op, size_t outer, size_t inner, size_t count) {
+  Plan plan;
+  plan.kind = Plan::Kind(kind);
+  plan.dtype = DType(dtype);
+  plan.op = ReduceOp(op);
+  plan.outer = outer;
+  plan.inner = inner;
+  plan.count = count;
+  return plan;
 }
 
 }  // namespace smddp
