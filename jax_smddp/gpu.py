@@ -137,7 +137,8 @@ def _prepare_group(ext, members: tuple, devices, me: int) -> None:
     return
   local = [(r, devices[i].local_hardware_id) for r, i in enumerate(members)
            if devices[i].process_index == me]
-  handles = ext.prepare(list(members), slot_bytes(), local)
+  processes = len({devices[i].process_index for i in members})
+  handles = ext.prepare(list(members), slot_bytes(), local, processes)
   remote = []
   if any(devices[i].process_index != me for i in members):
     from jax_smddp import distributed

@@ -60,12 +60,19 @@ def test_built_with_kernels_for_a100_and_h100():
 
 @pytest.mark.skipif(NVCC is None, reason="no nvcc")
 def test_extension_imports_without_a_gpu(monkeypatch):
-  for name in ("JAX_SMDDP_GPU_COPIES", "JAX_SMDDP_GPU_FLAGS", "JAX_SMDDP_GPU_MAX_BLOCKS"):
+  for name in ("JAX_SMDDP_GPU_COPIES", "JAX_SMDDP_GPU_FLAGS", "JAX_SMDDP_GPU_MAX_BLOCKS",
+               "JAX_SMDDP_GPU_FLAG_MEMORY"):
     monkeypatch.delenv(name, raising=False)
   ext = _native.cuda_engine()
   if not os.path.exists("/dev/nvidiactl"):
     assert ext.device_count() == 0  # no driver here: reported, not raised
-  assert ext.settings() == {"copies": "engine", "flags": "memops", "max_blocks": 8}
+  assert ext.settings() == {"copies": "engine", "flags": "memops", "max_blocks": 8,
+                            "flag_memory": "device"}
+  monkeypatch.setenv("JAX_SMDDP_GPU_FLAG_MEMORY", "host")
+  assert ext.settings()["flag_memory"] == "host"
+  monkeypatch.setenv("JAX_SMDDP_GPU_FLAG_MEMORY", "pinned")
+  with pytest.raises(RuntimeError, match="JAX_SMDDP_GPU_FLAG_MEMORY=pinned is neither"):
+    ext.settings()
   assert set(ext.counters()) == {"copy_kernels", "engine_copies", "reduce_kernels",
                                  "flag_kernels", "flag_memops"}
 

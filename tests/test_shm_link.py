@@ -30,6 +30,8 @@ def test_shm_link(tmp_path):
     build = subprocess.run(
         [cxx, "-std=c++17", "-O2", "-Wall", "-Wextra", f"-I{ROOT}",
          os.path.join(ROOT, "xla_ffi/engine/shm_link.cc"),
+         os.path.join(ROOT, "xla_ffi/engine/shm_file.cc"),
+         os.path.join(ROOT, "xla_ffi/engine/process_liveness.cc"),
          os.path.join(ROOT, "tests/native/shm_link_test.cc"),
          "-o", exe, "-lpthread", "-lrt"],
         capture_output=True, text=True, timeout=240)

@@ -43,21 +43,30 @@ def combine(blocks, op, dtype):
   return acc.astype(dtype)
 
 
-def probe(kind, xs, out_shape, dtype, *, op="sum", outer=1, inner=0, count=0, slot=4096, calls=3):
+def probe(kind, xs, out_shape, dtype, *, op="sum", outer=1, inner=0, count=0, slot=4096, calls=3,
+          flag_blocks=False):
   outs = ENGINE.stream_probe(kind, DTYPES[np.dtype(dtype)], OPS[op], outer, inner, count, slot,
                              [x.tobytes() for x in xs],
-                             int(np.prod(out_shape)) * np.dtype(dtype).itemsize, calls)
+                             int(np.prod(out_shape)) * np.dtype(dtype).itemsize, calls,
+                             flag_blocks=flag_blocks)
   return [np.frombuffer(o, dtype=dtype).reshape(out_shape) for o in outs]
 
 
+# Flags in the staging regions (JAX_SMDDP_GPU_FLAG_MEMORY=device) or in flag
+# blocks of their own (=host, the blocks the watchdog can release).
+FLAG_PLACES = pytest.mark.parametrize("flag_blocks", [False, True], ids=["flags-in-regions",
+                                                                         "flag-blocks"])
+
+
+@FLAG_PLACES
 @pytest.mark.parametrize("size", [1, 2, 3, 4])
 @pytest.mark.parametrize("outer,inner,slot", [(1, 300, 4096), (5, 37, 256), (3, 1000, 512),
                                               (4, 64, 1 << 20)])
-def test_all_gather(size, outer, inner, slot):
+def test_all_gather(size, outer, inner, slot, flag_blocks):
   xs = inputs(size, (outer, inner), np.float32, seed=size * 7 + inner)
   want = np.stack(xs, axis=1)  # [outer, size, inner]
   for r, got in enumerate(probe(GATHER, xs, want.shape, np.float32, outer=outer, inner=inner * 4,
-                                slot=slot)):
+                                slot=slot, flag_blocks=flag_blocks)):
     np.testing.assert_array_equal(got, want, err_msg=f"rank {r}")
 
 
@@ -84,14 +93,16 @@ def test_reduce_scatter(size, dtype, op, outer, inner, slot):
     np.testing.assert_array_equal(got, want, err_msg=f"rank {r}")
 
 
+@FLAG_PLACES
 @pytest.mark.parametrize("size", [1, 2, 3, 4])
 @pytest.mark.parametrize("dtype,op", [(np.float32, "sum"), (np.int32, "max"),
                                       (ml_dtypes.bfloat16, "sum")])
 @pytest.mark.parametrize("count,slot", [(1001, 1024), (3, 256), (10000, 1 << 20), (4096, 256)])
-def test_all_reduce(size, dtype, op, count, slot):
+def test_all_reduce(size, dtype, op, count, slot, flag_blocks):
   xs = inputs(size, (count,), dtype, seed=size + count)
   want = combine(xs, op, dtype)
-  for r, got in enumerate(probe(ALL_REDUCE, xs, (count,), dtype, op=op, count=count, slot=slot)):
+  for r, got in enumerate(probe(ALL_REDUCE, xs, (count,), dtype, op=op, count=count, slot=slot,
+                                flag_blocks=flag_blocks)):
     np.testing.assert_array_equal(got, want, err_msg=f"rank {r}")
 
 

@@ -36,14 +36,14 @@ echo "built in $(( $(date +%s) - start )) s"
 print('CUDA backend:', g.available(), 'GPUs:', e.device_count() if e else 0, \
 'stream memops:', e.have_stream_memops() if e else None)")
 echo "=== tests/gpu/test_kernels.py (stream algorithms on one GPU, no JAX)"
-timeout 300 "$PY" -m pytest -q -p no:cacheprovider tests/gpu/test_kernels.py 2>&1 \
+timeout 420 "$PY" -m pytest -q -p no:cacheprovider tests/gpu/test_kernels.py 2>&1 \
   | tee "$out/pytest_kernels.log" | tail -40
 [ "${PIPESTATUS[0]}" = 0 ] || status=1
 echo "=== tests/gpu/test_gpu.py (JAX processes sharing the GPU)"
 select=()
 if [ "$quick" = 1 ]; then
   export JAX_SMDDP_GPU_TEST_TIMEOUT=${JAX_SMDDP_GPU_TEST_TIMEOUT:-150}
-  select=(-k "single_process or (sharing and engines and 2) or (hosts and engines)")
+  select=(-k "single_process or (sharing and engines and 2) or (hosts and engines) or (dead_peer and 2) or (sharing and host and 2)")
 fi
 timeout 900 "$PY" -m pytest -q -p no:cacheprovider -rs tests/gpu/test_gpu.py "${select[@]}" 2>&1 \
   | tee "$out/pytest_gpu.log" | tail -80
@@ -51,7 +51,7 @@ timeout 900 "$PY" -m pytest -q -p no:cacheprovider -rs tests/gpu/test_gpu.py "${
 if [ "$quick" != 1 ] && [ "${CPU_TESTS:-1}" = 1 ]; then
   echo "=== protocol and lowering tests (CPU devices)"
   JAX_PLATFORMS=cpu timeout 600 "$PY" -m pytest -q -p no:cacheprovider tests/test_stream_protocol.py \
-    tests/test_cuda_backend.py 2>&1 | tee "$out/pytest_cpu.log" | tail -5
+    tests/test_stream_watchdog.py tests/test_cuda_backend.py 2>&1 | tee "$out/pytest_cpu.log" | tail -5
   [ "${PIPESTATUS[0]}" = 0 ] || status=1
 fi
 echo "=== GPU benchmark: processes sharing GPU 0"

@@ -89,6 +89,7 @@ nb::bytes StreamRun(std::vector<int64_t> members, int rank, int kind, int dtype,
     throw std::runtime_error("stream_run: rank " + std::to_string(rank) +
                              " is not a rank of a connected communicator in this process "
                              "(prepare and connect first)");
+  if (me->watch && me->watch->failed()) Check(me->watch->error());
   const smddp::Plan plan = smddp::PlanOf(kind, dtype, op, outer, inner, count);
   smddp::cuda::GpuSettings settings;
   settings.copies = copies == "kernel" ? smddp::cuda::GpuSettings::Copies::kKernel
@@ -137,14 +138,15 @@ NB_MODULE(_smddp_cuda, m) {
                                       SmddpAllToAllCuda);
   });
   m.def("prepare", [](std::vector<int64_t> members, size_t slot_bytes,
-                      std::vector<std::pair<int, int>> local) {
+                      std::vector<std::pair<int, int>> local, int processes) {
     std::vector<std::pair<int, std::string>> handles;
-    Check(smddp::gpu::PrepareCommunicator(members, slot_bytes, local, &handles));
+    Check(smddp::gpu::PrepareCommunicator(members, slot_bytes, local, processes, &handles));
     std::vector<std::pair<int, nb::bytes>> out;
     for (auto& [rank, h] : handles) out.emplace_back(rank, nb::bytes(h.data(), h.size()));
     return out;
-  }, nb::arg("members"), nb::arg("slot_bytes"), nb::arg("local"),
-  "Allocates this process's ranks' staging regions; returns their CUDA IPC handles.");
+  }, nb::arg("members"), nb::arg("slot_bytes"), nb::arg("local"), nb::arg("processes"),
+  "Allocates this process's ranks' staging regions (`processes`: how many processes have "
+  "ranks in the group); returns the handles the other processes connect with.");
   m.def("connect", [](std::vector<int64_t> members, std::vector<std::pair<int, nb::bytes>> remote) {
     std::vector<std::pair<int, std::string>> handles;
     for (auto& [rank, b] : remote) handles.emplace_back(rank, std::string(b.c_str(), b.size()));
@@ -203,6 +205,9 @@ NB_MODULE(_smddp_cuda, m) {
     d["copies"] = s.copies == smddp::cuda::GpuSettings::Copies::kEngine ? "engine" : "kernel";
     d["flags"] = s.flags == smddp::cuda::GpuSettings::Flags::kMemOps ? "memops" : "kernel";
     d["max_blocks"] = s.max_blocks;
+    smddp::gpu::FlagMemory memory;
+    Check(smddp::gpu::FlagMemoryFromEnvironment(&memory));
+    d["flag_memory"] = memory == smddp::gpu::FlagMemory::kHost ? "host" : "device";
     return d;
   });
   m.def("counters", [] {

@@ -16,6 +16,7 @@
 
 #include "nanobind/nanobind.h"
 #include "nanobind/stl/pair.h"
+#include "nanobind/stl/unique_ptr.h"
 #include "nanobind/stl/string.h"
 #include "nanobind/stl/tuple.h"
 #include "nanobind/stl/vector.h"
@@ -25,8 +26,11 @@
 #include "xla_ffi/engine/communicator.h"
 #include "xla_ffi/engine/host_stream_ops.h"
 #include "xla_ffi/engine/net_port.h"
+#include "xla_ffi/engine/process_liveness.h"
+#include "xla_ffi/engine/shared_block.h"
 #include "xla_ffi/engine/shm_link.h"
 #include "xla_ffi/engine/stream_algorithms.h"
+#include "xla_ffi/engine/stream_watchdog.h"
 #include "xla_ffi/engine/world.h"
 
 namespace nb = nanobind;
@@ -84,47 +88,108 @@ std::vector<std::pair<int, std::string>> RendezvousProbe(int size, std::vector<i
 }
 
 
+// 64-byte aligned host blocks of `bytes` each, zeroed (stand-ins for GPU
+// regions and flag blocks).
+struct HostBlocks {
+  HostBlocks(int n, size_t bytes) : storage(n, std::vector<uint8_t>(bytes + 64)) {
+    for (auto& r : storage) bases.push_back(reinterpret_cast<uint8_t*>((uintptr_t(r.data()) + 63) / 64 * 64));
+  }
+  std::vector<std::vector<uint8_t>> storage;
+  std::vector<uint8_t*> bases;
+};
+
+// Runs `calls` calls of `plan` on host threads, one per rank except
+// `absent` (-1: none), over `regions` (and separate flag blocks `flags`, if
+// not empty). Returns each rank's status.
+std::vector<smddp::Status> RunStreamRanks(const smddp::Plan& plan, const smddp::RegionLayout& layout,
+                                          const std::vector<uint8_t*>& regions,
+                                          const std::vector<uint8_t*>& flags,
+                                          const std::vector<std::string>& send,
+                                          std::vector<std::string>& recv, int calls,
+                                          double timeout_s, int absent) {
+  const int size = int(regions.size());
+  std::vector<smddp::Status> status(size);
+  nb::gil_scoped_release release;
+  std::vector<std::thread> threads;
+  for (int r = 0; r < size; ++r) {
+    if (r == absent) continue;
+    threads.emplace_back([&, r] {
+      smddp::StreamRank me;
+      me.rank = r;
+      me.layout = layout;
+      me.regions = regions;
+      me.flags = flags;
+      smddp::HostStreamOps ops(timeout_s);
+      for (int c = 0; c < calls && status[r].ok(); ++c) {
+        status[r] = smddp::RunStreamPlan(plan, me, ops, send[r].data(), recv[r].data());
+      }
+    });
+  }
+  for (auto& t : threads) t.join();
+  return status;
+}
+
+std::vector<std::string> Strings(const std::vector<nb::bytes>& inputs) {
+  std::vector<std::string> out;
+  for (auto& b : inputs) out.emplace_back(b.c_str(), b.size());
+  return out;
+}
+
+std::vector<nb::bytes> Bytes(const std::vector<std::string>& buffers) {
+  std::vector<nb::bytes> out;
+  for (auto& r : buffers) out.emplace_back(r.data(), r.size());
+  return out;
+}
+
 // Runs the stream-ordered algorithms (the GPU protocol) on host threads, one
 // per rank, over host memory: `calls` consecutive calls of one collective
 // (kind 0 all_gather, 1 reduce_scatter, 2 all_reduce, 3 all_to_all) with
-// `slot_bytes` staging slots. Returns each rank's output, or raises the first
+// `slot_bytes` staging slots (flags in the regions, or in separate flag
+// blocks with `flag_blocks`). Returns each rank's output, or raises the first
 // rank's error. Tests the protocol (slots, flags, tiling) without a GPU.
 std::vector<nb::bytes> StreamProbe(int kind, int dtype, int op, size_t outer, size_t inner,
                                    size_t count, size_t slot_bytes, std::vector<nb::bytes> inputs,
-                                   size_t out_bytes, int calls, double timeout_s) {
+                                   size_t out_bytes, int calls, double timeout_s, bool flag_blocks) {
   const int size = int(inputs.size());
   const smddp::Plan plan = smddp::PlanOf(kind, dtype, op, outer, inner, count);
   smddp::RegionLayout layout(size, slot_bytes);
-  std::vector<std::vector<uint8_t>> regions(size, std::vector<uint8_t>(layout.total_bytes + 64));
-  std::vector<uint8_t*> bases;
-  for (auto& r : regions) bases.push_back(reinterpret_cast<uint8_t*>((uintptr_t(r.data()) + 63) / 64 * 64));
-  std::vector<std::string> send;
-  for (auto& b : inputs) send.emplace_back(b.c_str(), b.size());
+  HostBlocks regions(size, layout.total_bytes), flags(flag_blocks ? size : 0, layout.flag_bytes());
   std::vector<std::string> recv(size, std::string(out_bytes, '\0'));
-  std::vector<smddp::Status> status(size);
-  {
-    nb::gil_scoped_release release;
-    std::vector<std::thread> threads;
-    for (int r = 0; r < size; ++r) {
-      threads.emplace_back([&, r] {
-        smddp::StreamRank me;
-        me.rank = r;
-        me.layout = layout;
-        me.regions = bases;
-        smddp::HostStreamOps ops(timeout_s);
-        for (int c = 0; c < calls && status[r].ok(); ++c) {
-          status[r] = smddp::RunStreamPlan(plan, me, ops, send[r].data(), recv[r].data());
-        }
-      });
-    }
-    for (auto& t : threads) t.join();
-  }
+  const std::vector<smddp::Status> status = RunStreamRanks(
+      plan, layout, regions.bases, flags.bases, Strings(inputs), recv, calls, timeout_s, -1);
   for (int r = 0; r < size; ++r) {
     if (!status[r].ok()) throw std::runtime_error("rank " + std::to_string(r) + ": " + status[r].message());
   }
-  std::vector<nb::bytes> out;
-  for (auto& r : recv) out.emplace_back(r.data(), r.size());
-  return out;
+  return Bytes(recv);
+}
+
+// The GPU backend's dead-peer watchdog over the protocol on host threads:
+// rank `absent` never runs, and stands for process `absent_pid` (which the
+// test kills while the other ranks wait for it). The watchdog sees the
+// process exit and releases the flags only that rank writes, so the other
+// ranks' calls complete. Returns (each rank's status message, the group's
+// error, outputs).
+std::tuple<std::vector<std::string>, std::string, std::vector<nb::bytes>> StreamWatchProbe(
+    int kind, int dtype, int op, size_t outer, size_t inner, size_t count, size_t slot_bytes,
+    std::vector<nb::bytes> inputs, size_t out_bytes, int calls, double timeout_s, int absent,
+    int absent_pid) {
+  const int size = int(inputs.size());
+  if (absent < 0 || absent >= size) throw std::invalid_argument("absent rank out of range");
+  const smddp::Plan plan = smddp::PlanOf(kind, dtype, op, outer, inner, count);
+  smddp::RegionLayout layout(size, slot_bytes);
+  HostBlocks regions(size, layout.total_bytes), flags(size, layout.flag_bytes());
+  auto group = std::make_shared<smddp::WatchedGroup>("host test group of " + std::to_string(size));
+  group->AddPeer(absent_pid, smddp::ProcessStartTime(absent_pid),
+                 "rank " + std::to_string(absent) + " (pid " + std::to_string(absent_pid) + ")",
+                 smddp::FlagsWrittenBy(layout, flags.bases, absent));
+  smddp::Watch(group);
+  std::vector<std::string> recv(size, std::string(out_bytes, '\0'));
+  const std::vector<smddp::Status> status = RunStreamRanks(
+      plan, layout, regions.bases, flags.bases, Strings(inputs), recv, calls, timeout_s, absent);
+  smddp::Unwatch(group.get());
+  std::vector<std::string> errors;
+  for (const auto& st : status) errors.push_back(st.message());
+  return {errors, group->error().message(), Bytes(recv)};
 }
 
 // Raises the engine's error as a Python RuntimeError.
@@ -341,7 +406,48 @@ NB_MODULE(_smddp_cpu, m) {
         nb::arg("timeout_s"), nb::arg("count") = 1024, nb::arg("odd_rank") = -1);
   m.def("stream_probe", &StreamProbe, nb::arg("kind"), nb::arg("dtype"), nb::arg("op"),
         nb::arg("outer"), nb::arg("inner"), nb::arg("count"), nb::arg("slot_bytes"),
-        nb::arg("inputs"), nb::arg("out_bytes"), nb::arg("calls") = 1, nb::arg("timeout_s") = 20.0);
+        nb::arg("inputs"), nb::arg("out_bytes"), nb::arg("calls") = 1, nb::arg("timeout_s") = 20.0,
+        nb::arg("flag_blocks") = false);
+  m.def("stream_watch_probe", &StreamWatchProbe, nb::arg("kind"), nb::arg("dtype"), nb::arg("op"),
+        nb::arg("outer"), nb::arg("inner"), nb::arg("count"), nb::arg("slot_bytes"),
+        nb::arg("inputs"), nb::arg("out_bytes"), nb::arg("calls"), nb::arg("timeout_s"),
+        nb::arg("absent"), nb::arg("absent_pid"));
+  m.def("watch_process", [](int pid, double seconds) {  // the watchdog alone, on a real process
+    auto group = std::make_shared<smddp::WatchedGroup>("a test group");
+    group->AddPeer(pid, smddp::ProcessStartTime(pid), "rank 1 (pid " + std::to_string(pid) + ")", {});
+    smddp::Watch(group);
+    {
+      nb::gil_scoped_release release;
+      const auto end = std::chrono::steady_clock::now() + std::chrono::duration<double>(seconds);
+      while (!group->failed() && std::chrono::steady_clock::now() < end)
+        std::this_thread::sleep_for(std::chrono::milliseconds(5));
+    }
+    smddp::Unwatch(group.get());
+    return group->error().message();
+  }, nb::arg("pid"), nb::arg("seconds"));
+  // Shared blocks (the GPU flag blocks' memory), for tests across processes.
+  nb::class_<smddp::SharedBlock>(m, "SharedBlock")
+      .def_static("create", [](size_t bytes, int openers) {
+        std::unique_ptr<smddp::SharedBlock> block;
+        Check(smddp::SharedBlock::Create(bytes, openers, &block));
+        return block;
+      }, nb::arg("bytes"), nb::arg("openers"))
+      .def_static("open", [](const std::string& name, size_t bytes) {
+        std::unique_ptr<smddp::SharedBlock> block;
+        Check(smddp::SharedBlock::Open(name, bytes, &block));
+        return block;
+      }, nb::arg("name"), nb::arg("bytes"))
+      .def_prop_ro("name", &smddp::SharedBlock::name)
+      .def_prop_ro("bytes", &smddp::SharedBlock::bytes)
+      .def_prop_ro("owner_pid", &smddp::SharedBlock::owner_pid)
+      .def("load", [](const smddp::SharedBlock& b, size_t i) {
+        if ((i + 1) * 4 > b.bytes()) throw std::out_of_range("word index");
+        return __atomic_load_n(reinterpret_cast<const uint32_t*>(b.data()) + i, __ATOMIC_ACQUIRE);
+      })
+      .def("store", [](smddp::SharedBlock& b, size_t i, uint32_t v) {
+        if ((i + 1) * 4 > b.bytes()) throw std::out_of_range("word index");
+        __atomic_store_n(reinterpret_cast<uint32_t*>(b.data()) + i, v, __ATOMIC_RELEASE);
+      });
   m.def("stream_hierarchical_probe", &StreamHierarchicalProbe, nb::arg("hosts"), nb::arg("local"),
         nb::arg("outer"), nb::arg("inner"), nb::arg("slot_bytes"), nb::arg("rank_of"),
         nb::arg("inputs"), nb::arg("calls") = 1, nb::arg("timeout_s") = 20.0,

@@ -7,12 +7,15 @@ extension."""
 from __future__ import annotations
 
 
-def serve(rank: int, conn) -> None:
+def serve(rank: int, conn, flag_memory: str = "device") -> None:
+  import os
+  os.environ["JAX_SMDDP_GPU_FLAG_MEMORY"] = flag_memory  # read when regions are prepared
   from jax_smddp import _native
   ext = _native.cuda_engine()
   try:
     groups = conn.recv()  # [(members, slot_bytes)]: one communicator per slot size
-    conn.send([ext.prepare(members, slot, [(rank, 0)]) for members, slot in groups])
+    ext.set_process(rank)
+    conn.send([ext.prepare(members, slot, [(rank, 0)], len(members)) for members, slot in groups])
     for (members, _), remote in zip(groups, conn.recv()):
       ext.connect(members, remote)
     conn.send(("ready", None))

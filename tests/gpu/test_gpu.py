@@ -38,6 +38,9 @@ MODES = {
     "flag kernels": {"JAX_SMDDP_GPU_FLAGS": "kernel"},
     "64 KiB slots (many steps per call)": {"JAX_SMDDP_GPU_SLOT_BYTES": "65536"},
     "compute stream (no annotation)": {"JAX_SMDDP_GPU_STREAM": "compute"},
+    "step flags in host memory": {"JAX_SMDDP_GPU_FLAG_MEMORY": "host"},
+    "host flags and flag kernels": {"JAX_SMDDP_GPU_FLAG_MEMORY": "host",
+                                    "JAX_SMDDP_GPU_FLAGS": "kernel"},
 }
 
 
@@ -66,6 +69,19 @@ def test_processes_sharing_one_gpu(nprocs, mode):
 
 def test_single_process():
   run(1, {})
+
+
+@pytest.mark.parametrize("nprocs", [2, 3])
+def test_dead_peer_is_an_error_naming_it(nprocs):
+  """One process exits without a word after a good all_gather: the others'
+  next calls fail within seconds naming its rank and process, instead of
+  their streams waiting on it forever (step flags in host memory, which the
+  watchdog releases)."""
+  procs = launch.run_job(["dead_peer"], nprocs, 1, script=WORKER, timeout=min(TIMEOUT, 180),
+                         env={"JAX_PLATFORMS": "cuda", "JAX_SMDDP_GPU_FLAG_MEMORY": "host"})
+  assert procs[-1].result and procs[-1].result.get("died"), launch.describe(procs)
+  for p in procs[:-1]:
+    assert p.result and p.result["ok"], launch.describe(procs)
 
 
 def _libfabric() -> bool:

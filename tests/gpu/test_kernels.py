@@ -13,6 +13,7 @@ from __future__ import annotations
 import multiprocessing
 import os
 import sys
+import time
 
 import numpy as np
 import pytest
@@ -67,14 +68,14 @@ def cases(size):
 class Ranks:
   """`size` rank processes with their communicators connected."""
 
-  def __init__(self, size):
+  def __init__(self, size, flag_memory="device"):
     ctx = multiprocessing.get_context("spawn")
     self.size = size
     self.members = {slot: [i * 64 + r for r in range(size)] for i, slot in enumerate(SLOTS)}
     self.conns, self.procs = [], []
     for r in range(size):
       parent, child = ctx.Pipe()
-      p = ctx.Process(target=stream_rank.serve, args=(r, child), daemon=True)
+      p = ctx.Process(target=stream_rank.serve, args=(r, child, flag_memory), daemon=True)
       p.start()
       self.conns.append(parent)
       self.procs.append(p)
@@ -91,9 +92,11 @@ class Ranks:
       self.close()
       raise
 
-  def _gather(self, what):
+  def _gather(self, what, only=None):
     got = []
     for r, c in enumerate(self.conns):
+      if only is not None and r not in only:
+        continue
       if not c.poll(WAIT_S):
         raise AssertionError(f"rank {r} did not finish {what} within {WAIT_S:.0f} s (a hang)")
       reply = c.recv()
@@ -102,18 +105,25 @@ class Ranks:
       got.append(reply[1] if isinstance(reply, tuple) else reply)
     return got
 
-  def run(self, name, params, xs, wants, mode, calls=3):
-    """Every rank runs `calls` calls of the case; returns [(output, counters)] by rank."""
+  def run(self, name, params, xs, wants, mode, calls=3, only=None):
+    """Every rank (of `only`) runs `calls` calls of the case; returns
+    [(output, counters)] by rank."""
+    dtype = np.dtype(params["dtype"])
+    self.send(params, xs, wants, mode, calls, only)
+    return [(np.frombuffer(out, dtype=dtype).reshape(wants[r].shape), counters)
+            for r, (out, counters) in zip(only or range(self.size), self._gather(name, only))]
+
+  def send(self, params, xs, wants, mode, calls=3, only=None):
     copies, flags, blocks = mode
     dtype = np.dtype(params["dtype"])
     for r, c in enumerate(self.conns):
+      if only is not None and r not in only:
+        continue
       c.send(dict(members=self.members[params["slot"]], rank=r, kind=params["kind"],
                   dtype=DTYPES[dtype], op=OPS[params["op"]], outer=params["outer"],
                   inner=params["inner"], count=params["count"], input=xs[r].tobytes(),
                   out_bytes=wants[r].nbytes, calls=calls, copies=copies, flags=flags,
                   max_blocks=blocks))
-    return [(np.frombuffer(out, dtype=dtype).reshape(wants[r].shape), counters)
-            for r, (out, counters) in enumerate(self._gather(name))]
 
   def close(self):
     for c in self.conns:
@@ -130,7 +140,38 @@ class Ranks:
 @pytest.mark.parametrize("size", [2, 4])
 @pytest.mark.parametrize("mode", MODES, ids=lambda m: f"{m[0]} copies, {m[1]} flags, {m[2]} blocks")
 def test_collectives(mode, size):
-  ranks = Ranks(size)
+  check_collectives(Ranks(size), size, mode)
+
+
+@pytest.mark.parametrize("mode", [MODES[0], MODES[2]],
+                         ids=lambda m: f"{m[0]} copies, {m[1]} flags, {m[2]} blocks")
+def test_collectives_with_step_flags_in_host_memory(mode):
+  """JAX_SMDDP_GPU_FLAG_MEMORY=host: each rank's flags in a shared-memory
+  block every rank's GPU addresses (what the dead-peer watchdog releases)."""
+  check_collectives(Ranks(4, "host"), 4, mode)
+
+
+def test_dead_rank_releases_its_peers_and_fails_their_next_call():
+  """Ranks 0 and 1 start an all_gather; rank 2's process is killed a second
+  later. The watchdog sees it, sets the flags only rank 2 would have written,
+  and the two streams finish (undefined output) instead of waiting forever;
+  their next call fails naming rank 2 and its process."""
+  ranks = Ranks(3, "host")
+  try:
+    name, params, xs, wants = cases(3)[0]
+    t0 = time.monotonic()
+    ranks.send(params, xs, wants, MODES[0], calls=1, only=(0, 1))
+    time.sleep(1.0)
+    ranks.procs[2].kill()
+    ranks._gather(name + " after rank 2 died", only=(0, 1))  # released, not hung
+    assert time.monotonic() - t0 < 15
+    with pytest.raises(AssertionError, match=r"rank 2 \(process 2, pid \d+\) of GPU group .* is gone"):
+      ranks.run(name, params, xs, wants, MODES[0], calls=1, only=(0, 1))
+  finally:
+    ranks.close()
+
+
+def check_collectives(ranks, size, mode):
   try:
     counters = None
     for name, params, xs, wants in cases(size):

@@ -91,6 +91,9 @@ def main() -> None:
   mesh = jax.make_mesh((n,), ("x",))
   sharding = NamedSharding(mesh, P("x"))
   import ml_dtypes
+  if scenario == "dead_peer":
+    dead_peer(process, nprocs, mesh, sharding)
+    return
   checked = 0
   rng = np.random.default_rng(7)
   todo = cases(n)
@@ -134,6 +137,42 @@ def main() -> None:
         checked += 1
   print("RESULT " + json.dumps({"ok": True, "checked": checked, "scenario": scenario,
                                 "counters": gpu.counters()}), flush=True)
+
+
+def dead_peer(process: int, nprocs: int, mesh, sharding) -> None:
+  """The last process dies after one good all_gather; the others keep calling
+  it. The watchdog must release their streams and fail a call within seconds
+  with an error naming the dead rank (flags in host memory)."""
+  import time
+  import numpy as np
+  import jax
+  import jax_smddp
+  from jax.sharding import PartitionSpec as P
+  n = jax.device_count()
+  X = np.arange(n * 1024, dtype=np.float32).reshape(n, 1024)
+  x = jax.make_array_from_callback(X.shape, sharding, lambda idx: X[idx])
+  f = jax.jit(jax.shard_map(lambda v: jax_smddp.all_gather(v[0], "x", tiled=True)[None],
+                            mesh=mesh, in_specs=P("x"), out_specs=P("x")))
+  for shard in f(x).addressable_shards:
+    np.testing.assert_array_equal(np.asarray(shard.data)[0], X.reshape(-1))
+  if process == nprocs - 1:
+    print("RESULT " + json.dumps({"ok": True, "died": True}), flush=True)
+    os._exit(0)  # no goodbye: as if killed
+  t0 = time.monotonic()
+  calls = 0
+  try:
+    while time.monotonic() - t0 < 60:
+      f(x).block_until_ready()
+      calls += 1
+    result = {"ok": False, "error": f"{calls} calls in 60 s after the peer died, no error"}
+  except Exception as e:  # what the user sees
+    message = str(e)
+    elapsed = time.monotonic() - t0
+    named = f"rank {nprocs - 1} (process {nprocs - 1}" in message and "is gone" in message
+    result = {"ok": named and elapsed < 20, "elapsed": elapsed, "calls": calls,
+              "error": message[-2000:]}
+  print("RESULT " + json.dumps(result), flush=True)
+  os._exit(0)  # jax.distributed's shutdown would wait for the dead process
 
 
 if __name__ == "__main__":

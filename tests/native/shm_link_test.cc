@@ -6,7 +6,8 @@
 // process is killed). Every wait has a deadline, so a bug fails, never hangs.
 //
 // Build (from the repository root):
-//   c++ -std=c++17 -O2 -I. xla_ffi/engine/shm_link.cc tests/native/shm_link_test.cc -o t -lpthread -lrt
+//   c++ -std=c++17 -O2 -I. xla_ffi/engine/shm_link.cc xla_ffi/engine/shm_file.cc \
+//       xla_ffi/engine/process_liveness.cc tests/native/shm_link_test.cc -o t -lpthread -lrt
 #include "xla_ffi/engine/shm_link.h"
 
 #include <dirent.h>

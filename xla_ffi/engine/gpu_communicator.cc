@@ -1,6 +1,10 @@
 #include "xla_ffi/engine/gpu_communicator.h"
 
+#include <unistd.h>
+
 #include <algorithm>
+#include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <map>
 #include <mutex>
@@ -9,6 +13,7 @@
 
 #include "cuda/gdrcopy.h"
 #include "xla_ffi/engine/communicator.h"
+#include "xla_ffi/engine/process_liveness.h"
 #include "xla_ffi/engine/world.h"
 
 namespace smddp {
@@ -55,7 +60,54 @@ NetworkProxy* Proxy() {
   return proxy;
 }
 
+// What a rank publishes to the group's other processes.
+struct RankHandle {
+  cudaIpcMemHandle_t region;
+  int32_t process;      // jax.process_index() of its process
+  int32_t pid;          // for the watchdog
+  uint64_t start_time;  // of that pid, per /proc (0: unknown)
+  uint32_t flag_memory; // FlagMemory
+  char flag_block[60];  // its flag block's name (host flag memory)
+};
+
+const char* FlagMemoryName(FlagMemory m) { return m == FlagMemory::kHost ? "host" : "device"; }
+
+// Registers a shared flag block with CUDA (every device, every context of
+// the process); returns the flags' address on the GPUs.
+Status RegisterFlagBlock(const SharedBlock& block, std::vector<void*>* registered,
+                         uint8_t** device_flags) {
+  cudaError_t err = cudaHostRegister(block.mapping(), block.mapping_bytes(),
+                                     cudaHostRegisterMapped | cudaHostRegisterPortable);
+  if (err != cudaSuccess) return CudaError("registering a flag block (cudaHostRegister)", err);
+  registered->push_back(block.mapping());
+  void* device = nullptr;
+  err = cudaHostGetDevicePointer(&device, block.mapping(), 0);
+  if (err != cudaSuccess) return CudaError("mapping a flag block", err);
+  *device_flags = static_cast<uint8_t*>(device) + SharedBlock::kHeaderBytes;
+  return Status::Ok();
+}
+
+std::string MembersText(const std::vector<int64_t>& members) {
+  std::string s = "[";
+  for (size_t i = 0; i < members.size(); ++i) s += (i ? ", " : "") + std::to_string(members[i]);
+  return s + "]";
+}
+
 }  // namespace
+
+Status FlagMemoryFromEnvironment(FlagMemory* out) {
+  const char* env = std::getenv("JAX_SMDDP_GPU_FLAG_MEMORY");
+  const std::string v = env ? env : "";
+  if (v.empty() || v == "device") {
+    *out = FlagMemory::kDevice;
+  } else if (v == "host") {
+    *out = FlagMemory::kHost;
+  } else {
+    return Status::Error("jax_smddp (GPU): JAX_SMDDP_GPU_FLAG_MEMORY=" + v +
+                         " is neither 'device' nor 'host'");
+  }
+  return Status::Ok();
+}
 
 uint64_t GroupKey(const int64_t* members, int size) {
   uint64_t h = 1469598103934665603ull ^ uint64_t(size);
@@ -73,6 +125,8 @@ GpuCommunicator::GpuCommunicator(std::vector<int64_t> members, size_t slot_bytes
       local_(members_.size()) {}
 
 GpuCommunicator::~GpuCommunicator() {
+  if (watch_) Unwatch(watch_.get());
+  for (void* p : registered_) cudaHostUnregister(p);
   for (uint8_t* p : opened_) cudaIpcCloseMemHandle(p);
   for (auto& l : local_) {
     if (l && l->own) {
@@ -82,8 +136,11 @@ GpuCommunicator::~GpuCommunicator() {
   }
 }
 
-Status GpuCommunicator::Prepare(const std::vector<std::pair<int, int>>& local,
+Status GpuCommunicator::Prepare(const std::vector<std::pair<int, int>>& local, int processes,
                                 std::vector<std::pair<int, std::string>>* handles) {
+  SMDDP_RETURN_IF_ERROR(FlagMemoryFromEnvironment(&flag_memory_));
+  // A group inside one process has nobody to watch: its flags stay with the data.
+  const bool flag_blocks = flag_memory_ == FlagMemory::kHost && processes > 1;
   for (const auto& [rank, ordinal] : local) {
     if (rank < 0 || rank >= size()) return Status::Error("jax_smddp (GPU): rank out of range");
     if (!local_[rank]) {
@@ -112,11 +169,26 @@ Status GpuCommunicator::Prepare(const std::vector<std::pair<int, int>>& local,
       l->view.layout = layout_;
       l->view.regions.assign(size(), nullptr);
       l->view.regions[rank] = l->own;
+      if (flag_blocks) {
+        SMDDP_RETURN_IF_ERROR(SharedBlock::Create(layout_.flag_bytes(), processes - 1, &l->flag_block));
+        l->view.flags.assign(size(), nullptr);
+        SMDDP_RETURN_IF_ERROR(RegisterFlagBlock(*l->flag_block, &registered_, &l->view.flags[rank]));
+      }
       local_[rank] = std::move(l);
     }
-    cudaIpcMemHandle_t handle;
-    const cudaError_t err = cudaIpcGetMemHandle(&handle, local_[rank]->own);
+    RankHandle handle{};
+    const cudaError_t err = cudaIpcGetMemHandle(&handle.region, local_[rank]->own);
     if (err != cudaSuccess) return CudaError("exporting a CUDA IPC handle", err);
+    handle.process = ProcessIndex();
+    handle.pid = int32_t(::getpid());
+    handle.start_time = ProcessStartTime(::getpid());
+    handle.flag_memory = uint32_t(flag_memory_);
+    if (local_[rank]->flag_block) {
+      const std::string& name = local_[rank]->flag_block->name();
+      if (name.size() >= sizeof(handle.flag_block))
+        return Status::Error("jax_smddp (GPU): flag block name too long");
+      std::memcpy(handle.flag_block, name.c_str(), name.size() + 1);
+    }
     handles->emplace_back(rank, std::string(reinterpret_cast<const char*>(&handle), sizeof(handle)));
   }
   return Status::Ok();
@@ -135,20 +207,40 @@ Status GpuCommunicator::Connect(const std::vector<std::pair<int, std::string>>& 
   // Other processes' regions: mapped once per process (unified addressing
   // makes the mapping usable from every local device with peer access).
   std::vector<uint8_t*> mapped(size(), nullptr);
+  std::vector<uint8_t*> flags_device(size(), nullptr), flags_host(size(), nullptr);
+  std::map<int, std::pair<RankHandle, std::vector<int>>> peers;  // by process: a handle, its ranks
+  const bool flag_blocks = bool(local_[first_local]->flag_block);
   for (const auto& [rank, bytes] : remote) {
     if (rank < 0 || rank >= size() || local_[rank]) continue;
-    if (bytes.size() != sizeof(cudaIpcMemHandle_t))
-      return Status::Error("jax_smddp (GPU): malformed CUDA IPC handle from rank " + std::to_string(rank));
-    cudaIpcMemHandle_t handle;
+    if (bytes.size() != sizeof(RankHandle))
+      return Status::Error("jax_smddp (GPU): malformed staging handle from rank " + std::to_string(rank) +
+                           " (processes from different jax_smddp builds?)");
+    RankHandle handle;
     std::memcpy(&handle, bytes.data(), sizeof(handle));
+    if (handle.flag_memory != uint32_t(flag_memory_))
+      return Status::Error(std::string("jax_smddp (GPU): processes disagree on where step flags live: "
+                           "JAX_SMDDP_GPU_FLAG_MEMORY is '") + FlagMemoryName(flag_memory_) +
+                           "' here and '" + FlagMemoryName(FlagMemory(handle.flag_memory)) +
+                           "' in process " + std::to_string(handle.process) + ": set it alike everywhere");
     DeviceScope scope(local_[first_local]->ordinal);
     void* p = nullptr;
-    const cudaError_t err = cudaIpcOpenMemHandle(&p, handle, cudaIpcMemLazyEnablePeerAccess);
+    const cudaError_t err = cudaIpcOpenMemHandle(&p, handle.region, cudaIpcMemLazyEnablePeerAccess);
     if (err != cudaSuccess)
       return CudaError("mapping rank " + std::to_string(rank) + "'s staging (CUDA IPC; the group "
                        "must be on one node)", err);
     mapped[rank] = static_cast<uint8_t*>(p);
     opened_.push_back(mapped[rank]);
+    if (flag_blocks) {
+      handle.flag_block[sizeof(handle.flag_block) - 1] = '\0';
+      std::unique_ptr<SharedBlock> block;
+      SMDDP_RETURN_IF_ERROR(SharedBlock::Open(handle.flag_block, layout_.flag_bytes(), &block));
+      SMDDP_RETURN_IF_ERROR(RegisterFlagBlock(*block, &registered_, &flags_device[rank]));
+      flags_host[rank] = block->data();
+      opened_blocks_.push_back(std::move(block));
+    }
+    auto& peer = peers[handle.process];
+    peer.first = handle;
+    peer.second.push_back(rank);
   }
   for (int r = 0; r < size(); ++r) {
     if (!local_[r] && !mapped[r])
@@ -177,6 +269,43 @@ Status GpuCommunicator::Connect(const std::vector<std::pair<int, std::string>>& 
       }
     }
   }
+  if (flag_blocks) {
+    for (int q = 0; q < size(); ++q) {
+      if (!local_[q]) continue;
+      flags_device[q] = local_[q]->view.flags[q];
+      flags_host[q] = local_[q]->flag_block->data();
+    }
+    for (auto& l : local_) {
+      if (l) l->view.flags = flags_device;
+    }
+  }
+  if (!peers.empty()) {
+    watch_ = std::make_shared<WatchedGroup>("GPU group " + MembersText(members_));
+    for (const auto& [process, peer] : peers) {
+      const int pid = peer.first.pid;
+      std::string who = peer.second.size() > 1 ? "ranks" : "rank";
+      for (size_t i = 0; i < peer.second.size(); ++i)
+        who += (i ? ", " : " ") + std::to_string(peer.second[i]);
+      who += " (process " + std::to_string(process) + ", pid " + std::to_string(pid) + ")";
+      // A pid from another pid namespace (another container) cannot be watched.
+      if (peer.first.start_time == 0 || ProcessStartTime(pid) != peer.first.start_time) {
+        std::fprintf(stderr, "jax_smddp (GPU): cannot watch %s of %s: its pid is not visible "
+                     "here (another pid namespace?); a dead peer will not be detected\n",
+                     who.c_str(), MembersText(members_).c_str());
+        continue;
+      }
+      std::vector<uint32_t*> release;
+      for (int rank : peer.second) {
+        if (!flag_blocks) continue;
+        for (uint32_t* f : FlagsWrittenBy(layout_, flags_host, rank)) release.push_back(f);
+      }
+      watch_->AddPeer(pid, peer.first.start_time, who, std::move(release));
+    }
+    Watch(watch_);
+    for (auto& l : local_) {
+      if (l) l->watch = watch_;
+    }
+  }
   connected_ = true;
   return Status::Ok();
 }
@@ -186,7 +315,7 @@ LocalRank* GpuCommunicator::Local(int rank) {
 }
 
 Status PrepareCommunicator(const std::vector<int64_t>& members, size_t slot_bytes,
-                           const std::vector<std::pair<int, int>>& local,
+                           const std::vector<std::pair<int, int>>& local, int processes,
                            std::vector<std::pair<int, std::string>>* handles) {
   std::lock_guard<std::mutex> lock(registry_mu);
   const uint64_t key = GroupKey(members.data(), int(members.size()));
@@ -194,7 +323,7 @@ Status PrepareCommunicator(const std::vector<int64_t>& members, size_t slot_byte
   if (!slot) slot = std::make_unique<GpuCommunicator>(members, slot_bytes);
   if (slot->members() != members)
     return Status::Error("jax_smddp (GPU): two device groups share a key; report this as a bug");
-  return slot->Prepare(local, handles);
+  return slot->Prepare(local, processes, handles);
 }
 
 Status ConnectCommunicator(const std::vector<int64_t>& members,

@@ -3,6 +3,15 @@
 // peer once: CUDA IPC between processes, peer access between devices of one
 // process. Set up outside any XLA execution (at lowering, by
 // jax_smddp/gpu.py); the handlers only look them up.
+//
+// Groups with ranks in several processes are watched (stream_watchdog.h):
+// when a peer process exits, every later call fails naming it. Where the
+// step flags live decides whether the streams waiting on it are released
+// too: JAX_SMDDP_GPU_FLAG_MEMORY=device (default) keeps them in the regions
+// (device memory: fastest to poll, but the host cannot write them, so those
+// streams stay blocked); =host puts each rank's flags in a shared-memory
+// block of its host that every GPU of the group addresses (cudaHostRegister),
+// which the watchdog releases.
 #ifndef JAX_SMDDP_ENGINE_GPU_COMMUNICATOR_H_
 #define JAX_SMDDP_ENGINE_GPU_COMMUNICATOR_H_
 
@@ -13,8 +22,10 @@
 #include <vector>
 
 #include "xla_ffi/engine/net_port.h"
+#include "xla_ffi/engine/shared_block.h"
 #include "xla_ffi/engine/status.h"
 #include "xla_ffi/engine/stream_algorithms.h"
+#include "xla_ffi/engine/stream_watchdog.h"
 
 namespace smddp {
 class World;
@@ -24,8 +35,14 @@ namespace gpu {
 struct LocalRank {
   int ordinal = -1;
   uint8_t* own = nullptr;  // this rank's region (cudaMalloc on `ordinal`)
+  std::unique_ptr<SharedBlock> flag_block;  // its flags, with host flag memory
   StreamRank view;
+  std::shared_ptr<WatchedGroup> watch;  // the group's peer processes (null: none)
 };
+
+// Where a communicator's step flags live (JAX_SMDDP_GPU_FLAG_MEMORY).
+enum class FlagMemory : uint32_t { kDevice = 0, kHost = 1 };
+Status FlagMemoryFromEnvironment(FlagMemory* out);
 
 class GpuCommunicator {
  public:
@@ -38,12 +55,16 @@ class GpuCommunicator {
   size_t slot_bytes() const { return layout_.slot_bytes; }
 
   // Allocates (zeroed) the regions of this process's ranks, given as
-  // (rank, device ordinal); returns (rank, CUDA IPC handle bytes) for each.
-  Status Prepare(const std::vector<std::pair<int, int>>& local,
+  // (rank, device ordinal), and with host flag memory their flag blocks,
+  // which the other `processes` - 1 processes of the group will map; returns
+  // (rank, handle bytes) for each: CUDA IPC handle, process, flag block.
+  Status Prepare(const std::vector<std::pair<int, int>>& local, int processes,
                  std::vector<std::pair<int, std::string>>* handles);
-  // Maps every other process's regions from their handles (rank, bytes).
+  // Maps every other process's regions (and flag blocks) from their handles
+  // (rank, bytes) and starts watching their processes.
   Status Connect(const std::vector<std::pair<int, std::string>>& remote);
   bool connected() const { return connected_; }
+  FlagMemory flag_memory() const { return flag_memory_; }
 
   LocalRank* Local(int rank);
 
@@ -53,6 +74,10 @@ class GpuCommunicator {
   RegionLayout layout_;
   std::vector<std::unique_ptr<LocalRank>> local_;  // by rank; null for other processes'
   std::vector<uint8_t*> opened_;                   // IPC mappings to close
+  std::vector<std::unique_ptr<SharedBlock>> opened_blocks_;  // peers' flag blocks
+  std::vector<void*> registered_;                  // host memory registered with CUDA
+  std::shared_ptr<WatchedGroup> watch_;
+  FlagMemory flag_memory_ = FlagMemory::kDevice;
   bool connected_ = false;
 };
 
@@ -104,7 +129,7 @@ uint64_t GroupKey(const int64_t* members, int size);
 
 // Process-wide registry. Prepare creates (or returns) the group's communicator.
 Status PrepareCommunicator(const std::vector<int64_t>& members, size_t slot_bytes,
-                           const std::vector<std::pair<int, int>>& local,
+                           const std::vector<std::pair<int, int>>& local, int processes,
                            std::vector<std::pair<int, std::string>>* handles);
 Status ConnectCommunicator(const std::vector<int64_t>& members,
                            const std::vector<std::pair<int, std::string>>& remote);

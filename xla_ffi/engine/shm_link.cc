@@ -4,7 +4,6 @@
 #include <fcntl.h>
 #include <signal.h>
 #include <sys/mman.h>
-#include <sys/random.h>
 #include <sys/stat.h>
 #include <sys/types.h>
 #include <unistd.h>
@@ -23,6 +22,9 @@
 #include <utility>
 #include <vector>
 
+#include "xla_ffi/engine/process_liveness.h"
+#include "xla_ffi/engine/shm_file.h"
+
 namespace smddp {
 namespace {
 
@@ -37,9 +39,6 @@ constexpr uint64_t kDataOffset = kPage;
 constexpr uint64_t kMinRing = 16 << 10;
 constexpr uint64_t kMaxRing = uint64_t(1) << 30;
 constexpr size_t kDefaultRing = 8 << 20;
-constexpr char kPrefix[] = "/jax_smddp-";
-constexpr size_t kPrefixLen = sizeof(kPrefix) - 1;
-constexpr size_t kHexChars = 32;
 
 static_assert(std::atomic<uint64_t>::is_always_lock_free,
               "ring counters in shared memory must be lock-free");
@@ -105,71 +104,6 @@ uint64_t ChunkCheck(const ChunkHeader& h) {
 
 uint64_t RoundUp(uint64_t x, uint64_t to) { return (x + to - 1) / to * to; }
 
-std::string Errno(const char* what, int err) {
-  return std::string(what) + ": " + std::strerror(err);
-}
-
-bool ValidName(const std::string& name) {
-  if (name.size() != kPrefixLen + kHexChars) return false;
-  if (name.compare(0, kPrefixLen, kPrefix) != 0) return false;
-  for (size_t i = kPrefixLen; i < name.size(); ++i) {
-    char c = name[i];
-    if (!((c >= '0' && c <= '9') || (c >= 'a' && c <= 'f'))) return false;
-  }
-  return true;
-}
-
-// Reads the state letter and start time (field 22, clock ticks since boot)
-// of /proc/<pid>/stat. False if it cannot.
-bool ReadProcStat(int pid, char* state, uint64_t* start_time) {
-  char path[64];
-  std::snprintf(path, sizeof(path), "/proc/%d/stat", pid);
-  int fd = ::open(path, O_RDONLY | O_CLOEXEC);
-  if (fd < 0) return false;
-  char buf[1024];
-  ssize_t n;
-  do {
-    n = ::read(fd, buf, sizeof(buf) - 1);
-  } while (n < 0 && errno == EINTR);
-  ::close(fd);
-  if (n <= 0) return false;
-  buf[n] = '\0';
-  // The command name (field 2) is in parentheses and may hold anything.
-  char* p = std::strrchr(buf, ')');
-  if (p == nullptr) return false;
-  ++p;
-  while (*p == ' ') ++p;
-  if (*p == '\0') return false;
-  *state = *p;  // field 3
-  for (int field = 3; field < 22; ++field) {
-    p = std::strchr(p, ' ');
-    if (p == nullptr) return false;
-    while (*p == ' ') ++p;
-  }
-  char* end = nullptr;
-  *start_time = std::strtoull(p, &end, 10);
-  return end != p;
-}
-
-// "" while process `pid` (started at `start_time`, 0 if unknown) lives.
-std::string CheckProcess(int pid, uint64_t start_time) {
-  if (::kill(pid, 0) != 0 && errno == ESRCH) {
-    return "process " + std::to_string(pid) + " exited";
-  }
-  char state = 0;
-  uint64_t now_start = 0;
-  if (ReadProcStat(pid, &state, &now_start)) {
-    if (state == 'Z' || state == 'X' || state == 'x') {
-      return "process " + std::to_string(pid) + " exited";
-    }
-    if (start_time != 0 && now_start != start_time) {
-      return "process " + std::to_string(pid) +
-             " exited (its pid now belongs to another process)";
-    }
-  }
-  return "";
-}
-
 }  // namespace
 
 class ShmSegment {
@@ -201,48 +135,10 @@ Status CreateShmSegment(size_t ring_bytes, std::string* name,
   const uint64_t ring = std::max<uint64_t>(kMinRing, RoundUp(ring_bytes, kPage));
   const uint64_t total = kDataOffset + 2 * ring;
 
-  unsigned char rnd[kHexChars / 2];
-  size_t got = 0;
-  while (got < sizeof(rnd)) {
-    ssize_t n = ::getrandom(rnd + got, sizeof(rnd) - got, 0);
-    if (n < 0) {
-      if (errno == EINTR) continue;
-      return Status::Error(Errno("getrandom", errno));
-    }
-    got += size_t(n);
-  }
-  static const char kHex[] = "0123456789abcdef";
-  std::string nm = kPrefix;
-  for (unsigned char c : rnd) {
-    nm += kHex[c >> 4];
-    nm += kHex[c & 15];
-  }
-
-  int fd = ::shm_open(nm.c_str(), O_CREAT | O_EXCL | O_RDWR | O_CLOEXEC, 0600);
-  if (fd < 0) return Status::Error(Errno(("shm_open(" + nm + ")").c_str(), errno));
-  auto fail = [&](std::string message) {
-    ::close(fd);
-    ::shm_unlink(nm.c_str());
-    return Status::Error(std::move(message));
-  };
-  if (::ftruncate(fd, off_t(total)) != 0) {
-    return fail(Errno(("ftruncate(" + nm + ")").c_str(), errno));
-  }
-  // Back every page now: on a full /dev/shm, a page first touched through
-  // the mapping would kill the process with SIGBUS instead.
-  int err = ::posix_fallocate(fd, 0, off_t(total));
-  if (err != 0 && err != EOPNOTSUPP && err != EINVAL) {
-    if (err == ENOSPC) {
-      return fail("/dev/shm has no room for a " + std::to_string(total) +
-                  "-byte shared-memory segment: enlarge it (docker run --shm-size) "
-                  "or lower JAX_SMDDP_SHM_RING_BYTES");
-    }
-    return fail(Errno(("posix_fallocate(" + nm + ")").c_str(), err));
-  }
-  void* base = ::mmap(nullptr, total, PROT_READ | PROT_WRITE,
-                      MAP_SHARED | MAP_POPULATE, fd, 0);
-  if (base == MAP_FAILED) return fail(Errno(("mmap(" + nm + ")").c_str(), errno));
-  ::close(fd);
+  std::string nm;
+  void* base = nullptr;
+  SMDDP_RETURN_IF_ERROR(
+      CreateShmFile(total, "lower JAX_SMDDP_SHM_RING_BYTES", &nm, &base));
 
   Layout* lay = new (base) Layout();
   lay->header.magic = kMagic;
@@ -258,42 +154,10 @@ Status CreateShmSegment(size_t ring_bytes, std::string* name,
 }
 
 Status OpenShmSegment(const std::string& name, std::shared_ptr<ShmSegment>* out) {
-  if (!ValidName(name)) {
-    return Status::Error("\"" + name + "\" is not a jax_smddp shared-memory segment name");
-  }
-  int fd = ::shm_open(name.c_str(), O_RDWR | O_CLOEXEC, 0);
-  if (fd < 0) {
-    int e = errno;
-    if (e == ENOENT) {
-      return Status::Error("shared-memory segment " + name +
-                           " does not exist (its creator exited, or another process "
-                           "opened and removed it)");
-    }
-    return Status::Error(Errno(("shm_open(" + name + ")").c_str(), e));
-  }
-  struct stat st;
-  if (::fstat(fd, &st) != 0) {
-    int e = errno;
-    ::close(fd);
-    return Status::Error(Errno(("fstat(" + name + ")").c_str(), e));
-  }
-  if (st.st_uid != ::geteuid() || (st.st_mode & 077) != 0) {
-    ::close(fd);
-    return Status::Error("shared-memory segment " + name +
-                         " belongs to another user or is accessible to others");
-  }
-  const uint64_t size = uint64_t(st.st_size);
-  if (st.st_size < 0 || size < kDataOffset + 2 * kMinRing ||
-      size > kDataOffset + 2 * kMaxRing) {
-    ::close(fd);
-    return Status::Error("shared-memory segment " + name + " has an unexpected size (" +
-                         std::to_string(st.st_size) + " bytes)");
-  }
-  void* base = ::mmap(nullptr, size, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_POPULATE,
-                      fd, 0);
-  int e = errno;
-  ::close(fd);
-  if (base == MAP_FAILED) return Status::Error(Errno(("mmap(" + name + ")").c_str(), e));
+  void* base = nullptr;
+  size_t size = 0;
+  SMDDP_RETURN_IF_ERROR(OpenShmFile(name, "segment", kDataOffset + 2 * kMinRing,
+                                    kDataOffset + 2 * kMaxRing, &base, &size));
   auto segment = std::make_shared<ShmSegment>(base, size, /*created_here=*/false);
 
   SegmentHeader h;
@@ -323,15 +187,7 @@ Status OpenShmSegment(const std::string& name, std::shared_ptr<ShmSegment>* out)
   return Status::Ok();
 }
 
-Status UnlinkShmSegment(const std::string& name) {
-  if (!ValidName(name)) {
-    return Status::Error("\"" + name + "\" is not a jax_smddp shared-memory segment name");
-  }
-  if (::shm_unlink(name.c_str()) != 0 && errno != ENOENT) {
-    return Status::Error(Errno(("shm_unlink(" + name + ")").c_str(), errno));
-  }
-  return Status::Ok();
-}
+Status UnlinkShmSegment(const std::string& name) { return UnlinkShmFile(name); }
 
 size_t DefaultShmRingBytes() {
   const char* env = std::getenv("JAX_SMDDP_SHM_RING_BYTES");

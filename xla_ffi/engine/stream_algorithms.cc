@@ -14,6 +14,17 @@ RegionLayout::RegionLayout(int size_, size_t slot_bytes_) : size(size_) {
   total_bytes = slots_offset + kSlots * slot_bytes;
 }
 
+std::vector<uint32_t*> FlagsWrittenBy(const RegionLayout& layout,
+                                      const std::vector<uint8_t*>& blocks, int rank) {
+  std::vector<uint32_t*> flags;
+  for (int q = 0; q < int(blocks.size()); ++q) {
+    if (!blocks[q]) continue;
+    flags.push_back(reinterpret_cast<uint32_t*>(
+        blocks[q] + (q == rank ? layout.posted_offset() : layout.consumed_offset(rank))));
+  }
+  return flags;
+}
+
 namespace {
 
 // A tile of a [rows x inner] byte matrix: what one step moves per rank.
@@ -87,11 +98,12 @@ class Steps {
   uint8_t* Slot(int q) const {
     return me_.regions[q] + layout_.slot_offset(int(step_ % RegionLayout::kSlots));
   }
+  uint8_t* Flags(int q) const { return me_.flags.empty() ? me_.regions[q] : me_.flags[q]; }
   uint32_t* Posted(int q) const {
-    return reinterpret_cast<uint32_t*>(me_.regions[q] + layout_.posted_offset());
+    return reinterpret_cast<uint32_t*>(Flags(q) + layout_.posted_offset());
   }
   uint32_t* Consumed(int owner, int reader) const {
-    return reinterpret_cast<uint32_t*>(me_.regions[owner] + layout_.consumed_offset(reader));
+    return reinterpret_cast<uint32_t*>(Flags(owner) + layout_.consumed_offset(reader));
   }
 
   StreamRank& me_;
@@ -338,7 +350,8 @@ Status RunStreamPlan(const Plan& plan, StreamRank& me, StreamOps& ops, const voi
                      void* recv_v) {
   const auto* send = static_cast<const uint8_t*>(send_v);
   auto* recv = static_cast<uint8_t*>(recv_v);
-  if (int(me.regions.size()) != me.layout.size || me.rank < 0 || me.rank >= me.layout.size)
+  if (int(me.regions.size()) != me.layout.size || me.rank < 0 || me.rank >= me.layout.size ||
+      !(me.flags.empty() || int(me.flags.size()) == me.layout.size))
     return Status::Error("jax_smddp: stream communicator is not set up for this rank");
   if (me.layout.size == 1) {  // a group of one: the output is the input, one copy, no staging
     const size_t bytes = plan.kind == Plan::Kind::kAllReduce

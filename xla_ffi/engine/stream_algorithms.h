@@ -3,7 +3,9 @@
 //
 // Each rank owns one registered region that every peer has mapped (CUDA IPC
 // or peer access on GPUs, plain pointers in tests): a `posted` flag, one
-// `consumed` flag per peer, and kSlots staging slots. A call is a sequence of
+// `consumed` flag per peer, and kSlots staging slots. The flags may instead
+// live in a separate flag block per rank (host memory the GPUs address, so
+// that a host thread can release them when a peer dies), at the same offsets. A call is a sequence of
 // steps; in step s a rank
 //   1. waits until every peer consumed step s - kSlots (its slot is free),
 //   2. copies its part of the step into slot s % kSlots and sets posted = s,
@@ -35,6 +37,7 @@ struct RegionLayout {
   size_t posted_offset() const { return 0; }
   size_t consumed_offset(int peer) const { return kFlagStride * (1 + size_t(peer)); }
   size_t slot_offset(int slot) const { return slots_offset + size_t(slot) * slot_bytes; }
+  size_t flag_bytes() const { return kFlagStride * (1 + size_t(size)); }
 
   int size;
   size_t slot_bytes;     // a multiple of 256
@@ -47,11 +50,19 @@ struct StreamRank {
   int rank = 0;
   RegionLayout layout{1, 256};
   std::vector<uint8_t*> regions;  // every rank's region, as this rank addresses it
+  std::vector<uint8_t*> flags;    // every rank's flag block; empty: flags are in the regions
   uint32_t step = 0;              // steps run so far (host side)
   std::vector<const void*> sources;  // reduction sources, sized once (no per-call allocation)
 };
 
 struct NetPort;
+
+// The flags only rank `rank` writes, given every rank's flag block (or
+// region) as some process addresses them: its `posted` flag and its
+// `consumed` flag in every other rank's block. Set to UINT32_MAX when the
+// rank is dead, they release every peer waiting on it (stream_watchdog.h).
+std::vector<uint32_t*> FlagsWrittenBy(const RegionLayout& layout,
+                                      const std::vector<uint8_t*>& blocks, int rank);
 
 // all_gather over hosts (the hierarchical, pipelined algorithm): the group is
 // `port.hosts` hosts of L = local.layout.size ranks each, and
