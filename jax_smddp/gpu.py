@@ -17,6 +17,7 @@ padded shards, then all-gather); all_to_all is left to XLA's own.
 
 from __future__ import annotations
 
+import atexit
 import base64
 import logging
 import os
@@ -32,6 +33,7 @@ _lock = threading.Lock()
 _ready: set = set()  # groups (partition ids) set up in this process
 _generation: dict[tuple, int] = {}  # times each group was set up (names its key-value entries)
 _host_ids: list[str] | None = None
+_exit_hook = False
 _KV_TIMEOUT_MS = 300_000
 
 DEFAULT_SLOT_BYTES = 8 << 20
@@ -117,6 +119,10 @@ def prepare(mesh, groups) -> None:
     return
   me = jax.process_index()
   ext.set_process(me)
+  global _exit_hook
+  if not _exit_hook:  # peers must not mistake this process's normal exit for a crash
+    atexit.register(ext.mark_closed)
+    _exit_hook = True
   with _lock:
     for group in groups:
       members = tuple(int(i) for i in group)

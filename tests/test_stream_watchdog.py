@@ -43,7 +43,7 @@ def test_a_live_process_is_not_reported():
     child.wait()
 
 
-def test_an_exited_process_is_reported_within_a_second():
+def test_an_exited_process_is_reported_within_a_second(capfd):
   child = sleeper()
   try:
     kill_later(child, 0.3)
@@ -55,6 +55,29 @@ def test_an_exited_process_is_reported_within_a_second():
     child.wait()
   assert f"rank 1 (pid {child.pid})" in why and "exited" in why, why
   assert elapsed < 1.5, elapsed
+  assert why in capfd.readouterr().err  # said at once: a blocked stream may never raise it
+
+
+def test_an_orderly_close_fails_the_group_without_alarm(capfd):
+  """A peer that marks its block closed (a normal exit, or released groups)
+  fails the group at once, alive or not, and prints nothing: the end of
+  every job would otherwise print a death notice."""
+  block = ENGINE.SharedBlock.create(4096, 1)
+  child = subprocess.Popen([sys.executable, "-c",
+                            "import sys, time\nfrom jax_smddp import _native\n"
+                            f"b = _native.engine().SharedBlock.open({block.name!r}, 4096)\n"
+                            "time.sleep(0.5)\nb.mark_closed()\ntime.sleep(120)"])
+  try:
+    t0 = time.monotonic()
+    why = ENGINE.watch_process(child.pid, 20.0, block)
+    elapsed = time.monotonic() - t0
+    assert child.poll() is None  # still running: the flag alone did it
+  finally:
+    child.kill()
+    child.wait()
+  assert "closed the group" in why and f"rank 1 (pid {child.pid})" in why, why
+  assert elapsed < 10, elapsed
+  assert "closed the group" not in capfd.readouterr().err
 
 
 @pytest.mark.parametrize("kind", [GATHER, SCATTER, ALL_REDUCE])
@@ -152,3 +175,53 @@ def test_shared_block_errors_say_what_is_wrong():
   assert not os.path.exists("/dev/shm" + name)
   with pytest.raises(RuntimeError, match="does not exist"):
     ENGINE.SharedBlock.open(name, 4096)
+
+
+# The GPU call log (xla_ffi/engine/call_log.cc): records are
+# (rank, kind, dtype, op, outer, inner, count), each its rank's next call.
+def gather(rank, inner=4096, dtype=F32):
+  return (rank, GATHER, dtype, 0, 1, inner, 0)
+
+
+def test_call_log_accepts_ranks_that_agree_in_any_interleaving():
+  rng = np.random.default_rng(0)
+  program = [gather(0, inner=4096 * (i % 3 + 1)) for i in range(200)]  # > 64 entries: ring wraps
+  progress = [0, 0, 0]
+  records = []
+  while min(progress) < len(program):
+    r = int(rng.integers(3))
+    if progress[r] < len(program):
+      records.append((r,) + program[progress[r]][1:])
+      progress[r] += 1
+  assert ENGINE.call_log_probe(3, records) == [""] * len(records)
+
+
+@pytest.mark.parametrize("first", [0, 1])
+def test_call_log_reports_a_different_call_naming_both(first):
+  """Rank 1's third call gathers a different size: whichever of the two ranks
+  logs its third call second fails, naming both calls."""
+  second = 1 - first
+  calls = {0: [gather(0), gather(0), gather(0, inner=4096)],
+           1: [gather(1), gather(1), gather(1, inner=2048)]}
+  records = calls[first][:2] + calls[second][:2] + [calls[first][2], calls[second][2]]
+  got = ENGINE.call_log_probe(2, records)
+  assert got[:5] == [""] * 5, got
+  assert "disagree on call #2" in got[5], got[5]
+  assert "1 x 4096 bytes per rank" in got[5] and "1 x 2048 bytes per rank" in got[5], got[5]
+  assert f"rank {second} runs" in got[5] and f"but rank {first} runs" in got[5], got[5]
+
+
+def test_call_log_reports_a_different_collective_and_reduction():
+  got = ENGINE.call_log_probe(2, [(0, SCATTER, F32, 0, 2, 64, 0), (1, SCATTER, F32, 1, 2, 64, 0)])
+  assert got[0] == "" and "reduce_scatter of float32 (2 x 64 elements per rank out, sum)" in got[1] \
+      and "max" in got[1], got
+  got = ENGINE.call_log_probe(2, [(0, ALL_REDUCE, F32, 0, 0, 0, 100), (1, GATHER, F32, 0, 1, 400, 0)])
+  assert "all_gather of float32" in got[1] and "all_reduce of float32 (100 elements, sum)" in got[1], got
+
+
+def test_call_log_never_reports_a_peer_too_far_ahead():
+  """A rank more than 64 calls ahead has overwritten the entries its peer
+  would compare with: not checked, and not reported."""
+  ahead = [gather(0, inner=8) for _ in range(100)]
+  behind = [gather(1, inner=8) for _ in range(100)]
+  assert ENGINE.call_log_probe(2, ahead + behind) == [""] * 200

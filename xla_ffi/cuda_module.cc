@@ -89,8 +89,9 @@ nb::bytes StreamRun(std::vector<int64_t> members, int rank, int kind, int dtype,
     throw std::runtime_error("stream_run: rank " + std::to_string(rank) +
                              " is not a rank of a connected communicator in this process "
                              "(prepare and connect first)");
-  if (me->watch && me->watch->failed()) Check(me->watch->error());
   const smddp::Plan plan = smddp::PlanOf(kind, dtype, op, outer, inner, count);
+  static const char* const kNames[] = {"all_gather", "reduce_scatter", "all_reduce", "all_to_all"};
+  Check(smddp::gpu::CheckCall(*me, kNames[kind & 3], plan));
   smddp::cuda::GpuSettings settings;
   settings.copies = copies == "kernel" ? smddp::cuda::GpuSettings::Copies::kKernel
                                        : smddp::cuda::GpuSettings::Copies::kEngine;
@@ -182,6 +183,8 @@ NB_MODULE(_smddp_cuda, m) {
   m.def("set_timeout", &smddp::SetTimeoutSeconds, nb::arg("seconds"));
   m.def("timeout", &smddp::TimeoutSeconds);
   m.def("release", &smddp::gpu::ReleaseCommunicators);
+  m.def("mark_closed", &smddp::gpu::MarkCommunicatorsClosed,
+        "At exit: tells the groups' other processes this one finished (it did not die).");
   m.def("device_count", [] {
     int n = 0;
     if (cudaGetDeviceCount(&n) != cudaSuccess) {

@@ -103,9 +103,9 @@ ffi::Error Enqueue(const char* op, int64_t op_id, cudaStream_t stream, int32_t o
     return Invalid(std::string(op) + " (op " + std::to_string(op_id) + "): device " +
                    std::to_string(ordinal) + " is in no replica group of this process");
   const GpuCallSite::Member& me = site->by_ordinal[ordinal];
-  if (me.rank->watch && me.rank->watch->failed())  // a peer process died (stream_watchdog.h)
-    return ffi::Error(ffi::ErrorCode::kAborted, std::string(op) + " (op " + std::to_string(op_id) +
-                                                    "): " + me.rank->watch->error().message());
+  if (const Status st = gpu::CheckCall(*me.rank, op, plan); !st.ok())
+    return ffi::Error(ffi::ErrorCode::kAborted,
+                      std::string(op) + " (op " + std::to_string(op_id) + "): " + st.message());
   cuda::CudaStreamOps ops(stream, Settings());
   Status st;
   if (me.port) {

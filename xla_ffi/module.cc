@@ -23,6 +23,7 @@
 #include "xla_ffi/cpu_handlers.h"
 #include "xla_ffi/registrations.h"
 #include "xla_ffi/engine/algorithms.h"
+#include "xla_ffi/engine/call_log.h"
 #include "xla_ffi/engine/communicator.h"
 #include "xla_ffi/engine/host_stream_ops.h"
 #include "xla_ffi/engine/net_port.h"
@@ -412,9 +413,13 @@ NB_MODULE(_smddp_cpu, m) {
         nb::arg("outer"), nb::arg("inner"), nb::arg("count"), nb::arg("slot_bytes"),
         nb::arg("inputs"), nb::arg("out_bytes"), nb::arg("calls"), nb::arg("timeout_s"),
         nb::arg("absent"), nb::arg("absent_pid"));
-  m.def("watch_process", [](int pid, double seconds) {  // the watchdog alone, on a real process
+  // The watchdog alone, on a real process (and the closed flag of `block`, if given).
+  m.def("watch_process", [](int pid, double seconds, const smddp::SharedBlock* block) {
     auto group = std::make_shared<smddp::WatchedGroup>("a test group");
-    group->AddPeer(pid, smddp::ProcessStartTime(pid), "rank 1 (pid " + std::to_string(pid) + ")", {});
+    std::vector<const std::atomic<int32_t>*> closed;
+    if (block) closed.push_back(block->closed_flag());
+    group->AddPeer(pid, smddp::ProcessStartTime(pid), "rank 1 (pid " + std::to_string(pid) + ")",
+                   {}, closed);
     smddp::Watch(group);
     {
       nb::gil_scoped_release release;
@@ -424,7 +429,25 @@ NB_MODULE(_smddp_cpu, m) {
     }
     smddp::Unwatch(group.get());
     return group->error().message();
-  }, nb::arg("pid"), nb::arg("seconds"));
+  }, nb::arg("pid"), nb::arg("seconds"), nb::arg("block").none() = nb::none());
+  // The GPU call log over host memory: `records` (rank, kind, dtype, op,
+  // outer, inner, count) are logged in order, each as its rank's next call;
+  // returns each record's check result ("" when it agreed).
+  m.def("call_log_probe", [](int size, std::vector<std::tuple<int, int, int, int, size_t, size_t, size_t>> records) {
+    HostBlocks rings(size, smddp::CallLog::kBytes);
+    std::vector<uint64_t> calls(size, 0);
+    static const char* const kNames[] = {"all_gather", "reduce_scatter", "all_reduce", "all_to_all"};
+    std::vector<std::string> out;
+    for (const auto& [rank, kind, dtype, op, outer, inner, count] : records) {
+      if (rank < 0 || rank >= size || kind < 0 || kind > 3) throw std::invalid_argument("bad record");
+      const smddp::Status st = smddp::CallLog::RecordAndCheck(
+          rings.bases, rank, calls[rank]++, kNames[kind],
+          smddp::PlanOf(kind, dtype, op, outer, inner, count),
+          [](int q) { return "rank " + std::to_string(q); });
+      out.push_back(st.message());
+    }
+    return out;
+  }, nb::arg("size"), nb::arg("records"));
   // Shared blocks (the GPU flag blocks' memory), for tests across processes.
   nb::class_<smddp::SharedBlock>(m, "SharedBlock")
       .def_static("create", [](size_t bytes, int openers) {
@@ -440,6 +463,7 @@ NB_MODULE(_smddp_cpu, m) {
       .def_prop_ro("name", &smddp::SharedBlock::name)
       .def_prop_ro("bytes", &smddp::SharedBlock::bytes)
       .def_prop_ro("owner_pid", &smddp::SharedBlock::owner_pid)
+      .def("mark_closed", &smddp::SharedBlock::MarkClosed)
       .def("load", [](const smddp::SharedBlock& b, size_t i) {
         if ((i + 1) * 4 > b.bytes()) throw std::out_of_range("word index");
         return __atomic_load_n(reinterpret_cast<const uint32_t*>(b.data()) + i, __ATOMIC_ACQUIRE);

@@ -84,6 +84,17 @@ def test_dead_peer_is_an_error_naming_it(nprocs):
     assert p.result and p.result["ok"], launch.describe(procs)
 
 
+def test_processes_that_disagree_on_a_call_fail_naming_it():
+  """Two processes run all_gathers of different sizes as their second call:
+  the one that enqueues second fails naming both calls (the call log), exits,
+  and the watchdog then fails the other instead of letting it wait."""
+  procs = launch.run_job(["mismatch"], 2, 1, script=WORKER, timeout=min(TIMEOUT, 180),
+                         env={"JAX_PLATFORMS": "cuda", "JAX_SMDDP_GPU_FLAG_MEMORY": "host"})
+  for p in procs:
+    assert p.result and p.result["ok"], launch.describe(procs)
+  assert any(p.result["disagree"] for p in procs), launch.describe(procs)
+
+
 def _libfabric() -> bool:
   import ctypes
   try:

@@ -94,6 +94,9 @@ def main() -> None:
   if scenario == "dead_peer":
     dead_peer(process, nprocs, mesh, sharding)
     return
+  if scenario == "mismatch":
+    mismatch(process, nprocs, mesh)
+    return
   checked = 0
   rng = np.random.default_rng(7)
   todo = cases(n)
@@ -173,6 +176,40 @@ def dead_peer(process: int, nprocs: int, mesh, sharding) -> None:
               "error": message[-2000:]}
   print("RESULT " + json.dumps(result), flush=True)
   os._exit(0)  # jax.distributed's shutdown would wait for the dead process
+
+
+def mismatch(process: int, nprocs: int, mesh) -> None:
+  """Process 1 gathers twice as much as the others in its second call: the
+  process that enqueues that call second must fail it naming both calls;
+  then it exits, and the watchdog fails the others (flags in host memory)."""
+  import time
+  import numpy as np
+  import jax
+  import jax_smddp
+  from jax.sharding import NamedSharding, PartitionSpec as P
+  n = jax.device_count()
+  f = jax.jit(jax.shard_map(lambda v: jax_smddp.all_gather(v[0], "x", tiled=True)[None],
+                            mesh=mesh, in_specs=P("x"), out_specs=P("x")))
+  def call(cols):
+    X = np.ones((n, cols), np.float32)
+    x = jax.make_array_from_callback(X.shape, NamedSharding(mesh, P("x")), lambda idx: X[idx])
+    return f(x).block_until_ready()
+  call(256)
+  t0 = time.monotonic()
+  try:
+    call(512 if process == 1 else 256)
+    for _ in range(1000):
+      call(256)
+      if time.monotonic() - t0 > 60:
+        break
+    result = {"ok": False, "error": "no error after the calls disagreed"}
+  except Exception as e:
+    message = str(e)
+    result = {"ok": "disagree on call #1" in message or "is gone" in message,
+              "disagree": "disagree on call #1" in message, "elapsed": time.monotonic() - t0,
+              "error": message[-2000:]}
+  print("RESULT " + json.dumps(result), flush=True)
+  os._exit(0)
 
 
 if __name__ == "__main__":

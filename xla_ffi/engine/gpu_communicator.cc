@@ -12,6 +12,7 @@
 #include <cuda_runtime_api.h>
 
 #include "cuda/gdrcopy.h"
+#include "xla_ffi/engine/call_log.h"
 #include "xla_ffi/engine/communicator.h"
 #include "xla_ffi/engine/process_liveness.h"
 #include "xla_ffi/engine/world.h"
@@ -67,13 +68,22 @@ struct RankHandle {
   int32_t pid;          // for the watchdog
   uint64_t start_time;  // of that pid, per /proc (0: unknown)
   uint32_t flag_memory; // FlagMemory
-  char flag_block[60];  // its flag block's name (host flag memory)
+  char block[60];       // its shared block's name (groups across processes)
 };
+
+// A rank's shared block: its step flags (used with host flag memory), then
+// its call log.
+size_t CallLogOffset(const RegionLayout& layout) {
+  return (layout.flag_bytes() + 4095) / 4096 * 4096;
+}
+size_t SharedBlockBytes(const RegionLayout& layout) {
+  return CallLogOffset(layout) + CallLog::kBytes;
+}
 
 const char* FlagMemoryName(FlagMemory m) { return m == FlagMemory::kHost ? "host" : "device"; }
 
-// Registers a shared flag block with CUDA (every device, every context of
-// the process); returns the flags' address on the GPUs.
+// Registers a shared block with CUDA (every device, every context of the
+// process); returns the address of its flags on the GPUs.
 Status RegisterFlagBlock(const SharedBlock& block, std::vector<void*>* registered,
                          uint8_t** device_flags) {
   cudaError_t err = cudaHostRegister(block.mapping(), block.mapping_bytes(),
@@ -94,6 +104,20 @@ std::string MembersText(const std::vector<int64_t>& members) {
 }
 
 }  // namespace
+
+Status CheckCall(LocalRank& rank, const char* op, const Plan& plan) {
+  if (!rank.watch) return Status::Ok();
+  if (rank.watch->failed()) return rank.watch->error();
+  if (rank.call_logs.empty()) return Status::Ok();
+  const Status st = CallLog::RecordAndCheck(
+      rank.call_logs, rank.view.rank, rank.calls++, op, plan, [&](int q) {
+        return "rank " + std::to_string(q) + " (process " + std::to_string((*rank.process_of)[q]) + ")";
+      });
+  if (st.ok()) return st;
+  const std::string message = "jax_smddp (GPU): " + st.message() + " Later calls of this group fail too.";
+  rank.watch->Fail(message);  // the ranks' step counters no longer agree
+  return Status::Error(message);
+}
 
 Status FlagMemoryFromEnvironment(FlagMemory* out) {
   const char* env = std::getenv("JAX_SMDDP_GPU_FLAG_MEMORY");
@@ -125,6 +149,7 @@ GpuCommunicator::GpuCommunicator(std::vector<int64_t> members, size_t slot_bytes
       local_(members_.size()) {}
 
 GpuCommunicator::~GpuCommunicator() {
+  MarkClosed();
   if (watch_) Unwatch(watch_.get());
   for (void* p : registered_) cudaHostUnregister(p);
   for (uint8_t* p : opened_) cudaIpcCloseMemHandle(p);
@@ -139,8 +164,10 @@ GpuCommunicator::~GpuCommunicator() {
 Status GpuCommunicator::Prepare(const std::vector<std::pair<int, int>>& local, int processes,
                                 std::vector<std::pair<int, std::string>>* handles) {
   SMDDP_RETURN_IF_ERROR(FlagMemoryFromEnvironment(&flag_memory_));
-  // A group inside one process has nobody to watch: its flags stay with the data.
-  const bool flag_blocks = flag_memory_ == FlagMemory::kHost && processes > 1;
+  // A group inside one process has nobody to watch or to check its calls
+  // against: no shared blocks, its flags stay with the data.
+  const bool shared = processes > 1;
+  const bool host_flags = shared && flag_memory_ == FlagMemory::kHost;
   for (const auto& [rank, ordinal] : local) {
     if (rank < 0 || rank >= size()) return Status::Error("jax_smddp (GPU): rank out of range");
     if (!local_[rank]) {
@@ -169,10 +196,11 @@ Status GpuCommunicator::Prepare(const std::vector<std::pair<int, int>>& local, i
       l->view.layout = layout_;
       l->view.regions.assign(size(), nullptr);
       l->view.regions[rank] = l->own;
-      if (flag_blocks) {
-        SMDDP_RETURN_IF_ERROR(SharedBlock::Create(layout_.flag_bytes(), processes - 1, &l->flag_block));
+      if (shared)
+        SMDDP_RETURN_IF_ERROR(SharedBlock::Create(SharedBlockBytes(layout_), processes - 1, &l->block));
+      if (host_flags) {
         l->view.flags.assign(size(), nullptr);
-        SMDDP_RETURN_IF_ERROR(RegisterFlagBlock(*l->flag_block, &registered_, &l->view.flags[rank]));
+        SMDDP_RETURN_IF_ERROR(RegisterFlagBlock(*l->block, &registered_, &l->view.flags[rank]));
       }
       local_[rank] = std::move(l);
     }
@@ -183,11 +211,11 @@ Status GpuCommunicator::Prepare(const std::vector<std::pair<int, int>>& local, i
     handle.pid = int32_t(::getpid());
     handle.start_time = ProcessStartTime(::getpid());
     handle.flag_memory = uint32_t(flag_memory_);
-    if (local_[rank]->flag_block) {
-      const std::string& name = local_[rank]->flag_block->name();
-      if (name.size() >= sizeof(handle.flag_block))
-        return Status::Error("jax_smddp (GPU): flag block name too long");
-      std::memcpy(handle.flag_block, name.c_str(), name.size() + 1);
+    if (local_[rank]->block) {
+      const std::string& name = local_[rank]->block->name();
+      if (name.size() >= sizeof(handle.block))
+        return Status::Error("jax_smddp (GPU): shared block name too long");
+      std::memcpy(handle.block, name.c_str(), name.size() + 1);
     }
     handles->emplace_back(rank, std::string(reinterpret_cast<const char*>(&handle), sizeof(handle)));
   }
@@ -207,9 +235,13 @@ Status GpuCommunicator::Connect(const std::vector<std::pair<int, std::string>>& 
   // Other processes' regions: mapped once per process (unified addressing
   // makes the mapping usable from every local device with peer access).
   std::vector<uint8_t*> mapped(size(), nullptr);
-  std::vector<uint8_t*> flags_device(size(), nullptr), flags_host(size(), nullptr);
+  std::vector<uint8_t*> flags_device(size(), nullptr), blocks(size(), nullptr);
+  std::vector<const SharedBlock*> block_of(size(), nullptr);
   std::map<int, std::pair<RankHandle, std::vector<int>>> peers;  // by process: a handle, its ranks
-  const bool flag_blocks = bool(local_[first_local]->flag_block);
+  const bool shared = bool(local_[first_local]->block);
+  const bool host_flags = shared && flag_memory_ == FlagMemory::kHost;
+  bool logs = shared;  // every rank's shared block is mapped here
+  process_of_.assign(size(), ProcessIndex());
   for (const auto& [rank, bytes] : remote) {
     if (rank < 0 || rank >= size() || local_[rank]) continue;
     if (bytes.size() != sizeof(RankHandle))
@@ -230,17 +262,28 @@ Status GpuCommunicator::Connect(const std::vector<std::pair<int, std::string>>& 
                        "must be on one node)", err);
     mapped[rank] = static_cast<uint8_t*>(p);
     opened_.push_back(mapped[rank]);
-    if (flag_blocks) {
-      handle.flag_block[sizeof(handle.flag_block) - 1] = '\0';
-      std::unique_ptr<SharedBlock> block;
-      SMDDP_RETURN_IF_ERROR(SharedBlock::Open(handle.flag_block, layout_.flag_bytes(), &block));
-      SMDDP_RETURN_IF_ERROR(RegisterFlagBlock(*block, &registered_, &flags_device[rank]));
-      flags_host[rank] = block->data();
-      opened_blocks_.push_back(std::move(block));
-    }
+    process_of_[rank] = handle.process;
     auto& peer = peers[handle.process];
     peer.first = handle;
     peer.second.push_back(rank);
+    if (shared) {
+      handle.block[sizeof(handle.block) - 1] = '\0';
+      std::unique_ptr<SharedBlock> block;
+      Status st = SharedBlock::Open(handle.block, SharedBlockBytes(layout_), &block);
+      if (!st.ok() && !host_flags) {
+        // Only the call check needs it with device flags: go on without.
+        std::fprintf(stderr, "jax_smddp (GPU): %s; calls of group %s are not checked for "
+                     "agreement between processes\n", st.message().c_str(),
+                     MembersText(members_).c_str());
+        logs = false;
+        continue;
+      }
+      SMDDP_RETURN_IF_ERROR(st);
+      if (host_flags) SMDDP_RETURN_IF_ERROR(RegisterFlagBlock(*block, &registered_, &flags_device[rank]));
+      blocks[rank] = block->data();
+      block_of[rank] = block.get();
+      opened_blocks_.push_back(std::move(block));
+    }
   }
   for (int r = 0; r < size(); ++r) {
     if (!local_[r] && !mapped[r])
@@ -269,14 +312,20 @@ Status GpuCommunicator::Connect(const std::vector<std::pair<int, std::string>>& 
       }
     }
   }
-  if (flag_blocks) {
+  if (shared) {
+    std::vector<uint8_t*> rings(size(), nullptr);
     for (int q = 0; q < size(); ++q) {
-      if (!local_[q]) continue;
-      flags_device[q] = local_[q]->view.flags[q];
-      flags_host[q] = local_[q]->flag_block->data();
+      if (local_[q]) {
+        blocks[q] = local_[q]->block->data();
+        if (host_flags) flags_device[q] = local_[q]->view.flags[q];
+      }
+      if (blocks[q]) rings[q] = blocks[q] + CallLogOffset(layout_);
     }
     for (auto& l : local_) {
-      if (l) l->view.flags = flags_device;
+      if (!l) continue;
+      if (host_flags) l->view.flags = flags_device;
+      if (logs) l->call_logs = rings;
+      l->process_of = &process_of_;
     }
   }
   if (!peers.empty()) {
@@ -295,11 +344,13 @@ Status GpuCommunicator::Connect(const std::vector<std::pair<int, std::string>>& 
         continue;
       }
       std::vector<uint32_t*> release;
+      std::vector<const std::atomic<int32_t>*> closed;
       for (int rank : peer.second) {
-        if (!flag_blocks) continue;
-        for (uint32_t* f : FlagsWrittenBy(layout_, flags_host, rank)) release.push_back(f);
+        if (block_of[rank]) closed.push_back(block_of[rank]->closed_flag());
+        if (!host_flags) continue;
+        for (uint32_t* f : FlagsWrittenBy(layout_, blocks, rank)) release.push_back(f);
       }
-      watch_->AddPeer(pid, peer.first.start_time, who, std::move(release));
+      watch_->AddPeer(pid, peer.first.start_time, who, std::move(release), std::move(closed));
     }
     Watch(watch_);
     for (auto& l : local_) {
@@ -308,6 +359,12 @@ Status GpuCommunicator::Connect(const std::vector<std::pair<int, std::string>>& 
   }
   connected_ = true;
   return Status::Ok();
+}
+
+void GpuCommunicator::MarkClosed() {
+  for (auto& l : local_) {
+    if (l && l->block) l->block->MarkClosed();
+  }
 }
 
 LocalRank* GpuCommunicator::Local(int rank) {
@@ -338,6 +395,11 @@ GpuCommunicator* FindCommunicator(uint64_t key) {
   std::lock_guard<std::mutex> lock(registry_mu);
   auto it = Registry().find(key);
   return it == Registry().end() || !it->second->connected() ? nullptr : it->second.get();
+}
+
+void MarkCommunicatorsClosed() {
+  std::lock_guard<std::mutex> lock(registry_mu);
+  for (auto& [key, comm] : Registry()) comm->MarkClosed();
 }
 
 void ReleaseCommunicators() {

@@ -5,7 +5,8 @@
 // jax_smddp/gpu.py); the handlers only look them up.
 //
 // Groups with ranks in several processes are watched (stream_watchdog.h):
-// when a peer process exits, every later call fails naming it. Where the
+// when a peer process exits, every later call fails naming it; and each
+// rank's calls are logged where its peers check them (call_log.h). Where the
 // step flags live decides whether the streams waiting on it are released
 // too: JAX_SMDDP_GPU_FLAG_MEMORY=device (default) keeps them in the regions
 // (device memory: fastest to poll, but the host cannot write them, so those
@@ -35,10 +36,22 @@ namespace gpu {
 struct LocalRank {
   int ordinal = -1;
   uint8_t* own = nullptr;  // this rank's region (cudaMalloc on `ordinal`)
-  std::unique_ptr<SharedBlock> flag_block;  // its flags, with host flag memory
+  // Groups across processes: the rank's shared block (its step flags with
+  // host flag memory, then its call log), every rank's call log, and the
+  // watch on the group's peer processes (null: a group inside one process).
+  std::unique_ptr<SharedBlock> block;
+  std::vector<uint8_t*> call_logs;
+  std::shared_ptr<WatchedGroup> watch;
+  const std::vector<int>* process_of = nullptr;  // each rank's process
+  uint64_t calls = 0;  // calls enqueued on the group (host side)
   StreamRank view;
-  std::shared_ptr<WatchedGroup> watch;  // the group's peer processes (null: none)
 };
+
+// Before a call of `op` is enqueued for `rank`: in a group across
+// processes, fails once a peer process died or disagreed on a call
+// (stream_watchdog.h); else logs this call where the peers check it, and
+// checks theirs (call_log.h). A disagreement fails the group for good.
+Status CheckCall(LocalRank& rank, const char* op, const Plan& plan);
 
 // Where a communicator's step flags live (JAX_SMDDP_GPU_FLAG_MEMORY).
 enum class FlagMemory : uint32_t { kDevice = 0, kHost = 1 };
@@ -65,6 +78,9 @@ class GpuCommunicator {
   Status Connect(const std::vector<std::pair<int, std::string>>& remote);
   bool connected() const { return connected_; }
   FlagMemory flag_memory() const { return flag_memory_; }
+  // Tells the peers this process is done with the group (an orderly exit,
+  // not a death: stream_watchdog.h).
+  void MarkClosed();
 
   LocalRank* Local(int rank);
 
@@ -74,7 +90,8 @@ class GpuCommunicator {
   RegionLayout layout_;
   std::vector<std::unique_ptr<LocalRank>> local_;  // by rank; null for other processes'
   std::vector<uint8_t*> opened_;                   // IPC mappings to close
-  std::vector<std::unique_ptr<SharedBlock>> opened_blocks_;  // peers' flag blocks
+  std::vector<std::unique_ptr<SharedBlock>> opened_blocks_;  // peers' shared blocks
+  std::vector<int> process_of_;                    // by rank
   std::vector<void*> registered_;                  // host memory registered with CUDA
   std::shared_ptr<WatchedGroup> watch_;
   FlagMemory flag_memory_ = FlagMemory::kDevice;
@@ -135,6 +152,8 @@ Status ConnectCommunicator(const std::vector<int64_t>& members,
                            const std::vector<std::pair<int, std::string>>& remote);
 GpuCommunicator* FindCommunicator(uint64_t key);
 void ReleaseCommunicators();
+// At exit: MarkClosed on every communicator (frees nothing).
+void MarkCommunicatorsClosed();
 
 // This process's index in the job (set by jax_smddp/gpu.py; 0 alone).
 void SetProcessIndex(int process);

@@ -13,7 +13,7 @@ namespace smddp {
 namespace {
 
 constexpr uint64_t kMagic = 0x4b4c425044444d53ull;  // "SMDDPBLK"
-constexpr uint32_t kVersion = 1;
+constexpr uint32_t kVersion = 2;
 constexpr size_t kPage = 4096;
 constexpr size_t kMaxBytes = size_t(1) << 30;
 
@@ -24,6 +24,7 @@ struct Header {
   uint64_t owner_start_time;
   uint64_t data_bytes;
   std::atomic<int32_t> openers_left;  // the opener that takes it to 0 removes the name
+  std::atomic<int32_t> closed;        // the owner is done with it
 };
 static_assert(sizeof(Header) <= SharedBlock::kHeaderBytes, "header fits its page");
 static_assert(std::atomic<int32_t>::is_always_lock_free, "counter in shared memory");
@@ -44,6 +45,7 @@ Status SharedBlock::Create(size_t bytes, int openers, std::unique_ptr<SharedBloc
   h->owner_pid = int32_t(::getpid());
   h->owner_start_time = ProcessStartTime(::getpid());
   h->data_bytes = data;
+  h->closed.store(0, std::memory_order_relaxed);
   h->openers_left.store(openers, std::memory_order_release);
   out->reset(new SharedBlock(static_cast<uint8_t*>(base), total, name, /*created=*/true));
   if (openers <= 0) UnlinkShmFile(name);
@@ -73,6 +75,14 @@ SharedBlock::~SharedBlock() {
 }
 
 int SharedBlock::owner_pid() const { return reinterpret_cast<const Header*>(base_)->owner_pid; }
+
+void SharedBlock::MarkClosed() {
+  reinterpret_cast<Header*>(base_)->closed.store(1, std::memory_order_release);
+}
+
+const std::atomic<int32_t>* SharedBlock::closed_flag() const {
+  return &reinterpret_cast<const Header*>(base_)->closed;
+}
 
 uint64_t SharedBlock::owner_start_time() const {
   return reinterpret_cast<const Header*>(base_)->owner_start_time;

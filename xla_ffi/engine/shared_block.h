@@ -7,6 +7,7 @@
 #ifndef JAX_SMDDP_ENGINE_SHARED_BLOCK_H_
 #define JAX_SMDDP_ENGINE_SHARED_BLOCK_H_
 
+#include <atomic>
 #include <cstddef>
 #include <cstdint>
 #include <memory>
@@ -34,6 +35,10 @@ class SharedBlock {
   const std::string& name() const { return name_; }
   int owner_pid() const;
   uint64_t owner_start_time() const;
+  // Set by the owner when it is done with the block (an orderly exit): set,
+  // the owner's peers know it did not die.
+  void MarkClosed();
+  const std::atomic<int32_t>* closed_flag() const;
 
   static constexpr size_t kHeaderBytes = 4096;
 

@@ -10,8 +10,9 @@
 namespace smddp {
 
 void WatchedGroup::AddPeer(int pid, uint64_t start_time, std::string who,
-                           std::vector<uint32_t*> release) {
-  peers_.push_back(Peer{pid, start_time, std::move(who), std::move(release)});
+                           std::vector<uint32_t*> release,
+                           std::vector<const std::atomic<int32_t>*> closed) {
+  peers_.push_back(Peer{pid, start_time, std::move(who), std::move(release), std::move(closed)});
 }
 
 Status WatchedGroup::error() const {
@@ -19,10 +20,21 @@ Status WatchedGroup::error() const {
   return failed_.load(std::memory_order_relaxed) ? Status::Error(error_) : Status::Ok();
 }
 
+void WatchedGroup::Fail(const std::string& message) {
+  std::lock_guard<std::mutex> lock(mu_);
+  if (failed_.load(std::memory_order_relaxed)) return;
+  error_ = message;
+  failed_.store(true, std::memory_order_release);
+}
+
 bool WatchedGroup::Check() {
   if (failed()) return false;
   for (const Peer& peer : peers_) {
-    const std::string why = CheckProcess(peer.pid, peer.start_time);
+    bool closed = false;
+    for (const auto* flag : peer.closed) closed |= flag->load(std::memory_order_acquire) != 0;
+    const std::string why = closed ? "it closed the group: its process finished or released "
+                                     "jax_smddp's GPU groups"
+                                   : CheckProcess(peer.pid, peer.start_time);
     if (why.empty()) continue;
     // Nothing but the dead process wrote these flags: setting them cannot
     // race with a live writer, and it lets every waiting stream go on.
@@ -35,12 +47,8 @@ bool WatchedGroup::Check() {
                                  "them)"
                                : "the call in flight was released with undefined output") +
                           ", and every later call fails. Restart the job.";
-    {
-      std::lock_guard<std::mutex> lock(mu_);
-      error_ = message;
-      failed_.store(true, std::memory_order_release);
-    }
-    std::fprintf(stderr, "%s\n", message.c_str());
+    Fail(message);
+    if (!closed) std::fprintf(stderr, "%s\n", message.c_str());  // it died: say so now
     return true;
   }
   return false;

@@ -31,8 +31,16 @@ class WatchedGroup {
 
   // Process `pid` (started at `start_time`, as /proc says; 0 if unknown)
   // holds the ranks `who` describes ("rank 2 (process 1)"); when it exits,
-  // every flag of `release` (host addresses) is set to UINT32_MAX.
-  void AddPeer(int pid, uint64_t start_time, std::string who, std::vector<uint32_t*> release);
+  // every flag of `release` (host addresses) is set to UINT32_MAX. When one
+  // of `closed` is set first, the process finished in order (it released
+  // its groups, or exited normally): the group fails all the same, without a
+  // message on stderr (the end of every job would print one otherwise).
+  void AddPeer(int pid, uint64_t start_time, std::string who, std::vector<uint32_t*> release,
+               std::vector<const std::atomic<int32_t>*> closed = {});
+
+  // Marks the group failed for another reason (every later call fails with
+  // `message`); the first failure is kept.
+  void Fail(const std::string& message);
 
   // Whether a peer died: the per-call check, without a lock.
   bool failed() const { return failed_.load(std::memory_order_acquire); }
@@ -47,6 +55,7 @@ class WatchedGroup {
     uint64_t start_time;
     std::string who;
     std::vector<uint32_t*> release;
+    std::vector<const std::atomic<int32_t>*> closed;
   };
   std::string name_;
   std::vector<Peer> peers_;  // set before the group is watched, then read-only

@@ -1,0 +1,76 @@
+#include "xla_ffi/engine/call_log.h"
+
+#include <cstring>
+#include <sstream>
+
+namespace smddp {
+namespace {
+
+// An entry's words after the stamp: what every rank must agree on.
+struct Fields {
+  uint64_t w[7] = {};
+};
+
+Fields Make(const char* op, const Plan& p) {
+  Fields f;
+  f.w[0] = uint64_t(p.kind) | uint64_t(p.dtype) << 8 | uint64_t(p.op) << 16;
+  f.w[1] = p.outer;
+  f.w[2] = p.inner;
+  f.w[3] = p.count;
+  char name[24] = {};
+  std::strncpy(name, op, sizeof(name) - 1);
+  std::memcpy(&f.w[4], name, 24);
+  return f;
+}
+
+std::string Describe(const Fields& f) {
+  char name[25] = {};
+  std::memcpy(name, &f.w[4], 24);
+  const auto kind = Plan::Kind(f.w[0] & 0xff);
+  const auto dtype = DType((f.w[0] >> 8) & 0xff);
+  const auto op = ReduceOp((f.w[0] >> 16) & 0xff);
+  std::ostringstream os;
+  os << name << " of " << DTypeName(dtype) << " (";
+  if (kind == Plan::Kind::kAllReduce) {
+    os << f.w[3] << " elements, " << ReduceOpName(op);
+  } else if (kind == Plan::Kind::kReduceScatter) {
+    os << f.w[1] << " x " << f.w[2] << " elements per rank out, " << ReduceOpName(op);
+  } else {
+    os << f.w[1] << " x " << f.w[2] << " bytes per rank";
+  }
+  os << ")";
+  return os.str();
+}
+
+}  // namespace
+
+Status CallLog::RecordAndCheck(const std::vector<uint8_t*>& rings, int rank, uint64_t call,
+                               const char* op, const Plan& plan,
+                               const std::function<std::string(int)>& who) {
+  const size_t slot = size_t(call % kEntries);
+  const Fields mine = Make(op, plan);
+  auto* own = reinterpret_cast<CallLog::Entry*>(rings[rank]) + slot;
+  own->w[0].store(0, std::memory_order_relaxed);
+  std::atomic_thread_fence(std::memory_order_release);
+  for (int k = 0; k < 7; ++k) own->w[k + 1].store(mine.w[k], std::memory_order_relaxed);
+  own->w[0].store(call + 1, std::memory_order_seq_cst);
+  for (int q = 0; q < int(rings.size()); ++q) {
+    if (q == rank || !rings[q]) continue;
+    auto* e = reinterpret_cast<CallLog::Entry*>(rings[q]) + slot;
+    // Read like a seqlock: the peer may be rewriting this entry for a later call.
+    if (e->w[0].load(std::memory_order_seq_cst) != call + 1) continue;
+    Fields theirs;
+    for (int k = 0; k < 7; ++k) theirs.w[k] = e->w[k + 1].load(std::memory_order_relaxed);
+    std::atomic_thread_fence(std::memory_order_acquire);
+    if (e->w[0].load(std::memory_order_relaxed) != call + 1) continue;
+    if (std::memcmp(&theirs, &mine, sizeof(Fields)) != 0) {
+      return Status::Error("processes disagree on call #" + std::to_string(call) + " of the group: " +
+                           who(rank) + " runs " + Describe(mine) + " but " + who(q) + " runs " +
+                           Describe(theirs) + ". Every process must run the same collectives on "
+                           "a group, with the same shapes, in the same order.");
+    }
+  }
+  return Status::Ok();
+}
+
+}  // namespace smddp
