@@ -1,0 +1,342 @@
+// The GPU communicators' set-up and per-call checks
+// (xla_ffi/engine/gpu_communicator.cc) on CPU processes, built against the
+// mock CUDA runtime of tests/native/mock_cuda (no GPU here or in CI): each
+// rank is a forked process that prepares its staging, trades handles with
+// the others through the parent, connects, then runs the stream protocol
+// with HostStreamOps over the communicator's own views (the regions and, with
+// host flag memory, the shared flag blocks it mapped). What a GPU adds (the
+// real CUDA calls) is tested by tests/gpu on a GPU machine.
+//
+//   gpu_communicator_test SCENARIO device|host
+//
+// SCENARIO: collectives (every op, several calls, against expected values),
+// dead_peer (the last rank is SIGKILLed after connecting), closed (it marks
+// its groups closed and stays alive), mismatch (rank 1's second call
+// differs). Prints "all checks passed" and exits 0 on success.
+#include <signal.h>
+#include <sys/mman.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <cmath>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <string>
+#include <thread>
+#include <utility>
+#include <vector>
+
+#include "xla_ffi/engine/gpu_communicator.h"
+#include "xla_ffi/engine/host_stream_ops.h"
+#include "xla_ffi/engine/stream_algorithms.h"
+
+namespace {
+
+using smddp::Plan;
+using smddp::Status;
+namespace gpu = smddp::gpu;
+
+constexpr int kRanks = 3;
+const std::vector<int64_t> kMembers = {10, 11, 12};
+
+[[noreturn]] void Fail(int rank, const std::string& why) {
+  std::printf("rank %d: FAILED: %s\n", rank, why.c_str());
+  std::fflush(stdout);
+  _exit(1);
+}
+
+void Expect(int rank, bool ok, const std::string& what) {
+  if (!ok) Fail(rank, what);
+}
+
+bool WriteAll(int fd, const void* p, size_t n) {
+  const char* c = static_cast<const char*>(p);
+  while (n > 0) {
+    const ssize_t k = write(fd, c, n);
+    if (k <= 0) return false;
+    c += k;
+    n -= size_t(k);
+  }
+  return true;
+}
+
+bool ReadAll(int fd, void* p, size_t n) {
+  char* c = static_cast<char*>(p);
+  while (n > 0) {
+    const ssize_t k = read(fd, c, n);
+    if (k <= 0) return false;
+    c += k;
+    n -= size_t(k);
+  }
+  return true;
+}
+
+bool WriteBytes(int fd, const std::string& s) {
+  const uint32_t n = uint32_t(s.size());
+  return WriteAll(fd, &n, 4) && WriteAll(fd, s.data(), n);
+}
+
+bool ReadBytes(int fd, std::string* s) {
+  uint32_t n = 0;
+  if (!ReadAll(fd, &n, 4) || n > (1u << 20)) return false;
+  s->assign(n, '\0');
+  return ReadAll(fd, s->data(), n);
+}
+
+// Rank q's input element i: small integers, exact in float sums.
+float Input(int q, size_t i) { return float((q + 1) * 1000 + int(i % 997)); }
+
+Plan MakePlan(Plan::Kind kind, size_t outer, size_t inner, size_t count) {
+  Plan p;
+  p.kind = kind;
+  p.dtype = smddp::DType::kFloat32;
+  p.outer = outer;
+  p.inner = inner;
+  p.count = count;
+  return p;
+}
+
+const char* Name(Plan::Kind k) {
+  switch (k) {
+    case Plan::Kind::kAllGather: return "all_gather";
+    case Plan::Kind::kReduceScatter: return "reduce_scatter";
+    case Plan::Kind::kAllReduce: return "all_reduce";
+    case Plan::Kind::kAllToAll: return "all_to_all";
+  }
+  return "?";
+}
+
+// Checks the call with the communicator, runs it, returns the run's status.
+Status Run(gpu::LocalRank* me, const Plan& plan, const std::vector<float>& send,
+           std::vector<float>* recv, double timeout_s) {
+  Status st = gpu::CheckCall(*me, Name(plan.kind), plan);
+  if (!st.ok()) return st;
+  smddp::HostStreamOps ops(timeout_s);
+  return smddp::RunStreamPlan(plan, me->view, ops, send.data(), recv->data());
+}
+
+void Collectives(int r, gpu::LocalRank* me) {
+  const int P = kRanks;
+  for (int call = 0; call < 3; ++call) {
+    // all_gather: [2, P, 300] from [2, 300] per rank (several steps per call: 4 KiB slots).
+    {
+      const size_t outer = 2, n = 300;
+      std::vector<float> send(outer * n), recv(outer * P * n);
+      for (size_t i = 0; i < send.size(); ++i) send[i] = Input(r, i + call);
+      Status st = Run(me, MakePlan(Plan::Kind::kAllGather, outer, n * 4, 0), send, &recv, 20);
+      Expect(r, st.ok(), "all_gather: " + st.message());
+      for (size_t o = 0; o < outer; ++o)
+        for (int q = 0; q < P; ++q)
+          for (size_t i = 0; i < n; ++i)
+            Expect(r, recv[(o * P + q) * n + i] == Input(q, o * n + i + call), "all_gather value");
+    }
+    // reduce_scatter: [1, P, 500] -> [1, 500], sum.
+    {
+      const size_t n = 500;
+      std::vector<float> send(P * n), recv(n);
+      for (size_t i = 0; i < send.size(); ++i) send[i] = Input(r, i + call);
+      Status st = Run(me, MakePlan(Plan::Kind::kReduceScatter, 1, n, 0), send, &recv, 20);
+      Expect(r, st.ok(), "reduce_scatter: " + st.message());
+      for (size_t i = 0; i < n; ++i) {
+        float want = 0;
+        for (int q = 0; q < P; ++q) want += Input(q, r * n + i + call);
+        Expect(r, recv[i] == want, "reduce_scatter value");
+      }
+    }
+    // all_reduce of 1001 elements (uneven shards).
+    {
+      const size_t n = 1001;
+      std::vector<float> send(n), recv(n);
+      for (size_t i = 0; i < n; ++i) send[i] = Input(r, i + call);
+      Status st = Run(me, MakePlan(Plan::Kind::kAllReduce, 1, 0, n), send, &recv, 20);
+      Expect(r, st.ok(), "all_reduce: " + st.message());
+      for (size_t i = 0; i < n; ++i) {
+        float want = 0;
+        for (int q = 0; q < P; ++q) want += Input(q, i + call);
+        Expect(r, recv[i] == want, "all_reduce value");
+      }
+    }
+    // all_to_all: [1, P, 200] per rank.
+    {
+      const size_t n = 200;
+      std::vector<float> send(P * n), recv(P * n);
+      for (size_t i = 0; i < send.size(); ++i) send[i] = Input(r, i + call);
+      Status st = Run(me, MakePlan(Plan::Kind::kAllToAll, 1, n * 4, 0), send, &recv, 20);
+      Expect(r, st.ok(), "all_to_all: " + st.message());
+      for (int q = 0; q < P; ++q)
+        for (size_t i = 0; i < n; ++i)
+          Expect(r, recv[q * n + i] == Input(q, r * n + i + call), "all_to_all value");
+    }
+  }
+}
+
+// Polls CheckCall until it fails (at most `seconds`); returns its message.
+std::string FirstError(gpu::LocalRank* me, double seconds) {
+  const auto end = std::chrono::steady_clock::now() + std::chrono::duration<double>(seconds);
+  const Plan plan = MakePlan(Plan::Kind::kAllGather, 1, 4, 0);
+  while (std::chrono::steady_clock::now() < end) {
+    if (me->watch && me->watch->failed()) return me->watch->error().message();
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  }
+  const Status st = gpu::CheckCall(*me, "all_gather", plan);
+  return st.message();
+}
+
+// The survivors of a peer that died or closed: a call waiting on it is
+// released (host flags) and later calls fail naming it.
+void Survive(int r, gpu::LocalRank* me, bool host, const std::string& expect) {
+  const auto t0 = std::chrono::steady_clock::now();
+  if (host) {
+    std::vector<float> send(100, 1.0f), recv(100 * kRanks);
+    // May start before the watchdog noticed: then it waits on the peer's flags until released.
+    Status st = Run(me, MakePlan(Plan::Kind::kAllGather, 1, 400, 0), send, &recv, 20);
+    Expect(r, st.ok() || st.message().find(expect) != std::string::npos,
+           "a call waiting on the gone peer was not released: " + st.message());
+  }
+  const std::string why = FirstError(me, 10);
+  const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  Expect(r, why.find(expect) != std::string::npos, "expected '" + expect + "', got: " + why);
+  Expect(r, why.find("rank 2 (process 2, pid ") != std::string::npos &&
+                why.find("GPU group [10, 11, 12]") != std::string::npos,
+         "the error does not name rank 2 and the group: " + why);
+  Expect(r, s < 8, "took " + std::to_string(s) + " s");
+  const Status again = gpu::CheckCall(*me, "all_gather", MakePlan(Plan::Kind::kAllGather, 1, 4, 0));
+  Expect(r, !again.ok(), "a later call did not fail");
+}
+
+void Mismatch(int r, gpu::LocalRank* me) {
+  const Plan same = MakePlan(Plan::Kind::kAllGather, 1, 400, 0);
+  Status st = gpu::CheckCall(*me, "all_gather", same);
+  Expect(r, st.ok(), "call #0: " + st.message());
+  std::this_thread::sleep_for(std::chrono::milliseconds(300 * r));  // rank 0 first, then 1, then 2
+  const Plan second = MakePlan(Plan::Kind::kAllGather, 1, r == 1 ? 800 : 400, 0);
+  st = gpu::CheckCall(*me, "all_gather", second);
+  if (r == 0) {
+    Expect(r, st.ok(), "rank 0 logged first and must not fail: " + st.message());
+    return;
+  }
+  // Rank 1 differs from rank 0; rank 2 agrees with rank 0 but not with rank 1.
+  Expect(r, !st.ok() && st.message().find("disagree on call #1") != std::string::npos &&
+                st.message().find("1 x 800 bytes per rank") != std::string::npos &&
+                st.message().find("1 x 400 bytes per rank") != std::string::npos &&
+                st.message().find("rank 1 (process 1)") != std::string::npos,
+         "expected a disagreement naming both calls, got: " + st.message());
+  st = gpu::CheckCall(*me, "all_gather", same);
+  Expect(r, !st.ok() && st.message().find("disagree") != std::string::npos,
+         "the group did not stay failed: " + st.message());
+}
+
+int RunRank(int r, const std::string& scenario, bool host, int up, int down) {
+  gpu::SetProcessIndex(r);
+  std::vector<std::pair<int, std::string>> handles;
+  Status st = gpu::PrepareCommunicator(kMembers, 4096, {{r, 0}}, kRanks, &handles);
+  Expect(r, st.ok() && handles.size() == 1, "prepare: " + st.message());
+  Expect(r, WriteBytes(up, handles[0].second), "sending the handle");
+  std::vector<std::pair<int, std::string>> remote;
+  for (int q = 0; q < kRanks; ++q) {
+    if (q == r) continue;
+    std::string h;
+    Expect(r, ReadBytes(down, &h), "receiving handles");
+    remote.emplace_back(q, h);
+  }
+  st = gpu::ConnectCommunicator(kMembers, remote);
+  Expect(r, st.ok(), "connect: " + st.message());
+  gpu::GpuCommunicator* comm = gpu::FindCommunicator(gpu::GroupKey(kMembers.data(), kRanks));
+  Expect(r, comm && comm->Local(r), "no connected communicator");
+  gpu::LocalRank* me = comm->Local(r);
+  Expect(r, me->watch != nullptr && me->call_logs.size() == size_t(kRanks), "not watched or logged");
+  Expect(r, me->view.flags.size() == (host ? size_t(kRanks) : 0u), "flag blocks not as configured");
+  char c = 'c';
+  Expect(r, WriteAll(up, &c, 1) && ReadAll(down, &c, 1), "barrier");  // everyone connected
+
+  if (scenario == "collectives") {
+    Collectives(r, me);
+  } else if (scenario == "dead_peer" || scenario == "closed") {
+    if (r == kRanks - 1) {
+      if (scenario == "dead_peer") raise(SIGKILL);  // no goodbye
+      gpu::MarkCommunicatorsClosed();
+      sleep(60);  // alive: the parent kills it
+      _exit(0);
+    }
+    Survive(r, me, host, scenario == "dead_peer" ? "is gone (process " : "closed the group");
+  } else if (scenario == "mismatch") {
+    Mismatch(r, me);
+  } else {
+    Fail(r, "unknown scenario " + scenario);
+  }
+  // No rank closes the group before every other is done with its checks.
+  Expect(r, WriteAll(up, "d", 1) && ReadAll(down, &c, 1), "end barrier");
+  gpu::ReleaseCommunicators();
+  std::printf("rank %d: ok\n", r);
+  std::fflush(stdout);
+  return 0;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  if (argc != 3) {
+    std::fprintf(stderr, "usage: %s collectives|dead_peer|closed|mismatch device|host\n", argv[0]);
+    return 2;
+  }
+  const std::string scenario = argv[1];
+  const bool host = std::string(argv[2]) == "host";
+  setenv("JAX_SMDDP_GPU_FLAG_MEMORY", argv[2], 1);
+  std::vector<pid_t> pids;
+  std::vector<int> ups, downs;
+  for (int r = 0; r < kRanks; ++r) {
+    int up[2], down[2];
+    if (pipe(up) != 0 || pipe(down) != 0) return 2;
+    const pid_t pid = fork();
+    if (pid == 0) {
+      close(up[0]);
+      close(down[1]);
+      _exit(RunRank(r, scenario, host, up[1], down[0]));
+    }
+    close(up[1]);
+    close(down[0]);
+    pids.push_back(pid);
+    ups.push_back(up[0]);
+    downs.push_back(down[1]);
+  }
+  alarm(90);  // a hang fails
+  std::vector<std::string> handles(kRanks);
+  for (int r = 0; r < kRanks; ++r) {
+    if (!ReadBytes(ups[r], &handles[r])) {
+      std::printf("rank %d sent no handle\n", r);
+      return 1;
+    }
+  }
+  for (int r = 0; r < kRanks; ++r)
+    for (int q = 0; q < kRanks; ++q)
+      if (q != r) WriteBytes(downs[r], handles[q]);
+  char c;
+  for (int r = 0; r < kRanks; ++r) ReadAll(ups[r], &c, 1);
+  for (int r = 0; r < kRanks; ++r) WriteAll(downs[r], "g", 1);
+  const bool leaves = scenario == "dead_peer" || scenario == "closed";  // the last rank
+  for (int r = 0; r < kRanks - (leaves ? 1 : 0); ++r) ReadAll(ups[r], &c, 1);  // EOF if it failed
+  for (int r = 0; r < kRanks - (leaves ? 1 : 0); ++r) WriteAll(downs[r], "e", 1);
+  bool ok = true;
+  for (int r = 0; r < kRanks - (leaves ? 1 : 0); ++r) {
+    int status = 0;
+    waitpid(pids[r], &status, 0);
+    ok &= WIFEXITED(status) && WEXITSTATUS(status) == 0;
+  }
+  if (leaves) {
+    kill(pids[kRanks - 1], SIGKILL);  // "closed" stays alive until the survivors are done
+    int status = 0;
+    waitpid(pids[kRanks - 1], &status, 0);
+    ok &= WIFSIGNALED(status);  // it must not have failed its own checks
+  }
+  // A killed rank leaves its mock "device memory" behind.
+  for (pid_t pid : pids) {
+    for (int i = 0; i < 16; ++i) {
+      const std::string name = "/jax_smddp_mock-" + std::to_string(pid) + "-" + std::to_string(i);
+      shm_unlink(name.c_str());
+    }
+  }
+  if (ok) std::printf("all checks passed\n");
+  return ok ? 0 : 1;
+}

@@ -1,0 +1,62 @@
+"""The GPU communicators' set-up and per-call checks
+(xla_ffi/engine/gpu_communicator.cc) without a GPU: a standalone C++ program
+(tests/native/gpu_communicator_test.cc) built against a mock CUDA runtime
+(tests/native/mock_cuda: "device memory" in POSIX shared memory) forks three
+rank processes that prepare, trade handles, connect, and run the stream
+protocol over the communicator's own views, in both flag memories: every
+collective against expected values, a rank SIGKILLed while its peers wait on
+it, a rank that closes the group, and ranks that disagree on a call. The real
+CUDA calls run in tests/gpu on a GPU machine."""
+
+import glob
+import os
+import re
+import shutil
+import subprocess
+
+import pytest
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def _engine_sources():
+  """The engine's sources, as CMakeLists.txt lists them."""
+  with open(os.path.join(ROOT, "CMakeLists.txt")) as f:
+    cmake = f.read()
+  block = cmake[cmake.index("add_library(smddp_engine STATIC"):]
+  block = block[:block.index(")")]
+  return [os.path.join(ROOT, s) for s in re.findall(r"xla_ffi/engine/\w+\.cc", block)]
+
+
+@pytest.fixture(scope="module")
+def program(tmp_path_factory):
+  cxx = os.environ.get("CXX") or shutil.which("c++") or shutil.which("g++")
+  if not cxx:
+    pytest.skip("no C++ compiler")
+  exe = str(tmp_path_factory.mktemp("gpu_comm") / "gpu_communicator_test")
+  build = subprocess.run(
+      [cxx, "-std=c++17", "-O1", "-Wall", "-Wextra", "-I", os.path.join(ROOT, "tests/native/mock_cuda"),
+       f"-I{ROOT}", *_engine_sources(), os.path.join(ROOT, "cuda/gdrcopy.cc"),
+       os.path.join(ROOT, "xla_ffi/engine/gpu_communicator.cc"),
+       os.path.join(ROOT, "tests/native/gpu_communicator_test.cc"),
+       "-o", exe, "-lpthread", "-ldl", "-lrt"],
+      capture_output=True, text=True, timeout=600)
+  assert build.returncode == 0, build.stdout + build.stderr[-4000:]
+  return exe
+
+
+@pytest.mark.timeout(900)  # the first case builds the program
+@pytest.mark.parametrize("flag_memory", ["device", "host"])
+@pytest.mark.parametrize("scenario", ["collectives", "dead_peer", "closed", "mismatch"])
+def test_gpu_communicator(program, scenario, flag_memory):
+  before = set(glob.glob("/dev/shm/jax_smddp*"))
+  run = subprocess.run([program, scenario, flag_memory], capture_output=True, text=True,
+                       timeout=120)
+  out = run.stdout + run.stderr
+  assert run.returncode == 0 and "all checks passed" in run.stdout, out
+  if scenario == "dead_peer":  # said on stderr at once, by each survivor
+    assert run.stderr.count("rank 2 (process 2, pid") == 2, out
+  else:  # an orderly close, or no death at all: nothing printed
+    assert "is gone" not in run.stderr, out
+  left = set(glob.glob("/dev/shm/jax_smddp*")) - before
+  assert not left, f"left behind in /dev/shm: {sorted(left)}"
