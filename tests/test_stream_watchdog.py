@@ -9,6 +9,7 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
+import tempfile
 import threading
 import time
 
@@ -22,6 +23,8 @@ GATHER, SCATTER, ALL_REDUCE = 0, 1, 2
 F32 = 8
 
 pytestmark = pytest.mark.timeout(60)
+# Children import the installed package, not a source checkout in the working directory.
+OUTSIDE = tempfile.gettempdir()
 
 
 def sleeper() -> subprocess.Popen:
@@ -66,7 +69,8 @@ def test_an_orderly_close_fails_the_group_without_alarm(capfd):
   child = subprocess.Popen([sys.executable, "-c",
                             "import sys, time\nfrom jax_smddp import _native\n"
                             f"b = _native.engine().SharedBlock.open({block.name!r}, 4096)\n"
-                            "time.sleep(0.5)\nb.mark_closed()\ntime.sleep(120)"])
+                            "time.sleep(0.5)\nb.mark_closed()\ntime.sleep(120)"],
+                           cwd=OUTSIDE)
   try:
     t0 = time.monotonic()
     why = ENGINE.watch_process(child.pid, 20.0, block)
@@ -145,7 +149,8 @@ def test_without_the_watchdog_the_same_wait_times_out():
 def _open_in_child(name: str, code: str) -> str:
   prog = ("from jax_smddp import _native\n"
           f"b = _native.engine().SharedBlock.open({name!r}, 4096)\n" + code)
-  out = subprocess.run([sys.executable, "-c", prog], capture_output=True, text=True, timeout=60)
+  out = subprocess.run([sys.executable, "-c", prog], capture_output=True, text=True, timeout=60,
+                       cwd=OUTSIDE)
   assert out.returncode == 0, out.stderr
   return out.stdout.strip()
 

@@ -180,9 +180,12 @@ std::tuple<std::vector<std::string>, std::string, std::vector<nb::bytes>> Stream
   smddp::RegionLayout layout(size, slot_bytes);
   HostBlocks regions(size, layout.total_bytes), flags(size, layout.flag_bytes());
   auto group = std::make_shared<smddp::WatchedGroup>("host test group of " + std::to_string(size));
-  group->AddPeer(absent_pid, smddp::ProcessStartTime(absent_pid),
-                 "rank " + std::to_string(absent) + " (pid " + std::to_string(absent_pid) + ")",
-                 smddp::FlagsWrittenBy(layout, flags.bases, absent));
+  smddp::WatchedPeer peer;
+  peer.pid = absent_pid;
+  peer.start_time = smddp::ProcessStartTime(absent_pid);
+  peer.who = "rank " + std::to_string(absent) + " (pid " + std::to_string(absent_pid) + ")";
+  peer.release = smddp::FlagsWrittenBy(layout, flags.bases, absent);
+  group->AddPeer(std::move(peer));
   smddp::Watch(group);
   std::vector<std::string> recv(size, std::string(out_bytes, '\0'));
   const std::vector<smddp::Status> status = RunStreamRanks(
@@ -416,10 +419,12 @@ NB_MODULE(_smddp_cpu, m) {
   // The watchdog alone, on a real process (and the closed flag of `block`, if given).
   m.def("watch_process", [](int pid, double seconds, const smddp::SharedBlock* block) {
     auto group = std::make_shared<smddp::WatchedGroup>("a test group");
-    std::vector<const std::atomic<int32_t>*> closed;
-    if (block) closed.push_back(block->closed_flag());
-    group->AddPeer(pid, smddp::ProcessStartTime(pid), "rank 1 (pid " + std::to_string(pid) + ")",
-                   {}, closed);
+    smddp::WatchedPeer peer;
+    peer.pid = pid;
+    peer.start_time = smddp::ProcessStartTime(pid);
+    peer.who = "rank 1 (pid " + std::to_string(pid) + ")";
+    if (block) peer.closed.push_back(block->closed_flag());
+    group->AddPeer(std::move(peer));
     smddp::Watch(group);
     {
       nb::gil_scoped_release release;

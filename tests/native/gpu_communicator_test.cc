@@ -11,7 +11,8 @@
 //
 // SCENARIO: collectives (every op, several calls, against expected values),
 // dead_peer (the last rank is SIGKILLed after connecting), closed (it marks
-// its groups closed and stays alive), mismatch (rank 1's second call
+// its groups closed and stays alive), stalled (it stays alive and never
+// calls: the 2 s progress deadline), mismatch (rank 1's second call
 // differs). Prints "all checks passed" and exits 0 on success.
 #include <signal.h>
 #include <sys/mman.h>
@@ -28,6 +29,7 @@
 #include <utility>
 #include <vector>
 
+#include "xla_ffi/engine/communicator.h"  // SetTimeoutSeconds
 #include "xla_ffi/engine/gpu_communicator.h"
 #include "xla_ffi/engine/host_stream_ops.h"
 #include "xla_ffi/engine/stream_algorithms.h"
@@ -188,7 +190,9 @@ std::string FirstError(gpu::LocalRank* me, double seconds) {
 // released (host flags) and later calls fail naming it.
 void Survive(int r, gpu::LocalRank* me, bool host, const std::string& expect) {
   const auto t0 = std::chrono::steady_clock::now();
-  if (host) {
+  if (!host) {  // logs call #0 (or already fails)
+    gpu::CheckCall(*me, "all_gather", MakePlan(Plan::Kind::kAllGather, 1, 400, 0));
+  } else {
     std::vector<float> send(100, 1.0f), recv(100 * kRanks);
     // May start before the watchdog noticed: then it waits on the peer's flags until released.
     Status st = Run(me, MakePlan(Plan::Kind::kAllGather, 1, 400, 0), send, &recv, 20);
@@ -253,14 +257,19 @@ int RunRank(int r, const std::string& scenario, bool host, int up, int down) {
 
   if (scenario == "collectives") {
     Collectives(r, me);
-  } else if (scenario == "dead_peer" || scenario == "closed") {
+  } else if (scenario == "dead_peer" || scenario == "closed" || scenario == "stalled") {
+    smddp::SetTimeoutSeconds(2);  // the progress deadline
     if (r == kRanks - 1) {
       if (scenario == "dead_peer") raise(SIGKILL);  // no goodbye
-      gpu::MarkCommunicatorsClosed();
-      sleep(60);  // alive: the parent kills it
+      if (scenario == "closed") gpu::MarkCommunicatorsClosed();
+      sleep(60);  // alive, and never calls: the parent kills it
       _exit(0);
     }
-    Survive(r, me, host, scenario == "dead_peer" ? "is gone (process " : "closed the group");
+    Survive(r, me, host,
+            scenario == "dead_peer" ? "is gone (process "
+            : scenario == "closed"  ? "closed the group"
+                                    : "has not reached call #0 of the group (all_gather of float32 "
+                                      "(1 x 400 bytes per rank)) within 2 s");
   } else if (scenario == "mismatch") {
     Mismatch(r, me);
   } else {
@@ -278,7 +287,8 @@ int RunRank(int r, const std::string& scenario, bool host, int up, int down) {
 
 int main(int argc, char** argv) {
   if (argc != 3) {
-    std::fprintf(stderr, "usage: %s collectives|dead_peer|closed|mismatch device|host\n", argv[0]);
+    std::fprintf(stderr, "usage: %s collectives|dead_peer|closed|stalled|mismatch device|host\n",
+                 argv[0]);
     return 2;
   }
   const std::string scenario = argv[1];
@@ -315,7 +325,8 @@ int main(int argc, char** argv) {
   char c;
   for (int r = 0; r < kRanks; ++r) ReadAll(ups[r], &c, 1);
   for (int r = 0; r < kRanks; ++r) WriteAll(downs[r], "g", 1);
-  const bool leaves = scenario == "dead_peer" || scenario == "closed";  // the last rank
+  const bool leaves = scenario == "dead_peer" || scenario == "closed" ||
+                      scenario == "stalled";  // the last rank
   for (int r = 0; r < kRanks - (leaves ? 1 : 0); ++r) ReadAll(ups[r], &c, 1);  // EOF if it failed
   for (int r = 0; r < kRanks - (leaves ? 1 : 0); ++r) WriteAll(downs[r], "e", 1);
   bool ok = true;
@@ -325,7 +336,7 @@ int main(int argc, char** argv) {
     ok &= WIFEXITED(status) && WEXITSTATUS(status) == 0;
   }
   if (leaves) {
-    kill(pids[kRanks - 1], SIGKILL);  // "closed" stays alive until the survivors are done
+    kill(pids[kRanks - 1], SIGKILL);  // alive until the survivors are done, unless dead_peer
     int status = 0;
     waitpid(pids[kRanks - 1], &status, 0);
     ok &= WIFSIGNALED(status);  // it must not have failed its own checks

@@ -1,5 +1,6 @@
 #include "xla_ffi/engine/call_log.h"
 
+#include <algorithm>
 #include <cstring>
 #include <sstream>
 
@@ -23,7 +24,7 @@ Fields Make(const char* op, const Plan& p) {
   return f;
 }
 
-std::string Describe(const Fields& f) {
+std::string DescribeFields(const Fields& f) {
   char name[25] = {};
   std::memcpy(name, &f.w[4], 24);
   const auto kind = Plan::Kind(f.w[0] & 0xff);
@@ -42,7 +43,29 @@ std::string Describe(const Fields& f) {
   return os.str();
 }
 
+// Reads entry `e` like a seqlock (its owner may be rewriting it for a later
+// call): true with its fields if it holds call `call`.
+bool ReadEntry(const CallLog::Entry* e, uint64_t call, Fields* out) {
+  if (e->w[0].load(std::memory_order_seq_cst) != call + 1) return false;
+  for (int k = 0; k < 7; ++k) out->w[k] = e->w[k + 1].load(std::memory_order_relaxed);
+  std::atomic_thread_fence(std::memory_order_acquire);
+  return e->w[0].load(std::memory_order_relaxed) == call + 1;
+}
+
 }  // namespace
+
+uint64_t CallLog::Calls(const uint8_t* ring) {
+  const auto* e = reinterpret_cast<const CallLog::Entry*>(ring);
+  uint64_t calls = 0;
+  for (size_t i = 0; i < kEntries; ++i) calls = std::max(calls, e[i].w[0].load(std::memory_order_acquire));
+  return calls;
+}
+
+std::string CallLog::Describe(const uint8_t* ring, uint64_t call) {
+  Fields f;
+  const auto* e = reinterpret_cast<const CallLog::Entry*>(ring) + call % kEntries;
+  return ReadEntry(e, call, &f) ? DescribeFields(f) : "";
+}
 
 Status CallLog::RecordAndCheck(const std::vector<uint8_t*>& rings, int rank, uint64_t call,
                                const char* op, const Plan& plan,
@@ -56,17 +79,12 @@ Status CallLog::RecordAndCheck(const std::vector<uint8_t*>& rings, int rank, uin
   own->w[0].store(call + 1, std::memory_order_seq_cst);
   for (int q = 0; q < int(rings.size()); ++q) {
     if (q == rank || !rings[q]) continue;
-    auto* e = reinterpret_cast<CallLog::Entry*>(rings[q]) + slot;
-    // Read like a seqlock: the peer may be rewriting this entry for a later call.
-    if (e->w[0].load(std::memory_order_seq_cst) != call + 1) continue;
     Fields theirs;
-    for (int k = 0; k < 7; ++k) theirs.w[k] = e->w[k + 1].load(std::memory_order_relaxed);
-    std::atomic_thread_fence(std::memory_order_acquire);
-    if (e->w[0].load(std::memory_order_relaxed) != call + 1) continue;
+    if (!ReadEntry(reinterpret_cast<CallLog::Entry*>(rings[q]) + slot, call, &theirs)) continue;
     if (std::memcmp(&theirs, &mine, sizeof(Fields)) != 0) {
       return Status::Error("processes disagree on call #" + std::to_string(call) + " of the group: " +
-                           who(rank) + " runs " + Describe(mine) + " but " + who(q) + " runs " +
-                           Describe(theirs) + ". Every process must run the same collectives on "
+                           who(rank) + " runs " + DescribeFields(mine) + " but " + who(q) + " runs " +
+                           DescribeFields(theirs) + ". Every process must run the same collectives on "
                            "a group, with the same shapes, in the same order.");
     }
   }

@@ -38,6 +38,11 @@ class CallLog {
   // checked). Records `rank`'s call number `call` (0, 1, ...) of `op` with
   // `plan`, then compares it with the peers' entries for that call.
   // `who(q)` names rank q in messages ("rank 1 (process 1)").
+  // How many calls `ring`'s rank has logged (its latest entry's number + 1).
+  static uint64_t Calls(const uint8_t* ring);
+  // Call `call` of `ring` ("all_gather of float32 (...)"); "" if not there.
+  static std::string Describe(const uint8_t* ring, uint64_t call);
+
   static Status RecordAndCheck(const std::vector<uint8_t*>& rings, int rank, uint64_t call,
                                const char* op, const Plan& plan,
                                const std::function<std::string(int)>& who);

@@ -312,8 +312,8 @@ Status GpuCommunicator::Connect(const std::vector<std::pair<int, std::string>>& 
       }
     }
   }
+  std::vector<uint8_t*> rings(size(), nullptr);  // call logs
   if (shared) {
-    std::vector<uint8_t*> rings(size(), nullptr);
     for (int q = 0; q < size(); ++q) {
       if (local_[q]) {
         blocks[q] = local_[q]->block->data();
@@ -343,14 +343,24 @@ Status GpuCommunicator::Connect(const std::vector<std::pair<int, std::string>>& 
                      who.c_str(), MembersText(members_).c_str());
         continue;
       }
-      std::vector<uint32_t*> release;
-      std::vector<const std::atomic<int32_t>*> closed;
+      WatchedPeer watched;
+      watched.pid = pid;
+      watched.start_time = peer.first.start_time;
+      watched.who = who;
       for (int rank : peer.second) {
-        if (block_of[rank]) closed.push_back(block_of[rank]->closed_flag());
+        if (block_of[rank]) watched.closed.push_back(block_of[rank]->closed_flag());
+        if (logs) watched.call_logs.push_back(rings[rank]);
         if (!host_flags) continue;
-        for (uint32_t* f : FlagsWrittenBy(layout_, blocks, rank)) release.push_back(f);
+        for (uint32_t* f : FlagsWrittenBy(layout_, blocks, rank)) watched.release.push_back(f);
       }
-      watch_->AddPeer(pid, peer.first.start_time, who, std::move(release), std::move(closed));
+      watch_->AddPeer(std::move(watched));
+    }
+    if (logs) {
+      std::vector<const uint8_t*> own;
+      for (int q = 0; q < size(); ++q) {
+        if (local_[q]) own.push_back(rings[q]);
+      }
+      watch_->SetOwnCallLogs(std::move(own));
     }
     Watch(watch_);
     for (auto& l : local_) {

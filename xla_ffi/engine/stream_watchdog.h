@@ -14,6 +14,7 @@
 #define JAX_SMDDP_ENGINE_STREAM_WATCHDOG_H_
 
 #include <atomic>
+#include <chrono>
 #include <cstdint>
 #include <memory>
 #include <mutex>
@@ -24,19 +25,33 @@
 
 namespace smddp {
 
+// One peer process of a watched group.
+struct WatchedPeer {
+  int pid = 0;
+  uint64_t start_time = 0;  // of `pid`, as /proc says (0: unknown)
+  std::string who;          // its ranks, "rank 2 (process 1, pid 123)"
+  // Flags only its ranks write (host addresses): set to UINT32_MAX when the
+  // group fails because of it.
+  std::vector<uint32_t*> release;
+  // Set when it finished in order (it released its groups, or exited
+  // normally): the group fails all the same, without a message on stderr
+  // (the end of every job would print one otherwise).
+  std::vector<const std::atomic<int32_t>*> closed;
+  // Its ranks' call logs (call_log.h), for the progress deadline.
+  std::vector<const uint8_t*> call_logs;
+};
+
 class WatchedGroup {
  public:
   // `name` describes the group in messages ("GPU group [0, 1, 2, 3]").
   explicit WatchedGroup(std::string name) : name_(std::move(name)) {}
 
-  // Process `pid` (started at `start_time`, as /proc says; 0 if unknown)
-  // holds the ranks `who` describes ("rank 2 (process 1)"); when it exits,
-  // every flag of `release` (host addresses) is set to UINT32_MAX. When one
-  // of `closed` is set first, the process finished in order (it released
-  // its groups, or exited normally): the group fails all the same, without a
-  // message on stderr (the end of every job would print one otherwise).
-  void AddPeer(int pid, uint64_t start_time, std::string who, std::vector<uint32_t*> release,
-               std::vector<const std::atomic<int32_t>*> closed = {});
+  void AddPeer(WatchedPeer peer) { peers_.push_back(std::move(peer)); }
+  // This process's ranks' call logs: with them, a peer that has not logged
+  // a call this process logged within jax_smddp's timeout (set_timeout,
+  // JAX_SMDDP_TIMEOUT_S) fails the group naming it and the call, as a
+  // deadline does on CPU, and its flags are released.
+  void SetOwnCallLogs(std::vector<const uint8_t*> logs) { own_logs_ = std::move(logs); }
 
   // Marks the group failed for another reason (every later call fails with
   // `message`); the first failure is kept.
@@ -46,19 +61,24 @@ class WatchedGroup {
   bool failed() const { return failed_.load(std::memory_order_acquire); }
   Status error() const;
 
-  // Checks the peers once (the watchdog thread calls it); true if one died now.
+  // Checks the peers once (the watchdog thread calls it); true if the group
+  // failed now. Once failed, keeps setting the released flags (a live but
+  // late peer may still write them).
   bool Check();
 
  private:
-  struct Peer {
-    int pid;
-    uint64_t start_time;
-    std::string who;
-    std::vector<uint32_t*> release;
-    std::vector<const std::atomic<int32_t>*> closed;
+  void FailBecauseOf(const WatchedPeer& peer, const std::string& message, bool say);
+
+  struct Lag {
+    uint64_t calls = 0;  // the peer's calls when last seen
+    std::chrono::steady_clock::time_point since;  // behind this process since
+    bool behind = false;
   };
   std::string name_;
-  std::vector<Peer> peers_;  // set before the group is watched, then read-only
+  std::vector<WatchedPeer> peers_;  // set before the group is watched, then read-only
+  std::vector<const uint8_t*> own_logs_;
+  std::vector<Lag> lag_;               // by peer (the watchdog thread only)
+  std::vector<uint32_t*> released_;    // (the watchdog thread only)
   mutable std::mutex mu_;
   std::string error_;
   std::atomic<bool> failed_{false};
