@@ -88,9 +88,9 @@ def test_an_orderly_close_fails_the_group_without_alarm(capfd):
 def test_ranks_waiting_on_a_dead_peer_are_released_and_told(kind):
   """Rank 2 of 4 never runs; its process dies 1 s in. The other ranks wait on
   its flags (with a 30 s deadline of their own) until the watchdog sets
-  them: every live rank finishes all its calls within seconds, the group's
-  error names rank 2 and its pid, and what the live ranks exchanged among
-  themselves is still right."""
+  them (all of the group's: the output of a failed group is undefined):
+  every live rank finishes all its calls within seconds, and the group's
+  error names rank 2 and its pid."""
   size, absent, n = 4, 2, 1000
   rng = np.random.default_rng(kind)
   if kind == GATHER:
@@ -121,14 +121,6 @@ def test_ranks_waiting_on_a_dead_peer_are_released_and_told(kind):
   assert "Restart the job" in group_error
   for r, e in enumerate(errors):
     assert e == "", (r, e)  # released, not timed out
-  if kind == GATHER:  # the live ranks' parts went through untouched
-    for r in range(size):
-      if r == absent:
-        continue
-      got = np.frombuffer(outs[r], np.float32).reshape(size, n)
-      for q in range(size):
-        if q != absent:
-          np.testing.assert_array_equal(got[q], xs[q][0], err_msg=f"rank {r}, part {q}")
 
 
 def test_without_the_watchdog_the_same_wait_times_out():

@@ -167,8 +167,8 @@ std::vector<nb::bytes> StreamProbe(int kind, int dtype, int op, size_t outer, si
 // The GPU backend's dead-peer watchdog over the protocol on host threads:
 // rank `absent` never runs, and stands for process `absent_pid` (which the
 // test kills while the other ranks wait for it). The watchdog sees the
-// process exit and releases the flags only that rank writes, so the other
-// ranks' calls complete. Returns (each rank's status message, the group's
+// process exit and releases the group's flags, so the other ranks' calls
+// complete. Returns (each rank's status message, the group's
 // error, outputs).
 std::tuple<std::vector<std::string>, std::string, std::vector<nb::bytes>> StreamWatchProbe(
     int kind, int dtype, int op, size_t outer, size_t inner, size_t count, size_t slot_bytes,
@@ -184,8 +184,8 @@ std::tuple<std::vector<std::string>, std::string, std::vector<nb::bytes>> Stream
   peer.pid = absent_pid;
   peer.start_time = smddp::ProcessStartTime(absent_pid);
   peer.who = "rank " + std::to_string(absent) + " (pid " + std::to_string(absent_pid) + ")";
-  peer.release = smddp::FlagsWrittenBy(layout, flags.bases, absent);
   group->AddPeer(std::move(peer));
+  group->SetAllFlags(smddp::AllFlags(layout, flags.bases));
   smddp::Watch(group);
   std::vector<std::string> recv(size, std::string(out_bytes, '\0'));
   const std::vector<smddp::Status> status = RunStreamRanks(
@@ -423,7 +423,7 @@ NB_MODULE(_smddp_cpu, m) {
     peer.pid = pid;
     peer.start_time = smddp::ProcessStartTime(pid);
     peer.who = "rank 1 (pid " + std::to_string(pid) + ")";
-    if (block) peer.closed.push_back(block->closed_flag());
+    if (block) peer.blocks.push_back(block);
     group->AddPeer(std::move(peer));
     smddp::Watch(group);
     {

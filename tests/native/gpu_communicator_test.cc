@@ -13,7 +13,8 @@
 // dead_peer (the last rank is SIGKILLed after connecting), closed (it marks
 // its groups closed and stays alive), stalled (it stays alive and never
 // calls: the 2 s progress deadline), mismatch (rank 1's second call
-// differs). Prints "all checks passed" and exits 0 on success.
+// differs), two_per_process (2 processes x 2 ranks: collectives, then one
+// process dies). Prints "all checks passed" and exits 0 on success.
 #include <signal.h>
 #include <sys/mman.h>
 #include <sys/wait.h>
@@ -119,8 +120,7 @@ Status Run(gpu::LocalRank* me, const Plan& plan, const std::vector<float>& send,
   return smddp::RunStreamPlan(plan, me->view, ops, send.data(), recv->data());
 }
 
-void Collectives(int r, gpu::LocalRank* me) {
-  const int P = kRanks;
+void Collectives(int r, gpu::LocalRank* me, int P = kRanks) {
   for (int call = 0; call < 3; ++call) {
     // all_gather: [2, P, 300] from [2, 300] per rank (several steps per call: 4 KiB slots).
     {
@@ -283,17 +283,124 @@ int RunRank(int r, const std::string& scenario, bool host, int up, int down) {
   return 0;
 }
 
+// Two processes with two ranks each (members 20..23; process p holds ranks
+// 2p and 2p + 1 on mock devices 0 and 1): every collective with the local
+// ranks on threads, then process 1 dies and process 0's ranks, waiting on
+// it, are released (host flags) and told which ranks died.
+int RunTwoPerProcess(int p, bool host, int up, int down) {
+  const std::vector<int64_t> members = {20, 21, 22, 23};
+  gpu::SetProcessIndex(p);
+  std::vector<std::pair<int, std::string>> handles;
+  Status st = gpu::PrepareCommunicator(members, 4096, {{2 * p, 0}, {2 * p + 1, 1}}, 2, &handles);
+  Expect(p, st.ok() && handles.size() == 2, "prepare: " + st.message());
+  for (const auto& [rank, h] : handles) {
+    const int32_t r32 = rank;
+    Expect(p, WriteAll(up, &r32, 4) && WriteBytes(up, h), "sending handles");
+  }
+  std::vector<std::pair<int, std::string>> remote(2);
+  for (auto& [rank, h] : remote) {
+    int32_t r32 = -1;
+    Expect(p, ReadAll(down, &r32, 4) && ReadBytes(down, &h), "receiving handles");
+    rank = r32;
+  }
+  st = gpu::ConnectCommunicator(members, remote);
+  Expect(p, st.ok(), "connect: " + st.message());
+  gpu::GpuCommunicator* comm = gpu::FindCommunicator(gpu::GroupKey(members.data(), 4));
+  Expect(p, comm && comm->Local(2 * p) && comm->Local(2 * p + 1), "no connected communicator");
+  gpu::LocalRank* mine[2] = {comm->Local(2 * p), comm->Local(2 * p + 1)};
+  Expect(p, mine[0]->watch == mine[1]->watch && mine[0]->watch, "local ranks share one watch");
+  char c = 'c';
+  Expect(p, WriteAll(up, &c, 1) && ReadAll(down, &c, 1), "barrier");
+  auto on_both = [&](auto&& body) {
+    std::thread t([&] { body(2 * p + 1, mine[1]); });
+    body(2 * p, mine[0]);
+    t.join();
+  };
+  on_both([&](int r, gpu::LocalRank* me) { Collectives(r, me, 4); });
+  Expect(p, WriteAll(up, &c, 1) && ReadAll(down, &c, 1), "barrier");  // all done before one dies
+  if (p == 1) raise(SIGKILL);
+  smddp::SetTimeoutSeconds(20);
+  on_both([&](int r, gpu::LocalRank* me) {
+    if (host) {  // waits on ranks 2 and 3 until the watchdog releases it
+      std::vector<float> send(100, 1.0f), recv(400);
+      const Status run = Run(me, MakePlan(Plan::Kind::kAllGather, 1, 400, 0), send, &recv, 20);
+      Expect(r, run.ok() || run.message().find("is gone") != std::string::npos,
+             "not released: " + run.message());
+    }
+    const std::string why = FirstError(me, 10);
+    Expect(r, why.find("ranks 2, 3 (process 1, pid ") != std::string::npos &&
+                  why.find("is gone") != std::string::npos,
+           "expected ranks 2, 3 of process 1 named, got: " + why);
+  });
+  gpu::ReleaseCommunicators();
+  std::printf("process %d: ok\n", p);
+  std::fflush(stdout);
+  return 0;
+}
+
+int TwoPerProcess(bool host) {
+  pid_t pids[2];
+  int ups[2], downs[2];
+  for (int p = 0; p < 2; ++p) {
+    int up[2], down[2];
+    if (pipe(up) != 0 || pipe(down) != 0) return 2;
+    pids[p] = fork();
+    if (pids[p] == 0) {
+      close(up[0]);
+      close(down[1]);
+      _exit(RunTwoPerProcess(p, host, up[1], down[0]));
+    }
+    close(up[1]);
+    close(down[0]);
+    ups[p] = up[0];
+    downs[p] = down[1];
+  }
+  alarm(90);
+  std::vector<std::pair<int32_t, std::string>> handles[2];
+  for (int p = 0; p < 2; ++p) {
+    for (int i = 0; i < 2; ++i) {
+      int32_t rank = -1;
+      std::string h;
+      if (!ReadAll(ups[p], &rank, 4) || !ReadBytes(ups[p], &h)) return 1;
+      handles[p].emplace_back(rank, h);
+    }
+  }
+  for (int p = 0; p < 2; ++p) {
+    for (const auto& [rank, h] : handles[1 - p]) {
+      WriteAll(downs[p], &rank, 4);
+      WriteBytes(downs[p], h);
+    }
+  }
+  char c;
+  for (int round = 0; round < 2; ++round) {
+    for (int p = 0; p < 2; ++p) ReadAll(ups[p], &c, 1);
+    for (int p = 0; p < 2; ++p) WriteAll(downs[p], "g", 1);
+  }
+  int status = 0;
+  waitpid(pids[0], &status, 0);
+  const bool ok = WIFEXITED(status) && WEXITSTATUS(status) == 0;
+  waitpid(pids[1], nullptr, 0);
+  for (pid_t pid : pids) {
+    for (int i = 0; i < 16; ++i)
+      shm_unlink(("/jax_smddp_mock-" + std::to_string(pid) + "-" + std::to_string(i)).c_str());
+  }
+  if (ok) std::printf("all checks passed\n");
+  return ok ? 0 : 1;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
   if (argc != 3) {
-    std::fprintf(stderr, "usage: %s collectives|dead_peer|closed|stalled|mismatch device|host\n",
+    std::fprintf(stderr, "usage: %s collectives|dead_peer|closed|stalled|mismatch|two_per_process "
+                 "device|host\n",
                  argv[0]);
     return 2;
   }
   const std::string scenario = argv[1];
   const bool host = std::string(argv[2]) == "host";
   setenv("JAX_SMDDP_GPU_FLAG_MEMORY", argv[2], 1);
+  if (scenario == "two_per_process") return TwoPerProcess(host);
   std::vector<pid_t> pids;
   std::vector<int> ups, downs;
   for (int r = 0; r < kRanks; ++r) {

@@ -348,13 +348,17 @@ Status GpuCommunicator::Connect(const std::vector<std::pair<int, std::string>>& 
       watched.start_time = peer.first.start_time;
       watched.who = who;
       for (int rank : peer.second) {
-        if (block_of[rank]) watched.closed.push_back(block_of[rank]->closed_flag());
+        if (block_of[rank]) watched.blocks.push_back(block_of[rank]);
         if (logs) watched.call_logs.push_back(rings[rank]);
-        if (!host_flags) continue;
-        for (uint32_t* f : FlagsWrittenBy(layout_, blocks, rank)) watched.release.push_back(f);
       }
       watch_->AddPeer(std::move(watched));
     }
+    std::vector<SharedBlock*> own_blocks;
+    for (auto& l : local_) {
+      if (l && l->block) own_blocks.push_back(l->block.get());
+    }
+    watch_->SetOwnBlocks(std::move(own_blocks));
+    if (host_flags) watch_->SetAllFlags(AllFlags(layout_, blocks));
     if (logs) {
       std::vector<const uint8_t*> own;
       for (int q = 0; q < size(); ++q) {

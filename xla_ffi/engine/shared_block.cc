@@ -4,6 +4,7 @@
 #include <unistd.h>
 
 #include <atomic>
+#include <cstring>
 #include <new>
 
 #include "xla_ffi/engine/process_liveness.h"
@@ -13,7 +14,7 @@ namespace smddp {
 namespace {
 
 constexpr uint64_t kMagic = 0x4b4c425044444d53ull;  // "SMDDPBLK"
-constexpr uint32_t kVersion = 2;
+constexpr uint32_t kVersion = 4;
 constexpr size_t kPage = 4096;
 constexpr size_t kMaxBytes = size_t(1) << 30;
 
@@ -24,7 +25,9 @@ struct Header {
   uint64_t owner_start_time;
   uint64_t data_bytes;
   std::atomic<int32_t> openers_left;  // the opener that takes it to 0 removes the name
-  std::atomic<int32_t> closed;        // the owner is done with it
+  std::atomic<int32_t> state;         // SharedBlock::State; kFailed set after the two below
+  int32_t quiet;
+  char reason[1024];
 };
 static_assert(sizeof(Header) <= SharedBlock::kHeaderBytes, "header fits its page");
 static_assert(std::atomic<int32_t>::is_always_lock_free, "counter in shared memory");
@@ -45,7 +48,7 @@ Status SharedBlock::Create(size_t bytes, int openers, std::unique_ptr<SharedBloc
   h->owner_pid = int32_t(::getpid());
   h->owner_start_time = ProcessStartTime(::getpid());
   h->data_bytes = data;
-  h->closed.store(0, std::memory_order_relaxed);
+  h->state.store(kOpen, std::memory_order_relaxed);
   h->openers_left.store(openers, std::memory_order_release);
   out->reset(new SharedBlock(static_cast<uint8_t*>(base), total, name, /*created=*/true));
   if (openers <= 0) UnlinkShmFile(name);
@@ -77,11 +80,28 @@ SharedBlock::~SharedBlock() {
 int SharedBlock::owner_pid() const { return reinterpret_cast<const Header*>(base_)->owner_pid; }
 
 void SharedBlock::MarkClosed() {
-  reinterpret_cast<Header*>(base_)->closed.store(1, std::memory_order_release);
+  int32_t open = kOpen;
+  reinterpret_cast<Header*>(base_)->state.compare_exchange_strong(open, kClosed,
+                                                                  std::memory_order_acq_rel);
 }
 
-const std::atomic<int32_t>* SharedBlock::closed_flag() const {
-  return &reinterpret_cast<const Header*>(base_)->closed;
+void SharedBlock::MarkFailed(const std::string& reason, bool quiet) {
+  auto* h = reinterpret_cast<Header*>(base_);
+  if (h->state.load(std::memory_order_acquire) == kFailed) return;  // the first reason stays
+  std::strncpy(h->reason, reason.c_str(), sizeof(h->reason) - 1);
+  h->reason[sizeof(h->reason) - 1] = '\0';
+  h->quiet = quiet ? 1 : 0;
+  h->state.store(kFailed, std::memory_order_release);
+}
+
+SharedBlock::State SharedBlock::state() const {
+  return State(reinterpret_cast<const Header*>(base_)->state.load(std::memory_order_acquire));
+}
+
+void SharedBlock::Failure(std::string* reason, bool* quiet) const {
+  const auto* h = reinterpret_cast<const Header*>(base_);
+  *reason = std::string(h->reason, strnlen(h->reason, sizeof(h->reason)));
+  *quiet = h->quiet != 0;
 }
 
 uint64_t SharedBlock::owner_start_time() const {

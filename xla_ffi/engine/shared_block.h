@@ -35,10 +35,17 @@ class SharedBlock {
   const std::string& name() const { return name_; }
   int owner_pid() const;
   uint64_t owner_start_time() const;
-  // Set by the owner when it is done with the block (an orderly exit): set,
-  // the owner's peers know it did not die.
-  void MarkClosed();
-  const std::atomic<int32_t>* closed_flag() const;
+  // The owner's state, for its peers: kOpen, kClosed (it is done with the
+  // block: an orderly exit, so it did not die), kFailed (its group failed:
+  // the peers should fail theirs too).
+  enum State : int32_t { kOpen = 0, kClosed = 1, kFailed = 2 };
+  void MarkClosed();  // unless failed
+  // `reason`: the root cause, for the peers' messages (cut to 1 KiB);
+  // `quiet`: the peers print nothing either (an orderly close at the root).
+  void MarkFailed(const std::string& reason, bool quiet);
+  State state() const;
+  // The reason and quietness a failed owner recorded.
+  void Failure(std::string* reason, bool* quiet) const;
 
   static constexpr size_t kHeaderBytes = 4096;
 

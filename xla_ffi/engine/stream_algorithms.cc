@@ -14,13 +14,13 @@ RegionLayout::RegionLayout(int size_, size_t slot_bytes_) : size(size_) {
   total_bytes = slots_offset + kSlots * slot_bytes;
 }
 
-std::vector<uint32_t*> FlagsWrittenBy(const RegionLayout& layout,
-                                      const std::vector<uint8_t*>& blocks, int rank) {
+std::vector<uint32_t*> AllFlags(const RegionLayout& layout, const std::vector<uint8_t*>& blocks) {
   std::vector<uint32_t*> flags;
-  for (int q = 0; q < int(blocks.size()); ++q) {
-    if (!blocks[q]) continue;
-    flags.push_back(reinterpret_cast<uint32_t*>(
-        blocks[q] + (q == rank ? layout.posted_offset() : layout.consumed_offset(rank))));
+  for (uint8_t* block : blocks) {
+    if (!block) continue;
+    flags.push_back(reinterpret_cast<uint32_t*>(block + layout.posted_offset()));
+    for (int q = 0; q < layout.size; ++q)
+      flags.push_back(reinterpret_cast<uint32_t*>(block + layout.consumed_offset(q)));
   }
   return flags;
 }

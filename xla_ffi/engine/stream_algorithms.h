@@ -57,12 +57,10 @@ struct StreamRank {
 
 struct NetPort;
 
-// The flags only rank `rank` writes, given every rank's flag block (or
-// region) as some process addresses them: its `posted` flag and its
-// `consumed` flag in every other rank's block. Set to UINT32_MAX when the
-// rank is dead, they release every peer waiting on it (stream_watchdog.h).
-std::vector<uint32_t*> FlagsWrittenBy(const RegionLayout& layout,
-                                      const std::vector<uint8_t*>& blocks, int rank);
+// Every flag of every rank's flag block (or region), as some process
+// addresses them (null blocks skipped): what a failed group sets to
+// UINT32_MAX so that no stream waits on it (stream_watchdog.h).
+std::vector<uint32_t*> AllFlags(const RegionLayout& layout, const std::vector<uint8_t*>& blocks);
 
 // all_gather over hosts (the hierarchical, pipelined algorithm): the group is
 // `port.hosts` hosts of L = local.layout.size ranks each, and

@@ -9,6 +9,7 @@
 #include "xla_ffi/engine/call_log.h"
 #include "xla_ffi/engine/communicator.h"  // TimeoutSeconds
 #include "xla_ffi/engine/process_liveness.h"
+#include "xla_ffi/engine/shared_block.h"
 
 namespace smddp {
 
@@ -17,43 +18,63 @@ Status WatchedGroup::error() const {
   return failed_.load(std::memory_order_relaxed) ? Status::Error(error_) : Status::Ok();
 }
 
-void WatchedGroup::Fail(const std::string& message) {
-  std::lock_guard<std::mutex> lock(mu_);
-  if (failed_.load(std::memory_order_relaxed)) return;
-  error_ = message;
-  failed_.store(true, std::memory_order_release);
+void WatchedGroup::Fail(const std::string& message, const std::string& reason, bool quiet) {
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (failed_.load(std::memory_order_relaxed)) return;
+    error_ = message;
+    failed_.store(true, std::memory_order_release);
+  }
+  for (SharedBlock* block : own_blocks_) block->MarkFailed(reason, quiet);
 }
 
-void WatchedGroup::FailBecauseOf(const WatchedPeer& peer, const std::string& message, bool say) {
-  // Its flags: set to their largest value, so every stream waiting on it
-  // goes on (and kept so, Check() rewrites them: a late peer may write them).
-  for (uint32_t* flag : peer.release) {
-    __atomic_store_n(flag, UINT32_MAX, __ATOMIC_RELEASE);
-    released_.push_back(flag);
-  }
+void WatchedGroup::FailBecauseOf(const std::string& cause, bool quiet, const std::string& root) {
   const std::string text =
-      "jax_smddp: " + message + "; this group's collectives cannot complete: " +
-      (peer.release.empty() ? "streams waiting on it stay blocked (its flags are in device "
-                              "memory; JAX_SMDDP_GPU_FLAG_MEMORY=host lets jax_smddp release them)"
-                            : "the call in flight was released with undefined output") +
+      "jax_smddp: " + cause + "; this group's collectives cannot complete: " +
+      (all_flags_.empty() ? "streams waiting on it stay blocked (its flags are in device "
+                            "memory; JAX_SMDDP_GPU_FLAG_MEMORY=host lets jax_smddp release them)"
+                          : "the calls in flight were released with undefined output") +
       ", and every later call fails. Restart the job.";
-  Fail(text);
-  if (say) std::fprintf(stderr, "%s\n", text.c_str());  // a stream may be blocked: say it now
+  Fail(text, root.empty() ? cause : root, quiet);
+  // Every flag to its largest value, so every stream waiting goes on (and
+  // kept so by Check(): live peers may still write theirs).
+  for (uint32_t* flag : all_flags_) __atomic_store_n(flag, UINT32_MAX, __ATOMIC_RELEASE);
+  if (!quiet) std::fprintf(stderr, "%s\n", text.c_str());  // a stream may be blocked: say it now
 }
 
 bool WatchedGroup::Check() {
   if (failed()) {
-    for (uint32_t* flag : released_) __atomic_store_n(flag, UINT32_MAX, __ATOMIC_RELEASE);
+    for (uint32_t* flag : all_flags_) __atomic_store_n(flag, UINT32_MAX, __ATOMIC_RELEASE);
     return false;
   }
+  auto state_of = [](const WatchedPeer& peer) {
+    int32_t state = SharedBlock::kOpen;
+    for (const SharedBlock* b : peer.blocks) state = std::max<int32_t>(state, b->state());
+    return state;
+  };
+  // A peer whose group failed first, with its root cause (else every process
+  // would name the one that told it, not what went wrong).
   for (const WatchedPeer& peer : peers_) {
-    bool closed = false;
-    for (const auto* flag : peer.closed) closed |= flag->load(std::memory_order_acquire) != 0;
+    for (const SharedBlock* b : peer.blocks) {
+      if (b->state() != SharedBlock::kFailed) continue;
+      std::string reason;
+      bool quiet = false;
+      b->Failure(&reason, &quiet);
+      const size_t colon = reason.find(": ");
+      if (reason.rfind("jax_smddp", 0) == 0 && colon != std::string::npos)
+        reason = reason.substr(colon + 2);  // its "jax_smddp (GPU): " prefix
+      FailBecauseOf(reason + " (reported by " + peer.who + ")", quiet, reason);
+      return true;
+    }
+  }
+  // A peer that died or finished.
+  for (const WatchedPeer& peer : peers_) {
+    const bool closed = state_of(peer) == SharedBlock::kClosed;
     const std::string why = closed ? "it closed the group: its process finished or released "
                                      "jax_smddp's GPU groups"
                                    : CheckProcess(peer.pid, peer.start_time);
     if (why.empty()) continue;
-    FailBecauseOf(peer, peer.who + " of " + name_ + " is gone (" + why + ")", /*say=*/!closed);
+    FailBecauseOf(peer.who + " of " + name_ + " is gone (" + why + ")", /*quiet=*/closed);
     return true;
   }
   // Progress: a peer that has not logged a call this process logged, for
@@ -76,13 +97,12 @@ bool WatchedGroup::Check() {
       lag = Lag{theirs, now, true};
     } else if (timeout > 0 && now - lag.since > std::chrono::duration<double>(timeout)) {
       const std::string call = CallLog::Describe(own_logs_[0], theirs);
-      FailBecauseOf(peer,
-                    peer.who + " of " + name_ + " has not reached call #" + std::to_string(theirs) +
+      FailBecauseOf(peer.who + " of " + name_ + " has not reached call #" + std::to_string(theirs) +
                         " of the group" + (call.empty() ? "" : " (" + call + ")") + " within " +
                         std::to_string(int(timeout)) + " s of this process (set by "
                         "jax_smddp.set_timeout or JAX_SMDDP_TIMEOUT_S): it is stuck, or it "
                         "skipped the call",
-                    /*say=*/true);
+                    /*quiet=*/false);
       return true;
     }
   }

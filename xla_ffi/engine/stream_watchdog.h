@@ -1,14 +1,16 @@
-// Notices when a process whose ranks a stream-ordered group waits on exits.
-// A GPU stream waiting on a dead peer's flag would wait forever, and the
-// host never blocks on it (the handlers only enqueue), so nothing would
-// report it. One thread per process checks every watched peer process every
-// 50 ms; when one is gone it records an error naming the rank and process
-// (every later call of the group fails with it), prints it at once, and sets
-// the flags only the dead process would have written to their largest value,
-// so that no waiting stream hangs: the call in flight completes with
-// undefined output, the next call raises. Flags can be released this way only
-// where the host can write them (host memory the GPU addresses); groups whose
-// flags are in device memory get the error and the message, and their
+// Notices when a stream-ordered group cannot go on because of another
+// process: a peer that died, finished, stalled past the timeout, or whose
+// own group failed. A GPU stream waiting on such a peer's flag would wait
+// forever, and the host never blocks on it (the handlers only enqueue), so
+// nothing would report it. One thread per process checks every watched
+// group every 50 ms; when a group fails it records an error naming the rank
+// and process (every later call of the group fails with it), prints it at
+// once (unless the peer finished in order), tells the peers (its blocks'
+// state), and sets every flag of the group to its largest value, again every
+// 50 ms, so that no waiting stream hangs: the calls in flight complete with
+// undefined output, the next call raises. Flags can be released this way
+// only where the host can write them (host memory the GPU addresses); groups
+// whose flags are in device memory get the error and the message, and their
 // streams stay blocked.
 #ifndef JAX_SMDDP_ENGINE_STREAM_WATCHDOG_H_
 #define JAX_SMDDP_ENGINE_STREAM_WATCHDOG_H_
@@ -21,6 +23,7 @@
 #include <string>
 #include <vector>
 
+#include "xla_ffi/engine/shared_block.h"
 #include "xla_ffi/engine/status.h"
 
 namespace smddp {
@@ -30,13 +33,12 @@ struct WatchedPeer {
   int pid = 0;
   uint64_t start_time = 0;  // of `pid`, as /proc says (0: unknown)
   std::string who;          // its ranks, "rank 2 (process 1, pid 123)"
-  // Flags only its ranks write (host addresses): set to UINT32_MAX when the
-  // group fails because of it.
-  std::vector<uint32_t*> release;
-  // Set when it finished in order (it released its groups, or exited
-  // normally): the group fails all the same, without a message on stderr
-  // (the end of every job would print one otherwise).
-  std::vector<const std::atomic<int32_t>*> closed;
+  // Its ranks' shared blocks, for their state: closed when it finished in
+  // order (it released its groups, or exited normally): the group fails all
+  // the same, without a message on stderr (the end of every job would print
+  // one otherwise); failed when its group failed there: this one fails too,
+  // with the root cause it recorded.
+  std::vector<const SharedBlock*> blocks;
   // Its ranks' call logs (call_log.h), for the progress deadline.
   std::vector<const uint8_t*> call_logs;
 };
@@ -52,22 +54,34 @@ class WatchedGroup {
   // JAX_SMDDP_TIMEOUT_S) fails the group naming it and the call, as a
   // deadline does on CPU, and its flags are released.
   void SetOwnCallLogs(std::vector<const uint8_t*> logs) { own_logs_ = std::move(logs); }
+  // This process's ranks' shared blocks: marked failed (with the root
+  // cause) when the group fails here, so that the peers fail theirs.
+  void SetOwnBlocks(std::vector<SharedBlock*> blocks) { own_blocks_ = std::move(blocks); }
+  // Every flag of the group, in every rank's block (host addresses; host
+  // flag memory only). Once the group failed, for whatever reason, the
+  // watchdog keeps them all at UINT32_MAX: a stream of any process may wait
+  // on a rank whose host stopped before enqueuing its part (it saw the
+  // failure first), not only on the rank that caused it.
+  void SetAllFlags(std::vector<uint32_t*> flags) { all_flags_ = std::move(flags); }
 
-  // Marks the group failed for another reason (every later call fails with
-  // `message`); the first failure is kept.
-  void Fail(const std::string& message);
+  // Marks the group failed (every later call fails with `message`; the
+  // first failure is kept) and tells the peers, with `message` as the cause.
+  void Fail(const std::string& message) { Fail(message, message, false); }
 
   // Whether a peer died: the per-call check, without a lock.
   bool failed() const { return failed_.load(std::memory_order_acquire); }
   Status error() const;
 
   // Checks the peers once (the watchdog thread calls it); true if the group
-  // failed now. Once failed, keeps setting the released flags (a live but
-  // late peer may still write them).
+  // failed now. Once failed, keeps setting every flag (live peers' streams
+  // may still write theirs).
   bool Check();
 
  private:
-  void FailBecauseOf(const WatchedPeer& peer, const std::string& message, bool say);
+  void Fail(const std::string& message, const std::string& reason, bool quiet);
+  // `cause`: what went wrong; `quiet`: print nothing (an orderly close);
+  // `root`: the cause to hand on to the peers, if not `cause`.
+  void FailBecauseOf(const std::string& cause, bool quiet, const std::string& root = "");
 
   struct Lag {
     uint64_t calls = 0;  // the peer's calls when last seen
@@ -77,8 +91,9 @@ class WatchedGroup {
   std::string name_;
   std::vector<WatchedPeer> peers_;  // set before the group is watched, then read-only
   std::vector<const uint8_t*> own_logs_;
+  std::vector<SharedBlock*> own_blocks_;
+  std::vector<uint32_t*> all_flags_;
   std::vector<Lag> lag_;               // by peer (the watchdog thread only)
-  std::vector<uint32_t*> released_;    // (the watchdog thread only)
   mutable std::mutex mu_;
   std::string error_;
   std::atomic<bool> failed_{false};
