@@ -90,8 +90,7 @@ nb::bytes StreamRun(std::vector<int64_t> members, int rank, int kind, int dtype,
                              " is not a rank of a connected communicator in this process "
                              "(prepare and connect first)");
   const smddp::Plan plan = smddp::PlanOf(kind, dtype, op, outer, inner, count);
-  static const char* const kNames[] = {"all_gather", "reduce_scatter", "all_reduce", "all_to_all"};
-  Check(smddp::gpu::CheckCall(*me, kNames[kind & 3], plan));
+  Check(smddp::gpu::CheckCall(*me, smddp::KindName(kind), plan));
   smddp::cuda::GpuSettings settings;
   settings.copies = copies == "kernel" ? smddp::cuda::GpuSettings::Copies::kKernel
                                        : smddp::cuda::GpuSettings::Copies::kEngine;

@@ -218,12 +218,8 @@ std::vector<nb::bytes> StreamHierarchicalProbe(int hosts, int local, size_t oute
   if (int(inputs.size()) != P || int(rank_of.size()) != P) throw std::invalid_argument("sizes");
   smddp::RegionLayout layout(local, slot_bytes);
   smddp::NetLayout net(hosts, slot_bytes);
-  auto aligned = [](std::vector<uint8_t>& v) {
-    return reinterpret_cast<uint8_t*>((uintptr_t(v.data()) + 63) / 64 * 64);
-  };
-  std::vector<std::vector<uint8_t>> regions(P, std::vector<uint8_t>(layout.total_bytes + 64));
-  std::vector<std::vector<uint8_t>> mailboxes(P, std::vector<uint8_t>(net.mailbox_bytes + 64));
-  std::vector<std::vector<uint8_t>> signals(P, std::vector<uint8_t>(net.signal_bytes + 64));
+  HostBlocks regions(P, layout.total_bytes), mailboxes(P, net.mailbox_bytes),
+      signals(P, net.signal_bytes);
   // Links: for each rail j and hosts g < g2, a pair between (g, j) and (g2, j).
   std::vector<std::unique_ptr<smddp::Link>> owned;
   std::vector<std::vector<smddp::Link*>> links(P, std::vector<smddp::Link*>(hosts, nullptr));
@@ -279,8 +275,8 @@ std::vector<nb::bytes> StreamHierarchicalProbe(int hosts, int local, size_t oute
         port.rail = j;
         port.key = 0x5eed;
         port.layout = net;
-        port.mailbox_stream = port.mailbox_proxy = aligned(mailboxes[x]);
-        port.signals_stream = port.signals_proxy = aligned(signals[x]);
+        port.mailbox_stream = port.mailbox_proxy = mailboxes.bases[x];
+        port.signals_stream = port.signals_proxy = signals.bases[x];
         port.links = links[x];
         port.peer_process.assign(hosts, 0);
         for (int k = 0; k < hosts; ++k) port.peer_process[k] = k * local + j;
@@ -289,7 +285,7 @@ std::vector<nb::bytes> StreamHierarchicalProbe(int hosts, int local, size_t oute
           smddp::StreamRank me;
           me.rank = j;
           me.layout = layout;
-          for (int k = 0; k < local; ++k) me.regions.push_back(aligned(regions[g * local + k]));
+          for (int k = 0; k < local; ++k) me.regions.push_back(regions.bases[g * local + k]);
           smddp::HostStreamOps ops(timeout_s);
           for (int c = 0; c < calls && status[x].ok(); ++c) {
             status[x] =
@@ -441,12 +437,11 @@ NB_MODULE(_smddp_cpu, m) {
   m.def("call_log_probe", [](int size, std::vector<std::tuple<int, int, int, int, size_t, size_t, size_t>> records) {
     HostBlocks rings(size, smddp::CallLog::kBytes);
     std::vector<uint64_t> calls(size, 0);
-    static const char* const kNames[] = {"all_gather", "reduce_scatter", "all_reduce", "all_to_all"};
     std::vector<std::string> out;
     for (const auto& [rank, kind, dtype, op, outer, inner, count] : records) {
       if (rank < 0 || rank >= size || kind < 0 || kind > 3) throw std::invalid_argument("bad record");
       const smddp::Status st = smddp::CallLog::RecordAndCheck(
-          rings.bases, rank, calls[rank]++, kNames[kind],
+          rings.bases, rank, calls[rank]++, smddp::KindName(kind),
           smddp::PlanOf(kind, dtype, op, outer, inner, count),
           [](int q) { return "rank " + std::to_string(q); });
       out.push_back(st.message());

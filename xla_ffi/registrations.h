@@ -58,6 +58,12 @@ inline Plan PlanOf(int kind, int dtype, int op, size_t outer, size_t inner, size
   return plan;
 }
 
+// The op name of a test entry's kind (as the handlers name their calls).
+inline const char* KindName(int kind) {
+  static const char* const kNames[] = {"all_gather", "reduce_scatter", "all_reduce", "all_to_all"};
+  return kind >= 0 && kind < 4 ? kNames[kind] : "?";
+}
+
 }  // namespace smddp
 
 #endif  // JAX_SMDDP_XLA_FFI_REGISTRATIONS_H_
