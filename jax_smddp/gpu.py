@@ -11,7 +11,9 @@ A group that spans hosts runs all_gather and reduce_scatter hierarchically:
 the ranks on each host form an intra-host communicator, and each rank gets a
 network port that the process's proxy thread drives over the multi-process
 world's links (libfabric between hosts; jax_smddp.initialize() sets them
-up). all_reduce there is lowered as the two (balanced: reduce-scatter of
+up). With JAX_SMDDP_FABRIC_HMEM=auto or 1 the port's slots stay in device
+memory, registered with a libfabric endpoint that moves it itself (FI_HMEM,
+e.g. EFA with GPUDirect RDMA), instead of staging through host memory. all_reduce there is lowered as the two (balanced: reduce-scatter of
 padded shards, then all-gather); all_to_all is left to XLA's own.
 """
 
@@ -34,6 +36,7 @@ _ready: set = set()  # groups (partition ids) set up in this process
 _generation: dict[tuple, int] = {}  # times each group was set up (names its key-value entries)
 _host_ids: list[str] | None = None
 _exit_hook = False
+_rail_published = False
 _KV_TIMEOUT_MS = 300_000
 
 DEFAULT_SLOT_BYTES = 8 << 20
@@ -50,6 +53,17 @@ def slot_bytes() -> int:
   if n < 4096:
     raise ValueError(f"JAX_SMDDP_GPU_SLOT_BYTES={n} is too small: use at least 4096")
   return n
+
+
+def fabric_hmem() -> str:
+  """JAX_SMDDP_FABRIC_HMEM: "0" (default: network slots in host memory),
+  "auto" (device memory where every process of a group can register it with
+  its libfabric provider, else host memory) or "1" (device memory, or an
+  error saying why not). Same value in every process."""
+  value = os.environ.get("JAX_SMDDP_FABRIC_HMEM", "0").strip().lower() or "0"
+  if value not in ("0", "auto", "1"):
+    raise ValueError(f"JAX_SMDDP_FABRIC_HMEM={value!r}: use 0, auto or 1")
+  return value
 
 
 def available() -> bool:
@@ -175,11 +189,47 @@ def _prepare_hierarchy(ext, members: tuple, host_ids: list, devices, me: int) ->
   _prepare_group(ext, intra, devices, me)
   local = [(r, devices[i].local_hardware_id) for r, i in enumerate(members)
            if devices[i].process_index == me]
-  gdrcopy = ext.prepare_hierarchy(list(members), host_of,
-                                  [devices[i].process_index for i in members], local,
-                                  list(intra), slot_bytes())
-  log.debug("jax_smddp (GPU): group %s across %d hosts ready (network signals: %s)", members,
-            len(order), "GDRCopy" if gdrcopy else "mapped host memory")
+  rails = _rail_addresses(ext, members, devices, me, local[0][1])
+  gdrcopy, rail = ext.prepare_hierarchy(list(members), host_of,
+                                        [devices[i].process_index for i in members], local,
+                                        list(intra), slot_bytes(), rails)
+  log.debug("jax_smddp (GPU): group %s across %d hosts ready (network signals: %s; slots: %s)",
+            members, len(order), "GDRCopy" if gdrcopy else "mapped host memory",
+            "device memory (FI_HMEM)" if rail else "host memory (staging)")
+
+
+def _rail_addresses(ext, members: tuple, devices, me: int, ordinal: int) -> list:
+  """Every process's FI_HMEM rail address (by process index) when the group's
+  network slots can stay in device memory; [] to stage through host memory.
+  Each process opens its rail once and publishes its address, or why it has
+  none, in the key-value store; a group uses rails only if all its processes
+  have one, so every process decides alike."""
+  mode = fabric_hmem()
+  if mode == "0":
+    return []
+  from jax_smddp import distributed
+  client = distributed._client()
+  global _rail_published
+  if not _rail_published:
+    address, why = ext.open_device_rail(ordinal)
+    entry = base64.b64encode(address).decode() if address else "none:" + why
+    client.key_value_set(f"jax_smddp/gpu/rail/{me}", entry)
+    _rail_published = True
+  processes = sorted({devices[i].process_index for i in members})
+  entries = {p: client.blocking_key_value_get(f"jax_smddp/gpu/rail/{p}", _KV_TIMEOUT_MS)
+             for p in processes}
+  missing = {p: e[len("none:"):] for p, e in entries.items() if e.startswith("none:")}
+  if missing:
+    why = "; ".join(f"process {p}: {w}" for p, w in sorted(missing.items()))
+    if mode == "1":
+      raise RuntimeError(f"jax_smddp (GPU): JAX_SMDDP_FABRIC_HMEM=1 but the network slots of "
+                         f"group {members} cannot stay in device memory ({why}). Use "
+                         "JAX_SMDDP_FABRIC_HMEM=auto to stage through host memory instead.")
+    log.info("jax_smddp (GPU): group %s stages its network slots through host memory: %s",
+             members, why)
+    return []
+  return [base64.b64decode(entries[p]) if p in entries else b""
+          for p in range(jax.process_count())]
 
 
 def release() -> None:

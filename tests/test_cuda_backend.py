@@ -229,6 +229,79 @@ def test_slot_size_setting_is_checked(monkeypatch):
   assert gpu.slot_bytes() == 1 << 20
 
 
+def test_fabric_hmem_setting_is_checked(monkeypatch):
+  monkeypatch.delenv("JAX_SMDDP_FABRIC_HMEM", raising=False)
+  assert gpu.fabric_hmem() == "0"  # staging until a GPU + EFA run validates FI_HMEM
+  for value in ("auto", "1", "0", " AUTO "):
+    monkeypatch.setenv("JAX_SMDDP_FABRIC_HMEM", value)
+    assert gpu.fabric_hmem() == value.strip().lower()
+  monkeypatch.setenv("JAX_SMDDP_FABRIC_HMEM", "yes")
+  with pytest.raises(ValueError, match="use 0, auto or 1"):
+    gpu.fabric_hmem()
+
+
+class _Store:
+  """jax.distributed's key-value store, as _rail_addresses uses it."""
+
+  def __init__(self, entries):
+    self.entries = dict(entries)
+
+  def key_value_set(self, key, value):
+    assert key not in self.entries, f"{key} set twice"
+    self.entries[key] = value
+
+  def blocking_key_value_get(self, key, timeout_ms):
+    return self.entries[key]
+
+
+class _RailExt:
+  def __init__(self, address, why=""):
+    self.opened = 0
+    self.result = (address, why)
+
+  def open_device_rail(self, ordinal):
+    self.opened += 1
+    return self.result
+
+
+@pytest.mark.parametrize("mode", ["auto", "1"])
+def test_rails_are_used_only_when_every_process_of_the_group_has_one(monkeypatch, caplog, mode):
+  """Each process opens its FI_HMEM rail once and publishes its address (or why
+  it has none); a group stages through host memory unless all of its processes
+  published an address, so all decide alike. =1 makes the missing rail an error
+  naming the process and its reason."""
+  import base64
+  from jax_smddp import distributed
+  monkeypatch.setenv("JAX_SMDDP_FABRIC_HMEM", mode)
+  monkeypatch.setattr(jax, "process_count", lambda: 4)
+  devices = [_Device(p) for p in (0, 1, 2, 3)]
+  store = _Store({"jax_smddp/gpu/rail/1": base64.b64encode(b"addr-1").decode(),
+                  "jax_smddp/gpu/rail/2": "none:libfabric provider 'tcp;ofi_rxm' offers no "
+                                          "endpoint here ... (FI_HMEM with tagged messages)"})
+  monkeypatch.setattr(distributed, "_client", lambda: store)
+  monkeypatch.setattr(gpu, "_rail_published", False)
+  ext = _RailExt(b"addr-0")
+  # Processes 0 and 1 both have rails: addresses by process index, b"" for others.
+  assert gpu._rail_addresses(ext, (0, 1), devices, 0, 0) == [b"addr-0", b"addr-1", b"", b""]
+  assert store.entries["jax_smddp/gpu/rail/0"] == base64.b64encode(b"addr-0").decode()
+  # A group with process 2, which has none.
+  if mode == "1":
+    with pytest.raises(RuntimeError, match=r"process 2: libfabric provider 'tcp;ofi_rxm'.*FI_HMEM"):
+      gpu._rail_addresses(ext, (0, 2), devices, 0, 0)
+  else:
+    with caplog.at_level(logging.INFO, logger="jax_smddp"):
+      assert gpu._rail_addresses(ext, (0, 2), devices, 0, 0) == []
+    assert "process 2" in caplog.text and "host memory" in caplog.text
+  assert ext.opened == 1  # once per process
+
+
+def test_no_rail_is_opened_by_default(monkeypatch):
+  monkeypatch.delenv("JAX_SMDDP_FABRIC_HMEM", raising=False)
+  ext = _RailExt(b"addr")
+  assert gpu._rail_addresses(ext, (0, 1), [_Device(0), _Device(1)], 0, 0) == []
+  assert ext.opened == 0
+
+
 class _Device:
   platform = "gpu"
 

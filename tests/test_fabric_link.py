@@ -10,7 +10,9 @@ import subprocess
 import pytest
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-SOURCES = ["xla_ffi/engine/fabric_link.cc", "tests/native/fabric_link_test.cc"]
+SOURCES = ["xla_ffi/engine/fabric_api.cc", "xla_ffi/engine/fabric_link.cc",
+           "xla_ffi/engine/fabric_rail.cc", "xla_ffi/engine/messages.cc",
+           "tests/native/fabric_link_test.cc"]
 
 
 def _compiler():
@@ -91,6 +93,7 @@ def test_builds_without_libfabric_headers(tmp_path):
   main.write_text(r'''
 #include <cstdio>
 #include "xla_ffi/engine/fabric_link.h"
+#include "xla_ffi/engine/fabric_rail.h"
 int main() {
   std::string why;
   if (smddp::FabricAvailable(&why)) return 1;
@@ -99,13 +102,17 @@ int main() {
   smddp::Status st = smddp::FabricEndpoint::Open("tcp;ofi_rxm", "", &ep);
   if (st.ok() || st.message().find("libfabric") == std::string::npos) return 3;
   if (smddp::ChooseFabricProvider("shm") != "shm") return 4;
+  std::unique_ptr<smddp::FabricRail> rail;
+  smddp::Status rs = smddp::FabricRail::Open("shm", "", smddp::MemoryIface::kCuda, &rail);
+  if (rs.ok() || rs.message().find("libfabric") == std::string::npos) return 5;
   std::printf("%s\n", st.message().c_str());
   return 0;
 }
 ''')
   out = str(tmp_path / "t")
   cmd = [cxx, "-std=c++17", "-O1", "-DSMDDP_NO_LIBFABRIC", f"-I{ROOT}",
-         "xla_ffi/engine/fabric_link.cc", str(main), "-o", out]
+         "xla_ffi/engine/fabric_api.cc", "xla_ffi/engine/fabric_link.cc",
+         "xla_ffi/engine/fabric_rail.cc", "xla_ffi/engine/messages.cc", str(main), "-o", out]
   proc = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=240)
   assert proc.returncode == 0, proc.stderr
   run = subprocess.run([out], capture_output=True, text=True, timeout=60)

@@ -118,16 +118,19 @@ def test_many_calls_reuse_slots_safely():
 # --- across hosts: the hierarchical all_gather with its network proxy ------
 
 def hierarchical(hosts, local, xs, rank_of, *, outer, slot, calls=3, timeout=20.0, kill_host=-1,
-                 scatter=None):
-  """all_gather, or reduce_scatter with `scatter=op` (inputs [outer, P, inner])."""
+                 scatter=None, rail=""):
+  """all_gather, or reduce_scatter with `scatter=op` (inputs [outer, P, inner]).
+  `rail`: a libfabric provider whose FabricRails move the slots' bytes
+  (registered memory, no bounce buffers) instead of the links."""
   if scatter is None:
     return ENGINE.stream_hierarchical_probe(hosts, local, outer, xs[0].nbytes // outer, slot,
                                             rank_of, [x.tobytes() for x in xs], calls, timeout,
-                                            kill_host)
+                                            kill_host, rail_provider=rail)
   inner = xs[0].shape[-1]
   return ENGINE.stream_hierarchical_probe(hosts, local, outer, inner, slot, rank_of,
                                           [x.tobytes() for x in xs], calls, timeout, kill_host,
-                                          kind=1, dtype=DTYPES[xs[0].dtype], op=OPS[scatter])
+                                          kind=1, dtype=DTYPES[xs[0].dtype], op=OPS[scatter],
+                                          rail_provider=rail)
 
 
 @pytest.mark.parametrize("hosts,local", [(2, 1), (2, 2), (3, 2), (2, 4), (4, 1)])
@@ -156,15 +159,29 @@ def test_hierarchical_many_calls_through_two_slots():
     np.testing.assert_array_equal(np.frombuffer(o, np.int32).reshape(3, 6, 500), np.stack(xs, 1))
 
 
-def test_hierarchical_dead_host_is_an_error_naming_the_peer():
+def _rail_missing():
+  """Why FabricRails cannot run here (shm provider with FI_HMEM), or None."""
+  try:
+    why = ENGINE.rail_probe("shm")
+  except Exception as e:  # noqa: BLE001 - any failure to open is a reason to skip
+    why = str(e)
+  return why or None
+
+
+@pytest.mark.parametrize("rail", ["", "shm"], ids=["links", "rails"])
+def test_hierarchical_dead_host_is_an_error_naming_the_peer(rail):
   """A host whose links closed: every rank that talks to it over the network
   fails its call naming the peer process, in well under the deadline, and no
-  stream waits forever (the proxy releases its flags)."""
+  stream waits forever (the proxy releases its flags). Over rails the failure
+  comes from the world's link to that process (an RDM endpoint does not see
+  a peer exit)."""
   import time
+  if rail and _rail_missing():
+    pytest.skip(_rail_missing())
   xs = inputs(6, (1, 1000), np.float32, seed=4)
   t0 = time.monotonic()
   got = hierarchical(3, 2, xs, list(range(6)), outer=1, slot=1024, calls=2, timeout=30,
-                     kill_host=1)
+                     kill_host=1, rail=rail)
   elapsed = time.monotonic() - t0
   assert elapsed < 10, elapsed
   errors, outs = got[:6], got[6:]
@@ -186,6 +203,45 @@ def test_hierarchical_dead_host_is_an_error_naming_the_peer():
         np.testing.assert_array_equal(out[q], xs[q][0], err_msg=f"rank {x}, local part {q}")
       else:
         assert (poisoned | (out[q] == xs[q][0])).all(), (x, q)
+
+
+@pytest.mark.parametrize("hosts,local", [(2, 2), (3, 1)])
+@pytest.mark.parametrize("kind", ["all_gather", "reduce_scatter"])
+@pytest.mark.parametrize("outer,inner,slot", [(5, 37, 256), (4, 3000, 1 << 20)])
+def test_hierarchical_over_fabric_rails(hosts, local, kind, outer, inner, slot):
+  """The proxy's other transport: tagged libfabric messages straight from and
+  into registered slots (FI_HMEM; shm registers host memory here, EFA would
+  register device memory). 12 calls through the two slots of each kind."""
+  why = _rail_missing()
+  if why:
+    pytest.skip(f"no libfabric rail here: {why}")
+  P = hosts * local
+  rank_of = [j * hosts + g for g in range(hosts) for j in range(local)]
+  if kind == "all_gather":
+    xs = inputs(P, (outer, inner), np.float32, seed=P + inner)
+    outs = hierarchical(hosts, local, xs, rank_of, outer=outer, slot=slot, calls=12, rail="shm")
+    for x, o in enumerate(outs):
+      np.testing.assert_array_equal(np.frombuffer(o, np.float32).reshape(outer, P, inner),
+                                    np.stack(xs, axis=1), err_msg=f"thread {x}")
+    return
+  xs = inputs(P, (outer, P, inner), np.int32, seed=P * 7 + inner)
+  outs = hierarchical(hosts, local, xs, rank_of, outer=outer, slot=slot, calls=12,
+                      scatter="sum", rail="shm")
+  for x, o in enumerate(outs):
+    r = rank_of[x]
+    np.testing.assert_array_equal(np.frombuffer(o, np.int32).reshape(outer, inner),
+                                  combine([xs[q][:, r, :] for q in range(P)], "sum", np.int32),
+                                  err_msg=f"rank {r}")
+
+
+def test_rail_refused_by_a_provider_without_fi_hmem_says_why():
+  """Debian's tcp;ofi_rxm cannot move registered device memory: opening a
+  rail fails naming FI_HMEM (and the GPU backend then stages through host
+  memory)."""
+  why = ENGINE.rail_probe("tcp;ofi_rxm")
+  if "cannot load libfabric" in why or "without libfabric" in why:
+    pytest.skip(why)
+  assert "FI_HMEM" in why and "tcp;ofi_rxm" in why, why
 
 
 @pytest.mark.parametrize("hosts,local", [(2, 1), (2, 2), (3, 2), (2, 4), (4, 1)])

@@ -43,7 +43,7 @@ echo "=== tests/gpu/test_gpu.py (JAX processes sharing the GPU)"
 select=()
 if [ "$quick" = 1 ]; then
   export JAX_SMDDP_GPU_TEST_TIMEOUT=${JAX_SMDDP_GPU_TEST_TIMEOUT:-150}
-  select=(-k "single_process or (sharing and engines and 2) or (hosts and engines) or (dead_peer and 2) or disagree or (sharing and host and 2)")
+  select=(-k "single_process or (sharing and engines and 2) or (hosts and engines) or (hosts and HMEM and 2-1) or hmem_required or (dead_peer and 2) or disagree or (sharing and host and 2)")
 fi
 timeout 900 "$PY" -m pytest -q -p no:cacheprovider -rs tests/gpu/test_gpu.py "${select[@]}" 2>&1 \
   | tee "$out/pytest_gpu.log" | tail -80

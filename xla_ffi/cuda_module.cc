@@ -154,14 +154,26 @@ NB_MODULE(_smddp_cuda, m) {
   }, nb::arg("members"), nb::arg("remote"));
   m.def("prepare_hierarchy", [](std::vector<int64_t> members, std::vector<int> host_of,
                                 std::vector<int> process_of, std::vector<std::pair<int, int>> local,
-                                std::vector<int64_t> intra_members, size_t slot_bytes) {
-    bool gdrcopy = false;
+                                std::vector<int64_t> intra_members, size_t slot_bytes,
+                                std::vector<nb::bytes> rail_addresses) {
+    std::vector<std::string> rails;
+    for (const auto& a : rail_addresses) rails.emplace_back(a.c_str(), a.size());
+    bool gdrcopy = false, rail = false;
     nb::gil_scoped_release release;
     Check(smddp::gpu::PrepareHierarchy(members, host_of, process_of, local, intra_members,
-                                       slot_bytes, &gdrcopy));
-    return gdrcopy;
+                                       slot_bytes, rails, &gdrcopy, &rail));
+    return std::make_pair(gdrcopy, rail);
   }, "Sets up a group across hosts (this host's communicator first); returns whether its "
-     "network signals use GDRCopy.");
+     "network signals use GDRCopy and whether its slots stay in device memory (rail).");
+  m.def("open_device_rail", [](int ordinal) {
+    std::string address;
+    smddp::Status st;
+    {
+      nb::gil_scoped_release release;
+      st = smddp::gpu::OpenDeviceRail(ordinal, &address);
+    }
+    return std::make_pair(nb::bytes(address.data(), address.size()), st.message());
+  }, "This process's FI_HMEM rail: (address, '') or (b'', why it cannot open).");
   m.def("gdrcopy", [] {
     std::string why;
     const bool ok = smddp::cuda::GdrCopyAvailable(&why);

@@ -25,6 +25,7 @@
 #include "xla_ffi/engine/algorithms.h"
 #include "xla_ffi/engine/call_log.h"
 #include "xla_ffi/engine/communicator.h"
+#include "xla_ffi/engine/fabric_rail.h"
 #include "xla_ffi/engine/host_stream_ops.h"
 #include "xla_ffi/engine/net_port.h"
 #include "xla_ffi/engine/process_liveness.h"
@@ -208,12 +209,16 @@ void Check(const smddp::Status& st) {
 // the Link interface, as over libfabric). rank_of[g * local + j] is the group
 // rank of host g's j-th rank; inputs are by group rank. `kill_host` >= 0
 // closes that host's links before the calls (a dead peer): then returns the
-// ranks' errors, then their outputs (by thread, host-major).
+// ranks' errors, then their outputs (by thread, host-major). `rail_provider`
+// non-empty: the proxies move the slots' bytes over FabricRails of that
+// provider instead (registered host memory, tagged messages, no bounce
+// buffers), one rail endpoint per rank, the shared-memory links reporting
+// peer failures.
 std::vector<nb::bytes> StreamHierarchicalProbe(int hosts, int local, size_t outer, size_t inner,
                                                size_t slot_bytes, std::vector<int> rank_of,
                                                std::vector<nb::bytes> inputs, int calls,
                                                double timeout_s, int kill_host, int kind,
-                                               int dtype, int op) {
+                                               int dtype, int op, const std::string& rail_provider) {
   const int P = hosts * local;
   if (int(inputs.size()) != P || int(rank_of.size()) != P) throw std::invalid_argument("sizes");
   smddp::RegionLayout layout(local, slot_bytes);
@@ -248,6 +253,30 @@ std::vector<nb::bytes> StreamHierarchicalProbe(int hosts, int local, size_t oute
       }
     }
   }
+  std::vector<std::unique_ptr<smddp::FabricRail>> rails;
+  std::vector<std::unique_ptr<smddp::FabricRail::Region>> regions_registered;
+  if (!rail_provider.empty()) {
+    for (int x = 0; x < P; ++x) {
+      std::unique_ptr<smddp::FabricRail> rail;
+      Check(smddp::FabricRail::Open(rail_provider, "", smddp::MemoryIface::kHost, &rail));
+      std::unique_ptr<smddp::FabricRail::Region> region;
+      Check(rail->Register(mailboxes.bases[x] + net.slots, net.slot_area_bytes, 0, &region));
+      regions_registered.push_back(std::move(region));
+      rails.push_back(std::move(rail));
+    }
+    for (int x = 0; x < P; ++x) {
+      for (int g = 0; g < hosts; ++g) {
+        smddp::Link* control = links[x][g];  // dangling for a killed host: never used
+        if (!control) continue;
+        const int peer = g * local + x % local;
+        std::unique_ptr<smddp::Link> link;
+        Check(rails[x]->Connect(rails[peer]->Address(), "rank " + std::to_string(peer), control,
+                                &link));
+        links[x][g] = link.get();
+        owned.push_back(std::move(link));
+      }
+    }
+  }
   std::vector<std::string> send;
   for (int g = 0; g < hosts; ++g)
     for (int j = 0; j < local; ++j) {
@@ -277,6 +306,7 @@ std::vector<nb::bytes> StreamHierarchicalProbe(int hosts, int local, size_t oute
         port.layout = net;
         port.mailbox_stream = port.mailbox_proxy = mailboxes.bases[x];
         port.signals_stream = port.signals_proxy = signals.bases[x];
+        port.slots_stream = port.slots_proxy = mailboxes.bases[x] + net.slots;
         port.links = links[x];
         port.peer_process.assign(hosts, 0);
         for (int k = 0; k < hosts; ++k) port.peer_process[k] = k * local + j;
@@ -475,5 +505,12 @@ NB_MODULE(_smddp_cpu, m) {
   m.def("stream_hierarchical_probe", &StreamHierarchicalProbe, nb::arg("hosts"), nb::arg("local"),
         nb::arg("outer"), nb::arg("inner"), nb::arg("slot_bytes"), nb::arg("rank_of"),
         nb::arg("inputs"), nb::arg("calls") = 1, nb::arg("timeout_s") = 20.0,
-        nb::arg("kill_host") = -1, nb::arg("kind") = 0, nb::arg("dtype") = 8, nb::arg("op") = 0);
+        nb::arg("kill_host") = -1, nb::arg("kind") = 0, nb::arg("dtype") = 8, nb::arg("op") = 0,
+        nb::arg("rail_provider") = "");
+  m.def("rail_probe", [](const std::string& provider) {
+    // Whether `provider` can carry rail links here ("" when it can, else why not).
+    std::unique_ptr<smddp::FabricRail> rail;
+    smddp::Status st = smddp::FabricRail::Open(provider, "", smddp::MemoryIface::kHost, &rail);
+    return st.ok() ? std::string() : st.message();
+  });
 }

@@ -104,13 +104,37 @@ def _libfabric() -> bool:
     return False
 
 
+HOST_MODES = {
+    "copy engines, stream memory operations": {"JAX_SMDDP_FABRIC_PROVIDER": "tcp;ofi_rxm"},
+    "flag kernels": {**MODES["flag kernels"], "JAX_SMDDP_FABRIC_PROVIDER": "tcp;ofi_rxm"},
+    # Slots in device memory where this libfabric registers CUDA memory with shm
+    # (FI_HMEM_CUDA; Debian's build cannot, then the group stages: either way
+    # the results must be right).
+    "FI_HMEM rails where libfabric can (auto, shm)": {"JAX_SMDDP_FABRIC_PROVIDER": "shm",
+                                                       "JAX_SMDDP_FABRIC_HMEM": "auto"},
+}
+
+
 @pytest.mark.skipif(not _libfabric(), reason="libfabric is not installed (links between hosts)")
 @pytest.mark.parametrize("nprocs,per_host", [(2, 1), (4, 2)])
-@pytest.mark.parametrize("mode", ["copy engines, stream memory operations", "flag kernels"])
+@pytest.mark.parametrize("mode", list(HOST_MODES))
 def test_across_simulated_hosts(nprocs, per_host, mode):
   """Processes on one GPU named as different hosts (JAX_SMDDP_HOST_ID): the
-  hierarchical all_gather and reduce_scatter, the network proxy over libfabric (tcp), signals in
+  hierarchical all_gather and reduce_scatter, the network proxy over libfabric, signals in
   GDRCopy memory where gdrdrv is loaded, else mapped host memory."""
   hosts = [{"JAX_SMDDP_HOST_ID": f"host{i // per_host}"} for i in range(nprocs)]
-  procs = run(nprocs, {**MODES[mode], "JAX_SMDDP_FABRIC_PROVIDER": "tcp;ofi_rxm"}, "hosts", hosts)
+  procs = run(nprocs, HOST_MODES[mode], "hosts", hosts)
   assert procs[0].result["checked"] > 0
+
+
+@pytest.mark.skipif(not _libfabric(), reason="libfabric is not installed (links between hosts)")
+def test_fi_hmem_required_but_missing_is_an_error_naming_why():
+  """JAX_SMDDP_FABRIC_HMEM=1 over tcp;ofi_rxm (no FI_HMEM): set-up fails in
+  every process, saying which process cannot and why, instead of staging."""
+  hosts = [{"JAX_SMDDP_HOST_ID": f"host{i}"} for i in range(2)]
+  procs = launch.run_job(["hosts"], 2, 1, script=WORKER, timeout=TIMEOUT * 0.9,
+                         env={"JAX_PLATFORMS": "cuda", "JAX_SMDDP_FABRIC_PROVIDER": "tcp;ofi_rxm",
+                              "JAX_SMDDP_FABRIC_HMEM": "1"}, per_process_env=hosts)
+  text = launch.describe(procs)
+  assert all(p.returncode != 0 or (p.result and not p.result["ok"]) for p in procs), text
+  assert "JAX_SMDDP_FABRIC_HMEM=1" in text and "FI_HMEM" in text, text

@@ -15,6 +15,14 @@
 // calls: the 2 s progress deadline), mismatch (rank 1's second call
 // differs), two_per_process (2 processes x 2 ranks: collectives, then one
 // process dies). Prints "all checks passed" and exits 0 on success.
+//
+//   gpu_communicator_test hosts|hosts_dead staging|rail
+//
+// Two processes named as two hosts (one rank each) over the multi-process
+// world's real bootstrap (libfabric shm links, a TCP watch): the
+// hierarchical all_gather and reduce_scatter with their network slots staged
+// through the world's links, or ("rail") in (mock) device memory registered
+// with the process's FabricRail; hosts_dead then kills process 1 mid-call.
 #include <signal.h>
 #include <sys/mman.h>
 #include <sys/wait.h>
@@ -33,7 +41,11 @@
 #include "xla_ffi/engine/communicator.h"  // SetTimeoutSeconds
 #include "xla_ffi/engine/gpu_communicator.h"
 #include "xla_ffi/engine/host_stream_ops.h"
+#include "xla_ffi/engine/link.h"
+#include "xla_ffi/engine/net_port.h"
 #include "xla_ffi/engine/stream_algorithms.h"
+#include "xla_ffi/engine/world.h"
+#include "tests/native/fabric_regions.h"
 
 namespace {
 
@@ -388,6 +400,179 @@ int TwoPerProcess(bool host) {
   return ok ? 0 : 1;
 }
 
+// --- Groups across hosts ----------------------------------------------------
+
+// Through the parent: sends mine, returns the other process's.
+std::string Swap(int p, int up, int down, const std::string& mine) {
+  std::string theirs;
+  Expect(p, WriteBytes(up, mine) && ReadBytes(down, &theirs), "relay through the parent");
+  return theirs;
+}
+
+void Check(int p, const Status& st, const std::string& what) {
+  Expect(p, st.ok(), what + ": " + st.message());
+}
+
+int RunHost(int p, bool rail, bool die, int up, int down) {
+  const int q = 1 - p;
+  gpu::SetProcessIndex(p);
+  // The world, as jax_smddp.initialize() builds it (hosts "host0", "host1").
+  Check(p, smddp::WorldBegin(p, 2), "WorldBegin");
+  const int peer_pid = std::stoi(Swap(p, up, down, std::to_string(getpid())));
+  Check(p, smddp::WorldSetPeer(p, getpid(), "host" + std::to_string(p)), "WorldSetPeer");
+  Check(p, smddp::WorldSetPeer(q, peer_pid, "host" + std::to_string(q)), "WorldSetPeer");
+  std::string address, provider, watch;
+  Check(p, smddp::WorldOpenFabric("shm", "", &address, &provider), "WorldOpenFabric");
+  Check(p, smddp::WorldWatchListen("127.0.0.1", &watch), "WorldWatchListen");
+  const std::string peer_address = Swap(p, up, down, address);
+  const std::string peer_watch = Swap(p, up, down, watch);
+  Check(p, smddp::WorldConnectFabric(q, peer_address), "WorldConnectFabric");
+  Check(p, p == 1 ? smddp::WorldWatchConnect(0, peer_watch) : smddp::WorldWatchAccept({1}),
+        "watch");
+  Check(p, smddp::WorldStart(), "WorldStart");
+
+  // This host's communicator (one rank), then the group across both hosts.
+  const std::vector<int64_t> members = {30, 31}, intra = {30 + p};
+  std::vector<std::pair<int, std::string>> handles;
+  Check(p, gpu::PrepareCommunicator(intra, 4096, {{0, 0}}, 1, &handles), "prepare");
+  Check(p, gpu::ConnectCommunicator(intra, {}), "connect");
+  std::vector<std::string> rails;
+  if (rail) {
+    std::string mine;
+    Check(p, gpu::OpenDeviceRail(0, &mine), "OpenDeviceRail");
+    const std::string theirs = Swap(p, up, down, mine);
+    rails = p == 0 ? std::vector<std::string>{mine, theirs} : std::vector<std::string>{theirs, mine};
+  }
+  bool gdrcopy = true, on_rail = !rail;
+  Check(p, gpu::PrepareHierarchy(members, {0, 1}, {0, 1}, {{p, 0}}, intra, 4096, rails, &gdrcopy,
+                                 &on_rail),
+        "PrepareHierarchy");
+  Expect(p, on_rail == rail && !gdrcopy, "slots or signals not where asked");
+  gpu::GpuHierarchy* h = gpu::FindHierarchy(gpu::GroupKey(members.data(), 2));
+  gpu::GpuHierarchy::Member* m = h ? h->Find(p) : nullptr;
+  Expect(p, m && m->port && m->local, "no network port");
+  smddp::NetPort& port = *m->port;
+  const std::string kind = port.links[q]->Kind();
+  Expect(p, kind.find(rail ? "no staging" : "libfabric shm") != std::string::npos,
+         "the port's link is " + kind);
+  Expect(p, rail == (port.slots_stream != port.mailbox_stream + port.layout.slots) &&
+                rail == bool(port.poison),
+         "the slots are not where the mode puts them");
+  char c = 'c';
+  Expect(p, WriteAll(up, &c, 1) && ReadAll(down, &c, 1), "barrier");
+
+  smddp::HostStreamOps ops(20);
+  const std::vector<int> rank_of = {0, 1};
+  for (int call = 0; call < 4; ++call) {
+    // all_gather: rows of 6000 bytes through 4 KiB slots (pieces of rows).
+    const size_t outer = 3, n = 1500;
+    std::vector<float> send(outer * n), recv(outer * 2 * n);
+    for (size_t i = 0; i < send.size(); ++i) send[i] = Input(p, i + call);
+    Check(p, smddp::RunStreamHierarchicalGather(outer, n * 4, m->local->view, port, rank_of, ops,
+                                                send.data(), recv.data()),
+          "hierarchical all_gather");
+    for (size_t o = 0; o < outer; ++o)
+      for (int r = 0; r < 2; ++r)
+        for (size_t i = 0; i < n; ++i)
+          Expect(p, recv[(o * 2 + r) * n + i] == Input(r, o * n + i + call),
+                 "hierarchical all_gather value");
+    // reduce_scatter: [2, 2, 700] -> [2, 700], sum.
+    const size_t k = 700;
+    std::vector<float> in(2 * 2 * k), out(2 * k);
+    for (size_t i = 0; i < in.size(); ++i) in[i] = Input(p, i + call);
+    Check(p, smddp::RunStreamHierarchicalScatter(2, k, smddp::DType::kFloat32, smddp::ReduceOp::kSum,
+                                                 m->local->view, port, rank_of, ops, in.data(),
+                                                 out.data()),
+          "hierarchical reduce_scatter");
+    for (size_t o = 0; o < 2; ++o)
+      for (size_t i = 0; i < k; ++i)
+        Expect(p, out[o * k + i] == Input(0, (o * 2 + p) * k + i + call) +
+                                        Input(1, (o * 2 + p) * k + i + call),
+               "hierarchical reduce_scatter value");
+  }
+  Expect(p, !port.proxy->failed(), "the proxy failed: " + port.proxy->error().message());
+  Expect(p, WriteAll(up, &c, 1) && ReadAll(down, &c, 1), "barrier");
+  if (die) {
+    if (p == 1) raise(SIGKILL);
+    // Process 0's next call: the proxy sees the peer gone (the world's watch,
+    // also behind a rail link), releases the stream and poisons what never
+    // arrived; the call after fails naming the peer.
+    const size_t n = 1000;
+    std::vector<float> send(n, 1.0f), recv(2 * n, 0.0f);
+    const auto t0 = std::chrono::steady_clock::now();
+    Check(p, smddp::RunStreamHierarchicalGather(1, n * 4, m->local->view, port, rank_of, ops,
+                                                send.data(), recv.data()),
+          "the call in flight when the peer died");
+    for (size_t i = 0; i < n; ++i) {
+      uint32_t bits;
+      std::memcpy(&bits, &recv[n + i], 4);
+      Expect(p, bits == 0xFFFFFFFFu, "what never arrived is not poisoned");
+      Expect(p, recv[i] == 1.0f, "this host's own part is wrong");
+    }
+    for (int spin = 0; spin < 500 && !port.proxy->failed(); ++spin)
+      std::this_thread::sleep_for(std::chrono::milliseconds(10));
+    const Status next = smddp::RunStreamHierarchicalGather(1, n * 4, m->local->view, port, rank_of,
+                                                           ops, send.data(), recv.data());
+    const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    Expect(p, !next.ok() && next.message().find("peer process 1") != std::string::npos,
+           "the next call did not fail naming the peer: " + next.message());
+    Expect(p, s < 10, "took " + std::to_string(s) + " s");
+    std::printf("process 0: %s\n", next.message().c_str());
+  } else {
+    Expect(p, WriteAll(up, &c, 1) && ReadAll(down, &c, 1), "end barrier");
+  }
+  gpu::ReleaseCommunicators();
+  std::printf("process %d: ok\n", p);
+  std::fflush(stdout);
+  _exit(0);  // the world's links and the proxy stay up until exit, as in a job
+}
+
+int Hosts(bool rail, bool die) {
+  pid_t pids[2];
+  int ups[2], downs[2];
+  for (int p = 0; p < 2; ++p) {
+    int up[2], down[2];
+    if (pipe(up) != 0 || pipe(down) != 0) return 2;
+    pids[p] = fork();
+    if (pids[p] == 0) {
+      close(up[0]);
+      close(down[1]);
+      _exit(RunHost(p, rail, die, up[1], down[0]));
+    }
+    close(up[1]);
+    close(down[0]);
+    ups[p] = up[0];
+    downs[p] = down[1];
+  }
+  alarm(90);
+  // Relay rounds (pid, fabric address, watch address, rail address), then barriers.
+  for (int round = 0; round < (rail ? 4 : 3); ++round) {
+    std::string got[2];
+    for (int p = 0; p < 2; ++p)
+      if (!ReadBytes(ups[p], &got[p])) return 1;
+    for (int p = 0; p < 2; ++p) WriteBytes(downs[p], got[1 - p]);
+  }
+  char c;
+  for (int round = 0; round < (die ? 2 : 3); ++round) {
+    for (int p = 0; p < 2; ++p) ReadAll(ups[p], &c, 1);
+    for (int p = 0; p < 2; ++p) WriteAll(downs[p], "g", 1);
+  }
+  bool ok = true;
+  for (int p = 0; p < 2; ++p) {
+    int status = 0;
+    waitpid(pids[p], &status, 0);
+    const bool killed = die && p == 1;
+    ok &= killed ? WIFSIGNALED(status) : WIFEXITED(status) && WEXITSTATUS(status) == 0;
+  }
+  for (pid_t pid : pids) {
+    for (int i = 0; i < 16; ++i)
+      shm_unlink(("/jax_smddp_mock-" + std::to_string(pid) + "-" + std::to_string(i)).c_str());
+    RemoveFabricRegionsOf(pid);
+  }
+  if (ok) std::printf("all checks passed\n");
+  return ok ? 0 : 1;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -398,6 +583,8 @@ int main(int argc, char** argv) {
     return 2;
   }
   const std::string scenario = argv[1];
+  if (scenario == "hosts" || scenario == "hosts_dead")
+    return Hosts(std::string(argv[2]) == "rail", scenario == "hosts_dead");
   const bool host = std::string(argv[2]) == "host";
   setenv("JAX_SMDDP_GPU_FLAG_MEMORY", argv[2], 1);
   if (scenario == "two_per_process") return TwoPerProcess(host);

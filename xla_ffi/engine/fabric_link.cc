@@ -43,32 +43,14 @@
 #include <utility>
 #include <vector>
 
-// -DSMDDP_NO_LIBFABRIC builds the stub even where the headers exist.
-#if defined(__has_include) && !defined(SMDDP_NO_LIBFABRIC)
-#if __has_include(<rdma/fabric.h>)
-#define SMDDP_HAVE_LIBFABRIC 1
-#endif
-#endif
-
-#ifdef SMDDP_HAVE_LIBFABRIC
-#include <dlfcn.h>
-#include <rdma/fabric.h>
-#include <rdma/fi_cm.h>
-#include <rdma/fi_domain.h>
-#include <rdma/fi_endpoint.h>
-#include <rdma/fi_eq.h>
-#include <rdma/fi_errno.h>
-#endif
+#include "xla_ffi/engine/fabric_api.h"
 
 namespace smddp {
 namespace {
 
 const char kDefaultProvider[] = "tcp;ofi_rxm";
 
-std::string Env(const char* name) {
-  const char* v = std::getenv(name);
-  return v ? std::string(v) : std::string();
-}
+std::string Env(const char* name) { return FabricEnv(name); }
 
 }  // namespace
 
@@ -80,10 +62,7 @@ std::string Env(const char* name) {
 class FabricEndpoint::Impl {};
 
 bool FabricAvailable(std::string* why) {
-  if (why) {
-    *why = "built without libfabric headers (install libfabric-dev on Debian/Ubuntu, "
-           "libfabric-devel on RHEL, and rebuild jax_smddp)";
-  }
+  if (why) *why = kFabricNoHeaders;
   return false;
 }
 
@@ -112,88 +91,10 @@ Status FabricEndpoint::Connect(const std::string&, const std::string&, std::uniq
 
 namespace {
 
-const char kInstallHint[] =
-    "install libfabric (Debian/Ubuntu: apt-get install libfabric1; RHEL: dnf install "
-    "libfabric; on AWS the EFA installer provides it) or put the directory holding "
-    "libfabric.so.1 on LD_LIBRARY_PATH";
-
-// The functions libfabric exports. Only these are resolved with dlsym; all
-// other calls go through the objects' ops tables (the headers' inline
-// wrappers), so nothing of libfabric is linked at build time.
-struct Api {
-  decltype(&::fi_getinfo) getinfo = nullptr;
-  decltype(&::fi_freeinfo) freeinfo = nullptr;
-  decltype(&::fi_dupinfo) dupinfo = nullptr;
-  decltype(&::fi_fabric) fabric = nullptr;
-  decltype(&::fi_strerror) strerror = nullptr;
-  decltype(&::fi_version) version = nullptr;
-  std::string error;  // empty when loaded
-
-  std::string Err(int ret) const {  // ret: a negative libfabric return code
-    int e = ret < 0 ? -ret : ret;
-    const char* s = strerror ? strerror(e) : nullptr;
-    return std::string(s ? s : "unknown error") + " (" + std::to_string(ret) + ")";
-  }
-};
-
-template <typename F>
-bool Resolve(void* lib, const char* name, F* fn, std::string* error) {
-  *fn = reinterpret_cast<F>(dlsym(lib, name));
-  if (*fn == nullptr && error->empty()) {
-    *error = std::string("libfabric.so.1 does not export ") + name +
-             " (is it libfabric 1.5 or newer?); " + kInstallHint;
-  }
-  return *fn != nullptr;
-}
-
-// Loaded once per process and never unloaded (providers may keep threads).
-const Api& GetApi() {
-  static const Api* api = [] {
-    Api* a = new Api;
-    void* lib = dlopen("libfabric.so.1", RTLD_NOW | RTLD_LOCAL);
-    if (lib == nullptr) {
-      const char* e = dlerror();
-      a->error = std::string("cannot load libfabric.so.1 (") + (e ? e : "not found") + "); " +
-                 kInstallHint;
-      return a;
-    }
-    Resolve(lib, "fi_getinfo", &a->getinfo, &a->error);
-    Resolve(lib, "fi_freeinfo", &a->freeinfo, &a->error);
-    Resolve(lib, "fi_dupinfo", &a->dupinfo, &a->error);
-    Resolve(lib, "fi_fabric", &a->fabric, &a->error);
-    Resolve(lib, "fi_strerror", &a->strerror, &a->error);
-    Resolve(lib, "fi_version", &a->version, &a->error);
-    if (a->error.empty() && a->version() < FI_VERSION(1, 5)) {
-      a->error = "libfabric " + std::to_string(FI_MAJOR(a->version())) + "." +
-                 std::to_string(FI_MINOR(a->version())) +
-                 " is too old (jax_smddp needs 1.5 or newer); " + kInstallHint;
-    }
-    return a;
-  }();
-  return *api;
-}
-
-uint32_t RequestedVersion(const Api& a) {
-  return std::min<uint32_t>(a.version(), FI_VERSION(FI_MAJOR_VERSION, FI_MINOR_VERSION));
-}
-
-uint64_t Fnv1a(const std::string& s) {
-  uint64_t h = 1469598103934665603ull;
-  for (unsigned char c : s) {
-    h ^= c;
-    h *= 1099511628211ull;
-  }
-  return h;
-}
-
-size_t EnvSize(const char* name, size_t dflt) {
-  std::string v = Env(name);
-  if (v.empty()) return dflt;
-  char* end = nullptr;
-  unsigned long long n = std::strtoull(v.c_str(), &end, 10);
-  if (end == v.c_str() || *end != '\0' || n == 0) return dflt;
-  return static_cast<size_t>(n);
-}
+using Api = FabricApi;
+const Api& GetApi() { return GetFabricApi(); }
+uint32_t RequestedVersion(const Api& a) { return a.RequestedVersion(); }
+size_t EnvSize(const char* name, size_t dflt) { return FabricEnvSize(name, dflt); }
 
 constexpr uint32_t kMagic = 0x46444d53;  // "SMDF"
 enum ChunkKind : uint32_t { kData = 1, kAbort = 2 };
@@ -359,30 +260,15 @@ class FabricEndpoint::Impl {
 
 Status FabricEndpoint::Impl::Init(const std::string& provider, const std::string& node) {
   const Api& a = api_;
-  const uint32_t version = RequestedVersion(a);
-  const bool shm = provider == "shm";
-  const char* where = (node.empty() || shm) ? nullptr : node.c_str();
+  const char* where = (node.empty() || provider == "shm") ? nullptr : node.c_str();
   const std::string what = "libfabric provider '" + provider + "'" +
                            (where ? " on " + node : std::string());
 
-  // Ask for manual progress; fall back to what the provider offers.
-  int ret = -FI_ENODATA;
-  for (int attempt = 0; attempt < 3 && ret == -FI_ENODATA; ++attempt) {
-    struct fi_info* hints = a.dupinfo(nullptr);
-    if (hints == nullptr) return Status::Error("fi_dupinfo failed: out of memory");
-    hints->caps = FI_MSG;
-    hints->mode = FI_CONTEXT | FI_CONTEXT2;
-    hints->ep_attr->type = FI_EP_RDM;
-    hints->domain_attr->mr_mode =
-        FI_MR_LOCAL | FI_MR_VIRT_ADDR | FI_MR_ALLOCATED | FI_MR_PROV_KEY | FI_MR_ENDPOINT;
-    hints->domain_attr->threading = FI_THREAD_DOMAIN;
-    if (attempt < 2) hints->domain_attr->data_progress = FI_PROGRESS_MANUAL;
-    if (attempt < 1) hints->domain_attr->control_progress = FI_PROGRESS_MANUAL;
-    hints->fabric_attr->prov_name = strdup(provider.c_str());
-    ret = a.getinfo(version, where, nullptr, where ? FI_SOURCE : 0, hints, &info_);
-    a.freeinfo(hints);
-  }
-  if (ret == -FI_ENODATA || (ret == 0 && info_ == nullptr)) {
+  int ret = GetRdmInfo(a, provider, node, FI_MSG,
+                       FI_MR_LOCAL | FI_MR_VIRT_ADDR | FI_MR_ALLOCATED | FI_MR_PROV_KEY |
+                           FI_MR_ENDPOINT,
+                       &info_);
+  if (ret == -FI_ENODATA) {
     return Status::Error(
         what + " offers no reliable-datagram (FI_EP_RDM) endpoint here (fi_getinfo: " +
         a.Err(ret) + "). `fi_info -l` lists this host's providers; choose one with "

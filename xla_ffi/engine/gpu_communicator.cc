@@ -14,6 +14,7 @@
 #include "cuda/gdrcopy.h"
 #include "xla_ffi/engine/call_log.h"
 #include "xla_ffi/engine/communicator.h"
+#include "xla_ffi/engine/fabric_rail.h"
 #include "xla_ffi/engine/process_liveness.h"
 #include "xla_ffi/engine/world.h"
 
@@ -59,6 +60,36 @@ std::map<uint64_t, std::unique_ptr<GpuHierarchy>>& Hierarchies() {
 NetworkProxy* Proxy() {
   static NetworkProxy* proxy = new NetworkProxy();
   return proxy;
+}
+
+// Device memory's libfabric interface. The tests' mock CUDA runtime
+// (tests/native/mock_cuda) hands out host memory as "device memory".
+#ifdef JAX_SMDDP_MOCK_CUDA
+constexpr MemoryIface kDeviceIface = MemoryIface::kHost;
+#else
+constexpr MemoryIface kDeviceIface = MemoryIface::kCuda;
+#endif
+
+// This process's rail for network slots in device memory (FI_HMEM), once
+// OpenDeviceRail succeeded; never closed (like the proxy).
+std::mutex rail_mu;
+FabricRail* device_rail = nullptr;
+
+// Whether the NIC's writes into `ordinal`'s memory must be flushed before the
+// GPU reads them (`*flush`), or an error when they can be neither relied on
+// nor flushed.
+Status RdmaWriteOrdering(int ordinal, bool* flush) {
+  int ordering = 0, options = 0;
+  cudaError_t err = cudaDeviceGetAttribute(&ordering, cudaDevAttrGPUDirectRDMAWritesOrdering, ordinal);
+  if (err == cudaSuccess)
+    err = cudaDeviceGetAttribute(&options, cudaDevAttrGPUDirectRDMAFlushWritesOptions, ordinal);
+  if (err != cudaSuccess) return CudaError("querying GPUDirect RDMA write ordering", err);
+  *flush = ordering < cudaGPUDirectRDMAWritesOrderingOwner;
+  if (*flush && !(options & cudaFlushGPUDirectRDMAWritesOptionHost))
+    return Status::Error("jax_smddp (GPU): GPU " + std::to_string(ordinal) +
+                         " neither orders GPUDirect RDMA writes nor can flush them, so data the "
+                         "NIC writes into its memory could be read stale");
+  return Status::Ok();
 }
 
 // What a rank publishes to the group's other processes.
@@ -437,14 +468,25 @@ Status MappedHostAlloc(size_t bytes, const char* what, void** host, void** devic
 }  // namespace
 
 // Network port memory of one rank: the mailbox in mapped pinned host memory,
-// the signals in GDRCopy-mapped device memory or mapped pinned host memory.
+// the signals in GDRCopy-mapped device memory or mapped pinned host memory,
+// the slots after the mailbox's flags (staging) or in device memory
+// registered with the process's rail.
 struct GpuHierarchy::PortMemory {
   void* mailbox_host = nullptr;
   void* signals_host = nullptr;   // pinned host signals (no GDRCopy)
   void* signals_device = nullptr; // device signals (GDRCopy)
+  void* slots_device = nullptr;   // rail: slots the NIC reads and writes
+  std::unique_ptr<FabricRail::Region> slots_region;
+  cudaStream_t poison_stream = nullptr;
   cuda::GdrMapping mapping;
   int ordinal = 0;
   ~PortMemory() {
+    slots_region.reset();  // deregistered before it is freed
+    if (slots_device || poison_stream) {
+      DeviceScope scope(ordinal);
+      if (slots_device) cudaFree(slots_device);
+      if (poison_stream) cudaStreamDestroy(poison_stream);
+    }
     if (mailbox_host) cudaFreeHost(mailbox_host);
     if (signals_host) cudaFreeHost(signals_host);
     if (signals_device) {
@@ -466,7 +508,7 @@ GpuHierarchy::Member* GpuHierarchy::Find(int rank) {
 
 Status GpuHierarchy::Prepare(const std::vector<int>& host_of, const std::vector<int>& process_of,
                              const std::vector<std::pair<int, int>>& local, GpuCommunicator* intra,
-                             size_t slot_bytes) {
+                             size_t slot_bytes, const std::vector<std::string>& rail_addresses) {
   const int P = int(members_.size());
   int hosts = 0;
   for (int h : host_of) hosts = std::max(hosts, h + 1);
@@ -480,6 +522,20 @@ Status GpuHierarchy::Prepare(const std::vector<int>& host_of, const std::vector<
   NetLayout layout(hosts, slot_bytes);
   std::string why;
   gdrcopy_ = cuda::GdrCopyAvailable(&why);
+  FabricRail* rail = nullptr;
+  if (!rail_addresses.empty()) {
+    {
+      std::lock_guard<std::mutex> lock(rail_mu);
+      rail = device_rail;
+    }
+    if (!rail || int(rail_addresses.size()) != world->processes())
+      return Status::Error("jax_smddp (GPU): the group's rail is not open in this process");
+    if (layout.slot_bytes * size_t(hosts) > rail->max_message())
+      return Status::Error("jax_smddp (GPU): libfabric (" + rail->Provider() + ") carries at most " +
+                           std::to_string(rail->max_message()) + " bytes per message; lower "
+                           "JAX_SMDDP_GPU_SLOT_BYTES or set JAX_SMDDP_FABRIC_HMEM=0");
+    rail_ = true;
+  }
   for (const auto& [rank, ordinal] : local) {
     const int h = host_of[rank];
     int j = -1;
@@ -494,8 +550,9 @@ Status GpuHierarchy::Prepare(const std::vector<int>& host_of, const std::vector<
     mem->ordinal = ordinal;
     DeviceScope scope(ordinal);
     void* mailbox_device = nullptr;
-    SMDDP_RETURN_IF_ERROR(MappedHostAlloc(layout.mailbox_bytes, "network mailbox",
-                                          &mem->mailbox_host, &mailbox_device));
+    // Staging: the slots follow the flags in the mailbox. Rail: flags only.
+    SMDDP_RETURN_IF_ERROR(MappedHostAlloc(rail ? layout.slots : layout.mailbox_bytes,
+                                          "network mailbox", &mem->mailbox_host, &mailbox_device));
     auto port = std::make_unique<NetPort>();
     port->hosts = hosts;
     port->host = h;
@@ -504,6 +561,12 @@ Status GpuHierarchy::Prepare(const std::vector<int>& host_of, const std::vector<
     port->layout = layout;
     port->mailbox_proxy = static_cast<uint8_t*>(mem->mailbox_host);
     port->mailbox_stream = static_cast<uint8_t*>(mailbox_device);
+    if (rail) {
+      SMDDP_RETURN_IF_ERROR(PrepareRailSlots(rail, layout, mem.get(), port.get()));
+    } else {
+      port->slots_proxy = port->mailbox_proxy + layout.slots;
+      port->slots_stream = port->mailbox_stream + layout.slots;
+    }
     if (gdrcopy_) {
       const size_t bytes = (layout.signal_bytes + (64 << 10) - 1) / (64 << 10) * (64 << 10);
       cudaError_t err = cudaMalloc(&mem->signals_device, bytes);
@@ -529,6 +592,13 @@ Status GpuHierarchy::Prepare(const std::vector<int>& host_of, const std::vector<
       port->links[k] = world->link(peer);
       if (!port->links[k])
         return Status::Error("jax_smddp (GPU): no link to process " + std::to_string(peer));
+      if (rail) {  // the world's link still tells when that process is gone
+        std::unique_ptr<Link> link;
+        SMDDP_RETURN_IF_ERROR(rail->Connect(rail_addresses[peer], "process " + std::to_string(peer),
+                                            port->links[k], &link));
+        port->links[k] = link.get();
+        rail_links_.push_back(std::move(link));
+      }
     }
     port->proxy = Proxy();
     by_rank_[rank] = Member{lr, port.get()};
@@ -539,11 +609,70 @@ Status GpuHierarchy::Prepare(const std::vector<int>& host_of, const std::vector<
   return Status::Ok();
 }
 
+Status GpuHierarchy::PrepareRailSlots(FabricRail* rail, const NetLayout& layout,
+                                      PortMemory* mem, NetPort* port) {
+  const int ordinal = mem->ordinal;
+  bool flush = false;
+  SMDDP_RETURN_IF_ERROR(RdmaWriteOrdering(ordinal, &flush));
+  cudaError_t err = cudaMalloc(&mem->slots_device, layout.slot_area_bytes);
+  if (err == cudaSuccess) err = cudaMemset(mem->slots_device, 0, layout.slot_area_bytes);
+  if (err == cudaSuccess) err = cudaStreamCreateWithFlags(&mem->poison_stream, cudaStreamNonBlocking);
+  if (err != cudaSuccess) return CudaError("allocating network slots in device memory", err);
+  SMDDP_RETURN_IF_ERROR(rail->Register(mem->slots_device, layout.slot_area_bytes, ordinal,
+                                       &mem->slots_region));
+  port->slots_proxy = port->slots_stream = static_cast<uint8_t*>(mem->slots_device);
+  // After a failure the proxy poisons what never arrived; the CPU cannot
+  // write device memory, so a copy engine does, on a stream of its own.
+  cudaStream_t stream = mem->poison_stream;
+  port->poison = [ordinal, stream](uint8_t* slot, size_t bytes) {
+    DeviceScope scope(ordinal);
+    if (cudaMemsetAsync(slot, 0xFF, bytes, stream) == cudaSuccess) cudaStreamSynchronize(stream);
+  };
+  if (flush) {  // the NIC's writes reach the GPU's readers only after a flush
+    port->after_receive = [ordinal]() -> Status {
+      DeviceScope scope(ordinal);
+      cudaError_t e = cudaDeviceFlushGPUDirectRDMAWrites(cudaFlushGPUDirectRDMAWritesTargetCurrentDevice,
+                                                         cudaFlushGPUDirectRDMAWritesToOwner);
+      return e == cudaSuccess ? Status::Ok() : CudaError("flushing GPUDirect RDMA writes", e);
+    };
+  }
+  return Status::Ok();
+}
+
+Status OpenDeviceRail(int ordinal, std::string* address) {
+  std::lock_guard<std::mutex> lock(rail_mu);
+  if (!device_rail) {
+    auto world = CurrentWorld();
+    if (!world || world->fabric_provider().empty())
+      return Status::Error("no libfabric links to other hosts in this process's world");
+    bool flush = false;
+    SMDDP_RETURN_IF_ERROR(RdmaWriteOrdering(ordinal, &flush));
+    std::unique_ptr<FabricRail> rail;
+    SMDDP_RETURN_IF_ERROR(FabricRail::Open(world->fabric_provider(), world->fabric_node(),
+                                           kDeviceIface, &rail));
+    // A provider may offer FI_HMEM yet fail on this machine's device memory
+    // (no nvidia-peermem or dma-buf): register some before anyone relies on it.
+    DeviceScope scope(ordinal);
+    void* probe = nullptr;
+    cudaError_t err = cudaMalloc(&probe, 2 << 20);
+    if (err != cudaSuccess) return CudaError("allocating device memory to register", err);
+    std::unique_ptr<FabricRail::Region> region;
+    Status st = rail->Register(probe, 2 << 20, ordinal, &region);
+    region.reset();
+    cudaFree(probe);
+    SMDDP_RETURN_IF_ERROR(st);
+    device_rail = rail.release();
+  }
+  *address = device_rail->Address();
+  return Status::Ok();
+}
+
 Status PrepareHierarchy(const std::vector<int64_t>& members, const std::vector<int>& host_of,
                         const std::vector<int>& process_of,
                         const std::vector<std::pair<int, int>>& local,
                         const std::vector<int64_t>& intra_members, size_t slot_bytes,
-                        bool* uses_gdrcopy) {
+                        const std::vector<std::string>& rail_addresses, bool* uses_gdrcopy,
+                        bool* uses_rail) {
   const int P = int(members.size());
   if (int(host_of.size()) != P || int(process_of.size()) != P)
     return Status::Error("jax_smddp (GPU): malformed hierarchical group");
@@ -562,15 +691,18 @@ Status PrepareHierarchy(const std::vector<int64_t>& members, const std::vector<i
   auto& slot = Hierarchies()[key];
   if (slot) {
     *uses_gdrcopy = slot->uses_gdrcopy();
+    *uses_rail = slot->uses_rail();
     return Status::Ok();
   }
   auto intra = Registry().find(GroupKey(intra_members.data(), int(intra_members.size())));
   if (intra == Registry().end() || !intra->second->connected())
     return Status::Error("jax_smddp (GPU): prepare this host's communicator first");
   auto h = std::make_unique<GpuHierarchy>(members, rank_of);
-  Status st = h->Prepare(host_of, process_of, local, intra->second.get(), slot_bytes);
+  Status st = h->Prepare(host_of, process_of, local, intra->second.get(), slot_bytes,
+                         rail_addresses);
   if (!st.ok()) return st;
   *uses_gdrcopy = h->uses_gdrcopy();
+  *uses_rail = h->uses_rail();
   slot = std::move(h);
   return Status::Ok();
 }

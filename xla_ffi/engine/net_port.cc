@@ -13,7 +13,8 @@ namespace smddp {
 NetLayout::NetLayout(int hosts_, size_t slot_bytes_) : hosts(hosts_) {
   slot_bytes = (slot_bytes_ + 255) / 256 * 256;
   slots = (kFlagStride * (1 + size_t(hosts)) + 4095) / 4096 * 4096;
-  mailbox_bytes = slots + (2 + 2 * size_t(hosts)) * slot_bytes;
+  slot_area_bytes = (2 + 2 * size_t(hosts)) * slot_bytes;
+  mailbox_bytes = slots + slot_area_bytes;
   signal_bytes = kFlagStride * (1 + size_t(hosts));
 }
 
@@ -78,7 +79,12 @@ void NetworkProxy::Release(const Task& t) {
     // What never arrived reads as all-ones bytes, NaN in every float type, so
     // the failed call's output is visibly poisoned rather than holding an
     // earlier step's data; the next call raises the error.
-    std::memset(p.host_side(p.layout.recv_slot(k, t.step)), 0xFF, t.bytes);
+    uint8_t* slot = p.slot_proxy(p.layout.recv_slot(k, t.step));
+    if (p.poison) {
+      p.poison(slot, t.bytes);
+    } else {
+      std::memset(slot, 0xFF, t.bytes);
+    }
     __atomic_store_n(arrived, t.step, __ATOMIC_SEQ_CST);
   }
   __atomic_store_n(p.host_side<uint32_t>(p.layout.done(), true), t.step, __ATOMIC_SEQ_CST);
@@ -131,7 +137,7 @@ Status NetworkProxy::Run(const Task& t) {
       if (!st.ok()) { cancel_all(); return st; }
     }
     p.state[k] |= kRecvPosted;
-    p.links[k]->Recv(tag, p.host_side(p.layout.recv_slot(k, t.step)), t.bytes, &p.recvs[k]);
+    p.links[k]->Recv(tag, p.slot_proxy(p.layout.recv_slot(k, t.step)), t.bytes, &p.recvs[k]);
   }
   Status st = wait_stream(p.layout.posted(), t.step);
   if (!st.ok()) { cancel_all(); return st; }
@@ -139,7 +145,7 @@ Status NetworkProxy::Run(const Task& t) {
     if (k == p.host) continue;
     const size_t offset = t.scatter ? size_t(k) * t.bytes : 0;
     p.state[k] |= kSendPosted;
-    p.links[k]->Send(tag, p.host_side(p.layout.send_slot(t.step)) + offset, t.bytes, &p.sends[k]);
+    p.links[k]->Send(tag, p.slot_proxy(p.layout.send_slot(t.step)) + offset, t.bytes, &p.sends[k]);
   }
   for (int spins = 0;; ++spins) {
     bool all = true, sent = true;
@@ -148,6 +154,10 @@ Status NetworkProxy::Run(const Task& t) {
       p.links[k]->Progress();
       if (p.recvs[k].done() && !(p.state[k] & kSignalled)) {
         if (!p.recvs[k].status().ok()) { cancel_all(); return failure(k, p.recvs[k].status().message()); }
+        if (p.after_receive) {
+          Status st = p.after_receive();
+          if (!st.ok()) { cancel_all(); return failure(k, st.message()); }
+        }
         // The bytes are in the slot: let the stream read them.
         __atomic_store_n(p.host_side<uint32_t>(p.layout.arrived(k), true), t.step, __ATOMIC_SEQ_CST);
         p.state[k] |= kSignalled;

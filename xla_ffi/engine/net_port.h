@@ -6,10 +6,14 @@
 // into receive slots and raises flags the stream waits on.
 //
 // Memory is reached through two addresses, the stream's and the proxy's:
-// on a GPU the mailbox (slots, stream->proxy flags) is mapped pinned host
-// memory and the signals (proxy->stream flags) are device memory mapped to the
-// host by GDRCopy, or mapped pinned host memory without it; in tests both are
-// plain host memory and the addresses are equal.
+// on a GPU the mailbox (stream->proxy flags) is mapped pinned host memory and
+// the signals (proxy->stream flags) are device memory mapped to the host by
+// GDRCopy, or mapped pinned host memory without it. The slots follow the
+// mailbox into host memory when the links copy through host buffers
+// (staging), or stay in device memory registered with a FabricRail, which
+// the NIC reads and writes itself (FI_HMEM): then the proxy never touches
+// their bytes, it only names them to libfabric. In tests all of it is plain
+// host memory and the addresses are equal.
 #ifndef JAX_SMDDP_ENGINE_NET_PORT_H_
 #define JAX_SMDDP_ENGINE_NET_PORT_H_
 
@@ -18,6 +22,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <deque>
+#include <functional>
 #include <mutex>
 #include <thread>
 #include <vector>
@@ -27,19 +32,22 @@
 
 namespace smddp {
 
-// Offsets in a port's two blocks. Slots are double-buffered: the stream fills
-// step s + 1 while the proxy still moves step s.
+// Offsets in a port's blocks: the mailbox, the signals and the slots (which
+// may follow the mailbox's flags in one block, at `slots`). Slots are
+// double-buffered: the stream fills step s + 1 while the proxy still moves
+// step s.
 struct NetLayout {
   static constexpr size_t kFlagStride = 64;
   NetLayout() = default;
   NetLayout(int hosts, size_t slot_bytes);
 
-  // Mailbox: written by the stream, read by the proxy (and the slots).
+  // Mailbox: written by the stream, read by the proxy.
   size_t posted() const { return 0; }
   size_t consumed(int host) const { return kFlagStride * (1 + size_t(host)); }
-  size_t send_slot(uint32_t step) const { return slots + (step % 2) * slot_bytes; }
+  // Slots, from the start of the slot area.
+  size_t send_slot(uint32_t step) const { return (step % 2) * slot_bytes; }
   size_t recv_slot(int host, uint32_t step) const {
-    return slots + (2 + 2 * size_t(host) + step % 2) * slot_bytes;
+    return (2 + 2 * size_t(host) + step % 2) * slot_bytes;
   }
   // Signals: written by the proxy, read by the stream.
   size_t done() const { return 0; }
@@ -47,8 +55,9 @@ struct NetLayout {
 
   int hosts = 1;
   size_t slot_bytes = 0;
-  size_t slots = 0;
-  size_t mailbox_bytes = 0;
+  size_t slots = 0;            // flags' bytes, rounded: where slots follow them in one block
+  size_t slot_area_bytes = 0;  // send and receive slots
+  size_t mailbox_bytes = 0;    // flags followed by the slots
   size_t signal_bytes = 0;
 };
 
@@ -64,6 +73,14 @@ struct NetPort {
   uint8_t* mailbox_proxy = nullptr;
   uint8_t* signals_stream = nullptr;
   uint8_t* signals_proxy = nullptr;
+  uint8_t* slots_stream = nullptr;  // the slot area
+  uint8_t* slots_proxy = nullptr;
+  // Slots the proxy cannot write (device memory): how it fills a receive slot
+  // with all-ones bytes after a failure. Empty: memset.
+  std::function<void(uint8_t* slot_proxy, size_t bytes)> poison;
+  // Run by the proxy between a receive's completion and its `arrived` flag,
+  // e.g. to make the NIC's writes to device memory visible to the GPU.
+  std::function<Status()> after_receive;
   std::vector<Link*> links;  // by host; null for this rank's own
   std::vector<int> peer_process;  // by host, for messages
   NetworkProxy* proxy = nullptr;
@@ -81,6 +98,8 @@ struct NetPort {
   T* host_side(size_t offset, bool signal = false) const {
     return reinterpret_cast<T*>((signal ? signals_proxy : mailbox_proxy) + offset);
   }
+  uint8_t* slot_stream(size_t offset) const { return slots_stream + offset; }
+  uint8_t* slot_proxy(size_t offset) const { return slots_proxy + offset; }
 };
 
 // One thread that runs every port's network steps of this process, in the

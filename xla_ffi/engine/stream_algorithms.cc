@@ -253,7 +253,7 @@ Status RunStreamHierarchicalGather(size_t outer, size_t inner, StreamRank& local
     const uint32_t s = ++port.step;
     if (s > 2) SMDDP_RETURN_IF_ERROR(ops.WaitAtLeast(port.stream<uint32_t>(net.done(), true), s - 2));
     const uint8_t* mine = send + t.row * inner + t.col;
-    SMDDP_RETURN_IF_ERROR(ops.Copy2D(port.stream(net.send_slot(s)), t.width, mine, inner, t.width, t.rows));
+    SMDDP_RETURN_IF_ERROR(ops.Copy2D(port.slot_stream(net.send_slot(s)), t.width, mine, inner, t.width, t.rows));
     SMDDP_RETURN_IF_ERROR(ops.Write(port.stream<uint32_t>(net.posted()), s));
     port.proxy->Enqueue(&port, s, t.rows * t.width);
     // Inside the host, host by host (the same order on every rank).
@@ -262,7 +262,7 @@ Status RunStreamHierarchicalGather(size_t outer, size_t inner, StreamRank& local
       size_t spitch = inner;
       if (g != h) {
         SMDDP_RETURN_IF_ERROR(ops.WaitAtLeast(port.stream<uint32_t>(net.arrived(g), true), s));
-        src = port.stream(net.recv_slot(g, s));
+        src = port.slot_stream(net.recv_slot(g, s));
         spitch = t.width;
       }
       auto out = [&](int j) { return recv + (t.row * P + rank_of[g * L + j]) * inner + t.col; };
@@ -325,7 +325,7 @@ Status RunStreamHierarchicalScatter(size_t outer, size_t inner, DType dtype, Red
         srcs[j] = theirs + i * t.width;
       }
       // This host's own partial waits in its (unused) receive slot.
-      uint8_t* dst = g == h ? port.stream(net.recv_slot(h, s)) : port.stream(net.send_slot(s)) + g * sub;
+      uint8_t* dst = g == h ? port.slot_stream(net.recv_slot(h, s)) : port.slot_stream(net.send_slot(s)) + g * sub;
       SMDDP_RETURN_IF_ERROR(ops.Reduce(dst, t.width, srcs, L, L * t.width, t.width / E,
                                        t.rows, dtype, op));
       for (int j = 0; j < L; ++j) SMDDP_RETURN_IF_ERROR(st.Release(j));
@@ -335,7 +335,7 @@ Status RunStreamHierarchicalScatter(size_t outer, size_t inner, DType dtype, Red
     port.proxy->Enqueue(&port, s, sub, /*scatter=*/true);
     for (int k = 0; k < H; ++k) {
       if (k != h) SMDDP_RETURN_IF_ERROR(ops.WaitAtLeast(port.stream<uint32_t>(net.arrived(k), true), s));
-      srcs[k] = port.stream(net.recv_slot(k, s));
+      srcs[k] = port.slot_stream(net.recv_slot(k, s));
     }
     SMDDP_RETURN_IF_ERROR(ops.Reduce(recv + t.row * inner_b + t.col, inner_b, srcs, H,
                                      t.width, t.width / E, t.rows, dtype, op));

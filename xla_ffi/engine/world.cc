@@ -25,6 +25,7 @@ struct Pending {
   };
   std::map<int, Shm> shm;
   std::shared_ptr<FabricEndpoint> fabric;
+  std::string fabric_node;
   std::unique_ptr<PeerWatch> watch;
 };
 
@@ -142,6 +143,7 @@ Status WorldOpenFabric(const std::string& provider, const std::string& node,
   *address = ep->Address();
   *chosen_provider = ep->Provider();
   g_pending->fabric = std::move(ep);
+  g_pending->fabric_node = node;
   return Status::Ok();
 }
 
@@ -213,8 +215,10 @@ Status WorldStart() {
       shm.unlinked = true;
     }
   }
-  g_world = std::make_shared<World>(g_pending->process, std::move(g_pending->peers),
-                                    std::shared_ptr<void>(g_pending->fabric));
+  auto world = std::make_shared<World>(g_pending->process, std::move(g_pending->peers),
+                                       std::shared_ptr<void>(g_pending->fabric));
+  if (g_pending->fabric) world->set_fabric(g_pending->fabric->Provider(), g_pending->fabric_node);
+  g_world = std::move(world);
   g_pending.reset();
   return Status::Ok();
 }

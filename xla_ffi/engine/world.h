@@ -42,6 +42,14 @@ class World {
     return process >= 0 && process < processes() ? peers_[process].link.get() : nullptr;
   }
   const Peer& peer(int process) const { return peers_[process]; }
+  // The libfabric provider and local address the links to other hosts use
+  // ("" when none): what other endpoints of this process must match.
+  const std::string& fabric_provider() const { return fabric_provider_; }
+  const std::string& fabric_node() const { return fabric_node_; }
+  void set_fabric(std::string provider, std::string node) {  // before it is shared
+    fabric_provider_ = std::move(provider);
+    fabric_node_ = std::move(node);
+  }
 
   // Bytes this process sent to / received from `process` over its link, since
   // the world started (what the benchmark and tests read to see the routes).
@@ -57,6 +65,7 @@ class World {
   int process_;
   std::vector<Peer> peers_;
   std::unique_ptr<std::atomic<uint64_t>[]> sent_, received_;
+  std::string fabric_provider_, fabric_node_;
 };
 
 // The current world; null before initialize() and after shutdown().

@@ -10,6 +10,9 @@
 #ifndef JAX_SMDDP_TESTS_MOCK_CUDA_RUNTIME_API_H_
 #define JAX_SMDDP_TESTS_MOCK_CUDA_RUNTIME_API_H_
 
+// Tells the code under test that "device memory" is host memory here.
+#define JAX_SMDDP_MOCK_CUDA 1
+
 #include <fcntl.h>
 #include <sys/mman.h>
 #include <sys/stat.h>
@@ -100,6 +103,22 @@ inline cudaError_t cudaStreamCreateWithFlags(cudaStream_t* s, unsigned) {
 }
 inline cudaError_t cudaStreamSynchronize(cudaStream_t) { return cudaSuccess; }
 inline cudaError_t cudaStreamDestroy(cudaStream_t) { return cudaSuccess; }
+enum cudaDeviceAttr { cudaDevAttrGPUDirectRDMAFlushWritesOptions = 117,
+                      cudaDevAttrGPUDirectRDMAWritesOrdering = 118 };
+enum cudaGPUDirectRDMAWritesOrdering { cudaGPUDirectRDMAWritesOrderingNone = 0,
+                                       cudaGPUDirectRDMAWritesOrderingOwner = 100 };
+enum cudaFlushGPUDirectRDMAWritesOptions { cudaFlushGPUDirectRDMAWritesOptionHost = 1 };
+enum cudaFlushGPUDirectRDMAWritesTarget { cudaFlushGPUDirectRDMAWritesTargetCurrentDevice };
+enum cudaFlushGPUDirectRDMAWritesScope { cudaFlushGPUDirectRDMAWritesToOwner = 100 };
+// The mock's "device memory" is host memory: writes are always ordered.
+inline cudaError_t cudaDeviceGetAttribute(int* v, cudaDeviceAttr a, int) {
+  *v = a == cudaDevAttrGPUDirectRDMAWritesOrdering ? 100 : 1;
+  return cudaSuccess;
+}
+inline cudaError_t cudaDeviceFlushGPUDirectRDMAWrites(cudaFlushGPUDirectRDMAWritesTarget,
+                                                      cudaFlushGPUDirectRDMAWritesScope) {
+  return cudaSuccess;
+}
 
 inline cudaError_t cudaIpcGetMemHandle(cudaIpcMemHandle_t* h, void* p) {
   std::lock_guard<std::mutex> lock(mock_cuda::mu);

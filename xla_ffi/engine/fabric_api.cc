@@ -1,0 +1,122 @@
+#include "xla_ffi/engine/fabric_api.h"
+
+#include <algorithm>
+#include <cstdlib>
+#include <cstring>
+
+#ifdef SMDDP_HAVE_LIBFABRIC
+#include <dlfcn.h>
+#endif
+
+namespace smddp {
+
+const char kFabricNoHeaders[] =
+    "built without libfabric headers (install libfabric-dev on Debian/Ubuntu, "
+    "libfabric-devel on RHEL, and rebuild jax_smddp)";
+
+std::string FabricEnv(const char* name) {
+  const char* v = std::getenv(name);
+  return v ? std::string(v) : std::string();
+}
+
+size_t FabricEnvSize(const char* name, size_t dflt) {
+  std::string v = FabricEnv(name);
+  if (v.empty()) return dflt;
+  char* end = nullptr;
+  unsigned long long n = std::strtoull(v.c_str(), &end, 10);
+  if (end == v.c_str() || *end != '\0' || n == 0) return dflt;
+  return static_cast<size_t>(n);
+}
+
+uint64_t Fnv1a(const std::string& s) {
+  uint64_t h = 1469598103934665603ull;
+  for (unsigned char c : s) {
+    h ^= c;
+    h *= 1099511628211ull;
+  }
+  return h;
+}
+
+#ifdef SMDDP_HAVE_LIBFABRIC
+
+namespace {
+
+const char kInstallHint[] =
+    "install libfabric (Debian/Ubuntu: apt-get install libfabric1; RHEL: dnf install "
+    "libfabric; on AWS the EFA installer provides it) or put the directory holding "
+    "libfabric.so.1 on LD_LIBRARY_PATH";
+
+template <typename F>
+bool Resolve(void* lib, const char* name, F* fn, std::string* error) {
+  *fn = reinterpret_cast<F>(dlsym(lib, name));
+  if (*fn == nullptr && error->empty()) {
+    *error = std::string("libfabric.so.1 does not export ") + name +
+             " (is it libfabric 1.5 or newer?); " + kInstallHint;
+  }
+  return *fn != nullptr;
+}
+
+}  // namespace
+
+std::string FabricApi::Err(int ret) const {
+  int e = ret < 0 ? -ret : ret;
+  const char* s = strerror ? strerror(e) : nullptr;
+  return std::string(s ? s : "unknown error") + " (" + std::to_string(ret) + ")";
+}
+
+uint32_t FabricApi::RequestedVersion() const {
+  return std::min<uint32_t>(version(), FI_VERSION(FI_MAJOR_VERSION, FI_MINOR_VERSION));
+}
+
+const FabricApi& GetFabricApi() {
+  static const FabricApi* api = [] {
+    FabricApi* a = new FabricApi;
+    void* lib = dlopen("libfabric.so.1", RTLD_NOW | RTLD_LOCAL);
+    if (lib == nullptr) {
+      const char* e = dlerror();
+      a->error = std::string("cannot load libfabric.so.1 (") + (e ? e : "not found") + "); " +
+                 kInstallHint;
+      return a;
+    }
+    Resolve(lib, "fi_getinfo", &a->getinfo, &a->error);
+    Resolve(lib, "fi_freeinfo", &a->freeinfo, &a->error);
+    Resolve(lib, "fi_dupinfo", &a->dupinfo, &a->error);
+    Resolve(lib, "fi_fabric", &a->fabric, &a->error);
+    Resolve(lib, "fi_strerror", &a->strerror, &a->error);
+    Resolve(lib, "fi_version", &a->version, &a->error);
+    if (a->error.empty() && a->version() < FI_VERSION(1, 5)) {
+      a->error = "libfabric " + std::to_string(FI_MAJOR(a->version())) + "." +
+                 std::to_string(FI_MINOR(a->version())) +
+                 " is too old (jax_smddp needs 1.5 or newer); " + kInstallHint;
+    }
+    return a;
+  }();
+  return *api;
+}
+
+int GetRdmInfo(const FabricApi& a, const std::string& provider, const std::string& node,
+               uint64_t caps, uint64_t mr_mode, struct fi_info** out) {
+  const char* where = (node.empty() || provider == "shm") ? nullptr : node.c_str();
+  int ret = -FI_ENODATA;
+  *out = nullptr;
+  for (int attempt = 0; attempt < 3 && ret == -FI_ENODATA; ++attempt) {
+    struct fi_info* hints = a.dupinfo(nullptr);
+    if (hints == nullptr) return -FI_ENOMEM;
+    hints->caps = caps;
+    hints->mode = FI_CONTEXT | FI_CONTEXT2;
+    hints->ep_attr->type = FI_EP_RDM;
+    hints->domain_attr->mr_mode = static_cast<int>(mr_mode);
+    hints->domain_attr->threading = FI_THREAD_DOMAIN;
+    if (attempt < 2) hints->domain_attr->data_progress = FI_PROGRESS_MANUAL;
+    if (attempt < 1) hints->domain_attr->control_progress = FI_PROGRESS_MANUAL;
+    hints->fabric_attr->prov_name = strdup(provider.c_str());
+    ret = a.getinfo(a.RequestedVersion(), where, nullptr, where ? FI_SOURCE : 0, hints, out);
+    a.freeinfo(hints);
+  }
+  if (ret == 0 && *out == nullptr) ret = -FI_ENODATA;
+  return ret;
+}
+
+#endif  // SMDDP_HAVE_LIBFABRIC
+
+}  // namespace smddp

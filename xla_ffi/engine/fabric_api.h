@@ -1,0 +1,71 @@
+// libfabric, loaded at run time: the transports that use it (fabric_link.cc,
+// fabric_rail.cc) share one dlopen of "libfabric.so.1" and one table of the
+// few functions it exports. Everything else goes through the objects' ops
+// tables (the headers' inline wrappers), so nothing of libfabric is linked at
+// build time. Include only from .cc files; it pulls in libfabric's headers
+// when the build has them (SMDDP_HAVE_LIBFABRIC).
+#ifndef JAX_SMDDP_ENGINE_FABRIC_API_H_
+#define JAX_SMDDP_ENGINE_FABRIC_API_H_
+
+#include <cstdint>
+#include <string>
+
+// -DSMDDP_NO_LIBFABRIC builds the stubs even where the headers exist.
+#if defined(__has_include) && !defined(SMDDP_NO_LIBFABRIC)
+#if __has_include(<rdma/fabric.h>)
+#define SMDDP_HAVE_LIBFABRIC 1
+#endif
+#endif
+
+#ifdef SMDDP_HAVE_LIBFABRIC
+#include <rdma/fabric.h>
+#include <rdma/fi_cm.h>
+#include <rdma/fi_domain.h>
+#include <rdma/fi_endpoint.h>
+#include <rdma/fi_eq.h>
+#include <rdma/fi_errno.h>
+#include <rdma/fi_tagged.h>
+#endif
+
+namespace smddp {
+
+// Why libfabric cannot be used when the build lacked its headers.
+extern const char kFabricNoHeaders[];
+
+std::string FabricEnv(const char* name);
+// A positive integer from the environment, else `dflt`.
+size_t FabricEnvSize(const char* name, size_t dflt);
+uint64_t Fnv1a(const std::string& s);
+
+#ifdef SMDDP_HAVE_LIBFABRIC
+
+struct FabricApi {
+  decltype(&::fi_getinfo) getinfo = nullptr;
+  decltype(&::fi_freeinfo) freeinfo = nullptr;
+  decltype(&::fi_dupinfo) dupinfo = nullptr;
+  decltype(&::fi_fabric) fabric = nullptr;
+  decltype(&::fi_strerror) strerror = nullptr;
+  decltype(&::fi_version) version = nullptr;
+  std::string error;  // empty when loaded
+
+  // `ret`: a negative libfabric return code.
+  std::string Err(int ret) const;
+  // The API version to ask for: the older of the library's and the headers'.
+  uint32_t RequestedVersion() const;
+};
+
+// Loaded once per process and never unloaded (providers may keep threads).
+const FabricApi& GetFabricApi();
+
+// fi_getinfo for a reliable-datagram endpoint of `provider` with `caps` and
+// `mr_mode`, bound to `node` ("" = anywhere; ignored for shm). Asks for
+// manual progress first and falls back to what the provider offers. Returns
+// libfabric's code (-FI_ENODATA: the provider cannot do it here).
+int GetRdmInfo(const FabricApi& a, const std::string& provider, const std::string& node,
+               uint64_t caps, uint64_t mr_mode, struct fi_info** out);
+
+#endif  // SMDDP_HAVE_LIBFABRIC
+
+}  // namespace smddp
+
+#endif  // JAX_SMDDP_ENGINE_FABRIC_API_H_
