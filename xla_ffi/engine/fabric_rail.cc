@@ -6,6 +6,7 @@
 // the provider holds back until the peer receives must not hold back this
 // side's receives (both sides would wait on each other). A cancelled op loses its Request at once and
 // is freed when its completion (or its cancellation) comes out of the CQ.
+// Finished RailOps are kept for reuse: a step allocates nothing once warm.
 // One mutex guards the endpoint; Progress() only try_locks it.
 #include "xla_ffi/engine/fabric_rail.h"
 
@@ -106,6 +107,8 @@ class FabricRail::Impl : public std::enable_shared_from_this<FabricRail::Impl> {
   };
   bool TryPost(RailOp* op);  // false: the provider said "again later"
   void Finish(RailOp* op, Status st);
+  RailOp* NewOp();
+  void FreeOp(RailOp* op);
   void ReadError();
   std::string Text(int ret) const { return api_.Err(ret); }
 
@@ -125,6 +128,7 @@ class FabricRail::Impl : public std::enable_shared_from_this<FabricRail::Impl> {
   std::unordered_map<std::string, std::unique_ptr<RailPeer>> peers_;  // by address
   std::unordered_map<Request*, RailOp*> live_;  // not done, not cancelled
   std::deque<RailOp*> pending_[2];  // not yet accepted by the provider: sends, receives
+  std::vector<std::unique_ptr<RailOp>> spare_;  // finished, for reuse
   std::string endpoint_error_;   // a failure no peer can be blamed for
 };
 
@@ -235,6 +239,7 @@ FabricRail::Impl::~Impl() {
   if (info_) api_.freeinfo(info_);
   for (auto& queue : pending_)
     for (RailOp* op : queue) delete op;
+  spare_.clear();
   // Posted ops died with the endpoint; their RailOps leak rather than risk a
   // double free of ones also listed in live_.
 }
@@ -322,8 +327,7 @@ void FabricRail::Impl::Post(RailPeer* p, bool recv, uint64_t tag, void* buf, siz
                                 std::to_string(bytes) + "; lower JAX_SMDDP_GPU_SLOT_BYTES"));
     return;
   }
-  auto* op = new RailOp;
-  std::memset(&op->ctx, 0, sizeof(op->ctx));
+  RailOp* op = NewOp();
   op->req = req;
   op->peer = p;
   op->buf = buf;
@@ -357,7 +361,28 @@ void FabricRail::Impl::Finish(RailOp* op, Status st) {
     live_.erase(op->req);
     op->req->Complete(std::move(st));
   }
-  delete op;
+  FreeOp(op);
+}
+
+RailOp* FabricRail::Impl::NewOp() {
+  RailOp* op;
+  if (spare_.empty()) {
+    op = new RailOp;
+  } else {
+    op = spare_.back().release();
+    spare_.pop_back();
+  }
+  *op = RailOp();
+  std::memset(&op->ctx, 0, sizeof(op->ctx));
+  return op;
+}
+
+void FabricRail::Impl::FreeOp(RailOp* op) {
+  if (spare_.size() < 256) {
+    spare_.emplace_back(op);
+  } else {
+    delete op;
+  }
 }
 
 void FabricRail::Impl::Progress() {
@@ -433,7 +458,7 @@ void FabricRail::Impl::Cancel(Request* req) {
         break;
       }
     }
-    delete op;
+    FreeOp(op);
     return;
   }
   fi_cancel(&ep_->fid, &op->ctx);  // its completion frees it
