@@ -469,23 +469,7 @@ std::unique_ptr<FabricEndpoint> OpenEndpoint(const std::string& provider, const 
   return ep;
 }
 
-std::unique_ptr<Link> Handshake(FabricEndpoint* ep, const char* peer_name) {
-  std::string mine = ep->Address();
-  uint32_t n = static_cast<uint32_t>(mine.size());
-  WriteAll(&n, 4);
-  WriteAll(mine.data(), n);
-  ReadAll(&n, 4);
-  CHECK(n > 0 && n < 4096, "bad address length %u", n);
-  std::string theirs(n, '\0');
-  ReadAll(&theirs[0], n);
-  std::unique_ptr<Link> link;
-  Status st = ep->Connect(theirs, peer_name, &link);
-  CHECK(st.ok(), "Connect: %s", st.message().c_str());
-  return link;
-}
-
-// --- FabricRail: tagged zero-copy messages between registered buffers -------
-
+// Sends this process's address (or any string) and returns the other's.
 std::string SwapStrings(const std::string& mine) {
   uint32_t n = static_cast<uint32_t>(mine.size());
   WriteAll(&n, 4);
@@ -496,6 +480,16 @@ std::string SwapStrings(const std::string& mine) {
   ReadAll(&theirs[0], n);
   return theirs;
 }
+
+std::unique_ptr<Link> Handshake(FabricEndpoint* ep, const char* peer_name) {
+  const std::string theirs = SwapStrings(ep->Address());
+  std::unique_ptr<Link> link;
+  Status st = ep->Connect(theirs, peer_name, &link);
+  CHECK(st.ok(), "Connect: %s", st.message().c_str());
+  return link;
+}
+
+// --- FabricRail: tagged zero-copy messages between registered buffers -------
 
 // Both processes register one arena and carve every buffer out of it.
 struct Arena {

@@ -123,6 +123,34 @@ const char* Name(Plan::Kind k) {
   return "?";
 }
 
+// Forked children, each with a pipe to the parent (up) and one from it (down).
+struct Children {
+  std::vector<pid_t> pids;
+  std::vector<int> ups, downs;  // the parent's ends
+};
+
+// Forks `n` children; child i exits with body(i, its up end, its down end).
+template <typename Body>
+bool Spawn(int n, Body body, Children* c) {
+  for (int i = 0; i < n; ++i) {
+    int up[2], down[2];
+    if (pipe(up) != 0 || pipe(down) != 0) return false;
+    const pid_t pid = fork();
+    if (pid < 0) return false;
+    if (pid == 0) {
+      close(up[0]);
+      close(down[1]);
+      _exit(body(i, up[1], down[0]));
+    }
+    close(up[1]);
+    close(down[0]);
+    c->pids.push_back(pid);
+    c->ups.push_back(up[0]);
+    c->downs.push_back(down[1]);
+  }
+  return true;
+}
+
 // Checks the call with the communicator, runs it, returns the run's status.
 Status Run(gpu::LocalRank* me, const Plan& plan, const std::vector<float>& send,
            std::vector<float>* recv, double timeout_s) {
@@ -351,22 +379,10 @@ int RunTwoPerProcess(int p, bool host, int up, int down) {
 }
 
 int TwoPerProcess(bool host) {
-  pid_t pids[2];
-  int ups[2], downs[2];
-  for (int p = 0; p < 2; ++p) {
-    int up[2], down[2];
-    if (pipe(up) != 0 || pipe(down) != 0) return 2;
-    pids[p] = fork();
-    if (pids[p] == 0) {
-      close(up[0]);
-      close(down[1]);
-      _exit(RunTwoPerProcess(p, host, up[1], down[0]));
-    }
-    close(up[1]);
-    close(down[0]);
-    ups[p] = up[0];
-    downs[p] = down[1];
-  }
+  Children kids;
+  if (!Spawn(2, [&](int p, int up, int down) { return RunTwoPerProcess(p, host, up, down); }, &kids))
+    return 2;
+  const auto &pids = kids.pids, &ups = kids.ups, &downs = kids.downs;
   alarm(90);
   std::vector<std::pair<int32_t, std::string>> handles[2];
   for (int p = 0; p < 2; ++p) {
@@ -528,22 +544,10 @@ int RunHost(int p, bool rail, bool die, int up, int down) {
 }
 
 int Hosts(bool rail, bool die) {
-  pid_t pids[2];
-  int ups[2], downs[2];
-  for (int p = 0; p < 2; ++p) {
-    int up[2], down[2];
-    if (pipe(up) != 0 || pipe(down) != 0) return 2;
-    pids[p] = fork();
-    if (pids[p] == 0) {
-      close(up[0]);
-      close(down[1]);
-      _exit(RunHost(p, rail, die, up[1], down[0]));
-    }
-    close(up[1]);
-    close(down[0]);
-    ups[p] = up[0];
-    downs[p] = down[1];
-  }
+  Children kids;
+  if (!Spawn(2, [&](int p, int up, int down) { return RunHost(p, rail, die, up, down); }, &kids))
+    return 2;
+  const auto &pids = kids.pids, &ups = kids.ups, &downs = kids.downs;
   alarm(90);
   // Relay rounds (pid, fabric address, watch address, rail address), then barriers.
   for (int round = 0; round < (rail ? 4 : 3); ++round) {
@@ -588,23 +592,11 @@ int main(int argc, char** argv) {
   const bool host = std::string(argv[2]) == "host";
   setenv("JAX_SMDDP_GPU_FLAG_MEMORY", argv[2], 1);
   if (scenario == "two_per_process") return TwoPerProcess(host);
-  std::vector<pid_t> pids;
-  std::vector<int> ups, downs;
-  for (int r = 0; r < kRanks; ++r) {
-    int up[2], down[2];
-    if (pipe(up) != 0 || pipe(down) != 0) return 2;
-    const pid_t pid = fork();
-    if (pid == 0) {
-      close(up[0]);
-      close(down[1]);
-      _exit(RunRank(r, scenario, host, up[1], down[0]));
-    }
-    close(up[1]);
-    close(down[0]);
-    pids.push_back(pid);
-    ups.push_back(up[0]);
-    downs.push_back(down[1]);
-  }
+  Children kids;
+  if (!Spawn(kRanks, [&](int r, int up, int down) { return RunRank(r, scenario, host, up, down); },
+             &kids))
+    return 2;
+  const auto &pids = kids.pids, &ups = kids.ups, &downs = kids.downs;
   alarm(90);  // a hang fails
   std::vector<std::string> handles(kRanks);
   for (int r = 0; r < kRanks; ++r) {

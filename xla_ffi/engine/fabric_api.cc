@@ -117,6 +117,52 @@ int GetRdmInfo(const FabricApi& a, const std::string& provider, const std::strin
   return ret;
 }
 
+Status OpenRdmObjects(const FabricApi& a, struct fi_info* info, const std::string& what,
+                      int cq_format, size_t cq_size, RdmObjects* o) {
+  auto fail = [&](const char* call, int r) {
+    return Status::Error(std::string(call) + " failed for " + what + ": " + a.Err(r));
+  };
+  int ret;
+  if ((ret = a.fabric(info->fabric_attr, &o->fabric, nullptr)) != 0) return fail("fi_fabric", ret);
+  if ((ret = fi_domain(o->fabric, info, &o->domain, nullptr)) != 0) return fail("fi_domain", ret);
+  struct fi_av_attr av_attr;
+  std::memset(&av_attr, 0, sizeof(av_attr));
+  av_attr.type = info->domain_attr->av_type != FI_AV_UNSPEC ? info->domain_attr->av_type
+                                                             : FI_AV_TABLE;
+  if ((ret = fi_av_open(o->domain, &av_attr, &o->av, nullptr)) != 0) return fail("fi_av_open", ret);
+  struct fi_cq_attr cq_attr;
+  std::memset(&cq_attr, 0, sizeof(cq_attr));
+  cq_attr.format = static_cast<enum fi_cq_format>(cq_format);
+  cq_attr.wait_obj = FI_WAIT_NONE;
+  cq_attr.size = cq_size;
+  if ((ret = fi_cq_open(o->domain, &cq_attr, &o->cq, nullptr)) != 0) return fail("fi_cq_open", ret);
+  if ((ret = fi_endpoint(o->domain, info, &o->ep, nullptr)) != 0) return fail("fi_endpoint", ret);
+  if ((ret = fi_ep_bind(o->ep, &o->av->fid, 0)) != 0) return fail("fi_ep_bind (address vector)", ret);
+  if ((ret = fi_ep_bind(o->ep, &o->cq->fid, FI_TRANSMIT | FI_RECV)) != 0)
+    return fail("fi_ep_bind (completion queue)", ret);
+  if ((ret = fi_enable(o->ep)) != 0) return fail("fi_enable", ret);
+  std::string name(256, '\0');
+  size_t len = name.size();
+  ret = fi_getname(&o->ep->fid, &name[0], &len);
+  if (ret == -FI_ETOOSMALL) {
+    name.resize(len);
+    ret = fi_getname(&o->ep->fid, &name[0], &len);
+  }
+  if (ret != 0) return fail("fi_getname", ret);
+  name.resize(std::min(len, name.size()));
+  o->address = std::move(name);
+  return Status::Ok();
+}
+
+void CloseRdmObjects(RdmObjects* o) {
+  if (o->ep) fi_close(&o->ep->fid);
+  if (o->av) fi_close(&o->av->fid);
+  if (o->cq) fi_close(&o->cq->fid);
+  if (o->domain) fi_close(&o->domain->fid);
+  if (o->fabric) fi_close(&o->fabric->fid);
+  *o = RdmObjects();
+}
+
 #endif  // SMDDP_HAVE_LIBFABRIC
 
 }  // namespace smddp

@@ -10,6 +10,8 @@
 #include <cstdint>
 #include <string>
 
+#include "xla_ffi/engine/status.h"
+
 // -DSMDDP_NO_LIBFABRIC builds the stubs even where the headers exist.
 #if defined(__has_include) && !defined(SMDDP_NO_LIBFABRIC)
 #if __has_include(<rdma/fabric.h>)
@@ -63,6 +65,28 @@ const FabricApi& GetFabricApi();
 // libfabric's code (-FI_ENODATA: the provider cannot do it here).
 int GetRdmInfo(const FabricApi& a, const std::string& provider, const std::string& node,
                uint64_t caps, uint64_t mr_mode, struct fi_info** out);
+
+// The objects of one reliable-datagram endpoint.
+struct RdmObjects {
+  struct fid_fabric* fabric = nullptr;
+  struct fid_domain* domain = nullptr;
+  struct fid_av* av = nullptr;
+  struct fid_cq* cq = nullptr;
+  struct fid_ep* ep = nullptr;
+  std::string address;  // the endpoint's, to publish to peers
+};
+
+// Opens, from `info`, the fabric, the domain, an address vector, a completion
+// queue of `cq_format` with `cq_size` entries (bound to the endpoint for both
+// directions) and the endpoint (enabled), and reads the endpoint's address.
+// Errors name the call that failed and `what` (the provider, say). What was
+// opened before an error stays in `*out`, for CloseRdmObjects.
+Status OpenRdmObjects(const FabricApi& a, struct fi_info* info, const std::string& what,
+                      int cq_format, size_t cq_size, RdmObjects* out);
+// Closes what is open, the endpoint first (which retires its operations).
+// Registrations of the domain must be closed after the endpoint and before
+// this, or closed by a caller that closed the endpoint itself.
+void CloseRdmObjects(RdmObjects* o);
 
 #endif  // SMDDP_HAVE_LIBFABRIC
 

@@ -228,11 +228,7 @@ class FabricEndpoint::Impl {
   const Api& api_;
   std::mutex mu_;
   struct fi_info* info_ = nullptr;
-  struct fid_fabric* fabric_ = nullptr;
-  struct fid_domain* domain_ = nullptr;
-  struct fid_av* av_ = nullptr;
-  struct fid_cq* cq_ = nullptr;
-  struct fid_ep* ep_ = nullptr;
+  RdmObjects o_;
   struct fid_mr* mr_ = nullptr;
   void* desc_ = nullptr;
   std::string address_;
@@ -282,8 +278,6 @@ Status FabricEndpoint::Impl::Init(const std::string& provider, const std::string
     return Status::Error(std::string(call) + " failed for libfabric provider '" + provider_ +
                          "': " + a.Err(r));
   };
-  if ((ret = a.fabric(info_->fabric_attr, &fabric_, nullptr)) != 0) return fail("fi_fabric", ret);
-  if ((ret = fi_domain(fabric_, info_, &domain_, nullptr)) != 0) return fail("fi_domain", ret);
 
   // Buffers.
   size_t max_msg = info_->ep_attr->max_msg_size ? info_->ep_attr->max_msg_size : SIZE_MAX;
@@ -299,33 +293,9 @@ Status FabricEndpoint::Impl::Init(const std::string& provider, const std::string
   if (info_->rx_attr->size) nrecv = std::min<size_t>(nrecv, info_->rx_attr->size);
   if (info_->tx_attr->size) nsend = std::min<size_t>(nsend, info_->tx_attr->size);
 
-  struct fi_av_attr av_attr;
-  std::memset(&av_attr, 0, sizeof(av_attr));
-  av_attr.type = info_->domain_attr->av_type != FI_AV_UNSPEC ? info_->domain_attr->av_type
-                                                              : FI_AV_TABLE;
-  if ((ret = fi_av_open(domain_, &av_attr, &av_, nullptr)) != 0) return fail("fi_av_open", ret);
-  struct fi_cq_attr cq_attr;
-  std::memset(&cq_attr, 0, sizeof(cq_attr));
-  cq_attr.format = FI_CQ_FORMAT_MSG;
-  cq_attr.wait_obj = FI_WAIT_NONE;
-  cq_attr.size = nrecv + nsend + 64;
-  if ((ret = fi_cq_open(domain_, &cq_attr, &cq_, nullptr)) != 0) return fail("fi_cq_open", ret);
-  if ((ret = fi_endpoint(domain_, info_, &ep_, nullptr)) != 0) return fail("fi_endpoint", ret);
-  if ((ret = fi_ep_bind(ep_, &av_->fid, 0)) != 0) return fail("fi_ep_bind (address vector)", ret);
-  if ((ret = fi_ep_bind(ep_, &cq_->fid, FI_TRANSMIT | FI_RECV)) != 0) {
-    return fail("fi_ep_bind (completion queue)", ret);
-  }
-  if ((ret = fi_enable(ep_)) != 0) return fail("fi_enable", ret);
-
-  std::vector<char> name(256);
-  size_t name_len = name.size();
-  ret = fi_getname(&ep_->fid, name.data(), &name_len);
-  if (ret == -FI_ETOOSMALL) {
-    name.resize(name_len);
-    ret = fi_getname(&ep_->fid, name.data(), &name_len);
-  }
-  if (ret != 0) return fail("fi_getname", ret);
-  address_.assign(name.data(), std::min(name_len, name.size()));
+  SMDDP_RETURN_IF_ERROR(OpenRdmObjects(a, info_, "libfabric provider '" + provider_ + "'",
+                                       FI_CQ_FORMAT_MSG, nrecv + nsend + 64, &o_));
+  address_ = o_.address;
   self_id_ = Fnv1a(address_);
   if (!Env("JAX_SMDDP_FABRIC_TEST_REORDER").empty()) {
     shuffle_ = 0x9e3779b97f4a7c15ull ^ (self_id_ | 1);
@@ -339,10 +309,10 @@ Status FabricEndpoint::Impl::Init(const std::string& provider, const std::string
                          "or JAX_SMDDP_FABRIC_CHUNK_BYTES");
   }
   if (info_->domain_attr->mr_mode & FI_MR_LOCAL) {
-    ret = fi_mr_reg(domain_, pool_, pool_bytes, FI_SEND | FI_RECV, 0, 0, 0, &mr_, nullptr);
+    ret = fi_mr_reg(o_.domain, pool_, pool_bytes, FI_SEND | FI_RECV, 0, 0, 0, &mr_, nullptr);
     if (ret != 0) return fail("fi_mr_reg of the bounce buffers", ret);
     if (info_->domain_attr->mr_mode & FI_MR_ENDPOINT) {
-      if ((ret = fi_mr_bind(mr_, &ep_->fid, 0)) != 0) return fail("fi_mr_bind", ret);
+      if ((ret = fi_mr_bind(mr_, &o_.ep->fid, 0)) != 0) return fail("fi_mr_bind", ret);
       if ((ret = fi_mr_enable(mr_)) != 0) return fail("fi_mr_enable", ret);
     }
     desc_ = fi_mr_desc(mr_);
@@ -369,12 +339,10 @@ Status FabricEndpoint::Impl::Init(const std::string& provider, const std::string
 FabricEndpoint::Impl::~Impl() {
   // The endpoint first: closing it retires every posted operation, so the
   // bounce buffers are free afterwards.
-  if (ep_) fi_close(&ep_->fid);
+  if (o_.ep) fi_close(&o_.ep->fid);
+  o_.ep = nullptr;
   if (mr_) fi_close(&mr_->fid);
-  if (av_) fi_close(&av_->fid);
-  if (cq_) fi_close(&cq_->fid);
-  if (domain_) fi_close(&domain_->fid);
-  if (fabric_) fi_close(&fabric_->fid);
+  CloseRdmObjects(&o_);
   std::free(pool_);
   if (info_) api_.freeinfo(info_);
   for (SendTrack* t : tracks_) delete t;
@@ -412,7 +380,7 @@ Status FabricEndpoint::Impl::Connect(const std::string& address, const std::stri
     return Status::Ok();
   }
   fi_addr_t fa = FI_ADDR_NOTAVAIL;
-  int n = fi_av_insert(av_, address.data(), 1, &fa, 0, nullptr);
+  int n = fi_av_insert(o_.av, address.data(), 1, &fa, 0, nullptr);
   if (n != 1) {
     return Status::Error("libfabric (" + provider_ + ") rejected the address of " + name + " (" +
                          std::to_string(address.size()) + " bytes; fi_av_insert: " +
@@ -593,7 +561,7 @@ void FabricEndpoint::Impl::FlushSends() {
       std::swap(pending_send_.front(), pending_send_[shuffle_ % pending_send_.size()]);
     }
     Slot& s = slots_[pending_send_.front()];
-    ssize_t ret = fi_send(ep_, s.buf, s.len, desc_, s.peer->addr, &s.ctx);
+    ssize_t ret = fi_send(o_.ep, s.buf, s.len, desc_, s.peer->addr, &s.ctx);
     if (ret == -FI_EAGAIN) return;  // the CQ must be read first: Progress retries
     pending_send_.pop_front();
     if (ret != 0) {
@@ -608,7 +576,7 @@ void FabricEndpoint::Impl::FlushSends() {
 void FabricEndpoint::Impl::FlushRecvs() {
   while (!pending_recv_.empty()) {
     Slot& s = slots_[pending_recv_.front()];
-    ssize_t ret = fi_recv(ep_, s.buf, chunk_bytes_, desc_, FI_ADDR_UNSPEC, &s.ctx);
+    ssize_t ret = fi_recv(o_.ep, s.buf, chunk_bytes_, desc_, FI_ADDR_UNSPEC, &s.ctx);
     if (ret == -FI_EAGAIN) return;
     pending_recv_.pop_front();
     if (ret != 0) {
@@ -633,7 +601,7 @@ void FabricEndpoint::Impl::Progress() {
   if (!lock.owns_lock()) return;  // another thread is progressing
   for (int round = 0; round < 16; ++round) {
     struct fi_cq_msg_entry entries[16];
-    ssize_t n = fi_cq_read(cq_, entries, 16);
+    ssize_t n = fi_cq_read(o_.cq, entries, 16);
     if (n == -FI_EAVAIL) {
       ReadError();
     } else if (n < 0 && n != -FI_EAGAIN) {
@@ -660,9 +628,9 @@ void FabricEndpoint::Impl::Progress() {
 void FabricEndpoint::Impl::ReadError() {
   struct fi_cq_err_entry err;
   std::memset(&err, 0, sizeof(err));
-  if (fi_cq_readerr(cq_, &err, 0) < 0) return;
+  if (fi_cq_readerr(o_.cq, &err, 0) < 0) return;
   char buf[256] = {0};
-  const char* detail = fi_cq_strerror(cq_, err.prov_errno, err.err_data, buf, sizeof(buf));
+  const char* detail = fi_cq_strerror(o_.cq, err.prov_errno, err.err_data, buf, sizeof(buf));
   std::string text = api_.Err(-err.err);
   if (detail && *detail) text += "; provider: " + std::string(detail);
   Slot* s = SlotOf(err.op_context);

@@ -116,11 +116,7 @@ class FabricRail::Impl : public std::enable_shared_from_this<FabricRail::Impl> {
   std::mutex mu_;
   MemoryIface iface_ = MemoryIface::kHost;
   struct fi_info* info_ = nullptr;
-  struct fid_fabric* fabric_ = nullptr;
-  struct fid_domain* domain_ = nullptr;
-  struct fid_av* av_ = nullptr;
-  struct fid_cq* cq_ = nullptr;
-  struct fid_ep* ep_ = nullptr;
+  RdmObjects o_;
   std::string address_, provider_;
   size_t max_msg_ = 0;
   uint64_t next_key_ = 1;
@@ -194,48 +190,19 @@ Status FabricRail::Impl::Init(const std::string& provider, const std::string& no
   }
   if (ret != 0) return Status::Error("fi_getinfo (FI_HMEM) for '" + provider + "' failed: " + Text(ret));
   provider_ = info_->fabric_attr->prov_name ? info_->fabric_attr->prov_name : provider;
-  auto fail = [&](const char* call, int r) {
-    return Status::Error(std::string(call) + " failed for libfabric provider '" + provider_ +
-                         "' (FI_HMEM endpoint): " + Text(r));
-  };
-  if ((ret = a.fabric(info_->fabric_attr, &fabric_, nullptr)) != 0) return fail("fi_fabric", ret);
-  if ((ret = fi_domain(fabric_, info_, &domain_, nullptr)) != 0) return fail("fi_domain", ret);
   max_msg_ = info_->ep_attr->max_msg_size ? info_->ep_attr->max_msg_size : SIZE_MAX;
-  struct fi_av_attr av_attr;
-  std::memset(&av_attr, 0, sizeof(av_attr));
-  av_attr.type = info_->domain_attr->av_type != FI_AV_UNSPEC ? info_->domain_attr->av_type
-                                                              : FI_AV_TABLE;
-  if ((ret = fi_av_open(domain_, &av_attr, &av_, nullptr)) != 0) return fail("fi_av_open", ret);
-  struct fi_cq_attr cq_attr;
-  std::memset(&cq_attr, 0, sizeof(cq_attr));
-  cq_attr.format = FI_CQ_FORMAT_TAGGED;
-  cq_attr.wait_obj = FI_WAIT_NONE;
-  cq_attr.size = 1024;
-  if ((ret = fi_cq_open(domain_, &cq_attr, &cq_, nullptr)) != 0) return fail("fi_cq_open", ret);
-  if ((ret = fi_endpoint(domain_, info_, &ep_, nullptr)) != 0) return fail("fi_endpoint", ret);
-  if ((ret = fi_ep_bind(ep_, &av_->fid, 0)) != 0) return fail("fi_ep_bind (address vector)", ret);
-  if ((ret = fi_ep_bind(ep_, &cq_->fid, FI_TRANSMIT | FI_RECV)) != 0)
-    return fail("fi_ep_bind (completion queue)", ret);
-  if ((ret = fi_enable(ep_)) != 0) return fail("fi_enable", ret);
-  std::vector<char> name(256);
-  size_t name_len = name.size();
-  ret = fi_getname(&ep_->fid, name.data(), &name_len);
-  if (ret == -FI_ETOOSMALL) {
-    name.resize(name_len);
-    ret = fi_getname(&ep_->fid, name.data(), &name_len);
-  }
-  if (ret != 0) return fail("fi_getname", ret);
-  address_.assign(name.data(), std::min(name_len, name.size()));
+  SMDDP_RETURN_IF_ERROR(OpenRdmObjects(api_, info_,
+                                       "libfabric provider '" + provider_ + "' (FI_HMEM endpoint)",
+                                       FI_CQ_FORMAT_TAGGED, 1024, &o_));
+  address_ = o_.address;
   return Status::Ok();
 }
 
 FabricRail::Impl::~Impl() {
-  if (ep_) fi_close(&ep_->fid);
+  if (o_.ep) fi_close(&o_.ep->fid);
+  o_.ep = nullptr;
   for (auto& [base, r] : regions_) fi_close(&r.mr->fid);
-  if (av_) fi_close(&av_->fid);
-  if (cq_) fi_close(&cq_->fid);
-  if (domain_) fi_close(&domain_->fid);
-  if (fabric_) fi_close(&fabric_->fid);
+  CloseRdmObjects(&o_);
   if (info_) api_.freeinfo(info_);
   for (auto& queue : pending_)
     for (RailOp* op : queue) delete op;
@@ -258,7 +225,7 @@ Status FabricRail::Impl::Register(void* base, size_t bytes, int device) {
   attr.iface = iface_ == MemoryIface::kCuda ? FI_HMEM_CUDA : FI_HMEM_SYSTEM;
   if (iface_ == MemoryIface::kCuda) attr.device.cuda = device;
   struct fid_mr* mr = nullptr;
-  int ret = fi_mr_regattr(domain_, &attr, 0, &mr);
+  int ret = fi_mr_regattr(o_.domain, &attr, 0, &mr);
   if (ret != 0) {
     return Status::Error(
         "libfabric (" + provider_ + ") cannot register " + std::to_string(bytes) + " bytes of " +
@@ -269,7 +236,7 @@ Status FabricRail::Impl::Register(void* base, size_t bytes, int device) {
              : ""));
   }
   if (info_->domain_attr->mr_mode & FI_MR_ENDPOINT) {
-    if ((ret = fi_mr_bind(mr, &ep_->fid, 0)) != 0 || (ret = fi_mr_enable(mr)) != 0) {
+    if ((ret = fi_mr_bind(mr, &o_.ep->fid, 0)) != 0 || (ret = fi_mr_enable(mr)) != 0) {
       fi_close(&mr->fid);
       return Status::Error("libfabric (" + provider_ + ") cannot bind a registration to its "
                            "endpoint: " + Text(ret));
@@ -294,7 +261,7 @@ Status FabricRail::Impl::Connect(const std::string& address, const std::string& 
   auto& slot = peers_[address];
   if (!slot) {
     auto p = std::make_unique<RailPeer>();
-    int n = fi_av_insert(av_, address.data(), 1, &p->addr, 0, nullptr);
+    int n = fi_av_insert(o_.av, address.data(), 1, &p->addr, 0, nullptr);
     if (n != 1) {
       peers_.erase(address);
       return Status::Error("libfabric (" + provider_ + ") rejected the rail address of " + name +
@@ -341,9 +308,9 @@ void FabricRail::Impl::Post(RailPeer* p, bool recv, uint64_t tag, void* buf, siz
 }
 
 bool FabricRail::Impl::TryPost(RailOp* op) {
-  ssize_t r = op->recv ? fi_trecv(ep_, op->buf, op->bytes, op->desc, FI_ADDR_UNSPEC, op->tag, 0,
+  ssize_t r = op->recv ? fi_trecv(o_.ep, op->buf, op->bytes, op->desc, FI_ADDR_UNSPEC, op->tag, 0,
                                   &op->ctx)
-                       : fi_tsend(ep_, op->buf, op->bytes, op->desc, op->peer->addr, op->tag,
+                       : fi_tsend(o_.ep, op->buf, op->bytes, op->desc, op->peer->addr, op->tag,
                                   &op->ctx);
   if (r == -FI_EAGAIN) return false;
   if (r != 0) {
@@ -390,7 +357,7 @@ void FabricRail::Impl::Progress() {
   if (!lock.owns_lock()) return;  // another thread is progressing
   for (int round = 0; round < 16; ++round) {
     struct fi_cq_tagged_entry entries[16];
-    ssize_t n = fi_cq_read(cq_, entries, 16);
+    ssize_t n = fi_cq_read(o_.cq, entries, 16);
     if (n == -FI_EAVAIL) {
       ReadError();
     } else if (n < 0 && n != -FI_EAGAIN && endpoint_error_.empty()) {
@@ -415,7 +382,7 @@ void FabricRail::Impl::Progress() {
 void FabricRail::Impl::ReadError() {
   struct fi_cq_err_entry err;
   std::memset(&err, 0, sizeof(err));
-  if (fi_cq_readerr(cq_, &err, 0) < 0) return;
+  if (fi_cq_readerr(o_.cq, &err, 0) < 0) return;
   auto* op = static_cast<RailOp*>(err.op_context);
   if (op == nullptr) {
     if (endpoint_error_.empty())
@@ -423,7 +390,7 @@ void FabricRail::Impl::ReadError() {
     return;
   }
   char buf[256] = {0};
-  const char* detail = fi_cq_strerror(cq_, err.prov_errno, err.err_data, buf, sizeof(buf));
+  const char* detail = fi_cq_strerror(o_.cq, err.prov_errno, err.err_data, buf, sizeof(buf));
   const int code = err.err < 0 ? -err.err : err.err;  // providers differ in its sign
   std::string text = Text(-code);
   if (detail && *detail) text += "; provider: " + std::string(detail);
@@ -461,7 +428,7 @@ void FabricRail::Impl::Cancel(Request* req) {
     FreeOp(op);
     return;
   }
-  fi_cancel(&ep_->fid, &op->ctx);  // its completion frees it
+  fi_cancel(&o_.ep->fid, &op->ctx);  // its completion frees it
 }
 
 std::string FabricRail::Impl::Failure(RailPeer* p) {
