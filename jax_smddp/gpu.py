@@ -37,6 +37,7 @@ _generation: dict[tuple, int] = {}  # times each group was set up (names its key
 _host_ids: list[str] | None = None
 _exit_hook = False
 _rail_published = False
+_across_hosts: dict = {}  # groups across hosts set up here: what their set-up chose
 _KV_TIMEOUT_MS = 300_000
 
 DEFAULT_SLOT_BYTES = 8 << 20
@@ -193,9 +194,20 @@ def _prepare_hierarchy(ext, members: tuple, host_ids: list, devices, me: int) ->
   gdrcopy, rail = ext.prepare_hierarchy(list(members), host_of,
                                         [devices[i].process_index for i in members], local,
                                         list(intra), slot_bytes(), rails)
+  _across_hosts[members] = {"hosts": len(order), "gdrcopy": bool(gdrcopy),
+                            "device_slots": bool(rail)}
   log.debug("jax_smddp (GPU): group %s across %d hosts ready (network signals: %s; slots: %s)",
             members, len(order), "GDRCopy" if gdrcopy else "mapped host memory",
             "device memory (FI_HMEM)" if rail else "host memory (staging)")
+
+
+def groups_across_hosts() -> dict:
+  """The GPU groups across hosts set up in this process (partition ids ->
+  {"hosts", "gdrcopy": network signals in GDRCopy memory, "device_slots":
+  network slots in device memory registered with libfabric (FI_HMEM), else
+  staged through host memory})."""
+  with _lock:
+    return {k: dict(v) for k, v in _across_hosts.items()}
 
 
 def _rail_addresses(ext, members: tuple, devices, me: int, ordinal: int) -> list:
@@ -239,6 +251,7 @@ def release() -> None:
     if ext is not None:
       ext.release()
     _ready.clear()
+    _across_hosts.clear()
 
 
 def counters() -> dict:

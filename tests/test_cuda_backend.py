@@ -295,6 +295,35 @@ def test_rails_are_used_only_when_every_process_of_the_group_has_one(monkeypatch
   assert ext.opened == 1  # once per process
 
 
+def test_groups_across_hosts_report_what_set_up_chose(monkeypatch):
+  """gpu.groups_across_hosts() says, per group, how many hosts, whether GDRCopy
+  signals and whether device-memory slots (a rail) were set up: what the GPU
+  tests log to show which path ran. The intra-host group and the hosts'
+  order are derived alike in every process."""
+  from jax_smddp import distributed
+  calls = []
+
+  class Ext:
+    def prepare_hierarchy(self, members, host_of, process_of, local, intra, slot, rails):
+      calls.append((members, host_of, process_of, local, intra, rails))
+      return True, bool(rails)
+
+  class Dev:
+    def __init__(self, process, hw):
+      self.process_index, self.local_hardware_id = process, hw
+
+  monkeypatch.setattr(distributed, "ensure_initialized", lambda: None)
+  monkeypatch.setattr(gpu, "_prepare_group", lambda ext, members, devices, me: None)
+  monkeypatch.setattr(gpu, "_rail_addresses", lambda ext, members, devices, me, ordinal: [b"a", b"b"])
+  monkeypatch.setattr(gpu, "_across_hosts", {})
+  devices = [Dev(0, 0), Dev(0, 1), Dev(1, 0), Dev(1, 1)]
+  gpu._prepare_hierarchy(Ext(), (0, 1, 2, 3), ["hB", "hB", "hA", "hA"], devices, 1)
+  assert calls == [([0, 1, 2, 3], [0, 0, 1, 1], [0, 0, 1, 1], [(2, 0), (3, 1)], [2, 3],
+                    [b"a", b"b"])]
+  assert gpu.groups_across_hosts() == {(0, 1, 2, 3): {"hosts": 2, "gdrcopy": True,
+                                                      "device_slots": True}}
+
+
 def test_no_rail_is_opened_by_default(monkeypatch):
   monkeypatch.delenv("JAX_SMDDP_FABRIC_HMEM", raising=False)
   ext = _RailExt(b"addr")

@@ -45,7 +45,7 @@ if [ "$quick" = 1 ]; then
   export JAX_SMDDP_GPU_TEST_TIMEOUT=${JAX_SMDDP_GPU_TEST_TIMEOUT:-150}
   select=(-k "single_process or (sharing and engines and 2) or (hosts and engines) or (hosts and HMEM and 2-1) or hmem_required or (dead_peer and 2) or disagree or (sharing and host and 2)")
 fi
-timeout 900 "$PY" -m pytest -q -p no:cacheprovider -rs tests/gpu/test_gpu.py "${select[@]}" 2>&1 \
+timeout 900 "$PY" -m pytest -q -p no:cacheprovider -rsP tests/gpu/test_gpu.py "${select[@]}" 2>&1 \
   | tee "$out/pytest_gpu.log" | tail -80
 [ "${PIPESTATUS[0]}" = 0 ] || status=1
 if [ "$quick" != 1 ] && [ "${CPU_TESTS:-1}" = 1 ]; then

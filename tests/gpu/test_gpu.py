@@ -125,6 +125,11 @@ def test_across_simulated_hosts(nprocs, per_host, mode):
   hosts = [{"JAX_SMDDP_HOST_ID": f"host{i // per_host}"} for i in range(nprocs)]
   procs = run(nprocs, HOST_MODES[mode], "hosts", hosts)
   assert procs[0].result["checked"] > 0
+  groups = procs[0].result["across_hosts"]
+  assert groups and all(g["hosts"] == nprocs // per_host for g in groups.values()), groups
+  if "HMEM" not in mode:
+    assert not any(g["device_slots"] for g in groups.values()), groups
+  print(f"{mode}: {groups}")  # whether the rails ran (device_slots) goes in the GPU log
 
 
 @pytest.mark.skipif(not _libfabric(), reason="libfabric is not installed (links between hosts)")

@@ -138,8 +138,9 @@ def main() -> None:
           np.testing.assert_array_equal(got, want[rank],
                                         err_msg=f"{name} {np.dtype(dtype).name} {cols} rank {rank}")
         checked += 1
+  across = {str(list(k)): v for k, v in gpu.groups_across_hosts().items()}
   print("RESULT " + json.dumps({"ok": True, "checked": checked, "scenario": scenario,
-                                "counters": gpu.counters()}), flush=True)
+                                "counters": gpu.counters(), "across_hosts": across}), flush=True)
 
 
 def dead_peer(process: int, nprocs: int, mesh, sharding) -> None:

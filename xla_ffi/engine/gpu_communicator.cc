@@ -530,7 +530,7 @@ Status GpuHierarchy::Prepare(const std::vector<int>& host_of, const std::vector<
     }
     if (!rail || int(rail_addresses.size()) != world->processes())
       return Status::Error("jax_smddp (GPU): the group's rail is not open in this process");
-    if (layout.slot_bytes * size_t(hosts) > rail->max_message())
+    if (layout.slot_bytes > rail->max_message())  // a step's message is at most one slot
       return Status::Error("jax_smddp (GPU): libfabric (" + rail->Provider() + ") carries at most " +
                            std::to_string(rail->max_message()) + " bytes per message; lower "
                            "JAX_SMDDP_GPU_SLOT_BYTES or set JAX_SMDDP_FABRIC_HMEM=0");
