@@ -4,10 +4,11 @@
 // in its completion. Ops the provider refused for now (-FI_EAGAIN) wait in a
 // queue that Progress() retries, one for sends and one for receives: a send
 // the provider holds back until the peer receives must not hold back this
-// side's receives (both sides would wait on each other). A cancelled op loses its Request at once and
-// is freed when its completion (or its cancellation) comes out of the CQ.
-// Finished RailOps are kept for reuse: a step allocates nothing once warm.
-// One mutex guards the endpoint; Progress() only try_locks it.
+// side's receives (both sides would wait on each other). A cancelled op
+// loses its Request at once and is freed when its completion (or its
+// cancellation) comes out of the CQ. Finished RailOps are kept for reuse: a
+// step allocates nothing once warm. One mutex guards the endpoint;
+// Progress() only try_locks it.
 #include "xla_ffi/engine/fabric_rail.h"
 
 #include <sys/uio.h>
