@@ -13,8 +13,9 @@ network port that the process's proxy thread drives over the multi-process
 world's links (libfabric between hosts; jax_smddp.initialize() sets them
 up). With JAX_SMDDP_FABRIC_HMEM=auto or 1 the port's slots stay in device
 memory, registered with a libfabric endpoint that moves it itself (FI_HMEM,
-e.g. EFA with GPUDirect RDMA), instead of staging through host memory. all_reduce there is lowered as the two (balanced: reduce-scatter of
-padded shards, then all-gather); all_to_all is left to XLA's own.
+e.g. EFA with GPUDirect RDMA), instead of staging through host memory.
+all_reduce there is lowered as the two (balanced: reduce-scatter of padded
+shards, then all-gather); all_to_all is left to XLA's own.
 """
 
 from __future__ import annotations
