@@ -3,6 +3,7 @@ nccl-tests style.
 
     python -m jax_smddp.gpu_bench [--processes N] [--sizes 1M,16M,256M]
                                   [--ops all_gather,reduce_scatter,all_reduce] [--json FILE]
+                                  [--hosts H [--fabric-hmem 0,auto]]
 
 Layouts: ``--processes 1`` uses every local GPU in one process and times
 JAX's default (XLA's NCCL) in the same run; ``--processes N`` (N > 1) starts N
@@ -10,6 +11,13 @@ processes that share GPU 0 (CUDA IPC between processes on one device), where
 NCCL cannot run, so the reference is the device-to-device copy bandwidth
 measured in the same run. Each size runs in both data-movement modes (copy
 engines, and copy kernels within JAX_SMDDP_GPU_MAX_BLOCKS blocks).
+
+``--hosts H`` names the processes as H simulated hosts (JAX_SMDDP_HOST_ID),
+so the groups cross hosts: the hierarchical algorithms and the network proxy
+over libfabric (JAX_SMDDP_FABRIC_PROVIDER, e.g. shm). ``--fabric-hmem 0,auto``
+times each setting of JAX_SMDDP_FABRIC_HMEM in the same run: network slots
+staged through host memory, or in device memory where this libfabric can
+register it; the "slots" column says which ran.
 
 Sizes are per rank shard: all_gather gathers n shards, reduce_scatter reduces
 n-shard inputs to one shard, all_reduce reduces n-shard buffers; so every op
@@ -72,6 +80,8 @@ def worker(args) -> dict:
   from jax_smddp import _native
   if args.nprocs > 1:
     jax.distributed.initialize(args.coordinator, args.nprocs, args.process, local_device_ids=[0])
+  if args.hosts > 1:
+    jax_smddp.initialize()  # the links between the simulated hosts
   n = jax.device_count()
   mesh = jax.make_mesh((n,), ("x",))
   sharding = NamedSharding(mesh, P("x"))
@@ -97,6 +107,11 @@ def worker(args) -> dict:
              "copy_Bps": ext.copy_bandwidth(0, size * n, 10) if ext else None}
       if args.nprocs == 1:
         row["xla_s"] = _time(lax, x, args.iters)
+      if args.hosts > 1:
+        chosen = jax_smddp.gpu.groups_across_hosts().values() if ext else []
+        row["hosts"] = args.hosts
+        row["slots"] = ("device" if any(g["device_slots"] for g in chosen) else "host") \
+            if chosen else "-"
       rows.append(row)
   return {"ok": True, "rows": rows,
           "counters": jax_smddp.gpu.counters() if ext else {}}
@@ -123,9 +138,18 @@ def _busbw(op: str, n: int, alg: float) -> float:
   return alg * (n - 1) / n * (2 if op == "all_reduce" else 1)
 
 
+def _slots(row: dict) -> str:
+  """Across hosts: the JAX_SMDDP_FABRIC_HMEM setting and where the network
+  slots were (host: staged, device: registered with libfabric)."""
+  if row.get("hosts", 1) == 1:
+    return "-"
+  return f"{row.get('fabric_hmem', '0')}:{row.get('slots', '-')}"
+
+
 def report(rows: list[dict]) -> str:
   out = [f"{'op':>14} {'size/rank':>10} {'ranks':>5} {'mode':>7} {'time us':>9} {'algbw GB/s':>10} "
-         f"{'busbw':>8} {'moved':>8} {'copy GB/s':>9} {'moved/copy':>10} {'XLA busbw':>9}"]
+         f"{'busbw':>8} {'moved':>8} {'copy GB/s':>9} {'moved/copy':>10} {'XLA busbw':>9}"
+         f"{'hosts':>6} {'hmem:slots':>11}"]
   for r in rows:
     op, n, t = r.get("op", "all_gather"), r["ranks"], r["smddp_s"]
     alg = r["bytes_per_rank"] * n / t / 1e9
@@ -137,7 +161,8 @@ def report(rows: list[dict]) -> str:
       xla = f"{_busbw(op, n, r['bytes_per_rank'] * n / r['xla_s'] / 1e9):9.1f}"
     out.append(f"{op:>14} {r['bytes_per_rank'] >> 10:>9}K {n:>5} {r['mode']:>7} {t * 1e6:>9.1f} "
                f"{alg:>10.1f} {bus:>8.1f} {moved:>8.1f} {copy:>9.1f} "
-               f"{moved / copy if copy else 0:>10.2f} {xla:>9}")
+               f"{moved / copy if copy else 0:>10.2f} {xla:>9}"
+               f"{r.get('hosts', 1):>6} {_slots(r):>11}")
   return "\n".join(out)
 
 
@@ -150,6 +175,9 @@ def main(argv=None) -> int:
   p.add_argument("--modes", default="engine,kernel")
   p.add_argument("--json", default=None)
   p.add_argument("--timeout", type=float, default=500)
+  p.add_argument("--hosts", type=int, default=1, help="simulated hosts the processes are split into")
+  p.add_argument("--fabric-hmem", default="0",
+                 help="JAX_SMDDP_FABRIC_HMEM settings to time across hosts, e.g. 0,auto")
   # cpu: the same processes and programs on CPU devices (checks this script without a GPU)
   p.add_argument("--platform", default="cuda", choices=["cuda", "cpu"], help=argparse.SUPPRESS)
   p.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
@@ -159,6 +187,8 @@ def main(argv=None) -> int:
   unknown = [o for o in args.ops if o not in OPS]
   if unknown:
     p.error(f"unknown --ops {unknown}; choose from {', '.join(OPS)}")
+  if args.hosts < 1 or args.processes % args.hosts:
+    p.error(f"--hosts {args.hosts} does not divide --processes {args.processes}")
   if args.worker:
     args.process, args.nprocs, args.coordinator = int(rest[0]), int(rest[1]), rest[2]
     try:
@@ -169,22 +199,33 @@ def main(argv=None) -> int:
       return 1
     return 0
   rows = []
+  hosts = [{"JAX_SMDDP_HOST_ID": f"bench-host{i * args.hosts // args.processes}"}
+           for i in range(args.processes)] if args.hosts > 1 else None
+  hmem = args.fabric_hmem.split(",") if args.hosts > 1 else [None]
   for mode in args.modes.split(","):
-    env = {"JAX_PLATFORMS": args.platform, "JAX_SMDDP_GPU_COPIES": mode,
-           "XLA_PYTHON_CLIENT_PREALLOCATE": "false"}
-    forwarded = ["--worker", "--sizes", ",".join(str(s) for s in args.sizes), "--iters",
-                 str(args.iters), "--ops", ",".join(args.ops)]
-    procs = launch.run_job(forwarded, args.processes, 1, script=["-m", "jax_smddp.gpu_bench"],
-                           timeout=args.timeout, env=env)
-    if not all(q.result and q.result.get("ok") for q in procs):
-      print(launch.describe(procs), file=sys.stderr)
-      return 1
-    rows += procs[0].result["rows"]
-    print(f"mode {mode}: counters {procs[0].result['counters']}")
+    for setting in hmem:
+      env = {"JAX_PLATFORMS": args.platform, "JAX_SMDDP_GPU_COPIES": mode,
+             "XLA_PYTHON_CLIENT_PREALLOCATE": "false"}
+      if setting is not None:
+        env["JAX_SMDDP_FABRIC_HMEM"] = setting
+      forwarded = ["--worker", "--sizes", ",".join(str(s) for s in args.sizes), "--iters",
+                   str(args.iters), "--ops", ",".join(args.ops), "--hosts", str(args.hosts),
+                   "--processes", str(args.processes)]
+      procs = launch.run_job(forwarded, args.processes, 1, script=["-m", "jax_smddp.gpu_bench"],
+                             timeout=args.timeout, env=env, per_process_env=hosts)
+      if not all(q.result and q.result.get("ok") for q in procs):
+        print(launch.describe(procs), file=sys.stderr)
+        return 1
+      for row in procs[0].result["rows"]:
+        if setting is not None:
+          row["fabric_hmem"] = setting
+        rows.append(row)
+      label = mode if setting is None else f"{mode}, JAX_SMDDP_FABRIC_HMEM={setting}"
+      print(f"mode {label}: counters {procs[0].result['counters']}")
   print(report(rows))
   if args.json:
     with open(args.json, "w") as f:
-      json.dump({"processes": args.processes, "rows": rows}, f, indent=1)
+      json.dump({"processes": args.processes, "hosts": args.hosts, "rows": rows}, f, indent=1)
   return 0
 
 

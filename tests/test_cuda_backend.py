@@ -393,6 +393,27 @@ def test_gpu_benchmark_programs_run_and_check_on_cpu_processes(tmp_path, capsys)
     gpu_bench.main(["--ops", "all_gather,broadcast"])
 
 
+@pytest.mark.timeout(240)
+def test_gpu_benchmark_across_simulated_hosts_on_cpu_processes(tmp_path, capsys):
+  """--hosts 2 names the processes as two hosts (the groups cross hosts, over
+  the world's libfabric links) and --fabric-hmem times each setting in one
+  run; on CPU devices every op is still checked before it is timed."""
+  from jax_smddp import gpu_bench
+  out = tmp_path / "bench.json"
+  rc = gpu_bench.main(["--platform", "cpu", "--processes", "2", "--hosts", "2", "--fabric-hmem",
+                       "0,auto", "--sizes", "4K", "--iters", "2", "--modes", "engine", "--json",
+                       str(out), "--timeout", "200"])
+  text = capsys.readouterr()
+  assert rc == 0, text
+  rows = json.loads(out.read_text())["rows"]
+  assert [(r["op"], r["fabric_hmem"]) for r in rows] == \
+      [(op, h) for h in ("0", "auto") for op in gpu_bench.OPS]
+  assert all(r["hosts"] == 2 for r in rows)
+  assert "auto:-" in text.out  # on CPU no GPU group was set up
+  with pytest.raises(SystemExit):
+    gpu_bench.main(["--processes", "3", "--hosts", "2"])
+
+
 @needs_cuda_ext
 @pytest.mark.parametrize("count", [64, 61])
 def test_all_reduce_across_hosts_lowers_to_scatter_then_gather(monkeypatch, count):

@@ -81,6 +81,14 @@ if command -v nvidia-cuda-mps-control >/dev/null; then
 else
   echo "(no nvidia-cuda-mps-control: MPS comparison skipped)"
 fi
+if "$PY" -c 'import ctypes; ctypes.CDLL("libfabric.so.1")' 2>/dev/null; then
+  # Groups across 2 simulated hosts: the network proxy, slots staged through
+  # host memory (0) or in device memory where this libfabric can (auto).
+  echo "=== GPU benchmark: 2 processes as 2 hosts (libfabric shm), staged vs FI_HMEM slots"
+  JAX_SMDDP_FABRIC_PROVIDER=shm timeout 420 "$PY" -m jax_smddp.gpu_bench --processes 2 --hosts 2 \
+    --fabric-hmem 0,auto --modes engine --sizes 1M,16M,64M \
+    --json "$out/gpu_bench_2hosts.json" || status=1
+fi
 echo "=== GPU benchmark: one process, every local GPU, against XLA's NCCL"
 timeout 300 "$PY" -m jax_smddp.gpu_bench --processes 1 --sizes 1M,16M,256M \
   --json "$out/gpu_bench_1proc.json" || status=1
