@@ -74,9 +74,10 @@ def test_gpu_communicator(program, scenario, flag_memory):
 
 @pytest.mark.timeout(900)
 @pytest.mark.parametrize("slots", ["staging", "rail"])
-@pytest.mark.parametrize("scenario", ["hosts", "hosts_dead"])
+@pytest.mark.parametrize("scenario", ["hosts", "hosts_dead", "hosts_2x2"])
 def test_gpu_group_across_hosts(program, scenario, slots):
-  """Two processes named as two hosts, one rank each, over the world's real
+  """Two hosts of one process each (hosts_2x2: two each, the host's ranks in
+  one GPU communicator across its processes), over the world's real
   bootstrap (libfabric shm links and a TCP watch): PrepareHierarchy, then the
   hierarchical all_gather and reduce_scatter through 4 KiB slots, with the
   network slots staged through the world's links or ("rail") in the mock's

@@ -16,9 +16,9 @@
 // differs), two_per_process (2 processes x 2 ranks: collectives, then one
 // process dies). Prints "all checks passed" and exits 0 on success.
 //
-//   gpu_communicator_test hosts|hosts_dead staging|rail
+//   gpu_communicator_test hosts|hosts_dead|hosts_2x2 staging|rail
 //
-// Two processes named as two hosts (one rank each) over the multi-process
+// Two hosts of one process each (hosts_2x2: two each) over the multi-process
 // world's real bootstrap (libfabric shm links, a TCP watch): the
 // hierarchical all_gather and reduce_scatter with their network slots staged
 // through the world's links, or ("rail") in (mock) device memory registered
@@ -418,59 +418,80 @@ int TwoPerProcess(bool host) {
 
 // --- Groups across hosts ----------------------------------------------------
 
-// Through the parent: sends mine, returns the other process's.
-std::string Swap(int p, int up, int down, const std::string& mine) {
-  std::string theirs;
-  Expect(p, WriteBytes(up, mine) && ReadBytes(down, &theirs), "relay through the parent");
-  return theirs;
+// Through the parent: sends mine, returns every process's (mine included).
+std::vector<std::string> AllStrings(int p, int up, int down, const std::string& mine, int n) {
+  std::vector<std::string> all(n);
+  Expect(p, WriteBytes(up, mine), "relay through the parent");
+  for (auto& s : all) Expect(p, ReadBytes(down, &s), "relay through the parent");
+  return all;
 }
 
 void Check(int p, const Status& st, const std::string& what) {
   Expect(p, st.ok(), what + ": " + st.message());
 }
 
-int RunHost(int p, bool rail, bool die, int up, int down) {
-  const int q = 1 - p;
+// Process p of 2 hosts x L (host p / L, rail p % L; group rank p, host-major).
+int RunHost(int p, int L, bool rail, bool die, int up, int down) {
+  const int P = 2 * L, h = p / L, j = p % L;
   gpu::SetProcessIndex(p);
-  // The world, as jax_smddp.initialize() builds it (hosts "host0", "host1").
-  Check(p, smddp::WorldBegin(p, 2), "WorldBegin");
-  const int peer_pid = std::stoi(Swap(p, up, down, std::to_string(getpid())));
-  Check(p, smddp::WorldSetPeer(p, getpid(), "host" + std::to_string(p)), "WorldSetPeer");
-  Check(p, smddp::WorldSetPeer(q, peer_pid, "host" + std::to_string(q)), "WorldSetPeer");
+  // The world, as jax_smddp.initialize() builds it, every process its own
+  // "host" to the world (libfabric shm links and a TCP watch between all).
+  Check(p, smddp::WorldBegin(p, P), "WorldBegin");
+  const auto pids = AllStrings(p, up, down, std::to_string(getpid()), P);
+  for (int q = 0; q < P; ++q)
+    Check(p, smddp::WorldSetPeer(q, std::stoi(pids[q]), "proc" + std::to_string(q)), "WorldSetPeer");
   std::string address, provider, watch;
   Check(p, smddp::WorldOpenFabric("shm", "", &address, &provider), "WorldOpenFabric");
   Check(p, smddp::WorldWatchListen("127.0.0.1", &watch), "WorldWatchListen");
-  const std::string peer_address = Swap(p, up, down, address);
-  const std::string peer_watch = Swap(p, up, down, watch);
-  Check(p, smddp::WorldConnectFabric(q, peer_address), "WorldConnectFabric");
-  Check(p, p == 1 ? smddp::WorldWatchConnect(0, peer_watch) : smddp::WorldWatchAccept({1}),
-        "watch");
+  const auto addresses = AllStrings(p, up, down, address, P);
+  const auto watches = AllStrings(p, up, down, watch, P);
+  std::vector<int> higher;
+  for (int q = 0; q < P; ++q) {
+    if (q == p) continue;
+    Check(p, smddp::WorldConnectFabric(q, addresses[q]), "WorldConnectFabric");
+    if (q < p) Check(p, smddp::WorldWatchConnect(q, watches[q]), "WorldWatchConnect");
+    if (q > p) higher.push_back(q);
+  }
+  Check(p, smddp::WorldWatchAccept(higher), "WorldWatchAccept");
   Check(p, smddp::WorldStart(), "WorldStart");
 
-  // This host's communicator (one rank), then the group across both hosts.
-  const std::vector<int64_t> members = {30, 31}, intra = {30 + p};
+  // This host's communicator (its L processes, CUDA IPC through the mock),
+  // then the group across both hosts.
+  std::vector<int64_t> members, intra;
+  std::vector<int> host_of, process_of, rank_of;
+  for (int r = 0; r < P; ++r) {
+    members.push_back(30 + r);
+    host_of.push_back(r / L);
+    process_of.push_back(r);
+    rank_of.push_back(r);
+    if (r / L == h) intra.push_back(30 + r);
+  }
   std::vector<std::pair<int, std::string>> handles;
-  Check(p, gpu::PrepareCommunicator(intra, 4096, {{0, 0}}, 1, &handles), "prepare");
-  Check(p, gpu::ConnectCommunicator(intra, {}), "connect");
+  Check(p, gpu::PrepareCommunicator(intra, 4096, {{j, 0}}, L, &handles), "prepare");
+  const auto all_handles = AllStrings(p, up, down, handles.empty() ? "" : handles[0].second, P);
+  std::vector<std::pair<int, std::string>> remote;
+  for (int x = 0; x < L; ++x)
+    if (x != j) remote.emplace_back(x, all_handles[h * L + x]);
+  Check(p, gpu::ConnectCommunicator(intra, remote), "connect");
   std::vector<std::string> rails;
   if (rail) {
     std::string mine;
     Check(p, gpu::OpenDeviceRail(0, &mine), "OpenDeviceRail");
-    const std::string theirs = Swap(p, up, down, mine);
-    rails = p == 0 ? std::vector<std::string>{mine, theirs} : std::vector<std::string>{theirs, mine};
+    rails = AllStrings(p, up, down, mine, P);
   }
   bool gdrcopy = true, on_rail = !rail;
-  Check(p, gpu::PrepareHierarchy(members, {0, 1}, {0, 1}, {{p, 0}}, intra, 4096, rails, &gdrcopy,
-                                 &on_rail),
+  Check(p, gpu::PrepareHierarchy(members, host_of, process_of, {{p, 0}}, intra, 4096, rails,
+                                 &gdrcopy, &on_rail),
         "PrepareHierarchy");
   Expect(p, on_rail == rail && !gdrcopy, "slots or signals not where asked");
-  gpu::GpuHierarchy* h = gpu::FindHierarchy(gpu::GroupKey(members.data(), 2));
-  gpu::GpuHierarchy::Member* m = h ? h->Find(p) : nullptr;
+  gpu::GpuHierarchy* hier = gpu::FindHierarchy(gpu::GroupKey(members.data(), P));
+  gpu::GpuHierarchy::Member* m = hier ? hier->Find(p) : nullptr;
   Expect(p, m && m->port && m->local, "no network port");
   smddp::NetPort& port = *m->port;
-  const std::string kind = port.links[q]->Kind();
+  const std::string kind = port.links[1 - h]->Kind();
   Expect(p, kind.find(rail ? "no staging" : "libfabric shm") != std::string::npos,
          "the port's link is " + kind);
+  Expect(p, port.peer_process[1 - h] == (1 - h) * L + j, "the rail peer is not the same rail");
   Expect(p, rail == (port.slots_stream != port.mailbox_stream + port.layout.slots) &&
                 rail == bool(port.poison),
          "the slots are not where the mode puts them");
@@ -478,37 +499,37 @@ int RunHost(int p, bool rail, bool die, int up, int down) {
   Expect(p, WriteAll(up, &c, 1) && ReadAll(down, &c, 1), "barrier");
 
   smddp::HostStreamOps ops(20);
-  const std::vector<int> rank_of = {0, 1};
   for (int call = 0; call < 4; ++call) {
     // all_gather: rows of 6000 bytes through 4 KiB slots (pieces of rows).
     const size_t outer = 3, n = 1500;
-    std::vector<float> send(outer * n), recv(outer * 2 * n);
+    std::vector<float> send(outer * n), recv(outer * P * n);
     for (size_t i = 0; i < send.size(); ++i) send[i] = Input(p, i + call);
     Check(p, smddp::RunStreamHierarchicalGather(outer, n * 4, m->local->view, port, rank_of, ops,
                                                 send.data(), recv.data()),
           "hierarchical all_gather");
     for (size_t o = 0; o < outer; ++o)
-      for (int r = 0; r < 2; ++r)
+      for (int r = 0; r < P; ++r)
         for (size_t i = 0; i < n; ++i)
-          Expect(p, recv[(o * 2 + r) * n + i] == Input(r, o * n + i + call),
+          Expect(p, recv[(o * P + r) * n + i] == Input(r, o * n + i + call),
                  "hierarchical all_gather value");
-    // reduce_scatter: [2, 2, 700] -> [2, 700], sum.
+    // reduce_scatter: [2, P, 700] -> [2, 700], sum.
     const size_t k = 700;
-    std::vector<float> in(2 * 2 * k), out(2 * k);
+    std::vector<float> in(2 * P * k), out(2 * k);
     for (size_t i = 0; i < in.size(); ++i) in[i] = Input(p, i + call);
     Check(p, smddp::RunStreamHierarchicalScatter(2, k, smddp::DType::kFloat32, smddp::ReduceOp::kSum,
                                                  m->local->view, port, rank_of, ops, in.data(),
                                                  out.data()),
           "hierarchical reduce_scatter");
     for (size_t o = 0; o < 2; ++o)
-      for (size_t i = 0; i < k; ++i)
-        Expect(p, out[o * k + i] == Input(0, (o * 2 + p) * k + i + call) +
-                                        Input(1, (o * 2 + p) * k + i + call),
-               "hierarchical reduce_scatter value");
+      for (size_t i = 0; i < k; ++i) {
+        float want = 0;
+        for (int r = 0; r < P; ++r) want += Input(r, (o * P + p) * k + i + call);
+        Expect(p, out[o * k + i] == want, "hierarchical reduce_scatter value");
+      }
   }
   Expect(p, !port.proxy->failed(), "the proxy failed: " + port.proxy->error().message());
   Expect(p, WriteAll(up, &c, 1) && ReadAll(down, &c, 1), "barrier");
-  if (die) {
+  if (die) {  // 1 rank per host: process 1 dies
     if (p == 1) raise(SIGKILL);
     // Process 0's next call: the proxy sees the peer gone (the world's watch,
     // also behind a rail link), releases the stream and poisons what never
@@ -543,26 +564,29 @@ int RunHost(int p, bool rail, bool die, int up, int down) {
   _exit(0);  // the world's links and the proxy stay up until exit, as in a job
 }
 
-int Hosts(bool rail, bool die) {
+int Hosts(int L, bool rail, bool die) {
+  const int P = 2 * L;
   Children kids;
-  if (!Spawn(2, [&](int p, int up, int down) { return RunHost(p, rail, die, up, down); }, &kids))
+  if (!Spawn(P, [&](int p, int up, int down) { return RunHost(p, L, rail, die, up, down); }, &kids))
     return 2;
   const auto &pids = kids.pids, &ups = kids.ups, &downs = kids.downs;
   alarm(90);
-  // Relay rounds (pid, fabric address, watch address, rail address), then barriers.
-  for (int round = 0; round < (rail ? 4 : 3); ++round) {
-    std::string got[2];
-    for (int p = 0; p < 2; ++p)
+  // Relay rounds (pids, fabric addresses, watch addresses, IPC handles, rail
+  // addresses): every process gets every process's string, then barriers.
+  for (int round = 0; round < (rail ? 5 : 4); ++round) {
+    std::vector<std::string> got(P);
+    for (int p = 0; p < P; ++p)
       if (!ReadBytes(ups[p], &got[p])) return 1;
-    for (int p = 0; p < 2; ++p) WriteBytes(downs[p], got[1 - p]);
+    for (int p = 0; p < P; ++p)
+      for (int q = 0; q < P; ++q) WriteBytes(downs[p], got[q]);
   }
   char c;
   for (int round = 0; round < (die ? 2 : 3); ++round) {
-    for (int p = 0; p < 2; ++p) ReadAll(ups[p], &c, 1);
-    for (int p = 0; p < 2; ++p) WriteAll(downs[p], "g", 1);
+    for (int p = 0; p < P; ++p) ReadAll(ups[p], &c, 1);
+    for (int p = 0; p < P; ++p) WriteAll(downs[p], "g", 1);
   }
   bool ok = true;
-  for (int p = 0; p < 2; ++p) {
+  for (int p = 0; p < P; ++p) {
     int status = 0;
     waitpid(pids[p], &status, 0);
     const bool killed = die && p == 1;
@@ -587,8 +611,9 @@ int main(int argc, char** argv) {
     return 2;
   }
   const std::string scenario = argv[1];
-  if (scenario == "hosts" || scenario == "hosts_dead")
-    return Hosts(std::string(argv[2]) == "rail", scenario == "hosts_dead");
+  if (scenario == "hosts" || scenario == "hosts_dead" || scenario == "hosts_2x2")
+    return Hosts(scenario == "hosts_2x2" ? 2 : 1, std::string(argv[2]) == "rail",
+                 scenario == "hosts_dead");
   const bool host = std::string(argv[2]) == "host";
   setenv("JAX_SMDDP_GPU_FLAG_MEMORY", argv[2], 1);
   if (scenario == "two_per_process") return TwoPerProcess(host);
