@@ -260,7 +260,7 @@ std::vector<nb::bytes> StreamHierarchicalProbe(int hosts, int local, size_t oute
       std::unique_ptr<smddp::FabricRail> rail;
       Check(smddp::FabricRail::Open(rail_provider, "", smddp::MemoryIface::kHost, &rail));
       std::unique_ptr<smddp::FabricRail::Region> region;
-      Check(rail->Register(mailboxes.bases[x] + net.slots, net.slot_area_bytes, 0, &region));
+      Check(rail->Register(mailboxes.bases[x] + net.flag_bytes, net.slot_area_bytes, 0, &region));
       regions_registered.push_back(std::move(region));
       rails.push_back(std::move(rail));
     }
@@ -306,7 +306,7 @@ std::vector<nb::bytes> StreamHierarchicalProbe(int hosts, int local, size_t oute
         port.layout = net;
         port.mailbox_stream = port.mailbox_proxy = mailboxes.bases[x];
         port.signals_stream = port.signals_proxy = signals.bases[x];
-        port.slots_stream = port.slots_proxy = mailboxes.bases[x] + net.slots;
+        port.slots_stream = port.slots_proxy = mailboxes.bases[x] + net.flag_bytes;
         port.links = links[x];
         port.peer_process.assign(hosts, 0);
         for (int k = 0; k < hosts; ++k) port.peer_process[k] = k * local + j;

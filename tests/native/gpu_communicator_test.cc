@@ -492,7 +492,7 @@ int RunHost(int p, int L, bool rail, bool die, int up, int down) {
   Expect(p, kind.find(rail ? "no staging" : "libfabric shm") != std::string::npos,
          "the port's link is " + kind);
   Expect(p, port.peer_process[1 - h] == (1 - h) * L + j, "the rail peer is not the same rail");
-  Expect(p, rail == (port.slots_stream != port.mailbox_stream + port.layout.slots) &&
+  Expect(p, rail == (port.slots_stream != port.mailbox_stream + port.layout.flag_bytes) &&
                 rail == bool(port.poison),
          "the slots are not where the mode puts them");
   char c = 'c';

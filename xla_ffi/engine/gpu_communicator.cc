@@ -551,7 +551,7 @@ Status GpuHierarchy::Prepare(const std::vector<int>& host_of, const std::vector<
     DeviceScope scope(ordinal);
     void* mailbox_device = nullptr;
     // Staging: the slots follow the flags in the mailbox. Rail: flags only.
-    SMDDP_RETURN_IF_ERROR(MappedHostAlloc(rail ? layout.slots : layout.mailbox_bytes,
+    SMDDP_RETURN_IF_ERROR(MappedHostAlloc(rail ? layout.flag_bytes : layout.mailbox_bytes,
                                           "network mailbox", &mem->mailbox_host, &mailbox_device));
     auto port = std::make_unique<NetPort>();
     port->hosts = hosts;
@@ -564,8 +564,8 @@ Status GpuHierarchy::Prepare(const std::vector<int>& host_of, const std::vector<
     if (rail) {
       SMDDP_RETURN_IF_ERROR(PrepareRailSlots(rail, layout, mem.get(), port.get()));
     } else {
-      port->slots_proxy = port->mailbox_proxy + layout.slots;
-      port->slots_stream = port->mailbox_stream + layout.slots;
+      port->slots_proxy = port->mailbox_proxy + layout.flag_bytes;
+      port->slots_stream = port->mailbox_stream + layout.flag_bytes;
     }
     if (gdrcopy_) {
       const size_t bytes = (layout.signal_bytes + (64 << 10) - 1) / (64 << 10) * (64 << 10);

@@ -12,9 +12,9 @@ namespace smddp {
 
 NetLayout::NetLayout(int hosts_, size_t slot_bytes_) : hosts(hosts_) {
   slot_bytes = (slot_bytes_ + 255) / 256 * 256;
-  slots = (kFlagStride * (1 + size_t(hosts)) + 4095) / 4096 * 4096;
+  flag_bytes = (kFlagStride * (1 + size_t(hosts)) + 4095) / 4096 * 4096;
   slot_area_bytes = (2 + 2 * size_t(hosts)) * slot_bytes;
-  mailbox_bytes = slots + slot_area_bytes;
+  mailbox_bytes = flag_bytes + slot_area_bytes;
   signal_bytes = kFlagStride * (1 + size_t(hosts));
 }
 

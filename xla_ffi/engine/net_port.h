@@ -33,7 +33,7 @@
 namespace smddp {
 
 // Offsets in a port's blocks: the mailbox, the signals and the slots (which
-// may follow the mailbox's flags in one block, at `slots`). Slots are
+// may follow the mailbox's flags in one block, at `flag_bytes`). Slots are
 // double-buffered: the stream fills step s + 1 while the proxy still moves
 // step s.
 struct NetLayout {
@@ -55,7 +55,7 @@ struct NetLayout {
 
   int hosts = 1;
   size_t slot_bytes = 0;
-  size_t slots = 0;            // flags' bytes, rounded: where slots follow them in one block
+  size_t flag_bytes = 0;       // the mailbox's flags, a page multiple: where slots may follow
   size_t slot_area_bytes = 0;  // send and receive slots
   size_t mailbox_bytes = 0;    // flags followed by the slots
   size_t signal_bytes = 0;
