@@ -2,7 +2,8 @@
 consumed flags, tiling), run on host threads through the same C++ algorithms
 (xla_ffi/engine/stream_algorithms.cc) with host memory instead of a stream,
 against numpy. Small slots force every tiling path: whole rows per step,
-pieces of one row, and slots reused within and across calls."""
+pieces of one row, and slots reused within and across calls; and the
+direct-read form, where ranks read each other's inputs in place."""
 
 from __future__ import annotations
 
@@ -44,11 +45,12 @@ def combine(blocks, op, dtype):
 
 
 def probe(kind, xs, out_shape, dtype, *, op="sum", outer=1, inner=0, count=0, slot=4096, calls=3,
-          flag_blocks=False):
+          flag_blocks=False, direct=0):
+  """`direct`: 0 stages every call, 1 reads peers' inputs in place, 2 alternates."""
   outs = ENGINE.stream_probe(kind, DTYPES[np.dtype(dtype)], OPS[op], outer, inner, count, slot,
                              [x.tobytes() for x in xs],
                              int(np.prod(out_shape)) * np.dtype(dtype).itemsize, calls,
-                             flag_blocks=flag_blocks)
+                             flag_blocks=flag_blocks, direct=direct)
   return [np.frombuffer(o, dtype=dtype).reshape(out_shape) for o in outs]
 
 
@@ -113,6 +115,86 @@ def test_many_calls_reuse_slots_safely():
   for r, got in enumerate(probe(SCATTER, xs, (8, 100), np.float32, outer=8, inner=100, slot=256,
                                 calls=40)):
     np.testing.assert_array_equal(got, combine([x[:, r, :] for x in xs], "sum", np.float32))
+
+
+# --- direct reads: peers' inputs read in place (StreamRank::inputs) --------
+
+DIRECT = pytest.mark.parametrize("direct", [1, 2], ids=["direct", "alternating"])
+
+
+@DIRECT
+@FLAG_PLACES
+@pytest.mark.parametrize("size", [1, 2, 3, 4])
+@pytest.mark.parametrize("outer,inner", [(1, 300), (5, 37), (3, 1000), (0, 8)])
+def test_all_gather_direct(size, outer, inner, direct, flag_blocks):
+  xs = inputs(size, (outer, inner), np.float32, seed=size * 5 + inner)
+  want = np.stack(xs, axis=1)
+  for r, got in enumerate(probe(GATHER, xs, want.shape, np.float32, outer=outer, inner=inner * 4,
+                                slot=256, flag_blocks=flag_blocks, direct=direct)):
+    np.testing.assert_array_equal(got, want, err_msg=f"rank {r}")
+
+
+@DIRECT
+@pytest.mark.parametrize("size", [2, 3, 4])
+@pytest.mark.parametrize("outer,inner", [(1, 300), (5, 37)])
+def test_all_to_all_direct(size, outer, inner, direct):
+  xs = inputs(size, (outer, size, inner), np.int32, seed=size + inner + 1)
+  for r, got in enumerate(probe(ALL_TO_ALL, xs, (outer, size, inner), np.int32, outer=outer,
+                                inner=inner * 4, slot=256, direct=direct)):
+    want = np.stack([xs[q][:, r, :] for q in range(size)], axis=1)
+    np.testing.assert_array_equal(got, want, err_msg=f"rank {r}")
+
+
+@DIRECT
+@pytest.mark.parametrize("size", [1, 2, 3, 4])
+@pytest.mark.parametrize("dtype,op", [(np.float32, "sum"), (np.int32, "min"),
+                                      (ml_dtypes.bfloat16, "sum"), (np.float16, "max")])
+@pytest.mark.parametrize("outer,inner", [(1, 333), (6, 21)])
+def test_reduce_scatter_direct(size, dtype, op, outer, inner, direct):
+  xs = inputs(size, (outer, size, inner), dtype, seed=size * 11 + inner)
+  for r, got in enumerate(probe(SCATTER, xs, (outer, inner), dtype, op=op, outer=outer,
+                                inner=inner, slot=256, direct=direct)):
+    np.testing.assert_array_equal(got, combine([x[:, r, :] for x in xs], op, dtype),
+                                  err_msg=f"rank {r}")
+
+
+@DIRECT
+def test_all_reduce_stages_even_with_inputs(direct):
+  """all_reduce has no direct form: given the inputs it still stages, correctly."""
+  xs = inputs(3, (1001,), np.float32, seed=2)
+  for got in probe(ALL_REDUCE, xs, (1001,), np.float32, count=1001, slot=512, direct=direct):
+    np.testing.assert_array_equal(got, combine(xs, "sum", np.float32))
+
+
+@pytest.mark.parametrize("kind", [GATHER, SCATTER, ALL_TO_ALL])
+@pytest.mark.parametrize("direct", [1, 2], ids=["direct", "alternating"])
+def test_direct_reads_finish_before_the_owner_reuses_its_input(kind, direct):
+  """Each rank writes new data into its one input buffer before every call (as
+  XLA reuses a buffer): a rank whose stream went on before its peers had read
+  its input would hand them the next call's data. Every call's output is
+  checked; slow readers are likely with 4 threads on 2 cores."""
+  size, calls, outer, inner = 4, 30, 3, 257
+  rng = np.random.default_rng(kind)
+  shape = (outer, inner) if kind == GATHER else (outer, size, inner)
+  xs = [[rng.integers(-1000, 1000, size=shape).astype(np.int32) for _ in range(size)]
+        for _ in range(calls)]
+  out_shape = {GATHER: (outer, size, inner), SCATTER: (outer, inner),
+               ALL_TO_ALL: (outer, size, inner)}[kind]
+  out_bytes = int(np.prod(out_shape)) * 4
+  outs = ENGINE.stream_probe(kind, DTYPES[np.dtype(np.int32)], OPS["sum"], outer,
+                             inner if kind == SCATTER else inner * 4, 0, 1024,
+                             [x.tobytes() for call in xs for x in call], out_bytes, calls,
+                             direct=direct, vary=True)
+  for r, out in enumerate(outs):
+    got = np.frombuffer(out, np.int32).reshape((calls,) + out_shape)
+    for c in range(calls):
+      if kind == GATHER:
+        want = np.stack(xs[c], axis=1)
+      elif kind == SCATTER:
+        want = combine([x[:, r, :] for x in xs[c]], "sum", np.int32)
+      else:
+        want = np.stack([x[:, r, :] for x in xs[c]], axis=1)
+      np.testing.assert_array_equal(got[c], want, err_msg=f"rank {r}, call {c}")
 
 
 # --- across hosts: the hierarchical all_gather with its network proxy ------

@@ -84,9 +84,13 @@ def test_an_orderly_close_fails_the_group_without_alarm(capfd):
   assert "closed the group" not in capfd.readouterr().err
 
 
-@pytest.mark.parametrize("kind", [GATHER, SCATTER, ALL_REDUCE])
-def test_ranks_waiting_on_a_dead_peer_are_released_and_told(kind):
-  """Rank 2 of 4 never runs; its process dies 1 s in. The other ranks wait on
+@pytest.mark.parametrize("kind,direct", [(GATHER, 0), (SCATTER, 0), (ALL_REDUCE, 0), (GATHER, 1),
+                                         (SCATTER, 1)],
+                         ids=["all_gather", "reduce_scatter", "all_reduce", "all_gather-direct",
+                              "reduce_scatter-direct"])
+def test_ranks_waiting_on_a_dead_peer_are_released_and_told(kind, direct):
+  """Rank 2 of 4 never runs (staged, or reading inputs in place: "direct");
+  its process dies 1 s in. The other ranks wait on
   its flags (with a 30 s deadline of their own) until the watchdog sets
   them (all of the group's: the output of a failed group is undefined):
   every live rank finishes all its calls within seconds, and the group's
@@ -111,7 +115,7 @@ def test_ranks_waiting_on_a_dead_peer_are_released_and_told(kind):
     t0 = time.monotonic()
     errors, group_error, outs = ENGINE.stream_watch_probe(
         kind, F32, 0, args["outer"], args["inner"], args["count"], 1024,
-        [x.tobytes() for x in xs], out_bytes, 3, 30.0, absent, child.pid)
+        [x.tobytes() for x in xs], out_bytes, 3, 30.0, absent, child.pid, direct=direct)
     elapsed = time.monotonic() - t0
   finally:
     child.kill()

@@ -5,6 +5,7 @@
 #include <chrono>
 #include <future>
 #include <cstdint>
+#include <cstring>
 #include <memory>
 #include <stdexcept>
 #include <string>
@@ -102,15 +103,26 @@ struct HostBlocks {
 
 // Runs `calls` calls of `plan` on host threads, one per rank except
 // `absent` (-1: none), over `regions` (and separate flag blocks `flags`, if
-// not empty). Returns each rank's status.
+// not empty). `direct`: 0 stages every call through the slots, 1 reads the
+// peers' inputs in place (StreamRank::inputs), 2 alternates (direct first).
+// `send` holds one input per rank, or with `vary` one per call and rank
+// (call-major), copied into the rank's one input buffer before each call (as
+// XLA reuses a buffer), and then `recv` takes every call's output in turn.
+// Returns each rank's status.
 std::vector<smddp::Status> RunStreamRanks(const smddp::Plan& plan, const smddp::RegionLayout& layout,
                                           const std::vector<uint8_t*>& regions,
                                           const std::vector<uint8_t*>& flags,
                                           const std::vector<std::string>& send,
                                           std::vector<std::string>& recv, int calls,
-                                          double timeout_s, int absent) {
+                                          double timeout_s, int absent, int direct = 0,
+                                          bool vary = false) {
   const int size = int(regions.size());
+  if (vary && int(send.size()) != calls * size) throw std::invalid_argument("one input per call and rank");
   std::vector<smddp::Status> status(size);
+  std::vector<std::string> buffers(send.begin(), send.begin() + size);  // each rank's input buffer
+  std::vector<const uint8_t*> inputs;
+  for (auto& b : buffers) inputs.push_back(reinterpret_cast<const uint8_t*>(b.data()));
+  const size_t out_bytes = vary ? recv[0].size() / calls : recv[0].size();
   nb::gil_scoped_release release;
   std::vector<std::thread> threads;
   for (int r = 0; r < size; ++r) {
@@ -123,7 +135,11 @@ std::vector<smddp::Status> RunStreamRanks(const smddp::Plan& plan, const smddp::
       me.flags = flags;
       smddp::HostStreamOps ops(timeout_s);
       for (int c = 0; c < calls && status[r].ok(); ++c) {
-        status[r] = smddp::RunStreamPlan(plan, me, ops, send[r].data(), recv[r].data());
+        if (vary) std::memcpy(buffers[r].data(), send[size_t(c) * size + r].data(), buffers[r].size());
+        const bool in_place = direct == 1 || (direct == 2 && c % 2 == 0);
+        if (in_place) me.inputs = inputs; else me.inputs.clear();
+        status[r] = smddp::RunStreamPlan(plan, me, ops, buffers[r].data(),
+                                         recv[r].data() + (vary ? c * out_bytes : 0));
       }
     });
   }
@@ -147,18 +163,21 @@ std::vector<nb::bytes> Bytes(const std::vector<std::string>& buffers) {
 // per rank, over host memory: `calls` consecutive calls of one collective
 // (kind 0 all_gather, 1 reduce_scatter, 2 all_reduce, 3 all_to_all) with
 // `slot_bytes` staging slots (flags in the regions, or in separate flag
-// blocks with `flag_blocks`). Returns each rank's output, or raises the first
+// blocks with `flag_blocks`); `direct` and `vary` as in RunStreamRanks.
+// Returns each rank's output (every call's with `vary`), or raises the first
 // rank's error. Tests the protocol (slots, flags, tiling) without a GPU.
 std::vector<nb::bytes> StreamProbe(int kind, int dtype, int op, size_t outer, size_t inner,
                                    size_t count, size_t slot_bytes, std::vector<nb::bytes> inputs,
-                                   size_t out_bytes, int calls, double timeout_s, bool flag_blocks) {
-  const int size = int(inputs.size());
+                                   size_t out_bytes, int calls, double timeout_s, bool flag_blocks,
+                                   int direct, bool vary) {
+  const int size = vary ? int(inputs.size()) / std::max(calls, 1) : int(inputs.size());
   const smddp::Plan plan = smddp::PlanOf(kind, dtype, op, outer, inner, count);
   smddp::RegionLayout layout(size, slot_bytes);
   HostBlocks regions(size, layout.total_bytes), flags(flag_blocks ? size : 0, layout.flag_bytes());
-  std::vector<std::string> recv(size, std::string(out_bytes, '\0'));
+  std::vector<std::string> recv(size, std::string(out_bytes * (vary ? calls : 1), '\0'));
   const std::vector<smddp::Status> status = RunStreamRanks(
-      plan, layout, regions.bases, flags.bases, Strings(inputs), recv, calls, timeout_s, -1);
+      plan, layout, regions.bases, flags.bases, Strings(inputs), recv, calls, timeout_s, -1,
+      direct, vary);
   for (int r = 0; r < size; ++r) {
     if (!status[r].ok()) throw std::runtime_error("rank " + std::to_string(r) + ": " + status[r].message());
   }
@@ -174,7 +193,7 @@ std::vector<nb::bytes> StreamProbe(int kind, int dtype, int op, size_t outer, si
 std::tuple<std::vector<std::string>, std::string, std::vector<nb::bytes>> StreamWatchProbe(
     int kind, int dtype, int op, size_t outer, size_t inner, size_t count, size_t slot_bytes,
     std::vector<nb::bytes> inputs, size_t out_bytes, int calls, double timeout_s, int absent,
-    int absent_pid) {
+    int absent_pid, int direct) {
   const int size = int(inputs.size());
   if (absent < 0 || absent >= size) throw std::invalid_argument("absent rank out of range");
   const smddp::Plan plan = smddp::PlanOf(kind, dtype, op, outer, inner, count);
@@ -190,7 +209,8 @@ std::tuple<std::vector<std::string>, std::string, std::vector<nb::bytes>> Stream
   smddp::Watch(group);
   std::vector<std::string> recv(size, std::string(out_bytes, '\0'));
   const std::vector<smddp::Status> status = RunStreamRanks(
-      plan, layout, regions.bases, flags.bases, Strings(inputs), recv, calls, timeout_s, absent);
+      plan, layout, regions.bases, flags.bases, Strings(inputs), recv, calls, timeout_s, absent,
+      direct);
   smddp::Unwatch(group.get());
   std::vector<std::string> errors;
   for (const auto& st : status) errors.push_back(st.message());
@@ -437,11 +457,11 @@ NB_MODULE(_smddp_cpu, m) {
   m.def("stream_probe", &StreamProbe, nb::arg("kind"), nb::arg("dtype"), nb::arg("op"),
         nb::arg("outer"), nb::arg("inner"), nb::arg("count"), nb::arg("slot_bytes"),
         nb::arg("inputs"), nb::arg("out_bytes"), nb::arg("calls") = 1, nb::arg("timeout_s") = 20.0,
-        nb::arg("flag_blocks") = false);
+        nb::arg("flag_blocks") = false, nb::arg("direct") = 0, nb::arg("vary") = false);
   m.def("stream_watch_probe", &StreamWatchProbe, nb::arg("kind"), nb::arg("dtype"), nb::arg("op"),
         nb::arg("outer"), nb::arg("inner"), nb::arg("count"), nb::arg("slot_bytes"),
         nb::arg("inputs"), nb::arg("out_bytes"), nb::arg("calls"), nb::arg("timeout_s"),
-        nb::arg("absent"), nb::arg("absent_pid"));
+        nb::arg("absent"), nb::arg("absent_pid"), nb::arg("direct") = 0);
   // The watchdog alone, on a real process (and the closed flag of `block`, if given).
   m.def("watch_process", [](int pid, double seconds, const smddp::SharedBlock* block) {
     auto group = std::make_shared<smddp::WatchedGroup>("a test group");

@@ -94,6 +94,17 @@ class Steps {
     return q == rank() ? Status::Ok() : ops_.Write(Consumed(q, rank()), step_);
   }
 
+  // Direct reads: the whole call is one step that uses no slot.
+  void BeginDirect() { step_ = ++me_.step; }
+  Status AwaitPosted(int q) { return q == rank() ? Status::Ok() : ops_.WaitAtLeast(Posted(q), step_); }
+  // Later work on this stream waits until every peer consumed this step.
+  Status AwaitConsumed() {
+    for (int q = 0; q < size(); ++q) {
+      if (q != rank()) SMDDP_RETURN_IF_ERROR(ops_.WaitAtLeast(Consumed(rank(), q), step_));
+    }
+    return Status::Ok();
+  }
+
  private:
   uint8_t* Slot(int q) const {
     return me_.regions[q] + layout_.slot_offset(int(step_ % RegionLayout::kSlots));
@@ -234,7 +245,49 @@ Status ReduceAll(Steps& st, StreamOps& ops, const uint8_t* send, uint8_t* recv, 
   });
 }
 
+// The direct-read forms (stream_algorithms.h): `in[q]` is rank q's input.
+// Every rank posts first, so peers can start on its input while it copies its own part.
+// recv[o, p, :] = in_p[o, :] (all_gather) or in_p[o, rank, :] (all_to_all).
+Status BlocksDirect(Steps& st, StreamOps& ops, const std::vector<const uint8_t*>& in,
+                    uint8_t* recv, size_t outer, size_t inner, bool swap) {
+  const int P = st.size(), me = st.rank();
+  const size_t spitch = swap ? P * inner : inner;
+  const size_t pick = swap ? me * inner : 0;  // this rank's block within a row
+  st.BeginDirect();
+  SMDDP_RETURN_IF_ERROR(st.Post());
+  for (int k = 0; k < P; ++k) {
+    const int q = (me + k) % P;  // staggered so ranks do not all read one peer at once
+    SMDDP_RETURN_IF_ERROR(st.AwaitPosted(q));
+    SMDDP_RETURN_IF_ERROR(ops.Copy2D(recv + q * inner, P * inner, in[q] + pick, spitch, inner, outer));
+    SMDDP_RETURN_IF_ERROR(st.Release(q));
+  }
+  return st.AwaitConsumed();
+}
+
+// recv[o, :] = reduce_p in_p[o, rank, :]; inner in elements.
+Status ScatterDirect(Steps& st, StreamOps& ops, const std::vector<const uint8_t*>& in,
+                     uint8_t* recv, size_t outer, size_t inner, DType dtype, ReduceOp op) {
+  const int P = st.size(), me = st.rank();
+  const size_t inner_b = inner * ElementSize(dtype);
+  const void** srcs = st.Sources(P);
+  st.BeginDirect();
+  SMDDP_RETURN_IF_ERROR(st.Post());
+  for (int q = 0; q < P; ++q) {
+    SMDDP_RETURN_IF_ERROR(st.AwaitPosted(q));
+    srcs[q] = in[q] + me * inner_b;
+  }
+  if (outer && inner)
+    SMDDP_RETURN_IF_ERROR(ops.Reduce(recv, inner_b, srcs, P, P * inner_b, inner, outer, dtype, op));
+  for (int q = 0; q < P; ++q) SMDDP_RETURN_IF_ERROR(st.Release(q));
+  return st.AwaitConsumed();
+}
+
 }  // namespace
+
+bool ReadsInputsDirectly(Plan::Kind kind) {
+  return kind == Plan::Kind::kAllGather || kind == Plan::Kind::kAllToAll ||
+         kind == Plan::Kind::kReduceScatter;
+}
 
 Status RunStreamHierarchicalGather(size_t outer, size_t inner, StreamRank& local, NetPort& port,
                                    const std::vector<int>& rank_of, StreamOps& ops,
@@ -361,6 +414,14 @@ Status RunStreamPlan(const Plan& plan, StreamRank& me, StreamOps& ops, const voi
     return bytes ? ops.Copy(recv, send, bytes) : Status::Ok();
   }
   Steps steps(me, ops);
+  if (!me.inputs.empty() && ReadsInputsDirectly(plan.kind)) {
+    if (int(me.inputs.size()) != me.layout.size || me.inputs[me.rank] != send)
+      return Status::Error("jax_smddp: direct reads need every rank's input of this call");
+    if (plan.kind == Plan::Kind::kReduceScatter)
+      return ScatterDirect(steps, ops, me.inputs, recv, plan.outer, plan.inner, plan.dtype, plan.op);
+    return BlocksDirect(steps, ops, me.inputs, recv, plan.outer, plan.inner,
+                        plan.kind == Plan::Kind::kAllToAll);
+  }
   switch (plan.kind) {
     case Plan::Kind::kAllGather:
       return Gather(steps, ops, send, recv, plan.outer, plan.inner);

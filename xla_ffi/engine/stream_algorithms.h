@@ -15,6 +15,16 @@
 // Ranks keep their own step counters, equal because every rank runs the same
 // calls on a communicator in the same order. Nothing here blocks the host
 // except in the host implementation of StreamOps.
+//
+// Direct reads: when the caller knows every rank's input of this call as
+// this rank addresses it (StreamRank::inputs; CUDA IPC mappings of the XLA
+// buffers on GPUs), all_gather, all_to_all and reduce_scatter run as one step
+// with no staging: a rank posts the step (its input is ready), reads or
+// reduces each peer's input in place into its output, sets the peer's
+// consumed flag, and before its stream goes on waits until every peer has
+// consumed its input (XLA may reuse that buffer next). Each rank copies n
+// shards instead of n + 1, and a call costs two hand-offs between ranks
+// instead of two per slot-sized step.
 #ifndef JAX_SMDDP_ENGINE_STREAM_ALGORITHMS_H_
 #define JAX_SMDDP_ENGINE_STREAM_ALGORITHMS_H_
 
@@ -53,6 +63,9 @@ struct StreamRank {
   std::vector<uint8_t*> flags;    // every rank's flag block; empty: flags are in the regions
   uint32_t step = 0;              // steps run so far (host side)
   std::vector<const void*> sources;  // reduction sources, sized once (no per-call allocation)
+  // This call's input of every rank, as this rank addresses it, set per call
+  // for direct reads (all ranks alike); empty: stage through the slots.
+  std::vector<const uint8_t*> inputs;
 };
 
 struct NetPort;
@@ -84,8 +97,13 @@ Status RunStreamHierarchicalScatter(size_t outer, size_t inner, DType dtype, Red
                                     const std::vector<int>& rank_of, StreamOps& ops,
                                     const void* send, void* recv);
 
+// Whether `kind` can read peers' inputs in place (all_reduce always stages).
+bool ReadsInputsDirectly(Plan::Kind kind);
+
 // Runs one collective of `plan` (kinds and layouts as in algorithms.h) on
-// `ops`: recv of the same shapes as the host algorithms.
+// `ops`: recv of the same shapes as the host algorithms. With `me.inputs`
+// set (one per rank) and a kind that ReadsInputsDirectly, reads the peers'
+// inputs in place.
 Status RunStreamPlan(const Plan& plan, StreamRank& me, StreamOps& ops, const void* send,
                      void* recv);
 
