@@ -37,6 +37,7 @@ struct GpuCounters {
   std::atomic<uint64_t> reduce_kernels{0};
   std::atomic<uint64_t> flag_kernels{0};
   std::atomic<uint64_t> flag_memops{0};
+  std::atomic<uint64_t> direct_reads{0};  // calls that read their peers' inputs in place
 };
 GpuCounters& Counters();
 

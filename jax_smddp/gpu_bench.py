@@ -3,7 +3,7 @@ nccl-tests style.
 
     python -m jax_smddp.gpu_bench [--processes N] [--sizes 1M,16M,256M]
                                   [--ops all_gather,reduce_scatter,all_reduce] [--json FILE]
-                                  [--hosts H [--fabric-hmem 0,auto]]
+                                  [--hosts H [--fabric-hmem 0,auto]] [--direct-reads 0,1]
 
 Layouts: ``--processes 1`` uses every local GPU in one process and times
 JAX's default (XLA's NCCL) in the same run; ``--processes N`` (N > 1) starts N
@@ -17,7 +17,10 @@ so the groups cross hosts: the hierarchical algorithms and the network proxy
 over libfabric (JAX_SMDDP_FABRIC_PROVIDER, e.g. shm). ``--fabric-hmem 0,auto``
 times each setting of JAX_SMDDP_FABRIC_HMEM in the same run: network slots
 staged through host memory, or in device memory where this libfabric can
-register it; the "slots" column says which ran.
+register it; the "slots" column says which ran. ``--direct-reads 0,1`` times
+each setting of JAX_SMDDP_GPU_DIRECT_READS in the same run: inputs staged
+through the slots, or read in place by the peers (CUDA IPC of XLA's
+buffers); the "direct" column says whether the calls did read in place.
 
 Sizes are per rank shard: all_gather gathers n shards, reduce_scatter reduces
 n-shard inputs to one shard, all_reduce reduces n-shard buffers; so every op
@@ -101,10 +104,12 @@ def worker(args) -> dict:
           (n * local,), sharding,
           lambda idx, local=local: np.full((local,), (idx[0].start or 0) // local + 1, np.float32))
       _check(op, ours(x), n, count)
+      before = ext.counters()["direct_reads"] if ext else 0
       row = {"op": op, "bytes_per_rank": size, "ranks": n,
              "mode": os.environ.get("JAX_SMDDP_GPU_COPIES", "engine"),
              "smddp_s": _time(ours, x, args.iters),
              "copy_Bps": ext.copy_bandwidth(0, size * n, 10) if ext else None}
+      row["direct_calls"] = (ext.counters()["direct_reads"] - before) if ext else 0
       if args.nprocs == 1:
         row["xla_s"] = _time(lax, x, args.iters)
       if args.hosts > 1:
@@ -146,10 +151,15 @@ def _slots(row: dict) -> str:
   return f"{row.get('fabric_hmem', '0')}:{row.get('slots', '-')}"
 
 
+def _direct(row: dict) -> str:
+  """JAX_SMDDP_GPU_DIRECT_READS and whether the timed calls read in place."""
+  return f"{row.get('direct_reads', '0')}:{'in place' if row.get('direct_calls') else 'staged'}"
+
+
 def report(rows: list[dict]) -> str:
   out = [f"{'op':>14} {'size/rank':>10} {'ranks':>5} {'mode':>7} {'time us':>9} {'algbw GB/s':>10} "
          f"{'busbw':>8} {'moved':>8} {'copy GB/s':>9} {'moved/copy':>10} {'XLA busbw':>9}"
-         f"{'hosts':>6} {'hmem:slots':>11}"]
+         f"{'hosts':>6} {'hmem:slots':>11} {'direct':>10}"]
   for r in rows:
     op, n, t = r.get("op", "all_gather"), r["ranks"], r["smddp_s"]
     alg = r["bytes_per_rank"] * n / t / 1e9
@@ -162,7 +172,7 @@ def report(rows: list[dict]) -> str:
     out.append(f"{op:>14} {r['bytes_per_rank'] >> 10:>9}K {n:>5} {r['mode']:>7} {t * 1e6:>9.1f} "
                f"{alg:>10.1f} {bus:>8.1f} {moved:>8.1f} {copy:>9.1f} "
                f"{moved / copy if copy else 0:>10.2f} {xla:>9}"
-               f"{r.get('hosts', 1):>6} {_slots(r):>11}")
+               f"{r.get('hosts', 1):>6} {_slots(r):>11} {_direct(r):>10}")
   return "\n".join(out)
 
 
@@ -178,6 +188,8 @@ def main(argv=None) -> int:
   p.add_argument("--hosts", type=int, default=1, help="simulated hosts the processes are split into")
   p.add_argument("--fabric-hmem", default="0",
                  help="JAX_SMDDP_FABRIC_HMEM settings to time across hosts, e.g. 0,auto")
+  p.add_argument("--direct-reads", default="0",
+                 help="JAX_SMDDP_GPU_DIRECT_READS settings to time, e.g. 0,1")
   # cpu: the same processes and programs on CPU devices (checks this script without a GPU)
   p.add_argument("--platform", default="cuda", choices=["cuda", "cpu"], help=argparse.SUPPRESS)
   p.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
@@ -202,26 +214,32 @@ def main(argv=None) -> int:
   hosts = [{"JAX_SMDDP_HOST_ID": f"bench-host{i * args.hosts // args.processes}"}
            for i in range(args.processes)] if args.hosts > 1 else None
   hmem = args.fabric_hmem.split(",") if args.hosts > 1 else [None]
-  for mode in args.modes.split(","):
-    for setting in hmem:
-      env = {"JAX_PLATFORMS": args.platform, "JAX_SMDDP_GPU_COPIES": mode,
-             "XLA_PYTHON_CLIENT_PREALLOCATE": "false"}
+  direct_settings = args.direct_reads.split(",")
+  if any(d not in ("0", "1") for d in direct_settings):
+    p.error(f"--direct-reads takes 0 and 1, not {args.direct_reads}")
+  variants = [(mode, setting, direct) for mode in args.modes.split(",") for setting in hmem
+              for direct in direct_settings]
+  for mode, setting, direct in variants:
+    env = {"JAX_PLATFORMS": args.platform, "JAX_SMDDP_GPU_COPIES": mode,
+           "XLA_PYTHON_CLIENT_PREALLOCATE": "false", "JAX_SMDDP_GPU_DIRECT_READS": direct}
+    if setting is not None:
+      env["JAX_SMDDP_FABRIC_HMEM"] = setting
+    forwarded = ["--worker", "--sizes", ",".join(str(s) for s in args.sizes), "--iters",
+                 str(args.iters), "--ops", ",".join(args.ops), "--hosts", str(args.hosts),
+                 "--processes", str(args.processes)]
+    procs = launch.run_job(forwarded, args.processes, 1, script=["-m", "jax_smddp.gpu_bench"],
+                           timeout=args.timeout, env=env, per_process_env=hosts)
+    if not all(q.result and q.result.get("ok") for q in procs):
+      print(launch.describe(procs), file=sys.stderr)
+      return 1
+    for row in procs[0].result["rows"]:
       if setting is not None:
-        env["JAX_SMDDP_FABRIC_HMEM"] = setting
-      forwarded = ["--worker", "--sizes", ",".join(str(s) for s in args.sizes), "--iters",
-                   str(args.iters), "--ops", ",".join(args.ops), "--hosts", str(args.hosts),
-                   "--processes", str(args.processes)]
-      procs = launch.run_job(forwarded, args.processes, 1, script=["-m", "jax_smddp.gpu_bench"],
-                             timeout=args.timeout, env=env, per_process_env=hosts)
-      if not all(q.result and q.result.get("ok") for q in procs):
-        print(launch.describe(procs), file=sys.stderr)
-        return 1
-      for row in procs[0].result["rows"]:
-        if setting is not None:
-          row["fabric_hmem"] = setting
-        rows.append(row)
-      label = mode if setting is None else f"{mode}, JAX_SMDDP_FABRIC_HMEM={setting}"
-      print(f"mode {label}: counters {procs[0].result['counters']}")
+        row["fabric_hmem"] = setting
+      row["direct_reads"] = direct
+      rows.append(row)
+    label = mode if setting is None else f"{mode}, JAX_SMDDP_FABRIC_HMEM={setting}"
+    label += f", JAX_SMDDP_GPU_DIRECT_READS={direct}"
+    print(f"mode {label}: counters {procs[0].result['counters']}")
   print(report(rows))
   if args.json:
     with open(args.json, "w") as f:

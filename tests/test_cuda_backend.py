@@ -61,20 +61,26 @@ def test_built_with_kernels_for_a100_and_h100():
 @pytest.mark.skipif(NVCC is None, reason="no nvcc")
 def test_extension_imports_without_a_gpu(monkeypatch):
   for name in ("JAX_SMDDP_GPU_COPIES", "JAX_SMDDP_GPU_FLAGS", "JAX_SMDDP_GPU_MAX_BLOCKS",
-               "JAX_SMDDP_GPU_FLAG_MEMORY"):
+               "JAX_SMDDP_GPU_FLAG_MEMORY", "JAX_SMDDP_GPU_DIRECT_READS"):
     monkeypatch.delenv(name, raising=False)
   ext = _native.cuda_engine()
   if not os.path.exists("/dev/nvidiactl"):
     assert ext.device_count() == 0  # no driver here: reported, not raised
   assert ext.settings() == {"copies": "engine", "flags": "memops", "max_blocks": 8,
-                            "flag_memory": "device"}
+                            "flag_memory": "device", "direct_reads": False}
   monkeypatch.setenv("JAX_SMDDP_GPU_FLAG_MEMORY", "host")
   assert ext.settings()["flag_memory"] == "host"
   monkeypatch.setenv("JAX_SMDDP_GPU_FLAG_MEMORY", "pinned")
   with pytest.raises(RuntimeError, match="JAX_SMDDP_GPU_FLAG_MEMORY=pinned is neither"):
     ext.settings()
+  monkeypatch.setenv("JAX_SMDDP_GPU_FLAG_MEMORY", "host")
+  monkeypatch.setenv("JAX_SMDDP_GPU_DIRECT_READS", "1")
+  assert ext.settings()["direct_reads"] is True
+  monkeypatch.setenv("JAX_SMDDP_GPU_DIRECT_READS", "yes")
+  with pytest.raises(RuntimeError, match="JAX_SMDDP_GPU_DIRECT_READS=yes is neither 0 nor 1"):
+    ext.settings()
   assert set(ext.counters()) == {"copy_kernels", "engine_copies", "reduce_kernels",
-                                 "flag_kernels", "flag_memops"}
+                                 "flag_kernels", "flag_memops", "direct_reads"}
 
 
 def test_configure_without_cuda_says_so(tmp_path):
@@ -373,24 +379,36 @@ def test_gpu_benchmark_arithmetic():
   # all_reduce moves twice the bytes per rank: busbw = algbw x 2 (n - 1) / n
   line = gpu_bench.report([{**row, "op": "all_reduce"}]).splitlines()[1].split()
   assert [float(v) for v in line[5:8]] == [67.1, 100.7, 402.7]
+  # The direct column: the setting, and whether the timed calls read in place.
+  assert gpu_bench.report([row]).splitlines()[1].endswith("0:staged")
+  assert gpu_bench.report([{**row, "direct_reads": "1", "direct_calls": 21}]).splitlines()[1] \
+      .endswith("1:in place")
+  assert gpu_bench.report([{**row, "direct_reads": "1", "direct_calls": 0}]).splitlines()[1] \
+      .endswith("1:staged")
 
 
 @pytest.mark.timeout(240)
 def test_gpu_benchmark_programs_run_and_check_on_cpu_processes(tmp_path, capsys):
   """The benchmark's processes, programs and result checks, on CPU devices
-  (--platform cpu): 2 processes, every op, two sizes; each op's output was
-  compared with the reference before it was timed."""
+  (--platform cpu): 2 processes, every op, two sizes, both direct-read
+  settings (on CPU nothing reads in place: the column says so); each op's
+  output was compared with the reference before it was timed."""
   from jax_smddp import gpu_bench
   out = tmp_path / "bench.json"
   rc = gpu_bench.main(["--platform", "cpu", "--processes", "2", "--sizes", "4K,36K", "--iters", "2",
-                       "--modes", "engine", "--json", str(out), "--timeout", "200"])
-  assert rc == 0, capsys.readouterr()
+                       "--modes", "engine", "--direct-reads", "0,1", "--json", str(out),
+                       "--timeout", "200"])
+  text = capsys.readouterr()
+  assert rc == 0, text
   rows = json.loads(out.read_text())["rows"]
-  assert [(r["op"], r["bytes_per_rank"]) for r in rows] == \
-      [(op, s) for op in gpu_bench.OPS for s in (4 << 10, 36 << 10)]
-  assert all(r["ranks"] == 2 and r["smddp_s"] > 0 for r in rows)
+  assert [(r["direct_reads"], r["op"], r["bytes_per_rank"]) for r in rows] == \
+      [(d, op, s) for d in "01" for op in gpu_bench.OPS for s in (4 << 10, 36 << 10)]
+  assert all(r["ranks"] == 2 and r["smddp_s"] > 0 and r["direct_calls"] == 0 for r in rows)
+  assert "1:staged" in text.out and "JAX_SMDDP_GPU_DIRECT_READS=1" in text.out
   with pytest.raises(SystemExit):
     gpu_bench.main(["--ops", "all_gather,broadcast"])
+  with pytest.raises(SystemExit):
+    gpu_bench.main(["--direct-reads", "0,yes"])
 
 
 @pytest.mark.timeout(240)

@@ -7,7 +7,10 @@ protocol over the communicator's own views, in both flag memories: every
 collective against expected values, a rank SIGKILLed while its peers wait on
 it, a rank that closes the group, one that never makes the call its peers
 wait in (the progress deadline), ranks that disagree on a call, and two
-processes of two ranks each (local and remote peers mixed) where one dies; and
+processes of two ranks each (local and remote peers mixed) where one dies;
+direct reads (JAX_SMDDP_GPU_DIRECT_READS=1: inputs in mock device memory,
+exchanged per call, mapped once per allocation, read in place), also with a
+rank that dies while the others wait for its input; and
 a group across two simulated hosts, with its network slots staged or on an
 FI_HMEM rail, with and without a death. The real CUDA calls run in tests/gpu on
 a GPU machine."""
@@ -52,7 +55,7 @@ def program(tmp_path_factory):
 @pytest.mark.timeout(900)  # the first case builds the program
 @pytest.mark.parametrize("flag_memory", ["device", "host"])
 @pytest.mark.parametrize("scenario", ["collectives", "dead_peer", "closed", "stalled", "mismatch",
-                                      "two_per_process"])
+                                      "two_per_process", "direct", "direct_dead_peer"])
 def test_gpu_communicator(program, scenario, flag_memory):
   before = set(glob.glob("/dev/shm/jax_smddp*"))
   run = subprocess.run([program, scenario, flag_memory], capture_output=True, text=True,
@@ -64,6 +67,8 @@ def test_gpu_communicator(program, scenario, flag_memory):
     assert run.stderr.count("rank 2 (process 2, pid") >= 2, out
     # The root cause is handed on as it was, not as a chain of reporters.
     assert all(line.count("(reported by") <= 1 for line in run.stderr.splitlines()), out
+  elif scenario == "direct_dead_peer":  # the survivors' exchanges fail (asserted in the program)
+    assert "rank 2 (process 2, pid" in run.stderr and "is gone" in run.stderr, out
   elif scenario == "two_per_process":  # once by the surviving process, for both its ranks
     assert run.stderr.count("ranks 2, 3 (process 1, pid") == 1, out
   else:  # an orderly close, or no death at all: nothing printed

@@ -43,7 +43,7 @@ echo "=== tests/gpu/test_gpu.py (JAX processes sharing the GPU)"
 select=()
 if [ "$quick" = 1 ]; then
   export JAX_SMDDP_GPU_TEST_TIMEOUT=${JAX_SMDDP_GPU_TEST_TIMEOUT:-150}
-  select=(-k "single_process or (sharing and engines and 2) or (hosts and engines) or (hosts and HMEM and 2-1) or hmem_required or (dead_peer and 2) or disagree or (sharing and host and 2)")
+  select=(-k "single_process or (sharing and engines and 2) or (sharing and direct and 2) or (hosts and engines) or (hosts and HMEM and 2-1) or hmem_required or (dead_peer and 2) or disagree or (sharing and host and 2)")
 fi
 timeout 900 "$PY" -m pytest -q -p no:cacheprovider -rsP tests/gpu/test_gpu.py "${select[@]}" 2>&1 \
   | tee "$out/pytest_gpu.log" | tail -80
@@ -57,8 +57,9 @@ fi
 echo "=== GPU benchmark: processes sharing GPU 0"
 sizes=1M,4M,16M,64M,256M; counts="2 4"
 [ "$quick" = 1 ] && { sizes=1M,16M,64M; counts=2; }
+# Staged and direct reads (peers read each other's XLA buffers in place) in one run.
 for n in $counts; do
-  timeout 420 "$PY" -m jax_smddp.gpu_bench --processes "$n" --sizes "$sizes" \
+  timeout 540 "$PY" -m jax_smddp.gpu_bench --processes "$n" --sizes "$sizes" --direct-reads 0,1 \
     --json "$out/gpu_bench_${n}proc.json" || status=1
 done
 # Processes sharing one GPU time-slice it unless MPS runs them concurrently:

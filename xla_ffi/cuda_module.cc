@@ -222,6 +222,9 @@ NB_MODULE(_smddp_cuda, m) {
     smddp::gpu::FlagMemory memory;
     Check(smddp::gpu::FlagMemoryFromEnvironment(&memory));
     d["flag_memory"] = memory == smddp::gpu::FlagMemory::kHost ? "host" : "device";
+    bool direct = false;
+    Check(smddp::gpu::DirectReadsFromEnvironment(&direct));
+    d["direct_reads"] = direct;
     return d;
   });
   m.def("counters", [] {
@@ -232,6 +235,7 @@ NB_MODULE(_smddp_cuda, m) {
     d["reduce_kernels"] = c.reduce_kernels.load();
     d["flag_kernels"] = c.flag_kernels.load();
     d["flag_memops"] = c.flag_memops.load();
+    d["direct_reads"] = c.direct_reads.load();
     return d;
   });
 }

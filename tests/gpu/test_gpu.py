@@ -41,6 +41,10 @@ MODES = {
     "step flags in host memory": {"JAX_SMDDP_GPU_FLAG_MEMORY": "host"},
     "host flags and flag kernels": {"JAX_SMDDP_GPU_FLAG_MEMORY": "host",
                                     "JAX_SMDDP_GPU_FLAGS": "kernel"},
+    # Peers' XLA buffers mapped by CUDA IPC and read in place (one step per call).
+    "direct reads": {"JAX_SMDDP_GPU_DIRECT_READS": "1"},
+    "direct reads with copy kernels": {"JAX_SMDDP_GPU_DIRECT_READS": "1",
+                                       "JAX_SMDDP_GPU_COPIES": "kernel"},
 }
 
 
@@ -65,6 +69,11 @@ def test_processes_sharing_one_gpu(nprocs, mode):
     assert counters["copy_kernels"] == 0 and counters["engine_copies"] > 0, counters
   if MODES[mode].get("JAX_SMDDP_GPU_FLAGS") == "kernel":
     assert counters["flag_memops"] == 0 and counters["flag_kernels"] > 0, counters
+  # Direct reads happen where asked (XLA's buffers could be shared), never otherwise.
+  if MODES[mode].get("JAX_SMDDP_GPU_DIRECT_READS") == "1":
+    assert counters["direct_reads"] > 0, counters
+  else:
+    assert counters["direct_reads"] == 0, counters
 
 
 def test_single_process():

@@ -14,7 +14,10 @@
 // its groups closed and stays alive), stalled (it stays alive and never
 // calls: the 2 s progress deadline), mismatch (rank 1's second call
 // differs), two_per_process (2 processes x 2 ranks: collectives, then one
-// process dies). Prints "all checks passed" and exits 0 on success.
+// process dies), direct (collectives with JAX_SMDDP_GPU_DIRECT_READS=1: the
+// inputs in mock device memory, exchanged per call and read in place),
+// direct_dead_peer (the last rank dies; the others wait for its input in the
+// exchange). Prints "all checks passed" and exits 0 on success.
 //
 //   gpu_communicator_test hosts|hosts_dead|hosts_2x2 staging|rail
 //
@@ -37,6 +40,8 @@
 #include <thread>
 #include <utility>
 #include <vector>
+
+#include <cuda_runtime_api.h>  // the mock: inputs in "device memory"
 
 #include "xla_ffi/engine/communicator.h"  // SetTimeoutSeconds
 #include "xla_ffi/engine/gpu_communicator.h"
@@ -151,13 +156,42 @@ bool Spawn(int n, Body body, Children* c) {
   return true;
 }
 
+// With direct reads, a rank's inputs are in its (mock) device memory, as
+// XLA's buffers are: two allocations in turn, at an offset that changes
+// from call to call, rewritten every call.
+struct DeviceInputs {
+  static constexpr size_t kBytes = 1 << 20;
+  void* allocation[2] = {nullptr, nullptr};
+  int calls = 0;
+  void Free() {  // children leave by _exit: no destructors
+    for (void*& a : allocation)
+      if (a) cudaFree(a), a = nullptr;
+  }
+};
+DeviceInputs device_inputs;
+
 // Checks the call with the communicator, runs it, returns the run's status.
 Status Run(gpu::LocalRank* me, const Plan& plan, const std::vector<float>& send,
            std::vector<float>* recv, double timeout_s) {
   Status st = gpu::CheckCall(*me, Name(plan.kind), plan);
   if (!st.ok()) return st;
+  const void* input = send.data();
+  if (me->exchange) {
+    DeviceInputs& d = device_inputs;
+    for (void*& a : d.allocation)
+      if (!a && cudaMalloc(&a, DeviceInputs::kBytes) != cudaSuccess) return Status::Error("cudaMalloc");
+    auto* at = static_cast<uint8_t*>(d.allocation[d.calls % 2]) + 256 * (d.calls % 7);
+    d.calls++;
+    if (send.size() * sizeof(float) + 256 * 6 > DeviceInputs::kBytes) return Status::Error("input too big");
+    std::memcpy(at, send.data(), send.size() * sizeof(float));
+    input = at;
+  }
+  st = gpu::ExchangeInputs(*me, plan, input);
+  if (!st.ok()) return st;
+  if (me->exchange && smddp::ReadsInputsDirectly(plan.kind) && me->view.inputs.empty())
+    return Status::Error("the call staged where every rank could share its input");
   smddp::HostStreamOps ops(timeout_s);
-  return smddp::RunStreamPlan(plan, me->view, ops, send.data(), recv->data());
+  return smddp::RunStreamPlan(plan, me->view, ops, input, recv->data());
 }
 
 void Collectives(int r, gpu::LocalRank* me, int P = kRanks) {
@@ -292,11 +326,32 @@ int RunRank(int r, const std::string& scenario, bool host, int up, int down) {
   gpu::LocalRank* me = comm->Local(r);
   Expect(r, me->watch != nullptr && me->call_logs.size() == size_t(kRanks), "not watched or logged");
   Expect(r, me->view.flags.size() == (host ? size_t(kRanks) : 0u), "flag blocks not as configured");
+  const bool direct = scenario.rfind("direct", 0) == 0;
+  Expect(r, (me->exchange != nullptr) == direct, "direct reads not as configured");
   char c = 'c';
   Expect(r, WriteAll(up, &c, 1) && ReadAll(down, &c, 1), "barrier");  // everyone connected
 
-  if (scenario == "collectives") {
+  if (scenario == "collectives" || scenario == "direct") {
     Collectives(r, me);
+    if (direct) {
+      // Each peer's two input allocations, mapped once each.
+      Expect(r, me->exchange->exported() == 2, "exported " + std::to_string(me->exchange->exported()));
+      Expect(r, me->exchange->mapped() == size_t(2 * (kRanks - 1)),
+             "mapped " + std::to_string(me->exchange->mapped()));
+    }
+  } else if (scenario == "direct_dead_peer") {
+    // The live ranks' hosts wait for rank 2's input in the exchange, with a
+    // 30 s deadline: the watchdog, not the deadline, ends the wait.
+    smddp::SetTimeoutSeconds(30);
+    if (r == kRanks - 1) raise(SIGKILL);
+    const auto t0 = std::chrono::steady_clock::now();
+    std::vector<float> send(100, 1.0f), recv(100 * kRanks);
+    const Status st = Run(me, MakePlan(Plan::Kind::kAllGather, 1, 400, 0), send, &recv, 30);
+    const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    Expect(r, !st.ok() && st.message().find("rank 2 (process 2, pid ") != std::string::npos &&
+                  st.message().find("is gone") != std::string::npos,
+           "expected the exchange to fail naming rank 2, got: " + st.message());
+    Expect(r, s < 8, "took " + std::to_string(s) + " s");
   } else if (scenario == "dead_peer" || scenario == "closed" || scenario == "stalled") {
     smddp::SetTimeoutSeconds(2);  // the progress deadline
     if (r == kRanks - 1) {
@@ -318,6 +373,7 @@ int RunRank(int r, const std::string& scenario, bool host, int up, int down) {
   // No rank closes the group before every other is done with its checks.
   Expect(r, WriteAll(up, "d", 1) && ReadAll(down, &c, 1), "end barrier");
   gpu::ReleaseCommunicators();
+  device_inputs.Free();
   std::printf("rank %d: ok\n", r);
   std::fflush(stdout);
   return 0;
@@ -605,8 +661,8 @@ int Hosts(int L, bool rail, bool die) {
 
 int main(int argc, char** argv) {
   if (argc != 3) {
-    std::fprintf(stderr, "usage: %s collectives|dead_peer|closed|stalled|mismatch|two_per_process "
-                 "device|host\n",
+    std::fprintf(stderr, "usage: %s collectives|dead_peer|closed|stalled|mismatch|two_per_process|"
+                 "direct|direct_dead_peer device|host\n",
                  argv[0]);
     return 2;
   }
@@ -616,6 +672,7 @@ int main(int argc, char** argv) {
                  scenario == "hosts_dead");
   const bool host = std::string(argv[2]) == "host";
   setenv("JAX_SMDDP_GPU_FLAG_MEMORY", argv[2], 1);
+  if (scenario.rfind("direct", 0) == 0) setenv("JAX_SMDDP_GPU_DIRECT_READS", "1", 1);
   if (scenario == "two_per_process") return TwoPerProcess(host);
   Children kids;
   if (!Spawn(kRanks, [&](int r, int up, int down) { return RunRank(r, scenario, host, up, down); },
@@ -637,7 +694,7 @@ int main(int argc, char** argv) {
   for (int r = 0; r < kRanks; ++r) ReadAll(ups[r], &c, 1);
   for (int r = 0; r < kRanks; ++r) WriteAll(downs[r], "g", 1);
   const bool leaves = scenario == "dead_peer" || scenario == "closed" ||
-                      scenario == "stalled";  // the last rank
+                      scenario == "stalled" || scenario == "direct_dead_peer";  // the last rank
   for (int r = 0; r < kRanks - (leaves ? 1 : 0); ++r) ReadAll(ups[r], &c, 1);  // EOF if it failed
   for (int r = 0; r < kRanks - (leaves ? 1 : 0); ++r) WriteAll(downs[r], "e", 1);
   bool ok = true;

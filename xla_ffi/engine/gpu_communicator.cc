@@ -99,16 +99,71 @@ struct RankHandle {
   int32_t pid;          // for the watchdog
   uint64_t start_time;  // of that pid, per /proc (0: unknown)
   uint32_t flag_memory; // FlagMemory
+  uint32_t direct_reads;  // JAX_SMDDP_GPU_DIRECT_READS
   char block[60];       // its shared block's name (groups across processes)
 };
 
 // A rank's shared block: its step flags (used with host flag memory), then
-// its call log.
+// its call log, then its input table (direct reads).
 size_t CallLogOffset(const RegionLayout& layout) {
   return (layout.flag_bytes() + 4095) / 4096 * 4096;
 }
+size_t InputTableOffset(const RegionLayout& layout) { return CallLogOffset(layout) + CallLog::kBytes; }
 size_t SharedBlockBytes(const RegionLayout& layout) {
-  return CallLogOffset(layout) + CallLog::kBytes;
+  return InputTableOffset(layout) + InputExchange::Bytes();
+}
+
+// CUDA IPC of the allocation that holds an XLA buffer (direct reads): the
+// driver's cuMemGetAddressRange finds its start, which cudaIpcGetMemHandle
+// needs.
+using AddressRangeFn = int (*)(unsigned long long* base, size_t* bytes, unsigned long long ptr);
+AddressRangeFn AddressRange() {
+  static const AddressRangeFn fn = [] {
+    void* f = nullptr;
+    cudaDriverEntryPointQueryResult found;
+    if (cudaGetDriverEntryPointByVersion("cuMemGetAddressRange", &f, 12000, cudaEnableDefault,
+                                         &found) != cudaSuccess ||
+        found != cudaDriverEntryPointSuccess) {
+      cudaGetLastError();
+      return AddressRangeFn(nullptr);
+    }
+    return reinterpret_cast<AddressRangeFn>(f);
+  }();
+  return fn;
+}
+
+Status ExportAllocation(const void* p, uintptr_t* base, std::string* handle) {
+  const AddressRangeFn range = AddressRange();
+  if (!range) return Status::Error("the driver has no cuMemGetAddressRange");
+  unsigned long long start = 0;
+  size_t bytes = 0;
+  if (const int r = range(&start, &bytes, reinterpret_cast<unsigned long long>(p)); r != 0)
+    return Status::Error("cuMemGetAddressRange failed (CUDA error " + std::to_string(r) + ")");
+  cudaIpcMemHandle_t h;
+  const cudaError_t err = cudaIpcGetMemHandle(&h, reinterpret_cast<void*>(uintptr_t(start)));
+  if (err != cudaSuccess) {
+    cudaGetLastError();
+    return Status::Error(std::string("cudaIpcGetMemHandle: ") + cudaGetErrorString(err) +
+                         " (XLA's allocator must be one whose memory CUDA IPC can share, e.g. "
+                         "XLA_PYTHON_CLIENT_ALLOCATOR=bfc, not cuda_async)");
+  }
+  *base = uintptr_t(start);
+  handle->assign(reinterpret_cast<const char*>(&h), sizeof(h));
+  return Status::Ok();
+}
+
+Status MapAllocation(int ordinal, const std::string& handle, std::vector<uint8_t*>* opened,
+                     uint8_t** base) {
+  cudaIpcMemHandle_t h;
+  if (handle.size() != sizeof(h)) return Status::Error("malformed CUDA IPC handle");
+  std::memcpy(&h, handle.data(), sizeof(h));
+  DeviceScope scope(ordinal);
+  void* p = nullptr;
+  const cudaError_t err = cudaIpcOpenMemHandle(&p, h, cudaIpcMemLazyEnablePeerAccess);
+  if (err != cudaSuccess) return CudaError("cudaIpcOpenMemHandle", err);
+  opened->push_back(static_cast<uint8_t*>(p));
+  *base = static_cast<uint8_t*>(p);
+  return Status::Ok();
 }
 
 const char* FlagMemoryName(FlagMemory m) { return m == FlagMemory::kHost ? "host" : "device"; }
@@ -148,6 +203,33 @@ Status CheckCall(LocalRank& rank, const char* op, const Plan& plan) {
   const std::string message = "jax_smddp (GPU): " + st.message() + " Later calls of this group fail too.";
   rank.watch->Fail(message);  // the ranks' step counters no longer agree
   return Status::Error(message);
+}
+
+Status ExchangeInputs(LocalRank& rank, const Plan& plan, const void* send) {
+  if (!rank.exchange || !ReadsInputsDirectly(plan.kind) || rank.calls == 0) {
+    rank.view.inputs.clear();
+    return Status::Ok();
+  }
+  const Status st = rank.exchange->Exchange(rank.exchanges++, rank.calls - 1, send, TimeoutSeconds(),
+                                            &rank.view.inputs);
+  if (st.ok()) return st;
+  rank.view.inputs.clear();
+  const std::string message = st.message() + " Later calls of this group fail too.";
+  if (rank.watch) rank.watch->Fail(message);  // the peers may have gone on reading in place
+  return Status::Error(message);
+}
+
+Status DirectReadsFromEnvironment(bool* out) {
+  const char* env = std::getenv("JAX_SMDDP_GPU_DIRECT_READS");
+  const std::string v = env ? env : "";
+  if (v.empty() || v == "0") {
+    *out = false;
+  } else if (v == "1") {
+    *out = true;
+  } else {
+    return Status::Error("jax_smddp (GPU): JAX_SMDDP_GPU_DIRECT_READS=" + v + " is neither 0 nor 1");
+  }
+  return Status::Ok();
 }
 
 Status FlagMemoryFromEnvironment(FlagMemory* out) {
@@ -195,6 +277,7 @@ GpuCommunicator::~GpuCommunicator() {
 Status GpuCommunicator::Prepare(const std::vector<std::pair<int, int>>& local, int processes,
                                 std::vector<std::pair<int, std::string>>* handles) {
   SMDDP_RETURN_IF_ERROR(FlagMemoryFromEnvironment(&flag_memory_));
+  SMDDP_RETURN_IF_ERROR(DirectReadsFromEnvironment(&direct_reads_));
   // A group inside one process has nobody to watch or to check its calls
   // against: no shared blocks, its flags stay with the data.
   const bool shared = processes > 1;
@@ -242,6 +325,7 @@ Status GpuCommunicator::Prepare(const std::vector<std::pair<int, int>>& local, i
     handle.pid = int32_t(::getpid());
     handle.start_time = ProcessStartTime(::getpid());
     handle.flag_memory = uint32_t(flag_memory_);
+    handle.direct_reads = direct_reads_ ? 1 : 0;
     if (local_[rank]->block) {
       const std::string& name = local_[rank]->block->name();
       if (name.size() >= sizeof(handle.block))
@@ -285,6 +369,11 @@ Status GpuCommunicator::Connect(const std::vector<std::pair<int, std::string>>& 
                            "JAX_SMDDP_GPU_FLAG_MEMORY is '") + FlagMemoryName(flag_memory_) +
                            "' here and '" + FlagMemoryName(FlagMemory(handle.flag_memory)) +
                            "' in process " + std::to_string(handle.process) + ": set it alike everywhere");
+    if (handle.direct_reads != uint32_t(direct_reads_))
+      return Status::Error("jax_smddp (GPU): processes disagree on JAX_SMDDP_GPU_DIRECT_READS: " +
+                           std::to_string(int(direct_reads_)) + " here, " +
+                           std::to_string(handle.direct_reads) + " in process " +
+                           std::to_string(handle.process) + ": set it alike everywhere");
     DeviceScope scope(local_[first_local]->ordinal);
     void* p = nullptr;
     const cudaError_t err = cudaIpcOpenMemHandle(&p, handle.region, cudaIpcMemLazyEnablePeerAccess);
@@ -359,6 +448,7 @@ Status GpuCommunicator::Connect(const std::vector<std::pair<int, std::string>>& 
       l->process_of = &process_of_;
     }
   }
+  if (direct_reads_) SMDDP_RETURN_IF_ERROR(StartDirectReads(logs, blocks));
   if (!peers.empty()) {
     watch_ = std::make_shared<WatchedGroup>("GPU group " + MembersText(members_));
     for (const auto& [process, peer] : peers) {
@@ -404,6 +494,61 @@ Status GpuCommunicator::Connect(const std::vector<std::pair<int, std::string>>& 
   }
   connected_ = true;
   return Status::Ok();
+}
+
+// Direct reads need every rank's input table (the shared blocks) and one rank
+// per process: the ranks' host threads meet at each call, and XLA's threads
+// for one process's devices are not known to run its calls concurrently.
+Status GpuCommunicator::StartDirectReads(bool logs, const std::vector<uint8_t*>& blocks) {
+  std::map<int, int> ranks_of_process;
+  for (int q = 0; q < size(); ++q) ranks_of_process[process_of_[q]]++;
+  std::string why;
+  if (ranks_of_process.size() < 2) {
+    why = "all its ranks are in this process";
+  } else if (!logs) {
+    why = "not every rank's shared block could be mapped";
+  } else {
+    for (const auto& [process, n] : ranks_of_process) {
+      if (n < 2) continue;
+      why = "process " + std::to_string(process) + " has " + std::to_string(n) + " of its ranks";
+      break;
+    }
+  }
+  if (!why.empty()) {
+    std::fprintf(stderr, "jax_smddp (GPU): JAX_SMDDP_GPU_DIRECT_READS=1, but group %s stages its "
+                 "calls: %s (direct reads need one rank per process)\n", MembersText(members_).c_str(),
+                 why.c_str());
+    return Status::Ok();
+  }
+  std::vector<uint8_t*> tables(size(), nullptr);
+  std::vector<bool> local(size(), false);
+  for (int q = 0; q < size(); ++q) {
+    tables[q] = blocks[q] + InputTableOffset(layout_);
+    local[q] = local_[q] != nullptr;
+  }
+  for (auto& l : local_) {
+    if (!l) continue;
+    LocalRank* rank = l.get();
+    InputExchange::Memory memory;
+    memory.export_allocation = ExportAllocation;
+    memory.map_allocation = [this, rank](const std::string& handle, uint8_t** base) {
+      return MapAllocation(rank->ordinal, handle, &opened_, base);
+    };
+    auto who = [this](int q) {
+      return "rank " + std::to_string(q) + " (process " + std::to_string(process_of_[q]) + ")";
+    };
+    auto check = [rank]() { return rank->watch && rank->watch->failed() ? rank->watch->error() : Status::Ok(); };
+    rank->exchange = std::make_unique<InputExchange>(rank->view.rank, tables, local, std::move(memory),
+                                                     who, check);
+  }
+  return Status::Ok();
+}
+
+bool GpuCommunicator::direct_reads() const {
+  for (const auto& l : local_) {
+    if (l && l->exchange) return true;
+  }
+  return false;
 }
 
 void GpuCommunicator::MarkClosed() {

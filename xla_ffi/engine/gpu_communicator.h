@@ -22,6 +22,7 @@
 #include <utility>
 #include <vector>
 
+#include "xla_ffi/engine/input_exchange.h"
 #include "xla_ffi/engine/net_port.h"
 #include "xla_ffi/engine/shared_block.h"
 #include "xla_ffi/engine/status.h"
@@ -46,6 +47,10 @@ struct LocalRank {
   const std::vector<int>* process_of = nullptr;  // each rank's process
   uint64_t calls = 0;  // calls enqueued on the group (host side)
   StreamRank view;
+  // Direct reads (JAX_SMDDP_GPU_DIRECT_READS=1): where the peers' inputs of
+  // each call are (null: this group stages every call).
+  std::unique_ptr<InputExchange> exchange;
+  uint64_t exchanges = 0;  // exchanges so far (calls of kinds that read in place)
 };
 
 // Before a call of `op` is enqueued for `rank`: in a group across
@@ -53,6 +58,17 @@ struct LocalRank {
 // (stream_watchdog.h); else logs this call where the peers check it, and
 // checks theirs (call_log.h). A disagreement fails the group for good.
 Status CheckCall(LocalRank& rank, const char* op, const Plan& plan);
+
+// Before enqueuing a call that CheckCall passed, with direct reads: learns
+// where every peer's input of this call is (input_exchange.h; the host waits
+// for the peers' hosts) and sets `rank.view.inputs`, or clears it (the call
+// stages: no direct reads in this group, a kind that always stages, or a
+// rank that could not share its input). A failure fails the group for good.
+Status ExchangeInputs(LocalRank& rank, const Plan& plan, const void* send);
+
+// Whether groups read peers' inputs in place (JAX_SMDDP_GPU_DIRECT_READS:
+// 0 or unset: no; 1: groups across processes with one rank per process).
+Status DirectReadsFromEnvironment(bool* out);
 
 // Where a communicator's step flags live (JAX_SMDDP_GPU_FLAG_MEMORY).
 enum class FlagMemory : uint32_t { kDevice = 0, kHost = 1 };
@@ -79,6 +95,8 @@ class GpuCommunicator {
   Status Connect(const std::vector<std::pair<int, std::string>>& remote);
   bool connected() const { return connected_; }
   FlagMemory flag_memory() const { return flag_memory_; }
+  // Whether this process's ranks read their peers' inputs in place.
+  bool direct_reads() const;
   // Tells the peers this process is done with the group (an orderly exit,
   // not a death: stream_watchdog.h).
   void MarkClosed();
@@ -86,6 +104,8 @@ class GpuCommunicator {
   LocalRank* Local(int rank);
 
  private:
+  Status StartDirectReads(bool logs, const std::vector<uint8_t*>& blocks);
+
   uint64_t key_;
   std::vector<int64_t> members_;
   RegionLayout layout_;
@@ -96,6 +116,7 @@ class GpuCommunicator {
   std::vector<void*> registered_;                  // host memory registered with CUDA
   std::shared_ptr<WatchedGroup> watch_;
   FlagMemory flag_memory_ = FlagMemory::kDevice;
+  bool direct_reads_ = false;  // asked for (JAX_SMDDP_GPU_DIRECT_READS)
   bool connected_ = false;
 };
 

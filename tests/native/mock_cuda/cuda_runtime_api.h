@@ -143,6 +143,34 @@ inline cudaError_t cudaIpcOpenMemHandle(void** p, cudaIpcMemHandle_t h, unsigned
 }
 inline cudaError_t cudaIpcCloseMemHandle(void* p) { return cudaFree(p); }
 
+// The driver's cuMemGetAddressRange, the one entry point the set-up asks for:
+// the "allocation" holding `ptr`.
+namespace mock_cuda {
+inline int MemGetAddressRange(unsigned long long* base, size_t* bytes, unsigned long long ptr) {
+  std::lock_guard<std::mutex> lock(mu);
+  for (const auto& [start, m] : mappings) {
+    const auto b = reinterpret_cast<unsigned long long>(start);
+    if (ptr >= b && ptr < b + m.bytes) {
+      *base = b;
+      *bytes = m.bytes;
+      return 0;
+    }
+  }
+  return 1;  // CUDA_ERROR_INVALID_VALUE
+}
+}  // namespace mock_cuda
+enum cudaDriverEntryPointQueryResult { cudaDriverEntryPointSuccess = 0,
+                                       cudaDriverEntryPointSymbolNotFound = 1 };
+enum : unsigned long long { cudaEnableDefault = 0 };
+inline cudaError_t cudaGetDriverEntryPointByVersion(const char* symbol, void** fn, unsigned,
+                                                    unsigned long long,
+                                                    cudaDriverEntryPointQueryResult* found) {
+  const bool known = std::strcmp(symbol, "cuMemGetAddressRange") == 0;
+  *fn = known ? reinterpret_cast<void*>(&mock_cuda::MemGetAddressRange) : nullptr;
+  *found = known ? cudaDriverEntryPointSuccess : cudaDriverEntryPointSymbolNotFound;
+  return cudaSuccess;
+}
+
 inline cudaError_t cudaHostAlloc(void** p, size_t bytes, unsigned) {
   *p = std::aligned_alloc(4096, (bytes + 4095) / 4096 * 4096);
   return *p ? cudaSuccess : cudaErrorMemoryAllocation;
