@@ -258,6 +258,6 @@ def release() -> None:
 def counters() -> dict:
   """What the GPU backend enqueued so far in this process: data-movement
   kernels, copy-engine copies, reduction kernels, flag operations, and calls
-  that read their peers' inputs in place (JAX_SMDDP_GPU_DIRECT_READS)."""
+  that read their peers' buffers in place (JAX_SMDDP_GPU_DIRECT_READS)."""
   ext = _native.cuda_engine()
   return dict(ext.counters()) if ext is not None else {}

@@ -8,9 +8,10 @@ collective against expected values, a rank SIGKILLed while its peers wait on
 it, a rank that closes the group, one that never makes the call its peers
 wait in (the progress deadline), ranks that disagree on a call, and two
 processes of two ranks each (local and remote peers mixed) where one dies;
-direct reads (JAX_SMDDP_GPU_DIRECT_READS=1: inputs in mock device memory,
-exchanged per call, mapped once per allocation, read in place), also with a
-rank that dies while the others wait for its input; and
+direct reads (JAX_SMDDP_GPU_DIRECT_READS=1: buffers in mock device memory,
+exchanged per call, mapped once per allocation, read in place; a call where
+one rank's input cannot be shared stages everywhere), also with a rank that
+dies while the others wait for its buffers; and
 a group across two simulated hosts, with its network slots staged or on an
 FI_HMEM rail, with and without a death. The real CUDA calls run in tests/gpu on
 a GPU machine."""

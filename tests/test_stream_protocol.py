@@ -3,7 +3,7 @@ consumed flags, tiling), run on host threads through the same C++ algorithms
 (xla_ffi/engine/stream_algorithms.cc) with host memory instead of a stream,
 against numpy. Small slots force every tiling path: whole rows per step,
 pieces of one row, and slots reused within and across calls; and the
-direct-read form, where ranks read each other's inputs in place."""
+direct-read form, where ranks read each other's buffers in place."""
 
 from __future__ import annotations
 
@@ -46,7 +46,7 @@ def combine(blocks, op, dtype):
 
 def probe(kind, xs, out_shape, dtype, *, op="sum", outer=1, inner=0, count=0, slot=4096, calls=3,
           flag_blocks=False, direct=0):
-  """`direct`: 0 stages every call, 1 reads peers' inputs in place, 2 alternates."""
+  """`direct`: 0 stages every call, 1 reads peers' buffers in place, 2 alternates."""
   outs = ENGINE.stream_probe(kind, DTYPES[np.dtype(dtype)], OPS[op], outer, inner, count, slot,
                              [x.tobytes() for x in xs],
                              int(np.prod(out_shape)) * np.dtype(dtype).itemsize, calls,
@@ -159,30 +159,40 @@ def test_reduce_scatter_direct(size, dtype, op, outer, inner, direct):
 
 
 @DIRECT
-def test_all_reduce_stages_even_with_inputs(direct):
-  """all_reduce has no direct form: given the inputs it still stages, correctly."""
-  xs = inputs(3, (1001,), np.float32, seed=2)
-  for got in probe(ALL_REDUCE, xs, (1001,), np.float32, count=1001, slot=512, direct=direct):
-    np.testing.assert_array_equal(got, combine(xs, "sum", np.float32))
+@pytest.mark.parametrize("size", [1, 2, 3, 4])
+@pytest.mark.parametrize("dtype,op", [(np.float32, "sum"), (np.int32, "max"),
+                                      (ml_dtypes.bfloat16, "sum")])
+@pytest.mark.parametrize("count", [1001, 3, 4096])
+def test_all_reduce_direct(size, dtype, op, count, direct):
+  """Rank r reduces shard r of every input into its own output, peers copy
+  it from there: uneven shards, shards empty for some ranks (count 3 of 4)."""
+  xs = inputs(size, (count,), dtype, seed=size * 13 + count)
+  want = combine(xs, op, dtype)
+  for r, got in enumerate(probe(ALL_REDUCE, xs, (count,), dtype, op=op, count=count, slot=256,
+                                direct=direct)):
+    np.testing.assert_array_equal(got, want, err_msg=f"rank {r}")
 
 
-@pytest.mark.parametrize("kind", [GATHER, SCATTER, ALL_TO_ALL])
+@pytest.mark.parametrize("kind", [GATHER, SCATTER, ALL_TO_ALL, ALL_REDUCE])
 @pytest.mark.parametrize("direct", [1, 2], ids=["direct", "alternating"])
 def test_direct_reads_finish_before_the_owner_reuses_its_input(kind, direct):
-  """Each rank writes new data into its one input buffer before every call (as
-  XLA reuses a buffer): a rank whose stream went on before its peers had read
-  its input would hand them the next call's data. Every call's output is
-  checked; slow readers are likely with 4 threads on 2 cores."""
+  """Each rank writes new data into its one input buffer before every call, and
+  overwrites its one output buffer after copying each call's result out (as
+  XLA reuses buffers): a rank whose stream went on before its peers had read
+  its input (or, for all_reduce, its reduced shard in its output) would hand
+  them wrong data. Every call's output is checked; slow readers are likely
+  with 4 threads on 2 cores."""
   size, calls, outer, inner = 4, 30, 3, 257
   rng = np.random.default_rng(kind)
-  shape = (outer, inner) if kind == GATHER else (outer, size, inner)
+  shape = {GATHER: (outer, inner), ALL_REDUCE: (outer * inner,)}.get(kind, (outer, size, inner))
   xs = [[rng.integers(-1000, 1000, size=shape).astype(np.int32) for _ in range(size)]
         for _ in range(calls)]
   out_shape = {GATHER: (outer, size, inner), SCATTER: (outer, inner),
-               ALL_TO_ALL: (outer, size, inner)}[kind]
+               ALL_TO_ALL: (outer, size, inner), ALL_REDUCE: (outer * inner,)}[kind]
   out_bytes = int(np.prod(out_shape)) * 4
   outs = ENGINE.stream_probe(kind, DTYPES[np.dtype(np.int32)], OPS["sum"], outer,
-                             inner if kind == SCATTER else inner * 4, 0, 1024,
+                             inner if kind == SCATTER else inner * 4,
+                             outer * inner if kind == ALL_REDUCE else 0, 1024,
                              [x.tobytes() for call in xs for x in call], out_bytes, calls,
                              direct=direct, vary=True)
   for r, out in enumerate(outs):
@@ -192,6 +202,8 @@ def test_direct_reads_finish_before_the_owner_reuses_its_input(kind, direct):
         want = np.stack(xs[c], axis=1)
       elif kind == SCATTER:
         want = combine([x[:, r, :] for x in xs[c]], "sum", np.int32)
+      elif kind == ALL_REDUCE:
+        want = combine(xs[c], "sum", np.int32)
       else:
         want = np.stack([x[:, r, :] for x in xs[c]], axis=1)
       np.testing.assert_array_equal(got[c], want, err_msg=f"rank {r}, call {c}")

@@ -85,11 +85,11 @@ def test_an_orderly_close_fails_the_group_without_alarm(capfd):
 
 
 @pytest.mark.parametrize("kind,direct", [(GATHER, 0), (SCATTER, 0), (ALL_REDUCE, 0), (GATHER, 1),
-                                         (SCATTER, 1)],
+                                         (SCATTER, 1), (ALL_REDUCE, 1)],
                          ids=["all_gather", "reduce_scatter", "all_reduce", "all_gather-direct",
-                              "reduce_scatter-direct"])
+                              "reduce_scatter-direct", "all_reduce-direct"])
 def test_ranks_waiting_on_a_dead_peer_are_released_and_told(kind, direct):
-  """Rank 2 of 4 never runs (staged, or reading inputs in place: "direct");
+  """Rank 2 of 4 never runs (staged, or reading buffers in place: "direct");
   its process dies 1 s in. The other ranks wait on
   its flags (with a 30 s deadline of their own) until the watchdog sets
   them (all of the group's: the output of a failed group is undefined):

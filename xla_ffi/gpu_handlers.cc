@@ -107,7 +107,8 @@ ffi::Error Enqueue(const char* op, int64_t op_id, cudaStream_t stream, int32_t o
     return ffi::Error(ffi::ErrorCode::kAborted,
                       std::string(op) + " (op " + std::to_string(op_id) + "): " + st.message());
   if (!me.port) {
-    if (const Status st = gpu::ExchangeInputs(*me.rank, plan, x.untyped_data()); !st.ok())
+    if (const Status st = gpu::ExchangeBuffers(*me.rank, plan, x.untyped_data(),
+                                                 out->untyped_data()); !st.ok())
       return ffi::Error(ffi::ErrorCode::kAborted,
                         std::string(op) + " (op " + std::to_string(op_id) + "): " + st.message());
     if (!me.rank->view.inputs.empty()) cuda::Counters().direct_reads++;

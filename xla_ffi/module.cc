@@ -104,10 +104,12 @@ struct HostBlocks {
 // Runs `calls` calls of `plan` on host threads, one per rank except
 // `absent` (-1: none), over `regions` (and separate flag blocks `flags`, if
 // not empty). `direct`: 0 stages every call through the slots, 1 reads the
-// peers' inputs in place (StreamRank::inputs), 2 alternates (direct first).
+// peers' buffers in place (StreamRank::inputs, outputs), 2 alternates
+// (direct first).
 // `send` holds one input per rank, or with `vary` one per call and rank
 // (call-major), copied into the rank's one input buffer before each call (as
-// XLA reuses a buffer), and then `recv` takes every call's output in turn.
+// XLA reuses a buffer); then each rank's one output buffer is copied into
+// `recv` after every call (every call's output in turn) and overwritten.
 // Returns each rank's status.
 std::vector<smddp::Status> RunStreamRanks(const smddp::Plan& plan, const smddp::RegionLayout& layout,
                                           const std::vector<uint8_t*>& regions,
@@ -123,6 +125,12 @@ std::vector<smddp::Status> RunStreamRanks(const smddp::Plan& plan, const smddp::
   std::vector<const uint8_t*> inputs;
   for (auto& b : buffers) inputs.push_back(reinterpret_cast<const uint8_t*>(b.data()));
   const size_t out_bytes = vary ? recv[0].size() / calls : recv[0].size();
+  // Each rank's output buffer: with `vary`, one reused by every call, copied
+  // out after the call and then overwritten (as XLA reuses a buffer).
+  std::vector<std::string> held(vary ? size : 0, std::string(out_bytes, '\0'));
+  std::vector<uint8_t*> outputs;
+  for (int r = 0; r < size; ++r)
+    outputs.push_back(reinterpret_cast<uint8_t*>(vary ? held[r].data() : recv[r].data()));
   nb::gil_scoped_release release;
   std::vector<std::thread> threads;
   for (int r = 0; r < size; ++r) {
@@ -137,9 +145,17 @@ std::vector<smddp::Status> RunStreamRanks(const smddp::Plan& plan, const smddp::
       for (int c = 0; c < calls && status[r].ok(); ++c) {
         if (vary) std::memcpy(buffers[r].data(), send[size_t(c) * size + r].data(), buffers[r].size());
         const bool in_place = direct == 1 || (direct == 2 && c % 2 == 0);
-        if (in_place) me.inputs = inputs; else me.inputs.clear();
-        status[r] = smddp::RunStreamPlan(plan, me, ops, buffers[r].data(),
-                                         recv[r].data() + (vary ? c * out_bytes : 0));
+        me.inputs.clear();
+        me.outputs.clear();
+        if (in_place) {
+          me.inputs = inputs;
+          me.outputs = outputs;
+        }
+        status[r] = smddp::RunStreamPlan(plan, me, ops, buffers[r].data(), outputs[r]);
+        if (vary) {
+          std::memcpy(recv[r].data() + c * out_bytes, outputs[r], out_bytes);
+          std::memset(outputs[r], 0xA5, out_bytes);
+        }
       }
     });
   }

@@ -15,9 +15,10 @@
 // calls: the 2 s progress deadline), mismatch (rank 1's second call
 // differs), two_per_process (2 processes x 2 ranks: collectives, then one
 // process dies), direct (collectives with JAX_SMDDP_GPU_DIRECT_READS=1: the
-// inputs in mock device memory, exchanged per call and read in place),
-// direct_dead_peer (the last rank dies; the others wait for its input in the
-// exchange). Prints "all checks passed" and exits 0 on success.
+// buffers in mock device memory, exchanged per call and read in place; then
+// a call where rank 1's input cannot be shared, which every rank stages),
+// direct_dead_peer (the last rank dies; the others wait for its buffers in
+// the exchange). Prints "all checks passed" and exits 0 on success.
 //
 //   gpu_communicator_test hosts|hosts_dead|hosts_2x2 staging|rail
 //
@@ -156,19 +157,21 @@ bool Spawn(int n, Body body, Children* c) {
   return true;
 }
 
-// With direct reads, a rank's inputs are in its (mock) device memory, as
-// XLA's buffers are: two allocations in turn, at an offset that changes
-// from call to call, rewritten every call.
-struct DeviceInputs {
-  static constexpr size_t kBytes = 1 << 20;
+// With direct reads, a rank's buffers are in its (mock) device memory, as
+// XLA's are: inputs and outputs in two allocations in turn, at offsets that
+// change from call to call, inputs rewritten every call.
+struct DeviceBuffers {
+  static constexpr size_t kBytes = 1 << 20, kOutputs = kBytes / 2;  // inputs below, outputs above
   void* allocation[2] = {nullptr, nullptr};
   int calls = 0;
+  bool heap_input = false;  // the next call's input is ordinary host memory (cannot be shared)
+  bool staged = false;      // some rank's is: the next call stages
   void Free() {  // children leave by _exit: no destructors
     for (void*& a : allocation)
       if (a) cudaFree(a), a = nullptr;
   }
 };
-DeviceInputs device_inputs;
+DeviceBuffers device_buffers;
 
 // Checks the call with the communicator, runs it, returns the run's status.
 Status Run(gpu::LocalRank* me, const Plan& plan, const std::vector<float>& send,
@@ -176,22 +179,32 @@ Status Run(gpu::LocalRank* me, const Plan& plan, const std::vector<float>& send,
   Status st = gpu::CheckCall(*me, Name(plan.kind), plan);
   if (!st.ok()) return st;
   const void* input = send.data();
+  void* output = recv->data();
+  const size_t in_bytes = send.size() * sizeof(float), out_bytes = recv->size() * sizeof(float);
+  DeviceBuffers& d = device_buffers;
   if (me->exchange) {
-    DeviceInputs& d = device_inputs;
     for (void*& a : d.allocation)
-      if (!a && cudaMalloc(&a, DeviceInputs::kBytes) != cudaSuccess) return Status::Error("cudaMalloc");
-    auto* at = static_cast<uint8_t*>(d.allocation[d.calls % 2]) + 256 * (d.calls % 7);
+      if (!a && cudaMalloc(&a, DeviceBuffers::kBytes) != cudaSuccess) return Status::Error("cudaMalloc");
+    if (in_bytes + 256 * 6 > DeviceBuffers::kOutputs || out_bytes + 256 * 4 > DeviceBuffers::kOutputs)
+      return Status::Error("buffers too big");
+    auto* in = static_cast<uint8_t*>(d.allocation[d.calls % 2]) + 256 * (d.calls % 7);
+    auto* out = static_cast<uint8_t*>(d.allocation[(d.calls + 1) % 2]) + DeviceBuffers::kOutputs +
+                256 * (d.calls % 5);
     d.calls++;
-    if (send.size() * sizeof(float) + 256 * 6 > DeviceInputs::kBytes) return Status::Error("input too big");
-    std::memcpy(at, send.data(), send.size() * sizeof(float));
-    input = at;
+    if (!d.heap_input) {
+      std::memcpy(in, send.data(), in_bytes);
+      input = in;
+    }
+    output = out;
   }
-  st = gpu::ExchangeInputs(*me, plan, input);
+  st = gpu::ExchangeBuffers(*me, plan, input, output);
   if (!st.ok()) return st;
-  if (me->exchange && smddp::ReadsInputsDirectly(plan.kind) && me->view.inputs.empty())
-    return Status::Error("the call staged where every rank could share its input");
+  if (me->exchange && !d.staged && me->view.inputs.empty())
+    return Status::Error("the call staged where every rank could share its buffers");
   smddp::HostStreamOps ops(timeout_s);
-  return smddp::RunStreamPlan(plan, me->view, ops, input, recv->data());
+  st = smddp::RunStreamPlan(plan, me->view, ops, input, output);
+  if (output != recv->data()) std::memcpy(recv->data(), output, out_bytes);
+  return st;
 }
 
 void Collectives(int r, gpu::LocalRank* me, int P = kRanks) {
@@ -334,10 +347,25 @@ int RunRank(int r, const std::string& scenario, bool host, int up, int down) {
   if (scenario == "collectives" || scenario == "direct") {
     Collectives(r, me);
     if (direct) {
-      // Each peer's two input allocations, mapped once each.
+      // Each peer's two allocations, mapped once each.
       Expect(r, me->exchange->exported() == 2, "exported " + std::to_string(me->exchange->exported()));
       Expect(r, me->exchange->mapped() == size_t(2 * (kRanks - 1)),
              "mapped " + std::to_string(me->exchange->mapped()));
+      // Rank 1's input in memory CUDA IPC cannot share: every rank stages that
+      // call (all decide alike), right, then reads in place again.
+      for (int call = 0; call < 2; ++call) {
+        device_buffers.heap_input = r == 1 && call == 0;
+        device_buffers.staged = call == 0;
+        const size_t n = 700;
+        std::vector<float> send(n), recv(n * kRanks);
+        for (size_t i = 0; i < n; ++i) send[i] = Input(r, i + 7 * call);
+        Status st = Run(me, MakePlan(Plan::Kind::kAllGather, 1, n * 4, 0), send, &recv, 20);
+        Expect(r, st.ok(), "all_gather: " + st.message());
+        Expect(r, me->view.inputs.empty() == (call == 0), "staged only the call with a heap input");
+        for (int q = 0; q < kRanks; ++q)
+          for (size_t i = 0; i < n; ++i)
+            Expect(r, recv[q * n + i] == Input(q, i + 7 * call), "all_gather value");
+      }
     }
   } else if (scenario == "direct_dead_peer") {
     // The live ranks' hosts wait for rank 2's input in the exchange, with a
@@ -373,7 +401,7 @@ int RunRank(int r, const std::string& scenario, bool host, int up, int down) {
   // No rank closes the group before every other is done with its checks.
   Expect(r, WriteAll(up, "d", 1) && ReadAll(down, &c, 1), "end barrier");
   gpu::ReleaseCommunicators();
-  device_inputs.Free();
+  device_buffers.Free();
   std::printf("rank %d: ok\n", r);
   std::fflush(stdout);
   return 0;

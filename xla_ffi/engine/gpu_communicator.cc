@@ -104,13 +104,13 @@ struct RankHandle {
 };
 
 // A rank's shared block: its step flags (used with host flag memory), then
-// its call log, then its input table (direct reads).
+// its call log, then its buffer table (direct reads).
 size_t CallLogOffset(const RegionLayout& layout) {
   return (layout.flag_bytes() + 4095) / 4096 * 4096;
 }
-size_t InputTableOffset(const RegionLayout& layout) { return CallLogOffset(layout) + CallLog::kBytes; }
+size_t BufferTableOffset(const RegionLayout& layout) { return CallLogOffset(layout) + CallLog::kBytes; }
 size_t SharedBlockBytes(const RegionLayout& layout) {
-  return InputTableOffset(layout) + InputExchange::Bytes();
+  return BufferTableOffset(layout) + BufferExchange::Bytes();
 }
 
 // CUDA IPC of the allocation that holds an XLA buffer (direct reads): the
@@ -205,15 +205,18 @@ Status CheckCall(LocalRank& rank, const char* op, const Plan& plan) {
   return Status::Error(message);
 }
 
-Status ExchangeInputs(LocalRank& rank, const Plan& plan, const void* send) {
-  if (!rank.exchange || !ReadsInputsDirectly(plan.kind) || rank.calls == 0) {
+Status ExchangeBuffers(LocalRank& rank, const Plan& plan, const void* send, void* recv) {
+  if (!rank.exchange || rank.calls == 0) {
     rank.view.inputs.clear();
+    rank.view.outputs.clear();
     return Status::Ok();
   }
-  const Status st = rank.exchange->Exchange(rank.exchanges++, rank.calls - 1, send, TimeoutSeconds(),
-                                            &rank.view.inputs);
+  const Status st = rank.exchange->Exchange(
+      rank.exchanges++, rank.calls - 1, send, DirectReadsNeedOutputs(plan.kind) ? recv : nullptr,
+      TimeoutSeconds(), &rank.view.inputs, &rank.view.outputs);
   if (st.ok()) return st;
   rank.view.inputs.clear();
+  rank.view.outputs.clear();
   const std::string message = st.message() + " Later calls of this group fail too.";
   if (rank.watch) rank.watch->Fail(message);  // the peers may have gone on reading in place
   return Status::Error(message);
@@ -496,7 +499,7 @@ Status GpuCommunicator::Connect(const std::vector<std::pair<int, std::string>>& 
   return Status::Ok();
 }
 
-// Direct reads need every rank's input table (the shared blocks) and one rank
+// Direct reads need every rank's buffer table (the shared blocks) and one rank
 // per process: the ranks' host threads meet at each call, and XLA's threads
 // for one process's devices are not known to run its calls concurrently.
 Status GpuCommunicator::StartDirectReads(bool logs, const std::vector<uint8_t*>& blocks) {
@@ -523,13 +526,13 @@ Status GpuCommunicator::StartDirectReads(bool logs, const std::vector<uint8_t*>&
   std::vector<uint8_t*> tables(size(), nullptr);
   std::vector<bool> local(size(), false);
   for (int q = 0; q < size(); ++q) {
-    tables[q] = blocks[q] + InputTableOffset(layout_);
+    tables[q] = blocks[q] + BufferTableOffset(layout_);
     local[q] = local_[q] != nullptr;
   }
   for (auto& l : local_) {
     if (!l) continue;
     LocalRank* rank = l.get();
-    InputExchange::Memory memory;
+    BufferExchange::Memory memory;
     memory.export_allocation = ExportAllocation;
     memory.map_allocation = [this, rank](const std::string& handle, uint8_t** base) {
       return MapAllocation(rank->ordinal, handle, &opened_, base);
@@ -538,7 +541,7 @@ Status GpuCommunicator::StartDirectReads(bool logs, const std::vector<uint8_t*>&
       return "rank " + std::to_string(q) + " (process " + std::to_string(process_of_[q]) + ")";
     };
     auto check = [rank]() { return rank->watch && rank->watch->failed() ? rank->watch->error() : Status::Ok(); };
-    rank->exchange = std::make_unique<InputExchange>(rank->view.rank, tables, local, std::move(memory),
+    rank->exchange = std::make_unique<BufferExchange>(rank->view.rank, tables, local, std::move(memory),
                                                      who, check);
   }
   return Status::Ok();

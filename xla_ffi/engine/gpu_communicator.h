@@ -22,7 +22,7 @@
 #include <utility>
 #include <vector>
 
-#include "xla_ffi/engine/input_exchange.h"
+#include "xla_ffi/engine/buffer_exchange.h"
 #include "xla_ffi/engine/net_port.h"
 #include "xla_ffi/engine/shared_block.h"
 #include "xla_ffi/engine/status.h"
@@ -47,9 +47,9 @@ struct LocalRank {
   const std::vector<int>* process_of = nullptr;  // each rank's process
   uint64_t calls = 0;  // calls enqueued on the group (host side)
   StreamRank view;
-  // Direct reads (JAX_SMDDP_GPU_DIRECT_READS=1): where the peers' inputs of
+  // Direct reads (JAX_SMDDP_GPU_DIRECT_READS=1): where the peers' buffers of
   // each call are (null: this group stages every call).
-  std::unique_ptr<InputExchange> exchange;
+  std::unique_ptr<BufferExchange> exchange;
   uint64_t exchanges = 0;  // exchanges so far (calls of kinds that read in place)
 };
 
@@ -60,13 +60,14 @@ struct LocalRank {
 Status CheckCall(LocalRank& rank, const char* op, const Plan& plan);
 
 // Before enqueuing a call that CheckCall passed, with direct reads: learns
-// where every peer's input of this call is (input_exchange.h; the host waits
-// for the peers' hosts) and sets `rank.view.inputs`, or clears it (the call
-// stages: no direct reads in this group, a kind that always stages, or a
-// rank that could not share its input). A failure fails the group for good.
-Status ExchangeInputs(LocalRank& rank, const Plan& plan, const void* send);
+// where every peer's buffers of this call are (buffer_exchange.h; the host
+// waits for the peers' hosts) and sets `rank.view.inputs` (and for all_reduce
+// `outputs`), or clears them (the call stages: no direct reads in this group,
+// or a rank that could not share its buffers). A failure fails the group for
+// good.
+Status ExchangeBuffers(LocalRank& rank, const Plan& plan, const void* send, void* recv);
 
-// Whether groups read peers' inputs in place (JAX_SMDDP_GPU_DIRECT_READS:
+// Whether groups read peers' buffers in place (JAX_SMDDP_GPU_DIRECT_READS:
 // 0 or unset: no; 1: groups across processes with one rank per process).
 Status DirectReadsFromEnvironment(bool* out);
 
@@ -95,7 +96,7 @@ class GpuCommunicator {
   Status Connect(const std::vector<std::pair<int, std::string>>& remote);
   bool connected() const { return connected_; }
   FlagMemory flag_memory() const { return flag_memory_; }
-  // Whether this process's ranks read their peers' inputs in place.
+  // Whether this process's ranks read their peers' buffers in place.
   bool direct_reads() const;
   // Tells the peers this process is done with the group (an orderly exit,
   // not a death: stream_watchdog.h).

@@ -282,12 +282,45 @@ Status ScatterDirect(Steps& st, StreamOps& ops, const std::vector<const uint8_t*
   return st.AwaitConsumed();
 }
 
+// recv = reduce_p in_p, balanced as ReduceAll: rank r reduces shard r of
+// every input into its own output (out[r]), then copies every other shard
+// out of its owner's output.
+Status ReduceAllDirect(Steps& st, StreamOps& ops, const std::vector<const uint8_t*>& in,
+                       const std::vector<uint8_t*>& out, size_t count, DType dtype, ReduceOp op) {
+  const int P = st.size(), me = st.rank();
+  const size_t E = ElementSize(dtype);
+  const size_t L = (count + P - 1) / P;
+  auto shard = [&](int q) -> size_t {  // elements of shard q
+    const size_t begin = std::min(count, q * L), end = std::min(count, (q + 1) * L);
+    return end - begin;
+  };
+  const void** srcs = st.Sources(P);
+  st.BeginDirect();
+  SMDDP_RETURN_IF_ERROR(st.Post());  // the input is ready
+  for (int q = 0; q < P; ++q) {
+    SMDDP_RETURN_IF_ERROR(st.AwaitPosted(q));
+    srcs[q] = in[q] + me * L * E;
+  }
+  const size_t own = shard(me);
+  if (own) SMDDP_RETURN_IF_ERROR(ops.Reduce(out[me] + me * L * E, own * E, srcs, P, own * E, own,
+                                             1, dtype, op));
+  for (int q = 0; q < P; ++q) SMDDP_RETURN_IF_ERROR(st.Release(q));
+  st.BeginDirect();
+  SMDDP_RETURN_IF_ERROR(st.Post());  // the reduced shard is ready
+  for (int k = 1; k < P; ++k) {
+    const int q = (me + k) % P;
+    SMDDP_RETURN_IF_ERROR(st.AwaitPosted(q));
+    if (const size_t n = shard(q)) SMDDP_RETURN_IF_ERROR(ops.Copy(out[me] + q * L * E, out[q] + q * L * E, n * E));
+    SMDDP_RETURN_IF_ERROR(st.Release(q));
+  }
+  // Peers have read this rank's input (step one) and reduced shard (step
+  // two): the counters only grow, so waiting for step two covers both.
+  return st.AwaitConsumed();
+}
+
 }  // namespace
 
-bool ReadsInputsDirectly(Plan::Kind kind) {
-  return kind == Plan::Kind::kAllGather || kind == Plan::Kind::kAllToAll ||
-         kind == Plan::Kind::kReduceScatter;
-}
+bool DirectReadsNeedOutputs(Plan::Kind kind) { return kind == Plan::Kind::kAllReduce; }
 
 Status RunStreamHierarchicalGather(size_t outer, size_t inner, StreamRank& local, NetPort& port,
                                    const std::vector<int>& rank_of, StreamOps& ops,
@@ -414,13 +447,21 @@ Status RunStreamPlan(const Plan& plan, StreamRank& me, StreamOps& ops, const voi
     return bytes ? ops.Copy(recv, send, bytes) : Status::Ok();
   }
   Steps steps(me, ops);
-  if (!me.inputs.empty() && ReadsInputsDirectly(plan.kind)) {
-    if (int(me.inputs.size()) != me.layout.size || me.inputs[me.rank] != send)
-      return Status::Error("jax_smddp: direct reads need every rank's input of this call");
-    if (plan.kind == Plan::Kind::kReduceScatter)
-      return ScatterDirect(steps, ops, me.inputs, recv, plan.outer, plan.inner, plan.dtype, plan.op);
-    return BlocksDirect(steps, ops, me.inputs, recv, plan.outer, plan.inner,
-                        plan.kind == Plan::Kind::kAllToAll);
+  if (!me.inputs.empty()) {
+    const size_t P = size_t(me.layout.size);
+    if (me.inputs.size() != P || me.inputs[me.rank] != send ||
+        (DirectReadsNeedOutputs(plan.kind) && (me.outputs.size() != P || me.outputs[me.rank] != recv)))
+      return Status::Error("jax_smddp: direct reads need every rank's buffers of this call");
+    switch (plan.kind) {
+      case Plan::Kind::kAllGather:
+      case Plan::Kind::kAllToAll:
+        return BlocksDirect(steps, ops, me.inputs, recv, plan.outer, plan.inner,
+                            plan.kind == Plan::Kind::kAllToAll);
+      case Plan::Kind::kReduceScatter:
+        return ScatterDirect(steps, ops, me.inputs, recv, plan.outer, plan.inner, plan.dtype, plan.op);
+      case Plan::Kind::kAllReduce:
+        return ReduceAllDirect(steps, ops, me.inputs, me.outputs, plan.count, plan.dtype, plan.op);
+    }
   }
   switch (plan.kind) {
     case Plan::Kind::kAllGather:

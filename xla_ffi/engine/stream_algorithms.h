@@ -24,7 +24,10 @@
 // consumed flag, and before its stream goes on waits until every peer has
 // consumed its input (XLA may reuse that buffer next). Each rank copies n
 // shards instead of n + 1, and a call costs two hand-offs between ranks
-// instead of two per slot-sized step.
+// instead of two per slot-sized step. all_reduce also needs every rank's
+// output (StreamRank::outputs) and runs two steps: rank r reduces shard r of
+// every input into its own output, then every rank copies each reduced shard
+// out of its owner's output.
 #ifndef JAX_SMDDP_ENGINE_STREAM_ALGORITHMS_H_
 #define JAX_SMDDP_ENGINE_STREAM_ALGORITHMS_H_
 
@@ -63,9 +66,11 @@ struct StreamRank {
   std::vector<uint8_t*> flags;    // every rank's flag block; empty: flags are in the regions
   uint32_t step = 0;              // steps run so far (host side)
   std::vector<const void*> sources;  // reduction sources, sized once (no per-call allocation)
-  // This call's input of every rank, as this rank addresses it, set per call
-  // for direct reads (all ranks alike); empty: stage through the slots.
+  // This call's input (and for all_reduce, output) of every rank, as this
+  // rank addresses them, set per call for direct reads (all ranks alike);
+  // empty: stage through the slots.
   std::vector<const uint8_t*> inputs;
+  std::vector<uint8_t*> outputs;
 };
 
 struct NetPort;
@@ -97,13 +102,14 @@ Status RunStreamHierarchicalScatter(size_t outer, size_t inner, DType dtype, Red
                                     const std::vector<int>& rank_of, StreamOps& ops,
                                     const void* send, void* recv);
 
-// Whether `kind` can read peers' inputs in place (all_reduce always stages).
-bool ReadsInputsDirectly(Plan::Kind kind);
+// Whether direct reads of `kind` need every rank's output as well as its
+// input (all_reduce).
+bool DirectReadsNeedOutputs(Plan::Kind kind);
 
 // Runs one collective of `plan` (kinds and layouts as in algorithms.h) on
 // `ops`: recv of the same shapes as the host algorithms. With `me.inputs`
-// set (one per rank) and a kind that ReadsInputsDirectly, reads the peers'
-// inputs in place.
+// set (one per rank; and `me.outputs` where DirectReadsNeedOutputs), reads
+// the peers' buffers in place.
 Status RunStreamPlan(const Plan& plan, StreamRank& me, StreamOps& ops, const void* send,
                      void* recv);
 

@@ -1,0 +1,91 @@
+// Where every rank's buffers of a call are, for direct reads between
+// processes (stream_algorithms.h): XLA hands each call buffers of its own
+// choosing, so before a rank enqueues a call that reads its peers' buffers in
+// place, it publishes where its input (and, for all_reduce, its output) lie
+// (a CUDA IPC handle of the allocation that holds each, once per allocation,
+// and the offset) in a table in its shared block, and waits until every peer
+// published the same call's. Peers map an allocation once and keep the
+// mapping while the group lives.
+//
+// The wait is a rendezvous of the ranks' host threads (not of their GPUs):
+// a call's enqueue waits until every peer's host enqueues that call too,
+// bounded by jax_smddp's timeout and failed at once when a peer process dies.
+// A rank that cannot export its buffers (memory that CUDA IPC cannot share,
+// or too many allocations seen) says so, and then every rank stages that
+// call through the slots: all ranks see the same entries, so they decide alike.
+#ifndef JAX_SMDDP_ENGINE_BUFFER_EXCHANGE_H_
+#define JAX_SMDDP_ENGINE_BUFFER_EXCHANGE_H_
+
+#include <cstddef>
+#include <cstdint>
+#include <functional>
+#include <map>
+#include <string>
+#include <vector>
+
+#include "xla_ffi/engine/status.h"
+
+namespace smddp {
+
+class BufferExchange {
+ public:
+  static constexpr size_t kHandleBytes = 64;  // sizeof(cudaIpcMemHandle_t)
+  static constexpr size_t kEntries = 4;       // exchanges in flight (a peer is at most one ahead)
+  // A handle is read in the exchange that publishes it, and a rank publishes
+  // at most two per exchange (input, output) while a peer is one exchange behind.
+  static constexpr size_t kHandleSlots = 8;
+  static constexpr size_t kMaxAllocations = 256;  // per rank; beyond, calls stage (mappings are kept)
+  static size_t Bytes();  // one rank's table (zeroed before use)
+
+  // How this process shares and maps memory (CUDA IPC on GPUs).
+  struct Memory {
+    // The allocation holding `p`: its start and an IPC handle of it
+    // (kHandleBytes). An error says why `p` cannot be shared.
+    std::function<Status(const void* p, uintptr_t* base, std::string* handle)> export_allocation;
+    // Maps a peer's allocation from its handle; its start here.
+    std::function<Status(const std::string& handle, uint8_t** base)> map_allocation;
+  };
+
+  // `tables`: every rank's table as this process addresses it; `local[q]`:
+  // rank q is in this process (its published addresses are used as they are).
+  // `who(q)` names rank q in messages; `check()` fails once the group failed
+  // (a peer died).
+  BufferExchange(int rank, std::vector<uint8_t*> tables, std::vector<bool> local, Memory memory,
+                 std::function<std::string(int)> who, std::function<Status()> check);
+
+  // Publishes this rank's `input` and `output` (null: the peers need only
+  // inputs) for exchange number `exchange` (0, 1, ...: the same calls on
+  // every rank) of call `call`, waits up to `timeout_s` for every peer's, and
+  // sets `*inputs` (and with an output `*outputs`) to every rank's buffers as
+  // addressed here, or empties both when some rank could not export its
+  // buffers (the call stages).
+  Status Exchange(uint64_t exchange, uint64_t call, const void* input, void* output,
+                  double timeout_s, std::vector<const uint8_t*>* inputs,
+                  std::vector<uint8_t*>* outputs);
+
+  // Allocations this rank exported, and peers' allocations it mapped.
+  size_t exported() const { return exported_.size(); }
+  size_t mapped() const { return mapped_.size(); }
+
+ private:
+  // Exports the allocation holding `p` (publishing its handle the first
+  // time); its id + 1 and `p`'s offset in it, or 0 and why not.
+  uint64_t Export(const void* p, uint64_t* offset, Status* why);
+  // Rank q's buffer published as (id + 1, offset, address), as addressed here.
+  Status Locate(int q, uint64_t id_plus_one, uint64_t offset, uint64_t address, uint8_t** out);
+
+  int rank_;
+  std::vector<uint8_t*> tables_;
+  std::vector<bool> local_;
+  Memory memory_;
+  std::function<std::string(int)> who_;
+  std::function<Status()> check_;
+  std::map<uintptr_t, std::pair<std::string, uint64_t>> exported_;  // base -> (handle, id)
+  uint64_t next_id_ = 0;
+  std::map<std::pair<int, uint64_t>, uint8_t*> mapped_;  // (peer, id) -> base here
+  bool told_ = false;  // why this rank stages, said once
+};
+
+}  // namespace smddp
+
+#endif  // JAX_SMDDP_ENGINE_BUFFER_EXCHANGE_H_
