@@ -11,7 +11,8 @@ processes of two ranks each (local and remote peers mixed) where one dies;
 direct reads (JAX_SMDDP_GPU_DIRECT_READS=1: buffers in mock device memory,
 exchanged per call, mapped once per allocation, read in place; a call where
 one rank's input cannot be shared stages everywhere), also with a rank that
-dies while the others wait for its buffers; and
+dies while the others wait for its buffers, with 2 processes x 2 ranks (local
+peers' buffers used as they are), and with every rank in one process; and
 a group across two simulated hosts, with its network slots staged or on an
 FI_HMEM rail, with and without a death. The real CUDA calls run in tests/gpu on
 a GPU machine."""
@@ -56,7 +57,8 @@ def program(tmp_path_factory):
 @pytest.mark.timeout(900)  # the first case builds the program
 @pytest.mark.parametrize("flag_memory", ["device", "host"])
 @pytest.mark.parametrize("scenario", ["collectives", "dead_peer", "closed", "stalled", "mismatch",
-                                      "two_per_process", "direct", "direct_dead_peer"])
+                                      "two_per_process", "direct", "direct_dead_peer",
+                                      "direct_two_per_process", "direct_in_process"])
 def test_gpu_communicator(program, scenario, flag_memory):
   before = set(glob.glob("/dev/shm/jax_smddp*"))
   run = subprocess.run([program, scenario, flag_memory], capture_output=True, text=True,
@@ -70,7 +72,7 @@ def test_gpu_communicator(program, scenario, flag_memory):
     assert all(line.count("(reported by") <= 1 for line in run.stderr.splitlines()), out
   elif scenario == "direct_dead_peer":  # the survivors' exchanges fail (asserted in the program)
     assert "rank 2 (process 2, pid" in run.stderr and "is gone" in run.stderr, out
-  elif scenario == "two_per_process":  # once by the surviving process, for both its ranks
+  elif scenario.endswith("two_per_process"):  # once by the surviving process, for both its ranks
     assert run.stderr.count("ranks 2, 3 (process 1, pid") == 1, out
   else:  # an orderly close, or no death at all: nothing printed
     assert "is gone" not in run.stderr, out

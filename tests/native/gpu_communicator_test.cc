@@ -18,7 +18,9 @@
 // buffers in mock device memory, exchanged per call and read in place; then
 // a call where rank 1's input cannot be shared, which every rank stages),
 // direct_dead_peer (the last rank dies; the others wait for its buffers in
-// the exchange). Prints "all checks passed" and exits 0 on success.
+// the exchange), direct_two_per_process (two_per_process with direct reads:
+// local peers' buffers used as they are, the other process's mapped),
+// direct_in_process (one process, 3 ranks on threads). Prints "all checks passed" and exits 0 on success.
 //
 //   gpu_communicator_test hosts|hosts_dead|hosts_2x2 staging|rail
 //
@@ -171,7 +173,7 @@ struct DeviceBuffers {
       if (a) cudaFree(a), a = nullptr;
   }
 };
-DeviceBuffers device_buffers;
+DeviceBuffers device_buffers[4];  // by rank: a process's ranks run on threads of their own
 
 // Checks the call with the communicator, runs it, returns the run's status.
 Status Run(gpu::LocalRank* me, const Plan& plan, const std::vector<float>& send,
@@ -181,7 +183,7 @@ Status Run(gpu::LocalRank* me, const Plan& plan, const std::vector<float>& send,
   const void* input = send.data();
   void* output = recv->data();
   const size_t in_bytes = send.size() * sizeof(float), out_bytes = recv->size() * sizeof(float);
-  DeviceBuffers& d = device_buffers;
+  DeviceBuffers& d = device_buffers[me->view.rank % 4];
   if (me->exchange) {
     for (void*& a : d.allocation)
       if (!a && cudaMalloc(&a, DeviceBuffers::kBytes) != cudaSuccess) return Status::Error("cudaMalloc");
@@ -354,8 +356,8 @@ int RunRank(int r, const std::string& scenario, bool host, int up, int down) {
       // Rank 1's input in memory CUDA IPC cannot share: every rank stages that
       // call (all decide alike), right, then reads in place again.
       for (int call = 0; call < 2; ++call) {
-        device_buffers.heap_input = r == 1 && call == 0;
-        device_buffers.staged = call == 0;
+        device_buffers[r].heap_input = r == 1 && call == 0;
+        device_buffers[r].staged = call == 0;
         const size_t n = 700;
         std::vector<float> send(n), recv(n * kRanks);
         for (size_t i = 0; i < n; ++i) send[i] = Input(r, i + 7 * call);
@@ -401,7 +403,7 @@ int RunRank(int r, const std::string& scenario, bool host, int up, int down) {
   // No rank closes the group before every other is done with its checks.
   Expect(r, WriteAll(up, "d", 1) && ReadAll(down, &c, 1), "end barrier");
   gpu::ReleaseCommunicators();
-  device_buffers.Free();
+  for (auto& d : device_buffers) d.Free();
   std::printf("rank %d: ok\n", r);
   std::fflush(stdout);
   return 0;
@@ -440,7 +442,13 @@ int RunTwoPerProcess(int p, bool host, int up, int down) {
     body(2 * p, mine[0]);
     t.join();
   };
+  const bool direct = std::getenv("JAX_SMDDP_GPU_DIRECT_READS") != nullptr;
+  Expect(p, (mine[0]->exchange != nullptr) == direct, "direct reads not as configured");
   on_both([&](int r, gpu::LocalRank* me) { Collectives(r, me, 4); });
+  if (direct) {  // the local peer's buffers used as they are: only the other process's mapped
+    for (gpu::LocalRank* me : mine)
+      Expect(p, me->exchange->mapped() == 4, "mapped " + std::to_string(me->exchange->mapped()));
+  }
   Expect(p, WriteAll(up, &c, 1) && ReadAll(down, &c, 1), "barrier");  // all done before one dies
   if (p == 1) raise(SIGKILL);
   smddp::SetTimeoutSeconds(20);
@@ -457,8 +465,39 @@ int RunTwoPerProcess(int p, bool host, int up, int down) {
            "expected ranks 2, 3 of process 1 named, got: " + why);
   });
   gpu::ReleaseCommunicators();
+  for (auto& d : device_buffers) d.Free();
   std::printf("process %d: ok\n", p);
   std::fflush(stdout);
+  return 0;
+}
+
+// One process holding every rank (members 30..32 on mock devices 0..2, each
+// on a thread of its own, as XLA runs each device's program): with direct
+// reads the ranks meet in tables of this process and read each other's
+// buffers at their own addresses, nothing exported or mapped.
+int InProcess() {
+  const std::vector<int64_t> members = {30, 31, 32};
+  std::vector<std::pair<int, std::string>> handles;
+  Status st = gpu::PrepareCommunicator(members, 4096, {{0, 0}, {1, 1}, {2, 2}}, 1, &handles);
+  Expect(0, st.ok(), "prepare: " + st.message());
+  st = gpu::ConnectCommunicator(members, {});
+  Expect(0, st.ok(), "connect: " + st.message());
+  gpu::GpuCommunicator* comm = gpu::FindCommunicator(gpu::GroupKey(members.data(), 3));
+  Expect(0, comm && comm->direct_reads(), "no direct reads in the group");
+  std::vector<std::thread> threads;
+  for (int r = 0; r < 3; ++r) {
+    threads.emplace_back([&, r] {
+      gpu::LocalRank* me = comm->Local(r);
+      Expect(r, me && me->exchange && !me->watch, "rank not set up");
+      Collectives(r, me, 3);
+      Expect(r, me->exchange->exported() == 0 && me->exchange->mapped() == 0,
+             "exported or mapped within one process");
+    });
+  }
+  for (auto& t : threads) t.join();
+  gpu::ReleaseCommunicators();
+  for (auto& d : device_buffers) d.Free();
+  std::printf("all checks passed\n");
   return 0;
 }
 
@@ -643,6 +682,7 @@ int RunHost(int p, int L, bool rail, bool die, int up, int down) {
     Expect(p, WriteAll(up, &c, 1) && ReadAll(down, &c, 1), "end barrier");
   }
   gpu::ReleaseCommunicators();
+  for (auto& d : device_buffers) d.Free();
   std::printf("process %d: ok\n", p);
   std::fflush(stdout);
   _exit(0);  // the world's links and the proxy stay up until exit, as in a job
@@ -690,7 +730,7 @@ int Hosts(int L, bool rail, bool die) {
 int main(int argc, char** argv) {
   if (argc != 3) {
     std::fprintf(stderr, "usage: %s collectives|dead_peer|closed|stalled|mismatch|two_per_process|"
-                 "direct|direct_dead_peer device|host\n",
+                 "direct|direct_dead_peer|direct_two_per_process|direct_in_process device|host\n",
                  argv[0]);
     return 2;
   }
@@ -701,7 +741,8 @@ int main(int argc, char** argv) {
   const bool host = std::string(argv[2]) == "host";
   setenv("JAX_SMDDP_GPU_FLAG_MEMORY", argv[2], 1);
   if (scenario.rfind("direct", 0) == 0) setenv("JAX_SMDDP_GPU_DIRECT_READS", "1", 1);
-  if (scenario == "two_per_process") return TwoPerProcess(host);
+  if (scenario == "two_per_process" || scenario == "direct_two_per_process") return TwoPerProcess(host);
+  if (scenario == "direct_in_process") return InProcess();
   Children kids;
   if (!Spawn(kRanks, [&](int r, int up, int down) { return RunRank(r, scenario, host, up, down); },
              &kids))

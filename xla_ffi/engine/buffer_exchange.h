@@ -10,6 +10,9 @@
 // The wait is a rendezvous of the ranks' host threads (not of their GPUs):
 // a call's enqueue waits until every peer's host enqueues that call too,
 // bounded by jax_smddp's timeout and failed at once when a peer process dies.
+// Ranks in one process meet the same way (XLA enqueues each local device's
+// part of a program from a thread of its own, as its NCCL rendezvous needs)
+// and use each other's addresses as they are.
 // A rank that cannot export its buffers (memory that CUDA IPC cannot share,
 // or too many allocations seen) says so, and then every rank stages that
 // call through the slots: all ranks see the same entries, so they decide alike.
@@ -83,7 +86,8 @@ class BufferExchange {
   std::map<uintptr_t, std::pair<std::string, uint64_t>> exported_;  // base -> (handle, id)
   uint64_t next_id_ = 0;
   std::map<std::pair<int, uint64_t>, uint8_t*> mapped_;  // (peer, id) -> base here
-  bool told_ = false;  // why this rank stages, said once
+  bool remote_peers_ = false;  // some rank is in another process (buffers are exported)
+  bool told_ = false;          // why this rank stages, said once
 };
 
 }  // namespace smddp

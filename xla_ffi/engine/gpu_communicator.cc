@@ -206,13 +206,17 @@ Status CheckCall(LocalRank& rank, const char* op, const Plan& plan) {
 }
 
 Status ExchangeBuffers(LocalRank& rank, const Plan& plan, const void* send, void* recv) {
-  if (!rank.exchange || rank.calls == 0) {
+  // Between processes the call log numbers the calls (CheckCall); within one
+  // process every call exchanges, so the exchanges number them.
+  const bool logged = !rank.call_logs.empty();
+  if (!rank.exchange || (logged && rank.calls == 0)) {
     rank.view.inputs.clear();
     rank.view.outputs.clear();
     return Status::Ok();
   }
+  const uint64_t call = logged ? rank.calls - 1 : rank.exchanges;
   const Status st = rank.exchange->Exchange(
-      rank.exchanges++, rank.calls - 1, send, DirectReadsNeedOutputs(plan.kind) ? recv : nullptr,
+      rank.exchanges++, call, send, DirectReadsNeedOutputs(plan.kind) ? recv : nullptr,
       TimeoutSeconds(), &rank.view.inputs, &rank.view.outputs);
   if (st.ok()) return st;
   rank.view.inputs.clear();
@@ -393,7 +397,7 @@ Status GpuCommunicator::Connect(const std::vector<std::pair<int, std::string>>& 
       handle.block[sizeof(handle.block) - 1] = '\0';
       std::unique_ptr<SharedBlock> block;
       Status st = SharedBlock::Open(handle.block, SharedBlockBytes(layout_), &block);
-      if (!st.ok() && !host_flags) {
+      if (!st.ok() && !host_flags && !direct_reads_) {
         // Only the call check needs it with device flags: go on without.
         std::fprintf(stderr, "jax_smddp (GPU): %s; calls of group %s are not checked for "
                      "agreement between processes\n", st.message().c_str(),
@@ -499,35 +503,25 @@ Status GpuCommunicator::Connect(const std::vector<std::pair<int, std::string>>& 
   return Status::Ok();
 }
 
-// Direct reads need every rank's buffer table (the shared blocks) and one rank
-// per process: the ranks' host threads meet at each call, and XLA's threads
-// for one process's devices are not known to run its calls concurrently.
+// Direct reads need every rank's buffer table: in the shared blocks between
+// processes, in memory of this process within it.
 Status GpuCommunicator::StartDirectReads(bool logs, const std::vector<uint8_t*>& blocks) {
-  std::map<int, int> ranks_of_process;
-  for (int q = 0; q < size(); ++q) ranks_of_process[process_of_[q]]++;
-  std::string why;
-  if (ranks_of_process.size() < 2) {
-    why = "all its ranks are in this process";
-  } else if (!logs) {
-    why = "not every rank's shared block could be mapped";
-  } else {
-    for (const auto& [process, n] : ranks_of_process) {
-      if (n < 2) continue;
-      why = "process " + std::to_string(process) + " has " + std::to_string(n) + " of its ranks";
-      break;
-    }
-  }
-  if (!why.empty()) {
-    std::fprintf(stderr, "jax_smddp (GPU): JAX_SMDDP_GPU_DIRECT_READS=1, but group %s stages its "
-                 "calls: %s (direct reads need one rank per process)\n", MembersText(members_).c_str(),
-                 why.c_str());
-    return Status::Ok();
-  }
+  bool remote = false;
+  for (int q = 0; q < size(); ++q) remote |= !local_[q];
+  // Every process must take part (Connect fails where a block cannot be mapped).
+  if (remote && !logs)
+    return Status::Error("jax_smddp (GPU): direct reads in group " + MembersText(members_) +
+                         " need every rank's shared block");
   std::vector<uint8_t*> tables(size(), nullptr);
   std::vector<bool> local(size(), false);
   for (int q = 0; q < size(); ++q) {
-    tables[q] = blocks[q] + BufferTableOffset(layout_);
     local[q] = local_[q] != nullptr;
+    if (remote) {
+      tables[q] = blocks[q] + BufferTableOffset(layout_);
+    } else {
+      heap_tables_.emplace_back(new uint64_t[BufferExchange::Bytes() / 8]());  // zeroed
+      tables[q] = reinterpret_cast<uint8_t*>(heap_tables_.back().get());
+    }
   }
   for (auto& l : local_) {
     if (!l) continue;
@@ -535,6 +529,7 @@ Status GpuCommunicator::StartDirectReads(bool logs, const std::vector<uint8_t*>&
     BufferExchange::Memory memory;
     memory.export_allocation = ExportAllocation;
     memory.map_allocation = [this, rank](const std::string& handle, uint8_t** base) {
+      std::lock_guard<std::mutex> lock(opened_mu_);  // this process's ranks map concurrently
       return MapAllocation(rank->ordinal, handle, &opened_, base);
     };
     auto who = [this](int q) {

@@ -18,6 +18,7 @@
 
 #include <cstdint>
 #include <memory>
+#include <mutex>
 #include <string>
 #include <utility>
 #include <vector>
@@ -68,7 +69,7 @@ Status CheckCall(LocalRank& rank, const char* op, const Plan& plan);
 Status ExchangeBuffers(LocalRank& rank, const Plan& plan, const void* send, void* recv);
 
 // Whether groups read peers' buffers in place (JAX_SMDDP_GPU_DIRECT_READS:
-// 0 or unset: no; 1: groups across processes with one rank per process).
+// 0 or unset: no; 1: yes, groups inside one host).
 Status DirectReadsFromEnvironment(bool* out);
 
 // Where a communicator's step flags live (JAX_SMDDP_GPU_FLAG_MEMORY).
@@ -112,12 +113,14 @@ class GpuCommunicator {
   RegionLayout layout_;
   std::vector<std::unique_ptr<LocalRank>> local_;  // by rank; null for other processes'
   std::vector<uint8_t*> opened_;                   // IPC mappings to close
+  std::mutex opened_mu_;                           // direct reads map peers' buffers per call
   std::vector<std::unique_ptr<SharedBlock>> opened_blocks_;  // peers' shared blocks
   std::vector<int> process_of_;                    // by rank
   std::vector<void*> registered_;                  // host memory registered with CUDA
   std::shared_ptr<WatchedGroup> watch_;
   FlagMemory flag_memory_ = FlagMemory::kDevice;
   bool direct_reads_ = false;  // asked for (JAX_SMDDP_GPU_DIRECT_READS)
+  std::vector<std::unique_ptr<uint64_t[]>> heap_tables_;  // buffer tables of a group inside one process
   bool connected_ = false;
 };
 
