@@ -20,7 +20,9 @@
 // direct_dead_peer (the last rank dies; the others wait for its buffers in
 // the exchange), direct_two_per_process (two_per_process with direct reads:
 // local peers' buffers used as they are, the other process's mapped),
-// direct_in_process (one process, 3 ranks on threads). Prints "all checks passed" and exits 0 on success.
+// direct_in_process (one process, 3 ranks on threads), direct_disagree
+// (rank 2's allocator rules direct reads out: every rank's set-up fails
+// naming the disagreement). Prints "all checks passed" and exits 0 on success.
 //
 //   gpu_communicator_test hosts|hosts_dead|hosts_2x2 staging|rail
 //
@@ -323,6 +325,8 @@ void Mismatch(int r, gpu::LocalRank* me) {
 
 int RunRank(int r, const std::string& scenario, bool host, int up, int down) {
   gpu::SetProcessIndex(r);
+  // Rank 2 with an allocator direct reads refuse: it stages, the others would read in place.
+  if (scenario == "direct_disagree" && r == 2) setenv("XLA_PYTHON_CLIENT_ALLOCATOR", "platform", 1);
   std::vector<std::pair<int, std::string>> handles;
   Status st = gpu::PrepareCommunicator(kMembers, 4096, {{r, 0}}, kRanks, &handles);
   Expect(r, st.ok() && handles.size() == 1, "prepare: " + st.message());
@@ -335,6 +339,20 @@ int RunRank(int r, const std::string& scenario, bool host, int up, int down) {
     remote.emplace_back(q, h);
   }
   st = gpu::ConnectCommunicator(kMembers, remote);
+  if (scenario == "direct_disagree") {
+    Expect(r, !st.ok() && st.message().find("processes disagree on direct reads: " +
+                                            std::string(r == 2 ? "0 here, 1" : "1 here, 0")) !=
+                              std::string::npos &&
+                  st.message().find("XLA_PYTHON_CLIENT_ALLOCATOR") != std::string::npos,
+           "expected a disagreement on direct reads, got: " + st.message());
+    char b = 'c';  // the parent's two barriers
+    Expect(r, WriteAll(up, &b, 1) && ReadAll(down, &b, 1), "barrier");
+    Expect(r, WriteAll(up, "d", 1) && ReadAll(down, &b, 1), "end barrier");
+    gpu::ReleaseCommunicators();
+    std::printf("rank %d: ok\n", r);
+    std::fflush(stdout);
+    return 0;
+  }
   Expect(r, st.ok(), "connect: " + st.message());
   gpu::GpuCommunicator* comm = gpu::FindCommunicator(gpu::GroupKey(kMembers.data(), kRanks));
   Expect(r, comm && comm->Local(r), "no connected communicator");
@@ -730,7 +748,8 @@ int Hosts(int L, bool rail, bool die) {
 int main(int argc, char** argv) {
   if (argc != 3) {
     std::fprintf(stderr, "usage: %s collectives|dead_peer|closed|stalled|mismatch|two_per_process|"
-                 "direct|direct_dead_peer|direct_two_per_process|direct_in_process device|host\n",
+                 "direct|direct_dead_peer|direct_two_per_process|direct_in_process|direct_disagree "
+                 "device|host\n",
                  argv[0]);
     return 2;
   }

@@ -285,6 +285,20 @@ Status GpuCommunicator::Prepare(const std::vector<std::pair<int, int>>& local, i
                                 std::vector<std::pair<int, std::string>>* handles) {
   SMDDP_RETURN_IF_ERROR(FlagMemoryFromEnvironment(&flag_memory_));
   SMDDP_RETURN_IF_ERROR(DirectReadsFromEnvironment(&direct_reads_));
+  // Peers keep XLA's allocations mapped, and CUDA leaves freeing an exported
+  // allocation that is still mapped undefined: only an allocator that keeps
+  // its regions (XLA's BFC, the default) is safe.
+  const char* allocator = std::getenv("XLA_PYTHON_CLIENT_ALLOCATOR");
+  const std::string kind = allocator ? allocator : "";
+  if (direct_reads_ && !(kind.empty() || kind == "default" || kind == "bfc")) {
+    static bool told = false;
+    if (!told)
+      std::fprintf(stderr, "jax_smddp (GPU): JAX_SMDDP_GPU_DIRECT_READS=1 is ignored with "
+                   "XLA_PYTHON_CLIENT_ALLOCATOR=%s: direct reads need XLA's BFC allocator, which "
+                   "keeps the allocations peers map; calls stage through the slots\n", kind.c_str());
+    told = true;
+    direct_reads_ = false;
+  }
   // A group inside one process has nobody to watch or to check its calls
   // against: no shared blocks, its flags stay with the data.
   const bool shared = processes > 1;
@@ -377,10 +391,11 @@ Status GpuCommunicator::Connect(const std::vector<std::pair<int, std::string>>& 
                            "' here and '" + FlagMemoryName(FlagMemory(handle.flag_memory)) +
                            "' in process " + std::to_string(handle.process) + ": set it alike everywhere");
     if (handle.direct_reads != uint32_t(direct_reads_))
-      return Status::Error("jax_smddp (GPU): processes disagree on JAX_SMDDP_GPU_DIRECT_READS: " +
+      return Status::Error("jax_smddp (GPU): processes disagree on direct reads: " +
                            std::to_string(int(direct_reads_)) + " here, " +
                            std::to_string(handle.direct_reads) + " in process " +
-                           std::to_string(handle.process) + ": set it alike everywhere");
+                           std::to_string(handle.process) + ": set JAX_SMDDP_GPU_DIRECT_READS "
+                           "and XLA_PYTHON_CLIENT_ALLOCATOR alike everywhere");
     DeviceScope scope(local_[first_local]->ordinal);
     void* p = nullptr;
     const cudaError_t err = cudaIpcOpenMemHandle(&p, handle.region, cudaIpcMemLazyEnablePeerAccess);
