@@ -14,7 +14,8 @@ one rank's input cannot be shared stages everywhere), also with a rank that
 dies while the others wait for its buffers, with 2 processes x 2 ranks (local
 peers' buffers used as they are), and with every rank in one process; a
 process whose allocator rules direct reads out fails every rank's set-up
-naming the disagreement; and
+naming the disagreement; a rank that cannot map its peers' buffers after they
+saw its own releases them instead of leaving their streams waiting; and
 a group across two simulated hosts, with its network slots staged or on an
 FI_HMEM rail, with and without a death. The real CUDA calls run in tests/gpu on
 a GPU machine."""
@@ -61,7 +62,7 @@ def program(tmp_path_factory):
 @pytest.mark.parametrize("scenario", ["collectives", "dead_peer", "closed", "stalled", "mismatch",
                                       "two_per_process", "direct", "direct_dead_peer",
                                       "direct_two_per_process", "direct_in_process",
-                                      "direct_disagree"])
+                                      "direct_map_fails", "direct_disagree"])
 def test_gpu_communicator(program, scenario, flag_memory):
   before = set(glob.glob("/dev/shm/jax_smddp*"))
   run = subprocess.run([program, scenario, flag_memory], capture_output=True, text=True,

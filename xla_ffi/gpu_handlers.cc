@@ -106,14 +106,17 @@ ffi::Error Enqueue(const char* op, int64_t op_id, cudaStream_t stream, int32_t o
   if (const Status st = gpu::CheckCall(*me.rank, op, plan); !st.ok())
     return ffi::Error(ffi::ErrorCode::kAborted,
                       std::string(op) + " (op " + std::to_string(op_id) + "): " + st.message());
+  cuda::CudaStreamOps ops(stream, Settings());
   if (!me.port) {
     if (const Status st = gpu::ExchangeBuffers(*me.rank, plan, x.untyped_data(),
-                                                 out->untyped_data()); !st.ok())
+                                                 out->untyped_data()); !st.ok()) {
+      // Peers may have seen this rank's buffers and enqueued reads of them.
+      ReleaseEveryoneWaitingOn(me.rank->view, ops);
       return ffi::Error(ffi::ErrorCode::kAborted,
                         std::string(op) + " (op " + std::to_string(op_id) + "): " + st.message());
+    }
     if (!me.rank->view.inputs.empty()) cuda::Counters().direct_reads++;
   }
-  cuda::CudaStreamOps ops(stream, Settings());
   Status st;
   if (me.port) {
     if (plan.kind == Plan::Kind::kAllGather) {

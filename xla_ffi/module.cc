@@ -151,6 +151,8 @@ std::vector<smddp::Status> RunStreamRanks(const smddp::Plan& plan, const smddp::
           me.inputs = inputs;
           me.outputs = outputs;
         }
+        // Every call must write all of its output: an earlier call's would hide a gap.
+        if (!vary) std::memset(outputs[r], 0xA5, out_bytes);
         status[r] = smddp::RunStreamPlan(plan, me, ops, buffers[r].data(), outputs[r]);
         if (vary) {
           std::memcpy(recv[r].data() + c * out_bytes, outputs[r], out_bytes);

@@ -20,7 +20,8 @@
 // direct_dead_peer (the last rank dies; the others wait for its buffers in
 // the exchange), direct_two_per_process (two_per_process with direct reads:
 // local peers' buffers used as they are, the other process's mapped),
-// direct_in_process (one process, 3 ranks on threads), direct_disagree
+// direct_in_process (one process, 3 ranks on threads), direct_map_fails
+// (rank 2 cannot map its peers' buffers: it releases them), direct_disagree
 // (rank 2's allocator rules direct reads out: every rank's set-up fails
 // naming the disagreement). Prints "all checks passed" and exits 0 on success.
 //
@@ -201,11 +202,14 @@ Status Run(gpu::LocalRank* me, const Plan& plan, const std::vector<float>& send,
     }
     output = out;
   }
+  smddp::HostStreamOps ops(timeout_s);
   st = gpu::ExchangeBuffers(*me, plan, input, output);
-  if (!st.ok()) return st;
+  if (!st.ok()) {  // as the handler does: peers may already read in place
+    smddp::ReleaseEveryoneWaitingOn(me->view, ops);
+    return st;
+  }
   if (me->exchange && !d.staged && me->view.inputs.empty())
     return Status::Error("the call staged where every rank could share its buffers");
-  smddp::HostStreamOps ops(timeout_s);
   st = smddp::RunStreamPlan(plan, me->view, ops, input, output);
   if (output != recv->data()) std::memcpy(recv->data(), output, out_bytes);
   return st;
@@ -387,6 +391,27 @@ int RunRank(int r, const std::string& scenario, bool host, int up, int down) {
             Expect(r, recv[q * n + i] == Input(q, i + 7 * call), "all_gather value");
       }
     }
+  } else if (scenario == "direct_map_fails") {
+    // Rank 2 cannot map its peers' buffers after they saw its own: its call
+    // fails and releases every flag it owns, so ranks 0 and 1, already
+    // reading in place, finish instead of waiting on it; then every rank's
+    // later calls fail naming the cause.
+    if (r == 2) setenv("JAX_SMDDP_MOCK_IPC_OPEN_FAILS", "1", 1);
+    smddp::SetTimeoutSeconds(30);
+    const auto t0 = std::chrono::steady_clock::now();
+    std::vector<float> send(300, float(r)), recv(300 * kRanks);
+    const Status st = Run(me, MakePlan(Plan::Kind::kAllGather, 1, 1200, 0), send, &recv, 30);
+    const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    if (r == 2) {
+      Expect(r, !st.ok() && st.message().find("mapping rank 0 (process 0)'s buffer") != std::string::npos,
+             "expected rank 2's exchange to fail mapping, got: " + st.message());
+    } else {
+      Expect(r, st.ok(), "not released: " + st.message());
+    }
+    Expect(r, s < 8, "took " + std::to_string(s) + " s");
+    const std::string why = FirstError(me, 10);
+    Expect(r, why.find("cudaIpcOpenMemHandle") != std::string::npos,
+           "later calls do not fail naming the cause: " + why);
   } else if (scenario == "direct_dead_peer") {
     // The live ranks' hosts wait for rank 2's input in the exchange, with a
     // 30 s deadline: the watchdog, not the deadline, ends the wait.
@@ -465,7 +490,9 @@ int RunTwoPerProcess(int p, bool host, int up, int down) {
   on_both([&](int r, gpu::LocalRank* me) { Collectives(r, me, 4); });
   if (direct) {  // the local peer's buffers used as they are: only the other process's mapped
     for (gpu::LocalRank* me : mine)
-      Expect(p, me->exchange->mapped() == 4, "mapped " + std::to_string(me->exchange->mapped()));
+      Expect(p, me->exchange->mapped() == 4, "located " + std::to_string(me->exchange->mapped()));
+    // ...and each of those 4 allocations (2 per remote rank) mapped once per process.
+    Expect(p, comm->mapped_buffers() == 4, "mapped " + std::to_string(comm->mapped_buffers()));
   }
   Expect(p, WriteAll(up, &c, 1) && ReadAll(down, &c, 1), "barrier");  // all done before one dies
   if (p == 1) raise(SIGKILL);
@@ -748,7 +775,8 @@ int Hosts(int L, bool rail, bool die) {
 int main(int argc, char** argv) {
   if (argc != 3) {
     std::fprintf(stderr, "usage: %s collectives|dead_peer|closed|stalled|mismatch|two_per_process|"
-                 "direct|direct_dead_peer|direct_two_per_process|direct_in_process|direct_disagree "
+                 "direct|direct_dead_peer|direct_two_per_process|direct_in_process|direct_map_fails|"
+                 "direct_disagree "
                  "device|host\n",
                  argv[0]);
     return 2;

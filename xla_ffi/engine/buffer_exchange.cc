@@ -54,7 +54,7 @@ uint64_t BufferExchange::Export(const void* p, uint64_t* offset, Status* why) {
   // A new handle at a known start: XLA freed that allocation and allocated anew.
   auto it = exported_.find(base);
   if (it != exported_.end() && it->second.first == handle) return it->second.second + 1;
-  if (exported_.size() >= kMaxAllocations) {
+  if (next_id_ >= kMaxAllocations) {  // ids, not entries: a reallocated start takes a new id
     *why = Status::Error("its buffers came from more than " + std::to_string(kMaxAllocations) +
                          " allocations, and peers keep every one mapped");
     return 0;

@@ -37,7 +37,7 @@ class BufferExchange {
   // A handle is read in the exchange that publishes it, and a rank publishes
   // at most two per exchange (input, output) while a peer is one exchange behind.
   static constexpr size_t kHandleSlots = 8;
-  static constexpr size_t kMaxAllocations = 256;  // per rank; beyond, calls stage (mappings are kept)
+  static constexpr size_t kMaxAllocations = 256;  // exported per rank; beyond, calls stage (mappings are kept)
   static size_t Bytes();  // one rank's table (zeroed before use)
 
   // How this process shares and maps memory (CUDA IPC on GPUs).
@@ -66,8 +66,9 @@ class BufferExchange {
                   double timeout_s, std::vector<const uint8_t*>* inputs,
                   std::vector<uint8_t*>* outputs);
 
-  // Allocations this rank exported, and peers' allocations it mapped.
-  size_t exported() const { return exported_.size(); }
+  // Allocations this rank exported, and peers' allocations it located (each
+  // mapped once per process by Memory::map_allocation).
+  size_t exported() const { return size_t(next_id_); }
   size_t mapped() const { return mapped_.size(); }
 
  private:

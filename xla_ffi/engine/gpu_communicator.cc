@@ -160,7 +160,10 @@ Status MapAllocation(int ordinal, const std::string& handle, std::vector<uint8_t
   DeviceScope scope(ordinal);
   void* p = nullptr;
   const cudaError_t err = cudaIpcOpenMemHandle(&p, h, cudaIpcMemLazyEnablePeerAccess);
-  if (err != cudaSuccess) return CudaError("cudaIpcOpenMemHandle", err);
+  if (err != cudaSuccess) {
+    cudaGetLastError();
+    return Status::Error(std::string("cudaIpcOpenMemHandle: ") + cudaGetErrorString(err));
+  }
   opened->push_back(static_cast<uint8_t*>(p));
   *base = static_cast<uint8_t*>(p);
   return Status::Ok();
@@ -209,6 +212,7 @@ Status ExchangeBuffers(LocalRank& rank, const Plan& plan, const void* send, void
   // Between processes the call log numbers the calls (CheckCall); within one
   // process every call exchanges, so the exchanges number them.
   const bool logged = !rank.call_logs.empty();
+  if (!rank.exchange_failed.empty()) return Status::Error(rank.exchange_failed);
   if (!rank.exchange || (logged && rank.calls == 0)) {
     rank.view.inputs.clear();
     rank.view.outputs.clear();
@@ -221,7 +225,8 @@ Status ExchangeBuffers(LocalRank& rank, const Plan& plan, const void* send, void
   if (st.ok()) return st;
   rank.view.inputs.clear();
   rank.view.outputs.clear();
-  const std::string message = st.message() + " Later calls of this group fail too.";
+  const std::string message = st.message() + "; later calls of this group fail too";
+  rank.exchange_failed = message;
   if (rank.watch) rank.watch->Fail(message);  // the peers may have gone on reading in place
   return Status::Error(message);
 }
@@ -543,9 +548,18 @@ Status GpuCommunicator::StartDirectReads(bool logs, const std::vector<uint8_t*>&
     LocalRank* rank = l.get();
     BufferExchange::Memory memory;
     memory.export_allocation = ExportAllocation;
+    // Once per process, as the regions are: CUDA lets a process open a
+    // handle in one context per device, and unified addressing makes the
+    // mapping usable from every local device.
     memory.map_allocation = [this, rank](const std::string& handle, uint8_t** base) {
       std::lock_guard<std::mutex> lock(opened_mu_);  // this process's ranks map concurrently
-      return MapAllocation(rank->ordinal, handle, &opened_, base);
+      if (auto it = mapped_buffers_.find(handle); it != mapped_buffers_.end()) {
+        *base = it->second;
+        return Status::Ok();
+      }
+      SMDDP_RETURN_IF_ERROR(MapAllocation(rank->ordinal, handle, &opened_, base));
+      mapped_buffers_[handle] = *base;
+      return Status::Ok();
     };
     auto who = [this](int q) {
       return "rank " + std::to_string(q) + " (process " + std::to_string(process_of_[q]) + ")";
@@ -555,6 +569,11 @@ Status GpuCommunicator::StartDirectReads(bool logs, const std::vector<uint8_t*>&
                                                      who, check);
   }
   return Status::Ok();
+}
+
+size_t GpuCommunicator::mapped_buffers() {
+  std::lock_guard<std::mutex> lock(opened_mu_);
+  return mapped_buffers_.size();
 }
 
 bool GpuCommunicator::direct_reads() const {

@@ -17,6 +17,7 @@
 #define JAX_SMDDP_ENGINE_GPU_COMMUNICATOR_H_
 
 #include <cstdint>
+#include <map>
 #include <memory>
 #include <mutex>
 #include <string>
@@ -51,7 +52,8 @@ struct LocalRank {
   // Direct reads (JAX_SMDDP_GPU_DIRECT_READS=1): where the peers' buffers of
   // each call are (null: this group stages every call).
   std::unique_ptr<BufferExchange> exchange;
-  uint64_t exchanges = 0;  // exchanges so far (calls of kinds that read in place)
+  uint64_t exchanges = 0;      // exchanges so far
+  std::string exchange_failed; // why an exchange failed: every later call fails (no watch in one process)
 };
 
 // Before a call of `op` is enqueued for `rank`: in a group across
@@ -65,7 +67,8 @@ Status CheckCall(LocalRank& rank, const char* op, const Plan& plan);
 // waits for the peers' hosts) and sets `rank.view.inputs` (and for all_reduce
 // `outputs`), or clears them (the call stages: no direct reads in this group,
 // or a rank that could not share its buffers). A failure fails the group for
-// good.
+// good; the caller then releases whoever waits on this rank
+// (ReleaseEveryoneWaitingOn): its peers may already read in place.
 Status ExchangeBuffers(LocalRank& rank, const Plan& plan, const void* send, void* recv);
 
 // Whether groups read peers' buffers in place (JAX_SMDDP_GPU_DIRECT_READS:
@@ -99,6 +102,8 @@ class GpuCommunicator {
   FlagMemory flag_memory() const { return flag_memory_; }
   // Whether this process's ranks read their peers' buffers in place.
   bool direct_reads() const;
+  // Peers' buffer allocations mapped here (once each, whichever local rank asked).
+  size_t mapped_buffers();
   // Tells the peers this process is done with the group (an orderly exit,
   // not a death: stream_watchdog.h).
   void MarkClosed();
@@ -114,6 +119,7 @@ class GpuCommunicator {
   std::vector<std::unique_ptr<LocalRank>> local_;  // by rank; null for other processes'
   std::vector<uint8_t*> opened_;                   // IPC mappings to close
   std::mutex opened_mu_;                           // direct reads map peers' buffers per call
+  std::map<std::string, uint8_t*> mapped_buffers_; // by IPC handle: once per process, all local ranks
   std::vector<std::unique_ptr<SharedBlock>> opened_blocks_;  // peers' shared blocks
   std::vector<int> process_of_;                    // by rank
   std::vector<void*> registered_;                  // host memory registered with CUDA

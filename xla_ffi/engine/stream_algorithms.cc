@@ -1,6 +1,7 @@
 #include "xla_ffi/engine/stream_algorithms.h"
 
 #include <algorithm>
+#include <cstdint>
 #include <string>
 
 #include "xla_ffi/engine/net_port.h"
@@ -321,6 +322,19 @@ Status ReduceAllDirect(Steps& st, StreamOps& ops, const std::vector<const uint8_
 }  // namespace
 
 bool DirectReadsNeedOutputs(Plan::Kind kind) { return kind == Plan::Kind::kAllReduce; }
+
+Status ReleaseEveryoneWaitingOn(const StreamRank& me, StreamOps& ops) {
+  const RegionLayout& layout = me.layout;
+  auto block = [&](int q) { return me.flags.empty() ? me.regions[q] : me.flags[q]; };
+  SMDDP_RETURN_IF_ERROR(ops.Write(reinterpret_cast<uint32_t*>(block(me.rank) + layout.posted_offset()),
+                                  UINT32_MAX));
+  for (int q = 0; q < layout.size; ++q) {
+    if (q == me.rank || !block(q)) continue;
+    SMDDP_RETURN_IF_ERROR(ops.Write(
+        reinterpret_cast<uint32_t*>(block(q) + layout.consumed_offset(me.rank)), UINT32_MAX));
+  }
+  return Status::Ok();
+}
 
 Status RunStreamHierarchicalGather(size_t outer, size_t inner, StreamRank& local, NetPort& port,
                                    const std::vector<int>& rank_of, StreamOps& ops,

@@ -102,6 +102,13 @@ Status RunStreamHierarchicalScatter(size_t outer, size_t inner, DType dtype, Red
                                     const std::vector<int>& rank_of, StreamOps& ops,
                                     const void* send, void* recv);
 
+// For a rank that gives up on a call after its peers may have enqueued
+// theirs (a failed buffer exchange): enqueues writes of UINT32_MAX to its
+// posted flag and to its consumed flag at every peer, so that no peer's
+// stream waits on it; the group's outputs are undefined from then on (it
+// fails for good, as after the watchdog releases a dead peer's flags).
+Status ReleaseEveryoneWaitingOn(const StreamRank& me, StreamOps& ops);
+
 // Whether direct reads of `kind` need every rank's output as well as its
 // input (all_reduce).
 bool DirectReadsNeedOutputs(Plan::Kind kind);

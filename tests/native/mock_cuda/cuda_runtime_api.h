@@ -128,7 +128,10 @@ inline cudaError_t cudaIpcGetMemHandle(cudaIpcMemHandle_t* h, void* p) {
   std::memcpy(h->reserved, it->second.name, sizeof(it->second.name));
   return cudaSuccess;
 }
+// JAX_SMDDP_MOCK_IPC_OPEN_FAILS=1 (read at each call) makes opening fail.
 inline cudaError_t cudaIpcOpenMemHandle(void** p, cudaIpcMemHandle_t h, unsigned) {
+  if (const char* fail = std::getenv("JAX_SMDDP_MOCK_IPC_OPEN_FAILS"); fail && fail[0] == '1')
+    return cudaErrorInvalidValue;
   h.reserved[sizeof(h.reserved) - 1] = '\0';
   const int fd = shm_open(h.reserved, O_RDWR | O_CLOEXEC, 0);
   if (fd < 0) return cudaErrorInvalidValue;
