@@ -46,9 +46,8 @@ BufferExchange::BufferExchange(int rank, std::vector<uint8_t*> tables, std::vect
 
 uint64_t BufferExchange::Export(const void* p, uint64_t* offset, Status* why) {
   uintptr_t base = 0;
-  std::string handle;
+  Handle handle;
   *why = memory_.export_allocation(p, &base, &handle);
-  if (why->ok() && handle.size() != kHandleBytes) *why = Status::Error("malformed handle");
   if (!why->ok()) return 0;
   *offset = uint64_t(reinterpret_cast<uintptr_t>(p) - base);
   // A new handle at a known start: XLA freed that allocation and allocated anew.
@@ -78,7 +77,7 @@ Status BufferExchange::Locate(int q, uint64_t id_plus_one, uint64_t offset, uint
   auto it = mapped_.find({q, id_plus_one - 1});
   if (it == mapped_.end()) {
     const HandleSlot* slot = Handles(tables_[q]) + (id_plus_one - 1) % kHandleSlots;
-    std::string bytes(kHandleBytes, '\0');
+    Handle bytes;
     std::memcpy(bytes.data(), slot->handle, kHandleBytes);
     std::atomic_thread_fence(std::memory_order_acquire);
     if (slot->stamp.load(std::memory_order_acquire) != id_plus_one)

@@ -19,6 +19,7 @@
 #ifndef JAX_SMDDP_ENGINE_BUFFER_EXCHANGE_H_
 #define JAX_SMDDP_ENGINE_BUFFER_EXCHANGE_H_
 
+#include <array>
 #include <cstddef>
 #include <cstdint>
 #include <functional>
@@ -33,6 +34,7 @@ namespace smddp {
 class BufferExchange {
  public:
   static constexpr size_t kHandleBytes = 64;  // sizeof(cudaIpcMemHandle_t)
+  using Handle = std::array<unsigned char, kHandleBytes>;  // fixed size: nothing allocated per call
   static constexpr size_t kEntries = 4;       // exchanges in flight (a peer is at most one ahead)
   // A handle is read in the exchange that publishes it, and a rank publishes
   // at most two per exchange (input, output) while a peer is one exchange behind.
@@ -42,11 +44,11 @@ class BufferExchange {
 
   // How this process shares and maps memory (CUDA IPC on GPUs).
   struct Memory {
-    // The allocation holding `p`: its start and an IPC handle of it
-    // (kHandleBytes). An error says why `p` cannot be shared.
-    std::function<Status(const void* p, uintptr_t* base, std::string* handle)> export_allocation;
+    // The allocation holding `p`: its start and an IPC handle of it. An
+    // error says why `p` cannot be shared.
+    std::function<Status(const void* p, uintptr_t* base, Handle* handle)> export_allocation;
     // Maps a peer's allocation from its handle; its start here.
-    std::function<Status(const std::string& handle, uint8_t** base)> map_allocation;
+    std::function<Status(const Handle& handle, uint8_t** base)> map_allocation;
   };
 
   // `tables`: every rank's table as this process addresses it; `local[q]`:
@@ -84,7 +86,7 @@ class BufferExchange {
   Memory memory_;
   std::function<std::string(int)> who_;
   std::function<Status()> check_;
-  std::map<uintptr_t, std::pair<std::string, uint64_t>> exported_;  // base -> (handle, id)
+  std::map<uintptr_t, std::pair<Handle, uint64_t>> exported_;  // base -> (handle, id)
   uint64_t next_id_ = 0;
   std::map<std::pair<int, uint64_t>, uint8_t*> mapped_;  // (peer, id) -> base here
   bool remote_peers_ = false;  // some rank is in another process (buffers are exported)

@@ -132,7 +132,7 @@ AddressRangeFn AddressRange() {
   return fn;
 }
 
-Status ExportAllocation(const void* p, uintptr_t* base, std::string* handle) {
+Status ExportAllocation(const void* p, uintptr_t* base, BufferExchange::Handle* handle) {
   const AddressRangeFn range = AddressRange();
   if (!range) return Status::Error("the driver has no cuMemGetAddressRange");
   unsigned long long start = 0;
@@ -147,15 +147,15 @@ Status ExportAllocation(const void* p, uintptr_t* base, std::string* handle) {
                          " (XLA's allocator must be one whose memory CUDA IPC can share, e.g. "
                          "XLA_PYTHON_CLIENT_ALLOCATOR=bfc, not cuda_async)");
   }
+  static_assert(sizeof(h) == BufferExchange::kHandleBytes, "a CUDA IPC handle is 64 bytes");
   *base = uintptr_t(start);
-  handle->assign(reinterpret_cast<const char*>(&h), sizeof(h));
+  std::memcpy(handle->data(), &h, sizeof(h));
   return Status::Ok();
 }
 
-Status MapAllocation(int ordinal, const std::string& handle, std::vector<uint8_t*>* opened,
-                     uint8_t** base) {
+Status MapAllocation(int ordinal, const BufferExchange::Handle& handle,
+                     std::vector<uint8_t*>* opened, uint8_t** base) {
   cudaIpcMemHandle_t h;
-  if (handle.size() != sizeof(h)) return Status::Error("malformed CUDA IPC handle");
   std::memcpy(&h, handle.data(), sizeof(h));
   DeviceScope scope(ordinal);
   void* p = nullptr;
@@ -551,7 +551,7 @@ Status GpuCommunicator::StartDirectReads(bool logs, const std::vector<uint8_t*>&
     // Once per process, as the regions are: CUDA lets a process open a
     // handle in one context per device, and unified addressing makes the
     // mapping usable from every local device.
-    memory.map_allocation = [this, rank](const std::string& handle, uint8_t** base) {
+    memory.map_allocation = [this, rank](const BufferExchange::Handle& handle, uint8_t** base) {
       std::lock_guard<std::mutex> lock(opened_mu_);  // this process's ranks map concurrently
       if (auto it = mapped_buffers_.find(handle); it != mapped_buffers_.end()) {
         *base = it->second;

@@ -119,7 +119,7 @@ class GpuCommunicator {
   std::vector<std::unique_ptr<LocalRank>> local_;  // by rank; null for other processes'
   std::vector<uint8_t*> opened_;                   // IPC mappings to close
   std::mutex opened_mu_;                           // direct reads map peers' buffers per call
-  std::map<std::string, uint8_t*> mapped_buffers_; // by IPC handle: once per process, all local ranks
+  std::map<BufferExchange::Handle, uint8_t*> mapped_buffers_;  // by IPC handle: once per process
   std::vector<std::unique_ptr<SharedBlock>> opened_blocks_;  // peers' shared blocks
   std::vector<int> process_of_;                    // by rank
   std::vector<void*> registered_;                  // host memory registered with CUDA
