@@ -137,7 +137,7 @@ def prepare(mesh, groups) -> None:
   ext.set_process(me)
   global _exit_hook
   if not _exit_hook:  # peers must not mistake this process's normal exit for a crash
-    atexit.register(ext.mark_closed)
+    atexit.register(_close_at_exit, ext)
     _exit_hook = True
   with _lock:
     for group in groups:
@@ -151,6 +151,15 @@ def prepare(mesh, groups) -> None:
       else:
         _prepare_hierarchy(ext, members, host_ids, devices, me)
       _ready.add(members)
+
+
+def _close_at_exit(ext) -> None:
+  """Tells the groups' peers this process ends (it did not die), and closes
+  the libfabric endpoints of the groups across hosts. The world's links close
+  when both this and jax_smddp.distributed's hook dropped them, in either
+  order."""
+  if not ext.close_at_exit():
+    log.warning("jax_smddp (GPU): network steps still ran at exit; libfabric endpoints left open")
 
 
 def _prepare_group(ext, members: tuple, devices, me: int) -> None:

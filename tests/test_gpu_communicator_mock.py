@@ -97,7 +97,10 @@ def test_gpu_group_across_hosts(program, scenario, slots):
   registration, rail links with the world's link behind them). hosts_dead
   kills process 1 mid-call: process 0's call is released with what never
   arrived poisoned (through the port's device-memory memset), and the next
-  call fails naming the peer."""
+  call fails naming the peer. Each surviving process then closes as at a
+  job's exit (CloseCommunicatorsAtExit, the world's shutdown) and checks that
+  its libfabric endpoints left no region in /dev/shm and that a later call
+  fails."""
   if _rail_missing():
     pytest.skip(_rail_missing())
   before = set(os.listdir("/dev/shm"))

@@ -196,6 +196,10 @@ NB_MODULE(_smddp_cuda, m) {
   m.def("release", &smddp::gpu::ReleaseCommunicators);
   m.def("mark_closed", &smddp::gpu::MarkCommunicatorsClosed,
         "At exit: tells the groups' other processes this one finished (it did not die).");
+  m.def("close_at_exit", &smddp::gpu::CloseCommunicatorsAtExit,
+        nb::call_guard<nb::gil_scoped_release>(),
+        "At exit: mark_closed, then close the libfabric links, registrations and rail of the "
+        "groups across hosts once the network proxy is idle (False: it was not, nothing closed).");
   m.def("device_count", [] {
     int n = 0;
     if (cudaGetDeviceCount(&n) != cudaSuccess) {

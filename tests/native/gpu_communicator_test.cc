@@ -696,6 +696,20 @@ int RunHost(int p, int L, bool rail, bool die, int up, int down) {
       }
   }
   Expect(p, !port.proxy->failed(), "the proxy failed: " + port.proxy->error().message());
+  {
+    // The world counts what the port moved (jax_smddp.traffic()): per call,
+    // this rank's all_gather input to its rail peer, and the reduce_scatter
+    // partial sums of the peer's shards (2 x 700 floats). The last step is
+    // counted just after the stream may have seen its data.
+    const auto world = smddp::CurrentWorld();
+    const int peer = (1 - h) * L + j;
+    const uint64_t want = 4 * (3 * 1500 * 4 + 2 * 700 * 4);
+    for (int spin = 0; spin < 500 && world->sent(peer) < want; ++spin)
+      std::this_thread::sleep_for(std::chrono::milliseconds(10));
+    Expect(p, world->sent(peer) == want && world->received(peer) == want,
+           "the world counted " + std::to_string(world->sent(peer)) + " bytes sent and " +
+               std::to_string(world->received(peer)) + " received, not " + std::to_string(want));
+  }
   Expect(p, WriteAll(up, &c, 1) && ReadAll(down, &c, 1), "barrier");
   if (die) {  // 1 rank per host: process 1 dies
     if (p == 1) raise(SIGKILL);
@@ -726,11 +740,25 @@ int RunHost(int p, int L, bool rail, bool die, int up, int down) {
   } else {
     Expect(p, WriteAll(up, &c, 1) && ReadAll(down, &c, 1), "end barrier");
   }
+  // The job's exit (jax_smddp/gpu.py's hook, jax_smddp.distributed's): every
+  // libfabric endpoint closes, so none leaves a region in /dev/shm, and a
+  // later network step fails instead of using a closed link.
+  Expect(p, gpu::CloseCommunicatorsAtExit(), "the network proxy did not go idle at exit");
+  smddp::WorldShutdown();
+  Expect(p, FabricRegionsOf(getpid()) == 0,
+         std::to_string(FabricRegionsOf(getpid())) + " libfabric regions left in /dev/shm");
+  if (!die) {
+    std::vector<float> send(100, 1.0f), recv(100 * P);
+    const Status late = smddp::RunStreamHierarchicalGather(1, 400, m->local->view, port, rank_of,
+                                                           ops, send.data(), recv.data());
+    Expect(p, !late.ok() && late.message().find("exiting") != std::string::npos,
+           "a call after the network closed: " + late.message());
+  }
   gpu::ReleaseCommunicators();
   for (auto& d : device_buffers) d.Free();
   std::printf("process %d: ok\n", p);
   std::fflush(stdout);
-  _exit(0);  // the world's links and the proxy stay up until exit, as in a job
+  _exit(0);  // the proxy thread stays up until exit, as in a job
 }
 
 int Hosts(int L, bool rail, bool die) {
@@ -764,7 +792,7 @@ int Hosts(int L, bool rail, bool die) {
   for (pid_t pid : pids) {
     for (int i = 0; i < 16; ++i)
       shm_unlink(("/jax_smddp_mock-" + std::to_string(pid) + "-" + std::to_string(i)).c_str());
-    RemoveFabricRegionsOf(pid);
+    RemoveFabricRegionsOf(pid);  // the killed process's (the others checked theirs are gone)
   }
   if (ok) std::printf("all checks passed\n");
   return ok ? 0 : 1;

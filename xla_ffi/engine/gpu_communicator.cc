@@ -630,6 +630,27 @@ void ReleaseCommunicators() {
   Registry().clear();
 }
 
+bool CloseCommunicatorsAtExit() {
+  MarkCommunicatorsClosed();
+  bool network;
+  {
+    std::lock_guard<std::mutex> lock(registry_mu);
+    network = !Hierarchies().empty();
+  }
+  // Not under the registry's lock: the steps being waited for may need it.
+  if (network && !Proxy()->Shut(TimeoutSeconds(), "jax_smddp (GPU): this process is exiting; its "
+                                                  "network links to other hosts are closed"))
+    return false;
+  {
+    std::lock_guard<std::mutex> lock(registry_mu);
+    for (auto& [key, h] : Hierarchies()) h->CloseNetwork();
+  }
+  std::lock_guard<std::mutex> lock(rail_mu);
+  delete device_rail;  // its endpoint closes now that no link or region holds it
+  device_rail = nullptr;
+  return true;
+}
+
 namespace {
 
 // Zeroed pinned host memory the current device can address (`device`).
@@ -678,6 +699,16 @@ GpuHierarchy::GpuHierarchy(std::vector<int64_t> members, std::vector<int> rank_o
     : members_(std::move(members)), rank_of_(std::move(rank_of)), by_rank_(members_.size()) {}
 
 GpuHierarchy::~GpuHierarchy() = default;
+
+void GpuHierarchy::CloseNetwork() {
+  for (auto& port : ports_) {
+    port->links.assign(port->links.size(), nullptr);
+    port->world = nullptr;
+  }
+  rail_links_.clear();
+  for (auto& mem : memory_) mem->slots_region.reset();
+  world_.reset();
+}
 
 GpuHierarchy::Member* GpuHierarchy::Find(int rank) {
   return rank >= 0 && size_t(rank) < by_rank_.size() && by_rank_[rank].port ? &by_rank_[rank] : nullptr;
@@ -762,6 +793,7 @@ Status GpuHierarchy::Prepare(const std::vector<int>& host_of, const std::vector<
     }
     port->links.assign(hosts, nullptr);
     port->peer_process.assign(hosts, -1);
+    port->world = world;
     for (int k = 0; k < hosts; ++k) {
       if (k == h) continue;
       const int peer = process_of[rank_of_[k * L + j]];

@@ -159,6 +159,9 @@ class GpuHierarchy {
   Member* Find(int rank);
   bool uses_gdrcopy() const { return gdrcopy_; }
   bool uses_rail() const { return rail_; }
+  // Drops the libfabric side (rail links, registrations, the world) once the
+  // proxy runs no more steps for it (CloseCommunicatorsAtExit).
+  void CloseNetwork();
 
  private:
   struct PortMemory;
@@ -201,6 +204,14 @@ GpuCommunicator* FindCommunicator(uint64_t key);
 void ReleaseCommunicators();
 // At exit: MarkClosed on every communicator (frees nothing).
 void MarkCommunicatorsClosed();
+// At exit (jax_smddp/gpu.py's atexit hook): MarkCommunicatorsClosed, then,
+// once the network proxy finished the steps already enqueued (at most
+// jax_smddp's timeout), closes every libfabric object the GPU groups hold:
+// the rail links, the device memory registrations, the rail, and their hold
+// on the world (whose links then close with it). Device memory stays mapped
+// (a stream may still wait on it; the process is ending). Later network
+// steps fail. Returns false, closing nothing, if the proxy did not go idle.
+bool CloseCommunicatorsAtExit();
 
 // This process's index in the job (set by jax_smddp/gpu.py; 0 alone).
 void SetProcessIndex(int process);

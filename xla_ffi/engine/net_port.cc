@@ -7,6 +7,7 @@
 
 #include "xla_ffi/engine/communicator.h"  // TimeoutSeconds
 #include "xla_ffi/engine/process_call.h"  // MixTag
+#include "xla_ffi/engine/world.h"
 
 namespace smddp {
 
@@ -39,6 +40,16 @@ void NetworkProxy::Enqueue(NetPort* port, uint32_t step, size_t bytes, bool scat
   cv_.notify_one();
 }
 
+bool NetworkProxy::Shut(double seconds, const std::string& why) {
+  std::unique_lock<std::mutex> lock(mu_);
+  const bool idle = idle_cv_.wait_for(lock, std::chrono::duration<double>(seconds),
+                                      [&] { return queue_.empty() && !running_; });
+  if (!idle) return false;
+  if (error_.ok()) error_ = Status::Error(why);
+  failed_.store(true, std::memory_order_release);
+  return true;
+}
+
 Status NetworkProxy::error() {
   std::lock_guard<std::mutex> lock(mu_);
   return error_;
@@ -50,10 +61,13 @@ void NetworkProxy::Loop() {
     bool failed;
     {
       std::unique_lock<std::mutex> lock(mu_);
+      running_ = false;
+      if (queue_.empty()) idle_cv_.notify_all();
       cv_.wait(lock, [&] { return stop_ || !queue_.empty(); });
       if (queue_.empty()) return;  // stopping, nothing left
       task = queue_.front();
       queue_.pop_front();
+      running_ = true;
       failed = !error_.ok();
     }
     if (!failed) {
@@ -181,6 +195,13 @@ Status NetworkProxy::Run(const Task& t) {
         return failure(-1, "timed out exchanging with the other hosts");
       }
       std::this_thread::yield();
+    }
+  }
+  if (p.world) {
+    for (int k = 0; k < p.hosts; ++k) {
+      if (k == p.host) continue;
+      p.world->CountSent(p.peer_process[k], t.bytes);
+      p.world->CountReceived(p.peer_process[k], t.bytes);
     }
   }
   __atomic_store_n(p.host_side<uint32_t>(p.layout.done(), true), t.step, __ATOMIC_SEQ_CST);

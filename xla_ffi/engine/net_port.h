@@ -24,6 +24,7 @@
 #include <deque>
 #include <functional>
 #include <mutex>
+#include <string>
 #include <thread>
 #include <vector>
 
@@ -62,6 +63,7 @@ struct NetLayout {
 };
 
 class NetworkProxy;
+class World;
 
 struct NetPort {
   int hosts = 1;  // hosts of the group
@@ -83,6 +85,7 @@ struct NetPort {
   std::function<Status()> after_receive;
   std::vector<Link*> links;  // by host; null for this rank's own
   std::vector<int> peer_process;  // by host, for messages
+  const World* world = nullptr;  // counts the bytes moved (jax_smddp.traffic()), if set
   NetworkProxy* proxy = nullptr;
   uint32_t step = 0;  // network steps enqueued (stream side)
   // The proxy's requests and their state, by host, reused every step (no
@@ -121,6 +124,11 @@ class NetworkProxy {
   Status error();
   // Whether a step failed: the per-call check, without a lock.
   bool failed() const { return failed_.load(std::memory_order_acquire); }
+  // At process exit: waits up to `seconds` for the steps already enqueued to
+  // finish, then fails every later one with `why` (they only release their
+  // flags), so the links can be closed. Whether it went idle in time (if not,
+  // nothing may be closed: a step may still be using the links).
+  bool Shut(double seconds, const std::string& why);
 
  private:
   struct Task {
@@ -136,7 +144,9 @@ class NetworkProxy {
   double timeout_s_;
   std::mutex mu_;
   std::condition_variable cv_;
+  std::condition_variable idle_cv_;  // the queue emptied and no step runs
   std::deque<Task> queue_;
+  bool running_ = false;  // a task was taken from the queue and is not finished
   bool stop_ = false;
   Status error_;
   std::atomic<bool> failed_{false};
