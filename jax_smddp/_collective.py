@@ -247,8 +247,10 @@ def _log_fallback_once(name: str, why: str) -> None:
     log.debug("jax_smddp.%s lowers through jax.lax here: %s", name, why)
 
 
-def engine_unsupported(ctx, dtype, axes: tuple) -> str | None:
+def engine_unsupported(ctx, dtype, axes: tuple, axis_index_groups=None) -> str | None:
   """Why the engine cannot run this call (None when it can)."""
+  if axis_index_groups is not None:
+    return "axis_index_groups"
   axis_ctx = ctx.module_context.axis_context
   if not isinstance(axis_ctx, SPMDAxisContext):
     return f"not inside jax.shard_map under jit (axis context {type(axis_ctx).__name__})"

@@ -30,11 +30,9 @@ def _to_lax(**params):
 
 
 def _lower_cpu(ctx, x, *, all_gather_dimension, axis_name, axis_index_groups, axis_size, tiled):
-  if axis_index_groups is not None:
-    return "axis_index_groups"
   x_aval, = ctx.avals_in
   out_aval, = ctx.avals_out
-  why = c.engine_unsupported(ctx, x_aval.dtype, axis_name)
+  why = c.engine_unsupported(ctx, x_aval.dtype, axis_name, axis_index_groups)
   if why:
     return why
   # Output viewed as [outer, ranks, inner]: rank p's input is block [:, p, :],

@@ -64,11 +64,9 @@ def _to_lax(**params):
 
 
 def _lower_cpu(ctx, x, *, split_axis, concat_axis, axis_name, axis_index_groups, tiled):
-  if axis_index_groups is not None:
-    return "axis_index_groups"
   x_aval, = ctx.avals_in
   out_aval, = ctx.avals_out
-  why = c.engine_unsupported(ctx, x_aval.dtype, axis_name)
+  why = c.engine_unsupported(ctx, x_aval.dtype, axis_name, axis_index_groups)
   if why:
     return why
   n = c.group_size_of(ctx, axis_name)
