@@ -15,7 +15,9 @@ dies while the others wait for its buffers, with 2 processes x 2 ranks (local
 peers' buffers used as they are), and with every rank in one process; a
 process whose allocator rules direct reads out fails every rank's set-up
 naming the disagreement; a rank that cannot map its peers' buffers after they
-saw its own releases them instead of leaving their streams waiting; and
+saw its own releases them instead of leaving their streams waiting; the host
+time direct reads add per call (direct_timing: 400 exchanges between the
+three processes, mapped once per peer allocation, medians printed); and
 a group across two simulated hosts, with its network slots staged or on an
 FI_HMEM rail, with and without a death. The real CUDA calls run in tests/gpu on
 a GPU machine."""
@@ -62,7 +64,7 @@ def program(tmp_path_factory):
 @pytest.mark.parametrize("scenario", ["collectives", "dead_peer", "closed", "stalled", "mismatch",
                                       "two_per_process", "direct", "direct_dead_peer",
                                       "direct_two_per_process", "direct_in_process",
-                                      "direct_map_fails", "direct_disagree"])
+                                      "direct_map_fails", "direct_disagree", "direct_timing"])
 def test_gpu_communicator(program, scenario, flag_memory):
   before = set(glob.glob("/dev/shm/jax_smddp*"))
   run = subprocess.run([program, scenario, flag_memory], capture_output=True, text=True,
@@ -76,6 +78,9 @@ def test_gpu_communicator(program, scenario, flag_memory):
     assert all(line.count("(reported by") <= 1 for line in run.stderr.splitlines()), out
   elif scenario == "direct_dead_peer":  # the survivors' exchanges fail (asserted in the program)
     assert "rank 2 (process 2, pid" in run.stderr and "is gone" in run.stderr, out
+  elif scenario == "direct_timing":  # the host's cost per call, for the docs (not asserted here)
+    assert run.stdout.count("buffer exchange") == 3, out
+    print(run.stdout)
   elif scenario.endswith("two_per_process"):  # once by the surviving process, for both its ranks
     assert run.stderr.count("ranks 2, 3 (process 1, pid") == 1, out
   else:  # an orderly close, or no death at all: nothing printed

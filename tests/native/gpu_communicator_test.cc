@@ -37,6 +37,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <chrono>
 #include <cmath>
 #include <cstdio>
@@ -391,6 +392,42 @@ int RunRank(int r, const std::string& scenario, bool host, int up, int down) {
             Expect(r, recv[q * n + i] == Input(q, i + 7 * call), "all_gather value");
       }
     }
+  } else if (scenario == "direct_timing") {
+    // What direct reads add on the host per call, between processes (the
+    // GPU's side is not here): the call-log check and the buffer exchange,
+    // a rendezvous with every peer's host. The exchanges keep the ranks in
+    // step, so the median is the exchange itself, not a wait for a late peer.
+    const Plan plan = MakePlan(Plan::Kind::kAllGather, 1, 4096, 0);
+    void* in = nullptr;
+    void* out = nullptr;
+    Expect(r, cudaMalloc(&in, 1 << 16) == cudaSuccess && cudaMalloc(&out, 1 << 16) == cudaSuccess,
+           "cudaMalloc");
+    std::vector<double> check_us, exchange_us;
+    for (int call = 0; call < 400; ++call) {
+      const auto t0 = std::chrono::steady_clock::now();
+      Status st = gpu::CheckCall(*me, "all_gather", plan);
+      const auto t1 = std::chrono::steady_clock::now();
+      if (st.ok()) st = gpu::ExchangeBuffers(*me, plan, static_cast<uint8_t*>(in) + 256 * (call % 3), out);
+      const auto t2 = std::chrono::steady_clock::now();
+      Expect(r, st.ok() && me->view.inputs.size() == size_t(kRanks), "exchange: " + st.message());
+      check_us.push_back(std::chrono::duration<double, std::micro>(t1 - t0).count());
+      exchange_us.push_back(std::chrono::duration<double, std::micro>(t2 - t1).count());
+      // The GPU would now read the peers' inputs; here only their addresses
+      // are checked: each peer's allocation, mapped once, at the offset it used.
+      for (int q = 0; q < kRanks; ++q)
+        Expect(r, me->view.inputs[q] != nullptr, "no address for rank " + std::to_string(q));
+    }
+    Expect(r, me->exchange->mapped() == size_t(kRanks - 1), "mapped " +
+           std::to_string(me->exchange->mapped()) + " allocations, not one per peer");
+    auto median = [](std::vector<double> v) {
+      std::sort(v.begin(), v.end());
+      return v[v.size() / 2];
+    };
+    std::printf("rank %d: per call, median of 400: call-log check %.1f us, buffer exchange %.1f us\n",
+                r, median(check_us), median(exchange_us));
+    Expect(r, median(exchange_us) < 5000, "the exchange took milliseconds");
+    cudaFree(in);
+    cudaFree(out);
   } else if (scenario == "direct_map_fails") {
     // Rank 2 cannot map its peers' buffers after they saw its own: its call
     // fails and releases every flag it owns, so ranks 0 and 1, already
@@ -804,7 +841,7 @@ int main(int argc, char** argv) {
   if (argc != 3) {
     std::fprintf(stderr, "usage: %s collectives|dead_peer|closed|stalled|mismatch|two_per_process|"
                  "direct|direct_dead_peer|direct_two_per_process|direct_in_process|direct_map_fails|"
-                 "direct_disagree "
+                 "direct_disagree|direct_timing "
                  "device|host\n",
                  argv[0]);
     return 2;
