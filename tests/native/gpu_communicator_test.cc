@@ -391,6 +391,31 @@ int RunRank(int r, const std::string& scenario, bool host, int up, int down) {
           for (size_t i = 0; i < n; ++i)
             Expect(r, recv[q * n + i] == Input(q, i + 7 * call), "all_gather value");
       }
+      // XLA frees an allocation and allocates anew, usually at the same
+      // address: a new buffer id, so it is exported and mapped again (the
+      // peers' old mapping would show the freed memory's stale bytes).
+      void* old = device_buffers[r].allocation[0];
+      cudaFree(old);
+      device_buffers[r].allocation[0] = nullptr;
+      Expect(r, cudaMalloc(&device_buffers[r].allocation[0], DeviceBuffers::kBytes) == cudaSuccess,
+             "cudaMalloc");
+      std::printf("rank %d: reallocated %s\n", r,
+                  device_buffers[r].allocation[0] == old ? "at the same address" : "elsewhere");
+      const size_t before = me->exchange->exported();
+      for (int call = 0; call < 2; ++call) {  // one call's input is in each allocation
+        const size_t n = 500;
+        std::vector<float> send(n), recv(n * kRanks);
+        for (size_t i = 0; i < n; ++i) send[i] = Input(r, i + 11 * call + 3);
+        Status st = Run(me, MakePlan(Plan::Kind::kAllGather, 1, n * 4, 0), send, &recv, 20);
+        Expect(r, st.ok() && !me->view.inputs.empty(), "all_gather after reallocating: " + st.message());
+        for (int q = 0; q < kRanks; ++q)
+          for (size_t i = 0; i < n; ++i)
+            Expect(r, recv[q * n + i] == Input(q, i + 11 * call + 3),
+                   "all_gather value after reallocating");
+      }
+      Expect(r, me->exchange->exported() == before + 1,
+             "exported " + std::to_string(me->exchange->exported() - before) +
+                 " allocations after one was made anew, not 1");
     }
   } else if (scenario == "direct_timing") {
     // What direct reads add on the host per call, between processes (the

@@ -46,20 +46,23 @@ BufferExchange::BufferExchange(int rank, std::vector<uint8_t*> tables, std::vect
 
 uint64_t BufferExchange::Export(const void* p, uint64_t* offset, Status* why) {
   uintptr_t base = 0;
-  Handle handle;
-  *why = memory_.export_allocation(p, &base, &handle);
+  uint64_t unique = 0;
+  *why = memory_.find_allocation(p, &base, &unique);
   if (!why->ok()) return 0;
   *offset = uint64_t(reinterpret_cast<uintptr_t>(p) - base);
-  // A new handle at a known start: XLA freed that allocation and allocated anew.
+  // Another id at a known start: XLA freed that allocation and allocated anew.
   auto it = exported_.find(base);
-  if (it != exported_.end() && it->second.first == handle) return it->second.second + 1;
+  if (it != exported_.end() && it->second.first == unique) return it->second.second + 1;
   if (next_id_ >= kMaxAllocations) {  // ids, not entries: a reallocated start takes a new id
     *why = Status::Error("its buffers came from more than " + std::to_string(kMaxAllocations) +
                          " allocations, and peers keep every one mapped");
     return 0;
   }
+  Handle handle;
+  *why = memory_.export_allocation(base, &handle);
+  if (!why->ok()) return 0;
   const uint64_t id = next_id_++;
-  exported_[base] = {handle, id};
+  exported_[base] = {unique, id};
   HandleSlot* slot = Handles(tables_[rank_]) + id % kHandleSlots;
   slot->stamp.store(0, std::memory_order_relaxed);
   std::atomic_thread_fence(std::memory_order_release);

@@ -2,8 +2,8 @@
 // processes (stream_algorithms.h): XLA hands each call buffers of its own
 // choosing, so before a rank enqueues a call that reads its peers' buffers in
 // place, it publishes where its input (and, for all_reduce, its output) lie
-// (a CUDA IPC handle of the allocation that holds each, once per allocation,
-// and the offset) in a table in its shared block, and waits until every peer
+// (a CUDA IPC handle of the allocation that holds each, exported and
+// published once per allocation, and the offset) in a table in its shared block, and waits until every peer
 // published the same call's. Peers map an allocation once and keep the
 // mapping while the group lives.
 //
@@ -44,9 +44,13 @@ class BufferExchange {
 
   // How this process shares and maps memory (CUDA IPC on GPUs).
   struct Memory {
-    // The allocation holding `p`: its start and an IPC handle of it. An
-    // error says why `p` cannot be shared.
-    std::function<Status(const void* p, uintptr_t* base, Handle* handle)> export_allocation;
+    // The allocation holding `p`: its start and an id no other allocation of
+    // this process ever has (CUDA's buffer id), asked every call. An error
+    // says why `p` cannot be shared.
+    std::function<Status(const void* p, uintptr_t* base, uint64_t* unique)> find_allocation;
+    // An IPC handle of the allocation starting at `base`, asked once per
+    // allocation.
+    std::function<Status(uintptr_t base, Handle* handle)> export_allocation;
     // Maps a peer's allocation from its handle; its start here.
     std::function<Status(const Handle& handle, uint8_t** base)> map_allocation;
   };
@@ -86,7 +90,7 @@ class BufferExchange {
   Memory memory_;
   std::function<std::string(int)> who_;
   std::function<Status()> check_;
-  std::map<uintptr_t, std::pair<Handle, uint64_t>> exported_;  // base -> (handle, id)
+  std::map<uintptr_t, std::pair<uint64_t, uint64_t>> exported_;  // base -> (unique, id)
   uint64_t next_id_ = 0;
   std::map<std::pair<int, uint64_t>, uint8_t*> mapped_;  // (peer, id) -> base here
   bool remote_peers_ = false;  // some rank is in another process (buffers are exported)

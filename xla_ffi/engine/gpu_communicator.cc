@@ -113,34 +113,52 @@ size_t SharedBlockBytes(const RegionLayout& layout) {
   return BufferTableOffset(layout) + BufferExchange::Bytes();
 }
 
-// CUDA IPC of the allocation that holds an XLA buffer (direct reads): the
-// driver's cuMemGetAddressRange finds its start, which cudaIpcGetMemHandle
-// needs.
-using AddressRangeFn = int (*)(unsigned long long* base, size_t* bytes, unsigned long long ptr);
-AddressRangeFn AddressRange() {
-  static const AddressRangeFn fn = [] {
+// CUDA IPC of the allocation that holds an XLA buffer (direct reads). The
+// driver's cuPointerGetAttributes tells, in one call, where that allocation
+// starts (cudaIpcGetMemHandle needs the start), its buffer id (never reused
+// in a process, so a freed and reallocated start is told apart without
+// exporting again) and whether legacy CUDA IPC can share it at all.
+using PointerAttributesFn = int (*)(unsigned count, const int* attributes, void** data,
+                                    unsigned long long ptr);
+// CUpointer_attribute values (cuda.h), so that only the runtime's header is needed.
+enum : int { kPointerBufferId = 7, kPointerLegacyIpcCapable = 10, kPointerRangeStart = 11 };
+PointerAttributesFn PointerAttributes() {
+  static const PointerAttributesFn fn = [] {
     void* f = nullptr;
     cudaDriverEntryPointQueryResult found;
-    if (cudaGetDriverEntryPointByVersion("cuMemGetAddressRange", &f, 12000, cudaEnableDefault,
+    if (cudaGetDriverEntryPointByVersion("cuPointerGetAttributes", &f, 12000, cudaEnableDefault,
                                          &found) != cudaSuccess ||
         found != cudaDriverEntryPointSuccess) {
       cudaGetLastError();
-      return AddressRangeFn(nullptr);
+      return PointerAttributesFn(nullptr);
     }
-    return reinterpret_cast<AddressRangeFn>(f);
+    return reinterpret_cast<PointerAttributesFn>(f);
   }();
   return fn;
 }
 
-Status ExportAllocation(const void* p, uintptr_t* base, BufferExchange::Handle* handle) {
-  const AddressRangeFn range = AddressRange();
-  if (!range) return Status::Error("the driver has no cuMemGetAddressRange");
-  unsigned long long start = 0;
-  size_t bytes = 0;
-  if (const int r = range(&start, &bytes, reinterpret_cast<unsigned long long>(p)); r != 0)
-    return Status::Error("cuMemGetAddressRange failed (CUDA error " + std::to_string(r) + ")");
+Status FindAllocation(int ordinal, const void* p, uintptr_t* base, uint64_t* unique) {
+  const PointerAttributesFn attributes = PointerAttributes();
+  if (!attributes) return Status::Error("the driver has no cuPointerGetAttributes");
+  DeviceScope scope(ordinal);  // the driver call needs a current context
+  const int which[3] = {kPointerRangeStart, kPointerBufferId, kPointerLegacyIpcCapable};
+  unsigned long long start = 0, id = 0;
+  int capable = 0;  // zeroed: the driver may write a narrower boolean
+  void* data[3] = {&start, &id, &capable};
+  if (const int r = attributes(3, which, data, reinterpret_cast<unsigned long long>(p)); r != 0)
+    return Status::Error("cuPointerGetAttributes failed (CUDA error " + std::to_string(r) + ")");
+  if (!capable || !start || !id)
+    return Status::Error("its memory is not of a kind legacy CUDA IPC can share (XLA's default "
+                         "BFC allocator's is; managed memory, cuMemCreate and memory pools are not)");
+  *base = uintptr_t(start);
+  *unique = uint64_t(id);
+  return Status::Ok();
+}
+
+Status ExportAllocation(int ordinal, uintptr_t base, BufferExchange::Handle* handle) {
+  DeviceScope scope(ordinal);
   cudaIpcMemHandle_t h;
-  const cudaError_t err = cudaIpcGetMemHandle(&h, reinterpret_cast<void*>(uintptr_t(start)));
+  const cudaError_t err = cudaIpcGetMemHandle(&h, reinterpret_cast<void*>(base));
   if (err != cudaSuccess) {
     cudaGetLastError();
     return Status::Error(std::string("cudaIpcGetMemHandle: ") + cudaGetErrorString(err) +
@@ -148,7 +166,6 @@ Status ExportAllocation(const void* p, uintptr_t* base, BufferExchange::Handle* 
                          "XLA_PYTHON_CLIENT_ALLOCATOR=bfc, not cuda_async)");
   }
   static_assert(sizeof(h) == BufferExchange::kHandleBytes, "a CUDA IPC handle is 64 bytes");
-  *base = uintptr_t(start);
   std::memcpy(handle->data(), &h, sizeof(h));
   return Status::Ok();
 }
@@ -547,7 +564,13 @@ Status GpuCommunicator::StartDirectReads(bool logs, const std::vector<uint8_t*>&
     if (!l) continue;
     LocalRank* rank = l.get();
     BufferExchange::Memory memory;
-    memory.export_allocation = ExportAllocation;
+    const int ordinal = rank->ordinal;
+    memory.find_allocation = [ordinal](const void* p, uintptr_t* base, uint64_t* unique) {
+      return FindAllocation(ordinal, p, base, unique);
+    };
+    memory.export_allocation = [ordinal](uintptr_t base, BufferExchange::Handle* handle) {
+      return ExportAllocation(ordinal, base, handle);
+    };
     // Once per process, as the regions are: CUDA lets a process open a
     // handle in one context per device, and unified addressing makes the
     // mapping usable from every local device.

@@ -50,7 +50,9 @@ struct Mapping {
   bool own;  // allocated here (else mapped from another process)
   size_t bytes;
   char name[64];
+  unsigned long long buffer_id;  // never reused in the process, as CUDA's
 };
+inline unsigned long long next_buffer_id = 1;
 inline std::mutex mu;
 inline std::map<void*, Mapping> mappings;
 inline int device = 0;
@@ -73,7 +75,7 @@ inline cudaError_t cudaDeviceEnablePeerAccess(int, unsigned) { return cudaSucces
 
 inline cudaError_t cudaMalloc(void** p, size_t bytes) {
   std::lock_guard<std::mutex> lock(mock_cuda::mu);
-  mock_cuda::Mapping m{true, bytes, {}};
+  mock_cuda::Mapping m{true, bytes, {}, mock_cuda::next_buffer_id++};
   std::snprintf(m.name, sizeof(m.name), "/jax_smddp_mock-%d-%d", int(getpid()), mock_cuda::allocations++);
   const int fd = shm_open(m.name, O_CREAT | O_EXCL | O_RDWR | O_CLOEXEC, 0600);
   if (fd < 0) return cudaErrorMemoryAllocation;
@@ -141,25 +143,35 @@ inline cudaError_t cudaIpcOpenMemHandle(void** p, cudaIpcMemHandle_t h, unsigned
   close(fd);
   if (!*p) return cudaErrorInvalidValue;
   std::lock_guard<std::mutex> lock(mock_cuda::mu);
-  mock_cuda::mappings[*p] = {false, size_t(st.st_size), {}};
+  mock_cuda::mappings[*p] = {false, size_t(st.st_size), {}, mock_cuda::next_buffer_id++};
   return cudaSuccess;
 }
 inline cudaError_t cudaIpcCloseMemHandle(void* p) { return cudaFree(p); }
 
-// The driver's cuMemGetAddressRange, the one entry point the set-up asks for:
-// the "allocation" holding `ptr`.
+// The driver's cuPointerGetAttributes, the one entry point the set-up asks
+// for: of the "allocation" holding `ptr`, its start (11), buffer id (7) and
+// whether CUDA IPC can export it (10: allocated here); for other memory, as
+// the driver does, zeros and success.
 namespace mock_cuda {
-inline int MemGetAddressRange(unsigned long long* base, size_t* bytes, unsigned long long ptr) {
+inline int PointerGetAttributes(unsigned count, const int* which, void** data,
+                                unsigned long long ptr) {
   std::lock_guard<std::mutex> lock(mu);
-  for (const auto& [start, m] : mappings) {
-    const auto b = reinterpret_cast<unsigned long long>(start);
+  const Mapping* found = nullptr;
+  unsigned long long start = 0;
+  for (const auto& [at, m] : mappings) {
+    const auto b = reinterpret_cast<unsigned long long>(at);
     if (ptr >= b && ptr < b + m.bytes) {
-      *base = b;
-      *bytes = m.bytes;
-      return 0;
+      found = &m;
+      start = b;
     }
   }
-  return 1;  // CUDA_ERROR_INVALID_VALUE
+  for (unsigned i = 0; i < count; ++i) {
+    if (which[i] == 11) *static_cast<unsigned long long*>(data[i]) = found ? start : 0;
+    else if (which[i] == 7) *static_cast<unsigned long long*>(data[i]) = found ? found->buffer_id : 0;
+    else if (which[i] == 10) *static_cast<int*>(data[i]) = found && found->own;
+    else return 1;  // CUDA_ERROR_INVALID_VALUE: not mocked
+  }
+  return 0;
 }
 }  // namespace mock_cuda
 enum cudaDriverEntryPointQueryResult { cudaDriverEntryPointSuccess = 0,
@@ -168,8 +180,8 @@ enum : unsigned long long { cudaEnableDefault = 0 };
 inline cudaError_t cudaGetDriverEntryPointByVersion(const char* symbol, void** fn, unsigned,
                                                     unsigned long long,
                                                     cudaDriverEntryPointQueryResult* found) {
-  const bool known = std::strcmp(symbol, "cuMemGetAddressRange") == 0;
-  *fn = known ? reinterpret_cast<void*>(&mock_cuda::MemGetAddressRange) : nullptr;
+  const bool known = std::strcmp(symbol, "cuPointerGetAttributes") == 0;
+  *fn = known ? reinterpret_cast<void*>(&mock_cuda::PointerGetAttributes) : nullptr;
   *found = known ? cudaDriverEntryPointSuccess : cudaDriverEntryPointSymbolNotFound;
   return cudaSuccess;
 }
