@@ -72,7 +72,9 @@ if command -v nvidia-cuda-mps-control >/dev/null; then
   export CUDA_MPS_PIPE_DIRECTORY=/tmp/jax_smddp_mps CUDA_MPS_LOG_DIRECTORY=/tmp/jax_smddp_mps_log
   mkdir -p "$CUDA_MPS_PIPE_DIRECTORY" "$CUDA_MPS_LOG_DIRECTORY"
   if nvidia-cuda-mps-control -d; then
-    timeout 420 "$PY" -m jax_smddp.gpu_bench --processes 2 --sizes "$sizes" \
+    # MPS removes the context switch per hand-off, direct reads most hand-offs
+    # and a copy: the pair the all_gather target most depends on.
+    timeout 420 "$PY" -m jax_smddp.gpu_bench --processes 2 --sizes "$sizes" --direct-reads 0,1 \
       --json "$out/gpu_bench_2proc_mps.json" || status=1
     echo quit | nvidia-cuda-mps-control
   else
