@@ -81,6 +81,18 @@ def test_extension_imports_without_a_gpu(monkeypatch):
     ext.settings()
   assert set(ext.counters()) == {"copy_kernels", "engine_copies", "reduce_kernels",
                                  "flag_kernels", "flag_memops", "direct_reads"}
+  # The exit hook with no group set up: nothing to wait for, nothing to close.
+  assert ext.close_at_exit() is True
+
+
+def test_exit_hook_warns_when_the_network_stayed_busy(caplog):
+  class Busy:  # a proxy still running steps: close_at_exit closed nothing
+    def close_at_exit(self):
+      return False
+  from jax_smddp import gpu
+  with caplog.at_level("WARNING", logger="jax_smddp"):
+    gpu._close_at_exit(Busy())
+  assert "libfabric endpoints left open" in caplog.text
 
 
 def test_configure_without_cuda_says_so(tmp_path):
