@@ -7,7 +7,8 @@
 #   CPU_TESTS=0 bash tools/gpu_check.sh  # without the CPU-device tests (CI runs those)
 # PYTHON=python3 by default. Every stage runs under a time limit: a hang is a failure.
 # Where the GPU image has no libfabric, run tools/carry_libfabric.sh on a machine
-# that has it and carry .fab/ along: it is used when present.
+# that has it and carry .fab/ along: it is used when present. For device memory
+# on the rails (FI_HMEM_CUDA), carry tools/build_libfabric_cuda.sh's .fab/ instead.
 set -uo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
 cd "$root"
@@ -20,6 +21,17 @@ if [ -d "$root/.fab" ]; then  # libfabric carried by tools/carry_libfabric.sh
   export LD_LIBRARY_PATH="$root/.fab${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
   export CPATH="$root/.fab/include${CPATH:+:$CPATH}"
 fi
+if [ -f "$root/.fab/CUDA_BUILD" ]; then  # tools/build_libfabric_cuda.sh: FI_HMEM_CUDA
+  # That libfabric opens "libcudart.so" and "libcuda.so" by these names; an
+  # image may have them only versioned (libcuda.so alone may be the toolkit's stub).
+  names="$root/.fab/cuda_names"
+  mkdir -p "$names"
+  cudart=$(ls "${CUDA_HOME:-/usr/local/cuda}"/lib64/libcudart.so.* 2>/dev/null | head -1)
+  libcuda=$(ldconfig -p | awk '/libcuda\.so\.1 /{print $NF; exit}')
+  [ -n "$cudart" ] && ln -sf "$cudart" "$names/libcudart.so"
+  [ -n "$libcuda" ] && ln -sf "$libcuda" "$names/libcuda.so"
+  export LD_LIBRARY_PATH="$names:$LD_LIBRARY_PATH"
+fi
 status=0
 echo "=== machine"
 nvidia-smi -L || { echo "no GPU: nothing to check"; exit 1; }
@@ -27,6 +39,10 @@ nvidia-smi -L || { echo "no GPU: nothing to check"; exit 1; }
 ls -l /dev/gdrdrv 2>/dev/null || echo "no /dev/gdrdrv (GDRCopy driver not loaded)"
 "$PY" -c "import ctypes; ctypes.CDLL('libfabric.so.1'); print('libfabric: found')" 2>/dev/null \
   || echo "libfabric: not found (tests across simulated hosts skip)"
+if [ -x "$root/.fab/fi_info" ]; then  # whether shm can move device memory here (FI_HMEM_CUDA)
+  echo "libfabric: $(cat "$root/.fab/CUDA_BUILD"); libcudart: ${cudart:-none}; libcuda: ${libcuda:-none}"
+  FI_LOG_LEVEL=warn "$root/.fab/fi_info" -p shm -c FI_HMEM 2>&1 | grep -iE "hmem|cuda|provider" | head -5
+fi
 echo "=== build (nvcc: $(command -v nvcc || echo /usr/local/cuda/bin/nvcc))"
 start=$(date +%s)
 timeout 420 "$PY" -m pip install -v --disable-pip-version-check --no-build-isolation --no-deps -e . \
