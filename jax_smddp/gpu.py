@@ -39,6 +39,7 @@ _host_ids: list[str] | None = None
 _exit_hook = False
 _rail_published = False
 _across_hosts: dict = {}  # groups across hosts set up here: what their set-up chose
+_why_staged: dict = {}  # groups across hosts whose network slots stage: why
 _KV_TIMEOUT_MS = 300_000
 
 DEFAULT_SLOT_BYTES = 8 << 20
@@ -205,7 +206,8 @@ def _prepare_hierarchy(ext, members: tuple, host_ids: list, devices, me: int) ->
                                         [devices[i].process_index for i in members], local,
                                         list(intra), slot_bytes(), rails)
   _across_hosts[members] = {"hosts": len(order), "gdrcopy": bool(gdrcopy),
-                            "device_slots": bool(rail)}
+                            "device_slots": bool(rail),
+                            "staged_because": "" if rail else _why_staged.get(members, "")}
   log.debug("jax_smddp (GPU): group %s across %d hosts ready (network signals: %s; slots: %s)",
             members, len(order), "GDRCopy" if gdrcopy else "mapped host memory",
             "device memory (FI_HMEM)" if rail else "host memory (staging)")
@@ -215,7 +217,7 @@ def groups_across_hosts() -> dict:
   """The GPU groups across hosts set up in this process (partition ids ->
   {"hosts", "gdrcopy": network signals in GDRCopy memory, "device_slots":
   network slots in device memory registered with libfabric (FI_HMEM), else
-  staged through host memory})."""
+  staged through host memory, "staged_because": why they stage, "" if not})."""
   with _lock:
     return {k: dict(v) for k, v in _across_hosts.items()}
 
@@ -228,6 +230,7 @@ def _rail_addresses(ext, members: tuple, devices, me: int, ordinal: int) -> list
   have one, so every process decides alike."""
   mode = fabric_hmem()
   if mode == "0":
+    _why_staged[members] = "JAX_SMDDP_FABRIC_HMEM=0 (the default)"
     return []
   from jax_smddp import distributed
   client = distributed._client()
@@ -249,6 +252,7 @@ def _rail_addresses(ext, members: tuple, devices, me: int, ordinal: int) -> list
                          "JAX_SMDDP_FABRIC_HMEM=auto to stage through host memory instead.")
     log.info("jax_smddp (GPU): group %s stages its network slots through host memory: %s",
              members, why)
+    _why_staged[members] = why
     return []
   return [base64.b64decode(entries[p]) if p in entries else b""
           for p in range(jax.process_count())]
@@ -262,6 +266,7 @@ def release() -> None:
       ext.release()
     _ready.clear()
     _across_hosts.clear()
+    _why_staged.clear()
 
 
 def counters() -> dict:

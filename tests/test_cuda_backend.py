@@ -310,6 +310,8 @@ def test_rails_are_used_only_when_every_process_of_the_group_has_one(monkeypatch
     with caplog.at_level(logging.INFO, logger="jax_smddp"):
       assert gpu._rail_addresses(ext, (0, 2), devices, 0, 0) == []
     assert "process 2" in caplog.text and "host memory" in caplog.text
+    # groups_across_hosts() tells why (what the GPU tests print).
+    assert gpu._why_staged[(0, 2)].startswith("process 2: libfabric provider 'tcp;ofi_rxm'")
   assert ext.opened == 1  # once per process
 
 
@@ -339,7 +341,8 @@ def test_groups_across_hosts_report_what_set_up_chose(monkeypatch):
   assert calls == [([0, 1, 2, 3], [0, 0, 1, 1], [0, 0, 1, 1], [(2, 0), (3, 1)], [2, 3],
                     [b"a", b"b"])]
   assert gpu.groups_across_hosts() == {(0, 1, 2, 3): {"hosts": 2, "gdrcopy": True,
-                                                      "device_slots": True}}
+                                                      "device_slots": True,
+                                                      "staged_because": ""}}
 
 
 def test_no_rail_is_opened_by_default(monkeypatch):
@@ -347,6 +350,7 @@ def test_no_rail_is_opened_by_default(monkeypatch):
   ext = _RailExt(b"addr")
   assert gpu._rail_addresses(ext, (0, 1), [_Device(0), _Device(1)], 0, 0) == []
   assert ext.opened == 0
+  assert gpu._why_staged[(0, 1)] == "JAX_SMDDP_FABRIC_HMEM=0 (the default)"
 
 
 class _Device:
