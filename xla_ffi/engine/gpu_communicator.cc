@@ -661,8 +661,12 @@ bool CloseCommunicatorsAtExit() {
     network = !Hierarchies().empty();
   }
   // Not under the registry's lock: the steps being waited for may need it.
-  if (network && !Proxy()->Shut(TimeoutSeconds(), "jax_smddp (GPU): this process is exiting; its "
-                                                  "network links to other hosts are closed"))
+  // Briefly: a process leaving on an error must not sit out a step's whole
+  // deadline (its endpoints then stay open, as the OS would leave them).
+  constexpr double kExitWaitSeconds = 10;
+  if (network && !Proxy()->Shut(std::min(TimeoutSeconds(), kExitWaitSeconds),
+                                "jax_smddp (GPU): this process is exiting; its network links to "
+                                "other hosts are closed"))
     return false;
   {
     std::lock_guard<std::mutex> lock(registry_mu);

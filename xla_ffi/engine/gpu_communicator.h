@@ -205,8 +205,8 @@ void ReleaseCommunicators();
 // At exit: MarkClosed on every communicator (frees nothing).
 void MarkCommunicatorsClosed();
 // At exit (jax_smddp/gpu.py's atexit hook): MarkCommunicatorsClosed, then,
-// once the network proxy finished the steps already enqueued (at most
-// jax_smddp's timeout), closes every libfabric object the GPU groups hold:
+// once the network proxy finished the steps already enqueued (waiting at most
+// 10 s, or jax_smddp's timeout if shorter), closes every libfabric object the GPU groups hold:
 // the rail links, the device memory registrations, the rail, and their hold
 // on the world (whose links then close with it). Device memory stays mapped
 // (a stream may still wait on it; the process is ending). Later network
