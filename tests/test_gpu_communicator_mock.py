@@ -118,6 +118,15 @@ def test_gpu_group_across_hosts(program, scenario, slots):
   assert not left, f"left behind in /dev/shm: {sorted(left)}"
 
 
+@pytest.mark.timeout(900)
+def test_network_proxy_shut(program):
+  """The exit hook's wait (NetworkProxy::Shut): refused while a step runs,
+  granted once it ended, immediate when idle; a step after it releases its
+  flags without touching the links."""
+  run = subprocess.run([program, "proxy_shut", "-"], capture_output=True, text=True, timeout=60)
+  assert run.returncode == 0 and "all checks passed" in run.stdout, run.stdout + run.stderr
+
+
 def _rail_missing():
   """Why libfabric's shm provider cannot carry these tests here, or None."""
   from jax_smddp import _native

@@ -38,6 +38,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <atomic>
 #include <chrono>
 #include <cmath>
 #include <cstdio>
@@ -823,6 +824,69 @@ int RunHost(int p, int L, bool rail, bool die, int up, int down) {
   _exit(0);  // the proxy thread stays up until exit, as in a job
 }
 
+// A link on which nothing ever arrives (it counts what was asked of it).
+class SilentLink : public smddp::Link {
+ public:
+  void Send(uint64_t, const void*, size_t, smddp::Request*) override { ++asked; }
+  void Recv(uint64_t, void*, size_t, smddp::Request*) override { ++asked; }
+  void Progress() override {}
+  void Cancel(smddp::Request* req) override { req->Complete(Status::Error("cancelled")); }
+  std::string PeerFailure() override { return ""; }
+  std::string Kind() const override { return "silent"; }
+  std::atomic<int> asked{0};
+};
+
+// NetworkProxy::Shut, what the exit hook relies on: it refuses while a step
+// runs (here one whose stream never posts, until its 1.5 s deadline), then
+// goes idle once that step failed; after Shut, a step only releases its
+// flags and never touches the links.
+int ProxyShut() {
+  bool ok = true;
+  auto expect = [&](bool c, const std::string& what) {
+    if (!c) std::printf("FAILED: %s\n", what.c_str());
+    std::fflush(stdout);
+    ok &= c;
+  };
+  const smddp::NetLayout layout(2, 256);
+  std::vector<uint8_t> mailbox(layout.mailbox_bytes), signals(layout.signal_bytes);
+  SilentLink silent;
+  smddp::NetPort port;  // outlives the proxy, whose thread may still hold it
+  smddp::NetworkProxy proxy(1.5);
+  port.hosts = 2;
+  port.layout = layout;
+  port.mailbox_stream = port.mailbox_proxy = mailbox.data();
+  port.signals_stream = port.signals_proxy = signals.data();
+  port.slots_stream = port.slots_proxy = mailbox.data() + layout.flag_bytes;
+  port.links = {nullptr, &silent};
+  port.peer_process = {0, 1};
+  port.proxy = &proxy;
+  proxy.Enqueue(&port, 1, 64);
+  std::this_thread::sleep_for(std::chrono::milliseconds(100));
+  auto t0 = std::chrono::steady_clock::now();
+  expect(!proxy.Shut(0.3, "exiting"), "Shut went through while a step ran");
+  const double busy = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  expect(busy >= 0.25 && busy < 1.0, "Shut waited " + std::to_string(busy) + " s, not 0.3");
+  expect(!proxy.failed(), "a refused Shut failed the proxy");
+  expect(proxy.Shut(5, "exiting"), "Shut did not go through once the step ended");
+  expect(proxy.error().message().find("timed out waiting for the GPU") != std::string::npos,
+         "the first failure is not the step's: " + proxy.error().message());
+  const int asked = silent.asked.load();
+  proxy.Enqueue(&port, 2, 64);
+  const uint32_t* done = port.host_side<uint32_t>(layout.done(), true);
+  for (int i = 0; i < 500 && __atomic_load_n(done, __ATOMIC_ACQUIRE) != 2; ++i)
+    std::this_thread::sleep_for(std::chrono::milliseconds(2));
+  expect(__atomic_load_n(done, __ATOMIC_ACQUIRE) == 2, "a step after Shut did not release its flags");
+  expect(silent.asked.load() == asked, "a step after Shut used the links");
+  // An idle proxy shuts at once, and its error says why later steps fail.
+  smddp::NetworkProxy idle(1.5);
+  t0 = std::chrono::steady_clock::now();
+  expect(idle.Shut(5, "this process is exiting"), "an idle proxy did not shut");
+  expect(std::chrono::steady_clock::now() - t0 < std::chrono::milliseconds(200), "shutting an idle proxy waited");
+  expect(idle.failed() && idle.error().message() == "this process is exiting", "no error after Shut");
+  if (ok) std::printf("all checks passed\n");
+  return ok ? 0 : 1;
+}
+
 int Hosts(int L, bool rail, bool die) {
   const int P = 2 * L;
   Children kids;
@@ -866,12 +930,13 @@ int main(int argc, char** argv) {
   if (argc != 3) {
     std::fprintf(stderr, "usage: %s collectives|dead_peer|closed|stalled|mismatch|two_per_process|"
                  "direct|direct_dead_peer|direct_two_per_process|direct_in_process|direct_map_fails|"
-                 "direct_disagree|direct_timing "
+                 "direct_disagree|direct_timing|proxy_shut "
                  "device|host\n",
                  argv[0]);
     return 2;
   }
   const std::string scenario = argv[1];
+  if (scenario == "proxy_shut") return ProxyShut();
   if (scenario == "hosts" || scenario == "hosts_dead" || scenario == "hosts_2x2")
     return Hosts(scenario == "hosts_2x2" ? 2 : 1, std::string(argv[2]) == "rail",
                  scenario == "hosts_dead");
