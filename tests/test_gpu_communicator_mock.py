@@ -19,7 +19,9 @@ saw its own releases them instead of leaving their streams waiting; the host
 time direct reads add per call (direct_timing: 400 exchanges between the
 three processes, mapped once per peer allocation, medians printed); and
 a group across two simulated hosts, with its network slots staged or on an
-FI_HMEM rail, with and without a death. The real CUDA calls run in tests/gpu on
+FI_HMEM rail, with and without a death, also with GDRCopy signals through a
+mock libgdrapi (tests/native/mock_gdrapi.cc); and the network proxy's
+exit wait. The real CUDA calls run in tests/gpu on
 a GPU machine."""
 
 import glob
@@ -114,6 +116,43 @@ def test_gpu_group_across_hosts(program, scenario, slots):
   assert run.returncode == 0 and "all checks passed" in run.stdout, out
   if scenario == "hosts_dead":
     assert "peer process 1" in run.stdout and "closed its connection" in run.stdout, out
+  left = set(os.listdir("/dev/shm")) - before
+  assert not left, f"left behind in /dev/shm: {sorted(left)}"
+
+
+@pytest.fixture(scope="module")
+def mock_gdrapi(tmp_path_factory):
+  """A mock libgdrapi.so.2 (tests/native/mock_gdrapi.cc): its directory."""
+  cxx = os.environ.get("CXX") or shutil.which("c++") or shutil.which("g++")
+  if not cxx:
+    pytest.skip("no C++ compiler")
+  libdir = tmp_path_factory.mktemp("gdrapi")
+  build = subprocess.run([cxx, "-std=c++17", "-O1", "-Wall", "-shared", "-fPIC",
+                          os.path.join(ROOT, "tests/native/mock_gdrapi.cc"),
+                          "-o", str(libdir / "libgdrapi.so.2")],
+                         capture_output=True, text=True, timeout=300)
+  assert build.returncode == 0, build.stderr[-4000:]
+  return str(libdir)
+
+
+@pytest.mark.timeout(900)
+@pytest.mark.parametrize("scenario,slots", [("hosts", "staging"), ("hosts_2x2", "rail"),
+                                            ("hosts_dead", "staging")])
+def test_gpu_group_across_hosts_with_gdrcopy(program, mock_gdrapi, scenario, slots):
+  """The same, with a mock libgdrapi on the library path: the network signals
+  are (mock) device memory on a 64 KiB page, pinned and mapped a second time
+  through cuda/gdrcopy.cc, and the proxy raises every flag through that
+  mapping. A wrong offset or alignment leaves the streams waiting (the
+  program's deadline fails the test); a death is still released."""
+  if slots == "rail" and _rail_missing():
+    pytest.skip(_rail_missing())
+  env = dict(os.environ, LD_LIBRARY_PATH=mock_gdrapi + os.pathsep + os.environ.get("LD_LIBRARY_PATH", ""),
+             JAX_SMDDP_TEST_EXPECT_GDRCOPY="1")
+  before = set(os.listdir("/dev/shm"))
+  run = subprocess.run([program, scenario, slots], capture_output=True, text=True, timeout=120,
+                       env=env)
+  out = run.stdout + run.stderr
+  assert run.returncode == 0 and "all checks passed" in run.stdout, out
   left = set(os.listdir("/dev/shm")) - before
   assert not left, f"left behind in /dev/shm: {sorted(left)}"
 

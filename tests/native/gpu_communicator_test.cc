@@ -714,7 +714,11 @@ int RunHost(int p, int L, bool rail, bool die, int up, int down) {
   Check(p, gpu::PrepareHierarchy(members, host_of, process_of, {{p, 0}}, intra, 4096, rails,
                                  &gdrcopy, &on_rail),
         "PrepareHierarchy");
-  Expect(p, on_rail == rail && !gdrcopy, "slots or signals not where asked");
+  // JAX_SMDDP_TEST_EXPECT_GDRCOPY: the test put a mock libgdrapi on the
+  // library path; the signals are then the mock's device memory, which the
+  // proxy writes through a second mapping.
+  const bool want_gdrcopy = std::getenv("JAX_SMDDP_TEST_EXPECT_GDRCOPY") != nullptr;
+  Expect(p, on_rail == rail && gdrcopy == want_gdrcopy, "slots or signals not where asked");
   gpu::GpuHierarchy* hier = gpu::FindHierarchy(gpu::GroupKey(members.data(), P));
   gpu::GpuHierarchy::Member* m = hier ? hier->Find(p) : nullptr;
   Expect(p, m && m->port && m->local, "no network port");
@@ -726,6 +730,11 @@ int RunHost(int p, int L, bool rail, bool die, int up, int down) {
   Expect(p, rail == (port.slots_stream != port.mailbox_stream + port.layout.flag_bytes) &&
                 rail == bool(port.poison),
          "the slots are not where the mode puts them");
+  Expect(p, want_gdrcopy == (port.signals_proxy != port.signals_stream),
+         "the signals are not where the mode puts them");
+  if (want_gdrcopy)
+    Expect(p, reinterpret_cast<uintptr_t>(port.signals_stream) % (64 << 10) == 0,
+           "GDRCopy signals do not start a 64 KiB GPU page");
   char c = 'c';
   Expect(p, WriteAll(up, &c, 1) && ReadAll(down, &c, 1), "barrier");
 

@@ -803,13 +803,18 @@ Status GpuHierarchy::Prepare(const std::vector<int>& host_of, const std::vector<
       port->slots_stream = port->mailbox_stream + layout.flag_bytes;
     }
     if (gdrcopy_) {
-      const size_t bytes = (layout.signal_bytes + (64 << 10) - 1) / (64 << 10) * (64 << 10);
-      cudaError_t err = cudaMalloc(&mem->signals_device, bytes);
-      if (err == cudaSuccess) err = cudaMemset(mem->signals_device, 0, bytes);
+      // GDRCopy pins whole 64 KiB GPU pages from a page start; cudaMalloc
+      // aligns small allocations less, so allocate a page more and align.
+      constexpr size_t kPage = 64 << 10;
+      const size_t bytes = (layout.signal_bytes + kPage - 1) / kPage * kPage;
+      cudaError_t err = cudaMalloc(&mem->signals_device, bytes + kPage);
+      uint8_t* signals = reinterpret_cast<uint8_t*>(
+          (reinterpret_cast<uintptr_t>(mem->signals_device) + kPage - 1) / kPage * kPage);
+      if (err == cudaSuccess) err = cudaMemset(signals, 0, bytes);
       if (err == cudaSuccess) err = cudaDeviceSynchronize();
       if (err != cudaSuccess) return CudaError("allocating GDRCopy signals", err);
-      SMDDP_RETURN_IF_ERROR(cuda::GdrMapping::Map(mem->signals_device, bytes, &mem->mapping));
-      port->signals_stream = static_cast<uint8_t*>(mem->signals_device);
+      SMDDP_RETURN_IF_ERROR(cuda::GdrMapping::Map(signals, bytes, &mem->mapping));
+      port->signals_stream = signals;
       port->signals_proxy = mem->mapping.host();
     } else {
       void* device = nullptr;

@@ -10,6 +10,23 @@
 #include "xla_ffi/engine/world.h"
 
 namespace smddp {
+namespace {
+
+// Raises a signal the stream waits on. With GDRCopy the signal is GPU memory
+// mapped write-combined over PCIe: a plain store, then a store fence to push
+// it out of the write-combining buffer at once. Not an atomic exchange (what
+// a sequentially consistent store compiles to on x86): a locked
+// read-modify-write would read GPU memory across PCIe and lock the bus.
+void RaiseSignal(uint32_t* signal, uint32_t value) {
+  __atomic_store_n(signal, value, __ATOMIC_RELEASE);
+#if defined(__x86_64__) || defined(__i386__)
+  __builtin_ia32_sfence();
+#else
+  __atomic_thread_fence(__ATOMIC_SEQ_CST);
+#endif
+}
+
+}  // namespace
 
 NetLayout::NetLayout(int hosts_, size_t slot_bytes_) : hosts(hosts_) {
   slot_bytes = (slot_bytes_ + 255) / 256 * 256;
@@ -99,9 +116,9 @@ void NetworkProxy::Release(const Task& t) {
     } else {
       std::memset(slot, 0xFF, t.bytes);
     }
-    __atomic_store_n(arrived, t.step, __ATOMIC_SEQ_CST);
+    RaiseSignal(arrived, t.step);
   }
-  __atomic_store_n(p.host_side<uint32_t>(p.layout.done(), true), t.step, __ATOMIC_SEQ_CST);
+  RaiseSignal(p.host_side<uint32_t>(p.layout.done(), true), t.step);
 }
 
 Status NetworkProxy::Run(const Task& t) {
@@ -173,7 +190,7 @@ Status NetworkProxy::Run(const Task& t) {
           if (!st.ok()) { cancel_all(); return failure(k, st.message()); }
         }
         // The bytes are in the slot: let the stream read them.
-        __atomic_store_n(p.host_side<uint32_t>(p.layout.arrived(k), true), t.step, __ATOMIC_SEQ_CST);
+        RaiseSignal(p.host_side<uint32_t>(p.layout.arrived(k), true), t.step);
         p.state[k] |= kSignalled;
       }
       if (p.sends[k].done() && !p.sends[k].status().ok()) {
@@ -204,7 +221,7 @@ Status NetworkProxy::Run(const Task& t) {
       p.world->CountReceived(p.peer_process[k], t.bytes);
     }
   }
-  __atomic_store_n(p.host_side<uint32_t>(p.layout.done(), true), t.step, __ATOMIC_SEQ_CST);
+  RaiseSignal(p.host_side<uint32_t>(p.layout.done(), true), t.step);
   return Status::Ok();
 }
 
