@@ -28,7 +28,11 @@ handles S = n x size bytes per rank, as nccl-tests counts them. Columns: time
 per call (median), algbw = S / time, busbw = algbw x (n - 1) / n (x 2 for
 all_reduce), and "moved" = n x busbw, bytes all ranks together received from
 peers per second: the figure to compare with one device's copy bandwidth when
-every rank shares that device's memory.
+every rank shares that device's memory. "written/copy" counts instead the
+bytes all ranks wrote to their outputs per second (n x S for all_gather and
+all_reduce, S for reduce_scatter) against that copy rate: a protocol that
+copies every byte of every output once, and nothing else, reaches 1.0, where
+"moved/copy" is capped at (n - 1) / n by each rank's copy of its own shard.
 """
 
 from __future__ import annotations
@@ -158,20 +162,23 @@ def _direct(row: dict) -> str:
 
 def report(rows: list[dict]) -> str:
   out = [f"{'op':>14} {'size/rank':>10} {'ranks':>5} {'mode':>7} {'time us':>9} {'algbw GB/s':>10} "
-         f"{'busbw':>8} {'moved':>8} {'copy GB/s':>9} {'moved/copy':>10} {'XLA busbw':>9}"
+         f"{'busbw':>8} {'moved':>8} {'copy GB/s':>9} {'moved/copy':>10} {'written/copy':>12} "
+         f"{'XLA busbw':>9}"
          f"{'hosts':>6} {'hmem:slots':>11} {'direct':>10}"]
   for r in rows:
     op, n, t = r.get("op", "all_gather"), r["ranks"], r["smddp_s"]
     alg = r["bytes_per_rank"] * n / t / 1e9
     bus = _busbw(op, n, alg)
     moved = bus * n
+    written = alg * (1 if op == "reduce_scatter" else n)  # output bytes, all ranks
     copy = (r["copy_Bps"] or 0) / 1e9
     xla = ""
     if "xla_s" in r:
       xla = f"{_busbw(op, n, r['bytes_per_rank'] * n / r['xla_s'] / 1e9):9.1f}"
     out.append(f"{op:>14} {r['bytes_per_rank'] >> 10:>9}K {n:>5} {r['mode']:>7} {t * 1e6:>9.1f} "
                f"{alg:>10.1f} {bus:>8.1f} {moved:>8.1f} {copy:>9.1f} "
-               f"{moved / copy if copy else 0:>10.2f} {xla:>9}"
+               f"{moved / copy if copy else 0:>10.2f} {written / copy if copy else 0:>12.2f} "
+               f"{xla:>9}"
                f"{r.get('hosts', 1):>6} {_slots(r):>11} {_direct(r):>10}")
   return "\n".join(out)
 

@@ -384,14 +384,18 @@ def test_which_groups_cross_hosts_on_gpus(monkeypatch):
 
 def test_gpu_benchmark_arithmetic():
   """The GPU benchmark's sizes and columns (its runs need a GPU): 4 ranks,
-  16 MiB each in 1 ms -> algbw 67.1 GB/s, busbw 50.3, moved 201.3."""
+  16 MiB each in 1 ms -> algbw 67.1 GB/s, busbw 50.3, moved 201.3, written
+  268.4 (4 outputs of 64 MiB)."""
   from jax_smddp import gpu_bench
   assert gpu_bench.parse_size("16M") == 16 << 20 and gpu_bench.parse_size("512K") == 512 << 10
   row = {"bytes_per_rank": 16 << 20, "ranks": 4, "mode": "engine", "smddp_s": 1e-3,
          "copy_Bps": 400e9}
   line = gpu_bench.report([row]).splitlines()[1].split()
   assert line[:5] == ["all_gather", "16384K", "4", "engine", "1000.0"]
-  assert [float(v) for v in line[5:10]] == [67.1, 50.3, 201.3, 400.0, 0.5]
+  assert [float(v) for v in line[5:11]] == [67.1, 50.3, 201.3, 400.0, 0.5, 0.67]
+  # reduce_scatter writes one shard per rank: written = algbw
+  line = gpu_bench.report([{**row, "op": "reduce_scatter"}]).splitlines()[1].split()
+  assert float(line[10]) == round(67.1 / 400, 2)
   # all_reduce moves twice the bytes per rank: busbw = algbw x 2 (n - 1) / n
   line = gpu_bench.report([{**row, "op": "all_reduce"}]).splitlines()[1].split()
   assert [float(v) for v in line[5:8]] == [67.1, 100.7, 402.7]
