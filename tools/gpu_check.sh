@@ -5,6 +5,9 @@
 #   bash tools/gpu_check.sh              # everything
 #   QUICK=1 bash tools/gpu_check.sh      # kernels, one test per scenario, small benchmark
 #   CPU_TESTS=0 bash tools/gpu_check.sh  # without the CPU-device tests (CI runs those)
+#   STAGES=build,kernels bash tools/gpu_check.sh   # only these stages, e.g. one device call each
+# Stages: build kernels jax bench slots64 mps hosts nccl (default: all). A run
+# without "build" uses what an earlier run built on the same machine.
 # PYTHON=python3 by default. Every stage runs under a time limit: a hang is a failure.
 # Where the GPU image has no libfabric, run tools/carry_libfabric.sh on a machine
 # that has it and carry .fab/ along: it is used when present. For device memory
@@ -15,6 +18,8 @@ cd "$root"
 PY=${PYTHON:-python3}
 out=${OUT:-/tmp/jax_smddp_gpu_check}
 quick=${QUICK:-0}
+stages=${STAGES:-build,kernels,jax,bench,slots64,mps,hosts,nccl}
+want() { [[ ",$stages," == *",$1,"* ]]; }
 mkdir -p "$out"
 export PYTHONUNBUFFERED=1
 if [ -d "$root/.fab" ]; then  # libfabric carried by tools/carry_libfabric.sh
@@ -43,47 +48,59 @@ if [ -x "$root/.fab/fi_info" ]; then  # whether shm can move device memory here 
   echo "libfabric: $(cat "$root/.fab/CUDA_BUILD"); libcudart: ${cudart:-none}; libcuda: ${libcuda:-none}"
   FI_LOG_LEVEL=warn "$root/.fab/fi_info" -p shm -c FI_HMEM 2>&1 | grep -iE "hmem|cuda|provider" | head -5
 fi
-echo "=== build (nvcc: $(command -v nvcc || echo /usr/local/cuda/bin/nvcc))"
-start=$(date +%s)
-timeout 420 "$PY" -m pip install -v --disable-pip-version-check --no-build-isolation --no-deps -e . \
-  >"$out/build.log" 2>&1 || { tail -60 "$out/build.log"; echo "build failed"; exit 1; }
-echo "built in $(( $(date +%s) - start )) s"
+if want build; then
+  echo "=== build (nvcc: $(command -v nvcc || echo /usr/local/cuda/bin/nvcc))"
+  start=$(date +%s)
+  timeout 420 "$PY" -m pip install -v --disable-pip-version-check --no-build-isolation --no-deps -e . \
+    >"$out/build.log" 2>&1 || { tail -60 "$out/build.log"; echo "build failed"; exit 1; }
+  echo "built in $(( $(date +%s) - start )) s"
+fi
 (cd / && "$PY" -c "import jax_smddp.gpu as g, jax_smddp._native as n; e = n.cuda_engine(); \
 print('CUDA backend:', g.available(), 'GPUs:', e.device_count() if e else 0, \
 'stream memops:', e.have_stream_memops() if e else None)")
-echo "=== tests/gpu/test_kernels.py (stream algorithms on one GPU, no JAX)"
-timeout 420 "$PY" -m pytest -q -p no:cacheprovider tests/gpu/test_kernels.py 2>&1 \
-  | tee "$out/pytest_kernels.log" | tail -40
-[ "${PIPESTATUS[0]}" = 0 ] || status=1
-echo "=== tests/gpu/test_gpu.py (JAX processes sharing the GPU)"
-select=()
-if [ "$quick" = 1 ]; then
-  export JAX_SMDDP_GPU_TEST_TIMEOUT=${JAX_SMDDP_GPU_TEST_TIMEOUT:-150}
-  select=(-k "single_process or (sharing and engines and 2) or (sharing and direct and 2) or (hosts and engines) or (hosts and HMEM and 2-1) or hmem_required or (dead_peer and 2) or disagree or (sharing and host and 2)")
+if want kernels; then
+  echo "=== tests/gpu/test_kernels.py (stream algorithms on one GPU, no JAX)"
+  timeout 420 "$PY" -m pytest -q -p no:cacheprovider tests/gpu/test_kernels.py 2>&1 \
+    | tee "$out/pytest_kernels.log" | tail -40
+  [ "${PIPESTATUS[0]}" = 0 ] || status=1
 fi
-timeout 900 "$PY" -m pytest -q -p no:cacheprovider -rsP tests/gpu/test_gpu.py "${select[@]}" 2>&1 \
-  | tee "$out/pytest_gpu.log" | tail -80
-[ "${PIPESTATUS[0]}" = 0 ] || status=1
-if [ "$quick" != 1 ] && [ "${CPU_TESTS:-1}" = 1 ]; then
+if want jax; then
+  echo "=== tests/gpu/test_gpu.py (JAX processes sharing the GPU)"
+  select=()
+  if [ "$quick" = 1 ]; then
+    export JAX_SMDDP_GPU_TEST_TIMEOUT=${JAX_SMDDP_GPU_TEST_TIMEOUT:-150}
+    select=(-k "single_process or (sharing and engines and 2) or (sharing and direct and 2) or (hosts and engines) or (hosts and HMEM and 2-1) or hmem_required or (dead_peer and 2) or disagree or (sharing and host and 2)")
+  fi
+  timeout 900 "$PY" -m pytest -q -p no:cacheprovider -rsP tests/gpu/test_gpu.py "${select[@]}" 2>&1 \
+    | tee "$out/pytest_gpu.log" | tail -80
+  [ "${PIPESTATUS[0]}" = 0 ] || status=1
+fi
+if want jax && [ "$quick" != 1 ] && [ "${CPU_TESTS:-1}" = 1 ]; then
   echo "=== protocol and lowering tests (CPU devices)"
   JAX_PLATFORMS=cpu timeout 600 "$PY" -m pytest -q -p no:cacheprovider tests/test_stream_protocol.py \
     tests/test_stream_watchdog.py tests/test_cuda_backend.py 2>&1 | tee "$out/pytest_cpu.log" | tail -5
   [ "${PIPESTATUS[0]}" = 0 ] || status=1
 fi
-echo "=== GPU benchmark: processes sharing GPU 0"
 sizes=1M,4M,16M,64M,256M; counts="2 4"
 [ "$quick" = 1 ] && { sizes=1M,16M,64M; counts=2; }
-# Staged and direct reads (peers read each other's XLA buffers in place) in one run.
-for n in $counts; do
-  timeout 540 "$PY" -m jax_smddp.gpu_bench --processes "$n" --sizes "$sizes" --direct-reads 0,1 \
-    --json "$out/gpu_bench_${n}proc.json" || status=1
-done
+if want bench; then
+  echo "=== GPU benchmark: processes sharing GPU 0"
+  # Staged and direct reads (peers read each other's XLA buffers in place) in one run.
+  for n in $counts; do
+    timeout 540 "$PY" -m jax_smddp.gpu_bench --processes "$n" --sizes "$sizes" --direct-reads 0,1 \
+      --json "$out/gpu_bench_${n}proc.json" || status=1
+  done
+fi
 # Processes sharing one GPU time-slice it unless MPS runs them concurrently:
 # the same benchmark with 64 MiB slots (fewer steps per call), then under MPS.
-echo "=== GPU benchmark: 2 processes, 64 MiB slots"
-JAX_SMDDP_GPU_SLOT_BYTES=$((64 << 20)) timeout 420 "$PY" -m jax_smddp.gpu_bench --processes 2 \
-  --sizes "$sizes" --json "$out/gpu_bench_2proc_64M_slots.json" || status=1
-if command -v nvidia-cuda-mps-control >/dev/null; then
+if want slots64; then
+  echo "=== GPU benchmark: 2 processes, 64 MiB slots"
+  JAX_SMDDP_GPU_SLOT_BYTES=$((64 << 20)) timeout 420 "$PY" -m jax_smddp.gpu_bench --processes 2 \
+    --sizes "$sizes" --json "$out/gpu_bench_2proc_64M_slots.json" || status=1
+fi
+if ! want mps; then
+  :
+elif command -v nvidia-cuda-mps-control >/dev/null; then
   echo "=== GPU benchmark: 2 processes under MPS"
   export CUDA_MPS_PIPE_DIRECTORY=/tmp/jax_smddp_mps CUDA_MPS_LOG_DIRECTORY=/tmp/jax_smddp_mps_log
   mkdir -p "$CUDA_MPS_PIPE_DIRECTORY" "$CUDA_MPS_LOG_DIRECTORY"
@@ -100,7 +117,7 @@ if command -v nvidia-cuda-mps-control >/dev/null; then
 else
   echo "(no nvidia-cuda-mps-control: MPS comparison skipped)"
 fi
-if "$PY" -c 'import ctypes; ctypes.CDLL("libfabric.so.1")' 2>/dev/null; then
+if want hosts && "$PY" -c 'import ctypes; ctypes.CDLL("libfabric.so.1")' 2>/dev/null; then
   # Groups across 2 simulated hosts: the network proxy, slots staged through
   # host memory (0) or in device memory where this libfabric can (auto).
   echo "=== GPU benchmark: 2 processes as 2 hosts (libfabric shm), staged vs FI_HMEM slots"
@@ -108,7 +125,9 @@ if "$PY" -c 'import ctypes; ctypes.CDLL("libfabric.so.1")' 2>/dev/null; then
     --fabric-hmem 0,auto --modes engine --sizes 1M,16M,64M \
     --json "$out/gpu_bench_2hosts.json" || status=1
 fi
-echo "=== GPU benchmark: one process, every local GPU, against XLA's NCCL"
-timeout 300 "$PY" -m jax_smddp.gpu_bench --processes 1 --sizes 1M,16M,256M \
-  --json "$out/gpu_bench_1proc.json" || status=1
+if want nccl; then
+  echo "=== GPU benchmark: one process, every local GPU, against XLA's NCCL"
+  timeout 300 "$PY" -m jax_smddp.gpu_bench --processes 1 --sizes 1M,16M,256M \
+    --json "$out/gpu_bench_1proc.json" || status=1
+fi
 exit $status
