@@ -29,6 +29,7 @@ import os
 import re
 import shutil
 import subprocess
+import sys
 
 import pytest
 
@@ -155,6 +156,28 @@ def test_gpu_group_across_hosts_with_gdrcopy(program, mock_gdrapi, scenario, slo
   assert run.returncode == 0 and "all checks passed" in run.stdout, out
   left = set(os.listdir("/dev/shm")) - before
   assert not left, f"left behind in /dev/shm: {sorted(left)}"
+
+
+@pytest.mark.timeout(300)
+@pytest.mark.parametrize("setting,want", [("", "True ''"), ("0", "False 'turned off"),
+                                          ("open_fails", "False 'gdr_open failed")])
+def test_cuda_module_finds_gdrcopy(mock_gdrapi, setting, want):
+  """The installed CUDA module (built with nvcc) loads libgdrapi.so.2 from the
+  library path and opens it; JAX_SMDDP_GDRCOPY=0 turns it off; a failing
+  gdr_open (no gdrdrv driver) is reported as such."""
+  from jax_smddp import _native
+  if _native.cuda_engine() is None:
+    pytest.skip("the CUDA module is not built")
+  env = dict(os.environ, LD_LIBRARY_PATH=mock_gdrapi + os.pathsep + os.environ.get("LD_LIBRARY_PATH", ""))
+  env.pop("JAX_SMDDP_GDRCOPY", None)
+  if setting == "0":
+    env["JAX_SMDDP_GDRCOPY"] = "0"
+  elif setting == "open_fails":
+    env["JAX_SMDDP_MOCK_GDR_OPEN_FAILS"] = "1"
+  run = subprocess.run([sys.executable, "-c", "from jax_smddp import _native; "
+                        "ok, why = _native.cuda_engine().gdrcopy(); print(ok, repr(why))"],
+                       capture_output=True, text=True, timeout=120, env=env, cwd="/")
+  assert run.returncode == 0 and run.stdout.startswith(want), run.stdout + run.stderr
 
 
 @pytest.mark.timeout(900)
