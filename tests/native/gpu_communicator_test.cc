@@ -898,6 +898,7 @@ int ProxyShut() {
 
 int Hosts(int L, bool rail, bool die) {
   const int P = 2 * L;
+  signal(SIGPIPE, SIG_IGN);  // a process that failed closed its pipe: clean up, not die
   Children kids;
   if (!Spawn(P, [&](int p, int up, int down) { return RunHost(p, L, rail, die, up, down); }, &kids))
     return 2;
@@ -905,26 +906,29 @@ int Hosts(int L, bool rail, bool die) {
   alarm(90);
   // Relay rounds (pids, fabric addresses, watch addresses, IPC handles, rail
   // addresses): every process gets every process's string, then barriers.
-  for (int round = 0; round < (rail ? 5 : 4); ++round) {
+  bool relayed = true;  // false: a process failed during set-up (it said why)
+  for (int round = 0; relayed && round < (rail ? 5 : 4); ++round) {
     std::vector<std::string> got(P);
-    for (int p = 0; p < P; ++p)
-      if (!ReadBytes(ups[p], &got[p])) return 1;
-    for (int p = 0; p < P; ++p)
+    for (int p = 0; relayed && p < P; ++p) relayed = ReadBytes(ups[p], &got[p]);
+    for (int p = 0; relayed && p < P; ++p)
       for (int q = 0; q < P; ++q) WriteBytes(downs[p], got[q]);
   }
   char c;
-  for (int round = 0; round < (die ? 2 : 3); ++round) {
-    for (int p = 0; p < P; ++p) ReadAll(ups[p], &c, 1);
-    for (int p = 0; p < P; ++p) WriteAll(downs[p], "g", 1);
+  for (int round = 0; relayed && round < (die ? 2 : 3); ++round) {
+    // A killed process (hosts_dead) ends its barriers by closing its pipe.
+    for (int p = 0; p < P; ++p) relayed &= ReadAll(ups[p], &c, 1) || (die && p == 1);
+    for (int p = 0; relayed && p < P; ++p) WriteAll(downs[p], "g", 1);
   }
-  bool ok = true;
+  if (!relayed)
+    for (pid_t pid : pids) kill(pid, SIGKILL);  // the others wait on the relay
+  bool ok = relayed;
   for (int p = 0; p < P; ++p) {
     int status = 0;
     waitpid(pids[p], &status, 0);
     const bool killed = die && p == 1;
     ok &= killed ? WIFSIGNALED(status) : WIFEXITED(status) && WEXITSTATUS(status) == 0;
   }
-  for (pid_t pid : pids) {
+  for (pid_t pid : pids) {  // also after a failure: nothing left in /dev/shm
     for (int i = 0; i < 16; ++i)
       shm_unlink(("/jax_smddp_mock-" + std::to_string(pid) + "-" + std::to_string(i)).c_str());
     RemoveFabricRegionsOf(pid);  // the killed process's (the others checked theirs are gone)
