@@ -63,8 +63,6 @@ const GdrApi& Api() {
   return api;
 }
 
-constexpr size_t kGpuPage = 64 << 10;
-
 }  // namespace
 
 bool GdrCopyAvailable(std::string* why) {
@@ -77,8 +75,8 @@ Status GdrMapping::Map(void* device_ptr, size_t bytes, GdrMapping* out) {
   const GdrApi& a = Api();
   if (!a.g) return Status::Error("jax_smddp: GDRCopy unavailable: " + a.why);
   const uintptr_t addr = uintptr_t(device_ptr);
-  if (addr % kGpuPage != 0) return Status::Error("jax_smddp: GDRCopy needs 64 KiB aligned memory");
-  const size_t size = (bytes + kGpuPage - 1) / kGpuPage * kGpuPage;
+  if (addr % kGdrPageBytes != 0) return Status::Error("jax_smddp: GDRCopy needs 64 KiB aligned memory");
+  const size_t size = (bytes + kGdrPageBytes - 1) / kGdrPageBytes * kGdrPageBytes;
   GdrMapping m;
   if (a.pin(a.g, addr, size, 0, 0, &m.handle_) != 0)
     return Status::Error("jax_smddp: gdr_pin_buffer failed");

@@ -16,13 +16,16 @@
 namespace smddp {
 namespace cuda {
 
+// GDRCopy pins and maps whole GPU pages, from a page start.
+constexpr size_t kGdrPageBytes = 64 << 10;
+
 // Whether libgdrapi loads and gdr_open() succeeds (the gdrdrv driver is
 // loaded), once per process; JAX_SMDDP_GDRCOPY=0 turns it off. `why` says why
 // not.
 bool GdrCopyAvailable(std::string* why = nullptr);
 
-// Device memory `device_ptr` (from cudaMalloc, `bytes` rounded up to 64 KiB
-// pages by the caller) mapped for the host.
+// Device memory `device_ptr` (on a kGdrPageBytes boundary, `bytes` rounded
+// up to whole pages by the caller) mapped for the host.
 class GdrMapping {
  public:
   static Status Map(void* device_ptr, size_t bytes, GdrMapping* out);

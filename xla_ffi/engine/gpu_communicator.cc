@@ -803,9 +803,9 @@ Status GpuHierarchy::Prepare(const std::vector<int>& host_of, const std::vector<
       port->slots_stream = port->mailbox_stream + layout.flag_bytes;
     }
     if (gdrcopy_) {
-      // GDRCopy pins whole 64 KiB GPU pages from a page start; cudaMalloc
-      // aligns small allocations less, so allocate a page more and align.
-      constexpr size_t kPage = 64 << 10;
+      // GDRCopy pins whole GPU pages from a page start; cudaMalloc aligns
+      // small allocations less, so allocate a page more and align.
+      constexpr size_t kPage = cuda::kGdrPageBytes;
       const size_t bytes = (layout.signal_bytes + kPage - 1) / kPage * kPage;
       cudaError_t err = cudaMalloc(&mem->signals_device, bytes + kPage);
       uint8_t* signals = reinterpret_cast<uint8_t*>(

@@ -196,19 +196,22 @@ Status Scatter(Steps& st, StreamOps& ops, const uint8_t* send, uint8_t* recv, si
   });
 }
 
-// recv = reduce_p send_p, balanced: rank r reduces shard r (elements
-// [r L, (r + 1) L) clipped to count) from every peer's slot, then every rank
-// copies each reduced shard from its owner's slot.
+// all_reduce's balanced shards: shard q is elements [q L, (q + 1) L) clipped
+// to `count`. How many of them lie in [q L + j, q L + j + w).
+size_t ShardElements(size_t count, size_t L, int q, size_t j, size_t w) {
+  const size_t begin = std::min(count, q * L + j);
+  const size_t end = std::min({count, q * L + j + w, (q + 1) * L});
+  return end > begin ? end - begin : 0;
+}
+
+// recv = reduce_p send_p, balanced: rank r reduces shard r from every peer's
+// slot, then every rank copies each reduced shard from its owner's slot.
 Status ReduceAll(Steps& st, StreamOps& ops, const uint8_t* send, uint8_t* recv, size_t count,
                  DType dtype, ReduceOp op) {
   const int P = st.size(), me = st.rank();
   const size_t E = ElementSize(dtype);
   const size_t L = (count + P - 1) / P;
-  auto valid = [&](int q, size_t j, size_t w) -> size_t {  // elements of shard q in [j, j + w)
-    const size_t begin = std::min(count, q * L + j);
-    const size_t end = std::min({count, q * L + j + w, (q + 1) * L});
-    return end > begin ? end - begin : 0;
-  };
+  auto valid = [&](int q, size_t j, size_t w) { return ShardElements(count, L, q, j, w); };
   const void** srcs = st.Sources(P);
   return ForEachTile(1, L * E, P, st.cap(), E, [&](const Tile& t) -> Status {
     const size_t j = t.col / E, w = t.width / E;
@@ -291,10 +294,7 @@ Status ReduceAllDirect(Steps& st, StreamOps& ops, const std::vector<const uint8_
   const int P = st.size(), me = st.rank();
   const size_t E = ElementSize(dtype);
   const size_t L = (count + P - 1) / P;
-  auto shard = [&](int q) -> size_t {  // elements of shard q
-    const size_t begin = std::min(count, q * L), end = std::min(count, (q + 1) * L);
-    return end - begin;
-  };
+  auto shard = [&](int q) { return ShardElements(count, L, q, 0, L); };
   const void** srcs = st.Sources(P);
   st.BeginDirect();
   SMDDP_RETURN_IF_ERROR(st.Post());  // the input is ready
