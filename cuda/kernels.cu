@@ -116,7 +116,7 @@ cudaError_t ReducePass(void* dst, size_t dpitch, const Sources& s, int n, size_t
 }
 
 __global__ void WaitFlagKernel(const volatile uint32_t* flag, uint32_t value) {
-  while (*flag < value) __nanosleep(200);
+  while (int32_t(*flag - value) < 0) __nanosleep(200);  // as CU_STREAM_WAIT_VALUE_GEQ: cyclic
   __threadfence_system();  // later reads see what the flag's writer published
 }
 

@@ -45,12 +45,13 @@ def combine(blocks, op, dtype):
 
 
 def probe(kind, xs, out_shape, dtype, *, op="sum", outer=1, inner=0, count=0, slot=4096, calls=3,
-          flag_blocks=False, direct=0):
-  """`direct`: 0 stages every call, 1 reads peers' buffers in place, 2 alternates."""
+          flag_blocks=False, direct=0, first_step=0):
+  """`direct`: 0 stages every call, 1 reads peers' buffers in place, 2 alternates;
+  `first_step`: the steps the group ran before (its flags and counters there)."""
   outs = ENGINE.stream_probe(kind, DTYPES[np.dtype(dtype)], OPS[op], outer, inner, count, slot,
                              [x.tobytes() for x in xs],
                              int(np.prod(out_shape)) * np.dtype(dtype).itemsize, calls,
-                             flag_blocks=flag_blocks, direct=direct)
+                             flag_blocks=flag_blocks, direct=direct, first_step=first_step)
   return [np.frombuffer(o, dtype=dtype).reshape(out_shape) for o in outs]
 
 
@@ -114,6 +115,21 @@ def test_many_calls_reuse_slots_safely():
   xs = inputs(4, (8, 4, 100), np.float32, seed=1)
   for r, got in enumerate(probe(SCATTER, xs, (8, 100), np.float32, outer=8, inner=100, slot=256,
                                 calls=40)):
+    np.testing.assert_array_equal(got, combine([x[:, r, :] for x in xs], "sum", np.float32))
+
+
+@FLAG_PLACES
+@pytest.mark.parametrize("direct", [0, 2], ids=["staged", "alternating"])
+def test_step_counters_wrap_around(flag_blocks, direct):
+  """A long job's step counters pass 2^32 (64 KiB slots: 4096 steps per
+  256 MiB call). Flags compare cyclically, as CUDA's stream memory
+  operations do (CU_STREAM_WAIT_VALUE_GEQ), so the calls across the wrap
+  stay right; a plain `<` would let a rank overwrite slots its peers have
+  not read, or wait forever."""
+  xs = inputs(3, (8, 3, 100), np.float32, seed=5)
+  for r, got in enumerate(probe(SCATTER, xs, (8, 100), np.float32, outer=8, inner=100, slot=256,
+                                calls=6, flag_blocks=flag_blocks, direct=direct,
+                                first_step=(1 << 32) - 5)):
     np.testing.assert_array_equal(got, combine([x[:, r, :] for x in xs], "sum", np.float32))
 
 

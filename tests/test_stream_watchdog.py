@@ -84,11 +84,16 @@ def test_an_orderly_close_fails_the_group_without_alarm(capfd):
   assert "closed the group" not in capfd.readouterr().err
 
 
+# Steps from 0 (a young job), and just short of 2^32: flags compare cyclically,
+# as CUDA's stream memory operations do, so "released" is not UINT32_MAX (a
+# GPU stream waiting for step 5 never sees UINT32_MAX as reached: found on an
+# H100, where such streams stayed blocked) but a distance ahead of the steps.
+@pytest.mark.parametrize("first_step", [0, 1 << 31, (1 << 32) - 2], ids=["from-0", "mid", "wrapping"])
 @pytest.mark.parametrize("kind,direct", [(GATHER, 0), (SCATTER, 0), (ALL_REDUCE, 0), (GATHER, 1),
                                          (SCATTER, 1), (ALL_REDUCE, 1)],
                          ids=["all_gather", "reduce_scatter", "all_reduce", "all_gather-direct",
                               "reduce_scatter-direct", "all_reduce-direct"])
-def test_ranks_waiting_on_a_dead_peer_are_released_and_told(kind, direct):
+def test_ranks_waiting_on_a_dead_peer_are_released_and_told(kind, direct, first_step):
   """Rank 2 of 4 never runs (staged, or reading buffers in place: "direct");
   its process dies 1 s in. The other ranks wait on
   its flags (with a 30 s deadline of their own) until the watchdog sets
@@ -115,7 +120,8 @@ def test_ranks_waiting_on_a_dead_peer_are_released_and_told(kind, direct):
     t0 = time.monotonic()
     errors, group_error, outs = ENGINE.stream_watch_probe(
         kind, F32, 0, args["outer"], args["inner"], args["count"], 1024,
-        [x.tobytes() for x in xs], out_bytes, 3, 30.0, absent, child.pid, direct=direct)
+        [x.tobytes() for x in xs], out_bytes, 3, 30.0, absent, child.pid, direct=direct,
+        first_step=first_step)
     elapsed = time.monotonic() - t0
   finally:
     child.kill()

@@ -117,8 +117,11 @@ std::vector<smddp::Status> RunStreamRanks(const smddp::Plan& plan, const smddp::
                                           const std::vector<std::string>& send,
                                           std::vector<std::string>& recv, int calls,
                                           double timeout_s, int absent, int direct = 0,
-                                          bool vary = false) {
+                                          bool vary = false, uint32_t first_step = 0) {
   const int size = int(regions.size());
+  // A group that has already run `first_step` steps: every flag there
+  // (first_step near 2^32 checks that the counters wrap).
+  for (uint32_t* flag : smddp::AllFlags(layout, flags.empty() ? regions : flags)) *flag = first_step;
   if (vary && int(send.size()) != calls * size) throw std::invalid_argument("one input per call and rank");
   std::vector<smddp::Status> status(size);
   std::vector<std::string> buffers(send.begin(), send.begin() + size);  // each rank's input buffer
@@ -138,6 +141,7 @@ std::vector<smddp::Status> RunStreamRanks(const smddp::Plan& plan, const smddp::
     threads.emplace_back([&, r] {
       smddp::StreamRank me;
       me.rank = r;
+      me.step = first_step;
       me.layout = layout;
       me.regions = regions;
       me.flags = flags;
@@ -187,7 +191,7 @@ std::vector<nb::bytes> Bytes(const std::vector<std::string>& buffers) {
 std::vector<nb::bytes> StreamProbe(int kind, int dtype, int op, size_t outer, size_t inner,
                                    size_t count, size_t slot_bytes, std::vector<nb::bytes> inputs,
                                    size_t out_bytes, int calls, double timeout_s, bool flag_blocks,
-                                   int direct, bool vary) {
+                                   int direct, bool vary, uint32_t first_step) {
   const int size = vary ? int(inputs.size()) / std::max(calls, 1) : int(inputs.size());
   const smddp::Plan plan = smddp::PlanOf(kind, dtype, op, outer, inner, count);
   smddp::RegionLayout layout(size, slot_bytes);
@@ -195,7 +199,7 @@ std::vector<nb::bytes> StreamProbe(int kind, int dtype, int op, size_t outer, si
   std::vector<std::string> recv(size, std::string(out_bytes * (vary ? calls : 1), '\0'));
   const std::vector<smddp::Status> status = RunStreamRanks(
       plan, layout, regions.bases, flags.bases, Strings(inputs), recv, calls, timeout_s, -1,
-      direct, vary);
+      direct, vary, first_step);
   for (int r = 0; r < size; ++r) {
     if (!status[r].ok()) throw std::runtime_error("rank " + std::to_string(r) + ": " + status[r].message());
   }
@@ -211,7 +215,7 @@ std::vector<nb::bytes> StreamProbe(int kind, int dtype, int op, size_t outer, si
 std::tuple<std::vector<std::string>, std::string, std::vector<nb::bytes>> StreamWatchProbe(
     int kind, int dtype, int op, size_t outer, size_t inner, size_t count, size_t slot_bytes,
     std::vector<nb::bytes> inputs, size_t out_bytes, int calls, double timeout_s, int absent,
-    int absent_pid, int direct) {
+    int absent_pid, int direct, uint32_t first_step) {
   const int size = int(inputs.size());
   if (absent < 0 || absent >= size) throw std::invalid_argument("absent rank out of range");
   const smddp::Plan plan = smddp::PlanOf(kind, dtype, op, outer, inner, count);
@@ -223,12 +227,14 @@ std::tuple<std::vector<std::string>, std::string, std::vector<nb::bytes>> Stream
   peer.start_time = smddp::ProcessStartTime(absent_pid);
   peer.who = "rank " + std::to_string(absent) + " (pid " + std::to_string(absent_pid) + ")";
   group->AddPeer(std::move(peer));
-  group->SetAllFlags(smddp::AllFlags(layout, flags.bases));
+  // The ranks run a few calls from first_step: the step reached, as far as
+  // the release distance is concerned.
+  group->SetAllFlags(smddp::AllFlags(layout, flags.bases), [first_step] { return first_step; });
   smddp::Watch(group);
   std::vector<std::string> recv(size, std::string(out_bytes, '\0'));
   const std::vector<smddp::Status> status = RunStreamRanks(
       plan, layout, regions.bases, flags.bases, Strings(inputs), recv, calls, timeout_s, absent,
-      direct);
+      direct, false, first_step);
   smddp::Unwatch(group.get());
   std::vector<std::string> errors;
   for (const auto& st : status) errors.push_back(st.message());
@@ -475,11 +481,12 @@ NB_MODULE(_smddp_cpu, m) {
   m.def("stream_probe", &StreamProbe, nb::arg("kind"), nb::arg("dtype"), nb::arg("op"),
         nb::arg("outer"), nb::arg("inner"), nb::arg("count"), nb::arg("slot_bytes"),
         nb::arg("inputs"), nb::arg("out_bytes"), nb::arg("calls") = 1, nb::arg("timeout_s") = 20.0,
-        nb::arg("flag_blocks") = false, nb::arg("direct") = 0, nb::arg("vary") = false);
+        nb::arg("flag_blocks") = false, nb::arg("direct") = 0, nb::arg("vary") = false,
+        nb::arg("first_step") = 0);
   m.def("stream_watch_probe", &StreamWatchProbe, nb::arg("kind"), nb::arg("dtype"), nb::arg("op"),
         nb::arg("outer"), nb::arg("inner"), nb::arg("count"), nb::arg("slot_bytes"),
         nb::arg("inputs"), nb::arg("out_bytes"), nb::arg("calls"), nb::arg("timeout_s"),
-        nb::arg("absent"), nb::arg("absent_pid"), nb::arg("direct") = 0);
+        nb::arg("absent"), nb::arg("absent_pid"), nb::arg("direct") = 0, nb::arg("first_step") = 0);
   // The watchdog alone, on a real process (and the closed flag of `block`, if given).
   m.def("watch_process", [](int pid, double seconds, const smddp::SharedBlock* block) {
     auto group = std::make_shared<smddp::WatchedGroup>("a test group");

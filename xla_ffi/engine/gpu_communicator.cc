@@ -523,7 +523,19 @@ Status GpuCommunicator::Connect(const std::vector<std::pair<int, std::string>>& 
       if (l && l->block) own_blocks.push_back(l->block.get());
     }
     watch_->SetOwnBlocks(std::move(own_blocks));
-    if (host_flags) watch_->SetAllFlags(AllFlags(layout_, blocks));
+    if (host_flags) {
+      watch_->SetAllFlags(AllFlags(layout_, blocks), [this] {
+        uint32_t reached = 0;  // the furthest step: steps wrap, so compared cyclically
+        bool any = false;
+        for (const auto& l : local_) {
+          if (!l) continue;
+          const uint32_t step = __atomic_load_n(&l->view.step, __ATOMIC_RELAXED);
+          if (!any || !FlagReached(reached, step)) reached = step;
+          any = true;
+        }
+        return reached;
+      });
+    }
     if (logs) {
       std::vector<const uint8_t*> own;
       for (int q = 0; q < size(); ++q) {

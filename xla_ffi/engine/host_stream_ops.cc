@@ -30,7 +30,7 @@ Status HostStreamOps::Reduce(void* dst, size_t dpitch, const void* const* srcs, 
 
 Status HostStreamOps::WaitAtLeast(const uint32_t* flag, uint32_t value) {
   const auto deadline = std::chrono::steady_clock::now() + std::chrono::duration<double>(timeout_s_);
-  for (int spins = 0; __atomic_load_n(flag, __ATOMIC_ACQUIRE) < value; ++spins) {
+  for (int spins = 0; !FlagReached(__atomic_load_n(flag, __ATOMIC_ACQUIRE), value); ++spins) {
     if (spins > 1000) std::this_thread::yield();
     if ((spins & 1023) == 0 && std::chrono::steady_clock::now() > deadline)
       return Status::Error("jax_smddp: timed out waiting for a peer's flag to reach " +

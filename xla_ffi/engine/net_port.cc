@@ -7,6 +7,7 @@
 
 #include "xla_ffi/engine/communicator.h"  // TimeoutSeconds
 #include "xla_ffi/engine/process_call.h"  // MixTag
+#include "xla_ffi/engine/stream_ops.h"  // FlagReached
 #include "xla_ffi/engine/world.h"
 
 namespace smddp {
@@ -133,7 +134,7 @@ Status NetworkProxy::Run(const Task& t) {
   // Waits for a flag the stream raises, progressing links meanwhile.
   auto wait_stream = [&](size_t offset, uint32_t value) -> Status {
     const uint32_t* flag = p.host_side<uint32_t>(offset);
-    for (int spins = 0; __atomic_load_n(flag, __ATOMIC_ACQUIRE) < value; ++spins) {
+    for (int spins = 0; !FlagReached(__atomic_load_n(flag, __ATOMIC_ACQUIRE), value); ++spins) {
       for (Link* link : p.links) if (link) link->Progress();
       if ((spins & 255) == 255) {
         if (std::chrono::steady_clock::now() > deadline)

@@ -75,7 +75,7 @@ class Steps {
   // Starts the next step; its slot is free once every peer consumed the step
   // that last used it.
   Status Begin(uint8_t** slot) {
-    step_ = ++me_.step;
+    step_ = __atomic_add_fetch(&me_.step, 1, __ATOMIC_RELAXED);  // the watchdog reads it
     if (step_ > uint32_t(RegionLayout::kSlots)) {
       for (int q = 0; q < size(); ++q) {
         if (q == rank()) continue;
@@ -96,7 +96,7 @@ class Steps {
   }
 
   // Direct reads: the whole call is one step that uses no slot.
-  void BeginDirect() { step_ = ++me_.step; }
+  void BeginDirect() { step_ = __atomic_add_fetch(&me_.step, 1, __ATOMIC_RELAXED); }
   Status AwaitPosted(int q) { return q == rank() ? Status::Ok() : ops_.WaitAtLeast(Posted(q), step_); }
   // Later work on this stream waits until every peer consumed this step.
   Status AwaitConsumed() {
@@ -326,12 +326,13 @@ bool DirectReadsNeedOutputs(Plan::Kind kind) { return kind == Plan::Kind::kAllRe
 Status ReleaseEveryoneWaitingOn(const StreamRank& me, StreamOps& ops) {
   const RegionLayout& layout = me.layout;
   auto block = [&](int q) { return me.flags.empty() ? me.regions[q] : me.flags[q]; };
+  const uint32_t released = ReleasedFlag(me.step);
   SMDDP_RETURN_IF_ERROR(ops.Write(reinterpret_cast<uint32_t*>(block(me.rank) + layout.posted_offset()),
-                                  UINT32_MAX));
+                                  released));
   for (int q = 0; q < layout.size; ++q) {
     if (q == me.rank || !block(q)) continue;
     SMDDP_RETURN_IF_ERROR(ops.Write(
-        reinterpret_cast<uint32_t*>(block(q) + layout.consumed_offset(me.rank)), UINT32_MAX));
+        reinterpret_cast<uint32_t*>(block(q) + layout.consumed_offset(me.rank)), released));
   }
   return Status::Ok();
 }

@@ -76,8 +76,8 @@ struct StreamRank {
 struct NetPort;
 
 // Every flag of every rank's flag block (or region), as some process
-// addresses them (null blocks skipped): what a failed group sets to
-// UINT32_MAX so that no stream waits on it (stream_watchdog.h).
+// addresses them (null blocks skipped): what a failed group releases so that
+// no stream waits on it (stream_watchdog.h).
 std::vector<uint32_t*> AllFlags(const RegionLayout& layout, const std::vector<uint8_t*>& blocks);
 
 // all_gather over hosts (the hierarchical, pipelined algorithm): the group is
@@ -103,8 +103,8 @@ Status RunStreamHierarchicalScatter(size_t outer, size_t inner, DType dtype, Red
                                     const void* send, void* recv);
 
 // For a rank that gives up on a call after its peers may have enqueued
-// theirs (a failed buffer exchange): enqueues writes of UINT32_MAX to its
-// posted flag and to its consumed flag at every peer, so that no peer's
+// theirs (a failed buffer exchange): enqueues releases (ReleasedFlag of its
+// step) of its posted flag and to its consumed flag at every peer, so that no peer's
 // stream waits on it; the group's outputs are undefined from then on (it
 // fails for good, as after the watchdog releases a dead peer's flags).
 Status ReleaseEveryoneWaitingOn(const StreamRank& me, StreamOps& ops);

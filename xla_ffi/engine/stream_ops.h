@@ -15,6 +15,16 @@
 
 namespace smddp {
 
+// Step flags compare as CUDA's stream memory operations compare them
+// (CU_STREAM_WAIT_VALUE_GEQ): cyclically, (int32_t)(flag - value) >= 0, so
+// that the counters may wrap. UINT32_MAX is therefore not "largest": a flag
+// is released (no stream waits on it) by moving it kReleaseDistance ahead of
+// the steps its group reached, far past any step a peer can wait for and
+// far short of looking behind them.
+inline bool FlagReached(uint32_t flag, uint32_t value) { return int32_t(flag - value) >= 0; }
+constexpr uint32_t kReleaseDistance = 1u << 30;
+inline uint32_t ReleasedFlag(uint32_t step_reached) { return step_reached + kReleaseDistance; }
+
 class StreamOps {
  public:
   virtual ~StreamOps() = default;
@@ -32,7 +42,7 @@ class StreamOps {
   virtual Status Reduce(void* dst, size_t dpitch, const void* const* srcs, int n, size_t spitch,
                         size_t count, size_t rows, DType dtype, ReduceOp op) = 0;
 
-  // Later work waits until *flag >= value (the flag may be a peer's).
+  // Later work waits until FlagReached(*flag, value) (the flag may be a peer's).
   virtual Status WaitAtLeast(const uint32_t* flag, uint32_t value) = 0;
 
   // *flag = value once all earlier work is done and visible to peers.

@@ -10,6 +10,7 @@
 #include "xla_ffi/engine/communicator.h"  // TimeoutSeconds
 #include "xla_ffi/engine/process_liveness.h"
 #include "xla_ffi/engine/shared_block.h"
+#include "xla_ffi/engine/stream_ops.h"  // ReleasedFlag
 
 namespace smddp {
 
@@ -36,15 +37,24 @@ void WatchedGroup::FailBecauseOf(const std::string& cause, bool quiet, const std
                           : "the calls in flight were released with undefined output") +
       ", and every later call fails. Restart the job.";
   Fail(text, root.empty() ? cause : root, quiet);
-  // Every flag to its largest value, so every stream waiting goes on (and
-  // kept so by Check(): live peers may still write theirs).
-  for (uint32_t* flag : all_flags_) __atomic_store_n(flag, UINT32_MAX, __ATOMIC_RELEASE);
+  // Every flag released, so every stream waiting goes on (and kept so by
+  // Check(): live peers may still write theirs).
+  ReleaseFlags();
   if (!quiet) std::fprintf(stderr, "%s\n", text.c_str());  // a stream may be blocked: say it now
+}
+
+void WatchedGroup::ReleaseFlags() {
+  if (all_flags_.empty()) return;
+  if (!released_) {
+    released_value_ = ReleasedFlag(step_reached_ ? step_reached_() : 0);
+    released_ = true;
+  }
+  for (uint32_t* flag : all_flags_) __atomic_store_n(flag, released_value_, __ATOMIC_RELEASE);
 }
 
 bool WatchedGroup::Check() {
   if (failed()) {
-    for (uint32_t* flag : all_flags_) __atomic_store_n(flag, UINT32_MAX, __ATOMIC_RELEASE);
+    ReleaseFlags();
     return false;
   }
   auto state_of = [](const WatchedPeer& peer) {

@@ -6,8 +6,8 @@
 // group every 50 ms; when a group fails it records an error naming the rank
 // and process (every later call of the group fails with it), prints it at
 // once (unless the peer finished in order), tells the peers (its blocks'
-// state), and sets every flag of the group to its largest value, again every
-// 50 ms, so that no waiting stream hangs: the calls in flight complete with
+// state), and releases every flag of the group (moves it far ahead of any
+// step awaited), again every 50 ms, so that no waiting stream hangs: the calls in flight complete with
 // undefined output, the next call raises. Flags can be released this way
 // only where the host can write them (host memory the GPU addresses); groups
 // whose flags are in device memory get the error and the message, and their
@@ -18,6 +18,7 @@
 #include <atomic>
 #include <chrono>
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <mutex>
 #include <string>
@@ -58,11 +59,17 @@ class WatchedGroup {
   // cause) when the group fails here, so that the peers fail theirs.
   void SetOwnBlocks(std::vector<SharedBlock*> blocks) { own_blocks_ = std::move(blocks); }
   // Every flag of the group, in every rank's block (host addresses; host
-  // flag memory only). Once the group failed, for whatever reason, the
-  // watchdog keeps them all at UINT32_MAX: a stream of any process may wait
-  // on a rank whose host stopped before enqueuing its part (it saw the
-  // failure first), not only on the rank that caused it.
-  void SetAllFlags(std::vector<uint32_t*> flags) { all_flags_ = std::move(flags); }
+  // flag memory only), and the step this process's ranks of the group have
+  // reached (enqueued). Once the group failed, for whatever reason, the
+  // watchdog keeps them all released (ReleasedFlag of that step,
+  // stream_ops.h): a stream of any process may wait on a rank whose host
+  // stopped before enqueuing its part (it saw the failure first), not only
+  // on the rank that caused it. Peers' steps differ from this process's by
+  // a few calls at most, far less than the release distance.
+  void SetAllFlags(std::vector<uint32_t*> flags, std::function<uint32_t()> step_reached) {
+    all_flags_ = std::move(flags);
+    step_reached_ = std::move(step_reached);
+  }
 
   // Marks the group failed (every later call fails with `message`; the
   // first failure is kept) and tells the peers, with `message` as the cause.
@@ -82,6 +89,9 @@ class WatchedGroup {
   // `cause`: what went wrong; `quiet`: print nothing (an orderly close);
   // `root`: the cause to hand on to the peers, if not `cause`.
   void FailBecauseOf(const std::string& cause, bool quiet, const std::string& root = "");
+  // Sets every flag to its released value (chosen at the first release and
+  // kept, so that releases by several processes do not add up).
+  void ReleaseFlags();
 
   struct Lag {
     uint64_t calls = 0;  // the peer's calls when last seen
@@ -93,6 +103,9 @@ class WatchedGroup {
   std::vector<const uint8_t*> own_logs_;
   std::vector<SharedBlock*> own_blocks_;
   std::vector<uint32_t*> all_flags_;
+  std::function<uint32_t()> step_reached_;
+  bool released_ = false;              // (the watchdog thread only)
+  uint32_t released_value_ = 0;
   std::vector<Lag> lag_;               // by peer (the watchdog thread only)
   mutable std::mutex mu_;
   std::string error_;
