@@ -70,6 +70,13 @@ constexpr MemoryIface kDeviceIface = MemoryIface::kHost;
 constexpr MemoryIface kDeviceIface = MemoryIface::kCuda;
 #endif
 
+// Whether `provider` moves registered device memory by DMA (GPUDirect RDMA)
+// rather than by CUDA copies on its progress thread, which the proxy calls
+// while streams wait on it.
+bool MovesDeviceMemoryByDma(const std::string& provider) {
+  return provider.rfind("efa", 0) == 0 || provider.find("verbs") != std::string::npos;
+}
+
 // This process's rail for network slots in device memory (FI_HMEM), once
 // OpenDeviceRail succeeded; never closed (like the proxy).
 std::mutex rail_mu;
@@ -898,6 +905,13 @@ Status OpenDeviceRail(int ordinal, std::string* address) {
     auto world = CurrentWorld();
     if (!world || world->fabric_provider().empty())
       return Status::Error("no libfabric links to other hosts in this process's world");
+    if (kDeviceIface == MemoryIface::kCuda && !MovesDeviceMemoryByDma(world->fabric_provider()))
+      return Status::Error(
+          "libfabric's " + world->fabric_provider() + " provider would move device memory (FI_HMEM) "
+          "with CUDA copies from its progress thread, and with memory it cannot tell is CUDA's "
+          "it synchronizes the whole device (cudaDeviceSynchronize, seen with shm on an H100): "
+          "that waits for the streams that wait on the network proxy, a deadlock. Device slots "
+          "need a provider that moves them by DMA (efa, verbs)");
     bool flush = false;
     SMDDP_RETURN_IF_ERROR(RdmaWriteOrdering(ordinal, &flush));
     std::unique_ptr<FabricRail> rail;
