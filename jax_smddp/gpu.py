@@ -269,6 +269,14 @@ def release() -> None:
     _why_staged.clear()
 
 
+def direct_reads_staged_because() -> str:
+  """Why the latest call of this process that asked for direct reads
+  (JAX_SMDDP_GPU_DIRECT_READS=1) staged through the slots instead: which rank
+  could not share its buffers in place, and why. Empty if none did."""
+  ext = _native.cuda_engine()
+  return ext.direct_reads_staged_because() if ext is not None else ""
+
+
 def counters() -> dict:
   """What the GPU backend enqueued so far in this process: data-movement
   kernels, copy-engine copies, reduction kernels, flag operations, and calls

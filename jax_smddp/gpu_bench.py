@@ -123,7 +123,8 @@ def worker(args) -> dict:
             if chosen else "-"
       rows.append(row)
   return {"ok": True, "rows": rows,
-          "counters": jax_smddp.gpu.counters() if ext else {}}
+          "counters": jax_smddp.gpu.counters() if ext else {},
+          "direct_staged_because": jax_smddp.gpu.direct_reads_staged_because() if ext else ""}
 
 
 def _check(op: str, y, n: int, count: int) -> None:
@@ -247,6 +248,8 @@ def main(argv=None) -> int:
     label = mode if setting is None else f"{mode}, JAX_SMDDP_FABRIC_HMEM={setting}"
     label += f", JAX_SMDDP_GPU_DIRECT_READS={direct}"
     print(f"mode {label}: counters {procs[0].result['counters']}")
+    if direct == "1" and procs[0].result.get("direct_staged_because"):
+      print(f"  direct reads staged because: {procs[0].result['direct_staged_because']}")
   print(report(rows))
   if args.json:
     with open(args.json, "w") as f:

@@ -14,6 +14,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import os
+import shlex
 import signal
 import socket
 import subprocess
@@ -47,6 +48,8 @@ def run_job(args: list[str], nprocs: int, devices: int, *, script: str | list[st
 
   `namespaces[i]`, when given, is the network namespace process i runs in
   (`ip netns exec`); `coordinator_ip` must then be reachable from all.
+  JAX_SMDDP_LAUNCH_WRAPPER, when set, goes before every process's command,
+  e.g. "cuda-gdb -q -batch -ex run -ex bt --args" for a crash's native stack.
   """
   port = free_port("127.0.0.1" if namespaces is None else "0.0.0.0")
   coordinator = f"{coordinator_ip}:{port}"
@@ -58,6 +61,7 @@ def run_job(args: list[str], nprocs: int, devices: int, *, script: str | list[st
   for i in range(nprocs):
     prefix = [script] if isinstance(script, str) else list(script)
     cmd = [sys.executable, *prefix, *args, str(i), str(nprocs), coordinator, str(devices)]
+    cmd = shlex.split(os.environ.get("JAX_SMDDP_LAUNCH_WRAPPER", "")) + cmd
     if namespaces is not None:
       cmd = ["ip", "netns", "exec", namespaces[i], *cmd]
     penv = dict(base_env)

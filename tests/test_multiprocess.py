@@ -199,3 +199,18 @@ def test_two_hosts_dead_peer():
                                 "JAX_SMDDP_TIMEOUT_S": "120"})
   assert procs[1].returncode == -9, launch.describe(procs)
   _check_peer_failure(procs, dead=1, within_s=30)
+
+
+def test_launch_wrapper_goes_before_every_process(tmp_path, monkeypatch):
+  """JAX_SMDDP_LAUNCH_WRAPPER (e.g. a debugger for a crash's native stack)
+  runs every process under it, with the process's own arguments intact."""
+  script = tmp_path / "report.py"
+  script.write_text("import json, os, sys\n"
+                    "print('RESULT ' + json.dumps({'ok': True, 'wrapped': os.environ.get('WRAPPED'),"
+                    " 'argv': sys.argv[1:]}))\n")
+  monkeypatch.setenv("JAX_SMDDP_LAUNCH_WRAPPER", "env WRAPPED=yes")
+  procs = launch.run_job(["a b"], 2, 1, script=str(script), timeout=60)
+  for i, p in enumerate(procs):
+    assert p.returncode == 0 and p.result, launch.describe(procs)
+    assert p.result["wrapped"] == "yes"
+    assert p.result["argv"][:3] == ["a b", str(i), "2"], p.result

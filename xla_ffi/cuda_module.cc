@@ -17,6 +17,7 @@
 #include "nanobind/stl/pair.h"
 #include "nanobind/stl/string.h"
 #include "nanobind/stl/vector.h"
+#include "xla_ffi/engine/buffer_exchange.h"
 #include "xla_ffi/engine/communicator.h"
 #include "xla_ffi/engine/gpu_communicator.h"
 #include "xla_ffi/engine/stream_algorithms.h"
@@ -231,6 +232,7 @@ NB_MODULE(_smddp_cuda, m) {
     d["direct_reads"] = direct;
     return d;
   });
+  m.def("direct_reads_staged_because", &smddp::BufferExchange::StagedBecause);
   m.def("counters", [] {
     auto& c = smddp::cuda::Counters();
     nb::dict d;

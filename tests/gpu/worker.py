@@ -140,7 +140,8 @@ def main() -> None:
         checked += 1
   across = {str(list(k)): v for k, v in gpu.groups_across_hosts().items()}
   print("RESULT " + json.dumps({"ok": True, "checked": checked, "scenario": scenario,
-                                "counters": gpu.counters(), "across_hosts": across}), flush=True)
+                                "counters": gpu.counters(), "across_hosts": across,
+                                "direct_staged_because": gpu.direct_reads_staged_because()}), flush=True)
 
 
 def dead_peer(process: int, nprocs: int, mesh, sharding) -> None:
@@ -214,6 +215,10 @@ def mismatch(process: int, nprocs: int, mesh) -> None:
 
 
 if __name__ == "__main__":
+  import faulthandler
+  faulthandler.enable()  # a crash shows its Python stack in the test's output
+  if os.environ.get("JAX_SMDDP_WORKER_STACKS_AFTER_S"):  # a hang shows where every thread waits
+    faulthandler.dump_traceback_later(float(os.environ["JAX_SMDDP_WORKER_STACKS_AFTER_S"]), exit=False)
   try:
     main()
   except Exception:  # reported to the launcher, which fails the test with it

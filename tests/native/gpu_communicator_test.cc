@@ -51,6 +51,7 @@
 
 #include <cuda_runtime_api.h>  // the mock: inputs in "device memory"
 
+#include "xla_ffi/engine/buffer_exchange.h"
 #include "xla_ffi/engine/communicator.h"  // SetTimeoutSeconds
 #include "xla_ffi/engine/gpu_communicator.h"
 #include "xla_ffi/engine/host_stream_ops.h"
@@ -388,6 +389,12 @@ int RunRank(int r, const std::string& scenario, bool host, int up, int down) {
         Status st = Run(me, MakePlan(Plan::Kind::kAllGather, 1, n * 4, 0), send, &recv, 20);
         Expect(r, st.ok(), "all_gather: " + st.message());
         Expect(r, me->view.inputs.empty() == (call == 0), "staged only the call with a heap input");
+        // The process says why (gpu.direct_reads_staged_because()): rank 1 itself, or its peers.
+        const std::string why = smddp::BufferExchange::StagedBecause();
+        Expect(r, why.find("rank 1") != std::string::npos &&
+                      why.find(r == 1 ? "cannot share its buffers in place (its memory is not"
+                                      : "could not share its buffers") != std::string::npos,
+               "staged because: " + why);
         for (int q = 0; q < kRanks; ++q)
           for (size_t i = 0; i < n; ++i)
             Expect(r, recv[q * n + i] == Input(q, i + 7 * call), "all_gather value");

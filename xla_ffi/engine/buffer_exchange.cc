@@ -6,6 +6,7 @@
 #include <chrono>
 #include <cstdio>
 #include <cstring>
+#include <mutex>
 #include <thread>
 #include <utility>
 
@@ -32,7 +33,20 @@ HandleSlot* Handles(uint8_t* table) {
   return reinterpret_cast<HandleSlot*>(table + BufferExchange::kEntries * sizeof(Entry));
 }
 
+std::mutex staged_mu;
+std::string staged_because;  // BufferExchange::StagedBecause
+
+void NoteStaged(const std::string& why) {
+  std::lock_guard<std::mutex> lock(staged_mu);
+  staged_because = why;
+}
+
 }  // namespace
+
+std::string BufferExchange::StagedBecause() {
+  std::lock_guard<std::mutex> lock(staged_mu);
+  return staged_because;
+}
 
 size_t BufferExchange::Bytes() { return kEntries * sizeof(Entry) + kHandleSlots * sizeof(HandleSlot); }
 
@@ -106,10 +120,12 @@ Status BufferExchange::Exchange(uint64_t exchange, uint64_t call, const void* in
     out_id = in_id && output ? Export(output, &out_offset, &why) : 0;
   }
   const bool exported = in_id && (!output || out_id);
-  if (!exported && !told_) {
+  if (!exported && !told_) {  // said once (no string built per call)
     told_ = true;
-    std::fprintf(stderr, "jax_smddp (GPU): %s cannot share its buffers in place (%s); such calls "
-                 "of its group stage through the slots\n", who_(rank_).c_str(), why.message().c_str());
+    const std::string text = who_(rank_) + " cannot share its buffers in place (" + why.message() + ")";
+    NoteStaged(text);
+    std::fprintf(stderr, "jax_smddp (GPU): %s; such calls of its group stage through the slots\n",
+                 text.c_str());
   }
   Entry* own = Entries(tables_[rank_]) + exchange % kEntries;
   own->w[0].store(0, std::memory_order_relaxed);
@@ -159,6 +175,10 @@ Status BufferExchange::Exchange(uint64_t exchange, uint64_t call, const void* in
     if (w[2]) SMDDP_RETURN_IF_ERROR(Locate(q, w[2], w[3], w[4], &at_input));
     if (output && w[5]) SMDDP_RETURN_IF_ERROR(Locate(q, w[5], w[6], w[7], &(*outputs)[q]));
     (*inputs)[q] = at_input;
+    if (exported && !(w[2] && (!output || w[5])) && !peer_told_) {
+      peer_told_ = true;
+      NoteStaged(who_(q) + " could not share its buffers in place (its process says why on stderr)");
+    }
     all = all && w[2] && (!output || w[5]);
   }
   if (!all) {

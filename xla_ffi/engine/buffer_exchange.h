@@ -75,6 +75,9 @@ class BufferExchange {
   // Allocations this rank exported, and peers' allocations it located (each
   // mapped once per process by Memory::map_allocation).
   size_t exported() const { return size_t(next_id_); }
+  // Why the latest call of this process that asked for direct reads staged
+  // instead (which rank could not share its buffers, and why); empty if none did.
+  static std::string StagedBecause();
   size_t mapped() const { return mapped_.size(); }
 
  private:
@@ -95,6 +98,7 @@ class BufferExchange {
   std::map<std::pair<int, uint64_t>, uint8_t*> mapped_;  // (peer, id) -> base here
   bool remote_peers_ = false;  // some rank is in another process (buffers are exported)
   bool told_ = false;          // why this rank stages, said once
+  bool peer_told_ = false;     // that a peer made a call stage, noted once
 };
 
 }  // namespace smddp
