@@ -54,6 +54,7 @@ def program(tmp_path_factory):
   build = subprocess.run(
       [cxx, "-std=c++17", "-O1", "-Wall", "-Wextra", "-I", os.path.join(ROOT, "tests/native/mock_cuda"),
        f"-I{ROOT}", *_engine_sources(), os.path.join(ROOT, "cuda/gdrcopy.cc"),
+       os.path.join(ROOT, "cuda/buffer_ipc.cc"),
        os.path.join(ROOT, "xla_ffi/engine/gpu_communicator.cc"),
        os.path.join(ROOT, "tests/native/gpu_communicator_test.cc"),
        "-o", exe, "-lpthread", "-ldl", "-lrt"],
@@ -69,9 +70,24 @@ def program(tmp_path_factory):
                                       "direct_two_per_process", "direct_in_process",
                                       "direct_map_fails", "direct_disagree", "direct_timing"])
 def test_gpu_communicator(program, scenario, flag_memory):
+  _run_scenario(program, scenario, flag_memory)
+
+
+@pytest.mark.timeout(900)
+@pytest.mark.parametrize("scenario", ["direct", "direct_dead_peer", "direct_two_per_process",
+                                      "direct_map_fails"])
+def test_direct_reads_of_cumem_buffers(program, scenario):
+  """XLA's memory is cuMemCreate'd (seen on an H100 with jax 0.11.2: no
+  legacy CUDA IPC, POSIX file descriptor handles allowed). The same direct
+  reads with the mock's allocations exported as descriptors: each peer
+  process copies them (pidfd_getfd) and maps them (cuda/buffer_ipc.cc)."""
+  _run_scenario(program, scenario, "host", {"JAX_SMDDP_MOCK_CUMEM": "1"})
+
+
+def _run_scenario(program, scenario, flag_memory, env=None):
   before = set(glob.glob("/dev/shm/jax_smddp*"))
   run = subprocess.run([program, scenario, flag_memory], capture_output=True, text=True,
-                       timeout=120)
+                       timeout=120, env={**os.environ, **(env or {})})
   out = run.stdout + run.stderr
   assert run.returncode == 0 and "all checks passed" in run.stdout, out
   if scenario in ("dead_peer", "stalled"):  # said on stderr at once by each survivor (and

@@ -378,6 +378,9 @@ int RunRank(int r, const std::string& scenario, bool host, int up, int down) {
       Expect(r, me->exchange->exported() == 2, "exported " + std::to_string(me->exchange->exported()));
       Expect(r, me->exchange->mapped() == size_t(2 * (kRanks - 1)),
              "mapped " + std::to_string(me->exchange->mapped()));
+      // By descriptor where the memory is cuMemCreate's, else by legacy CUDA IPC.
+      Expect(r, mock_cuda::cumem_maps == (mock_cuda::CuMem() ? 2 * (kRanks - 1) : 0),
+             "cuMem mappings: " + std::to_string(mock_cuda::cumem_maps));
       // Rank 1's input in memory CUDA IPC cannot share: every rank stages that
       // call (all decide alike), right, then reads in place again.
       for (int call = 0; call < 2; ++call) {
@@ -480,8 +483,8 @@ int RunRank(int r, const std::string& scenario, bool host, int up, int down) {
     }
     Expect(r, s < 8, "took " + std::to_string(s) + " s");
     const std::string why = FirstError(me, 10);
-    Expect(r, why.find("cudaIpcOpenMemHandle") != std::string::npos,
-           "later calls do not fail naming the cause: " + why);
+    const char* cause = mock_cuda::CuMem() ? "cuMemImportFromShareableHandle" : "cudaIpcOpenMemHandle";
+    Expect(r, why.find(cause) != std::string::npos, "later calls do not fail naming the cause: " + why);
   } else if (scenario == "direct_dead_peer") {
     // The live ranks' hosts wait for rank 2's input in the exchange, with a
     // 30 s deadline: the watchdog, not the deadline, ends the wait.

@@ -24,7 +24,7 @@ struct HandleSlot {
   std::atomic<uint64_t> stamp;
   uint64_t pad;
   unsigned char handle[BufferExchange::kHandleBytes];
-  unsigned char pad2[48];
+  unsigned char pad2[128 - 16 - BufferExchange::kHandleBytes];
 };
 static_assert(sizeof(Entry) == 64 && sizeof(HandleSlot) == 128, "cache-line sized");
 

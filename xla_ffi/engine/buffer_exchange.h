@@ -33,7 +33,7 @@ namespace smddp {
 
 class BufferExchange {
  public:
-  static constexpr size_t kHandleBytes = 64;  // sizeof(cudaIpcMemHandle_t)
+  static constexpr size_t kHandleBytes = 72;  // a kind, then a CUDA IPC handle or a descriptor's (cuda/buffer_ipc.h)
   using Handle = std::array<unsigned char, kHandleBytes>;  // fixed size: nothing allocated per call
   static constexpr size_t kEntries = 4;       // exchanges in flight (a peer is at most one ahead)
   // A handle is read in the exchange that publishes it, and a rank publishes

@@ -11,6 +11,8 @@
 
 #include <cuda_runtime_api.h>
 
+#include "cuda/buffer_ipc.h"
+#include "cuda/device_scope.h"
 #include "cuda/gdrcopy.h"
 #include "xla_ffi/engine/call_log.h"
 #include "xla_ffi/engine/communicator.h"
@@ -22,26 +24,8 @@ namespace smddp {
 namespace gpu {
 namespace {
 
-Status CudaError(const std::string& what, cudaError_t err) {
-  return Status::Error("jax_smddp (GPU): " + what + ": " + cudaGetErrorString(err));
-}
-
-// Runs a block on `ordinal` and restores the caller's current device.
-class DeviceScope {
- public:
-  explicit DeviceScope(int ordinal) {
-    if (cudaGetDevice(&saved_) != cudaSuccess) saved_ = -1;
-    err_ = cudaSetDevice(ordinal);
-  }
-  ~DeviceScope() {
-    if (saved_ >= 0) cudaSetDevice(saved_);
-  }
-  cudaError_t error() const { return err_; }
-
- private:
-  int saved_ = -1;
-  cudaError_t err_;
-};
+using cuda::CudaError;
+using cuda::DeviceScope;
 
 std::mutex registry_mu;
 std::map<uint64_t, std::unique_ptr<GpuCommunicator>>& Registry() {
@@ -118,79 +102,6 @@ size_t CallLogOffset(const RegionLayout& layout) {
 size_t BufferTableOffset(const RegionLayout& layout) { return CallLogOffset(layout) + CallLog::kBytes; }
 size_t SharedBlockBytes(const RegionLayout& layout) {
   return BufferTableOffset(layout) + BufferExchange::Bytes();
-}
-
-// CUDA IPC of the allocation that holds an XLA buffer (direct reads). The
-// driver's cuPointerGetAttributes tells, in one call, where that allocation
-// starts (cudaIpcGetMemHandle needs the start), its buffer id (never reused
-// in a process, so a freed and reallocated start is told apart without
-// exporting again) and whether legacy CUDA IPC can share it at all.
-using PointerAttributesFn = int (*)(unsigned count, const int* attributes, void** data,
-                                    unsigned long long ptr);
-// CUpointer_attribute values (cuda.h), so that only the runtime's header is needed.
-enum : int { kPointerBufferId = 7, kPointerLegacyIpcCapable = 10, kPointerRangeStart = 11 };
-PointerAttributesFn PointerAttributes() {
-  static const PointerAttributesFn fn = [] {
-    void* f = nullptr;
-    cudaDriverEntryPointQueryResult found;
-    if (cudaGetDriverEntryPointByVersion("cuPointerGetAttributes", &f, 12000, cudaEnableDefault,
-                                         &found) != cudaSuccess ||
-        found != cudaDriverEntryPointSuccess) {
-      cudaGetLastError();
-      return PointerAttributesFn(nullptr);
-    }
-    return reinterpret_cast<PointerAttributesFn>(f);
-  }();
-  return fn;
-}
-
-Status FindAllocation(int ordinal, const void* p, uintptr_t* base, uint64_t* unique) {
-  const PointerAttributesFn attributes = PointerAttributes();
-  if (!attributes) return Status::Error("the driver has no cuPointerGetAttributes");
-  DeviceScope scope(ordinal);  // the driver call needs a current context
-  const int which[3] = {kPointerRangeStart, kPointerBufferId, kPointerLegacyIpcCapable};
-  unsigned long long start = 0, id = 0;
-  int capable = 0;  // zeroed: the driver may write a narrower boolean
-  void* data[3] = {&start, &id, &capable};
-  if (const int r = attributes(3, which, data, reinterpret_cast<unsigned long long>(p)); r != 0)
-    return Status::Error("cuPointerGetAttributes failed (CUDA error " + std::to_string(r) + ")");
-  if (!capable || !start || !id)
-    return Status::Error("its memory is not of a kind legacy CUDA IPC can share (XLA's default "
-                         "BFC allocator's is; managed memory, cuMemCreate and memory pools are not)");
-  *base = uintptr_t(start);
-  *unique = uint64_t(id);
-  return Status::Ok();
-}
-
-Status ExportAllocation(int ordinal, uintptr_t base, BufferExchange::Handle* handle) {
-  DeviceScope scope(ordinal);
-  cudaIpcMemHandle_t h;
-  const cudaError_t err = cudaIpcGetMemHandle(&h, reinterpret_cast<void*>(base));
-  if (err != cudaSuccess) {
-    cudaGetLastError();
-    return Status::Error(std::string("cudaIpcGetMemHandle: ") + cudaGetErrorString(err) +
-                         " (XLA's allocator must be one whose memory CUDA IPC can share, e.g. "
-                         "XLA_PYTHON_CLIENT_ALLOCATOR=bfc, not cuda_async)");
-  }
-  static_assert(sizeof(h) == BufferExchange::kHandleBytes, "a CUDA IPC handle is 64 bytes");
-  std::memcpy(handle->data(), &h, sizeof(h));
-  return Status::Ok();
-}
-
-Status MapAllocation(int ordinal, const BufferExchange::Handle& handle,
-                     std::vector<uint8_t*>* opened, uint8_t** base) {
-  cudaIpcMemHandle_t h;
-  std::memcpy(&h, handle.data(), sizeof(h));
-  DeviceScope scope(ordinal);
-  void* p = nullptr;
-  const cudaError_t err = cudaIpcOpenMemHandle(&p, h, cudaIpcMemLazyEnablePeerAccess);
-  if (err != cudaSuccess) {
-    cudaGetLastError();
-    return Status::Error(std::string("cudaIpcOpenMemHandle: ") + cudaGetErrorString(err));
-  }
-  opened->push_back(static_cast<uint8_t*>(p));
-  *base = static_cast<uint8_t*>(p);
-  return Status::Ok();
 }
 
 const char* FlagMemoryName(FlagMemory m) { return m == FlagMemory::kHost ? "host" : "device"; }
@@ -585,10 +496,10 @@ Status GpuCommunicator::StartDirectReads(bool logs, const std::vector<uint8_t*>&
     BufferExchange::Memory memory;
     const int ordinal = rank->ordinal;
     memory.find_allocation = [ordinal](const void* p, uintptr_t* base, uint64_t* unique) {
-      return FindAllocation(ordinal, p, base, unique);
+      return cuda::FindAllocation(ordinal, p, base, unique);
     };
-    memory.export_allocation = [ordinal](uintptr_t base, BufferExchange::Handle* handle) {
-      return ExportAllocation(ordinal, base, handle);
+    memory.export_allocation = [this, ordinal](uintptr_t base, BufferExchange::Handle* handle) {
+      return buffer_ipc_.Export(ordinal, base, handle);
     };
     // Once per process, as the regions are: CUDA lets a process open a
     // handle in one context per device, and unified addressing makes the
@@ -599,7 +510,7 @@ Status GpuCommunicator::StartDirectReads(bool logs, const std::vector<uint8_t*>&
         *base = it->second;
         return Status::Ok();
       }
-      SMDDP_RETURN_IF_ERROR(MapAllocation(rank->ordinal, handle, &opened_, base));
+      SMDDP_RETURN_IF_ERROR(buffer_ipc_.Map(rank->ordinal, handle, base));
       mapped_buffers_[handle] = *base;
       return Status::Ok();
     };

@@ -24,6 +24,7 @@
 #include <utility>
 #include <vector>
 
+#include "cuda/buffer_ipc.h"
 #include "xla_ffi/engine/buffer_exchange.h"
 #include "xla_ffi/engine/net_port.h"
 #include "xla_ffi/engine/shared_block.h"
@@ -120,6 +121,7 @@ class GpuCommunicator {
   std::vector<uint8_t*> opened_;                   // IPC mappings to close
   std::mutex opened_mu_;                           // direct reads map peers' buffers per call
   std::map<BufferExchange::Handle, uint8_t*> mapped_buffers_;  // by IPC handle: once per process
+  cuda::BufferIpc buffer_ipc_;                     // peers' XLA buffers mapped, this process's exported
   std::vector<std::unique_ptr<SharedBlock>> opened_blocks_;  // peers' shared blocks
   std::vector<int> process_of_;                    // by rank
   std::vector<void*> registered_;                  // host memory registered with CUDA

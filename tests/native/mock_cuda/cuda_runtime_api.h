@@ -148,11 +148,18 @@ inline cudaError_t cudaIpcOpenMemHandle(void** p, cudaIpcMemHandle_t h, unsigned
 }
 inline cudaError_t cudaIpcCloseMemHandle(void* p) { return cudaFree(p); }
 
-// The driver's cuPointerGetAttributes, the one entry point the set-up asks
-// for: of the "allocation" holding `ptr`, its start (11), buffer id (7) and
-// whether CUDA IPC can export it (10: allocated here); for other memory, as
-// the driver does, zeros and success.
+// The driver's cuPointerGetAttributes: of the "allocation" holding `ptr`,
+// its start (11), size (12), buffer id (7), whether legacy CUDA IPC can
+// export it (10) and the shareable handle types it allows (14). Allocated
+// here: as cudaMalloc's (legacy IPC, no handle types), or with
+// JAX_SMDDP_MOCK_CUMEM=1 as cuMemCreate's that allow POSIX file descriptors
+// (what XLA hands out); for other memory, as the driver does, zeros and
+// success.
 namespace mock_cuda {
+inline bool CuMem() {
+  const char* v = std::getenv("JAX_SMDDP_MOCK_CUMEM");
+  return v && v[0] == '1';
+}
 inline int PointerGetAttributes(unsigned count, const int* which, void** data,
                                 unsigned long long ptr) {
   std::lock_guard<std::mutex> lock(mu);
@@ -168,21 +175,111 @@ inline int PointerGetAttributes(unsigned count, const int* which, void** data,
   for (unsigned i = 0; i < count; ++i) {
     if (which[i] == 11) *static_cast<unsigned long long*>(data[i]) = found ? start : 0;
     else if (which[i] == 7) *static_cast<unsigned long long*>(data[i]) = found ? found->buffer_id : 0;
-    else if (which[i] == 10) *static_cast<int*>(data[i]) = found && found->own;
+    else if (which[i] == 10) *static_cast<int*>(data[i]) = found && found->own && !CuMem();
+    else if (which[i] == 12) *static_cast<unsigned long long*>(data[i]) = found ? found->bytes : 0;
+    else if (which[i] == 14) *static_cast<unsigned long long*>(data[i]) = found && found->own && CuMem();
     else return 1;  // CUDA_ERROR_INVALID_VALUE: not mocked
   }
   return 0;
 }
 }  // namespace mock_cuda
+// The cuMem* entry points (with JAX_SMDDP_MOCK_CUMEM=1): an allocation's
+// handle is its buffer id; exporting opens its shared memory (the
+// descriptor), importing keeps a copy of one; mapping maps it at a reserved
+// address.
+namespace mock_cuda {
+inline std::map<unsigned long long, int> imported;  // handle -> descriptor
+inline int cumem_maps = 0;                           // peers' allocations mapped by cuMemMap
+inline unsigned long long next_import = 1ull << 40;
+inline int RetainAllocationHandle(unsigned long long* h, void* addr) {
+  std::lock_guard<std::mutex> lock(mu);
+  auto it = mappings.find(addr);
+  if (it == mappings.end() || !it->second.own) return 1;
+  *h = it->second.buffer_id;
+  return 0;
+}
+inline int ExportToShareableHandle(void* out, unsigned long long h, int type, unsigned long long) {
+  std::lock_guard<std::mutex> lock(mu);
+  for (const auto& [at, m] : mappings) {
+    if (m.own && m.buffer_id == h && type == 1) {
+      const int fd = shm_open(m.name, O_RDWR | O_CLOEXEC, 0);
+      if (fd < 0) return 2;
+      *static_cast<int*>(out) = fd;
+      return 0;
+    }
+  }
+  return 1;
+}
+inline int ImportFromShareableHandle(unsigned long long* h, void* fd, int type) {
+  if (const char* fail = std::getenv("JAX_SMDDP_MOCK_IPC_OPEN_FAILS"); fail && fail[0] == '1')
+    return 1;  // as cudaIpcOpenMemHandle below
+  const int copy = type == 1 ? dup(int(reinterpret_cast<uintptr_t>(fd))) : -1;
+  if (copy < 0) return 1;
+  std::lock_guard<std::mutex> lock(mu);
+  *h = next_import++;
+  imported[*h] = copy;
+  return 0;
+}
+inline int Release(unsigned long long h) {
+  std::lock_guard<std::mutex> lock(mu);
+  if (auto it = imported.find(h); it != imported.end()) {
+    close(it->second);
+    imported.erase(it);
+  }
+  return 0;
+}
+inline int AddressReserve(unsigned long long* p, size_t bytes, size_t, unsigned long long,
+                          unsigned long long) {
+  void* at = mmap(nullptr, bytes, PROT_NONE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+  if (at == MAP_FAILED) return 2;
+  *p = reinterpret_cast<unsigned long long>(at);
+  return 0;
+}
+inline int AddressFree(unsigned long long p, size_t bytes) {
+  return munmap(reinterpret_cast<void*>(p), bytes) == 0 ? 0 : 1;
+}
+inline int MemMap(unsigned long long p, size_t bytes, size_t offset, unsigned long long h,
+                  unsigned long long) {
+  std::lock_guard<std::mutex> lock(mu);
+  auto it = imported.find(h);
+  if (it == imported.end()) return 1;
+  void* at = mmap(reinterpret_cast<void*>(p), bytes, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_FIXED,
+                  it->second, off_t(offset));
+  if (at == MAP_FAILED) return 2;
+  cumem_maps++;
+  return 0;
+}
+inline int MemUnmap(unsigned long long p, size_t bytes) {
+  void* at = mmap(reinterpret_cast<void*>(p), bytes, PROT_NONE,
+                  MAP_PRIVATE | MAP_ANONYMOUS | MAP_FIXED, -1, 0);
+  return at == MAP_FAILED ? 1 : 0;
+}
+inline int SetAccess(unsigned long long, size_t, const void*, size_t) { return 0; }
+}  // namespace mock_cuda
+
 enum cudaDriverEntryPointQueryResult { cudaDriverEntryPointSuccess = 0,
                                        cudaDriverEntryPointSymbolNotFound = 1 };
 enum : unsigned long long { cudaEnableDefault = 0 };
 inline cudaError_t cudaGetDriverEntryPointByVersion(const char* symbol, void** fn, unsigned,
                                                     unsigned long long,
                                                     cudaDriverEntryPointQueryResult* found) {
-  const bool known = std::strcmp(symbol, "cuPointerGetAttributes") == 0;
-  *fn = known ? reinterpret_cast<void*>(&mock_cuda::PointerGetAttributes) : nullptr;
-  *found = known ? cudaDriverEntryPointSuccess : cudaDriverEntryPointSymbolNotFound;
+  const std::pair<const char*, void*> entries[] = {
+      {"cuPointerGetAttributes", reinterpret_cast<void*>(&mock_cuda::PointerGetAttributes)},
+      {"cuMemRetainAllocationHandle", reinterpret_cast<void*>(&mock_cuda::RetainAllocationHandle)},
+      {"cuMemExportToShareableHandle", reinterpret_cast<void*>(&mock_cuda::ExportToShareableHandle)},
+      {"cuMemImportFromShareableHandle", reinterpret_cast<void*>(&mock_cuda::ImportFromShareableHandle)},
+      {"cuMemRelease", reinterpret_cast<void*>(&mock_cuda::Release)},
+      {"cuMemAddressReserve", reinterpret_cast<void*>(&mock_cuda::AddressReserve)},
+      {"cuMemAddressFree", reinterpret_cast<void*>(&mock_cuda::AddressFree)},
+      {"cuMemMap", reinterpret_cast<void*>(&mock_cuda::MemMap)},
+      {"cuMemUnmap", reinterpret_cast<void*>(&mock_cuda::MemUnmap)},
+      {"cuMemSetAccess", reinterpret_cast<void*>(&mock_cuda::SetAccess)},
+  };
+  *fn = nullptr;
+  for (const auto& [name, entry] : entries) {
+    if (std::strcmp(symbol, name) == 0) *fn = entry;
+  }
+  *found = *fn ? cudaDriverEntryPointSuccess : cudaDriverEntryPointSymbolNotFound;
   return cudaSuccess;
 }
 

@@ -1,0 +1,63 @@
+// How the processes of one node share the device memory XLA allocated, so
+// that a rank reads its peers' buffers in place (direct reads,
+// JAX_SMDDP_GPU_DIRECT_READS). Two kinds of memory, two kinds of handle:
+//  - cudaMalloc'd memory: a legacy CUDA IPC handle (cudaIpcGetMemHandle);
+//  - cuMemCreate'd memory that allows POSIX file descriptor handles (what
+//    XLA's allocators hand out, seen with jax 0.11.2 on an H100): the
+//    exporter keeps a file descriptor of the allocation open and publishes
+//    its pid and number; a peer copies it with pidfd_getfd (Linux 5.6+, the
+//    same user; the exporter allows it under Yama's ptrace_scope=1) and maps
+//    the allocation into its own address space.
+// Memory pools (XLA_PYTHON_CLIENT_ALLOCATOR=cuda_async) share neither way:
+// such calls stage (FindAllocation says why).
+#ifndef JAX_SMDDP_CUDA_BUFFER_IPC_H_
+#define JAX_SMDDP_CUDA_BUFFER_IPC_H_
+
+#include <cstddef>
+#include <cstdint>
+#include <mutex>
+#include <utility>
+#include <vector>
+
+#include "xla_ffi/engine/buffer_exchange.h"
+#include "xla_ffi/engine/status.h"
+
+namespace smddp {
+namespace cuda {
+
+// The allocation holding `p` on device `ordinal`: where it starts and its
+// buffer id (never reused within a process); an error says why it cannot
+// be shared either way.
+Status FindAllocation(int ordinal, const void* p, uintptr_t* base, uint64_t* unique);
+
+// One communicator's exports and its mappings of peers' allocations, undone
+// when it goes.
+class BufferIpc {
+ public:
+  BufferIpc() = default;
+  BufferIpc(const BufferIpc&) = delete;
+  BufferIpc& operator=(const BufferIpc&) = delete;
+  ~BufferIpc();
+
+  // A handle of the allocation starting at `base` (FindAllocation's), for
+  // the peers.
+  Status Export(int ordinal, uintptr_t base, BufferExchange::Handle* handle);
+  // Maps a peer's allocation on device `ordinal`; its start here.
+  Status Map(int ordinal, const BufferExchange::Handle& handle, uint8_t** base);
+
+ private:
+  struct Range {
+    int ordinal;
+    unsigned long long address;
+    size_t bytes;
+  };
+  std::mutex mu_;
+  std::vector<std::pair<int, uint8_t*>> legacy_;  // (ordinal, cudaIpcOpenMemHandle mapping)
+  std::vector<Range> mapped_;                      // cuMem mappings of peers' allocations
+  std::vector<int> exported_fds_;                  // kept open while peers may import them
+};
+
+}  // namespace cuda
+}  // namespace smddp
+
+#endif  // JAX_SMDDP_CUDA_BUFFER_IPC_H_
