@@ -2,7 +2,6 @@
 
 #include <algorithm>
 #include <cstring>
-#include <sstream>
 
 namespace smddp {
 namespace {
@@ -30,17 +29,20 @@ std::string DescribeFields(const Fields& f) {
   const auto kind = Plan::Kind(f.w[0] & 0xff);
   const auto dtype = DType((f.w[0] >> 8) & 0xff);
   const auto op = ReduceOp((f.w[0] >> 16) & 0xff);
-  std::ostringstream os;
-  os << name << " of " << DTypeName(dtype) << " (";
+  // Plain strings, not a stream: the text is built inside XLA's execution of
+  // the call, where a stream's locale facets crashed the CUDA module (seen on
+  // an H100 with jax 0.11.2; the same code runs on CPU).
+  auto text = [](const char* s) { return std::string(s ? s : "?"); };
+  std::string out = std::string(name) + " of " + text(DTypeName(dtype)) + " (";
   if (kind == Plan::Kind::kAllReduce) {
-    os << f.w[3] << " elements, " << ReduceOpName(op);
+    out += std::to_string(f.w[3]) + " elements, " + text(ReduceOpName(op));
   } else if (kind == Plan::Kind::kReduceScatter) {
-    os << f.w[1] << " x " << f.w[2] << " elements per rank out, " << ReduceOpName(op);
+    out += std::to_string(f.w[1]) + " x " + std::to_string(f.w[2]) + " elements per rank out, " +
+           text(ReduceOpName(op));
   } else {
-    os << f.w[1] << " x " << f.w[2] << " bytes per rank";
+    out += std::to_string(f.w[1]) + " x " + std::to_string(f.w[2]) + " bytes per rank";
   }
-  os << ")";
-  return os.str();
+  return out + ")";
 }
 
 // Reads entry `e` like a seqlock (its owner may be rewriting it for a later
