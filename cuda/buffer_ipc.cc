@@ -1,5 +1,6 @@
 #include "cuda/buffer_ipc.h"
 
+#include <fcntl.h>
 #include <sys/prctl.h>
 #include <sys/syscall.h>
 #include <unistd.h>
@@ -132,19 +133,65 @@ void AllowPeersToCopyDescriptors() {
   (void)done;
 }
 
+// A peer's descriptor `fd` copied into this process, or -1 with errno set.
+int CopyDescriptor(int pid, int fd) {
+  const int pidfd = int(syscall(SYS_pidfd_open, pid_t(pid), 0));
+  if (pidfd < 0) return -1;
+  const int copy = int(syscall(SYS_pidfd_getfd, pidfd, fd, 0));
+  const int saved = errno;
+  close(pidfd);
+  errno = saved;
+  return copy;
+}
+
+std::string CopyFailure(int pid, int err) {
+  return "copying process " + std::to_string(pid) + "'s descriptors (pidfd_getfd): " +
+         std::strerror(err) +
+         (err == EPERM ? " (refused here: a seccomp profile without CAP_SYS_PTRACE, "
+                         "kernel.yama.ptrace_scope >= 2, or another user)"
+                       : err == ENOSYS ? " (Linux 5.6 or later is needed)" : "");
+}
+
 }  // namespace
 
-Status FindAllocation(int ordinal, const void* p, uintptr_t* base, uint64_t* unique) {
+int DescriptorProbe() {
+  static const int fd = [] {
+    AllowPeersToCopyDescriptors();
+    return open("/dev/null", O_RDONLY | O_CLOEXEC);  // kept for the process's life
+  }();
+  return fd;
+}
+
+std::string CopyDescriptorRefused(int pid, int fd) {
+  const int copy = CopyDescriptor(pid, fd);
+  if (copy < 0) return CopyFailure(pid, errno);
+  close(copy);
+  return "";
+}
+
+Status BufferIpc::FindAllocation(int ordinal, const void* p, uintptr_t* base, uint64_t* unique) {
   Attributes a;
   SMDDP_RETURN_IF_ERROR(Query(ordinal, p, &a));
   if (!a.start || !a.id)
     return Status::Error("its memory is not device memory the driver knows (managed or host memory?)");
-  if (!a.legacy && !((a.allowed & kPosixFd) && TheApi().cumem()))
-    return Status::Error("its memory can be shared neither by legacy CUDA IPC nor as a POSIX file "
-                         "descriptor (memory pools, XLA_PYTHON_CLIENT_ALLOCATOR=cuda_async, cannot)");
+  if (!a.legacy) {
+    if (!((a.allowed & kPosixFd) && TheApi().cumem()))
+      return Status::Error("its memory can be shared neither by legacy CUDA IPC nor as a POSIX "
+                           "file descriptor (memory pools, XLA_PYTHON_CLIENT_ALLOCATOR=cuda_async, "
+                           "cannot)");
+    std::lock_guard<std::mutex> lock(mu_);
+    if (!descriptors_refused_.empty())
+      return Status::Error("its memory can only be shared as a file descriptor, and " +
+                           descriptors_refused_);
+  }
   *base = uintptr_t(a.start);
   *unique = uint64_t(a.id);
   return Status::Ok();
+}
+
+void BufferIpc::RefuseDescriptors(const std::string& why) {
+  std::lock_guard<std::mutex> lock(mu_);
+  if (descriptors_refused_.empty()) descriptors_refused_ = why;
 }
 
 BufferIpc::~BufferIpc() {
@@ -222,19 +269,8 @@ Status BufferIpc::Map(int ordinal, const BufferExchange::Handle& handle, uint8_t
   if (!api.cumem()) return Status::Error("this driver has no cuMem* entry points to map the buffer");
   FdPayload payload;
   std::memcpy(&payload, handle.data() + kPayload, sizeof(payload));
-  const int pidfd = int(syscall(SYS_pidfd_open, pid_t(payload.pid), 0));
-  if (pidfd < 0)
-    return Status::Error("pidfd_open(" + std::to_string(payload.pid) + "): " + std::strerror(errno));
-  const int fd = int(syscall(SYS_pidfd_getfd, pidfd, payload.fd, 0));
-  const int copy_errno = errno;
-  close(pidfd);
-  if (fd < 0)
-    return Status::Error("copying process " + std::to_string(payload.pid) + "'s descriptor of its " +
-                         "buffer (pidfd_getfd): " + std::strerror(copy_errno) +
-                         (copy_errno == EPERM ? " (ptrace access between the job's processes is "
-                                                "refused here: kernel.yama.ptrace_scope >= 2, or "
-                                                "another user; set JAX_SMDDP_GPU_DIRECT_READS=0)"
-                                              : ""));
+  const int fd = CopyDescriptor(payload.pid, payload.fd);
+  if (fd < 0) return Status::Error(CopyFailure(payload.pid, errno));
   Generic g = 0;
   int r = api.import_fd(&g, reinterpret_cast<void*>(uintptr_t(fd)), kPosixFd);
   close(fd);  // the imported handle keeps the allocation

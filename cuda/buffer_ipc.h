@@ -16,6 +16,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <mutex>
+#include <string>
 #include <utility>
 #include <vector>
 
@@ -25,10 +26,14 @@
 namespace smddp {
 namespace cuda {
 
-// The allocation holding `p` on device `ordinal`: where it starts and its
-// buffer id (never reused within a process); an error says why it cannot
-// be shared either way.
-Status FindAllocation(int ordinal, const void* p, uintptr_t* base, uint64_t* unique);
+// A descriptor of this process that peers copy at set-up to learn whether
+// they can copy descriptors from it at all (pidfd_getfd is refused by some
+// seccomp profiles, by Yama's ptrace_scope 2 and 3, and before Linux 5.6);
+// also allows that copy under ptrace_scope=1. Made once; -1 if it cannot be.
+int DescriptorProbe();
+// Whether this process can copy process `pid`'s descriptor `fd`: "" if it
+// can, else why not.
+std::string CopyDescriptorRefused(int pid, int fd);
 
 // One communicator's exports and its mappings of peers' allocations, undone
 // when it goes.
@@ -38,6 +43,15 @@ class BufferIpc {
   BufferIpc(const BufferIpc&) = delete;
   BufferIpc& operator=(const BufferIpc&) = delete;
   ~BufferIpc();
+
+  // The allocation holding `p` on device `ordinal`: where it starts and its
+  // buffer id (never reused within a process); an error says why it cannot
+  // be shared either way.
+  Status FindAllocation(int ordinal, const void* p, uintptr_t* base, uint64_t* unique);
+  // Memory that only descriptors could share is not exported from now on
+  // (calls that use it stage), because of `why`: some process of the group
+  // cannot copy its peers' descriptors, so it could not map them.
+  void RefuseDescriptors(const std::string& why);
 
   // A handle of the allocation starting at `base` (FindAllocation's), for
   // the peers.
@@ -55,6 +69,7 @@ class BufferIpc {
   std::vector<std::pair<int, uint8_t*>> legacy_;  // (ordinal, cudaIpcOpenMemHandle mapping)
   std::vector<Range> mapped_;                      // cuMem mappings of peers' allocations
   std::vector<int> exported_fds_;                  // kept open while peers may import them
+  std::string descriptors_refused_;                // set at set-up, before any call
 };
 
 }  // namespace cuda

@@ -81,7 +81,34 @@ def test_direct_reads_of_cumem_buffers(program, scenario):
   legacy CUDA IPC, POSIX file descriptor handles allowed). The same direct
   reads with the mock's allocations exported as descriptors: each peer
   process copies them (pidfd_getfd) and maps them (cuda/buffer_ipc.cc)."""
+  why = _pidfd_getfd_refused()
+  if why:
+    pytest.skip(f"this machine refuses pidfd_getfd between processes ({why})")
   _run_scenario(program, scenario, "host", {"JAX_SMDDP_MOCK_CUMEM": "1"})
+
+
+def _pidfd_getfd_refused() -> str:
+  """Why copying a sibling process's descriptor fails here ("" if it works):
+  an old kernel, or a seccomp profile or Yama setting that refuses it."""
+  import ctypes
+  import errno
+  libc = ctypes.CDLL(None, use_errno=True)
+  child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(30)"],
+                           stdin=subprocess.PIPE)
+  try:
+    pidfd = libc.syscall(434, child.pid, 0)  # pidfd_open
+    if pidfd < 0:
+      return "pidfd_open: " + errno.errorcode.get(ctypes.get_errno(), "?")
+    fd = libc.syscall(438, pidfd, 0, 0)  # pidfd_getfd of its stdin
+    err = ctypes.get_errno()
+    os.close(pidfd)
+    if fd < 0:
+      return "pidfd_getfd: " + errno.errorcode.get(err, "?")
+    os.close(fd)
+    return ""
+  finally:
+    child.kill()
+    child.wait()
 
 
 def _run_scenario(program, scenario, flag_memory, env=None):

@@ -51,6 +51,7 @@
 
 #include <cuda_runtime_api.h>  // the mock: inputs in "device memory"
 
+#include "cuda/buffer_ipc.h"
 #include "xla_ffi/engine/buffer_exchange.h"
 #include "xla_ffi/engine/communicator.h"  // SetTimeoutSeconds
 #include "xla_ffi/engine/gpu_communicator.h"
@@ -381,6 +382,29 @@ int RunRank(int r, const std::string& scenario, bool host, int up, int down) {
       // By descriptor where the memory is cuMemCreate's, else by legacy CUDA IPC.
       Expect(r, mock_cuda::cumem_maps == (mock_cuda::CuMem() ? 2 * (kRanks - 1) : 0),
              "cuMem mappings: " + std::to_string(mock_cuda::cumem_maps));
+      // The set-up probe copies a descriptor (here this process's own); a
+      // refusal names the process and why, and then memory that only a
+      // descriptor could share is not exported (its calls stage).
+      Expect(r, smddp::cuda::CopyDescriptorRefused(getpid(), smddp::cuda::DescriptorProbe()).empty(),
+             "cannot copy the probe descriptor");
+      const std::string refused = smddp::cuda::CopyDescriptorRefused(getpid(), 1 << 20);
+      Expect(r, refused.find("copying process " + std::to_string(getpid())) != std::string::npos &&
+                    refused.find("pidfd_getfd") != std::string::npos,
+             "a bad descriptor: " + refused);
+      {
+        smddp::cuda::BufferIpc ipc;
+        ipc.RefuseDescriptors("a peer cannot copy them");
+        void* buffer = nullptr;
+        cudaMalloc(&buffer, 4096);
+        uintptr_t base = 0;
+        uint64_t unique = 0;
+        const Status st = ipc.FindAllocation(0, buffer, &base, &unique);
+        Expect(r, mock_cuda::CuMem() ? !st.ok() && st.message().find("a peer cannot copy them") !=
+                                                     std::string::npos
+                                     : st.ok(),
+               "after a refusal: " + st.message());
+        cudaFree(buffer);
+      }
       // Rank 1's input in memory CUDA IPC cannot share: every rank stages that
       // call (all decide alike), right, then reads in place again.
       for (int call = 0; call < 2; ++call) {

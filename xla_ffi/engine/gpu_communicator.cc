@@ -8,6 +8,7 @@
 #include <cstring>
 #include <map>
 #include <mutex>
+#include <set>
 
 #include <cuda_runtime_api.h>
 
@@ -91,6 +92,7 @@ struct RankHandle {
   uint64_t start_time;  // of that pid, per /proc (0: unknown)
   uint32_t flag_memory; // FlagMemory
   uint32_t direct_reads;  // JAX_SMDDP_GPU_DIRECT_READS
+  int32_t descriptor_probe;  // with direct reads: a descriptor peers try to copy (cuda/buffer_ipc.h)
   char block[60];       // its shared block's name (groups across processes)
 };
 
@@ -287,6 +289,7 @@ Status GpuCommunicator::Prepare(const std::vector<std::pair<int, int>>& local, i
     handle.start_time = ProcessStartTime(::getpid());
     handle.flag_memory = uint32_t(flag_memory_);
     handle.direct_reads = direct_reads_ ? 1 : 0;
+    handle.descriptor_probe = direct_reads_ ? cuda::DescriptorProbe() : -1;
     if (local_[rank]->block) {
       const std::string& name = local_[rank]->block->name();
       if (name.size() >= sizeof(handle.block))
@@ -318,6 +321,7 @@ Status GpuCommunicator::Connect(const std::vector<std::pair<int, std::string>>& 
   const bool host_flags = shared && flag_memory_ == FlagMemory::kHost;
   bool logs = shared;  // every rank's shared block is mapped here
   process_of_.assign(size(), ProcessIndex());
+  std::set<int32_t> probed;  // peer processes whose descriptors this process tried to copy
   for (const auto& [rank, bytes] : remote) {
     if (rank < 0 || rank >= size() || local_[rank]) continue;
     if (bytes.size() != sizeof(RankHandle))
@@ -336,6 +340,14 @@ Status GpuCommunicator::Connect(const std::vector<std::pair<int, std::string>>& 
                            std::to_string(handle.direct_reads) + " in process " +
                            std::to_string(handle.process) + ": set JAX_SMDDP_GPU_DIRECT_READS "
                            "and XLA_PYTHON_CLIENT_ALLOCATOR alike everywhere");
+    // XLA's memory is shared by descriptors, which some machines refuse to
+    // copy between processes: then this process exports none, and the calls
+    // that would need them stage in every process (the exchange's rule).
+    if (direct_reads_ && handle.descriptor_probe >= 0 && handle.pid != ::getpid() &&
+        probed.insert(handle.pid).second) {
+      const std::string refused = cuda::CopyDescriptorRefused(handle.pid, handle.descriptor_probe);
+      if (!refused.empty()) buffer_ipc_.RefuseDescriptors("this process cannot map them: " + refused);
+    }
     DeviceScope scope(local_[first_local]->ordinal);
     void* p = nullptr;
     const cudaError_t err = cudaIpcOpenMemHandle(&p, handle.region, cudaIpcMemLazyEnablePeerAccess);
@@ -495,8 +507,8 @@ Status GpuCommunicator::StartDirectReads(bool logs, const std::vector<uint8_t*>&
     LocalRank* rank = l.get();
     BufferExchange::Memory memory;
     const int ordinal = rank->ordinal;
-    memory.find_allocation = [ordinal](const void* p, uintptr_t* base, uint64_t* unique) {
-      return cuda::FindAllocation(ordinal, p, base, unique);
+    memory.find_allocation = [this, ordinal](const void* p, uintptr_t* base, uint64_t* unique) {
+      return buffer_ipc_.FindAllocation(ordinal, p, base, unique);
     };
     memory.export_allocation = [this, ordinal](uintptr_t base, BufferExchange::Handle* handle) {
       return buffer_ipc_.Export(ordinal, base, handle);
