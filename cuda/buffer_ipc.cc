@@ -179,7 +179,6 @@ Status BufferIpc::FindAllocation(int ordinal, const void* p, uintptr_t* base, ui
       return Status::Error("its memory can be shared neither by legacy CUDA IPC nor as a POSIX "
                            "file descriptor (memory pools, XLA_PYTHON_CLIENT_ALLOCATOR=cuda_async, "
                            "cannot)");
-    std::lock_guard<std::mutex> lock(mu_);
     if (!descriptors_refused_.empty())
       return Status::Error("its memory can only be shared as a file descriptor, and " +
                            descriptors_refused_);
@@ -190,8 +189,23 @@ Status BufferIpc::FindAllocation(int ordinal, const void* p, uintptr_t* base, ui
 }
 
 void BufferIpc::RefuseDescriptors(const std::string& why) {
-  std::lock_guard<std::mutex> lock(mu_);
   if (descriptors_refused_.empty()) descriptors_refused_ = why;
+}
+
+size_t BufferIpc::mapped() {
+  std::lock_guard<std::mutex> lock(mu_);
+  return by_handle_.size();
+}
+
+Status BufferIpc::Map(int ordinal, const BufferExchange::Handle& handle, uint8_t** base) {
+  std::lock_guard<std::mutex> lock(mu_);
+  if (auto it = by_handle_.find(handle); it != by_handle_.end()) {
+    *base = it->second;
+    return Status::Ok();
+  }
+  SMDDP_RETURN_IF_ERROR(MapOnce(ordinal, handle, base));
+  by_handle_[handle] = *base;
+  return Status::Ok();
 }
 
 BufferIpc::~BufferIpc() {
@@ -248,7 +262,7 @@ Status BufferIpc::Export(int ordinal, uintptr_t base, BufferExchange::Handle* ha
   return Status::Ok();
 }
 
-Status BufferIpc::Map(int ordinal, const BufferExchange::Handle& handle, uint8_t** base) {
+Status BufferIpc::MapOnce(int ordinal, const BufferExchange::Handle& handle, uint8_t** base) {
   DeviceScope scope(ordinal);
   if (handle[0] == kLegacy) {
     cudaIpcMemHandle_t h;
@@ -259,7 +273,6 @@ Status BufferIpc::Map(int ordinal, const BufferExchange::Handle& handle, uint8_t
       cudaGetLastError();
       return Status::Error(std::string("cudaIpcOpenMemHandle: ") + cudaGetErrorString(err));
     }
-    std::lock_guard<std::mutex> lock(mu_);
     legacy_.emplace_back(ordinal, static_cast<uint8_t*>(p));
     *base = static_cast<uint8_t*>(p);
     return Status::Ok();
@@ -295,7 +308,6 @@ Status BufferIpc::Map(int ordinal, const BufferExchange::Handle& handle, uint8_t
     api.free_range(address, bytes);
     return DriverError("cuMemSetAccess", r);
   }
-  std::lock_guard<std::mutex> lock(mu_);
   mapped_.push_back(Range{ordinal, address, bytes});
   *base = reinterpret_cast<uint8_t*>(uintptr_t(address));
   return Status::Ok();

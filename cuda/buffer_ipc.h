@@ -15,6 +15,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <map>
 #include <mutex>
 #include <string>
 #include <utility>
@@ -56,8 +57,13 @@ class BufferIpc {
   // A handle of the allocation starting at `base` (FindAllocation's), for
   // the peers.
   Status Export(int ordinal, uintptr_t base, BufferExchange::Handle* handle);
-  // Maps a peer's allocation on device `ordinal`; its start here.
+  // Maps a peer's allocation; its start here. Once per process, whichever
+  // local rank meets it first: CUDA lets a process open a handle in one
+  // context per device, and unified addressing makes the mapping usable from
+  // every local device.
   Status Map(int ordinal, const BufferExchange::Handle& handle, uint8_t** base);
+  // Peers' allocations mapped so far.
+  size_t mapped();
 
  private:
   struct Range {
@@ -65,11 +71,14 @@ class BufferIpc {
     unsigned long long address;
     size_t bytes;
   };
-  std::mutex mu_;
+  Status MapOnce(int ordinal, const BufferExchange::Handle& handle, uint8_t** base);
+
+  std::mutex mu_;  // this process's ranks export and map concurrently
+  std::map<BufferExchange::Handle, uint8_t*> by_handle_;  // every mapping, by its handle
   std::vector<std::pair<int, uint8_t*>> legacy_;  // (ordinal, cudaIpcOpenMemHandle mapping)
   std::vector<Range> mapped_;                      // cuMem mappings of peers' allocations
   std::vector<int> exported_fds_;                  // kept open while peers may import them
-  std::string descriptors_refused_;                // set at set-up, before any call
+  std::string descriptors_refused_;                // set at set-up, before any call: read unlocked
 };
 
 }  // namespace cuda

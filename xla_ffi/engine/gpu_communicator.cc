@@ -513,18 +513,8 @@ Status GpuCommunicator::StartDirectReads(bool logs, const std::vector<uint8_t*>&
     memory.export_allocation = [this, ordinal](uintptr_t base, BufferExchange::Handle* handle) {
       return buffer_ipc_.Export(ordinal, base, handle);
     };
-    // Once per process, as the regions are: CUDA lets a process open a
-    // handle in one context per device, and unified addressing makes the
-    // mapping usable from every local device.
     memory.map_allocation = [this, rank](const BufferExchange::Handle& handle, uint8_t** base) {
-      std::lock_guard<std::mutex> lock(opened_mu_);  // this process's ranks map concurrently
-      if (auto it = mapped_buffers_.find(handle); it != mapped_buffers_.end()) {
-        *base = it->second;
-        return Status::Ok();
-      }
-      SMDDP_RETURN_IF_ERROR(buffer_ipc_.Map(rank->ordinal, handle, base));
-      mapped_buffers_[handle] = *base;
-      return Status::Ok();
+      return buffer_ipc_.Map(rank->ordinal, handle, base);
     };
     auto who = [this](int q) {
       return "rank " + std::to_string(q) + " (process " + std::to_string(process_of_[q]) + ")";
@@ -536,10 +526,7 @@ Status GpuCommunicator::StartDirectReads(bool logs, const std::vector<uint8_t*>&
   return Status::Ok();
 }
 
-size_t GpuCommunicator::mapped_buffers() {
-  std::lock_guard<std::mutex> lock(opened_mu_);
-  return mapped_buffers_.size();
-}
+size_t GpuCommunicator::mapped_buffers() { return buffer_ipc_.mapped(); }
 
 bool GpuCommunicator::direct_reads() const {
   for (const auto& l : local_) {

@@ -119,8 +119,6 @@ class GpuCommunicator {
   RegionLayout layout_;
   std::vector<std::unique_ptr<LocalRank>> local_;  // by rank; null for other processes'
   std::vector<uint8_t*> opened_;                   // IPC mappings to close
-  std::mutex opened_mu_;                           // direct reads map peers' buffers per call
-  std::map<BufferExchange::Handle, uint8_t*> mapped_buffers_;  // by IPC handle: once per process
   cuda::BufferIpc buffer_ipc_;                     // peers' XLA buffers mapped, this process's exported
   std::vector<std::unique_ptr<SharedBlock>> opened_blocks_;  // peers' shared blocks
   std::vector<int> process_of_;                    // by rank
