@@ -6,7 +6,7 @@
 #   QUICK=1 bash tools/gpu_check.sh      # kernels, one test per scenario, small benchmark
 #   CPU_TESTS=0 bash tools/gpu_check.sh  # without the CPU-device tests (CI runs those)
 #   STAGES=build,kernels bash tools/gpu_check.sh   # only these stages, e.g. one device call each
-# Stages: build kernels jax bench slots64 mps hosts nccl (default: all). A run
+# Stages: build memory kernels jax bench blocks slots64 mps hosts nccl (default: all). A run
 # without "build" uses what an earlier run built on the same machine.
 # PYTHON=python3 by default. Every stage runs under a time limit: a hang is a failure.
 # Where the GPU image has no libfabric, run tools/carry_libfabric.sh on a machine
@@ -18,7 +18,7 @@ cd "$root"
 PY=${PYTHON:-python3}
 out=${OUT:-/tmp/jax_smddp_gpu_check}
 quick=${QUICK:-0}
-stages=${STAGES:-build,kernels,jax,bench,slots64,mps,hosts,nccl}
+stages=${STAGES:-build,memory,kernels,jax,bench,blocks,slots64,mps,hosts,nccl}
 want() { [[ ",$stages," == *",$1,"* ]]; }
 mkdir -p "$out"
 export PYTHONUNBUFFERED=1
@@ -58,6 +58,10 @@ fi
 (cd / && "$PY" -c "import jax_smddp.gpu as g, jax_smddp._native as n; e = n.cuda_engine(); \
 print('CUDA backend:', g.available(), 'GPUs:', e.device_count() if e else 0, \
 'stream memops:', e.have_stream_memops() if e else None)")
+if want memory; then
+  echo "=== XLA's device memory as the driver sees it (how direct reads can share it)"
+  timeout 300 "$PY" tools/gpu_memory_kinds.py || status=1
+fi
 if want kernels; then
   echo "=== tests/gpu/test_kernels.py (stream algorithms on one GPU, no JAX)"
   timeout 420 "$PY" -m pytest -q -p no:cacheprovider tests/gpu/test_kernels.py 2>&1 \
@@ -89,6 +93,17 @@ if want bench; then
   for n in $counts; do
     timeout 540 "$PY" -m jax_smddp.gpu_bench --processes "$n" --sizes "$sizes" --direct-reads 0,1 \
       --json "$out/gpu_bench_${n}proc.json" || status=1
+  done
+fi
+if want blocks; then
+  # The reductions run within the SM budget (JAX_SMDDP_GPU_MAX_BLOCKS, 8 by
+  # default); reduce_scatter and all_reduce measured 24-45 GB/s on an H100.
+  echo "=== GPU benchmark: reductions with 8 and 32 blocks, direct reads"
+  for blocks in 8 32; do
+    echo "--- JAX_SMDDP_GPU_MAX_BLOCKS=$blocks"
+    JAX_SMDDP_GPU_MAX_BLOCKS=$blocks timeout 300 "$PY" -m jax_smddp.gpu_bench --processes 2 \
+      --ops reduce_scatter,all_reduce --sizes 16M,64M --modes engine --direct-reads 1 \
+      --json "$out/gpu_bench_2proc_${blocks}blocks.json" || status=1
   done
 fi
 # Processes sharing one GPU time-slice it unless MPS runs them concurrently:
