@@ -24,20 +24,6 @@ namespace smddp {
 namespace cuda {
 namespace {
 
-// The driver API, through the runtime's entry points (only the runtime's
-// header is needed; the tests' mock runtime offers some of them).
-template <class Fn>
-Fn Driver(const char* name) {
-  void* f = nullptr;
-  cudaDriverEntryPointQueryResult found;
-  if (cudaGetDriverEntryPointByVersion(name, &f, 12000, cudaEnableDefault, &found) != cudaSuccess ||
-      found != cudaDriverEntryPointSuccess) {
-    cudaGetLastError();
-    return nullptr;
-  }
-  return reinterpret_cast<Fn>(f);
-}
-
 using Ptr = unsigned long long;     // CUdeviceptr
 using Generic = unsigned long long;  // CUmemGenericAllocationHandle
 struct AccessDesc {                  // CUmemAccessDesc

@@ -6,6 +6,7 @@
 
 #include <cuda.h>
 
+#include "cuda/device_scope.h"
 #include "cuda/kernels.h"
 
 namespace smddp {
@@ -20,31 +21,17 @@ struct MemOps {
   WriteValueFn write = nullptr;
 };
 
-// Resolved through the runtime (no link-time dependency on libcuda).
 const MemOps& DriverMemOps() {
-  static MemOps ops = [] {
+  static const MemOps ops = [] {
     MemOps m;
-    void* wait = nullptr;
-    void* write = nullptr;
-    cudaDriverEntryPointQueryResult found_wait, found_write;
-    if (cudaGetDriverEntryPointByVersion("cuStreamWaitValue32", &wait, 12000, cudaEnableDefault,
-                                         &found_wait) == cudaSuccess &&
-        cudaGetDriverEntryPointByVersion("cuStreamWriteValue32", &write, 12000, cudaEnableDefault,
-                                         &found_write) == cudaSuccess &&
-        found_wait == cudaDriverEntryPointSuccess && found_write == cudaDriverEntryPointSuccess) {
-      m.wait = reinterpret_cast<WaitValueFn>(wait);
-      m.write = reinterpret_cast<WriteValueFn>(write);
-    }
-    cudaGetLastError();  // a failed lookup must not poison later calls
+    m.wait = Driver<WaitValueFn>("cuStreamWaitValue32");
+    m.write = Driver<WriteValueFn>("cuStreamWriteValue32");
+    if (!m.wait || !m.write) m = MemOps();  // both or neither
     return m;
   }();
   return ops;
 }
 
-Status CudaError(const char* what, cudaError_t err) {
-  return Status::Error(std::string("jax_smddp (GPU): ") + what + " failed: " +
-                       cudaGetErrorString(err));
-}
 
 }  // namespace
 
@@ -87,7 +74,7 @@ Status CudaStreamOps::Copy2D(void* dst, size_t dpitch, const void* src, size_t s
     Counters().copy_kernels++;
     err = LaunchCopy2D(dst, dpitch, src, spitch, width, rows, settings_.max_blocks, stream_);
   }
-  return err == cudaSuccess ? Status::Ok() : CudaError("copy", err);
+  return err == cudaSuccess ? Status::Ok() : CudaError("copy failed", err);
 }
 
 Status CudaStreamOps::Reduce(void* dst, size_t dpitch, const void* const* srcs, int n,
@@ -99,7 +86,7 @@ Status CudaStreamOps::Reduce(void* dst, size_t dpitch, const void* const* srcs, 
   if (err == cudaErrorInvalidValue)
     return Status::Error(std::string("jax_smddp (GPU): cannot reduce ") + DTypeName(dtype) +
                          " with " + ReduceOpName(op) + " in this layout");
-  return err == cudaSuccess ? Status::Ok() : CudaError("reduction kernel", err);
+  return err == cudaSuccess ? Status::Ok() : CudaError("reduction kernel failed", err);
 }
 
 Status CudaStreamOps::WaitAtLeast(const uint32_t* flag, uint32_t value) {
@@ -113,7 +100,7 @@ Status CudaStreamOps::WaitAtLeast(const uint32_t* flag, uint32_t value) {
   }
   Counters().flag_kernels++;
   const cudaError_t err = LaunchWaitFlag(flag, value, stream_);
-  return err == cudaSuccess ? Status::Ok() : CudaError("flag wait kernel", err);
+  return err == cudaSuccess ? Status::Ok() : CudaError("flag wait kernel failed", err);
 }
 
 Status CudaStreamOps::Write(uint32_t* flag, uint32_t value) {
@@ -128,7 +115,7 @@ Status CudaStreamOps::Write(uint32_t* flag, uint32_t value) {
   }
   Counters().flag_kernels++;
   const cudaError_t err = LaunchWriteFlag(flag, value, stream_);
-  return err == cudaSuccess ? Status::Ok() : CudaError("flag write kernel", err);
+  return err == cudaSuccess ? Status::Ok() : CudaError("flag write kernel failed", err);
 }
 
 }  // namespace cuda

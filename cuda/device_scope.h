@@ -11,6 +11,20 @@
 namespace smddp {
 namespace cuda {
 
+// A driver API entry point, through the runtime (no link-time dependency on
+// libcuda; the tests' mock runtime offers some); null if this driver lacks it.
+template <class Fn>
+Fn Driver(const char* name) {
+  void* f = nullptr;
+  cudaDriverEntryPointQueryResult found;
+  if (cudaGetDriverEntryPointByVersion(name, &f, 12000, cudaEnableDefault, &found) != cudaSuccess ||
+      found != cudaDriverEntryPointSuccess) {
+    cudaGetLastError();  // a failed lookup must not poison later calls
+    return nullptr;
+  }
+  return reinterpret_cast<Fn>(f);
+}
+
 inline Status CudaError(const std::string& what, cudaError_t err) {
   return Status::Error("jax_smddp (GPU): " + what + ": " + cudaGetErrorString(err));
 }
