@@ -204,7 +204,8 @@ def _cuda_takes(ctx, params) -> bool:
   groups = pxla.axis_groups(ctx.module_context.axis_context, axes)
   op = ("all_gather" if "all_gather_dimension" in params else
         "reduce_scatter" if "scatter_dimension" in params else
-        "all_reduce" if "axes" in params else "other")
+        "all_reduce" if "axes" in params else
+        "all_to_all" if "split_axis" in params else "other")
   return gpu.unsupported(ctx.module_context.axis_context.mesh, groups, op) is None
 
 

@@ -7,15 +7,16 @@ process by peer access, peers in other processes of the same host by CUDA IPC
 handles exchanged over the jax.distributed key-value store. The handlers then
 only look them up and enqueue work.
 
-A group that spans hosts runs all_gather and reduce_scatter hierarchically:
+A group that spans hosts runs all_gather, reduce_scatter and all_to_all
+hierarchically:
 the ranks on each host form an intra-host communicator, and each rank gets a
 network port that the process's proxy thread drives over the multi-process
 world's links (libfabric between hosts; jax_smddp.initialize() sets them
 up). With JAX_SMDDP_FABRIC_HMEM=auto or 1 the port's slots stay in device
 memory, registered with a libfabric endpoint that moves it itself (FI_HMEM,
 e.g. EFA with GPUDirect RDMA), instead of staging through host memory.
-all_reduce there is lowered as the two (balanced: reduce-scatter of padded
-shards, then all-gather); all_to_all is left to XLA's own.
+all_reduce there is lowered as two of them (balanced: reduce-scatter of
+padded shards, then all-gather).
 """
 
 from __future__ import annotations
@@ -108,9 +109,9 @@ def unsupported(mesh, groups, op: str) -> str | None:
       host = hosts[devices[int(i)].process_index]
       per_host[host] = per_host.get(host, 0) + 1
     if len(per_host) > 1:
-      if op not in ("all_gather", "reduce_scatter", "all_reduce"):
-        return (f"{op} over a group that spans hosts (on GPUs all_gather, reduce_scatter "
-                "and all_reduce cross hosts)")
+      if op not in ("all_gather", "reduce_scatter", "all_reduce", "all_to_all"):
+        return (f"{op} over a group that spans hosts (on GPUs all_gather, reduce_scatter, "
+                "all_reduce and all_to_all cross hosts)")
       if len(set(per_host.values())) > 1:
         return "the group has different numbers of ranks on its hosts"
   return None

@@ -1,8 +1,9 @@
-"""GPU benchmark of jax_smddp's all_gather, reduce_scatter and all_reduce,
-nccl-tests style.
+"""GPU benchmark of jax_smddp's all_gather, reduce_scatter and all_reduce (and
+all_to_all on request), nccl-tests style.
 
     python -m jax_smddp.gpu_bench [--processes N] [--sizes 1M,16M,256M]
-                                  [--ops all_gather,reduce_scatter,all_reduce] [--json FILE]
+                                  [--ops all_gather,reduce_scatter,all_reduce,all_to_all]
+                                  [--json FILE]
                                   [--hosts H [--fabric-hmem 0,auto]] [--direct-reads 0,1]
 
 Layouts: ``--processes 1`` uses every local GPU in one process and times
@@ -23,14 +24,15 @@ through the slots, or read in place by the peers (CUDA IPC of XLA's
 buffers); the "direct" column says whether the calls did read in place.
 
 Sizes are per rank shard: all_gather gathers n shards, reduce_scatter reduces
-n-shard inputs to one shard, all_reduce reduces n-shard buffers; so every op
+n-shard inputs to one shard, all_reduce reduces n-shard buffers, all_to_all
+exchanges n-shard buffers; so every op
 handles S = n x size bytes per rank, as nccl-tests counts them. Columns: time
 per call (median), algbw = S / time, busbw = algbw x (n - 1) / n (x 2 for
 all_reduce), and "moved" = n x busbw, bytes all ranks together received from
 peers per second: the figure to compare with one device's copy bandwidth when
 every rank shares that device's memory. "written/copy" counts instead the
-bytes all ranks wrote to their outputs per second (n x S for all_gather and
-all_reduce, S for reduce_scatter) against that copy rate: a protocol that
+bytes all ranks wrote to their outputs per second (n x S for all_gather,
+all_reduce and all_to_all, S for reduce_scatter) against that copy rate: a protocol that
 copies every byte of every output once, and nothing else, reaches 1.0, where
 "moved/copy" is capped at (n - 1) / n by each rank's copy of its own shard.
 """
@@ -46,7 +48,8 @@ import time
 
 from jax_smddp import launch
 
-OPS = ("all_gather", "reduce_scatter", "all_reduce")
+OPS = ("all_gather", "reduce_scatter", "all_reduce", "all_to_all")
+DEFAULT_OPS = OPS[:3]
 
 
 def parse_size(text: str) -> int:
@@ -76,7 +79,22 @@ def _bodies(op: str):
   if op == "reduce_scatter":
     return (lambda v: jax_smddp.psum_scatter(v, "x", tiled=True)[None],
             lambda v: jax.lax.psum_scatter(v, "x", tiled=True)[None])
+  if op == "all_to_all":
+    return (lambda v: jax_smddp.all_to_all(v, "x", 0, 0, tiled=True)[None],
+            lambda v: jax.lax.all_to_all(v, "x", 0, 0, tiled=True)[None])
   return (lambda v: jax_smddp.psum(v, "x")[None], lambda v: jax.lax.psum(v, "x")[None])
+
+
+def _input(op: str, rank: int, n: int, count: int):
+  """Rank `rank`'s input: r + 1 everywhere, or for all_to_all block k (for
+  rank k) holds 1000 (k + 1) + r + 1, so a block from the wrong rank or for
+  the wrong rank shows."""
+  import numpy as np
+  if op == "all_gather":
+    return np.full((count,), rank + 1, np.float32)
+  if op == "all_to_all":
+    return np.repeat(1000 * np.arange(1, n + 1, dtype=np.float32) + rank + 1, count)
+  return np.full((n * count,), rank + 1, np.float32)
 
 
 def worker(args) -> dict:
@@ -106,7 +124,7 @@ def worker(args) -> dict:
       # Rank r's input is r + 1 everywhere: a misplaced block or a missing rank shows.
       x = jax.make_array_from_callback(
           (n * local,), sharding,
-          lambda idx, local=local: np.full((local,), (idx[0].start or 0) // local + 1, np.float32))
+          lambda idx, op=op, local=local: _input(op, (idx[0].start or 0) // local, n, count))
       _check(op, ours(x), n, count)
       before = ext.counters()["direct_reads"] if ext else 0
       row = {"op": op, "bytes_per_rank": size, "ranks": n,
@@ -132,10 +150,15 @@ def _check(op: str, y, n: int, count: int) -> None:
   import numpy as np
   if op == "all_gather":
     want = np.repeat(np.arange(1, n + 1, dtype=np.float32), count)
+  elif op == "all_to_all":
+    want = None  # per rank: block q is 1000 (rank + 1) + q + 1
   else:
     want = np.full((count if op == "reduce_scatter" else n * count,), n * (n + 1) / 2, np.float32)
   for shard in y.addressable_shards:
     got = np.asarray(shard.data)[0]
+    if op == "all_to_all":
+      rank = (shard.index[0].start or 0)
+      want = np.repeat(1000 * (rank + 1) + np.arange(1, n + 1, dtype=np.float32), count)
     if not np.array_equal(got, want):
       bad = np.flatnonzero(got != want)
       raise AssertionError(f"{op}: rank {shard.index[0].start or 0} output differs from the "
@@ -188,7 +211,7 @@ def main(argv=None) -> int:
   p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
   p.add_argument("--processes", type=int, default=2)
   p.add_argument("--sizes", default="1M,4M,16M,64M,256M")
-  p.add_argument("--ops", default=",".join(OPS))
+  p.add_argument("--ops", default=",".join(DEFAULT_OPS))
   p.add_argument("--iters", type=int, default=20)
   p.add_argument("--modes", default="engine,kernel")
   p.add_argument("--json", default=None)

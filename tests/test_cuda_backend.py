@@ -367,16 +367,18 @@ class _Mesh:
 
 @needs_cuda_ext
 def test_which_groups_cross_hosts_on_gpus(monkeypatch):
-  """all_gather, reduce_scatter and all_reduce cross hosts on GPUs, only
-  with equal ranks per host; all_to_all over such groups lowers to XLA's."""
+  """all_gather, reduce_scatter, all_reduce and all_to_all cross hosts on
+  GPUs, only with equal ranks per host; other ops over such groups lower to
+  XLA's."""
   monkeypatch.setattr(gpu, "_hosts", lambda: ["a", "a", "b", "b", "b"])
   even = _Mesh([0, 1, 2, 3])
   assert gpu.unsupported(even, [[0, 1]], "psum_scatter") is None  # inside host a
   assert gpu.unsupported(even, [[0, 1, 2, 3]], "all_gather") is None
   assert gpu.unsupported(even, [[0, 1, 2, 3]], "reduce_scatter") is None
   assert gpu.unsupported(even, [[0, 1, 2, 3]], "all_reduce") is None
-  assert "spans hosts" in gpu.unsupported(even, [[0, 1, 2, 3]], "all_to_all")
-  assert "spans hosts" in gpu.unsupported(even, [[0, 2], [1, 3]], "all_to_all")
+  assert gpu.unsupported(even, [[0, 1, 2, 3]], "all_to_all") is None
+  assert gpu.unsupported(even, [[0, 2], [1, 3]], "all_to_all") is None
+  assert "spans hosts" in gpu.unsupported(even, [[0, 2], [1, 3]], "broadcast")
   assert gpu.spans_hosts(even, [[0, 2], [1, 3]]) and not gpu.spans_hosts(even, [[0, 1]])
   uneven = _Mesh([0, 1, 2, 3, 4])
   assert "different numbers of ranks" in gpu.unsupported(uneven, [[0, 1, 2, 3, 4]], "all_gather")
@@ -412,12 +414,13 @@ def test_gpu_benchmark_programs_run_and_check_on_cpu_processes(tmp_path, capsys)
   """The benchmark's processes, programs and result checks, on CPU devices
   (--platform cpu): 2 processes, every op, two sizes, both direct-read
   settings (on CPU nothing reads in place: the column says so); each op's
-  output was compared with the reference before it was timed."""
+  output (all_to_all's too, which runs on request) was compared with the
+  reference before it was timed."""
   from jax_smddp import gpu_bench
   out = tmp_path / "bench.json"
   rc = gpu_bench.main(["--platform", "cpu", "--processes", "2", "--sizes", "4K,36K", "--iters", "2",
                        "--modes", "engine", "--direct-reads", "0,1", "--json", str(out),
-                       "--timeout", "200"])
+                       "--timeout", "200", "--ops", ",".join(gpu_bench.OPS)])
   text = capsys.readouterr()
   assert rc == 0, text
   rows = json.loads(out.read_text())["rows"]
@@ -440,7 +443,7 @@ def test_gpu_benchmark_across_simulated_hosts_on_cpu_processes(tmp_path, capsys)
   out = tmp_path / "bench.json"
   rc = gpu_bench.main(["--platform", "cpu", "--processes", "2", "--hosts", "2", "--fabric-hmem",
                        "0,auto", "--sizes", "4K", "--iters", "2", "--modes", "engine", "--json",
-                       str(out), "--timeout", "200"])
+                       str(out), "--timeout", "200", "--ops", ",".join(gpu_bench.OPS)])
   text = capsys.readouterr()
   assert rc == 0, text
   rows = json.loads(out.read_text())["rows"]

@@ -228,10 +228,15 @@ def test_direct_reads_finish_before_the_owner_reuses_its_input(kind, direct):
 # --- across hosts: the hierarchical all_gather with its network proxy ------
 
 def hierarchical(hosts, local, xs, rank_of, *, outer, slot, calls=3, timeout=20.0, kill_host=-1,
-                 scatter=None, rail=""):
-  """all_gather, or reduce_scatter with `scatter=op` (inputs [outer, P, inner]).
-  `rail`: a libfabric provider whose FabricRails move the slots' bytes
-  (registered memory, no bounce buffers) instead of the links."""
+                 scatter=None, rail="", swap=False):
+  """all_gather, or reduce_scatter with `scatter=op`, or all_to_all with
+  `swap` (inputs [outer, P, inner] for both). `rail`: a libfabric provider
+  whose FabricRails move the slots' bytes (registered memory, no bounce
+  buffers) instead of the links."""
+  if swap:
+    return ENGINE.stream_hierarchical_probe(hosts, local, outer, xs[0].nbytes // outer // len(xs),
+                                            slot, rank_of, [x.tobytes() for x in xs], calls,
+                                            timeout, kill_host, kind=ALL_TO_ALL, rail_provider=rail)
   if scatter is None:
     return ENGINE.stream_hierarchical_probe(hosts, local, outer, xs[0].nbytes // outer, slot,
                                             rank_of, [x.tobytes() for x in xs], calls, timeout,
@@ -316,7 +321,7 @@ def test_hierarchical_dead_host_is_an_error_naming_the_peer(rail):
 
 
 @pytest.mark.parametrize("hosts,local", [(2, 2), (3, 1)])
-@pytest.mark.parametrize("kind", ["all_gather", "reduce_scatter"])
+@pytest.mark.parametrize("kind", ["all_gather", "reduce_scatter", "all_to_all"])
 @pytest.mark.parametrize("outer,inner,slot", [(5, 37, 256), (4, 3000, 1 << 20)])
 def test_hierarchical_over_fabric_rails(hosts, local, kind, outer, inner, slot):
   """The proxy's other transport: tagged libfabric messages straight from and
@@ -335,6 +340,15 @@ def test_hierarchical_over_fabric_rails(hosts, local, kind, outer, inner, slot):
                                     np.stack(xs, axis=1), err_msg=f"thread {x}")
     return
   xs = inputs(P, (outer, P, inner), np.int32, seed=P * 7 + inner)
+  if kind == "all_to_all":
+    outs = hierarchical(hosts, local, xs, rank_of, outer=outer, slot=slot, calls=12, swap=True,
+                        rail="shm")
+    for x, o in enumerate(outs):
+      r = rank_of[x]
+      np.testing.assert_array_equal(np.frombuffer(o, np.int32).reshape(outer, P, inner),
+                                    np.stack([xs[q][:, r, :] for q in range(P)], 1),
+                                    err_msg=f"rank {r}")
+    return
   outs = hierarchical(hosts, local, xs, rank_of, outer=outer, slot=slot, calls=12,
                       scatter="sum", rail="shm")
   for x, o in enumerate(outs):
@@ -342,6 +356,64 @@ def test_hierarchical_over_fabric_rails(hosts, local, kind, outer, inner, slot):
     np.testing.assert_array_equal(np.frombuffer(o, np.int32).reshape(outer, inner),
                                   combine([xs[q][:, r, :] for q in range(P)], "sum", np.int32),
                                   err_msg=f"rank {r}")
+
+
+@pytest.mark.parametrize("hosts,local", [(2, 1), (2, 2), (3, 2), (2, 4), (4, 1)])
+@pytest.mark.parametrize("order", ["host-major", "interleaved"])
+@pytest.mark.parametrize("outer,inner,slot", [(1, 1000, 1024), (5, 37, 256), (3, 64, 1 << 20)])
+def test_hierarchical_all_to_all(hosts, local, order, outer, inner, slot):
+  """Blocks for other hosts gathered per rail through the slots, one network
+  message per host pair and rail, then unpacked: every block lands where
+  jax.lax.all_to_all puts it (distinct values everywhere, so a misplaced
+  block shows). Small slots split rows into pieces (256 B: 32 B per block
+  with 8 ranks)."""
+  P = hosts * local
+  rank_of = list(range(P)) if order == "host-major" else \
+      [j * hosts + g for g in range(hosts) for j in range(local)]
+  xs = inputs(P, (outer, P, inner), np.int32, seed=P * 3 + inner)
+  outs = hierarchical(hosts, local, xs, rank_of, outer=outer, slot=slot, swap=True)
+  for x, o in enumerate(outs):
+    r = rank_of[x]
+    want = np.stack([xs[q][:, r, :] for q in range(P)], axis=1)
+    np.testing.assert_array_equal(np.frombuffer(o, np.int32).reshape(outer, P, inner), want,
+                                  err_msg=f"rank {r} (host {x // local}, rail {x % local})")
+
+
+def test_hierarchical_all_to_all_many_calls_through_two_slots():
+  """25 calls of 3 x 2 ranks whose tiles wrap the two network and staging slots many times."""
+  xs = inputs(6, (3, 6, 130), np.float32, seed=5)
+  outs = hierarchical(3, 2, xs, list(range(6)), outer=3, slot=512, calls=25, swap=True)
+  for r, o in enumerate(outs):
+    np.testing.assert_array_equal(np.frombuffer(o, np.float32).reshape(3, 6, 130),
+                                  np.stack([xs[q][:, r, :] for q in range(6)], 1))
+
+
+def test_hierarchical_all_to_all_dead_host_names_the_peer():
+  """A host whose links closed mid-job: the other hosts' ranks fail the call
+  naming the peer process within seconds; the blocks that never came are
+  poisoned (NaN bytes), their own host's blocks are right."""
+  import time
+  xs = inputs(6, (1, 6, 250), np.float32, seed=6)
+  t0 = time.monotonic()
+  got = hierarchical(3, 2, xs, list(range(6)), outer=1, slot=1024, calls=2, timeout=30,
+                     kill_host=1, swap=True)
+  assert time.monotonic() - t0 < 10
+  errors, outs = got[:6], got[6:]
+  for x, e in enumerate(errors):
+    e = e.decode()
+    if x // 2 == 1:
+      assert e == ""  # the dead host's ranks never ran
+      continue
+    assert "exited" in e and f"peer process {2 + x % 2}" in e, (x, e)
+    out = np.frombuffer(outs[x], np.float32).reshape(6, 250)
+    for q in range(6):
+      if q // 2 == 1:
+        assert (out[q].view(np.uint32) == 0xFFFFFFFF).all(), (x, q, out[q][:4])
+      elif q // 2 == x // 2:
+        np.testing.assert_array_equal(out[q], xs[q][0, x], err_msg=f"rank {x}, local block {q}")
+      else:  # by byte: tiles split rows anywhere (170 B here)
+        got, want = out[q].view(np.uint8), xs[q][0, x].view(np.uint8)
+        assert ((got == 0xFF) | (got == want)).all(), (x, q)
 
 
 def test_rail_refused_by_a_provider_without_fi_hmem_says_why():

@@ -126,9 +126,12 @@ ffi::Error Enqueue(const char* op, int64_t op_id, cudaStream_t stream, int32_t o
       st = RunStreamHierarchicalScatter(plan.outer, plan.inner, plan.dtype, plan.op, me.rank->view,
                                         *me.port, *me.rank_of, ops, x.untyped_data(),
                                         out->untyped_data());
+    } else if (plan.kind == Plan::Kind::kAllToAll) {
+      st = RunStreamHierarchicalSwap(plan.outer, plan.inner, me.rank->view, *me.port, *me.rank_of,
+                                     ops, x.untyped_data(), out->untyped_data());
     } else {
-      return Invalid(std::string(op) + " across hosts is not supported on GPUs (all_gather and "
-                     "reduce_scatter are)");
+      return Invalid(std::string(op) + " across hosts is not supported on GPUs (all_gather, "
+                     "reduce_scatter and all_to_all are; all_reduce is lowered as two of them)");
     }
   } else {
     st = RunStreamPlan(plan, me.rank->view, ops, x.untyped_data(), out->untyped_data());

@@ -246,10 +246,10 @@ void Check(const smddp::Status& st) {
   if (!st.ok()) throw std::runtime_error(st.message());
 }
 
-// The hierarchical all_gather (kind 0) or reduce_scatter (kind 1) of the GPU
-// backend on host threads: `hosts` x
-// `local` ranks, each its own "process" with its own network proxy; rail
-// peers joined by shared-memory links in this process (the proxy sees only
+// The hierarchical all_gather (kind 0), reduce_scatter (kind 1) or
+// all_to_all (kind 3: the kinds of StreamProbe) of the GPU backend on host
+// threads: `hosts` x `local` ranks, each its own "process" with its own
+// network proxy; rail peers joined by shared-memory links in this process (the proxy sees only
 // the Link interface, as over libfabric). rank_of[g * local + j] is the group
 // rank of host g's j-th rank; inputs are by group rank. `kill_host` >= 0
 // closes that host's links before the calls (a dead peer): then returns the
@@ -265,6 +265,7 @@ std::vector<nb::bytes> StreamHierarchicalProbe(int hosts, int local, size_t oute
                                                int dtype, int op, const std::string& rail_provider) {
   const int P = hosts * local;
   if (int(inputs.size()) != P || int(rank_of.size()) != P) throw std::invalid_argument("sizes");
+  if (kind != 0 && kind != 1 && kind != 3) throw std::invalid_argument("kind: 0, 1 or 3");
   smddp::RegionLayout layout(local, slot_bytes);
   smddp::NetLayout net(hosts, slot_bytes);
   HostBlocks regions(P, layout.total_bytes), mailboxes(P, net.mailbox_bytes),
@@ -328,8 +329,9 @@ std::vector<nb::bytes> StreamHierarchicalProbe(int hosts, int local, size_t oute
       send.emplace_back(b.c_str(), b.size());
     }
   // kind 0: all_gather (inner: bytes per row); 1: reduce_scatter (inner:
-  // elements per block row).
-  const size_t out_bytes = kind == 0 ? send[0].size() * P : send[0].size() / P;
+  // elements per block row); 3: all_to_all (inner: bytes per block row).
+  const size_t out_bytes = kind == 0 ? send[0].size() * P : kind == 1 ? send[0].size() / P
+                                                                       : send[0].size();
   std::vector<std::string> recv(P, std::string(out_bytes, '\0'));
   std::vector<smddp::Status> status(P);
   {
@@ -366,10 +368,13 @@ std::vector<nb::bytes> StreamHierarchicalProbe(int hosts, int local, size_t oute
                 kind == 0
                     ? smddp::RunStreamHierarchicalGather(outer, inner, me, ports[x], rank_of, ops,
                                                          send[x].data(), recv[x].data())
-                    : smddp::RunStreamHierarchicalScatter(outer, inner, smddp::DType(dtype),
+                : kind == 1
+                    ? smddp::RunStreamHierarchicalScatter(outer, inner, smddp::DType(dtype),
                                                           smddp::ReduceOp(op), me, ports[x],
                                                           rank_of, ops, send[x].data(),
-                                                          recv[x].data());
+                                                          recv[x].data())
+                    : smddp::RunStreamHierarchicalSwap(outer, inner, me, ports[x], rank_of, ops,
+                                                       send[x].data(), recv[x].data());
           }
           // The proxy reports network failures; a failed step still released the stream.
           if (status[x].ok()) {

@@ -129,7 +129,8 @@ HOST_MODES = {
 @pytest.mark.parametrize("mode", list(HOST_MODES))
 def test_across_simulated_hosts(nprocs, per_host, mode):
   """Processes on one GPU named as different hosts (JAX_SMDDP_HOST_ID): the
-  hierarchical all_gather and reduce_scatter, the network proxy over libfabric, signals in
+  hierarchical all_gather, reduce_scatter and all_to_all (psum as two of them), the network
+  proxy over libfabric, signals in
   GDRCopy memory where gdrdrv is loaded, else mapped host memory."""
   hosts = [{"JAX_SMDDP_HOST_ID": f"host{i // per_host}"} for i in range(nprocs)]
   procs = run(nprocs, HOST_MODES[mode], "hosts", hosts)

@@ -800,16 +800,29 @@ int RunHost(int p, int L, bool rail, bool die, int up, int down) {
         for (int r = 0; r < P; ++r) want += Input(r, (o * P + p) * k + i + call);
         Expect(p, out[o * k + i] == want, "hierarchical reduce_scatter value");
       }
+    // all_to_all: [3, P, 500] -> [3, P, 500], rows of P x 2000 bytes in pieces.
+    const size_t b = 500;
+    std::vector<float> blocks(3 * P * b), swapped(3 * P * b);
+    for (size_t i = 0; i < blocks.size(); ++i) blocks[i] = Input(p, i + call);
+    Check(p, smddp::RunStreamHierarchicalSwap(3, b * 4, m->local->view, port, rank_of, ops,
+                                              blocks.data(), swapped.data()),
+          "hierarchical all_to_all");
+    for (size_t o = 0; o < 3; ++o)
+      for (int r = 0; r < P; ++r)
+        for (size_t i = 0; i < b; ++i)
+          Expect(p, swapped[(o * P + r) * b + i] == Input(r, (o * P + p) * b + i + call),
+                 "hierarchical all_to_all value");
   }
   Expect(p, !port.proxy->failed(), "the proxy failed: " + port.proxy->error().message());
   {
     // The world counts what the port moved (jax_smddp.traffic()): per call,
-    // this rank's all_gather input to its rail peer, and the reduce_scatter
-    // partial sums of the peer's shards (2 x 700 floats). The last step is
-    // counted just after the stream may have seen its data.
+    // this rank's all_gather input to its rail peer, the reduce_scatter
+    // partial sums of the peer's shards (2 x 700 floats), and the all_to_all
+    // blocks of this host's L ranks for the peer (3 x L x 500 floats). The
+    // last step is counted just after the stream may have seen its data.
     const auto world = smddp::CurrentWorld();
     const int peer = (1 - h) * L + j;
-    const uint64_t want = 4 * (3 * 1500 * 4 + 2 * 700 * 4);
+    const uint64_t want = 4 * (3 * 1500 * 4 + 2 * 700 * 4 + 3 * L * 500 * 4);
     for (int spin = 0; spin < 500 && world->sent(peer) < want; ++spin)
       std::this_thread::sleep_for(std::chrono::milliseconds(10));
     Expect(p, world->sent(peer) == want && world->received(peer) == want,

@@ -447,6 +447,83 @@ Status RunStreamHierarchicalScatter(size_t outer, size_t inner, DType dtype, Red
   });
 }
 
+Status RunStreamHierarchicalSwap(size_t outer, size_t inner, StreamRank& local, NetPort& port,
+                                 const std::vector<int>& rank_of, StreamOps& ops,
+                                 const void* send_v, void* recv_v) {
+  const auto* send = static_cast<const uint8_t*>(send_v);
+  auto* recv = static_cast<uint8_t*>(recv_v);
+  const int H = port.hosts, L = local.layout.size, h = port.host, i = local.rank;
+  const size_t P = size_t(H) * L;
+  if (int(rank_of.size()) != H * L || int(port.links.size()) != H || !port.proxy)
+    return Status::Error("jax_smddp: hierarchical communicator is not set up for this rank");
+  if (port.proxy->failed()) return port.proxy->error();
+  const NetLayout& net = port.layout;
+  const size_t cap = std::min(local.layout.slot_bytes, net.slot_bytes);
+  // Local rank j's posted slot (this rank's own blocks are read from `send`).
+  const void** posted = SourcesOf(local, size_t(L));
+  // A tile moves every block once, so it is sized for all P of them.
+  return ForEachTile(outer, inner, P, cap, 1, [&](const Tile& t) -> Status {
+    const uint32_t s = ++port.step;
+    const size_t part = t.rows * L * t.width;  // one host's part: [rows, L, width]
+    if (s > 2) SMDDP_RETURN_IF_ERROR(ops.WaitAtLeast(port.stream<uint32_t>(net.done(), true), s - 2));
+    auto block = [&](int g, int k) {  // this rank's block for rank (g, k); row pitch P * inner
+      return send + (t.row * P + rank_of[g * L + k]) * inner + t.col;
+    };
+    auto out = [&](int q) { return recv + (t.row * P + q) * inner + t.col; };  // pitch P * inner
+    // Rank (h, j)'s block for rank (g, i): from `send` or from j's slot,
+    // where it posted its blocks as [H, rows, L, width].
+    auto copy_from = [&](int j, int g, uint8_t* dst, size_t dpitch) -> Status {
+      if (j == i) return ops.Copy2D(dst, dpitch, block(g, i), P * inner, t.width, t.rows);
+      const auto* theirs = static_cast<const uint8_t*>(posted[j]);
+      return ops.Copy2D(dst, dpitch, theirs + g * part + i * t.width, L * t.width, t.width, t.rows);
+    };
+    Steps st(local, ops);
+    if (L > 1) {
+      uint8_t* slot;  // [H, rows, L, width]: host g's part as its rail i will send it
+      SMDDP_RETURN_IF_ERROR(st.Begin(&slot));
+      for (int g = 0; g < H; ++g) {
+        for (int k = 0; k < L; ++k) {
+          SMDDP_RETURN_IF_ERROR(ops.Copy2D(slot + g * part + k * t.width, L * t.width, block(g, k),
+                                           P * inner, t.width, t.rows));
+        }
+      }
+      SMDDP_RETURN_IF_ERROR(st.Post());
+    }
+    // The other hosts' parts first, so the network starts before this host's own blocks move.
+    uint8_t* to_send = port.slot_stream(net.send_slot(s));
+    for (int k = 0; k < L; ++k) {
+      const int j = (i + k) % L;  // staggered so ranks do not all read one peer at once
+      if (j != i) {
+        const uint8_t* theirs;
+        SMDDP_RETURN_IF_ERROR(st.Await(j, &theirs));
+        posted[j] = theirs;
+      }
+      for (int g = 0; g < H; ++g) {
+        if (g != h) SMDDP_RETURN_IF_ERROR(copy_from(j, g, to_send + g * part + j * t.width, L * t.width));
+      }
+    }
+    SMDDP_RETURN_IF_ERROR(ops.Write(port.stream<uint32_t>(net.posted()), s));
+    port.proxy->Enqueue(&port, s, part, /*scatter=*/true);
+    for (int k = 0; k < L; ++k) {
+      const int j = (i + k) % L;
+      SMDDP_RETURN_IF_ERROR(copy_from(j, h, out(rank_of[h * L + j]), P * inner));
+      if (j != i) SMDDP_RETURN_IF_ERROR(st.Release(j));
+    }
+    // Host g's part: rank (g, j)'s block for this rank at j.
+    for (int g = 0; g < H; ++g) {
+      if (g == h) continue;
+      SMDDP_RETURN_IF_ERROR(ops.WaitAtLeast(port.stream<uint32_t>(net.arrived(g), true), s));
+      const uint8_t* arrived = port.slot_stream(net.recv_slot(g, s));
+      for (int j = 0; j < L; ++j) {
+        SMDDP_RETURN_IF_ERROR(ops.Copy2D(out(rank_of[g * L + j]), P * inner, arrived + j * t.width,
+                                         L * t.width, t.width, t.rows));
+      }
+      SMDDP_RETURN_IF_ERROR(ops.Write(port.stream<uint32_t>(net.consumed(g)), s));
+    }
+    return Status::Ok();
+  });
+}
+
 Status RunStreamPlan(const Plan& plan, StreamRank& me, StreamOps& ops, const void* send_v,
                      void* recv_v) {
   const auto* send = static_cast<const uint8_t*>(send_v);

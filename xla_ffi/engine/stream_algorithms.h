@@ -102,6 +102,17 @@ Status RunStreamHierarchicalScatter(size_t outer, size_t inner, DType dtype, Red
                                     const std::vector<int>& rank_of, StreamOps& ops,
                                     const void* send, void* recv);
 
+// all_to_all over hosts: recv[o, q, :] = send_q[o, rank, :]. Per tile, rank
+// i of host h collects through the staging slots, from every rank j of its
+// host, the blocks that rank j sends to rail i of each other host g
+// ([rows, L, width] per host, in the network send slot), hands them to the
+// proxy (host g's part to its rail peer on host g), and meanwhile copies the
+// blocks its own host's ranks send it; then it unpacks each host's part as
+// it arrives. Each block crosses the network once, between rail peers.
+Status RunStreamHierarchicalSwap(size_t outer, size_t inner_bytes, StreamRank& local,
+                                 NetPort& port, const std::vector<int>& rank_of,
+                                 StreamOps& ops, const void* send, void* recv);
+
 // For a rank that gives up on a call after its peers may have enqueued
 // theirs (a failed buffer exchange): enqueues releases (ReleasedFlag of its
 // step) of its posted flag and to its consumed flag at every peer, so that no peer's
