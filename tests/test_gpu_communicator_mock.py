@@ -68,6 +68,7 @@ def program(tmp_path_factory):
 @pytest.mark.parametrize("scenario", ["collectives", "dead_peer", "closed", "stalled", "mismatch",
                                       "two_per_process", "direct", "direct_dead_peer",
                                       "direct_two_per_process", "direct_in_process",
+                                      "direct_in_process_late",
                                       "direct_map_fails", "direct_disagree", "direct_timing"])
 def test_gpu_communicator(program, scenario, flag_memory):
   _run_scenario(program, scenario, flag_memory)

@@ -20,7 +20,9 @@
 // direct_dead_peer (the last rank dies; the others wait for its buffers in
 // the exchange), direct_two_per_process (two_per_process with direct reads:
 // local peers' buffers used as they are, the other process's mapped),
-// direct_in_process (one process, 3 ranks on threads), direct_map_fails
+// direct_in_process (one process, 3 ranks on threads), direct_in_process_late
+// (the same, one rank late for a call: the group fails at once for all),
+// direct_map_fails
 // (rank 2 cannot map its peers' buffers: it releases them), direct_disagree
 // (rank 2's allocator rules direct reads out: every rank's set-up fails
 // naming the disagreement). Prints "all checks passed" and exits 0 on success.
@@ -643,6 +645,60 @@ int InProcess() {
   return 0;
 }
 
+// One process, 3 ranks on threads, direct reads: rank 2 is late for its
+// second call, so ranks 0 and 1 give up on it after the 2 s deadline. When
+// rank 2 comes, and at every later call of any rank, the group fails at once
+// with that first reason (before, rank 2 waited out another deadline for
+// peers that no longer publish, naming them).
+int InProcessLate() {
+  const std::vector<int64_t> members = {30, 31, 32};
+  std::vector<std::pair<int, std::string>> handles;
+  Status st = gpu::PrepareCommunicator(members, 4096, {{0, 0}, {1, 1}, {2, 2}}, 1, &handles);
+  Expect(0, st.ok(), "prepare: " + st.message());
+  st = gpu::ConnectCommunicator(members, {});
+  Expect(0, st.ok(), "connect: " + st.message());
+  gpu::GpuCommunicator* comm = gpu::FindCommunicator(gpu::GroupKey(members.data(), 3));
+  Expect(0, comm && comm->direct_reads(), "no direct reads in the group");
+  smddp::SetTimeoutSeconds(2);
+  std::atomic<int> gave_up{0};
+  std::vector<std::thread> threads;
+  for (int r = 0; r < 3; ++r) {
+    threads.emplace_back([&, r] {
+      gpu::LocalRank* me = comm->Local(r);
+      const Plan plan = MakePlan(Plan::Kind::kAllGather, 1, 400, 0);
+      std::vector<float> send(100, float(r)), recv(300);
+      Status first = Run(me, plan, send, &recv, 20);
+      Expect(r, first.ok(), "first call: " + first.message());
+      if (r == 2) {
+        while (gave_up.load() < 2) std::this_thread::sleep_for(std::chrono::milliseconds(10));
+      }
+      const auto t0 = std::chrono::steady_clock::now();
+      const Status late = Run(me, plan, send, &recv, 20);
+      const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+      if (r != 2) {
+        Expect(r, !late.ok() && late.message().find("rank 2 (process 0) did not enqueue call 1") !=
+                                    std::string::npos,
+               "the late rank is not named: " + late.message());
+        gave_up++;
+      } else {
+        Expect(r, !late.ok() && late.message().find("rank 2 (process 0) did not enqueue call 1") !=
+                                    std::string::npos && s < 1.0,
+               "the late rank's call took " + std::to_string(s) + " s: " + late.message());
+      }
+      const auto t1 = std::chrono::steady_clock::now();
+      const Status next = Run(me, plan, send, &recv, 20);
+      const double s1 = std::chrono::duration<double>(std::chrono::steady_clock::now() - t1).count();
+      Expect(r, !next.ok() && next.message() == late.message() && s1 < 1.0,
+             "a later call: " + next.message() + " after " + std::to_string(s1) + " s");
+    });
+  }
+  for (auto& t : threads) t.join();
+  gpu::ReleaseCommunicators();
+  for (auto& d : device_buffers) d.Free();
+  std::printf("all checks passed\n");
+  return 0;
+}
+
 int TwoPerProcess(bool host) {
   Children kids;
   if (!Spawn(2, [&](int p, int up, int down) { return RunTwoPerProcess(p, host, up, down); }, &kids))
@@ -989,7 +1045,8 @@ int Hosts(int L, bool rail, bool die) {
 int main(int argc, char** argv) {
   if (argc != 3) {
     std::fprintf(stderr, "usage: %s collectives|dead_peer|closed|stalled|mismatch|two_per_process|"
-                 "direct|direct_dead_peer|direct_two_per_process|direct_in_process|direct_map_fails|"
+                 "direct|direct_dead_peer|direct_two_per_process|direct_in_process|direct_in_process_late|"
+                 "direct_map_fails|"
                  "direct_disagree|direct_timing|proxy_shut "
                  "device|host\n",
                  argv[0]);
@@ -1005,6 +1062,7 @@ int main(int argc, char** argv) {
   if (scenario.rfind("direct", 0) == 0) setenv("JAX_SMDDP_GPU_DIRECT_READS", "1", 1);
   if (scenario == "two_per_process" || scenario == "direct_two_per_process") return TwoPerProcess(host);
   if (scenario == "direct_in_process") return InProcess();
+  if (scenario == "direct_in_process_late") return InProcessLate();
   Children kids;
   if (!Spawn(kRanks, [&](int r, int up, int down) { return RunRank(r, scenario, host, up, down); },
              &kids))

@@ -149,7 +149,7 @@ Status ExchangeBuffers(LocalRank& rank, const Plan& plan, const void* send, void
   // Between processes the call log numbers the calls (CheckCall); within one
   // process every call exchanges, so the exchanges number them.
   const bool logged = !rank.call_logs.empty();
-  if (!rank.exchange_failed.empty()) return Status::Error(rank.exchange_failed);
+  if (rank.exchange_failure->failed()) return rank.exchange_failure->error();
   if (!rank.exchange || (logged && rank.calls == 0)) {
     rank.view.inputs.clear();
     rank.view.outputs.clear();
@@ -162,8 +162,10 @@ Status ExchangeBuffers(LocalRank& rank, const Plan& plan, const void* send, void
   if (st.ok()) return st;
   rank.view.inputs.clear();
   rank.view.outputs.clear();
-  const std::string message = st.message() + "; later calls of this group fail too";
-  rank.exchange_failed = message;
+  // A local peer's failure reached this rank through the check: said once, as it was.
+  if (rank.exchange_failure->failed()) return rank.exchange_failure->error();
+  const std::string message =
+      rank.exchange_failure->Set(st.message() + "; later calls of this group fail too");
   if (rank.watch) rank.watch->Fail(message);  // the peers may have gone on reading in place
   return Status::Error(message);
 }
@@ -250,6 +252,7 @@ Status GpuCommunicator::Prepare(const std::vector<std::pair<int, int>>& local, i
     if (!local_[rank]) {
       auto l = std::make_unique<LocalRank>();
       l->ordinal = ordinal;
+      l->exchange_failure = exchange_failure_;  // one per group in this process
       DeviceScope scope(ordinal);
       if (scope.error() != cudaSuccess)
         return CudaError("selecting device " + std::to_string(ordinal), scope.error());
@@ -519,7 +522,10 @@ Status GpuCommunicator::StartDirectReads(bool logs, const std::vector<uint8_t*>&
     auto who = [this](int q) {
       return "rank " + std::to_string(q) + " (process " + std::to_string(process_of_[q]) + ")";
     };
-    auto check = [rank]() { return rank->watch && rank->watch->failed() ? rank->watch->error() : Status::Ok(); };
+    auto check = [rank]() {
+      if (rank->watch && rank->watch->failed()) return rank->watch->error();
+      return rank->exchange_failure->failed() ? rank->exchange_failure->error() : Status::Ok();
+    };
     rank->exchange = std::make_unique<BufferExchange>(rank->view.rank, tables, local, std::move(memory),
                                                      who, check);
   }

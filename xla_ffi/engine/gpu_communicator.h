@@ -16,6 +16,7 @@
 #ifndef JAX_SMDDP_ENGINE_GPU_COMMUNICATOR_H_
 #define JAX_SMDDP_ENGINE_GPU_COMMUNICATOR_H_
 
+#include <atomic>
 #include <cstdint>
 #include <map>
 #include <memory>
@@ -37,6 +38,33 @@ class FabricRail;
 class World;
 namespace gpu {
 
+// Why a buffer exchange of a group failed, shared by the group's ranks in
+// this process: a group inside one process has no watch to carry it, and a
+// local peer that went on would wait out its deadline in the next exchange
+// for a rank that no longer publishes.
+class ExchangeFailure {
+ public:
+  bool failed() const { return failed_.load(std::memory_order_acquire); }
+  // The first failure is kept; its message.
+  std::string Set(const std::string& message) {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (!failed_.load(std::memory_order_relaxed)) {
+      message_ = message;
+      failed_.store(true, std::memory_order_release);
+    }
+    return message_;
+  }
+  Status error() {
+    std::lock_guard<std::mutex> lock(mu_);
+    return failed_.load(std::memory_order_relaxed) ? Status::Error(message_) : Status::Ok();
+  }
+
+ private:
+  std::atomic<bool> failed_{false};
+  std::mutex mu_;
+  std::string message_;
+};
+
 // A rank of this process: its device and its view of every rank's region.
 struct LocalRank {
   int ordinal = -1;
@@ -54,7 +82,8 @@ struct LocalRank {
   // each call are (null: this group stages every call).
   std::unique_ptr<BufferExchange> exchange;
   uint64_t exchanges = 0;      // exchanges so far
-  std::string exchange_failed; // why an exchange failed: every later call fails (no watch in one process)
+  // Why an exchange of the group failed in this process: every later call fails.
+  std::shared_ptr<ExchangeFailure> exchange_failure = std::make_shared<ExchangeFailure>();
 };
 
 // Before a call of `op` is enqueued for `rank`: in a group across
@@ -124,6 +153,7 @@ class GpuCommunicator {
   std::vector<int> process_of_;                    // by rank
   std::vector<void*> registered_;                  // host memory registered with CUDA
   std::shared_ptr<WatchedGroup> watch_;
+  std::shared_ptr<ExchangeFailure> exchange_failure_ = std::make_shared<ExchangeFailure>();
   FlagMemory flag_memory_ = FlagMemory::kDevice;
   bool direct_reads_ = false;  // asked for (JAX_SMDDP_GPU_DIRECT_READS)
   std::vector<std::unique_ptr<uint64_t[]>> heap_tables_;  // buffer tables of a group inside one process
