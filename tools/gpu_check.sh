@@ -138,11 +138,13 @@ if want hosts && "$PY" -c 'import ctypes; ctypes.CDLL("libfabric.so.1")' 2>/dev/
   echo "=== GPU benchmark: 2 processes as 2 hosts (libfabric shm), staged vs FI_HMEM slots"
   JAX_SMDDP_FABRIC_PROVIDER=shm timeout 420 "$PY" -m jax_smddp.gpu_bench --processes 2 --hosts 2 \
     --fabric-hmem 0,auto --modes engine --sizes 1M,16M,64M \
+    --ops all_gather,reduce_scatter,all_reduce,all_to_all \
     --json "$out/gpu_bench_2hosts.json" || status=1
 fi
 if want nccl; then
   echo "=== GPU benchmark: one process, every local GPU, against XLA's NCCL"
   timeout 300 "$PY" -m jax_smddp.gpu_bench --processes 1 --sizes 1M,16M,256M \
+    --ops all_gather,reduce_scatter,all_reduce,all_to_all \
     --json "$out/gpu_bench_1proc.json" || status=1
 fi
 exit $status
