@@ -10,7 +10,7 @@ Layouts: ``--processes 1`` uses every local GPU in one process and times
 JAX's default (XLA's NCCL) in the same run; ``--processes N`` (N > 1) starts N
 processes that share GPU 0 (CUDA IPC between processes on one device), where
 NCCL cannot run, so the reference is the device-to-device copy bandwidth
-measured in the same run. Each size runs in both data-movement modes (copy
+measured in the same run (by process 0 alone, the others idle at a barrier). Each size runs in both data-movement modes (copy
 engines, and copy kernels within JAX_SMDDP_GPU_MAX_BLOCKS blocks).
 
 ``--hosts H`` names the processes as H simulated hosts (JAX_SMDDP_HOST_ID),
@@ -97,6 +97,21 @@ def _input(op: str, rank: int, n: int, count: int):
   return np.full((n * count,), rank + 1, np.float32)
 
 
+def _copy_reference(ext, nbytes: int, args, tag: str):
+  """The device-to-device copy rate for `nbytes`, measured by process 0 alone
+  (None elsewhere, and on CPU). The processes share the GPU: copies timed by
+  all of them at once would each see a share of its bandwidth, so the others
+  wait at a barrier, their GPU work done, until process 0 has measured."""
+  if args.nprocs == 1:
+    return ext.copy_bandwidth(0, nbytes, 10) if ext else None
+  from jax_smddp import distributed
+  client = distributed._client()
+  client.wait_at_barrier(f"jax_smddp/gpu_bench/{tag}/idle", 120_000)
+  rate = ext.copy_bandwidth(0, nbytes, 10) if ext and args.process == 0 else None
+  client.wait_at_barrier(f"jax_smddp/gpu_bench/{tag}/measured", 120_000)
+  return rate
+
+
 def worker(args) -> dict:
   import numpy as np
   import jax
@@ -125,12 +140,12 @@ def worker(args) -> dict:
       x = jax.make_array_from_callback(
           (n * local,), sharding,
           lambda idx, op=op, local=local: _input(op, (idx[0].start or 0) // local, n, count))
-      _check(op, ours(x), n, count)
+      _check(op, ours(x), n, count)  # every local rank's output is back: its GPU is idle
+      copy_Bps = _copy_reference(ext, size * n, args, f"{op}/{size}")
       before = ext.counters()["direct_reads"] if ext else 0
       row = {"op": op, "bytes_per_rank": size, "ranks": n,
              "mode": os.environ.get("JAX_SMDDP_GPU_COPIES", "engine"),
-             "smddp_s": _time(ours, x, args.iters),
-             "copy_Bps": ext.copy_bandwidth(0, size * n, 10) if ext else None}
+             "smddp_s": _time(ours, x, args.iters), "copy_Bps": copy_Bps}
       row["direct_calls"] = (ext.counters()["direct_reads"] - before) if ext else 0
       if args.nprocs == 1:
         row["xla_s"] = _time(lax, x, args.iters)
