@@ -1,0 +1,118 @@
+"""The GPU reduction kernel's per-thread work (cuda/reduce_body.cuh), built by
+nvcc as host code and run on the CPU (tests/native/reduce_body_test.cu): every
+thread of a launch in turn, with the vector width the launcher chooses, on
+numpy data, against numpy. What a GPU adds (the launch, the memory system) is
+tested by tests/gpu on a GPU machine."""
+
+import os
+import shutil
+import subprocess
+
+import ml_dtypes
+import numpy as np
+import pytest
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+NVCC = shutil.which("nvcc") or ("/usr/local/cuda/bin/nvcc"
+                                if os.path.exists("/usr/local/cuda/bin/nvcc") else None)
+
+pytestmark = [pytest.mark.timeout(300),
+              pytest.mark.skipif(NVCC is None, reason="no nvcc: the install is CPU only")]
+
+DTYPES = {"f32": np.float32, "f64": np.float64, "f16": np.float16, "bf16": ml_dtypes.bfloat16,
+          "i8": np.int8, "u8": np.uint8, "i32": np.int32, "u32": np.uint32, "i64": np.int64}
+
+
+@pytest.fixture(scope="module")
+def program(tmp_path_factory):
+  exe = str(tmp_path_factory.mktemp("reduce_body") / "reduce_body_test")
+  build = subprocess.run([NVCC, "-std=c++17", "-O2", "-I", ROOT,
+                          os.path.join(ROOT, "tests/native/reduce_body_test.cu"), "-o", exe],
+                         capture_output=True, text=True, timeout=280)
+  assert build.returncode == 0, build.stdout + build.stderr[-4000:]
+  return exe
+
+
+def reference(sources, op, dtype):
+  """op over the sources in order; 16-bit floats in f32, rounded once; ints wrap."""
+  dtype = np.dtype(dtype)
+  wide = np.float32 if dtype.itemsize == 2 and dtype.kind in "fV" else dtype
+  acc = sources[0].astype(wide)
+  for s in sources[1:]:
+    s = s.astype(wide)
+    acc = acc + s if op == "sum" else np.maximum(acc, s) if op == "max" else np.minimum(acc, s)
+  return acc.astype(dtype)
+
+
+def run(program, tmp_path, name, op, n, count, rows, spitch, dpitch, misalign, threads, seed=0):
+  dtype = np.dtype(DTYPES[name])
+  rng = np.random.default_rng(seed)
+  shape = (n, rows, spitch)
+  if dtype.kind in "iu":
+    info = np.iinfo(dtype)
+    data = rng.integers(info.min, info.max, size=shape, dtype=np.int64 if dtype.kind == "i"
+                        else np.uint64, endpoint=True).astype(dtype)
+  else:
+    data = (rng.standard_normal(shape) * 10).astype(dtype)
+  sentinel = np.full((rows, dpitch), 77, dtype)  # what the call must leave alone
+  (tmp_path / "in").write_bytes(data.tobytes())
+  (tmp_path / "out").write_bytes(sentinel.tobytes())
+  run = subprocess.run([program, name, op, str(n), str(count), str(rows), str(spitch), str(dpitch),
+                        str(misalign), str(threads), str(tmp_path / "in"), str(tmp_path / "out")],
+                       capture_output=True, text=True, timeout=60)
+  assert run.returncode == 0, run.stdout + run.stderr
+  got = np.frombuffer((tmp_path / "out").read_bytes(), dtype).reshape(rows, dpitch)
+  want = reference([data[k, :, :count] for k in range(n)], op, dtype)
+  np.testing.assert_array_equal(got[:, :count], want, err_msg=f"{name} {op}")
+  np.testing.assert_array_equal(got[:, count:], sentinel[:, count:], err_msg="past the rows")
+  return int(run.stdout.split()[-1])
+
+
+@pytest.mark.parametrize("name", list(DTYPES))
+@pytest.mark.parametrize("op", ["sum", "max", "min"])
+def test_every_type_and_op_in_vectors(program, tmp_path, name, op):
+  """Aligned rows: 16-byte vectors (4 floats, 8 bf16, 16 int8 per load), 3 sources, 5 rows
+  with padding between them, more threads than vectors and fewer."""
+  itemsize = np.dtype(DTYPES[name]).itemsize
+  per16 = 16 // itemsize
+  for threads in (7, 4096):
+    width = run(program, tmp_path, name, op, n=3, count=per16 * 37, rows=5,
+                spitch=per16 * 40, dpitch=per16 * 38, misalign=0, threads=threads, seed=threads)
+    assert width == max(per16, 1), (name, width)
+
+
+@pytest.mark.parametrize("name", ["f32", "bf16", "i8", "f64"])
+@pytest.mark.parametrize("case", ["odd count", "odd pitch", "misaligned", "odd count, one row"])
+def test_layouts_that_rule_out_vectors_fall_back_to_elements(program, tmp_path, name, case):
+  """A row length, pitch or address that is not a multiple of 16 bytes: one element per
+  load, same results. (One row: its pitch does not matter.)"""
+  itemsize = np.dtype(DTYPES[name]).itemsize
+  per16 = 16 // itemsize
+  count, spitch, dpitch, misalign, rows = per16 * 9, per16 * 10, per16 * 10, 0, 4
+  if case == "odd count":
+    count += 1
+  elif case == "odd pitch":
+    spitch += 1
+  elif case == "misaligned":
+    misalign = itemsize
+  else:
+    count, rows, spitch, dpitch = per16 * 9 + 1, 1, per16 * 9 + 3, per16 * 9 + 5
+  width = run(program, tmp_path, name, "sum", n=2, count=count, rows=rows, spitch=spitch,
+              dpitch=dpitch, misalign=misalign, threads=33)
+  assert width == 1, (case, width)
+
+
+def test_one_row_ignores_its_pitches(program, tmp_path):
+  """With one row the pitches never move an address: vectors still apply."""
+  width = run(program, tmp_path, "f32", "sum", n=5, count=4 * 100, rows=1, spitch=4 * 100 + 3,
+              dpitch=4 * 100 + 1, misalign=0, threads=64)
+  assert width == 4
+
+
+@pytest.mark.parametrize("n", [1, 2, 5, 32])
+def test_source_counts_around_the_unrolled_loop(program, tmp_path, n):
+  """The sources' loop is unrolled by 4: counts below, at and past it, and the most one pass
+  takes."""
+  width = run(program, tmp_path, "f32", "sum", n=n, count=4 * 50, rows=3, spitch=4 * 52,
+              dpitch=4 * 51, misalign=0, threads=100, seed=n)
+  assert width == 4
