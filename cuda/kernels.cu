@@ -2,6 +2,7 @@
 
 #include <algorithm>
 
+#include "cuda/copy_body.cuh"
 #include "cuda/reduce_body.cuh"
 
 namespace smddp {
@@ -15,21 +16,13 @@ int Blocks(size_t work, int max_blocks) {
   return int(std::max<size_t>(1, std::min<size_t>(wanted, size_t(std::max(1, max_blocks)))));
 }
 
-// Grid-stride copy in units of V (16, 4 or 1 bytes, whatever all addresses
-// and pitches allow).
+// Grid-stride copy in units of V (cuda/copy_body.cuh).
 template <typename V>
 __global__ void Copy2DKernel(char* dst, size_t dpitch, const char* src, size_t spitch,
                              size_t units_per_row, size_t rows) {
-  const size_t total = units_per_row * rows;
-  for (size_t i = blockIdx.x * size_t(blockDim.x) + threadIdx.x; i < total;
-       i += size_t(gridDim.x) * blockDim.x) {
-    const size_t row = i / units_per_row, unit = i % units_per_row;
-    reinterpret_cast<V*>(dst + row * dpitch)[unit] =
-        reinterpret_cast<const V*>(src + row * spitch)[unit];
-  }
+  CopyThread<V>(blockIdx.x * size_t(blockDim.x) + threadIdx.x, size_t(gridDim.x) * blockDim.x,
+                dst, dpitch, src, spitch, units_per_row, rows);
 }
-
-bool Aligned(size_t v, size_t a) { return v % a == 0; }
 
 template <typename T, typename A, Reduction R, int V>
 __global__ void ReduceKernel(char* dst, size_t dpitch, Sources srcs, int n, size_t spitch,
@@ -106,16 +99,15 @@ cudaError_t LaunchCopy2D(void* dst, size_t dpitch, const void* src, size_t spitc
   if (width == 0 || rows == 0) return cudaSuccess;
   char* d = static_cast<char*>(dst);
   const char* s = static_cast<const char*>(src);
-  auto all = [&](size_t a) {
-    return Aligned(uintptr_t(d), a) && Aligned(uintptr_t(s), a) && Aligned(dpitch, a) &&
-           Aligned(spitch, a) && Aligned(width, a);
-  };
-  if (all(16)) {
-    Copy2DKernel<uint4><<<Blocks(width / 16 * rows, max_blocks), kThreads, 0, stream>>>(d, dpitch, s, spitch, width / 16, rows);
-  } else if (all(4)) {
-    Copy2DKernel<uint32_t><<<Blocks(width / 4 * rows, max_blocks), kThreads, 0, stream>>>(d, dpitch, s, spitch, width / 4, rows);
+  const size_t unit = CopyUnitBytes(d, dpitch, s, spitch, width, rows);
+  const size_t units = width / unit * rows;
+  const int blocks = Blocks((units + kCopyUnroll - 1) / kCopyUnroll, max_blocks);
+  if (unit == 16) {
+    Copy2DKernel<uint4><<<blocks, kThreads, 0, stream>>>(d, dpitch, s, spitch, width / 16, rows);
+  } else if (unit == 4) {
+    Copy2DKernel<uint32_t><<<blocks, kThreads, 0, stream>>>(d, dpitch, s, spitch, width / 4, rows);
   } else {
-    Copy2DKernel<uint8_t><<<Blocks(width * rows, max_blocks), kThreads, 0, stream>>>(d, dpitch, s, spitch, width, rows);
+    Copy2DKernel<uint8_t><<<blocks, kThreads, 0, stream>>>(d, dpitch, s, spitch, width, rows);
   }
   return cudaGetLastError();
 }

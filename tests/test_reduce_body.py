@@ -1,7 +1,8 @@
-"""The GPU reduction kernel's per-thread work (cuda/reduce_body.cuh), built by
-nvcc as host code and run on the CPU (tests/native/reduce_body_test.cu): every
-thread of a launch in turn, with the vector width the launcher chooses, on
-numpy data, against numpy. What a GPU adds (the launch, the memory system) is
+"""The GPU reduction and copy kernels' per-thread work (cuda/reduce_body.cuh,
+cuda/copy_body.cuh), built by nvcc as host code and run on the CPU
+(tests/native/reduce_body_test.cu, copy_body_test.cu): every thread of a
+launch in turn, with the vector width or unit the launcher chooses, on numpy
+data, against numpy. What a GPU adds (the launch, the memory system) is
 tested by tests/gpu on a GPU machine."""
 
 import os
@@ -23,14 +24,23 @@ DTYPES = {"f32": np.float32, "f64": np.float64, "f16": np.float16, "bf16": ml_dt
           "i8": np.int8, "u8": np.uint8, "i32": np.int32, "u32": np.uint32, "i64": np.int64}
 
 
-@pytest.fixture(scope="module")
-def program(tmp_path_factory):
-  exe = str(tmp_path_factory.mktemp("reduce_body") / "reduce_body_test")
+def _build(tmp_path_factory, name):
+  exe = str(tmp_path_factory.mktemp(name) / name)
   build = subprocess.run([NVCC, "-std=c++17", "-O2", "-I", ROOT,
-                          os.path.join(ROOT, "tests/native/reduce_body_test.cu"), "-o", exe],
+                          os.path.join(ROOT, f"tests/native/{name}.cu"), "-o", exe],
                          capture_output=True, text=True, timeout=280)
   assert build.returncode == 0, build.stdout + build.stderr[-4000:]
   return exe
+
+
+@pytest.fixture(scope="module")
+def program(tmp_path_factory):
+  return _build(tmp_path_factory, "reduce_body_test")
+
+
+@pytest.fixture(scope="module")
+def copier(tmp_path_factory):
+  return _build(tmp_path_factory, "copy_body_test")
 
 
 def reference(sources, op, dtype):
@@ -116,3 +126,37 @@ def test_source_counts_around_the_unrolled_loop(program, tmp_path, n):
   width = run(program, tmp_path, "f32", "sum", n=n, count=4 * 50, rows=3, spitch=4 * 52,
               dpitch=4 * 51, misalign=0, threads=100, seed=n)
   assert width == 4
+
+
+def copy(copier, tmp_path, width, rows, spitch, dpitch, src_misalign, dst_misalign, threads):
+  rng = np.random.default_rng(width * 31 + rows)
+  src = rng.integers(0, 256, size=(rows, spitch), dtype=np.uint8)
+  before = rng.integers(0, 256, size=(rows, dpitch), dtype=np.uint8)
+  (tmp_path / "in").write_bytes(src.tobytes())
+  (tmp_path / "out").write_bytes(before.tobytes())
+  run = subprocess.run([copier, *map(str, (width, rows, spitch, dpitch, src_misalign, dst_misalign,
+                                            threads)), str(tmp_path / "in"), str(tmp_path / "out")],
+                       capture_output=True, text=True, timeout=60)
+  assert run.returncode == 0, run.stdout + run.stderr
+  got = np.frombuffer((tmp_path / "out").read_bytes(), np.uint8).reshape(rows, dpitch)
+  want = before.copy()
+  want[:, :width] = src[:, :width]
+  np.testing.assert_array_equal(got, want)
+  return int(run.stdout.split()[-1])
+
+
+@pytest.mark.parametrize("threads", [1, 3, 512, 4096])
+@pytest.mark.parametrize("width,rows,spitch,dpitch,src_mis,dst_mis,unit", [
+    (16 * 100, 7, 16 * 104, 16 * 101, 0, 0, 16),   # aligned rows: 16-byte units
+    (16 * 100 + 4, 3, 16 * 110, 16 * 110, 0, 0, 4),  # a row length of 4-byte multiples
+    (1000, 5, 1016, 1008, 4, 8, 4),                  # 4-byte aligned addresses
+    (999, 4, 1003, 1001, 0, 0, 1),                   # odd everything: bytes
+    (1600, 2, 1600, 1600, 1, 0, 1),                  # a misaligned source
+    (1600, 1, 1605, 1607, 0, 0, 16),                 # one row: its pitches do not matter
+    (48, 1000, 64, 48, 0, 0, 16),                    # many short rows (units wrap rows)
+])
+def test_copy_units_and_unrolled_threads(copier, tmp_path, threads, width, rows, spitch, dpitch,
+                                         src_mis, dst_mis, unit):
+  """Every unit size the launcher picks, with fewer threads than units (each thread's
+  four loads in flight, then their stores) and more; bytes past each row are left alone."""
+  assert copy(copier, tmp_path, width, rows, spitch, dpitch, src_mis, dst_mis, threads) == unit
