@@ -17,26 +17,7 @@
 #include <vector_types.h>  // uint4, as on the GPU
 
 #include "cuda/copy_body.cuh"
-
-namespace {
-
-std::vector<char> ReadFile(const char* path) {
-  std::vector<char> bytes;
-  FILE* f = std::fopen(path, "rb");
-  if (!f) return bytes;
-  char buf[1 << 16];
-  for (size_t got; (got = std::fread(buf, 1, sizeof(buf), f)) > 0;) bytes.insert(bytes.end(), buf, buf + got);
-  std::fclose(f);
-  return bytes;
-}
-
-char* Placed(const std::vector<char>& bytes, size_t misalign) {
-  char* base = static_cast<char*>(std::aligned_alloc(64, (bytes.size() + misalign + 64) / 64 * 64 + 64));
-  std::memcpy(base + misalign, bytes.data(), bytes.size());
-  return base + misalign;
-}
-
-}  // namespace
+#include "tests/native/host_buffers.h"
 
 int main(int argc, char** argv) {
   if (argc != 10) {
@@ -47,10 +28,10 @@ int main(int argc, char** argv) {
   size_t v[7];
   for (int i = 0; i < 7; ++i) v[i] = std::strtoull(argv[1 + i], nullptr, 10);
   const size_t width = v[0], rows = v[1], spitch = v[2], dpitch = v[3], threads = v[6];
-  const std::vector<char> in = ReadFile(argv[8]), out = ReadFile(argv[9]);
+  const std::vector<char> in = smddp_test::ReadFile(argv[8]), out = smddp_test::ReadFile(argv[9]);
   if (threads == 0 || in.size() != rows * spitch || out.size() != rows * dpitch) return 2;
-  const char* src = Placed(in, v[4]);
-  char* dst = Placed(out, v[5]);
+  const char* src = smddp_test::Placed(in, v[4]);
+  char* dst = smddp_test::Placed(out, v[5]);
   const size_t unit = smddp::cuda::CopyUnitBytes(dst, dpitch, src, spitch, width, rows);
   for (size_t t = 0; t < threads; ++t) {
     if (unit == 16) {
@@ -61,9 +42,7 @@ int main(int argc, char** argv) {
       smddp::cuda::CopyThread<uint8_t>(t, threads, dst, dpitch, src, spitch, width, rows);
     }
   }
-  FILE* f = std::fopen(argv[9], "wb");
-  if (!f || std::fwrite(dst, 1, out.size(), f) != out.size()) return 2;
-  std::fclose(f);
+  if (!smddp_test::WriteFile(argv[9], dst, out.size())) return 2;
   std::printf("unit %zu\n", unit);
   return 0;
 }

@@ -615,11 +615,9 @@ int RunTwoPerProcess(int p, bool host, int up, int down) {
   return 0;
 }
 
-// One process holding every rank (members 30..32 on mock devices 0..2, each
-// on a thread of its own, as XLA runs each device's program): with direct
-// reads the ranks meet in tables of this process and read each other's
-// buffers at their own addresses, nothing exported or mapped.
-int InProcess() {
+// The group of members 30..32 on mock devices 0..2, all in this process,
+// with direct reads.
+gpu::GpuCommunicator* InProcessGroup() {
   const std::vector<int64_t> members = {30, 31, 32};
   std::vector<std::pair<int, std::string>> handles;
   Status st = gpu::PrepareCommunicator(members, 4096, {{0, 0}, {1, 1}, {2, 2}}, 1, &handles);
@@ -628,6 +626,15 @@ int InProcess() {
   Expect(0, st.ok(), "connect: " + st.message());
   gpu::GpuCommunicator* comm = gpu::FindCommunicator(gpu::GroupKey(members.data(), 3));
   Expect(0, comm && comm->direct_reads(), "no direct reads in the group");
+  return comm;
+}
+
+// One process holding every rank (members 30..32 on mock devices 0..2, each
+// on a thread of its own, as XLA runs each device's program): with direct
+// reads the ranks meet in tables of this process and read each other's
+// buffers at their own addresses, nothing exported or mapped.
+int InProcess() {
+  gpu::GpuCommunicator* comm = InProcessGroup();
   std::vector<std::thread> threads;
   for (int r = 0; r < 3; ++r) {
     threads.emplace_back([&, r] {
@@ -651,14 +658,7 @@ int InProcess() {
 // with that first reason (before, rank 2 waited out another deadline for
 // peers that no longer publish, naming them).
 int InProcessLate() {
-  const std::vector<int64_t> members = {30, 31, 32};
-  std::vector<std::pair<int, std::string>> handles;
-  Status st = gpu::PrepareCommunicator(members, 4096, {{0, 0}, {1, 1}, {2, 2}}, 1, &handles);
-  Expect(0, st.ok(), "prepare: " + st.message());
-  st = gpu::ConnectCommunicator(members, {});
-  Expect(0, st.ok(), "connect: " + st.message());
-  gpu::GpuCommunicator* comm = gpu::FindCommunicator(gpu::GroupKey(members.data(), 3));
-  Expect(0, comm && comm->direct_reads(), "no direct reads in the group");
+  gpu::GpuCommunicator* comm = InProcessGroup();
   smddp::SetTimeoutSeconds(2);
   std::atomic<int> gave_up{0};
   std::vector<std::thread> threads;

@@ -18,28 +18,12 @@
 #include <vector>
 
 #include "cuda/reduce_body.cuh"
+#include "tests/native/host_buffers.h"
 
 using smddp::cuda::Reduction;
 using smddp::cuda::Sources;
 
 namespace {
-
-std::vector<char> ReadFile(const char* path) {
-  std::vector<char> bytes;
-  FILE* f = std::fopen(path, "rb");
-  if (!f) return bytes;
-  char buf[1 << 16];
-  for (size_t got; (got = std::fread(buf, 1, sizeof(buf), f)) > 0;) bytes.insert(bytes.end(), buf, buf + got);
-  std::fclose(f);
-  return bytes;
-}
-
-// A copy of `bytes` at `misalign` bytes past a 64-byte boundary.
-char* Placed(const std::vector<char>& bytes, size_t misalign) {
-  char* base = static_cast<char*>(std::aligned_alloc(64, (bytes.size() + misalign + 64) / 64 * 64 + 64));
-  std::memcpy(base + misalign, bytes.data(), bytes.size());
-  return base + misalign;
-}
 
 struct Args {
   int n;
@@ -49,7 +33,7 @@ struct Args {
 
 template <typename T, typename A, Reduction R>
 int Run(const Args& a) {
-  const std::vector<char> in = ReadFile(a.in), out = ReadFile(a.out);
+  const std::vector<char> in = smddp_test::ReadFile(a.in), out = smddp_test::ReadFile(a.out);
   const size_t E = sizeof(T);
   if (in.size() != size_t(a.n) * a.rows * a.spitch * E || out.size() != a.rows * a.dpitch * E) {
     std::fprintf(stderr, "file sizes do not match the shape\n");
@@ -57,10 +41,10 @@ int Run(const Args& a) {
   }
   // Each source in a buffer of its own (MISALIGN past a 64-byte boundary).
   const size_t source_bytes = a.rows * a.spitch * E;
-  char* dst = Placed(out, a.misalign);
+  char* dst = smddp_test::Placed(out, a.misalign);
   Sources s{};
   for (int k = 0; k < a.n; ++k) {
-    s.p[k] = Placed(std::vector<char>(in.begin() + k * source_bytes,
+    s.p[k] = smddp_test::Placed(std::vector<char>(in.begin() + k * source_bytes,
                                       in.begin() + (k + 1) * source_bytes), a.misalign);
   }
   constexpr int kVector = sizeof(T) < 16 ? int(16 / sizeof(T)) : 1;  // as cuda/kernels.cu
@@ -75,9 +59,7 @@ int Run(const Args& a) {
                                             a.count, a.rows);
     }
   }
-  FILE* f = std::fopen(a.out, "wb");
-  if (!f || std::fwrite(dst, 1, out.size(), f) != out.size()) return 2;
-  std::fclose(f);
+  if (!smddp_test::WriteFile(a.out, dst, out.size())) return 2;
   std::printf("vector %d\n", vector ? kVector : 1);
   return 0;
 }

@@ -319,6 +319,22 @@ Status ReduceAllDirect(Steps& st, StreamOps& ops, const std::vector<const uint8_
   return st.AwaitConsumed();
 }
 
+// What every hierarchical call checks first: the group is set up for this
+// rank, and no earlier network step failed (that fails this call).
+Status HierarchyReady(const StreamRank& local, const NetPort& port, const std::vector<int>& rank_of) {
+  const int H = port.hosts, L = local.layout.size;
+  if (int(rank_of.size()) != H * L || int(port.links.size()) != H || !port.proxy)
+    return Status::Error("jax_smddp: hierarchical communicator is not set up for this rank");
+  return port.proxy->failed() ? port.proxy->error() : Status::Ok();
+}
+
+// Starts the port's next network step (*step): its send slot is free once the
+// proxy is done with the step that last used it (slots are double-buffered).
+Status BeginNetworkStep(NetPort& port, StreamOps& ops, uint32_t* step) {
+  const uint32_t s = *step = ++port.step;
+  return s > 2 ? ops.WaitAtLeast(port.stream<uint32_t>(port.layout.done(), true), s - 2) : Status::Ok();
+}
+
 }  // namespace
 
 bool DirectReadsNeedOutputs(Plan::Kind kind) { return kind == Plan::Kind::kAllReduce; }
@@ -344,15 +360,13 @@ Status RunStreamHierarchicalGather(size_t outer, size_t inner, StreamRank& local
   auto* recv = static_cast<uint8_t*>(recv_v);
   const int H = port.hosts, L = local.layout.size, h = port.host, i = local.rank;
   const size_t P = size_t(H) * L;
-  if (int(rank_of.size()) != H * L || int(port.links.size()) != H || !port.proxy)
-    return Status::Error("jax_smddp: hierarchical communicator is not set up for this rank");
-  if (port.proxy->failed()) return port.proxy->error();  // an earlier network failure fails this call
+  SMDDP_RETURN_IF_ERROR(HierarchyReady(local, port, rank_of));
   const NetLayout& net = port.layout;
   const size_t cap = std::min(local.layout.slot_bytes, net.slot_bytes);
   return ForEachTile(outer, inner, 1, cap, 1, [&](const Tile& t) -> Status {
     // Network: hand this tile to the proxy (all-to-all over the rail).
-    const uint32_t s = ++port.step;
-    if (s > 2) SMDDP_RETURN_IF_ERROR(ops.WaitAtLeast(port.stream<uint32_t>(net.done(), true), s - 2));
+    uint32_t s;
+    SMDDP_RETURN_IF_ERROR(BeginNetworkStep(port, ops, &s));
     const uint8_t* mine = send + t.row * inner + t.col;
     SMDDP_RETURN_IF_ERROR(ops.Copy2D(port.slot_stream(net.send_slot(s)), t.width, mine, inner, t.width, t.rows));
     SMDDP_RETURN_IF_ERROR(ops.Write(port.stream<uint32_t>(net.posted()), s));
@@ -398,16 +412,14 @@ Status RunStreamHierarchicalScatter(size_t outer, size_t inner, DType dtype, Red
   auto* recv = static_cast<uint8_t*>(recv_v);
   const int H = port.hosts, L = local.layout.size, h = port.host, i = local.rank;
   const size_t P = size_t(H) * L, E = ElementSize(dtype), inner_b = inner * E;
-  if (int(rank_of.size()) != H * L || int(port.links.size()) != H || !port.proxy)
-    return Status::Error("jax_smddp: hierarchical communicator is not set up for this rank");
-  if (port.proxy->failed()) return port.proxy->error();
+  SMDDP_RETURN_IF_ERROR(HierarchyReady(local, port, rank_of));
   const NetLayout& net = port.layout;
   const size_t cap = std::min(local.layout.slot_bytes, net.slot_bytes);
   const void** srcs = SourcesOf(local, size_t(std::max(H, L)));
   return ForEachTile(outer, inner_b, size_t(std::max(H, L)), cap, E, [&](const Tile& t) -> Status {
-    const uint32_t s = ++port.step;
+    uint32_t s;
+    SMDDP_RETURN_IF_ERROR(BeginNetworkStep(port, ops, &s));
     const size_t sub = t.rows * t.width;  // one destination's part of this tile
-    if (s > 2) SMDDP_RETURN_IF_ERROR(ops.WaitAtLeast(port.stream<uint32_t>(net.done(), true), s - 2));
     // Inside the host: the partial sum of each host's blocks for rail i.
     for (int g = 0; g < H; ++g) {
       Steps st(local, ops);
@@ -454,18 +466,16 @@ Status RunStreamHierarchicalSwap(size_t outer, size_t inner, StreamRank& local, 
   auto* recv = static_cast<uint8_t*>(recv_v);
   const int H = port.hosts, L = local.layout.size, h = port.host, i = local.rank;
   const size_t P = size_t(H) * L;
-  if (int(rank_of.size()) != H * L || int(port.links.size()) != H || !port.proxy)
-    return Status::Error("jax_smddp: hierarchical communicator is not set up for this rank");
-  if (port.proxy->failed()) return port.proxy->error();
+  SMDDP_RETURN_IF_ERROR(HierarchyReady(local, port, rank_of));
   const NetLayout& net = port.layout;
   const size_t cap = std::min(local.layout.slot_bytes, net.slot_bytes);
   // Local rank j's posted slot (this rank's own blocks are read from `send`).
   const void** posted = SourcesOf(local, size_t(L));
   // A tile moves every block once, so it is sized for all P of them.
   return ForEachTile(outer, inner, P, cap, 1, [&](const Tile& t) -> Status {
-    const uint32_t s = ++port.step;
+    uint32_t s;
+    SMDDP_RETURN_IF_ERROR(BeginNetworkStep(port, ops, &s));
     const size_t part = t.rows * L * t.width;  // one host's part: [rows, L, width]
-    if (s > 2) SMDDP_RETURN_IF_ERROR(ops.WaitAtLeast(port.stream<uint32_t>(net.done(), true), s - 2));
     auto block = [&](int g, int k) {  // this rank's block for rank (g, k); row pitch P * inner
       return send + (t.row * P + rank_of[g * L + k]) * inner + t.col;
     };
