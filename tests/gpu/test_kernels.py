@@ -58,6 +58,11 @@ def cases(size):
     out.append((f"reduce_scatter {name} {op}",
                 dict(kind=SCATTER, dtype=dtype, op=op, outer=3, inner=2000, count=0, slot=8192), xs,
                 [combine([x[:, r, :] for x in xs], op, dtype) for r in range(size)]))
+    # 2000 elements: rows of 16-byte multiples (vector loads); 1999: one element at a time.
+    xs = inputs(size, (2, size, 1999), dtype, seed=size + 2)
+    out.append((f"reduce_scatter {name} {op} odd rows",
+                dict(kind=SCATTER, dtype=dtype, op=op, outer=2, inner=1999, count=0, slot=8192), xs,
+                [combine([x[:, r, :] for x in xs], op, dtype) for r in range(size)]))
     xs = inputs(size, (100_003,), dtype, seed=size + 1)
     out.append((f"all_reduce {name} {op}",
                 dict(kind=ALL_REDUCE, dtype=dtype, op=op, outer=1, inner=0, count=100_003,
