@@ -10,8 +10,9 @@ Layouts: ``--processes 1`` uses every local GPU in one process and times
 JAX's default (XLA's NCCL) in the same run; ``--processes N`` (N > 1) starts N
 processes that share GPU 0 (CUDA IPC between processes on one device), where
 NCCL cannot run, so the reference is the device-to-device copy bandwidth
-measured in the same run (by process 0 alone, the others idle at a barrier). Each size runs in both data-movement modes (copy
-engines, and copy kernels within JAX_SMDDP_GPU_MAX_BLOCKS blocks).
+measured in the same run (by process 0 alone, the others idle at a barrier).
+Each size runs in both data-movement modes (copy engines, and copy kernels
+within JAX_SMDDP_GPU_MAX_BLOCKS blocks).
 
 ``--hosts H`` names the processes as H simulated hosts (JAX_SMDDP_HOST_ID),
 so the groups cross hosts: the hierarchical algorithms and the network proxy
@@ -160,24 +161,26 @@ def worker(args) -> dict:
           "direct_staged_because": jax_smddp.gpu.direct_reads_staged_because() if ext else ""}
 
 
+def _expected(op: str, rank: int, n: int, count: int):
+  """Rank `rank`'s output for the inputs of _input."""
+  import numpy as np
+  if op == "all_gather":
+    return np.repeat(np.arange(1, n + 1, dtype=np.float32), count)
+  if op == "all_to_all":  # block q came from rank q, which filled it for this rank
+    return np.repeat(1000 * (rank + 1) + np.arange(1, n + 1, dtype=np.float32), count)
+  return np.full((count if op == "reduce_scatter" else n * count,), n * (n + 1) / 2, np.float32)
+
+
 def _check(op: str, y, n: int, count: int) -> None:
   """The benchmark times right answers only: every local rank's output once."""
   import numpy as np
-  if op == "all_gather":
-    want = np.repeat(np.arange(1, n + 1, dtype=np.float32), count)
-  elif op == "all_to_all":
-    want = None  # per rank: block q is 1000 (rank + 1) + q + 1
-  else:
-    want = np.full((count if op == "reduce_scatter" else n * count,), n * (n + 1) / 2, np.float32)
   for shard in y.addressable_shards:
-    got = np.asarray(shard.data)[0]
-    if op == "all_to_all":
-      rank = (shard.index[0].start or 0)
-      want = np.repeat(1000 * (rank + 1) + np.arange(1, n + 1, dtype=np.float32), count)
+    rank = shard.index[0].start or 0
+    got, want = np.asarray(shard.data)[0], _expected(op, rank, n, count)
     if not np.array_equal(got, want):
       bad = np.flatnonzero(got != want)
-      raise AssertionError(f"{op}: rank {shard.index[0].start or 0} output differs from the "
-                           f"reference at {bad.size} of {want.size} elements (first {bad[:5]})")
+      raise AssertionError(f"{op}: rank {rank} output differs from the reference at {bad.size} "
+                           f"of {want.size} elements (first {bad[:5]})")
 
 
 def _busbw(op: str, n: int, alg: float) -> float:

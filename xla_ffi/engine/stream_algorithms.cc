@@ -489,10 +489,11 @@ Status RunStreamHierarchicalSwap(size_t outer, size_t inner, StreamRank& local, 
     };
     Steps st(local, ops);
     if (L > 1) {
-      uint8_t* slot;  // [H, rows, L, width]: host g's part as its rail i will send it
+      uint8_t* slot;  // [H, rows, L, width]: block (g, k) where rank k of this host reads it
       SMDDP_RETURN_IF_ERROR(st.Begin(&slot));
       for (int g = 0; g < H; ++g) {
         for (int k = 0; k < L; ++k) {
+          if (k == i) continue;  // this rank reads its own blocks from `send`
           SMDDP_RETURN_IF_ERROR(ops.Copy2D(slot + g * part + k * t.width, L * t.width, block(g, k),
                                            P * inner, t.width, t.rows));
         }
