@@ -41,10 +41,12 @@ def free_port(host: str = "127.0.0.1") -> int:
 def run_job(args: list[str], nprocs: int, devices: int, *, script: str | list[str],
             timeout: float = 240, env: dict | None = None,
             namespaces: list[str] | None = None, coordinator_ip: str = "127.0.0.1",
-            per_process_env: list[dict] | None = None) -> list[Process]:
-  """Runs `script args... i nprocs coordinator devices` for i < nprocs.
+            per_process_env: list[dict] | None = None,
+            python: str | None = None) -> list[Process]:
+  """Runs `python script args... i nprocs coordinator devices` for i < nprocs.
 
-  `script` is a path, or a command prefix such as ["-m", "jax_smddp.bench"].
+  `script` is a path, or a command prefix such as ["-m", "jax_smddp.bench"];
+  `python` the interpreter (default: this one).
 
   `namespaces[i]`, when given, is the network namespace process i runs in
   (`ip netns exec`); `coordinator_ip` must then be reachable from all.
@@ -60,7 +62,7 @@ def run_job(args: list[str], nprocs: int, devices: int, *, script: str | list[st
   procs = []
   for i in range(nprocs):
     prefix = [script] if isinstance(script, str) else list(script)
-    cmd = [sys.executable, *prefix, *args, str(i), str(nprocs), coordinator, str(devices)]
+    cmd = [python or sys.executable, *prefix, *args, str(i), str(nprocs), coordinator, str(devices)]
     cmd = shlex.split(os.environ.get("JAX_SMDDP_LAUNCH_WRAPPER", "")) + cmd
     if namespaces is not None:
       cmd = ["ip", "netns", "exec", namespaces[i], *cmd]

@@ -11,26 +11,7 @@ find_python312() {
   fi
 }
 
-# System packages the multi-process tests need: libfabric (headers at build
-# time, library at run time) and iproute2 (network namespaces: two simulated
-# hosts). Installed with apt when missing and we can; CI must have them.
-need_system_packages() {
-  local missing=()
-  [ -e /usr/include/rdma/fabric.h ] || missing+=(libfabric-dev)
-  command -v fi_info >/dev/null || missing+=(libfabric-bin)
-  command -v ip >/dev/null || missing+=(iproute2)
-  [ ${#missing[@]} -eq 0 ] && return 0
-  if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null; then
-    echo "=== installing ${missing[*]}"
-    (apt-get install -y -q "${missing[@]}" || (apt-get update -q && apt-get install -y -q "${missing[@]}")) >/dev/null
-  elif [ "${CI:-}" = "true" ]; then
-    echo "CI needs ${missing[*]} (apt-get install ${missing[*]})" >&2
-    exit 1
-  else
-    echo "=== ${missing[*]} missing: two-host and libfabric tests will be skipped"
-  fi
-}
-need_system_packages
+bash tools/system_packages.sh
 
 status=0
 run_suite() {  # name python venv jax_spec

@@ -26,6 +26,7 @@
 #include "xla_ffi/engine/algorithms.h"
 #include "xla_ffi/engine/call_log.h"
 #include "xla_ffi/engine/communicator.h"
+#include "xla_ffi/engine/fabric_info.h"
 #include "xla_ffi/engine/fabric_rail.h"
 #include "xla_ffi/engine/host_stream_ops.h"
 #include "xla_ffi/engine/net_port.h"
@@ -405,6 +406,39 @@ std::vector<nb::bytes> StreamHierarchicalProbe(int hosts, int local, size_t oute
   return out;
 }
 
+#ifndef SMDDP_BUILD_JAXLIB
+#define SMDDP_BUILD_JAXLIB ""
+#define SMDDP_BUILD_FFI_API ""
+#endif
+
+// What this build was configured with and what libfabric offers here
+// (jax_smddp.doctor).
+void BindBuildInfo(nb::module_& m) {
+  m.def("build_info", [] {
+    nb::dict d;
+    d["jaxlib"] = SMDDP_BUILD_JAXLIB;
+    d["ffi_api"] = SMDDP_BUILD_FFI_API;
+    return d;
+  });
+  m.def("fabric_info", [] {
+    smddp::FabricInfo f;
+    {
+      nb::gil_scoped_release release;
+      f = smddp::DescribeFabric();
+    }
+    nb::dict d;
+    d["built"] = f.built;
+    d["include_dir"] = f.include_dir;
+    d["library_dir"] = f.library_dir;
+    d["loaded"] = f.loaded;
+    d["error"] = f.error;
+    d["path"] = f.path;
+    d["version"] = f.version;
+    d["providers"] = f.providers;
+    return d;
+  });
+}
+
 // The bootstrap steps of jax_smddp.initialize() (see engine/world.h).
 void BindWorld(nb::module_& m) {
   // The address of this module's world accessor, for the CUDA module (world.h).
@@ -480,6 +514,7 @@ NB_MODULE(_smddp_cpu, m) {
   });
   m.def("set_timeout", &smddp::SetTimeoutSeconds, nb::arg("seconds"));
   m.def("timeout", &smddp::TimeoutSeconds);
+  BindBuildInfo(m);
   BindWorld(m);
   m.def("rendezvous_probe", &RendezvousProbe, nb::arg("size"), nb::arg("present"),
         nb::arg("timeout_s"), nb::arg("count") = 1024, nb::arg("odd_rank") = -1);

@@ -6,6 +6,8 @@
 
 #ifdef SMDDP_HAVE_LIBFABRIC
 #include <dlfcn.h>
+#include <limits.h>
+#include <link.h>
 #endif
 
 namespace smddp {
@@ -56,6 +58,17 @@ bool Resolve(void* lib, const char* name, F* fn, std::string* error) {
   return *fn != nullptr;
 }
 
+// The file the loader opened for `lib` (its link map's name), else `fallback`.
+std::string LoadedPath(void* lib, const std::string& fallback) {
+  struct link_map* map = nullptr;
+  if (dlinfo(lib, RTLD_DI_LINKMAP, &map) == 0 && map != nullptr && map->l_name != nullptr &&
+      *map->l_name != '\0') {
+    char resolved[PATH_MAX];
+    return realpath(map->l_name, resolved) ? std::string(resolved) : std::string(map->l_name);
+  }
+  return fallback;
+}
+
 }  // namespace
 
 std::string FabricApi::Err(int ret) const {
@@ -71,13 +84,29 @@ uint32_t FabricApi::RequestedVersion() const {
 const FabricApi& GetFabricApi() {
   static const FabricApi* api = [] {
     FabricApi* a = new FabricApi;
+    // The loader path first; else the library beside the headers this build
+    // used (e.g. /opt/amazon/efa/lib, often not on the loader path).
     void* lib = dlopen("libfabric.so.1", RTLD_NOW | RTLD_LOCAL);
+    std::string tried = "libfabric.so.1";
     if (lib == nullptr) {
       const char* e = dlerror();
-      a->error = std::string("cannot load libfabric.so.1 (") + (e ? e : "not found") + "); " +
-                 kInstallHint;
-      return a;
+      std::string why = e ? e : "not found";
+#ifdef SMDDP_LIBFABRIC_LIBRARY_DIR
+      if (*SMDDP_LIBFABRIC_LIBRARY_DIR != '\0') {
+        tried = std::string(SMDDP_LIBFABRIC_LIBRARY_DIR) + "/libfabric.so.1";
+        lib = dlopen(tried.c_str(), RTLD_NOW | RTLD_LOCAL);
+        if (lib == nullptr) {
+          e = dlerror();
+          why += "; " + tried + ": " + (e ? e : "not found");
+        }
+      }
+#endif
+      if (lib == nullptr) {
+        a->error = "cannot load libfabric.so.1 (" + why + "); " + kInstallHint;
+        return a;
+      }
     }
+    a->path = LoadedPath(lib, tried);
     Resolve(lib, "fi_getinfo", &a->getinfo, &a->error);
     Resolve(lib, "fi_freeinfo", &a->freeinfo, &a->error);
     Resolve(lib, "fi_dupinfo", &a->dupinfo, &a->error);

@@ -12,8 +12,11 @@
 
 #include "xla_ffi/engine/status.h"
 
-// -DSMDDP_NO_LIBFABRIC builds the stubs even where the headers exist.
-#if defined(__has_include) && !defined(SMDDP_NO_LIBFABRIC)
+// The CMake build decides: -DSMDDP_HAVE_LIBFABRIC=1 with the headers' directory
+// (and SMDDP_LIBFABRIC_LIBRARY_DIR, where the library was found), or
+// -DSMDDP_NO_LIBFABRIC to build the stubs even where the headers exist. A build
+// that says neither (the tests' hand-built binaries) looks for the headers.
+#if defined(__has_include) && !defined(SMDDP_NO_LIBFABRIC) && !defined(SMDDP_HAVE_LIBFABRIC)
 #if __has_include(<rdma/fabric.h>)
 #define SMDDP_HAVE_LIBFABRIC 1
 #endif
@@ -49,6 +52,7 @@ struct FabricApi {
   decltype(&::fi_strerror) strerror = nullptr;
   decltype(&::fi_version) version = nullptr;
   std::string error;  // empty when loaded
+  std::string path;   // the file loaded
 
   // `ret`: a negative libfabric return code.
   std::string Err(int ret) const;

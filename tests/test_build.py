@@ -1,0 +1,141 @@
+"""The build as a user meets it: libfabric found where it lives (a prefix laid
+out like AWS's /opt/amazon/efa), headers installed after a first build picked
+up by the next one in the same build directory, and a wheel that installs into
+a fresh virtual environment and runs a two-process collective."""
+
+from __future__ import annotations
+
+import glob
+import json
+import os
+import shutil
+import subprocess
+import sys
+import textwrap
+
+import pytest
+
+import jax
+import jaxlib.version
+
+from jax_smddp import capabilities, launch
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+IN_CI = os.environ.get("CI") == "true"
+
+
+def _tool(name):
+  here = os.path.join(os.path.dirname(sys.executable), name)
+  return here if os.path.exists(here) else shutil.which(name)
+
+
+def _system_libfabric():
+  """(headers directory, libfabric.so.1) of the libfabric this install was built with."""
+  f = capabilities.fabric()
+  if not (f["built"] and f["loaded"] and os.path.exists(os.path.join(f["include_dir"], "rdma"))):
+    return None
+  return f["include_dir"], f["path"]
+
+
+def _configure_and_build(build_dir, env):
+  cmake = _tool("cmake")
+  configure = subprocess.run(
+      [cmake, "-S", REPO, "-B", str(build_dir), "-G", "Ninja", f"-DCMAKE_MAKE_PROGRAM={_tool('ninja')}",
+       f"-DPython_EXECUTABLE={sys.executable}", "-DJAX_SMDDP_CUDA=OFF"],
+      env=env, capture_output=True, text=True, timeout=300)
+  assert configure.returncode == 0, configure.stdout[-3000:] + configure.stderr[-3000:]
+  build = subprocess.run([cmake, "--build", str(build_dir), "--target", "_smddp_cpu"],
+                         env=env, capture_output=True, text=True, timeout=900)
+  assert build.returncode == 0, build.stdout[-3000:] + build.stderr[-3000:]
+  return configure.stdout, build.stdout
+
+
+def _module_fabric_info(build_dir):
+  probe = ("import json, sys; sys.path.insert(0, sys.argv[1]); import _smddp_cpu; "
+           "print(json.dumps(_smddp_cpu.fabric_info()))")
+  run = subprocess.run([sys.executable, "-c", probe, str(build_dir)], capture_output=True,
+                       text=True, timeout=120, cwd=build_dir)
+  assert run.returncode == 0, run.stderr
+  return json.loads(run.stdout)
+
+
+@pytest.mark.timeout(1200)
+def test_libfabric_under_a_non_default_prefix_and_installed_after_a_first_build(tmp_path):
+  found = _system_libfabric()
+  if found is None:
+    assert not IN_CI, "CI must have libfabric-dev (tools/system_packages.sh installs it)"
+    pytest.skip("libfabric's headers are not installed here")
+  include, library = found
+  if not _tool("cmake") or not _tool("ninja"):
+    pytest.skip("cmake and ninja come with the test environment (tools/setup_env.sh)")
+  prefix = tmp_path / "efa"  # laid out like /opt/amazon/efa: include/, lib/
+  (prefix / "include").mkdir(parents=True)
+  (prefix / "lib").mkdir()
+  env = dict(os.environ, JAX_SMDDP_LIBFABRIC_ROOT=str(prefix))
+  env.pop("LIBFABRIC_ROOT", None)
+  build_dir = tmp_path / "build"
+
+  # First build: the prefix is still empty, so libfabric is left out, and says so.
+  configured, _ = _configure_and_build(build_dir, env)
+  assert f"libfabric  NOT FOUND (searched the root {prefix})" in configured, configured
+  info = _module_fabric_info(build_dir)
+  assert not info["built"] and "built without libfabric headers" in info["error"], info
+
+  # The headers and the library arrive; the same build directory rebuilds with them.
+  shutil.copytree(os.path.join(include, "rdma"), prefix / "include" / "rdma")
+  shutil.copy(library, prefix / "lib" / "libfabric.so.1")
+  configured, built = _configure_and_build(build_dir, env)
+  assert f"libfabric  headers in {prefix}/include, found by the root {prefix}" in configured, configured
+  assert "fabric_link.cc" in built, built  # recompiled, not reused
+  info = _module_fabric_info(build_dir)
+  assert info["built"] and info["include_dir"] == f"{prefix}/include", info
+  assert info["library_dir"] == f"{prefix}/lib", info
+  assert info["loaded"] and "tcp;ofi_rxm" in info["providers"], info
+
+
+TWO_PROCESS_JOB = textwrap.dedent("""
+    import os, sys
+    os.environ["XLA_FLAGS"] = "--xla_force_host_platform_device_count=2"
+    import numpy as np, jax
+    from jax.sharding import NamedSharding, PartitionSpec as P
+    pid, n, coordinator = int(sys.argv[1]), int(sys.argv[2]), sys.argv[3]
+    jax.distributed.initialize(coordinator, n, pid)
+    import jax_smddp
+    mesh = jax.make_mesh((4,), ("x",))
+    x = np.arange(4 * 3 * 5, dtype=np.float32).reshape(12, 5)
+    xs = jax.make_array_from_callback(x.shape, NamedSharding(mesh, P("x")), lambda i: x[i])
+    f = jax.jit(jax.shard_map(lambda v: jax_smddp.psum(v * v, "x"), mesh=mesh,
+                              in_specs=P("x"), out_specs=P("x"), check_vma=False))
+    want = sum((x * x)[3 * r:3 * r + 3] for r in range(4))
+    for shard in f(xs).addressable_shards:
+      assert np.array_equal(np.asarray(shard.data), want), shard.index
+    assert jax_smddp.traffic()[1 - pid]["sent"] > 0, jax_smddp.traffic()
+    print("RESULT {\\"ok\\": true, \\"file\\": \\"" + jax_smddp.__file__ + "\\"}", flush=True)
+    jax_smddp.shutdown()
+    jax.distributed.shutdown()
+    """)
+
+
+@pytest.mark.timeout(1500)
+def test_wheel_installs_into_a_fresh_venv_and_runs_two_processes(tmp_path):
+  """pip wheel, then a new virtual environment with only jax and the wheel."""
+  dist = tmp_path / "dist"
+  wheel = subprocess.run(
+      [sys.executable, "-m", "pip", "wheel", "-q", "--no-build-isolation", "--no-deps",
+       "-w", str(dist), REPO], capture_output=True, text=True, timeout=1200)
+  assert wheel.returncode == 0, wheel.stdout[-3000:] + wheel.stderr[-3000:]
+  (built,) = glob.glob(str(dist / "jax_smddp-*.whl"))
+  venv = tmp_path / "venv"
+  subprocess.run([sys.executable, "-m", "venv", str(venv)], check=True, timeout=300)
+  python = str(venv / "bin" / "python")
+  install = subprocess.run(
+      [python, "-m", "pip", "install", "-q", "--disable-pip-version-check",
+       f"jax=={jax.__version__}", f"jaxlib=={jaxlib.version.__version__}", built],
+      capture_output=True, text=True, timeout=900)
+  assert install.returncode == 0, install.stdout[-3000:] + install.stderr[-3000:]
+  script = tmp_path / "job.py"
+  script.write_text(TWO_PROCESS_JOB)
+  procs = launch.run_job([], 2, 2, script=str(script), timeout=300, python=python)
+  for p in procs:
+    assert p.result and p.result["ok"], launch.describe(procs)
+    assert p.result["file"].startswith(str(venv)), p.result  # the wheel's, not the source's
