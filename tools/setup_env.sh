@@ -19,4 +19,10 @@ pip install -q --disable-pip-version-check "$jax_spec" numpy nanobind "scikit-bu
   cmake ninja pytest pytest-timeout flax optax orbax-checkpoint tqdm "$@"
 # --no-build-isolation: build against the jax installed above, not a newer one.
 pip install -q --disable-pip-version-check --no-build-isolation --no-deps "$root"
-(cd / && "$venv/bin/python" -c "import jax, jax_smddp; print('jax', jax.__version__, '+ jax_smddp', jax_smddp.__version__, '(CUDA backend built)' if jax_smddp.gpu.available() else '(CPU only: no nvcc)', 'in', '$venv')")
+(cd / && "$venv/bin/python" -c "
+import jax, jax_smddp
+from jax_smddp import capabilities
+parts = ['CUDA backend built' if capabilities.cuda()['built'] else 'CPU only: no nvcc',
+         'libfabric built' if capabilities.fabric()['built'] else 'NO libfabric: one host only']
+print('jax', jax.__version__, '+ jax_smddp', jax_smddp.__version__, '(' + '; '.join(parts) + ') in $venv;',
+      'python -m jax_smddp.doctor says what it can do here')")

@@ -209,6 +209,40 @@ NB_MODULE(_smddp_cuda, m) {
     }
     return n;
   });
+  m.def("driver_version", [] {  // 0 when no CUDA driver is loaded
+    int v = 0;
+    if (cudaDriverGetVersion(&v) != cudaSuccess) {
+      cudaGetLastError();
+      return 0;
+    }
+    return v;
+  });
+  m.def("device_info", [](int ordinal) {
+    // What jax_smddp.doctor shows of one GPU: what the collectives rely on.
+    cudaDeviceProp p;
+    CheckCuda(cudaGetDeviceProperties(&p, ordinal), "cudaGetDeviceProperties");
+    auto attr = [ordinal](cudaDeviceAttr a) {
+      int v = 0;
+      if (cudaDeviceGetAttribute(&v, a, ordinal) != cudaSuccess) {
+        cudaGetLastError();
+        return -1;
+      }
+      return v;
+    };
+    nb::dict d;
+    d["name"] = std::string(p.name);
+    d["compute_capability"] = std::to_string(p.major) + "." + std::to_string(p.minor);
+    d["multiprocessors"] = p.multiProcessorCount;
+    d["memory_bytes"] = static_cast<uint64_t>(p.totalGlobalMem);
+    d["copy_engines"] = p.asyncEngineCount;
+    d["unified_addressing"] = p.unifiedAddressing != 0;
+    d["ipc_events"] = attr(cudaDevAttrIpcEventSupport) == 1;
+    d["posix_fd_handles"] = (attr(cudaDevAttrMemoryPoolSupportedHandleTypes) > 0 &&
+                             (attr(cudaDevAttrMemoryPoolSupportedHandleTypes) &
+                              cudaMemHandleTypePosixFileDescriptor) != 0);
+    d["compute_mode"] = attr(cudaDevAttrComputeMode);  // 0 default, 2 prohibited, 3 exclusive process
+    return d;
+  }, nb::arg("ordinal"));
   m.def("copy_bandwidth", [](int ordinal, size_t bytes, int iters) {
     nb::gil_scoped_release release;
     return CopyBandwidth(ordinal, bytes, iters);

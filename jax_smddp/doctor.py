@@ -1,0 +1,243 @@
+"""What this jax_smddp installation can do on this machine, and why not.
+
+    python -m jax_smddp.doctor            # this machine
+    python -m jax_smddp.doctor --job      # also the job's topology, in every process of a
+                                          # jax.distributed job (as launched for training)
+    python -m jax_smddp.doctor --json     # the same, as JSON
+
+From a program: ``jax_smddp.doctor.report(job=True)`` returns the rows, and
+``print(jax_smddp.doctor.render(...))`` prints them. The exit code is 0 when
+what the machine offers can be used: the extension matches the running jaxlib
+and every requirement of ``JAX_SMDDP_REQUIRE`` is met. A missing optional part
+(libfabric, CUDA, GDRCopy) is shown with what it costs, not counted as a
+failure unless required.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import os
+import sys
+
+OK, MISSING, INFO, FAIL = "ok", "missing", "info", "FAIL"
+
+
+@dataclasses.dataclass
+class Row:
+  component: str
+  status: str   # ok | missing (optional part absent) | info | FAIL (job cannot use it)
+  detail: str
+
+
+@dataclasses.dataclass
+class Report:
+  rows: list[Row]
+  usable: bool  # exit code 0
+
+  def to_json(self) -> dict:
+    return {"usable": self.usable, "rows": [dataclasses.asdict(r) for r in self.rows]}
+
+
+def _gib(n: int) -> str:
+  return f"{n / 2**30:.1f} GiB"
+
+
+def _versions(rows: list[Row]) -> bool:
+  import jax
+  import jaxlib.version
+  from jax_smddp import capabilities
+  rows.append(Row("jax", INFO, f"jax {jax.__version__}, jaxlib {jaxlib.version.__version__}"))
+  built = capabilities.build()
+  same = built["jaxlib"] == jaxlib.version.__version__
+  detail = f"built for jaxlib {built['jaxlib']} (XLA FFI API {built['ffi_api']})"
+  if not same:
+    detail += (f", but jaxlib {jaxlib.version.__version__} runs: rebuild jax_smddp against it "
+               "(pip install --no-build-isolation --force-reinstall --no-deps jax_smddp-source)")
+  rows.append(Row("extension", OK if same else FAIL, detail))
+  return same
+
+
+def _cpu(rows: list[Row]) -> None:
+  from jax_smddp import _native
+  rows.append(Row("CPU backend", OK, f"engine loaded ({os.path.basename(_native.engine().__file__)}); "
+                  f"collectives across devices, processes (shared memory) and hosts (libfabric)"))
+
+
+def _cuda(rows: list[Row]) -> None:
+  from jax_smddp import capabilities
+  c = capabilities.cuda()
+  if not c["built"]:
+    rows.append(Row("CUDA backend", MISSING, c["error"] + "; GPU collectives lower to XLA's"))
+    return
+  if c["error"]:
+    rows.append(Row("CUDA backend", MISSING, f"built; {c['error']}"))
+    return
+  major, minor = divmod(c["driver"] // 10, 100)
+  rows.append(Row("CUDA backend", OK, f"built; driver API {major}.{minor}, {len(c['devices'])} GPU(s), "
+                  f"stream memory operations {'yes' if c['stream_memops'] else 'no (flags by kernels)'}"))
+  for i, d in enumerate(c["devices"]):
+    if "error" in d:
+      rows.append(Row(f"  GPU {i}", FAIL, d["error"]))
+      continue
+    mode = {0: "default", 1: "exclusive thread", 2: "prohibited", 3: "exclusive process"}.get(
+        d["compute_mode"], str(d["compute_mode"]))
+    rows.append(Row(f"  GPU {i}", OK if d["compute_mode"] in (0, 3) else FAIL,
+                    f"{d['name']}, compute capability {d['compute_capability']}, "
+                    f"{d['multiprocessors']} SMs, {_gib(d['memory_bytes'])}, "
+                    f"{d['copy_engines']} copy engines, CUDA IPC "
+                    f"{'yes' if d['unified_addressing'] else 'no (no unified addressing)'}, "
+                    f"fd handles {'yes' if d['posix_fd_handles'] else 'no'}, compute mode {mode}"))
+  m = capabilities.mps()
+  rows.append(Row("  MPS", OK if m["running"] else INFO,
+                  f"control daemon at {m['pipe']}" if m["running"] else
+                  m["error"] + ": processes sharing a GPU should run under MPS"))
+
+
+def _fabric(rows: list[Row]) -> None:
+  from jax_smddp import capabilities
+  f = capabilities.fabric()
+  if not f["built"]:
+    rows.append(Row("libfabric", MISSING, f["error"] + ": processes on other hosts cannot be "
+                    "reached (one host still works)"))
+    return
+  where = f"built with headers from {f['include_dir']}" if f["include_dir"] else "built"
+  if not f["loaded"]:
+    rows.append(Row("libfabric", MISSING, f"{where}; {f['error']}"))
+    return
+  rows.append(Row("libfabric", OK, f"{f['path']} (API {f['version']}); {where}"))
+  efa = "efa" in f["providers"]
+  rows.append(Row("  providers", OK if f["providers"] else MISSING,
+                  ", ".join(f["providers"]) or "none usable for reliable datagrams"))
+  rows.append(Row("  efa", OK if efa else INFO,
+                  "available: the default between hosts" if efa else
+                  "not available: between hosts jax_smddp uses tcp;ofi_rxm "
+                  "(or JAX_SMDDP_FABRIC_PROVIDER)"))
+
+
+def _gdrcopy(rows: list[Row]) -> None:
+  from jax_smddp import capabilities
+  g = capabilities.gdrcopy()
+  rows.append(Row("GDRCopy", OK if not g["error"] else MISSING,
+                  f"{g['library']} and the gdrdrv driver" if not g["error"] else
+                  g["error"] + "; GPU step flags use mapped host memory instead"))
+
+
+def _shm(rows: list[Row]) -> None:
+  from jax_smddp import capabilities
+  s = capabilities.shared_memory()
+  if s["error"]:
+    rows.append(Row("/dev/shm", FAIL, s["error"] + ": processes on one host cannot share memory"))
+    return
+  # Each pair of processes on a host maps two rings (JAX_SMDDP_SHM_RING_BYTES each way).
+  rows.append(Row("/dev/shm", OK, f"{_gib(s['size_bytes'])}, {_gib(s['free_bytes'])} free"))
+
+
+def _settings(rows: list[Row]) -> None:
+  from jax_smddp import config
+  set_here = sorted(k for k in os.environ if k.startswith("JAX_SMDDP_"))
+  detail = ", ".join(f"{k}={os.environ[k]}" for k in set_here) or "none set (defaults)"
+  rows.append(Row("settings", INFO, f"{detail}; timeout {config.timeout():g} s"))
+
+
+def _requirements(rows: list[Row]) -> bool:
+  from jax_smddp import requirements
+  try:
+    names = requirements.required()
+  except ValueError as e:
+    rows.append(Row("requirements", FAIL, str(e)))
+    return False
+  if not names:
+    rows.append(Row("requirements", INFO, f"{requirements.ENV} unset: fallbacks are logged "
+                    "at WARNING level and run"))
+    return True
+  failures = requirements.unmet(names)
+  for name in names:
+    why = dict(failures).get(name)
+    rows.append(Row(f"require {name}", FAIL if why else OK, why or "met"))
+  return not failures
+
+
+def _job(rows: list[Row]) -> None:
+  import jax
+  import jax_smddp
+  from jax_smddp import distributed
+  if jax.process_count() == 1:
+    rows.append(Row("job", INFO, "one process (start it as a jax.distributed job for the topology)"))
+    return
+  jax_smddp.initialize()
+  topo = jax_smddp.topology()
+  hosts = distributed.host_of_process() or []
+  order = list(dict.fromkeys(hosts))
+  rows.append(Row("job", OK, f"process {topo['process']} of {topo['processes']}, "
+                  f"{len(order)} host(s), {jax.device_count()} devices "
+                  f"({jax.local_device_count()} here)"))
+  per_host = [[p for p, h in enumerate(hosts) if h == host] for host in order]
+  for i, procs in enumerate(per_host):
+    rows.append(Row(f"  host {i}", INFO, f"{order[i]}: processes {procs}"))
+  equal = len({len(p) for p in per_host}) == 1
+  if len(order) > 1:
+    rails = (f"{len(per_host[0])} rails: same-rank processes of each host exchange between hosts"
+             if equal and len(per_host[0]) >= 2 else
+             "direct routes (hosts hold different numbers of processes, or one each)")
+    rows.append(Row("  routes", INFO, rails))
+  me = topo["process"]
+  links = [f"{q}: shared memory" for q in topo["shared_memory_peers"]]
+  links += [f"{q}: libfabric {topo['fabric_provider']}" for q in topo["network_peers"]]
+  rows.append(Row("  links", INFO, f"process {me} -> " + (", ".join(links) or "none")))
+
+
+def report(job: bool = False) -> Report:
+  """Every row of the doctor's table; `job`: also the jax.distributed job's
+  topology (initializes jax_smddp's links, as the first collective would)."""
+  rows: list[Row] = []
+  usable = _versions(rows)
+  _cpu(rows)
+  _cuda(rows)
+  _fabric(rows)
+  _gdrcopy(rows)
+  _shm(rows)
+  _settings(rows)
+  usable = _requirements(rows) and usable
+  usable = usable and not any(r.status == FAIL for r in rows)
+  if job and usable:
+    _job(rows)
+  return Report(rows, usable)
+
+
+def render(r: Report) -> str:
+  width = max(len(row.component) for row in r.rows)
+  lines = ["jax_smddp doctor"]
+  for row in r.rows:
+    lines.append(f"{row.component:<{width}}  {row.status:<7}  {row.detail}")
+  lines.append("usable here" if r.usable else
+               "NOT usable as configured: see the FAIL rows")
+  return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> int:
+  parser = argparse.ArgumentParser(prog="python -m jax_smddp.doctor", description=__doc__,
+                                   formatter_class=argparse.RawDescriptionHelpFormatter)
+  parser.add_argument("--job", action="store_true",
+                      help="also show the job's topology: run in every process of a "
+                           "jax.distributed job (initialized from the launcher's environment, "
+                           "or from --coordinator/--num-processes/--process-id)")
+  parser.add_argument("--coordinator", help="jax.distributed coordinator address (host:port)")
+  parser.add_argument("--num-processes", type=int)
+  parser.add_argument("--process-id", type=int)
+  parser.add_argument("--json", action="store_true", help="print JSON instead of the table")
+  args = parser.parse_args(argv)
+  if args.job:
+    import jax
+    kwargs = {k: v for k, v in (("coordinator_address", args.coordinator),
+                                ("num_processes", args.num_processes),
+                                ("process_id", args.process_id)) if v is not None}
+    jax.distributed.initialize(**kwargs)
+  r = report(job=args.job)
+  print(json.dumps(r.to_json(), indent=1) if args.json else render(r))
+  return 0 if r.usable else 1
+
+
+if __name__ == "__main__":
+  sys.exit(main())
