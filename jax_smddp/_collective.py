@@ -37,6 +37,7 @@ from jax._src.lib.mlir.dialects import hlo
 from jax._src.sharding_impls import SPMDAxisContext
 
 from jax_smddp import _native
+from jax_smddp import requirements
 
 log = logging.getLogger("jax_smddp")
 
@@ -122,7 +123,15 @@ def make_primitive(name: str, to_lax: Callable[..., tuple[core.Primitive, dict]]
       return lax_rule(lax_prim, platform)(ctx, x, **lax_params)
     return rule
 
+  def other_platform_rule(platform):
+    def rule(ctx, x, **params):
+      requirements.enforce()
+      _log_fallback_once(name, f"jax_smddp has no backend for platform {platform or 'default'}")
+      return fallback(platform)(ctx, x, **params)
+    return rule
+
   def cpu_rule(ctx, x, **params):
+    requirements.enforce()
     out = lower_cpu(ctx, x, **params)
     if isinstance(out, str):
       _log_fallback_once(name, out)
@@ -130,15 +139,16 @@ def make_primitive(name: str, to_lax: Callable[..., tuple[core.Primitive, dict]]
     return out
 
   def cuda_rule(ctx, x, **params):
+    requirements.enforce()
     out = lower_cuda(p, lower_cpu, ctx, x, params)
     if isinstance(out, str):
       _log_fallback_once(name, out)
       return fallback("cuda")(ctx, x, **params)
     return out
 
-  mlir.register_lowering(p, fallback(None))
+  mlir.register_lowering(p, other_platform_rule(None))
   for platform in _OTHER_PLATFORMS:
-    mlir.register_lowering(p, fallback(platform), platform=platform)
+    mlir.register_lowering(p, other_platform_rule(platform), platform=platform)
   mlir.register_lowering(p, cpu_rule, platform="cpu")
   mlir.register_lowering(p, cuda_rule, platform="cuda")
   return p
@@ -173,10 +183,8 @@ def lower_cuda(prim, lower, ctx, x, params):
   saying why it does not take the call. `lower(ctx, x, **params)` is the
   collective's platform-independent lowering (it calls emit_ffi_call)."""
   if not _native.register_cuda_targets():
-    why = ("this jax_smddp was built without CUDA (nvcc was not found when it was installed): "
-           "its collectives lower to XLA's own on GPUs")
-    _warn_once(why)
-    return why
+    return ("this jax_smddp was built without CUDA (nvcc was not found when it was installed): "
+            "its collectives lower to XLA's own on GPUs")
   annotated = _on_collective_stream(prim, ctx, x, params)
   if annotated is not None:
     return annotated
@@ -233,19 +241,9 @@ def lax_rule(lax_prim: core.Primitive, platform: str | None):
   return entry.rule
 
 
-_logged: set = set()
-
-
-def _warn_once(why: str) -> None:
-  if why not in _logged:
-    _logged.add(why)
-    log.warning("jax_smddp: %s", why)
-
-
 def _log_fallback_once(name: str, why: str) -> None:
-  if (name, why) not in _logged:
-    _logged.add((name, why))
-    log.debug("jax_smddp.%s lowers through jax.lax here: %s", name, why)
+  """Warns once per reason (or raises, under JAX_SMDDP_REQUIRE=no-fallback)."""
+  requirements.fallback(f"jax_smddp.{name} lowers through jax.lax here", why)
 
 
 def engine_unsupported(ctx, dtype, axes: tuple, axis_index_groups=None) -> str | None:

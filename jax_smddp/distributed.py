@@ -46,6 +46,7 @@ import threading
 import jax
 
 from jax_smddp import _native
+from jax_smddp import requirements
 
 log = logging.getLogger("jax_smddp")
 
@@ -119,6 +120,7 @@ def initialize() -> None:
       return
     if jax.process_count() == 1:
       return
+    requirements.enforce()
     client = _client()
     if client is None:
       raise RuntimeError(
@@ -161,6 +163,11 @@ def initialize() -> None:
         node = _local_address()
         requested = os.environ.get("JAX_SMDDP_FABRIC_PROVIDER", "")
         address, provider = engine.world_open_fabric(requested, node)
+        if not requested and provider != "efa":
+          requirements.warn_once(
+              f"the network between hosts uses libfabric's {provider} provider",
+              "no efa provider here (set JAX_SMDDP_FABRIC_PROVIDER to choose one, "
+              "JAX_SMDDP_REQUIRE=efa to fail instead)")
         put(f"fabric/{me}", address.hex())
         put(f"watch/{me}", engine.world_watch_listen(node))
         for q in remote:

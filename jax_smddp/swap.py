@@ -34,6 +34,7 @@ from jax._src.interpreters import mlir
 from jax._src.lax import parallel as lax_parallel
 
 from jax_smddp import _collective as c
+from jax_smddp import requirements
 
 # The modules, not the functions of the same name that jax_smddp exports.
 _ag = importlib.import_module("jax_smddp.all_gather")
@@ -139,7 +140,6 @@ def _takeovers() -> dict[str, list[tuple[Any, Callable[..., Lowered]]]]:
 
 _active: set[str] = set()
 _saved: dict[Any, Any] = {}  # (lax primitive, platform) -> its original entry there (or None)
-_logged: set = set()
 
 
 def _install(prim, lower: Callable[..., Lowered]) -> None:
@@ -155,15 +155,14 @@ def _install_for(prim, lower: Callable[..., Lowered], platform: str) -> None:
   original_rule = entry.rule
 
   def rule(ctx, *args, **params):
+    requirements.enforce()
     if platform == "cuda":
       out = (c.lower_cuda(prim, lambda ctx, x, **kw: lower(ctx, x, **kw), ctx, args[0], params)
              if len(args) == 1 else f"{len(args)} operands in one call")
     else:
       out = lower(ctx, *args, **params)
     if isinstance(out, str):
-      if (prim.name, out) not in _logged:
-        _logged.add((prim.name, out))
-        log.debug("jax.lax %s keeps its own lowering here: %s", prim.name, out)
+      requirements.fallback(f"jax.lax {prim.name} keeps its own lowering here", out)
       return original_rule(ctx, *args, **params)
     return out
 

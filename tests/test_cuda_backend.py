@@ -22,7 +22,7 @@ import jax.numpy as jnp
 from jax.sharding import NamedSharding, PartitionSpec as P
 
 import jax_smddp
-from jax_smddp import _collective, _native, gpu
+from jax_smddp import _native, gpu, requirements
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -225,7 +225,7 @@ def test_backend_swap_lowers_lax_collectives_for_cuda():
 def test_without_the_cuda_extension_collectives_fall_back_and_warn(monkeypatch, caplog):
   monkeypatch.setattr(_native, "_smddp_cuda", None)
   _native.register_cuda_targets.cache_clear()
-  _collective._logged.clear()
+  requirements._warned.clear()
   try:
     with caplog.at_level(logging.WARNING, logger="jax_smddp"):
       text = lower_cuda(lambda x: jax_smddp.all_gather(x, "x", tiled=True))

@@ -388,6 +388,28 @@ def scenario_peer_stalls():
   os._exit(0)
 
 
+def scenario_require():
+  """JAX_SMDDP_REQUIRE (set by the launcher) names what this machine lacks:
+  the first collective must raise RequirementError, never run on a fallback."""
+  from jax_smddp import requirements
+  mesh = Mesh(np.array(jax.devices()), ("x",))
+  x = values((mesh.size * 2, 3), np.float32, 0)
+  f = smap(mesh, lambda v: smddp.all_gather(v, "x", axis=0, tiled=True), P("x"), P("x"))
+  try:
+    jax.block_until_ready(f(global_array(mesh, P("x"), x)))
+  except requirements.RequirementError as e:
+    result(ok=True, error=str(e))
+    return
+  result(ok=False, error="the collective ran although JAX_SMDDP_REQUIRE is not met")
+
+
+def scenario_doctor():
+  """jax_smddp.doctor.report(job=True) in every process: the topology rows."""
+  from jax_smddp import doctor
+  r = doctor.report(job=True)
+  result(ok=r.usable, rows=[[row.component, row.status, row.detail] for row in r.rows])
+
+
 SCENARIOS = {name[len("scenario_"):]: fn for name, fn in globals().items() if name.startswith("scenario_")}
 
 if __name__ == "__main__":

@@ -1,0 +1,131 @@
+"""jax_smddp.doctor and JAX_SMDDP_REQUIRE: what the installation can do here,
+requirements that fail the doctor and a job's first collective, fallbacks
+logged at WARNING level."""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+import jax
+import jax.numpy as jnp
+from jax.sharding import NamedSharding, PartitionSpec as P
+
+import jax_smddp
+from jax_smddp import capabilities, launch, requirements
+
+WORKER = os.path.join(os.path.dirname(__file__), "multiprocess", "worker.py")
+IN_CI = os.environ.get("CI") == "true"
+
+
+def doctor(tmp_path, *args, env=None):
+  full = {k: v for k, v in os.environ.items() if not k.startswith("JAX_SMDDP_")}
+  full.update(env or {})
+  # Run outside the source tree, so the installed package (with its extension) loads.
+  return subprocess.run([sys.executable, "-m", "jax_smddp.doctor", *args], cwd=tmp_path,
+                        env=full, capture_output=True, text=True, timeout=120)
+
+
+def rows(run) -> dict:
+  return {r["component"].strip(): r for r in json.loads(run.stdout)["rows"]}
+
+
+def libfabric_with_tcp() -> bool:
+  f = capabilities.fabric()
+  return f["loaded"] and "tcp;ofi_rxm" in f["providers"]
+
+
+needs_tcp = pytest.mark.skipif(not libfabric_with_tcp() and not IN_CI,
+                               reason="libfabric with its tcp provider is not installed")
+
+
+@pytest.mark.timeout(150)
+@needs_tcp
+def test_doctor_exits_0_and_reports_libfabric_with_tcp(tmp_path):
+  run = doctor(tmp_path, "--json")
+  assert run.returncode == 0, run.stdout + run.stderr
+  r = rows(run)
+  assert r["libfabric"]["status"] == "ok", r["libfabric"]
+  assert "tcp;ofi_rxm" in r["providers"]["detail"].split(", "), r["providers"]
+  assert r["extension"]["status"] == "ok"
+  assert jax.__version__ in r["jax"]["detail"]
+  table = doctor(tmp_path)
+  assert table.returncode == 0 and "usable here" in table.stdout, table.stdout
+
+
+@pytest.mark.timeout(150)
+@needs_tcp
+def test_doctor_with_an_unmet_requirement_exits_non_zero_naming_it(tmp_path):
+  if "efa" in capabilities.fabric()["providers"]:
+    pytest.skip("this machine has EFA")
+  run = doctor(tmp_path, "--json", env={"JAX_SMDDP_REQUIRE": "efa"})
+  assert run.returncode == 1, run.stdout + run.stderr
+  r = rows(run)
+  assert r["require efa"]["status"] == "FAIL"
+  assert "no efa provider" in r["require efa"]["detail"], r["require efa"]
+  # Met requirements pass; names are checked strictly.
+  assert doctor(tmp_path, env={"JAX_SMDDP_REQUIRE": "libfabric"}).returncode == 0
+  bad = doctor(tmp_path, env={"JAX_SMDDP_REQUIRE": "libfabric,efaa"})
+  assert bad.returncode == 1 and "unknown requirement 'efaa'" in bad.stdout, bad.stdout
+
+
+@pytest.mark.timeout(300)
+@needs_tcp
+def test_job_with_an_unmet_requirement_fails_at_its_first_collective(monkeypatch):
+  if "efa" in capabilities.fabric()["providers"]:
+    pytest.skip("this machine has EFA")
+  procs = launch.run_job(["require"], 2, 1, script=WORKER, timeout=240,
+                         env={"JAX_SMDDP_REQUIRE": "efa"})
+  monkeypatch.setenv(requirements.ENV, "efa")
+  expected = requirements.describe(requirements.unmet())  # what the doctor says
+  for p in procs:
+    assert p.result and p.result["ok"], launch.describe(procs)
+    assert p.result["error"] == expected, (p.result["error"], expected)
+
+
+@pytest.mark.timeout(300)
+def test_doctor_in_a_job_shows_the_topology():
+  procs = launch.run_job(["doctor"], 2, 2, script=WORKER, timeout=240)
+  for p in procs:
+    assert p.result and p.result["ok"], launch.describe(procs)
+    found = {c.strip(): d for c, _, d in p.result["rows"]}
+    assert found["job"].startswith(f"process {p.index} of 2, 1 host(s), 4 devices"), found["job"]
+    assert found["links"] == f"process {p.index} -> {1 - p.index}: shared memory", found["links"]
+
+
+def _gather_complex(x):
+  mesh = jax.make_mesh((8,), ("x",))
+  f = jax.jit(jax.shard_map(lambda v: jax_smddp.all_gather(v, "x", tiled=True), mesh=mesh,
+                            in_specs=P("x"), out_specs=P(), check_vma=False))
+  return f(jax.device_put(x, NamedSharding(mesh, P("x"))))
+
+
+@pytest.mark.timeout(120)
+def test_fallback_is_logged_once_at_warning_level(caplog, monkeypatch):
+  monkeypatch.delenv(requirements.ENV, raising=False)
+  requirements._warned.clear()
+  x = (jnp.arange(16) + 1j * jnp.arange(16)).astype(jnp.complex64)
+  with caplog.at_level(logging.WARNING, logger="jax_smddp"):
+    y = _gather_complex(x)
+    _gather_complex(x * 2)  # the same reason again: not logged again
+  np.testing.assert_array_equal(np.asarray(y), np.asarray(x))
+  warnings = [r for r in caplog.records if "lowers through jax.lax" in r.getMessage()]
+  assert len(warnings) == 1 and warnings[0].levelno == logging.WARNING, caplog.text
+  assert "complex64" in warnings[0].getMessage()
+
+
+@pytest.mark.timeout(120)
+def test_no_fallback_requirement_turns_a_fallback_into_an_error(monkeypatch):
+  monkeypatch.setenv(requirements.ENV, "no-fallback")
+  x = (jnp.arange(16) + 1j * jnp.arange(16)).astype(jnp.complex128)
+  with pytest.raises(requirements.RequirementError, match="complex128.*no-fallback"):
+    _gather_complex(x)
+  # A call the engine takes still runs.
+  y = _gather_complex(jnp.arange(16, dtype=jnp.float32) * 3)
+  np.testing.assert_array_equal(np.asarray(y), np.arange(16) * 3)
