@@ -180,6 +180,13 @@ def initialize() -> None:
     except BaseException:
       engine.world_shutdown()
       raise
+    # The tuner decides from process 0's inputs in every process, so all
+    # choose the same routes and chunks whatever their own calibration files
+    # and settings (the engine fails calls on which processes disagree).
+    from jax_smddp import tuning
+    if me == 0:
+      put("tuning", tuning.local_inputs())
+    tuning.set_job_inputs(get("tuning") if me != 0 else tuning.local_inputs())
     # Nobody runs a collective until every process is connected.
     client.wait_at_barrier(f"{prefix}/ready", _KV_TIMEOUT_MS)
     _initialized = True
@@ -201,6 +208,8 @@ def shutdown() -> None:
     if not _initialized:
       return
     _native.engine().world_shutdown()
+    from jax_smddp import tuning
+    tuning.set_job_inputs(None)
     _initialized = False
     _summary = None
 

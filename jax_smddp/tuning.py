@@ -19,12 +19,20 @@ Environment overrides (the reason then says "forced by ..."):
   4096).
 
 Every choice is logged once at debug level on the ``jax_smddp`` logger.
+
+In a multi-process job the choice must be the same in every process (the
+engine checks that processes agree on each call's routes and chunk), so the
+tuner's inputs are the job's, not each process's: ``jax_smddp.initialize()``
+publishes process 0's machine model and overrides through the jax.distributed
+key-value store (:func:`local_inputs`) and every process uses them
+(:func:`set_job_inputs`), whatever its own calibration file or environment.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import functools
+import json
 import logging
 import os
 
@@ -48,8 +56,40 @@ def _round_chunk(nbytes: int) -> int:
   return max(MIN_CHUNK_BYTES, (int(nbytes) + 63) // 64 * 64)
 
 
-def _env_chunk() -> tuple[int | None, str]:
-  raw = os.environ.get("JAX_SMDDP_CHUNK_BYTES")
+# What the tuner decides from: the machine model and the two overrides. None:
+# this process's own (one process); set by initialize() in a multi-process job.
+_job_inputs: tuple | None = None  # (Machine, JAX_SMDDP_ALGORITHM, JAX_SMDDP_CHUNK_BYTES)
+
+_OVERRIDES = ("JAX_SMDDP_ALGORITHM", "JAX_SMDDP_CHUNK_BYTES")
+
+
+def local_inputs() -> str:
+  """This process's tuner inputs, as JSON (what process 0 publishes)."""
+  machine = cost_model.local_machine()
+  return json.dumps({"machine": machine.to_json(), "overrides": [os.environ.get(k) for k in _OVERRIDES]},
+                    default=cost_model._json_default)
+
+
+def set_job_inputs(inputs: str | None) -> None:
+  """Decides from `inputs` (local_inputs() of process 0) from now on; None:
+  from this process's own again."""
+  global _job_inputs
+  if inputs is None:
+    _job_inputs = None
+  else:
+    data = json.loads(inputs)
+    machine = cost_model.Machine.from_json(cost_model._definite(data["machine"]))
+    _job_inputs = (machine, *data["overrides"])
+  _choose.cache_clear()
+
+
+def _inputs() -> tuple:
+  if _job_inputs is not None:
+    return _job_inputs
+  return (cost_model.local_machine(), *(os.environ.get(k) for k in _OVERRIDES))
+
+
+def _env_chunk(raw: str | None) -> tuple[int | None, str]:
   if raw is None or raw.strip() == "":
     return None, ""
   try:
@@ -61,8 +101,7 @@ def _env_chunk() -> tuple[int | None, str]:
   return _round_chunk(value), ""
 
 
-def _env_algorithm() -> tuple[str | None, str]:
-  raw = os.environ.get("JAX_SMDDP_ALGORITHM")
+def _env_algorithm(raw: str | None) -> tuple[str | None, str]:
   if raw is None or raw.strip() == "":
     return None, ""
   value = raw.strip().lower()
@@ -84,14 +123,13 @@ def choose(op: str, bytes_per_rank: int, layout) -> Choice:
   """The algorithm and chunk for one call; never raises for valid input (an
   unexpected failure of the model falls back to the engine's defaults)."""
   layout = _valid_layout(layout)
-  env = (os.environ.get("JAX_SMDDP_ALGORITHM"), os.environ.get("JAX_SMDDP_CHUNK_BYTES"))
-  return _choose(op, max(0, int(bytes_per_rank)), layout, env)
+  return _choose(op, max(0, int(bytes_per_rank)), layout, _inputs())
 
 
 @functools.lru_cache(maxsize=4096)
-def _choose(op: str, nbytes: int, layout: Layout, env) -> Choice:
+def _choose(op: str, nbytes: int, layout: Layout, inputs: tuple) -> Choice:
   try:
-    choice = _decide(op, nbytes, layout)
+    choice = _decide(op, nbytes, layout, *inputs)
   except Exception as e:  # never break lowering
     algo = cost_model.default_algorithm(layout, op)
     choice = Choice(algo, cost_model.DEFAULT_CHUNK_BYTES,
@@ -101,16 +139,16 @@ def _choose(op: str, nbytes: int, layout: Layout, env) -> Choice:
   return choice
 
 
-def _decide(op: str, nbytes: int, layout: Layout) -> Choice:
+def _decide(op: str, nbytes: int, layout: Layout, machine, algorithm: str | None,
+            chunk_bytes: str | None) -> Choice:
   if op not in OPS:
     raise ValueError(f"unknown op {op!r}")
-  forced_algo, algo_note = _env_algorithm()
-  forced_chunk, chunk_note = _env_chunk()
+  forced_algo, algo_note = _env_algorithm(algorithm)
+  forced_chunk, chunk_note = _env_chunk(chunk_bytes)
   notes = [n for n in (algo_note, chunk_note) if n]
   if layout.processes == 1:
     chunk = forced_chunk or cost_model.DEFAULT_CHUNK_BYTES
     return Choice("in_process", chunk, "; ".join(["one process: ranks share memory"] + notes))
-  machine = cost_model.local_machine()
   valid = cost_model.hierarchical_valid(layout) and op != "all_to_all"
   if forced_algo:
     algo = forced_algo

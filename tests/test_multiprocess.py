@@ -214,3 +214,27 @@ def test_launch_wrapper_goes_before_every_process(tmp_path, monkeypatch):
     assert p.returncode == 0 and p.result, launch.describe(procs)
     assert p.result["wrapped"] == "yes"
     assert p.result["argv"][:3] == ["a b", str(i), "2"], p.result
+
+
+@pytest.mark.timeout(300)
+def test_processes_with_different_tuner_inputs_agree(tmp_path):
+  """Each process has its own calibration file and tuner settings; the tuner
+  takes process 0's (published at initialize), so calls agree and every
+  process makes process 0's choices."""
+  from dataclasses import replace
+  from jax_smddp import cost_model
+  files = []
+  for name, scale in (("fast", 4.0), ("slow", 0.05)):
+    m = cost_model.CPU_REFERENCE
+    path = tmp_path / f"{name}.json"
+    cost_model.save_machine(replace(m, name=name, copy_bw=m.copy_bw * scale,
+                                    copy_bw_dram=m.copy_bw_dram * scale, source="calibrated"),
+                            str(path))
+    files.append(str(path))
+  procs = run_job(["tuner_inputs"], 2, 2, timeout=240, per_process_env=[
+      {"JAX_SMDDP_CALIBRATION": files[0]},
+      {"JAX_SMDDP_CALIBRATION": files[1], "JAX_SMDDP_CHUNK_BYTES": "65536",
+       "JAX_SMDDP_ALGORITHM": "hierarchical"}])
+  assert_all_ok(procs)
+  assert procs[0].result["choices"] == procs[1].result["choices"], launch.describe(procs)
+  assert not any("forced" in c["reason"] for c in procs[0].result["choices"]), procs[0].result

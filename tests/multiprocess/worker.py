@@ -9,6 +9,7 @@ data that reveals misplaced blocks (every element distinct).
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import sys
@@ -386,6 +387,25 @@ def scenario_peer_stalls():
     os._exit(0)
   result(ok=True, seconds=time.monotonic() - t0)
   os._exit(0)
+
+
+def scenario_tuner_inputs():
+  """Processes started with different calibration files and tuner settings
+  (set per process by the test) still agree on every call, and on every
+  choice of the tuner."""
+  from jax_smddp import tuning
+  mesh = Mesh(np.array(jax.devices()), ("x",))
+  for k, cols in enumerate((100, 50_000)):
+    x = values((mesh.size * 2, cols), np.float32, k)
+    y = smap(mesh, lambda v: smddp.all_gather(v, "x", axis=0, tiled=True), P("x"), P("x"))(
+        global_array(mesh, P("x"), x))
+    check(f"all_gather cols={cols}", y, _gather_reference(x, mesh, "x", "x"))
+    y = smap(mesh, lambda v: smddp.psum(v, "x"), P("x"), P("x"))(global_array(mesh, P("x"), x))
+    check(f"psum cols={cols}", y, _psum_reference(x, mesh, "x", "x"))
+  layout = tuning.Layout(2, 2, 1)
+  choices = [dataclasses.asdict(tuning.choose(op, 1 << n, layout))
+             for op in ("all_gather", "reduce_scatter", "all_reduce") for n in (12, 20, 24)]
+  result(ok=True, choices=choices)
 
 
 def scenario_require():
