@@ -22,7 +22,7 @@
 #include <vector>
 
 #include "xla_ffi/engine/buffer_exchange.h"
-#include "xla_ffi/engine/status.h"
+#include "xla_ffi/common/status.h"
 
 namespace smddp {
 namespace cuda {

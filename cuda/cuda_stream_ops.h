@@ -12,7 +12,7 @@
 
 #include <cuda_runtime_api.h>
 
-#include "xla_ffi/engine/stream_ops.h"
+#include "xla_ffi/algorithms/stream_ops.h"
 
 namespace smddp {
 namespace cuda {

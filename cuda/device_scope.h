@@ -6,7 +6,7 @@
 
 #include <cuda_runtime_api.h>
 
-#include "xla_ffi/engine/status.h"
+#include "xla_ffi/common/status.h"
 
 namespace smddp {
 namespace cuda {

@@ -11,7 +11,7 @@
 #include <cstdint>
 #include <string>
 
-#include "xla_ffi/engine/status.h"
+#include "xla_ffi/common/status.h"
 
 namespace smddp {
 namespace cuda {

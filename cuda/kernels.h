@@ -12,7 +12,7 @@
 namespace smddp {
 namespace cuda {
 
-// Element types as the engine numbers them (xla_ffi/engine/dtype.h).
+// Element types as the engine numbers them (xla_ffi/common/dtype.h).
 enum class ElementType : uint8_t {
   kBool, kInt8, kUInt8, kInt32, kUInt32, kInt64, kFloat16, kBFloat16, kFloat32, kFloat64,
 };

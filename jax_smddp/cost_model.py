@@ -2,7 +2,7 @@
 
 Pure Python (no jax import). It predicts the time of one collective call from the
 bytes each process must copy, reduce and send over each kind of link, counted by
-walking the same routes and loops as the engine (``xla_ffi/engine/routes.cc``,
+walking the same routes and loops as the engine (``xla_ffi/algorithms/routes.cc``,
 ``process_algorithms.cc``, ``algorithms.cc``), and from a *machine*: per-transport
 latency and bandwidth plus a few CPU figures. Used three ways:
 

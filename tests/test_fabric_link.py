@@ -1,4 +1,4 @@
-"""The libfabric link (xla_ffi/engine/fabric_link.cc), tested by a standalone
+"""The libfabric link (xla_ffi/transports/fabric_link.cc), tested by a standalone
 C++ program (tests/native/fabric_link_test.cc) that forks a child and moves
 messages between the two processes over a real libfabric provider."""
 
@@ -10,8 +10,8 @@ import subprocess
 import pytest
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-SOURCES = ["xla_ffi/engine/fabric_api.cc", "xla_ffi/engine/fabric_link.cc",
-           "xla_ffi/engine/fabric_rail.cc", "xla_ffi/engine/messages.cc",
+SOURCES = ["xla_ffi/transports/fabric_api.cc", "xla_ffi/transports/fabric_link.cc",
+           "xla_ffi/transports/fabric_rail.cc", "xla_ffi/algorithms/messages.cc",
            "tests/native/fabric_link_test.cc"]
 
 
@@ -92,8 +92,8 @@ def test_builds_without_libfabric_headers(tmp_path):
   main = tmp_path / "main.cc"
   main.write_text(r'''
 #include <cstdio>
-#include "xla_ffi/engine/fabric_link.h"
-#include "xla_ffi/engine/fabric_rail.h"
+#include "xla_ffi/transports/fabric_link.h"
+#include "xla_ffi/transports/fabric_rail.h"
 int main() {
   std::string why;
   if (smddp::FabricAvailable(&why)) return 1;
@@ -111,8 +111,8 @@ int main() {
 ''')
   out = str(tmp_path / "t")
   cmd = [cxx, "-std=c++17", "-O1", "-DSMDDP_NO_LIBFABRIC", f"-I{ROOT}",
-         "xla_ffi/engine/fabric_api.cc", "xla_ffi/engine/fabric_link.cc",
-         "xla_ffi/engine/fabric_rail.cc", "xla_ffi/engine/messages.cc", str(main), "-o", out]
+         "xla_ffi/transports/fabric_api.cc", "xla_ffi/transports/fabric_link.cc",
+         "xla_ffi/transports/fabric_rail.cc", "xla_ffi/algorithms/messages.cc", str(main), "-o", out]
   proc = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=240)
   assert proc.returncode == 0, proc.stderr
   run = subprocess.run([out], capture_output=True, text=True, timeout=60)

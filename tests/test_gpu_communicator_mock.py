@@ -1,5 +1,5 @@
 """The GPU communicators' set-up and per-call checks
-(xla_ffi/engine/gpu_communicator.cc) without a GPU: a standalone C++ program
+(cuda/gpu_communicator.cc) without a GPU: a standalone C++ program
 (tests/native/gpu_communicator_test.cc) built against a mock CUDA runtime
 (tests/native/mock_cuda: "device memory" in POSIX shared memory) forks three
 rank processes that prepare, trade handles, connect, and run the stream
@@ -42,7 +42,7 @@ def _engine_sources():
     cmake = f.read()
   block = cmake[cmake.index("add_library(smddp_engine STATIC"):]
   block = block[:block.index(")")]
-  return [os.path.join(ROOT, s) for s in re.findall(r"xla_ffi/engine/\w+\.cc", block)]
+  return [os.path.join(ROOT, s) for s in re.findall(r"xla_ffi/\w+/\w+\.cc", block)]
 
 
 @pytest.fixture(scope="module")
@@ -55,7 +55,7 @@ def program(tmp_path_factory):
       [cxx, "-std=c++17", "-O1", "-Wall", "-Wextra", "-I", os.path.join(ROOT, "tests/native/mock_cuda"),
        f"-I{ROOT}", *_engine_sources(), os.path.join(ROOT, "cuda/gdrcopy.cc"),
        os.path.join(ROOT, "cuda/buffer_ipc.cc"),
-       os.path.join(ROOT, "xla_ffi/engine/gpu_communicator.cc"),
+       os.path.join(ROOT, "cuda/gpu_communicator.cc"),
        os.path.join(ROOT, "tests/native/gpu_communicator_test.cc"),
        "-o", exe, "-lpthread", "-ldl", "-lrt"],
       capture_output=True, text=True, timeout=600)

@@ -1,4 +1,4 @@
-"""The shared-memory link (xla_ffi/engine/shm_link.cc), tested by a standalone
+"""The shared-memory link (xla_ffi/transports/shm_link.cc), tested by a standalone
 C++ program (tests/native/shm_link_test.cc) that forks a peer process: no jax,
 no build of the package."""
 
@@ -29,9 +29,9 @@ def test_shm_link(tmp_path):
     exe = str(tmp_path / "shm_link_test")
     build = subprocess.run(
         [cxx, "-std=c++17", "-O2", "-Wall", "-Wextra", f"-I{ROOT}",
-         os.path.join(ROOT, "xla_ffi/engine/shm_link.cc"),
-         os.path.join(ROOT, "xla_ffi/engine/shm_file.cc"),
-         os.path.join(ROOT, "xla_ffi/engine/process_liveness.cc"),
+         os.path.join(ROOT, "xla_ffi/transports/shm_link.cc"),
+         os.path.join(ROOT, "xla_ffi/transports/shm_file.cc"),
+         os.path.join(ROOT, "xla_ffi/transports/process_liveness.cc"),
          os.path.join(ROOT, "tests/native/shm_link_test.cc"),
          "-o", exe, "-lpthread", "-lrt"],
         capture_output=True, text=True, timeout=240)

@@ -22,8 +22,8 @@
 #include <thread>
 #include <vector>
 
-#include "xla_ffi/engine/fabric_link.h"
-#include "xla_ffi/engine/fabric_rail.h"
+#include "xla_ffi/transports/fabric_link.h"
+#include "xla_ffi/transports/fabric_rail.h"
 #include "tests/native/fabric_regions.h"
 
 using smddp::FabricEndpoint;

@@ -1,5 +1,5 @@
 // The GPU communicators' set-up and per-call checks
-// (xla_ffi/engine/gpu_communicator.cc) on CPU processes, built against the
+// (cuda/gpu_communicator.cc) on CPU processes, built against the
 // mock CUDA runtime of tests/native/mock_cuda (no GPU here or in CI): each
 // rank is a forked process that prepares its staging, trades handles with
 // the others through the parent, connects, then runs the stream protocol
@@ -56,12 +56,12 @@
 #include "cuda/buffer_ipc.h"
 #include "xla_ffi/engine/buffer_exchange.h"
 #include "xla_ffi/engine/communicator.h"  // SetTimeoutSeconds
-#include "xla_ffi/engine/gpu_communicator.h"
-#include "xla_ffi/engine/host_stream_ops.h"
-#include "xla_ffi/engine/link.h"
-#include "xla_ffi/engine/net_port.h"
-#include "xla_ffi/engine/stream_algorithms.h"
-#include "xla_ffi/engine/world.h"
+#include "cuda/gpu_communicator.h"
+#include "xla_ffi/algorithms/host_stream_ops.h"
+#include "xla_ffi/transports/link.h"
+#include "xla_ffi/algorithms/net_port.h"
+#include "xla_ffi/algorithms/stream_algorithms.h"
+#include "xla_ffi/transports/world.h"
 #include "tests/native/fabric_regions.h"
 
 namespace {

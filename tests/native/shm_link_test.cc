@@ -1,4 +1,4 @@
-// Standalone test of the shared-memory link (xla_ffi/engine/shm_link.h): no
+// Standalone test of the shared-memory link (xla_ffi/transports/shm_link.h): no
 // jax. The parent creates two segments, forks, passes their names to the
 // child through a pipe; both map them, the parent unlinks them; then both run
 // the same script of transfers, kept in step by one-byte messages over pipes.
@@ -6,9 +6,9 @@
 // process is killed). Every wait has a deadline, so a bug fails, never hangs.
 //
 // Build (from the repository root):
-//   c++ -std=c++17 -O2 -I. xla_ffi/engine/shm_link.cc xla_ffi/engine/shm_file.cc \
-//       xla_ffi/engine/process_liveness.cc tests/native/shm_link_test.cc -o t -lpthread -lrt
-#include "xla_ffi/engine/shm_link.h"
+//   c++ -std=c++17 -O2 -I. xla_ffi/transports/shm_link.cc xla_ffi/transports/shm_file.cc \
+//       xla_ffi/transports/process_liveness.cc tests/native/shm_link_test.cc -o t -lpthread -lrt
+#include "xla_ffi/transports/shm_link.h"
 
 #include <dirent.h>
 #include <fcntl.h>

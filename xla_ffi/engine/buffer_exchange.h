@@ -27,7 +27,7 @@
 #include <string>
 #include <vector>
 
-#include "xla_ffi/engine/status.h"
+#include "xla_ffi/common/status.h"
 
 namespace smddp {
 

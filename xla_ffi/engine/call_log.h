@@ -20,8 +20,8 @@
 #include <string>
 #include <vector>
 
-#include "xla_ffi/engine/algorithms.h"  // Plan
-#include "xla_ffi/engine/status.h"
+#include "xla_ffi/algorithms/algorithms.h"  // Plan
+#include "xla_ffi/common/status.h"
 
 namespace smddp {
 

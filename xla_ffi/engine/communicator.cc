@@ -11,7 +11,7 @@
 
 #include "xla_ffi/engine/inprocess_transport.h"
 #include "xla_ffi/engine/process_transport.h"
-#include "xla_ffi/engine/world.h"
+#include "xla_ffi/transports/world.h"
 #include "xla_ffi/engine/scheduler.h"
 
 namespace smddp {

@@ -7,8 +7,8 @@
 #include <memory>
 #include <vector>
 
-#include "xla_ffi/engine/algorithms.h"
-#include "xla_ffi/engine/transport.h"
+#include "xla_ffi/algorithms/algorithms.h"
+#include "xla_ffi/algorithms/transport.h"
 
 namespace smddp {
 

@@ -8,7 +8,7 @@
 #include <string>
 #include <vector>
 
-#include "xla_ffi/engine/algorithms.h"
+#include "xla_ffi/algorithms/algorithms.h"
 #include "xla_ffi/engine/scheduler.h"
 
 namespace smddp {

@@ -15,7 +15,7 @@
 #include <unordered_map>
 
 #include "xla_ffi/engine/scheduler.h"
-#include "xla_ffi/engine/transport.h"
+#include "xla_ffi/algorithms/transport.h"
 
 namespace smddp {
 

@@ -5,11 +5,11 @@
 #include <sstream>
 #include <string>
 
-#include "xla_ffi/engine/messages.h"
-#include "xla_ffi/engine/process_algorithms.h"
-#include "xla_ffi/engine/process_call.h"
+#include "xla_ffi/algorithms/messages.h"
+#include "xla_ffi/algorithms/process_algorithms.h"
+#include "xla_ffi/algorithms/process_call.h"
 #include "xla_ffi/engine/scheduler.h"
-#include "xla_ffi/engine/world.h"
+#include "xla_ffi/transports/world.h"
 
 namespace smddp {
 

@@ -12,8 +12,8 @@
 #include <vector>
 
 #include "xla_ffi/engine/inprocess_transport.h"  // CallKeyHash
-#include "xla_ffi/engine/process_call.h"
-#include "xla_ffi/engine/transport.h"
+#include "xla_ffi/algorithms/process_call.h"
+#include "xla_ffi/algorithms/transport.h"
 
 namespace smddp {
 

@@ -8,9 +8,9 @@
 
 #include "xla_ffi/engine/call_log.h"
 #include "xla_ffi/engine/communicator.h"  // TimeoutSeconds
-#include "xla_ffi/engine/process_liveness.h"
-#include "xla_ffi/engine/shared_block.h"
-#include "xla_ffi/engine/stream_ops.h"  // ReleasedFlag
+#include "xla_ffi/transports/process_liveness.h"
+#include "xla_ffi/transports/shared_block.h"
+#include "xla_ffi/algorithms/stream_ops.h"  // ReleasedFlag
 
 namespace smddp {
 

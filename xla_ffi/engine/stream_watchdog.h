@@ -24,8 +24,8 @@
 #include <string>
 #include <vector>
 
-#include "xla_ffi/engine/shared_block.h"
-#include "xla_ffi/engine/status.h"
+#include "xla_ffi/transports/shared_block.h"
+#include "xla_ffi/common/status.h"
 
 namespace smddp {
 

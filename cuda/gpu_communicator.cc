@@ -1,0 +1,903 @@
+#include "cuda/gpu_communicator.h"
+
+#include <unistd.h>
+
+#include <algorithm>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <map>
+#include <mutex>
+#include <set>
+
+#include <cuda_runtime_api.h>
+
+#include "cuda/buffer_ipc.h"
+#include "cuda/device_scope.h"
+#include "cuda/gdrcopy.h"
+#include "xla_ffi/engine/call_log.h"
+#include "xla_ffi/engine/communicator.h"
+#include "xla_ffi/transports/fabric_rail.h"
+#include "xla_ffi/transports/process_liveness.h"
+#include "xla_ffi/transports/world.h"
+
+namespace smddp {
+namespace gpu {
+namespace {
+
+using cuda::CudaError;
+using cuda::DeviceScope;
+
+std::mutex registry_mu;
+std::map<uint64_t, std::unique_ptr<GpuCommunicator>>& Registry() {
+  static auto* r = new std::map<uint64_t, std::unique_ptr<GpuCommunicator>>();
+  return *r;
+}
+int process_index = 0;
+
+std::map<uint64_t, std::unique_ptr<GpuHierarchy>>& Hierarchies() {
+  static auto* r = new std::map<uint64_t, std::unique_ptr<GpuHierarchy>>();
+  return *r;
+}
+
+// The process's network proxy, started with the first hierarchical group;
+// each step's deadline is the timeout current when it runs.
+NetworkProxy* Proxy() {
+  static NetworkProxy* proxy = new NetworkProxy();
+  return proxy;
+}
+
+// Device memory's libfabric interface. The tests' mock CUDA runtime
+// (tests/native/mock_cuda) hands out host memory as "device memory".
+#ifdef JAX_SMDDP_MOCK_CUDA
+constexpr MemoryIface kDeviceIface = MemoryIface::kHost;
+#else
+constexpr MemoryIface kDeviceIface = MemoryIface::kCuda;
+#endif
+
+// Whether `provider` moves registered device memory by DMA (GPUDirect RDMA)
+// rather than by CUDA copies on its progress thread, which the proxy calls
+// while streams wait on it.
+bool MovesDeviceMemoryByDma(const std::string& provider) {
+  return provider.rfind("efa", 0) == 0 || provider.find("verbs") != std::string::npos;
+}
+
+// This process's rail for network slots in device memory (FI_HMEM), once
+// OpenDeviceRail succeeded; never closed (like the proxy).
+std::mutex rail_mu;
+FabricRail* device_rail = nullptr;
+
+// Whether the NIC's writes into `ordinal`'s memory must be flushed before the
+// GPU reads them (`*flush`), or an error when they can be neither relied on
+// nor flushed.
+Status RdmaWriteOrdering(int ordinal, bool* flush) {
+  int ordering = 0, options = 0;
+  cudaError_t err = cudaDeviceGetAttribute(&ordering, cudaDevAttrGPUDirectRDMAWritesOrdering, ordinal);
+  if (err == cudaSuccess)
+    err = cudaDeviceGetAttribute(&options, cudaDevAttrGPUDirectRDMAFlushWritesOptions, ordinal);
+  if (err != cudaSuccess) return CudaError("querying GPUDirect RDMA write ordering", err);
+  *flush = ordering < cudaGPUDirectRDMAWritesOrderingOwner;
+  if (*flush && !(options & cudaFlushGPUDirectRDMAWritesOptionHost))
+    return Status::Error("jax_smddp (GPU): GPU " + std::to_string(ordinal) +
+                         " neither orders GPUDirect RDMA writes nor can flush them, so data the "
+                         "NIC writes into its memory could be read stale");
+  return Status::Ok();
+}
+
+// What a rank publishes to the group's other processes.
+struct RankHandle {
+  cudaIpcMemHandle_t region;
+  int32_t process;      // jax.process_index() of its process
+  int32_t pid;          // for the watchdog
+  uint64_t start_time;  // of that pid, per /proc (0: unknown)
+  uint32_t flag_memory; // FlagMemory
+  uint32_t direct_reads;  // JAX_SMDDP_GPU_DIRECT_READS
+  int32_t descriptor_probe;  // with direct reads: a descriptor peers try to copy (cuda/buffer_ipc.h)
+  char block[60];       // its shared block's name (groups across processes)
+};
+
+// A rank's shared block: its step flags (used with host flag memory), then
+// its call log, then its buffer table (direct reads).
+size_t CallLogOffset(const RegionLayout& layout) {
+  return (layout.flag_bytes() + 4095) / 4096 * 4096;
+}
+size_t BufferTableOffset(const RegionLayout& layout) { return CallLogOffset(layout) + CallLog::kBytes; }
+size_t SharedBlockBytes(const RegionLayout& layout) {
+  return BufferTableOffset(layout) + BufferExchange::Bytes();
+}
+
+const char* FlagMemoryName(FlagMemory m) { return m == FlagMemory::kHost ? "host" : "device"; }
+
+// Registers a shared block with CUDA (every device, every context of the
+// process); returns the address of its flags on the GPUs.
+Status RegisterFlagBlock(const SharedBlock& block, std::vector<void*>* registered,
+                         uint8_t** device_flags) {
+  cudaError_t err = cudaHostRegister(block.mapping(), block.mapping_bytes(),
+                                     cudaHostRegisterMapped | cudaHostRegisterPortable);
+  if (err != cudaSuccess) return CudaError("registering a flag block (cudaHostRegister)", err);
+  registered->push_back(block.mapping());
+  void* device = nullptr;
+  err = cudaHostGetDevicePointer(&device, block.mapping(), 0);
+  if (err != cudaSuccess) return CudaError("mapping a flag block", err);
+  *device_flags = static_cast<uint8_t*>(device) + SharedBlock::kHeaderBytes;
+  return Status::Ok();
+}
+
+std::string MembersText(const std::vector<int64_t>& members) {
+  std::string s = "[";
+  for (size_t i = 0; i < members.size(); ++i) s += (i ? ", " : "") + std::to_string(members[i]);
+  return s + "]";
+}
+
+}  // namespace
+
+Status CheckCall(LocalRank& rank, const char* op, const Plan& plan) {
+  if (!rank.watch) return Status::Ok();
+  if (rank.watch->failed()) return rank.watch->error();
+  if (rank.call_logs.empty()) return Status::Ok();
+  const Status st = CallLog::RecordAndCheck(
+      rank.call_logs, rank.view.rank, rank.calls++, op, plan, [&](int q) {
+        return "rank " + std::to_string(q) + " (process " + std::to_string((*rank.process_of)[q]) + ")";
+      });
+  if (st.ok()) return st;
+  const std::string message = "jax_smddp (GPU): " + st.message() + " Later calls of this group fail too.";
+  rank.watch->Fail(message);  // the ranks' step counters no longer agree
+  return Status::Error(message);
+}
+
+Status ExchangeBuffers(LocalRank& rank, const Plan& plan, const void* send, void* recv) {
+  // Between processes the call log numbers the calls (CheckCall); within one
+  // process every call exchanges, so the exchanges number them.
+  const bool logged = !rank.call_logs.empty();
+  if (rank.exchange_failure->failed()) return rank.exchange_failure->error();
+  if (!rank.exchange || (logged && rank.calls == 0)) {
+    rank.view.inputs.clear();
+    rank.view.outputs.clear();
+    return Status::Ok();
+  }
+  const uint64_t call = logged ? rank.calls - 1 : rank.exchanges;
+  const Status st = rank.exchange->Exchange(
+      rank.exchanges++, call, send, DirectReadsNeedOutputs(plan.kind) ? recv : nullptr,
+      TimeoutSeconds(), &rank.view.inputs, &rank.view.outputs);
+  if (st.ok()) return st;
+  rank.view.inputs.clear();
+  rank.view.outputs.clear();
+  // A local peer's failure reached this rank through the check: said once, as it was.
+  if (rank.exchange_failure->failed()) return rank.exchange_failure->error();
+  const std::string message =
+      rank.exchange_failure->Set(st.message() + "; later calls of this group fail too");
+  if (rank.watch) rank.watch->Fail(message);  // the peers may have gone on reading in place
+  return Status::Error(message);
+}
+
+Status DirectReadsFromEnvironment(bool* out) {
+  const char* env = std::getenv("JAX_SMDDP_GPU_DIRECT_READS");
+  const std::string v = env ? env : "";
+  if (v.empty() || v == "0") {
+    *out = false;
+  } else if (v == "1") {
+    *out = true;
+  } else {
+    return Status::Error("jax_smddp (GPU): JAX_SMDDP_GPU_DIRECT_READS=" + v + " is neither 0 nor 1");
+  }
+  return Status::Ok();
+}
+
+Status FlagMemoryFromEnvironment(FlagMemory* out) {
+  const char* env = std::getenv("JAX_SMDDP_GPU_FLAG_MEMORY");
+  const std::string v = env ? env : "";
+  if (v.empty() || v == "device") {
+    *out = FlagMemory::kDevice;
+  } else if (v == "host") {
+    *out = FlagMemory::kHost;
+  } else {
+    return Status::Error("jax_smddp (GPU): JAX_SMDDP_GPU_FLAG_MEMORY=" + v +
+                         " is neither 'device' nor 'host'");
+  }
+  return Status::Ok();
+}
+
+uint64_t GroupKey(const int64_t* members, int size) {
+  uint64_t h = 1469598103934665603ull ^ uint64_t(size);
+  for (int i = 0; i < size; ++i) {
+    h = (h ^ uint64_t(members[i])) * 1099511628211ull;
+    h ^= h >> 29;
+  }
+  return h;
+}
+
+GpuCommunicator::GpuCommunicator(std::vector<int64_t> members, size_t slot_bytes)
+    : key_(GroupKey(members.data(), int(members.size()))),
+      members_(std::move(members)),
+      layout_(int(members_.size()), slot_bytes),
+      local_(members_.size()) {}
+
+GpuCommunicator::~GpuCommunicator() {
+  MarkClosed();
+  if (watch_) Unwatch(watch_.get());
+  for (void* p : registered_) cudaHostUnregister(p);
+  for (uint8_t* p : opened_) cudaIpcCloseMemHandle(p);
+  for (auto& l : local_) {
+    if (l && l->own) {
+      DeviceScope scope(l->ordinal);
+      cudaFree(l->own);
+    }
+  }
+}
+
+Status GpuCommunicator::Prepare(const std::vector<std::pair<int, int>>& local, int processes,
+                                std::vector<std::pair<int, std::string>>* handles) {
+  SMDDP_RETURN_IF_ERROR(FlagMemoryFromEnvironment(&flag_memory_));
+  SMDDP_RETURN_IF_ERROR(DirectReadsFromEnvironment(&direct_reads_));
+  // Peers keep XLA's allocations mapped, and CUDA leaves freeing an exported
+  // allocation that is still mapped undefined: only an allocator that keeps
+  // its regions (XLA's BFC, the default) is safe.
+  const char* allocator = std::getenv("XLA_PYTHON_CLIENT_ALLOCATOR");
+  const std::string kind = allocator ? allocator : "";
+  if (direct_reads_ && !(kind.empty() || kind == "default" || kind == "bfc")) {
+    static bool told = false;
+    if (!told)
+      std::fprintf(stderr, "jax_smddp (GPU): JAX_SMDDP_GPU_DIRECT_READS=1 is ignored with "
+                   "XLA_PYTHON_CLIENT_ALLOCATOR=%s: direct reads need XLA's BFC allocator, which "
+                   "keeps the allocations peers map; calls stage through the slots\n", kind.c_str());
+    told = true;
+    direct_reads_ = false;
+  }
+  // A group inside one process has nobody to watch or to check its calls
+  // against: no shared blocks, its flags stay with the data.
+  const bool shared = processes > 1;
+  const bool host_flags = shared && flag_memory_ == FlagMemory::kHost;
+  for (const auto& [rank, ordinal] : local) {
+    if (rank < 0 || rank >= size()) return Status::Error("jax_smddp (GPU): rank out of range");
+    if (!local_[rank]) {
+      auto l = std::make_unique<LocalRank>();
+      l->ordinal = ordinal;
+      l->exchange_failure = exchange_failure_;  // one per group in this process
+      DeviceScope scope(ordinal);
+      if (scope.error() != cudaSuccess)
+        return CudaError("selecting device " + std::to_string(ordinal), scope.error());
+      void* region = nullptr;
+      cudaError_t err = cudaMalloc(&region, layout_.total_bytes);
+      l->own = static_cast<uint8_t*>(region);
+      if (err != cudaSuccess)
+        return CudaError("allocating " + std::to_string(layout_.total_bytes) +
+                         " bytes of staging on device " + std::to_string(ordinal) +
+                         " (lower JAX_SMDDP_GPU_SLOT_BYTES or XLA_PYTHON_CLIENT_MEM_FRACTION)", err);
+      // Flags start at zero before any peer can see the region.
+      cudaStream_t s;
+      err = cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking);
+      if (err == cudaSuccess) {
+        err = cudaMemsetAsync(l->own, 0, layout_.total_bytes, s);
+        if (err == cudaSuccess) err = cudaStreamSynchronize(s);
+        cudaStreamDestroy(s);
+      }
+      if (err != cudaSuccess) return CudaError("clearing staging flags", err);
+      l->view.rank = rank;
+      l->view.layout = layout_;
+      l->view.regions.assign(size(), nullptr);
+      l->view.regions[rank] = l->own;
+      if (shared)
+        SMDDP_RETURN_IF_ERROR(SharedBlock::Create(SharedBlockBytes(layout_), processes - 1, &l->block));
+      if (host_flags) {
+        l->view.flags.assign(size(), nullptr);
+        SMDDP_RETURN_IF_ERROR(RegisterFlagBlock(*l->block, &registered_, &l->view.flags[rank]));
+      }
+      local_[rank] = std::move(l);
+    }
+    RankHandle handle{};
+    const cudaError_t err = cudaIpcGetMemHandle(&handle.region, local_[rank]->own);
+    if (err != cudaSuccess) return CudaError("exporting a CUDA IPC handle", err);
+    handle.process = ProcessIndex();
+    handle.pid = int32_t(::getpid());
+    handle.start_time = ProcessStartTime(::getpid());
+    handle.flag_memory = uint32_t(flag_memory_);
+    handle.direct_reads = direct_reads_ ? 1 : 0;
+    handle.descriptor_probe = direct_reads_ ? cuda::DescriptorProbe() : -1;
+    if (local_[rank]->block) {
+      const std::string& name = local_[rank]->block->name();
+      if (name.size() >= sizeof(handle.block))
+        return Status::Error("jax_smddp (GPU): shared block name too long");
+      std::memcpy(handle.block, name.c_str(), name.size() + 1);
+    }
+    handles->emplace_back(rank, std::string(reinterpret_cast<const char*>(&handle), sizeof(handle)));
+  }
+  return Status::Ok();
+}
+
+Status GpuCommunicator::Connect(const std::vector<std::pair<int, std::string>>& remote) {
+  if (connected_) return Status::Ok();
+  int first_local = -1;
+  for (int r = 0; r < size(); ++r) {
+    if (local_[r]) {
+      first_local = r;
+      break;
+    }
+  }
+  if (first_local < 0) return Status::Error("jax_smddp (GPU): no rank of this process was prepared");
+  // Other processes' regions: mapped once per process (unified addressing
+  // makes the mapping usable from every local device with peer access).
+  std::vector<uint8_t*> mapped(size(), nullptr);
+  std::vector<uint8_t*> flags_device(size(), nullptr), blocks(size(), nullptr);
+  std::vector<const SharedBlock*> block_of(size(), nullptr);
+  std::map<int, std::pair<RankHandle, std::vector<int>>> peers;  // by process: a handle, its ranks
+  const bool shared = bool(local_[first_local]->block);
+  const bool host_flags = shared && flag_memory_ == FlagMemory::kHost;
+  bool logs = shared;  // every rank's shared block is mapped here
+  process_of_.assign(size(), ProcessIndex());
+  std::set<int32_t> probed;  // peer processes whose descriptors this process tried to copy
+  for (const auto& [rank, bytes] : remote) {
+    if (rank < 0 || rank >= size() || local_[rank]) continue;
+    if (bytes.size() != sizeof(RankHandle))
+      return Status::Error("jax_smddp (GPU): malformed staging handle from rank " + std::to_string(rank) +
+                           " (processes from different jax_smddp builds?)");
+    RankHandle handle;
+    std::memcpy(&handle, bytes.data(), sizeof(handle));
+    if (handle.flag_memory != uint32_t(flag_memory_))
+      return Status::Error(std::string("jax_smddp (GPU): processes disagree on where step flags live: "
+                           "JAX_SMDDP_GPU_FLAG_MEMORY is '") + FlagMemoryName(flag_memory_) +
+                           "' here and '" + FlagMemoryName(FlagMemory(handle.flag_memory)) +
+                           "' in process " + std::to_string(handle.process) + ": set it alike everywhere");
+    if (handle.direct_reads != uint32_t(direct_reads_))
+      return Status::Error("jax_smddp (GPU): processes disagree on direct reads: " +
+                           std::to_string(int(direct_reads_)) + " here, " +
+                           std::to_string(handle.direct_reads) + " in process " +
+                           std::to_string(handle.process) + ": set JAX_SMDDP_GPU_DIRECT_READS "
+                           "and XLA_PYTHON_CLIENT_ALLOCATOR alike everywhere");
+    // XLA's memory is shared by descriptors, which some machines refuse to
+    // copy between processes: then this process exports none, and the calls
+    // that would need them stage in every process (the exchange's rule).
+    if (direct_reads_ && handle.descriptor_probe >= 0 && handle.pid != ::getpid() &&
+        probed.insert(handle.pid).second) {
+      const std::string refused = cuda::CopyDescriptorRefused(handle.pid, handle.descriptor_probe);
+      if (!refused.empty()) buffer_ipc_.RefuseDescriptors("this process cannot map them: " + refused);
+    }
+    DeviceScope scope(local_[first_local]->ordinal);
+    void* p = nullptr;
+    const cudaError_t err = cudaIpcOpenMemHandle(&p, handle.region, cudaIpcMemLazyEnablePeerAccess);
+    if (err != cudaSuccess)
+      return CudaError("mapping rank " + std::to_string(rank) + "'s staging (CUDA IPC; the group "
+                       "must be on one node)", err);
+    mapped[rank] = static_cast<uint8_t*>(p);
+    opened_.push_back(mapped[rank]);
+    process_of_[rank] = handle.process;
+    auto& peer = peers[handle.process];
+    peer.first = handle;
+    peer.second.push_back(rank);
+    if (shared) {
+      handle.block[sizeof(handle.block) - 1] = '\0';
+      std::unique_ptr<SharedBlock> block;
+      Status st = SharedBlock::Open(handle.block, SharedBlockBytes(layout_), &block);
+      if (!st.ok() && !host_flags && !direct_reads_) {
+        // Only the call check needs it with device flags: go on without.
+        std::fprintf(stderr, "jax_smddp (GPU): %s; calls of group %s are not checked for "
+                     "agreement between processes\n", st.message().c_str(),
+                     MembersText(members_).c_str());
+        logs = false;
+        continue;
+      }
+      SMDDP_RETURN_IF_ERROR(st);
+      if (host_flags) SMDDP_RETURN_IF_ERROR(RegisterFlagBlock(*block, &registered_, &flags_device[rank]));
+      blocks[rank] = block->data();
+      block_of[rank] = block.get();
+      opened_blocks_.push_back(std::move(block));
+    }
+  }
+  for (int r = 0; r < size(); ++r) {
+    if (!local_[r] && !mapped[r])
+      return Status::Error("jax_smddp (GPU): no staging handle for rank " + std::to_string(r));
+  }
+  for (auto& l : local_) {
+    if (!l) continue;
+    for (int q = 0; q < size(); ++q) {
+      if (local_[q]) {
+        l->view.regions[q] = local_[q]->own;
+        if (local_[q]->ordinal != l->ordinal) {
+          DeviceScope scope(l->ordinal);
+          int can = 0;
+          cudaDeviceCanAccessPeer(&can, l->ordinal, local_[q]->ordinal);
+          if (!can)
+            return Status::Error("jax_smddp (GPU): device " + std::to_string(l->ordinal) +
+                                 " cannot access device " + std::to_string(local_[q]->ordinal) +
+                                 " (no peer access)");
+          const cudaError_t err = cudaDeviceEnablePeerAccess(local_[q]->ordinal, 0);
+          if (err != cudaSuccess && err != cudaErrorPeerAccessAlreadyEnabled)
+            return CudaError("enabling peer access", err);
+          cudaGetLastError();
+        }
+      } else {
+        l->view.regions[q] = mapped[q];
+      }
+    }
+  }
+  std::vector<uint8_t*> rings(size(), nullptr);  // call logs
+  if (shared) {
+    for (int q = 0; q < size(); ++q) {
+      if (local_[q]) {
+        blocks[q] = local_[q]->block->data();
+        if (host_flags) flags_device[q] = local_[q]->view.flags[q];
+      }
+      if (blocks[q]) rings[q] = blocks[q] + CallLogOffset(layout_);
+    }
+    for (auto& l : local_) {
+      if (!l) continue;
+      if (host_flags) l->view.flags = flags_device;
+      if (logs) l->call_logs = rings;
+      l->process_of = &process_of_;
+    }
+  }
+  if (direct_reads_) SMDDP_RETURN_IF_ERROR(StartDirectReads(logs, blocks));
+  if (!peers.empty()) {
+    watch_ = std::make_shared<WatchedGroup>("GPU group " + MembersText(members_));
+    for (const auto& [process, peer] : peers) {
+      const int pid = peer.first.pid;
+      std::string who = peer.second.size() > 1 ? "ranks" : "rank";
+      for (size_t i = 0; i < peer.second.size(); ++i)
+        who += (i ? ", " : " ") + std::to_string(peer.second[i]);
+      who += " (process " + std::to_string(process) + ", pid " + std::to_string(pid) + ")";
+      // A pid from another pid namespace (another container) cannot be watched.
+      if (peer.first.start_time == 0 || ProcessStartTime(pid) != peer.first.start_time) {
+        std::fprintf(stderr, "jax_smddp (GPU): cannot watch %s of %s: its pid is not visible "
+                     "here (another pid namespace?); a dead peer will not be detected\n",
+                     who.c_str(), MembersText(members_).c_str());
+        continue;
+      }
+      WatchedPeer watched;
+      watched.pid = pid;
+      watched.start_time = peer.first.start_time;
+      watched.who = who;
+      for (int rank : peer.second) {
+        if (block_of[rank]) watched.blocks.push_back(block_of[rank]);
+        if (logs) watched.call_logs.push_back(rings[rank]);
+      }
+      watch_->AddPeer(std::move(watched));
+    }
+    std::vector<SharedBlock*> own_blocks;
+    for (auto& l : local_) {
+      if (l && l->block) own_blocks.push_back(l->block.get());
+    }
+    watch_->SetOwnBlocks(std::move(own_blocks));
+    if (host_flags) {
+      watch_->SetAllFlags(AllFlags(layout_, blocks), [this] {
+        uint32_t reached = 0;  // the furthest step: steps wrap, so compared cyclically
+        bool any = false;
+        for (const auto& l : local_) {
+          if (!l) continue;
+          const uint32_t step = __atomic_load_n(&l->view.step, __ATOMIC_RELAXED);
+          if (!any || !FlagReached(reached, step)) reached = step;
+          any = true;
+        }
+        return reached;
+      });
+    }
+    if (logs) {
+      std::vector<const uint8_t*> own;
+      for (int q = 0; q < size(); ++q) {
+        if (local_[q]) own.push_back(rings[q]);
+      }
+      watch_->SetOwnCallLogs(std::move(own));
+    }
+    Watch(watch_);
+    for (auto& l : local_) {
+      if (l) l->watch = watch_;
+    }
+  }
+  connected_ = true;
+  return Status::Ok();
+}
+
+// Direct reads need every rank's buffer table: in the shared blocks between
+// processes, in memory of this process within it.
+Status GpuCommunicator::StartDirectReads(bool logs, const std::vector<uint8_t*>& blocks) {
+  bool remote = false;
+  for (int q = 0; q < size(); ++q) remote |= !local_[q];
+  // Every process must take part (Connect fails where a block cannot be mapped).
+  if (remote && !logs)
+    return Status::Error("jax_smddp (GPU): direct reads in group " + MembersText(members_) +
+                         " need every rank's shared block");
+  std::vector<uint8_t*> tables(size(), nullptr);
+  std::vector<bool> local(size(), false);
+  for (int q = 0; q < size(); ++q) {
+    local[q] = local_[q] != nullptr;
+    if (remote) {
+      tables[q] = blocks[q] + BufferTableOffset(layout_);
+    } else {
+      heap_tables_.emplace_back(new uint64_t[BufferExchange::Bytes() / 8]());  // zeroed
+      tables[q] = reinterpret_cast<uint8_t*>(heap_tables_.back().get());
+    }
+  }
+  for (auto& l : local_) {
+    if (!l) continue;
+    LocalRank* rank = l.get();
+    BufferExchange::Memory memory;
+    const int ordinal = rank->ordinal;
+    memory.find_allocation = [this, ordinal](const void* p, uintptr_t* base, uint64_t* unique) {
+      return buffer_ipc_.FindAllocation(ordinal, p, base, unique);
+    };
+    memory.export_allocation = [this, ordinal](uintptr_t base, BufferExchange::Handle* handle) {
+      return buffer_ipc_.Export(ordinal, base, handle);
+    };
+    memory.map_allocation = [this, rank](const BufferExchange::Handle& handle, uint8_t** base) {
+      return buffer_ipc_.Map(rank->ordinal, handle, base);
+    };
+    auto who = [this](int q) {
+      return "rank " + std::to_string(q) + " (process " + std::to_string(process_of_[q]) + ")";
+    };
+    auto check = [rank]() {
+      if (rank->watch && rank->watch->failed()) return rank->watch->error();
+      return rank->exchange_failure->failed() ? rank->exchange_failure->error() : Status::Ok();
+    };
+    rank->exchange = std::make_unique<BufferExchange>(rank->view.rank, tables, local, std::move(memory),
+                                                     who, check);
+  }
+  return Status::Ok();
+}
+
+size_t GpuCommunicator::mapped_buffers() { return buffer_ipc_.mapped(); }
+
+bool GpuCommunicator::direct_reads() const {
+  for (const auto& l : local_) {
+    if (l && l->exchange) return true;
+  }
+  return false;
+}
+
+void GpuCommunicator::MarkClosed() {
+  for (auto& l : local_) {
+    if (l && l->block) l->block->MarkClosed();
+  }
+}
+
+LocalRank* GpuCommunicator::Local(int rank) {
+  return rank >= 0 && rank < size() ? local_[rank].get() : nullptr;
+}
+
+Status PrepareCommunicator(const std::vector<int64_t>& members, size_t slot_bytes,
+                           const std::vector<std::pair<int, int>>& local, int processes,
+                           std::vector<std::pair<int, std::string>>* handles) {
+  std::lock_guard<std::mutex> lock(registry_mu);
+  const uint64_t key = GroupKey(members.data(), int(members.size()));
+  auto& slot = Registry()[key];
+  if (!slot) slot = std::make_unique<GpuCommunicator>(members, slot_bytes);
+  if (slot->members() != members)
+    return Status::Error("jax_smddp (GPU): two device groups share a key; report this as a bug");
+  return slot->Prepare(local, processes, handles);
+}
+
+Status ConnectCommunicator(const std::vector<int64_t>& members,
+                           const std::vector<std::pair<int, std::string>>& remote) {
+  std::lock_guard<std::mutex> lock(registry_mu);
+  auto it = Registry().find(GroupKey(members.data(), int(members.size())));
+  if (it == Registry().end()) return Status::Error("jax_smddp (GPU): connect before prepare");
+  return it->second->Connect(remote);
+}
+
+GpuCommunicator* FindCommunicator(uint64_t key) {
+  std::lock_guard<std::mutex> lock(registry_mu);
+  auto it = Registry().find(key);
+  return it == Registry().end() || !it->second->connected() ? nullptr : it->second.get();
+}
+
+void MarkCommunicatorsClosed() {
+  std::lock_guard<std::mutex> lock(registry_mu);
+  for (auto& [key, comm] : Registry()) comm->MarkClosed();
+}
+
+void ReleaseCommunicators() {
+  std::lock_guard<std::mutex> lock(registry_mu);
+  Hierarchies().clear();
+  Registry().clear();
+}
+
+bool CloseCommunicatorsAtExit() {
+  MarkCommunicatorsClosed();
+  bool network;
+  {
+    std::lock_guard<std::mutex> lock(registry_mu);
+    network = !Hierarchies().empty();
+  }
+  // Not under the registry's lock: the steps being waited for may need it.
+  // Briefly: a process leaving on an error must not sit out a step's whole
+  // deadline (its endpoints then stay open, as the OS would leave them).
+  constexpr double kExitWaitSeconds = 10;
+  if (network && !Proxy()->Shut(std::min(TimeoutSeconds(), kExitWaitSeconds),
+                                "jax_smddp (GPU): this process is exiting; its network links to "
+                                "other hosts are closed"))
+    return false;
+  {
+    std::lock_guard<std::mutex> lock(registry_mu);
+    for (auto& [key, h] : Hierarchies()) h->CloseNetwork();
+  }
+  std::lock_guard<std::mutex> lock(rail_mu);
+  delete device_rail;  // its endpoint closes now that no link or region holds it
+  device_rail = nullptr;
+  return true;
+}
+
+namespace {
+
+// Zeroed pinned host memory the current device can address (`device`).
+Status MappedHostAlloc(size_t bytes, const char* what, void** host, void** device) {
+  cudaError_t err = cudaHostAlloc(host, bytes, cudaHostAllocMapped | cudaHostAllocPortable);
+  if (err != cudaSuccess) return CudaError(std::string("allocating the ") + what, err);
+  std::memset(*host, 0, bytes);
+  err = cudaHostGetDevicePointer(device, *host, 0);
+  if (err != cudaSuccess) return CudaError(std::string("mapping the ") + what, err);
+  return Status::Ok();
+}
+
+}  // namespace
+
+// Network port memory of one rank: the mailbox in mapped pinned host memory,
+// the signals in GDRCopy-mapped device memory or mapped pinned host memory,
+// the slots after the mailbox's flags (staging) or in device memory
+// registered with the process's rail.
+struct GpuHierarchy::PortMemory {
+  void* mailbox_host = nullptr;
+  void* signals_host = nullptr;   // pinned host signals (no GDRCopy)
+  void* signals_device = nullptr; // device signals (GDRCopy)
+  void* slots_device = nullptr;   // rail: slots the NIC reads and writes
+  std::unique_ptr<FabricRail::Region> slots_region;
+  cudaStream_t poison_stream = nullptr;
+  cuda::GdrMapping mapping;
+  int ordinal = 0;
+  ~PortMemory() {
+    slots_region.reset();  // deregistered before it is freed
+    if (slots_device || poison_stream) {
+      DeviceScope scope(ordinal);
+      if (slots_device) cudaFree(slots_device);
+      if (poison_stream) cudaStreamDestroy(poison_stream);
+    }
+    if (mailbox_host) cudaFreeHost(mailbox_host);
+    if (signals_host) cudaFreeHost(signals_host);
+    if (signals_device) {
+      mapping = cuda::GdrMapping();
+      DeviceScope scope(ordinal);
+      cudaFree(signals_device);
+    }
+  }
+};
+
+GpuHierarchy::GpuHierarchy(std::vector<int64_t> members, std::vector<int> rank_of)
+    : members_(std::move(members)), rank_of_(std::move(rank_of)), by_rank_(members_.size()) {}
+
+GpuHierarchy::~GpuHierarchy() = default;
+
+void GpuHierarchy::CloseNetwork() {
+  for (auto& port : ports_) {
+    port->links.assign(port->links.size(), nullptr);
+    port->world = nullptr;
+  }
+  rail_links_.clear();
+  for (auto& mem : memory_) mem->slots_region.reset();
+  world_.reset();
+}
+
+GpuHierarchy::Member* GpuHierarchy::Find(int rank) {
+  return rank >= 0 && size_t(rank) < by_rank_.size() && by_rank_[rank].port ? &by_rank_[rank] : nullptr;
+}
+
+Status GpuHierarchy::Prepare(const std::vector<int>& host_of, const std::vector<int>& process_of,
+                             const std::vector<std::pair<int, int>>& local, GpuCommunicator* intra,
+                             size_t slot_bytes, const std::vector<std::string>& rail_addresses) {
+  const int P = int(members_.size());
+  int hosts = 0;
+  for (int h : host_of) hosts = std::max(hosts, h + 1);
+  if (hosts < 2 || P % hosts != 0) return Status::Error("jax_smddp (GPU): uneven hosts");
+  const int L = P / hosts;
+  world_ = CurrentWorld();
+  const World* world = world_.get();
+  if (!world)
+    return Status::Error("jax_smddp (GPU): a group across hosts needs the multi-process world "
+                         "(jax_smddp.initialize())");
+  NetLayout layout(hosts, slot_bytes);
+  std::string why;
+  gdrcopy_ = cuda::GdrCopyAvailable(&why);
+  FabricRail* rail = nullptr;
+  if (!rail_addresses.empty()) {
+    {
+      std::lock_guard<std::mutex> lock(rail_mu);
+      rail = device_rail;
+    }
+    if (!rail || int(rail_addresses.size()) != world->processes())
+      return Status::Error("jax_smddp (GPU): the group's rail is not open in this process");
+    if (layout.slot_bytes > rail->max_message())  // a step's message is at most one slot
+      return Status::Error("jax_smddp (GPU): libfabric (" + rail->Provider() + ") carries at most " +
+                           std::to_string(rail->max_message()) + " bytes per message; lower "
+                           "JAX_SMDDP_GPU_SLOT_BYTES or set JAX_SMDDP_FABRIC_HMEM=0");
+    rail_ = true;
+  }
+  for (const auto& [rank, ordinal] : local) {
+    const int h = host_of[rank];
+    int j = -1;
+    for (int x = 0; x < L; ++x) {
+      if (rank_of_[h * L + x] == rank) j = x;
+    }
+    if (j < 0) return Status::Error("jax_smddp (GPU): rank not on its host");
+    LocalRank* lr = intra->Local(j);
+    if (!lr || lr->ordinal != ordinal)
+      return Status::Error("jax_smddp (GPU): intra-host rank " + std::to_string(j) + " not prepared");
+    auto mem = std::make_unique<PortMemory>();
+    mem->ordinal = ordinal;
+    DeviceScope scope(ordinal);
+    void* mailbox_device = nullptr;
+    // Staging: the slots follow the flags in the mailbox. Rail: flags only.
+    SMDDP_RETURN_IF_ERROR(MappedHostAlloc(rail ? layout.flag_bytes : layout.mailbox_bytes,
+                                          "network mailbox", &mem->mailbox_host, &mailbox_device));
+    auto port = std::make_unique<NetPort>();
+    port->hosts = hosts;
+    port->host = h;
+    port->rail = j;
+    port->key = GroupKey(members_.data(), P);
+    port->layout = layout;
+    port->mailbox_proxy = static_cast<uint8_t*>(mem->mailbox_host);
+    port->mailbox_stream = static_cast<uint8_t*>(mailbox_device);
+    if (rail) {
+      SMDDP_RETURN_IF_ERROR(PrepareRailSlots(rail, layout, mem.get(), port.get()));
+    } else {
+      port->slots_proxy = port->mailbox_proxy + layout.flag_bytes;
+      port->slots_stream = port->mailbox_stream + layout.flag_bytes;
+    }
+    if (gdrcopy_) {
+      // GDRCopy pins whole GPU pages from a page start; cudaMalloc aligns
+      // small allocations less, so allocate a page more and align.
+      constexpr size_t kPage = cuda::kGdrPageBytes;
+      const size_t bytes = (layout.signal_bytes + kPage - 1) / kPage * kPage;
+      cudaError_t err = cudaMalloc(&mem->signals_device, bytes + kPage);
+      uint8_t* signals = reinterpret_cast<uint8_t*>(
+          (reinterpret_cast<uintptr_t>(mem->signals_device) + kPage - 1) / kPage * kPage);
+      if (err == cudaSuccess) err = cudaMemset(signals, 0, bytes);
+      if (err == cudaSuccess) err = cudaDeviceSynchronize();
+      if (err != cudaSuccess) return CudaError("allocating GDRCopy signals", err);
+      SMDDP_RETURN_IF_ERROR(cuda::GdrMapping::Map(signals, bytes, &mem->mapping));
+      port->signals_stream = signals;
+      port->signals_proxy = mem->mapping.host();
+    } else {
+      void* device = nullptr;
+      SMDDP_RETURN_IF_ERROR(MappedHostAlloc(layout.signal_bytes, "network signals",
+                                            &mem->signals_host, &device));
+      port->signals_proxy = static_cast<uint8_t*>(mem->signals_host);
+      port->signals_stream = static_cast<uint8_t*>(device);
+    }
+    port->links.assign(hosts, nullptr);
+    port->peer_process.assign(hosts, -1);
+    port->world = world;
+    for (int k = 0; k < hosts; ++k) {
+      if (k == h) continue;
+      const int peer = process_of[rank_of_[k * L + j]];
+      port->peer_process[k] = peer;
+      port->links[k] = world->link(peer);
+      if (!port->links[k])
+        return Status::Error("jax_smddp (GPU): no link to process " + std::to_string(peer));
+      if (rail) {  // the world's link still tells when that process is gone
+        std::unique_ptr<Link> link;
+        SMDDP_RETURN_IF_ERROR(rail->Connect(rail_addresses[peer], "process " + std::to_string(peer),
+                                            port->links[k], &link));
+        port->links[k] = link.get();
+        rail_links_.push_back(std::move(link));
+      }
+    }
+    port->proxy = Proxy();
+    by_rank_[rank] = Member{lr, port.get()};
+    ports_.push_back(std::move(port));
+    memory_.push_back(std::move(mem));
+  }
+  (void)why;
+  return Status::Ok();
+}
+
+Status GpuHierarchy::PrepareRailSlots(FabricRail* rail, const NetLayout& layout,
+                                      PortMemory* mem, NetPort* port) {
+  const int ordinal = mem->ordinal;
+  bool flush = false;
+  SMDDP_RETURN_IF_ERROR(RdmaWriteOrdering(ordinal, &flush));
+  cudaError_t err = cudaMalloc(&mem->slots_device, layout.slot_area_bytes);
+  if (err == cudaSuccess) err = cudaMemset(mem->slots_device, 0, layout.slot_area_bytes);
+  if (err == cudaSuccess) err = cudaStreamCreateWithFlags(&mem->poison_stream, cudaStreamNonBlocking);
+  if (err != cudaSuccess) return CudaError("allocating network slots in device memory", err);
+  SMDDP_RETURN_IF_ERROR(rail->Register(mem->slots_device, layout.slot_area_bytes, ordinal,
+                                       &mem->slots_region));
+  port->slots_proxy = port->slots_stream = static_cast<uint8_t*>(mem->slots_device);
+  // After a failure the proxy poisons what never arrived; the CPU cannot
+  // write device memory, so a copy engine does, on a stream of its own.
+  cudaStream_t stream = mem->poison_stream;
+  port->poison = [ordinal, stream](uint8_t* slot, size_t bytes) {
+    DeviceScope scope(ordinal);
+    if (cudaMemsetAsync(slot, 0xFF, bytes, stream) == cudaSuccess) cudaStreamSynchronize(stream);
+  };
+  if (flush) {  // the NIC's writes reach the GPU's readers only after a flush
+    port->after_receive = [ordinal]() -> Status {
+      DeviceScope scope(ordinal);
+      cudaError_t e = cudaDeviceFlushGPUDirectRDMAWrites(cudaFlushGPUDirectRDMAWritesTargetCurrentDevice,
+                                                         cudaFlushGPUDirectRDMAWritesToOwner);
+      return e == cudaSuccess ? Status::Ok() : CudaError("flushing GPUDirect RDMA writes", e);
+    };
+  }
+  return Status::Ok();
+}
+
+Status OpenDeviceRail(int ordinal, std::string* address) {
+  std::lock_guard<std::mutex> lock(rail_mu);
+  if (!device_rail) {
+    auto world = CurrentWorld();
+    if (!world || world->fabric_provider().empty())
+      return Status::Error("no libfabric links to other hosts in this process's world");
+    if (kDeviceIface == MemoryIface::kCuda && !MovesDeviceMemoryByDma(world->fabric_provider()))
+      return Status::Error(
+          "libfabric's " + world->fabric_provider() + " provider would move device memory (FI_HMEM) "
+          "with CUDA copies from its progress thread, and with memory it cannot tell is CUDA's "
+          "it synchronizes the whole device (cudaDeviceSynchronize, seen with shm on an H100): "
+          "that waits for the streams that wait on the network proxy, a deadlock. Device slots "
+          "need a provider that moves them by DMA (efa, verbs)");
+    bool flush = false;
+    SMDDP_RETURN_IF_ERROR(RdmaWriteOrdering(ordinal, &flush));
+    std::unique_ptr<FabricRail> rail;
+    SMDDP_RETURN_IF_ERROR(FabricRail::Open(world->fabric_provider(), world->fabric_node(),
+                                           kDeviceIface, &rail));
+    // A provider may offer FI_HMEM yet fail on this machine's device memory
+    // (no nvidia-peermem or dma-buf): register some before anyone relies on it.
+    DeviceScope scope(ordinal);
+    void* probe = nullptr;
+    cudaError_t err = cudaMalloc(&probe, 2 << 20);
+    if (err != cudaSuccess) return CudaError("allocating device memory to register", err);
+    std::unique_ptr<FabricRail::Region> region;
+    Status st = rail->Register(probe, 2 << 20, ordinal, &region);
+    region.reset();
+    cudaFree(probe);
+    SMDDP_RETURN_IF_ERROR(st);
+    device_rail = rail.release();
+  }
+  *address = device_rail->Address();
+  return Status::Ok();
+}
+
+Status PrepareHierarchy(const std::vector<int64_t>& members, const std::vector<int>& host_of,
+                        const std::vector<int>& process_of,
+                        const std::vector<std::pair<int, int>>& local,
+                        const std::vector<int64_t>& intra_members, size_t slot_bytes,
+                        const std::vector<std::string>& rail_addresses, bool* uses_gdrcopy,
+                        bool* uses_rail) {
+  const int P = int(members.size());
+  if (int(host_of.size()) != P || int(process_of.size()) != P)
+    return Status::Error("jax_smddp (GPU): malformed hierarchical group");
+  int hosts = 0;
+  for (int h : host_of) hosts = std::max(hosts, h + 1);
+  std::vector<std::vector<int>> on_host(hosts);
+  for (int r = 0; r < P; ++r) on_host[host_of[r]].push_back(r);
+  std::vector<int> rank_of;
+  for (auto& ranks : on_host) {
+    if (ranks.size() != on_host[0].size())
+      return Status::Error("jax_smddp (GPU): hosts have different numbers of ranks in the group");
+    rank_of.insert(rank_of.end(), ranks.begin(), ranks.end());
+  }
+  std::lock_guard<std::mutex> lock(registry_mu);
+  const uint64_t key = GroupKey(members.data(), P);
+  auto& slot = Hierarchies()[key];
+  if (slot) {
+    *uses_gdrcopy = slot->uses_gdrcopy();
+    *uses_rail = slot->uses_rail();
+    return Status::Ok();
+  }
+  auto intra = Registry().find(GroupKey(intra_members.data(), int(intra_members.size())));
+  if (intra == Registry().end() || !intra->second->connected())
+    return Status::Error("jax_smddp (GPU): prepare this host's communicator first");
+  auto h = std::make_unique<GpuHierarchy>(members, rank_of);
+  Status st = h->Prepare(host_of, process_of, local, intra->second.get(), slot_bytes,
+                         rail_addresses);
+  if (!st.ok()) return st;
+  *uses_gdrcopy = h->uses_gdrcopy();
+  *uses_rail = h->uses_rail();
+  slot = std::move(h);
+  return Status::Ok();
+}
+
+GpuHierarchy* FindHierarchy(uint64_t key) {
+  std::lock_guard<std::mutex> lock(registry_mu);
+  auto it = Hierarchies().find(key);
+  return it == Hierarchies().end() ? nullptr : it->second.get();
+}
+
+void SetProcessIndex(int process) { process_index = process; }
+int ProcessIndex() { return process_index; }
+
+}  // namespace gpu
+}  // namespace smddp

@@ -1,0 +1,27 @@
+// StreamOps on host memory that run each operation at once: the stream
+// algorithms on CPU threads, for tests of the protocol without a GPU. Waits
+// spin with the engine's deadline, so a missing peer is an error, not a hang.
+#ifndef JAX_SMDDP_ALGORITHMS_HOST_STREAM_OPS_H_
+#define JAX_SMDDP_ALGORITHMS_HOST_STREAM_OPS_H_
+
+#include "xla_ffi/algorithms/stream_ops.h"
+
+namespace smddp {
+
+class HostStreamOps : public StreamOps {
+ public:
+  explicit HostStreamOps(double timeout_s) : timeout_s_(timeout_s) {}
+  Status Copy2D(void* dst, size_t dpitch, const void* src, size_t spitch, size_t width,
+                size_t rows) override;
+  Status Reduce(void* dst, size_t dpitch, const void* const* srcs, int n, size_t spitch,
+                size_t count, size_t rows, DType dtype, ReduceOp op) override;
+  Status WaitAtLeast(const uint32_t* flag, uint32_t value) override;
+  Status Write(uint32_t* flag, uint32_t value) override;
+
+ private:
+  double timeout_s_;
+};
+
+}  // namespace smddp
+
+#endif  // JAX_SMDDP_ALGORITHMS_HOST_STREAM_OPS_H_

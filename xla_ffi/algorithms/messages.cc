@@ -1,0 +1,206 @@
+#include "xla_ffi/algorithms/messages.h"
+
+#include <sched.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cstdlib>
+#include <sstream>
+
+namespace smddp {
+
+namespace {
+
+std::string Seconds(Clock::duration d) {
+  std::ostringstream os;
+  os.precision(3);
+  os << std::chrono::duration<double>(d).count() << " s";
+  return os.str();
+}
+
+unsigned EnvUnsigned(const char* name, unsigned fallback) {
+  const char* env = std::getenv(name);
+  return env ? unsigned(std::strtoul(env, nullptr, 10)) : fallback;
+}
+
+}  // namespace
+
+uint64_t MixTag(uint64_t tag, uint64_t value) {
+  // splitmix64 of the combination: tags of different calls and messages
+  // collide with probability ~2^-64.
+  uint64_t z = tag ^ (value + 0x9e3779b97f4a7c15ull + (tag << 6) + (tag >> 2));
+  z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
+  z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
+  return z ^ (z >> 31);
+}
+
+std::string ProcessCall::DescribeProcess(int process) const {
+  std::ostringstream os;
+  os << "process " << process << " (devices [";
+  bool first = true;
+  for (int r = 0; r < size; ++r) {
+    if ((*process_of_rank)[r] != process) continue;
+    os << (first ? "" : " ") << (*members)[r];
+    first = false;
+  }
+  os << "])";
+  return os.str();
+}
+
+size_t ChunkBytes() {
+  static const size_t bytes = [] {
+    const char* env = std::getenv("JAX_SMDDP_CHUNK_BYTES");
+    const long long v = env ? std::atoll(env) : 0;
+    // Whole cache lines, so chunk boundaries never split an element.
+    return v > 0 ? (size_t(v) + 63) / 64 * 64 : size_t(1) << 20;
+  }();
+  return bytes;
+}
+
+Messages::Messages(const ProcessCall& call)
+    : call_(call), chunk_(call.chunk_bytes ? call.chunk_bytes : ChunkBytes()) {
+  for (int p : call.peers) {
+    if (Link* link = call.world->link(p)) links_.push_back(link);
+  }
+  next_check_ = Clock::now();
+}
+
+Messages::~Messages() {
+  for (Entry& e : entries_) {
+    if (!e.settled && !e.req.done() && e.link) e.link->Cancel(&e.req);
+  }
+}
+
+void Messages::Chunk(size_t total, size_t i, size_t* offset, size_t* bytes) const {
+  const size_t c = chunk_;
+  *offset = i * c;
+  *bytes = std::min(c, total - *offset);
+}
+
+size_t Messages::Post(int process, uint64_t tag, const void* src, void* dst, size_t bytes,
+                      bool recv) {
+  entries_.emplace_back();
+  Entry& e = entries_.back();
+  e.process = process;
+  e.recv = recv;
+  e.link = call_.world->link(process);
+  if (!e.link) {
+    e.req.Complete(Status::Error("no link to " + call_.DescribeProcess(process) +
+                                 ": jax_smddp.initialize() connected only some processes"));
+  } else if (recv) {
+    call_.world->CountReceived(process, bytes);
+    e.link->Recv(tag, dst, bytes, &e.req);
+  } else {
+    call_.world->CountSent(process, bytes);
+    e.link->Send(tag, src, bytes, &e.req);
+  }
+  return entries_.size() - 1;
+}
+
+Messages::Range Messages::Send(int process, uint64_t msg, const void* src, size_t bytes) {
+  Range r{entries_.size(), Chunks(bytes)};
+  const uint64_t base = MixTag(call_.tag, msg);
+  for (size_t i = 0; i < r.count; ++i) {
+    size_t off, n;
+    Chunk(bytes, i, &off, &n);
+    Post(process, MixTag(base, i), static_cast<const char*>(src) + off, nullptr, n, false);
+  }
+  return r;
+}
+
+size_t Messages::SendChunk(int process, uint64_t msg, size_t total, size_t i, const void* base) {
+  size_t off, n;
+  Chunk(total, i, &off, &n);
+  return Post(process, MixTag(MixTag(call_.tag, msg), i), static_cast<const char*>(base) + off,
+              nullptr, n, false);
+}
+
+Messages::Range Messages::Recv(int process, uint64_t msg, void* dst, size_t bytes) {
+  Range r{entries_.size(), Chunks(bytes)};
+  const uint64_t base = MixTag(call_.tag, msg);
+  for (size_t i = 0; i < r.count; ++i) {
+    size_t off, n;
+    Chunk(bytes, i, &off, &n);
+    Post(process, MixTag(base, i), nullptr, static_cast<char*>(dst) + off, n, true);
+  }
+  return r;
+}
+
+void Messages::ProgressAll() {
+  for (Link* link : links_) link->Progress();
+}
+
+// A peer that is gone fails the call at once (not at the deadline), but only
+// if this call still waits on it once everything it sent before it went has
+// been read: a peer that finished its part and exited has failed nobody.
+Status Messages::CheckPeers() {
+  for (int p : call_.peers) {
+    Link* link = call_.world->link(p);
+    if (!link) continue;
+    std::string why = link->PeerFailure();
+    if (why.empty()) continue;
+    link->Progress();
+    link->Progress();
+    for (const Entry& e : entries_) {
+      if (e.process != p || e.settled || e.req.done()) continue;
+      return Status::Error(call_.where + ": " + call_.DescribeProcess(p) + " failed (" + why +
+                           ", over " + link->Kind() + "); this collective cannot complete");
+    }
+  }
+  return Status::Ok();
+}
+
+Status Messages::Wait(size_t id) {
+  Entry& e = entries_[id];
+  for (unsigned spins = 0; !e.req.done(); ++spins) {
+    ProgressAll();
+    if (e.req.done()) break;
+    // Spin briefly (shared-memory latency is microseconds), then yield the
+    // core, then sleep: many calls may wait at once on few cores.
+    static const unsigned yield_after = EnvUnsigned("JAX_SMDDP_SPIN", 256);
+    static const unsigned sleep_after = EnvUnsigned("JAX_SMDDP_YIELD", 4096);
+    static const unsigned sleep_us = EnvUnsigned("JAX_SMDDP_SLEEP_US", 50);
+    if (spins > yield_after) {
+      if (spins < sleep_after) {
+        sched_yield();
+      } else {
+        usleep(sleep_us);
+      }
+    }
+    if ((spins & 15) != 0) continue;
+    const auto now = Clock::now();
+    if (now >= next_check_) {
+      next_check_ = now + std::chrono::milliseconds(20);
+      SMDDP_RETURN_IF_ERROR(CheckPeers());
+    }
+    if (now >= call_.deadline) {
+      Link* link = e.link;
+      return Status::Error(
+          call_.where + ": timed out after " + Seconds(now - call_.start) + " waiting for " +
+          call_.DescribeProcess(e.process) + (e.recv ? " to send its data" : " to take this process's data") +
+          " (over " + (link ? link->Kind() : std::string("no link")) +
+          "). That process never reached this collective, or is stalled or much slower; if it is "
+          "only slow, raise JAX_SMDDP_TIMEOUT_S (or jax_smddp.set_timeout).");
+    }
+  }
+  e.settled = true;
+  if (!e.req.status().ok()) {
+    return Status::Error(call_.where + ": " + call_.DescribeProcess(e.process) + ": " +
+                         e.req.status().message());
+  }
+  return Status::Ok();
+}
+
+Status Messages::WaitRange(const Range& r) {
+  for (size_t i = 0; i < r.count; ++i) SMDDP_RETURN_IF_ERROR(Wait(r.first + i));
+  return Status::Ok();
+}
+
+Status Messages::WaitAll() {
+  for (size_t i = 0; i < entries_.size(); ++i) {
+    if (!entries_[i].settled) SMDDP_RETURN_IF_ERROR(Wait(i));
+  }
+  return Status::Ok();
+}
+
+}  // namespace smddp

@@ -1,0 +1,76 @@
+// The messages of one cross-process call: tagged sends and receives posted on
+// the links to peer processes, split into chunks so that work on what has
+// arrived overlaps with what is still in flight, and waited for with the
+// call's deadline while watching the peers: a peer that dies or stalls fails
+// the call on every process, naming it, instead of hanging.
+#ifndef JAX_SMDDP_ALGORITHMS_MESSAGES_H_
+#define JAX_SMDDP_ALGORITHMS_MESSAGES_H_
+
+#include <cstddef>
+#include <cstdint>
+#include <deque>
+#include <vector>
+
+#include "xla_ffi/transports/link.h"
+#include "xla_ffi/algorithms/process_call.h"
+#include "xla_ffi/common/status.h"
+
+namespace smddp {
+
+// Default bytes per chunk (JAX_SMDDP_CHUNK_BYTES, default 1 MiB); a call may
+// choose its own (ProcessCall::chunk_bytes).
+size_t ChunkBytes();
+
+class Messages {
+ public:
+  // Posted chunks [first, first + count) of one message.
+  struct Range {
+    size_t first = 0, count = 0;
+  };
+
+  explicit Messages(const ProcessCall& call);
+  // Withdraws whatever is still in flight: no link touches the call's
+  // buffers after this (the call's error path).
+  ~Messages();
+
+  // Posts message `msg` (an id unique within the call) to or from `process`
+  // as chunks of the call's chunk size; a zero-byte message posts nothing.
+  Range Send(int process, uint64_t msg, const void* src, size_t bytes);
+  Range Recv(int process, uint64_t msg, void* dst, size_t bytes);
+  // Posts only chunk `i` of message `msg`, a `total`-byte message whose bytes
+  // start at `base` (to send each chunk as soon as it is computed).
+  size_t SendChunk(int process, uint64_t msg, size_t total, size_t i, const void* base);
+
+  // How many chunks a `total`-byte message has.
+  size_t Chunks(size_t total) const { return (total + chunk_ - 1) / chunk_; }
+
+  // Byte range [offset, offset + bytes) of chunk `i` of a `total`-byte message.
+  void Chunk(size_t total, size_t i, size_t* offset, size_t* bytes) const;
+
+  // Waits until transfer `id` is done, progressing every link of the call.
+  Status Wait(size_t id);
+  Status WaitRange(const Range& r);
+  Status WaitAll();
+
+ private:
+  struct Entry {
+    Request req;
+    int process;
+    Link* link;
+    bool recv;
+    bool settled = false;  // done, or cancelled
+  };
+  size_t Post(int process, uint64_t tag, const void* src, void* dst, size_t bytes, bool recv);
+  void ProgressAll();
+  Status CheckPeers();
+
+  const ProcessCall& call_;
+  size_t chunk_;              // bytes per chunk
+  std::vector<Link*> links_;  // of every peer process, for progress
+  std::deque<Entry> entries_;
+  Clock::time_point next_check_;
+};
+
+}  // namespace smddp
+
+#endif  // JAX_SMDDP_ALGORITHMS_MESSAGES_H_

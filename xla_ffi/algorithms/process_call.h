@@ -1,0 +1,71 @@
+// One collective call as a process sees it when the group spans processes:
+// which ranks live where, this process's ranks' buffers, and the links to the
+// other processes. What the cross-process algorithms run on.
+#ifndef JAX_SMDDP_ALGORITHMS_PROCESS_CALL_H_
+#define JAX_SMDDP_ALGORITHMS_PROCESS_CALL_H_
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "xla_ffi/algorithms/transport.h"
+#include "xla_ffi/transports/world.h"
+
+namespace smddp {
+
+// Which process sends this process what, for a group that spans processes.
+// Flat: every process exchanges with every other directly. Hierarchical (the
+// group spans hosts, each with the same number P >= 2 of its processes): the
+// processes of a host are numbered 0..P-1 (their rail), and only processes of
+// the same rail exchange between hosts, so each byte crosses the network
+// once per host instead of once per process; within a host, shared memory
+// spreads it (gathers) or combines it first (reductions).
+struct Routes {
+  bool hierarchical = false;
+  // Gathers: for each rank not in this process, the process its block comes
+  // from (its own, or this host's process of its rail, which relays it), and
+  // the processes this process relays that rank's block to.
+  std::vector<int> gather_source;
+  std::vector<std::vector<int>> gather_relay;
+  // The processes that receive this process's own blocks directly.
+  std::vector<int> gather_targets;
+  // Reductions: for each rank, the processes whose contributions to it this
+  // process receives (to combine with its own), and the process it sends the
+  // combination to (-1 for its own ranks, which it completes).
+  std::vector<std::vector<int>> reduce_sources;
+  std::vector<int> reduce_dest;
+};
+
+// Routes for `process` in a group with `process_of_rank`, given each
+// process's host (any ids; equal = same host). `allow_hierarchy`: false
+// forces flat routes (JAX_SMDDP_HIERARCHICAL=0).
+Routes ComputeRoutes(const std::vector<int>& process_of_rank, int process,
+                     const std::vector<std::string>& host_of_process, bool allow_hierarchy);
+
+struct ProcessCall {
+  const World* world = nullptr;
+  int size = 0;                              // ranks in the group
+  const std::vector<int64_t>* members;       // device (partition) id per rank
+  const std::vector<int>* process_of_rank;   // process per rank
+  std::vector<int> local;                    // this process's ranks, ascending
+  std::vector<const void*> send;             // per local rank
+  std::vector<void*> recv;                   // per local rank
+  std::vector<int> peers;                    // the group's other processes, ascending
+  std::vector<std::vector<int>> peer_ranks;  // per peer, its ranks, ascending
+  const Routes* routes = nullptr;
+  size_t chunk_bytes = 0;                    // message chunk; 0: the default
+  uint64_t tag = 0;                          // this call's; equal on every process
+  Clock::time_point start, deadline;
+  std::string where;                         // "jax_smddp all_gather (op 3 of ...)"
+  CallInfo info;
+
+  // "process 1 (devices [2 3])"
+  std::string DescribeProcess(int process) const;
+};
+
+// Mixes `value` into a 64-bit tag (message tags and call tags).
+uint64_t MixTag(uint64_t tag, uint64_t value);
+
+}  // namespace smddp
+
+#endif  // JAX_SMDDP_ALGORITHMS_PROCESS_CALL_H_

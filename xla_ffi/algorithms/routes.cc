@@ -1,0 +1,82 @@
+#include <algorithm>
+#include <map>
+
+#include "xla_ffi/algorithms/process_call.h"
+
+namespace smddp {
+
+Routes ComputeRoutes(const std::vector<int>& process_of_rank, int process,
+                     const std::vector<std::string>& host_of_process, bool allow_hierarchy) {
+  const int n = int(process_of_rank.size());
+  // The group's processes, by host, in process order: a process's rail is
+  // its position on its host.
+  std::vector<int> procs(process_of_rank.begin(), process_of_rank.end());
+  std::sort(procs.begin(), procs.end());
+  procs.erase(std::unique(procs.begin(), procs.end()), procs.end());
+  auto host = [&](int p) -> const std::string& { return host_of_process[size_t(p)]; };
+  std::map<std::string, std::vector<int>> by_host;
+  for (int p : procs) by_host[host(p)].push_back(p);
+  std::map<int, int> rail;
+  size_t per_host = 0;
+  bool uniform = true;
+  for (auto& [h, ps] : by_host) {
+    if (per_host == 0) per_host = ps.size();
+    uniform &= ps.size() == per_host;
+    for (size_t i = 0; i < ps.size(); ++i) rail[ps[i]] = int(i);
+  }
+  Routes r;
+  r.hierarchical = allow_hierarchy && uniform && by_host.size() >= 2 && per_host >= 2;
+  r.gather_source.assign(n, -1);
+  r.gather_relay.assign(n, {});
+  r.reduce_sources.assign(n, {});
+  r.reduce_dest.assign(n, -1);
+  const std::string& my_host = host(process);
+  const int my_rail = rail.count(process) ? rail[process] : -1;
+  // This host's process of rail `i`.
+  auto on_my_host = [&](int i) { return by_host[my_host][size_t(i)]; };
+  auto near = [&](int q) { return host(q) == my_host || rail[q] == my_rail; };
+
+  for (int q : procs) {
+    if (q == process) continue;
+    if (!r.hierarchical || near(q)) r.gather_targets.push_back(q);
+  }
+  for (int s = 0; s < n; ++s) {
+    const int q = process_of_rank[s];
+    if (q == process) continue;
+    r.gather_source[s] = !r.hierarchical || near(q) ? q : on_my_host(rail[q]);
+    if (r.hierarchical && host(q) != my_host && rail[q] == my_rail) {
+      for (int p : by_host[my_host])
+        if (p != process) r.gather_relay[s].push_back(p);
+    }
+  }
+  for (int t = 0; t < n; ++t) {
+    const int q = process_of_rank[t];
+    if (!r.hierarchical) {
+      if (q == process) {
+        for (int p : procs)
+          if (p != process) r.reduce_sources[t].push_back(p);
+      } else {
+        r.reduce_dest[t] = q;
+      }
+      continue;
+    }
+    if (q == process) {
+      // Own rank: every other process of this host, and this rail's process
+      // on every other host (which combined its host first).
+      for (int p : procs)
+        if (p != process && near(p)) r.reduce_sources[t].push_back(p);
+    } else if (host(q) == my_host) {
+      r.reduce_dest[t] = q;
+    } else if (rail[q] == my_rail) {
+      // This process combines its host's contributions for t and sends them on.
+      for (int p : by_host[my_host])
+        if (p != process) r.reduce_sources[t].push_back(p);
+      r.reduce_dest[t] = q;
+    } else {
+      r.reduce_dest[t] = on_my_host(rail[q]);
+    }
+  }
+  return r;
+}
+
+}  // namespace smddp

@@ -1,0 +1,136 @@
+// Collectives as stream-ordered steps over registered staging memory, for
+// memory the host must not wait on (GPU memory; the handler only enqueues).
+//
+// Each rank owns one registered region that every peer has mapped (CUDA IPC
+// or peer access on GPUs, plain pointers in tests): a `posted` flag, one
+// `consumed` flag per peer, and kSlots staging slots. The flags may instead
+// live in a separate flag block per rank (host memory the GPUs address, so
+// that a host thread can release them when a peer dies), at the same offsets. A call is a sequence of
+// steps; in step s a rank
+//   1. waits until every peer consumed step s - kSlots (its slot is free),
+//   2. copies its part of the step into slot s % kSlots and sets posted = s,
+//   3. for each peer: waits for the peer's posted >= s, copies or reduces
+//      straight out of the peer's slot into its output, and sets the peer's
+//      consumed[rank] = s.
+// Ranks keep their own step counters, equal because every rank runs the same
+// calls on a communicator in the same order. Nothing here blocks the host
+// except in the host implementation of StreamOps.
+//
+// Direct reads: when the caller knows every rank's input of this call as
+// this rank addresses it (StreamRank::inputs; CUDA IPC mappings of the XLA
+// buffers on GPUs), all_gather, all_to_all and reduce_scatter run as one step
+// with no staging: a rank posts the step (its input is ready), reads or
+// reduces each peer's input in place into its output, sets the peer's
+// consumed flag, and before its stream goes on waits until every peer has
+// consumed its input (XLA may reuse that buffer next). Each rank copies n
+// shards instead of n + 1, and a call costs two hand-offs between ranks
+// instead of two per slot-sized step. all_reduce also needs every rank's
+// output (StreamRank::outputs) and runs two steps: rank r reduces shard r of
+// every input into its own output, then every rank copies each reduced shard
+// out of its owner's output.
+#ifndef JAX_SMDDP_ALGORITHMS_STREAM_ALGORITHMS_H_
+#define JAX_SMDDP_ALGORITHMS_STREAM_ALGORITHMS_H_
+
+#include <cstddef>
+#include <cstdint>
+#include <vector>
+
+#include "xla_ffi/algorithms/algorithms.h"  // Plan
+#include "xla_ffi/algorithms/stream_ops.h"
+
+namespace smddp {
+
+// Where things are in a rank's registered region.
+struct RegionLayout {
+  static constexpr int kSlots = 2;  // double-buffered: post step s+1 while peers read s
+  static constexpr size_t kFlagStride = 64;  // one cache line per flag
+
+  RegionLayout(int size, size_t slot_bytes);
+
+  size_t posted_offset() const { return 0; }
+  size_t consumed_offset(int peer) const { return kFlagStride * (1 + size_t(peer)); }
+  size_t slot_offset(int slot) const { return slots_offset + size_t(slot) * slot_bytes; }
+  size_t flag_bytes() const { return kFlagStride * (1 + size_t(size)); }
+
+  int size;
+  size_t slot_bytes;     // a multiple of 256
+  size_t slots_offset;   // page aligned
+  size_t total_bytes;    // what to allocate (zeroed) per rank
+};
+
+// One rank's view of a communicator's regions.
+struct StreamRank {
+  int rank = 0;
+  RegionLayout layout{1, 256};
+  std::vector<uint8_t*> regions;  // every rank's region, as this rank addresses it
+  std::vector<uint8_t*> flags;    // every rank's flag block; empty: flags are in the regions
+  uint32_t step = 0;              // steps run so far (host side)
+  std::vector<const void*> sources;  // reduction sources, sized once (no per-call allocation)
+  // This call's input (and for all_reduce, output) of every rank, as this
+  // rank addresses them, set per call for direct reads (all ranks alike);
+  // empty: stage through the slots.
+  std::vector<const uint8_t*> inputs;
+  std::vector<uint8_t*> outputs;
+};
+
+struct NetPort;
+
+// Every flag of every rank's flag block (or region), as some process
+// addresses them (null blocks skipped): what a failed group releases so that
+// no stream waits on it (stream_watchdog.h).
+std::vector<uint32_t*> AllFlags(const RegionLayout& layout, const std::vector<uint8_t*>& blocks);
+
+// all_gather over hosts (the hierarchical, pipelined algorithm): the group is
+// `port.hosts` hosts of L = local.layout.size ranks each, and
+// rank_of[g * L + j] is the group rank of host g's j-th rank. Per tile, the
+// rank hands its part to the network proxy (an all-to-all between hosts over
+// its rail: same j everywhere), then, host by host as parts arrive, shares
+// each part with its local peers through the staging slots, so the exchange
+// inside the host overlaps the network's. recv[o, q, :] = send_q[o, :].
+Status RunStreamHierarchicalGather(size_t outer, size_t inner_bytes, StreamRank& local,
+                                   NetPort& port, const std::vector<int>& rank_of,
+                                   StreamOps& ops, const void* send, void* recv);
+
+// reduce_scatter over hosts, likewise: per tile and destination host g, the
+// ranks of each host reduce their blocks for host g's rail (rank i keeps
+// rail i's partial sum); the partials go over the network to host g's rail
+// peer, which combines the hosts' partials in host order. recv[o, :] =
+// reduce_q send_q[o, rank, :]; inner in elements. 16-bit floats are rounded
+// at each level (host partial, final).
+Status RunStreamHierarchicalScatter(size_t outer, size_t inner, DType dtype, ReduceOp op,
+                                    StreamRank& local, NetPort& port,
+                                    const std::vector<int>& rank_of, StreamOps& ops,
+                                    const void* send, void* recv);
+
+// all_to_all over hosts: recv[o, q, :] = send_q[o, rank, :]. Per tile, rank
+// i of host h collects through the staging slots, from every rank j of its
+// host, the blocks that rank j sends to rail i of each other host g
+// ([rows, L, width] per host, in the network send slot), hands them to the
+// proxy (host g's part to its rail peer on host g), and meanwhile copies the
+// blocks its own host's ranks send it; then it unpacks each host's part as
+// it arrives. Each block crosses the network once, between rail peers.
+Status RunStreamHierarchicalSwap(size_t outer, size_t inner_bytes, StreamRank& local,
+                                 NetPort& port, const std::vector<int>& rank_of,
+                                 StreamOps& ops, const void* send, void* recv);
+
+// For a rank that gives up on a call after its peers may have enqueued
+// theirs (a failed buffer exchange): enqueues releases (ReleasedFlag of its
+// step) of its posted flag and to its consumed flag at every peer, so that no peer's
+// stream waits on it; the group's outputs are undefined from then on (it
+// fails for good, as after the watchdog releases a dead peer's flags).
+Status ReleaseEveryoneWaitingOn(const StreamRank& me, StreamOps& ops);
+
+// Whether direct reads of `kind` need every rank's output as well as its
+// input (all_reduce).
+bool DirectReadsNeedOutputs(Plan::Kind kind);
+
+// Runs one collective of `plan` (kinds and layouts as in algorithms.h) on
+// `ops`: recv of the same shapes as the host algorithms. With `me.inputs`
+// set (one per rank; and `me.outputs` where DirectReadsNeedOutputs), reads
+// the peers' buffers in place.
+Status RunStreamPlan(const Plan& plan, StreamRank& me, StreamOps& ops, const void* send,
+                     void* recv);
+
+}  // namespace smddp
+
+#endif  // JAX_SMDDP_ALGORITHMS_STREAM_ALGORITHMS_H_

@@ -1,0 +1,58 @@
+// What a stream-ordered collective asks of the memory it runs on: copies,
+// reductions and 32-bit flags that peers can read and write. On a GPU every
+// call only enqueues work on the caller's stream and returns
+// (cuda/cuda_stream_ops.h); the host implementation (host_stream_ops.h) runs
+// each call at once, so the same algorithms (stream_algorithms.h) are tested
+// on CPU threads.
+#ifndef JAX_SMDDP_ALGORITHMS_STREAM_OPS_H_
+#define JAX_SMDDP_ALGORITHMS_STREAM_OPS_H_
+
+#include <cstddef>
+#include <cstdint>
+
+#include "xla_ffi/common/dtype.h"
+#include "xla_ffi/common/status.h"
+
+namespace smddp {
+
+// Step flags compare as CUDA's stream memory operations compare them
+// (CU_STREAM_WAIT_VALUE_GEQ): cyclically, (int32_t)(flag - value) >= 0, so
+// that the counters may wrap. UINT32_MAX is therefore not "largest": a flag
+// is released (no stream waits on it) by moving it kReleaseDistance ahead of
+// the steps its group reached, far past any step a peer can wait for and
+// far short of looking behind them.
+inline bool FlagReached(uint32_t flag, uint32_t value) { return int32_t(flag - value) >= 0; }
+constexpr uint32_t kReleaseDistance = 1u << 30;
+inline uint32_t ReleasedFlag(uint32_t step_reached) { return step_reached + kReleaseDistance; }
+
+class StreamOps {
+ public:
+  virtual ~StreamOps() = default;
+
+  // `rows` rows of `width` bytes: dst + i * dpitch <- src + i * spitch.
+  // Either side may be a peer's memory.
+  virtual Status Copy2D(void* dst, size_t dpitch, const void* src, size_t spitch, size_t width,
+                        size_t rows) = 0;
+
+  // For each of `rows` rows of `count` elements:
+  //   dst[row] = op(srcs[0][row], ..., srcs[n - 1][row])
+  // combined in source order; row i of source k starts at srcs[k] + i * spitch
+  // bytes, of dst at dst + i * dpitch. Sources may be peers' memory; 16-bit
+  // floats are combined in f32 and rounded once.
+  virtual Status Reduce(void* dst, size_t dpitch, const void* const* srcs, int n, size_t spitch,
+                        size_t count, size_t rows, DType dtype, ReduceOp op) = 0;
+
+  // Later work waits until FlagReached(*flag, value) (the flag may be a peer's).
+  virtual Status WaitAtLeast(const uint32_t* flag, uint32_t value) = 0;
+
+  // *flag = value once all earlier work is done and visible to peers.
+  virtual Status Write(uint32_t* flag, uint32_t value) = 0;
+
+  Status Copy(void* dst, const void* src, size_t bytes) {
+    return Copy2D(dst, bytes, src, bytes, bytes, 1);
+  }
+};
+
+}  // namespace smddp
+
+#endif  // JAX_SMDDP_ALGORITHMS_STREAM_OPS_H_

@@ -1,0 +1,281 @@
+// Python bindings of the GPU backend (_smddp_cuda): FFI targets for platform
+// CUDA, communicator set-up (regions and CUDA IPC handles, exchanged by
+// jax_smddp/gpu.py over the jax.distributed key-value store), settings and
+// counters. Built only where nvcc is found; imports without a GPU or driver.
+#include <algorithm>
+#include <cstdint>
+#include <stdexcept>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include <cuda_runtime_api.h>
+
+#include "cuda/cuda_stream_ops.h"
+#include "cuda/gdrcopy.h"
+#include "nanobind/nanobind.h"
+#include "nanobind/stl/pair.h"
+#include "nanobind/stl/string.h"
+#include "nanobind/stl/vector.h"
+#include "xla_ffi/engine/buffer_exchange.h"
+#include "xla_ffi/engine/communicator.h"
+#include "cuda/gpu_communicator.h"
+#include "xla_ffi/algorithms/stream_algorithms.h"
+#include "xla_ffi/transports/world.h"
+#include "xla_ffi/ffi/gpu_handlers.h"
+#include "xla_ffi/ffi/registrations.h"
+
+namespace nb = nanobind;
+
+namespace {
+
+void Check(const smddp::Status& st) {
+  if (!st.ok()) throw std::runtime_error(st.message());
+}
+
+void CheckCuda(cudaError_t err, const char* what) {
+  if (err != cudaSuccess) throw std::runtime_error(std::string(what) + ": " + cudaGetErrorString(err));
+}
+
+// Device-to-device copy bandwidth on `ordinal` (bytes copied per second by
+// cudaMemcpyAsync of `bytes`, best of `iters`): the benchmark's reference.
+double CopyBandwidth(int ordinal, size_t bytes, int iters) {
+  int saved = 0;
+  CheckCuda(cudaGetDevice(&saved), "cudaGetDevice");
+  CheckCuda(cudaSetDevice(ordinal), "cudaSetDevice");
+  void *a = nullptr, *b = nullptr;
+  cudaStream_t s;
+  cudaEvent_t start, stop;
+  CheckCuda(cudaMalloc(&a, bytes), "cudaMalloc");
+  CheckCuda(cudaMalloc(&b, bytes), "cudaMalloc");
+  CheckCuda(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking), "cudaStreamCreate");
+  CheckCuda(cudaEventCreate(&start), "cudaEventCreate");
+  CheckCuda(cudaEventCreate(&stop), "cudaEventCreate");
+  float best_ms = 0;
+  for (int i = 0; i < iters + 2; ++i) {
+    CheckCuda(cudaEventRecord(start, s), "cudaEventRecord");
+    CheckCuda(cudaMemcpyAsync(b, a, bytes, cudaMemcpyDeviceToDevice, s), "cudaMemcpyAsync");
+    CheckCuda(cudaEventRecord(stop, s), "cudaEventRecord");
+    CheckCuda(cudaEventSynchronize(stop), "cudaEventSynchronize");
+    float ms = 0;
+    CheckCuda(cudaEventElapsedTime(&ms, start, stop), "cudaEventElapsedTime");
+    if (i >= 2 && (best_ms == 0 || ms < best_ms)) best_ms = ms;  // two warm-ups
+  }
+  cudaEventDestroy(start);
+  cudaEventDestroy(stop);
+  cudaStreamDestroy(s);
+  cudaFree(a);
+  cudaFree(b);
+  cudaSetDevice(saved);
+  return best_ms > 0 ? double(bytes) / (best_ms * 1e-3) : 0.0;
+}
+
+// Runs `calls` calls of one collective (kinds as in the host probe) as `rank`
+// of the prepared and connected communicator of `members`, on a stream of its
+// own, with CudaStreamOps; returns the output. Checks the kernels, copy modes
+// and flag operations on a GPU without JAX or XLA. Each rank must be in a
+// process of its own (tests/gpu/test_kernels.py): ranks on streams of one CUDA
+// context wait on each other through flags the CUDA scheduler does not see,
+// and it may serialise a waiting stream ahead of the one that would release it
+// (seen on an H100: each of 4 runs of the kernel tests as threads hung at a
+// 4-rank case, in memops and flag-kernel modes alike).
+nb::bytes StreamRun(std::vector<int64_t> members, int rank, int kind, int dtype, int op,
+                    size_t outer, size_t inner, size_t count, nb::bytes input, size_t out_bytes,
+                    int calls, const std::string& copies, const std::string& flags,
+                    int max_blocks) {
+  smddp::gpu::GpuCommunicator* comm =
+      smddp::gpu::FindCommunicator(smddp::gpu::GroupKey(members.data(), int(members.size())));
+  smddp::gpu::LocalRank* me = comm ? comm->Local(rank) : nullptr;
+  if (!comm || !comm->connected() || !me)
+    throw std::runtime_error("stream_run: rank " + std::to_string(rank) +
+                             " is not a rank of a connected communicator in this process "
+                             "(prepare and connect first)");
+  const smddp::Plan plan = smddp::PlanOf(kind, dtype, op, outer, inner, count);
+  Check(smddp::gpu::CheckCall(*me, smddp::KindName(kind), plan));
+  smddp::cuda::GpuSettings settings;
+  settings.copies = copies == "kernel" ? smddp::cuda::GpuSettings::Copies::kKernel
+                                       : smddp::cuda::GpuSettings::Copies::kEngine;
+  settings.flags = flags == "kernel" ? smddp::cuda::GpuSettings::Flags::kKernel
+                                     : smddp::cuda::GpuSettings::Flags::kMemOps;
+  settings.max_blocks = max_blocks;
+  CheckCuda(cudaSetDevice(me->ordinal), "cudaSetDevice");
+  void *send = nullptr, *recv = nullptr;
+  CheckCuda(cudaMalloc(&send, std::max<size_t>(input.size(), 1)), "cudaMalloc");
+  CheckCuda(cudaMalloc(&recv, std::max<size_t>(out_bytes, 1)), "cudaMalloc");
+  CheckCuda(cudaMemcpy(send, input.c_str(), input.size(), cudaMemcpyHostToDevice), "cudaMemcpy");
+  smddp::Status status;
+  cudaError_t err = cudaSuccess;
+  {
+    nb::gil_scoped_release release;
+    cudaStream_t stream;
+    CheckCuda(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking), "cudaStreamCreate");
+    smddp::cuda::CudaStreamOps ops(stream, settings);
+    for (int c = 0; c < calls && status.ok(); ++c)
+      status = smddp::RunStreamPlan(plan, me->view, ops, send, recv);
+    err = cudaStreamSynchronize(stream);
+    cudaStreamDestroy(stream);
+  }
+  std::string host(out_bytes, '\0');
+  if (status.ok() && err == cudaSuccess)
+    err = cudaMemcpy(host.data(), recv, out_bytes, cudaMemcpyDeviceToHost);
+  cudaFree(send);
+  cudaFree(recv);
+  Check(status);
+  CheckCuda(err, "stream_run");
+  return nb::bytes(host.data(), host.size());
+}
+
+}  // namespace
+
+NB_MODULE(_smddp_cuda, m) {
+  m.doc() = "jax_smddp native engine (CUDA)";
+  m.def("type_registrations", [] {
+    return smddp::TypeRegistrations("smddp_gpu_call_site", SmddpGpuCallSiteTypeId(),
+                                    SmddpGpuCallSiteTypeInfo());
+  });
+  m.def("registrations", [] {
+    return smddp::TargetRegistrations(SmddpInstantiateCuda, SmddpAllGatherCuda,
+                                      SmddpReduceScatterCuda, SmddpAllReduceCuda,
+                                      SmddpAllToAllCuda);
+  });
+  m.def("prepare", [](std::vector<int64_t> members, size_t slot_bytes,
+                      std::vector<std::pair<int, int>> local, int processes) {
+    std::vector<std::pair<int, std::string>> handles;
+    Check(smddp::gpu::PrepareCommunicator(members, slot_bytes, local, processes, &handles));
+    std::vector<std::pair<int, nb::bytes>> out;
+    for (auto& [rank, h] : handles) out.emplace_back(rank, nb::bytes(h.data(), h.size()));
+    return out;
+  }, nb::arg("members"), nb::arg("slot_bytes"), nb::arg("local"), nb::arg("processes"),
+  "Allocates this process's ranks' staging regions (`processes`: how many processes have "
+  "ranks in the group); returns the handles the other processes connect with.");
+  m.def("connect", [](std::vector<int64_t> members, std::vector<std::pair<int, nb::bytes>> remote) {
+    std::vector<std::pair<int, std::string>> handles;
+    for (auto& [rank, b] : remote) handles.emplace_back(rank, std::string(b.c_str(), b.size()));
+    Check(smddp::gpu::ConnectCommunicator(members, handles));
+  }, nb::arg("members"), nb::arg("remote"));
+  m.def("prepare_hierarchy", [](std::vector<int64_t> members, std::vector<int> host_of,
+                                std::vector<int> process_of, std::vector<std::pair<int, int>> local,
+                                std::vector<int64_t> intra_members, size_t slot_bytes,
+                                std::vector<nb::bytes> rail_addresses) {
+    std::vector<std::string> rails;
+    for (const auto& a : rail_addresses) rails.emplace_back(a.c_str(), a.size());
+    bool gdrcopy = false, rail = false;
+    nb::gil_scoped_release release;
+    Check(smddp::gpu::PrepareHierarchy(members, host_of, process_of, local, intra_members,
+                                       slot_bytes, rails, &gdrcopy, &rail));
+    return std::make_pair(gdrcopy, rail);
+  }, "Sets up a group across hosts (this host's communicator first); returns whether its "
+     "network signals use GDRCopy and whether its slots stay in device memory (rail).");
+  m.def("open_device_rail", [](int ordinal) {
+    std::string address;
+    smddp::Status st;
+    {
+      nb::gil_scoped_release release;
+      st = smddp::gpu::OpenDeviceRail(ordinal, &address);
+    }
+    return std::make_pair(nb::bytes(address.data(), address.size()), st.message());
+  }, "This process's FI_HMEM rail: (address, '') or (b'', why it cannot open).");
+  m.def("gdrcopy", [] {
+    std::string why;
+    const bool ok = smddp::cuda::GdrCopyAvailable(&why);
+    return std::make_pair(ok, why);
+  });
+  m.def("group_key", [](std::vector<int64_t> members) {
+    return smddp::gpu::GroupKey(members.data(), int(members.size()));
+  });
+  m.def("set_process", &smddp::gpu::SetProcessIndex);
+  m.def("use_world_of", [](uintptr_t source) {  // _smddp_cpu.world_source(): one world
+    smddp::UseWorldOf(reinterpret_cast<smddp::WorldSource>(source));
+  });
+  m.def("world_processes", [] {  // the world as this module sees it (0: none)
+    auto world = smddp::CurrentWorld();
+    return world ? world->processes() : 0;
+  });
+  // This module's engine copy has its own timeout; jax_smddp.set_timeout sets both.
+  m.def("set_timeout", &smddp::SetTimeoutSeconds, nb::arg("seconds"));
+  m.def("timeout", &smddp::TimeoutSeconds);
+  m.def("release", &smddp::gpu::ReleaseCommunicators);
+  m.def("mark_closed", &smddp::gpu::MarkCommunicatorsClosed,
+        "At exit: tells the groups' other processes this one finished (it did not die).");
+  m.def("close_at_exit", &smddp::gpu::CloseCommunicatorsAtExit,
+        nb::call_guard<nb::gil_scoped_release>(),
+        "At exit: mark_closed, then close the libfabric links, registrations and rail of the "
+        "groups across hosts once the network proxy is idle (False: it was not, nothing closed).");
+  m.def("device_count", [] {
+    int n = 0;
+    if (cudaGetDeviceCount(&n) != cudaSuccess) {
+      cudaGetLastError();
+      return 0;
+    }
+    return n;
+  });
+  m.def("driver_version", [] {  // 0 when no CUDA driver is loaded
+    int v = 0;
+    if (cudaDriverGetVersion(&v) != cudaSuccess) {
+      cudaGetLastError();
+      return 0;
+    }
+    return v;
+  });
+  m.def("device_info", [](int ordinal) {
+    // What jax_smddp.doctor shows of one GPU: what the collectives rely on.
+    cudaDeviceProp p;
+    CheckCuda(cudaGetDeviceProperties(&p, ordinal), "cudaGetDeviceProperties");
+    auto attr = [ordinal](cudaDeviceAttr a) {
+      int v = 0;
+      if (cudaDeviceGetAttribute(&v, a, ordinal) != cudaSuccess) {
+        cudaGetLastError();
+        return -1;
+      }
+      return v;
+    };
+    nb::dict d;
+    d["name"] = std::string(p.name);
+    d["compute_capability"] = std::to_string(p.major) + "." + std::to_string(p.minor);
+    d["multiprocessors"] = p.multiProcessorCount;
+    d["memory_bytes"] = static_cast<uint64_t>(p.totalGlobalMem);
+    d["copy_engines"] = p.asyncEngineCount;
+    d["unified_addressing"] = p.unifiedAddressing != 0;
+    d["ipc_events"] = attr(cudaDevAttrIpcEventSupport) == 1;
+    d["posix_fd_handles"] = (attr(cudaDevAttrMemoryPoolSupportedHandleTypes) > 0 &&
+                             (attr(cudaDevAttrMemoryPoolSupportedHandleTypes) &
+                              cudaMemHandleTypePosixFileDescriptor) != 0);
+    d["compute_mode"] = attr(cudaDevAttrComputeMode);  // 0 default, 2 prohibited, 3 exclusive process
+    return d;
+  }, nb::arg("ordinal"));
+  m.def("copy_bandwidth", [](int ordinal, size_t bytes, int iters) {
+    nb::gil_scoped_release release;
+    return CopyBandwidth(ordinal, bytes, iters);
+  }, nb::arg("ordinal"), nb::arg("bytes"), nb::arg("iters") = 10);
+  m.def("stream_run", &StreamRun, nb::arg("members"), nb::arg("rank"), nb::arg("kind"),
+        nb::arg("dtype"), nb::arg("op"), nb::arg("outer"), nb::arg("inner"), nb::arg("count"),
+        nb::arg("input"), nb::arg("out_bytes"), nb::arg("calls") = 1,
+        nb::arg("copies") = "engine", nb::arg("flags") = "memops", nb::arg("max_blocks") = 8);
+  m.def("have_stream_memops", &smddp::cuda::HaveStreamMemOps);
+  m.def("settings", [] {
+    const auto s = smddp::cuda::GpuSettings::FromEnvironment();
+    nb::dict d;
+    d["copies"] = s.copies == smddp::cuda::GpuSettings::Copies::kEngine ? "engine" : "kernel";
+    d["flags"] = s.flags == smddp::cuda::GpuSettings::Flags::kMemOps ? "memops" : "kernel";
+    d["max_blocks"] = s.max_blocks;
+    smddp::gpu::FlagMemory memory;
+    Check(smddp::gpu::FlagMemoryFromEnvironment(&memory));
+    d["flag_memory"] = memory == smddp::gpu::FlagMemory::kHost ? "host" : "device";
+    bool direct = false;
+    Check(smddp::gpu::DirectReadsFromEnvironment(&direct));
+    d["direct_reads"] = direct;
+    return d;
+  });
+  m.def("direct_reads_staged_because", &smddp::BufferExchange::StagedBecause);
+  m.def("counters", [] {
+    auto& c = smddp::cuda::Counters();
+    nb::dict d;
+    d["copy_kernels"] = c.copy_kernels.load();
+    d["engine_copies"] = c.engine_copies.load();
+    d["reduce_kernels"] = c.reduce_kernels.load();
+    d["flag_kernels"] = c.flag_kernels.load();
+    d["flag_memops"] = c.flag_memops.load();
+    d["direct_reads"] = c.direct_reads.load();
+    return d;
+  });
+}

@@ -1,0 +1,225 @@
+#include "xla_ffi/ffi/cpu_handlers.h"
+
+#include <atomic>
+#include <map>
+#include <mutex>
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "xla/ffi/api/ffi.h"
+#include "xla_ffi/ffi/ffi_dtype.h"
+#include "xla_ffi/algorithms/algorithms.h"
+#include "xla_ffi/engine/communicator.h"
+#include "xla_ffi/ffi/invocation_counter.h"
+#include "xla_ffi/algorithms/process_call.h"  // MixTag
+
+namespace ffi = xla::ffi;
+
+namespace smddp {
+
+// State of one collective instruction, built once when XLA instantiates it
+// and shared by every device that runs it: its instance number (the
+// rendezvous key) and, per partition id, the communicator and rank, so the
+// per-call path looks nothing up.
+struct CallSite {
+  static ffi::TypeId id;
+  static ffi::TypeInfo info;
+  struct Member {
+    Communicator* comm = nullptr;
+    int rank = -1;
+    std::unique_ptr<InvocationCounter> calls;  // touched by this device only
+  };
+  int64_t instance = 0;
+  uint64_t site = 0;  // names this instruction alike in every process
+  std::vector<Member> by_partition;
+};
+ffi::TypeId CallSite::id = {};
+ffi::TypeInfo CallSite::info = ffi::MakeTypeInfo<CallSite>();
+
+namespace {
+
+ffi::ErrorOr<std::unique_ptr<CallSite>> Instantiate(ffi::Dictionary attrs) {
+  static std::atomic<int64_t> next{0};
+  static std::mutex mu;
+  static auto* copies = new std::map<int64_t, uint64_t>();
+  auto groups = attrs.get<ffi::Span<const int64_t>>("groups");
+  auto size = attrs.get<int64_t>("group_size");
+  auto processes = attrs.get<ffi::Span<const int64_t>>("processes");
+  auto site_uid = attrs.get<int64_t>("site_uid");
+  if (!groups.has_value()) return ffi::Unexpected(groups.error());
+  if (!size.has_value()) return ffi::Unexpected(size.error());
+  if (!processes.has_value()) return ffi::Unexpected(processes.error());
+  if (!site_uid.has_value()) return ffi::Unexpected(site_uid.error());
+  const int64_t n = *size;
+  if (n <= 0 || groups->size() % n != 0)
+    return ffi::Unexpected(ffi::Error::InvalidArgument("jax_smddp: malformed replica groups"));
+  auto site = std::make_unique<CallSite>();
+  site->instance = next++;
+  {
+    // XLA may inline one lowered sub-function twice: two instructions with
+    // the same attributes. Every process compiles the same module and
+    // instantiates its instructions in the same order, so the copy number
+    // tells them apart alike everywhere.
+    std::lock_guard<std::mutex> lock(mu);
+    site->site = MixTag(uint64_t(*site_uid), (*copies)[*site_uid]++);
+  }
+  std::vector<int64_t> group_processes(n);
+  for (size_t g = 0; g < groups->size(); g += n) {
+    for (int64_t r = 0; r < n; ++r) {
+      const int64_t id = (*groups)[g + r];
+      group_processes[r] = id >= 0 && size_t(id) < processes->size() ? (*processes)[id] : 0;
+    }
+    Status error;
+    Communicator* comm = FindOrCreateCommunicator(groups->begin() + g, group_processes.data(),
+                                                  int(n), &error);
+    if (!comm) return ffi::Unexpected(ffi::Error(ffi::ErrorCode::kFailedPrecondition, error.message()));
+    for (int64_t r = 0; r < n; ++r) {
+      const int64_t id = (*groups)[g + r];
+      if (id < 0) return ffi::Unexpected(ffi::Error::InvalidArgument("jax_smddp: negative device id in replica groups"));
+      if (size_t(id) >= site->by_partition.size()) site->by_partition.resize(id + 1);
+      site->by_partition[id] = CallSite::Member{comm, int(r), std::make_unique<InvocationCounter>()};
+    }
+  }
+  return site;
+}
+
+// How a call moves data across processes (chosen at lowering by
+// jax_smddp.tuning): routes and chunk size.
+Plan CrossProcessChoice(int64_t routing, int64_t chunk_bytes) {
+  Plan plan;
+  plan.routing = routing == 1   ? Plan::Routing::kFlat
+                 : routing == 2 ? Plan::Routing::kHierarchical
+                                : Plan::Routing::kAuto;
+  plan.chunk_bytes = chunk_bytes > 0 ? (size_t(chunk_bytes) + 63) / 64 * 64 : 0;
+  return plan;
+}
+
+// What every collective's handler knows of its call.
+struct Common {
+  const char* op;
+  int64_t op_id;  // position in the module, for messages
+  CallSite* site;
+};
+
+ffi::Future Failed(ffi::Error error) {
+  ffi::Promise promise;
+  ffi::Future future(promise);
+  promise.SetError(std::move(error));
+  return future;
+}
+
+// Starts the call on this device's communicator (looked up by partition id
+// in the instruction's state) and returns at once: the future completes when
+// the collective is over for this device. Handlers never block an XLA thread
+// waiting for peers (XLA may run independent collectives of one device at the
+// same time; blocked handlers would exhaust its threads).
+ffi::Future StartCall(const Common& c, int64_t run_id, uint32_t partition_id, ffi::AnyBuffer x,
+                      ffi::Result<ffi::AnyBuffer>& out, Plan plan) {
+  if (!ToDType(x.element_type(), &plan.dtype))
+    return Failed(ffi::Error::InvalidArgument(std::string("jax_smddp ") + c.op +
+                                              ": unsupported element type reached the engine"));
+  const auto& members = c.site->by_partition;
+  if (partition_id >= members.size() || members[partition_id].comm == nullptr)
+    return Failed(ffi::Error::InvalidArgument(std::string("jax_smddp ") + c.op + ": device " +
+                                              std::to_string(partition_id) + " is in no replica group"));
+  const CallSite::Member& me = members[partition_id];
+  CallInfo info{c.op, plan.dtype, plan.op, uint64_t(x.size_bytes()), uint64_t(out->size_bytes())};
+  ffi::Promise promise;
+  ffi::Future future(promise);
+  uint64_t sequence;
+  const uint64_t invocation = me.calls->Next(run_id, &sequence);
+  me.comm->Start(run_id, c.site->instance, c.site->site, sequence, invocation, c.op_id, me.rank,
+                 x.untyped_data(), out->untyped_data(), info, plan,
+                 [promise](const Status& st) mutable {
+                   if (st.ok()) {
+                     promise.SetAvailable();
+                   } else {
+                     promise.SetError(ffi::Error(ffi::ErrorCode::kInternal, st.message()));
+                   }
+                 });
+  return future;
+}
+
+// all_gather and all_to_all: blocks of `inner_bytes` in an [outer, ranks, inner] layout.
+template <Plan::Kind kKind>
+ffi::Future BlocksImpl(ffi::RunId run, CallSite* site, ffi::AnyBuffer x, ffi::Buffer<ffi::U32> pid,
+                       ffi::Result<ffi::AnyBuffer> out, int64_t op_id,
+                       ffi::Span<const int64_t> /*groups*/, int64_t /*group_size*/,
+                       ffi::Span<const int64_t> /*processes*/, int64_t /*site_uid*/,
+                       int64_t routing, int64_t chunk_bytes, int64_t outer, int64_t inner_bytes) {
+  Plan plan = CrossProcessChoice(routing, chunk_bytes);
+  plan.kind = kKind;
+  plan.outer = size_t(outer);
+  plan.inner = size_t(inner_bytes);
+  const char* op = kKind == Plan::Kind::kAllGather ? "all_gather" : "all_to_all";
+  return StartCall(Common{op, op_id, site}, run.run_id, pid.typed_data()[0], x, out, plan);
+}
+
+ffi::Future ReduceScatterImpl(ffi::RunId run, CallSite* site, ffi::AnyBuffer x,
+                              ffi::Buffer<ffi::U32> pid, ffi::Result<ffi::AnyBuffer> out,
+                              int64_t op_id, ffi::Span<const int64_t> /*groups*/,
+                              int64_t /*group_size*/, ffi::Span<const int64_t> /*processes*/,
+                              int64_t /*site_uid*/, int64_t routing, int64_t chunk_bytes,
+                              int64_t reduce, int64_t outer, int64_t inner) {
+  Plan plan = CrossProcessChoice(routing, chunk_bytes);
+  plan.kind = Plan::Kind::kReduceScatter;
+  plan.op = ReduceOp(reduce);
+  plan.outer = size_t(outer);
+  plan.inner = size_t(inner);
+  return StartCall(Common{"reduce_scatter", op_id, site}, run.run_id, pid.typed_data()[0], x, out, plan);
+}
+
+ffi::Future AllReduceImpl(ffi::RunId run, CallSite* site, ffi::AnyBuffer x,
+                          ffi::Buffer<ffi::U32> pid, ffi::Result<ffi::AnyBuffer> out,
+                          int64_t op_id, ffi::Span<const int64_t> /*groups*/,
+                          int64_t /*group_size*/, ffi::Span<const int64_t> /*processes*/,
+                          int64_t /*site_uid*/, int64_t routing, int64_t chunk_bytes,
+                          int64_t reduce) {
+  Plan plan = CrossProcessChoice(routing, chunk_bytes);
+  plan.kind = Plan::Kind::kAllReduce;
+  plan.op = ReduceOp(reduce);
+  plan.count = x.element_count();
+  return StartCall(Common{"all_reduce", op_id, site}, run.run_id, pid.typed_data()[0], x, out, plan);
+}
+
+}  // namespace
+}  // namespace smddp
+
+#define SMDDP_COMMON_BINDING()                 \
+  ffi::Ffi::Bind()                             \
+      .Ctx<ffi::RunId>()                       \
+      .Ctx<ffi::State<smddp::CallSite>>()      \
+      .Arg<ffi::AnyBuffer>()                   \
+      .Arg<ffi::Buffer<ffi::U32>>()            \
+      .Ret<ffi::AnyBuffer>()                   \
+      .Attr<int64_t>("op_id")                  \
+      .Attr<ffi::Span<const int64_t>>("groups") /* read at instantiation */ \
+      .Attr<int64_t>("group_size")              \
+      .Attr<ffi::Span<const int64_t>>("processes") /* read at instantiation */ \
+      .Attr<int64_t>("site_uid")                \
+      .Attr<int64_t>("routing")                 \
+      .Attr<int64_t>("chunk_bytes")
+
+XLA_FFI_DEFINE_HANDLER_SYMBOL(SmddpAllGatherCpu, smddp::BlocksImpl<smddp::Plan::Kind::kAllGather>,
+                              SMDDP_COMMON_BINDING()
+                                  .Attr<int64_t>("outer")
+                                  .Attr<int64_t>("inner_bytes"));
+XLA_FFI_DEFINE_HANDLER_SYMBOL(SmddpReduceScatterCpu, smddp::ReduceScatterImpl,
+                              SMDDP_COMMON_BINDING()
+                                  .Attr<int64_t>("reduce")
+                                  .Attr<int64_t>("outer")
+                                  .Attr<int64_t>("inner"));
+XLA_FFI_DEFINE_HANDLER_SYMBOL(SmddpAllReduceCpu, smddp::AllReduceImpl,
+                              SMDDP_COMMON_BINDING().Attr<int64_t>("reduce"));
+XLA_FFI_DEFINE_HANDLER_SYMBOL(SmddpAllToAllCpu, smddp::BlocksImpl<smddp::Plan::Kind::kAllToAll>,
+                              SMDDP_COMMON_BINDING()
+                                  .Attr<int64_t>("outer")
+                                  .Attr<int64_t>("inner_bytes"));
+
+XLA_FFI_DEFINE_HANDLER_SYMBOL(SmddpInstantiateCpu, smddp::Instantiate,
+                              ffi::Ffi::BindInstantiate().Attrs());
+
+extern "C" XLA_FFI_TypeId* SmddpCallSiteTypeId() { return &smddp::CallSite::id; }
+extern "C" const XLA_FFI_TypeInfo* SmddpCallSiteTypeInfo() { return &smddp::CallSite::info; }

@@ -1,0 +1,218 @@
+#include "xla_ffi/ffi/gpu_handlers.h"
+
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include <cuda_runtime_api.h>
+
+#include "cuda/cuda_stream_ops.h"
+#include "xla/ffi/api/ffi.h"
+#include "xla_ffi/ffi/ffi_dtype.h"
+#include "cuda/gpu_communicator.h"
+#include "xla_ffi/algorithms/net_port.h"
+#include "xla_ffi/algorithms/stream_algorithms.h"
+
+namespace ffi = xla::ffi;
+
+namespace smddp {
+
+struct GpuCallSite {
+  static ffi::TypeId id;
+  static ffi::TypeInfo info;
+  struct Member {
+    gpu::LocalRank* rank = nullptr;       // in the (intra-host) communicator
+    NetPort* port = nullptr;              // groups across hosts: the network side
+    const std::vector<int>* rank_of = nullptr;
+  };
+  std::vector<Member> by_ordinal;  // this process's rank on each device
+};
+ffi::TypeId GpuCallSite::id = {};
+ffi::TypeInfo GpuCallSite::info = ffi::MakeTypeInfo<GpuCallSite>();
+
+namespace {
+
+ffi::Error Invalid(const std::string& message) {
+  return ffi::Error::InvalidArgument("jax_smddp (GPU): " + message);
+}
+
+ffi::ErrorOr<std::unique_ptr<GpuCallSite>> Instantiate(ffi::Dictionary attrs) {
+  auto groups = attrs.get<ffi::Span<const int64_t>>("groups");
+  auto size = attrs.get<int64_t>("group_size");
+  auto processes = attrs.get<ffi::Span<const int64_t>>("processes");
+  auto ordinals = attrs.get<ffi::Span<const int64_t>>("ordinals");
+  if (!groups.has_value()) return ffi::Unexpected(groups.error());
+  if (!size.has_value()) return ffi::Unexpected(size.error());
+  if (!processes.has_value()) return ffi::Unexpected(processes.error());
+  if (!ordinals.has_value()) return ffi::Unexpected(ordinals.error());
+  const int64_t n = *size;
+  if (n <= 0 || groups->size() % n != 0) return ffi::Unexpected(Invalid("malformed replica groups"));
+  auto site = std::make_unique<GpuCallSite>();
+  const int me = gpu::ProcessIndex();
+  for (size_t g = 0; g < groups->size(); g += n) {
+    std::vector<int64_t> members(groups->begin() + g, groups->begin() + g + n);
+    const uint64_t key = gpu::GroupKey(members.data(), int(n));
+    gpu::GpuCommunicator* comm = nullptr;
+    gpu::GpuHierarchy* hierarchy = gpu::FindHierarchy(key);
+    for (int64_t r = 0; r < n; ++r) {
+      const int64_t id = members[r];
+      if (id < 0 || size_t(id) >= processes->size() || size_t(id) >= ordinals->size())
+        return ffi::Unexpected(Invalid("device id out of range in replica groups"));
+      if ((*processes)[id] != me) continue;
+      const int64_t ordinal = (*ordinals)[id];
+      if (size_t(ordinal) >= site->by_ordinal.size()) site->by_ordinal.resize(ordinal + 1);
+      if (hierarchy) {
+        gpu::GpuHierarchy::Member* m = hierarchy->Find(int(r));
+        if (!m || m->local->ordinal != ordinal)
+          return ffi::Unexpected(Invalid("device " + std::to_string(ordinal) +
+                                         " has no prepared rank in its group"));
+        site->by_ordinal[ordinal] = GpuCallSite::Member{m->local, m->port, &hierarchy->rank_of()};
+        continue;
+      }
+      if (!comm) comm = gpu::FindCommunicator(key);
+      if (!comm)
+        return ffi::Unexpected(ffi::Error(
+            ffi::ErrorCode::kFailedPrecondition,
+            "jax_smddp (GPU): the communicator of this collective was never set up in this "
+            "process; jax_smddp sets it up when it lowers the program for local GPUs (do not "
+            "run programs lowered or exported elsewhere)"));
+      gpu::LocalRank* rank = comm->Local(int(r));
+      if (!rank || rank->ordinal != ordinal)
+        return ffi::Unexpected(Invalid("device " + std::to_string(ordinal) +
+                                       " has no prepared rank in its group"));
+      site->by_ordinal[ordinal] = GpuCallSite::Member{rank, nullptr, nullptr};
+    }
+  }
+  return site;
+}
+
+const cuda::GpuSettings& Settings() {
+  static const cuda::GpuSettings settings = cuda::GpuSettings::FromEnvironment();
+  return settings;
+}
+
+// Enqueues the call on `stream` and returns.
+ffi::Error Enqueue(const char* op, int64_t op_id, cudaStream_t stream, int32_t ordinal,
+                   GpuCallSite* site, ffi::AnyBuffer x, ffi::Result<ffi::AnyBuffer>& out,
+                   Plan plan) {
+  if (!ToDType(x.element_type(), &plan.dtype))
+    return Invalid(std::string(op) + ": unsupported element type reached the engine");
+  if (ordinal < 0 || size_t(ordinal) >= site->by_ordinal.size() ||
+      !site->by_ordinal[ordinal].rank)
+    return Invalid(std::string(op) + " (op " + std::to_string(op_id) + "): device " +
+                   std::to_string(ordinal) + " is in no replica group of this process");
+  const GpuCallSite::Member& me = site->by_ordinal[ordinal];
+  if (const Status st = gpu::CheckCall(*me.rank, op, plan); !st.ok())
+    return ffi::Error(ffi::ErrorCode::kAborted,
+                      std::string(op) + " (op " + std::to_string(op_id) + "): " + st.message());
+  cuda::CudaStreamOps ops(stream, Settings());
+  if (!me.port) {
+    if (const Status st = gpu::ExchangeBuffers(*me.rank, plan, x.untyped_data(),
+                                                 out->untyped_data()); !st.ok()) {
+      // Peers may have seen this rank's buffers and enqueued reads of them.
+      ReleaseEveryoneWaitingOn(me.rank->view, ops);
+      return ffi::Error(ffi::ErrorCode::kAborted,
+                        std::string(op) + " (op " + std::to_string(op_id) + "): " + st.message());
+    }
+    if (!me.rank->view.inputs.empty()) cuda::Counters().direct_reads++;
+  }
+  Status st;
+  if (me.port) {
+    if (plan.kind == Plan::Kind::kAllGather) {
+      st = RunStreamHierarchicalGather(plan.outer, plan.inner, me.rank->view, *me.port,
+                                       *me.rank_of, ops, x.untyped_data(), out->untyped_data());
+    } else if (plan.kind == Plan::Kind::kReduceScatter) {
+      st = RunStreamHierarchicalScatter(plan.outer, plan.inner, plan.dtype, plan.op, me.rank->view,
+                                        *me.port, *me.rank_of, ops, x.untyped_data(),
+                                        out->untyped_data());
+    } else if (plan.kind == Plan::Kind::kAllToAll) {
+      st = RunStreamHierarchicalSwap(plan.outer, plan.inner, me.rank->view, *me.port, *me.rank_of,
+                                     ops, x.untyped_data(), out->untyped_data());
+    } else {
+      return Invalid(std::string(op) + " across hosts is not supported on GPUs (all_gather, "
+                     "reduce_scatter and all_to_all are; all_reduce is lowered as two of them)");
+    }
+  } else {
+    st = RunStreamPlan(plan, me.rank->view, ops, x.untyped_data(), out->untyped_data());
+  }
+  if (!st.ok())
+    return ffi::Error(ffi::ErrorCode::kInternal,
+                      std::string(op) + " (op " + std::to_string(op_id) + "): " + st.message());
+  return ffi::Error::Success();
+}
+
+// Group attributes are read at instantiation; the execute stage ignores them.
+using Ids = ffi::Span<const int64_t>;
+
+// all_gather and all_to_all: blocks of `inner_bytes` in an [outer, ranks, inner] layout.
+template <Plan::Kind kKind>
+ffi::Error BlocksImpl(cudaStream_t stream, int32_t ordinal, GpuCallSite* site, ffi::AnyBuffer x,
+                      ffi::Result<ffi::AnyBuffer> out, int64_t op_id, Ids /*groups*/,
+                      int64_t /*group_size*/, Ids /*processes*/, Ids /*ordinals*/, int64_t outer,
+                      int64_t inner_bytes) {
+  Plan plan;
+  plan.kind = kKind;
+  plan.outer = size_t(outer);
+  plan.inner = size_t(inner_bytes);
+  return Enqueue(kKind == Plan::Kind::kAllGather ? "all_gather" : "all_to_all", op_id, stream,
+                 ordinal, site, x, out, plan);
+}
+
+ffi::Error ReduceScatterImpl(cudaStream_t stream, int32_t ordinal, GpuCallSite* site,
+                             ffi::AnyBuffer x, ffi::Result<ffi::AnyBuffer> out, int64_t op_id,
+                             Ids /*groups*/, int64_t /*group_size*/, Ids /*processes*/,
+                             Ids /*ordinals*/, int64_t reduce, int64_t outer, int64_t inner) {
+  Plan plan;
+  plan.kind = Plan::Kind::kReduceScatter;
+  plan.op = ReduceOp(reduce);
+  plan.outer = size_t(outer);
+  plan.inner = size_t(inner);
+  return Enqueue("reduce_scatter", op_id, stream, ordinal, site, x, out, plan);
+}
+
+ffi::Error AllReduceImpl(cudaStream_t stream, int32_t ordinal, GpuCallSite* site,
+                         ffi::AnyBuffer x, ffi::Result<ffi::AnyBuffer> out, int64_t op_id,
+                         Ids /*groups*/, int64_t /*group_size*/, Ids /*processes*/,
+                         Ids /*ordinals*/, int64_t reduce) {
+  Plan plan;
+  plan.kind = Plan::Kind::kAllReduce;
+  plan.op = ReduceOp(reduce);
+  plan.count = x.element_count();
+  return Enqueue("all_reduce", op_id, stream, ordinal, site, x, out, plan);
+}
+
+}  // namespace
+}  // namespace smddp
+
+// groups/processes/ordinals are read at instantiation; bound here so the
+// execute stage accepts them.
+#define SMDDP_GPU_BINDING()                                     \
+  ffi::Ffi::Bind()                                              \
+      .Ctx<ffi::PlatformStream<cudaStream_t>>()                 \
+      .Ctx<ffi::DeviceOrdinal>()                                \
+      .Ctx<ffi::State<smddp::GpuCallSite>>()                    \
+      .Arg<ffi::AnyBuffer>()                                    \
+      .Ret<ffi::AnyBuffer>()                                    \
+      .Attr<int64_t>("op_id")                                   \
+      .Attr<ffi::Span<const int64_t>>("groups")                 \
+      .Attr<int64_t>("group_size")                              \
+      .Attr<ffi::Span<const int64_t>>("processes")              \
+      .Attr<ffi::Span<const int64_t>>("ordinals")
+
+XLA_FFI_DEFINE_HANDLER_SYMBOL(SmddpAllGatherCuda, smddp::BlocksImpl<smddp::Plan::Kind::kAllGather>,
+                              SMDDP_GPU_BINDING().Attr<int64_t>("outer").Attr<int64_t>("inner_bytes"));
+XLA_FFI_DEFINE_HANDLER_SYMBOL(SmddpReduceScatterCuda, smddp::ReduceScatterImpl,
+                              SMDDP_GPU_BINDING()
+                                  .Attr<int64_t>("reduce")
+                                  .Attr<int64_t>("outer")
+                                  .Attr<int64_t>("inner"));
+XLA_FFI_DEFINE_HANDLER_SYMBOL(SmddpAllReduceCuda, smddp::AllReduceImpl,
+                              SMDDP_GPU_BINDING().Attr<int64_t>("reduce"));
+XLA_FFI_DEFINE_HANDLER_SYMBOL(SmddpAllToAllCuda, smddp::BlocksImpl<smddp::Plan::Kind::kAllToAll>,
+                              SMDDP_GPU_BINDING().Attr<int64_t>("outer").Attr<int64_t>("inner_bytes"));
+XLA_FFI_DEFINE_HANDLER_SYMBOL(SmddpInstantiateCuda, smddp::Instantiate,
+                              ffi::Ffi::BindInstantiate().Attrs());
+
+extern "C" XLA_FFI_TypeId* SmddpGpuCallSiteTypeId() { return &smddp::GpuCallSite::id; }
+extern "C" const XLA_FFI_TypeInfo* SmddpGpuCallSiteTypeInfo() { return &smddp::GpuCallSite::info; }

@@ -1,0 +1,197 @@
+#include "xla_ffi/transports/fabric_api.h"
+
+#include <algorithm>
+#include <cstdlib>
+#include <cstring>
+
+#ifdef SMDDP_HAVE_LIBFABRIC
+#include <dlfcn.h>
+#include <limits.h>
+#include <link.h>
+#endif
+
+namespace smddp {
+
+const char kFabricNoHeaders[] =
+    "built without libfabric headers (install libfabric-dev on Debian/Ubuntu, "
+    "libfabric-devel on RHEL, and rebuild jax_smddp)";
+
+std::string FabricEnv(const char* name) {
+  const char* v = std::getenv(name);
+  return v ? std::string(v) : std::string();
+}
+
+size_t FabricEnvSize(const char* name, size_t dflt) {
+  std::string v = FabricEnv(name);
+  if (v.empty()) return dflt;
+  char* end = nullptr;
+  unsigned long long n = std::strtoull(v.c_str(), &end, 10);
+  if (end == v.c_str() || *end != '\0' || n == 0) return dflt;
+  return static_cast<size_t>(n);
+}
+
+uint64_t Fnv1a(const std::string& s) {
+  uint64_t h = 1469598103934665603ull;
+  for (unsigned char c : s) {
+    h ^= c;
+    h *= 1099511628211ull;
+  }
+  return h;
+}
+
+#ifdef SMDDP_HAVE_LIBFABRIC
+
+namespace {
+
+const char kInstallHint[] =
+    "install libfabric (Debian/Ubuntu: apt-get install libfabric1; RHEL: dnf install "
+    "libfabric; on AWS the EFA installer provides it) or put the directory holding "
+    "libfabric.so.1 on LD_LIBRARY_PATH";
+
+template <typename F>
+bool Resolve(void* lib, const char* name, F* fn, std::string* error) {
+  *fn = reinterpret_cast<F>(dlsym(lib, name));
+  if (*fn == nullptr && error->empty()) {
+    *error = std::string("libfabric.so.1 does not export ") + name +
+             " (is it libfabric 1.5 or newer?); " + kInstallHint;
+  }
+  return *fn != nullptr;
+}
+
+// The file the loader opened for `lib` (its link map's name), else `fallback`.
+std::string LoadedPath(void* lib, const std::string& fallback) {
+  struct link_map* map = nullptr;
+  if (dlinfo(lib, RTLD_DI_LINKMAP, &map) == 0 && map != nullptr && map->l_name != nullptr &&
+      *map->l_name != '\0') {
+    char resolved[PATH_MAX];
+    return realpath(map->l_name, resolved) ? std::string(resolved) : std::string(map->l_name);
+  }
+  return fallback;
+}
+
+}  // namespace
+
+std::string FabricApi::Err(int ret) const {
+  int e = ret < 0 ? -ret : ret;
+  const char* s = strerror ? strerror(e) : nullptr;
+  return std::string(s ? s : "unknown error") + " (" + std::to_string(ret) + ")";
+}
+
+uint32_t FabricApi::RequestedVersion() const {
+  return std::min<uint32_t>(version(), FI_VERSION(FI_MAJOR_VERSION, FI_MINOR_VERSION));
+}
+
+const FabricApi& GetFabricApi() {
+  static const FabricApi* api = [] {
+    FabricApi* a = new FabricApi;
+    // The loader path first; else the library beside the headers this build
+    // used (e.g. /opt/amazon/efa/lib, often not on the loader path).
+    void* lib = dlopen("libfabric.so.1", RTLD_NOW | RTLD_LOCAL);
+    std::string tried = "libfabric.so.1";
+    if (lib == nullptr) {
+      const char* e = dlerror();
+      std::string why = e ? e : "not found";
+#ifdef SMDDP_LIBFABRIC_LIBRARY_DIR
+      if (*SMDDP_LIBFABRIC_LIBRARY_DIR != '\0') {
+        tried = std::string(SMDDP_LIBFABRIC_LIBRARY_DIR) + "/libfabric.so.1";
+        lib = dlopen(tried.c_str(), RTLD_NOW | RTLD_LOCAL);
+        if (lib == nullptr) {
+          e = dlerror();
+          why += "; " + tried + ": " + (e ? e : "not found");
+        }
+      }
+#endif
+      if (lib == nullptr) {
+        a->error = "cannot load libfabric.so.1 (" + why + "); " + kInstallHint;
+        return a;
+      }
+    }
+    a->path = LoadedPath(lib, tried);
+    Resolve(lib, "fi_getinfo", &a->getinfo, &a->error);
+    Resolve(lib, "fi_freeinfo", &a->freeinfo, &a->error);
+    Resolve(lib, "fi_dupinfo", &a->dupinfo, &a->error);
+    Resolve(lib, "fi_fabric", &a->fabric, &a->error);
+    Resolve(lib, "fi_strerror", &a->strerror, &a->error);
+    Resolve(lib, "fi_version", &a->version, &a->error);
+    if (a->error.empty() && a->version() < FI_VERSION(1, 5)) {
+      a->error = "libfabric " + std::to_string(FI_MAJOR(a->version())) + "." +
+                 std::to_string(FI_MINOR(a->version())) +
+                 " is too old (jax_smddp needs 1.5 or newer); " + kInstallHint;
+    }
+    return a;
+  }();
+  return *api;
+}
+
+int GetRdmInfo(const FabricApi& a, const std::string& provider, const std::string& node,
+               uint64_t caps, uint64_t mr_mode, struct fi_info** out) {
+  const char* where = (node.empty() || provider == "shm") ? nullptr : node.c_str();
+  int ret = -FI_ENODATA;
+  *out = nullptr;
+  for (int attempt = 0; attempt < 3 && ret == -FI_ENODATA; ++attempt) {
+    struct fi_info* hints = a.dupinfo(nullptr);
+    if (hints == nullptr) return -FI_ENOMEM;
+    hints->caps = caps;
+    hints->mode = FI_CONTEXT | FI_CONTEXT2;
+    hints->ep_attr->type = FI_EP_RDM;
+    hints->domain_attr->mr_mode = static_cast<int>(mr_mode);
+    hints->domain_attr->threading = FI_THREAD_DOMAIN;
+    if (attempt < 2) hints->domain_attr->data_progress = FI_PROGRESS_MANUAL;
+    if (attempt < 1) hints->domain_attr->control_progress = FI_PROGRESS_MANUAL;
+    hints->fabric_attr->prov_name = strdup(provider.c_str());
+    ret = a.getinfo(a.RequestedVersion(), where, nullptr, where ? FI_SOURCE : 0, hints, out);
+    a.freeinfo(hints);
+  }
+  if (ret == 0 && *out == nullptr) ret = -FI_ENODATA;
+  return ret;
+}
+
+Status OpenRdmObjects(const FabricApi& a, struct fi_info* info, const std::string& what,
+                      int cq_format, size_t cq_size, RdmObjects* o) {
+  auto fail = [&](const char* call, int r) {
+    return Status::Error(std::string(call) + " failed for " + what + ": " + a.Err(r));
+  };
+  int ret;
+  if ((ret = a.fabric(info->fabric_attr, &o->fabric, nullptr)) != 0) return fail("fi_fabric", ret);
+  if ((ret = fi_domain(o->fabric, info, &o->domain, nullptr)) != 0) return fail("fi_domain", ret);
+  struct fi_av_attr av_attr;
+  std::memset(&av_attr, 0, sizeof(av_attr));
+  av_attr.type = info->domain_attr->av_type != FI_AV_UNSPEC ? info->domain_attr->av_type
+                                                             : FI_AV_TABLE;
+  if ((ret = fi_av_open(o->domain, &av_attr, &o->av, nullptr)) != 0) return fail("fi_av_open", ret);
+  struct fi_cq_attr cq_attr;
+  std::memset(&cq_attr, 0, sizeof(cq_attr));
+  cq_attr.format = static_cast<enum fi_cq_format>(cq_format);
+  cq_attr.wait_obj = FI_WAIT_NONE;
+  cq_attr.size = cq_size;
+  if ((ret = fi_cq_open(o->domain, &cq_attr, &o->cq, nullptr)) != 0) return fail("fi_cq_open", ret);
+  if ((ret = fi_endpoint(o->domain, info, &o->ep, nullptr)) != 0) return fail("fi_endpoint", ret);
+  if ((ret = fi_ep_bind(o->ep, &o->av->fid, 0)) != 0) return fail("fi_ep_bind (address vector)", ret);
+  if ((ret = fi_ep_bind(o->ep, &o->cq->fid, FI_TRANSMIT | FI_RECV)) != 0)
+    return fail("fi_ep_bind (completion queue)", ret);
+  if ((ret = fi_enable(o->ep)) != 0) return fail("fi_enable", ret);
+  std::string name(256, '\0');
+  size_t len = name.size();
+  ret = fi_getname(&o->ep->fid, &name[0], &len);
+  if (ret == -FI_ETOOSMALL) {
+    name.resize(len);
+    ret = fi_getname(&o->ep->fid, &name[0], &len);
+  }
+  if (ret != 0) return fail("fi_getname", ret);
+  name.resize(std::min(len, name.size()));
+  o->address = std::move(name);
+  return Status::Ok();
+}
+
+void CloseRdmObjects(RdmObjects* o) {
+  if (o->ep) fi_close(&o->ep->fid);
+  if (o->av) fi_close(&o->av->fid);
+  if (o->cq) fi_close(&o->cq->fid);
+  if (o->domain) fi_close(&o->domain->fid);
+  if (o->fabric) fi_close(&o->fabric->fid);
+  *o = RdmObjects();
+}
+
+#endif  // SMDDP_HAVE_LIBFABRIC
+
+}  // namespace smddp

@@ -1,0 +1,99 @@
+// libfabric, loaded at run time: the transports that use it (fabric_link.cc,
+// fabric_rail.cc) share one dlopen of "libfabric.so.1" and one table of the
+// few functions it exports. Everything else goes through the objects' ops
+// tables (the headers' inline wrappers), so nothing of libfabric is linked at
+// build time. Include only from .cc files; it pulls in libfabric's headers
+// when the build has them (SMDDP_HAVE_LIBFABRIC).
+#ifndef JAX_SMDDP_TRANSPORTS_FABRIC_API_H_
+#define JAX_SMDDP_TRANSPORTS_FABRIC_API_H_
+
+#include <cstdint>
+#include <string>
+
+#include "xla_ffi/common/status.h"
+
+// The CMake build decides: -DSMDDP_HAVE_LIBFABRIC=1 with the headers' directory
+// (and SMDDP_LIBFABRIC_LIBRARY_DIR, where the library was found), or
+// -DSMDDP_NO_LIBFABRIC to build the stubs even where the headers exist. A build
+// that says neither (the tests' hand-built binaries) looks for the headers.
+#if defined(__has_include) && !defined(SMDDP_NO_LIBFABRIC) && !defined(SMDDP_HAVE_LIBFABRIC)
+#if __has_include(<rdma/fabric.h>)
+#define SMDDP_HAVE_LIBFABRIC 1
+#endif
+#endif
+
+#ifdef SMDDP_HAVE_LIBFABRIC
+#include <rdma/fabric.h>
+#include <rdma/fi_cm.h>
+#include <rdma/fi_domain.h>
+#include <rdma/fi_endpoint.h>
+#include <rdma/fi_eq.h>
+#include <rdma/fi_errno.h>
+#include <rdma/fi_tagged.h>
+#endif
+
+namespace smddp {
+
+// Why libfabric cannot be used when the build lacked its headers.
+extern const char kFabricNoHeaders[];
+
+std::string FabricEnv(const char* name);
+// A positive integer from the environment, else `dflt`.
+size_t FabricEnvSize(const char* name, size_t dflt);
+uint64_t Fnv1a(const std::string& s);
+
+#ifdef SMDDP_HAVE_LIBFABRIC
+
+struct FabricApi {
+  decltype(&::fi_getinfo) getinfo = nullptr;
+  decltype(&::fi_freeinfo) freeinfo = nullptr;
+  decltype(&::fi_dupinfo) dupinfo = nullptr;
+  decltype(&::fi_fabric) fabric = nullptr;
+  decltype(&::fi_strerror) strerror = nullptr;
+  decltype(&::fi_version) version = nullptr;
+  std::string error;  // empty when loaded
+  std::string path;   // the file loaded
+
+  // `ret`: a negative libfabric return code.
+  std::string Err(int ret) const;
+  // The API version to ask for: the older of the library's and the headers'.
+  uint32_t RequestedVersion() const;
+};
+
+// Loaded once per process and never unloaded (providers may keep threads).
+const FabricApi& GetFabricApi();
+
+// fi_getinfo for a reliable-datagram endpoint of `provider` with `caps` and
+// `mr_mode`, bound to `node` ("" = anywhere; ignored for shm). Asks for
+// manual progress first and falls back to what the provider offers. Returns
+// libfabric's code (-FI_ENODATA: the provider cannot do it here).
+int GetRdmInfo(const FabricApi& a, const std::string& provider, const std::string& node,
+               uint64_t caps, uint64_t mr_mode, struct fi_info** out);
+
+// The objects of one reliable-datagram endpoint.
+struct RdmObjects {
+  struct fid_fabric* fabric = nullptr;
+  struct fid_domain* domain = nullptr;
+  struct fid_av* av = nullptr;
+  struct fid_cq* cq = nullptr;
+  struct fid_ep* ep = nullptr;
+  std::string address;  // the endpoint's, to publish to peers
+};
+
+// Opens, from `info`, the fabric, the domain, an address vector, a completion
+// queue of `cq_format` with `cq_size` entries (bound to the endpoint for both
+// directions) and the endpoint (enabled), and reads the endpoint's address.
+// Errors name the call that failed and `what` (the provider, say). What was
+// opened before an error stays in `*out`, for CloseRdmObjects.
+Status OpenRdmObjects(const FabricApi& a, struct fi_info* info, const std::string& what,
+                      int cq_format, size_t cq_size, RdmObjects* out);
+// Closes what is open, the endpoint first (which retires its operations).
+// Registrations of the domain must be closed after the endpoint and before
+// this, or closed by a caller that closed the endpoint itself.
+void CloseRdmObjects(RdmObjects* o);
+
+#endif  // SMDDP_HAVE_LIBFABRIC
+
+}  // namespace smddp
+
+#endif  // JAX_SMDDP_TRANSPORTS_FABRIC_API_H_

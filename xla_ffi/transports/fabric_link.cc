@@ -1,0 +1,908 @@
+// Links over libfabric RDM endpoints; see fabric_link.h for the outline.
+//
+// Wire format: every libfabric message is one chunk of at most chunk_bytes,
+// a 64-byte ChunkHeader followed by up to chunk_bytes - 64 payload bytes.
+// A Link message of `total` bytes travels as ceil(total / payload) data
+// chunks (one empty chunk when total is 0). Each chunk names its sender (a
+// hash of the sender's address, so the receiver routes it without FI_SOURCE
+// and even before it has connected back), the message's sequence number on
+// that sender->receiver channel, its tag, total size and offset.
+//
+// Matching: the receiver "passes" messages in sequence order (the order the
+// sender posted them); a passed message binds the oldest posted Recv of its
+// tag, or waits in the tag's unexpected queue. Chunks of a message not yet
+// bound are kept in a heap buffer and copied over when it binds. So
+// receives match sends first-come-first-served per tag however the provider
+// reorders chunks. A Send cancelled after some of its chunks went out is
+// followed by an abort chunk saying how many bytes were sent, so that the
+// receiver fails the matching Recv instead of waiting for the rest.
+//
+// Buffers: a fixed pool of receive buffers stays posted (reposted after each
+// completion) and a pool of send buffers is filled from queued Sends; both
+// are registered once when the provider asks for FI_MR_LOCAL. libfabric only
+// ever sees this pool, never a caller's buffer. A Send completes when the
+// provider reports all of its chunks sent (not merely copied: with manual
+// progress, a sender that stopped calling Progress() after its Send
+// completed could otherwise strand its last chunks); a Recv when its last
+// byte arrived. One mutex guards the endpoint; Progress() only try_locks it.
+#include "xla_ffi/transports/fabric_link.h"
+
+#include <algorithm>
+#include <cstdint>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <deque>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <new>
+#include <string>
+#include <unordered_map>
+#include <unordered_set>
+#include <utility>
+#include <vector>
+
+#include "xla_ffi/transports/fabric_api.h"
+
+namespace smddp {
+namespace {
+
+const char kDefaultProvider[] = "tcp;ofi_rxm";
+
+std::string Env(const char* name) { return FabricEnv(name); }
+
+}  // namespace
+
+#ifndef SMDDP_HAVE_LIBFABRIC
+
+// ---------------------------------------------------------------------------
+// Built without libfabric's headers: the transport exists but cannot open.
+
+class FabricEndpoint::Impl {};
+
+bool FabricAvailable(std::string* why) {
+  if (why) *why = kFabricNoHeaders;
+  return false;
+}
+
+std::string ChooseFabricProvider(const std::string& requested) {
+  if (!requested.empty()) return requested;
+  std::string env = Env("JAX_SMDDP_FABRIC_PROVIDER");
+  return env.empty() ? kDefaultProvider : env;
+}
+
+Status FabricEndpoint::Open(const std::string&, const std::string&,
+                            std::unique_ptr<FabricEndpoint>*) {
+  std::string why;
+  FabricAvailable(&why);
+  return Status::Error("cannot open a libfabric endpoint: jax_smddp was " + why);
+}
+
+FabricEndpoint::FabricEndpoint(std::shared_ptr<Impl> impl) : impl_(std::move(impl)) {}
+FabricEndpoint::~FabricEndpoint() = default;
+std::string FabricEndpoint::Address() const { return std::string(); }
+std::string FabricEndpoint::Provider() const { return std::string(); }
+Status FabricEndpoint::Connect(const std::string&, const std::string&, std::unique_ptr<Link>*) {
+  return Status::Error("jax_smddp was built without libfabric headers");
+}
+
+#else  // SMDDP_HAVE_LIBFABRIC
+
+namespace {
+
+using Api = FabricApi;
+const Api& GetApi() { return GetFabricApi(); }
+uint32_t RequestedVersion(const Api& a) { return a.RequestedVersion(); }
+size_t EnvSize(const char* name, size_t dflt) { return FabricEnvSize(name, dflt); }
+
+constexpr uint32_t kMagic = 0x46444d53;  // "SMDF"
+enum ChunkKind : uint32_t { kData = 1, kAbort = 2 };
+
+struct ChunkHeader {
+  uint32_t magic;
+  uint32_t kind;
+  uint64_t sender;  // Fnv1a of the sender's address
+  uint64_t seq;     // message number on the sender->receiver channel
+  uint64_t tag;
+  uint64_t total;   // message bytes
+  uint64_t offset;  // of this chunk's payload (kAbort: bytes the sender sent)
+  uint64_t len;     // payload bytes in this chunk
+};
+constexpr size_t kHeaderBytes = 64;
+static_assert(sizeof(ChunkHeader) <= kHeaderBytes, "header too large");
+
+constexpr size_t kDefaultChunkBytes = 256 << 10;
+constexpr size_t kDefaultBuffers = 32;
+constexpr uint64_t kMaxSeqAhead = 1ull << 24;        // messages in flight, per channel
+constexpr uint64_t kMaxUnexpectedBytes = 1ull << 38; // one buffered message
+constexpr size_t kMaxPeers = 1 << 16;
+
+struct Peer;
+
+// A Send whose bytes are all or partly in send buffers: it completes once
+// the provider has reported every one of its chunks sent.
+struct SendTrack {
+  Request* req;  // null once cancelled
+  Peer* peer;
+  uint64_t inflight = 0;  // chunks posted, not yet completed
+  bool copied = false;    // every chunk is in a send buffer
+  std::string error;
+};
+
+// One bounce buffer. `ctx` first: libfabric gets &ctx as operation context
+// (and may use it, FI_CONTEXT/FI_CONTEXT2), which is also the Slot's address.
+struct Slot {
+  struct fi_context2 ctx;
+  char* buf = nullptr;
+  size_t len = 0;  // bytes to send
+  Peer* peer = nullptr;
+  SendTrack* track = nullptr;  // send buffers: the Send this chunk belongs to
+  int index = 0;
+  bool recv = false;
+};
+
+struct PostedRecv {
+  Request* req;
+  char* dst;
+  uint64_t bytes;
+};
+
+struct InMsg {
+  uint64_t tag = 0;
+  uint64_t total = 0;
+  uint64_t received = 0;
+  uint64_t limit = 0;  // bytes that will arrive: total, or less once aborted
+  bool passed = false;
+  bool aborted = false;
+  bool discard = false;  // consumed by a failed or cancelled Recv: drop its bytes
+  Request* req = nullptr;  // bound Recv
+  char* dst = nullptr;
+  std::unique_ptr<char[]> heap;  // bytes of a message not yet bound
+};
+
+struct OutMsg {
+  SendTrack* track;  // null for an abort
+  const char* src;
+  uint32_t kind;
+  uint64_t tag;
+  uint64_t total;
+  uint64_t seq;
+  uint64_t offset;  // bytes already copied out
+};
+
+struct Peer {
+  uint64_t id = 0;
+  bool connected = false;
+  fi_addr_t addr = FI_ADDR_NOTAVAIL;
+  std::string address;
+  std::string name;
+  std::string failure;
+  // Sending.
+  uint64_t next_send_seq = 0;
+  std::deque<OutMsg> sendq;                        // not yet all copied
+  std::unordered_map<Request*, SendTrack*> sending;  // posted, not yet complete
+  // Receiving.
+  uint64_t cursor = 0;  // next sequence number to pass
+  std::map<uint64_t, InMsg> incoming;
+  std::unordered_map<uint64_t, std::deque<PostedRecv>> posted;
+  std::unordered_map<uint64_t, std::deque<uint64_t>> unexpected;  // passed, unbound seqs
+};
+
+std::string TagText(uint64_t tag) { return "message tag " + std::to_string(tag); }
+
+}  // namespace
+
+class FabricEndpoint::Impl {
+ public:
+  explicit Impl(const Api& api) : api_(api) {}
+  ~Impl();
+  Status Init(const std::string& provider, const std::string& node);
+  Status Connect(const std::string& address, const std::string& name, Peer** out);
+
+  void Send(Peer* p, uint64_t tag, const void* src, size_t bytes, Request* req);
+  void Recv(Peer* p, uint64_t tag, void* dst, size_t bytes, Request* req);
+  void Progress();
+  void Cancel(Peer* p, Request* req);
+  std::string Failure(Peer* p);
+
+  const std::string& address() const { return address_; }
+  const std::string& provider() const { return provider_; }
+
+ private:
+  Peer* FindOrAddPeer(uint64_t id);
+  void HandleChunk(Slot& slot, size_t len);
+  void ProtocolError(Peer* p, const std::string& what);
+  void Advance(Peer* p);
+  void Bind(Peer* p, std::map<uint64_t, InMsg>::iterator it, const PostedRecv& r);
+  void Finish(Peer* p, std::map<uint64_t, InMsg>::iterator it);
+  void ReadError();
+  void Pump();
+  void PostChunk(Peer* p);
+  void FlushSends();
+  void FlushRecvs();
+  void SendDone(Slot& s, const std::string& error);
+  void Retire(SendTrack* t);
+  Slot* SlotOf(void* context);
+
+  const Api& api_;
+  std::mutex mu_;
+  struct fi_info* info_ = nullptr;
+  RdmObjects o_;
+  struct fid_mr* mr_ = nullptr;
+  void* desc_ = nullptr;
+  std::string address_;
+  std::string provider_;
+  uint64_t self_id_ = 0;
+
+  size_t chunk_bytes_ = 0;
+  size_t payload_ = 0;
+  char* pool_ = nullptr;
+  std::vector<Slot> slots_;         // never resized after Init
+  std::vector<int> free_send_;
+  std::deque<int> pending_send_;    // filled, to post (fi_send said -FI_EAGAIN)
+  std::deque<int> pending_recv_;    // to (re)post
+  std::unordered_set<SendTrack*> tracks_;  // owned
+
+  std::unordered_map<uint64_t, std::unique_ptr<Peer>> peers_;
+  std::vector<Peer*> peer_list_;
+  size_t rr_ = 0;
+  std::string endpoint_error_;  // a CQ error no peer can be blamed for
+  uint64_t shuffle_ = 0;  // tests: nonzero = post send chunks out of order (xorshift state)
+};
+
+// ---------------------------------------------------------------------------
+// Opening and closing.
+
+Status FabricEndpoint::Impl::Init(const std::string& provider, const std::string& node) {
+  const Api& a = api_;
+  const char* where = (node.empty() || provider == "shm") ? nullptr : node.c_str();
+  const std::string what = "libfabric provider '" + provider + "'" +
+                           (where ? " on " + node : std::string());
+
+  int ret = GetRdmInfo(a, provider, node, FI_MSG,
+                       FI_MR_LOCAL | FI_MR_VIRT_ADDR | FI_MR_ALLOCATED | FI_MR_PROV_KEY |
+                           FI_MR_ENDPOINT,
+                       &info_);
+  if (ret == -FI_ENODATA) {
+    return Status::Error(
+        what + " offers no reliable-datagram (FI_EP_RDM) endpoint here (fi_getinfo: " +
+        a.Err(ret) + "). `fi_info -l` lists this host's providers; choose one with "
+        "JAX_SMDDP_FABRIC_PROVIDER (e.g. \"tcp;ofi_rxm\", or \"efa\" on AWS EFA instances)" +
+        (where ? ", and check that " + node + " is an address of this host" : std::string()));
+  }
+  if (ret != 0) return Status::Error("fi_getinfo for " + what + " failed: " + a.Err(ret));
+  provider_ = info_->fabric_attr->prov_name ? info_->fabric_attr->prov_name : provider;
+
+  auto fail = [&](const char* call, int r) {
+    return Status::Error(std::string(call) + " failed for libfabric provider '" + provider_ +
+                         "': " + a.Err(r));
+  };
+
+  // Buffers.
+  size_t max_msg = info_->ep_attr->max_msg_size ? info_->ep_attr->max_msg_size : SIZE_MAX;
+  chunk_bytes_ = EnvSize("JAX_SMDDP_FABRIC_CHUNK_BYTES", kDefaultChunkBytes);
+  chunk_bytes_ = std::min(std::max<size_t>(chunk_bytes_, 4096), max_msg) / 64 * 64;
+  if (chunk_bytes_ < 4096) {
+    return Status::Error("libfabric provider '" + provider_ + "' carries messages of at most " +
+                         std::to_string(max_msg) + " bytes; jax_smddp needs 4096");
+  }
+  payload_ = chunk_bytes_ - kHeaderBytes;
+  size_t nbuf = std::min<size_t>(EnvSize("JAX_SMDDP_FABRIC_BUFFERS", kDefaultBuffers), 4096);
+  size_t nrecv = nbuf, nsend = nbuf;
+  if (info_->rx_attr->size) nrecv = std::min<size_t>(nrecv, info_->rx_attr->size);
+  if (info_->tx_attr->size) nsend = std::min<size_t>(nsend, info_->tx_attr->size);
+
+  SMDDP_RETURN_IF_ERROR(OpenRdmObjects(a, info_, "libfabric provider '" + provider_ + "'",
+                                       FI_CQ_FORMAT_MSG, nrecv + nsend + 64, &o_));
+  address_ = o_.address;
+  self_id_ = Fnv1a(address_);
+  if (!Env("JAX_SMDDP_FABRIC_TEST_REORDER").empty()) {
+    shuffle_ = 0x9e3779b97f4a7c15ull ^ (self_id_ | 1);
+  }
+
+  const size_t pool_bytes = chunk_bytes_ * (nrecv + nsend);
+  pool_ = static_cast<char*>(std::aligned_alloc(4096, (pool_bytes + 4095) / 4096 * 4096));
+  if (pool_ == nullptr) {
+    return Status::Error("cannot allocate " + std::to_string(pool_bytes) +
+                         " bytes of libfabric bounce buffers; lower JAX_SMDDP_FABRIC_BUFFERS "
+                         "or JAX_SMDDP_FABRIC_CHUNK_BYTES");
+  }
+  if (info_->domain_attr->mr_mode & FI_MR_LOCAL) {
+    ret = fi_mr_reg(o_.domain, pool_, pool_bytes, FI_SEND | FI_RECV, 0, 0, 0, &mr_, nullptr);
+    if (ret != 0) return fail("fi_mr_reg of the bounce buffers", ret);
+    if (info_->domain_attr->mr_mode & FI_MR_ENDPOINT) {
+      if ((ret = fi_mr_bind(mr_, &o_.ep->fid, 0)) != 0) return fail("fi_mr_bind", ret);
+      if ((ret = fi_mr_enable(mr_)) != 0) return fail("fi_mr_enable", ret);
+    }
+    desc_ = fi_mr_desc(mr_);
+  }
+  slots_.resize(nrecv + nsend);
+  for (size_t i = 0; i < slots_.size(); ++i) {
+    Slot& s = slots_[i];
+    std::memset(&s.ctx, 0, sizeof(s.ctx));
+    s.buf = pool_ + i * chunk_bytes_;
+    s.index = static_cast<int>(i);
+    s.recv = i < nrecv;
+    if (s.recv) {
+      pending_recv_.push_back(s.index);
+    } else {
+      free_send_.push_back(s.index);
+    }
+  }
+  std::lock_guard<std::mutex> lock(mu_);
+  FlushRecvs();
+  if (!endpoint_error_.empty()) return Status::Error(endpoint_error_);
+  return Status::Ok();
+}
+
+FabricEndpoint::Impl::~Impl() {
+  // The endpoint first: closing it retires every posted operation, so the
+  // bounce buffers are free afterwards.
+  if (o_.ep) fi_close(&o_.ep->fid);
+  o_.ep = nullptr;
+  if (mr_) fi_close(&mr_->fid);
+  CloseRdmObjects(&o_);
+  std::free(pool_);
+  if (info_) api_.freeinfo(info_);
+  for (SendTrack* t : tracks_) delete t;
+}
+
+Peer* FabricEndpoint::Impl::FindOrAddPeer(uint64_t id) {
+  auto it = peers_.find(id);
+  if (it != peers_.end()) return it->second.get();
+  if (peers_.size() >= kMaxPeers) return nullptr;
+  auto p = std::make_unique<Peer>();
+  p->id = id;
+  char buf[64];
+  std::snprintf(buf, sizeof(buf), "peer %016llx", static_cast<unsigned long long>(id));
+  p->name = buf;
+  Peer* raw = p.get();
+  peers_.emplace(id, std::move(p));
+  peer_list_.push_back(raw);
+  return raw;
+}
+
+Status FabricEndpoint::Impl::Connect(const std::string& address, const std::string& name,
+                                     Peer** out) {
+  std::lock_guard<std::mutex> lock(mu_);
+  if (address.empty()) {
+    return Status::Error("cannot connect to " + name + ": its libfabric address is empty");
+  }
+  Peer* p = FindOrAddPeer(Fnv1a(address));
+  if (p == nullptr) return Status::Error("cannot connect to " + name + ": too many peers");
+  if (p->connected) {
+    if (p->address != address) {
+      return Status::Error("cannot connect to " + name + ": its address hashes like that of " +
+                           p->name + "'s");
+    }
+    *out = p;
+    return Status::Ok();
+  }
+  fi_addr_t fa = FI_ADDR_NOTAVAIL;
+  int n = fi_av_insert(o_.av, address.data(), 1, &fa, 0, nullptr);
+  if (n != 1) {
+    return Status::Error("libfabric (" + provider_ + ") rejected the address of " + name + " (" +
+                         std::to_string(address.size()) + " bytes; fi_av_insert: " +
+                         (n < 0 ? api_.Err(n) : std::to_string(n) + " inserted") +
+                         "): do all processes use the same provider?");
+  }
+  p->addr = fa;
+  p->address = address;
+  p->name = name;
+  p->connected = true;
+  *out = p;
+  return Status::Ok();
+}
+
+// ---------------------------------------------------------------------------
+// Posting.
+
+void FabricEndpoint::Impl::Send(Peer* p, uint64_t tag, const void* src, size_t bytes,
+                                Request* req) {
+  std::lock_guard<std::mutex> lock(mu_);
+  req->Reset();
+  if (!p->failure.empty()) {
+    req->Complete(Status::Error("cannot send " + TagText(tag) + " to " + p->name + ": " +
+                                p->failure));
+    return;
+  }
+  SendTrack* t = new SendTrack{req, p, 0, false, std::string()};
+  tracks_.insert(t);
+  p->sending[req] = t;
+  p->sendq.push_back(OutMsg{t, static_cast<const char*>(src), kData, tag, bytes,
+                            p->next_send_seq++, 0});
+  Pump();
+  FlushSends();
+}
+
+void FabricEndpoint::Impl::Recv(Peer* p, uint64_t tag, void* dst, size_t bytes, Request* req) {
+  std::lock_guard<std::mutex> lock(mu_);
+  req->Reset();
+  PostedRecv r{req, static_cast<char*>(dst), bytes};
+  auto u = p->unexpected.find(tag);
+  if (u != p->unexpected.end()) {
+    uint64_t seq = u->second.front();
+    u->second.pop_front();
+    if (u->second.empty()) p->unexpected.erase(u);
+    auto it = p->incoming.find(seq);
+    if (it != p->incoming.end()) {
+      Bind(p, it, r);
+      return;
+    }
+  }
+  if (!p->failure.empty()) {
+    req->Complete(Status::Error("cannot receive " + TagText(tag) + " from " + p->name + ": " +
+                                p->failure));
+    return;
+  }
+  p->posted[tag].push_back(r);
+}
+
+void FabricEndpoint::Impl::Cancel(Peer* p, Request* req) {
+  std::lock_guard<std::mutex> lock(mu_);
+  if (req->done()) return;
+  for (auto it = p->posted.begin(); it != p->posted.end();) {
+    auto& q = it->second;
+    q.erase(std::remove_if(q.begin(), q.end(), [&](const PostedRecv& r) { return r.req == req; }),
+            q.end());
+    it = q.empty() ? p->posted.erase(it) : std::next(it);
+  }
+  for (auto& [seq, m] : p->incoming) {
+    if (m.req == req) {  // bound, partly arrived: drop the rest of its bytes
+      m.req = nullptr;
+      m.dst = nullptr;
+      m.discard = true;
+    }
+  }
+  auto st = p->sending.find(req);
+  if (st != p->sending.end()) {
+    SendTrack* t = st->second;
+    p->sending.erase(st);
+    t->req = nullptr;
+    for (size_t i = 0; i < p->sendq.size(); ++i) {
+      OutMsg& o = p->sendq[i];
+      if (o.track != t) continue;
+      // Not all of it was copied: tell the receiver how much will arrive.
+      OutMsg abort{nullptr, nullptr, kAbort, o.tag, o.total, o.seq, o.offset};
+      p->sendq.erase(p->sendq.begin() + i);
+      p->sendq.push_front(abort);
+      t->copied = true;  // no more chunks of it
+      break;
+    }
+    Retire(t);
+  }
+  Pump();
+  FlushSends();
+}
+
+std::string FabricEndpoint::Impl::Failure(Peer* p) {
+  std::lock_guard<std::mutex> lock(mu_);
+  return p->failure.empty() ? endpoint_error_ : p->failure;
+}
+
+// ---------------------------------------------------------------------------
+// Sending: queued messages -> send buffers -> fi_send.
+
+void FabricEndpoint::Impl::Pump() {
+  if (peer_list_.empty()) return;
+  bool moved = true;
+  while (moved && !free_send_.empty()) {
+    moved = false;
+    for (size_t k = 0; k < peer_list_.size() && !free_send_.empty(); ++k) {
+      Peer* p = peer_list_[(rr_ + k) % peer_list_.size()];
+      if (p->sendq.empty() || !p->failure.empty()) continue;
+      PostChunk(p);
+      moved = true;
+    }
+    rr_ = (rr_ + 1) % peer_list_.size();
+  }
+}
+
+void FabricEndpoint::Impl::PostChunk(Peer* p) {
+  OutMsg& o = p->sendq.front();
+  Slot& s = slots_[free_send_.back()];
+  free_send_.pop_back();
+  ChunkHeader h;
+  std::memset(&h, 0, sizeof(h));
+  h.magic = kMagic;
+  h.kind = o.kind;
+  h.sender = self_id_;
+  h.seq = o.seq;
+  h.tag = o.tag;
+  h.total = o.total;
+  h.offset = o.offset;
+  if (o.kind == kData) {
+    h.len = std::min<uint64_t>(payload_, o.total - o.offset);
+    if (h.len > 0) std::memcpy(s.buf + kHeaderBytes, o.src + o.offset, h.len);
+    o.offset += h.len;
+  }
+  std::memcpy(s.buf, &h, sizeof(h));
+  s.len = kHeaderBytes + h.len;
+  s.peer = p;
+  s.track = o.track;
+  if (o.track) ++o.track->inflight;
+  pending_send_.push_back(s.index);
+  if (o.kind != kData || o.offset == o.total) {
+    if (o.track) o.track->copied = true;
+    p->sendq.pop_front();
+  }
+}
+
+// A chunk's send completed (or failed with `error`).
+void FabricEndpoint::Impl::SendDone(Slot& s, const std::string& error) {
+  SendTrack* t = s.track;
+  s.track = nullptr;
+  free_send_.push_back(s.index);
+  if (t == nullptr) return;
+  if (!error.empty() && t->error.empty()) t->error = error;
+  --t->inflight;
+  Retire(t);
+}
+
+// Completes and frees a Send once nothing of it is left in flight.
+void FabricEndpoint::Impl::Retire(SendTrack* t) {
+  if (!t->copied || t->inflight > 0) return;
+  Request* req = t->req;
+  std::string error = std::move(t->error);
+  if (req) t->peer->sending.erase(req);
+  tracks_.erase(t);
+  delete t;
+  if (req) req->Complete(error.empty() ? Status::Ok() : Status::Error(error));
+}
+
+void FabricEndpoint::Impl::FlushSends() {
+  while (!pending_send_.empty()) {
+    if (shuffle_ != 0 && pending_send_.size() > 1) {
+      // Tests of the receiver's reordering: post a random waiting chunk first.
+      shuffle_ ^= shuffle_ << 13;
+      shuffle_ ^= shuffle_ >> 7;
+      shuffle_ ^= shuffle_ << 17;
+      std::swap(pending_send_.front(), pending_send_[shuffle_ % pending_send_.size()]);
+    }
+    Slot& s = slots_[pending_send_.front()];
+    ssize_t ret = fi_send(o_.ep, s.buf, s.len, desc_, s.peer->addr, &s.ctx);
+    if (ret == -FI_EAGAIN) return;  // the CQ must be read first: Progress retries
+    pending_send_.pop_front();
+    if (ret != 0) {
+      std::string error = "libfabric (" + provider_ + ") cannot send to " + s.peer->name +
+                          ": fi_send: " + api_.Err(static_cast<int>(ret));
+      if (s.peer->failure.empty()) s.peer->failure = error;
+      SendDone(s, error);
+    }
+  }
+}
+
+void FabricEndpoint::Impl::FlushRecvs() {
+  while (!pending_recv_.empty()) {
+    Slot& s = slots_[pending_recv_.front()];
+    ssize_t ret = fi_recv(o_.ep, s.buf, chunk_bytes_, desc_, FI_ADDR_UNSPEC, &s.ctx);
+    if (ret == -FI_EAGAIN) return;
+    pending_recv_.pop_front();
+    if (ret != 0) {
+      endpoint_error_ = "libfabric (" + provider_ + ") cannot post a receive buffer: fi_recv: " +
+                        api_.Err(static_cast<int>(ret));
+    }
+  }
+}
+
+// ---------------------------------------------------------------------------
+// Progress: completions -> chunks -> matching.
+
+Slot* FabricEndpoint::Impl::SlotOf(void* context) {
+  if (context == nullptr || slots_.empty()) return nullptr;
+  Slot* s = reinterpret_cast<Slot*>(context);
+  if (s < slots_.data() || s >= slots_.data() + slots_.size()) return nullptr;
+  return s;
+}
+
+void FabricEndpoint::Impl::Progress() {
+  std::unique_lock<std::mutex> lock(mu_, std::try_to_lock);
+  if (!lock.owns_lock()) return;  // another thread is progressing
+  for (int round = 0; round < 16; ++round) {
+    struct fi_cq_msg_entry entries[16];
+    ssize_t n = fi_cq_read(o_.cq, entries, 16);
+    if (n == -FI_EAVAIL) {
+      ReadError();
+    } else if (n < 0 && n != -FI_EAGAIN) {
+      endpoint_error_ = "libfabric (" + provider_ + ") fi_cq_read failed: " +
+                        api_.Err(static_cast<int>(n));
+    }
+    for (ssize_t i = 0; i < n; ++i) {
+      Slot* s = SlotOf(entries[i].op_context);
+      if (s == nullptr) continue;
+      if (s->recv) {
+        HandleChunk(*s, entries[i].len);
+        pending_recv_.push_back(s->index);
+      } else {
+        SendDone(*s, std::string());
+      }
+    }
+    FlushRecvs();
+    Pump();
+    FlushSends();
+    if (n <= 0 && n != -FI_EAVAIL) break;
+  }
+}
+
+void FabricEndpoint::Impl::ReadError() {
+  struct fi_cq_err_entry err;
+  std::memset(&err, 0, sizeof(err));
+  if (fi_cq_readerr(o_.cq, &err, 0) < 0) return;
+  char buf[256] = {0};
+  const char* detail = fi_cq_strerror(o_.cq, err.prov_errno, err.err_data, buf, sizeof(buf));
+  std::string text = api_.Err(-err.err);
+  if (detail && *detail) text += "; provider: " + std::string(detail);
+  Slot* s = SlotOf(err.op_context);
+  if (s != nullptr && !s->recv) {
+    std::string error =
+        "libfabric (" + provider_ + ") failed to send to " + s->peer->name + ": " + text;
+    if (s->peer->failure.empty()) s->peer->failure = error;
+    SendDone(*s, error);
+  } else {
+    if (s != nullptr) pending_recv_.push_back(s->index);
+    if (err.err != FI_ECANCELED && endpoint_error_.empty()) {
+      endpoint_error_ = "libfabric (" + provider_ + ") receive failed, peer unknown: " + text;
+    }
+  }
+}
+
+void FabricEndpoint::Impl::ProtocolError(Peer* p, const std::string& what) {
+  std::string msg = "protocol error from " + (p ? p->name : std::string("an unknown peer")) +
+                    " over libfabric (" + provider_ + "): " + what +
+                    " (do all processes run the same jax_smddp, with the same "
+                    "JAX_SMDDP_FABRIC_CHUNK_BYTES?)";
+  std::string& slot = p ? p->failure : endpoint_error_;
+  if (slot.empty()) slot = msg;
+}
+
+void FabricEndpoint::Impl::HandleChunk(Slot& slot, size_t len) {
+  if (len < kHeaderBytes || len > chunk_bytes_) {
+    ProtocolError(nullptr, "a chunk of " + std::to_string(len) + " bytes");
+    return;
+  }
+  ChunkHeader h;
+  std::memcpy(&h, slot.buf, sizeof(h));
+  if (h.magic != kMagic) {
+    ProtocolError(nullptr, "a chunk without the jax_smddp header");
+    return;
+  }
+  Peer* p = FindOrAddPeer(h.sender);
+  if (p == nullptr) {
+    ProtocolError(nullptr, "chunks from more than " + std::to_string(kMaxPeers) + " peers");
+    return;
+  }
+  const uint64_t payload = len - kHeaderBytes;
+  if (h.kind == kData) {
+    if (h.len != payload || h.offset > h.total || h.len > h.total - h.offset ||
+        (h.len == 0 && h.total != 0)) {
+      ProtocolError(p, TagText(h.tag) + ": chunk of " + std::to_string(h.len) + " bytes at " +
+                           std::to_string(h.offset) + " of " + std::to_string(h.total) +
+                           " in a " + std::to_string(len) + "-byte buffer");
+      return;
+    }
+  } else if (h.kind == kAbort) {
+    if (payload != 0 || h.offset > h.total) {
+      ProtocolError(p, TagText(h.tag) + ": malformed abort");
+      return;
+    }
+  } else {
+    ProtocolError(p, "a chunk of unknown kind " + std::to_string(h.kind));
+    return;
+  }
+
+  auto it = p->incoming.find(h.seq);
+  if (it == p->incoming.end()) {
+    if (h.seq < p->cursor || h.seq - p->cursor > kMaxSeqAhead) {
+      ProtocolError(p, TagText(h.tag) + ": unexpected sequence number " + std::to_string(h.seq) +
+                           " (next is " + std::to_string(p->cursor) + ")");
+      return;
+    }
+    InMsg m;
+    m.tag = h.tag;
+    m.total = h.total;
+    m.limit = h.total;
+    it = p->incoming.emplace(h.seq, std::move(m)).first;
+  } else if (it->second.tag != h.tag || it->second.total != h.total) {
+    ProtocolError(p, "message " + std::to_string(h.seq) + " changed its tag or size");
+    return;
+  }
+  InMsg& m = it->second;
+  if (h.kind == kAbort) {
+    if (m.aborted || h.offset < m.received) {
+      ProtocolError(p, TagText(h.tag) + ": inconsistent abort");
+      return;
+    }
+    m.aborted = true;
+    m.limit = h.offset;
+    m.heap.reset();
+    if (m.req != nullptr) {
+      Request* req = m.req;
+      m.req = nullptr;
+      m.dst = nullptr;
+      m.discard = true;
+      req->Complete(Status::Error(p->name + " cancelled sending " + TagText(m.tag) + " after " +
+                                  std::to_string(h.offset) + " of " + std::to_string(m.total) +
+                                  " bytes"));
+    }
+  } else {
+    if (h.len > m.limit - m.received) {
+      ProtocolError(p, TagText(h.tag) + ": more bytes than announced");
+      return;
+    }
+    m.received += h.len;
+    const char* src = slot.buf + kHeaderBytes;
+    if (m.dst != nullptr) {
+      std::memcpy(m.dst + h.offset, src, h.len);
+    } else if (!m.discard && !m.aborted && h.len > 0) {
+      if (!m.heap) {
+        if (m.total > kMaxUnexpectedBytes) {
+          ProtocolError(p, TagText(h.tag) + " announces " + std::to_string(m.total) + " bytes");
+          return;
+        }
+        m.heap.reset(new (std::nothrow) char[m.total]);
+        if (!m.heap) {
+          if (p->failure.empty()) {
+            p->failure = "out of memory buffering " + TagText(h.tag) + " (" +
+                         std::to_string(m.total) + " bytes) from " + p->name;
+          }
+          return;
+        }
+      }
+      std::memcpy(m.heap.get() + h.offset, src, h.len);
+    }
+  }
+  if (m.passed) {
+    Finish(p, it);
+  } else if (h.seq == p->cursor) {
+    Advance(p);
+  }
+}
+
+// Passes every message whose turn has come: binds it to the oldest posted
+// Recv of its tag, or queues it as unexpected.
+void FabricEndpoint::Impl::Advance(Peer* p) {
+  for (;;) {
+    auto it = p->incoming.find(p->cursor);
+    if (it == p->incoming.end()) return;
+    ++p->cursor;
+    InMsg& m = it->second;
+    m.passed = true;
+    auto q = p->posted.find(m.tag);
+    if (q != p->posted.end()) {
+      PostedRecv r = q->second.front();
+      q->second.pop_front();
+      if (q->second.empty()) p->posted.erase(q);
+      Bind(p, it, r);
+    } else {
+      p->unexpected[m.tag].push_back(it->first);
+    }
+  }
+}
+
+void FabricEndpoint::Impl::Bind(Peer* p, std::map<uint64_t, InMsg>::iterator it,
+                                const PostedRecv& r) {
+  InMsg& m = it->second;
+  if (m.total != r.bytes) {
+    m.discard = true;
+    m.heap.reset();
+    r.req->Complete(Status::Error(
+        TagText(m.tag) + " from " + p->name + " has " + std::to_string(m.total) +
+        " bytes but the receive expects " + std::to_string(r.bytes) +
+        " (do the processes run the same program?)"));
+  } else if (m.aborted) {
+    m.discard = true;
+    r.req->Complete(Status::Error(p->name + " cancelled sending " + TagText(m.tag) + " after " +
+                                  std::to_string(m.limit) + " of " + std::to_string(m.total) +
+                                  " bytes"));
+  } else {
+    if (m.heap && m.received > 0) std::memcpy(r.dst, m.heap.get(), m.total);
+    m.heap.reset();
+    m.req = r.req;
+    m.dst = r.dst;
+  }
+  Finish(p, it);
+}
+
+// Retires a passed message once all its bytes are in.
+void FabricEndpoint::Impl::Finish(Peer* p, std::map<uint64_t, InMsg>::iterator it) {
+  InMsg& m = it->second;
+  if (!m.passed || m.received != m.limit) return;
+  if (m.req != nullptr) {
+    Request* req = m.req;
+    p->incoming.erase(it);
+    req->Complete(Status::Ok());
+  } else if (m.discard) {
+    p->incoming.erase(it);
+  }
+  // else: complete but unmatched; waits in p->unexpected.
+}
+
+// ---------------------------------------------------------------------------
+// The Link handed to algorithms.
+
+namespace {
+
+class FabricLink : public Link {
+ public:
+  FabricLink(std::shared_ptr<FabricEndpoint::Impl> ep, Peer* peer)
+      : ep_(std::move(ep)), peer_(peer), kind_("libfabric " + ep_->provider()) {}
+  void Send(uint64_t tag, const void* src, size_t bytes, Request* req) override {
+    ep_->Send(peer_, tag, src, bytes, req);
+  }
+  void Recv(uint64_t tag, void* dst, size_t bytes, Request* req) override {
+    ep_->Recv(peer_, tag, dst, bytes, req);
+  }
+  void Progress() override { ep_->Progress(); }
+  void Cancel(Request* req) override { ep_->Cancel(peer_, req); }
+  std::string PeerFailure() override { return ep_->Failure(peer_); }
+  std::string Kind() const override { return kind_; }
+
+ private:
+  std::shared_ptr<FabricEndpoint::Impl> ep_;
+  Peer* peer_;  // owned by ep_
+  std::string kind_;
+};
+
+}  // namespace
+
+bool FabricAvailable(std::string* why) {
+  const Api& a = GetApi();
+  if (!a.error.empty()) {
+    if (why) *why = a.error;
+    return false;
+  }
+  return true;
+}
+
+std::string ChooseFabricProvider(const std::string& requested) {
+  if (!requested.empty()) return requested;
+  std::string env = Env("JAX_SMDDP_FABRIC_PROVIDER");
+  if (!env.empty()) return env;
+  const Api& a = GetApi();
+  if (!a.error.empty()) return kDefaultProvider;
+  struct fi_info* hints = a.dupinfo(nullptr);
+  if (hints == nullptr) return kDefaultProvider;
+  hints->caps = FI_MSG;
+  hints->mode = FI_CONTEXT | FI_CONTEXT2;
+  hints->ep_attr->type = FI_EP_RDM;
+  hints->domain_attr->mr_mode =
+      FI_MR_LOCAL | FI_MR_VIRT_ADDR | FI_MR_ALLOCATED | FI_MR_PROV_KEY | FI_MR_ENDPOINT;
+  hints->fabric_attr->prov_name = strdup("efa");
+  struct fi_info* info = nullptr;
+  int ret = a.getinfo(RequestedVersion(a), nullptr, nullptr, 0, hints, &info);
+  a.freeinfo(hints);
+  if (info) a.freeinfo(info);
+  return ret == 0 && info != nullptr ? "efa" : kDefaultProvider;
+}
+
+Status FabricEndpoint::Open(const std::string& provider, const std::string& node,
+                            std::unique_ptr<FabricEndpoint>* out) {
+  std::string why;
+  if (!FabricAvailable(&why)) {
+    return Status::Error("cannot open a libfabric endpoint: " + why);
+  }
+  if (provider.empty()) return Status::Error("no libfabric provider named");
+  auto impl = std::make_shared<Impl>(GetApi());
+  Status st = impl->Init(provider, node);
+  if (!st.ok()) return st;
+  out->reset(new FabricEndpoint(std::move(impl)));
+  return Status::Ok();
+}
+
+FabricEndpoint::FabricEndpoint(std::shared_ptr<Impl> impl) : impl_(std::move(impl)) {}
+FabricEndpoint::~FabricEndpoint() = default;
+std::string FabricEndpoint::Address() const { return impl_->address(); }
+std::string FabricEndpoint::Provider() const { return impl_->provider(); }
+
+Status FabricEndpoint::Connect(const std::string& peer_address, const std::string& peer_name,
+                               std::unique_ptr<Link>* out) {
+  Peer* p = nullptr;
+  SMDDP_RETURN_IF_ERROR(impl_->Connect(peer_address, peer_name, &p));
+  out->reset(new FabricLink(impl_, p));
+  return Status::Ok();
+}
+
+#endif  // SMDDP_HAVE_LIBFABRIC
+
+}  // namespace smddp

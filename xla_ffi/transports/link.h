@@ -1,0 +1,78 @@
+// A link: the channel from this process to one peer process, over which the
+// cross-process algorithms move data. Implemented over POSIX shared memory
+// (peers on the same host, shm_link.h) and libfabric (peers on other hosts,
+// fabric_link.h); the algorithms see only this interface.
+//
+// Messages are tagged: a receive matches the send with the same tag, whatever
+// the order in which the two were posted or the bytes arrived. Both calls only
+// post the transfer; the link moves data when a waiting thread calls
+// Progress() (there is no progress thread: waiting callers drive it). Several
+// threads may use one link at once (concurrent collectives).
+#ifndef JAX_SMDDP_TRANSPORTS_LINK_H_
+#define JAX_SMDDP_TRANSPORTS_LINK_H_
+
+#include <atomic>
+#include <cstddef>
+#include <cstdint>
+#include <string>
+
+#include "xla_ffi/common/status.h"
+
+namespace smddp {
+
+// One posted transfer. Owned by the caller, who keeps it alive (and its
+// buffer valid) until it is done or cancelled.
+class Request {
+ public:
+  bool done() const { return done_.load(std::memory_order_acquire); }
+  // Valid once done().
+  const Status& status() const { return status_; }
+  // Called by the link, once.
+  void Complete(Status status) {
+    status_ = std::move(status);
+    done_.store(true, std::memory_order_release);
+  }
+  void Reset() {
+    done_.store(false, std::memory_order_relaxed);
+    status_ = Status::Ok();
+  }
+
+ private:
+  std::atomic<bool> done_{false};
+  Status status_;
+};
+
+class Link {
+ public:
+  virtual ~Link() = default;
+
+  // Posts sending `bytes` of `src` as message `tag`. `req` completes once
+  // `src` is no longer needed (the bytes were copied out or delivered).
+  virtual void Send(uint64_t tag, const void* src, size_t bytes, Request* req) = 0;
+
+  // Posts receiving message `tag` into `dst`. `req` completes once all bytes
+  // are in `dst`; it fails if the message that arrives under `tag` has any
+  // other size (a peer running a different program).
+  virtual void Recv(uint64_t tag, void* dst, size_t bytes, Request* req) = 0;
+
+  // Moves whatever data can move now without blocking. Thread-safe; returns
+  // quickly when another thread is already progressing this link.
+  virtual void Progress() = 0;
+
+  // Withdraws a request that is not done (after a timeout or a peer's
+  // failure): once this returns, the link never touches the request or its
+  // buffer again. A no-op for a request that is done.
+  virtual void Cancel(Request* req) = 0;
+
+  // Empty while the peer looks alive; otherwise why it is not (its process
+  // exited, the connection closed). Cheap enough to call every few ms.
+  virtual std::string PeerFailure() = 0;
+
+  // What carries this link, for messages: "shared memory",
+  // "libfabric tcp;ofi_rxm".
+  virtual std::string Kind() const = 0;
+};
+
+}  // namespace smddp
+
+#endif  // JAX_SMDDP_TRANSPORTS_LINK_H_

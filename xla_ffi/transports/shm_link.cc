@@ -1,0 +1,773 @@
+#include "xla_ffi/transports/shm_link.h"
+
+#include <errno.h>
+#include <fcntl.h>
+#include <signal.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
+#include <sys/types.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <atomic>
+#include <chrono>
+#include <cstdint>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <memory>
+#include <mutex>
+#include <new>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "xla_ffi/transports/process_liveness.h"
+#include "xla_ffi/transports/shm_file.h"
+
+namespace smddp {
+namespace {
+
+// Segment layout: a page of control data (header, each side's pid and closed
+// flag, each ring's head and tail, every field group on its own cache line),
+// then ring 0 (written by the creator) and ring 1 (written by the opener).
+constexpr uint64_t kMagic = 0x314b4e494c4d4853ull;  // "SHMLINK1"
+constexpr uint32_t kVersion = 1;
+constexpr uint64_t kLine = 64;
+constexpr uint64_t kPage = 4096;
+constexpr uint64_t kDataOffset = kPage;
+constexpr uint64_t kMinRing = 16 << 10;
+constexpr uint64_t kMaxRing = uint64_t(1) << 30;
+constexpr size_t kDefaultRing = 8 << 20;
+
+static_assert(std::atomic<uint64_t>::is_always_lock_free,
+              "ring counters in shared memory must be lock-free");
+static_assert(std::atomic<int32_t>::is_always_lock_free, "");
+static_assert(std::atomic<uint32_t>::is_always_lock_free, "");
+
+struct alignas(64) SegmentHeader {
+  uint64_t magic;
+  uint32_t version;
+  uint32_t data_offset;
+  uint64_t ring_bytes;
+  uint64_t total_bytes;
+};
+
+struct alignas(64) SideState {
+  std::atomic<int32_t> pid;
+  std::atomic<uint32_t> closed;
+};
+
+struct alignas(64) Counter {
+  std::atomic<uint64_t> value;
+};
+
+struct Layout {
+  SegmentHeader header;  // offset 0
+  SideState side[2];     // 64, 128: 0 = creator, 1 = opener
+  Counter head[2];       // 192, 256: ring i is written by side i
+  Counter tail[2];       // 320, 384
+};
+static_assert(sizeof(Layout) <= kDataOffset, "control data must fit one page");
+
+// A chunk: this header, then `len` payload bytes, padded to 64.
+constexpr uint64_t kFlagAbort = 1;  // the sender cancelled message `tag`
+struct ChunkHeader {
+  uint64_t tag;
+  uint64_t total;   // the message's size
+  uint64_t offset;  // of this chunk's payload in the message
+  uint64_t len;     // payload bytes
+  uint64_t flags;
+  uint64_t check;   // ChunkCheck() of the fields above
+  uint64_t reserved[2];
+};
+static_assert(sizeof(ChunkHeader) == kLine, "chunk header is one cache line");
+
+uint64_t Mix(uint64_t x) {
+  x ^= x >> 33;
+  x *= 0xff51afd7ed558ccdull;
+  x ^= x >> 33;
+  x *= 0xc4ceb9fe1a85ec53ull;
+  x ^= x >> 33;
+  return x;
+}
+
+uint64_t ChunkCheck(const ChunkHeader& h) {
+  uint64_t x = kMagic;
+  x = Mix(x ^ h.tag);
+  x = Mix(x ^ h.total);
+  x = Mix(x ^ h.offset);
+  x = Mix(x ^ h.len);
+  x = Mix(x ^ h.flags);
+  return x;
+}
+
+uint64_t RoundUp(uint64_t x, uint64_t to) { return (x + to - 1) / to * to; }
+
+}  // namespace
+
+class ShmSegment {
+ public:
+  ShmSegment(void* base, size_t size, bool created_here)
+      : base_(static_cast<char*>(base)), size_(size), created_here_(created_here) {}
+  ~ShmSegment() { ::munmap(base_, size_); }
+  ShmSegment(const ShmSegment&) = delete;
+  ShmSegment& operator=(const ShmSegment&) = delete;
+
+  Layout* layout() const { return reinterpret_cast<Layout*>(base_); }
+  uint64_t ring_bytes() const { return (size_ - kDataOffset) / 2; }
+  char* ring(int i) const { return base_ + kDataOffset + uint64_t(i) * ring_bytes(); }
+  bool created_here() const { return created_here_; }
+
+ private:
+  char* base_;
+  size_t size_;
+  bool created_here_;
+};
+
+Status CreateShmSegment(size_t ring_bytes, std::string* name,
+                        std::shared_ptr<ShmSegment>* out) {
+  if (ring_bytes > kMaxRing) {
+    return Status::Error("shared-memory ring of " + std::to_string(ring_bytes) +
+                         " bytes requested; at most " + std::to_string(kMaxRing) +
+                         " are supported");
+  }
+  const uint64_t ring = std::max<uint64_t>(kMinRing, RoundUp(ring_bytes, kPage));
+  const uint64_t total = kDataOffset + 2 * ring;
+
+  std::string nm;
+  void* base = nullptr;
+  SMDDP_RETURN_IF_ERROR(
+      CreateShmFile(total, "lower JAX_SMDDP_SHM_RING_BYTES", &nm, &base));
+
+  Layout* lay = new (base) Layout();
+  lay->header.magic = kMagic;
+  lay->header.version = kVersion;
+  lay->header.data_offset = uint32_t(kDataOffset);
+  lay->header.ring_bytes = ring;
+  lay->header.total_bytes = total;
+  lay->side[0].pid.store(int32_t(::getpid()), std::memory_order_release);
+
+  *name = nm;
+  *out = std::make_shared<ShmSegment>(base, total, /*created_here=*/true);
+  return Status::Ok();
+}
+
+Status OpenShmSegment(const std::string& name, std::shared_ptr<ShmSegment>* out) {
+  void* base = nullptr;
+  size_t size = 0;
+  SMDDP_RETURN_IF_ERROR(OpenShmFile(name, "segment", kDataOffset + 2 * kMinRing,
+                                    kDataOffset + 2 * kMaxRing, &base, &size));
+  auto segment = std::make_shared<ShmSegment>(base, size, /*created_here=*/false);
+
+  SegmentHeader h;
+  std::memcpy(&h, base, sizeof(h));
+  if (h.magic != kMagic) {
+    return Status::Error("shared-memory segment " + name + " is not a jax_smddp link");
+  }
+  if (h.version != kVersion) {
+    return Status::Error("shared-memory segment " + name + " has layout version " +
+                         std::to_string(h.version) + ", this build uses " +
+                         std::to_string(kVersion) +
+                         " (processes from different jax_smddp builds)");
+  }
+  if (h.data_offset != kDataOffset || h.ring_bytes < kMinRing || h.ring_bytes > kMaxRing ||
+      h.ring_bytes % kPage != 0 || h.total_bytes != kDataOffset + 2 * h.ring_bytes ||
+      h.total_bytes != size) {
+    return Status::Error("shared-memory segment " + name + " has an inconsistent header");
+  }
+  Layout* lay = segment->layout();
+  int32_t expected = 0;
+  if (!lay->side[1].pid.compare_exchange_strong(expected, int32_t(::getpid()),
+                                                std::memory_order_acq_rel)) {
+    return Status::Error("shared-memory segment " + name +
+                         " is already in use by process " + std::to_string(expected));
+  }
+  *out = std::move(segment);
+  return Status::Ok();
+}
+
+Status UnlinkShmSegment(const std::string& name) { return UnlinkShmFile(name); }
+
+size_t DefaultShmRingBytes() {
+  const char* env = std::getenv("JAX_SMDDP_SHM_RING_BYTES");
+  if (env == nullptr || *env == '\0') return kDefaultRing;
+  char* end = nullptr;
+  errno = 0;
+  unsigned long long v = std::strtoull(env, &end, 10);
+  if (errno != 0 || end == env || *end != '\0' || v == 0) return kDefaultRing;
+  return size_t(std::min<unsigned long long>(v, kMaxRing));
+}
+
+namespace {
+
+class ShmLink final : public Link {
+ public:
+  ShmLink(std::shared_ptr<ShmSegment> segment, bool creator, int peer_pid)
+      : segment_(std::move(segment)) {
+    Layout* lay = segment_->layout();
+    const int me = creator ? 0 : 1;
+    const int peer = 1 - me;
+    me_side_ = &lay->side[me];
+    peer_side_ = &lay->side[peer];
+    write_ring_ = segment_->ring(me);
+    read_ring_ = segment_->ring(peer);
+    write_head_ = &lay->head[me].value;
+    write_tail_ = &lay->tail[me].value;
+    read_head_ = &lay->head[peer].value;
+    read_tail_ = &lay->tail[peer].value;
+    cap_ = segment_->ring_bytes();
+    // Chunks small enough that the reader starts copying out early (and
+    // several fit the ring), large enough that per-chunk costs vanish.
+    max_chunk_ = std::min<uint64_t>(256 << 10, cap_ / 8 / kLine * kLine);
+    min_partial_ = std::min<uint64_t>(4096, max_chunk_);
+    const int pid = peer_pid > 0 ? peer_pid : peer_side_->pid.load(std::memory_order_acquire);
+    peer_pid_.store(pid, std::memory_order_relaxed);
+    char state;
+    if (pid > 0 && !ReadProcStat(pid, &state, &peer_start_)) peer_start_ = 0;
+    pending_.reserve(16);
+    posted_.reserve(16);
+    incoming_.reserve(16);
+    if (creator != segment_->created_here()) {
+      std::lock_guard<std::mutex> lock(mu_);
+      FailLocked(std::string("MakeShmLink: creator=") + (creator ? "true" : "false") +
+                 " but this process " + (segment_->created_here() ? "created" : "opened") +
+                 " the segment");
+    }
+  }
+
+  ~ShmLink() override {
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      FailLocked("the shared-memory link was closed");
+    }
+    // After our last ring write: the peer drains what we wrote, then sees
+    // the flag and reports an orderly exit.
+    me_side_->closed.store(1, std::memory_order_release);
+  }
+
+  void Send(uint64_t tag, const void* src, size_t bytes, Request* req) override {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (failed_.load(std::memory_order_relaxed)) {
+      req->Complete(Status::Error(Failure()));
+      return;
+    }
+    try {
+      pending_.push_back(PendingSend{tag, static_cast<const char*>(src), bytes, 0, req,
+                                     false, false});
+    } catch (...) {
+      req->Complete(Status::Error("shared-memory link: out of memory"));
+      return;
+    }
+    WritePassLocked();
+  }
+
+  void Recv(uint64_t tag, void* dst, size_t bytes, Request* req) override {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (failed_.load(std::memory_order_relaxed)) {
+      req->Complete(Status::Error(Failure()));
+      return;
+    }
+    for (size_t ui = 0; ui < unexpected_.size(); ++ui) {
+      Unexpected* u = unexpected_[ui].get();
+      if (u->tag != tag) continue;
+      // The oldest message under `tag` arrived (or is arriving) unexpected.
+      Incoming* in = nullptr;
+      for (Incoming& i : incoming_) {
+        if (i.u == u) in = &i;
+      }
+      if (u->total != bytes) {
+        Status mismatch = Status::Error(MismatchMessage(u->total, tag, bytes));
+        if (in != nullptr) in->u = nullptr;  // discard the rest
+        unexpected_.erase(unexpected_.begin() + ptrdiff_t(ui));
+        req->Complete(std::move(mismatch));
+        return;
+      }
+      if (u->received > 0) std::memcpy(dst, u->data, u->received);
+      if (u->complete || in == nullptr) {
+        // (in == nullptr with !complete cannot happen; never wait forever.)
+        const bool ok = u->complete;
+        unexpected_.erase(unexpected_.begin() + ptrdiff_t(ui));
+        req->Complete(ok ? Status::Ok()
+                         : Status::Error("shared-memory link: lost track of message "
+                                         "under tag " + std::to_string(tag)));
+        return;
+      }
+      // Partly arrived: the rest goes straight into `dst`.
+      in->u = nullptr;
+      in->req = req;
+      in->dst = static_cast<char*>(dst);
+      unexpected_.erase(unexpected_.begin() + ptrdiff_t(ui));
+      return;
+    }
+    try {
+      posted_.push_back(PostedRecv{tag, static_cast<char*>(dst), bytes, req});
+    } catch (...) {
+      req->Complete(Status::Error("shared-memory link: out of memory"));
+    }
+  }
+
+  void Progress() override {
+    if (failed_.load(std::memory_order_acquire)) return;
+    std::unique_lock<std::mutex> progress(progress_mu_, std::try_to_lock);
+    if (!progress.owns_lock()) return;
+    uint64_t total = 0;
+    for (int round = 0; round < 16; ++round) {
+      uint64_t moved = 0;
+      {
+        std::lock_guard<std::mutex> lock(mu_);
+        if (failed_.load(std::memory_order_relaxed)) return;
+        moved += WritePassLocked();
+        moved += ReadPassLocked();
+        // While we read, the peer may have freed room in our ring.
+        if (!pending_.empty()) moved += WritePassLocked();
+      }
+      total += moved;
+      if (moved == 0 || total >= 4 * cap_) break;
+    }
+  }
+
+  void Cancel(Request* req) override {
+    if (req == nullptr) return;
+    std::lock_guard<std::mutex> lock(mu_);
+    for (size_t i = 0; i < pending_.size(); ++i) {
+      PendingSend& s = pending_[i];
+      if (s.abort || s.req != req) continue;
+      if (s.started) {
+        // Part of it is in the ring: tell the reader to drop the message.
+        s.abort = true;
+        s.req = nullptr;
+        s.src = nullptr;
+      } else {
+        pending_.erase(pending_.begin() + ptrdiff_t(i));
+      }
+      return;
+    }
+    for (size_t i = 0; i < posted_.size(); ++i) {
+      if (posted_[i].req == req) {
+        posted_.erase(posted_.begin() + ptrdiff_t(i));
+        return;
+      }
+    }
+    for (Incoming& in : incoming_) {
+      if (in.req == req) {
+        in.req = nullptr;  // the rest of the message is discarded
+        in.dst = nullptr;
+        return;
+      }
+    }
+  }
+
+  std::string PeerFailure() override {
+    if (failed_.load(std::memory_order_acquire)) return Failure();
+    std::unique_lock<std::mutex> live(live_mu_, std::try_to_lock);
+    if (!live.owns_lock()) return "";  // another thread is checking
+    std::string reason;
+    int pid = peer_pid_.load(std::memory_order_relaxed);
+    if (pid <= 0) {
+      // The opener records its pid when it maps the segment.
+      pid = peer_side_->pid.load(std::memory_order_acquire);
+      if (pid > 0) {
+        char state;
+        if (!ReadProcStat(pid, &state, &peer_start_)) peer_start_ = 0;
+        peer_pid_.store(pid, std::memory_order_relaxed);
+      }
+    }
+    if (peer_side_->closed.load(std::memory_order_acquire) != 0) {
+      reason = "process " + std::to_string(pid) + " exited (it closed the link)";
+    } else {
+      const auto now = std::chrono::steady_clock::now();
+      if (now < next_check_ || pid <= 0) return "";
+      next_check_ = now + std::chrono::milliseconds(20);
+      reason = CheckProcess(pid, peer_start_);
+      if (reason.empty()) return "";
+    }
+    {
+      // The peer writes no more: take in what it wrote before it went, so
+      // that requests it satisfied complete, then fail the rest.
+      std::lock_guard<std::mutex> lock(mu_);
+      if (!failed_.load(std::memory_order_relaxed)) {
+        for (int i = 0; i < 4 && ReadPassLocked() > 0; ++i) {
+        }
+        FailLocked(reason);
+      }
+    }
+    return Failure();
+  }
+
+  std::string Kind() const override { return "shared memory"; }
+
+ private:
+  struct PendingSend {
+    uint64_t tag;
+    const char* src;
+    uint64_t bytes;
+    uint64_t sent;
+    Request* req;
+    bool started;  // a chunk is in the ring
+    bool abort;    // cancelled after it started: write an abort chunk
+  };
+  struct PostedRecv {
+    uint64_t tag;
+    char* dst;
+    uint64_t bytes;
+    Request* req;
+  };
+  struct Unexpected {
+    uint64_t tag = 0;
+    uint64_t total = 0;
+    uint64_t received = 0;
+    char* data = nullptr;
+    bool complete = false;
+    ~Unexpected() { std::free(data); }
+  };
+  // A message partly arrived. Its bytes go to `req`/`dst` (a posted
+  // receive), `u` (the unexpected store) or, with neither, nowhere.
+  struct Incoming {
+    uint64_t tag;
+    uint64_t total;
+    uint64_t next;  // bytes arrived
+    Request* req;
+    char* dst;
+    Unexpected* u;
+  };
+
+  std::string Failure() {
+    std::lock_guard<std::mutex> lock(fail_mu_);
+    return failure_;
+  }
+
+  std::string Corrupt(const std::string& what) const {
+    return "shared-memory link to process " + std::to_string(peer_pid_.load()) +
+           ": corrupt data from the peer (" + what + ")";
+  }
+
+  static std::string MismatchMessage(uint64_t sent, uint64_t tag, uint64_t expected) {
+    return "peer sent " + std::to_string(sent) + " bytes under tag " +
+           std::to_string(tag) + ", expected " + std::to_string(expected);
+  }
+
+  // Fails every request; the link does nothing more.
+  void FailLocked(std::string reason) {
+    if (failed_.load(std::memory_order_relaxed)) return;
+    {
+      std::lock_guard<std::mutex> lock(fail_mu_);
+      failure_ = std::move(reason);
+    }
+    failed_.store(true, std::memory_order_release);
+    const Status st = Status::Error(Failure());
+    for (PendingSend& s : pending_) {
+      if (!s.abort && s.req != nullptr) s.req->Complete(st);
+    }
+    for (PostedRecv& r : posted_) r.req->Complete(st);
+    for (Incoming& in : incoming_) {
+      if (in.req != nullptr) in.req->Complete(st);
+    }
+    pending_.clear();
+    posted_.clear();
+    incoming_.clear();
+    unexpected_.clear();
+  }
+
+  // Free bytes in the write ring, from the peer's read position. False (the
+  // link failed) if that position is impossible.
+  bool WriteSpaceLocked(uint64_t* free_bytes) {
+    const uint64_t tail = write_tail_->load(std::memory_order_acquire);
+    const uint64_t used = write_head_local_ - tail;
+    if (tail % kLine != 0 || tail < seen_tail_ || used > cap_) {
+      FailLocked(Corrupt("read position " + std::to_string(tail) + ", write position " +
+                         std::to_string(write_head_local_)));
+      return false;
+    }
+    seen_tail_ = tail;
+    *free_bytes = cap_ - used;
+    return true;
+  }
+
+  void WriteChunkLocked(uint64_t tag, uint64_t total, uint64_t offset, uint64_t len,
+                        uint64_t flags, const char* src) {
+    ChunkHeader h{};
+    h.tag = tag;
+    h.total = total;
+    h.offset = offset;
+    h.len = len;
+    h.flags = flags;
+    h.check = ChunkCheck(h);
+    const uint64_t pos = write_head_local_ % cap_;  // 64-aligned: the header never wraps
+    std::memcpy(write_ring_ + pos, &h, sizeof(h));
+    if (len > 0) {
+      const uint64_t at = (pos + kLine) % cap_;
+      const uint64_t first = std::min(len, cap_ - at);
+      std::memcpy(write_ring_ + at, src, first);
+      if (len > first) std::memcpy(write_ring_, src + first, len - first);
+    }
+    write_head_local_ += kLine + RoundUp(len, kLine);
+    write_head_->store(write_head_local_, std::memory_order_release);
+  }
+
+  // Whether pending_[i] may write: no earlier send under its tag is pending
+  // (the reader tells messages apart by tag, so those never interleave).
+  bool EligibleLocked(size_t i) const {
+    for (size_t j = 0; j < i; ++j) {
+      if (pending_[j].tag == pending_[i].tag) return false;
+    }
+    return true;
+  }
+
+  // Writes chunks of pending sends, one per send in turn, while they fit.
+  // Returns the ring bytes written.
+  uint64_t WritePassLocked() {
+    if (pending_.empty()) return 0;
+    uint64_t free_bytes = 0;
+    if (!WriteSpaceLocked(&free_bytes)) return 0;
+    uint64_t written = 0;
+    bool progressed = true;
+    while (progressed && !pending_.empty()) {
+      progressed = false;
+      for (size_t i = 0; i < pending_.size();) {
+        if (free_bytes < kLine) {
+          if (!WriteSpaceLocked(&free_bytes)) return written;
+          if (free_bytes < kLine) return written;
+        }
+        if (!EligibleLocked(i)) {
+          ++i;
+          continue;
+        }
+        PendingSend& s = pending_[i];
+        if (s.abort) {
+          WriteChunkLocked(s.tag, 0, 0, 0, kFlagAbort, /*src=*/nullptr);
+          free_bytes -= kLine;
+          written += kLine;
+          pending_.erase(pending_.begin() + ptrdiff_t(i));
+          progressed = true;
+          continue;
+        }
+        const uint64_t remaining = s.bytes - s.sent;
+        uint64_t len = std::min(remaining, max_chunk_);
+        if (kLine + RoundUp(len, kLine) > free_bytes) {
+          if (!WriteSpaceLocked(&free_bytes)) return written;
+          if (kLine + RoundUp(len, kLine) > free_bytes) {
+            // Take what room there is, unless that is only a sliver.
+            const uint64_t room = (free_bytes - kLine) / kLine * kLine;
+            if (room < min_partial_) {
+              ++i;
+              continue;
+            }
+            len = room;
+          }
+        }
+        WriteChunkLocked(s.tag, s.bytes, s.sent, len, 0, s.src + s.sent);
+        const uint64_t foot = kLine + RoundUp(len, kLine);
+        free_bytes -= foot;
+        written += foot;
+        s.sent += len;
+        s.started = true;
+        progressed = true;
+        if (s.sent == s.bytes) {
+          Request* req = s.req;
+          pending_.erase(pending_.begin() + ptrdiff_t(i));
+          req->Complete(Status::Ok());
+          continue;
+        }
+        ++i;
+      }
+    }
+    return written;
+  }
+
+  void CopyFromRing(char* dst, uint64_t at, uint64_t len) const {
+    const uint64_t first = std::min(len, cap_ - at);
+    if (first > 0) std::memcpy(dst, read_ring_ + at, first);
+    if (len > first) std::memcpy(dst + first, read_ring_, len - first);
+  }
+
+  // Reads every chunk that has arrived. Returns the ring bytes consumed.
+  uint64_t ReadPassLocked() {
+    const uint64_t head = read_head_->load(std::memory_order_acquire);
+    uint64_t avail = head - read_tail_local_;
+    if (avail == 0) return 0;
+    if (avail > cap_ || head % kLine != 0) {
+      FailLocked(Corrupt("write position " + std::to_string(head) + ", read position " +
+                         std::to_string(read_tail_local_)));
+      return 0;
+    }
+    uint64_t consumed = 0;
+    while (avail > 0) {
+      // Copy the header out first: the peer could change it after the checks.
+      ChunkHeader h;
+      std::memcpy(&h, read_ring_ + read_tail_local_ % cap_, sizeof(h));
+      if (h.check != ChunkCheck(h)) {
+        FailLocked(Corrupt("bad chunk header at " + std::to_string(read_tail_local_)));
+        return consumed;
+      }
+      if ((h.flags & ~kFlagAbort) != 0 || h.len > cap_ - kLine ||
+          kLine + RoundUp(h.len, kLine) > avail || h.offset > h.total ||
+          h.len > h.total - h.offset || ((h.flags & kFlagAbort) != 0 && h.len != 0)) {
+        FailLocked(Corrupt("chunk tag " + std::to_string(h.tag) + " size " +
+                           std::to_string(h.total) + " offset " +
+                           std::to_string(h.offset) + " length " + std::to_string(h.len) +
+                           " flags " + std::to_string(h.flags) + " with " +
+                           std::to_string(avail) + " bytes in the ring"));
+        return consumed;
+      }
+      if (!DeliverLocked(h, (read_tail_local_ + kLine) % cap_)) return consumed;
+      const uint64_t foot = kLine + RoundUp(h.len, kLine);
+      read_tail_local_ += foot;
+      avail -= foot;
+      consumed += foot;
+      read_tail_->store(read_tail_local_, std::memory_order_release);
+    }
+    return consumed;
+  }
+
+  // Handles one checked chunk whose payload is at `at` in the read ring.
+  // False if the link failed.
+  bool DeliverLocked(const ChunkHeader& h, uint64_t at) {
+    size_t idx = incoming_.size();
+    for (size_t i = 0; i < incoming_.size(); ++i) {
+      if (incoming_[i].tag == h.tag) {
+        idx = i;
+        break;
+      }
+    }
+    if ((h.flags & kFlagAbort) != 0) {
+      if (idx == incoming_.size()) return true;  // nothing of it arrived
+      Incoming in = incoming_[idx];
+      incoming_.erase(incoming_.begin() + ptrdiff_t(idx));
+      if (in.u != nullptr) DropUnexpectedLocked(in.u);
+      if (in.req != nullptr) {
+        in.req->Complete(Status::Error("process " + std::to_string(peer_pid_.load()) +
+                                       " cancelled sending the message under tag " +
+                                       std::to_string(h.tag)));
+      }
+      return true;
+    }
+    if (idx == incoming_.size()) {
+      // A new message.
+      if (h.offset != 0) {
+        FailLocked(Corrupt("chunk at offset " + std::to_string(h.offset) +
+                           " of a message under tag " + std::to_string(h.tag) +
+                           " that had not started"));
+        return false;
+      }
+      Incoming in{h.tag, h.total, 0, nullptr, nullptr, nullptr};
+      size_t r = 0;
+      while (r < posted_.size() && posted_[r].tag != h.tag) ++r;
+      if (r < posted_.size()) {
+        const PostedRecv p = posted_[r];
+        posted_.erase(posted_.begin() + ptrdiff_t(r));
+        if (p.bytes != h.total) {
+          // The message is that receive's; drop it.
+          p.req->Complete(Status::Error(MismatchMessage(h.total, h.tag, p.bytes)));
+        } else {
+          in.req = p.req;
+          in.dst = p.dst;
+        }
+      } else {
+        std::unique_ptr<Unexpected> u(new (std::nothrow) Unexpected());
+        if (u == nullptr) {
+          FailLocked("shared-memory link: out of memory");
+          return false;
+        }
+        u->tag = h.tag;
+        u->total = h.total;
+        if (h.total > 0) {
+          u->data = static_cast<char*>(std::malloc(h.total));
+          if (u->data == nullptr) {
+            FailLocked("shared-memory link: cannot allocate " + std::to_string(h.total) +
+                       " bytes for the early-arrived message under tag " +
+                       std::to_string(h.tag));
+            return false;
+          }
+        }
+        in.u = u.get();
+        try {
+          unexpected_.push_back(std::move(u));
+        } catch (...) {
+          FailLocked("shared-memory link: out of memory");
+          return false;
+        }
+      }
+      try {
+        incoming_.push_back(in);
+      } catch (...) {
+        FailLocked("shared-memory link: out of memory");
+        return false;
+      }
+      idx = incoming_.size() - 1;
+    } else if (incoming_[idx].total != h.total || incoming_[idx].next != h.offset) {
+      FailLocked(Corrupt("chunk of " + std::to_string(h.total) + " bytes at offset " +
+                         std::to_string(h.offset) + " under tag " + std::to_string(h.tag) +
+                         "; expected a message of " + std::to_string(incoming_[idx].total) +
+                         " bytes at offset " + std::to_string(incoming_[idx].next)));
+      return false;
+    }
+    Incoming& in = incoming_[idx];
+    if (h.len > 0) {
+      if (in.req != nullptr) {
+        CopyFromRing(in.dst + h.offset, at, h.len);
+      } else if (in.u != nullptr) {
+        CopyFromRing(in.u->data + h.offset, at, h.len);
+      }
+    }
+    in.next += h.len;
+    if (in.u != nullptr) in.u->received = in.next;
+    if (in.next == in.total) {
+      const Incoming done = in;
+      incoming_.erase(incoming_.begin() + ptrdiff_t(idx));
+      if (done.u != nullptr) done.u->complete = true;
+      if (done.req != nullptr) done.req->Complete(Status::Ok());
+    }
+    return true;
+  }
+
+  void DropUnexpectedLocked(const Unexpected* u) {
+    for (size_t i = 0; i < unexpected_.size(); ++i) {
+      if (unexpected_[i].get() == u) {
+        unexpected_.erase(unexpected_.begin() + ptrdiff_t(i));
+        return;
+      }
+    }
+  }
+
+  std::shared_ptr<ShmSegment> segment_;
+  SideState* me_side_;
+  SideState* peer_side_;
+  char* write_ring_;
+  char* read_ring_;
+  std::atomic<uint64_t>* write_head_;
+  std::atomic<uint64_t>* write_tail_;
+  std::atomic<uint64_t>* read_head_;
+  std::atomic<uint64_t>* read_tail_;
+  uint64_t cap_;
+  uint64_t max_chunk_;
+  uint64_t min_partial_;
+
+  std::mutex progress_mu_;  // try-locked by Progress: one progresses at a time
+  std::mutex mu_;           // everything below, and all ring access
+  uint64_t write_head_local_ = 0;  // ours; never read back from shared memory
+  uint64_t seen_tail_ = 0;
+  uint64_t read_tail_local_ = 0;
+  std::vector<PendingSend> pending_;  // in posting order
+  std::vector<PostedRecv> posted_;    // in posting order
+  std::vector<Incoming> incoming_;
+  std::vector<std::unique_ptr<Unexpected>> unexpected_;  // in arrival order
+
+  std::atomic<bool> failed_{false};
+  std::mutex fail_mu_;
+  std::string failure_;
+
+  std::mutex live_mu_;  // the liveness check below
+  std::atomic<int> peer_pid_{0};  // <= 0 until known
+  uint64_t peer_start_ = 0;
+  std::chrono::steady_clock::time_point next_check_{};
+};
+
+}  // namespace
+
+std::unique_ptr<Link> MakeShmLink(std::shared_ptr<ShmSegment> segment, bool creator,
+                                  int peer_pid) {
+  return std::make_unique<ShmLink>(std::move(segment), creator, peer_pid);
+}
+
+}  // namespace smddp

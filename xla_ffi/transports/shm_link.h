@@ -1,0 +1,64 @@
+// Link between two processes of one host over POSIX shared memory.
+//
+// One segment holds two single-producer/single-consumer byte rings, one per
+// direction. A message travels as chunks (a 64-byte header {tag, message
+// size, offset, length} and the payload, padded to 64 bytes); chunks of
+// different messages may interleave, and a large message is cut into chunks
+// so that the reader copies out while the writer is still writing. Arrived
+// chunks go straight into a posted receive's buffer, else into an
+// "unexpected" store that a later receive takes over.
+//
+// Set-up: one process creates the segment and publishes its name; the other
+// opens it; as soon as both mapped it, either unlinks the name (the mappings
+// stay valid), so a crash leaves nothing in /dev/shm.
+//
+// Everything read from the shared memory is bounds-checked before use: a peer
+// that writes nonsense fails the link (every request completes with an
+// error, PeerFailure() says why) and never corrupts this process's memory.
+#ifndef JAX_SMDDP_TRANSPORTS_SHM_LINK_H_
+#define JAX_SMDDP_TRANSPORTS_SHM_LINK_H_
+
+#include <cstddef>
+#include <memory>
+#include <string>
+
+#include "xla_ffi/transports/link.h"
+#include "xla_ffi/common/status.h"
+
+namespace smddp {
+
+// One mapped segment, shared by exactly two processes.
+class ShmSegment;
+
+// Creates a segment for two rings of `ring_bytes` each (rounded up to whole
+// pages, at least 16 KiB, at most 1 GiB): shm_open(O_CREAT|O_EXCL|O_RDWR,
+// 0600) under an unguessable name "/jax_smddp-<32 hex chars from
+// getrandom()>", sized and backed (fails cleanly when /dev/shm is too small),
+// mapped; writes a header (magic, version, ring size, creator pid). Returns
+// the name to publish to the peer.
+Status CreateShmSegment(size_t ring_bytes, std::string* name,
+                        std::shared_ptr<ShmSegment>* out);
+
+// Maps a segment the peer created; checks owner, magic, version and size;
+// records this (opener) pid in the header. Fails if another process already
+// opened it.
+Status OpenShmSegment(const std::string& name, std::shared_ptr<ShmSegment>* out);
+
+// Removes the name (mappings stay valid). Called as soon as both processes
+// mapped it. A name that is already gone is not an error.
+Status UnlinkShmSegment(const std::string& name);
+
+// The link over a segment. `creator`: whether this process created it
+// (decides which ring it writes). `peer_pid`: the peer process, for liveness
+// checks (<= 0: take it from the segment header). Destroying the link marks
+// this side closed, which the peer reports as an orderly exit.
+std::unique_ptr<Link> MakeShmLink(std::shared_ptr<ShmSegment> segment,
+                                  bool creator, int peer_pid);
+
+// Default ring size: JAX_SMDDP_SHM_RING_BYTES if set (a byte count), else
+// 8 MiB.
+size_t DefaultShmRingBytes();
+
+}  // namespace smddp
+
+#endif  // JAX_SMDDP_TRANSPORTS_SHM_LINK_H_

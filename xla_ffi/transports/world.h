@@ -1,0 +1,107 @@
+// The processes of a multi-process job, as this process sees them: its own
+// index, and a link to every peer process that a communicator may span
+// (shared memory to peers on the same host, libfabric to the others).
+//
+// Built by jax_smddp.initialize() from what the processes publish in the
+// jax.distributed key-value store (the bootstrap steps below); released by
+// jax_smddp.shutdown(). Calls in flight keep the world they started with
+// alive, so shutdown never pulls a link from under a running collective.
+#ifndef JAX_SMDDP_TRANSPORTS_WORLD_H_
+#define JAX_SMDDP_TRANSPORTS_WORLD_H_
+
+#include <atomic>
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "xla_ffi/transports/link.h"
+#include "xla_ffi/common/status.h"
+
+namespace smddp {
+
+class World {
+ public:
+  struct Peer {
+    std::unique_ptr<Link> link;  // null for this process and unconnected peers
+    int pid = 0;
+    std::string host;
+  };
+
+  // `endpoint` keeps what the links share (the libfabric endpoint) alive
+  // until after the links are gone.
+  World(int process, std::vector<Peer> peers, std::shared_ptr<void> endpoint)
+      : endpoint_(std::move(endpoint)), process_(process), peers_(std::move(peers)),
+        sent_(new std::atomic<uint64_t>[peers_.size()]()),
+        received_(new std::atomic<uint64_t>[peers_.size()]()) {}
+
+  int process() const { return process_; }
+  int processes() const { return int(peers_.size()); }
+  // The link to `process`, or null (itself, or a process it has no link to).
+  Link* link(int process) const {
+    return process >= 0 && process < processes() ? peers_[process].link.get() : nullptr;
+  }
+  const Peer& peer(int process) const { return peers_[process]; }
+  // The libfabric provider and local address the links to other hosts use
+  // ("" when none): what other endpoints of this process must match.
+  const std::string& fabric_provider() const { return fabric_provider_; }
+  const std::string& fabric_node() const { return fabric_node_; }
+  void set_fabric(std::string provider, std::string node) {  // before it is shared
+    fabric_provider_ = std::move(provider);
+    fabric_node_ = std::move(node);
+  }
+
+  // Bytes this process sent to / received from `process` over its link, since
+  // the world started (what the benchmark and tests read to see the routes).
+  void CountSent(int process, uint64_t bytes) const { sent_[process].fetch_add(bytes, std::memory_order_relaxed); }
+  void CountReceived(int process, uint64_t bytes) const {
+    received_[process].fetch_add(bytes, std::memory_order_relaxed);
+  }
+  uint64_t sent(int process) const { return sent_[process].load(std::memory_order_relaxed); }
+  uint64_t received(int process) const { return received_[process].load(std::memory_order_relaxed); }
+
+ private:
+  std::shared_ptr<void> endpoint_;  // declared first: destroyed after the links
+  int process_;
+  std::vector<Peer> peers_;
+  std::unique_ptr<std::atomic<uint64_t>[]> sent_, received_;
+  std::string fabric_provider_, fabric_node_;
+};
+
+// The current world; null before initialize() and after shutdown().
+std::shared_ptr<const World> CurrentWorld();
+
+// Each extension module (_smddp_cpu, _smddp_cuda) links its own copy of the
+// engine. The world is built by _smddp_cpu's copy; the CUDA module reads it
+// through that copy's CopyCurrentWorld, handed over once at import
+// (UseWorldOf), so both see one world. Both copies are built from the same
+// sources by the same build, so the World they share has one layout.
+using WorldSource = void (*)(std::shared_ptr<const World>* out);
+void CopyCurrentWorld(std::shared_ptr<const World>* out);
+void UseWorldOf(WorldSource source);
+
+// Bootstrap, in the order initialize() calls it. Each step names what failed.
+Status WorldBegin(int process, int processes);
+Status WorldSetPeer(int process, int pid, const std::string& host);
+// Same host: the lower-numbered process creates the segment and publishes its
+// name; the other maps it; the creator unlinks the name once both have.
+Status WorldCreateShm(int peer, std::string* name);
+Status WorldOpenShm(int peer, const std::string& name);
+Status WorldUnlinkShm(int peer);
+// Other hosts: one libfabric endpoint per process; its address is published.
+Status WorldOpenFabric(const std::string& provider, const std::string& node,
+                       std::string* address, std::string* chosen_provider);
+Status WorldConnectFabric(int peer, const std::string& address);
+// Other hosts: a TCP connection per pair, idle, to notice a peer's exit at
+// once (peer_watch.h). Higher-numbered processes connect to lower ones.
+Status WorldWatchListen(const std::string& node, std::string* address);
+Status WorldWatchConnect(int peer, const std::string& address);
+Status WorldWatchAccept(const std::vector<int>& peers);
+// Makes the world current.
+Status WorldStart();
+// Drops the current world (and any half-built one): links close once no call uses them.
+void WorldShutdown();
+
+}  // namespace smddp
+
+#endif  // JAX_SMDDP_TRANSPORTS_WORLD_H_
