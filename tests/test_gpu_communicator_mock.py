@@ -37,12 +37,15 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
 def _engine_sources():
-  """The engine's sources, as CMakeLists.txt lists them."""
+  """The sources of the native layers up to the engine, as CMakeLists.txt lists them."""
   with open(os.path.join(ROOT, "CMakeLists.txt")) as f:
     cmake = f.read()
-  block = cmake[cmake.index("add_library(smddp_engine STATIC"):]
-  block = block[:block.index(")")]
-  return [os.path.join(ROOT, s) for s in re.findall(r"xla_ffi/\w+/\w+\.cc", block)]
+  sources = []
+  for layer in ("common", "transports", "algorithms", "engine"):
+    block = cmake[cmake.index(f"add_library(smddp_{layer} STATIC"):]
+    block = block[:block.index(")")]
+    sources += re.findall(r"xla_ffi/\w+/\w+\.cc", block)
+  return [os.path.join(ROOT, s) for s in sources]
 
 
 @pytest.fixture(scope="module")

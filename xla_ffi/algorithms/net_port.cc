@@ -5,8 +5,8 @@
 #include <cstring>
 #include <string>
 
-#include "xla_ffi/engine/communicator.h"  // TimeoutSeconds
-#include "xla_ffi/algorithms/process_call.h"  // MixTag
+#include "xla_ffi/common/timeout.h"
+#include "xla_ffi/common/hashing.h"
 #include "xla_ffi/algorithms/stream_ops.h"  // FlagReached
 #include "xla_ffi/transports/world.h"
 

@@ -9,6 +9,7 @@
 #include <vector>
 
 #include "xla_ffi/algorithms/transport.h"
+#include "xla_ffi/common/hashing.h"  // MixTag, used with calls' tags
 #include "xla_ffi/transports/world.h"
 
 namespace smddp {
@@ -62,9 +63,6 @@ struct ProcessCall {
   // "process 1 (devices [2 3])"
   std::string DescribeProcess(int process) const;
 };
-
-// Mixes `value` into a 64-bit tag (message tags and call tags).
-uint64_t MixTag(uint64_t tag, uint64_t value);
 
 }  // namespace smddp
 

@@ -18,8 +18,6 @@ namespace smddp {
 
 namespace {
 
-std::atomic<int64_t> g_timeout_ms{300'000};
-
 std::string DescribeMembers(const std::vector<int64_t>& members) {
   std::ostringstream os;
   os << "devices [";
@@ -41,9 +39,6 @@ int InProcessHelpers() {
 
 }  // namespace
 
-void SetTimeoutSeconds(double seconds) { g_timeout_ms = int64_t(seconds * 1000.0); }
-double TimeoutSeconds() { return double(g_timeout_ms.load()) / 1000.0; }
-
 Communicator::Communicator(uint64_t id, std::vector<int64_t> members, Transport* transport,
                            std::unique_ptr<Transport> owned)
     : members_(std::move(members)), owned_(std::move(owned)),
@@ -56,7 +51,7 @@ void Communicator::Start(int64_t run_id, int64_t instance, uint64_t site, uint64
                          uint64_t invocation, int64_t op_id, int rank, const void* send, void* recv, const CallInfo& call,
                          const Plan& plan, Done done) {
   CallKey key{info_.id, run_id, instance, invocation, op_id, site, sequence};
-  const auto deadline = Clock::now() + std::chrono::milliseconds(g_timeout_ms.load());
+  const auto deadline = Clock::now() + Timeout();
   transport_->Start(info_, size(), key, rank, send, recv, call, deadline, plan, std::move(done));
 }
 

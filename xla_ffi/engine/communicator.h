@@ -9,6 +9,7 @@
 
 #include "xla_ffi/algorithms/algorithms.h"
 #include "xla_ffi/algorithms/transport.h"
+#include "xla_ffi/common/timeout.h"  // SetTimeoutSeconds, TimeoutSeconds: part of its interface
 
 namespace smddp {
 
@@ -45,10 +46,6 @@ class Communicator {
 // group that spans processes needs the world (jax_smddp.initialize()).
 Communicator* FindOrCreateCommunicator(const int64_t* members, const int64_t* processes, int size,
                                        Status* error);
-
-// Deadline for every wait of a collective, in seconds.
-void SetTimeoutSeconds(double seconds);
-double TimeoutSeconds();
 
 }  // namespace smddp
 

@@ -30,15 +30,6 @@ size_t FabricEnvSize(const char* name, size_t dflt) {
   return static_cast<size_t>(n);
 }
 
-uint64_t Fnv1a(const std::string& s) {
-  uint64_t h = 1469598103934665603ull;
-  for (unsigned char c : s) {
-    h ^= c;
-    h *= 1099511628211ull;
-  }
-  return h;
-}
-
 #ifdef SMDDP_HAVE_LIBFABRIC
 
 namespace {

@@ -10,6 +10,7 @@
 #include <cstdint>
 #include <string>
 
+#include "xla_ffi/common/hashing.h"  // Fnv1a, of endpoint addresses
 #include "xla_ffi/common/status.h"
 
 // The CMake build decides: -DSMDDP_HAVE_LIBFABRIC=1 with the headers' directory
@@ -40,7 +41,6 @@ extern const char kFabricNoHeaders[];
 std::string FabricEnv(const char* name);
 // A positive integer from the environment, else `dflt`.
 size_t FabricEnvSize(const char* name, size_t dflt);
-uint64_t Fnv1a(const std::string& s);
 
 #ifdef SMDDP_HAVE_LIBFABRIC
 

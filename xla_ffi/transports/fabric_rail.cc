@@ -24,7 +24,7 @@
 #include <vector>
 
 #include "xla_ffi/transports/fabric_api.h"
-#include "xla_ffi/algorithms/process_call.h"  // MixTag
+#include "xla_ffi/common/hashing.h"
 
 namespace smddp {
 
