@@ -1,5 +1,7 @@
-// Collective algorithms, written once against the Exchange interface so they
-// run over any transport: each is the body of one rank (see transport.h).
+// The host algorithms, written against the Exchange interface: each is the
+// body of one rank (see transport.h) over buffers in one address space.
+// Across processes and on GPUs the same collectives have their own bodies
+// (process_algorithms.h, stream_algorithms.h), all driven by this Plan.
 // Layouts are described as [outer, ranks, inner] blocks so gathers and
 // scatters along any dimension need no transposes.
 #ifndef JAX_SMDDP_ALGORITHMS_ALGORITHMS_H_

@@ -1,12 +1,17 @@
-// The transport interface every collective algorithm is written against.
+// The interface the host algorithms (algorithms.h) are written against.
 //
 // Every rank of a communicator starts a collective call through the
-// transport. An algorithm is a body: what one rank does, given an Exchange
+// transport. A host algorithm is a body: what one rank does, given an Exchange
 // (that rank's view of all ranks' buffers for the call, with the moves it may
 // make between them). The transport decides where bodies run and when buffers
 // are free, and reports completion asynchronously: no caller ever blocks
-// waiting for a peer. Later transports (shared memory, libfabric, CUDA
-// IPC) implement the same calls, and the algorithms stay as they are.
+// waiting for a peer. Two transports implement it (engine/): in one process
+// (inprocess_transport.h) the bodies run as they are; across processes
+// (process_transport.h) the ranks of each process meet through it, and the
+// cross-process part runs process_algorithms.h over links instead. The GPU
+// backend runs stream_algorithms.h over StreamOps. What the three families
+// share is the Plan (algorithms.h), the reductions (reduce.h) and the element
+// types; each collective has one body per family (docs/architecture.md).
 #ifndef JAX_SMDDP_ALGORITHMS_TRANSPORT_H_
 #define JAX_SMDDP_ALGORITHMS_TRANSPORT_H_
 
