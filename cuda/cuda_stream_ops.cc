@@ -8,6 +8,7 @@
 
 #include "cuda/device_scope.h"
 #include "cuda/kernels.h"
+#include "xla_ffi/common/settings.h"
 
 namespace smddp {
 namespace cuda {
@@ -37,16 +38,9 @@ const MemOps& DriverMemOps() {
 
 GpuSettings GpuSettings::FromEnvironment() {
   GpuSettings s;
-  if (const char* v = std::getenv("JAX_SMDDP_GPU_COPIES")) {
-    if (std::string(v) == "kernel") s.copies = Copies::kKernel;
-  }
-  if (const char* v = std::getenv("JAX_SMDDP_GPU_FLAGS")) {
-    if (std::string(v) == "kernel") s.flags = Flags::kKernel;
-  }
-  if (const char* v = std::getenv("JAX_SMDDP_GPU_MAX_BLOCKS")) {
-    const int n = std::atoi(v);
-    if (n > 0) s.max_blocks = n;
-  }
+  if (TextSetting("JAX_SMDDP_GPU_COPIES") == "kernel") s.copies = Copies::kKernel;
+  if (TextSetting("JAX_SMDDP_GPU_FLAGS") == "kernel") s.flags = Flags::kKernel;
+  s.max_blocks = int(IntSetting("JAX_SMDDP_GPU_MAX_BLOCKS", s.max_blocks));
   return s;
 }
 

@@ -1,4 +1,5 @@
 #include "cuda/gdrcopy.h"
+#include "xla_ffi/common/settings.h"
 
 #include <dlfcn.h>
 
@@ -30,8 +31,7 @@ struct GdrApi {
 const GdrApi& Api() {
   static GdrApi api = [] {
     GdrApi a;
-    const char* off = std::getenv("JAX_SMDDP_GDRCOPY");
-    if (off && std::string(off) == "0") {
+    if (TextSetting("JAX_SMDDP_GDRCOPY") == "0") {
       a.why = "turned off (JAX_SMDDP_GDRCOPY=0)";
       return a;
     }

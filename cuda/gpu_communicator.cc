@@ -20,6 +20,7 @@
 #include "xla_ffi/transports/fabric_rail.h"
 #include "xla_ffi/transports/process_liveness.h"
 #include "xla_ffi/transports/world.h"
+#include "xla_ffi/common/settings.h"
 
 namespace smddp {
 namespace gpu {
@@ -171,29 +172,16 @@ Status ExchangeBuffers(LocalRank& rank, const Plan& plan, const void* send, void
 }
 
 Status DirectReadsFromEnvironment(bool* out) {
-  const char* env = std::getenv("JAX_SMDDP_GPU_DIRECT_READS");
-  const std::string v = env ? env : "";
-  if (v.empty() || v == "0") {
-    *out = false;
-  } else if (v == "1") {
-    *out = true;
-  } else {
-    return Status::Error("jax_smddp (GPU): JAX_SMDDP_GPU_DIRECT_READS=" + v + " is neither 0 nor 1");
-  }
+  std::string v;
+  SMDDP_RETURN_IF_ERROR(ReadSetting("JAX_SMDDP_GPU_DIRECT_READS", &v));
+  *out = v == "1";
   return Status::Ok();
 }
 
 Status FlagMemoryFromEnvironment(FlagMemory* out) {
-  const char* env = std::getenv("JAX_SMDDP_GPU_FLAG_MEMORY");
-  const std::string v = env ? env : "";
-  if (v.empty() || v == "device") {
-    *out = FlagMemory::kDevice;
-  } else if (v == "host") {
-    *out = FlagMemory::kHost;
-  } else {
-    return Status::Error("jax_smddp (GPU): JAX_SMDDP_GPU_FLAG_MEMORY=" + v +
-                         " is neither 'device' nor 'host'");
-  }
+  std::string v;
+  SMDDP_RETURN_IF_ERROR(ReadSetting("JAX_SMDDP_GPU_FLAG_MEMORY", &v));
+  *out = v == "host" ? FlagMemory::kHost : FlagMemory::kDevice;
   return Status::Ok();
 }
 

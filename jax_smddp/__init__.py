@@ -17,7 +17,7 @@ handle, and other platforms, lower through jax.lax (logged at WARNING level).
 from jax_smddp.all_gather import all_gather
 from jax_smddp.all_reduce import all_reduce, pmax, pmin, psum
 from jax_smddp.all_to_all import all_to_all
-from jax_smddp.config import set_timeout, timeout
+from jax_smddp.config import set_timeout, settings, timeout
 from jax_smddp.distributed import initialize, shutdown, topology, traffic
 from jax_smddp.reduce_scatter import psum_scatter, reduce_scatter
 from jax_smddp.reduced import all_gather_invariant, all_gather_reduced, unreduced_psum_scatter
@@ -32,7 +32,7 @@ __version__ = "0.1.0"
 
 __all__ = [
     "all_gather", "psum_scatter", "reduce_scatter", "psum", "pmax", "pmin",
-    "all_reduce", "all_to_all", "set_timeout", "timeout",
+    "all_reduce", "all_to_all", "set_timeout", "timeout", "settings",
     "initialize", "shutdown", "topology", "traffic",
     "all_gather_invariant", "all_gather_reduced", "unreduced_psum_scatter",
     "all_gather_batched", "psum_scatter_batched", "psum_batched",

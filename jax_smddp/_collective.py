@@ -18,7 +18,6 @@ import functools
 import inspect
 import itertools
 import logging
-import os
 import threading
 from typing import Any, Callable
 
@@ -37,6 +36,7 @@ from jax._src.lib.mlir.dialects import hlo
 from jax._src.sharding_impls import SPMDAxisContext
 
 from jax_smddp import _native
+from jax_smddp import config
 from jax_smddp import requirements
 
 log = logging.getLogger("jax_smddp")
@@ -172,10 +172,7 @@ def _stream_annotator():
 def collective_stream_enabled() -> bool:
   """JAX_SMDDP_GPU_STREAM=collective (default) puts every GPU collective on
   XLA's collective stream; =compute leaves it on the compute stream."""
-  value = os.environ.get("JAX_SMDDP_GPU_STREAM", "collective").strip().lower()
-  if value not in ("collective", "compute"):
-    raise ValueError(f"JAX_SMDDP_GPU_STREAM={value!r}: use 'collective' or 'compute'")
-  return value == "collective"
+  return (config.get("JAX_SMDDP_GPU_STREAM") or "collective") == "collective"
 
 
 def lower_cuda(prim, lower, ctx, x, params):
@@ -374,8 +371,7 @@ def _cross_process_choice(target: str, x_aval, groups: np.ndarray, processes: np
   try:
     from jax_smddp import tuning
   except ImportError:  # no tuner: the engine's defaults, or the forced routes
-    forced = os.environ.get("JAX_SMDDP_ALGORITHM", "").strip().lower()
-    return _ROUTING.get(forced, 0), 0
+    return _ROUTING.get(config.get("JAX_SMDDP_ALGORITHM") or "", 0), 0
   hosts = distributed.host_of_process()
   per_host: dict = {}
   per_proc: dict = {}

@@ -1,16 +1,136 @@
-"""Settings of jax_smddp, read from the environment at import.
+"""Settings of jax_smddp: every ``JAX_SMDDP_*`` environment variable.
 
-JAX_SMDDP_TIMEOUT_S   deadline, in seconds, for every wait inside a collective
-                      (a peer that never arrives); default 300.
+Each setting is declared once, in the native registry
+(``xla_ffi/common/settings.cc``: name, kind, default, accepted values,
+meaning), and parsed by one strict parser that the engine and this module
+share. ``jax_smddp.settings()`` lists them with their values here;
+``python -m jax_smddp.doctor --settings`` prints the table of docs/settings.md.
+
+Every ``JAX_SMDDP_*`` variable of the environment is checked (validate()) at
+import, by ``python -m jax_smddp.doctor``, and again when a collective is
+lowered or ``jax_smddp.initialize()`` runs: a bad value raises ValueError naming
+the setting and what it accepts (at import it is only logged, so the doctor can
+still show it); a name that is not a setting (a typo) is logged once at WARNING
+level.
 """
 
 from __future__ import annotations
 
-import os
+import difflib
+import functools
+import logging
 
 from jax_smddp import _native
 
+log = logging.getLogger("jax_smddp")
+
 DEFAULT_TIMEOUT_S = 300.0
+
+
+def specs() -> list[dict]:
+  """Every declaration: name, kind, default, min, max, choices, scope, agree, meaning."""
+  return [dict(s) for s in _specs()]
+
+
+@functools.cache
+def _specs() -> tuple:
+  return tuple(_native.engine().setting_specs())
+
+
+@functools.cache
+def _spec(name: str) -> dict:
+  for s in _specs():
+    if s["name"] == name:
+      return s
+  raise KeyError(f"jax_smddp has no setting named {name}")
+
+
+def _typed(spec: dict, text: str):
+  kind = spec["kind"]
+  if kind in ("int", "bytes"):
+    scale = {"K": 1 << 10, "M": 1 << 20, "G": 1 << 30}.get(text[-1:].upper(), 1)
+    return int(text[:-1] if scale > 1 else text) * scale
+  if kind == "seconds":
+    return float(text)
+  if kind == "list":
+    return [item.strip() for item in text.split(",") if item.strip()]
+  return text
+
+
+def parse(name: str, text: str | None):
+  """`text` as a value of setting `name` (None when None or empty); raises
+  ValueError naming the setting and what it accepts when it is not one."""
+  if text is None or text.strip() == "":
+    return None
+  spec = _spec(name)
+  _native.engine().check_setting_value(name, text)
+  text = text.strip()
+  return _typed(spec, text.lower() if spec["kind"] in ("choice", "list") else text)
+
+
+def get(name: str):
+  """The value of setting `name` from the environment, typed (int for counts
+  and bytes, float for seconds, list for lists, str otherwise), or None when
+  unset (the caller's default applies, as the registry documents it)."""
+  spec = _spec(name)
+  text, is_set = _native.engine().read_setting(name)
+  return _typed(spec, text) if is_set else None
+
+
+def settings() -> dict[str, dict]:
+  """Every setting: its value here (None: unset), default, kind, accepted
+  values and meaning."""
+  out = {}
+  for s in specs():
+    try:
+      value = get(s["name"])
+    except ValueError as e:
+      value = f"<invalid: {e}>"
+    out[s["name"]] = {"value": value, **{k: v for k, v in s.items() if k != "name"}}
+  return out
+
+
+_warned_unknown: set = set()
+
+
+def validate() -> None:
+  """Raises ValueError for the first invalid JAX_SMDDP_* value; warns once
+  about each name that is not a setting."""
+  unknown, error = _native.engine().check_settings()
+  names = [s["name"] for s in _specs()]
+  for name in unknown:
+    if name in _warned_unknown:
+      continue
+    _warned_unknown.add(name)
+    near = difflib.get_close_matches(name, names, n=1)
+    log.warning("jax_smddp: %s is not a jax_smddp setting and is ignored%s", name,
+                f" (did you mean {near[0]}?)" if near else "")
+  if error:
+    raise ValueError(error)
+
+
+def _accepts(s: dict) -> str:
+  def num(v):
+    return "any" if v >= 1e18 else (f"{int(v)}" if float(v).is_integer() else f"{v:g}")
+  kind = s["kind"]
+  if kind in ("int", "bytes", "seconds"):
+    unit = {"int": "integer", "bytes": "bytes (K, M, G allowed)", "seconds": "seconds"}[kind]
+    return f"{unit}, {num(s['min'])} to {num(s['max'])}"
+  if kind == "choice":
+    return " \\| ".join(f"`{c}`" for c in s["choices"].split("|"))
+  if kind == "list":
+    return "comma list of " + ", ".join(f"`{c}`" for c in s["choices"].split("|"))
+  return "text"
+
+
+def markdown() -> str:
+  """The settings table of docs/settings.md, generated from the registry."""
+  lines = ["| setting | default | accepts | read by | meaning |", "|---|---|---|---|---|"]
+  for s in specs():
+    agree = " Must be equal in every process." if s["agree"] else ""
+    lines.append(f"| `{s['name']}` | {s['default']} | {_accepts(s)} | {s['scope']} | "
+                 f"{s['meaning']}.{agree} |")
+  return "\n".join(lines) + "\n"
 
 
 def set_timeout(seconds: float) -> None:
@@ -33,14 +153,8 @@ def timeout() -> float:
   return _native.engine().timeout()
 
 
-def _timeout_from_env() -> float:
-  raw = os.environ.get("JAX_SMDDP_TIMEOUT_S")
-  if raw is None:
-    return DEFAULT_TIMEOUT_S
-  try:
-    return float(raw)
-  except ValueError:
-    raise ValueError(f"JAX_SMDDP_TIMEOUT_S must be a number of seconds, got {raw!r}") from None
-
-
-set_timeout(_timeout_from_env())
+try:
+  validate()
+  set_timeout(get("JAX_SMDDP_TIMEOUT_S") or DEFAULT_TIMEOUT_S)
+except ValueError as e:  # raised again at the first collective; the doctor shows it
+  log.error("%s", e)

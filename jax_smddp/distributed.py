@@ -46,6 +46,7 @@ import threading
 import jax
 
 from jax_smddp import _native
+from jax_smddp import config
 from jax_smddp import requirements
 
 log = logging.getLogger("jax_smddp")
@@ -66,7 +67,7 @@ def _client():
 
 
 def _host_id() -> str:
-  override = os.environ.get("JAX_SMDDP_HOST_ID")
+  override = config.get("JAX_SMDDP_HOST_ID")
   if override:
     return override
   try:
@@ -88,7 +89,7 @@ def _coordinator_host() -> str | None:
 def _local_address() -> str:
   """The local IP this process uses to reach the coordinator: where peers on
   other hosts can reach it too."""
-  node = os.environ.get("JAX_SMDDP_FABRIC_NODE")
+  node = config.get("JAX_SMDDP_FABRIC_NODE")
   if node:
     return node
   host = _coordinator_host()
@@ -161,7 +162,7 @@ def initialize() -> None:
       provider = ""
       if remote:
         node = _local_address()
-        requested = os.environ.get("JAX_SMDDP_FABRIC_PROVIDER", "")
+        requested = config.get("JAX_SMDDP_FABRIC_PROVIDER") or ""
         address, provider = engine.world_open_fabric(requested, node)
         if not requested and provider != "efa":
           requirements.warn_once(

@@ -4,6 +4,7 @@
     python -m jax_smddp.doctor --job      # also the job's topology, in every process of a
                                           # jax.distributed job (as launched for training)
     python -m jax_smddp.doctor --json     # the same, as JSON
+    python -m jax_smddp.doctor --settings # every setting (docs/settings.md)
 
 From a program: ``jax_smddp.doctor.report(job=True)`` returns the rows, and
 ``print(jax_smddp.doctor.render(...))`` prints them. The exit code is 0 when
@@ -136,6 +137,10 @@ def _shm(rows: list[Row]) -> None:
 
 def _settings(rows: list[Row]) -> None:
   from jax_smddp import config
+  try:
+    config.validate()
+  except ValueError as e:
+    rows.append(Row("settings", FAIL, str(e)))
   set_here = sorted(k for k in os.environ if k.startswith("JAX_SMDDP_"))
   detail = ", ".join(f"{k}={os.environ[k]}" for k in set_here) or "none set (defaults)"
   rows.append(Row("settings", INFO, f"{detail}; timeout {config.timeout():g} s"))
@@ -227,7 +232,14 @@ def main(argv: list[str] | None = None) -> int:
   parser.add_argument("--num-processes", type=int)
   parser.add_argument("--process-id", type=int)
   parser.add_argument("--json", action="store_true", help="print JSON instead of the table")
+  parser.add_argument("--settings", action="store_true",
+                      help="print every setting as the docs' table (docs/settings.md), generated "
+                           "from the registry, and exit")
   args = parser.parse_args(argv)
+  if args.settings:
+    from jax_smddp import config
+    sys.stdout.write(config.markdown())
+    return 0
   if args.job:
     import jax
     kwargs = {k: v for k, v in (("coordinator_address", args.coordinator),

@@ -24,12 +24,12 @@ from __future__ import annotations
 import atexit
 import base64
 import logging
-import os
 import threading
 
 import jax
 
 from jax_smddp import _native
+from jax_smddp import config
 
 log = logging.getLogger("jax_smddp")
 
@@ -49,14 +49,7 @@ DEFAULT_SLOT_BYTES = 8 << 20
 def slot_bytes() -> int:
   """Bytes per staging slot (JAX_SMDDP_GPU_SLOT_BYTES, default 8 MiB); each rank
   has two per group."""
-  value = os.environ.get("JAX_SMDDP_GPU_SLOT_BYTES", "")
-  try:
-    n = int(value) if value else DEFAULT_SLOT_BYTES
-  except ValueError:
-    raise ValueError(f"JAX_SMDDP_GPU_SLOT_BYTES={value!r} is not a number of bytes") from None
-  if n < 4096:
-    raise ValueError(f"JAX_SMDDP_GPU_SLOT_BYTES={n} is too small: use at least 4096")
-  return n
+  return config.get("JAX_SMDDP_GPU_SLOT_BYTES") or DEFAULT_SLOT_BYTES
 
 
 def fabric_hmem() -> str:
@@ -64,10 +57,7 @@ def fabric_hmem() -> str:
   "auto" (device memory where every process of a group can register it with
   its libfabric provider, else host memory) or "1" (device memory, or an
   error saying why not). Same value in every process."""
-  value = os.environ.get("JAX_SMDDP_FABRIC_HMEM", "0").strip().lower() or "0"
-  if value not in ("0", "auto", "1"):
-    raise ValueError(f"JAX_SMDDP_FABRIC_HMEM={value!r}: use 0, auto or 1")
-  return value
+  return config.get("JAX_SMDDP_FABRIC_HMEM") or "0"
 
 
 def available() -> bool:

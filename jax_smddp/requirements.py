@@ -17,6 +17,7 @@ import os
 from typing import Callable
 
 from jax_smddp import capabilities
+from jax_smddp import config
 
 log = logging.getLogger("jax_smddp")
 
@@ -74,19 +75,8 @@ REQUIREMENTS: dict[str, Callable[[], str] | None] = {
 
 
 def required() -> tuple[str, ...]:
-  """The names in JAX_SMDDP_REQUIRE; a name not in REQUIREMENTS is an error."""
-  raw = os.environ.get(ENV, "")
-  names = []
-  for item in raw.split(","):
-    name = item.strip().lower().replace("_", "-")
-    if not name:
-      continue
-    if name not in REQUIREMENTS:
-      raise ValueError(f"{ENV}={raw!r}: unknown requirement {item.strip()!r}; "
-                       f"accepted: {', '.join(REQUIREMENTS)} (a comma list)")
-    if name not in names:
-      names.append(name)
-  return tuple(names)
+  """The names in JAX_SMDDP_REQUIRE (the settings registry refuses others)."""
+  return tuple(dict.fromkeys(config.get(ENV) or []))
 
 
 def unmet(names: tuple[str, ...] | None = None) -> list[tuple[str, str]]:
@@ -109,8 +99,10 @@ def describe(failures: list[tuple[str, str]]) -> str:
 
 
 def enforce() -> None:
-  """Raises RequirementError when a requirement is not met (each collective's
-  lowering calls this, so the first one fails and none runs on a fallback)."""
+  """Raises ValueError for an invalid setting, RequirementError when a
+  requirement is not met (each collective's lowering calls this, so the first
+  one fails and none runs on a fallback or a misread setting)."""
+  config.validate()
   if not os.environ.get(ENV):
     return
   failures = unmet()

@@ -24,7 +24,6 @@ from __future__ import annotations
 
 import importlib
 import logging
-import os
 from typing import Any, Callable, Iterable
 
 import numpy as np
@@ -34,6 +33,7 @@ from jax._src.interpreters import mlir
 from jax._src.lax import parallel as lax_parallel
 
 from jax_smddp import _collective as c
+from jax_smddp import config
 from jax_smddp import requirements
 
 # The modules, not the functions of the same name that jax_smddp exports.
@@ -263,7 +263,7 @@ class use:
 
 def use_from_env() -> frozenset[str]:
   """Applies ``JAX_SMDDP_COLLECTIVES`` (done by the jax_plugins entry point)."""
-  raw = os.environ.get(ENV_VAR, "")
+  raw = config.get(ENV_VAR) or ""
   try:
     ops = parse(raw)
   except ValueError as e:

@@ -8,7 +8,7 @@ The engine asks :func:`choose` at lowering time (one answer per distinct
 relayed over shared memory; only with >= 2 hosts of >= 2 processes each), and
 the message chunk (pipelining granularity). The model is
 :func:`jax_smddp.cost_model.local_machine`: this machine's calibration
-(``python -m jax_smddp.cost_model --calibrate``, cached in
+(``python -m jax_smddp.tools.calibrate --calibrate``, cached in
 ``~/.cache/jax_smddp/calibration.json``) when present, else defaults.
 
 Environment overrides (the reason then says "forced by ..."):
@@ -36,6 +36,7 @@ import json
 import logging
 import os
 
+from jax_smddp import config
 from jax_smddp import cost_model
 from jax_smddp.cost_model import Layout  # noqa: F401  (part of this module's interface)
 
@@ -90,24 +91,14 @@ def _inputs() -> tuple:
 
 
 def _env_chunk(raw: str | None) -> tuple[int | None, str]:
-  if raw is None or raw.strip() == "":
-    return None, ""
-  try:
-    value = int(float(raw))
-  except ValueError:
-    return None, f"JAX_SMDDP_CHUNK_BYTES={raw!r} is not a number (ignored)"
-  if value <= 0:
-    return None, f"JAX_SMDDP_CHUNK_BYTES={raw!r} is not positive (ignored)"
-  return _round_chunk(value), ""
+  """JAX_SMDDP_CHUNK_BYTES, rounded as the engine rounds it (a bad value
+  raises, naming the setting)."""
+  value = config.parse("JAX_SMDDP_CHUNK_BYTES", raw)
+  return (None if value is None else _round_chunk(value)), ""
 
 
 def _env_algorithm(raw: str | None) -> tuple[str | None, str]:
-  if raw is None or raw.strip() == "":
-    return None, ""
-  value = raw.strip().lower()
-  if value in ("flat", "hierarchical"):
-    return value, ""
-  return None, f"JAX_SMDDP_ALGORITHM={raw!r} is not flat or hierarchical (ignored)"
+  return config.parse("JAX_SMDDP_ALGORITHM", raw), ""
 
 
 def _us(seconds: float) -> str:
@@ -123,7 +114,10 @@ def choose(op: str, bytes_per_rank: int, layout) -> Choice:
   """The algorithm and chunk for one call; never raises for valid input (an
   unexpected failure of the model falls back to the engine's defaults)."""
   layout = _valid_layout(layout)
-  return _choose(op, max(0, int(bytes_per_rank)), layout, _inputs())
+  inputs = _inputs()
+  _env_algorithm(inputs[1])  # a bad override is the user's to fix: raised, not
+  _env_chunk(inputs[2])      # swallowed with the model's failures below
+  return _choose(op, max(0, int(bytes_per_rank)), layout, inputs)
 
 
 @functools.lru_cache(maxsize=4096)

@@ -18,7 +18,8 @@ import jax.numpy as jnp
 from jax.sharding import NamedSharding, PartitionSpec as P
 
 import jax_smddp
-from jax_smddp import capabilities, launch, requirements
+from jax_smddp import capabilities, requirements
+from jax_smddp.tools import launch
 
 WORKER = os.path.join(os.path.dirname(__file__), "multiprocess", "worker.py")
 IN_CI = os.environ.get("CI") == "true"
@@ -72,7 +73,13 @@ def test_doctor_with_an_unmet_requirement_exits_non_zero_naming_it(tmp_path):
   # Met requirements pass; names are checked strictly.
   assert doctor(tmp_path, env={"JAX_SMDDP_REQUIRE": "libfabric"}).returncode == 0
   bad = doctor(tmp_path, env={"JAX_SMDDP_REQUIRE": "libfabric,efaa"})
-  assert bad.returncode == 1 and "unknown requirement 'efaa'" in bad.stdout, bad.stdout
+  assert bad.returncode == 1, bad.stdout + bad.stderr
+  assert "JAX_SMDDP_REQUIRE='libfabric,efaa' is not valid: it takes a comma list of" in bad.stdout
+
+
+def test_requirements_are_the_registry_choices():
+  spec = next(s for s in jax_smddp.config.specs() if s["name"] == requirements.ENV)
+  assert spec["choices"].split("|") == list(requirements.REQUIREMENTS)
 
 
 @pytest.mark.timeout(300)

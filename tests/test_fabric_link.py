@@ -12,6 +12,7 @@ import pytest
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 SOURCES = ["xla_ffi/transports/fabric_api.cc", "xla_ffi/transports/fabric_link.cc",
            "xla_ffi/transports/fabric_rail.cc", "xla_ffi/common/hashing.cc",
+           "xla_ffi/common/settings.cc",
            "tests/native/fabric_link_test.cc"]
 
 
@@ -112,7 +113,8 @@ int main() {
   out = str(tmp_path / "t")
   cmd = [cxx, "-std=c++17", "-O1", "-DSMDDP_NO_LIBFABRIC", f"-I{ROOT}",
          "xla_ffi/transports/fabric_api.cc", "xla_ffi/transports/fabric_link.cc",
-         "xla_ffi/transports/fabric_rail.cc", "xla_ffi/common/hashing.cc", str(main), "-o", out]
+         "xla_ffi/transports/fabric_rail.cc", "xla_ffi/common/hashing.cc",
+         "xla_ffi/common/settings.cc", str(main), "-o", out]
   proc = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=240)
   assert proc.returncode == 0, proc.stderr
   run = subprocess.run([out], capture_output=True, text=True, timeout=60)

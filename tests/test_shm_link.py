@@ -32,6 +32,7 @@ def test_shm_link(tmp_path):
          os.path.join(ROOT, "xla_ffi/transports/shm_link.cc"),
          os.path.join(ROOT, "xla_ffi/transports/shm_file.cc"),
          os.path.join(ROOT, "xla_ffi/transports/process_liveness.cc"),
+         os.path.join(ROOT, "xla_ffi/common/settings.cc"),
          os.path.join(ROOT, "tests/native/shm_link_test.cc"),
          "-o", exe, "-lpthread", "-lrt"],
         capture_output=True, text=True, timeout=240)

@@ -1,4 +1,5 @@
 #include "xla_ffi/algorithms/messages.h"
+#include "xla_ffi/common/settings.h"
 
 #include <sched.h>
 #include <unistd.h>
@@ -19,8 +20,7 @@ std::string Seconds(Clock::duration d) {
 }
 
 unsigned EnvUnsigned(const char* name, unsigned fallback) {
-  const char* env = std::getenv(name);
-  return env ? unsigned(std::strtoul(env, nullptr, 10)) : fallback;
+  return unsigned(IntSetting(name, fallback));
 }
 
 }  // namespace
@@ -40,10 +40,10 @@ std::string ProcessCall::DescribeProcess(int process) const {
 
 size_t ChunkBytes() {
   static const size_t bytes = [] {
-    const char* env = std::getenv("JAX_SMDDP_CHUNK_BYTES");
-    const long long v = env ? std::atoll(env) : 0;
-    // Whole cache lines, so chunk boundaries never split an element.
-    return v > 0 ? (size_t(v) + 63) / 64 * 64 : size_t(1) << 20;
+    const int64_t v = IntSetting("JAX_SMDDP_CHUNK_BYTES", 0);
+    // Whole cache lines, so chunk boundaries never split an element; at least
+    // 4 KiB, as jax_smddp.tuning rounds it.
+    return v > 0 ? std::max<size_t>(4096, (size_t(v) + 63) / 64 * 64) : size_t(1) << 20;
   }();
   return bytes;
 }

@@ -26,6 +26,7 @@
 #include "xla_ffi/algorithms/algorithms.h"
 #include "xla_ffi/engine/call_log.h"
 #include "xla_ffi/engine/communicator.h"
+#include "xla_ffi/common/settings.h"
 #include "xla_ffi/transports/fabric_info.h"
 #include "xla_ffi/transports/fabric_rail.h"
 #include "xla_ffi/algorithms/host_stream_ops.h"
@@ -419,6 +420,47 @@ void BindBuildInfo(nb::module_& m) {
     d["jaxlib"] = SMDDP_BUILD_JAXLIB;
     d["ffi_api"] = SMDDP_BUILD_FFI_API;
     return d;
+  });
+  // The settings registry (common/settings.h), for jax_smddp.config.
+  m.def("setting_specs", [] {
+    nb::list out;
+    for (const smddp::SettingSpec& spec : smddp::AllSettings()) {
+      nb::dict d;
+      d["name"] = spec.name;
+      d["kind"] = spec.kind == smddp::SettingKind::kInt       ? "int"
+                  : spec.kind == smddp::SettingKind::kBytes   ? "bytes"
+                  : spec.kind == smddp::SettingKind::kSeconds ? "seconds"
+                  : spec.kind == smddp::SettingKind::kChoice  ? "choice"
+                  : spec.kind == smddp::SettingKind::kList    ? "list"
+                                                               : "text";
+      d["default"] = spec.default_text;
+      d["min"] = spec.min;
+      d["max"] = spec.max;
+      d["choices"] = spec.choices;
+      d["scope"] = spec.scope;
+      d["agree"] = spec.agree;
+      d["meaning"] = spec.meaning;
+      out.append(d);
+    }
+    return out;
+  });
+  m.def("read_setting", [](const std::string& name) {
+    // (value text, whether set); a ValueError naming the setting when invalid.
+    std::string text;
+    bool set = false;
+    smddp::Status st = smddp::ReadSetting(name.c_str(), &text, &set);
+    if (!st.ok()) throw nb::value_error(st.message().c_str());
+    return std::make_pair(text, set);
+  });
+  m.def("check_setting_value", [](const std::string& name, const std::string& value) {
+    smddp::Status st = smddp::CheckSettingValue(name, value);
+    if (!st.ok()) throw nb::value_error(st.message().c_str());
+  });
+  m.def("check_settings", [] {
+    // (names that are not settings, the first invalid value's error or "").
+    std::vector<std::string> unknown;
+    smddp::Status st = smddp::CheckSettings(&unknown);
+    return std::make_pair(unknown, st.ok() ? std::string() : st.message());
   });
   m.def("fabric_info", [] {
     smddp::FabricInfo f;

@@ -13,6 +13,7 @@
 #include "xla_ffi/engine/process_transport.h"
 #include "xla_ffi/transports/world.h"
 #include "xla_ffi/engine/scheduler.h"
+#include "xla_ffi/common/settings.h"
 
 namespace smddp {
 
@@ -30,11 +31,10 @@ std::string DescribeMembers(const std::vector<int64_t>& members) {
 // last: the cores this process may use, less one (JAX_SMDDP_CPU_HELPERS
 // overrides).
 int InProcessHelpers() {
-  if (const char* env = std::getenv("JAX_SMDDP_CPU_HELPERS")) return std::atoi(env);
   cpu_set_t set;
   int cores = sched_getaffinity(0, sizeof(set), &set) == 0 ? CPU_COUNT(&set) : 0;
   if (cores <= 0) cores = int(std::thread::hardware_concurrency());
-  return std::min(std::max(cores, 1) - 1, WorkerCount());
+  return int(IntSetting("JAX_SMDDP_CPU_HELPERS", std::min(std::max(cores, 1) - 1, WorkerCount())));
 }
 
 }  // namespace

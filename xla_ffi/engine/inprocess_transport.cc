@@ -10,6 +10,7 @@
 
 #include "xla_ffi/algorithms/algorithms.h"
 #include "xla_ffi/engine/scheduler.h"
+#include "xla_ffi/common/settings.h"
 
 namespace smddp {
 
@@ -129,10 +130,8 @@ Task CompleteArrived(InProcessTransport::Slot& slot, int mine = -1) {
 // Calls that move fewer bytes than this (over all ranks) run on the last
 // arrival alone (JAX_SMDDP_CPU_HELPER_MIN_BYTES, default 256 KiB).
 uint64_t HelperMinBytes() {
-  static const uint64_t min_bytes = [] {
-    const char* env = std::getenv("JAX_SMDDP_CPU_HELPER_MIN_BYTES");
-    return env ? uint64_t(std::strtoull(env, nullptr, 10)) : uint64_t(256) << 10;
-  }();
+  static const uint64_t min_bytes =
+      uint64_t(IntSetting("JAX_SMDDP_CPU_HELPER_MIN_BYTES", int64_t(256) << 10));
   return min_bytes;
 }
 

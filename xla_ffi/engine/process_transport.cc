@@ -10,6 +10,7 @@
 #include "xla_ffi/algorithms/process_call.h"
 #include "xla_ffi/engine/scheduler.h"
 #include "xla_ffi/transports/world.h"
+#include "xla_ffi/common/settings.h"
 
 namespace smddp {
 
@@ -67,8 +68,7 @@ namespace {
 // JAX_SMDDP_HIERARCHICAL=0 sends every byte directly between processes
 // (flat), even across hosts; for comparisons and tests.
 bool HierarchyAllowed() {
-  const char* env = std::getenv("JAX_SMDDP_HIERARCHICAL");
-  return !(env && std::string(env) == "0");
+  return TextSetting("JAX_SMDDP_HIERARCHICAL") != "0";
 }
 
 }  // namespace

@@ -1,4 +1,5 @@
 #include "xla_ffi/transports/fabric_api.h"
+#include "xla_ffi/common/settings.h"
 
 #include <algorithm>
 #include <cstdlib>
@@ -16,18 +17,10 @@ const char kFabricNoHeaders[] =
     "built without libfabric headers (install libfabric-dev on Debian/Ubuntu, "
     "libfabric-devel on RHEL, and rebuild jax_smddp)";
 
-std::string FabricEnv(const char* name) {
-  const char* v = std::getenv(name);
-  return v ? std::string(v) : std::string();
-}
+std::string FabricEnv(const char* name) { return TextSetting(name); }
 
 size_t FabricEnvSize(const char* name, size_t dflt) {
-  std::string v = FabricEnv(name);
-  if (v.empty()) return dflt;
-  char* end = nullptr;
-  unsigned long long n = std::strtoull(v.c_str(), &end, 10);
-  if (end == v.c_str() || *end != '\0' || n == 0) return dflt;
-  return static_cast<size_t>(n);
+  return static_cast<size_t>(IntSetting(name, int64_t(dflt)));
 }
 
 #ifdef SMDDP_HAVE_LIBFABRIC

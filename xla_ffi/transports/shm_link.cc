@@ -24,6 +24,7 @@
 
 #include "xla_ffi/transports/process_liveness.h"
 #include "xla_ffi/transports/shm_file.h"
+#include "xla_ffi/common/settings.h"
 
 namespace smddp {
 namespace {
@@ -190,13 +191,8 @@ Status OpenShmSegment(const std::string& name, std::shared_ptr<ShmSegment>* out)
 Status UnlinkShmSegment(const std::string& name) { return UnlinkShmFile(name); }
 
 size_t DefaultShmRingBytes() {
-  const char* env = std::getenv("JAX_SMDDP_SHM_RING_BYTES");
-  if (env == nullptr || *env == '\0') return kDefaultRing;
-  char* end = nullptr;
-  errno = 0;
-  unsigned long long v = std::strtoull(env, &end, 10);
-  if (errno != 0 || end == env || *end != '\0' || v == 0) return kDefaultRing;
-  return size_t(std::min<unsigned long long>(v, kMaxRing));
+  return size_t(std::min<uint64_t>(uint64_t(IntSetting("JAX_SMDDP_SHM_RING_BYTES", kDefaultRing)),
+                                   kMaxRing));
 }
 
 namespace {

@@ -1,0 +1,108 @@
+"""The settings registry: every JAX_SMDDP_* name the code reads is declared
+once, the docs table is the registry's, and a bad value is an error naming
+the setting and what it accepts, from C++ and Python alike."""
+
+from __future__ import annotations
+
+import os
+import re
+import subprocess
+import sys
+
+import pytest
+
+import jax_smddp
+from jax_smddp import config
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+READ_BY_CODE = ("jax_smddp", "xla_ffi", "cuda", "tests", "tools", "examples")
+# JAX_SMDDP_ names that are not environment settings: CMake options, a compile-time
+# macro of the mock CUDA build, and include guards.
+NOT_SETTINGS = {"JAX_SMDDP_CUDA", "JAX_SMDDP_LIBFABRIC", "JAX_SMDDP_MOCK_CUDA"}
+
+
+def names_in_code() -> dict[str, str]:
+  found = {}
+  for top in READ_BY_CODE:
+    for root, _, files in os.walk(os.path.join(REPO, top)):
+      for f in files:
+        if not f.endswith((".py", ".cc", ".h", ".cu", ".cuh", ".sh")) or f == "test_settings.py":
+          continue  # (this file names settings that do not exist, on purpose)
+        path = os.path.join(root, f)
+        with open(path, errors="ignore") as fh:
+          for name in re.findall(r"JAX_SMDDP_[A-Z0-9_]*[A-Z0-9]", fh.read()):
+            if not name.endswith(("_H", "_CUH")) and name not in NOT_SETTINGS:
+              found.setdefault(name, os.path.relpath(path, REPO))
+  return found
+
+
+def test_every_setting_the_code_names_is_declared():
+  declared = {s["name"] for s in config.specs()}
+  missing = {n: where for n, where in names_in_code().items() if n not in declared}
+  assert not missing, f"not in the registry (xla_ffi/common/settings.cc): {missing}"
+
+
+def test_the_docs_table_is_generated_from_the_registry():
+  with open(os.path.join(REPO, "docs", "settings.md")) as f:
+    docs = f.read()
+  assert config.markdown() in docs, "docs/settings.md is stale: regenerate it with " \
+                                    "python -m jax_smddp.doctor --settings"
+
+
+def test_settings_lists_every_declared_setting_with_its_value(monkeypatch):
+  monkeypatch.setenv("JAX_SMDDP_CHUNK_BYTES", "64K")
+  monkeypatch.setenv("JAX_SMDDP_GPU_STREAM", " Compute ")
+  s = jax_smddp.settings()
+  assert set(s) == {d["name"] for d in config.specs()}
+  assert s["JAX_SMDDP_CHUNK_BYTES"]["value"] == 65536
+  assert s["JAX_SMDDP_GPU_STREAM"]["value"] == "compute"
+  assert s["JAX_SMDDP_TIMEOUT_S"]["value"] is None and s["JAX_SMDDP_TIMEOUT_S"]["default"] == "300"
+
+
+@pytest.mark.parametrize("name,bad,accepts", [
+    ("JAX_SMDDP_TIMEOUT_S", "soon", "a number of seconds from 0.001"),
+    ("JAX_SMDDP_TIMEOUT_S", "0", "a number of seconds from 0.001"),
+    ("JAX_SMDDP_SHM_RING_BYTES", "100", "a byte count from 4096 to 1073741824"),
+    ("JAX_SMDDP_CPU_HELPERS", "2x", "an integer from 0 to 1024"),
+    ("JAX_SMDDP_HIERARCHICAL", "yes", "one of 0|1"),
+    ("JAX_SMDDP_REQUIRE", "efa,gpus", "a comma list of libfabric|efa|cuda|gdrcopy|mps|no-fallback"),
+])
+def test_a_bad_value_is_an_error_naming_the_setting(monkeypatch, name, bad, accepts):
+  monkeypatch.setenv(name, bad)
+  with pytest.raises(ValueError) as e:
+    config.validate()
+  assert f"{name}='{bad}' is not valid: it takes {accepts}" in str(e.value)
+  with pytest.raises(ValueError, match=re.escape(f"{name}='{bad}'")):
+    config.get(name)
+
+
+def test_values_the_engine_reads_parse_alike_in_python():
+  assert config.parse("JAX_SMDDP_SHM_RING_BYTES", "1M") == 1 << 20
+  assert config.parse("JAX_SMDDP_FABRIC_HMEM", " AUTO ") == "auto"
+  assert config.parse("JAX_SMDDP_REQUIRE", "efa, libfabric") == ["efa", "libfabric"]
+  assert config.parse("JAX_SMDDP_TIMEOUT_S", "2.5") == 2.5
+  assert config.parse("JAX_SMDDP_TIMEOUT_S", "") is None
+
+
+@pytest.mark.timeout(120)
+def test_a_bad_value_fails_the_first_collective_and_the_doctor(tmp_path):
+  env = {k: v for k, v in os.environ.items() if not k.startswith("JAX_SMDDP_")}
+  env.update(JAX_SMDDP_SHM_RING_BYTES="lots", JAX_SMDDP_TIMEOUT_SECONDS="5")
+  program = ("import jax, jax.numpy as jnp, jax_smddp\n"
+             "from jax.sharding import NamedSharding, PartitionSpec as P\n"
+             "mesh = jax.make_mesh((1,), ('x',))\n"
+             "f = jax.jit(jax.shard_map(lambda v: jax_smddp.psum(v, 'x'), mesh=mesh,\n"
+             "                          in_specs=P('x'), out_specs=P('x')))\n"
+             "try:\n"
+             "  f(jax.device_put(jnp.ones(4), NamedSharding(mesh, P('x'))))\n"
+             "except ValueError as e:\n"
+             "  print('RAISED', e)\n")
+  run = subprocess.run([sys.executable, "-c", program], cwd=tmp_path, env=env,
+                       capture_output=True, text=True, timeout=100)
+  assert "RAISED JAX_SMDDP_SHM_RING_BYTES='lots' is not valid" in run.stdout, run.stdout + run.stderr
+  assert "JAX_SMDDP_TIMEOUT_SECONDS is not a jax_smddp setting and is ignored (did you mean " \
+         "JAX_SMDDP_TIMEOUT_S?)" in run.stderr, run.stderr
+  doctor = subprocess.run([sys.executable, "-m", "jax_smddp.doctor"], cwd=tmp_path, env=env,
+                          capture_output=True, text=True, timeout=100)
+  assert doctor.returncode == 1, doctor.stdout + doctor.stderr
+  assert re.search(r"settings\s+FAIL\s+JAX_SMDDP_SHM_RING_BYTES='lots'", doctor.stdout), doctor.stdout

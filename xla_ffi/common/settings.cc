@@ -1,0 +1,287 @@
+#include "xla_ffi/common/settings.h"
+
+#include <cerrno>
+#include <cctype>
+#include <cmath>
+#include <cstdlib>
+#include <cstring>
+#include <sstream>
+
+extern char** environ;
+
+namespace smddp {
+
+namespace {
+
+constexpr double kNoMax = 1e18;
+constexpr SettingKind kInt = SettingKind::kInt;
+constexpr SettingKind kBytes = SettingKind::kBytes;
+constexpr SettingKind kSeconds = SettingKind::kSeconds;
+constexpr SettingKind kChoice = SettingKind::kChoice;
+constexpr SettingKind kList = SettingKind::kList;
+constexpr SettingKind kText = SettingKind::kText;
+
+const std::vector<SettingSpec> kSettings = {
+    // name, kind, default, min, max, choices, scope, agree, meaning
+    {"JAX_SMDDP_COLLECTIVES", kText, "unset (none)", 0, 0, "", "runtime", true,
+     "jax.lax collectives lowered by jax_smddp without code changes: all, none, or a comma list "
+     "of all_gather, reduce_scatter, all_reduce, all_to_all (jax.lax names accepted)"},
+    {"JAX_SMDDP_TIMEOUT_S", kSeconds, "300", 0.001, 1e9, "", "runtime", false,
+     "deadline of every wait inside a collective, in seconds (also jax_smddp.set_timeout)"},
+    {"JAX_SMDDP_REQUIRE", kList, "unset", 0, 0, "libfabric|efa|cuda|gdrcopy|mps|no-fallback",
+     "runtime", false,
+     "what the job must not run without: the doctor exits non-zero and the first collective "
+     "raises instead of running on a fallback"},
+    {"JAX_SMDDP_CPU_HELPERS", kInt, "cores - 1", 0, 1024, "", "runtime", false,
+     "engine workers that run collective bodies beside the last arrival"},
+    {"JAX_SMDDP_CPU_HELPER_MIN_BYTES", kBytes, "256K", 0, kNoMax, "", "runtime", false,
+     "calls moving fewer bytes (all ranks) run on the last arrival alone"},
+    {"JAX_SMDDP_HOST_ID", kText, "hostname + network namespace", 0, 0, "", "runtime", false,
+     "processes with equal ids share memory (one host)"},
+    {"JAX_SMDDP_FABRIC_PROVIDER", kText, "efa if present, else tcp;ofi_rxm", 0, 0, "", "runtime",
+     true, "libfabric provider between hosts"},
+    {"JAX_SMDDP_FABRIC_NODE", kText, "the address that reaches the coordinator", 0, 0, "",
+     "runtime", false, "local address of the libfabric endpoint"},
+    {"JAX_SMDDP_FABRIC_CHUNK_BYTES", kBytes, "256K", 64, 1 << 30, "", "runtime", true,
+     "libfabric bounce-buffer chunk"},
+    {"JAX_SMDDP_FABRIC_BUFFERS", kInt, "32", 1, 4096, "", "runtime", false,
+     "libfabric receive buffers, and send buffers, per endpoint"},
+    {"JAX_SMDDP_SHM_RING_BYTES", kBytes, "8M", 4096, 1 << 30, "", "runtime", false,
+     "each direction's shared-memory ring between two processes of a host"},
+    {"JAX_SMDDP_CHUNK_BYTES", kBytes, "chosen by jax_smddp.tuning (1M without it)", 1, 1 << 30,
+     "", "runtime", true,
+     "chunk of cross-process messages (pipelining); rounded up to a multiple of 64 bytes and "
+     "at least 4K; process 0's is used"},
+    {"JAX_SMDDP_ALGORITHM", kChoice, "chosen by jax_smddp.tuning", 0, 0, "flat|hierarchical",
+     "runtime", true, "force the cross-process routes; process 0's is used"},
+    {"JAX_SMDDP_HIERARCHICAL", kChoice, "1", 0, 0, "0|1", "runtime", true,
+     "0: direct routes between all processes, even across hosts"},
+    {"JAX_SMDDP_CALIBRATION", kText, "~/.cache/jax_smddp/calibration.json", 0, 0, "", "runtime",
+     false, "the cost model's calibration of this machine (the tuner uses process 0's)"},
+    {"JAX_SMDDP_SPIN", kInt, "256", 0, 1e9, "", "runtime", false,
+     "polls of a link before a waiting engine thread yields"},
+    {"JAX_SMDDP_YIELD", kInt, "4096", 0, 1e9, "", "runtime", false,
+     "polls of a link before a waiting engine thread sleeps"},
+    {"JAX_SMDDP_SLEEP_US", kInt, "50", 0, 1e6, "", "runtime", false,
+     "microseconds a waiting engine thread sleeps between polls"},
+    {"JAX_SMDDP_GPU_STREAM", kChoice, "collective", 0, 0, "collective|compute", "gpu", false,
+     "the stream GPU collectives run on: XLA's collective stream, or the compute stream"},
+    {"JAX_SMDDP_GPU_SLOT_BYTES", kBytes, "8M", 4096, 1 << 30, "", "gpu", true,
+     "bytes per staging slot (two per rank and group)"},
+    {"JAX_SMDDP_GPU_COPIES", kChoice, "engine", 0, 0, "engine|kernel", "gpu", false,
+     "GPU data moves by copy engines (zero SMs) or by kernels"},
+    {"JAX_SMDDP_GPU_FLAGS", kChoice, "memops", 0, 0, "memops|kernel", "gpu", false,
+     "GPU step flags by stream memory operations or by kernels"},
+    {"JAX_SMDDP_GPU_MAX_BLOCKS", kInt, "8", 1, 1024, "", "gpu", false,
+     "thread blocks (SMs) a GPU copy or reduction kernel may use"},
+    {"JAX_SMDDP_GPU_FLAG_MEMORY", kChoice, "device", 0, 0, "device|host", "gpu", true,
+     "where GPU step flags live (host: a dead peer's waiting streams are released)"},
+    {"JAX_SMDDP_GPU_DIRECT_READS", kChoice, "0", 0, 0, "0|1", "gpu", true,
+     "1: ranks on one host read each other's XLA buffers in place"},
+    {"JAX_SMDDP_FABRIC_HMEM", kChoice, "0", 0, 0, "0|auto|1", "gpu", true,
+     "GPU network slots in device memory registered with libfabric (auto: where every process can)"},
+    {"JAX_SMDDP_GDRCOPY", kChoice, "1", 0, 0, "0|1", "gpu", false,
+     "0: never use GDRCopy for GPU flags"},
+    {"JAX_SMDDP_LIBFABRIC_ROOT", kText, "pkg-config, /opt/amazon/efa, default paths", 0, 0, "",
+     "build", false, "prefix holding libfabric's include/ and lib/ (also LIBFABRIC_ROOT)"},
+    {"JAX_SMDDP_LAUNCH_WRAPPER", kText, "unset", 0, 0, "", "tools", false,
+     "command put before every process of jax_smddp.launch's jobs (e.g. a debugger)"},
+    {"JAX_SMDDP_FABRIC_TEST_REORDER", kChoice, "unset", 0, 0, "0|1", "tests", false,
+     "1: libfabric chunks are sent out of order"},
+    {"JAX_SMDDP_MOCK_IPC_OPEN_FAILS", kChoice, "unset", 0, 0, "0|1", "tests", false,
+     "the mock CUDA runtime fails to open IPC handles"},
+    {"JAX_SMDDP_MOCK_CUMEM", kChoice, "unset", 0, 0, "0|1", "tests", false,
+     "the mock CUDA runtime allocates as cuMemCreate"},
+    {"JAX_SMDDP_MOCK_GDR_OPEN_FAILS", kChoice, "unset", 0, 0, "0|1", "tests", false,
+     "the mock GDRCopy fails gdr_open"},
+    {"JAX_SMDDP_TEST_EXPECT_GDRCOPY", kChoice, "unset", 0, 0, "0|1", "tests", false,
+     "the GPU communicator test expects GDRCopy to be used"},
+    {"JAX_SMDDP_GPU_TEST_TIMEOUT", kInt, "600", 1, 1e6, "", "tests", false,
+     "seconds a GPU test may take before it counts as hung"},
+    {"JAX_SMDDP_WORKER_STACKS_AFTER_S", kSeconds, "unset", 0.001, 1e9, "", "tests", false,
+     "GPU test workers dump every thread's stack after this many seconds"},
+};
+
+std::string Accepts(const SettingSpec& s) {
+  std::ostringstream os;
+  auto num = [](double v) {
+    std::ostringstream n;
+    if (v >= 1e18) return std::string("any");
+    if (v == std::floor(v) && std::fabs(v) < 9e15) {
+      n << static_cast<long long>(v);
+    } else {
+      n << v;
+    }
+    return n.str();
+  };
+  switch (s.kind) {
+    case SettingKind::kInt:
+      os << "an integer from " << num(s.min) << " to " << num(s.max);
+      break;
+    case SettingKind::kBytes:
+      os << "a byte count from " << num(s.min) << (s.max >= kNoMax ? " up" : " to " + num(s.max))
+         << " (an integer, or with K, M or G)";
+      break;
+    case SettingKind::kSeconds:
+      os << "a number of seconds from " << num(s.min) << " to " << num(s.max);
+      break;
+    case SettingKind::kChoice:
+      os << "one of " << s.choices;
+      break;
+    case SettingKind::kList:
+      os << "a comma list of " << s.choices;
+      break;
+    case SettingKind::kText:
+      os << "any text";
+      break;
+  }
+  return os.str();
+}
+
+bool InChoices(const std::string& v, const char* choices) {
+  std::string all = std::string("|") + choices + "|";
+  return !v.empty() && v.find('|') == std::string::npos && all.find("|" + v + "|") != std::string::npos;
+}
+
+std::string Trim(const std::string& s) {
+  size_t b = s.find_first_not_of(" \t"), e = s.find_last_not_of(" \t");
+  return b == std::string::npos ? std::string() : s.substr(b, e - b + 1);
+}
+
+// The value as the code compares it: trimmed, and lower case for choices.
+std::string Normalize(const SettingSpec& s, const std::string& v) {
+  std::string t = Trim(v);
+  if (s.kind == SettingKind::kChoice || s.kind == SettingKind::kList)
+    for (char& c : t) c = char(std::tolower(static_cast<unsigned char>(c)));
+  return t;
+}
+
+// Parses a number of the spec's kind; false when `text` is not one.
+bool ParseNumber(const SettingSpec& s, const std::string& text, double* out) {
+  std::string t = Trim(text);
+  if (t.empty()) return false;
+  double scale = 1;
+  if (s.kind == SettingKind::kBytes) {
+    const char last = char(std::toupper(static_cast<unsigned char>(t.back())));
+    if (last == 'K' || last == 'M' || last == 'G') {
+      scale = last == 'K' ? 1024.0 : last == 'M' ? 1048576.0 : 1073741824.0;
+      t.pop_back();
+    }
+  }
+  char* end = nullptr;
+  errno = 0;
+  double v = s.kind == SettingKind::kSeconds ? std::strtod(t.c_str(), &end)
+                                             : double(std::strtoll(t.c_str(), &end, 10));
+  if (errno != 0 || end == t.c_str() || *end != '\0' || !std::isfinite(v)) return false;
+  *out = v * scale;
+  return true;
+}
+
+Status Validate(const SettingSpec& s, const std::string& value) {
+  bool ok = true;
+  switch (s.kind) {
+    case SettingKind::kInt:
+    case SettingKind::kBytes:
+    case SettingKind::kSeconds: {
+      double v = 0;
+      ok = ParseNumber(s, value, &v) && v >= s.min && v <= s.max;
+      break;
+    }
+    case SettingKind::kChoice:
+      ok = InChoices(Normalize(s, value), s.choices);
+      break;
+    case SettingKind::kList: {
+      std::stringstream items(Normalize(s, value));
+      std::string item;
+      while (ok && std::getline(items, item, ',')) {
+        item = Trim(item);
+        ok = item.empty() || InChoices(item, s.choices);
+      }
+      break;
+    }
+    case SettingKind::kText:
+      break;
+  }
+  if (ok) return Status::Ok();
+  return Status::Error(std::string(s.name) + "='" + value + "' is not valid: it takes " + Accepts(s) +
+                       " (" + s.meaning + "; unset it for the default, " + s.default_text + ")");
+}
+
+const char* Env(const char* name) {
+  const char* v = std::getenv(name);
+  return (v != nullptr && *v != '\0') ? v : nullptr;
+}
+
+}  // namespace
+
+const std::vector<SettingSpec>& AllSettings() { return kSettings; }
+
+const SettingSpec* FindSetting(const std::string& name) {
+  for (const SettingSpec& s : kSettings)
+    if (name == s.name) return &s;
+  return nullptr;
+}
+
+Status ReadSetting(const char* name, std::string* text, bool* set) {
+  const SettingSpec* s = FindSetting(name);
+  if (s == nullptr) return Status::Error(std::string("jax_smddp: no setting is named ") + name);
+  const char* v = Env(name);
+  if (set) *set = v != nullptr;
+  if (v == nullptr) {
+    *text = s->default_text;
+    return Status::Ok();
+  }
+  SMDDP_RETURN_IF_ERROR(Validate(*s, v));
+  *text = Normalize(*s, v);
+  return Status::Ok();
+}
+
+Status CheckSettingValue(const std::string& name, const std::string& value) {
+  const SettingSpec* s = FindSetting(name);
+  if (s == nullptr) return Status::Error("jax_smddp: no setting is named " + name);
+  return Validate(*s, value);
+}
+
+int64_t IntSetting(const char* name, int64_t fallback) {
+  const SettingSpec* s = FindSetting(name);
+  const char* v = Env(name);
+  double out = 0;
+  if (s == nullptr || v == nullptr || !Validate(*s, v).ok() || !ParseNumber(*s, v, &out))
+    return fallback;
+  return int64_t(out);
+}
+
+double SecondsSetting(const char* name, double fallback) {
+  const SettingSpec* s = FindSetting(name);
+  const char* v = Env(name);
+  double out = 0;
+  if (s == nullptr || v == nullptr || !Validate(*s, v).ok() || !ParseNumber(*s, v, &out))
+    return fallback;
+  return out;
+}
+
+std::string TextSetting(const char* name) {
+  const SettingSpec* s = FindSetting(name);
+  const char* v = Env(name);
+  if (s == nullptr || v == nullptr || !Validate(*s, v).ok()) return std::string();
+  return Normalize(*s, v);
+}
+
+Status CheckSettings(std::vector<std::string>* unknown) {
+  static const char kPrefix[] = "JAX_SMDDP_";
+  Status first;
+  for (char** e = environ; e != nullptr && *e != nullptr; ++e) {
+    const char* eq = std::strchr(*e, '=');
+    if (eq == nullptr || std::strncmp(*e, kPrefix, sizeof(kPrefix) - 1) != 0) continue;
+    const std::string name(*e, size_t(eq - *e));
+    const SettingSpec* s = FindSetting(name);
+    if (s == nullptr) {
+      if (unknown) unknown->push_back(name);
+      continue;
+    }
+    if (*(eq + 1) != '\0' && first.ok()) first = Validate(*s, eq + 1);
+  }
+  return first;
+}
+
+}  // namespace smddp

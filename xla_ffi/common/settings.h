@@ -1,0 +1,66 @@
+// Every JAX_SMDDP_* environment setting, declared once (settings.cc): name,
+// kind, default, accepted range or choices, meaning, who reads it. One strict
+// parser serves C++ and Python (jax_smddp.config reads through the bindings),
+// and the docs table is generated from the same declarations
+// (python -m jax_smddp.doctor --settings).
+#ifndef JAX_SMDDP_COMMON_SETTINGS_H_
+#define JAX_SMDDP_COMMON_SETTINGS_H_
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "xla_ffi/common/status.h"
+
+namespace smddp {
+
+enum class SettingKind {
+  kInt,      // an integer in [min, max]
+  kBytes,    // a byte count in [min, max] (an integer, optionally with K, M or G: 2^10, 2^20, 2^30)
+  kSeconds,  // a positive number of seconds in [min, max]
+  kChoice,   // one of `choices`
+  kList,     // a comma list of `choices`
+  kText,     // any text
+};
+
+struct SettingSpec {
+  const char* name;
+  SettingKind kind;
+  const char* default_text;  // the default as the docs show it; parsed when it is a value
+  double min;
+  double max;
+  const char* choices;  // "a|b|c" for kChoice and kList
+  const char* scope;    // who reads it: "runtime", "gpu", "build", "tools", "tests"
+  bool agree;           // must be equal in every process of a job
+  const char* meaning;
+};
+
+// Every declaration, in the docs' order.
+const std::vector<SettingSpec>& AllSettings();
+// The declaration of `name`, or nullptr.
+const SettingSpec* FindSetting(const std::string& name);
+
+// The value of `name` from the environment, checked against its declaration:
+// `*text` is the value (its default text when unset, and `*set` false), or an
+// error naming the setting, the value and what it accepts. `name` must be
+// declared.
+Status ReadSetting(const char* name, std::string* text, bool* set = nullptr);
+
+// Checks `value` as a value of setting `name` (not from the environment).
+Status CheckSettingValue(const std::string& name, const std::string& value);
+
+// Typed reads. Each returns the default when the setting is unset or its
+// value is invalid (the invalid value is reported by CheckSettings(), which
+// jax_smddp runs at import): for code that cannot fail here.
+int64_t IntSetting(const char* name, int64_t fallback);
+double SecondsSetting(const char* name, double fallback);
+std::string TextSetting(const char* name);
+
+// Checks every JAX_SMDDP_* variable of the environment: the first invalid
+// value is an error; names that are not declared are listed in `*unknown`
+// (all of them, whatever the status).
+Status CheckSettings(std::vector<std::string>* unknown);
+
+}  // namespace smddp
+
+#endif  // JAX_SMDDP_COMMON_SETTINGS_H_
