@@ -1,4 +1,4 @@
-"""Smoke tests of the benchmark CLI (python -m jax_smddp.bench) in subprocesses:
+"""Smoke tests of the benchmark CLI (python -m jax_smddp.tools.bench) in subprocesses:
 one process, several processes on this host, and two simulated hosts."""
 
 import json
@@ -8,7 +8,7 @@ import sys
 
 import pytest
 
-from jax_smddp import bench, netns
+from jax_smddp.tools import bench, netns
 
 OPS = ("all_gather", "reduce_scatter", "all_reduce", "all_to_all")
 IN_CI = os.environ.get("CI") == "true"
@@ -17,7 +17,7 @@ IN_CI = os.environ.get("CI") == "true"
 def run_bench(tmp_path, *args, timeout=240):
   out = tmp_path / "b.json"
   env = {k: v for k, v in os.environ.items() if k != "XLA_FLAGS"}  # the layout decides
-  cmd = [sys.executable, "-m", "jax_smddp.bench", "--quick", *args, "--json", str(out)]
+  cmd = [sys.executable, "-m", "jax_smddp.tools.bench", "--quick", *args, "--json", str(out)]
   proc = subprocess.run(cmd, cwd=tmp_path, env=env, capture_output=True, text=True,
                         timeout=timeout)
   return proc, out
@@ -152,7 +152,7 @@ def test_bench_compare(tmp_path):
   _fake_results(b, 0.5)
   png = tmp_path / "cmp.png"
   env = {k: v for k, v in os.environ.items() if k != "XLA_FLAGS"}
-  proc = subprocess.run([sys.executable, "-m", "jax_smddp.bench", "--compare", str(a), str(b),
+  proc = subprocess.run([sys.executable, "-m", "jax_smddp.tools.bench", "--compare", str(a), str(b),
                          "--plot", str(png)], cwd=tmp_path, env=env, capture_output=True,
                         text=True, timeout=100)
   assert proc.returncode == 0, proc.stdout + proc.stderr
@@ -168,7 +168,7 @@ def test_bench_compare(tmp_path):
 
 
 def test_bench_compare_reports_unreadable_files(tmp_path):
-  proc = subprocess.run([sys.executable, "-m", "jax_smddp.bench", "--compare",
+  proc = subprocess.run([sys.executable, "-m", "jax_smddp.tools.bench", "--compare",
                          str(tmp_path / "missing.json"), str(tmp_path / "b.json")],
                         capture_output=True, text=True, timeout=60, cwd=tmp_path)
   assert proc.returncode == 2 and "cannot read" in proc.stderr

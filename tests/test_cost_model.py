@@ -1,5 +1,5 @@
 """The cost model (jax_smddp.cost_model), the tuner (jax_smddp.tuning) and the
-predicted p4d figure (jax_smddp.figures): formulas on hand-computable cases,
+predicted p4d figure (jax_smddp.tools.figures): formulas on hand-computable cases,
 presets, validation on recorded benchmark data (tests/data), tuning choices."""
 
 import glob
@@ -15,7 +15,9 @@ from dataclasses import replace
 import pytest
 
 from jax_smddp import cost_model as cm
-from jax_smddp import figures, tuning
+from jax_smddp.tools import calibrate
+from jax_smddp import tuning
+from jax_smddp.tools import figures
 
 L = cm.Layout
 MiB = 1 << 20
@@ -231,7 +233,7 @@ def test_machine_json_roundtrip(tmp_path):
 def _records(statistic="min_us"):
   if not RECORDED:
     pytest.fail(f"no recorded benchmark data in {DATA}")
-  return cm.load_records(RECORDED, statistic)
+  return calibrate.load_records(RECORDED, statistic)
 
 
 @pytest.mark.timeout(120)
@@ -250,7 +252,7 @@ MIN_WITHIN = 0.70
 
 @pytest.mark.timeout(120)
 def test_model_predicts_recorded_times():
-  stats = cm.error_stats(_records(), cm.CPU_REFERENCE)
+  stats = calibrate.error_stats(_records(), cm.CPU_REFERENCE)
   for spec, s in stats.items():
     assert s["median_abs_error"] <= 0.25, (spec, s)
     assert s["within"] >= MIN_WITHIN, (spec, s)
@@ -280,13 +282,13 @@ def test_wrong_models_miss(wrong):
     # what ran was the tuner's choice (flat or hierarchical); predict the other one
     records = [r for r in records if r["op"] != "all_to_all"]
     other = {"flat": "hierarchical", "hierarchical": "flat"}
-    errs = [cm.predict_record(r, m, other[r["algorithm"]]).time_s / r["time_s"] - 1
+    errs = [calibrate.predict_record(r, m, other[r["algorithm"]]).time_s / r["time_s"] - 1
             for r in records]
     med = sorted(abs(e) for e in errs)[len(errs) // 2]
-    right = cm.error_stats(records, m)["all"]["median_abs_error"]
+    right = calibrate.error_stats(records, m)["all"]["median_abs_error"]
     assert med > right, (med, right)
     return
-  s = cm.error_stats(records, m)
+  s = calibrate.error_stats(records, m)
   failing = [spec for spec, v in s.items() if spec != "all" and
              (v["median_abs_error"] > 0.25 or v["within"] < MIN_WITHIN)]
   assert failing, s
@@ -304,8 +306,8 @@ def test_fit_generalises_across_sizes():
                   parallel_efficiency=0.7, oversubscribed_efficiency=1.0,
                   intra_host=replace(cm.CPU_REFERENCE.intra_host, latency_s=20e-6),
                   network=replace(cm.CPU_REFERENCE.network, latency_s=100e-6, kernel_bw=1e9))
-  fitted = cm.fit(train, start)
-  held_out = cm.error_stats(test, fitted)["all"]
+  fitted = calibrate.fit(train, start)
+  held_out = calibrate.error_stats(test, fitted)["all"]
   assert held_out["median_abs_error"] <= 0.25 and held_out["within"] >= MIN_WITHIN, held_out
 
 
@@ -319,21 +321,21 @@ def test_fit_recovers_parameters():
       for S in (1 << 16, 1 << 19, 1 << 22, 1 << 24):
         records.append({"layout": lay, "op": op, "bytes_per_rank": S,
                         "time_s": cm.predict(op, S, lay, truth).time_s})
-  start = cm.with_params(truth, call_overhead_s=truth.call_overhead_s * 3,
+  start = calibrate.with_params(truth, call_overhead_s=truth.call_overhead_s * 3,
                          net_bandwidth=truth.network.bandwidth / 3,
                          intra_latency_s=truth.intra_host.latency_s * 4)
-  fitted = cm.fit(records, start, params=("call_overhead_s", "net_bandwidth", "intra_latency_s"))
+  fitted = calibrate.fit(records, start, params=("call_overhead_s", "net_bandwidth", "intra_latency_s"))
   assert fitted.call_overhead_s == pytest.approx(truth.call_overhead_s, rel=0.1)
   assert fitted.network.bandwidth == pytest.approx(truth.network.bandwidth, rel=0.1)
-  assert cm.error_stats(records, fitted)["all"]["max_abs_error"] < 0.05
+  assert calibrate.error_stats(records, fitted)["all"]["max_abs_error"] < 0.05
 
 
 @pytest.mark.timeout(60)
 def test_microbenchmarks_and_local_machine(tmp_path, monkeypatch):
-  micro = cm.microbenchmarks(quick=True)
+  micro = calibrate.microbenchmarks(quick=True)
   for k in ("copy_bw", "copy_bw_dram", "reduce_bw", "reduce_bw_dram"):
     assert micro[k] > 1e8, (k, micro)
-  m = cm.calibrated_machine(micro)
+  m = calibrate.calibrated_machine(micro)
   path = str(tmp_path / "calibration.json")
   cm.save_machine(m, path)
   monkeypatch.setenv("JAX_SMDDP_CALIBRATION", path)
@@ -404,11 +406,13 @@ def test_choose_env_overrides(clean_tuning):
   mp.setenv("JAX_SMDDP_CHUNK_BYTES", "65536")
   c = tuning.choose("all_gather", MiB, tuning.Layout(2, 2, 1))
   assert c.chunk_bytes == 65536 and "forced by JAX_SMDDP_CHUNK_BYTES" in c.reason
-  mp.setenv("JAX_SMDDP_ALGORITHM", "ring")       # not ours: ignored, said so
+  mp.setenv("JAX_SMDDP_ALGORITHM", "ring")       # not a choice: an error naming the setting
+  with pytest.raises(ValueError, match="JAX_SMDDP_ALGORITHM='ring' is not valid.*flat\\|hierarchical"):
+    tuning.choose("all_gather", MiB, tuning.Layout(2, 2, 1))
+  mp.delenv("JAX_SMDDP_ALGORITHM")
   mp.setenv("JAX_SMDDP_CHUNK_BYTES", "lots")
-  c = tuning.choose("all_gather", MiB, tuning.Layout(2, 2, 1))
-  assert c.algorithm in ("flat", "hierarchical") and c.chunk_bytes >= 4096
-  assert "ignored" in c.reason
+  with pytest.raises(ValueError, match="JAX_SMDDP_CHUNK_BYTES='lots' is not valid: it takes a byte"):
+    tuning.choose("all_gather", MiB, tuning.Layout(2, 2, 1))
 
 
 @pytest.mark.timeout(60)
@@ -456,7 +460,7 @@ def test_figure_numbers():
 @pytest.mark.timeout(120)
 def test_figure_cli(tmp_path):
   out = tmp_path / "fig"
-  proc = subprocess.run([sys.executable, "-m", "jax_smddp.figures", "--out", str(out),
+  proc = subprocess.run([sys.executable, "-m", "jax_smddp.tools.figures", "--out", str(out),
                          "--preset", "p4d.24xlarge"], capture_output=True, text=True, timeout=100,
                         cwd=tmp_path)  # the installed package, not the source tree
   assert proc.returncode == 0, proc.stdout + proc.stderr
@@ -480,16 +484,16 @@ def test_calibrate_cli(tmp_path):
   """--calibrate --from DATA writes a machine that predicts DATA, and the tuner reads it."""
   out = tmp_path / "cal.json"
   data = os.path.join(DATA, "bench_2x2.json")
-  proc = subprocess.run([sys.executable, "-m", "jax_smddp.cost_model", "--calibrate", "--from",
+  proc = subprocess.run([sys.executable, "-m", "jax_smddp.tools.calibrate", "--calibrate", "--from",
                          data, "--out", str(out)], capture_output=True, text=True, timeout=100,
                         cwd=tmp_path)
   assert proc.returncode == 0, proc.stdout + proc.stderr
   m = cm.load_machine(str(out))
   assert m.source == "fitted" and m.cores == (os.cpu_count() or 1)
-  s = cm.error_stats(cm.load_records([data]), m)["all"]
+  s = calibrate.error_stats(calibrate.load_records([data]), m)["all"]
   assert s["median_abs_error"] <= 0.25, s
   env = dict(os.environ, JAX_SMDDP_CALIBRATION=str(out))
-  proc = subprocess.run([sys.executable, "-m", "jax_smddp.cost_model", "--predict", "all_gather",
+  proc = subprocess.run([sys.executable, "-m", "jax_smddp.tools.calibrate", "--predict", "all_gather",
                          "1M", "2x2x1"], capture_output=True, text=True, timeout=100, env=env,
                         cwd=tmp_path)
   assert proc.returncode == 0 and "best:" in proc.stdout and "(local)" in proc.stdout, proc.stdout

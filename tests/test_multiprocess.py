@@ -12,7 +12,7 @@ import os
 
 import pytest
 
-from jax_smddp import launch, netns
+from jax_smddp.tools import launch, netns
 
 WORKER = os.path.join(os.path.dirname(__file__), "multiprocess", "worker.py")
 

@@ -42,7 +42,7 @@ def worker(pid: int, nprocs: int, coordinator: str, ndev: int) -> None:
 
 
 def main() -> None:
-  from jax_smddp import launch
+  from jax_smddp.tools import launch
   for job in range(3):
     procs = launch.run_job(["--worker"], 2, 1, script=os.path.abspath(__file__), timeout=300)
     print(f"job {job}:", [p.result for p in procs], flush=True)

@@ -91,7 +91,7 @@ if want bench; then
   echo "=== GPU benchmark: processes sharing GPU 0"
   # Staged and direct reads (peers read each other's XLA buffers in place) in one run.
   for n in $counts; do
-    timeout 540 "$PY" -m jax_smddp.gpu_bench --processes "$n" --sizes "$sizes" --direct-reads 0,1 \
+    timeout 540 "$PY" -m jax_smddp.tools.gpu_bench --processes "$n" --sizes "$sizes" --direct-reads 0,1 \
       --json "$out/gpu_bench_${n}proc.json" || status=1
   done
 fi
@@ -101,7 +101,7 @@ if want blocks; then
   echo "=== GPU benchmark: reductions with 8 and 32 blocks, direct reads"
   for blocks in 8 32; do
     echo "--- JAX_SMDDP_GPU_MAX_BLOCKS=$blocks"
-    JAX_SMDDP_GPU_MAX_BLOCKS=$blocks timeout 300 "$PY" -m jax_smddp.gpu_bench --processes 2 \
+    JAX_SMDDP_GPU_MAX_BLOCKS=$blocks timeout 300 "$PY" -m jax_smddp.tools.gpu_bench --processes 2 \
       --ops reduce_scatter,all_reduce --sizes 16M,64M --modes engine --direct-reads 1 \
       --json "$out/gpu_bench_2proc_${blocks}blocks.json" || status=1
   done
@@ -110,7 +110,7 @@ fi
 # the same benchmark with 64 MiB slots (fewer steps per call), then under MPS.
 if want slots64; then
   echo "=== GPU benchmark: 2 processes, 64 MiB slots"
-  JAX_SMDDP_GPU_SLOT_BYTES=$((64 << 20)) timeout 420 "$PY" -m jax_smddp.gpu_bench --processes 2 \
+  JAX_SMDDP_GPU_SLOT_BYTES=$((64 << 20)) timeout 420 "$PY" -m jax_smddp.tools.gpu_bench --processes 2 \
     --sizes "$sizes" --json "$out/gpu_bench_2proc_64M_slots.json" || status=1
 fi
 if ! want mps; then
@@ -122,7 +122,7 @@ elif command -v nvidia-cuda-mps-control >/dev/null; then
   if nvidia-cuda-mps-control -d; then
     # MPS removes the context switch per hand-off, direct reads most hand-offs
     # and a copy: the pair the all_gather target most depends on.
-    timeout 420 "$PY" -m jax_smddp.gpu_bench --processes 2 --sizes "$sizes" --direct-reads 0,1 \
+    timeout 420 "$PY" -m jax_smddp.tools.gpu_bench --processes 2 --sizes "$sizes" --direct-reads 0,1 \
       --json "$out/gpu_bench_2proc_mps.json" || status=1
     echo quit | nvidia-cuda-mps-control
   else
@@ -136,14 +136,14 @@ if want hosts && "$PY" -c 'import ctypes; ctypes.CDLL("libfabric.so.1")' 2>/dev/
   # Groups across 2 simulated hosts: the network proxy, slots staged through
   # host memory (0) or in device memory where this libfabric can (auto).
   echo "=== GPU benchmark: 2 processes as 2 hosts (libfabric shm), staged vs FI_HMEM slots"
-  JAX_SMDDP_FABRIC_PROVIDER=shm timeout 420 "$PY" -m jax_smddp.gpu_bench --processes 2 --hosts 2 \
+  JAX_SMDDP_FABRIC_PROVIDER=shm timeout 420 "$PY" -m jax_smddp.tools.gpu_bench --processes 2 --hosts 2 \
     --fabric-hmem 0,auto --modes engine --sizes 1M,16M,64M \
     --ops all_gather,reduce_scatter,all_reduce,all_to_all \
     --json "$out/gpu_bench_2hosts.json" || status=1
 fi
 if want nccl; then
   echo "=== GPU benchmark: one process, every local GPU, against XLA's NCCL"
-  timeout 300 "$PY" -m jax_smddp.gpu_bench --processes 1 --sizes 1M,16M,256M \
+  timeout 300 "$PY" -m jax_smddp.tools.gpu_bench --processes 1 --sizes 1M,16M,256M \
     --ops all_gather,reduce_scatter,all_reduce,all_to_all \
     --json "$out/gpu_bench_1proc.json" || status=1
 fi

@@ -3,7 +3,7 @@
 # training of a small transformer on 8 CPU devices, every collective on
 # jax_smddp (examples/README.md). Arguments go to the example, e.g.
 # `--collectives xla` for the same run on jax.lax, `--mesh 2x4` for hybrid.
-# The collectives benchmark: .venv/py311/bin/python -m jax_smddp.bench
+# The collectives benchmark: .venv/py311/bin/python -m jax_smddp.tools.bench
 set -euo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
 cd "$root"

@@ -2,17 +2,17 @@
 
 Usage::
 
-    python -m jax_smddp.bench                       # all_gather, reduce_scatter, all_reduce
-    python -m jax_smddp.bench --ops all_to_all --min-bytes 1K --max-bytes 1M
-    python -m jax_smddp.bench --quick --devices 4   # smoke run (same as --layout 4 / 1x4)
-    python -m jax_smddp.bench --layout 2x2 --compare-in-process
+    python -m jax_smddp.tools.bench                       # all_gather, reduce_scatter, all_reduce
+    python -m jax_smddp.tools.bench --ops all_to_all --min-bytes 1K --max-bytes 1M
+    python -m jax_smddp.tools.bench --quick --devices 4   # smoke run (same as --layout 4 / 1x4)
+    python -m jax_smddp.tools.bench --layout 2x2 --compare-in-process
                                                     # 2 processes x 2 devices on this host
-    python -m jax_smddp.bench --layout 2x2x1        # 2 simulated hosts x 2 processes x 1
+    python -m jax_smddp.tools.bench --layout 2x2x1        # 2 simulated hosts x 2 processes x 1
                                                     # device (network namespaces; root)
-    python -m jax_smddp.bench --layout 2x2 --predict
+    python -m jax_smddp.tools.bench --layout 2x2 --predict
                                                     # the cost model's prediction beside each
                                                     # measurement (jax_smddp.cost_model)
-    python -m jax_smddp.bench --compare A.json B.json
+    python -m jax_smddp.tools.bench --compare A.json B.json
                                                     # runs nothing: B/A time ratios per op and
                                                     # size, and a comparison PNG
 
@@ -22,12 +22,12 @@ Layouts (``--layout``):
 * ``PxD``: P processes on this host, D devices each, one ``jax.distributed``
   job; jax_smddp links the processes through shared memory.
 * ``HxPxD``: H = 2 simulated hosts (network namespaces joined by a veth pair,
-  :mod:`jax_smddp.netns`) x P processes x D devices; jax_smddp uses shared
+  :mod:`jax_smddp.tools.netns`) x P processes x D devices; jax_smddp uses shared
   memory within a host and libfabric (``JAX_SMDDP_FABRIC_PROVIDER``, default
   here ``tcp;ofi_rxm``) between hosts. Needs root and iproute2.
 
-Multi-process layouts are run by :mod:`jax_smddp.launch`: every worker
-(:mod:`jax_smddp.bench_worker`) benchmarks the same programs over a 1-D mesh of
+Multi-process layouts are run by :mod:`jax_smddp.tools.launch`: every worker
+(:mod:`jax_smddp.tools.bench_worker`) benchmarks the same programs over a 1-D mesh of
 all global devices, so the jax.lax baseline runs on JAX's default CPU
 collectives across processes (gloo over TCP); process 0 reports the times.
 ``--compare-in-process`` also runs the same total device count in one process
@@ -101,7 +101,7 @@ import numpy as np
 
 from jax_smddp import cost_model
 
-log = logging.getLogger("jax_smddp.bench")
+log = logging.getLogger("jax_smddp.tools.bench")
 
 OPS = ("all_gather", "reduce_scatter", "all_reduce", "all_to_all")
 DEFAULT_OPS = ("all_gather", "reduce_scatter", "all_reduce")
@@ -414,14 +414,14 @@ _TICK = os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100
 
 
 def _job_root() -> int:
-  """The pid of this benchmark job: the ``python -m jax_smddp.bench`` process
+  """The pid of this benchmark job: the ``python -m jax_smddp.tools.bench`` process
   that started this worker (an ancestor), else this process."""
   pid = os.getpid()
   try:
     while pid > 1:
       with open(f"/proc/{pid}/cmdline", "rb") as f:
         argv = f.read().split(b"\0")
-      if b"jax_smddp.bench" in argv:
+      if b"jax_smddp.tools.bench" in argv:
         return pid
       with open(f"/proc/{pid}/stat") as f:
         pid = int(f.read().rsplit(")", 1)[1].split()[1])
@@ -828,7 +828,7 @@ def compare_main(args) -> int:
 # --------------------------------------------------------------------------- CLI
 
 def parse_args(argv=None) -> argparse.Namespace:
-  p = argparse.ArgumentParser(prog="python -m jax_smddp.bench",
+  p = argparse.ArgumentParser(prog="python -m jax_smddp.tools.bench",
                               description="nccl-tests-style benchmark: jax_smddp vs jax.lax.",
                               formatter_class=argparse.ArgumentDefaultsHelpFormatter)
   p.add_argument("--devices", type=int, default=8,
@@ -888,7 +888,7 @@ def parse_args(argv=None) -> argparse.Namespace:
   if args.compare_in_process and not args.layout.multi_process:
     p.error("--compare-in-process needs a multi-process layout (PxD or 2xPxD)")
   if args.layout.hosts > 1:
-    from jax_smddp import netns
+    from jax_smddp.tools import netns
     why = netns.available()
     if why:
       p.error(f"layout {args.layout.spec} simulates hosts with network namespaces: {why}")
@@ -977,7 +977,7 @@ def run_in_process_comparison(args, n: int) -> list[dict]:
   this process's XLA_FLAGS and backends do not matter); returns its results."""
   with tempfile.TemporaryDirectory(prefix="smddp_bench_") as tmp:
     out = os.path.join(tmp, "in_process.json")
-    cmd = [sys.executable, "-m", "jax_smddp.bench", "--layout", f"1x{n}", *worker_options(args),
+    cmd = [sys.executable, "-m", "jax_smddp.tools.bench", "--layout", f"1x{n}", *worker_options(args),
            "--json", out, "--no-plot"]
     try:
       proc = subprocess.run(cmd, env=_child_env(), capture_output=True, text=True,
@@ -996,7 +996,7 @@ def run_in_process_comparison(args, n: int) -> list[dict]:
 
 def run_multi_process(args) -> int:
   """Runs the benchmark as a jax.distributed job of args.layout; prints the tables."""
-  from jax_smddp import launch
+  from jax_smddp.tools import launch
 
   layout = args.layout
   iters, warmup = iters_warmup(args)
@@ -1006,9 +1006,9 @@ def run_multi_process(args) -> int:
   print(f"# running {layout.processes} worker processes (layout {layout.spec}: "
         f"{layout.describe()}), {len(args.ops)} ops x {len(sizes)} sizes ...", flush=True)
   t0 = time.monotonic()
-  script = ["-m", "jax_smddp.bench_worker"]
+  script = ["-m", "jax_smddp.tools.bench_worker"]
   if layout.hosts > 1:
-    from jax_smddp import netns
+    from jax_smddp.tools import netns
     env = {"JAX_SMDDP_FABRIC_PROVIDER": os.environ.get("JAX_SMDDP_FABRIC_PROVIDER", "tcp;ofi_rxm")}
     with netns.two_hosts() as (names, ips):
       spaces = [names[h] for h in range(layout.hosts) for _ in range(layout.processes_per_host)]

@@ -1,12 +1,12 @@
-"""One process of a multi-process ``python -m jax_smddp.bench`` run.
+"""One process of a multi-process ``python -m jax_smddp.tools.bench`` run.
 
-Started by :func:`jax_smddp.launch.run_job` from :mod:`jax_smddp.bench`::
+Started by :func:`jax_smddp.tools.launch.run_job` from :mod:`jax_smddp.tools.bench`::
 
-    python -m jax_smddp.bench_worker [bench options] PROCESS_ID NUM_PROCESSES COORDINATOR DEVICES
+    python -m jax_smddp.tools.bench_worker [bench options] PROCESS_ID NUM_PROCESSES COORDINATOR DEVICES
 
 Each worker asks XLA for DEVICES CPU devices, selects JAX's default CPU
 collectives across processes (gloo, the baseline), joins the jax.distributed
-job and runs :func:`jax_smddp.bench.run_benchmark` over a 1-D mesh of all global
+job and runs :func:`jax_smddp.tools.bench.run_benchmark` over a 1-D mesh of all global
 devices: every process checks its shards of jax_smddp's result against
 jax.lax's, then times the alternating calls. It prints one line ``RESULT
 <json>``: ``{"ok": true, "topology": ..., "results": [...]}`` (results from
@@ -79,7 +79,7 @@ def main(argv=None) -> int:
   os.environ["XLA_FLAGS"] = f"--xla_force_host_platform_device_count={ndev}"
   os.environ.setdefault("JAX_PLATFORMS", "cpu")
 
-  from jax_smddp import bench
+  from jax_smddp.tools import bench
   args = bench.parse_args(argv[:-4])
 
   import jax

@@ -1,6 +1,6 @@
 """The seeds' figure, predicted: network utilisation of AllGather on 32 p4d nodes.
 
-    python -m jax_smddp.figures --out DIR [--preset p4d.24xlarge] [--nodes 32]
+    python -m jax_smddp.tools.figures --out DIR [--preset p4d.24xlarge] [--nodes 32]
 
 Writes ``DIR/allgather_network_utilisation.json`` (every number) and, when
 matplotlib is importable, ``DIR/allgather_network_utilisation.png``.
@@ -137,7 +137,7 @@ def plot(data_by_machine: list[dict], path: str) -> None:
 
 
 def main(argv=None) -> int:
-  p = argparse.ArgumentParser(prog="python -m jax_smddp.figures", description=__doc__.split("\n")[0])
+  p = argparse.ArgumentParser(prog="python -m jax_smddp.tools.figures", description=__doc__.split("\n")[0])
   p.add_argument("--out", default="figures", help="output folder")
   p.add_argument("--preset", action="append", default=None,
                  help=f"machine preset(s) (default: p4d.24xlarge and p5.48xlarge); {sorted(cm.PRESETS)}")

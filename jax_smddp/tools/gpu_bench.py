@@ -1,7 +1,7 @@
 """GPU benchmark of jax_smddp's all_gather, reduce_scatter and all_reduce (and
 all_to_all on request), nccl-tests style.
 
-    python -m jax_smddp.gpu_bench [--processes N] [--sizes 1M,16M,256M]
+    python -m jax_smddp.tools.gpu_bench [--processes N] [--sizes 1M,16M,256M]
                                   [--ops all_gather,reduce_scatter,all_reduce,all_to_all]
                                   [--json FILE]
                                   [--hosts H [--fabric-hmem 0,auto]] [--direct-reads 0,1]
@@ -47,7 +47,7 @@ import statistics
 import sys
 import time
 
-from jax_smddp import launch
+from jax_smddp.tools import launch
 
 OPS = ("all_gather", "reduce_scatter", "all_reduce", "all_to_all")
 DEFAULT_OPS = OPS[:3]
@@ -276,7 +276,7 @@ def main(argv=None) -> int:
     forwarded = ["--worker", "--sizes", ",".join(str(s) for s in args.sizes), "--iters",
                  str(args.iters), "--ops", ",".join(args.ops), "--hosts", str(args.hosts),
                  "--processes", str(args.processes)]
-    procs = launch.run_job(forwarded, args.processes, 1, script=["-m", "jax_smddp.gpu_bench"],
+    procs = launch.run_job(forwarded, args.processes, 1, script=["-m", "jax_smddp.tools.gpu_bench"],
                            timeout=args.timeout, env=env, per_process_env=hosts)
     if not all(q.result and q.result.get("ok") for q in procs):
       print(launch.describe(procs), file=sys.stderr)

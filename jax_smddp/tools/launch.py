@@ -4,7 +4,7 @@ Each job runs `nprocs` Python processes of one script; process i gets argv
 (args..., i, nprocs, coordinator, devices) and must call
 ``jax.distributed.initialize(coordinator, nprocs, i)`` itself. With
 `namespaces`, processes run in network namespaces (simulated hosts, see
-jax_smddp.netns) and reach the coordinator over a veth pair. Every job has a
+jax_smddp.tools.netns) and reach the coordinator over a veth pair. Every job has a
 deadline: a job still running then is killed and reported, never waited on.
 A worker reports to the launcher by printing one line ``RESULT <json>``.
 """
@@ -45,7 +45,7 @@ def run_job(args: list[str], nprocs: int, devices: int, *, script: str | list[st
             python: str | None = None) -> list[Process]:
   """Runs `python script args... i nprocs coordinator devices` for i < nprocs.
 
-  `script` is a path, or a command prefix such as ["-m", "jax_smddp.bench"];
+  `script` is a path, or a command prefix such as ["-m", "jax_smddp.tools.bench"];
   `python` the interpreter (default: this one).
 
   `namespaces[i]`, when given, is the network namespace process i runs in

@@ -12,7 +12,7 @@ import sys
 
 import pytest
 
-from jax_smddp import launch
+from jax_smddp.tools import launch
 
 WORKER = os.path.join(os.path.dirname(os.path.abspath(__file__)), "worker.py")
 

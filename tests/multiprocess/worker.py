@@ -1,4 +1,4 @@
-"""One process of a multi-process test job (started by jax_smddp.launch).
+"""One process of a multi-process test job (started by jax_smddp.tools.launch).
 
 Usage: worker.py SCENARIO PROCESS_ID NUM_PROCESSES COORDINATOR DEVICES_PER_PROCESS
 
