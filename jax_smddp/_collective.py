@@ -46,8 +46,8 @@ ENGINE_DTYPES = frozenset(np.dtype(t) for t in (
     np.bool_, np.int8, np.uint8, np.int32, np.uint32, np.int64,
     np.float16, jnp.bfloat16, np.float32, np.float64))
 
-# Reductions, numbered as the engine's ReduceOp.
-REDUCE_OPS = {"sum": 0, "max": 1, "min": 2}
+# Reductions, numbered as the engine's ReduceOp (exported from C++).
+REDUCE_OPS = dict(_native.engine().reduce_ops())
 
 # Lowering platforms that have their own jax.lax rules we fall back to.
 _OTHER_PLATFORMS = ("rocm", "tpu")

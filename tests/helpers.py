@@ -57,3 +57,18 @@ def assert_same(got, want, dtype):
     np.testing.assert_allclose(got, want, rtol=1e-6, atol=1e-6)
   else:
     np.testing.assert_array_equal(got, want)
+
+
+def testing_module():
+  """The tests' probes into the engine (_smddp_testing, built into the test
+  environment by tools/build_testing.sh; not part of the package)."""
+  import os
+  import pytest
+  try:
+    import _smddp_testing
+  except ImportError:
+    if os.environ.get("CI") == "true":
+      raise
+    pytest.skip("_smddp_testing is not built here: bash tools/build_testing.sh VENV",
+                allow_module_level=True)
+  return _smddp_testing

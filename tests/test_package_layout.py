@@ -34,3 +34,11 @@ def test_cuda_headers_only_in_cuda_and_the_gpu_boundary():
           if not path.startswith("cuda/") and path not in allowed:
             offenders.append(path)
   assert not offenders, offenders
+
+
+def test_the_installed_engine_exposes_no_test_probe():
+  from jax_smddp import _native
+  names = dir(_native.engine())
+  probes = [n for n in names if "probe" in n or n in ("SharedBlock", "watch_process")]
+  assert not probes, probes
+  assert "rendezvous_probe" in dir(__import__("helpers").testing_module())

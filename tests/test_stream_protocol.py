@@ -11,13 +11,16 @@ import ml_dtypes
 import numpy as np
 import pytest
 
-from jax_smddp import _native
+from helpers import testing_module
 
-ENGINE = _native.engine()
-DTYPES = {np.dtype(np.int32): 3, np.dtype(np.float16): 6, np.dtype(ml_dtypes.bfloat16): 7,
-          np.dtype(np.float32): 8, np.dtype(np.float64): 9}
-OPS = {"sum": 0, "max": 1, "min": 2}
-GATHER, SCATTER, ALL_REDUCE, ALL_TO_ALL = 0, 1, 2, 3
+ENGINE = testing_module()
+# The engine's own numbering (exported from C++, never mirrored by hand).
+DTYPES = {np.dtype(name if name != "bfloat16" else ml_dtypes.bfloat16): code
+          for name, code in ENGINE.dtypes().items()}
+OPS = ENGINE.reduce_ops()
+_KINDS = ENGINE.plan_kinds()
+GATHER, SCATTER, ALL_REDUCE, ALL_TO_ALL = (_KINDS[k] for k in (
+    "all_gather", "reduce_scatter", "all_reduce", "all_to_all"))
 
 pytestmark = pytest.mark.timeout(60)
 

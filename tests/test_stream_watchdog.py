@@ -16,11 +16,12 @@ import time
 import numpy as np
 import pytest
 
-from jax_smddp import _native
+from helpers import testing_module
 
-ENGINE = _native.engine()
-GATHER, SCATTER, ALL_REDUCE = 0, 1, 2
-F32 = 8
+ENGINE = testing_module()
+GATHER, SCATTER, ALL_REDUCE = (ENGINE.plan_kinds()[k] for k in (
+    "all_gather", "reduce_scatter", "all_reduce"))
+F32 = ENGINE.dtypes()["float32"]
 
 pytestmark = pytest.mark.timeout(60)
 # Children import the installed package, not a source checkout in the working directory.
@@ -67,8 +68,8 @@ def test_an_orderly_close_fails_the_group_without_alarm(capfd):
   every job would otherwise print a death notice."""
   block = ENGINE.SharedBlock.create(4096, 1)
   child = subprocess.Popen([sys.executable, "-c",
-                            "import sys, time\nfrom jax_smddp import _native\n"
-                            f"b = _native.engine().SharedBlock.open({block.name!r}, 4096)\n"
+                            "import sys, time\nimport _smddp_testing\n"
+                            f"b = _smddp_testing.SharedBlock.open({block.name!r}, 4096)\n"
                             "time.sleep(0.5)\nb.mark_closed()\ntime.sleep(120)"],
                            cwd=OUTSIDE)
   try:
@@ -149,8 +150,8 @@ def test_without_the_watchdog_the_same_wait_times_out():
 
 
 def _open_in_child(name: str, code: str) -> str:
-  prog = ("from jax_smddp import _native\n"
-          f"b = _native.engine().SharedBlock.open({name!r}, 4096)\n" + code)
+  prog = ("import _smddp_testing\n"
+          f"b = _smddp_testing.SharedBlock.open({name!r}, 4096)\n" + code)
   out = subprocess.run([sys.executable, "-c", prog], capture_output=True, text=True, timeout=60,
                        cwd=OUTSIDE)
   assert out.returncode == 0, out.stderr

@@ -18,6 +18,7 @@ run_suite() {  # name python venv jax_spec
   local name=$1 python=$2 venv=$3 jax_spec=$4
   echo "=== $name: setting up $venv ($jax_spec)"
   bash tools/setup_env.sh "$python" "$venv" "$jax_spec"
+  bash tools/build_testing.sh "$venv"
   echo "=== $name: pytest"
   "$venv/bin/pytest" -q -p no:cacheprovider tests || status=1
 }

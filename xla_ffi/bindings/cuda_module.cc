@@ -23,6 +23,7 @@
 #include "xla_ffi/algorithms/stream_algorithms.h"
 #include "xla_ffi/transports/world.h"
 #include "xla_ffi/ffi/gpu_handlers.h"
+#include "xla_ffi/bindings/enums.h"
 #include "xla_ffi/ffi/registrations.h"
 
 namespace nb = nanobind;

@@ -45,25 +45,6 @@ nanobind::dict TargetRegistrations(Handler* instantiate, Handler* all_gather,
   return d;
 }
 
-// A plan from the integers test entries receive (kind 0 all_gather,
-// 1 reduce_scatter, 2 all_reduce, 3 all_to_all; engine dtype and op codes).
-inline Plan PlanOf(int kind, int dtype, int op, size_t outer, size_t inner, size_t count) {
-  Plan plan;
-  plan.kind = Plan::Kind(kind);
-  plan.dtype = DType(dtype);
-  plan.op = ReduceOp(op);
-  plan.outer = outer;
-  plan.inner = inner;
-  plan.count = count;
-  return plan;
-}
-
-// The op name of a test entry's kind (as the handlers name their calls).
-inline const char* KindName(int kind) {
-  static const char* const kNames[] = {"all_gather", "reduce_scatter", "all_reduce", "all_to_all"};
-  return kind >= 0 && kind < 4 ? kNames[kind] : "?";
-}
-
 }  // namespace smddp
 
 #endif  // JAX_SMDDP_FFI_REGISTRATIONS_H_
