@@ -59,7 +59,7 @@ def assert_same(got, want, dtype):
     np.testing.assert_array_equal(got, want)
 
 
-def testing_module():
+def engine_probes():
   """The tests' probes into the engine (_smddp_testing, built into the test
   environment by tools/build_testing.sh; not part of the package)."""
   import os

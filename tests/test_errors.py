@@ -15,7 +15,7 @@ from jax.sharding import PartitionSpec as P
 
 import jax_smddp as smddp
 from jax_smddp import _native
-from helpers import mesh_1d, random_array, run, testing_module
+from helpers import mesh_1d, random_array, run, engine_probes
 
 
 def test_outside_shard_map_names_the_fix():
@@ -73,7 +73,7 @@ def test_set_timeout_validates():
 @pytest.mark.timeout(60)
 def test_engine_deadline_when_a_rank_never_arrives():
   start = time.monotonic()
-  results = testing_module().rendezvous_probe(4, [0, 1, 2], 0.5)
+  results = engine_probes().rendezvous_probe(4, [0, 1, 2], 0.5)
   elapsed = time.monotonic() - start
   assert elapsed < 10
   assert [r for r, _ in results] == [0, 1, 2]
@@ -82,20 +82,20 @@ def test_engine_deadline_when_a_rank_never_arrives():
     assert "3" in err.split("rank(s)")[1].split()[0], err   # names the missing rank
     assert "all_reduce" in err
   # The engine stays healthy: a complete group succeeds afterwards.
-  ok = testing_module().rendezvous_probe(4, [0, 1, 2, 3], 5.0)
+  ok = engine_probes().rendezvous_probe(4, [0, 1, 2, 3], 5.0)
   assert all(err == "" for _, err in ok), ok
 
 
 @pytest.mark.timeout(60)
 def test_engine_late_rank_fails_fast_without_touching_buffers():
   # Rank 3 arrives after the others gave up: it must fail too, at once.
-  results = testing_module().rendezvous_probe(4, [0, 1, 2], 0.3)
+  results = engine_probes().rendezvous_probe(4, [0, 1, 2], 0.3)
   assert all(err for _, err in results)
 
 
 @pytest.mark.timeout(60)
 def test_engine_refuses_ranks_that_disagree_on_the_call():
-  results = testing_module().rendezvous_probe(4, [0, 1, 2, 3], 5.0, count=1000, odd_rank=2)
+  results = engine_probes().rendezvous_probe(4, [0, 1, 2, 3], 5.0, count=1000, odd_rank=2)
   for rank, err in results:
     assert "ranks disagree" in err and "4000 bytes" in err and "4004 bytes" in err, err
 
@@ -103,7 +103,7 @@ def test_engine_refuses_ranks_that_disagree_on_the_call():
 @pytest.mark.timeout(60)
 @pytest.mark.parametrize("count", [0, 1, 5, 4096, 300_000])
 def test_engine_all_reduce_sums(count):
-  ok = testing_module().rendezvous_probe(8, list(range(8)), 10.0, count=count)
+  ok = engine_probes().rendezvous_probe(8, list(range(8)), 10.0, count=count)
   assert all(err == "" for _, err in ok), ok
 
 

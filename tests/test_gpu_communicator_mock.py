@@ -238,8 +238,8 @@ def test_network_proxy_shut(program):
 
 def _rail_missing():
   """Why libfabric's shm provider cannot carry these tests here, or None."""
-  from helpers import testing_module
+  from helpers import engine_probes
   try:
-    return testing_module().rail_probe("shm") or None
+    return engine_probes().rail_probe("shm") or None
   except Exception as e:  # noqa: BLE001 - any failure to load is a reason to skip
     return str(e)

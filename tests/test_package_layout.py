@@ -41,4 +41,4 @@ def test_the_installed_engine_exposes_no_test_probe():
   names = dir(_native.engine())
   probes = [n for n in names if "probe" in n or n in ("SharedBlock", "watch_process")]
   assert not probes, probes
-  assert "rendezvous_probe" in dir(__import__("helpers").testing_module())
+  assert "rendezvous_probe" in dir(__import__("helpers").engine_probes())

@@ -11,9 +11,9 @@ import ml_dtypes
 import numpy as np
 import pytest
 
-from helpers import testing_module
+from helpers import engine_probes
 
-ENGINE = testing_module()
+ENGINE = engine_probes()
 # The engine's own numbering (exported from C++, never mirrored by hand).
 DTYPES = {np.dtype(name if name != "bfloat16" else ml_dtypes.bfloat16): code
           for name, code in ENGINE.dtypes().items()}

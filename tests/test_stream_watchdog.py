@@ -16,9 +16,9 @@ import time
 import numpy as np
 import pytest
 
-from helpers import testing_module
+from helpers import engine_probes
 
-ENGINE = testing_module()
+ENGINE = engine_probes()
 GATHER, SCATTER, ALL_REDUCE = (ENGINE.plan_kinds()[k] for k in (
     "all_gather", "reduce_scatter", "all_reduce"))
 F32 = ENGINE.dtypes()["float32"]

@@ -26,6 +26,7 @@
 #include "xla_ffi/algorithms/algorithms.h"
 #include "xla_ffi/algorithms/host_stream_ops.h"
 #include "xla_ffi/algorithms/net_port.h"
+#include "xla_ffi/algorithms/process_call.h"
 #include "xla_ffi/algorithms/stream_algorithms.h"
 #include "xla_ffi/bindings/enums.h"
 #include "xla_ffi/engine/call_log.h"
@@ -413,6 +414,22 @@ std::vector<nb::bytes> StreamHierarchicalProbe(int hosts, int local, size_t oute
 NB_MODULE(_smddp_testing, m) {
   m.doc() = "jax_smddp's test probes (not installed with the package)";
   BindEnums(m);
+  // The engine's cross-process routes for `process` (routes.cc), for the
+  // parity test with the cost model's port of them.
+  m.def("routes", [](std::vector<int> process_of_rank, int process,
+                     std::vector<std::string> host_of_process, bool allow_hierarchy) {
+    const smddp::Routes r =
+        smddp::ComputeRoutes(process_of_rank, process, host_of_process, allow_hierarchy);
+    nb::dict d;
+    d["hierarchical"] = r.hierarchical;
+    d["gather_source"] = r.gather_source;
+    d["gather_relay"] = r.gather_relay;
+    d["gather_targets"] = r.gather_targets;
+    d["reduce_sources"] = r.reduce_sources;
+    d["reduce_dest"] = r.reduce_dest;
+    return d;
+  }, nb::arg("process_of_rank"), nb::arg("process"), nb::arg("host_of_process"),
+     nb::arg("allow_hierarchy") = true);
   m.def("rendezvous_probe", &RendezvousProbe, nb::arg("size"), nb::arg("present"),
         nb::arg("timeout_s"), nb::arg("count") = 1024, nb::arg("odd_rank") = -1);
   m.def("stream_probe", &StreamProbe, nb::arg("kind"), nb::arg("dtype"), nb::arg("op"),
