@@ -1,6 +1,11 @@
 """Test set-up: 8 XLA CPU devices in this process, 64-bit types available."""
 
 import os
+import sys
+
+# Tests live in one folder per layer (api, engine, native, multiprocess, gpu,
+# tools, build); the shared helpers beside this file.
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 os.environ["XLA_FLAGS"] = (os.environ.get("XLA_FLAGS", "") +
                            " --xla_force_host_platform_device_count=8").strip()
@@ -8,3 +13,21 @@ os.environ["XLA_FLAGS"] = (os.environ.get("XLA_FLAGS", "") +
 import jax  # noqa: E402  (must come after XLA_FLAGS)
 
 jax.config.update("jax_enable_x64", True)
+
+# Each test is marked with its layer's folder (pytest -m engine, -m "not multiprocess");
+# `slow` marks what the fast selection (pytest -m "not slow") leaves out: jobs of
+# several processes, builds, the examples, the benchmark and the native programs.
+_LAYERS = ("api", "engine", "native", "multiprocess", "gpu", "tools", "build")
+_SLOW_LAYERS = {"multiprocess", "build", "native"}
+_SLOW_FILES = {"test_examples.py", "test_bench.py", "test_memory.py"}
+
+
+def pytest_collection_modifyitems(config, items):
+  import pytest
+  for item in items:
+    parts = item.path.parts
+    layer = next((p for p in reversed(parts[:-1]) if p in _LAYERS), None)
+    if layer:
+      item.add_marker(getattr(pytest.mark, layer))
+    if layer in _SLOW_LAYERS or item.path.name in _SLOW_FILES:
+      item.add_marker(pytest.mark.slow)

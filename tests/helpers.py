@@ -72,3 +72,19 @@ def engine_probes():
     pytest.skip("_smddp_testing is not built here: bash tools/build_testing.sh VENV",
                 allow_module_level=True)
   return _smddp_testing
+
+
+def native_program(name: str) -> str:
+  """A native test program (tests/native) built by tools/build_testing.sh
+  into build/testing-<python tag>/ (CMake target smddp_tests)."""
+  import os
+  import sys
+  import pytest
+  root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+  tag = f"cp{sys.version_info[0]}{sys.version_info[1]}"
+  path = os.path.join(root, "build", f"testing-{tag}", name)
+  if not os.path.exists(path):
+    if os.environ.get("CI") == "true":
+      raise FileNotFoundError(f"{path} is not built: bash tools/build_testing.sh VENV")
+    pytest.skip(f"{name} is not built here: bash tools/build_testing.sh VENV")
+  return path

@@ -1,7 +1,10 @@
 #!/usr/bin/env bash
-# Builds _smddp_testing (the tests' probes into the engine; CMake option
-# JAX_SMDDP_TESTING) against the jax of VENV and puts it on that environment's
-# path as a top-level module. It is never part of the package or its wheel.
+# Builds what the tests need beside the package (CMake option
+# JAX_SMDDP_TESTING, target smddp_tests) against the jax of VENV: the
+# _smddp_testing module of probes into the engine, put on that environment's
+# path as a top-level module (never part of the package or its wheel), and
+# the native test programs, left in build/testing-<python tag>/ where the
+# tests find them (tests/helpers.py: native_program).
 #   tools/build_testing.sh VENV_DIR
 set -euo pipefail
 venv=$1
@@ -11,9 +14,11 @@ python="$venv/bin/python"
 tag=$("$python" -c 'import sys; print(f"cp{sys.version_info[0]}{sys.version_info[1]}")')
 build="$root/build/testing-$tag"
 "$venv/bin/cmake" -S "$root" -B "$build" -G Ninja -DCMAKE_MAKE_PROGRAM="$venv/bin/ninja" \
-  -DPython_EXECUTABLE="$python" -DJAX_SMDDP_CUDA=OFF -DJAX_SMDDP_TESTING=ON >"$build.log" 2>&1 \
+  -DPython_EXECUTABLE="$python" -DJAX_SMDDP_TESTING=ON -DJAX_SMDDP_CUDA=ON -DCMAKE_CUDA_ARCHITECTURES=80 >"$build.log" 2>&1 \
   || { cat "$build.log"; exit 1; }
-"$venv/bin/cmake" --build "$build" --target _smddp_testing >>"$build.log" 2>&1 || { cat "$build.log"; exit 1; }
+"$venv/bin/cmake" --build "$build" --target smddp_tests >>"$build.log" 2>&1 || { cat "$build.log"; exit 1; }
 site=$("$python" -c 'import sysconfig; print(sysconfig.get_paths()["platlib"])')
-cp "$build"/_smddp_testing*.so "$site/"
-echo "_smddp_testing built into $site"
+for so in "$build"/_smddp_testing*.so; do  # replaced, not overwritten: a running test keeps its copy
+  cp "$so" "$site/.$(basename "$so").new" && mv -f "$site/.$(basename "$so").new" "$site/$(basename "$so")"
+done
+echo "_smddp_testing built into $site; native test programs in $build"

@@ -53,6 +53,9 @@ if want build; then
   start=$(date +%s)
   timeout 420 "$PY" -m pip install -v --disable-pip-version-check --no-build-isolation --no-deps -e . \
     >"$out/build.log" 2>&1 || { tail -60 "$out/build.log"; echo "build failed"; exit 1; }
+  # The tests' probes and native programs (tests/engine, tests/native), beside the package.
+  bash tools/build_testing.sh "$(dirname "$(dirname "$PY")")" >>"$out/build.log" 2>&1 \
+    || echo "tools/build_testing.sh failed (see build.log): the CPU protocol tests will fail"
   echo "built in $(( $(date +%s) - start )) s"
 fi
 (cd / && "$PY" -c "import jax_smddp.gpu as g, jax_smddp._native as n; e = n.cuda_engine(); \
@@ -81,8 +84,8 @@ if want jax; then
 fi
 if want jax && [ "$quick" != 1 ] && [ "${CPU_TESTS:-1}" = 1 ]; then
   echo "=== protocol and lowering tests (CPU devices)"
-  JAX_PLATFORMS=cpu timeout 600 "$PY" -m pytest -q -p no:cacheprovider tests/test_stream_protocol.py \
-    tests/test_stream_watchdog.py tests/test_cuda_backend.py 2>&1 | tee "$out/pytest_cpu.log" | tail -5
+  JAX_PLATFORMS=cpu timeout 600 "$PY" -m pytest -q -p no:cacheprovider tests/engine/test_stream_protocol.py \
+    tests/engine/test_stream_watchdog.py tests/gpu/test_cuda_backend.py 2>&1 | tee "$out/pytest_cpu.log" | tail -5
   [ "${PIPESTATUS[0]}" = 0 ] || status=1
 fi
 sizes=1M,4M,16M,64M,256M; counts="2 4"

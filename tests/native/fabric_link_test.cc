@@ -24,6 +24,7 @@
 
 #include "xla_ffi/transports/fabric_link.h"
 #include "xla_ffi/transports/fabric_rail.h"
+#include "tests/native/check.h"
 #include "tests/native/fabric_regions.h"
 
 using smddp::FabricEndpoint;
@@ -34,28 +35,10 @@ using Clock = std::chrono::steady_clock;
 
 namespace {
 
-const char* g_who = "parent";
 int g_rd = -1, g_wr = -1;  // pipe ends to the other process
-pid_t g_child = 0;         // in the parent: killed when the parent fails
-
-[[noreturn]] void Fail(const char* file, int line, const char* fmt, ...) {
-  std::fprintf(stderr, "[%s] FAILED at %s:%d: ", g_who, file, line);
-  va_list ap;
-  va_start(ap, fmt);
-  std::vfprintf(stderr, fmt, ap);
-  va_end(ap);
-  std::fprintf(stderr, "\n");
-  std::fflush(stderr);
-  if (g_child > 0) kill(g_child, SIGKILL);
-  std::_Exit(1);
-}
-#define CHECK(cond, ...)                                        \
-  do {                                                          \
-    if (!(cond)) Fail(__FILE__, __LINE__, "" __VA_ARGS__);      \
-  } while (0)
 
 void Log(const char* fmt, ...) {
-  std::printf("[%s] ", g_who);
+  std::printf("[%s] ", smddp_test::Who().c_str());
   va_list ap;
   va_start(ap, fmt);
   std::vprintf(fmt, ap);
@@ -707,7 +690,7 @@ int Run(int me, const std::string& provider, const std::string& node, pid_t chil
   int status = 0;
   waitpid(child, &status, 0);
   RemoveFabricRegionsOf(child);
-  g_child = 0;
+  smddp_test::Peer() = 0;
   auto t0 = Clock::now();
   std::string failure;
   Request s2;
@@ -769,14 +752,14 @@ int main(int argc, char** argv) {
   pid_t child = fork();
   CHECK(child >= 0, "fork");
   if (child == 0) {
-    g_who = "child";
+    smddp_test::Who() = "child";
     g_rd = p2c[0];
     g_wr = c2p[1];
     close(p2c[1]);
     close(c2p[0]);
     return Run(1, provider, node, 0);
   }
-  g_child = child;
+  smddp_test::Peer() = child;
   g_rd = c2p[0];
   g_wr = p2c[1];
   close(p2c[0]);

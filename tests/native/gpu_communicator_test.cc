@@ -62,6 +62,7 @@
 #include "xla_ffi/algorithms/net_port.h"
 #include "xla_ffi/algorithms/stream_algorithms.h"
 #include "xla_ffi/transports/world.h"
+#include "tests/native/check.h"
 #include "tests/native/fabric_regions.h"
 
 namespace {
@@ -73,15 +74,12 @@ namespace gpu = smddp::gpu;
 constexpr int kRanks = 3;
 const std::vector<int64_t> kMembers = {10, 11, 12};
 
-[[noreturn]] void Fail(int rank, const std::string& why) {
-  std::printf("rank %d: FAILED: %s\n", rank, why.c_str());
-  std::fflush(stdout);
-  _exit(1);
-}
-
-void Expect(int rank, bool ok, const std::string& what) {
-  if (!ok) Fail(rank, what);
-}
+// A failed expectation of `rank`: the shared check (tests/native/check.h).
+#define Expect(rank, ok, what)                                  \
+  do {                                                          \
+    smddp_test::Who() = "rank " + std::to_string(rank);         \
+    CHECK_MSG(ok, what);                                        \
+  } while (0)
 
 bool WriteAll(int fd, const void* p, size_t n) {
   const char* c = static_cast<const char*>(p);
@@ -540,7 +538,7 @@ int RunRank(int r, const std::string& scenario, bool host, int up, int down) {
   } else if (scenario == "mismatch") {
     Mismatch(r, me);
   } else {
-    Fail(r, "unknown scenario " + scenario);
+    Expect(r, false, "unknown scenario " + scenario);
   }
   // No rank closes the group before every other is done with its checks.
   Expect(r, WriteAll(up, "d", 1) && ReadAll(down, &c, 1), "end barrier");

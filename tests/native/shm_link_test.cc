@@ -9,6 +9,7 @@
 //   c++ -std=c++17 -O2 -I. xla_ffi/transports/shm_link.cc xla_ffi/transports/shm_file.cc \
 //       xla_ffi/transports/process_liveness.cc tests/native/shm_link_test.cc -o t -lpthread -lrt
 #include "xla_ffi/transports/shm_link.h"
+#include "tests/native/check.h"
 
 #include <dirent.h>
 #include <fcntl.h>
@@ -41,25 +42,11 @@ using Clock = std::chrono::steady_clock;
 
 namespace {
 
-const char* g_role = "parent";
-pid_t g_child = 0;
-
+// A failure in either process: the shared check (tests/native/check.h).
 [[noreturn]] void Die(const char* file, int line, const std::string& msg) {
-  std::fprintf(stderr, "[%s] FAIL %s:%d: %s\n", g_role, file, line, msg.c_str());
-  std::fflush(stderr);
-  std::fflush(stdout);
-  if (g_child > 0) ::kill(g_child, SIGKILL);
-  ::_exit(1);
+  smddp_test::Fail(file, line, msg);
 }
 
-#define CHECK(cond)                                    \
-  do {                                                 \
-    if (!(cond)) Die(__FILE__, __LINE__, #cond);       \
-  } while (0)
-#define CHECK_MSG(cond, msg)                                               \
-  do {                                                                     \
-    if (!(cond)) Die(__FILE__, __LINE__, std::string(#cond) + ": " + (msg)); \
-  } while (0)
 #define CHECK_OK(expr)                                                      \
   do {                                                                      \
     Status _s = (expr);                                                     \
@@ -739,7 +726,7 @@ int main() {
   pid_t pid = ::fork();
   CHECK(pid >= 0);
   if (pid == 0) {
-    g_role = "child";
+    smddp_test::Who() = "child";
     ::prctl(PR_SET_PDEATHSIG, SIGKILL);
     if (::getppid() != parent) ::_exit(1);
     g_in = p2c[0];
@@ -775,7 +762,7 @@ int main() {
     std::fflush(stdout);
     ::_exit(0);
   }
-  g_child = pid;
+  smddp_test::Peer() = pid;
   g_in = c2p[0];
   g_out = p2c[1];
   ::close(p2c[0]);
@@ -835,7 +822,7 @@ int main() {
   }
   int status = 0;
   CHECK(::waitpid(pid, &status, 0) == pid);
-  g_child = 0;
+  smddp_test::Peer() = 0;
   CHECK_MSG(WIFEXITED(status) && WEXITSTATUS(status) == 0,
             "child failed (status " + std::to_string(status) + ")");
   link.reset();

@@ -27,7 +27,7 @@ import sys
 
 import pytest
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 EXAMPLES = os.path.join(ROOT, "examples")
 TRAIN = os.path.join(EXAMPLES, "fsdp_train.py")
 RTOL = 1e-4

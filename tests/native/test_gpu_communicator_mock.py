@@ -26,47 +26,24 @@ a GPU machine."""
 
 import glob
 import os
-import re
-import shutil
 import subprocess
 import sys
 
 import pytest
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+from helpers import native_program
 
-
-def _engine_sources():
-  """The sources of the native layers up to the engine, as CMakeLists.txt lists them."""
-  with open(os.path.join(ROOT, "CMakeLists.txt")) as f:
-    cmake = f.read()
-  sources = []
-  for layer in ("common", "transports", "algorithms", "engine"):
-    block = cmake[cmake.index(f"add_library(smddp_{layer} STATIC"):]
-    block = block[:block.index(")")]
-    sources += re.findall(r"xla_ffi/\w+/\w+\.cc", block)
-  return [os.path.join(ROOT, s) for s in sources]
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 
 @pytest.fixture(scope="module")
-def program(tmp_path_factory):
-  cxx = os.environ.get("CXX") or shutil.which("c++") or shutil.which("g++")
-  if not cxx:
-    pytest.skip("no C++ compiler")
-  exe = str(tmp_path_factory.mktemp("gpu_comm") / "gpu_communicator_test")
-  build = subprocess.run(
-      [cxx, "-std=c++17", "-O1", "-Wall", "-Wextra", "-I", os.path.join(ROOT, "tests/native/mock_cuda"),
-       f"-I{ROOT}", *_engine_sources(), os.path.join(ROOT, "cuda/gdrcopy.cc"),
-       os.path.join(ROOT, "cuda/buffer_ipc.cc"),
-       os.path.join(ROOT, "cuda/gpu_communicator.cc"),
-       os.path.join(ROOT, "tests/native/gpu_communicator_test.cc"),
-       "-o", exe, "-lpthread", "-ldl", "-lrt"],
-      capture_output=True, text=True, timeout=600)
-  assert build.returncode == 0, build.stdout + build.stderr[-4000:]
-  return exe
+def program():
+  """tests/native/gpu_communicator_test.cc with cuda/'s host code against the
+  mock CUDA runtime, built by CMake (target gpu_communicator_test)."""
+  return native_program("gpu_communicator_test")
 
 
-@pytest.mark.timeout(900)  # the first case builds the program
+@pytest.mark.timeout(300)
 @pytest.mark.parametrize("flag_memory", ["device", "host"])
 @pytest.mark.parametrize("scenario", ["collectives", "dead_peer", "closed", "stalled", "mismatch",
                                       "two_per_process", "direct", "direct_dead_peer",
@@ -169,18 +146,10 @@ def test_gpu_group_across_hosts(program, scenario, slots):
 
 
 @pytest.fixture(scope="module")
-def mock_gdrapi(tmp_path_factory):
-  """A mock libgdrapi.so.2 (tests/native/mock_gdrapi.cc): its directory."""
-  cxx = os.environ.get("CXX") or shutil.which("c++") or shutil.which("g++")
-  if not cxx:
-    pytest.skip("no C++ compiler")
-  libdir = tmp_path_factory.mktemp("gdrapi")
-  build = subprocess.run([cxx, "-std=c++17", "-O1", "-Wall", "-shared", "-fPIC",
-                          os.path.join(ROOT, "tests/native/mock_gdrapi.cc"),
-                          "-o", str(libdir / "libgdrapi.so.2")],
-                         capture_output=True, text=True, timeout=300)
-  assert build.returncode == 0, build.stderr[-4000:]
-  return str(libdir)
+def mock_gdrapi():
+  """The directory of a mock libgdrapi.so.2 (tests/native/mock_gdrapi.cc, CMake
+  target mock_gdrapi)."""
+  return os.path.dirname(native_program(os.path.join("mock_gdrapi", "libgdrapi.so.2")))
 
 
 @pytest.mark.timeout(900)

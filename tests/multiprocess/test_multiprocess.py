@@ -14,7 +14,7 @@ import pytest
 
 from jax_smddp.tools import launch, netns
 
-WORKER = os.path.join(os.path.dirname(__file__), "multiprocess", "worker.py")
+WORKER = os.path.join(os.path.dirname(os.path.abspath(__file__)), "worker.py")
 
 IN_CI = os.environ.get("CI") == "true"
 

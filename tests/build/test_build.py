@@ -21,7 +21,7 @@ import jaxlib.version
 from jax_smddp import capabilities
 from jax_smddp.tools import launch
 
-REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 IN_CI = os.environ.get("CI") == "true"
 
 

@@ -13,7 +13,9 @@ import ml_dtypes
 import numpy as np
 import pytest
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+from helpers import native_program
+
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 NVCC = shutil.which("nvcc") or ("/usr/local/cuda/bin/nvcc"
                                 if os.path.exists("/usr/local/cuda/bin/nvcc") else None)
 
@@ -24,23 +26,15 @@ DTYPES = {"f32": np.float32, "f64": np.float64, "f16": np.float16, "bf16": ml_dt
           "i8": np.int8, "u8": np.uint8, "i32": np.int32, "u32": np.uint32, "i64": np.int64}
 
 
-def _build(tmp_path_factory, name):
-  exe = str(tmp_path_factory.mktemp(name) / name)
-  build = subprocess.run([NVCC, "-std=c++17", "-O2", "-I", ROOT,
-                          os.path.join(ROOT, f"tests/native/{name}.cu"), "-o", exe],
-                         capture_output=True, text=True, timeout=280)
-  assert build.returncode == 0, build.stdout + build.stderr[-4000:]
-  return exe
+@pytest.fixture(scope="module")
+def program():
+  """tests/native/reduce_body_test.cu, built by CMake with nvcc as a host program."""
+  return native_program("reduce_body_test")
 
 
 @pytest.fixture(scope="module")
-def program(tmp_path_factory):
-  return _build(tmp_path_factory, "reduce_body_test")
-
-
-@pytest.fixture(scope="module")
-def copier(tmp_path_factory):
-  return _build(tmp_path_factory, "copy_body_test")
+def copier():
+  return native_program("copy_body_test")
 
 
 def reference(sources, op, dtype):

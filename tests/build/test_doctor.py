@@ -21,7 +21,7 @@ import jax_smddp
 from jax_smddp import capabilities, requirements
 from jax_smddp.tools import launch
 
-WORKER = os.path.join(os.path.dirname(__file__), "multiprocess", "worker.py")
+WORKER = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "multiprocess", "worker.py")
 IN_CI = os.environ.get("CI") == "true"
 
 

@@ -14,11 +14,11 @@ import pytest
 import jax_smddp
 from jax_smddp import config
 
-REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 READ_BY_CODE = ("jax_smddp", "xla_ffi", "cuda", "tests", "tools", "examples")
 # JAX_SMDDP_ names that are not environment settings: CMake options, a compile-time
 # macro of the mock CUDA build, and include guards.
-NOT_SETTINGS = {"JAX_SMDDP_CUDA", "JAX_SMDDP_LIBFABRIC", "JAX_SMDDP_MOCK_CUDA"}
+NOT_SETTINGS = {"JAX_SMDDP_CUDA", "JAX_SMDDP_LIBFABRIC", "JAX_SMDDP_TESTING", "JAX_SMDDP_MOCK_CUDA"}
 
 
 def names_in_code() -> dict[str, str]:

@@ -1,19 +1,17 @@
 """The libfabric link (xla_ffi/transports/fabric_link.cc), tested by a standalone
-C++ program (tests/native/fabric_link_test.cc) that forks a child and moves
+C++ program (tests/native/fabric_link_test.cc, built by CMake) that forks a child and moves
 messages between the two processes over a real libfabric provider."""
 
-import ctypes
 import os
 import shutil
 import subprocess
 
 import pytest
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-SOURCES = ["xla_ffi/transports/fabric_api.cc", "xla_ffi/transports/fabric_link.cc",
-           "xla_ffi/transports/fabric_rail.cc", "xla_ffi/common/hashing.cc",
-           "xla_ffi/common/settings.cc",
-           "tests/native/fabric_link_test.cc"]
+from helpers import native_program
+
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+IN_CI = os.environ.get("CI") == "true"
 
 
 def _compiler():
@@ -22,31 +20,23 @@ def _compiler():
 
 def _libfabric_missing():
   """Why the libfabric tests cannot run here, or None."""
-  cxx = _compiler()
-  if cxx is None:
-    return "no C++ compiler (c++) on PATH"
-  probe = subprocess.run([cxx, "-x", "c++", "-E", "-", "-o", os.devnull],
-                         input="#include <rdma/fabric.h>\n", capture_output=True, text=True,
-                         timeout=60)
-  if probe.returncode != 0:
-    return "libfabric headers absent (install libfabric-dev)"
-  try:
-    ctypes.CDLL("libfabric.so.1")
-  except OSError as e:
-    return f"libfabric.so.1 cannot be loaded ({e}); install libfabric1"
+  from jax_smddp import capabilities
+  f = capabilities.fabric()
+  if not f["built"]:
+    return "jax_smddp was built without libfabric's headers (install libfabric-dev)"
+  if not f["loaded"]:
+    return f"libfabric cannot be loaded: {f['error']}"
   return None
 
 
 @pytest.fixture(scope="module")
-def binary(tmp_path_factory):
+def binary():
+  """tests/native/fabric_link_test.cc, built by CMake (target fabric_link_test)."""
   why = _libfabric_missing()
   if why:
+    assert not IN_CI, why
     pytest.skip(why)
-  out = str(tmp_path_factory.mktemp("fabric") / "fabric_link_test")
-  cmd = [_compiler(), "-std=c++17", "-O2", f"-I{ROOT}", *SOURCES, "-o", out, "-ldl", "-lpthread"]
-  proc = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=240)
-  assert proc.returncode == 0, proc.stderr
-  return out
+  return native_program("fabric_link_test")
 
 
 @pytest.mark.timeout(300)
