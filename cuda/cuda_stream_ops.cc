@@ -78,7 +78,7 @@ Status CudaStreamOps::Reduce(void* dst, size_t dpitch, const void* const* srcs, 
                                        ElementType(uint8_t(dtype)), Reduction(uint8_t(op)),
                                        settings_.max_blocks, stream_);
   if (err == cudaErrorInvalidValue)
-    return Status::Error(std::string("jax_smddp (GPU): cannot reduce ") + DTypeName(dtype) +
+    return Status::Unsupported(std::string("jax_smddp (GPU): cannot reduce ") + DTypeName(dtype) +
                          " with " + ReduceOpName(op) + " in this layout");
   return err == cudaSuccess ? Status::Ok() : CudaError("reduction kernel failed", err);
 }

@@ -79,7 +79,7 @@ Status RdmaWriteOrdering(int ordinal, bool* flush) {
   if (err != cudaSuccess) return CudaError("querying GPUDirect RDMA write ordering", err);
   *flush = ordering < cudaGPUDirectRDMAWritesOrderingOwner;
   if (*flush && !(options & cudaFlushGPUDirectRDMAWritesOptionHost))
-    return Status::Error("jax_smddp (GPU): GPU " + std::to_string(ordinal) +
+    return Status::Unsupported("jax_smddp (GPU): GPU " + std::to_string(ordinal) +
                          " neither orders GPUDirect RDMA writes nor can flush them, so data the "
                          "NIC writes into its memory could be read stale");
   return Status::Ok();
@@ -141,9 +141,10 @@ Status CheckCall(LocalRank& rank, const char* op, const Plan& plan) {
         return "rank " + std::to_string(q) + " (process " + std::to_string((*rank.process_of)[q]) + ")";
       });
   if (st.ok()) return st;
-  const std::string message = "jax_smddp (GPU): " + st.message() + " Later calls of this group fail too.";
-  rank.watch->Fail(message);  // the ranks' step counters no longer agree
-  return Status::Error(message);
+  const Status failure = st.WithMessage("jax_smddp (GPU): " + st.message() +
+                                        " Later calls of this group fail too.");
+  rank.watch->Fail(failure);  // the ranks' step counters no longer agree
+  return failure;
 }
 
 Status ExchangeBuffers(LocalRank& rank, const Plan& plan, const void* send, void* recv) {
@@ -165,10 +166,10 @@ Status ExchangeBuffers(LocalRank& rank, const Plan& plan, const void* send, void
   rank.view.outputs.clear();
   // A local peer's failure reached this rank through the check: said once, as it was.
   if (rank.exchange_failure->failed()) return rank.exchange_failure->error();
-  const std::string message =
-      rank.exchange_failure->Set(st.message() + "; later calls of this group fail too");
-  if (rank.watch) rank.watch->Fail(message);  // the peers may have gone on reading in place
-  return Status::Error(message);
+  const Status failure =
+      rank.exchange_failure->Set(st.WithMessage(st.message() + "; later calls of this group fail too"));
+  if (rank.watch) rank.watch->Fail(failure);  // the peers may have gone on reading in place
+  return failure;
 }
 
 Status DirectReadsFromEnvironment(bool* out) {
@@ -321,12 +322,12 @@ Status GpuCommunicator::Connect(const std::vector<std::pair<int, std::string>>& 
     RankHandle handle;
     std::memcpy(&handle, bytes.data(), sizeof(handle));
     if (handle.flag_memory != uint32_t(flag_memory_))
-      return Status::Error(std::string("jax_smddp (GPU): processes disagree on where step flags live: "
+      return Status::Mismatch(std::string("jax_smddp (GPU): processes disagree on where step flags live: "
                            "JAX_SMDDP_GPU_FLAG_MEMORY is '") + FlagMemoryName(flag_memory_) +
                            "' here and '" + FlagMemoryName(FlagMemory(handle.flag_memory)) +
                            "' in process " + std::to_string(handle.process) + ": set it alike everywhere");
     if (handle.direct_reads != uint32_t(direct_reads_))
-      return Status::Error("jax_smddp (GPU): processes disagree on direct reads: " +
+      return Status::Mismatch("jax_smddp (GPU): processes disagree on direct reads: " +
                            std::to_string(int(direct_reads_)) + " here, " +
                            std::to_string(handle.direct_reads) + " in process " +
                            std::to_string(handle.process) + ": set JAX_SMDDP_GPU_DIRECT_READS "
@@ -670,7 +671,7 @@ Status GpuHierarchy::Prepare(const std::vector<int>& host_of, const std::vector<
   const int P = int(members_.size());
   int hosts = 0;
   for (int h : host_of) hosts = std::max(hosts, h + 1);
-  if (hosts < 2 || P % hosts != 0) return Status::Error("jax_smddp (GPU): uneven hosts");
+  if (hosts < 2 || P % hosts != 0) return Status::Unsupported("jax_smddp (GPU): uneven hosts");
   const int L = P / hosts;
   world_ = CurrentWorld();
   const World* world = world_.get();
@@ -854,7 +855,7 @@ Status PrepareHierarchy(const std::vector<int64_t>& members, const std::vector<i
   std::vector<int> rank_of;
   for (auto& ranks : on_host) {
     if (ranks.size() != on_host[0].size())
-      return Status::Error("jax_smddp (GPU): hosts have different numbers of ranks in the group");
+      return Status::Unsupported("jax_smddp (GPU): hosts have different numbers of ranks in the group");
     rank_of.insert(rank_of.end(), ranks.begin(), ranks.end());
   }
   std::lock_guard<std::mutex> lock(registry_mu);

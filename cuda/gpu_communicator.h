@@ -45,24 +45,24 @@ namespace gpu {
 class ExchangeFailure {
  public:
   bool failed() const { return failed_.load(std::memory_order_acquire); }
-  // The first failure is kept; its message.
-  std::string Set(const std::string& message) {
+  // The first failure is kept (its code too); returns it.
+  Status Set(const Status& failure) {
     std::lock_guard<std::mutex> lock(mu_);
     if (!failed_.load(std::memory_order_relaxed)) {
-      message_ = message;
+      failure_ = failure;
       failed_.store(true, std::memory_order_release);
     }
-    return message_;
+    return failure_;
   }
   Status error() {
     std::lock_guard<std::mutex> lock(mu_);
-    return failed_.load(std::memory_order_relaxed) ? Status::Error(message_) : Status::Ok();
+    return failed_.load(std::memory_order_relaxed) ? failure_ : Status::Ok();
   }
 
  private:
   std::atomic<bool> failed_{false};
   std::mutex mu_;
-  std::string message_;
+  Status failure_;
 };
 
 // A rank of this process: its device and its view of every rank's region.

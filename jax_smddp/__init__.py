@@ -27,6 +27,7 @@ from jax_smddp.swap import use
 from jax_smddp import hybrid, swap
 from jax_smddp import fsdp
 from jax_smddp import gpu
+from jax_smddp import errors
 
 __version__ = "0.1.0"
 
@@ -36,5 +37,5 @@ __all__ = [
     "initialize", "shutdown", "topology", "traffic",
     "all_gather_invariant", "all_gather_reduced", "unreduced_psum_scatter",
     "all_gather_batched", "psum_scatter_batched", "psum_batched",
-    "unshard", "use", "hybrid", "swap", "fsdp", "gpu",
+    "unshard", "use", "hybrid", "swap", "fsdp", "gpu", "errors",
 ]

@@ -1,6 +1,7 @@
 """User-facing errors: at trace time, and the engine's deadline when a peer
 never arrives (error on the others, no hang, no crash)."""
 
+import json
 import subprocess
 import sys
 import textwrap
@@ -81,6 +82,12 @@ def test_engine_deadline_when_a_rank_never_arrives():
     assert "timed out" in err or "never arrived" in err or "gave up" in err, err
     assert "3" in err.split("rank(s)")[1].split()[0], err   # names the missing rank
     assert "all_reduce" in err
+  # The engine recorded it as a timeout concerning rank 3, with what to do.
+  last = engine_probes().last_failure()
+  assert last["code"] == "timeout" and last["op"] == "all_reduce", last
+  assert last["peer_ranks"] == [3] and last["rank"] in (0, 1, 2), last
+  assert last["devices"] == [-1000000, -1000001, -1000002, -1000003], last
+  assert "JAX_SMDDP_TIMEOUT_S" in last["remedy"], last
   # The engine stays healthy: a complete group succeeds afterwards.
   ok = engine_probes().rendezvous_probe(4, [0, 1, 2, 3], 5.0)
   assert all(err == "" for _, err in ok), ok
@@ -91,6 +98,8 @@ def test_engine_late_rank_fails_fast_without_touching_buffers():
   # Rank 3 arrives after the others gave up: it must fail too, at once.
   results = engine_probes().rendezvous_probe(4, [0, 1, 2], 0.3)
   assert all(err for _, err in results)
+  # Its failure keeps the first cause's kind: the peers' timeout.
+  assert engine_probes().last_failure()["code"] == "timeout"
 
 
 @pytest.mark.timeout(60)
@@ -98,6 +107,8 @@ def test_engine_refuses_ranks_that_disagree_on_the_call():
   results = engine_probes().rendezvous_probe(4, [0, 1, 2, 3], 5.0, count=1000, odd_rank=2)
   for rank, err in results:
     assert "ranks disagree" in err and "4000 bytes" in err and "4004 bytes" in err, err
+  last = engine_probes().last_failure()
+  assert last["code"] == "mismatch" and last["peer_ranks"] == [0, 2], last
 
 
 @pytest.mark.timeout(60)
@@ -107,12 +118,8 @@ def test_engine_all_reduce_sums(count):
   assert all(err == "" for _, err in ok), ok
 
 
-@pytest.mark.timeout(120)
-def test_jax_program_with_a_rank_that_skips_the_collective_raises(tmp_path):
-  # One device takes a branch without the collective: the others must raise
-  # an error naming the missing rank within the deadline, not hang.
-  script = textwrap.dedent("""
-    import os
+SKIPPING_RANK = textwrap.dedent("""
+    import json, os
     os.environ["XLA_FLAGS"] = "--xla_force_host_platform_device_count=4"
     import jax, jax.numpy as jnp, numpy as np
     from jax.sharding import PartitionSpec as P, NamedSharding
@@ -124,14 +131,30 @@ def test_jax_program_with_a_rank_that_skips_the_collective_raises(tmp_path):
       return jax.lax.cond(i == 2, lambda u: u * 1.0, lambda u: smddp.psum(u, "x") * 1.0, v)
     f = jax.jit(jax.shard_map(body, mesh=mesh, in_specs=P("x"), out_specs=P("x"), check_vma=False))
     x = jax.device_put(jnp.arange(8.0), NamedSharding(mesh, P("x")))
+    assert smddp.errors.last_failure() is None
     try:
       f(x).block_until_ready()
       print("NO ERROR")
     except Exception as e:
       print("ERROR:", e)
+      err = smddp.errors.classify(e)
+      last = smddp.errors.last_failure()
+      print("TYPED " + json.dumps({
+          "class": type(err).__name__, "is_collective_error": isinstance(err, smddp.errors.CollectiveError),
+          "is_runtime_error": isinstance(err, RuntimeError), "original": err.original is e,
+          "op": err.op, "devices": list(err.devices), "peer_ranks": list(err.peers.ranks),
+          "peer_devices": list(err.peers.devices), "remedy": err.remedy,
+          "last": {"code": last.code, "op": last.op, "message": last.message}}))
   """)
+
+
+@pytest.mark.timeout(120)
+def test_jax_program_with_a_rank_that_skips_the_collective_raises(tmp_path):
+  # One device takes a branch without the collective: the others must raise
+  # an error naming the missing rank within the deadline, not hang; it is a
+  # PeerTimeoutError naming that rank, op and communicator.
   path = tmp_path / "skip.py"
-  path.write_text(script)
+  path.write_text(SKIPPING_RANK)
   start = time.monotonic()
   proc = subprocess.run([sys.executable, str(path)], capture_output=True, text=True, timeout=100)
   elapsed = time.monotonic() - start
@@ -139,3 +162,38 @@ def test_jax_program_with_a_rank_that_skips_the_collective_raises(tmp_path):
   assert "ERROR:" in proc.stdout, out
   assert "timed out" in out and "rank(s) 2" in out, out
   assert elapsed < 60, elapsed
+  assert "ERROR: DEADLINE_EXCEEDED: jax_smddp[timeout] all_reduce (op " in proc.stdout, out
+  typed = json.loads(proc.stdout.split("TYPED ", 1)[1].splitlines()[0])
+  assert typed["class"] == "PeerTimeoutError", typed
+  assert typed["is_collective_error"] and typed["is_runtime_error"] and typed["original"], typed
+  assert typed["op"] == "all_reduce" and typed["devices"] == [0, 1, 2, 3], typed
+  assert typed["peer_ranks"] == [2] and typed["peer_devices"] == [2], typed
+  assert "JAX_SMDDP_TIMEOUT_S" in typed["remedy"], typed
+  assert typed["last"]["code"] == "timeout" and typed["last"]["op"] == "all_reduce", typed
+
+
+def test_classify_leaves_other_errors_alone():
+  for e in (ValueError("bad value"), KeyboardInterrupt(),
+            RuntimeError("INTERNAL: some XLA failure"),
+            RuntimeError("DEADLINE_EXCEEDED: jax_smddp timed out"),  # no tag: not the handlers'
+            RuntimeError("jax_smddp[timeout] all_gather (op 0): x"),  # no status: not from XLA
+            RuntimeError("INTERNAL: jax_smddp[bogus] all_gather (op 0): x")):  # no such kind
+    assert smddp.errors.classify(e) is None, e
+
+
+def test_classify_reads_the_text_when_the_record_is_gone():
+  # An error text from another process (or a record pushed out): the kind,
+  # op and communicator come from the text, the remedy from the engine.
+  # As XLA rewraps a failure that surfaces while it dispatches a later computation
+  # (seen with a peer killed mid-collective, jax 0.10.2).
+  e = ValueError("INTERNAL: Error dispatching computation: Error dispatching computation: "
+                 "jax_smddp[peer_failed] all_gather (op 3 of communicator devices "
+                   "[0 1 2 3]): process 1 (devices [2 3]) failed (process 99 exited, over shared "
+                   "memory); this collective cannot complete")
+  err = smddp.errors.classify(e)
+  assert isinstance(err, smddp.errors.PeerFailedError) and err.failure is None
+  assert err.op == "all_gather" and err.devices == (0, 1, 2, 3) and err.original is e
+  assert err.jax_status == "INTERNAL" and err.status == "UNAVAILABLE"
+  assert err.message.startswith("jax_smddp[peer_failed] all_gather (op 3")
+  assert err.remedy == _native.engine().failure_remedies()["peer_failed"] and "restart" in err.remedy
+  assert smddp.errors.classify(err) is err

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import glob
 import os
+import re
 
 import pytest
 
@@ -66,6 +67,25 @@ def test_backend_swap_flag_across_processes():
   assert_all_ok(run_job(["swap"], 2, 2, timeout=240, env={"JAX_SMDDP_COLLECTIVES": "1"}))
 
 
+def assert_typed(result: dict, cls: str, status: str, op: str, peer_process: int):
+  """The failure's JAX text starts with `status` and jax_smddp's tag, and
+  jax_smddp.errors.classify made it a `cls` naming `op` and the peer process
+  from the engine's record, with a remedy. (A failure that surfaces while XLA
+  dispatches a later computation comes rewrapped as INTERNAL: the tag stays.)"""
+  typed = result["typed"]
+  assert typed is not None, result
+  assert typed["class"] == cls, typed
+  assert re.match(rf"({status}|INTERNAL: Error dispatching computation): .*?"
+                  rf"jax_smddp\[{typed['code']}\] {op} \(op ", result["error"]), result["error"]
+  assert typed["jax_status"] in (status, "INTERNAL"), typed
+  assert typed["original"] and typed["from_record"], typed
+  assert typed["op"] == op, typed
+  assert peer_process in typed["peer_processes"], typed
+  assert typed["peer_ranks"] and typed["peer_devices"], typed  # as ranks and as device ids
+  assert typed["remedy"], typed
+  assert result["last_failure"]["code"] == typed["code"], result
+
+
 @pytest.mark.timeout(300)
 def test_mismatched_shapes_are_reported():
   procs = run_job(["mismatch"], 2, 2, timeout=240, env={"JAX_SMDDP_TIMEOUT_S": "60"})
@@ -74,6 +94,8 @@ def test_mismatched_shapes_are_reported():
     err = p.result.get("error", "")
     assert "processes disagree on the call" in err, launch.describe(procs)
     assert "24 bytes in" in err and "40 bytes in" in err, err
+    assert_typed(p.result, "CallMismatchError", "FAILED_PRECONDITION", "all_gather",
+                 peer_process=1 - p.index)
 
 
 @pytest.mark.timeout(300)
@@ -84,14 +106,18 @@ def test_mismatched_dtypes_are_reported():
     err = p.result.get("error", "")
     assert "processes disagree on the call" in err, launch.describe(procs)
     assert "all_reduce of float32" in err and "all_reduce of int32" in err, err
+    assert_typed(p.result, "CallMismatchError", "FAILED_PRECONDITION", "all_reduce",
+                 peer_process=1 - p.index)
 
 
-def _check_peer_failure(procs, dead: int, within_s: float):
+def _check_peer_failure(procs, dead: int, within_s: float, cls: str = "PeerFailedError",
+                        status: str = "UNAVAILABLE", op: str = "all_reduce"):
   survivors = [p for p in procs if p.index != dead]
   for p in survivors:
     assert p.result is not None and not p.result["ok"], launch.describe(procs)
     assert f"process {dead} (devices" in p.result["error"], p.result["error"]
     assert p.result["seconds"] < within_s, p.result
+    assert_typed(p.result, cls, status, op, peer_process=dead)
 
 
 @pytest.mark.timeout(300)
@@ -116,7 +142,8 @@ def test_peer_killed_mid_collective():
 @pytest.mark.timeout(300)
 def test_stalled_peer_times_out_naming_it():
   procs = run_job(["peer_stalls"], 2, 1, timeout=240)
-  _check_peer_failure(procs, dead=1, within_s=20)
+  _check_peer_failure(procs, dead=1, within_s=20, cls="PeerTimeoutError",
+                      status="DEADLINE_EXCEEDED", op="all_gather")
   assert "timed out" in procs[0].result["error"]
 
 

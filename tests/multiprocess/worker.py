@@ -38,6 +38,21 @@ def result(**kw):
   print("RESULT " + json.dumps(kw), flush=True)
 
 
+def failed(e: Exception, **kw):
+  """The RESULT of a scenario whose collective raised `e`: its text, and what
+  jax_smddp.errors makes of it (the typed error and the engine's record)."""
+  err = smddp.errors.classify(e)
+  last = smddp.errors.last_failure()
+  typed = None if err is None else {
+      "class": type(err).__name__, "code": err.code, "op": err.op, "devices": list(err.devices),
+      "peer_ranks": list(err.peers.ranks), "peer_devices": list(err.peers.devices),
+      "peer_processes": list(err.peers.processes), "remedy": err.remedy,
+      "from_record": err.failure is not None, "original": err.original is e,
+      "original_type": type(e).__name__, "jax_status": err.jax_status}
+  result(ok=False, error=str(e), typed=typed,
+         last_failure=None if last is None else {"code": last.code, "op": last.op}, **kw)
+
+
 def global_array(mesh, spec, x: np.ndarray):
   return jax.make_array_from_callback(x.shape, NamedSharding(mesh, spec), lambda idx: x[idx])
 
@@ -301,7 +316,7 @@ def scenario_mismatch():
   try:
     jax.block_until_ready(f(global_array(mesh, P("x"), x)))
   except Exception as e:  # noqa: BLE001
-    result(ok=False, error=str(e))
+    failed(e)
     return
   result(ok=True)
 
@@ -314,7 +329,7 @@ def scenario_mismatch_dtype():
   try:
     jax.block_until_ready(f(global_array(mesh, P("x"), x)))
   except Exception as e:  # noqa: BLE001
-    result(ok=False, error=str(e))
+    failed(e)
     return
   result(ok=True)
 
@@ -336,7 +351,7 @@ def scenario_peer_dies():
   try:
     jax.block_until_ready(f(xs))
   except Exception as e:  # noqa: BLE001
-    result(ok=False, error=str(e), seconds=time.monotonic() - t0)
+    failed(e, seconds=time.monotonic() - t0)
     os._exit(0)  # jax.distributed's shutdown would wait for the dead peer
   result(ok=True, seconds=time.monotonic() - t0)
   os._exit(0)
@@ -361,7 +376,7 @@ def scenario_peer_killed_midway():
       if time.monotonic() - t0 > 60:
         break
   except Exception as e:  # noqa: BLE001
-    result(ok=False, error=str(e), seconds=time.monotonic() - t0)
+    failed(e, seconds=time.monotonic() - t0)
     os._exit(0)
   result(ok=True, seconds=time.monotonic() - t0)
   os._exit(0)
@@ -383,7 +398,7 @@ def scenario_peer_stalls():
   try:
     jax.block_until_ready(f(xs))
   except Exception as e:  # noqa: BLE001
-    result(ok=False, error=str(e), seconds=time.monotonic() - t0)
+    failed(e, seconds=time.monotonic() - t0)
     os._exit(0)
   result(ok=True, seconds=time.monotonic() - t0)
   os._exit(0)

@@ -33,7 +33,7 @@ Status HostStreamOps::WaitAtLeast(const uint32_t* flag, uint32_t value) {
   for (int spins = 0; !FlagReached(__atomic_load_n(flag, __ATOMIC_ACQUIRE), value); ++spins) {
     if (spins > 1000) std::this_thread::yield();
     if ((spins & 1023) == 0 && std::chrono::steady_clock::now() > deadline)
-      return Status::Error("jax_smddp: timed out waiting for a peer's flag to reach " +
+      return Status::Timeout("jax_smddp: timed out waiting for a peer's flag to reach " +
                            std::to_string(value));
   }
   return Status::Ok();

@@ -38,6 +38,13 @@ std::string ProcessCall::DescribeProcess(int process) const {
   return os.str();
 }
 
+std::vector<int> ProcessCall::RanksOf(int process) const {
+  std::vector<int> ranks;
+  for (int r = 0; r < size; ++r)
+    if ((*process_of_rank)[r] == process) ranks.push_back(r);
+  return ranks;
+}
+
 size_t ChunkBytes() {
   static const size_t bytes = [] {
     const int64_t v = IntSetting("JAX_SMDDP_CHUNK_BYTES", 0);
@@ -76,8 +83,9 @@ size_t Messages::Post(int process, uint64_t tag, const void* src, void* dst, siz
   e.recv = recv;
   e.link = call_.world->link(process);
   if (!e.link) {
-    e.req.Complete(Status::Error("no link to " + call_.DescribeProcess(process) +
-                                 ": jax_smddp.initialize() connected only some processes"));
+    e.req.Complete(call_.Concerning(process, Status::InvalidArgument(
+        "no link to " + call_.DescribeProcess(process) +
+        ": jax_smddp.initialize() connected only some processes")));
   } else if (recv) {
     call_.world->CountReceived(process, bytes);
     e.link->Recv(tag, dst, bytes, &e.req);
@@ -134,8 +142,9 @@ Status Messages::CheckPeers() {
     link->Progress();
     for (const Entry& e : entries_) {
       if (e.process != p || e.settled || e.req.done()) continue;
-      return Status::Error(call_.where + ": " + call_.DescribeProcess(p) + " failed (" + why +
-                           ", over " + link->Kind() + "); this collective cannot complete");
+      return call_.Concerning(p, Status::PeerFailed(
+          call_.where + ": " + call_.DescribeProcess(p) + " failed (" + why + ", over " +
+          link->Kind() + "); this collective cannot complete"));
     }
   }
   return Status::Ok();
@@ -166,18 +175,19 @@ Status Messages::Wait(size_t id) {
     }
     if (now >= call_.deadline) {
       Link* link = e.link;
-      return Status::Error(
+      return call_.Concerning(e.process, Status::Timeout(
           call_.where + ": timed out after " + Seconds(now - call_.start) + " waiting for " +
           call_.DescribeProcess(e.process) + (e.recv ? " to send its data" : " to take this process's data") +
           " (over " + (link ? link->Kind() : std::string("no link")) +
           "). That process never reached this collective, or is stalled or much slower; if it is "
-          "only slow, raise JAX_SMDDP_TIMEOUT_S (or jax_smddp.set_timeout).");
+          "only slow, raise JAX_SMDDP_TIMEOUT_S (or jax_smddp.set_timeout)."));
     }
   }
   e.settled = true;
   if (!e.req.status().ok()) {
-    return Status::Error(call_.where + ": " + call_.DescribeProcess(e.process) + ": " +
-                         e.req.status().message());
+    // The link's failure keeps its kind (a closed link: the peer failed).
+    return call_.Concerning(e.process, e.req.status().WithMessage(
+        call_.where + ": " + call_.DescribeProcess(e.process) + ": " + e.req.status().message()));
   }
   return Status::Ok();
 }

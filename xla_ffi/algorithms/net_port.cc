@@ -127,9 +127,13 @@ Status NetworkProxy::Run(const Task& t) {
   const auto deadline =
       std::chrono::steady_clock::now() +
       std::chrono::duration<double>(timeout_s_ > 0 ? timeout_s_ : TimeoutSeconds());
-  auto failure = [&](int k, const std::string& what) {
-    return Status::Error("network step " + std::to_string(t.step) + " of a GPU collective across hosts: " +
-                         what + (k >= 0 ? " (peer process " + std::to_string(p.peer_process[k]) + ")" : ""));
+  // `kind`: the failure's code (a link's failure keeps its own).
+  auto failure = [&](int k, const Status& kind, const std::string& what) {
+    Status st = kind.WithMessage("network step " + std::to_string(t.step) +
+                                 " of a GPU collective across hosts: " + what +
+                                 (k >= 0 ? " (peer process " + std::to_string(p.peer_process[k]) + ")" : ""));
+    if (k >= 0) st.SetPeers({}, {p.peer_process[k]});
+    return st;
   };
   // Waits for a flag the stream raises, progressing links meanwhile.
   auto wait_stream = [&](size_t offset, uint32_t value) -> Status {
@@ -138,7 +142,7 @@ Status NetworkProxy::Run(const Task& t) {
       for (Link* link : p.links) if (link) link->Progress();
       if ((spins & 255) == 255) {
         if (std::chrono::steady_clock::now() > deadline)
-          return failure(-1, "timed out waiting for the GPU to reach step " + std::to_string(value));
+          return failure(-1, Status::Timeout(""), "timed out waiting for the GPU to reach step " + std::to_string(value));
         std::this_thread::yield();
       }
     }
@@ -185,10 +189,10 @@ Status NetworkProxy::Run(const Task& t) {
       if (k == p.host) continue;
       p.links[k]->Progress();
       if (p.recvs[k].done() && !(p.state[k] & kSignalled)) {
-        if (!p.recvs[k].status().ok()) { cancel_all(); return failure(k, p.recvs[k].status().message()); }
+        if (!p.recvs[k].status().ok()) { cancel_all(); return failure(k, p.recvs[k].status(), p.recvs[k].status().message()); }
         if (p.after_receive) {
           Status st = p.after_receive();
-          if (!st.ok()) { cancel_all(); return failure(k, st.message()); }
+          if (!st.ok()) { cancel_all(); return failure(k, st, st.message()); }
         }
         // The bytes are in the slot: let the stream read them.
         RaiseSignal(p.host_side<uint32_t>(p.layout.arrived(k), true), t.step);
@@ -196,7 +200,7 @@ Status NetworkProxy::Run(const Task& t) {
       }
       if (p.sends[k].done() && !p.sends[k].status().ok()) {
         cancel_all();
-        return failure(k, p.sends[k].status().message());
+        return failure(k, p.sends[k].status(), p.sends[k].status().message());
       }
       all = all && (p.state[k] & kSignalled);
       sent = sent && p.sends[k].done();
@@ -206,11 +210,11 @@ Status NetworkProxy::Run(const Task& t) {
       for (int k = 0; k < p.hosts; ++k) {
         if (k == p.host) continue;
         const std::string dead = p.links[k]->PeerFailure();
-        if (!dead.empty()) { cancel_all(); return failure(k, dead); }
+        if (!dead.empty()) { cancel_all(); return failure(k, Status::PeerFailed(""), dead); }
       }
       if (std::chrono::steady_clock::now() > deadline) {
         cancel_all();
-        return failure(-1, "timed out exchanging with the other hosts");
+        return failure(-1, Status::Timeout(""), "timed out exchanging with the other hosts");
       }
       std::this_thread::yield();
     }

@@ -78,10 +78,11 @@ Status CheckCallsAgree(const ProcessCall& c, const Plan& plan) {
   SMDDP_RETURN_IF_ERROR(m.WaitAll());
   for (size_t i = 0; i < c.peers.size(); ++i) {
     if (std::memcmp(&theirs[i], &mine, sizeof(Header)) != 0) {
-      return Status::Error(c.where + ": processes disagree on the call: this process (process " +
-                           std::to_string(c.world->process()) + ") runs " + Describe(mine) + " but " +
-                           c.DescribeProcess(c.peers[i]) + " runs " + Describe(theirs[i]) +
-                           ". Every process must run the same program on same-shaped inputs.");
+      return c.Concerning(c.peers[i], Status::Mismatch(
+          c.where + ": processes disagree on the call: this process (process " +
+          std::to_string(c.world->process()) + ") runs " + Describe(mine) + " but " +
+          c.DescribeProcess(c.peers[i]) + " runs " + Describe(theirs[i]) +
+          ". Every process must run the same program on same-shaped inputs."));
     }
   }
   return Status::Ok();

@@ -62,6 +62,12 @@ struct ProcessCall {
 
   // "process 1 (devices [2 3])"
   std::string DescribeProcess(int process) const;
+  // `process`'s ranks in the group, ascending (for a failure's peers).
+  std::vector<int> RanksOf(int process) const;
+  // `status` with `process` and its ranks as the peers it concerns.
+  Status Concerning(int process, Status status) const {
+    return status.SetPeers(RanksOf(process), {process});
+  }
 };
 
 }  // namespace smddp

@@ -15,6 +15,7 @@
 #include "nanobind/stl/tuple.h"
 #include "nanobind/stl/vector.h"
 #include "xla_ffi/bindings/enums.h"
+#include "xla_ffi/bindings/failures.h"
 #include "xla_ffi/common/settings.h"
 #include "xla_ffi/common/timeout.h"
 #include "xla_ffi/ffi/cpu_handlers.h"
@@ -182,5 +183,6 @@ NB_MODULE(_smddp_cpu, m) {
   m.def("timeout", &smddp::TimeoutSeconds);
   BindBuildInfo(m);
   BindWorld(m);
+  BindFailures(m);  // last_failure(), recent_failures(): jax_smddp.errors
   BindEnums(m);
 }

@@ -24,6 +24,7 @@
 #include "xla_ffi/transports/world.h"
 #include "xla_ffi/ffi/gpu_handlers.h"
 #include "xla_ffi/bindings/enums.h"
+#include "xla_ffi/bindings/failures.h"
 #include "xla_ffi/ffi/registrations.h"
 
 namespace nb = nanobind;
@@ -195,6 +196,7 @@ NB_MODULE(_smddp_cuda, m) {
   // This module's engine copy has its own timeout; jax_smddp.set_timeout sets both.
   m.def("set_timeout", &smddp::SetTimeoutSeconds, nb::arg("seconds"));
   m.def("timeout", &smddp::TimeoutSeconds);
+  BindFailures(m);  // this module's engine copy's failed calls (jax_smddp.errors)
   m.def("release", &smddp::gpu::ReleaseCommunicators);
   m.def("mark_closed", &smddp::gpu::MarkCommunicatorsClosed,
         "At exit: tells the groups' other processes this one finished (it did not die).");

@@ -29,6 +29,7 @@
 #include "xla_ffi/algorithms/process_call.h"
 #include "xla_ffi/algorithms/stream_algorithms.h"
 #include "xla_ffi/bindings/enums.h"
+#include "xla_ffi/bindings/failures.h"
 #include "xla_ffi/engine/call_log.h"
 #include "xla_ffi/engine/communicator.h"
 #include "xla_ffi/engine/stream_watchdog.h"
@@ -430,6 +431,8 @@ NB_MODULE(_smddp_testing, m) {
     return d;
   }, nb::arg("process_of_rank"), nb::arg("process"), nb::arg("host_of_process"),
      nb::arg("allow_hierarchy") = true);
+  // The failures this module's engine copy recorded (its probes' calls).
+  BindFailures(m);
   m.def("rendezvous_probe", &RendezvousProbe, nb::arg("size"), nb::arg("present"),
         nb::arg("timeout_s"), nb::arg("count") = 1024, nb::arg("odd_rank") = -1);
   m.def("stream_probe", &StreamProbe, nb::arg("kind"), nb::arg("dtype"), nb::arg("op"),

@@ -203,7 +203,7 @@ Status Validate(const SettingSpec& s, const std::string& value) {
       break;
   }
   if (ok) return Status::Ok();
-  return Status::Error(std::string(s.name) + "='" + value + "' is not valid: it takes " + Accepts(s) +
+  return Status::InvalidArgument(std::string(s.name) + "='" + value + "' is not valid: it takes " + Accepts(s) +
                        " (" + s.meaning + "; unset it for the default, " + s.default_text + ")");
 }
 
@@ -224,7 +224,7 @@ const SettingSpec* FindSetting(const std::string& name) {
 
 Status ReadSetting(const char* name, std::string* text, bool* set) {
   const SettingSpec* s = FindSetting(name);
-  if (s == nullptr) return Status::Error(std::string("jax_smddp: no setting is named ") + name);
+  if (s == nullptr) return Status::InvalidArgument(std::string("jax_smddp: no setting is named ") + name);
   const char* v = Env(name);
   if (set) *set = v != nullptr;
   if (v == nullptr) {
@@ -238,7 +238,7 @@ Status ReadSetting(const char* name, std::string* text, bool* set) {
 
 Status CheckSettingValue(const std::string& name, const std::string& value) {
   const SettingSpec* s = FindSetting(name);
-  if (s == nullptr) return Status::Error("jax_smddp: no setting is named " + name);
+  if (s == nullptr) return Status::InvalidArgument("jax_smddp: no setting is named " + name);
   return Validate(*s, value);
 }
 

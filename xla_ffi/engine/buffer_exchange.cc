@@ -68,7 +68,7 @@ uint64_t BufferExchange::Export(const void* p, uint64_t* offset, Status* why) {
   auto it = exported_.find(base);
   if (it != exported_.end() && it->second.first == unique) return it->second.second + 1;
   if (next_id_ >= kMaxAllocations) {  // ids, not entries: a reallocated start takes a new id
-    *why = Status::Error("its buffers came from more than " + std::to_string(kMaxAllocations) +
+    *why = Status::Unsupported("its buffers came from more than " + std::to_string(kMaxAllocations) +
                          " allocations, and peers keep every one mapped");
     return 0;
   }
@@ -154,7 +154,7 @@ Status BufferExchange::Exchange(uint64_t exchange, uint64_t call, const void* in
     for (uint64_t spins = 0; e->w[0].load(std::memory_order_acquire) != exchange + 1; ++spins) {
       if (Status st = check_(); !st.ok()) return st;
       if (spins % 256 == 255 && std::chrono::steady_clock::now() > deadline)
-        return Status::Error("jax_smddp (GPU): " + who_(q) + " did not enqueue call " +
+        return Status::Timeout("jax_smddp (GPU): " + who_(q) + " did not enqueue call " +
                              std::to_string(call) + " of the group within " +
                              std::to_string(int(timeout_s)) + " s (its buffers are read in place, "
                              "so every rank's host waits for the others' at each such call)");
@@ -168,7 +168,7 @@ Status BufferExchange::Exchange(uint64_t exchange, uint64_t call, const void* in
     uint8_t* at_input = nullptr;
     for (int k = 1; k < 8; ++k) w[k] = e->w[k].load(std::memory_order_relaxed);
     if (w[1] != call)
-      return Status::Error("jax_smddp (GPU): " + who_(q) + " is at call " + std::to_string(w[1]) +
+      return Status::Mismatch("jax_smddp (GPU): " + who_(q) + " is at call " + std::to_string(w[1]) +
                            " where this rank is at call " + std::to_string(call) +
                            " (the ranks ran different calls)");
     // Every handle is read when it is published, whether or not this call stages.

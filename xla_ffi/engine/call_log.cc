@@ -84,10 +84,11 @@ Status CallLog::RecordAndCheck(const std::vector<uint8_t*>& rings, int rank, uin
     Fields theirs;
     if (!ReadEntry(reinterpret_cast<CallLog::Entry*>(rings[q]) + slot, call, &theirs)) continue;
     if (std::memcmp(&theirs, &mine, sizeof(Fields)) != 0) {
-      return Status::Error("processes disagree on call #" + std::to_string(call) + " of the group: " +
+      Status st = Status::Mismatch("processes disagree on call #" + std::to_string(call) + " of the group: " +
                            who(rank) + " runs " + DescribeFields(mine) + " but " + who(q) + " runs " +
                            DescribeFields(theirs) + ". Every process must run the same collectives on "
                            "a group, with the same shapes, in the same order.");
+      return st.SetPeers({q}, {});
     }
   }
   return Status::Ok();

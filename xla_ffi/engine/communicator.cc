@@ -10,6 +10,7 @@
 #include <sstream>
 
 #include "xla_ffi/engine/inprocess_transport.h"
+#include "xla_ffi/engine/last_failure.h"
 #include "xla_ffi/engine/process_transport.h"
 #include "xla_ffi/transports/world.h"
 #include "xla_ffi/engine/scheduler.h"
@@ -52,7 +53,13 @@ void Communicator::Start(int64_t run_id, int64_t instance, uint64_t site, uint64
                          const Plan& plan, Done done) {
   CallKey key{info_.id, run_id, instance, invocation, op_id, site, sequence};
   const auto deadline = Clock::now() + Timeout();
-  transport_->Start(info_, size(), key, rank, send, recv, call, deadline, plan, std::move(done));
+  // Every failure is recorded, with its op and communicator, for Python's
+  // typed errors (jax_smddp.errors); `call.op` is a string literal.
+  transport_->Start(info_, size(), key, rank, send, recv, call, deadline, plan,
+                    [this, op = call.op, rank, done = std::move(done)](const Status& st) {
+                      if (!st.ok()) RecordFailure(op, members_, rank, st);
+                      done(st);
+                    });
 }
 
 Communicator* FindOrCreateCommunicator(const int64_t* members, const int64_t* processes, int size,
@@ -79,7 +86,7 @@ Communicator* FindOrCreateCommunicator(const int64_t* members, const int64_t* pr
   std::shared_ptr<const World> world = CurrentWorld();
   if (!world) {
     table->erase(key);
-    *error = Status::Error(
+    *error = Status::InvalidArgument(
         "jax_smddp: a collective's devices span several processes, but jax_smddp is not "
         "initialized in this process: call jax.distributed.initialize() and then "
         "jax_smddp.initialize() in every process (jax_smddp does this itself when it lowers a "
@@ -92,7 +99,7 @@ Communicator* FindOrCreateCommunicator(const int64_t* members, const int64_t* pr
   for (int p : process_of_rank) {
     if (p < 0 || p >= world->processes()) {
       table->erase(key);
-      *error = Status::Error("jax_smddp: a collective names process " + std::to_string(p) +
+      *error = Status::InvalidArgument("jax_smddp: a collective names process " + std::to_string(p) +
                              " but the job has " + std::to_string(world->processes()));
       return nullptr;
     }

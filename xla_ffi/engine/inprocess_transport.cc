@@ -52,6 +52,13 @@ std::string Seconds(Clock::duration d) {
   return os.str();
 }
 
+std::vector<int> MissingRankList(const InProcessTransport::Slot& slot) {
+  std::vector<int> missing;
+  for (size_t r = 0; r < slot.entries.size(); ++r)
+    if (!slot.entries[r].present) missing.push_back(int(r));
+  return missing;
+}
+
 std::string MissingRanks(const InProcessTransport::Slot& slot) {
   std::ostringstream os;
   bool first = true;
@@ -180,12 +187,13 @@ void InProcessTransport::Expire(const std::shared_ptr<Slot>& slot, Clock::time_p
   if (slot->started || slot->over) return;
   const char* op = "collective";
   for (const auto& e : slot->entries) if (e.present) op = e.info.op;
-  slot->status = Status::Error(
+  slot->status = Status::Timeout(
       Where(slot->group, slot->key, op) + ": timed out after " + Seconds(Clock::now() - start) +
       " waiting for rank(s) " + MissingRanks(*slot) +
       " to reach this collective. A rank that never arrives usually means the devices run "
       "different programs or one failed earlier; if it is only slow, raise JAX_SMDDP_TIMEOUT_S "
       "(or jax_smddp.set_timeout). No rank touched a peer's buffers.");
+  slot->status.SetPeers(MissingRankList(*slot), {});
   CompleteArrived(*slot);
   // The slot stays in the table: a rank arriving late finds it over and fails at once.
 }
@@ -203,18 +211,21 @@ void InProcessTransport::Start(const GroupInfo& group, int size, const CallKey& 
       if (auto s = weak.lock()) Expire(s, start);
     });
   }
-  auto fail_now = [&](const std::string& why) {
+  // `kind`: the failure's code and peers (only its message is replaced).
+  auto fail_now = [&](const Status& kind, const std::string& why) {
     lock.unlock();
-    done(Status::Error(Where(group, key, info.op) + ": rank " + std::to_string(rank) + ": " + why));
+    done(kind.WithMessage(Where(group, key, info.op) + ": rank " + std::to_string(rank) + ": " + why));
   };
   if (int(slot->entries.size()) != size || rank < 0 || rank >= size)
-    return fail_now("rank or communicator size disagrees with its peers");
+    return fail_now(Status::Mismatch(""), "rank or communicator size disagrees with its peers");
   if (slot->over) {
-    return fail_now("a peer already gave up on this collective (missing rank(s): " +
-                    MissingRanks(*slot) + "); this rank touched no peer buffer");
+    // The first cause (the peers' timeout, a mismatch) is this rank's too.
+    const Status cause = slot->status.ok() ? Status::Timeout("") : slot->status;
+    return fail_now(cause, "a peer already gave up on this collective (missing rank(s): " +
+                               MissingRanks(*slot) + "); this rank touched no peer buffer");
   }
   Slot::Entry& me = slot->entries[rank];
-  if (me.present) return fail_now("this rank entered the same collective twice");
+  if (me.present) return fail_now(Status::Error(""), "this rank entered the same collective twice");
   me = Slot::Entry{true, send, recv, info, std::move(done)};
   if (++slot->arrived < size) return;
 
@@ -224,9 +235,10 @@ void InProcessTransport::Start(const GroupInfo& group, int size, const CallKey& 
   Cancel(slot->deadline);
   for (int r = 0; r < size && slot->status.ok(); ++r) {
     if (!(slot->entries[r].info == slot->entries[0].info)) {
-      slot->status = Status::Error(Where(group, key, info.op) + ": ranks disagree on the call: rank 0 runs " +
-                                   Describe(slot->entries[0].info) + " but rank " + std::to_string(r) +
-                                   " runs " + Describe(slot->entries[r].info));
+      slot->status = Status::Mismatch(Where(group, key, info.op) + ": ranks disagree on the call: rank 0 runs " +
+                                      Describe(slot->entries[0].info) + " but rank " + std::to_string(r) +
+                                      " runs " + Describe(slot->entries[r].info));
+      slot->status.SetPeers({0, r}, {});
     }
   }
   if (!slot->status.ok()) {

@@ -117,6 +117,7 @@ void ProcessTransport::Expire(const std::shared_ptr<Slot>& slot) {
     std::lock_guard<std::mutex> lock(slot->mu);
     if (slot->started || slot->over) return;
     std::ostringstream missing;
+    std::vector<int> missing_ranks;
     const char* op = "collective";
     bool first = true;
     for (size_t li = 0; li < slot->entries.size(); ++li) {
@@ -125,13 +126,15 @@ void ProcessTransport::Expire(const std::shared_ptr<Slot>& slot) {
         continue;
       }
       missing << (first ? "" : " ") << members_[local_[li]];
+      missing_ranks.push_back(local_[li]);
       first = false;
     }
-    slot->status = Status::Error(
+    slot->status = Status::Timeout(
         Where(slot->group, slot->key, op) + ": timed out waiting for device(s) [" + missing.str() +
         "] of this process to reach this collective. A device that never arrives usually means the "
         "devices run different programs or one failed earlier; if it is only slow, raise "
         "JAX_SMDDP_TIMEOUT_S (or jax_smddp.set_timeout).");
+    slot->status.SetPeers(std::move(missing_ranks), {process_});
     inline_done = CompleteArrived(*slot);
   }
   if (inline_done) inline_done();
@@ -140,13 +143,15 @@ void ProcessTransport::Expire(const std::shared_ptr<Slot>& slot) {
 void ProcessTransport::Start(const GroupInfo& group, int size, const CallKey& key, int rank,
                              const void* send, void* recv, const CallInfo& info,
                              Clock::time_point deadline, const Plan& plan, Done done) {
-  auto fail_now = [&](const std::string& why) {
-    done(Status::Error(Where(group, key, info.op) + ": device " +
-                       (rank >= 0 && rank < int(members_.size()) ? std::to_string(members_[rank]) : "?") +
-                       ": " + why));
+  // `kind`: the failure's code and peers (only its message is replaced).
+  auto fail_now = [&](const Status& kind, const std::string& why) {
+    done(kind.WithMessage(Where(group, key, info.op) + ": device " +
+                          (rank >= 0 && rank < int(members_.size()) ? std::to_string(members_[rank]) : "?") +
+                          ": " + why));
   };
   if (size != int(process_of_rank_.size()) || rank < 0 || rank >= size || local_index_[rank] < 0)
-    return fail_now("rank or communicator size disagrees with this process's view of the group");
+    return fail_now(Status::Mismatch(""),
+                    "rank or communicator size disagrees with this process's view of the group");
   std::shared_ptr<Slot> slot;
   bool created;
   {
@@ -166,13 +171,15 @@ void ProcessTransport::Start(const GroupInfo& group, int size, const CallKey& ke
     });
   }
   if (slot->over) {
+    // The first cause (a timeout, a dead peer, a mismatch) is this device's too.
+    const Status cause = slot->status.ok() ? Status::Timeout("") : slot->status;
     lock.unlock();
-    return fail_now("a device of this process already gave up on this collective");
+    return fail_now(cause, "a device of this process already gave up on this collective");
   }
   auto& me = slot->entries[local_index_[rank]];
   if (me.present) {
     lock.unlock();
-    return fail_now("this device entered the same collective twice");
+    return fail_now(Status::Error(""), "this device entered the same collective twice");
   }
   me = Slot::Entry{true, send, recv, info, std::move(done)};
   if (++slot->arrived < int(local_.size())) return;
@@ -180,8 +187,9 @@ void ProcessTransport::Start(const GroupInfo& group, int size, const CallKey& ke
   Cancel(slot->timer);
   for (size_t li = 1; li < slot->entries.size() && slot->status.ok(); ++li) {
     if (!(slot->entries[li].info == slot->entries[0].info)) {
-      slot->status = Status::Error(Where(group, key, info.op) +
-                                   ": devices of this process disagree on the call (shapes or dtypes differ)");
+      slot->status = Status::Mismatch(Where(group, key, info.op) +
+                                      ": devices of this process disagree on the call (shapes or dtypes differ)");
+      slot->status.SetPeers({local_[0], local_[li]}, {process_});
     }
   }
   if (!slot->status.ok()) {
@@ -203,12 +211,12 @@ void ProcessTransport::Run(const std::shared_ptr<Slot>& slot) {
   const CallInfo& info = slot->entries[0].info;
   Status st;
   if (!world) {
-    st = Status::Error(Where(slot->group, key, info.op) +
+    st = Status::InvalidArgument(Where(slot->group, key, info.op) +
                        ": this communicator spans processes but jax_smddp is not initialized here: "
                        "call jax.distributed.initialize() and then jax_smddp.initialize() in every "
                        "process before running collectives.");
   } else if (world->process() != process_) {
-    st = Status::Error(Where(slot->group, key, info.op) +
+    st = Status::InvalidArgument(Where(slot->group, key, info.op) +
                        ": the world changed since this program was compiled (jax_smddp.shutdown() "
                        "and initialize() with another process index); recompile it.");
   } else {

@@ -16,27 +16,28 @@ namespace smddp {
 
 Status WatchedGroup::error() const {
   std::lock_guard<std::mutex> lock(mu_);
-  return failed_.load(std::memory_order_relaxed) ? Status::Error(error_) : Status::Ok();
+  return failed_.load(std::memory_order_relaxed) ? error_ : Status::Ok();
 }
 
-void WatchedGroup::Fail(const std::string& message, const std::string& reason, bool quiet) {
+void WatchedGroup::Fail(const Status& failure, const std::string& reason, bool quiet) {
   {
     std::lock_guard<std::mutex> lock(mu_);
     if (failed_.load(std::memory_order_relaxed)) return;
-    error_ = message;
+    error_ = failure;
     failed_.store(true, std::memory_order_release);
   }
   for (SharedBlock* block : own_blocks_) block->MarkFailed(reason, quiet);
 }
 
-void WatchedGroup::FailBecauseOf(const std::string& cause, bool quiet, const std::string& root) {
+void WatchedGroup::FailBecauseOf(const std::string& cause, StatusCode code, bool quiet,
+                                 const std::string& root) {
   const std::string text =
       "jax_smddp: " + cause + "; this group's collectives cannot complete: " +
       (all_flags_.empty() ? "streams waiting on it stay blocked (its flags are in device "
                             "memory; JAX_SMDDP_GPU_FLAG_MEMORY=host lets jax_smddp release them)"
                           : "the calls in flight were released with undefined output") +
       ", and every later call fails. Restart the job.";
-  Fail(text, root.empty() ? cause : root, quiet);
+  Fail(Status::WithCode(code, text), root.empty() ? cause : root, quiet);
   // Every flag released, so every stream waiting goes on (and kept so by
   // Check(): live peers may still write theirs).
   ReleaseFlags();
@@ -73,7 +74,8 @@ bool WatchedGroup::Check() {
       const size_t colon = reason.find(": ");
       if (reason.rfind("jax_smddp", 0) == 0 && colon != std::string::npos)
         reason = reason.substr(colon + 2);  // its "jax_smddp (GPU): " prefix
-      FailBecauseOf(reason + " (reported by " + peer.who + ")", quiet, reason);
+      // That peer failed earlier (whatever its own cause): for this process, a failed peer.
+      FailBecauseOf(reason + " (reported by " + peer.who + ")", StatusCode::kPeerFailed, quiet, reason);
       return true;
     }
   }
@@ -84,7 +86,8 @@ bool WatchedGroup::Check() {
                                      "jax_smddp's GPU groups"
                                    : CheckProcess(peer.pid, peer.start_time);
     if (why.empty()) continue;
-    FailBecauseOf(peer.who + " of " + name_ + " is gone (" + why + ")", /*quiet=*/closed);
+    FailBecauseOf(peer.who + " of " + name_ + " is gone (" + why + ")", StatusCode::kPeerFailed,
+                  /*quiet=*/closed);
     return true;
   }
   // Progress: a peer that has not logged a call this process logged, for
@@ -112,7 +115,7 @@ bool WatchedGroup::Check() {
                         std::to_string(int(timeout)) + " s of this process (set by "
                         "jax_smddp.set_timeout or JAX_SMDDP_TIMEOUT_S): it is stuck, or it "
                         "skipped the call",
-                    /*quiet=*/false);
+                    StatusCode::kTimeout, /*quiet=*/false);
       return true;
     }
   }

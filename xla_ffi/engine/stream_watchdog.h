@@ -73,7 +73,7 @@ class WatchedGroup {
 
   // Marks the group failed (every later call fails with `message`; the
   // first failure is kept) and tells the peers, with `message` as the cause.
-  void Fail(const std::string& message) { Fail(message, message, false); }
+  void Fail(const Status& failure) { Fail(failure, failure.message(), false); }
 
   // Whether a peer died: the per-call check, without a lock.
   bool failed() const { return failed_.load(std::memory_order_acquire); }
@@ -85,10 +85,10 @@ class WatchedGroup {
   bool Check();
 
  private:
-  void Fail(const std::string& message, const std::string& reason, bool quiet);
-  // `cause`: what went wrong; `quiet`: print nothing (an orderly close);
-  // `root`: the cause to hand on to the peers, if not `cause`.
-  void FailBecauseOf(const std::string& cause, bool quiet, const std::string& root = "");
+  void Fail(const Status& failure, const std::string& reason, bool quiet);
+  // `cause`: what went wrong, of kind `code`; `quiet`: print nothing (an
+  // orderly close); `root`: the cause to hand on to the peers, if not `cause`.
+  void FailBecauseOf(const std::string& cause, StatusCode code, bool quiet, const std::string& root = "");
   // Sets every flag to its released value (chosen at the first release and
   // kept, so that releases by several processes do not add up).
   void ReleaseFlags();
@@ -108,7 +108,7 @@ class WatchedGroup {
   uint32_t released_value_ = 0;
   std::vector<Lag> lag_;               // by peer (the watchdog thread only)
   mutable std::mutex mu_;
-  std::string error_;
+  Status error_;
   std::atomic<bool> failed_{false};
 };
 

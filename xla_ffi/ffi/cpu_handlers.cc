@@ -10,6 +10,8 @@
 
 #include "xla/ffi/api/ffi.h"
 #include "xla_ffi/ffi/ffi_dtype.h"
+#include "xla_ffi/ffi/ffi_status.h"
+#include "xla_ffi/engine/last_failure.h"
 #include "xla_ffi/algorithms/algorithms.h"
 #include "xla_ffi/engine/communicator.h"
 #include "xla_ffi/ffi/invocation_counter.h"
@@ -54,7 +56,7 @@ ffi::ErrorOr<std::unique_ptr<CallSite>> Instantiate(ffi::Dictionary attrs) {
   if (!site_uid.has_value()) return ffi::Unexpected(site_uid.error());
   const int64_t n = *size;
   if (n <= 0 || groups->size() % n != 0)
-    return ffi::Unexpected(ffi::Error::InvalidArgument("jax_smddp: malformed replica groups"));
+    return ffi::Unexpected(ToFfiError(Status::InvalidArgument("jax_smddp: malformed replica groups")));
   auto site = std::make_unique<CallSite>();
   site->instance = next++;
   {
@@ -74,10 +76,11 @@ ffi::ErrorOr<std::unique_ptr<CallSite>> Instantiate(ffi::Dictionary attrs) {
     Status error;
     Communicator* comm = FindOrCreateCommunicator(groups->begin() + g, group_processes.data(),
                                                   int(n), &error);
-    if (!comm) return ffi::Unexpected(ffi::Error(ffi::ErrorCode::kFailedPrecondition, error.message()));
+    if (!comm) return ffi::Unexpected(ToFfiError(error));
     for (int64_t r = 0; r < n; ++r) {
       const int64_t id = (*groups)[g + r];
-      if (id < 0) return ffi::Unexpected(ffi::Error::InvalidArgument("jax_smddp: negative device id in replica groups"));
+      if (id < 0)
+        return ffi::Unexpected(ToFfiError(Status::InvalidArgument("jax_smddp: negative device id in replica groups")));
       if (size_t(id) >= site->by_partition.size()) site->by_partition.resize(id + 1);
       site->by_partition[id] = CallSite::Member{comm, int(r), std::make_unique<InvocationCounter>()};
     }
@@ -103,10 +106,12 @@ struct Common {
   CallSite* site;
 };
 
-ffi::Future Failed(ffi::Error error) {
+// A call that fails before it reaches the engine (recorded like the engine's).
+ffi::Future Failed(const char* op, const Status& st) {
+  RecordFailure(op, {}, -1, st);
   ffi::Promise promise;
   ffi::Future future(promise);
-  promise.SetError(std::move(error));
+  promise.SetError(ToFfiError(st));
   return future;
 }
 
@@ -118,12 +123,12 @@ ffi::Future Failed(ffi::Error error) {
 ffi::Future StartCall(const Common& c, int64_t run_id, uint32_t partition_id, ffi::AnyBuffer x,
                       ffi::Result<ffi::AnyBuffer>& out, Plan plan) {
   if (!ToDType(x.element_type(), &plan.dtype))
-    return Failed(ffi::Error::InvalidArgument(std::string("jax_smddp ") + c.op +
-                                              ": unsupported element type reached the engine"));
+    return Failed(c.op, Status::Unsupported(std::string("jax_smddp ") + c.op +
+                                            ": unsupported element type reached the engine"));
   const auto& members = c.site->by_partition;
   if (partition_id >= members.size() || members[partition_id].comm == nullptr)
-    return Failed(ffi::Error::InvalidArgument(std::string("jax_smddp ") + c.op + ": device " +
-                                              std::to_string(partition_id) + " is in no replica group"));
+    return Failed(c.op, Status::InvalidArgument(std::string("jax_smddp ") + c.op + ": device " +
+                                                std::to_string(partition_id) + " is in no replica group"));
   const CallSite::Member& me = members[partition_id];
   CallInfo info{c.op, plan.dtype, plan.op, uint64_t(x.size_bytes()), uint64_t(out->size_bytes())};
   ffi::Promise promise;
@@ -136,7 +141,7 @@ ffi::Future StartCall(const Common& c, int64_t run_id, uint32_t partition_id, ff
                    if (st.ok()) {
                      promise.SetAvailable();
                    } else {
-                     promise.SetError(ffi::Error(ffi::ErrorCode::kInternal, st.message()));
+                     promise.SetError(ToFfiError(st));  // recorded by the engine
                    }
                  });
   return future;

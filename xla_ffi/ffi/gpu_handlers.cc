@@ -10,6 +10,8 @@
 #include "cuda/cuda_stream_ops.h"
 #include "xla/ffi/api/ffi.h"
 #include "xla_ffi/ffi/ffi_dtype.h"
+#include "xla_ffi/ffi/ffi_status.h"
+#include "xla_ffi/engine/last_failure.h"
 #include "cuda/gpu_communicator.h"
 #include "xla_ffi/algorithms/net_port.h"
 #include "xla_ffi/algorithms/stream_algorithms.h"
@@ -33,9 +35,11 @@ ffi::TypeInfo GpuCallSite::info = ffi::MakeTypeInfo<GpuCallSite>();
 
 namespace {
 
-ffi::Error Invalid(const std::string& message) {
-  return ffi::Error::InvalidArgument("jax_smddp (GPU): " + message);
+Status InvalidStatus(const std::string& message) {
+  return Status::InvalidArgument("jax_smddp (GPU): " + message);
 }
+
+ffi::Error Invalid(const std::string& message) { return ToFfiError(InvalidStatus(message)); }
 
 ffi::ErrorOr<std::unique_ptr<GpuCallSite>> Instantiate(ffi::Dictionary attrs) {
   auto groups = attrs.get<ffi::Span<const int64_t>>("groups");
@@ -72,11 +76,10 @@ ffi::ErrorOr<std::unique_ptr<GpuCallSite>> Instantiate(ffi::Dictionary attrs) {
       }
       if (!comm) comm = gpu::FindCommunicator(key);
       if (!comm)
-        return ffi::Unexpected(ffi::Error(
-            ffi::ErrorCode::kFailedPrecondition,
+        return ffi::Unexpected(ToFfiError(Status::InvalidArgument(
             "jax_smddp (GPU): the communicator of this collective was never set up in this "
             "process; jax_smddp sets it up when it lowers the program for local GPUs (do not "
-            "run programs lowered or exported elsewhere)"));
+            "run programs lowered or exported elsewhere)")));
       gpu::LocalRank* rank = comm->Local(int(r));
       if (!rank || rank->ordinal != ordinal)
         return ffi::Unexpected(Invalid("device " + std::to_string(ordinal) +
@@ -92,28 +95,30 @@ const cuda::GpuSettings& Settings() {
   return settings;
 }
 
-// Enqueues the call on `stream` and returns.
-ffi::Error Enqueue(const char* op, int64_t op_id, cudaStream_t stream, int32_t ordinal,
+// Enqueues the call on `stream` and returns. A failure keeps the engine's
+// code, with the op in front of its message.
+Status EnqueueCall(const char* op, int64_t op_id, cudaStream_t stream, int32_t ordinal,
                    GpuCallSite* site, ffi::AnyBuffer x, ffi::Result<ffi::AnyBuffer>& out,
                    Plan plan) {
+  auto located = [&](const Status& st) {
+    return st.WithMessage(std::string(op) + " (op " + std::to_string(op_id) + "): " + st.message());
+  };
   if (!ToDType(x.element_type(), &plan.dtype))
-    return Invalid(std::string(op) + ": unsupported element type reached the engine");
+    return Status::Unsupported("jax_smddp (GPU): " + std::string(op) +
+                               ": unsupported element type reached the engine");
   if (ordinal < 0 || size_t(ordinal) >= site->by_ordinal.size() ||
       !site->by_ordinal[ordinal].rank)
-    return Invalid(std::string(op) + " (op " + std::to_string(op_id) + "): device " +
-                   std::to_string(ordinal) + " is in no replica group of this process");
+    return InvalidStatus(std::string(op) + " (op " + std::to_string(op_id) + "): device " +
+                         std::to_string(ordinal) + " is in no replica group of this process");
   const GpuCallSite::Member& me = site->by_ordinal[ordinal];
-  if (const Status st = gpu::CheckCall(*me.rank, op, plan); !st.ok())
-    return ffi::Error(ffi::ErrorCode::kAborted,
-                      std::string(op) + " (op " + std::to_string(op_id) + "): " + st.message());
+  if (const Status st = gpu::CheckCall(*me.rank, op, plan); !st.ok()) return located(st);
   cuda::CudaStreamOps ops(stream, Settings());
   if (!me.port) {
     if (const Status st = gpu::ExchangeBuffers(*me.rank, plan, x.untyped_data(),
                                                  out->untyped_data()); !st.ok()) {
       // Peers may have seen this rank's buffers and enqueued reads of them.
       ReleaseEveryoneWaitingOn(me.rank->view, ops);
-      return ffi::Error(ffi::ErrorCode::kAborted,
-                        std::string(op) + " (op " + std::to_string(op_id) + "): " + st.message());
+      return located(st);
     }
     if (!me.rank->view.inputs.empty()) cuda::Counters().direct_reads++;
   }
@@ -130,16 +135,26 @@ ffi::Error Enqueue(const char* op, int64_t op_id, cudaStream_t stream, int32_t o
       st = RunStreamHierarchicalSwap(plan.outer, plan.inner, me.rank->view, *me.port, *me.rank_of,
                                      ops, x.untyped_data(), out->untyped_data());
     } else {
-      return Invalid(std::string(op) + " across hosts is not supported on GPUs (all_gather, "
-                     "reduce_scatter and all_to_all are; all_reduce is lowered as two of them)");
+      return Status::Unsupported("jax_smddp (GPU): " + std::string(op) +
+                                 " across hosts is not supported on GPUs (all_gather, "
+                                 "reduce_scatter and all_to_all are; all_reduce is lowered as two of them)");
     }
   } else {
     st = RunStreamPlan(plan, me.rank->view, ops, x.untyped_data(), out->untyped_data());
   }
-  if (!st.ok())
-    return ffi::Error(ffi::ErrorCode::kInternal,
-                      std::string(op) + " (op " + std::to_string(op_id) + "): " + st.message());
-  return ffi::Error::Success();
+  if (!st.ok()) return located(st);
+  return Status::Ok();
+}
+
+// Enqueues the call; a failure is recorded (jax_smddp.errors.last_failure)
+// and handed to XLA with its code.
+ffi::Error Enqueue(const char* op, int64_t op_id, cudaStream_t stream, int32_t ordinal,
+                   GpuCallSite* site, ffi::AnyBuffer x, ffi::Result<ffi::AnyBuffer>& out,
+                   Plan plan) {
+  const Status st = EnqueueCall(op, op_id, stream, ordinal, site, x, out, plan);
+  if (st.ok()) return ffi::Error::Success();
+  RecordFailure(op, {}, -1, st);  // the GPU group's device ids are not at hand here
+  return ToFfiError(st);
 }
 
 // Group attributes are read at instantiation; the execute stage ignores them.

@@ -84,7 +84,7 @@ FabricEndpoint::~FabricEndpoint() = default;
 std::string FabricEndpoint::Address() const { return std::string(); }
 std::string FabricEndpoint::Provider() const { return std::string(); }
 Status FabricEndpoint::Connect(const std::string&, const std::string&, std::unique_ptr<Link>*) {
-  return Status::Error("jax_smddp was built without libfabric headers");
+  return Status::Unsupported("jax_smddp was built without libfabric headers");
 }
 
 #else  // SMDDP_HAVE_LIBFABRIC
@@ -403,7 +403,7 @@ void FabricEndpoint::Impl::Send(Peer* p, uint64_t tag, const void* src, size_t b
   std::lock_guard<std::mutex> lock(mu_);
   req->Reset();
   if (!p->failure.empty()) {
-    req->Complete(Status::Error("cannot send " + TagText(tag) + " to " + p->name + ": " +
+    req->Complete(Status::PeerFailed("cannot send " + TagText(tag) + " to " + p->name + ": " +
                                 p->failure));
     return;
   }
@@ -432,7 +432,7 @@ void FabricEndpoint::Impl::Recv(Peer* p, uint64_t tag, void* dst, size_t bytes, 
     }
   }
   if (!p->failure.empty()) {
-    req->Complete(Status::Error("cannot receive " + TagText(tag) + " from " + p->name + ": " +
+    req->Complete(Status::PeerFailed("cannot receive " + TagText(tag) + " from " + p->name + ": " +
                                 p->failure));
     return;
   }
@@ -548,7 +548,7 @@ void FabricEndpoint::Impl::Retire(SendTrack* t) {
   if (req) t->peer->sending.erase(req);
   tracks_.erase(t);
   delete t;
-  if (req) req->Complete(error.empty() ? Status::Ok() : Status::Error(error));
+  if (req) req->Complete(error.empty() ? Status::Ok() : Status::PeerFailed(error));
 }
 
 void FabricEndpoint::Impl::FlushSends() {
@@ -721,7 +721,7 @@ void FabricEndpoint::Impl::HandleChunk(Slot& slot, size_t len) {
       m.req = nullptr;
       m.dst = nullptr;
       m.discard = true;
-      req->Complete(Status::Error(p->name + " cancelled sending " + TagText(m.tag) + " after " +
+      req->Complete(Status::PeerFailed(p->name + " cancelled sending " + TagText(m.tag) + " after " +
                                   std::to_string(h.offset) + " of " + std::to_string(m.total) +
                                   " bytes"));
     }
@@ -786,13 +786,13 @@ void FabricEndpoint::Impl::Bind(Peer* p, std::map<uint64_t, InMsg>::iterator it,
   if (m.total != r.bytes) {
     m.discard = true;
     m.heap.reset();
-    r.req->Complete(Status::Error(
+    r.req->Complete(Status::Mismatch(
         TagText(m.tag) + " from " + p->name + " has " + std::to_string(m.total) +
         " bytes but the receive expects " + std::to_string(r.bytes) +
         " (do the processes run the same program?)"));
   } else if (m.aborted) {
     m.discard = true;
-    r.req->Complete(Status::Error(p->name + " cancelled sending " + TagText(m.tag) + " after " +
+    r.req->Complete(Status::PeerFailed(p->name + " cancelled sending " + TagText(m.tag) + " after " +
                                   std::to_string(m.limit) + " of " + std::to_string(m.total) +
                                   " bytes"));
   } else {
@@ -882,7 +882,7 @@ Status FabricEndpoint::Open(const std::string& provider, const std::string& node
   if (!FabricAvailable(&why)) {
     return Status::Error("cannot open a libfabric endpoint: " + why);
   }
-  if (provider.empty()) return Status::Error("no libfabric provider named");
+  if (provider.empty()) return Status::InvalidArgument("no libfabric provider named");
   auto impl = std::make_shared<Impl>(GetApi());
   Status st = impl->Init(provider, node);
   if (!st.ok()) return st;

@@ -38,7 +38,7 @@ class FabricRail::Impl {};
 
 Status FabricRail::Open(const std::string&, const std::string&, MemoryIface,
                         std::unique_ptr<FabricRail>*) {
-  return Status::Error(std::string("cannot open a libfabric rail: jax_smddp was ") +
+  return Status::Unsupported(std::string("cannot open a libfabric rail: jax_smddp was ") +
                        kFabricNoHeaders);
 }
 FabricRail::FabricRail(std::shared_ptr<Impl> impl) : impl_(std::move(impl)) {}
@@ -48,10 +48,10 @@ std::string FabricRail::Provider() const { return std::string(); }
 MemoryIface FabricRail::iface() const { return MemoryIface::kHost; }
 size_t FabricRail::max_message() const { return 0; }
 Status FabricRail::Register(void*, size_t, int, std::unique_ptr<Region>*) {
-  return Status::Error("jax_smddp was built without libfabric headers");
+  return Status::Unsupported("jax_smddp was built without libfabric headers");
 }
 Status FabricRail::Connect(const std::string&, const std::string&, Link*, std::unique_ptr<Link>*) {
-  return Status::Error("jax_smddp was built without libfabric headers");
+  return Status::Unsupported("jax_smddp was built without libfabric headers");
 }
 
 #else  // SMDDP_HAVE_LIBFABRIC
@@ -185,7 +185,7 @@ Status FabricRail::Impl::Init(const std::string& provider, const std::string& no
   const FabricApi& a = api_;
   iface_ = iface;
   if (a.version() < FI_VERSION(1, 10)) {
-    return Status::Error("libfabric " + std::to_string(FI_MAJOR(a.version())) + "." +
+    return Status::Unsupported("libfabric " + std::to_string(FI_MAJOR(a.version())) + "." +
                          std::to_string(FI_MINOR(a.version())) +
                          " has no FI_HMEM (registered device memory needs 1.10 or newer)");
   }
@@ -299,7 +299,7 @@ void FabricRail::Impl::Post(RailPeer* p, bool recv, uint64_t tag, void* buf, siz
     return;
   }
   if (bytes > max_msg_) {
-    req->Complete(Status::Error("libfabric (" + provider_ + ") carries at most " +
+    req->Complete(Status::InvalidArgument("libfabric (" + provider_ + ") carries at most " +
                                 std::to_string(max_msg_) + " bytes per message, not " +
                                 std::to_string(bytes) + "; lower JAX_SMDDP_GPU_SLOT_BYTES"));
     return;
@@ -376,7 +376,7 @@ void FabricRail::Impl::Progress() {
     for (ssize_t i = 0; i < n; ++i) {
       auto* op = static_cast<RailOp*>(entries[i].op_context);
       if (op->recv && entries[i].len != op->bytes) {
-        Finish(op, Status::Error("received " + std::to_string(entries[i].len) + " bytes from " +
+        Finish(op, Status::Mismatch("received " + std::to_string(entries[i].len) + " bytes from " +
                                  op->peer->name + " where " + std::to_string(op->bytes) +
                                  " were expected (a peer running a different program?)"));
       } else {
@@ -417,7 +417,11 @@ void FabricRail::Impl::ReadError() {
            op->peer->name + ": " + text;
     if (!op->recv && op->peer->failure.empty()) op->peer->failure = what;
   }
-  Finish(op, Status::Error(what));
+  // A longer message: the peer runs another call; a failed transfer: the peer
+  // (or the path to it) is gone; a cancellation is this process's own.
+  Finish(op, code == FI_ETRUNC     ? Status::Mismatch(what)
+             : code == FI_ECANCELED ? Status::Error(what)
+                                    : Status::PeerFailed(what));
 }
 
 void FabricRail::Impl::Cancel(Request* req) {

@@ -102,7 +102,7 @@ Status PeerWatch::Listen(const std::string& node, std::unique_ptr<PeerWatch>* ou
   sockaddr_storage addr;
   socklen_t len = 0;
   if (!ParseAddress((node.empty() ? std::string("0.0.0.0") : node) + ":1", &addr, &len))
-    return Status::Error("jax_smddp: cannot listen on '" + node + "': not an IP address");
+    return Status::InvalidArgument("jax_smddp: cannot listen on '" + node + "': not an IP address");
   reinterpret_cast<sockaddr_in*>(&addr)->sin_port = 0;  // same offset for v6
   if (addr.ss_family == AF_INET6) reinterpret_cast<sockaddr_in6*>(&addr)->sin6_port = 0;
   const int fd = socket(addr.ss_family, SOCK_STREAM | SOCK_CLOEXEC, 0);
@@ -143,7 +143,7 @@ Status PeerWatch::Connect(int self, int peer, const std::string& address, double
   sockaddr_storage addr;
   socklen_t len = 0;
   if (!ParseAddress(address, &addr, &len))
-    return Status::Error("jax_smddp: process " + std::to_string(peer) + " published a bad address '" +
+    return Status::InvalidArgument("jax_smddp: process " + std::to_string(peer) + " published a bad address '" +
                          address + "'");
   const auto deadline = std::chrono::steady_clock::now() + std::chrono::duration<double>(timeout_s);
   while (true) {
@@ -159,7 +159,7 @@ Status PeerWatch::Connect(int self, int peer, const std::string& address, double
     const std::string why = std::strerror(errno);
     close(fd);
     if (std::chrono::steady_clock::now() > deadline)
-      return Status::Error("jax_smddp: cannot connect to process " + std::to_string(peer) + " at " +
+      return Status::PeerFailed("jax_smddp: cannot connect to process " + std::to_string(peer) + " at " +
                            address + ": " + why);
     usleep(100000);
   }
@@ -174,7 +174,7 @@ Status PeerWatch::AcceptFrom(const std::vector<int>& peers, double timeout_s) {
                                 deadline - std::chrono::steady_clock::now()).count());
     pollfd pfd{listen_fd_, POLLIN, 0};
     if (left_ms <= 0 || poll(&pfd, 1, left_ms) <= 0)
-      return Status::Error("jax_smddp: timed out waiting for processes on other hosts to connect to " +
+      return Status::Timeout("jax_smddp: timed out waiting for processes on other hosts to connect to " +
                            address_ + " (a firewall between hosts, or a peer that failed to start)");
     const int fd = accept4(listen_fd_, nullptr, nullptr, SOCK_CLOEXEC);
     if (fd < 0) continue;

@@ -129,7 +129,7 @@ class ShmSegment {
 Status CreateShmSegment(size_t ring_bytes, std::string* name,
                         std::shared_ptr<ShmSegment>* out) {
   if (ring_bytes > kMaxRing) {
-    return Status::Error("shared-memory ring of " + std::to_string(ring_bytes) +
+    return Status::InvalidArgument("shared-memory ring of " + std::to_string(ring_bytes) +
                          " bytes requested; at most " + std::to_string(kMaxRing) +
                          " are supported");
   }
@@ -167,7 +167,7 @@ Status OpenShmSegment(const std::string& name, std::shared_ptr<ShmSegment>* out)
     return Status::Error("shared-memory segment " + name + " is not a jax_smddp link");
   }
   if (h.version != kVersion) {
-    return Status::Error("shared-memory segment " + name + " has layout version " +
+    return Status::Mismatch("shared-memory segment " + name + " has layout version " +
                          std::to_string(h.version) + ", this build uses " +
                          std::to_string(kVersion) +
                          " (processes from different jax_smddp builds)");
@@ -245,7 +245,7 @@ class ShmLink final : public Link {
   void Send(uint64_t tag, const void* src, size_t bytes, Request* req) override {
     std::lock_guard<std::mutex> lock(mu_);
     if (failed_.load(std::memory_order_relaxed)) {
-      req->Complete(Status::Error(Failure()));
+      req->Complete(Status::PeerFailed(Failure()));
       return;
     }
     try {
@@ -261,7 +261,7 @@ class ShmLink final : public Link {
   void Recv(uint64_t tag, void* dst, size_t bytes, Request* req) override {
     std::lock_guard<std::mutex> lock(mu_);
     if (failed_.load(std::memory_order_relaxed)) {
-      req->Complete(Status::Error(Failure()));
+      req->Complete(Status::PeerFailed(Failure()));
       return;
     }
     for (size_t ui = 0; ui < unexpected_.size(); ++ui) {
@@ -273,7 +273,7 @@ class ShmLink final : public Link {
         if (i.u == u) in = &i;
       }
       if (u->total != bytes) {
-        Status mismatch = Status::Error(MismatchMessage(u->total, tag, bytes));
+        Status mismatch = Status::Mismatch(MismatchMessage(u->total, tag, bytes));
         if (in != nullptr) in->u = nullptr;  // discard the rest
         unexpected_.erase(unexpected_.begin() + ptrdiff_t(ui));
         req->Complete(std::move(mismatch));
@@ -451,7 +451,7 @@ class ShmLink final : public Link {
       failure_ = std::move(reason);
     }
     failed_.store(true, std::memory_order_release);
-    const Status st = Status::Error(Failure());
+    const Status st = Status::PeerFailed(Failure());  // the link is gone, with its peer
     for (PendingSend& s : pending_) {
       if (!s.abort && s.req != nullptr) s.req->Complete(st);
     }
@@ -632,7 +632,7 @@ class ShmLink final : public Link {
       incoming_.erase(incoming_.begin() + ptrdiff_t(idx));
       if (in.u != nullptr) DropUnexpectedLocked(in.u);
       if (in.req != nullptr) {
-        in.req->Complete(Status::Error("process " + std::to_string(peer_pid_.load()) +
+        in.req->Complete(Status::PeerFailed("process " + std::to_string(peer_pid_.load()) +
                                        " cancelled sending the message under tag " +
                                        std::to_string(h.tag)));
       }
@@ -654,7 +654,7 @@ class ShmLink final : public Link {
         posted_.erase(posted_.begin() + ptrdiff_t(r));
         if (p.bytes != h.total) {
           // The message is that receive's; drop it.
-          p.req->Complete(Status::Error(MismatchMessage(h.total, h.tag, p.bytes)));
+          p.req->Complete(Status::Mismatch(MismatchMessage(h.total, h.tag, p.bytes)));
         } else {
           in.req = p.req;
           in.dst = p.dst;

@@ -36,12 +36,12 @@ std::shared_ptr<const World> g_world;
 std::unique_ptr<Pending> g_pending;
 
 Status NotBegun() {
-  return Status::Error("jax_smddp: bootstrap step before WorldBegin (call jax_smddp.initialize())");
+  return Status::InvalidArgument("jax_smddp: bootstrap step before WorldBegin (call jax_smddp.initialize())");
 }
 
 Status CheckPeer(const Pending& p, int peer) {
   if (peer < 0 || peer >= int(p.peers.size()) || peer == p.process)
-    return Status::Error("jax_smddp: bootstrap names process " + std::to_string(peer) +
+    return Status::InvalidArgument("jax_smddp: bootstrap names process " + std::to_string(peer) +
                          ", which is not a peer of process " + std::to_string(p.process));
   return Status::Ok();
 }
@@ -70,7 +70,7 @@ void UseWorldOf(WorldSource source) {
 
 Status WorldBegin(int process, int processes) {
   if (processes < 1 || process < 0 || process >= processes)
-    return Status::Error("jax_smddp: process " + std::to_string(process) + " of " +
+    return Status::InvalidArgument("jax_smddp: process " + std::to_string(process) + " of " +
                          std::to_string(processes) + " is not a valid process index");
   std::lock_guard<std::mutex> lock(g_mu);
   if (g_pending) {
@@ -87,7 +87,7 @@ Status WorldSetPeer(int process, int pid, const std::string& host) {
   std::lock_guard<std::mutex> lock(g_mu);
   if (!g_pending) return NotBegun();
   if (process < 0 || process >= int(g_pending->peers.size()))
-    return Status::Error("jax_smddp: no process " + std::to_string(process));
+    return Status::InvalidArgument("jax_smddp: no process " + std::to_string(process));
   g_pending->peers[process].pid = pid;
   g_pending->peers[process].host = host;
   return Status::Ok();
@@ -135,7 +135,7 @@ Status WorldOpenFabric(const std::string& provider, const std::string& node,
   if (!g_pending) return NotBegun();
   std::string why;
   if (!FabricAvailable(&why))
-    return Status::Error("jax_smddp: processes on other hosts need libfabric, which is not usable "
+    return Status::Unsupported("jax_smddp: processes on other hosts need libfabric, which is not usable "
                          "here: " + why);
   std::unique_ptr<FabricEndpoint> ep;
   const std::string chosen = ChooseFabricProvider(provider);
