@@ -51,7 +51,8 @@ fi
 if want build; then
   echo "=== build (nvcc: $(command -v nvcc || echo /usr/local/cuda/bin/nvcc))"
   start=$(date +%s)
-  timeout 420 "$PY" -m pip install -v --disable-pip-version-check --no-build-isolation --no-deps -e . \
+  timeout 420 "$PY" -m pip install -v --disable-pip-version-check --no-build-isolation --no-deps \
+    --config-settings=cmake.define.JAX_SMDDP_TESTING=ON -e . \
     >"$out/build.log" 2>&1 || { tail -60 "$out/build.log"; echo "build failed"; exit 1; }
   # The tests' probes and native programs (tests/engine, tests/native), beside the package.
   bash tools/build_testing.sh "$(dirname "$(dirname "$PY")")" >>"$out/build.log" 2>&1 \

@@ -41,4 +41,7 @@ def test_the_installed_engine_exposes_no_test_probe():
   names = dir(_native.engine())
   probes = [n for n in names if "probe" in n or n in ("SharedBlock", "watch_process")]
   assert not probes, probes
+  cuda = _native.cuda_engine()
+  if cuda is not None:  # its test entry is compiled in only with -DJAX_SMDDP_TESTING=ON
+    assert not hasattr(cuda, "stream_run")
   assert "rendezvous_probe" in dir(__import__("helpers").engine_probes())

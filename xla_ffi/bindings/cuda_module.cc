@@ -72,6 +72,10 @@ double CopyBandwidth(int ordinal, size_t bytes, int iters) {
   return best_ms > 0 ? double(bytes) / (best_ms * 1e-3) : 0.0;
 }
 
+#ifdef SMDDP_TESTING_ENTRIES
+// The GPU kernel tests' entry (tests/gpu/test_kernels.py), compiled in only
+// with -DJAX_SMDDP_TESTING=ON (tools/gpu_check.sh builds so): the installed
+// module exposes no test probe.
 // Runs `calls` calls of one collective (kinds as in the host probe) as `rank`
 // of the prepared and connected communicator of `members`, on a stream of its
 // own, with CudaStreamOps; returns the output. Checks the kernels, copy modes
@@ -126,6 +130,7 @@ nb::bytes StreamRun(std::vector<int64_t> members, int rank, int kind, int dtype,
   CheckCuda(err, "stream_run");
   return nb::bytes(host.data(), host.size());
 }
+#endif  // SMDDP_TESTING_ENTRIES
 
 }  // namespace
 
@@ -250,10 +255,12 @@ NB_MODULE(_smddp_cuda, m) {
     nb::gil_scoped_release release;
     return CopyBandwidth(ordinal, bytes, iters);
   }, nb::arg("ordinal"), nb::arg("bytes"), nb::arg("iters") = 10);
+#ifdef SMDDP_TESTING_ENTRIES
   m.def("stream_run", &StreamRun, nb::arg("members"), nb::arg("rank"), nb::arg("kind"),
         nb::arg("dtype"), nb::arg("op"), nb::arg("outer"), nb::arg("inner"), nb::arg("count"),
         nb::arg("input"), nb::arg("out_bytes"), nb::arg("calls") = 1,
         nb::arg("copies") = "engine", nb::arg("flags") = "memops", nb::arg("max_blocks") = 8);
+#endif
   m.def("have_stream_memops", &smddp::cuda::HaveStreamMemOps);
   m.def("settings", [] {
     const auto s = smddp::cuda::GpuSettings::FromEnvironment();
