@@ -19,6 +19,7 @@ from __future__ import annotations
 import difflib
 import functools
 import logging
+import os
 
 from jax_smddp import _native
 
@@ -131,6 +132,35 @@ def markdown() -> str:
     lines.append(f"| `{s['name']}` | {s['default']} | {_accepts(s)} | {s['scope']} | "
                  f"{s['meaning']}.{agree} |")
   return "\n".join(lines) + "\n"
+
+
+def agreed_values() -> dict[str, str | None]:
+  """This process's raw value (None: unset) of every setting that must be
+  equal in every process of a job."""
+  return {s["name"]: os.environ.get(s["name"]) for s in _specs() if s["agree"]}
+
+
+# Read once, when JAX starts its backends: a differing value cannot be changed after.
+_FIXED_AT_START = ("JAX_SMDDP_COLLECTIVES",)
+
+
+def adopt(values: dict[str, str | None], source: str) -> None:
+  """Makes this process's must-agree settings `values` (`source`'s, e.g.
+  process 0's), saying so at WARNING level where they differed."""
+  for name, value in values.items():
+    mine = os.environ.get(name)
+    if (mine or None) == (value or None):
+      continue
+    if name in _FIXED_AT_START:
+      log.warning("jax_smddp: %s=%r here but %r in %s; it is read when JAX starts, so this "
+                  "process keeps its own: set it alike in every process", name, mine, value, source)
+      continue
+    log.warning("jax_smddp: %s=%r here but %r in %s; using %s's (it must be equal in every "
+                "process)", name, mine, value, source, source)
+    if value is None:
+      os.environ.pop(name, None)
+    else:
+      os.environ[name] = value
 
 
 def set_timeout(seconds: float) -> None:

@@ -142,6 +142,12 @@ def initialize() -> None:
     put(f"proc/{me}", json.dumps({"host": host, "pid": os.getpid()}))
     procs = [json.loads(get(f"proc/{q}")) if q != me else {"host": host, "pid": os.getpid()}
              for q in range(n)]
+    # Settings that must be equal in every process are process 0's everywhere
+    # (before any link opens or any call is lowered on them).
+    if me == 0:
+      put("settings", json.dumps(config.agreed_values()))
+    config.adopt(json.loads(get("settings")) if me != 0 else config.agreed_values(),
+                 "process 0")
     engine.world_begin(me, n)
     try:
       for q, info in enumerate(procs):

@@ -265,3 +265,18 @@ def test_processes_with_different_tuner_inputs_agree(tmp_path):
   assert_all_ok(procs)
   assert procs[0].result["choices"] == procs[1].result["choices"], launch.describe(procs)
   assert not any("forced" in c["reason"] for c in procs[0].result["choices"]), procs[0].result
+
+
+@pytest.mark.timeout(300)
+def test_settings_that_must_agree_are_process_zeros_everywhere():
+  procs = run_job(["agreed_settings"], 2, 2, timeout=240, per_process_env=[
+      {"JAX_SMDDP_FABRIC_CHUNK_BYTES": "128K"},
+      {"JAX_SMDDP_FABRIC_CHUNK_BYTES": "64K", "JAX_SMDDP_HIERARCHICAL": "0",
+       "JAX_SMDDP_GPU_SLOT_BYTES": "1M"}])
+  assert_all_ok(procs)
+  want = {"JAX_SMDDP_FABRIC_CHUNK_BYTES": 128 << 10, "JAX_SMDDP_HIERARCHICAL": None,
+          "JAX_SMDDP_GPU_SLOT_BYTES": None}
+  for p in procs:
+    assert p.result["values"] == want, launch.describe(procs)
+  assert "JAX_SMDDP_FABRIC_CHUNK_BYTES='64K' here but '128K' in process 0" in procs[1].output, \
+      procs[1].output[-3000:]

@@ -423,6 +423,18 @@ def scenario_tuner_inputs():
   result(ok=True, choices=choices)
 
 
+def scenario_agreed_settings():
+  """Process 1 starts with other values of settings that must agree: after
+  initialize() every process runs with process 0's, and collectives agree."""
+  smddp.initialize()
+  mesh = Mesh(np.array(jax.devices()), ("x",))
+  x = values((mesh.size * 2, 5000), np.float32, 3)
+  y = smap(mesh, lambda v: smddp.psum(v, "x"), P("x"), P("x"))(global_array(mesh, P("x"), x))
+  check("psum", y, _psum_reference(x, mesh, "x", "x"))
+  names = ("JAX_SMDDP_FABRIC_CHUNK_BYTES", "JAX_SMDDP_HIERARCHICAL", "JAX_SMDDP_GPU_SLOT_BYTES")
+  result(ok=True, values={k: smddp.settings()[k]["value"] for k in names})
+
+
 def scenario_require():
   """JAX_SMDDP_REQUIRE (set by the launcher) names what this machine lacks:
   the first collective must raise RequirementError, never run on a fallback."""
