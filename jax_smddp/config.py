@@ -38,44 +38,19 @@ def _specs() -> tuple:
   return tuple(_native.engine().setting_specs())
 
 
-@functools.cache
-def _spec(name: str) -> dict:
-  for s in _specs():
-    if s["name"] == name:
-      return s
-  raise KeyError(f"jax_smddp has no setting named {name}")
-
-
-def _typed(spec: dict, text: str):
-  kind = spec["kind"]
-  if kind in ("int", "bytes"):
-    scale = {"K": 1 << 10, "M": 1 << 20, "G": 1 << 30}.get(text[-1:].upper(), 1)
-    return int(text[:-1] if scale > 1 else text) * scale
-  if kind == "seconds":
-    return float(text)
-  if kind == "list":
-    return [item.strip() for item in text.split(",") if item.strip()]
-  return text
-
-
 def parse(name: str, text: str | None):
-  """`text` as a value of setting `name` (None when None or empty); raises
-  ValueError naming the setting and what it accepts when it is not one."""
+  """`text` as a value of setting `name`, typed as the engine reads it (int for
+  counts and bytes, float for seconds, list for lists, str otherwise; None when
+  None or empty); raises ValueError naming the setting and what it accepts."""
   if text is None or text.strip() == "":
     return None
-  spec = _spec(name)
-  _native.engine().check_setting_value(name, text)
-  text = text.strip()
-  return _typed(spec, text.lower() if spec["kind"] in ("choice", "list") else text)
+  return _native.engine().parse_setting(name, text)
 
 
 def get(name: str):
-  """The value of setting `name` from the environment, typed (int for counts
-  and bytes, float for seconds, list for lists, str otherwise), or None when
-  unset (the caller's default applies, as the registry documents it)."""
-  spec = _spec(name)
-  text, is_set = _native.engine().read_setting(name)
-  return _typed(spec, text) if is_set else None
+  """The value of setting `name` from the environment, typed as by parse(), or
+  None when unset (the caller's default applies, as the registry documents it)."""
+  return parse(name, os.environ.get(name))
 
 
 def settings() -> dict[str, dict]:

@@ -157,7 +157,9 @@ _WHERE = re.compile(r"^jax_smddp\[[a-z_]+\](?: \(GPU\))?:? (?:(\w+) \(op \d+(?: 
                     r"devices \[([-\d ]*)\])?\))?")
 
 
-def _native_failures() -> list:
+def recent_failures() -> list:
+  """The collective failures the engine recorded lately in this process
+  (at most 32 per native module), oldest first."""
   from jax_smddp import _native
   records = [Failure._from_native(d) for d in _native.engine().recent_failures()]
   cuda = _native.cuda_engine()
@@ -166,15 +168,9 @@ def _native_failures() -> list:
   return sorted(records, key=lambda f: (f.time, f.sequence))
 
 
-def recent_failures() -> list:
-  """The collective failures the engine recorded lately in this process
-  (at most 32 per native module), oldest first."""
-  return _native_failures()
-
-
 def last_failure() -> Optional[Failure]:
   """The last collective failure the engine recorded in this process, or None."""
-  records = _native_failures()
+  records = recent_failures()
   return records[-1] if records else None
 
 
@@ -204,7 +200,7 @@ def classify(exc: BaseException) -> Optional[CollectiveError]:
   code, message = tag.group(1), text[tag.start():]
   cls = _CLASSES[code]
   failure = None
-  for f in reversed(_native_failures()):
+  for f in reversed(recent_failures()):
     if f.code == code and f.message and any(f.message in t for t in _untagged(message, code)):
       failure = f
       break

@@ -57,9 +57,10 @@ def _round_chunk(nbytes: int) -> int:
   return max(MIN_CHUNK_BYTES, (int(nbytes) + 63) // 64 * 64)
 
 
-# What the tuner decides from: the machine model and the two overrides. None:
-# this process's own (one process); set by initialize() in a multi-process job.
-_job_inputs: tuple | None = None  # (Machine, JAX_SMDDP_ALGORITHM, JAX_SMDDP_CHUNK_BYTES)
+# What the tuner decides from: the machine model and the two overrides, parsed.
+# None: this process's own (one process); set by initialize() in a
+# multi-process job.
+_job_inputs: tuple | None = None  # (Machine, forced algorithm or None, forced chunk or None)
 
 _OVERRIDES = ("JAX_SMDDP_ALGORITHM", "JAX_SMDDP_CHUNK_BYTES")
 
@@ -80,25 +81,22 @@ def set_job_inputs(inputs: str | None) -> None:
   else:
     data = json.loads(inputs)
     machine = cost_model.Machine.from_json(cost_model._definite(data["machine"]))
-    _job_inputs = (machine, *data["overrides"])
+    _job_inputs = (machine, *_overrides(*data["overrides"]))
   _choose.cache_clear()
+
+
+def _overrides(algorithm: str | None, chunk_bytes: str | None) -> tuple:
+  """JAX_SMDDP_ALGORITHM and JAX_SMDDP_CHUNK_BYTES (rounded as the engine
+  rounds it) from their raw values; a bad value raises, naming the setting."""
+  chunk = config.parse("JAX_SMDDP_CHUNK_BYTES", chunk_bytes)
+  return (config.parse("JAX_SMDDP_ALGORITHM", algorithm),
+          None if chunk is None else _round_chunk(chunk))
 
 
 def _inputs() -> tuple:
   if _job_inputs is not None:
     return _job_inputs
-  return (cost_model.local_machine(), *(os.environ.get(k) for k in _OVERRIDES))
-
-
-def _env_chunk(raw: str | None) -> tuple[int | None, str]:
-  """JAX_SMDDP_CHUNK_BYTES, rounded as the engine rounds it (a bad value
-  raises, naming the setting)."""
-  value = config.parse("JAX_SMDDP_CHUNK_BYTES", raw)
-  return (None if value is None else _round_chunk(value)), ""
-
-
-def _env_algorithm(raw: str | None) -> tuple[str | None, str]:
-  return config.parse("JAX_SMDDP_ALGORITHM", raw), ""
+  return (cost_model.local_machine(), *_overrides(*(os.environ.get(k) for k in _OVERRIDES)))
 
 
 def _us(seconds: float) -> str:
@@ -114,10 +112,8 @@ def choose(op: str, bytes_per_rank: int, layout) -> Choice:
   """The algorithm and chunk for one call; never raises for valid input (an
   unexpected failure of the model falls back to the engine's defaults)."""
   layout = _valid_layout(layout)
-  inputs = _inputs()
-  _env_algorithm(inputs[1])  # a bad override is the user's to fix: raised, not
-  _env_chunk(inputs[2])      # swallowed with the model's failures below
-  return _choose(op, max(0, int(bytes_per_rank)), layout, inputs)
+  # A bad override raises here (_inputs), not swallowed with the model's failures below.
+  return _choose(op, max(0, int(bytes_per_rank)), layout, _inputs())
 
 
 @functools.lru_cache(maxsize=4096)
@@ -133,16 +129,13 @@ def _choose(op: str, nbytes: int, layout: Layout, inputs: tuple) -> Choice:
   return choice
 
 
-def _decide(op: str, nbytes: int, layout: Layout, machine, algorithm: str | None,
-            chunk_bytes: str | None) -> Choice:
+def _decide(op: str, nbytes: int, layout: Layout, machine, forced_algo: str | None,
+            forced_chunk: int | None) -> Choice:
   if op not in OPS:
     raise ValueError(f"unknown op {op!r}")
-  forced_algo, algo_note = _env_algorithm(algorithm)
-  forced_chunk, chunk_note = _env_chunk(chunk_bytes)
-  notes = [n for n in (algo_note, chunk_note) if n]
   if layout.processes == 1:
-    chunk = forced_chunk or cost_model.DEFAULT_CHUNK_BYTES
-    return Choice("in_process", chunk, "; ".join(["one process: ranks share memory"] + notes))
+    return Choice("in_process", forced_chunk or cost_model.DEFAULT_CHUNK_BYTES,
+                  "one process: ranks share memory")
   valid = cost_model.hierarchical_valid(layout) and op != "all_to_all"
   if forced_algo:
     algo = forced_algo
@@ -158,7 +151,7 @@ def _decide(op: str, nbytes: int, layout: Layout, machine, algorithm: str | None
       top, _ = cost_model.best(op, nbytes, layout, machine, algorithms=[algo])
       chunk = _round_chunk(top.chunk_bytes)
       reason += f", chunk by model ({_us(top.time_s)})"
-    return Choice(algo, chunk, "; ".join([reason] + notes))
+    return Choice(algo, chunk, reason)
   algos = ["flat", "hierarchical"] if valid else ["flat"]
   if forced_chunk:
     preds = {a: cost_model.predict(op, nbytes, layout, machine, a, forced_chunk) for a in algos}
@@ -169,7 +162,7 @@ def _decide(op: str, nbytes: int, layout: Layout, machine, algorithm: str | None
     reason = (f"chunk forced by JAX_SMDDP_CHUNK_BYTES={forced_chunk}; model: " +
               " vs ".join(f"{a} {_us(p.time_s)}" for a, p in sorted(preds.items(),
                                                                    key=lambda kv: kv[0] != algo)))
-    return Choice(algo, forced_chunk, "; ".join([reason] + notes))
+    return Choice(algo, forced_chunk, reason)
   top, cands = cost_model.best(op, nbytes, layout, machine, algorithms=algos)
   others = {}
   for c in cands:
@@ -178,7 +171,7 @@ def _decide(op: str, nbytes: int, layout: Layout, machine, algorithm: str | None
       others[c.algorithm] = c
   reason = f"model ({machine.name}): {top.algorithm} {_us(top.time_s)}" + "".join(
       f" vs {a} {_us(p.time_s)}" for a, p in sorted(others.items()))
-  return Choice(top.algorithm, _round_chunk(top.chunk_bytes), "; ".join([reason] + notes))
+  return Choice(top.algorithm, _round_chunk(top.chunk_bytes), reason)
 
 
 def clear_cache() -> None:

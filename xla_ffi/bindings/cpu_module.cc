@@ -69,17 +69,26 @@ void BindBuildInfo(nb::module_& m) {
     }
     return out;
   });
-  m.def("read_setting", [](const std::string& name) {
-    // (value text, whether set); a ValueError naming the setting when invalid.
-    std::string text;
-    bool set = false;
-    smddp::Status st = smddp::ReadSetting(name.c_str(), &text, &set);
+  m.def("parse_setting", [](const std::string& name, const std::string& value) -> nb::object {
+    // `value` typed as the engine reads it: int (counts, bytes), float
+    // (seconds), list of str (lists), str; a ValueError naming the setting.
+    std::string normalized;
+    double number = 0;
+    smddp::Status st = smddp::ParseSetting(name, value, &normalized, &number);
     if (!st.ok()) throw nb::value_error(st.message().c_str());
-    return std::make_pair(text, set);
-  });
-  m.def("check_setting_value", [](const std::string& name, const std::string& value) {
-    smddp::Status st = smddp::CheckSettingValue(name, value);
-    if (!st.ok()) throw nb::value_error(st.message().c_str());
+    switch (smddp::FindSetting(name)->kind) {
+      case smddp::SettingKind::kInt:
+      case smddp::SettingKind::kBytes:
+        return nb::int_(int64_t(number));
+      case smddp::SettingKind::kSeconds:
+        return nb::float_(number);
+      case smddp::SettingKind::kList:
+        return nb::cast(smddp::SettingItems(normalized));
+      case smddp::SettingKind::kChoice:
+      case smddp::SettingKind::kText:
+        break;
+    }
+    return nb::str(normalized.c_str());
   });
   m.def("check_settings", [] {
     // (names that are not settings, the first invalid value's error or "").

@@ -32,6 +32,7 @@
 #include "xla_ffi/bindings/failures.h"
 #include "xla_ffi/engine/call_log.h"
 #include "xla_ffi/engine/communicator.h"
+#include "xla_ffi/engine/last_failure.h"
 #include "xla_ffi/engine/stream_watchdog.h"
 #include "xla_ffi/transports/fabric_rail.h"
 #include "xla_ffi/transports/process_liveness.h"
@@ -86,6 +87,8 @@ std::vector<std::pair<int, std::string>> RendezvousProbe(int size, std::vector<i
         comm->Start(run_id, 0, 0, 0, 0, 0, present[i], send[i].data(), recv[i].data(), info, plan,
                     [&finished](const smddp::Status& st) { finished.set_value(st); });
         smddp::Status st = finished.get_future().get();
+        // Recorded as the CPU handler records a failure (jax_smddp.errors).
+        smddp::RecordFailure("all_reduce", comm->members(), present[i], st);
         const float want = float(size) * float(size + 1) / 2;
         for (float v : recv[i]) {
           if (st.ok() && v != want) st = smddp::Status::Error("wrong sum");

@@ -190,15 +190,10 @@ Status Validate(const SettingSpec& s, const std::string& value) {
     case SettingKind::kChoice:
       ok = InChoices(Normalize(s, value), s.choices);
       break;
-    case SettingKind::kList: {
-      std::stringstream items(Normalize(s, value));
-      std::string item;
-      while (ok && std::getline(items, item, ',')) {
-        item = Trim(item);
-        ok = item.empty() || InChoices(item, s.choices);
-      }
+    case SettingKind::kList:
+      for (const std::string& item : SettingItems(Normalize(s, value)))
+        ok = ok && InChoices(item, s.choices);
       break;
-    }
     case SettingKind::kText:
       break;
   }
@@ -215,6 +210,17 @@ const char* Env(const char* name) {
 }  // namespace
 
 const std::vector<SettingSpec>& AllSettings() { return kSettings; }
+
+std::vector<std::string> SettingItems(const std::string& value) {
+  std::vector<std::string> items;
+  std::stringstream in(value);
+  std::string item;
+  while (std::getline(in, item, ',')) {
+    item = Trim(item);
+    if (!item.empty()) items.push_back(item);
+  }
+  return items;
+}
 
 const SettingSpec* FindSetting(const std::string& name) {
   for (const SettingSpec& s : kSettings)
@@ -236,28 +242,38 @@ Status ReadSetting(const char* name, std::string* text, bool* set) {
   return Status::Ok();
 }
 
-Status CheckSettingValue(const std::string& name, const std::string& value) {
+Status ParseSetting(const std::string& name, const std::string& value, std::string* normalized,
+                    double* number) {
   const SettingSpec* s = FindSetting(name);
   if (s == nullptr) return Status::InvalidArgument("jax_smddp: no setting is named " + name);
-  return Validate(*s, value);
+  SMDDP_RETURN_IF_ERROR(Validate(*s, value));
+  *normalized = Normalize(*s, value);
+  *number = 0;
+  if (s->kind == SettingKind::kInt || s->kind == SettingKind::kBytes ||
+      s->kind == SettingKind::kSeconds)
+    ParseNumber(*s, value, number);
+  return Status::Ok();
 }
 
-int64_t IntSetting(const char* name, int64_t fallback) {
+namespace {
+
+// The environment's value of the numeric setting `name`, when set and valid.
+bool NumberSetting(const char* name, double* out) {
   const SettingSpec* s = FindSetting(name);
   const char* v = Env(name);
-  double out = 0;
-  if (s == nullptr || v == nullptr || !Validate(*s, v).ok() || !ParseNumber(*s, v, &out))
-    return fallback;
-  return int64_t(out);
+  return s != nullptr && v != nullptr && Validate(*s, v).ok() && ParseNumber(*s, v, out);
+}
+
+}  // namespace
+
+int64_t IntSetting(const char* name, int64_t fallback) {
+  double v = 0;
+  return NumberSetting(name, &v) ? int64_t(v) : fallback;
 }
 
 double SecondsSetting(const char* name, double fallback) {
-  const SettingSpec* s = FindSetting(name);
-  const char* v = Env(name);
-  double out = 0;
-  if (s == nullptr || v == nullptr || !Validate(*s, v).ok() || !ParseNumber(*s, v, &out))
-    return fallback;
-  return out;
+  double v = 0;
+  return NumberSetting(name, &v) ? v : fallback;
 }
 
 std::string TextSetting(const char* name) {

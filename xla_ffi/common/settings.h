@@ -46,8 +46,15 @@ const SettingSpec* FindSetting(const std::string& name);
 // declared.
 Status ReadSetting(const char* name, std::string* text, bool* set = nullptr);
 
-// Checks `value` as a value of setting `name` (not from the environment).
-Status CheckSettingValue(const std::string& name, const std::string& value);
+// Parses `value` as a value of setting `name` (not from the environment):
+// `*normalized` as the code compares it (trimmed; lower case for choices) and,
+// for numeric kinds, `*number` (bytes with K/M/G applied); an error naming the
+// setting and what it accepts otherwise.
+Status ParseSetting(const std::string& name, const std::string& value, std::string* normalized,
+                    double* number);
+
+// The items of a list setting's value (trimmed, empty ones left out).
+std::vector<std::string> SettingItems(const std::string& value);
 
 // Typed reads. Each returns the default when the setting is unset or its
 // value is invalid (the invalid value is reported by CheckSettings(), which

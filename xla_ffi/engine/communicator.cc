@@ -10,7 +10,6 @@
 #include <sstream>
 
 #include "xla_ffi/engine/inprocess_transport.h"
-#include "xla_ffi/engine/last_failure.h"
 #include "xla_ffi/engine/process_transport.h"
 #include "xla_ffi/transports/world.h"
 #include "xla_ffi/engine/scheduler.h"
@@ -53,13 +52,7 @@ void Communicator::Start(int64_t run_id, int64_t instance, uint64_t site, uint64
                          const Plan& plan, Done done) {
   CallKey key{info_.id, run_id, instance, invocation, op_id, site, sequence};
   const auto deadline = Clock::now() + Timeout();
-  // Every failure is recorded, with its op and communicator, for Python's
-  // typed errors (jax_smddp.errors); `call.op` is a string literal.
-  transport_->Start(info_, size(), key, rank, send, recv, call, deadline, plan,
-                    [this, op = call.op, rank, done = std::move(done)](const Status& st) {
-                      if (!st.ok()) RecordFailure(op, members_, rank, st);
-                      done(st);
-                    });
+  transport_->Start(info_, size(), key, rank, send, recv, call, deadline, plan, std::move(done));
 }
 
 Communicator* FindOrCreateCommunicator(const int64_t* members, const int64_t* processes, int size,

@@ -137,11 +137,14 @@ ffi::Future StartCall(const Common& c, int64_t run_id, uint32_t partition_id, ff
   const uint64_t invocation = me.calls->Next(run_id, &sequence);
   me.comm->Start(run_id, c.site->instance, c.site->site, sequence, invocation, c.op_id, me.rank,
                  x.untyped_data(), out->untyped_data(), info, plan,
-                 [promise](const Status& st) mutable {
+                 // One completion per call, as before: the failure record
+                 // (jax_smddp.errors) rides in it rather than in a second wrapper.
+                 [promise, op = c.op, member = &me](const Status& st) mutable {
                    if (st.ok()) {
                      promise.SetAvailable();
                    } else {
-                     promise.SetError(ToFfiError(st));  // recorded by the engine
+                     RecordFailure(op, member->comm->members(), member->rank, st);
+                     promise.SetError(ToFfiError(st));
                    }
                  });
   return future;

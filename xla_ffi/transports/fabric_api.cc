@@ -1,5 +1,4 @@
 #include "xla_ffi/transports/fabric_api.h"
-#include "xla_ffi/common/settings.h"
 
 #include <algorithm>
 #include <cstdlib>
@@ -16,12 +15,6 @@ namespace smddp {
 const char kFabricNoHeaders[] =
     "built without libfabric headers (install libfabric-dev on Debian/Ubuntu, "
     "libfabric-devel on RHEL, and rebuild jax_smddp)";
-
-std::string FabricEnv(const char* name) { return TextSetting(name); }
-
-size_t FabricEnvSize(const char* name, size_t dflt) {
-  return static_cast<size_t>(IntSetting(name, int64_t(dflt)));
-}
 
 #ifdef SMDDP_HAVE_LIBFABRIC
 

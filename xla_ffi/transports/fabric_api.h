@@ -38,10 +38,6 @@ namespace smddp {
 // Why libfabric cannot be used when the build lacked its headers.
 extern const char kFabricNoHeaders[];
 
-// A setting's value ("" when unset; common/settings.h).
-std::string FabricEnv(const char* name);
-// A numeric setting's value, else `dflt`.
-size_t FabricEnvSize(const char* name, size_t dflt);
 
 #ifdef SMDDP_HAVE_LIBFABRIC
 

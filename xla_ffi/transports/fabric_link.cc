@@ -43,14 +43,13 @@
 #include <utility>
 #include <vector>
 
+#include "xla_ffi/common/settings.h"
 #include "xla_ffi/transports/fabric_api.h"
 
 namespace smddp {
 namespace {
 
 const char kDefaultProvider[] = "tcp;ofi_rxm";
-
-std::string Env(const char* name) { return FabricEnv(name); }
 
 }  // namespace
 
@@ -68,7 +67,7 @@ bool FabricAvailable(std::string* why) {
 
 std::string ChooseFabricProvider(const std::string& requested) {
   if (!requested.empty()) return requested;
-  std::string env = Env("JAX_SMDDP_FABRIC_PROVIDER");
+  std::string env = TextSetting("JAX_SMDDP_FABRIC_PROVIDER");
   return env.empty() ? kDefaultProvider : env;
 }
 
@@ -94,7 +93,6 @@ namespace {
 using Api = FabricApi;
 const Api& GetApi() { return GetFabricApi(); }
 uint32_t RequestedVersion(const Api& a) { return a.RequestedVersion(); }
-size_t EnvSize(const char* name, size_t dflt) { return FabricEnvSize(name, dflt); }
 
 constexpr uint32_t kMagic = 0x46444d53;  // "SMDF"
 enum ChunkKind : uint32_t { kData = 1, kAbort = 2 };
@@ -281,14 +279,14 @@ Status FabricEndpoint::Impl::Init(const std::string& provider, const std::string
 
   // Buffers.
   size_t max_msg = info_->ep_attr->max_msg_size ? info_->ep_attr->max_msg_size : SIZE_MAX;
-  chunk_bytes_ = EnvSize("JAX_SMDDP_FABRIC_CHUNK_BYTES", kDefaultChunkBytes);
+  chunk_bytes_ = size_t(IntSetting("JAX_SMDDP_FABRIC_CHUNK_BYTES", kDefaultChunkBytes));
   chunk_bytes_ = std::min(std::max<size_t>(chunk_bytes_, 4096), max_msg) / 64 * 64;
   if (chunk_bytes_ < 4096) {
     return Status::Error("libfabric provider '" + provider_ + "' carries messages of at most " +
                          std::to_string(max_msg) + " bytes; jax_smddp needs 4096");
   }
   payload_ = chunk_bytes_ - kHeaderBytes;
-  size_t nbuf = std::min<size_t>(EnvSize("JAX_SMDDP_FABRIC_BUFFERS", kDefaultBuffers), 4096);
+  size_t nbuf = std::min<size_t>(size_t(IntSetting("JAX_SMDDP_FABRIC_BUFFERS", kDefaultBuffers)), 4096);
   size_t nrecv = nbuf, nsend = nbuf;
   if (info_->rx_attr->size) nrecv = std::min<size_t>(nrecv, info_->rx_attr->size);
   if (info_->tx_attr->size) nsend = std::min<size_t>(nsend, info_->tx_attr->size);
@@ -297,7 +295,7 @@ Status FabricEndpoint::Impl::Init(const std::string& provider, const std::string
                                        FI_CQ_FORMAT_MSG, nrecv + nsend + 64, &o_));
   address_ = o_.address;
   self_id_ = Fnv1a(address_);
-  if (Env("JAX_SMDDP_FABRIC_TEST_REORDER") == "1") {
+  if (TextSetting("JAX_SMDDP_FABRIC_TEST_REORDER") == "1") {
     shuffle_ = 0x9e3779b97f4a7c15ull ^ (self_id_ | 1);
   }
 
@@ -857,7 +855,7 @@ bool FabricAvailable(std::string* why) {
 
 std::string ChooseFabricProvider(const std::string& requested) {
   if (!requested.empty()) return requested;
-  std::string env = Env("JAX_SMDDP_FABRIC_PROVIDER");
+  std::string env = TextSetting("JAX_SMDDP_FABRIC_PROVIDER");
   if (!env.empty()) return env;
   const Api& a = GetApi();
   if (!a.error.empty()) return kDefaultProvider;
