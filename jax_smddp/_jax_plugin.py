@@ -1,10 +1,12 @@
 """JAX plugin entry point (``[project.entry-points.jax_plugins]``).
 
 JAX imports this module and calls :func:`initialize` when its backends first
-initialise (``jax._src.xla_bridge.discover_pjrt_plugins``). jax_smddp adds no
-PJRT backend: it only reads ``JAX_SMDDP_COLLECTIVES`` and, when it is set,
-lowers the named ``jax.lax`` collectives through jax_smddp (see
-:mod:`jax_smddp.swap`), so an unmodified program uses the plugin. When the
+initialise (``jax._src.xla_bridge.discover_pjrt_plugins``), before it creates
+any client. jax_smddp adds no PJRT backend: it only reads
+``JAX_SMDDP_COLLECTIVES`` and, when it is set, lowers the named ``jax.lax``
+collectives through jax_smddp (see :mod:`jax_smddp.swap`) and, for ``xla`` or
+``all``, has XLA's own cross-process CPU collectives served by jax_smddp (see
+:mod:`jax_smddp.xla_swap`), so an unmodified program uses the plugin. When the
 variable is unset nothing is imported: programs that do not ask for the
 plugin do not load it.
 """
@@ -15,7 +17,10 @@ import os
 
 
 def initialize() -> None:
-  if not os.environ.get("JAX_SMDDP_COLLECTIVES", "").strip():
+  value = os.environ.get("JAX_SMDDP_COLLECTIVES", "").strip()
+  if not value:
     return
-  from jax_smddp import swap
+  from jax_smddp import swap, xla_swap
   swap.use_from_env()
+  if xla_swap.requested(value):
+    xla_swap.install()

@@ -66,6 +66,16 @@ def _client():
   return jax_distributed.global_state.client
 
 
+def _job() -> tuple[int, int]:
+  """(this process, processes) of the job, without creating JAX's backends
+  (so the plugin can connect the world before JAX's CPU client exists)."""
+  from jax._src import distributed as jax_distributed
+  state = jax_distributed.global_state
+  if state.client is not None and state.num_processes:
+    return int(state.process_id), int(state.num_processes)
+  return jax.process_index(), jax.process_count()
+
+
 def _host_id() -> str:
   override = config.get("JAX_SMDDP_HOST_ID")
   if override:
@@ -119,7 +129,8 @@ def initialize() -> None:
   with _lock:
     if _initialized:
       return
-    if jax.process_count() == 1:
+    me, n = _job()
+    if n == 1:
       return
     requirements.enforce()
     client = _client()
@@ -127,7 +138,6 @@ def initialize() -> None:
       raise RuntimeError(
           "jax_smddp.initialize(): this is a multi-process job but jax.distributed is not "
           "initialized here; call jax.distributed.initialize(...) first.")
-    me, n = jax.process_index(), jax.process_count()
     _generation += 1
     prefix = f"jax_smddp/{_generation}"
     engine = _native.engine()
@@ -243,5 +253,5 @@ def traffic() -> dict:
 
 def ensure_initialized() -> None:
   """Initializes on first use in a multi-process job (called at lowering)."""
-  if not _initialized and jax.process_count() > 1:
+  if not _initialized and _job()[1] > 1:
     initialize()

@@ -190,8 +190,8 @@ def parse(ops: Iterable[str] | str) -> frozenset[str]:
       raise TypeError(f"jax_smddp.use: collective names are strings, got {item!r}")
     for name in item.split(","):
       name = name.strip().lower()
-      if name in ("", "none", "0", "false", "off", "no"):
-        continue
+      if name in ("", "none", "0", "false", "off", "no", "xla"):
+        continue  # "xla": XLA's own collectives only (jax_smddp.xla_swap)
       if name in ("all", "1", "true", "on", "yes"):
         out.update(OPS)
       elif name in _ALIASES:
@@ -199,7 +199,8 @@ def parse(ops: Iterable[str] | str) -> frozenset[str]:
       else:
         raise ValueError(
             f"jax_smddp: unknown collective {name!r}; use a comma list of {', '.join(OPS)} "
-            f"(or their jax.lax names psum_scatter, psum, pmax, pmin), 'all' (or 1) or 'none' (or 0).")
+            f"(or their jax.lax names psum_scatter, psum, pmax, pmin), 'all' (or 1), 'xla' "
+            f"(XLA's cross-process collectives only, see jax_smddp.xla_swap) or 'none' (or 0).")
   return frozenset(out)
 
 

@@ -24,8 +24,10 @@ constexpr SettingKind kText = SettingKind::kText;
 const std::vector<SettingSpec> kSettings = {
     // name, kind, default, min, max, choices, scope, agree, meaning
     {"JAX_SMDDP_COLLECTIVES", kText, "unset (none)", 0, 0, "", "runtime", true,
-     "jax.lax collectives lowered by jax_smddp without code changes: all, none, or a comma list "
-     "of all_gather, reduce_scatter, all_reduce, all_to_all (jax.lax names accepted)"},
+     "collectives run on jax_smddp without code changes: xla (XLA's own cross-process CPU "
+     "collectives, jit/pjit included, set before Python starts), all (xla and every jax.lax "
+     "collective in shard_map), none, or a comma list of all_gather, reduce_scatter, all_reduce, "
+     "all_to_all (jax.lax names accepted) and xla"},
     {"JAX_SMDDP_TIMEOUT_S", kSeconds, "300", 0.001, 1e9, "", "runtime", false,
      "deadline of every wait inside a collective, in seconds (also jax_smddp.set_timeout)"},
     {"JAX_SMDDP_REQUIRE", kList, "unset", 0, 0, "libfabric|efa|cuda|gdrcopy|mps|no-fallback",
