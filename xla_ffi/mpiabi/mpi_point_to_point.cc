@@ -82,8 +82,9 @@ Status Post(Rank& r, bool recv, int peer, int tag, const void* src, void* dst, s
     t->key = LetterKey{source, dest, tag, sequence};
     Mailbox& box = *g.mailbox;
     std::lock_guard<std::mutex> lock(box.mu);
-    auto& letter = box.pending[t->key];
-    if (!letter) letter = std::make_shared<Letter>();
+    auto& slot = box.pending[t->key];
+    if (!slot) slot = std::make_shared<Letter>();
+    std::shared_ptr<Letter> letter = slot;  // outlives the entry, erased once delivered
     if (recv) {
       letter->dst = dst;
       letter->dst_bytes = bytes;
