@@ -7,11 +7,18 @@
     python examples/fsdp_train.py --checkpoint-dir /tmp/ck --resume        # continues at 101
     python examples/fsdp_train.py --prefetch           # gather layer i+1 while layer i computes
     python examples/fsdp_train.py --compare-prefetch 300   # time steps with/without prefetch
+    python examples/fsdp_train.py --style jit --processes 2   # global-view jit, 2 processes,
+                                                   # XLA's collectives on jax_smddp
+    python examples/fsdp_train.py --style jit --processes 2 --collectives xla   # ... on gloo
 
 A decoder-only transformer (Flax; RMSNorm, rotary embeddings, causal attention, SwiGLU)
 learns to predict the bytes of Python's standard library. Parameters and AdamW state
 live sharded over the `fsdp` mesh axis; each layer's parameters are all-gathered just
 before the layer runs and its gradients come back reduce-scattered (fsdp_step.py).
+With --style jit the same model is written as global-view jit, as MaxText writes FSDP:
+sharded arrays, no shard_map, and XLA's partitioner inserts the collectives
+(fsdp_jit_step.py); with --collectives smddp those run on jax_smddp's engine across
+processes (JAX_SMDDP_COLLECTIVES=xla), with --collectives xla on gloo.
 
 Output: a progress bar (loss, tokens/s, collective share), the held-out loss, and a
 final line of JSON. The collective share is the time of a jitted function that runs
@@ -39,7 +46,16 @@ def parse_args(argv=None) -> argparse.Namespace:
   a = p.add_argument_group("parallelism")
   a.add_argument("--mesh", default="8", help="N (FSDP over N devices) or RxS (replica x fsdp)")
   a.add_argument("--collectives", default="smddp", choices=["smddp", "xla"],
-                 help="library running all_gather / psum_scatter / psum")
+                 help="library running all_gather / psum_scatter / psum (--style jit: "
+                      "running XLA's cross-process collectives, jax_smddp or gloo)")
+  a.add_argument("--style", default="shard_map", choices=["shard_map", "jit"],
+                 help="shard_map: explicit per-layer collectives (fsdp_step.py); jit: "
+                      "global-view jit, XLA inserts them (fsdp_jit_step.py)")
+  a.add_argument("--processes", type=int, default=1,
+                 help="run as a jax.distributed job of this many local processes, the "
+                      "mesh's devices split evenly between them")
+  a.add_argument("--process-id", type=int, default=None, help=argparse.SUPPRESS)
+  a.add_argument("--coordinator", default="", help=argparse.SUPPRESS)
   a.add_argument("--devices", type=int, default=0,
                  help="XLA CPU devices to create (default: as many as the mesh needs, at least 8)")
   a.add_argument("--platform", default="cpu", help="JAX_PLATFORMS, unless already set")
@@ -103,7 +119,30 @@ def set_up_devices(args) -> None:
   if "xla_force_host_platform_device_count" not in flags:
     mesh_devices = math.prod(int(s) for s in args.mesh.lower().split("x") if s.isdigit())
     count = max(args.devices or 8, mesh_devices)
+    if args.processes > 1:
+      count = max(mesh_devices // args.processes, 1)
     os.environ["XLA_FLAGS"] = f"{flags} --xla_force_host_platform_device_count={count}".strip()
+
+
+def launch_processes(args, argv) -> int:
+  """Runs this script as `args.processes` local processes of one jax.distributed job;
+  process 0 prints the progress and the result."""
+  import socket
+  import subprocess
+  with socket.socket() as s:
+    s.bind(("127.0.0.1", 0))
+    port = s.getsockname()[1]
+  env = dict(os.environ)
+  env.pop("JAX_SMDDP_COLLECTIVES", None)
+  if args.style == "jit" and args.collectives == "smddp":
+    env["JAX_SMDDP_COLLECTIVES"] = "xla"  # read at start-up: XLA's collectives on jax_smddp
+  argv = list(sys.argv[1:] if argv is None else argv)
+  procs = [subprocess.Popen([sys.executable, os.path.abspath(__file__), *argv,
+                             "--process-id", str(i), "--coordinator", f"127.0.0.1:{port}"],
+                            env=env, stdout=None if i == 0 else subprocess.DEVNULL)
+           for i in range(args.processes)]
+  codes = [p.wait() for p in procs]
+  return next((c for c in codes if c), 0)
 
 
 class Progress:
@@ -235,9 +274,28 @@ def compare_prefetch(args, make_run, data, cfg, plan) -> dict:
 
 def main(argv=None) -> dict:
   args = parse_args(argv)
+  if args.processes > 1 and args.process_id is None:
+    raise SystemExit(launch_processes(args, argv))
   set_up_devices(args)
   sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
   import jax
+  lead = args.process_id in (None, 0)  # the process that reports
+  if args.process_id is not None:
+    jax.distributed.initialize(args.coordinator, args.processes, args.process_id)
+    if not lead:
+      args.no_progress, args.log_every = True, 10**9
+  if args.style == "jit":
+    unsupported = [flag for flag, on in (("--prefetch", args.prefetch), ("--offload", args.offload),
+                                         ("--remat", args.remat != "none"),
+                                         ("--compare-prefetch", args.compare_prefetch),
+                                         ("--checkpoint-dir", args.checkpoint_dir)) if on]
+    if unsupported:
+      raise SystemExit(f"--style jit does not take {', '.join(unsupported)} (shard_map style only)")
+    if args.collectives == "smddp" and args.processes > 1 and \
+        os.environ.get("JAX_SMDDP_COLLECTIVES") != "xla":
+      print("--style jit --collectives smddp: JAX_SMDDP_COLLECTIVES=xla is not set, so XLA's "
+            "cross-process collectives run on gloo (fsdp_train.py --processes N sets it)",
+            file=sys.stderr)
   import fsdp_model as fm
   from fsdp_data import VOCAB, ByteDataset
   from fsdp_mesh import MeshPlan, collectives_module
@@ -258,11 +316,15 @@ def main(argv=None) -> dict:
   collectives = collectives_module(args.collectives)
 
   schedule = make_schedule(args.lr, warmup, args.steps)
-  make_run = lambda prefetch: FSDP(
-      cfg, plan, collectives,
-      lambda decay_mask: make_optimizer(schedule, args.weight_decay, decay_mask),
-      args.batch, remat=args.remat, offload=args.offload, clip_norm=args.clip,
-      prefetch=prefetch, unroll=args.unroll)
+  optimizer_for = lambda decay_mask: make_optimizer(schedule, args.weight_decay, decay_mask)
+  if args.style == "jit":
+    from fsdp_jit_step import JitFSDP
+    make_run = lambda prefetch: JitFSDP(cfg, plan, optimizer_for, args.batch, clip_norm=args.clip)
+  else:
+    make_run = lambda prefetch: FSDP(
+        cfg, plan, collectives, optimizer_for,
+        args.batch, remat=args.remat, offload=args.offload, clip_norm=args.clip,
+        prefetch=prefetch, unroll=args.unroll)
   if args.compare_prefetch:
     return compare_prefetch(args, make_run, data, cfg, plan)
   run = make_run(args.prefetch)
@@ -365,6 +427,8 @@ def main(argv=None) -> dict:
       "steps": stop,
       "start_step": start,
       "collectives": args.collectives,
+      "style": args.style,
+      "processes": args.processes,
       "mesh": str(plan),
       "devices": plan.num_devices,
       "step_time_s": step_s,
@@ -387,6 +451,8 @@ def main(argv=None) -> dict:
       "jax": jax.__version__,
       "backend": jax.default_backend(),
   }
+  if not lead:
+    return summary
   print(f"eval loss {eval_loss:.4f} ({summary['eval_bits_per_byte']:.3f} bits/byte) on "
         f"{args.eval_batches * args.batch} held-out sequences", file=sys.stderr)
   if step_times:

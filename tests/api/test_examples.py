@@ -125,6 +125,25 @@ def test_hybrid_2x4_smddp_equals_xla_and_unsharded(tmp_path, unsharded):
   assert_learns(smddp_losses)
 
 
+@pytest.mark.timeout(400)
+def test_jit_style_two_processes_smddp_equals_gloo_and_unsharded(tmp_path, unsharded):
+  """--style jit (global-view jit, XLA's partitioner inserts the collectives) as a
+  2-process job: with --collectives smddp those collectives cross processes on
+  jax_smddp (JAX_SMDDP_COLLECTIVES=xla, set by the example for its processes),
+  with xla on gloo; both train as the unsharded reference does."""
+  smddp, smddp_losses = train(tmp_path, "--style=jit", "--processes=2", "--mesh=8",
+                              "--collectives=smddp", name="jit_smddp")
+  gloo, gloo_losses = train(tmp_path, "--style=jit", "--processes=2", "--mesh=8",
+                            "--collectives=xla", name="jit_gloo")
+  for summary in (smddp, gloo):
+    assert summary["style"] == "jit" and summary["processes"] == 2, summary
+  assert_close(smddp_losses, gloo_losses, "jit style: smddp vs gloo")
+  for step, (a, b) in enumerate(zip(smddp_losses, gloo_losses), 1):
+    assert abs(a - b) <= 1e-5 * abs(b), f"step {step}: {a} vs {b}"
+  assert_close(smddp_losses, unsharded, "jit style vs unsharded")
+  assert_learns(smddp_losses)
+
+
 @pytest.mark.timeout(300)
 def test_remat_and_offload_do_not_change_training(tmp_path, fsdp8):
   _, plain = fsdp8
