@@ -239,7 +239,11 @@ class use:
 
   Names: ``all_gather``, ``reduce_scatter``, ``all_reduce``, ``all_to_all``, or
   the jax.lax names ``psum_scatter``, ``psum``/``pmax``/``pmin`` (all three are
-  ``all_reduce``), ``all``, ``none``; comma lists are accepted.
+  ``all_reduce``), ``all``, ``none``; comma lists are accepted. ``xla`` also has
+  XLA's own cross-process CPU collectives served by jax_smddp (jax_smddp.xla_swap),
+  which can only be chosen before JAX creates its CPU client, in a process whose
+  jaxlib was loaded with ``MPITRAMPOLINE_LIB`` set (``JAX_SMDDP_COLLECTIVES=xla``
+  at start-up does both); leaving the context does not undo it.
 
   JAX caches lowerings and executables: whenever the set changes, JAX's caches
   are cleared (``jax.clear_caches()``) so that functions already compiled are
@@ -248,6 +252,12 @@ class use:
   """
 
   def __init__(self, *ops: str, clear_caches: bool = True):
+    names = {n.strip().lower() for o in ops if isinstance(o, str) for n in o.split(",")}
+    if "xla" in names:
+      # XLA's own collectives: only before JAX creates its CPU client, and only in a
+      # process started with JAX_SMDDP_COLLECTIVES=xla or MPITRAMPOLINE_LIB set (raises).
+      from jax_smddp import xla_swap
+      xla_swap.install()
     self._previous = active()
     self._clear = clear_caches
     _set(parse(ops), clear_caches)

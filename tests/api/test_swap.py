@@ -97,6 +97,33 @@ def test_use_rejects_unknown_names():
 
 
 @pytest.mark.timeout(120)
+def test_xla_swap_cannot_start_after_the_cpu_client():
+  """use("xla") once JAX's CPU client exists: it cannot change its collectives, and says so."""
+  jax.block_until_ready(jnp.zeros(2) + 1)  # the CPU client exists
+  with pytest.raises(RuntimeError, match="CPU client already exists"):
+    smddp.use("xla")
+  assert smddp.swap.active() == frozenset()
+
+
+def test_xla_swap_in_a_process_started_without_it_raises_at_client_creation(tmp_path):
+  """A fresh process that asks for the XLA-level swap from code, without
+  MPITRAMPOLINE_LIB at start-up: creating the CPU client raises with what to do,
+  rather than running on another implementation."""
+  code = textwrap.dedent("""
+      import jax_smddp, jax
+      jax_smddp.use("xla")
+      try:
+        jax.devices()
+      except RuntimeError as e:
+        print("RAISED", e)
+  """)
+  env = {k: v for k, v in os.environ.items()
+         if k not in ("JAX_SMDDP_COLLECTIVES", "MPITRAMPOLINE_LIB")}
+  out = subprocess.run([sys.executable, "-c", code], cwd=tmp_path, env=env, capture_output=True,
+                       text=True, timeout=120)
+  assert "RAISED" in out.stdout and "MPITRAMPOLINE_LIB" in out.stdout, out.stdout + out.stderr
+
+
 def test_unsupported_cases_keep_lax_lowering():
   """complex sums, boolean max, int16 gathers: lax's own lowering, right answers."""
   m = mesh_1d()
