@@ -88,3 +88,16 @@ def native_program(name: str) -> str:
       raise FileNotFoundError(f"{path} is not built: bash tools/build_testing.sh VENV")
     pytest.skip(f"{name} is not built here: bash tools/build_testing.sh VENV")
   return path
+
+
+def need_netns():
+  """Skips a test that needs network namespaces where they cannot be made (fails in CI,
+  which must run the two-host tests)."""
+  import os
+  import pytest
+  from jax_smddp.tools import netns
+  why = netns.available()
+  if why:
+    if os.environ.get("CI") == "true":
+      pytest.fail(f"two-host tests must run in CI: {why}")
+    pytest.skip(why)

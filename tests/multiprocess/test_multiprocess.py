@@ -13,11 +13,11 @@ import re
 
 import pytest
 
+from helpers import need_netns
 from jax_smddp.tools import launch, netns
 
 WORKER = os.path.join(os.path.dirname(os.path.abspath(__file__)), "worker.py")
 
-IN_CI = os.environ.get("CI") == "true"
 
 
 def run_job(*args, **kwargs):
@@ -189,19 +189,11 @@ def test_hierarchical_routes_cross_the_network_once_per_host(hierarchical):
       assert net == 2 * per_rank and shm == per_rank, traffic
 
 
-def _need_netns():
-  why = netns.available()
-  if why:
-    if IN_CI:
-      pytest.fail(f"two-host tests must run in CI: {why}")
-    pytest.skip(why)
-
-
 @pytest.mark.timeout(400)
 @pytest.mark.parametrize("devices", [1, 2])
 def test_two_hosts_over_libfabric_tcp(devices):
   """2 simulated hosts x 2 processes: shared memory within, libfabric tcp between."""
-  _need_netns()
+  need_netns()
   before = shm_names()
   with netns.two_hosts() as (names, ips):
     procs = run_job(["collectives"], 4, devices, timeout=300,
@@ -218,7 +210,7 @@ def test_two_hosts_over_libfabric_tcp(devices):
 
 @pytest.mark.timeout(400)
 def test_two_hosts_dead_peer():
-  _need_netns()
+  need_netns()
   with netns.two_hosts() as (names, ips):
     procs = run_job(["peer_killed_midway"], 2, 1, timeout=300,
                            namespaces=names, coordinator_ip=ips[0],

@@ -10,10 +10,10 @@ import os
 import numpy as np
 import pytest
 
+from helpers import need_netns
 from jax_smddp.tools import launch, netns
 
 WORKER = os.path.join(os.path.dirname(os.path.abspath(__file__)), "worker.py")
-IN_CI = os.environ.get("CI") == "true"
 XLA = {"JAX_SMDDP_COLLECTIVES": "xla"}
 
 
@@ -76,11 +76,7 @@ def test_killed_peer_raises_naming_it():
 
 @pytest.mark.timeout(600)
 def test_global_view_fsdp_step_two_hosts_equals_gloo():
-  why = netns.available()
-  if why:
-    if IN_CI:
-      pytest.fail(f"two-host tests must run in CI: {why}")
-    pytest.skip(why)
+  need_netns()
   with netns.two_hosts() as (names, ips):
     swapped = _fsdp_against_gloo(2, 2, namespaces=names, coordinator_ip=ips[0],
                                  env={"JAX_SMDDP_FABRIC_PROVIDER": "tcp;ofi_rxm"})

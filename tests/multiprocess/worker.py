@@ -343,6 +343,11 @@ def scenario_peer_dies():
   xs = global_array(mesh, P("x"), x)
   jax.block_until_ready(f(xs))  # connected and warm
   smddp.initialize()
+  _last_process_dies(f, xs, failed)
+
+
+def _last_process_dies(f, xs, report):
+  """The last process exits; the others run f(xs) and `report` how it failed."""
   if pid == nprocs - 1:
     result(ok=True, dying=True)
     os._exit(17)
@@ -351,7 +356,7 @@ def scenario_peer_dies():
   try:
     jax.block_until_ready(f(xs))
   except Exception as e:  # noqa: BLE001
-    failed(e, seconds=time.monotonic() - t0)
+    report(e, seconds=time.monotonic() - t0)
     os._exit(0)  # jax.distributed's shutdown would wait for the dead peer
   result(ok=True, seconds=time.monotonic() - t0)
   os._exit(0)
@@ -570,18 +575,7 @@ def scenario_xla_peer_dies():
   f = smap(mesh, lambda v: jax.lax.psum(v, "x"), P("x"), P("x"))
   xs = global_array(mesh, P("x"), x)
   jax.block_until_ready(f(xs))  # connected and warm
-  if pid == nprocs - 1:
-    result(ok=True, dying=True)
-    os._exit(17)
-  time.sleep(0.5)
-  t0 = time.monotonic()
-  try:
-    jax.block_until_ready(f(xs))
-  except Exception as e:  # noqa: BLE001
-    result(ok=False, error=str(e), seconds=time.monotonic() - t0)
-    os._exit(0)
-  result(ok=True, seconds=time.monotonic() - t0)
-  os._exit(0)
+  _last_process_dies(f, xs, lambda e, **kw: result(ok=False, error=str(e), **kw))
 
 
 SCENARIOS = {name[len("scenario_"):]: fn for name, fn in globals().items() if name.startswith("scenario_")}
