@@ -63,6 +63,9 @@ def test_shape_mismatch_names_both_calls():
     err = p.result["error"]
     assert "MPI_Allreduce" in err and "processes disagree on the call" in err, err
     assert "(24 bytes in" in err and "(40 bytes in" in err, err
+    # Typed by jax_smddp.errors.classify, as the custom calls' failures are.
+    typed = p.result["typed"]
+    assert typed and typed["class"] == "CallMismatchError" and typed["op"] == "all_reduce", typed
 
 
 @pytest.mark.timeout(300)
@@ -72,6 +75,9 @@ def test_killed_peer_raises_naming_it():
   assert r is not None and not r["ok"], launch.describe(procs)
   assert "process 1" in r["error"] and "MPI_Allreduce" in r["error"], r["error"]
   assert r["seconds"] < 15, r
+  typed = r["typed"]
+  assert typed and typed["class"] == "PeerFailedError" and typed["op"] == "all_reduce", typed
+  assert typed["remedy"], typed
 
 
 @pytest.mark.timeout(600)

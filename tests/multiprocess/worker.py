@@ -563,7 +563,7 @@ def scenario_xla_mismatch():
   try:
     jax.block_until_ready(f(global_array(mesh, P("x"), x)))
   except Exception as e:  # noqa: BLE001
-    result(ok=False, error=str(e))
+    failed(e)
     return
   result(ok=True)
 
@@ -575,7 +575,7 @@ def scenario_xla_peer_dies():
   f = smap(mesh, lambda v: jax.lax.psum(v, "x"), P("x"), P("x"))
   xs = global_array(mesh, P("x"), x)
   jax.block_until_ready(f(xs))  # connected and warm
-  _last_process_dies(f, xs, lambda e, **kw: result(ok=False, error=str(e), **kw))
+  _last_process_dies(f, xs, failed)
 
 
 SCENARIOS = {name[len("scenario_"):]: fn for name, fn in globals().items() if name.startswith("scenario_")}

@@ -85,6 +85,18 @@ class Status {
   std::vector<int> peer_processes_;
 };
 
+// The message as Python sees it, tagged with the failure's kind so that
+// jax_smddp.errors.classify can tell a collective's failure, and its kind,
+// from any other runtime error (FFI handlers and the MPI front end alike):
+// "jax_smddp all_gather (op 0 ...): ..." -> "jax_smddp[timeout] all_gather (op 0 ...): ...";
+// a message that does not start with "jax_smddp" gets "jax_smddp[timeout] " in front.
+inline std::string TaggedMessage(StatusCode code, const std::string& message) {
+  static const std::string kName = "jax_smddp";
+  const std::string tag = kName + "[" + StatusCodeName(code) + "]";
+  if (message.compare(0, kName.size(), kName) == 0) return tag + message.substr(kName.size());
+  return tag + " " + message;
+}
+
 #define SMDDP_RETURN_IF_ERROR(expr)        \
   do {                                     \
     ::smddp::Status _st = (expr);          \

@@ -1,7 +1,7 @@
 // The engine's Status as an XLA FFI error (shared by the CPU and CUDA
 // handlers). The code picks the canonical status that JAX's runtime error
 // text starts with ("DEADLINE_EXCEEDED: ..."), and the message is tagged
-// "jax_smddp[<kind>]" so that jax_smddp.errors.classify can tell a
+// (TaggedMessage, status.h) so that jax_smddp.errors.classify can tell a
 // collective's failure, and its kind, from any other runtime error.
 #ifndef JAX_SMDDP_FFI_FFI_STATUS_H_
 #define JAX_SMDDP_FFI_FFI_STATUS_H_
@@ -25,15 +25,6 @@ inline xla::ffi::ErrorCode ToFfiErrorCode(StatusCode code) {
     case StatusCode::kInternal: return ErrorCode::kInternal;
   }
   return ErrorCode::kInternal;
-}
-
-// "jax_smddp all_gather (op 0 ...): ..." -> "jax_smddp[timeout] all_gather (op 0 ...): ...";
-// a message that does not start with "jax_smddp" gets "jax_smddp[timeout] " in front.
-inline std::string TaggedMessage(StatusCode code, const std::string& message) {
-  static const std::string kName = "jax_smddp";
-  const std::string tag = kName + "[" + StatusCodeName(code) + "]";
-  if (message.compare(0, kName.size(), kName) == 0) return tag + message.substr(kName.size());
-  return tag + " " + message;
 }
 
 inline xla::ffi::Error ToFfiError(const Status& st) {

@@ -65,9 +65,9 @@ bool TypeOf(MPIABI_Datatype t, Type* out) {
 }
 
 int BadType(const char* fn) {
-  return Fail(int(MPIABI_ERR_TYPE), std::string("jax_smddp ") + fn +
+  return Fail(Status::Unsupported(std::string("jax_smddp ") + fn +
                                         ": an MPI datatype the front end does not move (XLA "
-                                        "passes fixed-size integers, floats and complex numbers)");
+                                        "passes fixed-size integers, floats and complex numbers)"));
 }
 
 // The engine's reduction for `op` on `type`, or an MPI error.
@@ -84,20 +84,19 @@ int ReductionOf(const char* fn, MPIABI_Op op, const Type& type, ReduceOp* out) {
   }
   if (!name && !type.reducible) name = "reductions of 16-bit and unsigned 64-bit integers";
   if (!name) return Ok();
-  return Fail(int(MPIABI_ERR_OP), std::string("jax_smddp ") + fn + ": the engine does not reduce " +
+  return Fail(Status::Unsupported(std::string("jax_smddp ") + fn + ": the engine does not reduce " +
                                       name + "; unset JAX_SMDDP_COLLECTIVES=xla to run this "
-                                      "program's collectives on gloo");
+                                      "program's collectives on gloo"));
 }
 
 int RankOf(MPIABI_Comm comm, const char* fn, Rank** out) {
   if (comm == MPIABI_COMM_NULL || comm == MPIABI_COMM_WORLD || comm == MPIABI_COMM_SELF) {
-    return Fail(int(MPIABI_ERR_COMM),
-                std::string("jax_smddp ") + fn +
+    return Fail(Status::InvalidArgument(std::string("jax_smddp ") + fn +
                     (comm == MPIABI_COMM_NULL
                          ? ": MPI_COMM_NULL (the communicator's MPI_Comm_split failed earlier: see "
                            "the error it logged)"
                          : ": collectives run on the communicators MPI_Comm_split makes, not on "
-                           "MPI_COMM_WORLD or MPI_COMM_SELF"));
+                           "MPI_COMM_WORLD or MPI_COMM_SELF")));
   }
   *out = reinterpret_cast<Rank*>(comm);
   return Ok();
@@ -221,7 +220,7 @@ SMDDP_MPI_EXPORT int MPIABI_Comm_size(MPIABI_Comm comm, int* size) {
 SMDDP_MPI_EXPORT int MPIABI_Comm_split(MPIABI_Comm comm, int color, int key, MPIABI_Comm* out) {
   *out = MPIABI_COMM_NULL;
   if (comm != MPIABI_COMM_WORLD)
-    return Fail(int(MPIABI_ERR_COMM), "jax_smddp MPI_Comm_split: only MPI_COMM_WORLD is split");
+    return Fail(Status::InvalidArgument("jax_smddp MPI_Comm_split: only MPI_COMM_WORLD is split"));
   Rank* r = nullptr;
   Status st = Split(color, key, &r);
   if (!st.ok()) {
@@ -257,7 +256,7 @@ SMDDP_MPI_EXPORT int MPIABI_Allgather(const void* send, int send_count, MPIABI_D
   } else {
     if (!TypeOf(send_type, &st)) return BadType("MPI_Allgather");
     if (size_t(send_count) * st.size != block)
-      return Fail(int(MPIABI_ERR_COUNT), "jax_smddp MPI_Allgather: the send and receive blocks differ in size");
+      return Fail(Status::InvalidArgument("jax_smddp MPI_Allgather: the send and receive blocks differ in size"));
     if (Overlap(send, block, recv, block * n)) {
       copy.assign(static_cast<const char*>(send), static_cast<const char*>(send) + block);
       send = copy.data();
@@ -329,8 +328,7 @@ SMDDP_MPI_EXPORT int MPIABI_Reduce_scatter(const void* send, void* recv, const i
   const int n = Size(*r);
   for (int i = 1; i < n; ++i) {
     if (counts[i] != counts[0])
-      return Fail(int(MPIABI_ERR_COUNT),
-                  "jax_smddp MPI_Reduce_scatter: blocks of different sizes (XLA's are equal)");
+      return Fail(Status::InvalidArgument("jax_smddp MPI_Reduce_scatter: blocks of different sizes (XLA's are equal)"));
   }
   return ReduceScatter("MPI_Reduce_scatter", send, recv, counts[0], type, op, comm);
 }

@@ -225,12 +225,12 @@ int Fail(const Status& status) {
     case StatusCode::kInternal: code = int(MPIABI_ERR_INTERN); break;
     default: code = int(MPIABI_ERR_OTHER); break;
   }
-  return Fail(code, status.message());
+  return Fail(code, TaggedMessage(status.code(), status.message()));
 }
 
 int Unsupported(const char* function) {
   return Fail(int(MPIABI_ERR_UNSUPPORTED_OPERATION),
-              std::string("jax_smddp's MPI front end does not implement ") + function +
+              TaggedMessage(StatusCode::kUnsupported, "jax_smddp's MPI front end does not implement ") + function +
                   " (it serves the calls XLA's CPU collectives make); unset "
                   "JAX_SMDDP_COLLECTIVES=xla to run this program on gloo");
 }
@@ -315,9 +315,10 @@ Status Collective(Rank& r, const char* mpi_name, const Plan& plan, const CallInf
   const uint64_t n = r.calls++;
   Status st = RunAndWait(*r.group->comm, r.group->site, n, r.rank, send, recv, info, plan);
   if (st.ok()) return st;
-  return st.WithMessage("jax_smddp (XLA's collectives through " + std::string(mpi_name) +
-                        ", rank " + std::to_string(r.rank) + " of " + std::to_string(Size(r)) +
-                        "): " + st.message());
+  // The engine's message first ("jax_smddp all_gather (op ...): ..."): what
+  // jax_smddp.errors.classify reads the op and communicator from.
+  return st.WithMessage(st.message() + " [XLA's collective through " + std::string(mpi_name) +
+                        ", rank " + std::to_string(r.rank) + " of " + std::to_string(Size(r)) + "]");
 }
 
 }  // namespace mpi
