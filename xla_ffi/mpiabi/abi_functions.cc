@@ -82,7 +82,7 @@ int ReductionOf(const char* fn, MPIABI_Op op, const Type& type, ReduceOp* out) {
   } else {
     name = op == MPIABI_PROD ? "MPI_PROD (a product all-reduce)" : "this reduction";
   }
-  if (!name && !type.reducible) name = "reductions of 16-bit and unsigned 64-bit integers";
+  if (!name && !type.reducible) name = "16-bit or unsigned 64-bit integers";
   if (!name) return Ok();
   return Fail(Status::Unsupported(std::string("jax_smddp ") + fn + ": the engine does not reduce " +
                                       name + "; unset JAX_SMDDP_COLLECTIVES=xla to run this "
