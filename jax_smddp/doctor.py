@@ -135,6 +135,21 @@ def _shm(rows: list[Row]) -> None:
   rows.append(Row("/dev/shm", OK, f"{_gib(s['size_bytes'])}, {_gib(s['free_bytes'])} free"))
 
 
+def _xla_swap(rows: list[Row]) -> None:
+  """Whether XLA's own cross-process CPU collectives run on jax_smddp (xla_swap)."""
+  from jax_smddp import xla_swap
+  if not xla_swap.requested():
+    rows.append(Row("XLA collectives", INFO, "gloo across processes (JAX_SMDDP_COLLECTIVES=xla "
+                    "before Python starts runs them, jit/pjit included, on jax_smddp)"))
+    return
+  try:
+    lib = xla_swap._check_library()
+  except RuntimeError as e:
+    rows.append(Row("XLA collectives", FAIL, str(e)))
+    return
+  rows.append(Row("XLA collectives", OK, f"on jax_smddp across processes (MPITRAMPOLINE_LIB={lib})"))
+
+
 def _settings(rows: list[Row]) -> None:
   from jax_smddp import config
   try:
@@ -203,6 +218,7 @@ def report(job: bool = False) -> Report:
   _fabric(rows)
   _gdrcopy(rows)
   _shm(rows)
+  _xla_swap(rows)
   _settings(rows)
   usable = _requirements(rows) and usable
   usable = usable and not any(r.status == FAIL for r in rows)

@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 import logging
 import os
+import shutil
 import subprocess
 import sys
 
@@ -18,7 +19,7 @@ import jax.numpy as jnp
 from jax.sharding import NamedSharding, PartitionSpec as P
 
 import jax_smddp
-from jax_smddp import capabilities, requirements
+from jax_smddp import capabilities, requirements, xla_swap
 from jax_smddp.tools import launch
 
 WORKER = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "multiprocess", "worker.py")
@@ -44,6 +45,25 @@ def libfabric_with_tcp() -> bool:
 
 needs_tcp = pytest.mark.skipif(not libfabric_with_tcp() and not IN_CI,
                                reason="libfabric with its tcp provider is not installed")
+
+
+@pytest.mark.timeout(150)
+def test_doctor_reports_the_xla_level_swap(tmp_path):
+  """Off by default; on with JAX_SMDDP_COLLECTIVES=xla (jax_smddp.pth points the trampoline
+  at the library); a FAIL naming the variable when the trampoline was pointed elsewhere."""
+  off = rows(doctor(tmp_path, "--json"))["XLA collectives"]
+  assert off["status"] == "info" and "gloo" in off["detail"], off
+  on = doctor(tmp_path, "--json", env={"JAX_SMDDP_COLLECTIVES": "xla"})
+  assert on.returncode == 0, on.stdout + on.stderr
+  assert rows(on)["XLA collectives"]["status"] == "ok", rows(on)["XLA collectives"]
+  assert "libsmddp_mpi.so" in rows(on)["XLA collectives"]["detail"]
+  # Another MPI wrapper (a copy of jax_smddp's: MPItrampoline exits on a library it cannot load).
+  elsewhere = os.path.join(str(tmp_path), "libmpiwrapper.so")
+  shutil.copy(xla_swap.library_path(), elsewhere)
+  bad = doctor(tmp_path, "--json", env={"JAX_SMDDP_COLLECTIVES": "xla", "MPITRAMPOLINE_LIB": elsewhere})
+  assert bad.returncode != 0
+  row = rows(bad)["XLA collectives"]
+  assert row["status"] == "FAIL" and "MPITRAMPOLINE_LIB" in row["detail"], row
 
 
 @pytest.mark.timeout(150)
