@@ -246,9 +246,15 @@ def traffic() -> dict:
   """Bytes this process moved to and from each peer process since
   initialize(), by link: {peer: {"link": "shared memory", "sent": .., "received": ..}}.
   Shows the routes at work (e.g. between hosts, hierarchical routes send each
-  byte once per host)."""
-  return {p: {"link": kind, "sent": sent, "received": received}
-          for p, kind, sent, received in _native.engine().world_traffic()}
+  byte once per host). Shared-memory links add "single_copy" ("on", or "off: "
+  and why) and "single_copy_received" (the received bytes this process read
+  straight from the peer's memory)."""
+  out = {}
+  for p, kind, sent, received, single_bytes, single in _native.engine().world_traffic():
+    out[p] = {"link": kind, "sent": sent, "received": received}
+    if single:
+      out[p].update(single_copy=single, single_copy_received=single_bytes)
+  return out
 
 
 def ensure_initialized() -> None:

@@ -46,10 +46,45 @@ def test_collectives_across_processes(nprocs, devices):
 
 @pytest.mark.timeout(300)
 def test_small_chunks_and_rings():
-  """Messages far larger than the chunk and the ring: chunking and ring wrap-around."""
+  """Messages far larger than the chunk and the ring: chunking and ring wrap-around
+  (single copy off: every byte through the ring)."""
   procs = run_job(["collectives"], 2, 2, timeout=240,
-                         env={"JAX_SMDDP_CHUNK_BYTES": "192", "JAX_SMDDP_SHM_RING_BYTES": "4096"})
+                  env={"JAX_SMDDP_CHUNK_BYTES": "192", "JAX_SMDDP_SHM_RING_BYTES": "4096",
+                       "JAX_SMDDP_SHM_SINGLE_COPY_BYTES": "0"})
   assert_all_ok(procs)
+  for p in procs:
+    for peer in p.result["traffic"].values():
+      assert peer["single_copy"].startswith("off: turned off") and peer["single_copy_received"] == 0
+
+
+@pytest.mark.timeout(300)
+@pytest.mark.parametrize("nprocs,devices", [(2, 2), (3, 1)])
+def test_single_copy_every_op_and_dtype(nprocs, devices):
+  """Every collective and dtype against numpy with every message read in place
+  from the sender's memory (process_vm_readv), as large messages are by default."""
+  procs = run_job(["collectives"], nprocs, devices, timeout=240,
+                  env={"JAX_SMDDP_SHM_SINGLE_COPY_BYTES": "1", "JAX_SMDDP_CHUNK_BYTES": "4096"})
+  assert_all_ok(procs)
+  for p in procs:
+    for peer in p.result["traffic"].values():
+      assert peer["single_copy"] == "on", p.result["traffic"]
+      # Everything but the per-call agreement headers (104 bytes) was read in place.
+      assert peer["single_copy_received"] >= 0.9 * peer["received"] > 0, p.result["traffic"]
+
+
+@pytest.mark.timeout(300)
+def test_single_copy_forbidden_falls_back_to_the_ring():
+  """Processes that may not read each other's memory (no CAP_SYS_PTRACE, not
+  dumpable): every collective still right, through the ring, and traffic()
+  says why single copy is off."""
+  procs = run_job(["collectives"], 2, 2, timeout=240,
+                  env={"JAX_SMDDP_SHM_SINGLE_COPY_BYTES": "1", "SMDDP_TEST_FORBID_PTRACE": "1"})
+  assert_all_ok(procs)
+  for p in procs:
+    for peer in p.result["traffic"].values():
+      why = peer["single_copy"]
+      assert why.startswith("off: ") and "Operation not permitted" in why, why
+      assert peer["single_copy_received"] == 0 and peer["received"] > 0, peer
 
 
 @pytest.mark.timeout(300)

@@ -20,6 +20,34 @@ scenario, pid, nprocs, coordinator, ndev = sys.argv[1], int(sys.argv[2]), int(sy
 os.environ["XLA_FLAGS"] = f"--xla_force_host_platform_device_count={ndev}"
 os.environ.setdefault("JAX_PLATFORMS", "cpu")
 
+
+def forbid_reading_this_process():
+  """Ptrace rules as on a locked-down host: this process (root here) drops
+  CAP_SYS_PTRACE and becomes non-dumpable, so no peer may read its memory
+  (process_vm_readv fails with EPERM) and it may read no peer's. Before any
+  thread starts (capabilities are per thread; new threads inherit them)."""
+  import ctypes
+  libc = ctypes.CDLL(None, use_errno=True)
+
+  class Header(ctypes.Structure):
+    _fields_ = [("version", ctypes.c_uint32), ("pid", ctypes.c_int)]
+
+  class Data(ctypes.Structure):
+    _fields_ = [("effective", ctypes.c_uint32), ("permitted", ctypes.c_uint32),
+                ("inheritable", ctypes.c_uint32)]
+
+  header, data = Header(0x20080522, 0), (Data * 2)()  # _LINUX_CAPABILITY_VERSION_3
+  assert libc.capget(ctypes.byref(header), data) == 0, ctypes.get_errno()
+  cap_sys_ptrace = 1 << 19
+  data[0].effective &= ~cap_sys_ptrace
+  data[0].permitted &= ~cap_sys_ptrace
+  assert libc.capset(ctypes.byref(header), data) == 0, ctypes.get_errno()
+  assert libc.prctl(4, 0, 0, 0, 0) == 0, ctypes.get_errno()  # PR_SET_DUMPABLE 0
+
+
+if os.environ.get("SMDDP_TEST_FORBID_PTRACE") == "1":
+  forbid_reading_this_process()
+
 import numpy as np  # noqa: E402
 
 import jax  # noqa: E402
@@ -194,7 +222,7 @@ def scenario_collectives():
     # Interleaved: a group's ranks alternate between processes.
     inter = Mesh(devs.reshape(nprocs, ndev).T.reshape(-1), ("x",))
     run_collectives(inter, "x", "interleaved 1-D mesh", sizes=(5,))
-  result(ok=True, topology=smddp.topology())
+  result(ok=True, topology=smddp.topology(), traffic=smddp.traffic())
 
 
 def scenario_grad():

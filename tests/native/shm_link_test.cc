@@ -12,6 +12,10 @@
 #include "tests/native/check.h"
 
 #include <dirent.h>
+#include <linux/filter.h>
+#include <linux/seccomp.h>
+#include <stddef.h>
+#include <sys/syscall.h>
 #include <fcntl.h>
 #include <poll.h>
 #include <sched.h>
@@ -52,6 +56,12 @@ namespace {
     Status _s = (expr);                                                     \
     if (!_s.ok()) Die(__FILE__, __LINE__, #expr + std::string(": ") + _s.message()); \
   } while (0)
+
+const size_t kMiB = size_t(1) << 20;
+
+// Whether large messages are read in place (JAX_SMDDP_SHM_SINGLE_COPY_BYTES;
+// the script runs with it on and off).
+bool SingleCopy() { return smddp::SingleCopyMinBytes() > 0 && smddp::SingleCopyMinBytes() <= kMiB; }
 
 double Seconds(Clock::time_point a, Clock::time_point b) {
   return std::chrono::duration<double>(b - a).count();
@@ -220,7 +230,6 @@ bool ShmExists(const std::string& name) {
   return ::stat(("/dev/shm" + name).c_str(), &st) == 0;
 }
 
-const size_t kMiB = size_t(1) << 20;
 const std::vector<size_t> kSizes = {0, 1, 7, 4096, kMiB + 3, 64 * kMiB};
 
 // ---- the script; `me` is 0 in the parent (creator), 1 in the child ----
@@ -291,7 +300,8 @@ void TestPartialTakeover(Link* l, int me) {
     l->Progress();  // the parent is idle: at most one ring's worth arrives
     Msg m(tag, n);
     l->Recv(tag, m.buf.data(), n, &m.req);
-    CHECK_MSG(!m.req.done(), "takeover: a 32 MiB message cannot have fully arrived");
+    // (Read in place, it arrived whole: single copy has no partial messages.)
+    CHECK_MSG(SingleCopy() || !m.req.done(), "takeover: a 32 MiB message cannot have fully arrived");
     Put('q');
     Wait1(l, &m.req, "takeover: receive");
     CheckRecv(&m, 0, "takeover");
@@ -469,9 +479,11 @@ void TestCancel(Link* l, int me) {
 
   // (b) A receive cancelled part-way: its buffer is freed at once (ASan
   // would see a later write); the rest of the message is discarded; the
-  // next message under the same tag is received normally.
+  // next message under the same tag is received normally. (Through the ring
+  // only: a message read in place never arrives part-way.)
   const size_t big = 16 * kMiB;
-  if (me == 0) {
+  if (SingleCopy()) {
+  } else if (me == 0) {
     Expect('r', "cancel b: posted");
     Msg m(501, big);
     PostSend(l, &m, 0);
@@ -624,6 +636,60 @@ void TestThroughput(Link* l, int me) {
   Barrier("throughput: done");
 }
 
+// Single copy counted and reported on; then the child may no longer read the
+// parent's memory (a seccomp filter makes process_vm_readv fail with EPERM,
+// as in a container that forbids it): the parent's messages reach it through
+// the ring, correct, and both ends say why single copy is off.
+void TestSingleCopyRefused(Link* l, int me) {
+  const size_t n = 3 * kMiB + 64;
+  const uint64_t before = l->SingleCopyBytes();
+  {
+    Msg out(800, n), in(800, n);
+    l->Recv(800, in.buf.data(), n, &in.req);
+    Barrier("single copy: posted");
+    PostSend(l, &out, me);
+    Wait(l, {&out.req, &in.req}, "single copy: both ways");
+    CheckRecv(&in, 1 - me, "single copy");
+  }
+  CHECK_MSG(l->SingleCopyBytes() - before == n, "single copy: bytes read in place " +
+            std::to_string(l->SingleCopyBytes() - before) + ", expected " + std::to_string(n));
+  CHECK_MSG(l->SingleCopy() == "on", l->SingleCopy());
+  Barrier("single copy: checked");
+  if (me == 1) {
+    sock_filter filter[] = {
+        BPF_STMT(BPF_LD | BPF_W | BPF_ABS, offsetof(seccomp_data, nr)),
+        BPF_JUMP(BPF_JMP | BPF_JEQ | BPF_K, __NR_process_vm_readv, 0, 1),
+        BPF_STMT(BPF_RET | BPF_K, SECCOMP_RET_ERRNO | EPERM),
+        BPF_STMT(BPF_RET | BPF_K, SECCOMP_RET_ALLOW),
+    };
+    sock_fprog prog{sizeof(filter) / sizeof(filter[0]), filter};
+    CHECK(::prctl(PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0) == 0);
+    CHECK(::prctl(PR_SET_SECCOMP, SECCOMP_MODE_FILTER, &prog) == 0);
+  }
+  Barrier("single copy: child forbidden");
+  for (int round = 0; round < 2; ++round) {
+    const uint64_t tag = 810 + round;
+    Msg out(tag, n), in(tag, n);
+    l->Recv(tag, in.buf.data(), n, &in.req);
+    Barrier("refused: posted");
+    PostSend(l, &out, me);
+    Wait(l, {&out.req, &in.req}, "refused: both ways");
+    CheckRecv(&in, 1 - me, "refused: message through the ring");
+  }
+  const std::string why = l->SingleCopy();
+  if (me == 1) {
+    CHECK_MSG(why.rfind("off: this process may not read process", 0) == 0 &&
+              Contains(why, "Operation not permitted") && Contains(why, "ring"), why);
+    CHECK_MSG(l->SingleCopyBytes() == before + n, "the child read in place while forbidden");
+  } else {
+    // The parent still reads the child's memory; the child asked it to use the ring.
+    CHECK_MSG(why.rfind("off: process", 0) == 0 && Contains(why, "may not read this process's"), why);
+    CHECK_MSG(l->SingleCopyBytes() == before + 3 * n, "the parent stopped reading in place");
+  }
+  std::printf("%s single copy: %s\n", me == 0 ? "parent" : "child", why.c_str());
+  Barrier("refused: done");
+}
+
 void RunScript(Link* l, Link* small, int me) {
   CHECK(l->Kind() == "shared memory");
   TestSizesPostedFirst(l, me);
@@ -635,6 +701,7 @@ void RunScript(Link* l, Link* small, int me) {
   TestCancel(l, me);
   TestSmallRing(small, me);
   TestThroughput(l, me);
+  if (SingleCopy()) TestSingleCopyRefused(l, me);
   CHECK(l->PeerFailure().empty());
   CHECK(small->PeerFailure().empty());
   Barrier("script done");

@@ -160,13 +160,15 @@ void BindWorld(nb::module_& m) {
     smddp::WorldShutdown();
   });
   m.def("world_traffic", [] {
-    // Per peer process: (kind of link, bytes sent, bytes received).
-    std::vector<std::tuple<int, std::string, uint64_t, uint64_t>> out;
+    // Per peer process: (kind of link, bytes sent, bytes received, bytes
+    // received by single copy, how single copy stands).
+    std::vector<std::tuple<int, std::string, uint64_t, uint64_t, uint64_t, std::string>> out;
     auto world = smddp::CurrentWorld();
     if (!world) return out;
     for (int p = 0; p < world->processes(); ++p) {
       if (smddp::Link* link = world->link(p))
-        out.emplace_back(p, link->Kind(), world->sent(p), world->received(p));
+        out.emplace_back(p, link->Kind(), world->sent(p), world->received(p),
+                         link->SingleCopyBytes(), link->SingleCopy());
     }
     return out;
   });

@@ -50,6 +50,10 @@ const std::vector<SettingSpec> kSettings = {
      "libfabric receive buffers, and send buffers, per endpoint"},
     {"JAX_SMDDP_SHM_RING_BYTES", kBytes, "8M", 4096, 1 << 30, "", "runtime", false,
      "each direction's shared-memory ring between two processes of a host"},
+    {"JAX_SMDDP_SHM_SINGLE_COPY_BYTES", kBytes, "64K", 0, kNoMax, "", "runtime", false,
+     "smallest message between two processes of a host that the receiver reads straight from "
+     "the sender's memory (process_vm_readv: one copy, no ring); 0 turns that off. Where ptrace "
+     "rules forbid it, the link falls back to the ring and jax_smddp.traffic() says why"},
     {"JAX_SMDDP_CHUNK_BYTES", kBytes, "chosen by jax_smddp.tuning (1M without it)", 1, 1 << 30,
      "", "runtime", true,
      "chunk of cross-process messages (pipelining); rounded up to a multiple of 64 bytes and "

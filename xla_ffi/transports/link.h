@@ -71,6 +71,12 @@ class Link {
   // What carries this link, for messages: "shared memory",
   // "libfabric tcp;ofi_rxm".
   virtual std::string Kind() const = 0;
+
+  // Bytes received from the peer by reading its memory in place (one copy),
+  // and how that path stands: "on", "off: <why>", or "" where the link has
+  // no such path (between hosts).
+  virtual uint64_t SingleCopyBytes() const { return 0; }
+  virtual std::string SingleCopy() const { return ""; }
 };
 
 }  // namespace smddp

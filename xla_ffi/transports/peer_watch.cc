@@ -75,6 +75,8 @@ class WatchedLink : public Link {
   void Progress() override { inner_->Progress(); }
   void Cancel(Request* req) override { inner_->Cancel(req); }
   std::string Kind() const override { return inner_->Kind(); }
+  uint64_t SingleCopyBytes() const override { return inner_->SingleCopyBytes(); }
+  std::string SingleCopy() const override { return inner_->SingleCopy(); }
   std::string PeerFailure() override {
     std::string why = inner_->PeerFailure();
     if (!why.empty() || fd_ < 0) return why;

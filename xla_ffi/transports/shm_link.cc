@@ -4,6 +4,8 @@
 #include <fcntl.h>
 #include <signal.h>
 #include <sys/mman.h>
+#include <sys/prctl.h>
+#include <sys/uio.h>
 #include <sys/stat.h>
 #include <sys/types.h>
 #include <unistd.h>
@@ -33,7 +35,7 @@ namespace {
 // flag, each ring's head and tail, every field group on its own cache line),
 // then ring 0 (written by the creator) and ring 1 (written by the opener).
 constexpr uint64_t kMagic = 0x314b4e494c4d4853ull;  // "SHMLINK1"
-constexpr uint32_t kVersion = 1;
+constexpr uint32_t kVersion = 2;
 constexpr uint64_t kLine = 64;
 constexpr uint64_t kPage = 4096;
 constexpr uint64_t kDataOffset = kPage;
@@ -68,11 +70,27 @@ struct Layout {
   SideState side[2];     // 64, 128: 0 = creator, 1 = opener
   Counter head[2];       // 192, 256: ring i is written by side i
   Counter tail[2];       // 320, 384
+  // Side i's cancels of messages the peer may be reading in place: a reader
+  // that sees this change while it copied discards what it read.
+  Counter cancels[2];    // 448, 512
 };
 static_assert(sizeof(Layout) <= kDataOffset, "control data must fit one page");
 
 // A chunk: this header, then `len` payload bytes, padded to 64.
-constexpr uint64_t kFlagAbort = 1;  // the sender cancelled message `tag`
+constexpr uint64_t kFlagAbort = 1;   // the sender cancelled message `tag`
+// Single copy: the payload is a RemoteRef, and the reader copies the
+// message's `total` bytes straight from the writer's memory
+// (process_vm_readv), then answers with an Ack (the writer's buffer is free)
+// or, if it may not read there, a Nack (total = its errno) after which the
+// writer sends the message again through the ring.
+constexpr uint64_t kFlagRemote = 2;
+constexpr uint64_t kFlagAck = 4;
+constexpr uint64_t kFlagNack = 8;
+constexpr uint64_t kControlFlags = kFlagAbort | kFlagAck | kFlagNack;  // header only
+struct RemoteRef {
+  uint64_t address;  // of the message in the writer's address space
+  uint64_t cancels;  // the writer's cancel count when it sent the reference
+};
 struct ChunkHeader {
   uint64_t tag;
   uint64_t total;   // the message's size
@@ -190,6 +208,12 @@ Status OpenShmSegment(const std::string& name, std::shared_ptr<ShmSegment>* out)
 
 Status UnlinkShmSegment(const std::string& name) { return UnlinkShmFile(name); }
 
+size_t SingleCopyMinBytes() {
+  static const uint64_t bytes =
+      uint64_t(IntSetting("JAX_SMDDP_SHM_SINGLE_COPY_BYTES", int64_t(64) << 10));
+  return size_t(bytes);
+}
+
 size_t DefaultShmRingBytes() {
   return size_t(std::min<uint64_t>(uint64_t(IntSetting("JAX_SMDDP_SHM_RING_BYTES", kDefaultRing)),
                                    kMaxRing));
@@ -212,6 +236,8 @@ class ShmLink final : public Link {
     write_tail_ = &lay->tail[me].value;
     read_head_ = &lay->head[peer].value;
     read_tail_ = &lay->tail[peer].value;
+    my_cancels_ = &lay->cancels[me].value;
+    peer_cancels_ = &lay->cancels[peer].value;
     cap_ = segment_->ring_bytes();
     // Chunks small enough that the reader starts copying out early (and
     // several fit the ring), large enough that per-chunk costs vanish.
@@ -221,6 +247,12 @@ class ShmLink final : public Link {
     peer_pid_.store(pid, std::memory_order_relaxed);
     char state;
     if (pid > 0 && !ReadProcStat(pid, &state, &peer_start_)) peer_start_ = 0;
+    single_copy_min_ = SingleCopyMinBytes();
+    if (single_copy_min_ == 0) {
+      SetSingleCopyOff("turned off (JAX_SMDDP_SHM_SINGLE_COPY_BYTES=0)");
+    } else {
+      AllowPeersToRead();
+    }
     pending_.reserve(16);
     posted_.reserve(16);
     incoming_.reserve(16);
@@ -249,8 +281,10 @@ class ShmLink final : public Link {
       return;
     }
     try {
-      pending_.push_back(PendingSend{tag, static_cast<const char*>(src), bytes, 0, req,
-                                     false, false});
+      PendingSend send{tag, static_cast<const char*>(src), bytes, 0, req};
+      send.remote = single_copy_min_ > 0 && bytes >= single_copy_min_ &&
+                    !single_copy_refused_.load(std::memory_order_relaxed);
+      pending_.push_back(send);
     } catch (...) {
       req->Complete(Status::Error("shared-memory link: out of memory"));
       return;
@@ -279,11 +313,13 @@ class ShmLink final : public Link {
         req->Complete(std::move(mismatch));
         return;
       }
+
       if (u->received > 0) std::memcpy(dst, u->data, u->received);
       if (u->complete || in == nullptr) {
         // (in == nullptr with !complete cannot happen; never wait forever.)
         const bool ok = u->complete;
         unexpected_.erase(unexpected_.begin() + ptrdiff_t(ui));
+        if (ok && AttachToAckLocked(tag, req)) return;
         req->Complete(ok ? Status::Ok()
                          : Status::Error("shared-memory link: lost track of message "
                                          "under tag " + std::to_string(tag)));
@@ -329,6 +365,10 @@ class ShmLink final : public Link {
     for (size_t i = 0; i < pending_.size(); ++i) {
       PendingSend& s = pending_[i];
       if (s.abort || s.req != req) continue;
+      if (s.control != 0) {
+        s.req = nullptr;  // a receive waiting for its Ack: the Ack still goes
+        return;
+      }
       if (s.started) {
         // Part of it is in the ring: tell the reader to drop the message.
         s.abort = true;
@@ -337,6 +377,23 @@ class ShmLink final : public Link {
       } else {
         pending_.erase(pending_.begin() + ptrdiff_t(i));
       }
+      return;
+    }
+    for (size_t i = 0; i < awaiting_.size(); ++i) {
+      if (awaiting_[i].req != req) continue;
+      // The peer may be reading the buffer now or later: count the cancel
+      // before the caller may reuse it (the reader compares the count after
+      // copying with the one sent with the reference), and tell the reader to
+      // drop the message if it has not taken it yet.
+      my_cancels_->fetch_add(1, std::memory_order_seq_cst);
+      PendingSend abort = awaiting_[i];
+      abort.abort = true;
+      abort.remote = false;
+      abort.req = nullptr;
+      abort.src = nullptr;
+      awaiting_.erase(awaiting_.begin() + ptrdiff_t(i));
+      pending_.insert(pending_.begin(), abort);
+      WritePassLocked();
       return;
     }
     for (size_t i = 0; i < posted_.size(); ++i) {
@@ -393,6 +450,15 @@ class ShmLink final : public Link {
 
   std::string Kind() const override { return "shared memory"; }
 
+  uint64_t SingleCopyBytes() const override {
+    return single_copy_bytes_.load(std::memory_order_relaxed);
+  }
+
+  std::string SingleCopy() const override {
+    std::lock_guard<std::mutex> lock(single_copy_mu_);
+    return single_copy_off_.empty() ? "on" : "off: " + single_copy_off_;
+  }
+
  private:
   struct PendingSend {
     uint64_t tag;
@@ -400,8 +466,10 @@ class ShmLink final : public Link {
     uint64_t bytes;
     uint64_t sent;
     Request* req;
-    bool started;  // a chunk is in the ring
-    bool abort;    // cancelled after it started: write an abort chunk
+    bool started = false;  // a chunk is in the ring
+    bool abort = false;    // cancelled after it started: write an abort chunk
+    bool remote = false;   // send a RemoteRef; the reader copies in place
+    uint64_t control = 0;  // an Ack or Nack to write (no request, no data)
   };
   struct PostedRecv {
     uint64_t tag;
@@ -455,6 +523,8 @@ class ShmLink final : public Link {
     for (PendingSend& s : pending_) {
       if (!s.abort && s.req != nullptr) s.req->Complete(st);
     }
+    for (PendingSend& s : awaiting_) s.req->Complete(st);
+    awaiting_.clear();
     for (PostedRecv& r : posted_) r.req->Complete(st);
     for (Incoming& in : incoming_) {
       if (in.req != nullptr) in.req->Complete(st);
@@ -504,8 +574,9 @@ class ShmLink final : public Link {
   // Whether pending_[i] may write: no earlier send under its tag is pending
   // (the reader tells messages apart by tag, so those never interleave).
   bool EligibleLocked(size_t i) const {
+    if (pending_[i].control != 0) return true;
     for (size_t j = 0; j < i; ++j) {
-      if (pending_[j].tag == pending_[i].tag) return false;
+      if (pending_[j].control == 0 && pending_[j].tag == pending_[i].tag) return false;
     }
     return true;
   }
@@ -530,6 +601,42 @@ class ShmLink final : public Link {
           continue;
         }
         PendingSend& s = pending_[i];
+        if (s.control != 0) {
+          // An Ack or Nack; a Nack carries the reader's errno as the size.
+          WriteChunkLocked(s.tag, s.bytes, 0, 0, s.control, /*src=*/nullptr);
+          free_bytes -= kLine;
+          written += kLine;
+          Request* req = s.req;
+          pending_.erase(pending_.begin() + ptrdiff_t(i));
+          if (req != nullptr) req->Complete(Status::Ok());
+          progressed = true;
+          continue;
+        }
+        if (s.remote && !s.abort) {
+          if (free_bytes < 2 * kLine) {
+            if (!WriteSpaceLocked(&free_bytes)) return written;
+            if (free_bytes < 2 * kLine) {
+              ++i;
+              continue;
+            }
+          }
+          const RemoteRef ref{uint64_t(reinterpret_cast<uintptr_t>(s.src)),
+                              my_cancels_->load(std::memory_order_seq_cst)};
+          WriteChunkLocked(s.tag, s.bytes, 0, sizeof(ref), kFlagRemote,
+                           reinterpret_cast<const char*>(&ref));
+          free_bytes -= 2 * kLine;
+          written += 2 * kLine;
+          s.started = true;
+          try {
+            awaiting_.push_back(s);
+          } catch (...) {
+            FailLocked("shared-memory link: out of memory");
+            return written;
+          }
+          pending_.erase(pending_.begin() + ptrdiff_t(i));
+          progressed = true;
+          continue;
+        }
         if (s.abort) {
           WriteChunkLocked(s.tag, 0, 0, 0, kFlagAbort, /*src=*/nullptr);
           free_bytes -= kLine;
@@ -596,9 +703,15 @@ class ShmLink final : public Link {
         FailLocked(Corrupt("bad chunk header at " + std::to_string(read_tail_local_)));
         return consumed;
       }
-      if ((h.flags & ~kFlagAbort) != 0 || h.len > cap_ - kLine ||
-          kLine + RoundUp(h.len, kLine) > avail || h.offset > h.total ||
-          h.len > h.total - h.offset || ((h.flags & kFlagAbort) != 0 && h.len != 0)) {
+      const uint64_t kind = h.flags & (kControlFlags | kFlagRemote);
+      const bool bad_flags = (h.flags & ~(kControlFlags | kFlagRemote)) != 0 ||
+                             (kind & (kind - 1)) != 0;  // at most one
+      const bool bad_payload =
+          (kind & kControlFlags) != 0 ? h.len != 0 || h.offset != 0
+          : kind == kFlagRemote       ? h.len != sizeof(RemoteRef) || h.offset != 0
+                                      : h.offset > h.total || h.len > h.total - h.offset;
+      if (bad_flags || bad_payload || h.len > cap_ - kLine ||
+          kLine + RoundUp(h.len, kLine) > avail) {
         FailLocked(Corrupt("chunk tag " + std::to_string(h.tag) + " size " +
                            std::to_string(h.total) + " offset " +
                            std::to_string(h.offset) + " length " + std::to_string(h.len) +
@@ -619,6 +732,8 @@ class ShmLink final : public Link {
   // Handles one checked chunk whose payload is at `at` in the read ring.
   // False if the link failed.
   bool DeliverLocked(const ChunkHeader& h, uint64_t at) {
+    if ((h.flags & (kFlagAck | kFlagNack)) != 0) return AnswerLocked(h);
+    if ((h.flags & kFlagRemote) != 0) return DeliverRemoteLocked(h, at);
     size_t idx = incoming_.size();
     for (size_t i = 0; i < incoming_.size(); ++i) {
       if (incoming_[i].tag == h.tag) {
@@ -717,6 +832,186 @@ class ShmLink final : public Link {
     return true;
   }
 
+  // Queues an Ack or Nack for message `tag` of the peer, ahead of data.
+  // `req` (a receive) completes once the Ack is in the ring: a process never
+  // leaves a call with the peer still waiting for its Ack.
+  void QueueControlLocked(uint64_t tag, uint64_t flag, uint64_t value, Request* req = nullptr) {
+    PendingSend c{tag, nullptr, value, 0, req};
+    c.control = flag;
+    try {
+      pending_.insert(pending_.begin(), c);
+    } catch (...) {
+      FailLocked("shared-memory link: out of memory");
+    }
+  }
+
+  // If the Ack of the peer's message `tag` is still to be written, `req`
+  // completes when it is.
+  bool AttachToAckLocked(uint64_t tag, Request* req) {
+    for (PendingSend& c : pending_) {
+      if (c.control == kFlagAck && c.tag == tag && c.req == nullptr) {
+        c.req = req;
+        WritePassLocked();
+        return true;
+      }
+    }
+    return false;
+  }
+
+  void SetSingleCopyOff(const std::string& why) {
+    std::lock_guard<std::mutex> lock(single_copy_mu_);
+    if (single_copy_off_.empty()) single_copy_off_ = why;
+  }
+
+  // Under Yama's ptrace_scope 1 (Ubuntu's default) only an ancestor may read
+  // a process's memory; this lets the job's other processes (same user) do
+  // it, as without Yama. Elsewhere a no-op.
+  static void AllowPeersToRead() {
+    static std::once_flag once;
+    std::call_once(once, [] { ::prctl(PR_SET_PTRACER, PR_SET_PTRACER_ANY, 0, 0, 0); });
+  }
+
+  int PeerPidLocked() {
+    int pid = peer_pid_.load(std::memory_order_relaxed);
+    return pid > 0 ? pid : peer_side_->pid.load(std::memory_order_acquire);
+  }
+
+  // A RemoteRef chunk: the message is copied from the peer's memory now,
+  // straight into its receive's buffer if one is posted, else into the
+  // unexpected store (so that sends complete without a posted receive, as
+  // through the ring), then acknowledged. If the kernel refuses (ptrace
+  // rules), the receive stays posted, a Nack asks the peer to send the message
+  // through the ring, and the link says why single copy is off.
+  bool DeliverRemoteLocked(const ChunkHeader& h, uint64_t at) {
+    RemoteRef ref;
+    CopyFromRing(reinterpret_cast<char*>(&ref), at, sizeof(ref));
+    size_t r = 0;
+    while (r < posted_.size() && posted_[r].tag != h.tag) ++r;
+    if (r < posted_.size() && posted_[r].bytes != h.total) {
+      const PostedRecv p = posted_[r];
+      posted_.erase(posted_.begin() + ptrdiff_t(r));
+      QueueControlLocked(h.tag, kFlagAck, 0);  // the writer's buffer is free
+      p.req->Complete(Status::Mismatch(MismatchMessage(h.total, h.tag, p.bytes)));
+      return true;
+    }
+    std::unique_ptr<Unexpected> u;
+    char* dst = nullptr;
+    if (r < posted_.size()) {
+      dst = posted_[r].dst;
+    } else {
+      u.reset(new (std::nothrow) Unexpected());
+      if (u != nullptr && h.total > 0) u->data = static_cast<char*>(std::malloc(h.total));
+      if (u == nullptr || u->data == nullptr) {
+        FailLocked("shared-memory link: cannot allocate " + std::to_string(h.total) +
+                   " bytes for the early-arrived message under tag " + std::to_string(h.tag));
+        return false;
+      }
+      u->tag = h.tag;
+      u->total = h.total;
+      dst = u->data;
+    }
+    const int pid = PeerPidLocked();
+    const std::string peer = "process " + std::to_string(pid);
+    bool cancelled = false;
+    const int err = ReadRemote(pid, ref, dst, h.total, &cancelled);
+    if (err == EPERM || err == EACCES || err == ENOSYS) {
+      SetSingleCopyOff("this process may not read " + peer + "'s memory (process_vm_readv: " +
+                       std::strerror(err) + "; ptrace rules: Yama's ptrace_scope, a "
+                       "container without CAP_SYS_PTRACE or with a seccomp filter, another "
+                       "user, or a process that is not dumpable); messages go through the ring "
+                       "(two copies)");
+      QueueControlLocked(h.tag, kFlagNack, uint64_t(err));
+      return !failed_.load(std::memory_order_relaxed);
+    }
+    Status st = Status::Ok();
+    if (cancelled) {
+      st = Status::PeerFailed(peer + " cancelled the message under tag " +
+                              std::to_string(h.tag) + " while it was being read");
+    } else if (err == ESRCH) {
+      st = Status::PeerFailed(peer + " exited while this process read a message from its "
+                              "memory");
+    } else if (err != 0) {
+      FailLocked(Corrupt("reading " + std::to_string(h.total) + " bytes at " +
+                         std::to_string(ref.address) + " of its memory failed: " +
+                         std::strerror(err)));
+      return false;
+    } else {
+      single_copy_bytes_.fetch_add(h.total, std::memory_order_relaxed);
+    }
+    if (u == nullptr) {
+      const PostedRecv p = posted_[r];
+      posted_.erase(posted_.begin() + ptrdiff_t(r));
+      if (st.ok()) {
+        QueueControlLocked(h.tag, kFlagAck, 0, p.req);  // completes p once written
+      } else {
+        p.req->Complete(std::move(st));
+      }
+    } else if (st.ok()) {
+      QueueControlLocked(h.tag, kFlagAck, 0);
+      u->received = u->total;
+      u->complete = true;
+      try {
+        unexpected_.push_back(std::move(u));
+      } catch (...) {
+        FailLocked("shared-memory link: out of memory");
+        return false;
+      }
+    }
+    return !failed_.load(std::memory_order_relaxed);
+  }
+
+  // Copies `bytes` at `ref.address` of process `pid` into `dst`. Returns 0
+  // or an errno; `cancelled`: the peer cancelled a message since it sent
+  // `ref` (perhaps this one, whose buffer may then be gone or reused: what
+  // was read is discarded).
+  int ReadRemote(int pid, const RemoteRef& ref, char* dst, uint64_t bytes, bool* cancelled) {
+    const uint64_t address = ref.address;
+    uint64_t done = 0;
+    int err = pid > 0 ? 0 : ESRCH;
+    while (err == 0 && done < bytes) {
+      iovec local{dst + done, size_t(bytes - done)};
+      iovec remote{reinterpret_cast<void*>(uintptr_t(address + done)), size_t(bytes - done)};
+      const ssize_t n = ::process_vm_readv(pid, &local, 1, &remote, 1, 0);
+      if (n < 0 && errno == EINTR) continue;
+      if (n <= 0) {
+        err = n < 0 ? errno : EFAULT;
+        break;
+      }
+      done += uint64_t(n);
+    }
+    *cancelled = peer_cancels_->load(std::memory_order_seq_cst) != ref.cancels;
+    return err;
+  }
+
+  // The peer's answer to a message it read in place (Ack: done; Nack: it may
+  // not, so the message goes again through the ring, as do all later ones).
+  bool AnswerLocked(const ChunkHeader& h) {
+    for (size_t i = 0; i < awaiting_.size(); ++i) {
+      if (awaiting_[i].tag != h.tag) continue;
+      PendingSend s = awaiting_[i];
+      awaiting_.erase(awaiting_.begin() + ptrdiff_t(i));
+      if ((h.flags & kFlagAck) != 0) {
+        s.req->Complete(Status::Ok());
+        return true;
+      }
+      single_copy_refused_.store(true, std::memory_order_relaxed);
+      SetSingleCopyOff("process " + std::to_string(PeerPidLocked()) +
+                       " may not read this process's memory (process_vm_readv: " +
+                       std::strerror(int(h.total)) + "); messages go through the ring (two "
+                       "copies)");
+      s.remote = false;
+      s.started = false;
+      s.sent = 0;
+      try {
+        pending_.push_back(s);
+      } catch (...) {
+        s.req->Complete(Status::Error("shared-memory link: out of memory"));
+      }
+      return true;
+    }
+    return true;  // a message this process cancelled
+  }
+
   void DropUnexpectedLocked(const Unexpected* u) {
     for (size_t i = 0; i < unexpected_.size(); ++i) {
       if (unexpected_[i].get() == u) {
@@ -735,6 +1030,13 @@ class ShmLink final : public Link {
   std::atomic<uint64_t>* write_tail_;
   std::atomic<uint64_t>* read_head_;
   std::atomic<uint64_t>* read_tail_;
+  std::atomic<uint64_t>* my_cancels_;
+  std::atomic<uint64_t>* peer_cancels_;
+  uint64_t single_copy_min_ = 0;  // messages this long or longer are read in place
+  std::atomic<bool> single_copy_refused_{false};  // the peer may not read our memory
+  std::atomic<uint64_t> single_copy_bytes_{0};
+  mutable std::mutex single_copy_mu_;
+  std::string single_copy_off_;  // why single copy is off; empty while on
   uint64_t cap_;
   uint64_t max_chunk_;
   uint64_t min_partial_;
@@ -745,6 +1047,7 @@ class ShmLink final : public Link {
   uint64_t seen_tail_ = 0;
   uint64_t read_tail_local_ = 0;
   std::vector<PendingSend> pending_;  // in posting order
+  std::vector<PendingSend> awaiting_;  // RemoteRefs sent, the peer's answer not yet in
   std::vector<PostedRecv> posted_;    // in posting order
   std::vector<Incoming> incoming_;
   std::vector<std::unique_ptr<Unexpected>> unexpected_;  // in arrival order

@@ -8,6 +8,16 @@
 // chunks go straight into a posted receive's buffer, else into an
 // "unexpected" store that a later receive takes over.
 //
+// Single copy: a message of JAX_SMDDP_SHM_SINGLE_COPY_BYTES or more does not
+// travel through the ring. The writer sends only its address; the reader
+// copies the bytes straight from the writer's memory into the receive's
+// buffer (process_vm_readv, Linux cross-memory attach) and acknowledges, which
+// frees the writer's buffer. Where the kernel refuses (ptrace rules), the
+// reader says so and the writer sends that message, and every later one,
+// through the ring; SingleCopy() reports why. A writer that cancels a message
+// the reader may be copying counts the cancel in the segment, and the reader,
+// seeing the count change, discards what it copied.
+//
 // Set-up: one process creates the segment and publishes its name; the other
 // opens it; as soon as both mapped it, either unlinks the name (the mappings
 // stay valid), so a crash leaves nothing in /dev/shm.
@@ -54,6 +64,10 @@ Status UnlinkShmSegment(const std::string& name);
 // this side closed, which the peer reports as an orderly exit.
 std::unique_ptr<Link> MakeShmLink(std::shared_ptr<ShmSegment> segment,
                                   bool creator, int peer_pid);
+
+// Messages of this many bytes or more are read in place (single copy):
+// JAX_SMDDP_SHM_SINGLE_COPY_BYTES, default 64 KiB; 0 = never.
+size_t SingleCopyMinBytes();
 
 // Default ring size: JAX_SMDDP_SHM_RING_BYTES if set (a byte count), else
 // 8 MiB.
