@@ -54,6 +54,10 @@ const std::vector<SettingSpec> kSettings = {
      "smallest message between two processes of a host that the receiver reads straight from "
      "the sender's memory (process_vm_readv: one copy, no ring); 0 turns that off. Where ptrace "
      "rules forbid it, the link falls back to the ring and jax_smddp.traffic() says why"},
+    {"JAX_SMDDP_HUGE_PAGE_BYTES", kBytes, "4M", 0, kNoMax, "", "runtime", false,
+     "outputs of collectives this large or larger are advised onto transparent huge pages "
+     "before they are written (madvise MADV_HUGEPAGE: one page fault per 2 MiB of XLA's fresh "
+     "output mappings instead of one per 4 KiB); 0 turns that off"},
     {"JAX_SMDDP_CHUNK_BYTES", kBytes, "chosen by jax_smddp.tuning (1M without it)", 1, 1 << 30,
      "", "runtime", true,
      "chunk of cross-process messages (pipelining); rounded up to a multiple of 64 bytes and "

@@ -9,6 +9,7 @@
 #include <vector>
 
 #include "xla/ffi/api/ffi.h"
+#include "xla_ffi/common/huge_pages.h"
 #include "xla_ffi/ffi/ffi_dtype.h"
 #include "xla_ffi/ffi/ffi_status.h"
 #include "xla_ffi/engine/last_failure.h"
@@ -130,6 +131,7 @@ ffi::Future StartCall(const Common& c, int64_t run_id, uint32_t partition_id, ff
     return Failed(c.op, Status::InvalidArgument(std::string("jax_smddp ") + c.op + ": device " +
                                                 std::to_string(partition_id) + " is in no replica group"));
   const CallSite::Member& me = members[partition_id];
+  AdviseHugePages(out->untyped_data(), out->size_bytes());  // before the first write
   CallInfo info{c.op, plan.dtype, plan.op, uint64_t(x.size_bytes()), uint64_t(out->size_bytes())};
   ffi::Promise promise;
   ffi::Future future(promise);

@@ -13,6 +13,7 @@
 #include <vector>
 
 #include "xla_ffi/common/hashing.h"
+#include "xla_ffi/common/huge_pages.h"
 #include "xla_ffi/common/settings.h"
 #include "xla_ffi/common/timeout.h"
 #include "xla_ffi/engine/communicator.h"
@@ -103,6 +104,7 @@ Status RunAndWait(Communicator& comm, uint64_t site, uint64_t sequence, int rank
     Status status;
   };
   auto wait = std::make_shared<Wait>();
+  AdviseHugePages(recv, info.recv_bytes);  // before the first write
   comm.Start(/*run_id=*/0, /*instance=*/0, site, sequence, /*invocation=*/sequence,
              /*op_id=*/int64_t(sequence), rank, send, recv, info, plan, [wait](const Status& st) {
                std::lock_guard<std::mutex> lock(wait->mu);
