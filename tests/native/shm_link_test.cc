@@ -690,6 +690,48 @@ void TestSingleCopyRefused(Link* l, int me) {
   Barrier("refused: done");
 }
 
+// A waiter sleeps on the link's doorbell until the peer writes: woken at
+// once, not at its timeout; a count that moved before it slept returns at
+// once; with nothing happening it sleeps its whole timeout.
+void TestDoorbell(Link* l, int me) {
+  using std::chrono::duration;
+  const uint64_t tag = 9001;
+  Msg m(tag, 4096);
+  Barrier("doorbell: start");
+  if (me == 1) {
+    l->Recv(tag, m.buf.data(), m.n, &m.req);
+    uint32_t seen = l->Activity();
+    l->Progress();
+    CHECK_MSG(!m.req.done(), "doorbell: the message came before it was sent");
+    Put('s');  // about to sleep
+    const auto t0 = Clock::now();
+    l->AwaitActivity(seen, 3000000);
+    const double woke = duration<double>(Clock::now() - t0).count();
+    CHECK_MSG(woke < 1.5, "doorbell: the waiter slept " + std::to_string(woke) +
+                               " s although the peer wrote after 0.1 s");
+    Wait1(l, &m.req, "doorbell: message");
+    CheckRecv(&m, 0, "doorbell: message");
+    // The count moved since `seen` (the peer wrote): no sleep at all.
+    const auto t1 = Clock::now();
+    l->AwaitActivity(seen, 3000000);
+    CHECK_MSG(duration<double>(Clock::now() - t1).count() < 1.0,
+              "doorbell: slept on a count that had already moved");
+    // Nothing happens: the whole (short) timeout.
+    seen = l->Activity();
+    const auto t2 = Clock::now();
+    l->AwaitActivity(seen, 20000);
+    const double idle = duration<double>(Clock::now() - t2).count();
+    CHECK_MSG(idle >= 0.015 && idle < 1.0, "doorbell: a 20 ms idle wait took " + std::to_string(idle) + " s");
+  } else {
+    Expect('s', "doorbell: peer asleep");
+    ::usleep(100000);
+    PostSend(l, &m, 0);
+    Wait1(l, &m.req, "doorbell: send");
+    CheckSent(&m, "doorbell");
+  }
+  Barrier("doorbell: done");
+}
+
 void RunScript(Link* l, Link* small, int me) {
   CHECK(l->Kind() == "shared memory");
   TestSizesPostedFirst(l, me);
@@ -701,6 +743,7 @@ void RunScript(Link* l, Link* small, int me) {
   TestCancel(l, me);
   TestSmallRing(small, me);
   TestThroughput(l, me);
+  TestDoorbell(l, me);
   if (SingleCopy()) TestSingleCopyRefused(l, me);
   CHECK(l->PeerFailure().empty());
   CHECK(small->PeerFailure().empty());

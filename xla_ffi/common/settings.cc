@@ -71,9 +71,11 @@ const std::vector<SettingSpec> kSettings = {
     {"JAX_SMDDP_SPIN", kInt, "256", 0, 1e9, "", "runtime", false,
      "polls of a link before a waiting engine thread yields"},
     {"JAX_SMDDP_YIELD", kInt, "4096", 0, 1e9, "", "runtime", false,
-     "polls of a link before a waiting engine thread sleeps"},
+     "polls of a link before a waiting engine thread sleeps (a shared-memory link wakes it as "
+     "soon as its peer writes)"},
     {"JAX_SMDDP_SLEEP_US", kInt, "50", 0, 1e6, "", "runtime", false,
-     "microseconds a waiting engine thread sleeps between polls"},
+     "longest a sleeping engine thread waits before it polls again (it wakes earlier when a "
+     "shared-memory link signals that its peer wrote)"},
     {"JAX_SMDDP_GPU_STREAM", kChoice, "collective", 0, 0, "collective|compute", "gpu", false,
      "the stream GPU collectives run on: XLA's collective stream, or the compute stream"},
     {"JAX_SMDDP_GPU_SLOT_BYTES", kBytes, "8M", 4096, 1 << 30, "", "gpu", true,

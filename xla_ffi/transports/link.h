@@ -11,6 +11,8 @@
 #ifndef JAX_SMDDP_TRANSPORTS_LINK_H_
 #define JAX_SMDDP_TRANSPORTS_LINK_H_
 
+#include <unistd.h>
+
 #include <atomic>
 #include <cstddef>
 #include <cstdint>
@@ -71,6 +73,15 @@ class Link {
   // What carries this link, for messages: "shared memory",
   // "libfabric tcp;ofi_rxm".
   virtual std::string Kind() const = 0;
+
+  // Waiting without burning a core: Activity() is a number that changes
+  // whenever something a waiter on this link may need has happened (the peer
+  // wrote into the link or made room in it, or another thread of this process
+  // completed requests); AwaitActivity(seen, max_us) sleeps until it differs
+  // from `seen` (read before the waiter's last Progress) or max_us passed.
+  // Links without such a signal just sleep max_us.
+  virtual uint32_t Activity() const { return 0; }
+  virtual void AwaitActivity(uint32_t /*seen*/, unsigned max_us) { ::usleep(max_us); }
 
   // Bytes received from the peer by reading its memory in place (one copy),
   // and how that path stands: "on", "off: <why>", or "" where the link has

@@ -77,6 +77,8 @@ class WatchedLink : public Link {
   std::string Kind() const override { return inner_->Kind(); }
   uint64_t SingleCopyBytes() const override { return inner_->SingleCopyBytes(); }
   std::string SingleCopy() const override { return inner_->SingleCopy(); }
+  uint32_t Activity() const override { return inner_->Activity(); }
+  void AwaitActivity(uint32_t seen, unsigned max_us) override { inner_->AwaitActivity(seen, max_us); }
   std::string PeerFailure() override {
     std::string why = inner_->PeerFailure();
     if (!why.empty() || fd_ < 0) return why;

@@ -3,7 +3,9 @@
 #include <errno.h>
 #include <fcntl.h>
 #include <signal.h>
+#include <linux/futex.h>
 #include <sys/mman.h>
+#include <sys/syscall.h>
 #include <sys/prctl.h>
 #include <sys/uio.h>
 #include <sys/stat.h>
@@ -11,6 +13,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <climits>
 #include <atomic>
 #include <chrono>
 #include <cstdint>
@@ -32,10 +35,11 @@ namespace smddp {
 namespace {
 
 // Segment layout: a page of control data (header, each side's pid and closed
-// flag, each ring's head and tail, every field group on its own cache line),
-// then ring 0 (written by the creator) and ring 1 (written by the opener).
+// flag, each ring's head and tail, each side's doorbell, every field group on
+// its own cache line), then ring 0 (written by the creator) and ring 1
+// (written by the opener).
 constexpr uint64_t kMagic = 0x314b4e494c4d4853ull;  // "SHMLINK1"
-constexpr uint32_t kVersion = 2;
+constexpr uint32_t kVersion = 3;
 constexpr uint64_t kLine = 64;
 constexpr uint64_t kPage = 4096;
 constexpr uint64_t kDataOffset = kPage;
@@ -65,6 +69,11 @@ struct alignas(64) Counter {
   std::atomic<uint64_t> value;
 };
 
+struct alignas(64) Doorbell {
+  std::atomic<uint32_t> count;
+  std::atomic<uint32_t> sleepers;
+};
+
 struct Layout {
   SegmentHeader header;  // offset 0
   SideState side[2];     // 64, 128: 0 = creator, 1 = opener
@@ -73,6 +82,11 @@ struct Layout {
   // Side i's cancels of messages the peer may be reading in place: a reader
   // that sees this change while it copied discards what it read.
   Counter cancels[2];    // 448, 512
+  // Side i's doorbell: the peer (or another thread of side i) adds to `count`
+  // after writing to side i's ring, freeing room in side i's ring or
+  // completing side i's requests, and wakes side i's `sleepers` (a futex on
+  // `count`): a waiter sleeps until something happened instead of polling.
+  Doorbell bell[2];      // 576, 640
 };
 static_assert(sizeof(Layout) <= kDataOffset, "control data must fit one page");
 
@@ -122,6 +136,25 @@ uint64_t ChunkCheck(const ChunkHeader& h) {
 }
 
 uint64_t RoundUp(uint64_t x, uint64_t to) { return (x + to - 1) / to * to; }
+
+// Futexes on the shared segment (not FUTEX_PRIVATE_FLAG: two processes).
+void FutexWait(std::atomic<uint32_t>* word, uint32_t expected, unsigned max_us) {
+  timespec timeout{time_t(max_us / 1000000), long(max_us % 1000000) * 1000};
+  ::syscall(SYS_futex, reinterpret_cast<uint32_t*>(word), FUTEX_WAIT, expected, &timeout,
+            nullptr, 0);
+}
+
+void FutexWakeAll(std::atomic<uint32_t>* word) {
+  ::syscall(SYS_futex, reinterpret_cast<uint32_t*>(word), FUTEX_WAKE, INT_MAX, nullptr,
+            nullptr, 0);
+}
+
+// Tells the side that owns `bell` that something happened, waking it if it
+// sleeps. Cheap when nobody sleeps: one atomic add and one load.
+void Ring(Doorbell* bell) {
+  bell->count.fetch_add(1, std::memory_order_seq_cst);
+  if (bell->sleepers.load(std::memory_order_seq_cst) != 0) FutexWakeAll(&bell->count);
+}
 
 }  // namespace
 
@@ -238,6 +271,8 @@ class ShmLink final : public Link {
     read_tail_ = &lay->tail[peer].value;
     my_cancels_ = &lay->cancels[me].value;
     peer_cancels_ = &lay->cancels[peer].value;
+    my_bell_ = &lay->bell[me];
+    peer_bell_ = &lay->bell[peer];
     cap_ = segment_->ring_bytes();
     // Chunks small enough that the reader starts copying out early (and
     // several fit the ring), large enough that per-chunk costs vanish.
@@ -272,6 +307,7 @@ class ShmLink final : public Link {
     // After our last ring write: the peer drains what we wrote, then sees
     // the flag and reports an orderly exit.
     me_side_->closed.store(1, std::memory_order_release);
+    Ring(peer_bell_);
   }
 
   void Send(uint64_t tag, const void* src, size_t bytes, Request* req) override {
@@ -357,6 +393,18 @@ class ShmLink final : public Link {
       total += moved;
       if (moved == 0 || total >= 4 * cap_) break;
     }
+    // Requests of this process's other threads may have completed.
+    if (total > 0 && my_bell_->sleepers.load(std::memory_order_seq_cst) != 0) Ring(my_bell_);
+  }
+
+  uint32_t Activity() const override { return my_bell_->count.load(std::memory_order_seq_cst); }
+
+  void AwaitActivity(uint32_t seen, unsigned max_us) override {
+    my_bell_->sleepers.fetch_add(1, std::memory_order_seq_cst);
+    // The futex sleeps only while the count still equals `seen`: a ring
+    // between the caller's last look and now returns at once.
+    if (!failed_.load(std::memory_order_acquire)) FutexWait(&my_bell_->count, seen, max_us);
+    my_bell_->sleepers.fetch_sub(1, std::memory_order_seq_cst);
   }
 
   void Cancel(Request* req) override {
@@ -569,6 +617,7 @@ class ShmLink final : public Link {
     }
     write_head_local_ += kLine + RoundUp(len, kLine);
     write_head_->store(write_head_local_, std::memory_order_release);
+    Ring(peer_bell_);
   }
 
   // Whether pending_[i] may write: no earlier send under its tag is pending
@@ -726,6 +775,7 @@ class ShmLink final : public Link {
       consumed += foot;
       read_tail_->store(read_tail_local_, std::memory_order_release);
     }
+    Ring(peer_bell_);  // room in the peer's ring (and it may wait for that)
     return consumed;
   }
 
@@ -1032,6 +1082,8 @@ class ShmLink final : public Link {
   std::atomic<uint64_t>* read_tail_;
   std::atomic<uint64_t>* my_cancels_;
   std::atomic<uint64_t>* peer_cancels_;
+  Doorbell* my_bell_;    // woken when the peer wrote, made room or this side completed requests
+  Doorbell* peer_bell_;
   uint64_t single_copy_min_ = 0;  // messages this long or longer are read in place
   std::atomic<bool> single_copy_refused_{false};  // the peer may not read our memory
   std::atomic<uint64_t> single_copy_bytes_{0};

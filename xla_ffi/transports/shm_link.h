@@ -18,6 +18,11 @@
 // the reader may be copying counts the cancel in the segment, and the reader,
 // seeing the count change, discards what it copied.
 //
+// Waiting: each side has a doorbell in the segment (a counter and a futex on
+// it). Writing a chunk, freeing room in the peer's ring, or completing
+// another local thread's requests rings it, so a waiter sleeping in
+// AwaitActivity() wakes at once instead of at its next poll.
+//
 // Set-up: one process creates the segment and publishes its name; the other
 // opens it; as soon as both mapped it, either unlinks the name (the mappings
 // stay valid), so a crash leaves nothing in /dev/shm.
