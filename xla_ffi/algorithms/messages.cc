@@ -152,24 +152,26 @@ Status Messages::CheckPeers() {
 
 Status Messages::Wait(size_t id) {
   Entry& e = entries_[id];
+  // Spin briefly (shared-memory latency is microseconds), then yield the
+  // core, then sleep until the link signals activity (or sleep_us passed):
+  // many calls may wait at once on few cores.
+  static const unsigned yield_after = EnvUnsigned("JAX_SMDDP_SPIN", 256);
+  static const unsigned sleep_after = EnvUnsigned("JAX_SMDDP_YIELD", 4096);
+  static const unsigned sleep_us = EnvUnsigned("JAX_SMDDP_SLEEP_US", 50);
   for (unsigned spins = 0; !e.req.done(); ++spins) {
-    const uint32_t seen = e.link ? e.link->Activity() : 0;  // before looking
+    const bool sleeps = spins > yield_after && spins >= sleep_after;
+    // Read before looking, and only when this round may sleep on it.
+    const uint32_t seen = sleeps && e.link ? e.link->Activity() : 0;
     ProgressAll();
     if (e.req.done()) break;
-    // Spin briefly (shared-memory latency is microseconds), then yield the
-    // core, then sleep until the link signals activity (or sleep_us passed):
-    // many calls may wait at once on few cores.
-    static const unsigned yield_after = EnvUnsigned("JAX_SMDDP_SPIN", 256);
-    static const unsigned sleep_after = EnvUnsigned("JAX_SMDDP_YIELD", 4096);
-    static const unsigned sleep_us = EnvUnsigned("JAX_SMDDP_SLEEP_US", 50);
-    if (spins > yield_after) {
-      if (spins < sleep_after) {
-        sched_yield();
-      } else if (e.link) {
+    if (sleeps) {
+      if (e.link) {
         e.link->AwaitActivity(seen, sleep_us);
       } else {
         usleep(sleep_us);
       }
+    } else if (spins > yield_after) {
+      sched_yield();
     }
     if ((spins & 15) != 0) continue;
     const auto now = Clock::now();
