@@ -246,9 +246,11 @@ def traffic() -> dict:
   """Bytes this process moved to and from each peer process since
   initialize(), by link: {peer: {"link": "shared memory", "sent": .., "received": ..}}.
   Shows the routes at work (e.g. between hosts, hierarchical routes send each
-  byte once per host). Shared-memory links add "single_copy" ("on", or "off: "
-  and why) and "single_copy_received" (the received bytes this process read
-  straight from the peer's memory)."""
+  byte once per host). Links with a path that skips intermediate copies add
+  "single_copy" ("on", or "off: " and why) and "single_copy_received" (the
+  received bytes that took it): shared-memory links read straight from the
+  peer's memory; libfabric links receive large messages straight into the
+  destination (JAX_SMDDP_FABRIC_DIRECT_BYTES)."""
   out = {}
   for p, kind, sent, received, single_bytes, single in _native.engine().world_traffic():
     out[p] = {"link": kind, "sent": sent, "received": received}

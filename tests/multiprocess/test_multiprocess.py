@@ -202,6 +202,28 @@ def test_hosts_by_host_id(hosts, devices, env):
     assert len(topo["network_peers"]) == sum(1 for g in hosts if g != h), topo
 
 
+@pytest.mark.timeout(400)
+@pytest.mark.parametrize("direct_bytes", ["1", "0"])
+def test_direct_transfers_between_hosts(direct_bytes):
+  """2 hosts (by JAX_SMDDP_HOST_ID) x 1 process x 2 devices over libfabric tcp:
+  every collective against numpy with every non-empty network message sent
+  direct (tagged between the callers' buffers), or with none; traffic() says
+  which path the received bytes took."""
+  procs = run_job(["collectives"], 2, 2, timeout=300,
+                  env={"JAX_SMDDP_FABRIC_PROVIDER": "tcp;ofi_rxm",
+                       "JAX_SMDDP_FABRIC_DIRECT_BYTES": direct_bytes},
+                  per_process_env=[{"JAX_SMDDP_HOST_ID": h} for h in "ab"])
+  assert_all_ok(procs)
+  for p in procs:
+    (peer,) = [v for v in p.result["traffic"].values() if v["link"].startswith("libfabric")]
+    assert peer["received"] > 0, peer
+    if direct_bytes == "1":
+      assert peer["single_copy"] == "on" and peer["single_copy_received"] == peer["received"], peer
+    else:
+      assert peer["single_copy"] == "off: JAX_SMDDP_FABRIC_DIRECT_BYTES=0", peer
+      assert peer["single_copy_received"] == 0, peer
+
+
 @pytest.mark.timeout(300)
 @pytest.mark.parametrize("hierarchical", ["1", "0"])
 def test_hierarchical_routes_cross_the_network_once_per_host(hierarchical):
@@ -244,12 +266,14 @@ def test_two_hosts_over_libfabric_tcp(devices):
 
 
 @pytest.mark.timeout(400)
-def test_two_hosts_dead_peer():
+@pytest.mark.parametrize("direct_bytes", ["512K", "1"], ids=["default", "all-direct"])
+def test_two_hosts_dead_peer(direct_bytes):
   need_netns()
   with netns.two_hosts() as (names, ips):
     procs = run_job(["peer_killed_midway"], 2, 1, timeout=300,
                            namespaces=names, coordinator_ip=ips[0],
                            env={"JAX_SMDDP_FABRIC_PROVIDER": "tcp;ofi_rxm",
+                                "JAX_SMDDP_FABRIC_DIRECT_BYTES": direct_bytes,
                                 "JAX_SMDDP_TIMEOUT_S": "120"})
   assert procs[1].returncode == -9, launch.describe(procs)
   _check_peer_failure(procs, dead=1, within_s=30)

@@ -22,6 +22,7 @@
 #include <thread>
 #include <vector>
 
+#include "xla_ffi/common/settings.h"
 #include "xla_ffi/transports/fabric_link.h"
 #include "xla_ffi/transports/fabric_rail.h"
 #include "tests/native/check.h"
@@ -153,6 +154,14 @@ void CheckOk(const Request& r, const char* what) {
 }
 
 const size_t kMiB = 1 << 20;
+
+// Whether a message of `bytes` goes direct (tagged between the callers'
+// buffers) rather than through bounce buffers.
+bool Direct(Link* link, size_t bytes) {
+  return link->SingleCopy() == "on" &&
+         bytes >= size_t(smddp::IntSetting("JAX_SMDDP_FABRIC_DIRECT_BYTES", 512 << 10));
+}
+
 const std::vector<size_t> kSizes = {0, 1, 7, 4096, kMiB + 3, 64 * kMiB};
 
 // Every size both ways at once. Receives posted before the peer sends
@@ -181,16 +190,32 @@ void ExchangeSizes(Link* link, int me, uint64_t tag0, bool after_arrival) {
     link->Send(tag0 + i, out[i].data(), out[i].size(), &sreq[i]);
     all.push_back(&sreq[i]);
   }
+  const uint64_t direct_before = link->SingleCopyBytes();
   if (after_arrival) {
+    // Messages through bounce buffers are sent whole before their receives
+    // exist; a direct one waits for its receive (its bytes leave the
+    // sender's buffer only for the receiver's).
     std::vector<Request*> sends;
-    for (auto& r : sreq) sends.push_back(&r);
+    for (size_t i = 0; i < n; ++i) {
+      if (!Direct(link, kSizes[i])) sends.push_back(&sreq[i]);
+    }
     Wait(link, sends, 60, "sends before the receives");
     ProgressFor(link, 0.3);
+    for (size_t i = 0; i < n; ++i) {
+      CHECK(!Direct(link, kSizes[i]) || !sreq[i].done(),
+            "a direct send of %zu bytes completed before its receive was posted", kSizes[i]);
+    }
     Barrier();
     ProgressFor(link, 0.1);
     post_recvs();
   }
   Wait(link, all, 60, after_arrival ? "sizes, receives posted late" : "sizes, receives posted early");
+  uint64_t direct_bytes = 0;
+  for (size_t i = 0; i < n; ++i) direct_bytes += Direct(link, kSizes[i]) ? kSizes[i] : 0;
+  CHECK(link->SingleCopyBytes() - direct_before == direct_bytes,
+        "%llu bytes received direct, expected %llu (direct transfers: %s)",
+        static_cast<unsigned long long>(link->SingleCopyBytes() - direct_before),
+        static_cast<unsigned long long>(direct_bytes), link->SingleCopy().c_str());
   double s = std::chrono::duration<double>(Clock::now() - t0).count();
   for (size_t i = 0; i < n; ++i) {
     CheckOk(sreq[i], "send");
@@ -291,12 +316,15 @@ void Cancels(Link* link, int me) {
     link->Cancel(&r);
     Barrier();
     link->Send(500, out.data(), out.size(), &s);
-    Wait(link, {&s}, 30, "send to a cancelled receive");
+    // Through bounce buffers the send completes at once; a direct one only
+    // once the next receive of the tag takes it.
+    if (!Direct(link, out.size())) Wait(link, {&s}, 30, "send to a cancelled receive");
     ProgressFor(link, 0.3);
     CHECK(!r.done(), "a cancelled receive completed");
     CHECK(AllBytes(in, '\xEE'), "a cancelled receive's buffer was written");
     link->Recv(500, in2.data(), in2.size(), &r2);
-    Wait(link, {&r2}, 30, "receive after a cancelled one");
+    Wait(link, {&r2, &s}, 30, "receive after a cancelled one");
+    CheckOk(s, "send to a cancelled receive");
     CheckOk(r2, "receive after a cancelled one");
     CHECK(Verify(in2, 500, peer) < 0, "wrong data after a cancelled receive");
   }
@@ -314,7 +342,15 @@ void Cancels(Link* link, int me) {
     link->Cancel(&r);
     bool was_done = r.done();
     if (!was_done) std::memset(in.data(), 0x5A, in.size());
-    Wait(link, {&s}, 60, "send of a message whose receive is cancelled");
+    if (Direct(link, out.size())) {
+      // A direct send completes if the peer's receive was cancelled after
+      // its pieces were posted (they are drained); if it was cancelled
+      // before the message reached it, nothing takes the message: cancel.
+      ProgressFor(link, 2.0);
+      if (!s.done()) link->Cancel(&s);
+    } else {
+      Wait(link, {&s}, 60, "send of a message whose receive is cancelled");
+    }
     ProgressFor(link, 0.5);
     if (was_done) {
       CheckOk(r, "receive that completed before its Cancel");

@@ -54,16 +54,27 @@ def test_libfabric_not_linked(binary):
 
 
 @pytest.mark.timeout(300)
-@pytest.mark.parametrize("provider,node,reorder", [
-    ("tcp;ofi_rxm", "127.0.0.1", False),
-    ("shm", "", False),
-    ("tcp;ofi_rxm", "127.0.0.1", True),
-], ids=["tcp", "shm", "tcp-reordered"])
-def test_fabric_link(binary, provider, node, reorder):
+@pytest.mark.parametrize("provider,node,settings", [
+    ("tcp;ofi_rxm", "127.0.0.1", {}),
+    ("shm", "", {}),
+    # Chunks (direct transfers' headers and answers too) posted out of order.
+    ("tcp;ofi_rxm", "127.0.0.1", {"JAX_SMDDP_FABRIC_TEST_REORDER": "1"}),
+    # Every message through bounce buffers.
+    ("tcp;ofi_rxm", "127.0.0.1", {"JAX_SMDDP_FABRIC_DIRECT_BYTES": "0"}),
+    # Every non-empty message direct, out of order, over both providers.
+    ("tcp;ofi_rxm", "127.0.0.1", {"JAX_SMDDP_FABRIC_DIRECT_BYTES": "1",
+                                  "JAX_SMDDP_FABRIC_TEST_REORDER": "1"}),
+    ("shm", "", {"JAX_SMDDP_FABRIC_DIRECT_BYTES": "1"}),
+    # Direct buffers registered per transfer, as providers with FI_MR_LOCAL (efa) need.
+    ("tcp;ofi_rxm", "127.0.0.1", {"JAX_SMDDP_FABRIC_TEST_REGISTER": "1"}),
+], ids=["tcp", "shm", "tcp-reordered", "tcp-bounce-only", "tcp-all-direct-reordered",
+        "shm-all-direct", "tcp-registered"])
+def test_fabric_link(binary, provider, node, settings):
   env = dict(os.environ)
-  env.pop("JAX_SMDDP_FABRIC_PROVIDER", None)
-  if reorder:
-    env["JAX_SMDDP_FABRIC_TEST_REORDER"] = "1"  # chunks posted out of order
+  for name in ("JAX_SMDDP_FABRIC_PROVIDER", "JAX_SMDDP_FABRIC_DIRECT_BYTES",
+               "JAX_SMDDP_FABRIC_TEST_REORDER", "JAX_SMDDP_FABRIC_TEST_REGISTER"):
+    env.pop(name, None)
+  env.update(settings)
   args = [binary, provider] + ([node] if node else [])
   try:
     proc = subprocess.run(args, env=env, capture_output=True, text=True, timeout=240)

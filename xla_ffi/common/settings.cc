@@ -48,6 +48,12 @@ const std::vector<SettingSpec> kSettings = {
      "libfabric bounce-buffer chunk"},
     {"JAX_SMDDP_FABRIC_BUFFERS", kInt, "32", 1, 4096, "", "runtime", false,
      "libfabric receive buffers, and send buffers, per endpoint"},
+    {"JAX_SMDDP_FABRIC_DIRECT_BYTES", kBytes, "512K", 0, kNoMax, "", "runtime", false,
+     "smallest message over libfabric sent direct: tagged from the sender's buffer into the "
+     "receiver's once the receiver has posted it (no bounce copies; one extra round trip); "
+     "smaller messages go through bounce buffers; 0 turns that off. Needs a provider with tagged "
+     "messages and directed receives (tcp;ofi_rxm, shm, efa); jax_smddp.traffic() says whether "
+     "it is on"},
     {"JAX_SMDDP_SHM_RING_BYTES", kBytes, "8M", 4096, 1 << 30, "", "runtime", false,
      "each direction's shared-memory ring between two processes of a host"},
     {"JAX_SMDDP_SHM_SINGLE_COPY_BYTES", kBytes, "64K", 0, kNoMax, "", "runtime", false,
@@ -100,6 +106,9 @@ const std::vector<SettingSpec> kSettings = {
      "command put before every process of jax_smddp.launch's jobs (e.g. a debugger)"},
     {"JAX_SMDDP_FABRIC_TEST_REORDER", kChoice, "unset", 0, 0, "0|1", "tests", false,
      "1: libfabric chunks are sent out of order"},
+    {"JAX_SMDDP_FABRIC_TEST_REGISTER", kChoice, "unset", 0, 0, "0|1", "tests", false,
+     "1: libfabric direct transfers register the callers' buffers even where the provider does "
+     "not ask for it (the FI_MR_LOCAL path, as on efa)"},
     {"JAX_SMDDP_MOCK_IPC_OPEN_FAILS", kChoice, "unset", 0, 0, "0|1", "tests", false,
      "the mock CUDA runtime fails to open IPC handles"},
     {"JAX_SMDDP_MOCK_CUMEM", kChoice, "unset", 0, 0, "0|1", "tests", false,

@@ -25,9 +25,29 @@
 // progress, a sender that stopped calling Progress() after its Send
 // completed could otherwise strand its last chunks); a Recv when its last
 // byte arrived. One mutex guards the endpoint; Progress() only try_locks it.
+//
+// Direct transfers: a message of JAX_SMDDP_FABRIC_DIRECT_BYTES or more moves
+// between the callers' buffers without bounce copies, where the provider has
+// tagged messages with directed receives (tcp;ofi_rxm, shm, efa). The sender
+// sends only a header chunk (kRts) in the message's place in the sequence;
+// the message passes and binds like any other, and once bound the receiver
+// posts tagged receives (FI_DIRECTED_RECV from that peer, tag = the message's
+// sequence number and piece) straight into the Recv's buffer and answers
+// kCts; only then does the sender post its tagged sends from the Send's
+// buffer. A receiver that cannot take the message (size mismatch, the sender
+// already gone) answers a refusal instead and the Send completes unsent. So
+// a caller's buffer is handed to libfabric only when the other side's is
+// already posted, and Cancel stays safe: a sender cancelled before kCts sends
+// an abort as for chunks; a cancelled receive withdraws its posted pieces
+// (fi_cancel), waits for those already matched, and reposts the withdrawn
+// ones into drain buffers so that the sender's pieces still complete; a
+// cancelled send whose pieces are posted waits for them (the receiver's are
+// posted, so they complete unless the connection fails, which fails them).
 #include "xla_ffi/transports/fabric_link.h"
 
 #include <algorithm>
+#include <atomic>
+#include <chrono>
 #include <cstdint>
 #include <cstdio>
 #include <cstdlib>
@@ -95,7 +115,12 @@ const Api& GetApi() { return GetFabricApi(); }
 uint32_t RequestedVersion(const Api& a) { return a.RequestedVersion(); }
 
 constexpr uint32_t kMagic = 0x46444d53;  // "SMDF"
-enum ChunkKind : uint32_t { kData = 1, kAbort = 2 };
+enum ChunkKind : uint32_t {
+  kData = 1,
+  kAbort = 2,
+  kRts = 3,  // message `seq` of `total` bytes comes direct once the receiver asks
+  kCts = 4,  // receiver -> sender: message `seq` posted (offset 1) or refused (0)
+};
 
 struct ChunkHeader {
   uint32_t magic;
@@ -115,17 +140,64 @@ constexpr size_t kDefaultBuffers = 32;
 constexpr uint64_t kMaxSeqAhead = 1ull << 24;        // messages in flight, per channel
 constexpr uint64_t kMaxUnexpectedBytes = 1ull << 38; // one buffered message
 constexpr size_t kMaxPeers = 1 << 16;
+// Direct transfers move in tagged pieces of at most this many bytes (and the
+// provider's max_msg_size): both ends cut a message the same way.
+constexpr uint64_t kDirectPiece = 4ull << 20;
+constexpr uint64_t kMaxDirectPieces = 1ull << 16;
+// How long a cancelled direct transfer may wait for libfabric to give back a
+// buffer it is already writing or reading.
+constexpr double kCancelWaitSeconds = 30.0;
 
 struct Peer;
+struct DirectIn;
 
 // A Send whose bytes are all or partly in send buffers: it completes once
 // the provider has reported every one of its chunks sent.
 struct SendTrack {
   Request* req;  // null once cancelled
   Peer* peer;
-  uint64_t inflight = 0;  // chunks posted, not yet completed
-  bool copied = false;    // every chunk is in a send buffer
+  uint64_t inflight = 0;  // chunks and direct pieces posted, not yet completed
+  bool copied = false;    // every chunk is in a send buffer / every piece posted
   std::string error;
+};
+
+// One tagged send or receive of a caller's buffer (a piece of a direct
+// transfer), or a drain receive that owns its buffer. `ctx` first, as in Slot.
+struct DirectOp {
+  struct fi_context2 ctx;
+  Peer* peer = nullptr;
+  bool recv = false;
+  char* buf = nullptr;
+  uint64_t bytes = 0;
+  uint64_t ftag = 0;
+  uint64_t id = 0;  // unique: what a waiter looks for (addresses get reused)
+  struct fid_mr* mr = nullptr;  // where the provider wants buffers registered
+  void* desc = nullptr;
+  bool posted = false;     // handed to libfabric, completion not yet read
+  bool cancelled = false;  // fi_cancel succeeded or was tried
+  SendTrack* track = nullptr;  // sends
+  DirectIn* in = nullptr;      // receives into a caller's buffer
+  std::unique_ptr<char[]> drain;  // drain receives
+};
+
+// A bound direct message whose pieces are posted into a Recv's buffer.
+struct DirectIn {
+  Request* req;  // null once cancelled
+  uint64_t seq = 0;
+  uint64_t tag = 0;
+  bool cancelling = false;  // a canceller owns it now
+  bool drain = false;       // withdrawn pieces are reposted into drain buffers
+  uint64_t pending = 0;  // pieces not yet completed
+  std::string error;
+  std::vector<DirectOp*> ops;
+};
+
+// A direct message whose header went out, waiting for the receiver's kCts.
+struct DirectOut {
+  SendTrack* track;
+  const char* src;
+  uint64_t tag;
+  uint64_t total;
 };
 
 // One bounce buffer. `ctx` first: libfabric gets &ctx as operation context
@@ -153,6 +225,7 @@ struct InMsg {
   uint64_t limit = 0;  // bytes that will arrive: total, or less once aborted
   bool passed = false;
   bool aborted = false;
+  bool direct = false;   // announced by kRts: its bytes come as tagged pieces once bound
   bool discard = false;  // consumed by a failed or cancelled Recv: drop its bytes
   Request* req = nullptr;  // bound Recv
   char* dst = nullptr;
@@ -166,7 +239,7 @@ struct OutMsg {
   uint64_t tag;
   uint64_t total;
   uint64_t seq;
-  uint64_t offset;  // bytes already copied out
+  uint64_t offset;  // bytes already copied out (kCts: 1 = posted, 0 = refused)
 };
 
 struct Peer {
@@ -180,11 +253,14 @@ struct Peer {
   uint64_t next_send_seq = 0;
   std::deque<OutMsg> sendq;                        // not yet all copied
   std::unordered_map<Request*, SendTrack*> sending;  // posted, not yet complete
+  std::unordered_map<uint64_t, DirectOut> awaiting_cts;  // by seq
   // Receiving.
   uint64_t cursor = 0;  // next sequence number to pass
   std::map<uint64_t, InMsg> incoming;
   std::unordered_map<uint64_t, std::deque<PostedRecv>> posted;
   std::unordered_map<uint64_t, std::deque<uint64_t>> unexpected;  // passed, unbound seqs
+  std::unordered_map<uint64_t, DirectIn*> direct_in;  // bound direct messages, by seq
+  std::atomic<uint64_t> direct_received{0};            // bytes, for traffic()
 };
 
 std::string TagText(uint64_t tag) { return "message tag " + std::to_string(tag); }
@@ -206,6 +282,8 @@ class FabricEndpoint::Impl {
 
   const std::string& address() const { return address_; }
   const std::string& provider() const { return provider_; }
+  // "on", or "off: <why>": whether large messages move direct.
+  const std::string& direct_state() const { return direct_state_; }
 
  private:
   Peer* FindOrAddPeer(uint64_t id);
@@ -222,6 +300,23 @@ class FabricEndpoint::Impl {
   void SendDone(Slot& s, const std::string& error);
   void Retire(SendTrack* t);
   Slot* SlotOf(void* context);
+  void Poll();  // one round of Progress, mu_ held
+
+  // Direct transfers.
+  uint64_t PieceBytes() const;
+  uint64_t PieceTag(uint64_t seq, uint64_t piece) const { return (seq << 16) | piece; }
+  DirectOp* NewOp(Peer* p, bool recv, char* buf, uint64_t bytes, uint64_t ftag);
+  DirectOp* OpOf(void* context);
+  void DeleteOp(DirectOp* op);
+  void PostDirect(DirectOp* op);
+  void FlushDirect();
+  void DirectDone(DirectOp* op, const std::string& error, bool cancelled);
+  void BindDirect(Peer* p, uint64_t seq, const InMsg& m, const PostedRecv& r);
+  void StartDirectSend(Peer* p, uint64_t seq);
+  void QueueControl(Peer* p, uint32_t kind, uint64_t seq, uint64_t tag, uint64_t total,
+                    uint64_t offset);
+  void CancelDirectIn(Peer* p, DirectIn* in, bool drain);
+  bool AwaitOps(const std::vector<uint64_t>& ids);
 
   const Api& api_;
   std::mutex mu_;
@@ -247,6 +342,15 @@ class FabricEndpoint::Impl {
   size_t rr_ = 0;
   std::string endpoint_error_;  // a CQ error no peer can be blamed for
   uint64_t shuffle_ = 0;  // tests: nonzero = post send chunks out of order (xorshift state)
+
+  bool tagged_ = false;      // direct transfers can be received
+  uint64_t direct_min_ = 0;  // 0: this process sends none
+  std::string direct_state_;
+  uint64_t max_msg_ = 0;
+  bool register_buffers_ = false;  // FI_MR_LOCAL (or the test setting)
+  std::unordered_set<DirectOp*> ops_;  // owned
+  uint64_t next_op_id_ = 1;
+  std::deque<DirectOp*> pending_direct_;  // to post (-FI_EAGAIN)
 };
 
 // ---------------------------------------------------------------------------
@@ -258,10 +362,13 @@ Status FabricEndpoint::Impl::Init(const std::string& provider, const std::string
   const std::string what = "libfabric provider '" + provider + "'" +
                            (where ? " on " + node : std::string());
 
-  int ret = GetRdmInfo(a, provider, node, FI_MSG,
-                       FI_MR_LOCAL | FI_MR_VIRT_ADDR | FI_MR_ALLOCATED | FI_MR_PROV_KEY |
-                           FI_MR_ENDPOINT,
-                       &info_);
+  const uint64_t mr_modes =
+      FI_MR_LOCAL | FI_MR_VIRT_ADDR | FI_MR_ALLOCATED | FI_MR_PROV_KEY | FI_MR_ENDPOINT;
+  // Tagged messages with directed receives carry direct transfers; a
+  // provider without them still carries everything through bounce buffers.
+  int ret = GetRdmInfo(a, provider, node, FI_MSG | FI_TAGGED | FI_DIRECTED_RECV, mr_modes, &info_);
+  tagged_ = ret == 0;
+  if (ret == -FI_ENODATA) ret = GetRdmInfo(a, provider, node, FI_MSG, mr_modes, &info_);
   if (ret == -FI_ENODATA) {
     return Status::Error(
         what + " offers no reliable-datagram (FI_EP_RDM) endpoint here (fi_getinfo: " +
@@ -279,6 +386,18 @@ Status FabricEndpoint::Impl::Init(const std::string& provider, const std::string
 
   // Buffers.
   size_t max_msg = info_->ep_attr->max_msg_size ? info_->ep_attr->max_msg_size : SIZE_MAX;
+  max_msg_ = max_msg;
+  direct_min_ = uint64_t(IntSetting("JAX_SMDDP_FABRIC_DIRECT_BYTES", 512 << 10));
+  register_buffers_ = (info_->domain_attr->mr_mode & FI_MR_LOCAL) ||
+                      TextSetting("JAX_SMDDP_FABRIC_TEST_REGISTER") == "1";
+  if (direct_min_ == 0) {
+    direct_state_ = "off: JAX_SMDDP_FABRIC_DIRECT_BYTES=0";
+  } else if (!tagged_) {
+    direct_min_ = 0;
+    direct_state_ = "off: provider '" + provider_ + "' has no tagged messages with directed receives";
+  } else {
+    direct_state_ = "on";
+  }
   chunk_bytes_ = size_t(IntSetting("JAX_SMDDP_FABRIC_CHUNK_BYTES", kDefaultChunkBytes));
   chunk_bytes_ = std::min(std::max<size_t>(chunk_bytes_, 4096), max_msg) / 64 * 64;
   if (chunk_bytes_ < 4096) {
@@ -339,6 +458,13 @@ FabricEndpoint::Impl::~Impl() {
   // bounce buffers are free afterwards.
   if (o_.ep) fi_close(&o_.ep->fid);
   o_.ep = nullptr;
+  for (DirectOp* op : ops_) {
+    if (op->mr) fi_close(&op->mr->fid);
+    delete op;
+  }
+  for (auto& [id, p] : peers_) {
+    for (auto& [seq, in] : p->direct_in) delete in;
+  }
   if (mr_) fi_close(&mr_->fid);
   CloseRdmObjects(&o_);
   std::free(pool_);
@@ -408,8 +534,12 @@ void FabricEndpoint::Impl::Send(Peer* p, uint64_t tag, const void* src, size_t b
   SendTrack* t = new SendTrack{req, p, 0, false, std::string()};
   tracks_.insert(t);
   p->sending[req] = t;
-  p->sendq.push_back(OutMsg{t, static_cast<const char*>(src), kData, tag, bytes,
-                            p->next_send_seq++, 0});
+  const uint64_t seq = p->next_send_seq++;
+  const bool direct = direct_min_ != 0 && bytes >= direct_min_ &&
+                      (bytes + PieceBytes() - 1) / PieceBytes() <= kMaxDirectPieces;
+  if (direct) p->awaiting_cts[seq] = DirectOut{t, static_cast<const char*>(src), tag, bytes};
+  p->sendq.push_back(OutMsg{t, static_cast<const char*>(src), direct ? uint32_t(kRts) : kData,
+                            tag, bytes, seq, 0});
   Pump();
   FlushSends();
 }
@@ -426,6 +556,8 @@ void FabricEndpoint::Impl::Recv(Peer* p, uint64_t tag, void* dst, size_t bytes, 
     auto it = p->incoming.find(seq);
     if (it != p->incoming.end()) {
       Bind(p, it, r);
+      Pump();  // a direct message's kCts
+      FlushSends();
       return;
     }
   }
@@ -453,22 +585,54 @@ void FabricEndpoint::Impl::Cancel(Peer* p, Request* req) {
       m.discard = true;
     }
   }
+  for (auto& [seq, in] : p->direct_in) {
+    if (in->req == req) {  // pieces posted into the caller's buffer: withdraw them
+      in->req = nullptr;
+      CancelDirectIn(p, in, /*drain=*/true);
+      break;
+    }
+  }
   auto st = p->sending.find(req);
   if (st != p->sending.end()) {
     SendTrack* t = st->second;
     p->sending.erase(st);
     t->req = nullptr;
+    bool queued = false;
     for (size_t i = 0; i < p->sendq.size(); ++i) {
       OutMsg& o = p->sendq[i];
       if (o.track != t) continue;
       // Not all of it was copied: tell the receiver how much will arrive.
       OutMsg abort{nullptr, nullptr, kAbort, o.tag, o.total, o.seq, o.offset};
+      p->awaiting_cts.erase(o.seq);
       p->sendq.erase(p->sendq.begin() + i);
       p->sendq.push_front(abort);
       t->copied = true;  // no more chunks of it
+      queued = true;
       break;
     }
-    Retire(t);
+    if (!queued) {
+      for (auto a = p->awaiting_cts.begin(); a != p->awaiting_cts.end(); ++a) {
+        if (a->second.track != t) continue;
+        // Its header went out, its bytes did not: none will.
+        p->sendq.push_front(OutMsg{nullptr, nullptr, kAbort, a->second.tag, a->second.total,
+                                   a->first, 0});
+        p->awaiting_cts.erase(a);
+        t->copied = true;
+        break;
+      }
+    }
+    // Direct pieces already posted (the receiver's are too): wait until
+    // libfabric is done with the caller's buffer; their completions retire
+    // the track.
+    std::vector<uint64_t> ids;
+    for (DirectOp* op : ops_) {
+      if (op->track == t) ids.push_back(op->id);
+    }
+    if (ids.empty()) {
+      Retire(t);
+    } else {
+      AwaitOps(ids);
+    }
   }
   Pump();
   FlushSends();
@@ -522,7 +686,8 @@ void FabricEndpoint::Impl::PostChunk(Peer* p) {
   if (o.track) ++o.track->inflight;
   pending_send_.push_back(s.index);
   if (o.kind != kData || o.offset == o.total) {
-    if (o.track) o.track->copied = true;
+    // A kRts's track is done with once its pieces are posted (StartDirectSend).
+    if (o.track && o.kind == kData) o.track->copied = true;
     p->sendq.pop_front();
   }
 }
@@ -550,6 +715,7 @@ void FabricEndpoint::Impl::Retire(SendTrack* t) {
 }
 
 void FabricEndpoint::Impl::FlushSends() {
+  FlushDirect();
   while (!pending_send_.empty()) {
     if (shuffle_ != 0 && pending_send_.size() > 1) {
       // Tests of the receiver's reordering: post a random waiting chunk first.
@@ -597,6 +763,10 @@ Slot* FabricEndpoint::Impl::SlotOf(void* context) {
 void FabricEndpoint::Impl::Progress() {
   std::unique_lock<std::mutex> lock(mu_, std::try_to_lock);
   if (!lock.owns_lock()) return;  // another thread is progressing
+  Poll();
+}
+
+void FabricEndpoint::Impl::Poll() {
   for (int round = 0; round < 16; ++round) {
     struct fi_cq_msg_entry entries[16];
     ssize_t n = fi_cq_read(o_.cq, entries, 16);
@@ -608,7 +778,18 @@ void FabricEndpoint::Impl::Progress() {
     }
     for (ssize_t i = 0; i < n; ++i) {
       Slot* s = SlotOf(entries[i].op_context);
-      if (s == nullptr) continue;
+      if (s == nullptr) {
+        if (DirectOp* op = OpOf(entries[i].op_context)) {
+          std::string error;
+          if (op->recv && entries[i].len != op->bytes) {
+            error = "libfabric (" + provider_ + ") delivered " + std::to_string(entries[i].len) +
+                    " bytes of a " + std::to_string(op->bytes) + "-byte piece from " +
+                    op->peer->name;
+          }
+          DirectDone(op, error, false);
+        }
+        continue;
+      }
       if (s->recv) {
         HandleChunk(*s, entries[i].len);
         pending_recv_.push_back(s->index);
@@ -632,6 +813,16 @@ void FabricEndpoint::Impl::ReadError() {
   std::string text = api_.Err(-err.err);
   if (detail && *detail) text += "; provider: " + std::string(detail);
   Slot* s = SlotOf(err.op_context);
+  if (s == nullptr) {
+    if (DirectOp* op = OpOf(err.op_context)) {
+      const bool cancelled = err.err == FI_ECANCELED;
+      std::string error = "libfabric (" + provider_ + ") failed to " +
+                          (op->recv ? "receive from " : "send to ") + op->peer->name + ": " + text;
+      if (!cancelled && op->peer->failure.empty()) op->peer->failure = error;
+      DirectDone(op, error, cancelled);
+      return;
+    }
+  }
   if (s != nullptr && !s->recv) {
     std::string error =
         "libfabric (" + provider_ + ") failed to send to " + s->peer->name + ": " + text;
@@ -684,6 +875,56 @@ void FabricEndpoint::Impl::HandleChunk(Slot& slot, size_t len) {
       ProtocolError(p, TagText(h.tag) + ": malformed abort");
       return;
     }
+    auto d = p->direct_in.find(h.seq);
+    if (d != p->direct_in.end()) {
+      // Cancelled after this side posted its pieces: it will send none.
+      DirectIn* in = d->second;
+      if (in->req != nullptr) {
+        in->req->Complete(Status::PeerFailed(p->name + " cancelled sending " + TagText(in->tag) +
+                                             " before any of its bytes went out"));
+        in->req = nullptr;
+      }
+      CancelDirectIn(p, in, /*drain=*/false);
+      return;
+    }
+    // A late abort of a message this side already retired (refused).
+    if (h.seq < p->cursor && p->incoming.find(h.seq) == p->incoming.end()) return;
+  } else if (h.kind == kCts) {
+    if (payload != 0 || h.offset > 1) {
+      ProtocolError(p, TagText(h.tag) + ": malformed clear-to-send");
+      return;
+    }
+    auto a = p->awaiting_cts.find(h.seq);
+    if (a == p->awaiting_cts.end()) return;  // that send was cancelled meanwhile
+    if (a->second.tag != h.tag || a->second.total != h.total) {
+      ProtocolError(p, "a clear-to-send for message " + std::to_string(h.seq) +
+                           " with another tag or size");
+      return;
+    }
+    if (h.offset == 1) {
+      StartDirectSend(p, h.seq);
+    } else {  // refused: the receiver reported why; the bytes are not wanted
+      SendTrack* t = a->second.track;
+      p->awaiting_cts.erase(a);
+      t->copied = true;
+      Retire(t);
+    }
+    return;
+  } else if (h.kind == kRts) {
+    if (payload != 0 || h.total == 0 || h.offset != 0) {
+      ProtocolError(p, TagText(h.tag) + ": malformed direct-transfer header");
+      return;
+    }
+    if (!tagged_) {
+      ProtocolError(p, TagText(h.tag) + " comes as a direct transfer, but provider '" + provider_ +
+                           "' here has no tagged messages with directed receives");
+      return;
+    }
+    if ((h.total + PieceBytes() - 1) / PieceBytes() > kMaxDirectPieces) {
+      ProtocolError(p, TagText(h.tag) + ": a direct transfer of " + std::to_string(h.total) +
+                           " bytes, more pieces than allowed");
+      return;
+    }
   } else {
     ProtocolError(p, "a chunk of unknown kind " + std::to_string(h.kind));
     return;
@@ -701,11 +942,19 @@ void FabricEndpoint::Impl::HandleChunk(Slot& slot, size_t len) {
     m.total = h.total;
     m.limit = h.total;
     it = p->incoming.emplace(h.seq, std::move(m)).first;
-  } else if (it->second.tag != h.tag || it->second.total != h.total) {
-    ProtocolError(p, "message " + std::to_string(h.seq) + " changed its tag or size");
+  } else if (h.kind == kRts && it->second.aborted) {
+    return;  // its abort overtook it
+  } else if (it->second.tag != h.tag || it->second.total != h.total ||
+             h.kind == kRts || (h.kind == kData && it->second.direct)) {
+    ProtocolError(p, "message " + std::to_string(h.seq) + " changed its tag, size or kind");
     return;
   }
   InMsg& m = it->second;
+  if (h.kind == kRts) {
+    m.direct = true;
+    if (h.seq == p->cursor) Advance(p);
+    return;
+  }
   if (h.kind == kAbort) {
     if (m.aborted || h.offset < m.received) {
       ProtocolError(p, TagText(h.tag) + ": inconsistent abort");
@@ -781,6 +1030,13 @@ void FabricEndpoint::Impl::Advance(Peer* p) {
 void FabricEndpoint::Impl::Bind(Peer* p, std::map<uint64_t, InMsg>::iterator it,
                                 const PostedRecv& r) {
   InMsg& m = it->second;
+  if (m.direct) {
+    const uint64_t seq = it->first;
+    InMsg msg = std::move(m);
+    p->incoming.erase(it);
+    BindDirect(p, seq, msg, r);
+    return;
+  }
   if (m.total != r.bytes) {
     m.discard = true;
     m.heap.reset();
@@ -817,6 +1073,250 @@ void FabricEndpoint::Impl::Finish(Peer* p, std::map<uint64_t, InMsg>::iterator i
 }
 
 // ---------------------------------------------------------------------------
+// Direct transfers: tagged pieces between the callers' buffers.
+
+uint64_t FabricEndpoint::Impl::PieceBytes() const {
+  return std::max<uint64_t>(1, std::min<uint64_t>(kDirectPiece, max_msg_));
+}
+
+DirectOp* FabricEndpoint::Impl::NewOp(Peer* p, bool recv, char* buf, uint64_t bytes,
+                                      uint64_t ftag) {
+  DirectOp* op = new DirectOp;
+  std::memset(&op->ctx, 0, sizeof(op->ctx));
+  op->peer = p;
+  op->recv = recv;
+  op->buf = buf;
+  op->bytes = bytes;
+  op->ftag = ftag;
+  op->id = next_op_id_++;
+  ops_.insert(op);
+  return op;
+}
+
+DirectOp* FabricEndpoint::Impl::OpOf(void* context) {
+  DirectOp* op = reinterpret_cast<DirectOp*>(context);
+  return context != nullptr && ops_.count(op) ? op : nullptr;
+}
+
+void FabricEndpoint::Impl::DeleteOp(DirectOp* op) {
+  if (op->mr) fi_close(&op->mr->fid);
+  ops_.erase(op);
+  delete op;
+}
+
+// Registers the op's buffer where the provider wants that, then posts it (or
+// queues it behind others that met -FI_EAGAIN, keeping their order).
+void FabricEndpoint::Impl::PostDirect(DirectOp* op) {
+  if (register_buffers_ && op->mr == nullptr) {
+    // Keys must differ where the provider does not choose them (no FI_MR_PROV_KEY).
+    int ret = fi_mr_reg(o_.domain, op->buf, op->bytes, op->recv ? FI_RECV : FI_SEND, 0,
+                        (1ull << 62) | op->id, 0, &op->mr, nullptr);
+    if (ret == 0 && (info_->domain_attr->mr_mode & FI_MR_ENDPOINT)) {
+      ret = fi_mr_bind(op->mr, &o_.ep->fid, 0);
+      if (ret == 0) ret = fi_mr_enable(op->mr);
+    }
+    if (ret != 0) {
+      DirectDone(op, "libfabric (" + provider_ + ") cannot register " +
+                         std::to_string(op->bytes) + " bytes for a direct transfer with " +
+                         op->peer->name + ": " + api_.Err(ret),
+                 false);
+      return;
+    }
+    op->desc = fi_mr_desc(op->mr);
+  }
+  pending_direct_.push_back(op);
+  FlushDirect();
+}
+
+void FabricEndpoint::Impl::FlushDirect() {
+  while (!pending_direct_.empty()) {
+    DirectOp* op = pending_direct_.front();
+    Peer* p = op->peer;
+    ssize_t ret = op->recv ? fi_trecv(o_.ep, op->buf, op->bytes, op->desc, p->addr, op->ftag, 0,
+                                      &op->ctx)
+                           : fi_tsend(o_.ep, op->buf, op->bytes, op->desc, p->addr, op->ftag,
+                                      &op->ctx);
+    if (ret == -FI_EAGAIN) return;  // the CQ must be read first: Progress retries
+    pending_direct_.pop_front();
+    if (ret == 0) {
+      op->posted = true;
+      continue;
+    }
+    std::string error = "libfabric (" + provider_ + ") cannot " +
+                        (op->recv ? "post a receive from " : "send to ") + p->name + ": " +
+                        (op->recv ? "fi_trecv: " : "fi_tsend: ") + api_.Err(static_cast<int>(ret));
+    if (p->failure.empty()) p->failure = error;
+    DirectDone(op, error, false);
+  }
+}
+
+// An op completed (error empty), failed, or was withdrawn (`cancelled`).
+void FabricEndpoint::Impl::DirectDone(DirectOp* op, const std::string& error, bool cancelled) {
+  Peer* p = op->peer;
+  if (!op->recv) {
+    SendTrack* t = op->track;
+    DeleteOp(op);
+    if (!error.empty() && t->error.empty()) t->error = error;
+    --t->inflight;
+    Retire(t);
+    return;
+  }
+  if (op->drain) {  // bytes nobody wants any more
+    DeleteOp(op);
+    return;
+  }
+  DirectIn* in = op->in;
+  const uint64_t bytes = op->bytes, ftag = op->ftag;
+  DeleteOp(op);
+  if (in == nullptr) return;
+  if (cancelled && in->drain && p->failure.empty()) {
+    // The sender's piece is (or will be) posted: give it somewhere to land.
+    DirectOp* drain = NewOp(p, true, nullptr, bytes, ftag);
+    drain->drain.reset(new (std::nothrow) char[bytes]);
+    if (drain->drain) {
+      drain->buf = drain->drain.get();
+      PostDirect(drain);
+    } else {
+      DeleteOp(drain);
+    }
+  }
+  if (!error.empty()) {
+    if (in->error.empty()) in->error = error;
+  } else if (!cancelled) {
+    p->direct_received.fetch_add(bytes, std::memory_order_relaxed);
+  }
+  --in->pending;
+  if (in->pending > 0 || in->cancelling) return;
+  Request* req = in->req;
+  std::string why = std::move(in->error);
+  p->direct_in.erase(in->seq);
+  delete in;
+  if (req) req->Complete(why.empty() ? Status::Ok() : Status::PeerFailed(why));
+}
+
+// A direct message met its Recv: post the pieces into the Recv's buffer and
+// tell the sender (or refuse it, as Bind fails chunked messages).
+void FabricEndpoint::Impl::BindDirect(Peer* p, uint64_t seq, const InMsg& m, const PostedRecv& r) {
+  if (m.total != r.bytes) {
+    QueueControl(p, kCts, seq, m.tag, m.total, 0);
+    r.req->Complete(Status::Mismatch(
+        TagText(m.tag) + " from " + p->name + " has " + std::to_string(m.total) +
+        " bytes but the receive expects " + std::to_string(r.bytes) +
+        " (do the processes run the same program?)"));
+    return;
+  }
+  if (m.aborted) {
+    r.req->Complete(Status::PeerFailed(p->name + " cancelled sending " + TagText(m.tag) +
+                                       " before any of its bytes went out"));
+    return;
+  }
+  if (!p->connected) {  // cannot happen: Recvs are posted on connected links
+    QueueControl(p, kCts, seq, m.tag, m.total, 0);
+    r.req->Complete(Status::Error("cannot receive " + TagText(m.tag) + " from " + p->name +
+                                  ": not connected"));
+    return;
+  }
+  DirectIn* in = new DirectIn{r.req};
+  in->seq = seq;
+  in->tag = m.tag;
+  p->direct_in[seq] = in;
+  const uint64_t piece = PieceBytes();
+  std::vector<DirectOp*> ops;
+  for (uint64_t off = 0, i = 0; off < m.total; off += piece, ++i) {
+    DirectOp* op = NewOp(p, true, r.dst + off, std::min(piece, m.total - off), PieceTag(seq, i));
+    op->in = in;
+    in->ops.push_back(op);
+    ++in->pending;
+    ops.push_back(op);
+  }
+  // Count them all before posting any: a failed post completes one at once.
+  in->cancelling = true;
+  for (DirectOp* op : ops) PostDirect(op);
+  in->cancelling = false;
+  QueueControl(p, kCts, seq, m.tag, m.total, 1);
+  if (in->pending == 0) {  // every post failed
+    Request* req = in->req;
+    std::string why = std::move(in->error);
+    p->direct_in.erase(seq);
+    delete in;
+    req->Complete(Status::PeerFailed(why));
+  }
+}
+
+// The receiver posted message `seq`'s pieces: post ours.
+void FabricEndpoint::Impl::StartDirectSend(Peer* p, uint64_t seq) {
+  auto a = p->awaiting_cts.find(seq);
+  DirectOut out = a->second;
+  p->awaiting_cts.erase(a);
+  SendTrack* t = out.track;
+  const uint64_t piece = PieceBytes();
+  std::vector<DirectOp*> ops;
+  for (uint64_t off = 0, i = 0; off < out.total; off += piece, ++i) {
+    DirectOp* op = NewOp(p, false, const_cast<char*>(out.src) + off,
+                         std::min(piece, out.total - off), PieceTag(seq, i));
+    op->track = t;
+    ++t->inflight;
+    ops.push_back(op);
+  }
+  for (DirectOp* op : ops) PostDirect(op);
+  t->copied = true;
+  Retire(t);
+}
+
+void FabricEndpoint::Impl::QueueControl(Peer* p, uint32_t kind, uint64_t seq, uint64_t tag,
+                                        uint64_t total, uint64_t offset) {
+  // First in line: a control chunk never waits behind bulk chunks.
+  p->sendq.push_front(OutMsg{nullptr, nullptr, kind, tag, total, seq, offset});
+}
+
+// Withdraws a bound direct message's pieces: none writes into the caller's
+// buffer once this returns (short of kCancelWaitSeconds spent waiting on one
+// libfabric already writes into). With `drain`, withdrawn pieces are reposted
+// into buffers of their own, so that the sender's posted pieces complete.
+void FabricEndpoint::Impl::CancelDirectIn(Peer* p, DirectIn* in, bool drain) {
+  in->cancelling = true;
+  in->drain = drain;
+  std::vector<uint64_t> ids;
+  for (DirectOp* op : in->ops) {
+    if (!ops_.count(op) || op->in != in) continue;  // completed
+    ids.push_back(op->id);
+    if (op->posted) {
+      op->cancelled = true;
+      fi_cancel(&o_.ep->fid, &op->ctx);  // completes it with FI_ECANCELED unless matched
+    } else {
+      // Never posted (waiting behind -FI_EAGAIN): withdrawn here.
+      pending_direct_.erase(std::remove(pending_direct_.begin(), pending_direct_.end(), op),
+                            pending_direct_.end());
+      DirectDone(op, "cancelled", true);
+    }
+  }
+  AwaitOps(ids);
+  for (DirectOp* op : ops_) {
+    if (op->in == in) op->in = nullptr;  // still held by libfabric: detached
+  }
+  p->direct_in.erase(in->seq);
+  delete in;
+}
+
+// Progresses (mu_ held) until none of the ops `ids` is left, or
+// kCancelWaitSeconds passed. Returns whether all completed.
+bool FabricEndpoint::Impl::AwaitOps(const std::vector<uint64_t>& ids) {
+  auto left = [&] {
+    size_t n = 0;
+    for (DirectOp* op : ops_) n += std::count(ids.begin(), ids.end(), op->id);
+    return n;
+  };
+  const auto until = std::chrono::steady_clock::now() +
+                     std::chrono::duration<double>(kCancelWaitSeconds);
+  while (left() > 0) {
+    if (std::chrono::steady_clock::now() > until) return false;
+    Poll();
+    ::usleep(20);
+  }
+  return true;
+}
+
+// ---------------------------------------------------------------------------
 // The Link handed to algorithms.
 
 namespace {
@@ -835,6 +1335,10 @@ class FabricLink : public Link {
   void Cancel(Request* req) override { ep_->Cancel(peer_, req); }
   std::string PeerFailure() override { return ep_->Failure(peer_); }
   std::string Kind() const override { return kind_; }
+  uint64_t SingleCopyBytes() const override {
+    return peer_->direct_received.load(std::memory_order_relaxed);
+  }
+  std::string SingleCopy() const override { return ep_->direct_state(); }
 
  private:
   std::shared_ptr<FabricEndpoint::Impl> ep_;

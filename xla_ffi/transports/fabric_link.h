@@ -9,15 +9,19 @@
 //
 // Design (details in fabric_link.cc): every process has one FabricEndpoint
 // (one endpoint, completion queue and address vector) shared by all of its
-// links. Data never moves between libfabric and callers' buffers: it goes
-// through endpoint-owned bounce buffers (posted receive buffers and send
-// buffers, registered once where the provider wants FI_MR_LOCAL), in chunks
-// that each carry {sender, sequence, tag, total, offset, length}. The link
-// matches tags itself, in send order per tag whatever order chunks arrive
-// in, so Cancel is safe: once it returns, nothing writes to or reads from
-// the caller's buffer. Progress is manual: waiting callers poll the CQ. A
-// Send completes once the provider reports all its chunks sent, so a caller
-// that waits for its Sends keeps them moving.
+// links. Messages smaller than JAX_SMDDP_FABRIC_DIRECT_BYTES go through
+// endpoint-owned bounce buffers (posted receive buffers and send buffers,
+// registered once where the provider wants FI_MR_LOCAL), in chunks that each
+// carry {sender, sequence, tag, total, offset, length}; the link matches tags
+// itself, in send order per tag whatever order chunks arrive in. Larger
+// messages go direct: the sender sends a header in the message's place, and
+// once the receiver has matched it to a Recv and posted tagged receives into
+// that Recv's buffer, the sender posts tagged sends from its own buffer: no
+// copy on either side. Cancel is safe on both paths: once it returns,
+// nothing writes to or reads from the caller's buffer. Progress is manual:
+// waiting callers poll the CQ. A Send completes once the provider reports all
+// its chunks or pieces sent, so a caller that waits for its Sends keeps them
+// moving.
 #ifndef JAX_SMDDP_TRANSPORTS_FABRIC_LINK_H_
 #define JAX_SMDDP_TRANSPORTS_FABRIC_LINK_H_
 
@@ -41,7 +45,10 @@ std::string ChooseFabricProvider(const std::string& requested);
 // Environment knobs, read at Open (both ends must agree on the chunk size):
 //   JAX_SMDDP_FABRIC_CHUNK_BYTES  bytes per chunk, header included (default 256 KiB)
 //   JAX_SMDDP_FABRIC_BUFFERS      receive buffers, and send buffers (default 32 each)
+//   JAX_SMDDP_FABRIC_DIRECT_BYTES smallest message sent direct (default 512 KiB; 0 = none)
 //   JAX_SMDDP_FABRIC_TEST_REORDER if set, chunks are sent out of order (tests only)
+//   JAX_SMDDP_FABRIC_TEST_REGISTER if set, direct buffers are registered even
+//                                 where the provider does not ask (tests only)
 
 // One per process; every Link of it shares its endpoint, CQ and AV. Links
 // keep the endpoint's resources alive, so they may outlive this object.

@@ -83,9 +83,10 @@ class Link {
   virtual uint32_t Activity() const { return 0; }
   virtual void AwaitActivity(uint32_t /*seen*/, unsigned max_us) { ::usleep(max_us); }
 
-  // Bytes received from the peer by reading its memory in place (one copy),
-  // and how that path stands: "on", "off: <why>", or "" where the link has
-  // no such path (between hosts).
+  // Bytes received from the peer without an intermediate copy (shared
+  // memory: read in place from the peer's memory; libfabric: tagged straight
+  // into the destination), and how that path stands: "on", "off: <why>", or
+  // "" where the link has no such path.
   virtual uint64_t SingleCopyBytes() const { return 0; }
   virtual std::string SingleCopy() const { return ""; }
 };
