@@ -279,6 +279,7 @@ class FabricEndpoint::Impl {
   void Progress();
   void Cancel(Peer* p, Request* req);
   std::string Failure(Peer* p);
+  void SetFailure(Peer* p, const std::string& why);
 
   const std::string& address() const { return address_; }
   const std::string& provider() const { return provider_; }
@@ -636,6 +637,11 @@ void FabricEndpoint::Impl::Cancel(Peer* p, Request* req) {
   }
   Pump();
   FlushSends();
+}
+
+void FabricEndpoint::Impl::SetFailure(Peer* p, const std::string& why) {
+  std::lock_guard<std::mutex> lock(mu_);
+  if (p->failure.empty()) p->failure = why;
 }
 
 std::string FabricEndpoint::Impl::Failure(Peer* p) {
@@ -1298,22 +1304,25 @@ void FabricEndpoint::Impl::CancelDirectIn(Peer* p, DirectIn* in, bool drain) {
   delete in;
 }
 
-// Progresses (mu_ held) until none of the ops `ids` is left, or
+// Progresses (mu_ held) until none of the ops `ids` is left, or only ops
+// with failed peers are (a dead peer finishes nothing it started, and reads
+// or writes nothing more: its ops are abandoned to the endpoint's close), or
 // kCancelWaitSeconds passed. Returns whether all completed.
 bool FabricEndpoint::Impl::AwaitOps(const std::vector<uint64_t>& ids) {
-  auto left = [&] {
-    size_t n = 0;
-    for (DirectOp* op : ops_) n += std::count(ids.begin(), ids.end(), op->id);
-    return n;
-  };
   const auto until = std::chrono::steady_clock::now() +
                      std::chrono::duration<double>(kCancelWaitSeconds);
-  while (left() > 0) {
-    if (std::chrono::steady_clock::now() > until) return false;
+  for (;;) {
+    size_t left = 0, live_peer = 0;
+    for (DirectOp* op : ops_) {
+      if (std::find(ids.begin(), ids.end(), op->id) == ids.end()) continue;
+      ++left;
+      live_peer += op->peer->failure.empty();
+    }
+    if (left == 0) return true;
+    if (live_peer == 0 || std::chrono::steady_clock::now() > until) return false;
     Poll();
     ::usleep(20);
   }
-  return true;
 }
 
 // ---------------------------------------------------------------------------
@@ -1334,6 +1343,7 @@ class FabricLink : public Link {
   void Progress() override { ep_->Progress(); }
   void Cancel(Request* req) override { ep_->Cancel(peer_, req); }
   std::string PeerFailure() override { return ep_->Failure(peer_); }
+  void SetPeerFailure(const std::string& why) override { ep_->SetFailure(peer_, why); }
   std::string Kind() const override { return kind_; }
   uint64_t SingleCopyBytes() const override {
     return peer_->direct_received.load(std::memory_order_relaxed);

@@ -70,6 +70,11 @@ class Link {
   // exited, the connection closed). Cheap enough to call every few ms.
   virtual std::string PeerFailure() = 0;
 
+  // Tells the link what another watch found: the peer is gone (`why`). A
+  // link whose Cancel may wait for the peer (libfabric direct transfers)
+  // then stops waiting on it.
+  virtual void SetPeerFailure(const std::string& /*why*/) {}
+
   // What carries this link, for messages: "shared memory",
   // "libfabric tcp;ofi_rxm".
   virtual std::string Kind() const = 0;

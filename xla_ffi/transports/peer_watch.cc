@@ -73,7 +73,13 @@ class WatchedLink : public Link {
     inner_->Recv(tag, dst, bytes, req);
   }
   void Progress() override { inner_->Progress(); }
-  void Cancel(Request* req) override { inner_->Cancel(req); }
+  void Cancel(Request* req) override {
+    // A dead peer never finishes what it had started: the link must not wait for it.
+    std::string why = PeerFailure();
+    if (!why.empty()) inner_->SetPeerFailure(why);
+    inner_->Cancel(req);
+  }
+  void SetPeerFailure(const std::string& why) override { inner_->SetPeerFailure(why); }
   std::string Kind() const override { return inner_->Kind(); }
   uint64_t SingleCopyBytes() const override { return inner_->SingleCopyBytes(); }
   std::string SingleCopy() const override { return inner_->SingleCopy(); }
