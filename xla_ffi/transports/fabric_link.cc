@@ -163,8 +163,10 @@ struct SendTrack {
 
 // One tagged send or receive of a caller's buffer (a piece of a direct
 // transfer), or a drain receive that owns its buffer. `ctx` first, as in Slot.
+// Ops are kept in a pool and reused: a transfer allocates none in the steady state.
 struct DirectOp {
   struct fi_context2 ctx;
+  bool live = false;  // in use (else on the free list)
   Peer* peer = nullptr;
   bool recv = false;
   char* buf = nullptr;
@@ -173,8 +175,7 @@ struct DirectOp {
   uint64_t id = 0;  // unique: what a waiter looks for (addresses get reused)
   struct fid_mr* mr = nullptr;  // where the provider wants buffers registered
   void* desc = nullptr;
-  bool posted = false;     // handed to libfabric, completion not yet read
-  bool cancelled = false;  // fi_cancel succeeded or was tried
+  bool posted = false;  // handed to libfabric, completion not yet read
   SendTrack* track = nullptr;  // sends
   DirectIn* in = nullptr;      // receives into a caller's buffer
   std::unique_ptr<char[]> drain;  // drain receives
@@ -182,14 +183,13 @@ struct DirectOp {
 
 // A bound direct message whose pieces are posted into a Recv's buffer.
 struct DirectIn {
-  Request* req;  // null once cancelled
+  Request* req = nullptr;  // null once cancelled
   uint64_t seq = 0;
   uint64_t tag = 0;
   bool cancelling = false;  // a canceller owns it now
   bool drain = false;       // withdrawn pieces are reposted into drain buffers
   uint64_t pending = 0;  // pieces not yet completed
   std::string error;
-  std::vector<DirectOp*> ops;
 };
 
 // A direct message whose header went out, waiting for the receiver's kCts.
@@ -304,14 +304,24 @@ class FabricEndpoint::Impl {
   void Poll();  // one round of Progress, mu_ held
 
   // Direct transfers.
-  uint64_t PieceBytes() const;
+  bool FitsDirect(uint64_t bytes) const {
+    return (bytes + piece_bytes_ - 1) / piece_bytes_ <= kMaxDirectPieces;
+  }
   uint64_t PieceTag(uint64_t seq, uint64_t piece) const { return (seq << 16) | piece; }
   DirectOp* NewOp(Peer* p, bool recv, char* buf, uint64_t bytes, uint64_t ftag);
   DirectOp* OpOf(void* context);
   void DeleteOp(DirectOp* op);
+  template <typename F>
+  void ForLiveOps(F f) {
+    for (auto& op : op_pool_) {
+      if (op->live) f(op.get());
+    }
+  }
   void PostDirect(DirectOp* op);
+  void PostPieces(Peer* p, char* buf, uint64_t total, uint64_t seq, SendTrack* t, DirectIn* in);
   void FlushDirect();
   void DirectDone(DirectOp* op, const std::string& error, bool cancelled);
+  void FinishDirectIn(Peer* p, DirectIn* in);
   void BindDirect(Peer* p, uint64_t seq, const InMsg& m, const PostedRecv& r);
   void StartDirectSend(Peer* p, uint64_t seq);
   void QueueControl(Peer* p, uint32_t kind, uint64_t seq, uint64_t tag, uint64_t total,
@@ -347,9 +357,10 @@ class FabricEndpoint::Impl {
   bool tagged_ = false;      // direct transfers can be received
   uint64_t direct_min_ = 0;  // 0: this process sends none
   std::string direct_state_;
-  uint64_t max_msg_ = 0;
+  uint64_t piece_bytes_ = 1;  // kDirectPiece, or less where the provider's messages are shorter
   bool register_buffers_ = false;  // FI_MR_LOCAL (or the test setting)
-  std::unordered_set<DirectOp*> ops_;  // owned
+  std::vector<std::unique_ptr<DirectOp>> op_pool_;  // every op made, live or free
+  std::vector<DirectOp*> free_ops_;
   uint64_t next_op_id_ = 1;
   std::deque<DirectOp*> pending_direct_;  // to post (-FI_EAGAIN)
 };
@@ -387,7 +398,7 @@ Status FabricEndpoint::Impl::Init(const std::string& provider, const std::string
 
   // Buffers.
   size_t max_msg = info_->ep_attr->max_msg_size ? info_->ep_attr->max_msg_size : SIZE_MAX;
-  max_msg_ = max_msg;
+  piece_bytes_ = std::max<uint64_t>(1, std::min<uint64_t>(kDirectPiece, max_msg));
   direct_min_ = uint64_t(IntSetting("JAX_SMDDP_FABRIC_DIRECT_BYTES", 512 << 10));
   register_buffers_ = (info_->domain_attr->mr_mode & FI_MR_LOCAL) ||
                       TextSetting("JAX_SMDDP_FABRIC_TEST_REGISTER") == "1";
@@ -459,10 +470,9 @@ FabricEndpoint::Impl::~Impl() {
   // bounce buffers are free afterwards.
   if (o_.ep) fi_close(&o_.ep->fid);
   o_.ep = nullptr;
-  for (DirectOp* op : ops_) {
+  ForLiveOps([](DirectOp* op) {
     if (op->mr) fi_close(&op->mr->fid);
-    delete op;
-  }
+  });
   for (auto& [id, p] : peers_) {
     for (auto& [seq, in] : p->direct_in) delete in;
   }
@@ -536,8 +546,7 @@ void FabricEndpoint::Impl::Send(Peer* p, uint64_t tag, const void* src, size_t b
   tracks_.insert(t);
   p->sending[req] = t;
   const uint64_t seq = p->next_send_seq++;
-  const bool direct = direct_min_ != 0 && bytes >= direct_min_ &&
-                      (bytes + PieceBytes() - 1) / PieceBytes() <= kMaxDirectPieces;
+  const bool direct = direct_min_ != 0 && bytes >= direct_min_ && FitsDirect(bytes);
   if (direct) p->awaiting_cts[seq] = DirectOut{t, static_cast<const char*>(src), tag, bytes};
   p->sendq.push_back(OutMsg{t, static_cast<const char*>(src), direct ? uint32_t(kRts) : kData,
                             tag, bytes, seq, 0});
@@ -626,9 +635,9 @@ void FabricEndpoint::Impl::Cancel(Peer* p, Request* req) {
     // libfabric is done with the caller's buffer; their completions retire
     // the track.
     std::vector<uint64_t> ids;
-    for (DirectOp* op : ops_) {
+    ForLiveOps([&](DirectOp* op) {
       if (op->track == t) ids.push_back(op->id);
-    }
+    });
     if (ids.empty()) {
       Retire(t);
     } else {
@@ -926,7 +935,7 @@ void FabricEndpoint::Impl::HandleChunk(Slot& slot, size_t len) {
                            "' here has no tagged messages with directed receives");
       return;
     }
-    if ((h.total + PieceBytes() - 1) / PieceBytes() > kMaxDirectPieces) {
+    if (!FitsDirect(h.total)) {
       ProtocolError(p, TagText(h.tag) + ": a direct transfer of " + std::to_string(h.total) +
                            " bytes, more pieces than allowed");
       return;
@@ -1081,33 +1090,40 @@ void FabricEndpoint::Impl::Finish(Peer* p, std::map<uint64_t, InMsg>::iterator i
 // ---------------------------------------------------------------------------
 // Direct transfers: tagged pieces between the callers' buffers.
 
-uint64_t FabricEndpoint::Impl::PieceBytes() const {
-  return std::max<uint64_t>(1, std::min<uint64_t>(kDirectPiece, max_msg_));
-}
-
 DirectOp* FabricEndpoint::Impl::NewOp(Peer* p, bool recv, char* buf, uint64_t bytes,
                                       uint64_t ftag) {
-  DirectOp* op = new DirectOp;
+  DirectOp* op;
+  if (free_ops_.empty()) {
+    op_pool_.push_back(std::make_unique<DirectOp>());
+    op = op_pool_.back().get();
+  } else {
+    op = free_ops_.back();
+    free_ops_.pop_back();
+    *op = DirectOp();
+  }
   std::memset(&op->ctx, 0, sizeof(op->ctx));
+  op->live = true;
   op->peer = p;
   op->recv = recv;
   op->buf = buf;
   op->bytes = bytes;
   op->ftag = ftag;
   op->id = next_op_id_++;
-  ops_.insert(op);
   return op;
 }
 
+// A completion's context that is not a slot is an op: nothing else is posted.
 DirectOp* FabricEndpoint::Impl::OpOf(void* context) {
-  DirectOp* op = reinterpret_cast<DirectOp*>(context);
-  return context != nullptr && ops_.count(op) ? op : nullptr;
+  DirectOp* op = static_cast<DirectOp*>(context);
+  return op != nullptr && op->live ? op : nullptr;
 }
 
 void FabricEndpoint::Impl::DeleteOp(DirectOp* op) {
   if (op->mr) fi_close(&op->mr->fid);
-  ops_.erase(op);
-  delete op;
+  op->mr = nullptr;
+  op->drain.reset();
+  op->live = false;
+  free_ops_.push_back(op);
 }
 
 // Registers the op's buffer where the provider wants that, then posts it (or
@@ -1192,7 +1208,11 @@ void FabricEndpoint::Impl::DirectDone(DirectOp* op, const std::string& error, bo
     p->direct_received.fetch_add(bytes, std::memory_order_relaxed);
   }
   --in->pending;
-  if (in->pending > 0 || in->cancelling) return;
+  if (in->pending == 0 && !in->cancelling) FinishDirectIn(p, in);
+}
+
+// Completes a direct receive whose pieces are all done (or failed to post).
+void FabricEndpoint::Impl::FinishDirectIn(Peer* p, DirectIn* in) {
   Request* req = in->req;
   std::string why = std::move(in->error);
   p->direct_in.erase(in->seq);
@@ -1222,31 +1242,17 @@ void FabricEndpoint::Impl::BindDirect(Peer* p, uint64_t seq, const InMsg& m, con
                                   ": not connected"));
     return;
   }
-  DirectIn* in = new DirectIn{r.req};
+  DirectIn* in = new DirectIn;
+  in->req = r.req;
   in->seq = seq;
   in->tag = m.tag;
   p->direct_in[seq] = in;
-  const uint64_t piece = PieceBytes();
-  std::vector<DirectOp*> ops;
-  for (uint64_t off = 0, i = 0; off < m.total; off += piece, ++i) {
-    DirectOp* op = NewOp(p, true, r.dst + off, std::min(piece, m.total - off), PieceTag(seq, i));
-    op->in = in;
-    in->ops.push_back(op);
-    ++in->pending;
-    ops.push_back(op);
-  }
-  // Count them all before posting any: a failed post completes one at once.
+  // A post that fails completes its piece at once: keep `in` until all are out.
   in->cancelling = true;
-  for (DirectOp* op : ops) PostDirect(op);
+  PostPieces(p, r.dst, m.total, seq, nullptr, in);
   in->cancelling = false;
   QueueControl(p, kCts, seq, m.tag, m.total, 1);
-  if (in->pending == 0) {  // every post failed
-    Request* req = in->req;
-    std::string why = std::move(in->error);
-    p->direct_in.erase(seq);
-    delete in;
-    req->Complete(Status::PeerFailed(why));
-  }
+  if (in->pending == 0) FinishDirectIn(p, in);  // every post failed
 }
 
 // The receiver posted message `seq`'s pieces: post ours.
@@ -1254,19 +1260,25 @@ void FabricEndpoint::Impl::StartDirectSend(Peer* p, uint64_t seq) {
   auto a = p->awaiting_cts.find(seq);
   DirectOut out = a->second;
   p->awaiting_cts.erase(a);
-  SendTrack* t = out.track;
-  const uint64_t piece = PieceBytes();
-  std::vector<DirectOp*> ops;
-  for (uint64_t off = 0, i = 0; off < out.total; off += piece, ++i) {
-    DirectOp* op = NewOp(p, false, const_cast<char*>(out.src) + off,
-                         std::min(piece, out.total - off), PieceTag(seq, i));
+  // Not `copied` until every piece is posted: a failed post cannot retire it early.
+  PostPieces(p, const_cast<char*>(out.src), out.total, seq, out.track, nullptr);
+  out.track->copied = true;
+  Retire(out.track);
+}
+
+// Cuts a direct message into its tagged pieces (the same cut on both ends)
+// and posts each, counted in the send's track `t` or the receive `in`.
+void FabricEndpoint::Impl::PostPieces(Peer* p, char* buf, uint64_t total, uint64_t seq,
+                                      SendTrack* t, DirectIn* in) {
+  for (uint64_t off = 0, i = 0; off < total; off += piece_bytes_, ++i) {
+    DirectOp* op = NewOp(p, in != nullptr, buf + off, std::min(piece_bytes_, total - off),
+                         PieceTag(seq, i));
     op->track = t;
-    ++t->inflight;
-    ops.push_back(op);
+    op->in = in;
+    if (t) ++t->inflight;
+    if (in) ++in->pending;
+    PostDirect(op);
   }
-  for (DirectOp* op : ops) PostDirect(op);
-  t->copied = true;
-  Retire(t);
 }
 
 void FabricEndpoint::Impl::QueueControl(Peer* p, uint32_t kind, uint64_t seq, uint64_t tag,
@@ -1283,23 +1295,26 @@ void FabricEndpoint::Impl::CancelDirectIn(Peer* p, DirectIn* in, bool drain) {
   in->cancelling = true;
   in->drain = drain;
   std::vector<uint64_t> ids;
-  for (DirectOp* op : in->ops) {
-    if (!ops_.count(op) || op->in != in) continue;  // completed
+  std::vector<DirectOp*> unposted;
+  ForLiveOps([&](DirectOp* op) {
+    if (op->in != in) return;
     ids.push_back(op->id);
     if (op->posted) {
-      op->cancelled = true;
       fi_cancel(&o_.ep->fid, &op->ctx);  // completes it with FI_ECANCELED unless matched
     } else {
-      // Never posted (waiting behind -FI_EAGAIN): withdrawn here.
-      pending_direct_.erase(std::remove(pending_direct_.begin(), pending_direct_.end(), op),
-                            pending_direct_.end());
-      DirectDone(op, "cancelled", true);
+      unposted.push_back(op);
     }
+  });
+  for (DirectOp* op : unposted) {
+    // Never posted (waiting behind -FI_EAGAIN): withdrawn here.
+    pending_direct_.erase(std::remove(pending_direct_.begin(), pending_direct_.end(), op),
+                          pending_direct_.end());
+    DirectDone(op, "cancelled", true);
   }
   AwaitOps(ids);
-  for (DirectOp* op : ops_) {
+  ForLiveOps([&](DirectOp* op) {
     if (op->in == in) op->in = nullptr;  // still held by libfabric: detached
-  }
+  });
   p->direct_in.erase(in->seq);
   delete in;
 }
@@ -1313,11 +1328,11 @@ bool FabricEndpoint::Impl::AwaitOps(const std::vector<uint64_t>& ids) {
                      std::chrono::duration<double>(kCancelWaitSeconds);
   for (;;) {
     size_t left = 0, live_peer = 0;
-    for (DirectOp* op : ops_) {
-      if (std::find(ids.begin(), ids.end(), op->id) == ids.end()) continue;
+    ForLiveOps([&](DirectOp* op) {
+      if (std::find(ids.begin(), ids.end(), op->id) == ids.end()) return;
       ++left;
       live_peer += op->peer->failure.empty();
-    }
+    });
     if (left == 0) return true;
     if (live_peer == 0 || std::chrono::steady_clock::now() > until) return false;
     Poll();
