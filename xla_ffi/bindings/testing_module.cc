@@ -33,6 +33,7 @@
 #include "xla_ffi/engine/call_log.h"
 #include "xla_ffi/engine/communicator.h"
 #include "xla_ffi/engine/last_failure.h"
+#include "xla_ffi/engine/scheduler.h"
 #include "xla_ffi/engine/stream_watchdog.h"
 #include "xla_ffi/transports/fabric_rail.h"
 #include "xla_ffi/transports/process_liveness.h"
@@ -413,6 +414,38 @@ std::vector<nb::bytes> StreamHierarchicalProbe(int hosts, int local, size_t oute
   return out;
 }
 
+
+// Posts one engine timer per entry of `delays_ms` (from now), cancels those
+// marked in `cancel` at once, and returns when each fired, in ms from the
+// start (-1: it never fired within `wait_ms`).
+std::vector<double> TimerProbe(std::vector<double> delays_ms, std::vector<bool> cancel,
+                               double wait_ms) {
+  using Clock = std::chrono::steady_clock;
+  const size_t n = delays_ms.size();
+  auto fired = std::make_shared<std::vector<std::atomic<int64_t>>>(n);
+  for (auto& f : *fired) f.store(-1);
+  const Clock::time_point start = Clock::now();
+  std::vector<smddp::Timer> timers;
+  for (size_t i = 0; i < n; ++i) {
+    const auto at = start + std::chrono::microseconds(int64_t(delays_ms[i] * 1000));
+    timers.push_back(smddp::PostAt(at, [fired, i, start] {
+      (*fired)[i].store(std::chrono::duration_cast<std::chrono::microseconds>(Clock::now() - start).count());
+    }));
+    if (i < cancel.size() && cancel[i]) smddp::Cancel(timers.back());
+  }
+  nb::gil_scoped_release release;
+  const Clock::time_point end = start + std::chrono::microseconds(int64_t(wait_ms * 1000));
+  for (;;) {
+    bool all = true;
+    for (size_t i = 0; i < n; ++i) all = all && ((i < cancel.size() && cancel[i]) || (*fired)[i].load() >= 0);
+    if (all || Clock::now() >= end) break;
+    std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  }
+  std::vector<double> out;
+  for (auto& f : *fired) out.push_back(f.load() < 0 ? -1.0 : double(f.load()) / 1000.0);
+  return out;
+}
+
 }  // namespace
 
 NB_MODULE(_smddp_testing, m) {
@@ -436,6 +469,7 @@ NB_MODULE(_smddp_testing, m) {
      nb::arg("allow_hierarchy") = true);
   // The failures this module's engine copy recorded (its probes' calls).
   BindFailures(m);
+  m.def("timer_probe", &TimerProbe, nb::arg("delays_ms"), nb::arg("cancel"), nb::arg("wait_ms"));
   m.def("rendezvous_probe", &RendezvousProbe, nb::arg("size"), nb::arg("present"),
         nb::arg("timeout_s"), nb::arg("count") = 1024, nb::arg("odd_rank") = -1);
   m.def("stream_probe", &StreamProbe, nb::arg("kind"), nb::arg("dtype"), nb::arg("op"),

@@ -45,14 +45,19 @@ class Scheduler {
 
   Timer PostAt(std::chrono::steady_clock::time_point at, Task task) {
     Timer timer;
-    bool earliest;
+    bool before_next_look;
     {
       std::lock_guard<std::mutex> lock(timer_mu_);
       timer = Timer{at, ++next_timer_};
-      auto it = timers_.emplace(std::make_pair(at, timer.id), std::move(task)).first;
-      earliest = it == timers_.begin();
+      timers_.emplace(std::make_pair(at, timer.id), std::move(task));
+      last_added_ = std::chrono::steady_clock::now();
+      before_next_look = at < next_look_;
     }
-    if (earliest) timer_cv_.notify_one();  // else the timer thread wakes earlier anyway
+    // Every call adds a deadline and cancels it when it is over: waking the
+    // timer thread for each would cost every call a context switch, so the
+    // thread looks on its own at least every kTimerTick while calls come, and
+    // is woken only for a deadline due before its next look.
+    if (before_next_look) timer_cv_.notify_one();
     return timer;
   }
 
@@ -86,24 +91,33 @@ class Scheduler {
   }
 
   void Time() {
+    using Clock = std::chrono::steady_clock;
     std::unique_lock<std::mutex> lock(timer_mu_);
     for (;;) {
-      if (timers_.empty()) {
+      const Clock::time_point now = Clock::now();
+      if (!timers_.empty() && timers_.begin()->first.first <= now) {
+        auto first = timers_.begin();
+        Task task = std::move(first->second);
+        timers_.erase(first);
+        lock.unlock();
+        Post(std::move(task));
+        lock.lock();
+        continue;
+      }
+      // With no deadline pending and none added for a while, sleep until one is.
+      next_look_ = timers_.empty() && now - last_added_ > kTimerIdle ? Clock::time_point::max()
+                                                                     : now + kTimerTick;
+      if (!timers_.empty()) next_look_ = std::min(next_look_, timers_.begin()->first.first);
+      if (next_look_ == Clock::time_point::max()) {
         timer_cv_.wait(lock);
-        continue;
+      } else {
+        timer_cv_.wait_until(lock, next_look_);
       }
-      auto first = timers_.begin();
-      if (std::chrono::steady_clock::now() < first->first.first) {
-        timer_cv_.wait_until(lock, first->first.first);
-        continue;
-      }
-      Task task = std::move(first->second);
-      timers_.erase(first);
-      lock.unlock();
-      Post(std::move(task));
-      lock.lock();
     }
   }
+
+  static constexpr std::chrono::milliseconds kTimerTick{200};
+  static constexpr std::chrono::seconds kTimerIdle{10};
 
   const int workers_;
   std::mutex mu_;
@@ -114,6 +128,9 @@ class Scheduler {
   std::mutex timer_mu_;
   std::condition_variable timer_cv_;
   uint64_t next_timer_ = 0;
+  // When the timer thread looks next on its own (max: only when woken).
+  std::chrono::steady_clock::time_point next_look_ = std::chrono::steady_clock::time_point::max();
+  std::chrono::steady_clock::time_point last_added_{};
   std::map<std::pair<std::chrono::steady_clock::time_point, uint64_t>, Task> timers_;
 };
 

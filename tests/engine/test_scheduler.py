@@ -1,0 +1,44 @@
+"""The engine's timer (xla_ffi/engine/scheduler.cc), through _smddp_testing.
+
+Every collective call adds a deadline and cancels it when it ends; the timer
+thread is not woken for each (it looks on its own every 200 ms while calls
+come). These tests check that deadlines still fire on time: a near deadline
+added while the thread sleeps far ahead wakes it, cancelled deadlines never
+fire, and a burst of add-and-cancel leaves later deadlines on time.
+"""
+
+import pytest
+
+_testing = pytest.importorskip("_smddp_testing")
+
+# Slack for a loaded 2-core machine; the timer thread's own tick is 200 ms,
+# so a deadline that waited for the tick instead of waking the thread would
+# typically be 100+ ms late and often miss it.
+LATE_MS = 90
+
+
+def test_first_deadline_wakes_an_idle_timer_thread():
+  (fired,) = _testing.timer_probe([40.0], [False], 3000.0)
+  assert 40.0 <= fired < 40.0 + LATE_MS, fired
+
+
+def test_near_deadline_behind_a_far_one_fires_on_time():
+  fired = _testing.timer_probe([10_000.0, 30.0], [True, False], 3000.0)
+  assert fired[0] == -1.0  # cancelled: never runs
+  assert 30.0 <= fired[1] < 30.0 + LATE_MS, fired
+
+
+def test_cancelled_deadlines_never_fire():
+  fired = _testing.timer_probe([5.0, 10.0, 20.0], [True, False, True], 500.0)
+  assert fired[0] == -1.0 and fired[2] == -1.0
+  assert 10.0 <= fired[1] < 10.0 + LATE_MS, fired
+
+
+@pytest.mark.parametrize("delay_ms", [15.0, 120.0, 450.0])
+def test_deadlines_after_a_burst_of_calls_fire_on_time(delay_ms):
+  # A burst like a stream of collective calls: each adds and cancels its own.
+  burst = _testing.timer_probe([60_000.0] * 2000, [True] * 2000, 0.0)
+  assert burst == [-1.0] * 2000
+  fired = _testing.timer_probe([delay_ms, delay_ms + 5.0], [False, False], delay_ms + 3000.0)
+  for want, got in zip([delay_ms, delay_ms + 5.0], fired):
+    assert want <= got < want + LATE_MS, fired
