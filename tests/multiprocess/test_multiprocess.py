@@ -73,6 +73,15 @@ def test_single_copy_every_op_and_dtype(nprocs, devices):
 
 
 @pytest.mark.timeout(300)
+def test_streaming_stores_every_op_and_dtype():
+  """Every collective and dtype against numpy with every output written by
+  non-temporal stores (JAX_SMDDP_STREAMING_STORE_BYTES=1): own blocks and the
+  copies into the other local devices' outputs."""
+  assert_all_ok(run_job(["collectives"], 2, 2, timeout=240,
+                        env={"JAX_SMDDP_STREAMING_STORE_BYTES": "1"}))
+
+
+@pytest.mark.timeout(300)
 def test_single_copy_forbidden_falls_back_to_the_ring():
   """Processes that may not read each other's memory (no CAP_SYS_PTRACE, not
   dumpable): every collective still right, through the ring, and traffic()

@@ -8,6 +8,7 @@
 
 #include "xla_ffi/algorithms/messages.h"
 #include "xla_ffi/algorithms/reduce.h"
+#include "xla_ffi/common/streaming_copy.h"
 
 namespace smddp {
 
@@ -107,6 +108,7 @@ Status AllGatherAcross(const ProcessCall& c, size_t outer, size_t inner) {
   const Routes& rt = *c.routes;
   const size_t n = c.size, block = outer * inner, nl = c.local.size();
   if (block == 0) return Status::Ok();
+  const bool stream = StreamStores(c.info.recv_bytes * nl);
   Messages m(c);
   char* first = static_cast<char*>(c.recv[0]);
   // Remote ranks' blocks land in the first local rank's output when they are
@@ -127,8 +129,8 @@ Status AllGatherAcross(const ProcessCall& c, size_t outer, size_t inner) {
     char* out = static_cast<char*>(c.recv[d]);
     for (size_t o = 0; o < outer; ++o) {
       for (size_t li = 0; li < nl; ++li) {
-        std::memcpy(out + (o * n + c.local[li]) * inner,
-                    static_cast<const char*>(c.send[li]) + o * inner, inner);
+        CopyBytes(out + (o * n + c.local[li]) * inner,
+                    static_cast<const char*>(c.send[li]) + o * inner, inner, stream);
       }
     }
   }
@@ -142,13 +144,13 @@ Status AllGatherAcross(const ProcessCall& c, size_t outer, size_t inner) {
       size_t off, bytes;
       m.Chunk(block, k, &off, &bytes);
       for (size_t d = 1; d < nl; ++d)
-        std::memcpy(static_cast<char*>(c.recv[d]) + in.rank * inner + off, in.dst + off, bytes);
+        CopyBytes(static_cast<char*>(c.recv[d]) + in.rank * inner + off, in.dst + off, bytes, stream);
     }
     if (outer != 1) {
       for (size_t d = 0; d < nl; ++d) {
         char* out = static_cast<char*>(c.recv[d]);
         for (size_t o = 0; o < outer; ++o)
-          std::memcpy(out + (o * n + in.rank) * inner, in.dst + o * inner, inner);
+          CopyBytes(out + (o * n + in.rank) * inner, in.dst + o * inner, inner, stream);
       }
     }
   }
@@ -283,6 +285,7 @@ Status AllReduceAcross(const ProcessCall& c, DType dtype, ReduceOp op, size_t co
   const Routes& rt = *c.routes;
   const size_t n = c.size, esize = ElementSize(dtype), nl = c.local.size();
   if (count == 0) return Status::Ok();
+  const bool stream = StreamStores(c.info.recv_bytes * nl);
   auto begin = [&](size_t r) { return count * r / n; };
   auto shard = [&](size_t r) { return (count * (r + 1) / n - count * r / n) * esize; };
   size_t max_shard = 0, outgoing = 0;
@@ -338,7 +341,7 @@ Status AllReduceAcross(const ProcessCall& c, DType dtype, ReduceOp op, size_t co
       for (int t : rt.gather_targets) m.SendChunk(t, Msg(kResult, r), sb, k, out);
       for (size_t d = 0; d < nl; ++d) {
         if (int(d) != li)
-          std::memcpy(static_cast<char*>(c.recv[d]) + begin(r) * esize + off, out + off, bytes);
+          CopyBytes(static_cast<char*>(c.recv[d]) + begin(r) * esize + off, out + off, bytes, stream);
       }
     }
   }
@@ -351,7 +354,7 @@ Status AllReduceAcross(const ProcessCall& c, DType dtype, ReduceOp op, size_t co
       size_t off, bytes;
       m.Chunk(sb, k, &off, &bytes);
       for (size_t d = 1; d < nl; ++d)
-        std::memcpy(static_cast<char*>(c.recv[d]) + begin(res.rank) * esize + off, base + off, bytes);
+        CopyBytes(static_cast<char*>(c.recv[d]) + begin(res.rank) * esize + off, base + off, bytes, stream);
     }
   }
   return m.WaitAll();
@@ -361,6 +364,7 @@ Status AllReduceAcross(const ProcessCall& c, DType dtype, ReduceOp op, size_t co
 Status AllToAllAcross(const ProcessCall& c, size_t outer, size_t inner) {
   const size_t n = c.size, nl = c.local.size(), np = c.peers.size(), block = outer * inner;
   if (block == 0) return Status::Ok();
+  const bool stream = StreamStores(c.info.recv_bytes * nl);
   Messages m(c);
   size_t remote = 0;
   for (const auto& ranks : c.peer_ranks) remote += ranks.size();
@@ -400,7 +404,7 @@ Status AllToAllAcross(const ProcessCall& c, size_t outer, size_t inner) {
     for (size_t li = 0; li < nl; ++li) {
       const char* send = static_cast<const char*>(c.send[li]);
       for (size_t o = 0; o < outer; ++o)
-        std::memcpy(out + (o * n + c.local[li]) * inner, send + (o * n + c.local[d]) * inner, inner);
+        CopyBytes(out + (o * n + c.local[li]) * inner, send + (o * n + c.local[d]) * inner, inner, stream);
     }
   }
   for (const Incoming& in : incoming) {
@@ -408,7 +412,7 @@ Status AllToAllAcross(const ProcessCall& c, size_t outer, size_t inner) {
     if (outer != 1) {
       char* out = static_cast<char*>(c.recv[in.to_local]);
       for (size_t o = 0; o < outer; ++o)
-        std::memcpy(out + (o * n + in.from) * inner, in.dst + o * inner, inner);
+        CopyBytes(out + (o * n + in.from) * inner, in.dst + o * inner, inner, stream);
     }
   }
   return m.WaitAll();

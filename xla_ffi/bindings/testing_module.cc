@@ -34,6 +34,7 @@
 #include "xla_ffi/engine/communicator.h"
 #include "xla_ffi/engine/last_failure.h"
 #include "xla_ffi/engine/scheduler.h"
+#include "xla_ffi/common/streaming_copy.h"
 #include "xla_ffi/engine/stream_watchdog.h"
 #include "xla_ffi/transports/fabric_rail.h"
 #include "xla_ffi/transports/process_liveness.h"
@@ -469,6 +470,22 @@ NB_MODULE(_smddp_testing, m) {
      nb::arg("allow_hierarchy") = true);
   // The failures this module's engine copy recorded (its probes' calls).
   BindFailures(m);
+  // CopyBytes (streaming_copy.h): `src` copied to byte `dst_offset` of a
+  // `dst_bytes` buffer of 0xAB (from byte `src_offset` of an aligned copy of
+  // `src`); returns the whole buffer, guards included.
+  m.def("copy_bytes", [](nb::bytes src, size_t src_offset, size_t dst_bytes, size_t dst_offset,
+                         bool stream) {
+    const size_t n = src.size();
+    if (dst_offset + n > dst_bytes) throw std::invalid_argument("the copy does not fit");
+    std::vector<char> from(src_offset + n + 64), to(dst_bytes + 64, char(0xAB));
+    char* s = from.data() + ((64 - reinterpret_cast<uintptr_t>(from.data()) % 64) % 64) + src_offset;
+    char* d = to.data() + ((64 - reinterpret_cast<uintptr_t>(to.data()) % 64) % 64);
+    std::memcpy(s, src.c_str(), n);
+    smddp::CopyBytes(d + dst_offset, s, n, stream);
+    return nb::bytes(d, dst_bytes);
+  }, nb::arg("src"), nb::arg("src_offset"), nb::arg("dst_bytes"), nb::arg("dst_offset"),
+     nb::arg("stream"));
+  m.def("stream_stores", &smddp::StreamStores, nb::arg("bytes"));
   m.def("timer_probe", &TimerProbe, nb::arg("delays_ms"), nb::arg("cancel"), nb::arg("wait_ms"));
   m.def("rendezvous_probe", &RendezvousProbe, nb::arg("size"), nb::arg("present"),
         nb::arg("timeout_s"), nb::arg("count") = 1024, nb::arg("odd_rank") = -1);

@@ -64,6 +64,11 @@ const std::vector<SettingSpec> kSettings = {
      "outputs of collectives this large or larger are advised onto transparent huge pages "
      "before they are written (madvise MADV_HUGEPAGE: one page fault per 2 MiB of XLA's fresh "
      "output mappings instead of one per 4 KiB); 0 turns that off"},
+    {"JAX_SMDDP_STREAMING_STORE_BYTES", kBytes, "16M", 0, kNoMax, "", "runtime", false,
+     "collectives that write this much or more in a process (all its outputs) copy with "
+     "non-temporal stores, which bypass the caches (no read of each destination line before "
+     "it is overwritten; inputs stay cached); smaller ones use memcpy, whose output is still "
+     "in cache for the next op; 0 turns that off. x86-64 only"},
     {"JAX_SMDDP_CHUNK_BYTES", kBytes, "chosen by jax_smddp.tuning (1M without it)", 1, 1 << 30,
      "", "runtime", true,
      "chunk of cross-process messages (pipelining); rounded up to a multiple of 64 bytes and "

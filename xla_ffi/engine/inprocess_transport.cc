@@ -11,6 +11,7 @@
 #include "xla_ffi/algorithms/algorithms.h"
 #include "xla_ffi/engine/scheduler.h"
 #include "xla_ffi/common/settings.h"
+#include "xla_ffi/common/streaming_copy.h"
 
 namespace smddp {
 
@@ -35,6 +36,7 @@ struct InProcessTransport::Slot {
   bool over = false;     // every arrived rank has been (or is being) completed
   std::atomic<int> next_body{0};
   int bodies_done = 0;
+  bool stream = false;   // outputs are written with non-temporal stores (streaming_copy.h)
   Status status;         // the call's outcome, the same for every rank
 };
 
@@ -95,7 +97,11 @@ class RankView : public Exchange {
     if (offset + bytes > e.info.send_bytes)
       return Status::Error(std::string("jax_smddp: read past the end of rank ") +
                            std::to_string(peer) + "'s send buffer");
-    if (bytes) std::memcpy(dst, static_cast<const char*>(e.send) + offset, bytes);
+    // Only what lands in this rank's output streams: staging is read at once.
+    char* out = static_cast<char*>(slot_.entries[rank_].recv);
+    const bool into_output = static_cast<char*>(dst) >= out &&
+                             static_cast<char*>(dst) + bytes <= out + slot_.entries[rank_].info.recv_bytes;
+    CopyBytes(dst, static_cast<const char*>(e.send) + offset, bytes, slot_.stream && into_output);
     return Status::Ok();
   }
 
@@ -104,7 +110,7 @@ class RankView : public Exchange {
     if (offset + bytes > e.info.recv_bytes)
       return Status::Error(std::string("jax_smddp: write past the end of rank ") +
                            std::to_string(peer) + "'s receive buffer");
-    if (bytes) std::memcpy(static_cast<char*>(e.recv) + offset, src, bytes);
+    CopyBytes(static_cast<char*>(e.recv) + offset, src, bytes, slot_.stream);
     return Status::Ok();
   }
 
@@ -248,6 +254,7 @@ void InProcessTransport::Start(const GroupInfo& group, int size, const CallKey& 
     return;
   }
   slot->plan = plan;
+  slot->stream = StreamStores(info.recv_bytes * uint64_t(size));
   const uint64_t moved = std::max(info.send_bytes, info.recv_bytes) * uint64_t(size);
   const int helpers = moved >= HelperMinBytes() ? std::min(helpers_, size - 1) : 0;
   lock.unlock();
