@@ -27,6 +27,8 @@
 #include "xla_ffi/algorithms/host_stream_ops.h"
 #include "xla_ffi/algorithms/net_port.h"
 #include "xla_ffi/algorithms/process_call.h"
+#include "xla_ffi/algorithms/reduce.h"
+#include "xla_ffi/algorithms/reduce_kernels.h"
 #include "xla_ffi/algorithms/stream_algorithms.h"
 #include "xla_ffi/bindings/enums.h"
 #include "xla_ffi/bindings/failures.h"
@@ -486,6 +488,33 @@ NB_MODULE(_smddp_testing, m) {
   }, nb::arg("src"), nb::arg("src_offset"), nb::arg("dst_bytes"), nb::arg("dst_offset"),
      nb::arg("stream"));
   m.def("stream_stores", &smddp::StreamStores, nb::arg("bytes"));
+  // The host reduction of `n` equal sources packed in `data` (n * count
+  // elements of `dtype`): through Reduce() ("auto": the AVX2 copy where the
+  // CPU has it), the baseline copy, or the AVX2 copy (None where this build
+  // has none). Returns the output's bytes.
+  m.def("reduce", [](nb::bytes data, int n, int dtype, int op, const std::string& path) -> nb::object {
+    const size_t es = smddp::ElementSize(smddp::DType(dtype));
+    if (n <= 0 || data.size() % (size_t(n) * es) != 0) throw std::invalid_argument("ragged sources");
+    const size_t count = data.size() / (size_t(n) * es);
+    std::vector<const void*> srcs;
+    for (int p = 0; p < n; ++p) srcs.push_back(data.c_str() + size_t(p) * count * es);
+    std::vector<char> out(count * es + 1);
+    const auto d = smddp::DType(dtype);
+    const auto o = smddp::ReduceOp(op);
+    if (path == "auto") {
+      smddp::Reduce(d, o, srcs.data(), n, out.data(), count);
+    } else if (path == "baseline") {
+      smddp::ReduceBaseline(d, o, srcs.data(), n, out.data(), count);
+    } else if (path == "avx2") {
+#if defined(__x86_64__)
+      if (!__builtin_cpu_supports("avx2")) return nb::none();
+#endif
+      if (!smddp::ReduceAvx2(d, o, srcs.data(), n, out.data(), count)) return nb::none();
+    } else {
+      throw std::invalid_argument("path: auto, baseline or avx2");
+    }
+    return nb::bytes(out.data(), count * es);
+  }, nb::arg("data"), nb::arg("n"), nb::arg("dtype"), nb::arg("op"), nb::arg("path"));
   m.def("timer_probe", &TimerProbe, nb::arg("delays_ms"), nb::arg("cancel"), nb::arg("wait_ms"));
   m.def("rendezvous_probe", &RendezvousProbe, nb::arg("size"), nb::arg("present"),
         nb::arg("timeout_s"), nb::arg("count") = 1024, nb::arg("odd_rank") = -1);
