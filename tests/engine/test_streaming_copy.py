@@ -5,6 +5,7 @@ and every collective and dtype equal to jax.lax with every call streaming, in
 one process and across processes."""
 
 import os
+import platform
 import subprocess
 import sys
 import textwrap
@@ -34,7 +35,6 @@ def test_calls_stream_from_the_threshold():
   if "JAX_SMDDP_STREAMING_STORE_BYTES" in os.environ:
     pytest.skip("JAX_SMDDP_STREAMING_STORE_BYTES is set")
   assert not _testing.stream_stores((16 << 20) - 1)
-  import platform
   assert _testing.stream_stores(16 << 20) == (platform.machine() in ("x86_64", "AMD64"))
 
 

@@ -8,7 +8,7 @@
 
 #include "xla_ffi/algorithms/messages.h"
 #include "xla_ffi/algorithms/reduce.h"
-#include "xla_ffi/common/streaming_copy.h"
+#include "xla_ffi/common/streaming_copy.h"  // CopyBytes
 
 namespace smddp {
 
@@ -108,7 +108,7 @@ Status AllGatherAcross(const ProcessCall& c, size_t outer, size_t inner) {
   const Routes& rt = *c.routes;
   const size_t n = c.size, block = outer * inner, nl = c.local.size();
   if (block == 0) return Status::Ok();
-  const bool stream = StreamStores(c.info.recv_bytes * nl);
+  const bool stream = c.StreamOutputs();
   Messages m(c);
   char* first = static_cast<char*>(c.recv[0]);
   // Remote ranks' blocks land in the first local rank's output when they are
@@ -130,7 +130,7 @@ Status AllGatherAcross(const ProcessCall& c, size_t outer, size_t inner) {
     for (size_t o = 0; o < outer; ++o) {
       for (size_t li = 0; li < nl; ++li) {
         CopyBytes(out + (o * n + c.local[li]) * inner,
-                    static_cast<const char*>(c.send[li]) + o * inner, inner, stream);
+                  static_cast<const char*>(c.send[li]) + o * inner, inner, stream);
       }
     }
   }
@@ -144,7 +144,8 @@ Status AllGatherAcross(const ProcessCall& c, size_t outer, size_t inner) {
       size_t off, bytes;
       m.Chunk(block, k, &off, &bytes);
       for (size_t d = 1; d < nl; ++d)
-        CopyBytes(static_cast<char*>(c.recv[d]) + in.rank * inner + off, in.dst + off, bytes, stream);
+        CopyBytes(static_cast<char*>(c.recv[d]) + in.rank * inner + off, in.dst + off, bytes,
+                  stream);
     }
     if (outer != 1) {
       for (size_t d = 0; d < nl; ++d) {
@@ -285,7 +286,7 @@ Status AllReduceAcross(const ProcessCall& c, DType dtype, ReduceOp op, size_t co
   const Routes& rt = *c.routes;
   const size_t n = c.size, esize = ElementSize(dtype), nl = c.local.size();
   if (count == 0) return Status::Ok();
-  const bool stream = StreamStores(c.info.recv_bytes * nl);
+  const bool stream = c.StreamOutputs();
   auto begin = [&](size_t r) { return count * r / n; };
   auto shard = [&](size_t r) { return (count * (r + 1) / n - count * r / n) * esize; };
   size_t max_shard = 0, outgoing = 0;
@@ -341,7 +342,8 @@ Status AllReduceAcross(const ProcessCall& c, DType dtype, ReduceOp op, size_t co
       for (int t : rt.gather_targets) m.SendChunk(t, Msg(kResult, r), sb, k, out);
       for (size_t d = 0; d < nl; ++d) {
         if (int(d) != li)
-          CopyBytes(static_cast<char*>(c.recv[d]) + begin(r) * esize + off, out + off, bytes, stream);
+          CopyBytes(static_cast<char*>(c.recv[d]) + begin(r) * esize + off, out + off, bytes,
+                    stream);
       }
     }
   }
@@ -354,7 +356,8 @@ Status AllReduceAcross(const ProcessCall& c, DType dtype, ReduceOp op, size_t co
       size_t off, bytes;
       m.Chunk(sb, k, &off, &bytes);
       for (size_t d = 1; d < nl; ++d)
-        CopyBytes(static_cast<char*>(c.recv[d]) + begin(res.rank) * esize + off, base + off, bytes, stream);
+        CopyBytes(static_cast<char*>(c.recv[d]) + begin(res.rank) * esize + off, base + off,
+                  bytes, stream);
     }
   }
   return m.WaitAll();
@@ -364,7 +367,7 @@ Status AllReduceAcross(const ProcessCall& c, DType dtype, ReduceOp op, size_t co
 Status AllToAllAcross(const ProcessCall& c, size_t outer, size_t inner) {
   const size_t n = c.size, nl = c.local.size(), np = c.peers.size(), block = outer * inner;
   if (block == 0) return Status::Ok();
-  const bool stream = StreamStores(c.info.recv_bytes * nl);
+  const bool stream = c.StreamOutputs();
   Messages m(c);
   size_t remote = 0;
   for (const auto& ranks : c.peer_ranks) remote += ranks.size();
@@ -404,7 +407,8 @@ Status AllToAllAcross(const ProcessCall& c, size_t outer, size_t inner) {
     for (size_t li = 0; li < nl; ++li) {
       const char* send = static_cast<const char*>(c.send[li]);
       for (size_t o = 0; o < outer; ++o)
-        CopyBytes(out + (o * n + c.local[li]) * inner, send + (o * n + c.local[d]) * inner, inner, stream);
+        CopyBytes(out + (o * n + c.local[li]) * inner, send + (o * n + c.local[d]) * inner, inner,
+                  stream);
     }
   }
   for (const Incoming& in : incoming) {

@@ -10,6 +10,7 @@
 
 #include "xla_ffi/algorithms/transport.h"
 #include "xla_ffi/common/hashing.h"  // MixTag, used with calls' tags
+#include "xla_ffi/common/streaming_copy.h"
 #include "xla_ffi/transports/world.h"
 
 namespace smddp {
@@ -60,6 +61,9 @@ struct ProcessCall {
   std::string where;                         // "jax_smddp all_gather (op 3 of ...)"
   CallInfo info;
 
+  // Whether the call's copies into outputs use non-temporal stores: by what
+  // it writes in this process, all local outputs (streaming_copy.h).
+  bool StreamOutputs() const { return StreamStores(info.recv_bytes * local.size()); }
   // "process 1 (devices [2 3])"
   std::string DescribeProcess(int process) const;
   // `process`'s ranks in the group, ascending (for a failure's peers).

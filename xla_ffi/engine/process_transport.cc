@@ -165,10 +165,14 @@ void ProcessTransport::Start(const GroupInfo& group, int size, const CallKey& ke
   if (created) {
     slot->start = Clock::now();
     slot->deadline = deadline;
-    std::weak_ptr<Slot> weak = slot;
-    slot->timer = PostAt(deadline, [this, weak] {
-      if (auto s = weak.lock()) Expire(s);
-    });
+    // Only other local devices can keep this one waiting here (with one
+    // device per process the call starts at once: no timer to add per call).
+    if (local_.size() > 1) {
+      std::weak_ptr<Slot> weak = slot;
+      slot->timer = PostAt(deadline, [this, weak] {
+        if (auto s = weak.lock()) Expire(s);
+      });
+    }
   }
   if (slot->over) {
     // The first cause (a timeout, a dead peer, a mismatch) is this device's too.
@@ -184,7 +188,7 @@ void ProcessTransport::Start(const GroupInfo& group, int size, const CallKey& ke
   me = Slot::Entry{true, send, recv, info, std::move(done)};
   if (++slot->arrived < int(local_.size())) return;
   slot->started = true;
-  Cancel(slot->timer);
+  if (slot->timer.id) Cancel(slot->timer);  // id 0: none was added
   for (size_t li = 1; li < slot->entries.size() && slot->status.ok(); ++li) {
     if (!(slot->entries[li].info == slot->entries[0].info)) {
       slot->status = Status::Mismatch(Where(group, key, info.op) +
