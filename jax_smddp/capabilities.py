@@ -3,7 +3,8 @@
 
 Each probe is cheap, never raises, and is computed once per process: libfabric
 (built? loaded from where? which providers?), the CUDA backend (built? GPUs
-seen?), GDRCopy (library and driver), NVIDIA MPS, shared memory.
+seen?), GDRCopy (library and driver), NVIDIA MPS, shared memory, and how
+glibc's heap is kept for XLA's outputs.
 """
 
 from __future__ import annotations
@@ -19,6 +20,14 @@ from jax_smddp import _native
 def build() -> dict:
   """What the extension was built against: jaxlib version and XLA FFI API."""
   return dict(_native.engine().build_info())
+
+
+def heap_reuse() -> dict:
+  """glibc's heap kept for XLA's large output buffers (JAX_SMDDP_HEAP_REUSE_BYTES):
+  'bytes' (the mmap threshold set at the first CPU collective; 0 when left
+  alone), 'reason' (why it is left alone) and 'applied' (set in this process).
+  Not cached: 'applied' changes when the first collective is set up."""
+  return dict(_native.engine().heap_reuse())
 
 
 @functools.cache

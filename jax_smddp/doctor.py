@@ -135,6 +135,20 @@ def _shm(rows: list[Row]) -> None:
   rows.append(Row("/dev/shm", OK, f"{_gib(s['size_bytes'])}, {_gib(s['free_bytes'])} free"))
 
 
+def _heap(rows: list[Row]) -> None:
+  """How glibc's heap is kept for XLA's output buffers (JAX_SMDDP_HEAP_REUSE_BYTES)."""
+  from jax_smddp import capabilities
+  h = capabilities.heap_reuse()
+  if h["bytes"] <= 0:
+    rows.append(Row("host outputs", INFO, f"glibc's malloc policy left alone ({h['reason']}): "
+                    "outputs above its mmap threshold are mapped afresh, and zeroed, every call"))
+    return
+  when = "since this process's first CPU collective" if h["applied"] else \
+      "once this process sets up its first CPU collective"
+  rows.append(Row("host outputs", OK, f"glibc keeps allocations up to {h['bytes'] / 2**20:g} MiB "
+                  f"in its heap {when} (output buffers reused, not re-faulted)"))
+
+
 def _xla_swap(rows: list[Row]) -> None:
   """Whether XLA's own cross-process CPU collectives run on jax_smddp (xla_swap)."""
   from jax_smddp import xla_swap
@@ -218,6 +232,7 @@ def report(job: bool = False) -> Report:
   _fabric(rows)
   _gdrcopy(rows)
   _shm(rows)
+  _heap(rows)
   _xla_swap(rows)
   _settings(rows)
   usable = _requirements(rows) and usable

@@ -16,6 +16,7 @@
 #include "nanobind/stl/vector.h"
 #include "xla_ffi/bindings/enums.h"
 #include "xla_ffi/bindings/failures.h"
+#include "xla_ffi/common/heap_reuse.h"
 #include "xla_ffi/common/settings.h"
 #include "xla_ffi/common/timeout.h"
 #include "xla_ffi/ffi/cpu_handlers.h"
@@ -40,6 +41,15 @@ void Check(const smddp::Status& st) {
 // What this build was configured with and what libfabric offers here
 // (jax_smddp.doctor).
 void BindBuildInfo(nb::module_& m) {
+  // glibc's heap kept for XLA's outputs (common/heap_reuse.h).
+  m.def("heap_reuse", [] {
+    const smddp::HeapReusePolicy p = smddp::HeapReuse();
+    nb::dict d;
+    d["bytes"] = p.bytes;
+    d["reason"] = p.reason;
+    d["applied"] = smddp::HeapReuseApplied();
+    return d;
+  });
   m.def("build_info", [] {
     nb::dict d;
     d["jaxlib"] = SMDDP_BUILD_JAXLIB;

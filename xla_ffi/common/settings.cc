@@ -64,6 +64,14 @@ const std::vector<SettingSpec> kSettings = {
      "outputs of collectives this large or larger are advised onto transparent huge pages "
      "before they are written (madvise MADV_HUGEPAGE: one page fault per 2 MiB of XLA's fresh "
      "output mappings instead of one per 4 KiB); 0 turns that off"},
+    {"JAX_SMDDP_HEAP_REUSE_BYTES", kBytes, "64M", 0, 1 << 30, "", "runtime", false,
+     "when a process sets up its first CPU collective, glibc is told to serve allocations up "
+     "to this size from its heap and to keep what is freed there (mallopt M_MMAP_THRESHOLD, "
+     "and M_TRIM_THRESHOLD at twice this), so XLA's large output buffers are reused call after "
+     "call instead of mapped afresh, page-faulted and zeroed by the kernel each time; the "
+     "process may keep up to twice this much freed memory per malloc arena; 0 leaves glibc's "
+     "policy alone, as do MALLOC_MMAP_THRESHOLD_, MALLOC_TRIM_THRESHOLD_, MALLOC_TOP_PAD_ or a "
+     "glibc.malloc tunable in the environment. glibc only"},
     {"JAX_SMDDP_STREAMING_STORE_BYTES", kBytes, "16M", 0, kNoMax, "", "runtime", false,
      "collectives that write this much or more in a process (all its outputs) copy with "
      "non-temporal stores, which bypass the caches (no read of each destination line before "

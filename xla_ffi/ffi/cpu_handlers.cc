@@ -9,6 +9,7 @@
 #include <vector>
 
 #include "xla/ffi/api/ffi.h"
+#include "xla_ffi/common/heap_reuse.h"
 #include "xla_ffi/common/huge_pages.h"
 #include "xla_ffi/ffi/ffi_dtype.h"
 #include "xla_ffi/ffi/ffi_status.h"
@@ -58,6 +59,7 @@ ffi::ErrorOr<std::unique_ptr<CallSite>> Instantiate(ffi::Dictionary attrs) {
   const int64_t n = *size;
   if (n <= 0 || groups->size() % n != 0)
     return ffi::Unexpected(ToFfiError(Status::InvalidArgument("jax_smddp: malformed replica groups")));
+  ApplyHeapReuse();  // before XLA allocates this program's outputs
   auto site = std::make_unique<CallSite>();
   site->instance = next++;
   {

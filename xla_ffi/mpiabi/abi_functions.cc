@@ -9,6 +9,7 @@
 #include <string>
 #include <vector>
 
+#include "xla_ffi/common/heap_reuse.h"
 #include "xla_ffi/mpiabi/abi.h"
 #include "xla_ffi/mpiabi/mpi_front_end.h"
 #include "xla_ffi/mpiabi/mpi_point_to_point.h"
@@ -117,11 +118,13 @@ using namespace smddp::mpi;
 extern "C" {
 
 SMDDP_MPI_EXPORT int MPIABI_Init(int*, char***) {
+  ApplyHeapReuse();  // XLA's collectives on this library: its outputs are reused too
   SetInitialized(true);
   return Ok();
 }
 
 SMDDP_MPI_EXPORT int MPIABI_Init_thread(int*, char***, int, int* provided) {
+  ApplyHeapReuse();  // XLA's collectives on this library: its outputs are reused too
   SetInitialized(true);
   if (provided) *provided = int(MPIABI_THREAD_MULTIPLE);  // any thread may call
   return Ok();

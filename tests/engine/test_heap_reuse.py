@@ -1,0 +1,116 @@
+"""glibc's heap kept for XLA's large outputs (JAX_SMDDP_HEAP_REUSE_BYTES,
+xla_ffi/common/heap_reuse.h): nothing changes until the process sets up its
+first CPU collective; from then on an allocation above glibc's own mmap
+threshold (32 MiB at most) is served again from the heap without page faults,
+where glibc's default maps it afresh (one fault per 4 KiB page). The setting 0
+and glibc's own environment variables leave glibc alone."""
+
+import json
+import os
+import subprocess
+import sys
+import textwrap
+
+import pytest
+
+SCRIPT = textwrap.dedent("""
+  import ctypes, json, os, resource
+  os.environ["XLA_FLAGS"] = "--xla_force_host_platform_device_count=2"
+  import numpy as np
+  import jax
+  from jax.sharding import PartitionSpec as P, NamedSharding
+  import jax_smddp as smddp
+  from jax_smddp import capabilities
+
+  libc = ctypes.CDLL(None)
+  libc.malloc.restype = ctypes.c_void_p
+  libc.malloc.argtypes = [ctypes.c_size_t]
+  libc.free.argtypes = [ctypes.c_void_p]
+
+  def faults_to_fill(nbytes):
+    # Page faults taken writing a fresh allocation of nbytes (freed again).
+    p = libc.malloc(nbytes)
+    assert p
+    before = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
+    ctypes.memset(p, 1, nbytes)
+    taken = resource.getrusage(resource.RUSAGE_SELF).ru_minflt - before
+    libc.free(p)
+    return taken
+
+  out = {"before": capabilities.heap_reuse()}
+  mesh = jax.make_mesh((2,), ("x",))
+  x = jax.device_put(np.arange(2048, dtype=np.float32), NamedSharding(mesh, P("x")))
+  f = jax.jit(jax.shard_map(lambda v: smddp.all_gather(v, "x", tiled=True), mesh=mesh,
+                            in_specs=P("x"), out_specs=P("x")))
+  got = np.asarray(f(x))
+  np.testing.assert_array_equal(got[:2048], np.arange(2048, dtype=np.float32))
+  np.testing.assert_array_equal(got[2048:], np.arange(2048, dtype=np.float32))
+  out["after"] = capabilities.heap_reuse()
+  size = 40 << 20  # above glibc's largest dynamic mmap threshold (32 MiB)
+  faults_to_fill(size)
+  out["faults"] = [faults_to_fill(size) for _ in range(4)]
+  out["pages"] = size // resource.getpagesize()
+  print("RESULT", json.dumps(out))
+""")
+
+GLIBC_MALLOC_VARS = ("MALLOC_MMAP_THRESHOLD_", "MALLOC_TRIM_THRESHOLD_", "MALLOC_TOP_PAD_",
+                     "GLIBC_TUNABLES")
+
+
+def probe(tmp_path, env_extra: dict[str, str]) -> dict:
+  path = tmp_path / "heap.py"
+  path.write_text(SCRIPT)
+  env = {k: v for k, v in os.environ.items()
+         if k not in ("XLA_FLAGS", "JAX_SMDDP_HEAP_REUSE_BYTES") + GLIBC_MALLOC_VARS}
+  env.update(env_extra)
+  proc = subprocess.run([sys.executable, str(path)], env=env, capture_output=True, text=True,
+                        timeout=170)
+  assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+  line = [l for l in proc.stdout.splitlines() if l.startswith("RESULT ")]
+  assert line, proc.stdout + proc.stderr
+  return json.loads(line[0][len("RESULT "):])
+
+
+def glibc() -> bool:
+  import platform
+  return platform.libc_ver()[0] == "glibc"
+
+
+@pytest.mark.timeout(180)
+@pytest.mark.skipif(not glibc(), reason="the heap policy is glibc's")
+def test_large_allocations_are_reused_after_the_first_collective(tmp_path):
+  r = probe(tmp_path, {})
+  assert r["before"] == {"bytes": 64 << 20, "reason": "", "applied": False}, r
+  assert r["after"] == {"bytes": 64 << 20, "reason": "", "applied": True}, r
+  # Served again from the heap: no page of the 40 MiB is faulted in anew.
+  assert max(r["faults"]) < r["pages"] // 100, r
+
+
+@pytest.mark.timeout(180)
+@pytest.mark.skipif(not glibc(), reason="the heap policy is glibc's")
+def test_setting_zero_leaves_glibc_alone(tmp_path):
+  r = probe(tmp_path, {"JAX_SMDDP_HEAP_REUSE_BYTES": "0"})
+  assert r["after"]["applied"] is False and r["after"]["bytes"] == 0, r
+  assert "JAX_SMDDP_HEAP_REUSE_BYTES=0" in r["after"]["reason"], r
+  # glibc's own policy: a fresh mapping, every page faulted in on each round.
+  assert min(r["faults"]) >= r["pages"] // 2, r
+
+
+@pytest.mark.timeout(180)
+@pytest.mark.skipif(not glibc(), reason="the heap policy is glibc's")
+@pytest.mark.parametrize("name,value", [("MALLOC_MMAP_THRESHOLD_", "1048576"),
+                                        ("GLIBC_TUNABLES", "glibc.malloc.trim_threshold=1048576")])
+def test_glibc_environment_wins(tmp_path, name, value):
+  r = probe(tmp_path, {name: value})
+  assert r["after"]["applied"] is False and r["after"]["bytes"] == 0, r
+  assert r["after"]["reason"].startswith(name), r
+  assert min(r["faults"]) >= r["pages"] // 2, r
+
+
+@pytest.mark.timeout(180)
+@pytest.mark.skipif(not glibc(), reason="the heap policy is glibc's")
+def test_a_smaller_threshold_keeps_glibc_mapping_larger_blocks(tmp_path):
+  # 16 MiB: the 40 MiB blocks stay above it, so glibc maps them afresh.
+  r = probe(tmp_path, {"JAX_SMDDP_HEAP_REUSE_BYTES": "16M"})
+  assert r["after"] == {"bytes": 16 << 20, "reason": "", "applied": True}, r
+  assert min(r["faults"]) >= r["pages"] // 2, r

@@ -1,0 +1,68 @@
+#include "xla_ffi/common/heap_reuse.h"
+
+#include <atomic>
+#include <cstdlib>
+#include <cstring>
+#include <mutex>
+
+#if defined(__GLIBC__)
+#include <malloc.h>
+#endif
+
+#include "xla_ffi/common/settings.h"
+
+namespace smddp {
+
+namespace {
+
+std::atomic<bool> applied{false};
+
+// The first of glibc's own malloc settings found in the environment, or null.
+const char* UserMallocSetting() {
+  for (const char* name : {"MALLOC_MMAP_THRESHOLD_", "MALLOC_TRIM_THRESHOLD_", "MALLOC_TOP_PAD_"})
+    if (std::getenv(name) != nullptr) return name;
+  const char* tunables = std::getenv("GLIBC_TUNABLES");
+  if (tunables != nullptr && std::strstr(tunables, "glibc.malloc.") != nullptr)
+    return "GLIBC_TUNABLES (glibc.malloc.*)";
+  return nullptr;
+}
+
+}  // namespace
+
+HeapReusePolicy HeapReuse() {
+  HeapReusePolicy p;
+#if !defined(__GLIBC__)
+  p.reason = "the C library is not glibc";
+  return p;
+#else
+  const int64_t bytes = IntSetting("JAX_SMDDP_HEAP_REUSE_BYTES", int64_t(64) << 20);
+  if (bytes <= 0) {
+    p.reason = "JAX_SMDDP_HEAP_REUSE_BYTES=0";
+  } else if (const char* user = UserMallocSetting()) {
+    p.reason = std::string(user) + " is set: glibc's malloc is tuned by the environment";
+  } else {
+    p.bytes = bytes;
+  }
+  return p;
+#endif
+}
+
+void ApplyHeapReuse() {
+  static std::once_flag once;
+  std::call_once(once, [] {
+#if defined(__GLIBC__)
+    const HeapReusePolicy p = HeapReuse();
+    if (p.bytes <= 0) return;
+    // The trim threshold first: with it above the mmap threshold, a freed
+    // output at the top of the heap is kept rather than returned at once.
+    // (The registry caps the setting at 1G, so both fit mallopt's int.)
+    const bool trim = mallopt(M_TRIM_THRESHOLD, int(2 * p.bytes)) == 1;
+    const bool mmap = mallopt(M_MMAP_THRESHOLD, int(p.bytes)) == 1;
+    applied = trim && mmap;
+#endif
+  });
+}
+
+bool HeapReuseApplied() { return applied.load(); }
+
+}  // namespace smddp
