@@ -74,6 +74,25 @@ def engine_probes():
   return _smddp_testing
 
 
+def faults_to_refill(nbytes: int) -> int:
+  """Page faults taken writing a fresh glibc allocation of `nbytes` (freed
+  again): none when glibc serves it from memory its heap kept, one per page
+  when it maps the block afresh (JAX_SMDDP_HEAP_REUSE_BYTES)."""
+  import ctypes
+  import resource
+  libc = ctypes.CDLL(None)
+  libc.malloc.restype = ctypes.c_void_p
+  libc.malloc.argtypes = [ctypes.c_size_t]
+  libc.free.argtypes = [ctypes.c_void_p]
+  p = libc.malloc(nbytes)
+  assert p, f"malloc({nbytes}) failed"
+  before = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
+  ctypes.memset(p, 1, nbytes)
+  taken = resource.getrusage(resource.RUSAGE_SELF).ru_minflt - before
+  libc.free(p)
+  return taken
+
+
 def native_program(name: str) -> str:
   """A native test program (tests/native) built by tools/build_testing.sh
   into build/testing-<python tag>/ (CMake target smddp_tests)."""

@@ -14,28 +14,15 @@ import textwrap
 import pytest
 
 SCRIPT = textwrap.dedent("""
-  import ctypes, json, os, resource
+  import json, os, resource, sys
   os.environ["XLA_FLAGS"] = "--xla_force_host_platform_device_count=2"
   import numpy as np
   import jax
   from jax.sharding import PartitionSpec as P, NamedSharding
   import jax_smddp as smddp
   from jax_smddp import capabilities
-
-  libc = ctypes.CDLL(None)
-  libc.malloc.restype = ctypes.c_void_p
-  libc.malloc.argtypes = [ctypes.c_size_t]
-  libc.free.argtypes = [ctypes.c_void_p]
-
-  def faults_to_fill(nbytes):
-    # Page faults taken writing a fresh allocation of nbytes (freed again).
-    p = libc.malloc(nbytes)
-    assert p
-    before = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
-    ctypes.memset(p, 1, nbytes)
-    taken = resource.getrusage(resource.RUSAGE_SELF).ru_minflt - before
-    libc.free(p)
-    return taken
+  sys.path.insert(0, sys.argv[1])
+  from helpers import faults_to_refill
 
   out = {"before": capabilities.heap_reuse()}
   mesh = jax.make_mesh((2,), ("x",))
@@ -47,8 +34,8 @@ SCRIPT = textwrap.dedent("""
   np.testing.assert_array_equal(got[2048:], np.arange(2048, dtype=np.float32))
   out["after"] = capabilities.heap_reuse()
   size = 40 << 20  # above glibc's largest dynamic mmap threshold (32 MiB)
-  faults_to_fill(size)
-  out["faults"] = [faults_to_fill(size) for _ in range(4)]
+  faults_to_refill(size)
+  out["faults"] = [faults_to_refill(size) for _ in range(4)]
   out["pages"] = size // resource.getpagesize()
   print("RESULT", json.dumps(out))
 """)
@@ -63,7 +50,8 @@ def probe(tmp_path, env_extra: dict[str, str]) -> dict:
   env = {k: v for k, v in os.environ.items()
          if k not in ("XLA_FLAGS", "JAX_SMDDP_HEAP_REUSE_BYTES") + GLIBC_MALLOC_VARS}
   env.update(env_extra)
-  proc = subprocess.run([sys.executable, str(path)], env=env, capture_output=True, text=True,
+  tests = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+  proc = subprocess.run([sys.executable, str(path), tests], env=env, capture_output=True, text=True,
                         timeout=170)
   assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
   line = [l for l in proc.stdout.splitlines() if l.startswith("RESULT ")]
