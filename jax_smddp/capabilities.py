@@ -25,8 +25,10 @@ def build() -> dict:
 def heap_reuse() -> dict:
   """glibc's heap kept for XLA's large output buffers (JAX_SMDDP_HEAP_REUSE_BYTES):
   'bytes' (the mmap threshold set at the first CPU collective; 0 when left
-  alone), 'reason' (why it is left alone) and 'applied' (set in this process).
-  Not cached: 'applied' changes when the first collective is set up."""
+  alone), 'reason' (why it is left alone) and 'applied' (set in this process by
+  a jax_smddp custom call; under JAX_SMDDP_COLLECTIVES=xla the MPI library sets
+  it when XLA starts its collectives, which this flag does not see). Not cached:
+  'applied' changes when the first collective is set up."""
   return dict(_native.engine().heap_reuse())
 
 
