@@ -51,8 +51,9 @@ process 0 stands for all)::
   copy_bytes = local copies + sum over links (bytes sent + received) * copies,
   reduce_bytes = bytes read by reductions; copy_bw(F) blends cache and DRAM
   bandwidth by the footprint F of the call (a fraction min(1, cache/F) of the
-  bytes at cache speed); outputs of >= 32 MiB per rank (glibc's largest mmap
-  threshold: a fresh mapping each call) add first-touch faults at fault_bw.
+  bytes at cache speed); outputs of >= fresh_output_bytes per rank (mapped
+  afresh each call: glibc's largest mmap threshold, 32 MiB, or the one
+  JAX_SMDDP_HEAP_REUSE_BYTES sets) add first-touch faults at fault_bw.
 * R_cores = busy * (R_thread + t_call) / (cores * oversubscribed_efficiency) - t_call
   when the busy processes (of a host; of the machine when simulated hosts share
   its cores) outnumber the cores (CPU); each round that waits on a network peer
@@ -181,6 +182,7 @@ class Machine:
   oversubscribed_efficiency: float = 1.0  # share of the cores doing work while oversubscribed
   parallel_efficiency: float = 1.0   # in-process: threads' share of memory bandwidth
   hosts_share_cores: bool = False    # "hosts" simulated on one machine (network namespaces)
+  fresh_output_bytes: float = MMAP_THRESHOLD_MAX  # outputs this large are mapped afresh per call
   nccl: NcclConstants = field(default_factory=NcclConstants)
   source: str = "preset"
 
@@ -589,7 +591,7 @@ def _predict(op: str, bytes_per_rank: int, layout: Layout, machine: Machine,
   rate = m.copy_rate(tr.footprint)
   red = m.reduce_rate(tr.footprint)
   faults = 0.0
-  if tr.output_per_rank >= MMAP_THRESHOLD_MAX and math.isfinite(m.fault_bw):
+  if tr.output_per_rank >= m.fresh_output_bytes and math.isfinite(m.fault_bw):
     faults = D * tr.output_per_rank / m.fault_bw
   if algorithm == "in_process":
     n = layout.ranks
@@ -741,14 +743,30 @@ def load_machine(path: str) -> Machine:
   return Machine.from_json(_definite(data["machine"]))
 
 
+def heap_fresh_output_bytes() -> int:
+  """Smallest output this process's glibc maps afresh on every call: its
+  largest dynamic mmap threshold, or the higher one jax_smddp sets
+  (JAX_SMDDP_HEAP_REUSE_BYTES) when it does. Blocks below it may still be
+  mapped afresh where a thread's arena cannot fit them; the model ignores that."""
+  try:
+    from jax_smddp import capabilities
+    kept = int(capabilities.heap_reuse()["bytes"])
+  except Exception:  # no engine (docs, tools): glibc's own policy
+    kept = 0
+  return max(MMAP_THRESHOLD_MAX, kept)
+
+
 @functools.lru_cache(maxsize=1)
 def local_machine() -> Machine:
   """This machine: the cached calibration when present and readable, else the
-  CPU reference preset with this machine's core count."""
+  CPU reference preset with this machine's core count; either way with this
+  process's heap policy (heap_fresh_output_bytes)."""
+  heap = heap_fresh_output_bytes()
   path = calibration_path()
   if os.path.exists(path):
     try:
-      return load_machine(path)
+      return replace(load_machine(path), fresh_output_bytes=heap)
     except Exception:  # a damaged cache must never break a program
       pass
-  return replace(CPU_REFERENCE, cores=os.cpu_count() or 1, source="default")
+  return replace(CPU_REFERENCE, cores=os.cpu_count() or 1, source="default",
+                 fresh_output_bytes=heap)

@@ -24,7 +24,7 @@ from typing import Iterable, Sequence
 
 from jax_smddp.cost_model import *  # noqa: F403  (the model this calibrates)
 from jax_smddp.cost_model import (CPU_REFERENCE, PRESETS, Layout, Machine, Prediction,
-                                  calibration_path, save_machine)
+                                  calibration_path, heap_fresh_output_bytes, save_machine)
 
 
 # --------------------------------------------------------------------------- benchmark data
@@ -220,7 +220,8 @@ def calibrated_machine(micro: dict, base: Machine = CPU_REFERENCE) -> Machine:
                  "calibrated by microbenchmarks", cores=int(micro.get("cores", base.cores)),
                  copy_bw=micro["copy_bw"], copy_bw_dram=micro["copy_bw_dram"],
                  reduce_bw=micro["reduce_bw"],
-                 reduce_bw_dram=micro["reduce_bw_dram"], source="calibrated")
+                 reduce_bw_dram=micro["reduce_bw_dram"], source="calibrated",
+                 fresh_output_bytes=heap_fresh_output_bytes())
 
 
 # --------------------------------------------------------------------------- CLI

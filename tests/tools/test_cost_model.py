@@ -228,6 +228,32 @@ def test_machine_json_roundtrip(tmp_path):
   assert cm.load_machine(path) == cm.CPU_REFERENCE
 
 
+@pytest.mark.timeout(30)
+def test_outputs_fault_from_the_heap_threshold_on(tmp_path):
+  # 1 GB/s of first touch: 8 devices x 48 MiB outputs cost 8 * 48 MiB / 1e9 s more where they
+  # are mapped afresh (glibc's 32 MiB), nothing where the heap keeps them (64 MiB).
+  m = replace(TOY, cores=1, fault_bw=1e9)
+  lay, per_rank = L(1, 1, 8), 6 * MiB        # all_gather output: 48 MiB per device
+  fresh = cm.predict("all_gather", per_rank, lay, replace(m, fresh_output_bytes=32 * MiB)).time_s
+  kept = cm.predict("all_gather", per_rank, lay, replace(m, fresh_output_bytes=64 * MiB)).time_s
+  assert fresh - kept == pytest.approx(8 * 48 * MiB / 1e9, rel=1e-6)
+  # A calibration written before the field existed reads as glibc's own threshold.
+  path = tmp_path / "old.json"
+  cm.save_machine(m, str(path))
+  data = json.loads(path.read_text())
+  del data["machine"]["fresh_output_bytes"]
+  path.write_text(json.dumps(data))
+  assert cm.load_machine(str(path)).fresh_output_bytes == cm.MMAP_THRESHOLD_MAX
+
+
+@pytest.mark.timeout(60)
+def test_local_machine_takes_this_processs_heap_policy():
+  from jax_smddp import capabilities
+  kept = capabilities.heap_reuse()["bytes"]
+  assert cm.heap_fresh_output_bytes() == max(cm.MMAP_THRESHOLD_MAX, kept)
+  assert cm.local_machine().fresh_output_bytes == cm.heap_fresh_output_bytes()
+
+
 # --------------------------------------------------------------------------- validation
 
 def _records(statistic="min_us"):
