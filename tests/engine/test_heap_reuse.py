@@ -102,3 +102,12 @@ def test_a_smaller_threshold_keeps_glibc_mapping_larger_blocks(tmp_path):
   r = probe(tmp_path, {"JAX_SMDDP_HEAP_REUSE_BYTES": "16M"})
   assert r["after"] == {"bytes": 16 << 20, "reason": "", "applied": True}, r
   assert min(r["faults"]) >= r["pages"] // 2, r
+
+
+@pytest.mark.timeout(180)
+@pytest.mark.skipif(not glibc(), reason="the heap policy is glibc's")
+def test_the_largest_setting_applies(tmp_path):
+  # 1G: twice that does not fit mallopt's int, so the trim threshold is clamped, not wrapped.
+  r = probe(tmp_path, {"JAX_SMDDP_HEAP_REUSE_BYTES": "1G"})
+  assert r["after"] == {"bytes": 1 << 30, "reason": "", "applied": True}, r
+  assert max(r["faults"]) < r["pages"] // 100, r

@@ -1,6 +1,8 @@
 #include "xla_ffi/common/heap_reuse.h"
 
+#include <algorithm>
 #include <atomic>
+#include <climits>
 #include <cstdlib>
 #include <cstring>
 #include <mutex>
@@ -55,8 +57,10 @@ void ApplyHeapReuse() {
     if (p.bytes <= 0) return;
     // The trim threshold first: with it above the mmap threshold, a freed
     // output at the top of the heap is kept rather than returned at once.
-    // (The registry caps the setting at 1G, so both fit mallopt's int.)
-    const bool trim = mallopt(M_TRIM_THRESHOLD, int(2 * p.bytes)) == 1;
+    // mallopt takes an int: the registry caps the setting at 1G, and twice
+    // that is clamped.
+    const int64_t trim_bytes = std::min<int64_t>(2 * p.bytes, INT_MAX);
+    const bool trim = mallopt(M_TRIM_THRESHOLD, int(trim_bytes)) == 1;
     const bool mmap = mallopt(M_MMAP_THRESHOLD, int(p.bytes)) == 1;
     applied = trim && mmap;
 #endif

@@ -4,8 +4,8 @@
 // allocations above its mmap threshold (32 MiB at most, adjusted as blocks
 // are freed) with a new mmap each time: each call then page-faults on its
 // output and the kernel zeroes every page before the collective copies into
-// it. A 2-process all_gather of 16 MiB per rank (a 32 MiB output) spent more
-// than half its time there. Raising the threshold (and the trim threshold,
+// it. A 2-process all_gather of 16 MiB per rank (a 32 MiB output) spent about
+// half its time there. Raising the threshold (and the trim threshold,
 // so freed memory stays in the heap) lets glibc hand the same memory back call
 // after call.
 #ifndef JAX_SMDDP_COMMON_HEAP_REUSE_H_
@@ -28,8 +28,9 @@ struct HeapReusePolicy {
 HeapReusePolicy HeapReuse();
 
 // Applies the policy once per process (mallopt M_MMAP_THRESHOLD = bytes,
-// M_TRIM_THRESHOLD = 2 * bytes). Called when the first CPU collective is set
-// up, so a process that only imports jax_smddp keeps glibc's defaults.
+// M_TRIM_THRESHOLD = 2 * bytes, at most INT_MAX). Called when the first CPU
+// collective is set up, so a process that only imports jax_smddp keeps
+// glibc's defaults.
 void ApplyHeapReuse();
 
 // Whether ApplyHeapReuse changed glibc's thresholds in this process.
