@@ -7,11 +7,15 @@ and glibc's own environment variables leave glibc alone."""
 
 import json
 import os
+import platform
 import subprocess
 import sys
 import textwrap
 
 import pytest
+
+pytestmark = pytest.mark.skipif(platform.libc_ver()[0] != "glibc",
+                                reason="the heap policy is glibc's")
 
 SCRIPT = textwrap.dedent("""
   import json, os, resource, sys
@@ -59,13 +63,7 @@ def probe(tmp_path, env_extra: dict[str, str]) -> dict:
   return json.loads(line[0][len("RESULT "):])
 
 
-def glibc() -> bool:
-  import platform
-  return platform.libc_ver()[0] == "glibc"
-
-
 @pytest.mark.timeout(180)
-@pytest.mark.skipif(not glibc(), reason="the heap policy is glibc's")
 def test_large_allocations_are_reused_after_the_first_collective(tmp_path):
   r = probe(tmp_path, {})
   assert r["before"] == {"bytes": 64 << 20, "reason": "", "applied": False}, r
@@ -75,7 +73,6 @@ def test_large_allocations_are_reused_after_the_first_collective(tmp_path):
 
 
 @pytest.mark.timeout(180)
-@pytest.mark.skipif(not glibc(), reason="the heap policy is glibc's")
 def test_setting_zero_leaves_glibc_alone(tmp_path):
   r = probe(tmp_path, {"JAX_SMDDP_HEAP_REUSE_BYTES": "0"})
   assert r["after"]["applied"] is False and r["after"]["bytes"] == 0, r
@@ -85,7 +82,6 @@ def test_setting_zero_leaves_glibc_alone(tmp_path):
 
 
 @pytest.mark.timeout(180)
-@pytest.mark.skipif(not glibc(), reason="the heap policy is glibc's")
 @pytest.mark.parametrize("name,value", [("MALLOC_MMAP_THRESHOLD_", "1048576"),
                                         ("GLIBC_TUNABLES", "glibc.malloc.trim_threshold=1048576")])
 def test_glibc_environment_wins(tmp_path, name, value):
@@ -96,18 +92,13 @@ def test_glibc_environment_wins(tmp_path, name, value):
 
 
 @pytest.mark.timeout(180)
-@pytest.mark.skipif(not glibc(), reason="the heap policy is glibc's")
-def test_a_smaller_threshold_keeps_glibc_mapping_larger_blocks(tmp_path):
-  # 16 MiB: the 40 MiB blocks stay above it, so glibc maps them afresh.
-  r = probe(tmp_path, {"JAX_SMDDP_HEAP_REUSE_BYTES": "16M"})
-  assert r["after"] == {"bytes": 16 << 20, "reason": "", "applied": True}, r
-  assert min(r["faults"]) >= r["pages"] // 2, r
-
-
-@pytest.mark.timeout(180)
-@pytest.mark.skipif(not glibc(), reason="the heap policy is glibc's")
-def test_the_largest_setting_applies(tmp_path):
-  # 1G: twice that does not fit mallopt's int, so the trim threshold is clamped, not wrapped.
-  r = probe(tmp_path, {"JAX_SMDDP_HEAP_REUSE_BYTES": "1G"})
-  assert r["after"] == {"bytes": 1 << 30, "reason": "", "applied": True}, r
-  assert max(r["faults"]) < r["pages"] // 100, r
+@pytest.mark.parametrize("setting,kept,reused", [("16M", 16 << 20, False), ("1G", 1 << 30, True)])
+def test_the_threshold_is_the_setting(tmp_path, setting, kept, reused):
+  # 16M: the 40 MiB blocks stay above it, so glibc maps them afresh. 1G, the largest: twice it
+  # does not fit mallopt's int, so the trim threshold is clamped, not wrapped.
+  r = probe(tmp_path, {"JAX_SMDDP_HEAP_REUSE_BYTES": setting})
+  assert r["after"] == {"bytes": kept, "reason": "", "applied": True}, r
+  if reused:
+    assert max(r["faults"]) < r["pages"] // 100, r
+  else:
+    assert min(r["faults"]) >= r["pages"] // 2, r
