@@ -188,7 +188,7 @@ void ProcessTransport::Start(const GroupInfo& group, int size, const CallKey& ke
   me = Slot::Entry{true, send, recv, info, std::move(done)};
   if (++slot->arrived < int(local_.size())) return;
   slot->started = true;
-  if (slot->timer.id) Cancel(slot->timer);  // id 0: none was added
+  Cancel(slot->timer);
   for (size_t li = 1; li < slot->entries.size() && slot->status.ok(); ++li) {
     if (!(slot->entries[li].info == slot->entries[0].info)) {
       slot->status = Status::Mismatch(Where(group, key, info.op) +

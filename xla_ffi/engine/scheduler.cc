@@ -62,6 +62,7 @@ class Scheduler {
   }
 
   void Cancel(const Timer& timer) {
+    if (timer.id == 0) return;  // a default Timer: none was added
     std::lock_guard<std::mutex> lock(timer_mu_);
     timers_.erase(std::make_pair(timer.deadline, timer.id));
   }

@@ -25,6 +25,7 @@ void Post(Task task);
 
 // Runs `task` on a worker thread once `deadline` has passed, unless the
 // returned timer is cancelled first.
+// Cancelling a default Timer (id 0: never added) does nothing.
 struct Timer {
   std::chrono::steady_clock::time_point deadline;
   uint64_t id = 0;
