@@ -27,7 +27,7 @@ import optax
 from jax.sharding import NamedSharding, PartitionSpec as P
 
 import fsdp_model as fm
-from fsdp_mesh import SHARD_AXIS, MeshPlan
+from fsdp_mesh import SHARD_AXIS, MeshPlan, place_batch
 
 
 class JitFSDP:
@@ -78,10 +78,7 @@ class JitFSDP:
     return params, opt_state
 
   def shard_batch(self, tokens):
-    """The global batch (the same numpy array in every process) as a sharded jax Array."""
-    tokens = np.asarray(tokens)
-    return jax.make_array_from_callback(tokens.shape, NamedSharding(self.mesh, self.batch_spec),
-                                        lambda index: tokens[index])
+    return place_batch(tokens, NamedSharding(self.mesh, self.batch_spec))
 
   def _loss(self, params, tokens):
     logits = fm.forward(self.cfg, params, tokens[:, :-1])
