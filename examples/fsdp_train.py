@@ -103,6 +103,11 @@ def parse_args(argv=None) -> argparse.Namespace:
                       "prints both step times and their ratio")
   c.add_argument("--compare-block", type=int, default=20, help="steps per timed block")
   c.add_argument("--metrics", default="", help="write one JSON line per step to this file")
+  c.add_argument("--profile", default="", metavar="DIR",
+                 help="record a jax.profiler trace of --profile-steps steps (after 2 warm-up "
+                      "steps) into DIR/process_N and print where the collectives ran "
+                      "(python -m jax_smddp.tools.trace_summary DIR reads it again)")
+  c.add_argument("--profile-steps", type=int, default=3, help="steps traced by --profile")
   c.add_argument("--no-progress", action="store_true", help="print lines instead of a bar")
   c.add_argument("--log-every", type=int, default=25, help="steps between lines (no bar)")
   return p.parse_args(argv)
@@ -168,6 +173,43 @@ class Progress:
   def close(self) -> None:
     if self.bar is not None:
       self.bar.close()
+
+
+class Profile:
+  """--profile: a jax.profiler trace of a few steps once the first two have warmed the caches,
+  and what jax_smddp.tools.trace_summary reads in it (printed by the reporting process)."""
+
+  def __init__(self, args, start: int, stop: int, step_hlo: str):
+    self.first = min(start + 2, stop - 1) if args.profile and stop > start else None
+    self.last = None if self.first is None else min(self.first + max(args.profile_steps, 1),
+                                                     stop) - 1
+    process = args.process_id or 0
+    self.dir = os.path.join(args.profile, f"process_{process}") if args.profile else ""
+    self.lead = process == 0
+    self.tracing = False
+    self.summary = None
+    self.step_hlo = step_hlo  # tells the step's collectives by instruction, not by name
+
+  def before(self, step: int) -> None:
+    if step == self.first:
+      import jax
+      jax.profiler.start_trace(self.dir, create_perfetto_trace=True)
+      self.tracing = True
+
+  def after(self, step: int) -> None:
+    """Runs once the step's outputs are ready."""
+    if step != self.last:
+      return
+    import jax
+    from jax_smddp.tools import trace_summary
+    jax.profiler.stop_trace()
+    self.tracing = False
+    path = trace_summary.find_trace(self.dir)
+    found = trace_summary.summarize(trace_summary.load_events(path), self.step_hlo)
+    self.summary = {"trace": path, "steps": [self.first + 1, self.last + 1], **found}
+    if self.lead:
+      print(f"trace of steps {self.first + 1}-{self.last + 1}: {path}\n"
+            f"{trace_summary.format_summary(found)}", file=sys.stderr)
 
 
 def time_calls(fn, repeats: int) -> list[float]:
@@ -383,14 +425,18 @@ def main(argv=None) -> dict:
   tokens_per_step = args.batch * cfg.seq_len
   progress = Progress(start, stop, args.no_progress, args.log_every)
   step_times, losses = [], []
+  profile = Profile(args, start, stop, step_fn.as_text())
   batch = batch0
   for step in range(start, stop):
+    profile.before(step)
     t0 = time.perf_counter()
     params, opt_state, m = step_fn(params, opt_state, batch)
     if step + 1 < stop:  # next batch's host work and transfer overlap this step
       batch = run.shard_batch(data.train_batch(step + 1, args.batch, args.seed))
     loss, grad_norm = float(m["loss"]), float(m["grad_norm"])  # waits for the step
-    step_times.append(time.perf_counter() - t0)
+    if not profile.tracing:  # traced steps run slower: not timed
+      step_times.append(time.perf_counter() - t0)
+    profile.after(step)
     losses.append(loss)
     if not math.isfinite(loss):
       raise SystemExit(f"loss is {loss} at step {step + 1}")
@@ -451,12 +497,16 @@ def main(argv=None) -> dict:
       "jax": jax.__version__,
       "backend": jax.default_backend(),
   }
+  if profile.summary is not None:
+    summary["profile"] = profile.summary
   if not lead:
     return summary
   print(f"eval loss {eval_loss:.4f} ({summary['eval_bits_per_byte']:.3f} bits/byte) on "
         f"{args.eval_batches * args.batch} held-out sequences", file=sys.stderr)
   if step_times:
-    print(f"{stop - start} steps, {step_s * 1e3:.1f} ms per step, "
+    traced = stop - start - len(step_times)
+    print(f"{stop - start} steps{f' ({traced} traced, not timed)' if traced else ''}, "
+          f"{step_s * 1e3:.1f} ms per step, "
           f"{summary['tokens_per_s']:,.0f} tokens/s; the step's collectives "
           f"({', '.join(f'{k} x{v}' for k, v in ops.items())} in the compiled step) take "
           f"{comm_s * 1e3:.1f} ms when run alone: {summary['collective_share']:.1%} of a step",

@@ -144,6 +144,28 @@ def test_jit_style_two_processes_smddp_equals_gloo_and_unsharded(tmp_path, unsha
   assert_learns(smddp_losses)
 
 
+@pytest.mark.timeout(400)
+def test_two_processes_traced_run_only_jax_smddp_collectives(tmp_path, fsdp8):
+  """--processes 2 --mesh 8 in shard_map style, 3 of its steps traced (--profile): on each
+  device of the reporting process every collective of the traced steps is jax_smddp's, none
+  of XLA's (placing each batch takes no collective across processes), once per layer and
+  step; and it trains as the 1-process run does."""
+  summary, losses = train(tmp_path, "--processes=2", "--mesh=8", f"--profile={tmp_path / 'trace'}",
+                          name="traced")
+  profile = summary["profile"]
+  assert profile["steps"] == [3, 5] and profile["kind"] == "cpu", profile
+  assert profile["trace"].startswith(str(tmp_path / "trace" / "process_0"))
+  assert len(profile["devices"]) == 4, profile["devices"]  # this process's half of the mesh
+  layers = TINY["layers"]
+  for device, found in profile["devices"].items():
+    counts = {name: c["count"] for name, c in found["collectives"].items()}
+    assert set(counts) == {"jax_smddp:all_gather", "jax_smddp:reduce_scatter",
+                           "jax_smddp:all_reduce"}, (device, counts)
+    # The embedding, the head and each layer, gathered once per step.
+    assert counts["jax_smddp:all_gather"] == 3 * (2 + layers), (device, counts)
+  assert_close(losses, fsdp8[1], "2 processes, traced vs 1 process")
+
+
 @pytest.mark.timeout(300)
 def test_remat_and_offload_do_not_change_training(tmp_path, fsdp8):
   _, plain = fsdp8
