@@ -6,7 +6,7 @@
 #   QUICK=1 bash tools/gpu_check.sh      # kernels, one test per scenario, small benchmark
 #   CPU_TESTS=0 bash tools/gpu_check.sh  # without the CPU-device tests (CI runs those)
 #   STAGES=build,kernels bash tools/gpu_check.sh   # only these stages, e.g. one device call each
-# Stages: build memory kernels jax bench blocks slots64 mps hosts nccl (default: all). A run
+# Stages: build memory kernels jax bench blocks slots64 mps hosts nccl overlap (default: all). A run
 # without "build" uses what an earlier run built on the same machine.
 # PYTHON=python3 by default. Every stage runs under a time limit: a hang is a failure.
 # Where the GPU image has no libfabric, run tools/carry_libfabric.sh on a machine
@@ -18,7 +18,7 @@ cd "$root"
 PY=${PYTHON:-python3}
 out=${OUT:-/tmp/jax_smddp_gpu_check}
 quick=${QUICK:-0}
-stages=${STAGES:-build,memory,kernels,jax,bench,blocks,slots64,mps,hosts,nccl}
+stages=${STAGES:-build,memory,kernels,jax,bench,blocks,slots64,mps,hosts,nccl,overlap}
 want() { [[ ",$stages," == *",$1,"* ]]; }
 mkdir -p "$out"
 export PYTHONUNBUFFERED=1
@@ -150,5 +150,67 @@ if want nccl; then
   timeout 300 "$PY" -m jax_smddp.tools.gpu_bench --processes 1 --sizes 1M,16M,256M \
     --ops all_gather,reduce_scatter,all_reduce,all_to_all \
     --json "$out/gpu_bench_1proc.json" || status=1
+fi
+if want overlap; then
+  # The Flax example on the GPU: its losses against XLA's collectives (1 process) and against
+  # the CPU (2 processes), step times with and without the stream annotation, and a trace of 3
+  # steps per run, summarised by jax_smddp.tools.trace_summary (which stream each collective
+  # ran on, and how long compute ran beside it). float32 matmuls at full precision on the GPU
+  # (not TF32), so that the losses compare.
+  echo "=== The Flax example on the GPU: losses, step times, where the collectives ran"
+  example() {  # name, then the example's arguments
+    local name=$1; shift
+    echo "--- $name: $*"
+    timeout 300 "$PY" examples/fsdp_train.py --steps 40 --no-progress --log-every 10 \
+      --eval-batches 2 --metrics "$out/example_$name.jsonl" --profile "$out/trace_$name" "$@" \
+      >"$out/example_$name.json" 2>"$out/example_$name.log" || { status=1; tail -30 "$out/example_$name.log"; return; }
+    grep -v "^step " "$out/example_$name.log" | tail -40
+  }
+  export JAX_DEFAULT_MATMUL_PRECISION=highest XLA_PYTHON_CLIENT_PREALLOCATE=false
+  lhs="--xla_gpu_enable_latency_hiding_scheduler=true --xla_gpu_experimental_stream_annotation=true"
+  XLA_FLAGS="$lhs" example gpu1_smddp --platform cuda --mesh 1
+  XLA_FLAGS="$lhs" JAX_SMDDP_GPU_STREAM=compute example gpu1_smddp_compute_stream --platform cuda --mesh 1
+  XLA_FLAGS="$lhs" example gpu1_xla --platform cuda --mesh 1 --collectives xla
+  mps=0
+  if command -v nvidia-cuda-mps-control >/dev/null; then
+    export CUDA_MPS_PIPE_DIRECTORY=/tmp/jax_smddp_mps CUDA_MPS_LOG_DIRECTORY=/tmp/jax_smddp_mps_log
+    mkdir -p "$CUDA_MPS_PIPE_DIRECTORY" "$CUDA_MPS_LOG_DIRECTORY"
+    nvidia-cuda-mps-control -d && mps=1 || echo "MPS did not start: 2 processes time-slice the GPU"
+  fi
+  XLA_FLAGS="$lhs" example gpu2_smddp --platform cuda --mesh 2 --processes 2
+  XLA_FLAGS="$lhs" JAX_SMDDP_GPU_STREAM=compute example gpu2_smddp_compute_stream --platform cuda \
+    --mesh 2 --processes 2
+  [ "$mps" = 1 ] && echo quit | nvidia-cuda-mps-control
+  unset CUDA_MPS_PIPE_DIRECTORY CUDA_MPS_LOG_DIRECTORY
+  JAX_PLATFORMS=cpu example cpu2_smddp --platform cpu --mesh 2 --processes 2
+  "$PY" - "$out" <<'PYEOF' || status=1
+import json, sys
+out = sys.argv[1]
+def run(name):
+  try:
+    losses = [json.loads(l)["loss"] for l in open(f"{out}/example_{name}.jsonl")]
+    summary = json.loads(open(f"{out}/example_{name}.json").read().strip().splitlines()[-1])
+    return losses, summary
+  except (OSError, ValueError, IndexError) as e:
+    print(f"{name}: no result ({e})")
+    return None, None
+runs = {n: run(n) for n in ("gpu1_smddp", "gpu1_smddp_compute_stream", "gpu1_xla", "gpu2_smddp",
+                            "gpu2_smddp_compute_stream", "cpu2_smddp")}
+for name, (losses, s) in runs.items():
+  if s:
+    print(f"{name:28s} final loss {s['final_loss']:.6f}  step {s['step_time_s'] * 1e3:8.2f} ms  "
+          f"collectives alone {s['collectives_time_s'] * 1e3:8.2f} ms")
+ok = True
+for a, b in (("gpu1_smddp", "gpu1_xla"), ("gpu1_smddp_compute_stream", "gpu1_xla"),
+             ("gpu2_smddp", "cpu2_smddp"), ("gpu2_smddp_compute_stream", "gpu2_smddp")):
+  la, lb = runs[a][0], runs[b][0]
+  if not la or not lb or len(la) != len(lb):
+    print(f"{a} vs {b}: not comparable"); ok = False; continue
+  rel = max(abs(x - y) / abs(y) for x, y in zip(la, lb))
+  print(f"{a} vs {b}: losses differ by at most {rel:.2e} relative over {len(la)} steps "
+        f"({'within' if rel <= 1e-4 else 'OVER'} the CPU tests' 1e-4)")
+  ok &= rel <= 1e-4
+sys.exit(0 if ok else 1)
+PYEOF
 fi
 exit $status
