@@ -27,7 +27,7 @@ import optax
 from jax.sharding import NamedSharding, PartitionSpec as P
 
 import fsdp_model as fm
-from fsdp_mesh import SHARD_AXIS, MeshPlan, place_batch
+from fsdp_mesh import SHARD_AXIS, MeshPlan
 
 
 class JitFSDP:
@@ -78,7 +78,7 @@ class JitFSDP:
     return params, opt_state
 
   def shard_batch(self, tokens):
-    return place_batch(tokens, NamedSharding(self.mesh, self.batch_spec))
+    return self.plan.place_batch(self.mesh, tokens)
 
   def _loss(self, params, tokens):
     logits = fm.forward(self.cfg, params, tokens[:, :-1])

@@ -84,13 +84,13 @@ class MeshPlan:
   def batch_sharding(self, mesh: Mesh) -> NamedSharding:
     return NamedSharding(mesh, P(self.batch_axes))
 
-
-def place_batch(tokens, sharding: NamedSharding):
-  """The global batch (the same numpy array in every process) as a sharded jax Array: each
-  process places the rows of its own devices. (jax.device_put would also check that every
-  process passed the same array, with an all-gather across processes on every call.)"""
-  tokens = np.asarray(tokens)
-  return jax.make_array_from_callback(tokens.shape, sharding, lambda index: tokens[index])
+  def place_batch(self, mesh: Mesh, tokens):
+    """The global batch (the same numpy array in every process) as a sharded jax Array: each
+    process places the rows of its own devices. (jax.device_put would also check that every
+    process passed the same array, with an all-gather across processes on every call.)"""
+    tokens = np.asarray(tokens)
+    return jax.make_array_from_callback(tokens.shape, self.batch_sharding(mesh),
+                                        lambda index: tokens[index])
 
 
 def psum_packed(collectives, tree, axis_name):

@@ -35,7 +35,7 @@ from jax.sharding import NamedSharding, PartitionSpec as P
 
 import fsdp_model as fm
 from fsdp_layout import FlatLayout, spec_for_ndim
-from fsdp_mesh import MeshPlan, place_batch, psum_packed
+from fsdp_mesh import MeshPlan, psum_packed
 from jax_smddp.fsdp import gathers_per_layer, scan_layers
 
 REMAT_POLICIES = {
@@ -119,7 +119,7 @@ class FSDP:
     return params, opt_state
 
   def shard_batch(self, tokens):
-    return place_batch(tokens, NamedSharding(self.mesh, self.batch_spec))
+    return self.plan.place_batch(self.mesh, tokens)
 
   # ---- per-rank code (runs inside shard_map) ----
 

@@ -179,13 +179,13 @@ class Profile:
   """--profile: a jax.profiler trace of a few steps once the first two have warmed the caches,
   and what jax_smddp.tools.trace_summary reads in it (printed by the reporting process)."""
 
-  def __init__(self, args, start: int, stop: int, step_hlo: str):
+  def __init__(self, args, start: int, stop: int, step_hlo: str, lead: bool):
     self.first = min(start + 2, stop - 1) if args.profile and stop > start else None
     self.last = None if self.first is None else min(self.first + max(args.profile_steps, 1),
                                                      stop) - 1
-    process = args.process_id or 0
-    self.dir = os.path.join(args.profile, f"process_{process}") if args.profile else ""
-    self.lead = process == 0
+    self.dir = os.path.join(args.profile, f"process_{args.process_id or 0}") if args.profile \
+        else ""
+    self.lead = lead
     self.tracing = False
     self.summary = None
     self.step_hlo = step_hlo  # tells the step's collectives by instruction, not by name
@@ -425,7 +425,7 @@ def main(argv=None) -> dict:
   tokens_per_step = args.batch * cfg.seq_len
   progress = Progress(start, stop, args.no_progress, args.log_every)
   step_times, losses = [], []
-  profile = Profile(args, start, stop, step_fn.as_text())
+  profile = Profile(args, start, stop, step_fn.as_text(), lead)
   batch = batch0
   for step in range(start, stop):
     profile.before(step)

@@ -144,10 +144,10 @@ def intersection(a, b) -> float:
   return total
 
 
-def _names(events, kind: str) -> dict:
-  return {(e.get("pid"), e.get("tid")) if kind == "thread_name" else e.get("pid"):
-          (e.get("args") or {}).get("name", "")
-          for e in events if e.get("ph") == "M" and e.get("name") == kind}
+def _metadata(events, kind: str) -> list[tuple[dict, str]]:
+  """(event, name) of each metadata event of this kind (process_name, thread_name)."""
+  return [(e, (e.get("args") or {}).get("name", "")) for e in events
+          if e.get("ph") == "M" and e.get("name") == kind]
 
 
 def summarize(events: list[dict], hlo_text: str | None = None) -> dict:
@@ -156,8 +156,9 @@ def summarize(events: list[dict], hlo_text: str | None = None) -> dict:
   `hlo_text`: the compiled text of the programs traced, to tell collectives by their
   instructions rather than by their names (see classify)."""
   hlo = hlo_instructions(hlo_text) if hlo_text else None
-  processes, threads = _names(events, "process_name"), _names(events, "thread_name")
-  device_pids = {pid: f"{m.group(1).lower()}:{m.group(2)}" for pid, name in processes.items()
+  threads = {(e.get("pid"), e.get("tid")): name for e, name in _metadata(events, "thread_name")}
+  device_pids = {e.get("pid"): f"{m.group(1).lower()}:{m.group(2)}"
+                 for e, name in _metadata(events, "process_name")
                  if (m := _DEVICE_RE.search(name))}
   devices: dict[str, dict] = {}
   spans: dict[str, dict[str, list]] = {}
