@@ -18,14 +18,14 @@ int Blocks(size_t work, int max_blocks) {
 
 // Grid-stride copy in units of V (cuda/copy_body.cuh).
 template <typename V>
-__global__ void Copy2DKernel(char* dst, size_t dpitch, const char* src, size_t spitch,
+__global__ void __launch_bounds__(kThreads) Copy2DKernel(char* dst, size_t dpitch, const char* src, size_t spitch,
                              size_t units_per_row, size_t rows) {
   CopyThread<V>(blockIdx.x * size_t(blockDim.x) + threadIdx.x, size_t(gridDim.x) * blockDim.x,
                 dst, dpitch, src, spitch, units_per_row, rows);
 }
 
 template <typename T, typename A, Reduction R, int V>
-__global__ void ReduceKernel(char* dst, size_t dpitch, Sources srcs, int n, size_t spitch,
+__global__ void __launch_bounds__(kThreads) ReduceKernel(char* dst, size_t dpitch, Sources srcs, int n, size_t spitch,
                              size_t count, size_t rows) {
   ReduceThread<T, A, R, V>(blockIdx.x * size_t(blockDim.x) + threadIdx.x,
                            size_t(gridDim.x) * blockDim.x, dst, dpitch, srcs, n, spitch, count, rows);
@@ -38,10 +38,12 @@ void LaunchReduceOp(char* d, size_t dpitch, const Sources& s, int n, size_t spit
                     size_t rows, int max_blocks, cudaStream_t stream) {
   constexpr int kVector = sizeof(T) < 16 ? int(16 / sizeof(T)) : 1;
   if (kVector > 1 && VectorWidth(d, dpitch, s, n, spitch, count, rows, sizeof(T)) == kVector) {
-    ReduceKernel<T, A, R, kVector><<<Blocks(count / kVector * rows, max_blocks), kThreads, 0, stream>>>(
-        d, dpitch, s, n, spitch, count, rows);
+    const size_t vectors = count / kVector * rows;
+    ReduceKernel<T, A, R, kVector><<<Blocks((vectors + ReduceUnroll<kVector>() - 1) / ReduceUnroll<kVector>(), max_blocks),
+                                     kThreads, 0, stream>>>(d, dpitch, s, n, spitch, count, rows);
   } else {
-    ReduceKernel<T, A, R, 1><<<Blocks(count * rows, max_blocks), kThreads, 0, stream>>>(
+    ReduceKernel<T, A, R, 1><<<Blocks((count * rows + ReduceUnroll<1>() - 1) / ReduceUnroll<1>(), max_blocks),
+                               kThreads, 0, stream>>>(
         d, dpitch, s, n, spitch, count, rows);
   }
 }

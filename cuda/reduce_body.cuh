@@ -3,12 +3,12 @@
 // built by nvcc and run on the CPU) runs every thread of a launch in turn and
 // checks the indexing, vector widths and tails against numpy.
 //
-// Why vectors: a thread keeps one load per source in flight, so within the SM
-// budget (8 blocks of 512 threads) the bytes in flight, and by Little's law
-// the bandwidth, grow with the load's width. 4-byte loads allow ~32 KiB in
-// flight for two sources, ~50 GB/s at HBM latency, which is about what the
-// H100 measured for reduce_scatter (24 to 45 GB/s); 16-byte loads allow 4x
-// that (8x for 16-bit floats).
+// Why vectors and unrolling: within the SM budget (8 blocks of 512 threads)
+// the bytes in flight, and by Little's law the bandwidth, grow with the
+// loads each thread has outstanding. 4-byte loads, one per source, allow
+// ~32 KiB in flight for two sources, ~50 GB/s at HBM latency (the H100
+// measured 24 to 45 GB/s); 16-byte loads allow 4x that, and ReduceUnroll
+// vectors per thread at once up to 4x again.
 #ifndef JAX_SMDDP_CUDA_REDUCE_BODY_CUH_
 #define JAX_SMDDP_CUDA_REDUCE_BODY_CUH_
 
@@ -60,34 +60,69 @@ struct alignas(sizeof(T) * V) Vec {
   T v[V];
 };
 
+// Vectors a thread reduces at once: 4, fewer for the widest vectors (16
+// int8 per load), so that its accumulators (U x V) stay in registers within
+// the launch bound of 512 threads per block.
+template <int V>
+constexpr int ReduceUnroll() { return V * 4 <= 32 ? 4 : 32 / V; }
+
 // Thread `t` of `threads`: dst row r = op over srcs[k] row r, rows of
 // `count` elements, V at a time. V > 1 needs every address and pitch, and
 // count * sizeof(T), to be multiples of V * sizeof(T) (VectorWidth).
+// Thread t reduces vectors t, t + threads, ..., ReduceUnroll<V>() of them at
+// once: each source's loads are issued before any is combined,
+// so a thread keeps ReduceUnroll x (sources in the unrolled loop) loads in
+// flight instead of one per source (H200: 8 blocks reached 75 GB/s with one).
 template <typename T, typename A, Reduction R, int V>
 __host__ __device__ inline void ReduceThread(size_t t, size_t threads, char* dst, size_t dpitch,
                                              const Sources& srcs, int n, size_t spitch,
                                              size_t count, size_t rows) {
+  constexpr int U = ReduceUnroll<V>();
   const size_t per_row = count / V;  // vectors per row
   const size_t total = per_row * rows;
-  for (size_t i = t; i < total; i += threads) {
-    const size_t row = i / per_row, e = (i % per_row) * V;
-    const size_t offset = row * spitch + e * sizeof(T);
-    const Vec<T, V> first = *reinterpret_cast<const Vec<T, V>*>(
-        static_cast<const char*>(srcs.p[0]) + offset);
-    A acc[V];
+  for (size_t base = t; base < total; base += U * threads) {
+    size_t soff[U], doff[U];  // byte offsets of this thread's vectors; rows == 1 needs no division
+    bool live[U];
 #pragma unroll
-    for (int j = 0; j < V; ++j) acc[j] = Convert<T, A>::Load(first.v[j]);
-#pragma unroll 4
-    for (int k = 1; k < n; ++k) {  // unrolled: several sources' loads in flight at once
-      const Vec<T, V> v = *reinterpret_cast<const Vec<T, V>*>(
-          static_cast<const char*>(srcs.p[k]) + offset);
-#pragma unroll
-      for (int j = 0; j < V; ++j) acc[j] = Combine<R>::Apply(acc[j], Convert<T, A>::Load(v.v[j]));
+    for (int u = 0; u < U; ++u) {
+      const size_t i = base + u * threads;
+      live[u] = i < total;
+      const size_t row = rows == 1 ? 0 : i / per_row, e = (rows == 1 ? i : i % per_row) * V;
+      soff[u] = row * spitch + e * sizeof(T);
+      doff[u] = row * dpitch + e * sizeof(T);
     }
-    Vec<T, V> out;
+    A acc[U][V];
 #pragma unroll
-    for (int j = 0; j < V; ++j) out.v[j] = Convert<T, A>::Store(acc[j]);
-    *reinterpret_cast<Vec<T, V>*>(dst + row * dpitch + e * sizeof(T)) = out;
+    for (int u = 0; u < U; ++u) {
+      if (!live[u]) continue;
+      const Vec<T, V> first = *reinterpret_cast<const Vec<T, V>*>(
+          static_cast<const char*>(srcs.p[0]) + soff[u]);
+#pragma unroll
+      for (int j = 0; j < V; ++j) acc[u][j] = Convert<T, A>::Load(first.v[j]);
+    }
+#pragma unroll 2
+    for (int k = 1; k < n; ++k) {
+      const char* src = static_cast<const char*>(srcs.p[k]);
+      Vec<T, V> v[U];
+#pragma unroll
+      for (int u = 0; u < U; ++u)
+        if (live[u]) v[u] = *reinterpret_cast<const Vec<T, V>*>(src + soff[u]);
+#pragma unroll
+      for (int u = 0; u < U; ++u) {
+        if (!live[u]) continue;
+#pragma unroll
+        for (int j = 0; j < V; ++j)
+          acc[u][j] = Combine<R>::Apply(acc[u][j], Convert<T, A>::Load(v[u].v[j]));
+      }
+    }
+#pragma unroll
+    for (int u = 0; u < U; ++u) {
+      if (!live[u]) continue;
+      Vec<T, V> out;
+#pragma unroll
+      for (int j = 0; j < V; ++j) out.v[j] = Convert<T, A>::Store(acc[u][j]);
+      *reinterpret_cast<Vec<T, V>*>(dst + doff[u]) = out;
+    }
   }
 }
 

@@ -122,6 +122,22 @@ def test_source_counts_around_the_unrolled_loop(program, tmp_path, n):
   assert width == 4
 
 
+@pytest.mark.parametrize("name", ["f32", "bf16", "i8"])
+@pytest.mark.parametrize("extra", [-1, 0, 1])
+@pytest.mark.parametrize("rows", [1, 3])
+def test_vectors_around_each_threads_unrolled_batch(program, tmp_path, name, extra, rows):
+  """Each thread reduces several vectors at once (4; 2 for 16 int8 per vector): vector counts
+  one short of, at and one past a whole batch per thread, in one row (no division) and several."""
+  itemsize = np.dtype(DTYPES[name]).itemsize
+  per16 = 16 // itemsize
+  threads, unroll = 5, (4 if per16 <= 8 else 2)
+  per_row = threads * unroll * 2 + extra  # a row alone spans two batches, give or take one
+  width = run(program, tmp_path, name, "sum", n=3, count=per16 * per_row, rows=rows,
+              spitch=per16 * (per_row + 2), dpitch=per16 * (per_row + 1), misalign=0,
+              threads=threads, seed=extra + 10)
+  assert width == per16
+
+
 def copy(copier, tmp_path, width, rows, spitch, dpitch, src_misalign, dst_misalign, threads):
   rng = np.random.default_rng(width * 31 + rows)
   src = rng.integers(0, 256, size=(rows, spitch), dtype=np.uint8)
