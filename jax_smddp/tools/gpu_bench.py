@@ -36,6 +36,11 @@ bytes all ranks wrote to their outputs per second (n x S for all_gather,
 all_reduce and all_to_all, S for reduce_scatter) against that copy rate: a protocol that
 copies every byte of every output once, and nothing else, reaches 1.0, where
 "moved/copy" is capped at (n - 1) / n by each rank's copy of its own shard.
+For reduce_scatter and all_reduce, "read/copy" counts the bytes the ranks'
+reductions read per second (n sources of size each, per rank) against the
+copy rate, and "vs kernel" compares the call with one bare reduction kernel
+of the same sources within the same block budget (JAX_SMDDP_GPU_MAX_BLOCKS,
+the "blocks" column), timed by process 0 alone: what the budget allows.
 """
 
 from __future__ import annotations
@@ -113,6 +118,24 @@ def _copy_reference(ext, nbytes: int, args, tag: str):
   return rate
 
 
+def _reduce_reference(ext, size: int, n: int, args, tag: str):
+  """Seconds one bare reduction kernel takes to combine `n` sources of `size`
+  bytes (what each rank of reduce_scatter and all_reduce reduces) within the
+  same block budget (JAX_SMDDP_GPU_MAX_BLOCKS), timed by process 0 alone like
+  the copy reference (None elsewhere, and on CPU)."""
+  if ext is None:
+    return None
+  blocks = ext.settings()["max_blocks"]
+  if args.nprocs == 1:
+    return ext.reduce_seconds(0, size, n, blocks, 10)
+  from jax_smddp import distributed
+  client = distributed._client()
+  client.wait_at_barrier(f"jax_smddp/gpu_bench/{tag}/reduce_idle", 120_000)
+  t = ext.reduce_seconds(0, size, n, blocks, 10) if args.process == 0 else None
+  client.wait_at_barrier(f"jax_smddp/gpu_bench/{tag}/reduce_measured", 120_000)
+  return t
+
+
 def worker(args) -> dict:
   import numpy as np
   import jax
@@ -148,6 +171,9 @@ def worker(args) -> dict:
              "mode": os.environ.get("JAX_SMDDP_GPU_COPIES", "engine"),
              "smddp_s": _time(ours, x, args.iters), "copy_Bps": copy_Bps}
       row["direct_calls"] = (ext.counters()["direct_reads"] - before) if ext else 0
+      if op in ("reduce_scatter", "all_reduce"):
+        row["max_blocks"] = ext.settings()["max_blocks"] if ext else None
+        row["reduce_ref_s"] = _reduce_reference(ext, size, n, args, f"{op}/{size}")
       if args.nprocs == 1:
         row["xla_s"] = _time(lax, x, args.iters)
       if args.hosts > 1:
@@ -202,9 +228,30 @@ def _direct(row: dict) -> str:
   return f"{row.get('direct_reads', '0')}:{'in place' if row.get('direct_calls') else 'staged'}"
 
 
+def reduction_ratios(r: dict) -> tuple[float | None, float | None]:
+  """For reduce_scatter and all_reduce: (read/copy, vs kernel). Every rank's
+  reduction reads n sources of `bytes_per_rank` (its shard of every rank's
+  input), so all ranks read n^2 x size per call: read/copy is that per second
+  against the device's copy rate; "vs kernel" is the time one bare reduction
+  kernel of the same sources and block budget took (alone) over the call's
+  time: 1.0 when the collective costs no more than its reduction."""
+  if r.get("op") not in ("reduce_scatter", "all_reduce"):
+    return None, None
+  n, t = r["ranks"], r["smddp_s"]
+  read = n * n * r["bytes_per_rank"] / t
+  copy = r.get("copy_Bps") or 0
+  ref = r.get("reduce_ref_s")
+  return (read / copy if copy else None), (ref / t if ref else None)
+
+
+def _ratio(v: float | None) -> str:
+  return "-" if v is None else f"{v:.2f}"
+
+
 def report(rows: list[dict]) -> str:
   out = [f"{'op':>14} {'size/rank':>10} {'ranks':>5} {'mode':>7} {'time us':>9} {'algbw GB/s':>10} "
          f"{'busbw':>8} {'moved':>8} {'copy GB/s':>9} {'moved/copy':>10} {'written/copy':>12} "
+         f"{'read/copy':>9} {'vs kernel':>9} {'blocks':>6} "
          f"{'XLA busbw':>9}"
          f"{'hosts':>6} {'hmem:slots':>11} {'direct':>10}"]
   for r in rows:
@@ -217,9 +264,11 @@ def report(rows: list[dict]) -> str:
     xla = ""
     if "xla_s" in r:
       xla = f"{_busbw(op, n, r['bytes_per_rank'] * n / r['xla_s'] / 1e9):9.1f}"
+    read, vs_kernel = reduction_ratios(r)
     out.append(f"{op:>14} {r['bytes_per_rank'] >> 10:>9}K {n:>5} {r['mode']:>7} {t * 1e6:>9.1f} "
                f"{alg:>10.1f} {bus:>8.1f} {moved:>8.1f} {copy:>9.1f} "
                f"{moved / copy if copy else 0:>10.2f} {written / copy if copy else 0:>12.2f} "
+               f"{_ratio(read):>9} {_ratio(vs_kernel):>9} {r.get('max_blocks') or '-':>6} "
                f"{xla:>9}"
                f"{r.get('hosts', 1):>6} {_slots(r):>11} {_direct(r):>10}")
   return "\n".join(out)

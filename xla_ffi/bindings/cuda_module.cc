@@ -12,7 +12,9 @@
 #include <cuda_runtime_api.h>
 
 #include "cuda/cuda_stream_ops.h"
+#include "cuda/event_clock.h"
 #include "cuda/gdrcopy.h"
+#include "cuda/kernels.h"
 #include "nanobind/nanobind.h"
 #include "nanobind/stl/pair.h"
 #include "nanobind/stl/string.h"
@@ -25,6 +27,7 @@
 #include "xla_ffi/ffi/gpu_handlers.h"
 #include "xla_ffi/bindings/enums.h"
 #include "xla_ffi/bindings/failures.h"
+#include "xla_ffi/bindings/phase_dict.h"
 #include "xla_ffi/ffi/registrations.h"
 
 namespace nb = nanobind;
@@ -72,6 +75,49 @@ double CopyBandwidth(int ordinal, size_t bytes, int iters) {
   return best_ms > 0 ? double(bytes) / (best_ms * 1e-3) : 0.0;
 }
 
+// Seconds one bare reduction kernel takes (best of `iters`): f32 sum of
+// `sources` buffers of `bytes` each into one, within `max_blocks` blocks, as
+// the stream algorithms launch it. The benchmark's reference for what the SM
+// budget allows the reductions, beside the copy rate (what the device allows).
+double ReduceSeconds(int ordinal, size_t bytes, int sources, int max_blocks, int iters) {
+  if (sources < 1 || sources > smddp::cuda::kMaxSources)
+    throw std::invalid_argument("reduce_seconds: sources must be 1.." +
+                                std::to_string(smddp::cuda::kMaxSources));
+  int saved = 0;
+  CheckCuda(cudaGetDevice(&saved), "cudaGetDevice");
+  CheckCuda(cudaSetDevice(ordinal), "cudaSetDevice");
+  std::vector<void*> srcs(size_t(sources), nullptr);
+  void* dst = nullptr;
+  for (void*& p : srcs) CheckCuda(cudaMalloc(&p, bytes), "cudaMalloc");
+  CheckCuda(cudaMalloc(&dst, bytes), "cudaMalloc");
+  for (void* p : srcs) CheckCuda(cudaMemset(p, 0, bytes), "cudaMemset");
+  cudaStream_t s;
+  cudaEvent_t start, stop;
+  CheckCuda(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking), "cudaStreamCreate");
+  CheckCuda(cudaEventCreate(&start), "cudaEventCreate");
+  CheckCuda(cudaEventCreate(&stop), "cudaEventCreate");
+  float best_ms = 0;
+  for (int i = 0; i < iters + 2; ++i) {
+    CheckCuda(cudaEventRecord(start, s), "cudaEventRecord");
+    CheckCuda(smddp::cuda::LaunchReduce(dst, bytes, srcs.data(), sources, bytes, bytes / 4, 1,
+                                        smddp::cuda::ElementType::kFloat32,
+                                        smddp::cuda::Reduction::kSum, max_blocks, s),
+              "reduction kernel");
+    CheckCuda(cudaEventRecord(stop, s), "cudaEventRecord");
+    CheckCuda(cudaEventSynchronize(stop), "cudaEventSynchronize");
+    float ms = 0;
+    CheckCuda(cudaEventElapsedTime(&ms, start, stop), "cudaEventElapsedTime");
+    if (i >= 2 && (best_ms == 0 || ms < best_ms)) best_ms = ms;  // two warm-ups
+  }
+  cudaEventDestroy(start);
+  cudaEventDestroy(stop);
+  cudaStreamDestroy(s);
+  for (void* p : srcs) cudaFree(p);
+  cudaFree(dst);
+  cudaSetDevice(saved);
+  return best_ms * 1e-3;
+}
+
 #ifdef SMDDP_TESTING_ENTRIES
 // The GPU kernel tests' entry (tests/gpu/test_kernels.py), compiled in only
 // with -DJAX_SMDDP_TESTING=ON (tools/gpu_check.sh builds so): the installed
@@ -85,10 +131,12 @@ double CopyBandwidth(int ordinal, size_t bytes, int iters) {
 // and it may serialise a waiting stream ahead of the one that would release it
 // (seen on an H100: each of 4 runs of the kernel tests as threads hung at a
 // 4-rank case, in memops and flag-kernel modes alike).
-nb::bytes StreamRun(std::vector<int64_t> members, int rank, int kind, int dtype, int op,
-                    size_t outer, size_t inner, size_t count, nb::bytes input, size_t out_bytes,
-                    int calls, const std::string& copies, const std::string& flags,
-                    int max_blocks) {
+// With `phases`, the last call runs through PhaseTimedOps on CUDA events and
+// the result is (output, {phase: (calls, seconds), "total": seconds}).
+nb::object StreamRun(std::vector<int64_t> members, int rank, int kind, int dtype, int op,
+                     size_t outer, size_t inner, size_t count, nb::bytes input, size_t out_bytes,
+                     int calls, const std::string& copies, const std::string& flags,
+                     int max_blocks, bool phases) {
   smddp::gpu::GpuCommunicator* comm =
       smddp::gpu::FindCommunicator(smddp::gpu::GroupKey(members.data(), int(members.size())));
   smddp::gpu::LocalRank* me = comm ? comm->Local(rank) : nullptr;
@@ -111,13 +159,21 @@ nb::bytes StreamRun(std::vector<int64_t> members, int rank, int kind, int dtype,
   CheckCuda(cudaMemcpy(send, input.c_str(), input.size(), cudaMemcpyHostToDevice), "cudaMemcpy");
   smddp::Status status;
   cudaError_t err = cudaSuccess;
+  smddp::PhaseTotals totals;
   {
     nb::gil_scoped_release release;
     cudaStream_t stream;
     CheckCuda(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking), "cudaStreamCreate");
     smddp::cuda::CudaStreamOps ops(stream, settings);
-    for (int c = 0; c < calls && status.ok(); ++c)
+    const int untimed = phases ? calls - 1 : calls;
+    for (int c = 0; c < untimed && status.ok(); ++c)
       status = smddp::RunStreamPlan(plan, me->view, ops, send, recv);
+    if (phases && status.ok()) {
+      smddp::cuda::EventClock clock(stream);
+      smddp::PhaseTimedOps timed(ops, clock);
+      status = smddp::RunStreamPlan(plan, me->view, timed, send, recv);
+      if (status.ok()) status = timed.Totals(&totals);
+    }
     err = cudaStreamSynchronize(stream);
     cudaStreamDestroy(stream);
   }
@@ -128,7 +184,9 @@ nb::bytes StreamRun(std::vector<int64_t> members, int rank, int kind, int dtype,
   cudaFree(recv);
   Check(status);
   CheckCuda(err, "stream_run");
-  return nb::bytes(host.data(), host.size());
+  nb::bytes output(host.data(), host.size());
+  if (!phases) return output;
+  return nb::make_tuple(output, smddp::PhaseDict(totals));
 }
 #endif  // SMDDP_TESTING_ENTRIES
 
@@ -255,11 +313,17 @@ NB_MODULE(_smddp_cuda, m) {
     nb::gil_scoped_release release;
     return CopyBandwidth(ordinal, bytes, iters);
   }, nb::arg("ordinal"), nb::arg("bytes"), nb::arg("iters") = 10);
+  m.def("reduce_seconds", [](int ordinal, size_t bytes, int sources, int max_blocks, int iters) {
+    nb::gil_scoped_release release;
+    return ReduceSeconds(ordinal, bytes, sources, max_blocks, iters);
+  }, nb::arg("ordinal"), nb::arg("bytes"), nb::arg("sources"), nb::arg("max_blocks"),
+     nb::arg("iters") = 10);
 #ifdef SMDDP_TESTING_ENTRIES
   m.def("stream_run", &StreamRun, nb::arg("members"), nb::arg("rank"), nb::arg("kind"),
         nb::arg("dtype"), nb::arg("op"), nb::arg("outer"), nb::arg("inner"), nb::arg("count"),
         nb::arg("input"), nb::arg("out_bytes"), nb::arg("calls") = 1,
-        nb::arg("copies") = "engine", nb::arg("flags") = "memops", nb::arg("max_blocks") = 8);
+        nb::arg("copies") = "engine", nb::arg("flags") = "memops", nb::arg("max_blocks") = 8,
+        nb::arg("phases") = false);
 #endif
   m.def("have_stream_memops", &smddp::cuda::HaveStreamMemOps);
   m.def("settings", [] {
