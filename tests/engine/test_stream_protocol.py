@@ -428,3 +428,45 @@ def test_hierarchical_reduce_scatter(hosts, local, order, dtype, op, outer, inne
       np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5, err_msg=f"rank {r}")
     else:
       np.testing.assert_array_equal(got, want, err_msg=f"rank {r}")
+
+
+# --- where a call's time goes (xla_ffi/algorithms/phase_timer.h) ------------------------
+
+def phase_probe(xs, outer, inner, slot, direct, calls=1):
+  size = len(xs)
+  outs, phases = ENGINE.stream_phase_probe(SCATTER, DTYPES[np.dtype(np.float32)], OPS["sum"], outer,
+                                           inner, 0, slot, [x.tobytes() for x in xs],
+                                           outer * inner * 4, calls, direct)
+  for r, o in enumerate(outs):
+    got = np.frombuffer(o, np.float32).reshape(outer, inner)
+    np.testing.assert_array_equal(got, combine([x[:, r, :] for x in xs], "sum", np.float32))
+  return phases
+
+
+@pytest.mark.parametrize("direct", [1, 0], ids=["direct", "staged"])
+def test_reduce_scatter_time_is_charged_to_its_phases(direct):
+  """Every StreamOps call of a reduce_scatter of 3 ranks, timed on host threads and charged
+  to its phase. Direct reads, one call: 1 reduction; waits for each peer's post and each
+  peer's read (2 x 2); signals: its post and a release per peer (3). Staged through slots of
+  3 KiB, 4 tiles (steps) of [3 ranks x 1 KiB]: per step a copy into the slot, a reduction, a
+  post and 2 releases, 2 waits for posts, and from step 3 on (2 slots) 2 waits for the slot.
+  The phases' time adds up to no more than the call's."""
+  xs = inputs(3, (4, 3, 256), np.float32, seed=5)
+  phases = phase_probe(xs, outer=4, inner=256, slot=3 * 1024, direct=direct)
+  want = ({"copy": 0, "reduce": 1, "wait": 4, "signal": 3} if direct else
+          {"copy": 4, "reduce": 4, "wait": 4 * 2 + 2 * 2, "signal": 4 * 3})
+  for r, p in enumerate(phases):
+    assert {k: p[k][0] for k in want} == want, (r, p)
+    spent = sum(p[k][1] for k in want)
+    assert p["reduce"][1] > 0 and 0 < spent <= p["total"] + 1e-6, (r, p)
+
+
+def test_every_call_is_charged():
+  """Five calls of a larger reduce_scatter of 2 ranks, direct reads: each call's reduction,
+  waits and signals are counted (5 x 1, 5 x 2, 5 x 2), and the span from the first mark to
+  the last holds the reductions' and the waits' time."""
+  xs = inputs(2, (1, 2, 1 << 16), np.float32, seed=9)
+  phases = phase_probe(xs, outer=1, inner=1 << 16, slot=1 << 20, direct=1, calls=5)
+  for p in phases:
+    assert (p["reduce"][0], p["wait"][0], p["signal"][0]) == (5, 10, 10), p
+    assert p["reduce"][1] > 0 and p["total"] >= p["reduce"][1] + p["wait"][1]

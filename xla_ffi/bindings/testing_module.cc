@@ -26,12 +26,14 @@
 #include "xla_ffi/algorithms/algorithms.h"
 #include "xla_ffi/algorithms/host_stream_ops.h"
 #include "xla_ffi/algorithms/net_port.h"
+#include "xla_ffi/algorithms/phase_timer.h"
 #include "xla_ffi/algorithms/process_call.h"
 #include "xla_ffi/algorithms/reduce.h"
 #include "xla_ffi/algorithms/reduce_kernels.h"
 #include "xla_ffi/algorithms/stream_algorithms.h"
 #include "xla_ffi/bindings/enums.h"
 #include "xla_ffi/bindings/failures.h"
+#include "xla_ffi/bindings/phase_dict.h"
 #include "xla_ffi/engine/call_log.h"
 #include "xla_ffi/engine/communicator.h"
 #include "xla_ffi/engine/last_failure.h"
@@ -133,7 +135,8 @@ std::vector<smddp::Status> RunStreamRanks(const smddp::Plan& plan, const smddp::
                                           const std::vector<std::string>& send,
                                           std::vector<std::string>& recv, int calls,
                                           double timeout_s, int absent, int direct = 0,
-                                          bool vary = false, uint32_t first_step = 0) {
+                                          bool vary = false, uint32_t first_step = 0,
+                                          std::vector<smddp::PhaseTotals>* phases = nullptr) {
   const int size = int(regions.size());
   // A group that has already run `first_step` steps: every flag there
   // (first_step near 2^32 checks that the counters wrap).
@@ -161,7 +164,10 @@ std::vector<smddp::Status> RunStreamRanks(const smddp::Plan& plan, const smddp::
       me.layout = layout;
       me.regions = regions;
       me.flags = flags;
-      smddp::HostStreamOps ops(timeout_s);
+      smddp::HostStreamOps host(timeout_s);
+      smddp::HostClock clock;
+      smddp::PhaseTimedOps timed(host, clock);
+      smddp::StreamOps& ops = phases ? static_cast<smddp::StreamOps&>(timed) : host;
       for (int c = 0; c < calls && status[r].ok(); ++c) {
         if (vary) std::memcpy(buffers[r].data(), send[size_t(c) * size + r].data(), buffers[r].size());
         const bool in_place = direct == 1 || (direct == 2 && c % 2 == 0);
@@ -179,6 +185,7 @@ std::vector<smddp::Status> RunStreamRanks(const smddp::Plan& plan, const smddp::
           std::memset(outputs[r], 0xA5, out_bytes);
         }
       }
+      if (phases && status[r].ok()) status[r] = timed.Totals(&(*phases)[r]);
     });
   }
   for (auto& t : threads) t.join();
@@ -220,6 +227,29 @@ std::vector<nb::bytes> StreamProbe(int kind, int dtype, int op, size_t outer, si
     if (!status[r].ok()) throw std::runtime_error("rank " + std::to_string(r) + ": " + status[r].message());
   }
   return Bytes(recv);
+}
+
+// Per-phase time of each rank (phase_timer.h) over `calls` calls of one
+// collective on host threads, as StreamProbe runs them: (outputs, per rank
+// {phase: (calls, seconds)} and "total": first mark to last).
+std::pair<std::vector<nb::bytes>, std::vector<nb::dict>> StreamPhaseProbe(
+    int kind, int dtype, int op, size_t outer, size_t inner, size_t count, size_t slot_bytes,
+    std::vector<nb::bytes> inputs, size_t out_bytes, int calls, int direct) {
+  const int size = int(inputs.size());
+  const smddp::Plan plan = smddp::PlanOf(kind, dtype, op, outer, inner, count);
+  smddp::RegionLayout layout(size, slot_bytes);
+  HostBlocks regions(size, layout.total_bytes), flags(0, layout.flag_bytes());
+  std::vector<std::string> recv(size, std::string(out_bytes, '\0'));
+  std::vector<smddp::PhaseTotals> phases(size);
+  const std::vector<smddp::Status> status = RunStreamRanks(
+      plan, layout, regions.bases, flags.bases, Strings(inputs), recv, calls, 20.0, -1, direct,
+      false, 0, &phases);
+  std::vector<nb::dict> out;
+  for (int r = 0; r < size; ++r) {
+    if (!status[r].ok()) throw std::runtime_error("rank " + std::to_string(r) + ": " + status[r].message());
+    out.push_back(smddp::PhaseDict(phases[r]));
+  }
+  return {Bytes(recv), out};
 }
 
 // The GPU backend's dead-peer watchdog over the protocol on host threads:
@@ -523,6 +553,9 @@ NB_MODULE(_smddp_testing, m) {
         nb::arg("inputs"), nb::arg("out_bytes"), nb::arg("calls") = 1, nb::arg("timeout_s") = 20.0,
         nb::arg("flag_blocks") = false, nb::arg("direct") = 0, nb::arg("vary") = false,
         nb::arg("first_step") = 0);
+  m.def("stream_phase_probe", &StreamPhaseProbe, nb::arg("kind"), nb::arg("dtype"), nb::arg("op"),
+        nb::arg("outer"), nb::arg("inner"), nb::arg("count"), nb::arg("slot_bytes"),
+        nb::arg("inputs"), nb::arg("out_bytes"), nb::arg("calls") = 1, nb::arg("direct") = 0);
   m.def("stream_watch_probe", &StreamWatchProbe, nb::arg("kind"), nb::arg("dtype"), nb::arg("op"),
         nb::arg("outer"), nb::arg("inner"), nb::arg("count"), nb::arg("slot_bytes"),
         nb::arg("inputs"), nb::arg("out_bytes"), nb::arg("calls"), nb::arg("timeout_s"),
