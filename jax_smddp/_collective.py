@@ -214,18 +214,27 @@ def _cuda_takes(ctx, params) -> bool:
   return gpu.unsupported(ctx.module_context.axis_context.mesh, groups, op) is None
 
 
+def _group_of_one(ctx, params) -> bool:
+  """Whether every group of the call has one rank: its collective is a local
+  copy with no peer to wait for, so running it on the collective stream
+  overlaps nothing and costs the streams' hand-off (an event each way)."""
+  axes = axes_tuple(params.get("axis_name", params.get("axes")))
+  groups = pxla.axis_groups(ctx.module_context.axis_context, axes)
+  return len(groups[0]) == 1
+
+
 def _on_collective_stream(p, ctx, x, params):
   """Lowers `p` inside JAX's stream annotation, so XLA wraps the custom call
   as an asynchronous start/done pair on its collective stream; None when
-  already inside one, when disabled, when this jax has no annotation, or when
-  the GPU backend will not take the call."""
+  already inside one, when disabled, when this jax has no annotation, when
+  the GPU backend will not take the call, or when its groups have one rank."""
   eqn_ctx = getattr(ctx, "jaxpr_eqn_ctx", None)
   if eqn_ctx is not None and getattr(eqn_ctx, "compute_type", None):
     return None
   if not collective_stream_enabled():
     return None
   annotate = _stream_annotator()
-  if annotate is None or not _cuda_takes(ctx, params):
+  if annotate is None or not _cuda_takes(ctx, params) or _group_of_one(ctx, params):
     return None
   body = annotate(lambda v: p.bind(v, **params), compute_type=COLLECTIVE_STREAM,
                   out_memory_spaces=core.MemorySpace.Device)

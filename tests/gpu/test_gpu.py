@@ -5,6 +5,7 @@ tools/gpu_check.sh on a GPU machine."""
 
 from __future__ import annotations
 
+import functools
 import os
 import shutil
 import subprocess
@@ -104,13 +105,20 @@ def test_processes_that_disagree_on_a_call_fail_naming_it():
   assert any(p.result["disagree"] for p in procs), launch.describe(procs)
 
 
-def _libfabric() -> bool:
-  import ctypes
-  try:
-    ctypes.CDLL("libfabric.so.1")
-    return True
-  except OSError:
-    return False
+@functools.cache
+def _no_libfabric() -> str | None:
+  """Why the groups across simulated hosts cannot run here (None when they can): this build
+  has no libfabric transport (its headers were not found at build time: on a GPU image
+  without libfabric, carry tools/carry_libfabric.sh's .fab/), or libfabric.so.1 does not
+  load."""
+  from jax_smddp import capabilities
+  fabric = capabilities.fabric()
+  if not fabric.get("built"):
+    return ("jax_smddp was built without libfabric's headers (no links between hosts): "
+            "carry .fab/ from tools/carry_libfabric.sh and rebuild")
+  if not fabric.get("loaded"):
+    return f"libfabric.so.1 does not load ({fabric.get('error') or 'not found'})"
+  return None
 
 
 HOST_MODES = {
@@ -124,7 +132,7 @@ HOST_MODES = {
 }
 
 
-@pytest.mark.skipif(not _libfabric(), reason="libfabric is not installed (links between hosts)")
+@pytest.mark.skipif(_no_libfabric() is not None, reason=str(_no_libfabric()))
 @pytest.mark.parametrize("nprocs,per_host", [(2, 1), (4, 2)])
 @pytest.mark.parametrize("mode", list(HOST_MODES))
 def test_across_simulated_hosts(nprocs, per_host, mode):
@@ -142,7 +150,7 @@ def test_across_simulated_hosts(nprocs, per_host, mode):
   print(f"{mode}: {groups}")  # whether the rails ran (device_slots) goes in the GPU log
 
 
-@pytest.mark.skipif(not _libfabric(), reason="libfabric is not installed (links between hosts)")
+@pytest.mark.skipif(_no_libfabric() is not None, reason=str(_no_libfabric()))
 def test_fi_hmem_required_but_missing_is_an_error_naming_why():
   """JAX_SMDDP_FABRIC_HMEM=1 over tcp;ofi_rxm (no FI_HMEM): set-up fails in
   every process, saying which process cannot and why, instead of staging."""

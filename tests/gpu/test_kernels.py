@@ -40,7 +40,7 @@ pytestmark = [pytest.mark.skipif(EXT is None or EXT.device_count() == 0, reason=
 # (copies, flags, SM budget)
 MODES = [("engine", "memops", 8), ("kernel", "memops", 1), ("kernel", "kernel", 8),
          ("engine", "kernel", 2)]
-SLOTS = [256, 4096, 8192, 65536, 1 << 20]
+SLOTS = [256, 4096, 8192, 65536, 1 << 20, 8 << 20]  # the last: the default slot (8 MiB)
 
 
 def cases(size):
@@ -124,7 +124,7 @@ class Ranks:
     return [(np.frombuffer(out, dtype=dtype).reshape(wants[r].shape), counters)
             for r, (out, counters) in zip(only or range(self.size), self._gather(name, only))]
 
-  def send(self, params, xs, wants, mode, calls=3, only=None):
+  def send(self, params, xs, wants, mode, calls=3, only=None, phases=False):
     copies, flags, blocks = mode
     dtype = np.dtype(params["dtype"])
     for r, c in enumerate(self.conns):
@@ -134,7 +134,7 @@ class Ranks:
                   dtype=DTYPES[dtype], op=OPS[params["op"]], outer=params["outer"],
                   inner=params["inner"], count=params["count"], input=xs[r].tobytes(),
                   out_bytes=wants[r].nbytes, calls=calls, copies=copies, flags=flags,
-                  max_blocks=blocks))
+                  max_blocks=blocks, phases=phases))
 
   def close(self):
     for c in self.conns:
@@ -202,3 +202,34 @@ def check_collectives(ranks, size, mode):
     assert counters["flag_memops"] == 0 and counters["flag_kernels"] > 0, counters
   elif EXT.have_stream_memops():
     assert counters["flag_kernels"] == 0 and counters["flag_memops"] > 0, counters
+
+
+def test_where_a_64mib_reduce_scatter_spends_its_time():
+  """2 ranks (processes sharing the GPU), 64 MiB of f32 each, staged through the default 8 MiB
+  slots, copy engines and stream memory operations; the last of 3 calls timed with CUDA
+  events around every operation (phase_timer.h), at 8, 32 and 1024 blocks. Checked against
+  numpy; prints each rank's copy, reduction, wait and signal time beside one bare reduction
+  kernel of the same bytes (what the budget allows) and the copy rate, for docs/gpu.md."""
+  size, inner = 2, 8 << 20  # elements per rank's block: 32 MiB, so 64 MiB per rank's input
+  xs = inputs(size, (1, size, inner), np.float32, seed=3)
+  wants = [combine([x[:, r, :] for x in xs], "sum", np.float32) for r in range(size)]
+  params = dict(kind=SCATTER, dtype=np.float32, op="sum", outer=1, inner=inner, count=0,
+                slot=8 << 20)
+  ranks = Ranks(size)
+  lines = [f"copy rate {EXT.copy_bandwidth(0, 64 << 20) / 1e9:.0f} GB/s (64 MiB, alone)"]
+  try:
+    for blocks in (8, 32, 1024):
+      ranks.send(params, xs, wants, ("engine", "memops", blocks), calls=3, phases=True)
+      bare = EXT.reduce_seconds(0, 4 << 20, size, blocks)  # one step's reduction: 2 x 4 MiB
+      for r, ((out, phases), _) in enumerate(ranks._gather(f"reduce_scatter, {blocks} blocks")):
+        got = np.frombuffer(out, np.float32).reshape(wants[r].shape)
+        np.testing.assert_array_equal(got, wants[r], err_msg=f"rank {r}, {blocks} blocks")
+        steps = phases["reduce"][0]
+        assert steps == 8 and phases["copy"][0] == 8, phases  # 8 tiles of 2 x 4 MiB
+        lines.append(f"{blocks:>4} blocks rank {r}: total {phases['total'] * 1e3:.3f} ms = " +
+                     ", ".join(f"{k} {phases[k][0]} x {phases[k][1] * 1e3 / max(phases[k][0], 1):.3f}"
+                               f" ms" for k in ("copy", "reduce", "wait", "signal")) +
+                     f"; bare reduction of one step {bare * 1e3:.3f} ms")
+  finally:
+    ranks.close()
+  print("\n".join(lines))
