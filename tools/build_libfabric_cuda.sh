@@ -39,9 +39,9 @@ grep -q '^#define HAVE_CUDA 1' config.h || { echo "configure found no CUDA" >&2;
 make -j"$(nproc)" >"$work/make.log" 2>&1 || { tail -30 "$work/make.log"; exit 1; }
 make install >"$work/install.log" 2>&1
 rm -rf "$root/.fab"
-mkdir -p "$root/.fab/include"
-cp -L "$work/install/lib/libfabric.so.1" "$root/.fab/"
-cp "$work/install/bin/fi_info" "$root/.fab/"
+mkdir -p "$root/.fab/include" "$root/.fab/lib" "$root/.fab/bin"
+cp -L "$work/install/lib/libfabric.so.1" "$root/.fab/lib/"
+cp "$work/install/bin/fi_info" "$root/.fab/bin/"
 cp -r "$work/install/include/rdma" "$root/.fab/include/"
 # tools/gpu_check.sh reads this: libfabric opens "libcudart.so" and
 # "libcuda.so" by those names, which a GPU image may only have versioned.

@@ -1,0 +1,197 @@
+"""tools/gpu_check.sh and tools/gpu_check.py without a GPU: the interpreter it
+resolves, the carried libfabric it finds, the budget its stages share, and the
+summary it leaves in OUT after every stage (a run cut short keeps what it
+measured). The stages' own commands run on a GPU machine only."""
+
+import importlib.util
+import json
+import os
+import shutil
+import subprocess
+import sys
+
+import pytest
+
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+pytestmark = pytest.mark.timeout(120)
+
+
+@pytest.fixture
+def gc(monkeypatch):
+  spec = importlib.util.spec_from_file_location("gpu_check", os.path.join(ROOT, "tools", "gpu_check.py"))
+  module = importlib.util.module_from_spec(spec)
+  spec.loader.exec_module(module)
+  return module
+
+
+def dry_run(env_extra, cwd=ROOT):
+  env = {k: v for k, v in os.environ.items() if k not in ("PYTHON", "STAGES")}
+  env.update(env_extra)
+  return subprocess.run(["bash", os.path.join(ROOT, "tools", "gpu_check.sh"), "--dry-run"],
+                        capture_output=True, text=True, timeout=60, env=env, cwd=cwd)
+
+
+def test_python_is_resolved_to_an_absolute_interpreter(tmp_path):
+  """PYTHON=python3 (the default) was passed on as "python3", whose dirname of dirname is
+  ".": tools/build_testing.sh then failed and the kernel test skipped. Now the plan names
+  an absolute interpreter that exists, whatever the caller typed."""
+  bindir = tmp_path / "bin"
+  bindir.mkdir()
+  (bindir / "mypython").symlink_to(sys.executable)
+  for typed, extra in (("python3", {}), ("mypython", {"PATH": f"{bindir}:{os.environ['PATH']}"}),
+                       ("bin/mypython", {})):
+    run = dry_run({"PYTHON": typed, **extra}, cwd=tmp_path)
+    assert run.returncode == 0, run.stderr
+    plan = json.loads(run.stdout)
+    assert os.path.isabs(plan["python"]) and os.path.exists(plan["python"]), (typed, plan)
+    assert os.path.isabs(plan["prefix"]), plan
+  run = dry_run({"PYTHON": "no-such-python-here"})
+  assert run.returncode == 2 and "PYTHON=no-such-python-here is not a command" in run.stderr
+
+
+def test_stages_default_to_all_in_order_of_value_and_unknown_names_fail(gc):
+  assert gc.parse_stages("") == gc.parse_stages("all") == \
+      ["build", "kernels", "swap", "bench", "jax", "overlap", "blocks"]
+  assert gc.parse_stages("build,all,nccl") == list(gc.ALL) + ["nccl"]
+  with pytest.raises(SystemExit, match="unknown stage 'benchmark'"):
+    gc.parse_stages("build,benchmark")
+  assert set(gc.LIMITS) == set(gc.ALL + gc.EXTRA) == set(gc.STAGES)
+
+
+def test_carried_libfabric_is_laid_out_as_a_prefix_and_found_through_the_documented_root(gc, tmp_path):
+  """tools/carry_libfabric.sh in a scratch checkout: .fab/ is a libfabric prefix
+  (include/rdma, lib/), which gpu_check hands to CMake as JAX_SMDDP_LIBFABRIC_ROOT
+  (tests/build/test_build.py checks that CMake finds such a prefix) and to the processes
+  on the loader path. Before, CPATH carried the headers, which CMake's discovery ignores."""
+  if not os.path.exists("/usr/include/rdma/fabric.h"):
+    assert os.environ.get("CI") != "true", "CI installs libfabric-dev (tools/system_packages.sh)"
+    pytest.skip("libfabric's headers are not installed here")
+  scratch = tmp_path / "checkout"
+  (scratch / "tools").mkdir(parents=True)
+  shutil.copy(os.path.join(ROOT, "tools", "carry_libfabric.sh"), scratch / "tools")
+  subprocess.run(["git", "init", "-q", str(scratch)], check=True, timeout=30)
+  run = subprocess.run(["bash", str(scratch / "tools" / "carry_libfabric.sh")], capture_output=True,
+                       text=True, timeout=120)
+  assert run.returncode == 0, run.stderr
+  fab = scratch / ".fab"
+  assert (fab / "include" / "rdma" / "fabric.h").is_file()
+  assert (fab / "lib" / "libfabric.so.1").is_file()
+  env = gc.fab_environment(str(scratch), {"LD_LIBRARY_PATH": "/somewhere:/else"})
+  assert env == {"JAX_SMDDP_LIBFABRIC_ROOT": str(fab),
+                 "LD_LIBRARY_PATH": f"{fab / 'lib'}:/somewhere:/else"}
+  # The carried library loads from there alone.
+  probe = subprocess.run([sys.executable, "-c", "import ctypes, sys; ctypes.CDLL(sys.argv[1])",
+                          str(fab / "lib" / "libfabric.so.1")], env={**os.environ, **env},
+                         capture_output=True, text=True, timeout=60)
+  assert probe.returncode == 0, probe.stderr
+  # Without the header there is nothing to carry (a half-copied .fab/ is not used).
+  os.remove(fab / "include" / "rdma" / "fabric.h")
+  assert gc.fab_environment(str(scratch), {}) == {}
+  assert gc.fab_environment(str(tmp_path / "nothing"), {}) == {}
+
+
+def test_budget_gives_each_stage_its_limit_or_what_is_left(gc):
+  now = [100.0]
+  budget = gc.Budget(540, clock=lambda: now[0])
+  assert budget.stage_limit(150) == 150
+  now[0] += 450
+  assert budget.remaining() == 90 and budget.stage_limit(150) == 90 - gc.RESERVE_S
+  now[0] += 100
+  assert budget.stage_limit(150) == 0
+
+
+BENCH_ROWS = [  # 2 processes sharing a GPU whose copy rate is 1 TB/s
+    {"op": "all_gather", "bytes_per_rank": 16 << 20, "ranks": 2, "smddp_s": 80e-6, "copy_Bps": 1e12},
+    {"op": "all_gather", "bytes_per_rank": 64 << 20, "ranks": 2, "smddp_s": 200e-6, "copy_Bps": 1e12},
+    {"op": "reduce_scatter", "bytes_per_rank": 64 << 20, "ranks": 2, "smddp_s": 1e-3,
+     "copy_Bps": 1e12, "reduce_ref_s": 0.9e-3, "max_blocks": 8},
+]
+
+
+def test_a_run_cut_by_its_budget_leaves_every_result_and_the_summary(gc, tmp_path, monkeypatch):
+  """Fake stages on a fake GPU: the kernel test passes, the benchmark leaves its JSON, the
+  next stage finds the summary already written, the JAX tests outrun their limit and are
+  killed, and the budget left after them is too small for the next stage, which is skipped,
+  not started. summary.md and stages.json say all of it, targets included."""
+  fakebin = tmp_path / "bin"
+  fakebin.mkdir()
+  (fakebin / "nvidia-smi").write_text("#!/bin/sh\necho 'GPU 0: Fake H200'\n")
+  (fakebin / "nvidia-smi").chmod(0o755)
+  out = tmp_path / "out"
+  monkeypatch.setenv("PATH", f"{fakebin}:{os.environ['PATH']}")
+  monkeypatch.setenv("OUT", str(out))
+  monkeypatch.setenv("STAGES", "kernels,bench,jax,overlap")
+  monkeypatch.setenv("GPU_CHECK_BUDGET_S", "3.5")
+  monkeypatch.setattr(gc, "MIN_STAGE_S", 1.6)
+  monkeypatch.setattr(gc, "RESERVE_S", 0)
+  monkeypatch.setitem(gc.LIMITS, "jax", 2)
+  seen = {}
+
+  def kernels(st, py):
+    st.run(["bash", "-c", "echo '12 passed in 3.21s'"])
+
+  def bench(st, py):
+    seen["summary after kernels"] = (out / "summary.md").read_text()
+    (out / "bench_2proc.json").write_text(json.dumps({"rows": BENCH_ROWS}))
+
+  def jax_tests(st, py):
+    st.run(["bash", "-c", "echo started; sleep 30; echo never"])
+
+  def overlap(st, py):
+    raise AssertionError("a stage the budget cannot hold must not start")
+
+  monkeypatch.setitem(gc.STAGES, "kernels", kernels)
+  monkeypatch.setitem(gc.STAGES, "bench", bench)
+  monkeypatch.setitem(gc.STAGES, "jax", jax_tests)
+  monkeypatch.setitem(gc.STAGES, "overlap", overlap)
+  assert gc.main([]) == 1  # the timed-out stage fails the run
+  assert "| kernels | passed |" in seen["summary after kernels"]
+  stages = json.loads((out / "stages.json").read_text())["stages"]
+  assert [(s["stage"], s["result"]) for s in stages] == [
+      ("kernels", "passed"), ("bench", "passed"), ("jax", "timed out"),
+      ("overlap", "skipped: budget spent")]
+  assert stages[2]["seconds"] < 5  # killed at its limit, not after its sleep
+  log = (out / "jax.log").read_text()
+  assert "\nstarted\n" in log and "\nnever" not in log and "stopped at the stage limit" in log
+  summary = (out / "summary.md").read_text()
+  assert "| kernel test (tests/gpu/test_kernels.py) | 12 passed | 12 passed, none skipped | met |" \
+      in summary  # the counts, not the time
+  # written/copy = 2 x 2 x size / time / copy: 16M 0.84, 64M 1.34; reduce_scatter vs kernel 0.90
+  assert "| all_gather written/copy, 2 processes, MPS, direct | 16M 0.84, 64M 1.34 | >= 0.8 from 16M | met |" \
+      in summary
+  assert "| reduce_scatter vs bare kernel, same blocks (8) | 2p 64M 0.90 | >= 0.8 from 64M | met |" in summary
+  assert "| all_gather written/copy, 4 processes, MPS, direct | not run |" in summary
+  assert "| 1-process example step, jax_smddp / XLA | not run |" in summary
+
+
+def test_example_comparison_flags_losses_that_differ(gc, tmp_path):
+  def write(name, losses, step_s):
+    with open(tmp_path / f"example_{name}.jsonl", "w") as f:
+      for i, l in enumerate(losses):
+        f.write(json.dumps({"step": i, "loss": l}) + "\n")
+    (tmp_path / f"example_{name}.json").write_text(json.dumps(
+        {"final_loss": losses[-1], "step_time_s": step_s, "collectives_time_s": 0.001}) + "\n")
+
+  write("gpu1_smddp", [3.0, 2.5, 2.0], 0.0033)
+  write("gpu1_xla", [3.0, 2.5, 2.0001], 0.0032)
+  write("gpu2_smddp", [3.0, 2.6], 0.004)
+  lines = gc.compare_examples(str(tmp_path))
+  assert any("gpu1_smddp vs gpu1_xla: losses differ by at most 5.00e-05" in l and "within" in l
+             for l in lines), lines
+  assert "gpu2_smddp vs cpu2_smddp: not comparable" in lines
+  write("gpu1_xla", [3.0, 2.5, 2.01], 0.0032)
+  assert any("gpu1_smddp vs gpu1_xla" in l and "OVER" in l for l in gc.compare_examples(str(tmp_path)))
+  rows = {t[0]: t for t in gc.targets(str(tmp_path))}
+  assert rows["1-process example step, jax_smddp / XLA"][1:] == \
+      ("3.30 / 3.20 ms = 1.031", "<= 1.05", "met")
+
+
+@pytest.mark.parametrize("line,verdict", [
+    ("12 passed in 40.1s", "met"), ("11 passed, 1 skipped in 30.0s", "NOT met"),
+    ("11 passed, 1 failed in 30.0s", "NOT met"), ("===== 3 passed in 1.0s =====", "NOT met")])
+def test_the_kernel_target_counts_skips_as_missing(gc, tmp_path, line, verdict):
+  """The last GPU run's kernel test reported "1 skipped" (its module was not built) and passed
+  for nothing: a skip is not a pass."""
+  (tmp_path / "kernels.log").write_text(f"....\n{line}\n")
+  rows = {t[0]: t for t in gc.targets(str(tmp_path))}
+  assert rows["kernel test (tests/gpu/test_kernels.py)"][3] == verdict

@@ -1,0 +1,529 @@
+"""Everything a lent GPU must run, in one call: stages in order of value, each
+under its own limit inside a total budget, each result written to OUT as it
+lands (a run cut short still leaves what it measured and a one-page summary).
+
+    bash tools/gpu_check.sh                      # STAGES=all: the stages below, in this order
+    STAGES=build,kernels bash tools/gpu_check.sh
+    GPU_CHECK_BUDGET_S=300 bash tools/gpu_check.sh
+    bash tools/gpu_check.sh --dry-run            # the plan: interpreter, libfabric, stages, limits
+
+Run it through tools/gpu_check.sh, which resolves PYTHON (default python3) to
+an absolute interpreter: the build installs into that interpreter's
+environment, and tools/build_testing.sh needs its prefix.
+
+Stages (all = build kernels swap bench jax overlap blocks):
+  build    the package (editable, with the test probes) and the native test programs
+  kernels  tests/gpu/test_kernels.py: the stream algorithms on the GPU without JAX
+  swap     the NCCL-API front end's stage (#34): skipped until it is built
+  bench    gpu_bench under MPS, direct reads, 2 and 4 processes, 16M-256M: the targets;
+           the reductions again with the budget lifted (1024 blocks)
+  jax      the quick selection of tests/gpu/test_gpu.py (JAX processes sharing the GPU)
+  overlap  the Flax example on the GPU: annotation cost, 2 processes under MPS, losses
+  blocks   the reductions under MPS with 32 blocks
+Also on request: memory cpu slots64 hosts nccl jaxfull (the whole of test_gpu.py).
+
+Writes to OUT (default /tmp/jax_smddp_gpu_check): <stage>.log, the benchmarks'
+JSON, example_*.json(l), stages.json and summary.md (rewritten after every stage).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import re
+import shutil
+import subprocess
+import sys
+import time
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+ALL = ("build", "kernels", "swap", "bench", "jax", "overlap", "blocks")
+EXTRA = ("memory", "cpu", "slots64", "hosts", "nccl", "jaxfull")
+# Each stage's own limit (seconds); the budget may give it less.
+LIMITS = {"build": 150, "kernels": 90, "swap": 180, "bench": 170, "jax": 120, "overlap": 200,
+          "blocks": 60, "memory": 120, "cpu": 300, "slots64": 200, "hosts": 200, "nccl": 200,
+          "jaxfull": 500}
+MIN_STAGE_S = 20   # a stage that would get less is skipped, not started
+RESERVE_S = 5      # kept back for the summary
+DEFAULT_BUDGET_S = 540
+
+QUICK_JAX = ("single_process or (sharing and engines and 2) or (sharing and direct and 2) or "
+             "(hosts and engines) or (hosts and HMEM and 2-1) or hmem_required or "
+             "(dead_peer and 2) or disagree or (sharing and host and 2)")
+
+
+# --- plan -------------------------------------------------------------------
+
+def parse_stages(text: str) -> list[str]:
+  """STAGES: 'all' (or empty) or a comma list; unknown names are an error."""
+  names = [s.strip() for s in (text or "all").split(",") if s.strip()]
+  out: list[str] = []
+  for name in names:
+    for s in (ALL if name == "all" else (name,)):
+      if s not in ALL + EXTRA:
+        raise SystemExit(f"gpu_check: unknown stage {s!r}; stages: {', '.join(ALL + EXTRA)}, all")
+      if s not in out:
+        out.append(s)
+  return out
+
+
+def fab_environment(root: str, env: dict) -> dict:
+  """The variables that make a carried libfabric (ROOT/.fab, as
+  tools/carry_libfabric.sh or tools/build_libfabric_cuda.sh lay it out:
+  include/rdma/fabric.h, lib/libfabric.so.1) reach the build through CMake's
+  documented discovery (JAX_SMDDP_LIBFABRIC_ROOT) and the processes through
+  the loader path. Empty when there is no .fab/ or it lacks the header."""
+  fab = os.path.join(root, ".fab")
+  if not os.path.isfile(os.path.join(fab, "include", "rdma", "fabric.h")):
+    return {}
+  libs = [d for d in (os.path.join(fab, "lib"), os.path.join(fab, "lib64")) if os.path.isdir(d)]
+  out = {"JAX_SMDDP_LIBFABRIC_ROOT": fab}
+  path = [p for p in env.get("LD_LIBRARY_PATH", "").split(":") if p]
+  out["LD_LIBRARY_PATH"] = ":".join(libs + [p for p in path if p not in libs])
+  return out
+
+
+class Budget:
+  """The run's total seconds, shared by the stages in order."""
+
+  def __init__(self, total_s: float, clock=time.monotonic):
+    self.total_s, self.clock, self.start = float(total_s), clock, clock()
+
+  def elapsed(self) -> float:
+    return self.clock() - self.start
+
+  def remaining(self) -> float:
+    return self.total_s - self.elapsed()
+
+  def stage_limit(self, nominal_s: float) -> float:
+    """Seconds a stage may take: its own limit, or what the budget has left."""
+    return max(0.0, min(float(nominal_s), self.remaining() - RESERVE_S))
+
+
+# --- running ----------------------------------------------------------------
+
+class Stage:
+  """One stage's commands, each cut at the stage's deadline."""
+
+  def __init__(self, name: str, limit_s: float, out: str, env: dict):
+    self.name, self.limit_s, self.out, self.env = name, limit_s, out, env
+    self.deadline = time.monotonic() + limit_s
+    self.log = open(os.path.join(out, f"{name}.log"), "a")
+    self.failed = False
+    self.timed_out = False
+    self.notes: list[str] = []
+
+  def run(self, argv: list[str], env: dict | None = None, echo: bool = True) -> int:
+    """Runs argv (output into the stage's log, and echoed), at most until the
+    stage's deadline; a failure or a timeout fails the stage."""
+    left = self.deadline - time.monotonic()
+    if left < 1:
+      self.timed_out = self.failed = True
+      self.note(f"not started (stage limit): {' '.join(argv[:6])}")
+      return 124
+    self.log.write(f"$ {' '.join(argv)}\n")
+    self.log.flush()
+    full = {**self.env, **(env or {})}
+    proc = subprocess.Popen(argv, cwd=ROOT, env=full, stdout=subprocess.PIPE,
+                            stderr=subprocess.STDOUT, text=True, start_new_session=True)
+    try:
+      out, _ = proc.communicate(timeout=left)
+      rc = proc.returncode
+    except subprocess.TimeoutExpired:
+      with contextlib.suppress(ProcessLookupError):
+        os.killpg(proc.pid, 9)
+      out, _ = proc.communicate()
+      rc = 124
+      self.timed_out = True
+      out += f"\n[gpu_check: stopped at the stage limit of {self.limit_s:.0f} s]\n"
+    self.log.write(out)
+    self.log.flush()
+    if echo:
+      sys.stdout.write(_tail(out, 60))
+      sys.stdout.flush()
+    if rc != 0:
+      self.failed = True
+    return rc
+
+  def note(self, text: str) -> None:
+    self.notes.append(text)
+    self.log.write(f"[gpu_check] {text}\n")
+    print(f"  {text}", flush=True)
+
+
+def _tail(text: str, lines: int) -> str:
+  parts = text.splitlines(keepends=True)
+  return "".join(parts[-lines:])
+
+
+@contextlib.contextmanager
+def mps(stage: Stage):
+  """The processes run concurrently on the one GPU under MPS where it starts."""
+  control = shutil.which("nvidia-cuda-mps-control")
+  env = {"CUDA_MPS_PIPE_DIRECTORY": "/tmp/jax_smddp_mps", "CUDA_MPS_LOG_DIRECTORY": "/tmp/jax_smddp_mps_log"}
+  started = False
+  if control:
+    for d in env.values():
+      os.makedirs(d, exist_ok=True)
+    started = subprocess.run([control, "-d"], env={**os.environ, **env}).returncode == 0
+  stage.note("under MPS" if started else "MPS did not start: the processes time-slice the GPU")
+  saved = {k: stage.env.get(k) for k in env}
+  if started:
+    stage.env.update(env)
+  try:
+    yield started
+  finally:
+    if started:
+      subprocess.run([control], input="quit\n", text=True, env={**os.environ, **env})
+      time.sleep(1)
+      for k, v in saved.items():
+        if v is None:
+          stage.env.pop(k, None)
+        else:
+          stage.env[k] = v
+
+
+# --- the stages ---------------------------------------------------------------
+
+def stage_build(st: Stage, py: str) -> None:
+  env = {"CMAKE_BUILD_PARALLEL_LEVEL": str(os.cpu_count() or 4)}
+  st.run([py, "-m", "pip", "install", "-v", "--disable-pip-version-check", "--no-build-isolation",
+          "--no-deps", "--config-settings=cmake.define.JAX_SMDDP_TESTING=ON", "-e", "."], env, echo=False)
+  if st.failed:
+    st.note("build failed: the later stages cannot run")
+    return
+  # The probes and native programs beside the package, in the same environment.
+  if st.run(["bash", "tools/build_testing.sh", sys.prefix], env, echo=False) != 0:
+    st.note("tools/build_testing.sh failed: the kernel and protocol tests skip")
+    st.failed = False  # the package itself is built
+  st.run([py, "-c", "import jax_smddp.gpu as g, jax_smddp._native as n, jax_smddp.capabilities as c; "
+          "e = n.cuda_engine(); print('CUDA backend:', g.available(), 'GPUs:', "
+          "e.device_count() if e else 0, 'stream memops:', e.have_stream_memops() if e else None, "
+          "'libfabric built:', c.fabric()['built'], 'testing module:', hasattr(e, 'stream_run'))"])
+
+
+def _pytest(st: Stage, py: str, args: list[str], env: dict | None = None, report: str = "-rs") -> None:
+  st.run([py, "-m", "pytest", "-q", "-p", "no:cacheprovider", report, *args], env)
+
+
+def stage_kernels(st: Stage, py: str) -> None:
+  # -rsP: the phase-timing test prints where a 64 MiB reduce_scatter's time goes.
+  _pytest(st, py, ["tests/gpu/test_kernels.py"], report="-rsP")
+
+
+def stage_swap(st: Stage, py: str) -> None:
+  st.note("skipped: the NCCL-API front end (libsmddp_nccl.so, issue #34) is not built yet")
+
+
+def _bench(st: Stage, py: str, name: str, args: list[str], env: dict | None = None) -> None:
+  st.run([py, "-m", "jax_smddp.tools.gpu_bench", *args, "--json",
+          os.path.join(st.out, f"{name}.json")], env)
+
+
+def _reductions(st: Stage, py: str, blocks: int) -> None:
+  _bench(st, py, f"blocks_{blocks}", ["--processes", "2", "--sizes", "64M,256M", "--modes",
+                                      "engine", "--direct-reads", "1", "--iters", "10",
+                                      "--ops", "reduce_scatter,all_reduce", "--timeout", "90"],
+         {"JAX_SMDDP_GPU_MAX_BLOCKS": str(blocks)})
+
+
+def stage_bench(st: Stage, py: str) -> None:
+  """The targets: every op at the default budget (8 blocks), 2 and 4 processes; then the
+  reductions with the budget lifted (1024 blocks: as many as the work has)."""
+  with mps(st):
+    for n in (2, 4):
+      _bench(st, py, f"bench_{n}proc", ["--processes", str(n), "--sizes", "16M,64M,256M",
+                                        "--modes", "engine", "--direct-reads", "1", "--iters", "10",
+                                        "--timeout", "140"])
+    _reductions(st, py, 1024)
+
+
+def stage_blocks(st: Stage, py: str) -> None:
+  """What the budget costs between the default and lifted: 32 blocks."""
+  with mps(st):
+    _reductions(st, py, 32)
+
+
+def stage_jax(st: Stage, py: str, quick: bool = True) -> None:
+  env = {"JAX_SMDDP_GPU_TEST_TIMEOUT": os.environ.get("JAX_SMDDP_GPU_TEST_TIMEOUT", "100")}
+  _pytest(st, py, ["tests/gpu/test_gpu.py", *(["-k", QUICK_JAX] if quick else [])], env)
+
+
+def stage_jaxfull(st: Stage, py: str) -> None:
+  stage_jax(st, py, quick=False)
+
+
+def stage_memory(st: Stage, py: str) -> None:
+  st.run([py, "tools/gpu_memory_kinds.py"])
+
+
+def stage_cpu(st: Stage, py: str) -> None:
+  _pytest(st, py, ["tests/engine/test_stream_protocol.py", "tests/engine/test_stream_watchdog.py",
+                   "tests/gpu/test_cuda_backend.py"], {"JAX_PLATFORMS": "cpu"})
+
+
+def stage_slots64(st: Stage, py: str) -> None:
+  _bench(st, py, "bench_2proc_64M_slots", ["--processes", "2", "--sizes", "1M,16M,64M,256M"],
+         {"JAX_SMDDP_GPU_SLOT_BYTES": str(64 << 20)})
+
+
+def stage_hosts(st: Stage, py: str) -> None:
+  _bench(st, py, "bench_2hosts", ["--processes", "2", "--hosts", "2", "--fabric-hmem", "0,auto",
+                                  "--modes", "engine", "--sizes", "1M,16M,64M", "--ops",
+                                  "all_gather,reduce_scatter,all_reduce,all_to_all"],
+         {"JAX_SMDDP_FABRIC_PROVIDER": "shm"})
+
+
+def stage_nccl(st: Stage, py: str) -> None:
+  _bench(st, py, "bench_1proc", ["--processes", "1", "--sizes", "1M,16M,256M", "--ops",
+                                 "all_gather,reduce_scatter,all_reduce,all_to_all"])
+
+
+# The example's runs: (name, environment, arguments). gpu1_*: one process, --mesh 1 (groups of
+# one, which stay off the collective stream); gpu2_*: 2 processes sharing the GPU under MPS.
+EXAMPLE_RUNS = (
+    ("gpu1_smddp", {}, ["--platform", "cuda", "--mesh", "1"]),
+    ("gpu1_xla", {}, ["--platform", "cuda", "--mesh", "1", "--collectives", "xla"]),
+    ("gpu2_smddp", {}, ["--platform", "cuda", "--mesh", "2", "--processes", "2"]),
+    ("gpu2_smddp_compute_stream", {"JAX_SMDDP_GPU_STREAM": "compute"},
+     ["--platform", "cuda", "--mesh", "2", "--processes", "2"]),
+    ("cpu2_smddp", {"JAX_PLATFORMS": "cpu"}, ["--platform", "cpu", "--mesh", "2", "--processes", "2"]),
+)
+# Runs that must train alike (losses within 1e-4, relative).
+EXAMPLE_PAIRS = (("gpu1_smddp", "gpu1_xla"), ("gpu2_smddp", "cpu2_smddp"),
+                 ("gpu2_smddp_compute_stream", "gpu2_smddp"))
+
+
+def stage_overlap(st: Stage, py: str) -> None:
+  """The Flax example on the GPU, float32 matmuls at full precision (not TF32) so that losses
+  compare; 3 steps of each run traced and summarised by jax_smddp.tools.trace_summary."""
+  flags = ("--xla_gpu_enable_latency_hiding_scheduler=true "
+           "--xla_gpu_experimental_stream_annotation=true")
+  base = {"JAX_DEFAULT_MATMUL_PRECISION": "highest", "XLA_PYTHON_CLIENT_PREALLOCATE": "false",
+          "XLA_FLAGS": flags}
+  for name, env, args in EXAMPLE_RUNS:
+    ctx = mps(st) if "--processes" in args and "cuda" in args else contextlib.nullcontext()
+    with ctx:
+      argv = [py, "examples/fsdp_train.py", "--steps", "30", "--no-progress", "--log-every", "10",
+              "--eval-batches", "1", "--metrics", os.path.join(st.out, f"example_{name}.jsonl"),
+              "--profile", os.path.join("/tmp/jax_smddp_traces", name), *args]
+      st.log.write(f"--- {name}\n")
+      full = {**st.env, **base, **env}
+      left = st.deadline - time.monotonic()
+      if left < 5:
+        st.note(f"{name}: not started (stage limit)")
+        st.timed_out = st.failed = True
+        continue
+      try:
+        proc = subprocess.run(argv, cwd=ROOT, env=full, capture_output=True, text=True,
+                              timeout=left, start_new_session=True)
+        rc, out, err = proc.returncode, proc.stdout, proc.stderr
+      except subprocess.TimeoutExpired as e:
+        rc, out, err = 124, e.stdout or "", (e.stderr or "") + "\n[stopped at the stage limit]"
+        out = out.decode() if isinstance(out, bytes) else out
+        err = err.decode() if isinstance(err, bytes) else err
+        st.timed_out = True
+      with open(os.path.join(st.out, f"example_{name}.json"), "w") as f:
+        f.write(out)
+      st.log.write(err)
+      shown = "\n".join(l for l in err.splitlines() if not l.startswith("step "))
+      print(f"--- {name} (rc {rc})\n{_tail(shown, 25)}", flush=True)
+      if rc != 0:
+        st.failed = True
+  for line in compare_examples(st.out):
+    st.note(line)
+    if "OVER" in line or "not comparable" in line:
+      st.failed = True
+
+
+def example_result(out: str, name: str) -> tuple[list | None, dict | None]:
+  try:
+    with open(os.path.join(out, f"example_{name}.jsonl")) as f:
+      losses = [json.loads(l)["loss"] for l in f if l.strip()]
+    with open(os.path.join(out, f"example_{name}.json")) as f:
+      summary = json.loads(f.read().strip().splitlines()[-1])
+    return losses, summary
+  except (OSError, ValueError, IndexError, KeyError):
+    return None, None
+
+
+def compare_examples(out: str) -> list[str]:
+  lines = []
+  runs = {name: example_result(out, name) for name, _, _ in EXAMPLE_RUNS}
+  for name, (_, s) in runs.items():
+    if s:
+      lines.append(f"{name}: final loss {s['final_loss']:.6f}, step {s['step_time_s'] * 1e3:.2f} ms, "
+                   f"collectives alone {s['collectives_time_s'] * 1e3:.2f} ms")
+  for a, b in EXAMPLE_PAIRS:
+    la, lb = runs[a][0], runs[b][0]
+    if not la or not lb or len(la) != len(lb):
+      lines.append(f"{a} vs {b}: not comparable")
+      continue
+    rel = max(abs(x - y) / max(abs(y), 1e-12) for x, y in zip(la, lb))
+    lines.append(f"{a} vs {b}: losses differ by at most {rel:.2e} relative over {len(la)} steps "
+                 f"({'within' if rel <= 1e-4 else 'OVER'} 1e-4)")
+  return lines
+
+
+STAGES = {name: globals()[f"stage_{name}"] for name in ALL + EXTRA}
+
+
+# --- the summary ----------------------------------------------------------------
+
+def _rows(out: str, name: str) -> list[dict]:
+  try:
+    with open(os.path.join(out, f"{name}.json")) as f:
+      return json.load(f)["rows"]
+  except (OSError, ValueError, KeyError):
+    return []
+
+
+def _written_per_copy(r: dict) -> float | None:
+  if not r.get("copy_Bps"):
+    return None
+  n = r["ranks"]
+  written = r["bytes_per_rank"] * n / r["smddp_s"] * (1 if r["op"] == "reduce_scatter" else n)
+  return written / r["copy_Bps"]
+
+
+def _pytest_counts(out: str, stage: str) -> str | None:
+  try:
+    with open(os.path.join(out, f"{stage}.log")) as f:
+      text = f.read()
+  except OSError:
+    return None
+  found = re.findall(r"^=*\s*((?:\d+ \w+(?:, )?)+) in [\d.]+s", text, re.M)
+  return found[-1] if found else None
+
+
+def targets(out: str) -> list[tuple[str, str, str, str]]:
+  """(target, measured, wanted, verdict) for the issue's GPU targets, from what OUT holds."""
+  from jax_smddp.tools.gpu_bench import reduction_ratios
+  rows = []
+
+  def verdict(ok: bool | None) -> str:
+    return "-" if ok is None else ("met" if ok else "NOT met")
+
+  counts = _pytest_counts(out, "kernels")
+  passed = int(re.search(r"(\d+) passed", counts).group(1)) if counts and "passed" in counts else 0
+  ok = None if counts is None else (passed >= 12 and not re.search(r"failed|error|skipped", counts))
+  rows.append(("kernel test (tests/gpu/test_kernels.py)", counts or "not run",
+               "12 passed, none skipped", verdict(ok)))
+  counts = _pytest_counts(out, "jax")
+  ok = None if counts is None else ("failed" not in counts and "error" not in counts)
+  rows.append(("quick JAX tests (test_gpu.py)", counts or "not run", "all pass", verdict(ok)))
+  for n in (2, 4):
+    ag = [r for r in _rows(out, f"bench_{n}proc") if r["op"] == "all_gather" and
+          r["bytes_per_rank"] >= 16 << 20]
+    vals = [_written_per_copy(r) for r in ag]
+    shown = ", ".join(f"{r['bytes_per_rank'] >> 20}M {v:.2f}" for r, v in zip(ag, vals) if v is not None)
+    ok = None if not vals or None in vals else min(vals) >= 0.8
+    rows.append((f"all_gather written/copy, {n} processes, MPS, direct", shown or "not run",
+                 ">= 0.8 from 16M", verdict(ok)))
+  for op in ("reduce_scatter", "all_reduce"):
+    big = [r for n in (2, 4) for r in _rows(out, f"bench_{n}proc") if r["op"] == op and
+           r["bytes_per_rank"] >= 64 << 20]
+    pairs = [(r, reduction_ratios(r)[1]) for r in big]
+    shown = ", ".join(f"{r['ranks']}p {r['bytes_per_rank'] >> 20}M {v:.2f}" for r, v in pairs
+                      if v is not None)
+    ok = None if not pairs or any(v is None for _, v in pairs) else min(v for _, v in pairs) >= 0.8
+    rows.append((f"{op} vs bare kernel, same blocks (8)", shown or "not run", ">= 0.8 from 64M",
+                 verdict(ok)))
+    lifted = [r for r in _rows(out, "blocks_1024") if r["op"] == op]
+    pairs = [(r, reduction_ratios(r)[0]) for r in lifted]
+    shown = ", ".join(f"{r['bytes_per_rank'] >> 20}M {v:.2f}" for r, v in pairs if v is not None)
+    ok = None if not pairs or any(v is None for _, v in pairs) else min(v for _, v in pairs) >= 0.5
+    rows.append((f"{op} read/copy, budget lifted (1024 blocks), 2 processes", shown or "not run",
+                 ">= 0.5", verdict(ok)))
+  _, ours = example_result(out, "gpu1_smddp")
+  _, xla = example_result(out, "gpu1_xla")
+  if ours and xla:
+    ratio = ours["step_time_s"] / xla["step_time_s"]
+    rows.append(("1-process example step, jax_smddp / XLA",
+                 f"{ours['step_time_s'] * 1e3:.2f} / {xla['step_time_s'] * 1e3:.2f} ms = {ratio:.3f}",
+                 "<= 1.05", verdict(ratio <= 1.05)))
+  else:
+    rows.append(("1-process example step, jax_smddp / XLA", "not run", "<= 1.05", "-"))
+  _, two = example_result(out, "gpu2_smddp")
+  rows.append(("2-process example under MPS, traced", "completed" if two else "not run",
+               "completes", verdict(None if two is None else bool(two.get("profile")))))
+  return rows
+
+
+def write_summary(out: str, results: list[dict], budget: Budget, plan: dict) -> str:
+  lines = ["# tools/gpu_check.sh summary", "",
+           f"python {plan['python']}; libfabric {plan['libfabric']}; budget {budget.total_s:.0f} s, "
+           f"used {budget.elapsed():.0f} s", "",
+           "| stage | result | seconds | limit | notes |", "|---|---|---|---|---|"]
+  for r in results:
+    notes = "; ".join(r["notes"])[:300]
+    lines.append(f"| {r['stage']} | {r['result']} | {r['seconds']:.0f} | {r['limit']:.0f} | {notes} |")
+  lines += ["", "| target | measured | wanted | verdict |", "|---|---|---|---|"]
+  try:
+    for t in targets(out):
+      lines.append("| " + " | ".join(t) + " |")
+  except Exception as e:  # the summary never hides the stages' results
+    lines.append(f"| (targets could not be read: {e!r}) | | | |")
+  text = "\n".join(lines) + "\n"
+  with open(os.path.join(out, "summary.md"), "w") as f:
+    f.write(text)
+  with open(os.path.join(out, "stages.json"), "w") as f:
+    json.dump({"plan": plan, "budget_s": budget.total_s, "elapsed_s": budget.elapsed(),
+               "stages": results}, f, indent=1)
+  return text
+
+
+def main(argv: list[str]) -> int:
+  dry = "--dry-run" in argv
+  out = os.path.abspath(os.environ.get("OUT") or "/tmp/jax_smddp_gpu_check")
+  os.makedirs(out, exist_ok=True)
+  stages = parse_stages(os.environ.get("STAGES", "all"))
+  budget = Budget(float(os.environ.get("GPU_CHECK_BUDGET_S", DEFAULT_BUDGET_S)))
+  env = dict(os.environ, PYTHONUNBUFFERED="1")
+  fab = fab_environment(ROOT, env)
+  env.update(fab)
+  py = sys.executable
+  plan = {"python": py, "prefix": sys.prefix,
+          "libfabric": fab.get("JAX_SMDDP_LIBFABRIC_ROOT", "as the machine has it"),
+          "stages": {s: LIMITS[s] for s in stages}, "out": out}
+  if dry:
+    print(json.dumps(plan, indent=1))
+    return 0
+  print(f"=== machine; plan {json.dumps(plan)}", flush=True)
+  if subprocess.run(["nvidia-smi", "-L"]).returncode != 0:
+    print("no GPU: nothing to check")
+    return 1
+  results: list[dict] = []
+  status = 0
+  for name in stages:
+    limit = budget.stage_limit(LIMITS[name])
+    if limit < MIN_STAGE_S:
+      results.append({"stage": name, "result": "skipped: budget spent", "seconds": 0, "limit": limit,
+                      "notes": [f"{budget.remaining():.0f} s of the budget left"]})
+      write_summary(out, results, budget, plan)
+      continue
+    print(f"=== {name} (up to {limit:.0f} s)", flush=True)
+    st = Stage(name, limit, out, env)
+    t0 = time.monotonic()
+    try:
+      STAGES[name](st, py)
+    except Exception as e:  # a stage's own error is its result, not the run's end
+      st.failed = True
+      st.note(f"error: {e!r}")
+    result = ("timed out" if st.timed_out else "failed" if st.failed else
+              "skipped" if st.notes and st.notes[0].startswith("skipped") else "passed")
+    results.append({"stage": name, "result": result, "seconds": time.monotonic() - t0,
+                    "limit": limit, "notes": st.notes})
+    st.log.close()
+    if result in ("failed", "timed out"):
+      status = 1
+    write_summary(out, results, budget, plan)
+    if name == "build" and result != "passed":
+      break
+  print(write_summary(out, results, budget, plan))
+  return status
+
+
+if __name__ == "__main__":
+  sys.exit(main(sys.argv[1:]))
