@@ -20,7 +20,9 @@ Stages (all = build kernels swap bench jax overlap blocks):
   jax      the quick selection of tests/gpu/test_gpu.py (JAX processes sharing the GPU)
   overlap  the Flax example on the GPU: annotation cost, 2 processes under MPS, losses
   blocks   the reductions under MPS with 32 blocks
-Also on request: memory cpu slots64 hosts nccl jaxfull (the whole of test_gpu.py).
+Also on request: memory cpu slots64 hosts nccl jaxfull (the whole of test_gpu.py), direct
+(the whole of it with direct reads as the default) and phases (the kernel test's phase
+timing of a 64 MiB reduce_scatter, under MPS).
 
 Writes to OUT (default /tmp/jax_smddp_gpu_check): <stage>.log, the benchmarks'
 JSON, example_*.json(l), stages.json and summary.md (rewritten after every stage).
@@ -39,11 +41,11 @@ import time
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 ALL = ("build", "kernels", "swap", "bench", "jax", "overlap", "blocks")
-EXTRA = ("memory", "cpu", "slots64", "hosts", "nccl", "jaxfull")
+EXTRA = ("memory", "cpu", "slots64", "hosts", "nccl", "jaxfull", "direct", "phases")
 # Each stage's own limit (seconds); the budget may give it less.
 LIMITS = {"build": 150, "kernels": 90, "swap": 180, "bench": 170, "jax": 120, "overlap": 200,
           "blocks": 60, "memory": 120, "cpu": 300, "slots64": 200, "hosts": 200, "nccl": 200,
-          "jaxfull": 500}
+          "jaxfull": 500, "direct": 400, "phases": 60}
 MIN_STAGE_S = 20   # a stage that would get less is skipped, not started
 RESERVE_S = 5      # kept back for the summary
 DEFAULT_BUDGET_S = 540
@@ -254,6 +256,21 @@ def stage_jaxfull(st: Stage, py: str) -> None:
   stage_jax(st, py, quick=False)
 
 
+def stage_direct(st: Stage, py: str) -> None:
+  """Every JAX GPU test with direct reads as every mode's default: what making them the
+  library's default needs."""
+  env = {"JAX_SMDDP_GPU_TEST_TIMEOUT": os.environ.get("JAX_SMDDP_GPU_TEST_TIMEOUT", "100"),
+         "JAX_SMDDP_GPU_DIRECT_READS": "1"}
+  _pytest(st, py, ["tests/gpu/test_gpu.py"], env)
+
+
+def stage_phases(st: Stage, py: str) -> None:
+  """The kernel test's phase timing of a 64 MiB reduce_scatter, under MPS (the kernels stage
+  runs it with the processes time-slicing the GPU)."""
+  with mps(st):
+    _pytest(st, py, ["tests/gpu/test_kernels.py", "-k", "where_a_64mib"], report="-rsP")
+
+
 def stage_memory(st: Stage, py: str) -> None:
   st.run([py, "tools/gpu_memory_kinds.py"])
 
@@ -379,14 +396,6 @@ def _rows(out: str, name: str) -> list[dict]:
     return []
 
 
-def _written_per_copy(r: dict) -> float | None:
-  if not r.get("copy_Bps"):
-    return None
-  n = r["ranks"]
-  written = r["bytes_per_rank"] * n / r["smddp_s"] * (1 if r["op"] == "reduce_scatter" else n)
-  return written / r["copy_Bps"]
-
-
 def _pytest_counts(out: str, stage: str) -> str | None:
   try:
     with open(os.path.join(out, f"{stage}.log")) as f:
@@ -398,8 +407,8 @@ def _pytest_counts(out: str, stage: str) -> str | None:
 
 
 def targets(out: str) -> list[tuple[str, str, str, str]]:
-  """(target, measured, wanted, verdict) for the issue's GPU targets, from what OUT holds."""
-  from jax_smddp.tools.gpu_bench import reduction_ratios
+  """(target, measured, wanted, verdict) for the issue's GPU targets, from what OUT holds
+  (the benchmark's JSON carries each row's ratios: jax_smddp.tools.gpu_bench.metrics)."""
   rows = []
 
   def verdict(ok: bool | None) -> str:
@@ -416,7 +425,7 @@ def targets(out: str) -> list[tuple[str, str, str, str]]:
   for n in (2, 4):
     ag = [r for r in _rows(out, f"bench_{n}proc") if r["op"] == "all_gather" and
           r["bytes_per_rank"] >= 16 << 20]
-    vals = [_written_per_copy(r) for r in ag]
+    vals = [r.get("written_per_copy") for r in ag]
     shown = ", ".join(f"{r['bytes_per_rank'] >> 20}M {v:.2f}" for r, v in zip(ag, vals) if v is not None)
     ok = None if not vals or None in vals else min(vals) >= 0.8
     rows.append((f"all_gather written/copy, {n} processes, MPS, direct", shown or "not run",
@@ -424,14 +433,14 @@ def targets(out: str) -> list[tuple[str, str, str, str]]:
   for op in ("reduce_scatter", "all_reduce"):
     big = [r for n in (2, 4) for r in _rows(out, f"bench_{n}proc") if r["op"] == op and
            r["bytes_per_rank"] >= 64 << 20]
-    pairs = [(r, reduction_ratios(r)[1]) for r in big]
+    pairs = [(r, r.get("vs_kernel")) for r in big]
     shown = ", ".join(f"{r['ranks']}p {r['bytes_per_rank'] >> 20}M {v:.2f}" for r, v in pairs
                       if v is not None)
     ok = None if not pairs or any(v is None for _, v in pairs) else min(v for _, v in pairs) >= 0.8
     rows.append((f"{op} vs bare kernel, same blocks (8)", shown or "not run", ">= 0.8 from 64M",
                  verdict(ok)))
     lifted = [r for r in _rows(out, "blocks_1024") if r["op"] == op]
-    pairs = [(r, reduction_ratios(r)[0]) for r in lifted]
+    pairs = [(r, r.get("read_per_copy")) for r in lifted]
     shown = ", ".join(f"{r['bytes_per_rank'] >> 20}M {v:.2f}" for r, v in pairs if v is not None)
     ok = None if not pairs or any(v is None for _, v in pairs) else min(v for _, v in pairs) >= 0.5
     rows.append((f"{op} read/copy, budget lifted (1024 blocks), 2 processes", shown or "not run",

@@ -28,7 +28,9 @@ Sizes are per rank shard: all_gather gathers n shards, reduce_scatter reduces
 n-shard inputs to one shard, all_reduce reduces n-shard buffers, all_to_all
 exchanges n-shard buffers; so every op
 handles S = n x size bytes per rank, as nccl-tests counts them. Columns: time
-per call (median), algbw = S / time, busbw = algbw x (n - 1) / n (x 2 for
+per call (median over groups of 5 calls issued back to back and waited for
+once, as nccl-tests times; "synced us" is the median of single calls each
+waited for, the latency a program that waits on every call sees), algbw = S / time, busbw = algbw x (n - 1) / n (x 2 for
 all_reduce), and "moved" = n x busbw, bytes all ranks together received from
 peers per second: the figure to compare with one device's copy bandwidth when
 every rank shares that device's memory. "written/copy" counts instead the
@@ -64,14 +66,20 @@ def parse_size(text: str) -> int:
   return int(float(text[:-1] if text[-1:] in "KMG" else text) * scale)
 
 
-def _time(f, x, iters: int) -> float:
-  y = f(x)
-  y.block_until_ready()
+PIPELINE = 5  # calls in flight between syncs when timing back to back
+
+
+def _time(f, x, iters: int, depth: int = 1) -> float:
+  """Median seconds per call: of single calls each waited for (depth 1: the
+  latency a program that waits sees), or of `depth` calls issued back to back
+  and waited for once (what the device sustains, as nccl-tests times)."""
+  f(x).block_until_ready()
   times = []
-  for _ in range(iters):
+  for _ in range(max(iters // depth, 1)):
     t0 = time.perf_counter()
-    f(x).block_until_ready()
-    times.append(time.perf_counter() - t0)
+    ys = [f(x) for _ in range(depth)]
+    ys[-1].block_until_ready()
+    times.append((time.perf_counter() - t0) / depth)
   return statistics.median(times)
 
 
@@ -169,13 +177,14 @@ def worker(args) -> dict:
       before = ext.counters()["direct_reads"] if ext else 0
       row = {"op": op, "bytes_per_rank": size, "ranks": n,
              "mode": os.environ.get("JAX_SMDDP_GPU_COPIES", "engine"),
-             "smddp_s": _time(ours, x, args.iters), "copy_Bps": copy_Bps}
+             "smddp_s": _time(ours, x, args.iters, PIPELINE),
+             "synced_s": _time(ours, x, args.iters), "copy_Bps": copy_Bps}
       row["direct_calls"] = (ext.counters()["direct_reads"] - before) if ext else 0
       if op in ("reduce_scatter", "all_reduce"):
         row["max_blocks"] = ext.settings()["max_blocks"] if ext else None
         row["reduce_ref_s"] = _reduce_reference(ext, size, n, args, f"{op}/{size}")
       if args.nprocs == 1:
-        row["xla_s"] = _time(lax, x, args.iters)
+        row["xla_s"] = _time(lax, x, args.iters, PIPELINE)
       if args.hosts > 1:
         chosen = jax_smddp.gpu.groups_across_hosts().values() if ext else []
         row["hosts"] = args.hosts
@@ -244,6 +253,20 @@ def reduction_ratios(r: dict) -> tuple[float | None, float | None]:
   return (read / copy if copy else None), (ref / t if ref else None)
 
 
+def metrics(r: dict) -> dict:
+  """The figures of a row against its references (None where one is missing),
+  stored beside it in the JSON: moved/copy, written/copy, read/copy, vs kernel."""
+  op, n, t = r.get("op", "all_gather"), r["ranks"], r["smddp_s"]
+  alg = r["bytes_per_rank"] * n / t
+  moved = _busbw(op, n, alg) * n
+  written = alg * (1 if op == "reduce_scatter" else n)  # output bytes, all ranks
+  copy = r.get("copy_Bps") or 0
+  read, vs_kernel = reduction_ratios(r)
+  return {"moved_per_copy": moved / copy if copy else None,
+          "written_per_copy": written / copy if copy else None,
+          "read_per_copy": read, "vs_kernel": vs_kernel}
+
+
 def _ratio(v: float | None) -> str:
   return "-" if v is None else f"{v:.2f}"
 
@@ -253,7 +276,7 @@ def report(rows: list[dict]) -> str:
          f"{'busbw':>8} {'moved':>8} {'copy GB/s':>9} {'moved/copy':>10} {'written/copy':>12} "
          f"{'read/copy':>9} {'vs kernel':>9} {'blocks':>6} "
          f"{'XLA busbw':>9}"
-         f"{'hosts':>6} {'hmem:slots':>11} {'direct':>10}"]
+         f"{'hosts':>6} {'hmem:slots':>11} {'direct':>10} {'synced us':>9}"]
   for r in rows:
     op, n, t = r.get("op", "all_gather"), r["ranks"], r["smddp_s"]
     alg = r["bytes_per_rank"] * n / t / 1e9
@@ -270,7 +293,8 @@ def report(rows: list[dict]) -> str:
                f"{moved / copy if copy else 0:>10.2f} {written / copy if copy else 0:>12.2f} "
                f"{_ratio(read):>9} {_ratio(vs_kernel):>9} {r.get('max_blocks') or '-':>6} "
                f"{xla:>9}"
-               f"{r.get('hosts', 1):>6} {_slots(r):>11} {_direct(r):>10}")
+               f"{r.get('hosts', 1):>6} {_slots(r):>11} {_direct(r):>10} "
+               f"{r['synced_s'] * 1e6 if r.get('synced_s') else 0:>9.1f}")
   return "\n".join(out)
 
 
@@ -334,6 +358,7 @@ def main(argv=None) -> int:
       if setting is not None:
         row["fabric_hmem"] = setting
       row["direct_reads"] = direct
+      row.update(metrics(row))
       rows.append(row)
     label = mode if setting is None else f"{mode}, JAX_SMDDP_FABRIC_HMEM={setting}"
     label += f", JAX_SMDDP_GPU_DIRECT_READS={direct}"

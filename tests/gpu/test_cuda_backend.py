@@ -435,11 +435,18 @@ def test_gpu_benchmark_arithmetic():
   assert line[11:14] == ["0.67", "0.50", "8"]
   assert gpu_bench.report([row]).splitlines()[1].split()[11:14] == ["-", "-", "-"]
   # The direct column: the setting, and whether the timed calls read in place.
-  assert gpu_bench.report([row]).splitlines()[1].endswith("0:staged")
+  assert gpu_bench.report([row]).splitlines()[1].split()[-2] == "0:staged"
   assert gpu_bench.report([{**row, "direct_reads": "1", "direct_calls": 21}]).splitlines()[1] \
-      .endswith("1:in place")
+      .split()[-3:-1] == ["1:in", "place"]
   assert gpu_bench.report([{**row, "direct_reads": "1", "direct_calls": 0}]).splitlines()[1] \
-      .endswith("1:staged")
+      .split()[-2] == "1:staged"
+  # The latency of one call waited for, beside the back-to-back time.
+  assert gpu_bench.report([{**row, "synced_s": 1.5e-3}]).splitlines()[1].split()[-1] == "1500.0"
+  # What the JSON keeps beside each row.
+  assert gpu_bench.metrics(red) == pytest.approx(
+      {"moved_per_copy": 3 * 67.108864e9 / 400e9, "written_per_copy": 67.108864e9 / 400e9,
+       "read_per_copy": 268435456 / 1e-3 / 400e9, "vs_kernel": 0.5})
+  assert gpu_bench.metrics(row)["read_per_copy"] is None
 
 
 @pytest.mark.timeout(240)
@@ -460,6 +467,7 @@ def test_gpu_benchmark_programs_run_and_check_on_cpu_processes(tmp_path, capsys)
   assert [(r["direct_reads"], r["op"], r["bytes_per_rank"]) for r in rows] == \
       [(d, op, s) for d in "01" for op in gpu_bench.OPS for s in (4 << 10, 36 << 10)]
   assert all(r["ranks"] == 2 and r["smddp_s"] > 0 and r["direct_calls"] == 0 for r in rows)
+  assert all(r["synced_s"] > 0 and r["written_per_copy"] is None for r in rows)  # no copy rate on CPU
   # The bare-kernel reference is the GPU's: on CPU processes it is absent, never made up.
   assert all(r["reduce_ref_s"] is None for r in rows if r["op"] in ("reduce_scatter", "all_reduce"))
   assert "1:staged" in text.out and "JAX_SMDDP_GPU_DIRECT_READS=1" in text.out

@@ -70,8 +70,11 @@ def test_processes_sharing_one_gpu(nprocs, mode):
     assert counters["copy_kernels"] == 0 and counters["engine_copies"] > 0, counters
   if MODES[mode].get("JAX_SMDDP_GPU_FLAGS") == "kernel":
     assert counters["flag_memops"] == 0 and counters["flag_kernels"] > 0, counters
-  # Direct reads happen where asked (XLA's buffers could be shared), never otherwise.
-  if MODES[mode].get("JAX_SMDDP_GPU_DIRECT_READS") == "1":
+  # Direct reads happen where asked (XLA's buffers could be shared), never otherwise; the
+  # environment's setting is every mode's default (tools/gpu_check.sh's stage "direct" runs
+  # this file with JAX_SMDDP_GPU_DIRECT_READS=1).
+  if MODES[mode].get("JAX_SMDDP_GPU_DIRECT_READS",
+                     os.environ.get("JAX_SMDDP_GPU_DIRECT_READS", "0")) == "1":
     assert counters["direct_reads"] > 0, (counters, procs[0].result["direct_staged_because"])
   else:
     assert counters["direct_reads"] == 0, counters

@@ -100,12 +100,16 @@ def test_budget_gives_each_stage_its_limit_or_what_is_left(gc):
   assert budget.stage_limit(150) == 0
 
 
-BENCH_ROWS = [  # 2 processes sharing a GPU whose copy rate is 1 TB/s
-    {"op": "all_gather", "bytes_per_rank": 16 << 20, "ranks": 2, "smddp_s": 80e-6, "copy_Bps": 1e12},
-    {"op": "all_gather", "bytes_per_rank": 64 << 20, "ranks": 2, "smddp_s": 200e-6, "copy_Bps": 1e12},
-    {"op": "reduce_scatter", "bytes_per_rank": 64 << 20, "ranks": 2, "smddp_s": 1e-3,
-     "copy_Bps": 1e12, "reduce_ref_s": 0.9e-3, "max_blocks": 8},
-]
+def bench_rows():
+  """2 processes sharing a GPU whose copy rate is 1 TB/s, with the ratios gpu_bench stores."""
+  from jax_smddp.tools import gpu_bench
+  rows = [
+      {"op": "all_gather", "bytes_per_rank": 16 << 20, "ranks": 2, "smddp_s": 80e-6, "copy_Bps": 1e12},
+      {"op": "all_gather", "bytes_per_rank": 64 << 20, "ranks": 2, "smddp_s": 200e-6, "copy_Bps": 1e12},
+      {"op": "reduce_scatter", "bytes_per_rank": 64 << 20, "ranks": 2, "smddp_s": 1e-3,
+       "copy_Bps": 1e12, "reduce_ref_s": 0.9e-3, "max_blocks": 8},
+  ]
+  return [{**r, **gpu_bench.metrics(r)} for r in rows]
 
 
 def test_a_run_cut_by_its_budget_leaves_every_result_and_the_summary(gc, tmp_path, monkeypatch):
@@ -132,7 +136,7 @@ def test_a_run_cut_by_its_budget_leaves_every_result_and_the_summary(gc, tmp_pat
 
   def bench(st, py):
     seen["summary after kernels"] = (out / "summary.md").read_text()
-    (out / "bench_2proc.json").write_text(json.dumps({"rows": BENCH_ROWS}))
+    (out / "bench_2proc.json").write_text(json.dumps({"rows": bench_rows()}))
 
   def jax_tests(st, py):
     st.run(["bash", "-c", "echo started; sleep 30; echo never"])
