@@ -5,7 +5,8 @@ A checkpoint holds the parameters and optimizer state in their sharded storage l
 (model size, mesh, data, schedule), so that `--resume` refuses a checkpoint written by
 a different configuration instead of loading it into the wrong layout. The step
 number is the checkpoint's name; the data pipeline is a function of the step, so no
-data state needs saving.
+data state needs saving. In a multi-process run the processes wait for each other at the
+jax.distributed service: saving and restoring run no XLA collective.
 """
 
 from __future__ import annotations
@@ -20,9 +21,16 @@ class Checkpoints:
 
   def __init__(self, directory: str, max_to_keep: int = 2):
     self.directory = os.path.abspath(directory)
+    # Every process named as taking part: Orbax's barriers then wait at the jax.distributed
+    # service, not (its default for all processes) in an XLA all-reduce across processes
+    # (multihost_utils.sync_global_devices, a collective outside the training step). It
+    # leaves the directory to us then.
+    os.makedirs(self.directory, exist_ok=True)
+    everyone = ocp.options.MultiprocessingOptions(
+        active_processes=set(range(jax.process_count())))
     self.manager = ocp.CheckpointManager(
-        self.directory, options=ocp.CheckpointManagerOptions(max_to_keep=max_to_keep,
-                                                             create=True))
+        self.directory, options=ocp.CheckpointManagerOptions(
+            max_to_keep=max_to_keep, create=False, multiprocessing_options=everyone))
 
   def latest_step(self) -> int | None:
     return self.manager.latest_step()

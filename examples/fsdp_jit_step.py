@@ -110,5 +110,9 @@ class JitFSDP:
     """The parameters' all-gathers alone (sharded in, replicated out): the part of the
     step's collectives that does not depend on XLA's choices for the gradients."""
     params, _ = self.init_state(0)
-    gather = jax.jit(lambda p: p, out_shardings=NamedSharding(self.mesh, P()))
+
+    def gather_params(p):  # named: its compiled program is jit_gather_params (--dump-hlo)
+      return p
+
+    gather = jax.jit(gather_params, out_shardings=NamedSharding(self.mesh, P()))
     return lambda: gather(params)

@@ -221,7 +221,11 @@ class FSDP:
     n = self.layout.n
     shapes = {"embed": (n * sizes["embed"],), "layers": (self.layout.n_layers, n * sizes["layers"]),
               "head": (n * sizes["head"],)}
-    bufs = {g: jax.device_put(jnp.zeros(shapes[g], jnp.float32), NamedSharding(self.mesh, specs[g]))
+    # Zeros made where they live, each device its own shard: no host array and no
+    # collective. (jax.device_put of a global array would first check, with an XLA
+    # all-gather across processes, that every process passed the same value.)
+    bufs = {g: jax.jit(functools.partial(jnp.zeros, shapes[g], jnp.float32),
+                       out_shardings=NamedSharding(self.mesh, specs[g]))()
             for g in shapes}
     return lambda: f(bufs)
 

@@ -108,6 +108,11 @@ def parse_args(argv=None) -> argparse.Namespace:
                       "steps) into DIR/process_N and print where the collectives ran "
                       "(python -m jax_smddp.tools.trace_summary DIR reads it again)")
   c.add_argument("--profile-steps", type=int, default=3, help="steps traced by --profile")
+  c.add_argument("--dump-hlo", default="", metavar="DIR",
+                 help="write every program this run compiles, as XLA optimized it, into "
+                      "DIR/process_N (XLA's --xla_dump_to, as text: "
+                      "*after_optimizations.txt); jax_smddp's collectives show there as "
+                      "custom calls smddp_*, XLA's own as all-gather, all-reduce, ...")
   c.add_argument("--no-progress", action="store_true", help="print lines instead of a bar")
   c.add_argument("--log-every", type=int, default=25, help="steps between lines (no bar)")
   return p.parse_args(argv)
@@ -126,7 +131,13 @@ def set_up_devices(args) -> None:
     count = max(args.devices or 8, mesh_devices)
     if args.processes > 1:
       count = max(mesh_devices // args.processes, 1)
-    os.environ["XLA_FLAGS"] = f"{flags} --xla_force_host_platform_device_count={count}".strip()
+    flags = f"{flags} --xla_force_host_platform_device_count={count}"
+  if args.dump_hlo:
+    where = os.path.join(os.path.abspath(args.dump_hlo), f"process_{args.process_id or 0}")
+    flags = f"{flags} --xla_dump_to={where} --xla_dump_hlo_as_text"
+    # A program found in JAX's persistent compilation cache is not compiled, so not dumped.
+    os.environ["JAX_ENABLE_COMPILATION_CACHE"] = "false"
+  os.environ["XLA_FLAGS"] = flags.strip()
 
 
 def launch_processes(args, argv) -> int:
@@ -420,7 +431,9 @@ def main(argv=None) -> dict:
   comm_times = time_calls(comm, 5)
   comm_s = statistics.median(comm_times)
 
-  metrics_file = open(args.metrics, "a" if args.resume else "w") if args.metrics else None
+  # One writer: in a multi-process run every process has the same losses.
+  metrics_file = open(args.metrics, "a" if args.resume else "w") if args.metrics and lead \
+      else None
   stop = min(args.steps, args.stop_at) if args.stop_at else args.steps
   tokens_per_step = args.batch * cfg.seq_len
   progress = Progress(start, stop, args.no_progress, args.log_every)

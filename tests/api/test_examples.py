@@ -10,7 +10,10 @@ Tiny model and 20 steps; the checks are the example's promises:
     uninterrupted run;
   * prefetch (--prefetch, jax_smddp.fsdp.scan_layers) trains as --no-prefetch does, and its
     compiled step gathers the next layer inside the forward loop and reduce-scatters it
-    inside the backward loop (--compare-prefetch runs both in one process).
+    inside the backward loop (--compare-prefetch runs both in one process);
+  * in a 2-process run no program the example compiles, in either process, holds a
+    collective of XLA's outside the training step (--dump-hlo): initialisation, placement,
+    checkpoints and reading results back take none (shard_map style: none at all).
 
 Tolerance: 1e-4 relative at every step. Measured here: smddp and lax runs are
 bit-identical; sharded and unsharded runs differ by about 3e-7 (float32 sums in a
@@ -19,9 +22,12 @@ different order).
 
 from __future__ import annotations
 
+import collections
 import json
 import math
 import os
+import pathlib
+import re
 import subprocess
 import sys
 
@@ -90,6 +96,30 @@ def assert_learns(losses):
   assert losses[-1] < losses[0] - 1.0, losses
 
 
+# XLA's collective instructions in a compiled module's text (the async forms too: *-start);
+# jax_smddp's are custom calls whose targets start with smddp_.
+XLA_COLLECTIVE = re.compile(r"\s((?:ragged-)?all-to-all|all-gather|all-reduce|reduce-scatter|"
+                            r"collective-permute|collective-broadcast|send|recv)(?:-start)?\(")
+SMDDP_COLLECTIVE = re.compile(r'custom_call_target="(smddp_\w+)"')
+
+
+def compiled_programs(dump: pathlib.Path, processes: int) -> list[list[tuple]]:
+  """Per process, (program name, XLA's collectives, jax_smddp's) of every program it
+  compiled: the example's --dump-hlo DIR holds XLA's text of each module after
+  optimization, DIR/process_N/module_NNNN.<name>.cpu_after_optimizations.txt."""
+  out = []
+  for p in range(processes):
+    programs = []
+    for path in sorted((dump / f"process_{p}").glob("module_*after_optimizations.txt")):
+      text = path.read_text()
+      name = path.name.split(".")[1]
+      programs.append((name, collections.Counter(XLA_COLLECTIVE.findall(text)),
+                       collections.Counter(SMDDP_COLLECTIVE.findall(text))))
+    assert len(programs) >= 5, (dump, p, programs)  # the dump is there, for each process
+    out.append(programs)
+  return out
+
+
 def check_summary(summary, collectives, mesh):
   assert summary["collectives"] == collectives and summary["mesh"] == mesh
   assert summary["steps"] == TINY["steps"]
@@ -132,7 +162,8 @@ def test_jit_style_two_processes_smddp_equals_gloo_and_unsharded(tmp_path, unsha
   jax_smddp (JAX_SMDDP_COLLECTIVES=xla, set by the example for its processes),
   with xla on gloo; both train as the unsharded reference does."""
   smddp, smddp_losses = train(tmp_path, "--style=jit", "--processes=2", "--mesh=8",
-                              "--collectives=smddp", name="jit_smddp")
+                              "--collectives=smddp", f"--dump-hlo={tmp_path / 'hlo'}",
+                              name="jit_smddp")
   gloo, gloo_losses = train(tmp_path, "--style=jit", "--processes=2", "--mesh=8",
                             "--collectives=xla", name="jit_gloo")
   for summary in (smddp, gloo):
@@ -142,17 +173,46 @@ def test_jit_style_two_processes_smddp_equals_gloo_and_unsharded(tmp_path, unsha
     assert abs(a - b) <= 1e-5 * abs(b), f"step {step}: {a} vs {b}"
   assert_close(smddp_losses, unsharded, "jit style vs unsharded")
   assert_learns(smddp_losses)
+  # Of every program the smddp run compiled, in either process, only the three that are
+  # meant to communicate hold collectives: the step, eval (the loss is replicated) and the
+  # collectives-only gather. XLA's by design in this style; the XLA-level swap runs them on
+  # jax_smddp. Initialisation, batch placement and reading the loss back take none.
+  for p, programs in enumerate(compiled_programs(tmp_path / "hlo", 2)):
+    assert not any(smddp for _, _, smddp in programs), (p, programs)  # no shard_map here
+    communicating = sorted({name for name, xla, _ in programs if xla})
+    assert communicating == ["jit__loss", "jit__train_step", "jit_gather_params"], \
+        (p, [(name, dict(xla)) for name, xla, _ in programs if xla])
 
 
 @pytest.mark.timeout(400)
 def test_two_processes_traced_run_only_jax_smddp_collectives(tmp_path, fsdp8):
-  """--processes 2 --mesh 8 in shard_map style, 3 of its steps traced (--profile): on each
-  device of the reporting process every collective of the traced steps is jax_smddp's, none
-  of XLA's (placing each batch takes no collective across processes), once per layer and
-  step; and it trains as the 1-process run does."""
-  summary, losses = train(tmp_path, "--processes=2", "--mesh=8", f"--profile={tmp_path / 'trace'}",
-                          name="traced")
-  profile = summary["profile"]
+  """--processes 2 --mesh 8 in shard_map style, stopped at step 10 with a checkpoint and
+  resumed from it (a 2-process job each time):
+    * no program either run compiles, in either process, holds a collective of XLA's
+      (--dump-hlo: every compiled module's optimized HLO): not the step, and not parameter
+      initialisation, batch placement, the collectives-only step, eval, checkpoint save and
+      restore or reading the losses back (placing a global array with jax.device_put, or
+      Orbax's default barriers, would add an XLA all-gather or all-reduce across processes:
+      gloo here, NCCL on a GPU, which refuses 2 processes on one GPU). jax_smddp leaves
+      none of the example's collectives to XLA (float32, whole mesh axes), so the only
+      collectives are its custom calls, in the step, the collectives-only step and eval;
+    * 3 steps traced (--profile): on each device of the reporting process every collective
+      of the traced steps is jax_smddp's, once per layer and step;
+    * it trains as the 1-process run does, through the restart."""
+  ckpt, dump = f"--checkpoint-dir={tmp_path / 'ckpt'}", tmp_path / "hlo"
+  first, first_losses = train(tmp_path, "--processes=2", "--mesh=8", ckpt, "--stop-at=10",
+                              f"--profile={tmp_path / 'trace'}", f"--dump-hlo={dump / 'first'}",
+                              name="traced")
+  second, second_losses = train(tmp_path, "--processes=2", "--mesh=8", ckpt, "--resume",
+                                f"--dump-hlo={dump / 'resumed'}", name="resumed")
+  assert first["steps"] == 10 and second["start_step"] == 10 and second["steps"] == 20
+  for run in ("first", "resumed"):
+    for p, programs in enumerate(compiled_programs(dump / run, 2)):
+      xla = [(name, dict(ops)) for name, ops, _ in programs if ops]
+      assert not xla, (run, p, xla)
+      smddp = sorted(name for name, _, ops in programs if ops)
+      assert smddp == ["jit__eval_step", "jit__train_step", "jit_comm"], (run, p, smddp)
+  profile = first["profile"]
   assert profile["steps"] == [3, 5] and profile["kind"] == "cpu", profile
   assert profile["trace"].startswith(str(tmp_path / "trace" / "process_0"))
   assert len(profile["devices"]) == 4, profile["devices"]  # this process's half of the mesh
@@ -163,7 +223,7 @@ def test_two_processes_traced_run_only_jax_smddp_collectives(tmp_path, fsdp8):
                            "jax_smddp:all_reduce"}, (device, counts)
     # The embedding, the head and each layer, gathered once per step.
     assert counts["jax_smddp:all_gather"] == 3 * (2 + layers), (device, counts)
-  assert_close(losses, fsdp8[1], "2 processes, traced vs 1 process")
+  assert_close(first_losses + second_losses, fsdp8[1], "2 processes, restarted, vs 1 process")
 
 
 @pytest.mark.timeout(300)
