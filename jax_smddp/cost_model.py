@@ -219,13 +219,27 @@ class Machine:
     return Machine(**{k: v for k, v in d.items() if k in fields})
 
 
+# The GPU engine's phases, measured on an H200 (2026-11-26, tools/gpu_check.sh: gpu_bench's
+# bare reduction kernel, and tests/gpu/test_kernels.py's phase timing of a 64 MiB
+# reduce_scatter of 2 processes sharing the GPU; docs/gpu.md "Where a reduction's time goes").
+# Bytes read per second by one f32 reduction kernel of 2-4 sources within 8 blocks (the
+# default SM budget): 518-585 GB/s; with 32 blocks 1.72-1.87 TB/s, unbudgeted 2.5-2.7 TB/s.
+GPU_REDUCE_READ_8_BLOCKS = 560 * GB
+# One step's hand-off between ranks (a stream wait on a peer's flag, then a flag write),
+# processes sharing one GPU under MPS: 6 us + 5 us; without MPS the wait is ~95 us (the
+# processes' contexts time-slice the GPU).
+GPU_HANDOFF_MPS_S = 11e-6
+GPU_HANDOFF_TIME_SLICED_S = 100e-6
+
 P4D = Machine(
     name="p4d.24xlarge",
     description="8 x A100 40 GB, NVSwitch (NVLink3, 600 GB/s per GPU both directions), "
                 "4 x 100 Gbps EFA (two GPUs per NIC)",
     kind="gpu", cores=96, gpus_per_host=8,
     copy_bw=700 * GB, copy_bw_dram=700 * GB, cache_bytes=0, fault_bw=math.inf,
-    reduce_bw=1000 * GB, reduce_bw_dram=1000 * GB,   # HBM2 1555 GB/s
+    # Reductions run within the SM budget (JAX_SMDDP_GPU_MAX_BLOCKS, 8): as measured on an
+    # H200 (GPU_REDUCE_READ_8_BLOCKS), assumed here, not measured on an A100.
+    reduce_bw=GPU_REDUCE_READ_8_BLOCKS, reduce_bw_dram=GPU_REDUCE_READ_8_BLOCKS,
     call_overhead_s=10e-6, call_overhead_per_device_s=0.0,
     in_process=Transport("device memory", 2e-6),
     intra_host=Transport("NVLink/IPC", 3e-6, bandwidth=300 * GB, efficiency=0.8,
@@ -241,7 +255,8 @@ P5 = Machine(
                 "32 x 100 Gbps EFA (four NICs per GPU)",
     kind="gpu", cores=192, gpus_per_host=8,
     copy_bw=1500 * GB, copy_bw_dram=1500 * GB, cache_bytes=0, fault_bw=math.inf,
-    reduce_bw=2200 * GB, reduce_bw_dram=2200 * GB,   # HBM3 3350 GB/s
+    # Within the 8-block budget, as measured on an H200 (same SMs as the H100).
+    reduce_bw=GPU_REDUCE_READ_8_BLOCKS, reduce_bw_dram=GPU_REDUCE_READ_8_BLOCKS,
     call_overhead_s=8e-6, call_overhead_per_device_s=0.0,
     in_process=Transport("device memory", 2e-6),
     intra_host=Transport("NVLink/IPC", 3e-6, bandwidth=450 * GB, efficiency=0.8,
