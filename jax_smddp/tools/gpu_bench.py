@@ -72,10 +72,16 @@ PIPELINE = 5  # calls in flight between syncs when timing back to back
 def _time(f, x, iters: int, depth: int = 1) -> float:
   """Median seconds per call: of single calls each waited for (depth 1: the
   latency a program that waits sees), or of `depth` calls issued back to back
-  and waited for once (what the device sustains, as nccl-tests times)."""
-  f(x).block_until_ready()
+  and waited for once (what the device sustains, as nccl-tests times), over
+  at least 3 groups. The warm-up is a whole group: `depth` outputs alive at
+  once grow XLA's memory pool (cudaMalloc) the first time, which a timed
+  group must not pay (on an H200 it made back-to-back calls look 3-10x
+  slower than waited-for ones, for whichever op of a run came first)."""
+  ys = [f(x) for _ in range(depth)]
+  ys[-1].block_until_ready()
+  del ys
   times = []
-  for _ in range(max(iters // depth, 1)):
+  for _ in range(max(iters // depth, 3)):
     t0 = time.perf_counter()
     ys = [f(x) for _ in range(depth)]
     ys[-1].block_until_ready()
