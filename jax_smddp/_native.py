@@ -3,16 +3,47 @@
 from __future__ import annotations
 
 import functools
+import glob
+import os
+import sys
 
 import jax
+
+
+def _how_to_build(error: ImportError) -> str:
+  """What to run when the extension does not load: the exact commands for the
+  interpreter that failed and the source tree it read jax_smddp from."""
+  python = sys.executable
+  package = os.path.dirname(os.path.abspath(__file__))
+  root = os.path.dirname(package)
+  folders = getattr(sys.modules.get(__package__), "__path__", None) or [package]
+  missing = not any(glob.glob(os.path.join(f, "_smddp_cpu*")) for f in folders)
+  what = ("is not built for this Python" if missing else f"does not load ({error})")
+  text = f"jax_smddp's native extension (_smddp_cpu) {what} ({python}, jax {jax.__version__}); "
+  if not os.path.exists(os.path.join(root, "CMakeLists.txt")):
+    return text + (f"jax_smddp was imported from {package}: reinstall it against this jax from its "
+                   f"sources: {python} -m pip install --no-build-isolation --force-reinstall "
+                   "--no-deps <jax_smddp source folder>.")
+  text += f"jax_smddp was imported from the source checkout {root}. "
+  built = [os.path.join(root, v, "bin", "python") for v in (".venv/py311", ".venv/py312")
+           if glob.glob(os.path.join(root, v, "lib", "python3*", "site-packages", "jax_smddp",
+                                     "_smddp_cpu*"))
+           and not os.path.samefile(os.path.join(root, v), sys.prefix)]
+  if built:
+    text += f"It is built for {' and '.join(built)}: run with that. "
+  text += (f"To build it for the checkout's environments: cd {root} && bash tools/run.sh "
+           "(.venv/py311; then it runs the example) or bash tools/test.sh (.venv/py311 and "
+           ".venv/py312; then the tests). ")
+  return text + (f"To build it into this Python's environment (editable: the checkout's Python "
+                 f"files, the native modules in site-packages): cd {root} && {python} -m pip install "
+                 f"nanobind scikit-build-core cmake ninja && {python} -m pip install "
+                 "--no-build-isolation -e .")
+
 
 try:
   from jax_smddp import _smddp_cpu  # built by CMake (see CMakeLists.txt)
 except ImportError as e:
-  raise ImportError(
-      "jax_smddp's native extension (_smddp_cpu) is missing: build and install the package "
-      "with `pip install --no-build-isolation .` (after installing jax), and do not import it "
-      "from an unbuilt source checkout.") from e
+  raise ImportError(_how_to_build(e)) from e
 
 # Names of the FFI targets, by collective; the same names on every platform.
 TARGETS = ("smddp_all_gather", "smddp_reduce_scatter", "smddp_all_reduce", "smddp_all_to_all")

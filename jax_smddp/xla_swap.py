@@ -43,9 +43,10 @@ import re
 
 import jax
 
+from jax_smddp._startup import library_path  # the library the start-up hook points at
+
 log = logging.getLogger("jax_smddp")
 
-LIBRARY = "libsmddp_mpi.so"
 _ON = ("all", "1", "true", "on", "yes", "xla")
 
 
@@ -54,11 +55,6 @@ def requested(value: str | None = None) -> bool:
   if value is None:
     value = os.environ.get("JAX_SMDDP_COLLECTIVES", "")
   return any(v.strip().lower() in _ON for v in value.split(","))
-
-
-def library_path() -> str:
-  """The MPI ABI library of this installation."""
-  return os.path.join(os.path.dirname(os.path.abspath(__file__)), LIBRARY)
 
 
 def local_devices() -> int:

@@ -120,3 +120,23 @@ def need_netns():
     if os.environ.get("CI") == "true":
       pytest.fail(f"two-host tests must run in CI: {why}")
     pytest.skip(why)
+
+
+def not_editable() -> str | None:
+  """Why commands run from the checkout's root would not find the built package
+  (the sources shadow it), or None when this environment has the checkout's
+  editable install (tools/setup_env.sh: pip install -e)."""
+  import importlib.metadata
+  import json
+  import os
+  root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+  try:
+    url = json.loads(importlib.metadata.distribution("jax_smddp").read_text("direct_url.json") or "{}")
+  except importlib.metadata.PackageNotFoundError:
+    return "jax_smddp is not installed in this environment"
+  if not url.get("dir_info", {}).get("editable"):
+    return ("jax_smddp is installed here, not editable: from the checkout's root its sources shadow "
+            f"it (tools/setup_env.sh installs it editable: pip install --no-build-isolation -e {root})")
+  if os.path.realpath(url.get("url", "").removeprefix("file://")) != os.path.realpath(root):
+    return f"jax_smddp is installed editable from {url.get('url')}, not from {root}"
+  return None

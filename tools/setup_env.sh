@@ -18,8 +18,12 @@ pip install -q --disable-pip-version-check --upgrade pip >/dev/null
 pip install -q --disable-pip-version-check "$jax_spec" numpy nanobind "scikit-build-core>=0.10" \
   cmake ninja pytest pytest-timeout flax optax orbax-checkpoint tqdm "$@"
 # --no-build-isolation: build against the jax installed above, not a newer one.
-pip install -q --disable-pip-version-check --no-build-isolation --no-deps "$root"
-(cd / && "$venv/bin/python" -c "
+# -e (editable): Python reads the package's .py files from the checkout and its
+# native modules from this environment's site-packages (pyproject.toml), so
+# `python -m jax_smddp...` works from the checkout's root too, and each
+# environment keeps its own build (build/<wheel tag>) against its own jaxlib.
+pip install -q --disable-pip-version-check --no-build-isolation --no-deps -e "$root"
+(cd "$root" && "$venv/bin/python" -c "
 import jax, jax_smddp
 from jax_smddp import capabilities
 parts = ['CUDA backend built' if capabilities.cuda()['built'] else 'CPU only: no nvcc',
