@@ -325,7 +325,7 @@ def test_the_main_command_names_options_the_example_has():
   run = subprocess.run([sys.executable, "examples/fsdp_train.py", "--help"], cwd=REPO, env=_env(),
                        capture_output=True, text=True, timeout=110)
   assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-3000:]
-  assert "exec .venv/py311/bin/python examples/fsdp_train.py \"$@\"" in open(os.path.join(REPO, "tools/run.sh")).read()
+  assert '/fsdp_train.py "$@"' in open(os.path.join(REPO, "tools", "run.sh")).read()
   assert not [o for o in options if o not in run.stdout], (options, run.stdout)
 
 
