@@ -85,14 +85,17 @@ def parse(doc: str) -> tuple[list[Block], list[str]]:
       marker = (m, i + 1) if m else None
       i += 1
       continue
-    fence = re.match(r"^(```+|~~~+)\s*([\w-]*)", line)
+    fence = re.match(r"^(\s*)(```+|~~~+)\s*([\w-]*)", line)  # indented too: inside a list item
     indented = (line.startswith("    ") and i > 0 and not lines[i - 1].strip()
                 and not _list_context(prev))
     if fence:
-      end = next((j for j in range(i + 1, len(lines)) if lines[j].startswith(fence.group(1))), len(lines))
-      lang = fence.group(2).lower()
+      indent, mark = fence.group(1), fence.group(2)
+      end = next((j for j in range(i + 1, len(lines)) if lines[j].strip().startswith(mark)), len(lines))
+      lang = fence.group(3).lower()
       lang = "shell" if lang in ("bash", "sh", "shell", "console") else lang
-      blocks.append(Block(doc, i + 2, lang, "\n".join(lines[i + 1:end])))
+      code = textwrap.dedent("\n".join(l[len(indent):] if l.startswith(indent) else l
+                                       for l in lines[i + 1:end]))
+      blocks.append(Block(doc, i + 2, lang, code))
       i = end + 1
     elif indented:
       end = i
