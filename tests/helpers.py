@@ -129,6 +129,8 @@ def not_editable() -> str | None:
   import importlib.metadata
   import json
   import os
+  import urllib.parse
+  import urllib.request
   root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
   try:
     url = json.loads(importlib.metadata.distribution("jax_smddp").read_text("direct_url.json") or "{}")
@@ -137,6 +139,7 @@ def not_editable() -> str | None:
   if not url.get("dir_info", {}).get("editable"):
     return ("jax_smddp is installed here, not editable: from the checkout's root its sources shadow "
             f"it (tools/setup_env.sh installs it editable: pip install --no-build-isolation -e {root})")
-  if os.path.realpath(url.get("url", "").removeprefix("file://")) != os.path.realpath(root):
+  if os.path.realpath(urllib.request.url2pathname(urllib.parse.urlparse(url.get("url", "")).path)) \
+      != os.path.realpath(root):
     return f"jax_smddp is installed editable from {url.get('url')}, not from {root}"
   return None
