@@ -9,7 +9,8 @@
 From a program: ``jax_smddp.doctor.report(job=True)`` returns the rows, and
 ``print(jax_smddp.doctor.render(...))`` prints them. The exit code is 0 when
 what the machine offers can be used: the extension matches the running jaxlib
-and every requirement of ``JAX_SMDDP_REQUIRE`` is met. A missing optional part
+and every requirement of ``JAX_SMDDP_REQUIRE`` is met; 2 when ``--job`` finds no
+job to join (it then says what a job needs). A missing optional part
 (libfabric, CUDA, GDRCopy) is shown with what it costs, not counted as a
 failure unless required.
 """
@@ -252,13 +253,23 @@ def render(r: Report) -> str:
   return "\n".join(lines)
 
 
+JOB_NEEDS = (
+    "--job shows the job's topology, so it runs in every process of a jax.distributed job, "
+    "which jax.distributed.initialize() must find: either the process was started by a "
+    "launcher JAX recognizes (SLURM's srun, Open MPI's mpirun, Kubernetes, Cloud TPU), or "
+    "each process is told the job: --coordinator HOST:PORT (or JAX_COORDINATOR_ADDRESS) "
+    "--num-processes N --process-id I, the same coordinator (process 0's address) and N "
+    "everywhere, I from 0 to N-1. Without --job the doctor checks this process alone.")
+
+
 def main(argv: list[str] | None = None) -> int:
   parser = argparse.ArgumentParser(prog="python -m jax_smddp.doctor", description=__doc__,
                                    formatter_class=argparse.RawDescriptionHelpFormatter)
   parser.add_argument("--job", action="store_true",
                       help="also show the job's topology: run in every process of a "
-                           "jax.distributed job (initialized from the launcher's environment, "
-                           "or from --coordinator/--num-processes/--process-id)")
+                           "jax.distributed job (found from a launcher JAX recognizes, or "
+                           "given by --coordinator/--num-processes/--process-id); outside "
+                           "one it says what it needs and exits 2")
   parser.add_argument("--coordinator", help="jax.distributed coordinator address (host:port)")
   parser.add_argument("--num-processes", type=int)
   parser.add_argument("--process-id", type=int)
@@ -276,7 +287,12 @@ def main(argv: list[str] | None = None) -> int:
     kwargs = {k: v for k, v in (("coordinator_address", args.coordinator),
                                 ("num_processes", args.num_processes),
                                 ("process_id", args.process_id)) if v is not None}
-    jax.distributed.initialize(**kwargs)
+    try:
+      jax.distributed.initialize(**kwargs)
+    except Exception as e:  # noqa: BLE001: any way of not joining a job is this message
+      print(f"python -m jax_smddp.doctor --job: this process did not join a jax.distributed "
+            f"job ({type(e).__name__}: {e}).\n{JOB_NEEDS}", file=sys.stderr)
+      return 2
   r = report(job=args.job)
   print(json.dumps(r.to_json(), indent=1) if args.json else render(r))
   return 0 if r.usable else 1
