@@ -66,6 +66,36 @@ def settings() -> dict[str, dict]:
   return out
 
 
+def non_default() -> dict[str, str]:
+  """The settings of this process that differ from their defaults: {name: value}, the
+  environment's text for each JAX_SMDDP_* setting set to something other than its
+  default (a value equal to a numeric or choice default, e.g. JAX_SMDDP_TIMEOUT_S=300, is
+  left out), and the deadline where jax_smddp.set_timeout() changed it. What a run's
+  summary prints, so that its figures say under which settings they were measured."""
+  out = {}
+  for s in specs():
+    text = os.environ.get(s["name"])
+    if text is None or text.strip() == "":
+      continue
+    try:
+      same = parse(s["name"], text) == parse(s["name"], s["default"])
+    except ValueError:  # a default that is a description ("cores - 1"), or a bad value
+      same = False
+    if not same:
+      out[s["name"]] = text
+  if "JAX_SMDDP_TIMEOUT_S" not in out and timeout() != (get("JAX_SMDDP_TIMEOUT_S")
+                                                        or DEFAULT_TIMEOUT_S):
+    out["JAX_SMDDP_TIMEOUT_S"] = f"{timeout():g} (jax_smddp.set_timeout)"
+  return out
+
+
+def format_non_default() -> str:
+  """non_default() as one line: "jax_smddp settings: NAME=value, ..." (or "defaults")."""
+  changed = non_default()
+  return "jax_smddp settings: " + (", ".join(f"{k}={v}" for k, v in changed.items())
+                                   if changed else "all defaults")
+
+
 _warned_unknown: set = set()
 
 

@@ -106,3 +106,29 @@ def test_a_bad_value_fails_the_first_collective_and_the_doctor(tmp_path):
                           capture_output=True, text=True, timeout=100)
   assert doctor.returncode == 1, doctor.stdout + doctor.stderr
   assert re.search(r"settings\s+FAIL\s+JAX_SMDDP_SHM_RING_BYTES='lots'", doctor.stdout), doctor.stdout
+
+
+def test_non_default_lists_what_differs_from_the_registry_defaults(monkeypatch):
+  for name in [k for k in os.environ if k.startswith("JAX_SMDDP_")]:
+    monkeypatch.delenv(name)
+  assert config.non_default() == {} and config.format_non_default() == \
+      "jax_smddp settings: all defaults"
+  # Equal to the default (as parsed: 8M is 8388608 bytes, 1 is the choice's default): left out.
+  monkeypatch.setenv("JAX_SMDDP_SHM_RING_BYTES", str(8 << 20))
+  monkeypatch.setenv("JAX_SMDDP_HIERARCHICAL", "1")
+  monkeypatch.setenv("JAX_SMDDP_TIMEOUT_S", "300")
+  assert config.non_default() == {}
+  # Different, or a default that is a description: listed as set.
+  monkeypatch.setenv("JAX_SMDDP_SHM_RING_BYTES", "4M")
+  monkeypatch.setenv("JAX_SMDDP_COLLECTIVES", "xla")
+  monkeypatch.setenv("JAX_SMDDP_CPU_HELPERS", "1")
+  assert config.non_default() == {"JAX_SMDDP_SHM_RING_BYTES": "4M",
+                                  "JAX_SMDDP_COLLECTIVES": "xla", "JAX_SMDDP_CPU_HELPERS": "1"}
+  # The deadline changed in the program, not in the environment.
+  monkeypatch.delenv("JAX_SMDDP_TIMEOUT_S")
+  old = jax_smddp.timeout()
+  jax_smddp.set_timeout(42)
+  try:
+    assert config.non_default()["JAX_SMDDP_TIMEOUT_S"] == "42 (jax_smddp.set_timeout)"
+  finally:
+    jax_smddp.set_timeout(old)
