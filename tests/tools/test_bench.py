@@ -14,9 +14,11 @@ OPS = ("all_gather", "reduce_scatter", "all_reduce", "all_to_all")
 IN_CI = os.environ.get("CI") == "true"
 
 
-def run_bench(tmp_path, *args, timeout=240):
+def run_bench(tmp_path, *args, timeout=240, env=None):
   out = tmp_path / "b.json"
-  env = {k: v for k, v in os.environ.items() if k != "XLA_FLAGS"}  # the layout decides
+  # The layout decides the devices; only the settings given here are set.
+  env = {**{k: v for k, v in os.environ.items()
+            if k != "XLA_FLAGS" and not k.startswith("JAX_SMDDP_")}, **(env or {})}
   cmd = [sys.executable, "-m", "jax_smddp.tools.bench", "--quick", *args, "--json", str(out)]
   proc = subprocess.run(cmd, cwd=tmp_path, env=env, capture_output=True, text=True,
                         timeout=timeout)
@@ -32,22 +34,23 @@ def check_results(results, ops):
     assert r["speedup"] == pytest.approx(r["lax"]["time_us"] / r["smddp"]["time_us"])
 
 
-def check_limits(meta, results, layout):
-  """The limit column: the bytes one process writes (its devices' outputs) at
-  the copy bandwidth measured in the same run."""
+def check_memcpy_reference(meta, results, layout):
+  """The memcpy reference columns: the bytes one process writes (its devices'
+  outputs) at the copy bandwidth measured in the same run."""
   n, d = layout.devices, layout.devices_per_process
   out_per_rank = {"all_gather": lambda s: n * s, "reduce_scatter": lambda s: s // n}
   for r in results:
     s = r["bytes_per_rank"]
     written = d * out_per_rank.get(r["op"], lambda s: s)(s)
-    assert r["limit_us"] == pytest.approx(written / (meta["memcpy_gbs"] * 1e9) * 1e6), r
-    assert r["smddp"]["of_limit"] == pytest.approx(r["limit_us"] / r["smddp"]["time_us"])
+    assert r["memcpy_us"] == pytest.approx(written / (meta["memcpy_gbs"] * 1e9) * 1e6), r
+    assert r["smddp"]["vs_memcpy"] == pytest.approx(r["memcpy_us"] / r["smddp"]["time_us"])
 
 
 @pytest.mark.timeout(300)
 def test_bench_quick(tmp_path):
   proc, out = run_bench(tmp_path, "--devices", "4", "--max-bytes", "64K", "--ops", ",".join(OPS),
-                        "--plot", str(tmp_path / "b.png"))
+                        "--plot", str(tmp_path / "b.png"),
+                        env={"JAX_SMDDP_CHUNK_BYTES": "512K", "JAX_SMDDP_TIMEOUT_S": "300"})
   assert proc.returncode == 0, proc.stdout + proc.stderr
 
   data = json.loads(out.read_text())
@@ -62,8 +65,11 @@ def test_bench_quick(tmp_path):
     assert r["other_load"]["cores"] >= 0 and r["other_load"]["seconds"] > 0
   for op in OPS:  # one table per op in the terminal output
     assert f"# {op}: 4 ranks" in proc.stdout
-  check_limits(meta, results, bench.Layout(1, 1, 4))
-  assert "of limit" in proc.stdout
+  check_memcpy_reference(meta, results, bench.Layout(1, 1, 4))
+  assert "vs memcpy" in proc.stdout and "of limit" not in proc.stdout  # a reference, not a limit
+  # The jax_smddp settings that differ from their defaults, printed and in the JSON.
+  assert meta["jax_smddp_settings"] == {"JAX_SMDDP_CHUNK_BYTES": "512K"}, meta
+  assert "# jax_smddp settings: JAX_SMDDP_CHUNK_BYTES=512K\n" in proc.stdout
 
 
 def test_parse_layout():
@@ -91,7 +97,7 @@ def test_bench_two_processes(tmp_path):
   assert meta["lax_cpu_collectives"] == "gloo"
   assert meta["topology"]["shared_memory_peers"] == [1] and meta["topology"]["network_peers"] == []
   check_results(results, ops)
-  check_limits(meta, results, bench.Layout(1, 2, 1))
+  check_memcpy_reference(meta, results, bench.Layout(1, 2, 1))
   assert "jax.lax (gloo)" in proc.stdout and "# all_gather: 2 ranks" in proc.stdout
 
 
