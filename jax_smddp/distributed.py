@@ -259,6 +259,55 @@ def traffic() -> dict:
   return out
 
 
+# The MPI function through which XLA's CPU collectives reach jax_smddp under the XLA-level
+# swap (jax_smddp.xla_swap), for each XLA collective: XLA's MPI communicator
+# (xla/backends/cpu/collectives/mpi_communicator.cc) makes an all-to-all of MPI_Sendrecv
+# calls and a collective-permute of MPI_Irecv/MPI_Isend; the world counts the receiving side.
+_XLA_OP_OF_MPI = {"MPI_Allgather": "all-gather", "MPI_Reduce_scatter": "reduce-scatter",
+                  "MPI_Allreduce": "all-reduce", "MPI_Sendrecv": "all-to-all",
+                  "MPI_Irecv": "collective-permute"}
+
+
+def traffic_by_op() -> dict:
+  """The collectives this process's devices ran on jax_smddp's engine since initialize(),
+  by the op as the compiled program names it: jax_smddp's custom calls
+  (``smddp_all_gather``, ...) and, under the XLA-level swap (JAX_SMDDP_COLLECTIVES=xla),
+  XLA's own collectives (``all-gather``, ``reduce-scatter``, ``all-reduce``, ``all-to-all``,
+  ``collective-permute``): {op: {"calls": .., "bytes": ..}}, summed over the process's
+  devices. ``bytes``: what the calls delivered into their outputs (for XLA's all-to-all and
+  collective-permute, what the devices received from other devices: XLA copies a device's
+  own block itself). Ops that never ran here are left out; empty before initialize() (a
+  one-process job has no such count). Read it before and after a step for what the step's
+  collectives moved and which library moved them: an op absent here ran on another
+  library."""
+  out = {}
+  for name, calls, nbytes in _native.engine().world_calls():
+    op = _XLA_OP_OF_MPI.get(name, f"smddp_{name}")
+    out[op] = {"calls": calls, "bytes": nbytes}
+  return out
+
+
+def xla_collectives() -> str:
+  """Which library runs XLA's own collectives (those jax.lax lowers to XLA, and those
+  XLA's partitioner inserts into global-view jit programs) in this process:
+  ``"jax_smddp"`` under the XLA-level swap (JAX_SMDDP_COLLECTIVES=xla), else JAX's CPU
+  implementation across processes (``"gloo"``, ``"mpi"``), ``"in-process"`` in a
+  one-process job on the CPU, and the platform's library elsewhere (``"nccl"`` on
+  GPUs). Creates JAX's backend if it does not exist yet."""
+  backend = jax.default_backend()
+  if backend == "gpu":
+    return "nccl"
+  if backend != "cpu":
+    return backend
+  if jax.process_count() == 1:
+    return "in-process"
+  impl = str(jax.config.jax_cpu_collectives_implementation or "gloo")
+  from jax_smddp import xla_swap
+  if impl == "mpi" and os.environ.get("MPITRAMPOLINE_LIB") == xla_swap.library_path():
+    return "jax_smddp"
+  return impl
+
+
 def ensure_initialized() -> None:
   """Initializes on first use in a multi-process job (called at lowering)."""
   if not _initialized and _job()[1] > 1:

@@ -182,6 +182,19 @@ void BindWorld(nb::module_& m) {
     }
     return out;
   });
+  m.def("world_calls", [] {
+    // Per caller with calls (World::Caller): (name, calls, bytes delivered).
+    std::vector<std::tuple<std::string, uint64_t, uint64_t>> out;
+    auto world = smddp::CurrentWorld();
+    if (!world) return out;
+    for (int c = 0; c < int(smddp::World::Caller::kCount); ++c) {
+      const auto caller = smddp::World::Caller(c);
+      if (world->calls(caller))
+        out.emplace_back(smddp::World::CallerName(caller), world->calls(caller),
+                         world->call_bytes(caller));
+    }
+    return out;
+  });
   m.def("world_process", [] {
     auto world = smddp::CurrentWorld();
     return world ? world->process() : -1;

@@ -18,6 +18,7 @@
 #include "xla_ffi/engine/communicator.h"
 #include "xla_ffi/ffi/invocation_counter.h"
 #include "xla_ffi/algorithms/process_call.h"  // MixTag
+#include "xla_ffi/ffi/call_counts.h"
 
 namespace ffi = xla::ffi;
 
@@ -135,6 +136,7 @@ ffi::Future StartCall(const Common& c, int64_t run_id, uint32_t partition_id, ff
   const CallSite::Member& me = members[partition_id];
   AdviseHugePages(out->untyped_data(), out->size_bytes());  // before the first write
   CallInfo info{c.op, plan.dtype, plan.op, uint64_t(x.size_bytes()), uint64_t(out->size_bytes())};
+  CountCustomCall(plan.kind, info.recv_bytes);
   ffi::Promise promise;
   ffi::Future future(promise);
   uint64_t sequence;

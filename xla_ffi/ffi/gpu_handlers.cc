@@ -11,6 +11,7 @@
 #include "xla/ffi/api/ffi.h"
 #include "xla_ffi/ffi/ffi_dtype.h"
 #include "xla_ffi/ffi/ffi_status.h"
+#include "xla_ffi/ffi/call_counts.h"
 #include "xla_ffi/engine/last_failure.h"
 #include "cuda/gpu_communicator.h"
 #include "xla_ffi/algorithms/net_port.h"
@@ -152,7 +153,10 @@ ffi::Error Enqueue(const char* op, int64_t op_id, cudaStream_t stream, int32_t o
                    GpuCallSite* site, ffi::AnyBuffer x, ffi::Result<ffi::AnyBuffer>& out,
                    Plan plan) {
   const Status st = EnqueueCall(op, op_id, stream, ordinal, site, x, out, plan);
-  if (st.ok()) return ffi::Error::Success();
+  if (st.ok()) {
+    CountCustomCall(plan.kind, out->size_bytes());
+    return ffi::Error::Success();
+  }
   RecordFailure(op, {}, -1, st);  // the GPU group's device ids are not at hand here
   return ToFfiError(st);
 }

@@ -369,8 +369,12 @@ SMDDP_MPI_EXPORT int MPIABI_Isend(const void* buf, int count, MPIABI_Datatype ty
   return Ok();
 }
 
-SMDDP_MPI_EXPORT int MPIABI_Irecv(void* buf, int count, MPIABI_Datatype type, int source, int tag,
-                                  MPIABI_Comm comm, MPIABI_Request* request) {
+// MPI_Irecv, counted in the world's calls as `caller` once posted: XLA's CPU
+// collective-permute posts MPI_Irecv itself, its all-to-all goes through
+// MPI_Sendrecv (xla/backends/cpu/collectives/mpi_communicator.cc), so the
+// counts tell the two apart.
+static int Irecv(void* buf, int count, MPIABI_Datatype type, int source, int tag,
+                 MPIABI_Comm comm, MPIABI_Request* request, World::Caller caller) {
   *request = MPIABI_REQUEST_NULL;
   Rank* r;
   if (int e = RankOf(comm, "MPI_Irecv", &r)) return e;
@@ -379,7 +383,13 @@ SMDDP_MPI_EXPORT int MPIABI_Irecv(void* buf, int count, MPIABI_Datatype type, in
   Transfer* t = nullptr;
   if (int e = Check(PostRecv(*r, source, tag, buf, bytes, &t))) return e;
   *request = reinterpret_cast<MPIABI_Request>(t);
+  CountCall(caller, bytes);
   return Ok();
+}
+
+SMDDP_MPI_EXPORT int MPIABI_Irecv(void* buf, int count, MPIABI_Datatype type, int source, int tag,
+                                  MPIABI_Comm comm, MPIABI_Request* request) {
+  return Irecv(buf, count, type, source, tag, comm, request, World::Caller::kMpiIrecv);
 }
 
 SMDDP_MPI_EXPORT int MPIABI_Wait(MPIABI_Request* request, MPIABI_Status* status) {
@@ -405,7 +415,9 @@ SMDDP_MPI_EXPORT int MPIABI_Sendrecv(const void* send, int send_count, MPIABI_Da
                                      MPIABI_Datatype recv_type, int source, int recv_tag,
                                      MPIABI_Comm comm, MPIABI_Status* status) {
   MPIABI_Request rr, sr;
-  if (int e = MPIABI_Irecv(recv, recv_count, recv_type, source, recv_tag, comm, &rr)) return e;
+  if (int e = Irecv(recv, recv_count, recv_type, source, recv_tag, comm, &rr,
+                    World::Caller::kMpiSendrecv))
+    return e;
   if (int e = MPIABI_Isend(send, send_count, send_type, dest, send_tag, comm, &sr)) {
     MPIABI_Wait(&rr, nullptr);
     return e;

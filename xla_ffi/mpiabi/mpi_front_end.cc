@@ -312,11 +312,21 @@ Status Split(int color, int key, Rank** out) {
 
 int Size(const Rank& r) { return r.group->comm->size(); }
 
+void CountCall(World::Caller caller, uint64_t bytes) {
+  if (std::shared_ptr<const World> world = CurrentWorld()) world->CountCall(caller, bytes);
+}
+
 Status Collective(Rank& r, const char* mpi_name, const Plan& plan, const CallInfo& info,
                   const void* send, void* recv) {
   const uint64_t n = r.calls++;
   Status st = RunAndWait(*r.group->comm, r.group->site, n, r.rank, send, recv, info, plan);
-  if (st.ok()) return st;
+  if (st.ok()) {
+    CountCall(plan.kind == Plan::Kind::kAllGather       ? World::Caller::kMpiAllgather
+              : plan.kind == Plan::Kind::kReduceScatter ? World::Caller::kMpiReduceScatter
+                                                        : World::Caller::kMpiAllreduce,
+              info.recv_bytes);
+    return st;
+  }
   // The engine's message first ("jax_smddp all_gather (op ...): ..."): what
   // jax_smddp.errors.classify reads the op and communicator from.
   return st.WithMessage(st.message() + " [XLA's collective through " + std::string(mpi_name) +

@@ -83,8 +83,13 @@ Status Split(int color, int key, Rank** out);
 int Size(const Rank& r);
 
 // One collective call of `r`'s device; blocks until it is over for it.
+// Counted in the world's calls (World::CountCall) once it succeeded.
 Status Collective(Rank& r, const char* mpi_name, const Plan& plan, const CallInfo& info,
                   const void* send, void* recv);
+
+// Counts one call of `caller` delivering `bytes` in the world's calls (none
+// before jax_smddp connected the processes).
+void CountCall(World::Caller caller, uint64_t bytes);
 
 }  // namespace mpi
 }  // namespace smddp

@@ -60,11 +60,40 @@ class World {
   uint64_t sent(int process) const { return sent_[process].load(std::memory_order_relaxed); }
   uint64_t received(int process) const { return received_[process].load(std::memory_order_relaxed); }
 
+  // The calls this process's devices made on the engine since the world
+  // started, by what made them: jax_smddp's custom calls, by collective, and
+  // XLA's own collectives through the MPI ABI library (xla_ffi/mpiabi), by MPI
+  // function. Per call of one device: the bytes the call delivers into that
+  // device's output (for MPI_Sendrecv and MPI_Irecv, its receive buffer).
+  // What jax_smddp.distributed.traffic_by_op() reads: which library moved
+  // each collective's bytes.
+  enum class Caller : int {
+    kAllGather, kReduceScatter, kAllReduce, kAllToAll,  // custom calls
+    kMpiAllgather, kMpiAllreduce, kMpiReduceScatter, kMpiSendrecv, kMpiIrecv,
+    kCount
+  };
+  // "all_gather", ..., "MPI_Allgather", ...: as traffic_by_op() names them.
+  static const char* CallerName(Caller c) {
+    static const char* const kNames[] = {"all_gather",    "reduce_scatter", "all_reduce",
+                                         "all_to_all",    "MPI_Allgather",  "MPI_Allreduce",
+                                         "MPI_Reduce_scatter", "MPI_Sendrecv", "MPI_Irecv"};
+    static_assert(sizeof(kNames) / sizeof(kNames[0]) == size_t(Caller::kCount), "a name each");
+    return kNames[int(c)];
+  }
+  void CountCall(Caller c, uint64_t bytes) const {
+    calls_[int(c)].fetch_add(1, std::memory_order_relaxed);
+    call_bytes_[int(c)].fetch_add(bytes, std::memory_order_relaxed);
+  }
+  uint64_t calls(Caller c) const { return calls_[int(c)].load(std::memory_order_relaxed); }
+  uint64_t call_bytes(Caller c) const { return call_bytes_[int(c)].load(std::memory_order_relaxed); }
+
  private:
   std::shared_ptr<void> endpoint_;  // declared first: destroyed after the links
   int process_;
   std::vector<Peer> peers_;
   std::unique_ptr<std::atomic<uint64_t>[]> sent_, received_;
+  mutable std::atomic<uint64_t> calls_[int(Caller::kCount)] = {};
+  mutable std::atomic<uint64_t> call_bytes_[int(Caller::kCount)] = {};
   std::string fabric_provider_, fabric_node_;
 };
 
