@@ -12,7 +12,10 @@ What is counted:
     jax_smddp's custom calls, XLA's all-gather, ...), jax_smddp's when it is its custom call.
     Without the HLO, an event whose name or op names one (``smddp_all_gather``,
     ``all-gather``, ``ncclDevKernel_AllGather...``), jax_smddp's when "smddp" appears in them;
-    names can mislead (see ``classify``).
+    names can mislead (see ``classify``). XLA's collectives are labelled ``xla``, or by the
+    library that ran them where the caller says (``summarize(..., xla_libraries=...)``:
+    ``xla (via jax_smddp)``, ``xla (gloo)``; the example finds it with
+    :mod:`jax_smddp.tools.step_collectives`).
   * On a GPU (a trace process named ``/device:GPU:N``) every ``Stream #N`` line is a stream;
     a collective's time is that of its kernels and copies. ``overlap_s`` is the time during
     which a collective and other work of the same GPU ran at once (the union of the
@@ -150,12 +153,16 @@ def _metadata(events, kind: str) -> list[tuple[dict, str]]:
           if e.get("ph") == "M" and e.get("name") == kind]
 
 
-def summarize(events: list[dict], hlo_text: str | None = None) -> dict:
+def summarize(events: list[dict], hlo_text: str | None = None,
+              xla_libraries: dict[str, str] | None = None) -> dict:
   """Per device: each collective's count and time (µs in the trace, seconds here); on
   devices with streams, each stream's time and the collectives' overlap with other work.
   `hlo_text`: the compiled text of the programs traced, to tell collectives by their
-  instructions rather than by their names (see classify)."""
+  instructions rather than by their names (see classify). `xla_libraries`: what ran XLA's
+  collectives, by op (all_gather: "xla (via jax_smddp)", ...; what
+  jax_smddp.tools.step_collectives found), in place of the plain "xla"."""
   hlo = hlo_instructions(hlo_text) if hlo_text else None
+  xla_libraries = xla_libraries or {}
   threads = {(e.get("pid"), e.get("tid")): name for e, name in _metadata(events, "thread_name")}
   device_pids = {e.get("pid"): f"{m.group(1).lower()}:{m.group(2)}"
                  for e, name in _metadata(events, "process_name")
@@ -178,6 +185,8 @@ def summarize(events: list[dict], hlo_text: str | None = None) -> dict:
     d = devices.setdefault(device, {"collectives": {}, "streams": {}})
     seconds = float(e["dur"]) * 1e-6
     kind = classify(e, hlo)
+    if kind and kind[0] == "xla":
+      kind = (xla_libraries.get(kind[1], "xla"), kind[1])
     if kind:
       c = d["collectives"].setdefault(f"{kind[0]}:{kind[1]}", {"count": 0, "time_s": 0.0})
       c["count"] += 1
@@ -211,7 +220,7 @@ def format_summary(summary: dict) -> str:
   for device, d in summary["devices"].items():
     lines.append(f"{device}:")
     for name, c in sorted(d["collectives"].items()):
-      lines.append(f"  {name:32s} x{c['count']:<5d} {c['time_s'] * 1e3:10.3f} ms")
+      lines.append(f"  {name:40s} x{c['count']:<5d} {c['time_s'] * 1e3:10.3f} ms")
     if not d["collectives"]:
       lines.append("  no collectives")
     for stream, s in sorted(d.get("streams", {}).items()):
