@@ -232,10 +232,12 @@ class FSDP:
 
 def collective_ops(hlo_text: str) -> dict:
   """Collective instructions in a compiled module's text, by kind: jax_smddp custom calls
-  (smddp_all_gather, ...) and XLA's own (all-gather, ...). A static count: an op inside
-  the layer loop runs once per layer."""
+  (smddp_all_gather, ...) and XLA's own (all-gather, ..., collective-permute). A static
+  count: an op inside the layer loop runs once per layer (jax_smddp.tools.step_collectives
+  counts the calls)."""
   ops = re.findall(r'custom_call_target="(smddp_\w+)"', hlo_text)
-  ops += re.findall(r"\s(all-gather|reduce-scatter|all-reduce|all-to-all)(?:-start)?\(", hlo_text)
+  ops += re.findall(r"\s(all-gather|reduce-scatter|all-reduce|ragged-all-to-all|all-to-all|"
+                    r"collective-permute|collective-broadcast)(?:-start)?\(", hlo_text)
   return dict(sorted(collections.Counter(ops).items()))
 
 

@@ -20,8 +20,11 @@ sharded arrays, no shard_map, and XLA's partitioner inserts the collectives
 (fsdp_jit_step.py); with --collectives smddp those run on jax_smddp's engine across
 processes (JAX_SMDDP_COLLECTIVES=xla), with --collectives xla on gloo.
 
-Output: a progress bar (loss, tokens/s, collective share), the held-out loss, and a
-final line of JSON. The collective share is the time of a jitted function that runs
+Output: a progress bar (loss, tokens/s, collective share), the held-out loss, what ran
+where (each collective of the step with its calls and bytes per device and step, the
+library that moved it, and what jax_smddp's engine counted of it:
+jax_smddp.tools.step_collectives), the jax_smddp settings that differ from their defaults,
+and a final line of JSON. The collective share is the time of a jitted function that runs
 only the step's collectives (same library, groups, shapes and count, no model math;
 fsdp_step.py, `collectives_only_step`) divided by the measured time of a training step:
 the cost of the communication on its own. Inside the real step it can be partly hidden
@@ -40,9 +43,22 @@ import sys
 import time
 
 
+class _HelpFormatter(argparse.HelpFormatter):
+  """Each option's default, once: appended unless its help states it (or what a default
+  of 0 means) or there is none worth saying (a flag, an empty value)."""
+
+  def _get_help_string(self, action):
+    text = action.help or ""
+    d = action.default
+    if ("default" in text or (d == 0 and "0:" in text) or not action.option_strings
+        or d is None or d is False or d == "" or d == argparse.SUPPRESS):
+      return text
+    return f"{text} (default: %(default)s)".strip()
+
+
 def parse_args(argv=None) -> argparse.Namespace:
   p = argparse.ArgumentParser(description=__doc__.split("\n\n")[2].strip(),
-                              formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+                              formatter_class=_HelpFormatter)
   a = p.add_argument_group("parallelism")
   a.add_argument("--mesh", default="8", help="N (FSDP over N devices) or RxS (replica x fsdp)")
   a.add_argument("--collectives", default="smddp", choices=["smddp", "xla"],
@@ -57,7 +73,9 @@ def parse_args(argv=None) -> argparse.Namespace:
   a.add_argument("--process-id", type=int, default=None, help=argparse.SUPPRESS)
   a.add_argument("--coordinator", default="", help=argparse.SUPPRESS)
   a.add_argument("--devices", type=int, default=0,
-                 help="XLA CPU devices to create (default: as many as the mesh needs, at least 8)")
+                 help="XLA CPU devices to create (default: as many as the mesh needs, at "
+                      "least 8; with --processes, each process creates its share of the "
+                      "mesh's, whatever this says)")
   a.add_argument("--platform", default="cpu", help="JAX_PLATFORMS, unless already set")
   a.add_argument("--remat", nargs="?", const="dots", default="none",
                  choices=["none", "dots", "dots_no_batch", "full"],
@@ -75,32 +93,39 @@ def parse_args(argv=None) -> argparse.Namespace:
                  help="offload matmul outputs to pinned host memory between forward and "
                       "backward (jax.checkpoint_policies.offload_dot_with_no_batch_dims)")
   m = p.add_argument_group("model")
-  m.add_argument("--layers", type=int, default=4)
-  m.add_argument("--d-model", type=int, default=128)
-  m.add_argument("--heads", type=int, default=4)
-  m.add_argument("--d-ff", type=int, default=0, help="SwiGLU width (default ~8/3 d_model)")
-  m.add_argument("--seq", type=int, default=128)
+  m.add_argument("--layers", type=int, default=4, help="transformer blocks")
+  m.add_argument("--d-model", type=int, default=128, help="width of the residual stream")
+  m.add_argument("--heads", type=int, default=4,
+                 help="attention heads (each of width d_model / heads)")
+  m.add_argument("--d-ff", type=int, default=0,
+                 help="SwiGLU hidden width (default: 8/3 d_model, rounded up to a multiple "
+                      "of 32)")
+  m.add_argument("--seq", type=int, default=128,
+                 help="sequence length, in bytes (the model's tokens)")
   t = p.add_argument_group("training")
   t.add_argument("--steps", type=int, default=600, help="total steps (the schedule's length)")
   t.add_argument("--batch", type=int, default=16, help="global batch, in sequences")
   t.add_argument("--lr", type=float, default=3e-3, help="peak learning rate")
   t.add_argument("--warmup", type=int, default=-1, help="warmup steps (default: 10%% of steps)")
-  t.add_argument("--weight-decay", type=float, default=0.1)
+  t.add_argument("--weight-decay", type=float, default=0.1,
+                 help="AdamW weight decay, of matrices (not of norm scales)")
   t.add_argument("--clip", type=float, default=1.0, help="global gradient norm clip")
-  t.add_argument("--seed", type=int, default=0)
+  t.add_argument("--seed", type=int, default=0,
+                 help="seed of the initial parameters and of the batches' order")
   t.add_argument("--data-mb", type=float, default=2.0, help="MB of stdlib source to read")
-  t.add_argument("--eval-batches", type=int, default=8)
+  t.add_argument("--eval-batches", type=int, default=8,
+                 help="held-out batches of --batch sequences for the eval loss")
   c = p.add_argument_group("checkpoints and output")
   c.add_argument("--checkpoint-dir", default="", help="save checkpoints here (Orbax)")
-  c.add_argument("--save-every", type=int, default=0, help="also save every N steps")
+  c.add_argument("--save-every", type=int, default=0, help="also save every N steps (0: only at the end)")
   c.add_argument("--resume", action="store_true", help="continue from the latest checkpoint")
   c.add_argument("--stop-at", type=int, default=0,
                  help="stop (and save) after this step, as if preempted; the schedule still "
-                      "spans --steps")
+                      "spans --steps (0: run every step)")
   c.add_argument("--compare-prefetch", type=int, default=0, metavar="N",
                  help="benchmark instead of training: N steps with prefetch and N without, "
                       "in alternating blocks of --compare-block steps in this process; "
-                      "prints both step times and their ratio")
+                      "prints both step times and their ratio (0: train)")
   c.add_argument("--compare-block", type=int, default=20, help="steps per timed block")
   c.add_argument("--metrics", default="", help="write one JSON line per step to this file")
   c.add_argument("--profile", default="", metavar="DIR",
@@ -190,7 +215,7 @@ class Profile:
   """--profile: a jax.profiler trace of a few steps once the first two have warmed the caches,
   and what jax_smddp.tools.trace_summary reads in it (printed by the reporting process)."""
 
-  def __init__(self, args, start: int, stop: int, step_hlo: str, lead: bool):
+  def __init__(self, args, start: int, stop: int, step_hlo: str, lead: bool, libraries):
     self.first = min(start + 2, stop - 1) if args.profile and stop > start else None
     self.last = None if self.first is None else min(self.first + max(args.profile_steps, 1),
                                                      stop) - 1
@@ -200,6 +225,7 @@ class Profile:
     self.tracing = False
     self.summary = None
     self.step_hlo = step_hlo  # tells the step's collectives by instruction, not by name
+    self.libraries = libraries  # () -> what ran XLA's collectives, by op (all_gather: ...)
 
   def before(self, step: int) -> None:
     if step == self.first:
@@ -216,7 +242,8 @@ class Profile:
     jax.profiler.stop_trace()
     self.tracing = False
     path = trace_summary.find_trace(self.dir)
-    found = trace_summary.summarize(trace_summary.load_events(path), self.step_hlo)
+    found = trace_summary.summarize(trace_summary.load_events(path), self.step_hlo,
+                                    self.libraries())
     self.summary = {"trace": path, "steps": [self.first + 1, self.last + 1], **found}
     if self.lead:
       print(f"trace of steps {self.first + 1}-{self.last + 1}: {path}\n"
@@ -354,6 +381,8 @@ def main(argv=None) -> dict:
   from fsdp_mesh import MeshPlan, collectives_module
   from fsdp_step import (FSDP, OFFLOAD_POLICY, collective_ops, make_optimizer,
                          make_schedule)
+  from jax_smddp import config as smddp_config, distributed as smddp_distributed
+  from jax_smddp.tools import step_collectives
 
   plan = MeshPlan.parse(args.mesh)
 
@@ -422,7 +451,10 @@ def main(argv=None) -> dict:
   t0 = time.perf_counter()
   step_fn = run.train_step.lower(params, opt_state, batch0).compile()
   compile_s = time.perf_counter() - t0
-  ops = collective_ops(step_fn.as_text())
+  step_text = step_fn.as_text()
+  ops = collective_ops(step_text)
+  step_ops = step_collectives.in_hlo(step_text)  # per op: instructions, calls, bytes a step
+  xla_collectives = smddp_distributed.xla_collectives()  # what runs XLA's collectives here
 
   # The step's collectives alone (see collectives_only_step), timed before and after
   # training; the median of all runs is reported.
@@ -438,7 +470,20 @@ def main(argv=None) -> dict:
   tokens_per_step = args.batch * cfg.seq_len
   progress = Progress(start, stop, args.no_progress, args.log_every)
   step_times, losses = [], []
-  profile = Profile(args, start, stop, step_fn.as_text(), lead)
+  # Which library moved each collective's bytes: jax_smddp's count of the calls it ran, by
+  # op, over the training steps (nothing else runs collectives meanwhile).
+  counted_before = smddp_distributed.traffic_by_op()
+
+  def collectives_report(steps: int) -> dict:
+    return step_collectives.report(step_ops, counted_before, smddp_distributed.traffic_by_op(),
+                                   steps, jax.local_device_count(), xla_collectives,
+                                   counting=smddp_distributed.is_initialized())
+
+  def xla_libraries() -> dict:  # for the trace's reading: XLA's ops by what ran them
+    return {op.replace("-", "_"): o["library"] for op, o in collectives_report(1).items()
+            if not op.startswith("smddp_")}
+
+  profile = Profile(args, start, stop, step_text, lead, xla_libraries)
   batch = batch0
   for step in range(start, stop):
     profile.before(step)
@@ -469,6 +514,8 @@ def main(argv=None) -> dict:
     ckpt.save(stop, params, opt_state, settings)
   if ckpt:
     ckpt.close()
+  jax.block_until_ready((params, opt_state))  # the last step's collectives are over
+  step_collectives_report = collectives_report(stop - start)
 
   comm_times += time_calls(comm, 5)
   comm_s = statistics.median(comm_times)
@@ -495,6 +542,9 @@ def main(argv=None) -> dict:
       "collective_share": comm_s / step_s if step_times else None,
       "gathers_per_layer": run.gathers_per_layer,
       "step_collective_ops": ops,
+      "step_collectives": step_collectives_report,  # per op, device and step: library, bytes
+      "xla_collectives": xla_collectives,
+      "jax_smddp_settings": smddp_config.non_default(),
       "prefetch": args.prefetch,
       "unroll": args.unroll,
       "remat": run.policy_name,
@@ -520,10 +570,11 @@ def main(argv=None) -> dict:
     traced = stop - start - len(step_times)
     print(f"{stop - start} steps{f' ({traced} traced, not timed)' if traced else ''}, "
           f"{step_s * 1e3:.1f} ms per step, "
-          f"{summary['tokens_per_s']:,.0f} tokens/s; the step's collectives "
-          f"({', '.join(f'{k} x{v}' for k, v in ops.items())} in the compiled step) take "
+          f"{summary['tokens_per_s']:,.0f} tokens/s; the step's collectives take "
           f"{comm_s * 1e3:.1f} ms when run alone: {summary['collective_share']:.1%} of a step",
           file=sys.stderr)
+  print(step_collectives.format_report(step_collectives_report), file=sys.stderr)
+  print(smddp_config.format_non_default(), file=sys.stderr)
   print(json.dumps(summary), flush=True)
   return summary
 

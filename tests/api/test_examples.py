@@ -13,7 +13,11 @@ Tiny model and 20 steps; the checks are the example's promises:
     inside the backward loop (--compare-prefetch runs both in one process);
   * in a 2-process run no program the example compiles, in either process, holds a
     collective of XLA's outside the training step (--dump-hlo): initialisation, placement,
-    checkpoints and reading results back take none (shard_map style: none at all).
+    checkpoints and reading results back take none (shard_map style: none at all);
+  * the summary says what ran where: every collective kind of the compiled step, with its
+    bytes per device and step (checked against the dumped step, read here), the library
+    that moved it (jax_smddp, xla (via jax_smddp), xla (gloo), xla (in-process)) and
+    jax_smddp's own count of what it moved; the trace's reading names the same libraries.
 
 Tolerance: 1e-4 relative at every step. Measured here: smddp and lax runs are
 bit-identical; sharded and unsharded runs differ by about 3e-7 (float32 sums in a
@@ -130,6 +134,49 @@ def check_summary(summary, collectives, mesh):
     assert set(ops) == {"smddp_all_gather", "smddp_reduce_scatter", "smddp_all_reduce"}, ops
   else:
     assert set(ops) == {"all-gather", "reduce-scatter", "all-reduce"}, ops
+  # Which library ran each: the custom calls' own, or XLA's in-process collectives (one
+  # process: jax_smddp counts nothing, as there is no job to count in).
+  found = summary["step_collectives"]
+  assert set(found) == set(ops), found
+  for op, o in found.items():
+    assert o["library"] == ("jax_smddp" if collectives == "smddp" else "xla (in-process)"), o
+    assert o["instructions"] == ops[op] and o["bytes"] > 0 and o["jax_smddp_bytes"] is None, o
+
+
+def xla_collectives_per_step(hlo: str) -> dict:
+  """Per XLA collective opcode: (instructions, output bytes of one device per run) of a
+  compiled module's text, read here independently of the example: the entry computation's
+  instructions run once, those of a while body once per iteration (its known_trip_count);
+  a collective anywhere else fails the test."""
+  comps, name = {}, None
+  for line in hlo.splitlines():
+    head = re.match(r"(ENTRY )?%?([\w.\-]+) .*\{$", line)
+    if name is None and head:
+      name = "ENTRY" if head.group(1) else head.group(2)
+      comps[name] = []
+    elif line.startswith("}"):
+      name = None
+    elif name is not None:
+      comps[name].append(line)
+  runs = {"ENTRY": 1}
+  for line in comps["ENTRY"]:
+    if " while(" in line:
+      body = re.search(r"body=%?([\w.\-]+)", line).group(1)
+      runs[body] = int(re.search(r'"known_trip_count":\{"n":"(\d+)"', line).group(1))
+  size = {"f32": 4, "s32": 4, "u32": 4, "pred": 1, "bf16": 2, "f64": 8, "s64": 8}
+  out = collections.defaultdict(lambda: [0, 0])
+  for comp, lines in comps.items():
+    for line in lines:
+      m = re.match(r"\s*(?:ROOT )?%\S+ = (.*?) ((?:ragged-)?all-to-all|all-gather|all-reduce|"
+                   r"reduce-scatter|collective-permute|collective-broadcast)\(", line)
+      if not m:
+        continue
+      assert comp in runs, (comp, line)  # only the entry and loop bodies hold collectives
+      nbytes = sum(size[t] * math.prod(int(d) for d in dims.split(",") if d)
+                   for t, dims in re.findall(r"(\w+)\[([\d,]*)\]", m.group(1)))
+      out[m.group(2)][0] += 1
+      out[m.group(2)][1] += runs[comp] * nbytes
+  return {op: tuple(v) for op, v in out.items()}
 
 
 @pytest.mark.timeout(300)
@@ -160,12 +207,14 @@ def test_jit_style_two_processes_smddp_equals_gloo_and_unsharded(tmp_path, unsha
   """--style jit (global-view jit, XLA's partitioner inserts the collectives) as a
   2-process job: with --collectives smddp those collectives cross processes on
   jax_smddp (JAX_SMDDP_COLLECTIVES=xla, set by the example for its processes),
-  with xla on gloo; both train as the unsharded reference does."""
+  with xla on gloo; both train as the unsharded reference does, and each run's summary
+  and trace name the library that moved each collective (check_jit_libraries)."""
   smddp, smddp_losses = train(tmp_path, "--style=jit", "--processes=2", "--mesh=8",
                               "--collectives=smddp", f"--dump-hlo={tmp_path / 'hlo'}",
-                              name="jit_smddp")
+                              f"--profile={tmp_path / 'trace_smddp'}", name="jit_smddp")
   gloo, gloo_losses = train(tmp_path, "--style=jit", "--processes=2", "--mesh=8",
-                            "--collectives=xla", name="jit_gloo")
+                            "--collectives=xla", f"--profile={tmp_path / 'trace_gloo'}",
+                            name="jit_gloo")
   for summary in (smddp, gloo):
     assert summary["style"] == "jit" and summary["processes"] == 2, summary
   assert_close(smddp_losses, gloo_losses, "jit style: smddp vs gloo")
@@ -182,6 +231,40 @@ def test_jit_style_two_processes_smddp_equals_gloo_and_unsharded(tmp_path, unsha
     communicating = sorted({name for name, xla, _ in programs if xla})
     assert communicating == ["jit__loss", "jit__train_step", "jit_gather_params"], \
         (p, [(name, dict(xla)) for name, xla, _ in programs if xla])
+  check_jit_libraries(tmp_path / "hlo", smddp, gloo)
+
+
+def check_jit_libraries(dump, smddp, gloo):
+  """What the two jit-style runs say ran where: every collective kind of the step (read
+  from the dumped step independently), each named with the library that moved it, its
+  bytes per device and step, and jax_smddp's own count of them where it moved them."""
+  step = next((dump / "process_0").glob("module_*.jit__train_step.cpu_after_optimizations.txt"))
+  want = xla_collectives_per_step(step.read_text())
+  assert "collective-permute" in want and "all-gather" in want, want
+  libraries = {"smddp": "xla (via jax_smddp)", "gloo": "xla (gloo)"}
+  for run, summary in (("smddp", smddp), ("gloo", gloo)):
+    found = summary["step_collectives"]
+    assert set(found) == set(want) == set(summary["step_collective_ops"]), (run, found, want)
+    for op, (instructions, nbytes) in want.items():
+      o = found[op]
+      assert o["library"] == libraries[run], (run, op, o)
+      assert (o["instructions"], o["bytes"]) == (instructions, nbytes), (run, op, o, want[op])
+      if run == "gloo":  # jax_smddp never joined this job: nothing of its to count
+        assert o["jax_smddp_calls"] is None and o["jax_smddp_bytes"] is None, (op, o)
+      elif op in ("all-gather", "all-reduce", "reduce-scatter"):
+        # Every byte of these outputs was delivered by jax_smddp's engine.
+        assert o["jax_smddp_bytes"] == nbytes and o["jax_smddp_calls"] >= o["calls"], (op, o)
+      else:  # point-to-point: the blocks other devices sent, at most the outputs
+        assert 0 < o["jax_smddp_bytes"] <= nbytes and o["jax_smddp_calls"] > 0, (op, o)
+    # The trace's reading names the same library for every collective it holds.
+    for device, d in summary["profile"]["devices"].items():
+      assert {name.split(":")[0] for name in d["collectives"]} == {libraries[run]}, (run, d)
+      assert {name.split(":")[1] for name in d["collectives"]} == \
+          {op.replace("-", "_") for op in want}, (run, device, d)
+  assert smddp["xla_collectives"] == "jax_smddp" and gloo["xla_collectives"] == "gloo"
+  # The settings that differ from their defaults: the swap, which the example sets.
+  assert smddp["jax_smddp_settings"] == {"JAX_SMDDP_COLLECTIVES": "xla"}, smddp
+  assert gloo["jax_smddp_settings"] == {}, gloo
 
 
 @pytest.mark.timeout(400)
@@ -223,6 +306,12 @@ def test_two_processes_traced_run_only_jax_smddp_collectives(tmp_path, fsdp8):
                            "jax_smddp:all_reduce"}, (device, counts)
     # The embedding, the head and each layer, gathered once per step.
     assert counts["jax_smddp:all_gather"] == 3 * (2 + layers), (device, counts)
+  # Each op's calls and bytes, as jax_smddp's engine counted them over the steps, are the
+  # compiled step's (its handlers count every device's calls).
+  for op, o in first["step_collectives"].items():
+    assert o["library"] == "jax_smddp" and o["bytes"] > 0, (op, o)
+    assert (o["jax_smddp_calls"], o["jax_smddp_bytes"]) == (o["calls"], o["bytes"]), (op, o)
+  assert first["step_collectives"]["smddp_all_gather"]["calls"] == 2 + layers
   assert_close(first_losses + second_losses, fsdp8[1], "2 processes, restarted, vs 1 process")
 
 
