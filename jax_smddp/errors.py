@@ -7,6 +7,7 @@ text starts with a status that says what kind of failure it was::
     DEADLINE_EXCEEDED: jax_smddp[timeout] all_gather (op 0 of communicator devices [0 1]): ...
     UNAVAILABLE: jax_smddp[peer_failed] all_reduce (...): process 1 (devices [1]) failed (...)
     FAILED_PRECONDITION: jax_smddp[mismatch] all_gather (...): processes disagree on the call ...
+    DATA_LOSS: jax_smddp[protocol] all_gather (...): process 1 (devices [1]) sent what this process cannot parse (...)
 
 ``classify`` turns such an error into one of the exception classes below,
 with the op, the peers it concerns and what to do; other exceptions give
@@ -32,7 +33,8 @@ from typing import Optional, Tuple
 
 __all__ = [
     "CollectiveError", "PeerTimeoutError", "PeerFailedError", "CallMismatchError",
-    "UnsupportedCollectiveError", "InvalidCollectiveArgumentError", "InternalCollectiveError",
+    "UnsupportedCollectiveError", "InvalidCollectiveArgumentError", "ProtocolError",
+    "InternalCollectiveError",
     "Failure", "Peers", "classify", "last_failure", "recent_failures",
 ]
 
@@ -133,6 +135,17 @@ class InvalidCollectiveArgumentError(CollectiveError):
   status = "INVALID_ARGUMENT"
 
 
+class ProtocolError(CollectiveError):
+  """A peer sent what this process cannot parse: a chunk whose header is
+  malformed (a wrong magic, another wire protocol version, a length past its
+  end, a sender outside the job), dropped unread. The processes run different
+  builds (where initialize() could not tell), or memory or the network
+  corrupted the data; told apart from a dead peer (:class:`PeerFailedError`)
+  and a slow one (:class:`PeerTimeoutError`)."""
+  code = "protocol"
+  status = "DATA_LOSS"
+
+
 class InternalCollectiveError(CollectiveError):
   """Any other failure inside jax_smddp or the system (a bug, memory, CUDA)."""
   code = "internal"
@@ -141,7 +154,7 @@ class InternalCollectiveError(CollectiveError):
 
 _CLASSES = {c.code: c for c in (PeerTimeoutError, PeerFailedError, CallMismatchError,
                                 UnsupportedCollectiveError, InvalidCollectiveArgumentError,
-                                InternalCollectiveError)}
+                                ProtocolError, InternalCollectiveError)}
 
 # "DEADLINE_EXCEEDED: jax_smddp[timeout] all_gather (op 0 of communicator devices [0 1]): ...":
 # XLA's name of the handler's code, then the handlers' tag (xla_ffi/ffi/ffi_status.h). When

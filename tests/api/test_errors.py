@@ -197,3 +197,15 @@ def test_classify_reads_the_text_when_the_record_is_gone():
   assert err.message.startswith("jax_smddp[peer_failed] all_gather (op 3")
   assert err.remedy == _native.engine().failure_remedies()["peer_failed"] and "restart" in err.remedy
   assert smddp.errors.classify(err) is err
+
+
+def test_a_protocol_error_is_typed_apart_from_a_dead_peer():
+  text = ("DATA_LOSS: jax_smddp[protocol] all_gather (op 0 of communicator devices [0 1]): process 1 "
+          "(devices [1]) sent what this process cannot parse (libfabric (tcp;ofi_rxm): malformed chunk "
+          "from process 1: magic 0x46444d73 instead of jax_smddp's 0x46444d53 ...)")
+  err = smddp.errors.classify(RuntimeError(text))
+  assert type(err) is smddp.errors.ProtocolError and err.status == "DATA_LOSS", err
+  assert not isinstance(err, (smddp.errors.PeerFailedError, smddp.errors.PeerTimeoutError))
+  assert err.op == "all_gather" and err.devices == (0, 1)
+  assert err.remedy == _native.engine().failure_remedies()["protocol"] and "same jax_smddp" in err.remedy
+

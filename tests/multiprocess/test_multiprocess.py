@@ -191,6 +191,41 @@ def test_stalled_peer_times_out_naming_it():
   assert "timed out" in procs[0].result["error"]
 
 
+def _protocol_version() -> int:
+  from jax_smddp import capabilities
+  return int(capabilities.build()["protocol_built"])
+
+
+@pytest.mark.timeout(300)
+@pytest.mark.parametrize("corrupt,detail", [
+    ("magic", "magic 0x46444d73 instead of jax_smddp's 0x46444d53"),
+    ("version", "wire protocol version {next}, but this process speaks {version}"),
+    ("length", "payload bytes, the chunk holds"),
+    ("short", "only 32 bytes, shorter than the 64-byte header"),
+    ("sender", "malformed chunk from an unknown sender (id 0x"),
+])
+def test_malformed_chunks_are_dropped_naming_the_sender(corrupt, detail):
+  """Every libfabric chunk process 1 sends is malformed (JAX_SMDDP_FABRIC_TEST_CORRUPT):
+  process 0 drops them unread and its all_gather fails at once with a
+  ProtocolError (DATA_LOSS) naming process 1 and what was wrong, not with a
+  timeout or a dead peer's error. Process 1 finishes too (its peer left)."""
+  version = _protocol_version()
+  procs = run_job(["malformed_chunks"], 2, 1, timeout=240,
+                  env={"JAX_SMDDP_FABRIC_PROVIDER": "tcp;ofi_rxm", "JAX_SMDDP_TIMEOUT_S": "60"},
+                  per_process_env=[{"JAX_SMDDP_HOST_ID": "a"},
+                                   {"JAX_SMDDP_HOST_ID": "b", "JAX_SMDDP_FABRIC_TEST_CORRUPT": corrupt}])
+  r = procs[0].result
+  assert r is not None and not r["ok"], launch.describe(procs)
+  assert_typed(r, "ProtocolError", "DATA_LOSS", "all_gather", peer_process=1)
+  assert "process 1 (devices [1]) sent what this process cannot parse" in r["error"], r["error"]
+  assert detail.format(next=version + 1, version=version) in r["error"], r["error"]
+  if corrupt != "sender":
+    assert "malformed chunk from process 1: " in r["error"], r["error"]
+  assert "the chunk was dropped" in r["error"], r["error"]
+  assert r["seconds"] < 20, r  # at once, not at the 60 s deadline
+  assert procs[1].result is not None, launch.describe(procs)
+
+
 @pytest.mark.timeout(400)
 @pytest.mark.parametrize("hosts,devices,env", [
     # 2 hosts x 2 processes: rails, relays and per-host combining

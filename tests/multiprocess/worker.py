@@ -362,6 +362,25 @@ def scenario_mismatch_dtype():
   result(ok=True)
 
 
+def scenario_malformed_chunks():
+  """One all_gather between hosts, where a process sends malformed chunks
+  (JAX_SMDDP_FABRIC_TEST_CORRUPT): its receivers must fail the call with a
+  protocol error naming it, at once (not at the deadline)."""
+  mesh = Mesh(np.array(jax.devices()), ("x",))
+  x = values((mesh.size * 2, 100), np.float32, 0)
+  f = smap(mesh, lambda v: smddp.all_gather(v, "x", axis=0, tiled=True), P("x"), P("x"))
+  xs = global_array(mesh, P("x"), x)
+  smddp.initialize()
+  t0 = time.monotonic()
+  try:
+    jax.block_until_ready(f(xs))
+  except Exception as e:  # noqa: BLE001
+    failed(e, seconds=time.monotonic() - t0)
+    os._exit(0)  # jax.distributed's shutdown would wait for the peer
+  result(ok=True, seconds=time.monotonic() - t0)
+  os._exit(0)
+
+
 def scenario_peer_dies():
   """The last process dies (SIGKILL-like) instead of entering the collective;
   the others must raise naming it, well within the timeout."""

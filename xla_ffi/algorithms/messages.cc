@@ -142,9 +142,12 @@ Status Messages::CheckPeers() {
     link->Progress();
     for (const Entry& e : entries_) {
       if (e.process != p || e.settled || e.req.done()) continue;
-      return call_.Concerning(p, Status::PeerFailed(
-          call_.where + ": " + call_.DescribeProcess(p) + " failed (" + why + ", over " +
-          link->Kind() + "); this collective cannot complete"));
+      const StatusCode code = link->PeerFailureCode();
+      return call_.Concerning(p, Status::WithCode(
+          code, call_.where + ": " + call_.DescribeProcess(p) +
+                    (code == StatusCode::kProtocol ? " sent what this process cannot parse ("
+                                                   : " failed (") +
+                    why + ", over " + link->Kind() + "); this collective cannot complete"));
     }
   }
   return Status::Ok();

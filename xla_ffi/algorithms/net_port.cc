@@ -210,7 +210,10 @@ Status NetworkProxy::Run(const Task& t) {
       for (int k = 0; k < p.hosts; ++k) {
         if (k == p.host) continue;
         const std::string dead = p.links[k]->PeerFailure();
-        if (!dead.empty()) { cancel_all(); return failure(k, Status::PeerFailed(""), dead); }
+        if (!dead.empty()) {
+          cancel_all();
+          return failure(k, Status::WithCode(p.links[k]->PeerFailureCode(), ""), dead);
+        }
       }
       if (std::chrono::steady_clock::now() > deadline) {
         cancel_all();

@@ -17,6 +17,7 @@
 #include "xla_ffi/bindings/enums.h"
 #include "xla_ffi/bindings/failures.h"
 #include "xla_ffi/common/heap_reuse.h"
+#include "xla_ffi/common/protocol.h"
 #include "xla_ffi/common/settings.h"
 #include "xla_ffi/common/timeout.h"
 #include "xla_ffi/ffi/cpu_handlers.h"
@@ -36,7 +37,9 @@ void Check(const smddp::Status& st) {
 #ifndef SMDDP_BUILD_JAXLIB
 #define SMDDP_BUILD_JAXLIB ""
 #define SMDDP_BUILD_FFI_API ""
+#define SMDDP_BUILD_VERSION ""
 #endif
+#include "smddp_source_hash.h"  // SMDDP_SOURCE_HASH, generated (cmake/source_hash.cmake)
 
 // What this build was configured with and what libfabric offers here
 // (jax_smddp.doctor).
@@ -51,9 +54,15 @@ void BindBuildInfo(nb::module_& m) {
     return d;
   });
   m.def("build_info", [] {
+    // What processes of one job must share (jax_smddp.initialize() compares
+    // it): the wire protocol this process speaks, and the build.
     nb::dict d;
     d["jaxlib"] = SMDDP_BUILD_JAXLIB;
     d["ffi_api"] = SMDDP_BUILD_FFI_API;
+    d["version"] = SMDDP_BUILD_VERSION;
+    d["source_hash"] = SMDDP_SOURCE_HASH;
+    d["protocol"] = smddp::WireProtocolVersion();
+    d["protocol_built"] = smddp::kWireProtocolVersion;
     return d;
   });
   // The settings registry (common/settings.h), for jax_smddp.config.

@@ -3,9 +3,11 @@
 // never installed with the package. Each probe runs a piece of the engine
 // (a rendezvous, the stream protocol on host threads, the GPU watchdog, the
 // call log, a libfabric rail) on its own, with its own copy of the engine.
+#include <algorithm>
 #include <atomic>
 #include <chrono>
 #include <future>
+#include <map>
 #include <cstdint>
 #include <cstring>
 #include <memory>
@@ -15,6 +17,7 @@
 #include <utility>
 #include <vector>
 
+#include <sys/mman.h>
 #include <unistd.h>
 
 #include "nanobind/nanobind.h"
@@ -22,6 +25,7 @@
 #include "nanobind/stl/unique_ptr.h"
 #include "nanobind/stl/string.h"
 #include "nanobind/stl/tuple.h"
+#include "nanobind/stl/map.h"
 #include "nanobind/stl/vector.h"
 #include "xla_ffi/algorithms/algorithms.h"
 #include "xla_ffi/algorithms/host_stream_ops.h"
@@ -41,6 +45,8 @@
 #include "xla_ffi/common/streaming_copy.h"
 #include "xla_ffi/engine/stream_watchdog.h"
 #include "xla_ffi/transports/fabric_rail.h"
+#include "xla_ffi/common/protocol.h"
+#include "xla_ffi/transports/fabric_wire.h"
 #include "xla_ffi/transports/process_liveness.h"
 #include "xla_ffi/transports/shared_block.h"
 #include "xla_ffi/transports/shm_link.h"
@@ -55,6 +61,53 @@ void Check(const smddp::Status& st) {
   if (!st.ok()) throw std::runtime_error(st.message());
 }
 
+
+// Parses each chunk with the libfabric links' parser (fabric_wire.h) as a
+// receiver of protocol `version` with a `capacity`-byte buffer whose group is
+// `group` (sender id -> name). Each chunk lies at the very end of readable
+// memory, a PROT_NONE page right after its last byte: a parser that read past
+// the chunk's end would crash this process. Per chunk: (accepted, error
+// message, the sender blamed (0: none), the header's fields when accepted:
+// magic, version, sender, seq, tag, total, offset, len, kind, reserved).
+using ChunkFields = std::vector<uint64_t>;
+std::vector<std::tuple<bool, std::string, uint64_t, ChunkFields>> FabricChunkProbe(
+    const std::vector<nb::bytes>& chunks, size_t capacity, uint32_t version,
+    const std::map<uint64_t, std::string>& group) {
+  const size_t page = size_t(sysconf(_SC_PAGESIZE));
+  size_t longest = 0;
+  for (const nb::bytes& c : chunks) longest = std::max(longest, c.size());
+  const size_t readable = (longest + page - 1) / page * page + page;
+  char* base = static_cast<char*>(
+      mmap(nullptr, readable + page, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0));
+  if (base == MAP_FAILED) throw std::runtime_error("mmap failed");
+  if (mprotect(base + readable, page, PROT_NONE) != 0) {
+    munmap(base, readable + page);
+    throw std::runtime_error("mprotect failed");
+  }
+  const smddp::FabricSenderGroup in_group = [&](uint64_t id, std::string* name) {
+    auto it = group.find(id);
+    if (it == group.end()) return false;
+    *name = it->second;
+    return true;
+  };
+  std::vector<std::tuple<bool, std::string, uint64_t, ChunkFields>> out;
+  for (const nb::bytes& c : chunks) {
+    char* at = base + readable - c.size();  // its last byte just before the guard page
+    std::memcpy(at, c.c_str(), c.size());
+    smddp::FabricChunkHeader h;
+    uint64_t blame = 0;
+    const smddp::Status st = smddp::ParseFabricChunk(at, c.size(), capacity, version, in_group, &h, &blame);
+    ChunkFields fields;
+    if (st.ok()) {
+      fields = {h.magic, h.version, h.sender, h.seq, h.tag, h.total, h.offset, h.len, h.kind, h.reserved};
+    } else if (st.code() != smddp::StatusCode::kProtocol) {
+      fields = {uint64_t(st.code())};  // the wrong kind of error: the test says so
+    }
+    out.emplace_back(st.ok(), st.message(), blame, std::move(fields));
+  }
+  munmap(base, readable + page);
+  return out;
+}
 
 // Runs one all_reduce of `count` floats on a private communicator of `size`
 // ranks, where only the ranks in `present` ever arrive (rank `odd_rank`, if
@@ -625,6 +678,9 @@ NB_MODULE(_smddp_testing, m) {
         nb::arg("inputs"), nb::arg("calls") = 1, nb::arg("timeout_s") = 20.0,
         nb::arg("kill_host") = -1, nb::arg("kind") = 0, nb::arg("dtype") = 8, nb::arg("op") = 0,
         nb::arg("rail_provider") = "");
+  m.def("fabric_chunk_probe", &FabricChunkProbe, nb::arg("chunks"), nb::arg("capacity"),
+        nb::arg("version"), nb::arg("group"));
+  m.def("wire_protocol_version", [] { return smddp::kWireProtocolVersion; });
   m.def("rail_probe", [](const std::string& provider) {
     // Whether `provider` can carry rail links here ("" when it can, else why not).
     std::unique_ptr<smddp::FabricRail> rail;

@@ -122,6 +122,15 @@ const std::vector<SettingSpec> kSettings = {
     {"JAX_SMDDP_FABRIC_TEST_REGISTER", kChoice, "unset", 0, 0, "0|1", "tests", false,
      "1: libfabric direct transfers register the callers' buffers even where the provider does "
      "not ask for it (the FI_MR_LOCAL path, as on efa)"},
+    {"JAX_SMDDP_FABRIC_TEST_CORRUPT", kChoice, "unset", 0, 0, "magic|version|sender|length|short",
+     "tests", false,
+     "every libfabric chunk this process sends is malformed so: a wrong magic, another protocol "
+     "version, an unknown sender, a length past the chunk's end, or cut short of its header "
+     "(its receivers must drop it with an error naming this process)"},
+    {"JAX_SMDDP_TEST_PROTOCOL_VERSION", kInt, "unset (the build's)", 1, 4294967295.0, "", "tests",
+     false,
+     "this process poses as a build of another wire protocol version: it announces this one at "
+     "jax_smddp.initialize() and writes it into its links' headers"},
     {"JAX_SMDDP_MOCK_IPC_OPEN_FAILS", kChoice, "unset", 0, 0, "0|1", "tests", false,
      "the mock CUDA runtime fails to open IPC handles"},
     {"JAX_SMDDP_MOCK_CUMEM", kChoice, "unset", 0, 0, "0|1", "tests", false,

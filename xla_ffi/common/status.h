@@ -19,6 +19,7 @@ enum class StatusCode {
   kMismatch,         // ranks or processes disagree on the call (shape, dtype, op)
   kUnsupported,      // a case the engine does not take
   kInvalidArgument,  // a bad argument or set-up (replica groups, settings, not initialized)
+  kProtocol,         // a peer sent what this process cannot parse (a malformed chunk: another build)
   kInternal,         // anything else: a bug or a system failure (out of memory, mmap)
 };
 
@@ -31,6 +32,7 @@ inline const char* StatusCodeName(StatusCode code) {
     case StatusCode::kMismatch: return "mismatch";
     case StatusCode::kUnsupported: return "unsupported";
     case StatusCode::kInvalidArgument: return "invalid_argument";
+    case StatusCode::kProtocol: return "protocol";
     case StatusCode::kInternal: return "internal";
   }
   return "internal";
@@ -55,6 +57,7 @@ class Status {
   static Status InvalidArgument(std::string message) {
     return WithCode(StatusCode::kInvalidArgument, std::move(message));
   }
+  static Status Protocol(std::string message) { return WithCode(StatusCode::kProtocol, std::move(message)); }
 
   bool ok() const { return code_ == StatusCode::kOk; }
   StatusCode code() const { return code_; }

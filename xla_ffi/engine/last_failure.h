@@ -56,6 +56,13 @@ inline const char* Remedy(StatusCode code) {
       return "The call or the set-up is invalid as the message says: check the replica groups, "
              "the JAX_SMDDP_* settings and that jax.distributed.initialize() and "
              "jax_smddp.initialize() ran in every process.";
+    case StatusCode::kProtocol:
+      return "A peer sent data this process cannot parse (a malformed chunk header: another wire "
+             "protocol version, a wrong magic, a length past its end, a sender outside the job). "
+             "The processes most likely run different jax_smddp builds (hosts with different "
+             "images): install the same jax_smddp, built against the same jaxlib, on every host "
+             "and restart the job; if they do, the named peer's memory or network is corrupting "
+             "data.";
     case StatusCode::kOk:
     case StatusCode::kInternal:
       break;

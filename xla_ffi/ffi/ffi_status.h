@@ -22,6 +22,7 @@ inline xla::ffi::ErrorCode ToFfiErrorCode(StatusCode code) {
     case StatusCode::kMismatch: return ErrorCode::kFailedPrecondition;
     case StatusCode::kUnsupported: return ErrorCode::kUnimplemented;
     case StatusCode::kInvalidArgument: return ErrorCode::kInvalidArgument;
+    case StatusCode::kProtocol: return ErrorCode::kDataLoss;
     case StatusCode::kInternal: return ErrorCode::kInternal;
   }
   return ErrorCode::kInternal;

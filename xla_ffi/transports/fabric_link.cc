@@ -1,12 +1,18 @@
 // Links over libfabric RDM endpoints; see fabric_link.h for the outline.
 //
-// Wire format: every libfabric message is one chunk of at most chunk_bytes,
-// a 64-byte ChunkHeader followed by up to chunk_bytes - 64 payload bytes.
+// Wire format (fabric_wire.h): every libfabric message is one chunk of at
+// most chunk_bytes, a 64-byte header followed by up to chunk_bytes - 64
+// payload bytes. Every chunk received is read through ParseFabricChunk: one
+// that does not parse (another protocol version, a wrong magic, a length past
+// its end, a sender this endpoint is not connected to) is dropped, and the
+// link to its sender (the whole endpoint when the sender is unknown) fails
+// with a protocol error naming it.
 // A Link message of `total` bytes travels as ceil(total / payload) data
 // chunks (one empty chunk when total is 0). Each chunk names its sender (a
-// hash of the sender's address, so the receiver routes it without FI_SOURCE
-// and even before it has connected back), the message's sequence number on
-// that sender->receiver channel, its tag, total size and offset.
+// hash of the sender's address, so the receiver routes it without FI_SOURCE;
+// only peers it has connected to count: the bootstrap connects every pair
+// before any call), the message's sequence number on that sender->receiver
+// channel, its tag, total size and offset.
 //
 // Matching: the receiver "passes" messages in sequence order (the order the
 // sender posted them); a passed message binds the oldest posted Recv of its
@@ -63,8 +69,10 @@
 #include <utility>
 #include <vector>
 
+#include "xla_ffi/common/protocol.h"
 #include "xla_ffi/common/settings.h"
 #include "xla_ffi/transports/fabric_api.h"
+#include "xla_ffi/transports/fabric_wire.h"
 
 namespace smddp {
 namespace {
@@ -114,26 +122,13 @@ using Api = FabricApi;
 const Api& GetApi() { return GetFabricApi(); }
 uint32_t RequestedVersion(const Api& a) { return a.RequestedVersion(); }
 
-constexpr uint32_t kMagic = 0x46444d53;  // "SMDF"
-enum ChunkKind : uint32_t {
-  kData = 1,
-  kAbort = 2,
-  kRts = 3,  // message `seq` of `total` bytes comes direct once the receiver asks
-  kCts = 4,  // receiver -> sender: message `seq` posted (offset 1) or refused (0)
-};
-
-struct ChunkHeader {
-  uint32_t magic;
-  uint32_t kind;
-  uint64_t sender;  // Fnv1a of the sender's address
-  uint64_t seq;     // message number on the sender->receiver channel
-  uint64_t tag;
-  uint64_t total;   // message bytes
-  uint64_t offset;  // of this chunk's payload (kAbort: bytes the sender sent)
-  uint64_t len;     // payload bytes in this chunk
-};
-constexpr size_t kHeaderBytes = 64;
-static_assert(sizeof(ChunkHeader) <= kHeaderBytes, "header too large");
+// The chunk kinds and header of fabric_wire.h.
+constexpr uint32_t kData = kFabricData;
+constexpr uint32_t kAbort = kFabricAbort;
+constexpr uint32_t kRts = kFabricRts;
+constexpr uint32_t kCts = kFabricCts;
+using ChunkHeader = FabricChunkHeader;
+constexpr size_t kHeaderBytes = kFabricHeaderBytes;
 
 constexpr size_t kDefaultChunkBytes = 256 << 10;
 constexpr size_t kDefaultBuffers = 32;
@@ -249,6 +244,7 @@ struct Peer {
   std::string address;
   std::string name;
   std::string failure;
+  StatusCode failure_code = StatusCode::kPeerFailed;  // kProtocol: it sent a malformed chunk
   // Sending.
   uint64_t next_send_seq = 0;
   std::deque<OutMsg> sendq;                        // not yet all copied
@@ -279,6 +275,7 @@ class FabricEndpoint::Impl {
   void Progress();
   void Cancel(Peer* p, Request* req);
   std::string Failure(Peer* p);
+  StatusCode FailureCode(Peer* p);
   void SetFailure(Peer* p, const std::string& why);
 
   const std::string& address() const { return address_; }
@@ -290,6 +287,10 @@ class FabricEndpoint::Impl {
   Peer* FindOrAddPeer(uint64_t id);
   void HandleChunk(Slot& slot, size_t len);
   void ProtocolError(Peer* p, const std::string& what);
+  void DropChunk(Peer* p, const std::string& why);
+  // A request that cannot start because the link to `p` failed.
+  Status FailedOn(Peer* p, const std::string& what);
+  void Corrupt(ChunkHeader* h, Slot* s) const;
   void Advance(Peer* p);
   void Bind(Peer* p, std::map<uint64_t, InMsg>::iterator it, const PostedRecv& r);
   void Finish(Peer* p, std::map<uint64_t, InMsg>::iterator it);
@@ -351,7 +352,10 @@ class FabricEndpoint::Impl {
   std::unordered_map<uint64_t, std::unique_ptr<Peer>> peers_;
   std::vector<Peer*> peer_list_;
   size_t rr_ = 0;
-  std::string endpoint_error_;  // a CQ error no peer can be blamed for
+  std::string endpoint_error_;  // a CQ error or a chunk no peer can be blamed for
+  StatusCode endpoint_error_code_ = StatusCode::kPeerFailed;
+  uint32_t version_ = 0;  // WireProtocolVersion(): written into every chunk, required of every chunk
+  std::string corrupt_;   // tests: how every chunk sent is malformed (JAX_SMDDP_FABRIC_TEST_CORRUPT)
   uint64_t shuffle_ = 0;  // tests: nonzero = post send chunks out of order (xorshift state)
 
   bool tagged_ = false;      // direct transfers can be received
@@ -429,6 +433,8 @@ Status FabricEndpoint::Impl::Init(const std::string& provider, const std::string
   if (TextSetting("JAX_SMDDP_FABRIC_TEST_REORDER") == "1") {
     shuffle_ = 0x9e3779b97f4a7c15ull ^ (self_id_ | 1);
   }
+  version_ = WireProtocolVersion();
+  corrupt_ = TextSetting("JAX_SMDDP_FABRIC_TEST_CORRUPT");
 
   const size_t pool_bytes = chunk_bytes_ * (nrecv + nsend);
   pool_ = static_cast<char*>(std::aligned_alloc(4096, (pool_bytes + 4095) / 4096 * 4096));
@@ -538,8 +544,7 @@ void FabricEndpoint::Impl::Send(Peer* p, uint64_t tag, const void* src, size_t b
   std::lock_guard<std::mutex> lock(mu_);
   req->Reset();
   if (!p->failure.empty()) {
-    req->Complete(Status::PeerFailed("cannot send " + TagText(tag) + " to " + p->name + ": " +
-                                p->failure));
+    req->Complete(FailedOn(p, "cannot send " + TagText(tag) + " to " + p->name + ": " + p->failure));
     return;
   }
   SendTrack* t = new SendTrack{req, p, 0, false, std::string()};
@@ -572,8 +577,8 @@ void FabricEndpoint::Impl::Recv(Peer* p, uint64_t tag, void* dst, size_t bytes, 
     }
   }
   if (!p->failure.empty()) {
-    req->Complete(Status::PeerFailed("cannot receive " + TagText(tag) + " from " + p->name + ": " +
-                                p->failure));
+    req->Complete(FailedOn(p, "cannot receive " + TagText(tag) + " from " + p->name + ": " +
+                              p->failure));
     return;
   }
   p->posted[tag].push_back(r);
@@ -658,6 +663,15 @@ std::string FabricEndpoint::Impl::Failure(Peer* p) {
   return p->failure.empty() ? endpoint_error_ : p->failure;
 }
 
+StatusCode FabricEndpoint::Impl::FailureCode(Peer* p) {
+  std::lock_guard<std::mutex> lock(mu_);
+  return p->failure.empty() ? endpoint_error_code_ : p->failure_code;
+}
+
+Status FabricEndpoint::Impl::FailedOn(Peer* p, const std::string& what) {
+  return Status::WithCode(p->failure_code, what);
+}
+
 // ---------------------------------------------------------------------------
 // Sending: queued messages -> send buffers -> fi_send.
 
@@ -682,7 +696,8 @@ void FabricEndpoint::Impl::PostChunk(Peer* p) {
   free_send_.pop_back();
   ChunkHeader h;
   std::memset(&h, 0, sizeof(h));
-  h.magic = kMagic;
+  h.magic = kFabricChunkMagic;
+  h.version = version_;
   h.kind = o.kind;
   h.sender = self_id_;
   h.seq = o.seq;
@@ -694,8 +709,9 @@ void FabricEndpoint::Impl::PostChunk(Peer* p) {
     if (h.len > 0) std::memcpy(s.buf + kHeaderBytes, o.src + o.offset, h.len);
     o.offset += h.len;
   }
-  std::memcpy(s.buf, &h, sizeof(h));
   s.len = kHeaderBytes + h.len;
+  if (!corrupt_.empty()) Corrupt(&h, &s);
+  std::memcpy(s.buf, &h, sizeof(h));
   s.peer = p;
   s.track = o.track;
   if (o.track) ++o.track->inflight;
@@ -851,45 +867,57 @@ void FabricEndpoint::Impl::ReadError() {
   }
 }
 
-void FabricEndpoint::Impl::ProtocolError(Peer* p, const std::string& what) {
-  std::string msg = "protocol error from " + (p ? p->name : std::string("an unknown peer")) +
-                    " over libfabric (" + provider_ + "): " + what +
-                    " (do all processes run the same jax_smddp, with the same "
-                    "JAX_SMDDP_FABRIC_CHUNK_BYTES?)";
+// Records a protocol failure: the link to `p` (every link of the endpoint
+// when the sender is unknown) fails with a kProtocol error saying `why`; the
+// first failure stays.
+void FabricEndpoint::Impl::DropChunk(Peer* p, const std::string& why) {
+  std::string msg = "libfabric (" + provider_ + "): " + why +
+                    "; the chunk was dropped (do all processes run the same jax_smddp build, "
+                    "with the same JAX_SMDDP_FABRIC_CHUNK_BYTES?)";
   std::string& slot = p ? p->failure : endpoint_error_;
-  if (slot.empty()) slot = msg;
+  if (!slot.empty()) return;
+  slot = std::move(msg);
+  (p ? p->failure_code : endpoint_error_code_) = StatusCode::kProtocol;
+}
+
+void FabricEndpoint::Impl::ProtocolError(Peer* p, const std::string& what) {
+  DropChunk(p, "protocol error from " + (p ? p->name : std::string("an unknown peer")) + ": " + what);
+}
+
+// Tests (JAX_SMDDP_FABRIC_TEST_CORRUPT): the chunk about to be sent made
+// malformed in the named way.
+void FabricEndpoint::Impl::Corrupt(ChunkHeader* h, Slot* s) const {
+  if (corrupt_ == "magic") {
+    h->magic ^= 0x20;
+  } else if (corrupt_ == "version") {
+    h->version += 1;
+  } else if (corrupt_ == "sender") {
+    h->sender = ~h->sender;
+  } else if (corrupt_ == "length") {
+    h->len += chunk_bytes_;  // past the end of any receive buffer
+  } else if (corrupt_ == "short") {
+    s->len = kHeaderBytes / 2;
+  }
 }
 
 void FabricEndpoint::Impl::HandleChunk(Slot& slot, size_t len) {
-  if (len < kHeaderBytes || len > chunk_bytes_) {
-    ProtocolError(nullptr, "a chunk of " + std::to_string(len) + " bytes");
-    return;
-  }
   ChunkHeader h;
-  std::memcpy(&h, slot.buf, sizeof(h));
-  if (h.magic != kMagic) {
-    ProtocolError(nullptr, "a chunk without the jax_smddp header");
+  uint64_t blame = 0;
+  Status parsed = ParseFabricChunk(
+      slot.buf, len, chunk_bytes_, version_,
+      [this](uint64_t id, std::string* name) {
+        auto it = peers_.find(id);
+        if (it == peers_.end() || !it->second->connected) return false;
+        *name = it->second->name;
+        return true;
+      },
+      &h, &blame);
+  if (!parsed.ok()) {
+    DropChunk(blame != 0 ? peers_.at(blame).get() : nullptr, parsed.message());
     return;
   }
-  Peer* p = FindOrAddPeer(h.sender);
-  if (p == nullptr) {
-    ProtocolError(nullptr, "chunks from more than " + std::to_string(kMaxPeers) + " peers");
-    return;
-  }
-  const uint64_t payload = len - kHeaderBytes;
-  if (h.kind == kData) {
-    if (h.len != payload || h.offset > h.total || h.len > h.total - h.offset ||
-        (h.len == 0 && h.total != 0)) {
-      ProtocolError(p, TagText(h.tag) + ": chunk of " + std::to_string(h.len) + " bytes at " +
-                           std::to_string(h.offset) + " of " + std::to_string(h.total) +
-                           " in a " + std::to_string(len) + "-byte buffer");
-      return;
-    }
-  } else if (h.kind == kAbort) {
-    if (payload != 0 || h.offset > h.total) {
-      ProtocolError(p, TagText(h.tag) + ": malformed abort");
-      return;
-    }
+  Peer* p = peers_.at(h.sender).get();
+  if (h.kind == kAbort) {
     auto d = p->direct_in.find(h.seq);
     if (d != p->direct_in.end()) {
       // Cancelled after this side posted its pieces: it will send none.
@@ -905,10 +933,6 @@ void FabricEndpoint::Impl::HandleChunk(Slot& slot, size_t len) {
     // A late abort of a message this side already retired (refused).
     if (h.seq < p->cursor && p->incoming.find(h.seq) == p->incoming.end()) return;
   } else if (h.kind == kCts) {
-    if (payload != 0 || h.offset > 1) {
-      ProtocolError(p, TagText(h.tag) + ": malformed clear-to-send");
-      return;
-    }
     auto a = p->awaiting_cts.find(h.seq);
     if (a == p->awaiting_cts.end()) return;  // that send was cancelled meanwhile
     if (a->second.tag != h.tag || a->second.total != h.total) {
@@ -926,10 +950,6 @@ void FabricEndpoint::Impl::HandleChunk(Slot& slot, size_t len) {
     }
     return;
   } else if (h.kind == kRts) {
-    if (payload != 0 || h.total == 0 || h.offset != 0) {
-      ProtocolError(p, TagText(h.tag) + ": malformed direct-transfer header");
-      return;
-    }
     if (!tagged_) {
       ProtocolError(p, TagText(h.tag) + " comes as a direct transfer, but provider '" + provider_ +
                            "' here has no tagged messages with directed receives");
@@ -940,9 +960,6 @@ void FabricEndpoint::Impl::HandleChunk(Slot& slot, size_t len) {
                            " bytes, more pieces than allowed");
       return;
     }
-  } else {
-    ProtocolError(p, "a chunk of unknown kind " + std::to_string(h.kind));
-    return;
   }
 
   auto it = p->incoming.find(h.seq);
@@ -1358,6 +1375,7 @@ class FabricLink : public Link {
   void Progress() override { ep_->Progress(); }
   void Cancel(Request* req) override { ep_->Cancel(peer_, req); }
   std::string PeerFailure() override { return ep_->Failure(peer_); }
+  StatusCode PeerFailureCode() override { return ep_->FailureCode(peer_); }
   void SetPeerFailure(const std::string& why) override { ep_->SetFailure(peer_, why); }
   std::string Kind() const override { return kind_; }
   uint64_t SingleCopyBytes() const override {

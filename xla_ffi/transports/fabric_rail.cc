@@ -167,6 +167,10 @@ class RailLink : public Link {
     std::string failure = impl_->Failure(peer_);
     return failure.empty() && control_ ? control_->PeerFailure() : failure;
   }
+  StatusCode PeerFailureCode() override {
+    return impl_->Failure(peer_).empty() && control_ ? control_->PeerFailureCode()
+                                                     : StatusCode::kPeerFailed;
+  }
   std::string Kind() const override {
     return "libfabric " + impl_->provider() + " (registered " + IfaceName(impl_->iface()) +
            " memory, no staging)";

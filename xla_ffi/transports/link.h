@@ -70,6 +70,11 @@ class Link {
   // exited, the connection closed). Cheap enough to call every few ms.
   virtual std::string PeerFailure() = 0;
 
+  // The kind of that failure, once PeerFailure() is not empty: kPeerFailed
+  // (the peer exited, its connection closed), or kProtocol (it sent a chunk
+  // this process cannot parse: another jax_smddp build, or corruption).
+  virtual StatusCode PeerFailureCode() { return StatusCode::kPeerFailed; }
+
   // Tells the link what another watch found: the peer is gone (`why`). A
   // link whose Cancel may wait for the peer (libfabric direct transfers)
   // then stops waiting on it.

@@ -85,6 +85,9 @@ class WatchedLink : public Link {
   std::string SingleCopy() const override { return inner_->SingleCopy(); }
   uint32_t Activity() const override { return inner_->Activity(); }
   void AwaitActivity(uint32_t seen, unsigned max_us) override { inner_->AwaitActivity(seen, max_us); }
+  StatusCode PeerFailureCode() override {
+    return inner_->PeerFailure().empty() ? StatusCode::kPeerFailed : inner_->PeerFailureCode();
+  }
   std::string PeerFailure() override {
     std::string why = inner_->PeerFailure();
     if (!why.empty() || fd_ < 0) return why;

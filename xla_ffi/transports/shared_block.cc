@@ -7,6 +7,7 @@
 #include <cstring>
 #include <new>
 
+#include "xla_ffi/common/protocol.h"
 #include "xla_ffi/transports/process_liveness.h"
 #include "xla_ffi/transports/shm_file.h"
 
@@ -14,7 +15,6 @@ namespace smddp {
 namespace {
 
 constexpr uint64_t kMagic = 0x4b4c425044444d53ull;  // "SMDDPBLK"
-constexpr uint32_t kVersion = 4;
 constexpr size_t kPage = 4096;
 constexpr size_t kMaxBytes = size_t(1) << 30;
 
@@ -44,7 +44,7 @@ Status SharedBlock::Create(size_t bytes, int openers, std::unique_ptr<SharedBloc
   SMDDP_RETURN_IF_ERROR(CreateShmFile(total, "use fewer GPU groups", &name, &base));
   auto* h = new (base) Header();
   h->magic = kMagic;
-  h->version = kVersion;
+  h->version = WireProtocolVersion();  // the block's layout is part of the protocol
   h->owner_pid = int32_t(::getpid());
   h->owner_start_time = ProcessStartTime(::getpid());
   h->data_bytes = data;
@@ -64,7 +64,7 @@ Status SharedBlock::Open(const std::string& name, size_t bytes, std::unique_ptr<
   std::unique_ptr<SharedBlock> block(new SharedBlock(static_cast<uint8_t*>(base), mapped, name,
                                                      /*created=*/false));
   auto* h = reinterpret_cast<Header*>(base);
-  if (h->magic != kMagic || h->version != kVersion || h->data_bytes != data)
+  if (h->magic != kMagic || h->version != WireProtocolVersion() || h->data_bytes != data)
     return Status::Error("shared-memory block " + name + " is not a jax_smddp block of " +
                          std::to_string(data) + " bytes (processes from different builds?)");
   if (h->openers_left.fetch_sub(1, std::memory_order_acq_rel) == 1) UnlinkShmFile(name);

@@ -27,6 +27,7 @@
 #include <utility>
 #include <vector>
 
+#include "xla_ffi/common/protocol.h"
 #include "xla_ffi/transports/process_liveness.h"
 #include "xla_ffi/transports/shm_file.h"
 #include "xla_ffi/common/settings.h"
@@ -39,7 +40,7 @@ namespace {
 // its own cache line), then ring 0 (written by the creator) and ring 1
 // (written by the opener).
 constexpr uint64_t kMagic = 0x314b4e494c4d4853ull;  // "SHMLINK1"
-constexpr uint32_t kVersion = 3;
+// The segment's layout version is the wire protocol's (common/protocol.h).
 constexpr uint64_t kLine = 64;
 constexpr uint64_t kPage = 4096;
 constexpr uint64_t kDataOffset = kPage;
@@ -194,7 +195,7 @@ Status CreateShmSegment(size_t ring_bytes, std::string* name,
 
   Layout* lay = new (base) Layout();
   lay->header.magic = kMagic;
-  lay->header.version = kVersion;
+  lay->header.version = WireProtocolVersion();
   lay->header.data_offset = uint32_t(kDataOffset);
   lay->header.ring_bytes = ring;
   lay->header.total_bytes = total;
@@ -217,11 +218,11 @@ Status OpenShmSegment(const std::string& name, std::shared_ptr<ShmSegment>* out)
   if (h.magic != kMagic) {
     return Status::Error("shared-memory segment " + name + " is not a jax_smddp link");
   }
-  if (h.version != kVersion) {
-    return Status::Mismatch("shared-memory segment " + name + " has layout version " +
-                         std::to_string(h.version) + ", this build uses " +
-                         std::to_string(kVersion) +
-                         " (processes from different jax_smddp builds)");
+  if (h.version != WireProtocolVersion()) {
+    return Status::Protocol("shared-memory segment " + name + " is of wire protocol version " +
+                            std::to_string(h.version) + ", this process speaks " +
+                            std::to_string(WireProtocolVersion()) +
+                            " (processes from different jax_smddp builds)");
   }
   if (h.data_offset != kDataOffset || h.ring_bytes < kMinRing || h.ring_bytes > kMaxRing ||
       h.ring_bytes % kPage != 0 || h.total_bytes != kDataOffset + 2 * h.ring_bytes ||
@@ -313,7 +314,7 @@ class ShmLink final : public Link {
   void Send(uint64_t tag, const void* src, size_t bytes, Request* req) override {
     std::lock_guard<std::mutex> lock(mu_);
     if (failed_.load(std::memory_order_relaxed)) {
-      req->Complete(Status::PeerFailed(Failure()));
+      req->Complete(Status::WithCode(failure_code_, Failure()));
       return;
     }
     try {
@@ -331,7 +332,7 @@ class ShmLink final : public Link {
   void Recv(uint64_t tag, void* dst, size_t bytes, Request* req) override {
     std::lock_guard<std::mutex> lock(mu_);
     if (failed_.load(std::memory_order_relaxed)) {
-      req->Complete(Status::PeerFailed(Failure()));
+      req->Complete(Status::WithCode(failure_code_, Failure()));
       return;
     }
     for (size_t ui = 0; ui < unexpected_.size(); ++ui) {
@@ -496,6 +497,11 @@ class ShmLink final : public Link {
     return Failure();
   }
 
+  StatusCode PeerFailureCode() override {
+    std::lock_guard<std::mutex> lock(fail_mu_);
+    return failure_code_;
+  }
+
   std::string Kind() const override { return "shared memory"; }
 
   uint64_t SingleCopyBytes() const override {
@@ -554,20 +560,26 @@ class ShmLink final : public Link {
            ": corrupt data from the peer (" + what + ")";
   }
 
+  // The peer wrote what this process cannot parse: the link fails with a
+  // protocol error naming it.
+  void FailCorruptLocked(const std::string& what) { FailLocked(Corrupt(what), StatusCode::kProtocol); }
+
   static std::string MismatchMessage(uint64_t sent, uint64_t tag, uint64_t expected) {
     return "peer sent " + std::to_string(sent) + " bytes under tag " +
            std::to_string(tag) + ", expected " + std::to_string(expected);
   }
 
-  // Fails every request; the link does nothing more.
-  void FailLocked(std::string reason) {
+  // Fails every request; the link does nothing more. kPeerFailed: the link
+  // is gone with its peer; kProtocol: the peer wrote what cannot be parsed.
+  void FailLocked(std::string reason, StatusCode code = StatusCode::kPeerFailed) {
     if (failed_.load(std::memory_order_relaxed)) return;
     {
       std::lock_guard<std::mutex> lock(fail_mu_);
       failure_ = std::move(reason);
+      failure_code_ = code;
     }
     failed_.store(true, std::memory_order_release);
-    const Status st = Status::PeerFailed(Failure());  // the link is gone, with its peer
+    const Status st = Status::WithCode(code, Failure());
     for (PendingSend& s : pending_) {
       if (!s.abort && s.req != nullptr) s.req->Complete(st);
     }
@@ -589,8 +601,8 @@ class ShmLink final : public Link {
     const uint64_t tail = write_tail_->load(std::memory_order_acquire);
     const uint64_t used = write_head_local_ - tail;
     if (tail % kLine != 0 || tail < seen_tail_ || used > cap_) {
-      FailLocked(Corrupt("read position " + std::to_string(tail) + ", write position " +
-                         std::to_string(write_head_local_)));
+      FailCorruptLocked("read position " + std::to_string(tail) + ", write position " +
+                         std::to_string(write_head_local_));
       return false;
     }
     seen_tail_ = tail;
@@ -739,8 +751,8 @@ class ShmLink final : public Link {
     uint64_t avail = head - read_tail_local_;
     if (avail == 0) return 0;
     if (avail > cap_ || head % kLine != 0) {
-      FailLocked(Corrupt("write position " + std::to_string(head) + ", read position " +
-                         std::to_string(read_tail_local_)));
+      FailCorruptLocked("write position " + std::to_string(head) + ", read position " +
+                         std::to_string(read_tail_local_));
       return 0;
     }
     uint64_t consumed = 0;
@@ -749,7 +761,7 @@ class ShmLink final : public Link {
       ChunkHeader h;
       std::memcpy(&h, read_ring_ + read_tail_local_ % cap_, sizeof(h));
       if (h.check != ChunkCheck(h)) {
-        FailLocked(Corrupt("bad chunk header at " + std::to_string(read_tail_local_)));
+        FailCorruptLocked("bad chunk header at " + std::to_string(read_tail_local_));
         return consumed;
       }
       const uint64_t kind = h.flags & (kControlFlags | kFlagRemote);
@@ -761,11 +773,11 @@ class ShmLink final : public Link {
                                       : h.offset > h.total || h.len > h.total - h.offset;
       if (bad_flags || bad_payload || h.len > cap_ - kLine ||
           kLine + RoundUp(h.len, kLine) > avail) {
-        FailLocked(Corrupt("chunk tag " + std::to_string(h.tag) + " size " +
+        FailCorruptLocked("chunk tag " + std::to_string(h.tag) + " size " +
                            std::to_string(h.total) + " offset " +
                            std::to_string(h.offset) + " length " + std::to_string(h.len) +
                            " flags " + std::to_string(h.flags) + " with " +
-                           std::to_string(avail) + " bytes in the ring"));
+                           std::to_string(avail) + " bytes in the ring");
         return consumed;
       }
       if (!DeliverLocked(h, (read_tail_local_ + kLine) % cap_)) return consumed;
@@ -806,9 +818,9 @@ class ShmLink final : public Link {
     if (idx == incoming_.size()) {
       // A new message.
       if (h.offset != 0) {
-        FailLocked(Corrupt("chunk at offset " + std::to_string(h.offset) +
+        FailCorruptLocked("chunk at offset " + std::to_string(h.offset) +
                            " of a message under tag " + std::to_string(h.tag) +
-                           " that had not started"));
+                           " that had not started");
         return false;
       }
       Incoming in{h.tag, h.total, 0, nullptr, nullptr, nullptr};
@@ -857,10 +869,10 @@ class ShmLink final : public Link {
       }
       idx = incoming_.size() - 1;
     } else if (incoming_[idx].total != h.total || incoming_[idx].next != h.offset) {
-      FailLocked(Corrupt("chunk of " + std::to_string(h.total) + " bytes at offset " +
+      FailCorruptLocked("chunk of " + std::to_string(h.total) + " bytes at offset " +
                          std::to_string(h.offset) + " under tag " + std::to_string(h.tag) +
                          "; expected a message of " + std::to_string(incoming_[idx].total) +
-                         " bytes at offset " + std::to_string(incoming_[idx].next)));
+                         " bytes at offset " + std::to_string(incoming_[idx].next));
       return false;
     }
     Incoming& in = incoming_[idx];
@@ -981,9 +993,9 @@ class ShmLink final : public Link {
       st = Status::PeerFailed(peer + " exited while this process read a message from its "
                               "memory");
     } else if (err != 0) {
-      FailLocked(Corrupt("reading " + std::to_string(h.total) + " bytes at " +
+      FailCorruptLocked("reading " + std::to_string(h.total) + " bytes at " +
                          std::to_string(ref.address) + " of its memory failed: " +
-                         std::strerror(err)));
+                         std::strerror(err));
       return false;
     } else {
       single_copy_bytes_.fetch_add(h.total, std::memory_order_relaxed);
@@ -1107,6 +1119,7 @@ class ShmLink final : public Link {
   std::atomic<bool> failed_{false};
   std::mutex fail_mu_;
   std::string failure_;
+  StatusCode failure_code_ = StatusCode::kPeerFailed;
 
   std::mutex live_mu_;  // the liveness check below
   std::atomic<int> peer_pid_{0};  // <= 0 until known
