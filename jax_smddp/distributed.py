@@ -8,10 +8,15 @@ to its other collectives, as with any collective.
 What it does, over the jax.distributed key-value store (no other cluster
 manager is involved):
 
-1. Every process publishes its host and pid. Processes are on the same host
-   when their host ids match: the hostname plus the network namespace (so two
-   network namespaces on one machine act as two hosts, as in the tests), or
-   ``JAX_SMDDP_HOST_ID`` where set.
+1. Every process publishes its host, its pid and its build: the wire protocol
+   version it speaks, jax_smddp's version, a hash of its native sources and
+   the jaxlib it was built against (``capabilities.build()``). Every process
+   compares each peer's with its own before any link exists: processes that
+   differ (hosts with different images) raise ``errors.BuildMismatchError``
+   naming both, instead of misreading each other's messages later. Processes
+   are on the same host when their host ids match: the hostname plus the
+   network namespace (so two network namespaces on one machine act as two
+   hosts, as in the tests), or ``JAX_SMDDP_HOST_ID`` where set.
 2. Each pair of processes on one host shares a POSIX shared-memory segment
    (mode 0600, an unguessable name). The lower-numbered process creates it and
    publishes its name; the other maps it and says so; the creator then unlinks
@@ -46,7 +51,9 @@ import threading
 import jax
 
 from jax_smddp import _native
+from jax_smddp import capabilities
 from jax_smddp import config
+from jax_smddp import errors
 from jax_smddp import requirements
 
 log = logging.getLogger("jax_smddp")
@@ -59,6 +66,7 @@ _hosts: list[str] | None = None  # host id of every process
 _atexit_registered = False
 
 _KV_TIMEOUT_MS = 300_000
+_BUILDS_BARRIER_MS = 30_000  # processes of mismatched builds meet before they raise
 
 
 def _client():
@@ -114,6 +122,58 @@ def _local_address() -> str:
     return ""
 
 
+# What processes of one job must share, as build() names it, and as messages say it.
+_BUILD_FIELDS = {"protocol": "wire protocol version", "version": "jax_smddp version",
+                 "source_hash": "native build (hash of its sources)",
+                 "jaxlib": "jaxlib it was built against"}
+
+
+def build_id() -> dict:
+  """What this process announces at initialize(): the wire protocol version it
+  speaks and the build it runs. Every process of a job must announce the same."""
+  built = capabilities.build()
+  return {field: built.get(field) for field in _BUILD_FIELDS}
+
+
+def check_builds(me: int, procs: list) -> None:
+  """Raises errors.BuildMismatchError if any process's announced build (its
+  entry of `procs`: {"host", "pid", "build"}) differs from process `me`'s,
+  naming both and what differs. Every process runs the same comparison on the
+  same announcements, so every process of a mismatched pair raises."""
+  mine = procs[me]["build"]
+  differences = {}
+  for q, info in enumerate(procs):
+    theirs = info.get("build")
+    if q == me or theirs == mine:
+      continue
+    if not isinstance(theirs, dict):  # a jax_smddp from before builds were announced
+      differences[q] = {"build": (mine, None)}
+      continue
+    differences[q] = {f: (mine.get(f), theirs.get(f)) for f in sorted(set(mine) | set(theirs))
+                      if mine.get(f) != theirs.get(f)}
+  if not differences:
+    return
+
+  def where(q):
+    return f"process {q} (host {procs[q].get('host')}, pid {procs[q].get('pid')})"
+
+  lines = []
+  for q, diff in sorted(differences.items()):
+    if "build" in diff:
+      said = "announces no build (a jax_smddp older than this one's)"
+    else:
+      said = "; ".join(f"{_BUILD_FIELDS.get(f, f)} {theirs!r} there, {ours!r} here"
+                       for f, (ours, theirs) in diff.items())
+    lines.append(f"{where(q)} runs another build than this one, {where(me)}: {said}")
+  remedy = ("Install the same jax_smddp build, built against the same jaxlib, on every host "
+            "(one image for all nodes; jax_smddp.distributed.build_id() shows what a process "
+            "runs) and restart the job.")
+  raise errors.BuildMismatchError(
+      "jax_smddp.initialize(): the processes of this job run different jax_smddp builds, which "
+      "would misread each other's messages; nothing was connected. " + ". ".join(lines) + ".",
+      process=me, differences=differences, remedy=remedy)
+
+
 def is_initialized() -> bool:
   return _initialized
 
@@ -123,7 +183,9 @@ def initialize() -> None:
 
   Idempotent. A single-process job needs nothing (returns at once). Raises a
   RuntimeError saying what to do when jax.distributed is not initialized in a
-  multi-process job, or when a peer's set-up fails.
+  multi-process job, or when a peer's set-up fails; errors.BuildMismatchError
+  (in every process concerned, before any link exists) when processes run
+  different jax_smddp builds.
   """
   global _initialized, _generation, _summary, _atexit_registered, _hosts
   with _lock:
@@ -149,9 +211,19 @@ def initialize() -> None:
       client.key_value_set(f"{prefix}/{key}", value)
 
     host = _host_id()
-    put(f"proc/{me}", json.dumps({"host": host, "pid": os.getpid()}))
-    procs = [json.loads(get(f"proc/{q}")) if q != me else {"host": host, "pid": os.getpid()}
-             for q in range(n)]
+    announced = {"host": host, "pid": os.getpid(), "build": build_id()}
+    put(f"proc/{me}", json.dumps(announced))
+    procs = [json.loads(get(f"proc/{q}")) if q != me else announced for q in range(n)]
+    if any(info.get("build") != announced["build"] for info in procs):
+      # Every process read the same announcements, so every one is here: each
+      # waits until all have read them before it raises (a process that exits
+      # takes the job's coordination service down; the others' errors would be
+      # JAX's, not this one naming the builds).
+      try:
+        client.wait_at_barrier(f"{prefix}/builds", _BUILDS_BARRIER_MS)
+      except Exception:  # noqa: BLE001  (a peer too old to come: raise anyway)
+        pass
+      check_builds(me, procs)
     # Settings that must be equal in every process are process 0's everywhere
     # (before any link opens or any call is lowered on them).
     if me == 0:

@@ -23,6 +23,10 @@ None::
 
 The engine also keeps the failures it saw in this process (``last_failure``):
 the text JAX passes on carries no structure, the record does.
+
+Processes that run different builds never get that far: ``jax_smddp.initialize()``
+compares every process's wire protocol version and build and raises
+:class:`BuildMismatchError`, naming them, before any link is used.
 """
 
 from __future__ import annotations
@@ -34,7 +38,7 @@ from typing import Optional, Tuple
 __all__ = [
     "CollectiveError", "PeerTimeoutError", "PeerFailedError", "CallMismatchError",
     "UnsupportedCollectiveError", "InvalidCollectiveArgumentError", "ProtocolError",
-    "InternalCollectiveError",
+    "InternalCollectiveError", "BuildMismatchError",
     "Failure", "Peers", "classify", "last_failure", "recent_failures",
 ]
 
@@ -150,6 +154,25 @@ class InternalCollectiveError(CollectiveError):
   """Any other failure inside jax_smddp or the system (a bug, memory, CUDA)."""
   code = "internal"
   status = "INTERNAL"
+
+
+class BuildMismatchError(CollectiveError):
+  """Raised by ``jax_smddp.initialize()``: processes of the job run different
+  jax_smddp builds (wire protocol version, jax_smddp version, native build or
+  the jaxlib it was built against), so they would misread each other's
+  messages. Nothing was connected.
+
+  Attributes besides CollectiveError's: ``process`` (this process),
+  ``peers.processes`` (those whose build differs from this one's) and
+  ``differences``: {process: {field: (this process's value, that process's)}}.
+  """
+  code = "build_mismatch"
+  status = "FAILED_PRECONDITION"
+
+  def __init__(self, message: str, *, process: int, differences: dict, remedy: str = ""):
+    super().__init__(message, peers=Peers(processes=tuple(sorted(differences))), remedy=remedy)
+    self.process = process
+    self.differences = differences
 
 
 _CLASSES = {c.code: c for c in (PeerTimeoutError, PeerFailedError, CallMismatchError,

@@ -209,3 +209,28 @@ def test_a_protocol_error_is_typed_apart_from_a_dead_peer():
   assert err.op == "all_gather" and err.devices == (0, 1)
   assert err.remedy == _native.engine().failure_remedies()["protocol"] and "same jax_smddp" in err.remedy
 
+
+def _announcement(host, pid, **build):
+  from jax_smddp import distributed
+  return {"host": host, "pid": pid, "build": {**distributed.build_id(), **build}}
+
+
+def test_builds_that_differ_are_named_with_what_differs():
+  from jax_smddp import distributed
+  procs = [_announcement("h0", 10), _announcement("h0", 11),
+           _announcement("h1", 12, jaxlib="0.9.9", version="0.0.1"), {"host": "h2", "pid": 13}]
+  distributed.check_builds(0, procs[:2])  # equal builds: nothing to say
+  with pytest.raises(smddp.errors.BuildMismatchError) as e:
+    distributed.check_builds(0, procs)
+  err = e.value
+  assert isinstance(err, smddp.errors.CollectiveError) and err.status == "FAILED_PRECONDITION"
+  assert err.process == 0 and err.peers.processes == (2, 3)
+  mine = distributed.build_id()
+  assert err.differences[2] == {"jaxlib": (mine["jaxlib"], "0.9.9"), "version": (mine["version"], "0.0.1")}
+  assert err.differences[3] == {"build": (mine, None)}
+  text = str(err)
+  assert "process 2 (host h1, pid 12) runs another build than this one, process 0 (host h0, pid 10)" in text
+  assert f"jaxlib it was built against '0.9.9' there, '{mine['jaxlib']}' here" in text
+  assert f"jax_smddp version '0.0.1' there, '{mine['version']}' here" in text
+  assert "process 3 (host h2, pid 13)" in text and "announces no build" in text
+  assert "What to do: Install the same jax_smddp build" in text

@@ -197,6 +197,41 @@ def _protocol_version() -> int:
 
 
 @pytest.mark.timeout(300)
+@pytest.mark.parametrize("hosts,odd", [("aa", 1), ("aab", 2)], ids=["one-host", "three-processes-two-hosts"])
+def test_processes_of_another_protocol_version_fail_at_initialize(hosts, odd):
+  """Two builds that differ only in their wire protocol version (process `odd`
+  poses as the next version): initialize() raises BuildMismatchError at once
+  in every process concerned, naming both sides and only the protocol as
+  different, and connects nothing (same host: no shared memory; other hosts:
+  no libfabric link)."""
+  version = _protocol_version()
+  before = shm_names()
+  procs = run_job(["build_mismatch"], len(hosts), 1, timeout=240,
+                  env={"JAX_SMDDP_FABRIC_PROVIDER": "tcp;ofi_rxm"},
+                  per_process_env=[{"JAX_SMDDP_HOST_ID": h,
+                                    **({"JAX_SMDDP_TEST_PROTOCOL_VERSION": str(version + 1)}
+                                       if q == odd else {})}
+                                   for q, h in enumerate(hosts)])
+  for p in procs:
+    r = p.result
+    assert r is not None and r["ok"] is False, launch.describe(procs)
+    assert r["cls"] == "BuildMismatchError" and r["process"] == p.index, r
+    mine, others = (version + 1, version) if p.index == odd else (version, version + 1)
+    differing = [q for q in range(len(hosts)) if q != p.index] if p.index == odd else [odd]
+    assert r["peer_processes"] == differing, r
+    assert r["differences"] == {str(q): {"protocol": [mine, others]} for q in differing}, r
+    for q in differing:
+      assert f"process {q} (host {hosts[q]}, pid " in r["message"], r["message"]
+      assert f"wire protocol version {others} there, {mine} here" in r["message"], r["message"]
+    assert f"this one, process {p.index} (host {hosts[p.index]}, pid " in r["message"], r["message"]
+    assert "same jax_smddp build" in r["remedy"], r
+    assert r["initialized"] is False and r["topology"] is None, r
+    assert r["seconds"] < 30, r  # at the bootstrap, not at a deadline
+    assert p.returncode == 0, launch.describe(procs)  # every process told, none killed by JAX
+  assert shm_names() - before == set()
+
+
+@pytest.mark.timeout(300)
 @pytest.mark.parametrize("corrupt,detail", [
     ("magic", "magic 0x46444d73 instead of jax_smddp's 0x46444d53"),
     ("version", "wire protocol version {next}, but this process speaks {version}"),

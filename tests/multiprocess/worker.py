@@ -362,6 +362,23 @@ def scenario_mismatch_dtype():
   result(ok=True)
 
 
+def scenario_build_mismatch():
+  """Processes whose builds differ (the test makes some pose as another wire
+  protocol version): initialize() must raise in every process concerned,
+  naming both sides, before any link exists."""
+  t0 = time.monotonic()
+  try:
+    smddp.initialize()
+  except smddp.errors.BuildMismatchError as e:
+    result(ok=False, cls=type(e).__name__, message=str(e), process=e.process,
+           peer_processes=list(e.peers.processes), remedy=e.remedy,
+           differences={str(q): {f: list(v) for f, v in d.items()} for q, d in e.differences.items()},
+           initialized=smddp.distributed.is_initialized(), topology=smddp.distributed.topology(),
+           seconds=time.monotonic() - t0)
+    return  # every process raised: jax.distributed shuts down cleanly
+  result(ok=True, build=smddp.distributed.build_id())
+
+
 def scenario_malformed_chunks():
   """One all_gather between hosts, where a process sends malformed chunks
   (JAX_SMDDP_FABRIC_TEST_CORRUPT): its receivers must fail the call with a
