@@ -5,9 +5,16 @@ set -euo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
 cd "$root"
 
+# python3.12 as it is on PATH, else the newest 3.12.x pyenv has (its shim needs the version named).
 find_python312() {
-  if command -v python3.12 >/dev/null && PYENV_VERSION=3.12.1 python3.12 -c 'pass' 2>/dev/null; then
-    echo "env PYENV_VERSION=3.12.1 python3.12"
+  if command -v python3.12 >/dev/null && python3.12 -c 'pass' 2>/dev/null; then
+    echo "python3.12"
+  elif command -v pyenv >/dev/null; then
+    local v
+    v=$(pyenv versions --bare 2>/dev/null | grep -E '^3\.12\.[0-9]+$' | sort -V | tail -1)
+    if [ -n "$v" ] && PYENV_VERSION=$v python3.12 -c 'pass' 2>/dev/null; then
+      echo "env PYENV_VERSION=$v python3.12"
+    fi
   fi
 }
 
@@ -17,7 +24,8 @@ status=0
 run_suite() {  # name python venv jax_spec
   local name=$1 python=$2 venv=$3 jax_spec=$4
   echo "=== $name: setting up $venv ($jax_spec)"
-  bash tools/setup_env.sh "$python" "$venv" "$jax_spec"
+  # matplotlib: the benchmark's plot (tests/tools), in both environments alike.
+  bash tools/setup_env.sh "$python" "$venv" "$jax_spec" matplotlib
   bash tools/build_testing.sh "$venv"
   echo "=== $name: pytest"
   "$venv/bin/pytest" -q -p no:cacheprovider tests || status=1
