@@ -55,8 +55,9 @@ def _versions(rows: list[Row]) -> bool:
   same = built["jaxlib"] == jaxlib.version.__version__
   detail = f"built for jaxlib {built['jaxlib']} (XLA FFI API {built['ffi_api']})"
   if not same:
-    detail += (f", but jaxlib {jaxlib.version.__version__} runs: rebuild jax_smddp against it "
-               "(pip install --no-build-isolation --force-reinstall --no-deps jax_smddp-source)")
+    detail += (f", but jaxlib {jaxlib.version.__version__} runs: rebuild jax_smddp against it, "
+               "from its source checkout: python -m pip install --no-build-isolation --no-deps "
+               "--force-reinstall . (add -e for a development install)")
   rows.append(Row("extension", OK if same else FAIL, detail))
   return same
 
