@@ -12,6 +12,7 @@
 #include <cuda_runtime_api.h>
 
 #include "cuda/cuda_stream_ops.h"
+#include "cuda/device_scope.h"
 #include "cuda/event_clock.h"
 #include "cuda/gdrcopy.h"
 #include "cuda/kernels.h"
@@ -42,37 +43,56 @@ void CheckCuda(cudaError_t err, const char* what) {
   if (err != cudaSuccess) throw std::runtime_error(std::string(what) + ": " + cudaGetErrorString(err));
 }
 
-// Device-to-device copy bandwidth on `ordinal` (bytes copied per second by
-// cudaMemcpyAsync of `bytes`, best of `iters`): the benchmark's reference.
-double CopyBandwidth(int ordinal, size_t bytes, int iters) {
-  int saved = 0;
-  CheckCuda(cudaGetDevice(&saved), "cudaGetDevice");
+// Best seconds of `iters` runs (after two warm-ups) of what `enqueue(stream)`
+// puts on a stream of its own on device `ordinal`, timed by CUDA events.
+template <typename F>
+double BestSeconds(int ordinal, int iters, F&& enqueue) {
   CheckCuda(cudaSetDevice(ordinal), "cudaSetDevice");
-  void *a = nullptr, *b = nullptr;
   cudaStream_t s;
   cudaEvent_t start, stop;
-  CheckCuda(cudaMalloc(&a, bytes), "cudaMalloc");
-  CheckCuda(cudaMalloc(&b, bytes), "cudaMalloc");
   CheckCuda(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking), "cudaStreamCreate");
   CheckCuda(cudaEventCreate(&start), "cudaEventCreate");
   CheckCuda(cudaEventCreate(&stop), "cudaEventCreate");
   float best_ms = 0;
   for (int i = 0; i < iters + 2; ++i) {
     CheckCuda(cudaEventRecord(start, s), "cudaEventRecord");
-    CheckCuda(cudaMemcpyAsync(b, a, bytes, cudaMemcpyDeviceToDevice, s), "cudaMemcpyAsync");
+    enqueue(s);
     CheckCuda(cudaEventRecord(stop, s), "cudaEventRecord");
     CheckCuda(cudaEventSynchronize(stop), "cudaEventSynchronize");
     float ms = 0;
     CheckCuda(cudaEventElapsedTime(&ms, start, stop), "cudaEventElapsedTime");
-    if (i >= 2 && (best_ms == 0 || ms < best_ms)) best_ms = ms;  // two warm-ups
+    if (i >= 2 && (best_ms == 0 || ms < best_ms)) best_ms = ms;
   }
   cudaEventDestroy(start);
   cudaEventDestroy(stop);
   cudaStreamDestroy(s);
-  cudaFree(a);
-  cudaFree(b);
-  cudaSetDevice(saved);
-  return best_ms > 0 ? double(bytes) / (best_ms * 1e-3) : 0.0;
+  return best_ms * 1e-3;
+}
+
+// `count` zeroed buffers of `bytes` each on `ordinal`, the current device
+// while they live (the caller's again after).
+struct DeviceBuffers {
+  DeviceBuffers(int ordinal, int count, size_t bytes) : scope(ordinal), p(size_t(count), nullptr) {
+    CheckCuda(cudaSetDevice(ordinal), "cudaSetDevice");
+    for (void*& b : p) CheckCuda(cudaMalloc(&b, bytes), "cudaMalloc");
+    for (void* b : p) CheckCuda(cudaMemset(b, 0, bytes), "cudaMemset");
+  }
+  ~DeviceBuffers() {
+    for (void* b : p) cudaFree(b);
+  }
+  smddp::cuda::DeviceScope scope;
+  std::vector<void*> p;
+};
+
+// Device-to-device copy bandwidth on `ordinal` (bytes copied per second by
+// cudaMemcpyAsync of `bytes`, best of `iters`): the benchmark's reference.
+double CopyBandwidth(int ordinal, size_t bytes, int iters) {
+  DeviceBuffers m(ordinal, 2, bytes);
+  const double s = BestSeconds(ordinal, iters, [&](cudaStream_t stream) {
+    CheckCuda(cudaMemcpyAsync(m.p[1], m.p[0], bytes, cudaMemcpyDeviceToDevice, stream),
+              "cudaMemcpyAsync");
+  });
+  return s > 0 ? double(bytes) / s : 0.0;
 }
 
 // Seconds one bare reduction kernel takes (best of `iters`): f32 sum of
@@ -83,39 +103,13 @@ double ReduceSeconds(int ordinal, size_t bytes, int sources, int max_blocks, int
   if (sources < 1 || sources > smddp::cuda::kMaxSources)
     throw std::invalid_argument("reduce_seconds: sources must be 1.." +
                                 std::to_string(smddp::cuda::kMaxSources));
-  int saved = 0;
-  CheckCuda(cudaGetDevice(&saved), "cudaGetDevice");
-  CheckCuda(cudaSetDevice(ordinal), "cudaSetDevice");
-  std::vector<void*> srcs(size_t(sources), nullptr);
-  void* dst = nullptr;
-  for (void*& p : srcs) CheckCuda(cudaMalloc(&p, bytes), "cudaMalloc");
-  CheckCuda(cudaMalloc(&dst, bytes), "cudaMalloc");
-  for (void* p : srcs) CheckCuda(cudaMemset(p, 0, bytes), "cudaMemset");
-  cudaStream_t s;
-  cudaEvent_t start, stop;
-  CheckCuda(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking), "cudaStreamCreate");
-  CheckCuda(cudaEventCreate(&start), "cudaEventCreate");
-  CheckCuda(cudaEventCreate(&stop), "cudaEventCreate");
-  float best_ms = 0;
-  for (int i = 0; i < iters + 2; ++i) {
-    CheckCuda(cudaEventRecord(start, s), "cudaEventRecord");
-    CheckCuda(smddp::cuda::LaunchReduce(dst, bytes, srcs.data(), sources, bytes, bytes / 4, 1,
-                                        smddp::cuda::ElementType::kFloat32,
-                                        smddp::cuda::Reduction::kSum, max_blocks, s),
+  DeviceBuffers m(ordinal, sources + 1, bytes);  // the sources, then the destination
+  return BestSeconds(ordinal, iters, [&](cudaStream_t stream) {
+    CheckCuda(smddp::cuda::LaunchReduce(m.p[size_t(sources)], bytes, m.p.data(), sources, bytes,
+                                        bytes / 4, 1, smddp::cuda::ElementType::kFloat32,
+                                        smddp::cuda::Reduction::kSum, max_blocks, stream),
               "reduction kernel");
-    CheckCuda(cudaEventRecord(stop, s), "cudaEventRecord");
-    CheckCuda(cudaEventSynchronize(stop), "cudaEventSynchronize");
-    float ms = 0;
-    CheckCuda(cudaEventElapsedTime(&ms, start, stop), "cudaEventElapsedTime");
-    if (i >= 2 && (best_ms == 0 || ms < best_ms)) best_ms = ms;  // two warm-ups
-  }
-  cudaEventDestroy(start);
-  cudaEventDestroy(stop);
-  cudaStreamDestroy(s);
-  for (void* p : srcs) cudaFree(p);
-  cudaFree(dst);
-  cudaSetDevice(saved);
-  return best_ms * 1e-3;
+  });
 }
 
 #ifdef SMDDP_TESTING_ENTRIES
