@@ -116,9 +116,14 @@ class Stage:
     self.timed_out = False
     self.notes: list[str] = []
 
-  def run(self, argv: list[str], env: dict | None = None, echo: bool = True) -> int:
-    """Runs argv (output into the stage's log, and echoed), at most until the
-    stage's deadline; a failure or a timeout fails the stage."""
+  def run(self, argv: list[str], env: dict | None = None, echo=True,
+          stdout_path: str | None = None) -> int:
+    """Runs argv (its output into the stage's log), at most until the stage's
+    deadline, then kills its whole process group (a launcher's children too);
+    a failure or a timeout fails the stage. `echo`: print the output's last
+    lines (True), nothing (False), or what `echo(output)` returns. With
+    `stdout_path` the command's stdout goes to that file, its stderr is the
+    output."""
     left = self.deadline - time.monotonic()
     if left < 1:
       self.timed_out = self.failed = True
@@ -127,22 +132,27 @@ class Stage:
     self.log.write(f"$ {' '.join(argv)}\n")
     self.log.flush()
     full = {**self.env, **(env or {})}
-    proc = subprocess.Popen(argv, cwd=ROOT, env=full, stdout=subprocess.PIPE,
-                            stderr=subprocess.STDOUT, text=True, start_new_session=True)
-    try:
-      out, _ = proc.communicate(timeout=left)
-      rc = proc.returncode
-    except subprocess.TimeoutExpired:
-      with contextlib.suppress(ProcessLookupError):
-        os.killpg(proc.pid, 9)
-      out, _ = proc.communicate()
-      rc = 124
-      self.timed_out = True
+    with contextlib.ExitStack() as files:
+      stdout = files.enter_context(open(stdout_path, "w")) if stdout_path else subprocess.PIPE
+      proc = subprocess.Popen(argv, cwd=ROOT, env=full, stdout=stdout,
+                              stderr=subprocess.PIPE if stdout_path else subprocess.STDOUT,
+                              text=True, start_new_session=True)
+      try:
+        out, err = proc.communicate(timeout=left)
+        rc = proc.returncode
+      except subprocess.TimeoutExpired:
+        with contextlib.suppress(ProcessLookupError):
+          os.killpg(proc.pid, 9)
+        out, err = proc.communicate()
+        rc = 124
+        self.timed_out = True
+    out = (err if stdout_path else out) or ""
+    if rc == 124 and self.timed_out:
       out += f"\n[gpu_check: stopped at the stage limit of {self.limit_s:.0f} s]\n"
     self.log.write(out)
     self.log.flush()
     if echo:
-      sys.stdout.write(_tail(out, 60))
+      sys.stdout.write(echo(out) if callable(echo) else _tail(out, 60))
       sys.stdout.flush()
     if rc != 0:
       self.failed = True
@@ -326,28 +336,13 @@ def stage_overlap(st: Stage, py: str) -> None:
               "--eval-batches", "1", "--metrics", os.path.join(st.out, f"example_{name}.jsonl"),
               "--profile", os.path.join("/tmp/jax_smddp_traces", name), *args]
       st.log.write(f"--- {name}\n")
-      full = {**st.env, **base, **env}
-      left = st.deadline - time.monotonic()
-      if left < 5:
-        st.note(f"{name}: not started (stage limit)")
-        st.timed_out = st.failed = True
-        continue
-      try:
-        proc = subprocess.run(argv, cwd=ROOT, env=full, capture_output=True, text=True,
-                              timeout=left, start_new_session=True)
-        rc, out, err = proc.returncode, proc.stdout, proc.stderr
-      except subprocess.TimeoutExpired as e:
-        rc, out, err = 124, e.stdout or "", (e.stderr or "") + "\n[stopped at the stage limit]"
-        out = out.decode() if isinstance(out, bytes) else out
-        err = err.decode() if isinstance(err, bytes) else err
-        st.timed_out = True
-      with open(os.path.join(st.out, f"example_{name}.json"), "w") as f:
-        f.write(out)
-      st.log.write(err)
-      shown = "\n".join(l for l in err.splitlines() if not l.startswith("step "))
-      print(f"--- {name} (rc {rc})\n{_tail(shown, 25)}", flush=True)
-      if rc != 0:
-        st.failed = True
+
+      def shown(err: str, name=name) -> str:
+        lines = "\n".join(l for l in err.splitlines() if not l.startswith("step "))
+        return f"--- {name}\n{_tail(lines, 25)}\n"
+
+      st.run(argv, {**base, **env}, echo=shown,
+             stdout_path=os.path.join(st.out, f"example_{name}.json"))
   for line in compare_examples(st.out):
     st.note(line)
     if "OVER" in line or "not comparable" in line:

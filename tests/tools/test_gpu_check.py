@@ -199,3 +199,26 @@ def test_the_kernel_target_counts_skips_as_missing(gc, tmp_path, line, verdict):
   (tmp_path / "kernels.log").write_text(f"....\n{line}\n")
   rows = {t[0]: t for t in gc.targets(str(tmp_path))}
   assert rows["kernel test (tests/gpu/test_kernels.py)"][3] == verdict
+
+
+def test_a_stage_command_keeps_stdout_apart_and_is_killed_with_its_children(gc, tmp_path, capsys):
+  """The example's runs: stdout (the JSON summary) to a file of its own, stderr to the log and,
+  filtered, to the screen; at the stage limit the whole process group goes, a launcher's
+  children included (subprocess's own timeout kills only the child it started)."""
+  st = gc.Stage("overlap", 30, str(tmp_path), dict(os.environ))
+  rc = st.run(["bash", "-c", "echo '{\"x\": 1}'; echo 'step 1' >&2; echo 'kept' >&2"],
+              echo=lambda err: "shown: " + " ".join(l for l in err.split() if l != "step"),
+              stdout_path=str(tmp_path / "summary.json"))
+  assert rc == 0 and not st.failed
+  assert json.loads((tmp_path / "summary.json").read_text()) == {"x": 1}
+  assert "kept" in (tmp_path / "overlap.log").read_text()
+  assert "shown: 1 kept" in capsys.readouterr().out
+  st = gc.Stage("overlap", 2, str(tmp_path), dict(os.environ))
+  marker = tmp_path / "grandchild_alive"
+  rc = st.run(["bash", "-c", f"(sleep 4; touch {marker}) & sleep 30"], echo=False,
+              stdout_path=str(tmp_path / "killed.json"))
+  assert rc == 124 and st.timed_out and st.failed
+  import time
+  time.sleep(3)
+  assert not marker.exists(), "a child of the stage's command outlived the stage"
+  st.log.close()
