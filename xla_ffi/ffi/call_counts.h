@@ -6,17 +6,18 @@
 #define JAX_SMDDP_FFI_CALL_COUNTS_H_
 
 #include <cstdint>
-#include <memory>
 
 #include "xla_ffi/algorithms/algorithms.h"
 #include "xla_ffi/transports/world.h"
 
 namespace smddp {
 
-// One device's call of `kind` delivering `out_bytes` into its output; nothing
-// before jax_smddp connected the processes (one process: no world).
-inline void CountCustomCall(Plan::Kind kind, uint64_t out_bytes) {
-  std::shared_ptr<const World> world = CurrentWorld();
+// One device's call of `kind` delivering `out_bytes` into its output, in the
+// world its call site was instantiated with (null: one process, nothing to
+// count). The call site holds it so that no call looks the world up: a world
+// made anew later (shutdown, initialize) counts the programs instantiated
+// after it.
+inline void CountCustomCall(const World* world, Plan::Kind kind, uint64_t out_bytes) {
   if (!world) return;
   World::Caller caller = World::Caller::kAllGather;
   switch (kind) {

@@ -39,6 +39,7 @@ struct CallSite {
   int64_t instance = 0;
   uint64_t site = 0;  // names this instruction alike in every process
   std::vector<Member> by_partition;
+  std::shared_ptr<const World> world;  // where its calls are counted (call_counts.h)
 };
 ffi::TypeId CallSite::id = {};
 ffi::TypeInfo CallSite::info = ffi::MakeTypeInfo<CallSite>();
@@ -89,6 +90,7 @@ ffi::ErrorOr<std::unique_ptr<CallSite>> Instantiate(ffi::Dictionary attrs) {
       site->by_partition[id] = CallSite::Member{comm, int(r), std::make_unique<InvocationCounter>()};
     }
   }
+  site->world = CurrentWorld();
   return site;
 }
 
@@ -136,7 +138,7 @@ ffi::Future StartCall(const Common& c, int64_t run_id, uint32_t partition_id, ff
   const CallSite::Member& me = members[partition_id];
   AdviseHugePages(out->untyped_data(), out->size_bytes());  // before the first write
   CallInfo info{c.op, plan.dtype, plan.op, uint64_t(x.size_bytes()), uint64_t(out->size_bytes())};
-  CountCustomCall(plan.kind, info.recv_bytes);
+  CountCustomCall(c.site->world.get(), plan.kind, info.recv_bytes);
   ffi::Promise promise;
   ffi::Future future(promise);
   uint64_t sequence;

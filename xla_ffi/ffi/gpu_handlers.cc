@@ -30,6 +30,7 @@ struct GpuCallSite {
     const std::vector<int>* rank_of = nullptr;
   };
   std::vector<Member> by_ordinal;  // this process's rank on each device
+  std::shared_ptr<const World> world;  // where its calls are counted (call_counts.h)
 };
 ffi::TypeId GpuCallSite::id = {};
 ffi::TypeInfo GpuCallSite::info = ffi::MakeTypeInfo<GpuCallSite>();
@@ -88,6 +89,7 @@ ffi::ErrorOr<std::unique_ptr<GpuCallSite>> Instantiate(ffi::Dictionary attrs) {
       site->by_ordinal[ordinal] = GpuCallSite::Member{rank, nullptr, nullptr};
     }
   }
+  site->world = CurrentWorld();
   return site;
 }
 
@@ -154,7 +156,7 @@ ffi::Error Enqueue(const char* op, int64_t op_id, cudaStream_t stream, int32_t o
                    Plan plan) {
   const Status st = EnqueueCall(op, op_id, stream, ordinal, site, x, out, plan);
   if (st.ok()) {
-    CountCustomCall(plan.kind, out->size_bytes());
+    CountCustomCall(site->world.get(), plan.kind, out->size_bytes());
     return ffi::Error::Success();
   }
   RecordFailure(op, {}, -1, st);  // the GPU group's device ids are not at hand here

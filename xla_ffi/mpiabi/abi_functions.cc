@@ -383,7 +383,7 @@ static int Irecv(void* buf, int count, MPIABI_Datatype type, int source, int tag
   Transfer* t = nullptr;
   if (int e = Check(PostRecv(*r, source, tag, buf, bytes, &t))) return e;
   *request = reinterpret_cast<MPIABI_Request>(t);
-  CountCall(caller, bytes);
+  CountCall(*r, caller, bytes);
   return Ok();
 }
 

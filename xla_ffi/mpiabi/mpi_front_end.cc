@@ -155,6 +155,7 @@ Status Assign(Epoch& epoch, const std::vector<Record>& records, int me,
     group->members = ids;
     group->process_of_rank = processes;
     group->site = MixTag(MixTag(0x6d70692d73706c74ull, uint64_t(uint32_t(color))), epoch.number);
+    group->world = world;
     if (!spans) {
       group->comm = std::make_unique<Communicator>(next_id++, ids, InProcess());
     } else {
@@ -312,8 +313,8 @@ Status Split(int color, int key, Rank** out) {
 
 int Size(const Rank& r) { return r.group->comm->size(); }
 
-void CountCall(World::Caller caller, uint64_t bytes) {
-  if (std::shared_ptr<const World> world = CurrentWorld()) world->CountCall(caller, bytes);
+void CountCall(const Rank& r, World::Caller caller, uint64_t bytes) {
+  if (r.group->world) r.group->world->CountCall(caller, bytes);
 }
 
 Status Collective(Rank& r, const char* mpi_name, const Plan& plan, const CallInfo& info,
@@ -321,7 +322,7 @@ Status Collective(Rank& r, const char* mpi_name, const Plan& plan, const CallInf
   const uint64_t n = r.calls++;
   Status st = RunAndWait(*r.group->comm, r.group->site, n, r.rank, send, recv, info, plan);
   if (st.ok()) {
-    CountCall(plan.kind == Plan::Kind::kAllGather       ? World::Caller::kMpiAllgather
+    CountCall(r, plan.kind == Plan::Kind::kAllGather       ? World::Caller::kMpiAllgather
               : plan.kind == Plan::Kind::kReduceScatter ? World::Caller::kMpiReduceScatter
                                                         : World::Caller::kMpiAllreduce,
               info.recv_bytes);

@@ -43,6 +43,7 @@ struct Group {
   std::vector<int64_t> members;       // each rank's key (its device's rank in XLA's clique)
   std::vector<int> process_of_rank;
   std::unique_ptr<Mailbox> mailbox;
+  std::shared_ptr<const World> world;  // of the split; its calls are counted there
   Group();
   ~Group();
 };
@@ -87,9 +88,9 @@ int Size(const Rank& r);
 Status Collective(Rank& r, const char* mpi_name, const Plan& plan, const CallInfo& info,
                   const void* send, void* recv);
 
-// Counts one call of `caller` delivering `bytes` in the world's calls (none
-// before jax_smddp connected the processes).
-void CountCall(World::Caller caller, uint64_t bytes);
+// Counts one call of `caller` of `r`'s device delivering `bytes` in the
+// calls of the world its clique was split in (none without one).
+void CountCall(const Rank& r, World::Caller caller, uint64_t bytes);
 
 }  // namespace mpi
 }  // namespace smddp
