@@ -117,19 +117,25 @@ def _input(op: str, rank: int, n: int, count: int):
   return np.full((n * count,), rank + 1, np.float32)
 
 
-def _copy_reference(ext, nbytes: int, args, tag: str):
-  """The device-to-device copy rate for `nbytes`, measured by process 0 alone
-  (None elsewhere, and on CPU). The processes share the GPU: copies timed by
-  all of them at once would each see a share of its bandwidth, so the others
-  wait at a barrier, their GPU work done, until process 0 has measured."""
+def _alone(args, tag: str, measure):
+  """measure(), run by process 0 alone (None elsewhere): the processes share the
+  GPU, and a reference timed by all of them at once would see each a share of
+  it, so the others wait at a barrier, their GPU work done, until process 0 has
+  measured."""
   if args.nprocs == 1:
-    return ext.copy_bandwidth(0, nbytes, 10) if ext else None
+    return measure()
   from jax_smddp import distributed
   client = distributed._client()
   client.wait_at_barrier(f"jax_smddp/gpu_bench/{tag}/idle", 120_000)
-  rate = ext.copy_bandwidth(0, nbytes, 10) if ext and args.process == 0 else None
+  result = measure() if args.process == 0 else None
   client.wait_at_barrier(f"jax_smddp/gpu_bench/{tag}/measured", 120_000)
-  return rate
+  return result
+
+
+def _copy_reference(ext, nbytes: int, args, tag: str):
+  """The device-to-device copy rate for `nbytes`, measured by process 0 alone
+  (None elsewhere, and on CPU)."""
+  return _alone(args, f"{tag}/copy", lambda: ext.copy_bandwidth(0, nbytes, 10) if ext else None)
 
 
 def _reduce_reference(ext, size: int, n: int, args, tag: str):
@@ -140,14 +146,7 @@ def _reduce_reference(ext, size: int, n: int, args, tag: str):
   if ext is None:
     return None
   blocks = ext.settings()["max_blocks"]
-  if args.nprocs == 1:
-    return ext.reduce_seconds(0, size, n, blocks, 10)
-  from jax_smddp import distributed
-  client = distributed._client()
-  client.wait_at_barrier(f"jax_smddp/gpu_bench/{tag}/reduce_idle", 120_000)
-  t = ext.reduce_seconds(0, size, n, blocks, 10) if args.process == 0 else None
-  client.wait_at_barrier(f"jax_smddp/gpu_bench/{tag}/reduce_measured", 120_000)
-  return t
+  return _alone(args, f"{tag}/reduce", lambda: ext.reduce_seconds(0, size, n, blocks, 10))
 
 
 def worker(args) -> dict:
