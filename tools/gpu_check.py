@@ -495,8 +495,9 @@ def main(argv: list[str]) -> int:
     print(json.dumps(plan, indent=1))
     return 0
   print(f"=== machine; plan {json.dumps(plan)}", flush=True)
-  if subprocess.run(["nvidia-smi", "-L"]).returncode != 0:
-    print("no GPU: nothing to check")
+  if not shutil.which("nvidia-smi") or subprocess.run(["nvidia-smi", "-L"]).returncode != 0:
+    print("no GPU here (nvidia-smi finds none): nothing to check; bash tools/gpu_check.sh "
+          "--dry-run shows the plan")
     return 1
   results: list[dict] = []
   status = 0

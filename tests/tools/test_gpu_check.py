@@ -222,3 +222,13 @@ def test_a_stage_command_keeps_stdout_apart_and_is_killed_with_its_children(gc, 
   time.sleep(3)
   assert not marker.exists(), "a child of the stage's command outlived the stage"
   st.log.close()
+
+
+def test_without_a_gpu_it_says_so_and_exits_1(tmp_path):
+  """No nvidia-smi on PATH (this machine, CI): a sentence, not a traceback."""
+  env = {k: v for k, v in os.environ.items() if k not in ("PYTHON", "STAGES")}
+  env.update(OUT=str(tmp_path), PATH=f"{os.path.dirname(sys.executable)}:/usr/bin:/bin")
+  run = subprocess.run(["bash", os.path.join(ROOT, "tools", "gpu_check.sh")], capture_output=True,
+                       text=True, timeout=60, env=env, cwd=ROOT)
+  assert run.returncode == 1 and "no GPU here" in run.stdout and "Traceback" not in run.stderr, \
+      run.stdout + run.stderr
