@@ -13,6 +13,7 @@
 #include "xla_ffi/ffi/ffi_status.h"
 #include "xla_ffi/ffi/call_counts.h"
 #include "xla_ffi/engine/last_failure.h"
+#include "cuda/gpu_call.h"
 #include "cuda/gpu_communicator.h"
 #include "xla_ffi/algorithms/net_port.h"
 #include "xla_ffi/algorithms/stream_algorithms.h"
@@ -103,9 +104,6 @@ const cuda::GpuSettings& Settings() {
 Status EnqueueCall(const char* op, int64_t op_id, cudaStream_t stream, int32_t ordinal,
                    GpuCallSite* site, ffi::AnyBuffer x, ffi::Result<ffi::AnyBuffer>& out,
                    Plan plan) {
-  auto located = [&](const Status& st) {
-    return st.WithMessage(std::string(op) + " (op " + std::to_string(op_id) + "): " + st.message());
-  };
   if (!ToDType(x.element_type(), &plan.dtype))
     return Status::Unsupported("jax_smddp (GPU): " + std::string(op) +
                                ": unsupported element type reached the engine");
@@ -114,39 +112,11 @@ Status EnqueueCall(const char* op, int64_t op_id, cudaStream_t stream, int32_t o
     return InvalidStatus(std::string(op) + " (op " + std::to_string(op_id) + "): device " +
                          std::to_string(ordinal) + " is in no replica group of this process");
   const GpuCallSite::Member& me = site->by_ordinal[ordinal];
-  if (const Status st = gpu::CheckCall(*me.rank, op, plan); !st.ok()) return located(st);
   cuda::CudaStreamOps ops(stream, Settings());
-  if (!me.port) {
-    if (const Status st = gpu::ExchangeBuffers(*me.rank, plan, x.untyped_data(),
-                                                 out->untyped_data()); !st.ok()) {
-      // Peers may have seen this rank's buffers and enqueued reads of them.
-      ReleaseEveryoneWaitingOn(me.rank->view, ops);
-      return located(st);
-    }
-    if (!me.rank->view.inputs.empty()) cuda::Counters().direct_reads++;
-  }
-  Status st;
-  if (me.port) {
-    if (plan.kind == Plan::Kind::kAllGather) {
-      st = RunStreamHierarchicalGather(plan.outer, plan.inner, me.rank->view, *me.port,
-                                       *me.rank_of, ops, x.untyped_data(), out->untyped_data());
-    } else if (plan.kind == Plan::Kind::kReduceScatter) {
-      st = RunStreamHierarchicalScatter(plan.outer, plan.inner, plan.dtype, plan.op, me.rank->view,
-                                        *me.port, *me.rank_of, ops, x.untyped_data(),
-                                        out->untyped_data());
-    } else if (plan.kind == Plan::Kind::kAllToAll) {
-      st = RunStreamHierarchicalSwap(plan.outer, plan.inner, me.rank->view, *me.port, *me.rank_of,
-                                     ops, x.untyped_data(), out->untyped_data());
-    } else {
-      return Status::Unsupported("jax_smddp (GPU): " + std::string(op) +
-                                 " across hosts is not supported on GPUs (all_gather, "
-                                 "reduce_scatter and all_to_all are; all_reduce is lowered as two of them)");
-    }
-  } else {
-    st = RunStreamPlan(plan, me.rank->view, ops, x.untyped_data(), out->untyped_data());
-  }
-  if (!st.ok()) return located(st);
-  return Status::Ok();
+  const Status st = gpu::EnqueueCollective(op, op_id, gpu::CallRank{me.rank, me.port, me.rank_of},
+                                           ops, x.untyped_data(), out->untyped_data(), plan);
+  if (st.ok() && !me.port && !me.rank->view.inputs.empty()) cuda::Counters().direct_reads++;
+  return st;
 }
 
 // Enqueues the call; a failure is recorded (jax_smddp.errors.last_failure)

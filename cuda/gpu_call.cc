@@ -1,0 +1,47 @@
+#include "cuda/gpu_call.h"
+
+#include <string>
+
+#include "xla_ffi/algorithms/stream_algorithms.h"
+
+namespace smddp {
+namespace gpu {
+
+Status EnqueueCollective(const char* op, int64_t op_id, const CallRank& me, StreamOps& ops,
+                         const void* send, void* recv, const Plan& plan) {
+  auto located = [&](const Status& st) {
+    return st.WithMessage(std::string(op) + " (op " + std::to_string(op_id) + "): " + st.message());
+  };
+  if (const Status st = CheckCall(*me.rank, op, plan); !st.ok()) return located(st);
+  if (!me.port) {
+    if (const Status st = ExchangeBuffers(*me.rank, plan, send, recv); !st.ok()) {
+      // Peers may have seen this rank's buffers and enqueued reads of them.
+      ReleaseEveryoneWaitingOn(me.rank->view, ops);
+      return located(st);
+    }
+  }
+  Status st;
+  if (me.port) {
+    if (plan.kind == Plan::Kind::kAllGather) {
+      st = RunStreamHierarchicalGather(plan.outer, plan.inner, me.rank->view, *me.port,
+                                       *me.rank_of, ops, send, recv);
+    } else if (plan.kind == Plan::Kind::kReduceScatter) {
+      st = RunStreamHierarchicalScatter(plan.outer, plan.inner, plan.dtype, plan.op, me.rank->view,
+                                        *me.port, *me.rank_of, ops, send, recv);
+    } else if (plan.kind == Plan::Kind::kAllToAll) {
+      st = RunStreamHierarchicalSwap(plan.outer, plan.inner, me.rank->view, *me.port, *me.rank_of,
+                                     ops, send, recv);
+    } else {
+      return Status::Unsupported("jax_smddp (GPU): " + std::string(op) +
+                                 " across hosts is not supported on GPUs (all_gather, "
+                                 "reduce_scatter and all_to_all are; all_reduce is lowered as two of them)");
+    }
+  } else {
+    st = RunStreamPlan(plan, me.rank->view, ops, send, recv);
+  }
+  if (!st.ok()) return located(st);
+  return Status::Ok();
+}
+
+}  // namespace gpu
+}  // namespace smddp
