@@ -24,8 +24,9 @@ constexpr SettingKind kText = SettingKind::kText;
 const std::vector<SettingSpec> kSettings = {
     // name, kind, default, min, max, choices, scope, agree, meaning
     {"JAX_SMDDP_COLLECTIVES", kText, "unset (none)", 0, 0, "", "runtime", true,
-     "collectives run on jax_smddp without code changes: xla (XLA's own cross-process CPU "
-     "collectives, jit/pjit included, set before Python starts), all (xla and every jax.lax "
+     "collectives run on jax_smddp without code changes: xla (XLA's own collectives, jit/pjit "
+     "included: on CPU through the MPI ABI, on GPUs through the NCCL API front end; set before "
+     "Python starts), all (xla and every jax.lax "
      "collective in shard_map), none, or a comma list of all_gather, reduce_scatter, all_reduce, "
      "all_to_all (jax.lax names accepted) and xla"},
     {"JAX_SMDDP_TIMEOUT_S", kSeconds, "300", 0.001, 1e9, "", "runtime", false,
@@ -99,6 +100,9 @@ const std::vector<SettingSpec> kSettings = {
      "the stream GPU collectives run on: XLA's collective stream, or the compute stream"},
     {"JAX_SMDDP_GPU_SLOT_BYTES", kBytes, "8M", 4096, 1 << 30, "", "gpu", true,
      "bytes per staging slot (two per rank and group)"},
+    {"JAX_SMDDP_NCCL_LIBRARY", kText, "unset (the nvidia-nccl wheel's libnccl.so.2)", 0, 0, "", "gpu", false,
+     "path of the real NCCL library the NCCL API front end forwards what it does not serve to "
+     "(JAX_SMDDP_COLLECTIVES=xla on GPUs)"},
     {"JAX_SMDDP_GPU_COPIES", kChoice, "engine", 0, 0, "engine|kernel", "gpu", false,
      "GPU data moves by copy engines (zero SMs) or by kernels"},
     {"JAX_SMDDP_GPU_FLAGS", kChoice, "memops", 0, 0, "memops|kernel", "gpu", false,

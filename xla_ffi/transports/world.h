@@ -62,21 +62,23 @@ class World {
 
   // The calls this process's devices made on the engine since the world
   // started, by what made them: jax_smddp's custom calls, by collective, and
-  // XLA's own collectives through the MPI ABI library (xla_ffi/mpiabi), by MPI
-  // function. Per call of one device: the bytes the call delivers into that
+  // XLA's own collectives through the MPI ABI library (xla_ffi/mpiabi, CPU)
+  // or the NCCL API front end (cuda/ncclapi, GPUs), by function. Per call of one device: the bytes the call delivers into that
   // device's output (for MPI_Sendrecv and MPI_Irecv, its receive buffer).
   // What jax_smddp.distributed.traffic_by_op() reads: which library moved
   // each collective's bytes.
   enum class Caller : int {
     kAllGather, kReduceScatter, kAllReduce, kAllToAll,  // custom calls
     kMpiAllgather, kMpiAllreduce, kMpiReduceScatter, kMpiSendrecv, kMpiIrecv,
+    kNcclAllGather, kNcclReduceScatter, kNcclAllReduce,
     kCount
   };
   // "all_gather", ..., "MPI_Allgather", ...: as traffic_by_op() names them.
   static const char* CallerName(Caller c) {
     static const char* const kNames[] = {"all_gather",    "reduce_scatter", "all_reduce",
                                          "all_to_all",    "MPI_Allgather",  "MPI_Allreduce",
-                                         "MPI_Reduce_scatter", "MPI_Sendrecv", "MPI_Irecv"};
+                                         "MPI_Reduce_scatter", "MPI_Sendrecv", "MPI_Irecv",
+                                         "ncclAllGather", "ncclReduceScatter", "ncclAllReduce"};
     static_assert(sizeof(kNames) / sizeof(kNames[0]) == size_t(Caller::kCount), "a name each");
     return kNames[int(c)];
   }

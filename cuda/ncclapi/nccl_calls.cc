@@ -1,0 +1,370 @@
+#include "cuda/ncclapi/nccl_calls.h"
+
+#include <cstdio>
+#include <map>
+#include <mutex>
+#include <set>
+#include <utility>
+#include <vector>
+
+#include "cuda/gpu_call.h"
+#include "cuda/ncclapi/real_nccl.h"
+#include "xla_ffi/common/dtype.h"
+#include "xla_ffi/common/settings.h"
+
+namespace smddp {
+namespace nccl {
+namespace {
+
+StreamBackend backend;
+
+struct Tally {
+  std::mutex mu;
+  std::map<std::string, uint64_t> served, forwarded;
+  std::set<std::string> reasons;  // told once each
+};
+Tally& Tallies() {
+  static auto* t = new Tally;
+  return *t;
+}
+
+thread_local std::string thread_error;
+
+// A call recorded inside a group.
+struct Pending {
+  Comm* forwarded = nullptr;  // the communicator of a forwarded call
+  std::function<ncclResult_t()> run;
+};
+thread_local int group_depth = 0;
+thread_local std::vector<Pending> group_calls;
+
+bool NoFallback() {
+  for (const std::string& item : SettingItems(TextSetting("JAX_SMDDP_REQUIRE")))
+    if (item == "no-fallback") return true;
+  return false;
+}
+
+const char* FunctionName(Collective kind) {
+  switch (kind) {
+    case Collective::kAllGather: return "ncclAllGather";
+    case Collective::kReduceScatter: return "ncclReduceScatter";
+    case Collective::kAllReduce: return "ncclAllReduce";
+  }
+  return "?";
+}
+
+const char* OpName(Collective kind) {
+  switch (kind) {
+    case Collective::kAllGather: return "all_gather";
+    case Collective::kReduceScatter: return "reduce_scatter";
+    case Collective::kAllReduce: return "all_reduce";
+  }
+  return "?";
+}
+
+// The engine's type for `type`: false where it has none.
+bool EngineType(ncclDataType_t type, DType* out) {
+  switch (type) {
+    case ncclInt8: *out = DType::kInt8; return true;
+    case ncclUint8: *out = DType::kUInt8; return true;
+    case ncclInt32: *out = DType::kInt32; return true;
+    case ncclUint32: *out = DType::kUInt32; return true;
+    case ncclInt64: *out = DType::kInt64; return true;
+    case ncclFloat16: *out = DType::kFloat16; return true;
+    case ncclFloat32: *out = DType::kFloat32; return true;
+    case ncclFloat64: *out = DType::kFloat64; return true;
+    case ncclBfloat16: *out = DType::kBFloat16; return true;
+    default: return false;
+  }
+}
+
+size_t TypeBytes(ncclDataType_t type) {
+  switch (type) {
+    case ncclInt8: case ncclUint8: case ncclFloat8e4m3: case ncclFloat8e5m2: return 1;
+    case ncclFloat16: case ncclBfloat16: return 2;
+    case ncclInt32: case ncclUint32: case ncclFloat32: return 4;
+    case ncclInt64: case ncclUint64: case ncclFloat64: return 8;
+  }
+  return 0;
+}
+
+// Why `kind` of `type`/`op` is not served on `comm` ("" when it is).
+std::string WhyNotServed(const Comm& comm, Collective kind, ncclDataType_t type, ncclRedOp_t op) {
+  if (!comm.served) return comm.forwarded_because;
+  if (kind == Collective::kAllGather)
+    return TypeBytes(type) ? "" : "data type " + std::to_string(int(type)) + " is not known";
+  DType dtype;
+  if (!EngineType(type, &dtype))
+    return "the GPU engine does not reduce NCCL data type " + std::to_string(int(type));
+  if (op != ncclSum && op != ncclMax && op != ncclMin)
+    return "the GPU engine reduces with sum, max and min only (NCCL op " + std::to_string(int(op)) + ")";
+  return "";
+}
+
+ncclResult_t Code(const Status& st) {
+  switch (st.code()) {
+    case StatusCode::kOk: return ncclSuccess;
+    case StatusCode::kInvalidArgument: return ncclInvalidArgument;
+    case StatusCode::kUnsupported: return ncclInvalidUsage;
+    case StatusCode::kPeerFailed: case StatusCode::kTimeout: case StatusCode::kMismatch:
+    case StatusCode::kProtocol:
+      return ncclRemoteError;
+    default: return ncclInternalError;
+  }
+}
+
+ncclResult_t Serve(Collective kind, const void* send, void* recv, size_t count, DType dtype,
+                   ReduceOp op, Comm& comm, void* stream) {
+  if (backend.capturing && backend.capturing(stream))
+    return Fail(&comm, Status::Unsupported(
+        std::string("jax_smddp NCCL front end: ") + FunctionName(kind) +
+        " was called while its stream is captured into a CUDA graph, which the front end does "
+        "not support yet; run with XLA_FLAGS=--xla_gpu_enable_command_buffer=-COLLECTIVES "
+        "(jax_smddp sets it at start-up when JAX_SMDDP_COLLECTIVES=xla)"));
+  Status earlier;
+  {
+    std::lock_guard<std::mutex> lock(comm.error_mu);
+    earlier = comm.async_error;
+  }
+  if (!earlier.ok()) return Fail(&comm, earlier);
+  Plan plan;
+  plan.dtype = dtype;
+  plan.op = op;
+  plan.outer = 1;
+  size_t recv_bytes = 0;
+  switch (kind) {
+    case Collective::kAllGather:
+      plan.kind = Plan::Kind::kAllGather;
+      plan.dtype = DType::kUInt8;
+      plan.inner = count * ElementSize(dtype);
+      recv_bytes = plan.inner * size_t(comm.nranks);
+      break;
+    case Collective::kReduceScatter:
+      plan.kind = Plan::Kind::kReduceScatter;
+      plan.inner = count;
+      recv_bytes = count * ElementSize(dtype);
+      break;
+    case Collective::kAllReduce:
+      plan.kind = Plan::Kind::kAllReduce;
+      plan.count = count;
+      recv_bytes = count * ElementSize(dtype);
+      break;
+  }
+  if (count == 0) return ncclSuccess;
+  std::unique_ptr<StreamOps> ops = backend.make(stream);
+  const Status st = gpu::EnqueueCollective(OpName(kind), int64_t(comm.calls++),
+                                           gpu::CallRank{comm.local, nullptr, nullptr}, *ops,
+                                           send, recv, plan);
+  if (!st.ok()) {
+    const Status located = st.WithMessage(
+        "jax_smddp " + st.message() + " [XLA's collective through " + FunctionName(kind) +
+        ", rank " + std::to_string(comm.rank) + " of " + std::to_string(comm.nranks) + "]");
+    if (st.code() == StatusCode::kPeerFailed || st.code() == StatusCode::kTimeout ||
+        st.code() == StatusCode::kMismatch) {
+      std::lock_guard<std::mutex> lock(comm.error_mu);
+      if (comm.async_error.ok()) comm.async_error = located;
+    }
+    return Fail(&comm, located);
+  }
+  if (comm.world) {
+    const World::Caller caller = kind == Collective::kAllGather ? World::Caller::kNcclAllGather
+                                 : kind == Collective::kReduceScatter
+                                     ? World::Caller::kNcclReduceScatter
+                                     : World::Caller::kNcclAllReduce;
+    comm.world->CountCall(caller, recv_bytes);
+  }
+  Tally& t = Tallies();
+  std::lock_guard<std::mutex> lock(t.mu);
+  t.served[FunctionName(kind)]++;
+  return ncclSuccess;
+}
+
+// Runs `call` now, or records it inside a group.
+ncclResult_t Issue(Comm* forwarded, std::function<ncclResult_t()> call) {
+  if (group_depth > 0) {
+    group_calls.push_back(Pending{forwarded, std::move(call)});
+    return ncclSuccess;
+  }
+  return call();
+}
+
+template <typename Fn>
+Fn Real(const char* name, std::string* why) {
+  return reinterpret_cast<Fn>(RealSymbol(name, why));
+}
+
+}  // namespace
+
+void SetStreamBackend(StreamBackend b) { backend = b; }
+
+ncclResult_t Fail(Comm* comm, const Status& status) {
+  thread_error = status.message();
+  if (comm) {
+    std::lock_guard<std::mutex> lock(comm->error_mu);
+    comm->last_error = status.message();
+  }
+  return Code(status);
+}
+
+std::string LastError(Comm* comm) {
+  if (comm) {
+    std::lock_guard<std::mutex> lock(comm->error_mu);
+    if (!comm->last_error.empty()) return comm->last_error;
+  }
+  return thread_error;
+}
+
+void NoteForwarded(const std::string& function, const std::string& why) {
+  Tally& t = Tallies();
+  std::lock_guard<std::mutex> lock(t.mu);
+  t.forwarded[function]++;
+  if (t.reasons.insert(why).second)
+    std::fprintf(stderr, "WARNING jax_smddp NCCL front end: %s forwarded to NCCL: %s\n",
+                 function.c_str(), why.c_str());
+}
+
+std::string Describe() {
+  Tally& t = Tallies();
+  std::lock_guard<std::mutex> lock(t.mu);
+  std::string out = "{\"served\": {";
+  bool first = true;
+  for (const auto& [f, n] : t.served) {
+    out += std::string(first ? "" : ", ") + "\"" + f + "\": " + std::to_string(n);
+    first = false;
+  }
+  out += "}, \"forwarded\": {";
+  first = true;
+  for (const auto& [f, n] : t.forwarded) {
+    out += std::string(first ? "" : ", ") + "\"" + f + "\": " + std::to_string(n);
+    first = false;
+  }
+  out += "}, \"reasons\": [";
+  first = true;
+  for (const std::string& r : t.reasons) {
+    std::string escaped;
+    for (char c : r) {
+      if (c == '"' || c == '\\') escaped += '\\';
+      escaped += c;
+    }
+    out += std::string(first ? "" : ", ") + "\"" + escaped + "\"";
+    first = false;
+  }
+  return out + "]}";
+}
+
+ncclResult_t Forward(const char* function, ncclComm_t handle,
+                     std::function<ncclResult_t(ncclComm_t real)> call) {
+  Comm* comm = AsComm(handle);
+  if (!comm) return Fail(nullptr, Status::InvalidArgument(
+                                      std::string("jax_smddp NCCL front end: ") + function +
+                                      " on a communicator it did not create"));
+  const std::string why = comm->served ? "the GPU engine does not serve " + std::string(function)
+                                       : comm->forwarded_because;
+  if (NoFallback())
+    return Fail(comm, Status::Unsupported(std::string("jax_smddp NCCL front end: ") + function +
+                                          " would be forwarded to NCCL (" + why +
+                                          ") and JAX_SMDDP_REQUIRE=no-fallback forbids it"));
+  std::string name = function;
+  return Issue(comm, [comm, name, why, call = std::move(call)]() {
+    ncclComm_t real = nullptr;
+    const Status st = RealComm(*comm, &real);
+    if (!st.ok())
+      return Fail(comm, st.WithMessage(st.message() + " (needed by " + name + ": " + why + ")"));
+    NoteForwarded(name, why);
+    return call(real);
+  });
+}
+
+ncclResult_t RunCollective(Collective kind, const void* send, void* recv, size_t count,
+                           ncclDataType_t type, ncclRedOp_t op, ncclComm_t handle, void* stream) {
+  Comm* comm = AsComm(handle);
+  if (!comm)
+    return Fail(nullptr, Status::InvalidArgument(std::string("jax_smddp NCCL front end: ") +
+                                                 FunctionName(kind) +
+                                                 " on a communicator it did not create"));
+  const std::string why = WhyNotServed(*comm, kind, type, op);
+  if (!why.empty()) {
+    const char* name = FunctionName(kind);
+    return Forward(name, handle, [=](ncclComm_t real) {
+      std::string missing;
+      if (kind == Collective::kAllGather) {
+        using Fn = ncclResult_t (*)(const void*, void*, size_t, ncclDataType_t, ncclComm_t, void*);
+        auto fn = Real<Fn>(name, &missing);
+        return fn ? fn(send, recv, count, type, real, stream) : ncclInternalError;
+      }
+      if (kind == Collective::kReduceScatter) {
+        using Fn = ncclResult_t (*)(const void*, void*, size_t, ncclDataType_t, ncclRedOp_t,
+                                    ncclComm_t, void*);
+        auto fn = Real<Fn>(name, &missing);
+        return fn ? fn(send, recv, count, type, op, real, stream) : ncclInternalError;
+      }
+      using Fn = ncclResult_t (*)(const void*, void*, size_t, ncclDataType_t, ncclRedOp_t,
+                                  ncclComm_t, void*);
+      auto fn = Real<Fn>(name, &missing);
+      return fn ? fn(send, recv, count, type, op, real, stream) : ncclInternalError;
+    });
+  }
+  DType dtype = DType::kUInt8;
+  EngineType(type, &dtype);
+  if (kind == Collective::kAllGather && TypeBytes(type) == 8 && type == ncclUint64) dtype = DType::kInt64;
+  if (kind == Collective::kAllGather && TypeBytes(type) == 1) dtype = DType::kUInt8;
+  const ReduceOp engine_op = op == ncclMax ? ReduceOp::kMax : op == ncclMin ? ReduceOp::kMin : ReduceOp::kSum;
+  return Issue(nullptr, [=]() { return Serve(kind, send, recv, count, dtype, engine_op, *comm, stream); });
+}
+
+ncclResult_t GroupStart() {
+  group_depth++;
+  return ncclSuccess;
+}
+
+ncclResult_t GroupEnd() {
+  if (group_depth == 0)
+    return Fail(nullptr, Status::InvalidArgument("jax_smddp NCCL front end: ncclGroupEnd without "
+                                              "ncclGroupStart"));
+  if (--group_depth > 0) return ncclSuccess;
+  std::vector<Pending> calls = std::move(group_calls);
+  group_calls.clear();
+  ncclResult_t first = ncclSuccess;
+  std::string why;
+  using GroupFn = ncclResult_t (*)();
+  for (size_t i = 0; i < calls.size();) {
+    if (!calls[i].forwarded) {
+      const ncclResult_t rc = calls[i].run();
+      if (first == ncclSuccess) first = rc;
+      ++i;
+      continue;
+    }
+    // A run of forwarded calls: one real group, its communicators' real
+    // sides created first (NCCL defers creation inside a group).
+    size_t end_of_run = i;
+    while (end_of_run < calls.size() && calls[end_of_run].forwarded) {
+      ncclComm_t real;
+      RealComm(*calls[end_of_run].forwarded, &real);  // a failure is reported by the call
+      ++end_of_run;
+    }
+    auto start = Real<GroupFn>("ncclGroupStart", &why);
+    auto end = Real<GroupFn>("ncclGroupEnd", &why);
+    if (!start || !end) {
+      if (first == ncclSuccess) first = Fail(nullptr, Status::Error("jax_smddp NCCL front end: " + why));
+      i = end_of_run;
+      continue;
+    }
+    start();
+    for (; i < calls.size() && calls[i].forwarded; ++i) {
+      const ncclResult_t rc = calls[i].run();
+      if (first == ncclSuccess) first = rc;
+    }
+    const ncclResult_t rc = end();
+    if (first == ncclSuccess) first = rc;
+  }
+  return first;
+}
+
+ncclResult_t GroupDrop() {
+  if (group_depth > 0) group_depth--;
+  if (group_depth == 0) group_calls.clear();
+  return ncclSuccess;
+}
+
+}  // namespace nccl
+}  // namespace smddp

@@ -1,0 +1,71 @@
+// The calls of the NCCL API front end: each collective is served by
+// jax_smddp's GPU engine (cuda/gpu_call.h, on the stream the caller passes)
+// when its communicator is served and the engine has its type and
+// reduction, and forwarded to the real NCCL otherwise. Between
+// ncclGroupStart and ncclGroupEnd calls are only recorded; the outermost
+// ncclGroupEnd issues them in order, each run of forwarded calls as one real
+// NCCL group, so a group mixing both keeps its order on every stream.
+//
+// Errors: a failed call returns ncclInvalidArgument (arguments),
+// ncclInvalidUsage (unsupported use, e.g. capture into a CUDA graph),
+// ncclRemoteError (a peer died or disagreed) or ncclInternalError, and
+// ncclGetLastError gives the engine's message, which names the op, the rank
+// and peer process, and the remedy (jax_smddp.errors.classify reads it).
+// A peer's failure also becomes the communicator's async error.
+#ifndef JAX_SMDDP_CUDA_NCCLAPI_NCCL_CALLS_H_
+#define JAX_SMDDP_CUDA_NCCLAPI_NCCL_CALLS_H_
+
+#include <cstddef>
+#include <functional>
+#include <memory>
+#include <string>
+
+#include "cuda/ncclapi/nccl_comm.h"
+#include "cuda/ncclapi/nccl_types.h"
+#include "xla_ffi/algorithms/stream_ops.h"
+#include "xla_ffi/common/status.h"
+
+namespace smddp {
+namespace nccl {
+
+// The stream operations served calls enqueue with: CUDA streams in the
+// library, host threads in the mock tests. `capturing` says whether a
+// stream is being captured into a CUDA graph (served calls refuse it).
+struct StreamBackend {
+  std::unique_ptr<StreamOps> (*make)(void* stream) = nullptr;
+  bool (*capturing)(void* stream) = nullptr;
+};
+void SetStreamBackend(StreamBackend backend);
+
+enum class Collective { kAllGather, kReduceScatter, kAllReduce };
+
+// A collective (count: NCCL's: per rank for all_gather's input and
+// reduce_scatter's output, the whole buffer for all_reduce).
+ncclResult_t RunCollective(Collective kind, const void* send, void* recv, size_t count,
+                           ncclDataType_t type, ncclRedOp_t op, ncclComm_t comm, void* stream);
+
+// Any other call on a communicator: `call` runs with the real communicator
+// (inside a group: at ncclGroupEnd).
+ncclResult_t Forward(const char* function, ncclComm_t comm,
+                     std::function<ncclResult_t(ncclComm_t real)> call);
+
+ncclResult_t GroupStart();
+ncclResult_t GroupEnd();
+// ncclGroupSimulateEnd: the group is dropped, not run.
+ncclResult_t GroupDrop();
+
+// Records `status` as this thread's (and `comm`'s, if given) last error and
+// returns its NCCL code.
+ncclResult_t Fail(Comm* comm, const Status& status);
+std::string LastError(Comm* comm);
+
+// What the front end did, process-wide, for the doctor and the tests: calls
+// served and forwarded by function, and each reason for forwarding (told
+// once at WARNING on stderr).
+std::string Describe();
+void NoteForwarded(const std::string& function, const std::string& why);
+
+}  // namespace nccl
+}  // namespace smddp
+
+#endif  // JAX_SMDDP_CUDA_NCCLAPI_NCCL_CALLS_H_

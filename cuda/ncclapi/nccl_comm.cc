@@ -1,0 +1,701 @@
+#include "cuda/ncclapi/nccl_comm.h"
+
+#include <fcntl.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <chrono>
+#include <condition_variable>
+#include <cstring>
+#include <map>
+#include <random>
+#include <set>
+#include <thread>
+#include <utility>
+
+#include <cuda_runtime_api.h>
+
+#include "cuda/ncclapi/real_nccl.h"
+#include "xla_ffi/common/hashing.h"
+#include "xla_ffi/common/settings.h"
+#include "xla_ffi/common/timeout.h"
+#include "xla_ffi/transports/link.h"
+
+namespace smddp {
+namespace nccl {
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+constexpr uint64_t kIdMagic = 0x01434e7064646d73ull;  // "smddpNC\x01"
+constexpr uint32_t kHasRealId = 1;
+
+// The front end's part of an id, after the real library's.
+struct IdTail {
+  uint64_t magic;
+  uint64_t nonce[2];
+  int32_t root;  // the process that made the id (-1: no world)
+  uint32_t flags;
+  uint64_t reserved;
+};
+static_assert(kRealIdBytes + sizeof(IdTail) == NCCL_UNIQUE_ID_BYTES, "the id is full");
+
+// What one rank tells the root when a communicator is created or split.
+struct Entry {
+  int32_t rank;  // in the communicator created (InitRank) or split (its parent's)
+  int32_t nranks;
+  int32_t process;
+  int32_t ordinal;
+  int32_t color;  // splits only
+  int32_t key;
+};
+
+uint64_t Tag(const uint64_t nonce[2], uint64_t what, uint64_t a, uint64_t b) {
+  return MixTag(MixTag(MixTag(MixTag(MixTag(0x6e63636c2d6a6f69ull, nonce[0]), nonce[1]), what), a), b);
+}
+enum : uint64_t { kJoin = 1, kTable = 2, kHandleSize = 3, kHandles = 4 };
+
+// Waits for `req` on `link` (to `peer`) within the deadline.
+Status Await(const World& world, int peer, Request& req, const std::string& what,
+             Clock::time_point deadline) {
+  Link* link = world.link(peer);
+  while (!req.done()) {
+    const uint32_t seen = link->Activity();
+    link->Progress();
+    if (req.done()) break;
+    const std::string failure = link->PeerFailure();
+    if (!failure.empty()) {
+      link->Cancel(&req);
+      return Status::WithCode(link->PeerFailureCode(),
+                    "jax_smddp NCCL front end: " + what + ": process " + std::to_string(peer) +
+                        " failed: " + failure);
+    }
+    if (Clock::now() > deadline) {
+      link->Cancel(&req);
+      return Status::Timeout("jax_smddp NCCL front end: " + what + ": process " +
+                             std::to_string(peer) + " did not answer within " +
+                             std::to_string(int(TimeoutSeconds())) +
+                             " s (JAX_SMDDP_TIMEOUT_S)");
+    }
+    link->AwaitActivity(seen, 1000);
+  }
+  return req.status();
+}
+
+// One exchange of entries (a communicator's creation, or a split) as this
+// process takes part in it: the root collects, the others wait for the table.
+struct Joining {
+  std::mutex mu;
+  std::condition_variable cv;
+  std::vector<Entry> table;  // by rank, once complete
+  int arrived = 0;           // entries in `table` (the root) / local ranks here
+  int sent = 0;              // join messages this process sent (their sequence)
+  bool working = false;      // a thread of this process collects or receives
+  bool done = false;
+  Status status;
+  // The GPU communicator's set-up, once per process (after the table).
+  bool set_up = false;
+  bool setting_up = false;
+  Status set_up_status;
+};
+
+std::mutex joins_mu;
+std::map<std::pair<uint64_t, uint64_t>, std::shared_ptr<Joining>>& Joins() {
+  static auto* joins = new std::map<std::pair<uint64_t, uint64_t>, std::shared_ptr<Joining>>;
+  return *joins;
+}
+
+std::shared_ptr<Joining> JoiningOf(const uint64_t nonce[2]) {
+  std::lock_guard<std::mutex> lock(joins_mu);
+  auto& j = Joins()[{nonce[0], nonce[1]}];
+  if (!j) j = std::make_shared<Joining>();
+  return j;
+}
+
+std::string Missing(const std::vector<Entry>& table, const std::vector<bool>& have) {
+  std::string out;
+  int listed = 0;
+  for (size_t r = 0; r < have.size(); ++r) {
+    if (have[r]) continue;
+    if (listed++ == 8) return out + ", ...";
+    out += (out.empty() ? "" : ", ") + std::to_string(r);
+  }
+  (void)table;
+  return out;
+}
+
+// The root's side: every entry, from this process's ranks (added under the
+// lock by their threads) and from join messages of any other process.
+Status Collect(const World& world, const uint64_t nonce[2], int nranks, Joining& j,
+               std::unique_lock<std::mutex>& lock, Clock::time_point deadline) {
+  const int me = world.process();
+  struct Pending {
+    Request req;
+    Entry entry{};
+    uint64_t seq = 0;
+    bool posted = false;
+  };
+  std::vector<std::unique_ptr<Pending>> pending(world.processes());
+  auto post = [&](int q) {
+    Pending& p = *pending[q];
+    p.req.Reset();
+    world.link(q)->Recv(Tag(nonce, kJoin, uint64_t(q), p.seq), &p.entry, sizeof(Entry), &p.req);
+    p.posted = true;
+  };
+  for (int q = 0; q < world.processes(); ++q) {
+    if (q == me || !world.link(q)) continue;
+    pending[q] = std::make_unique<Pending>();
+    post(q);
+  }
+  auto cancel_all = [&] {
+    for (int q = 0; q < world.processes(); ++q)
+      if (pending[q] && pending[q]->posted && !pending[q]->req.done())
+        world.link(q)->Cancel(&pending[q]->req);
+  };
+  std::vector<bool> have(nranks, false);
+  for (int r = 0; r < nranks; ++r) have[r] = j.table[r].nranks != 0;
+  while (true) {
+    int complete = 0;
+    for (int r = 0; r < nranks; ++r) complete += have[r] = have[r] || j.table[r].nranks != 0;
+    if (complete == nranks) break;
+    if (Clock::now() > deadline) {
+      cancel_all();
+      // The processes that joined wait for a table: they get one that says so.
+      std::set<int> joined;
+      for (const Entry& e : j.table)
+        if (e.nranks != 0 && e.process != me) joined.insert(e.process);
+      std::vector<Entry> failed(nranks, Entry{-1, -1, -1, -1, 0, 0});
+      lock.unlock();
+      for (int q : joined) {
+        Request req;
+        world.link(q)->Send(Tag(nonce, kTable, uint64_t(q), 0), failed.data(),
+                            sizeof(Entry) * failed.size(), &req);
+        Await(world, q, req, "telling a joined process", Clock::now() + std::chrono::seconds(2));
+      }
+      lock.lock();
+      return Status::Timeout("jax_smddp NCCL front end: ncclCommInitRank: ranks " +
+                             Missing(j.table, have) + " of " + std::to_string(nranks) +
+                             " never joined within " + std::to_string(int(TimeoutSeconds())) +
+                             " s (JAX_SMDDP_TIMEOUT_S); is every process of the clique running?");
+    }
+    lock.unlock();
+    bool moved = false;
+    for (int q = 0; q < world.processes(); ++q) {
+      if (!pending[q]) continue;
+      Pending& p = *pending[q];
+      world.link(q)->Progress();
+      if (!p.req.done()) continue;
+      if (!p.req.status().ok()) {
+        lock.lock();
+        cancel_all();
+        return p.req.status();
+      }
+      moved = true;
+      const Entry e = p.entry;
+      lock.lock();
+      if (e.rank < 0 || e.rank >= nranks || e.nranks != nranks || e.process != q) {
+        cancel_all();
+        return Status::InvalidArgument(
+            "jax_smddp NCCL front end: process " + std::to_string(q) + " joined a communicator of " +
+            std::to_string(nranks) + " ranks as rank " + std::to_string(e.rank) + " of " +
+            std::to_string(e.nranks) + " (the processes disagree on the clique)");
+      }
+      j.table[e.rank] = e;
+      lock.unlock();
+      p.seq++;
+      post(q);
+    }
+    if (!moved) std::this_thread::sleep_for(std::chrono::microseconds(200));
+    lock.lock();
+  }
+  cancel_all();
+  // Every member process but this one gets the table.
+  std::set<int> members;
+  for (const Entry& e : j.table) members.insert(e.process);
+  lock.unlock();
+  Status st;
+  for (int q : members) {
+    if (q == me) continue;
+    Request req;
+    world.link(q)->Send(Tag(nonce, kTable, uint64_t(q), 0), j.table.data(),
+                        sizeof(Entry) * j.table.size(), &req);
+    st = Await(world, q, req, "sending the communicator's table", deadline);
+    if (!st.ok()) break;
+  }
+  lock.lock();
+  return st;
+}
+
+// Every rank's entry, as the table the root made. `root` < 0: no world, all
+// ranks are threads of this process.
+Status Join(const uint64_t nonce[2], int root, int nranks, const Entry& mine,
+            const std::shared_ptr<const World>& world, std::vector<Entry>* table,
+            std::shared_ptr<Joining>* joining) {
+  const auto deadline = Clock::now() + Timeout();
+  auto j = JoiningOf(nonce);
+  *joining = j;
+  const int me = world ? world->process() : -1;
+  const bool at_root = root < 0 || root == me;
+  if (root >= 0 && (!world || root >= world->processes() || (!at_root && !world->link(root))))
+    return Status::InvalidArgument(
+        "jax_smddp NCCL front end: the communicator's id was made by process " + std::to_string(root) +
+        ", which this process has no link to (is jax_smddp initialized in every process?)");
+  std::unique_lock<std::mutex> lock(j->mu);
+  if (j->table.empty()) j->table.assign(nranks, Entry{});
+  if (int(j->table.size()) != nranks)
+    return Status::InvalidArgument("jax_smddp NCCL front end: two ranks of this process disagree "
+                                   "on the communicator's size");
+  if (at_root) {
+    if (j->table[mine.rank].nranks != 0)
+      return Status::InvalidArgument("jax_smddp NCCL front end: rank " + std::to_string(mine.rank) +
+                                     " joined twice");
+    j->table[mine.rank] = mine;
+  } else {
+    const uint64_t seq = uint64_t(j->sent++);
+    lock.unlock();
+    Request req;
+    world->link(root)->Send(Tag(nonce, kJoin, uint64_t(me), seq), &mine, sizeof(Entry), &req);
+    const Status st = Await(*world, root, req, "joining a communicator", deadline);
+    lock.lock();
+    if (!st.ok()) return st;
+  }
+  j->cv.notify_all();
+  if (!j->working && !j->done) {
+    j->working = true;
+    Status st;
+    if (at_root) {
+      if (world) {
+        st = Collect(*world, nonce, nranks, *j, lock, deadline);
+      } else {
+        while (true) {  // threads of this process only
+          int complete = 0;
+          for (const Entry& e : j->table) complete += e.nranks != 0;
+          if (complete == nranks) break;
+          if (j->cv.wait_until(lock, deadline) == std::cv_status::timeout) {
+            st = Status::Timeout("jax_smddp NCCL front end: ncclCommInitRank: " +
+                                 std::to_string(complete) + " of " + std::to_string(nranks) +
+                                 " ranks joined within the deadline");
+            break;
+          }
+        }
+      }
+    } else {
+      std::vector<Entry> got(nranks);
+      lock.unlock();
+      Request req;
+      world->link(root)->Recv(Tag(nonce, kTable, uint64_t(me), 0), got.data(),
+                              sizeof(Entry) * got.size(), &req);
+      // The root gives up at its deadline and says so: wait a little longer.
+      st = Await(*world, root, req, "receiving the communicator's table",
+                 deadline + std::chrono::seconds(3));
+      lock.lock();
+      if (st.ok() && got[0].nranks == -1)
+        st = Status::Timeout("jax_smddp NCCL front end: ncclCommInitRank: ranks of the "
+                             "communicator never joined within " +
+                             std::to_string(int(TimeoutSeconds())) +
+                             " s (process " + std::to_string(root) +
+                             ", its root, gave up waiting; JAX_SMDDP_TIMEOUT_S)");
+      if (st.ok()) j->table = got;
+    }
+    j->status = st;
+    j->done = true;
+    j->cv.notify_all();
+  }
+  while (!j->done) {
+    if (j->cv.wait_until(lock, deadline + std::chrono::seconds(5)) == std::cv_status::timeout &&
+        !j->done)
+      return Status::Timeout("jax_smddp NCCL front end: ncclCommInitRank: the communicator's "
+                             "table never came");
+  }
+  if (!j->status.ok()) return j->status;
+  *table = j->table;
+  return Status::Ok();
+}
+
+// The member ids of the GPU communicator: distinct per communicator and rank.
+std::vector<int64_t> MembersOf(const uint64_t nonce[2], int nranks) {
+  std::vector<int64_t> members(nranks);
+  for (int r = 0; r < nranks; ++r)
+    members[r] = int64_t(MixTag(MixTag(nonce[0], nonce[1]), uint64_t(r)) & 0x3fffffffffffffffull);
+  return members;
+}
+
+void PutU64(std::string* out, uint64_t v) { out->append(reinterpret_cast<const char*>(&v), 8); }
+
+// This process's part of the GPU communicator's set-up, once per process:
+// prepare its ranks, trade handles with every other member process, connect.
+Status SetUpGpu(const uint64_t nonce[2], const std::vector<Entry>& table,
+                const std::shared_ptr<const World>& world, Joining& j) {
+  std::unique_lock<std::mutex> lock(j.mu);
+  if (j.set_up) return j.set_up_status;
+  if (j.setting_up) {
+    while (!j.set_up) j.cv.wait(lock);
+    return j.set_up_status;
+  }
+  j.setting_up = true;
+  lock.unlock();
+  const int me = world ? world->process() : -1;
+  const int nranks = int(table.size());
+  const std::vector<int64_t> members = MembersOf(nonce, nranks);
+  std::vector<std::pair<int, int>> local;
+  std::set<int> processes;
+  for (const Entry& e : table) {
+    processes.insert(e.process);
+    if (e.process == me) local.emplace_back(e.rank, e.ordinal);
+  }
+  const auto deadline = Clock::now() + Timeout();
+  std::vector<std::pair<int, std::string>> handles, remote;
+  Status st = gpu::PrepareCommunicator(members, size_t(IntSetting("JAX_SMDDP_GPU_SLOT_BYTES", 8 << 20)),
+                                       local, int(processes.size()), &handles);
+  if (st.ok() && processes.size() > 1) {
+    std::string payload;
+    for (const auto& [rank, bytes] : handles) {
+      PutU64(&payload, uint64_t(rank));
+      PutU64(&payload, bytes.size());
+      payload += bytes;
+    }
+    const uint64_t size = payload.size();
+    // Post every receive first, then send: no order between processes needed.
+    struct Incoming {
+      Request size_req, data_req;
+      uint64_t size = 0;
+      std::string data;
+    };
+    std::map<int, Incoming> in;
+    for (int q : processes) {
+      if (q == me) continue;
+      Incoming& inc = in[q];
+      world->link(q)->Recv(Tag(nonce, kHandleSize, uint64_t(q), uint64_t(me)), &inc.size, 8,
+                           &inc.size_req);
+    }
+    for (int q : processes) {
+      if (q == me || !st.ok()) continue;
+      Request a, b;
+      world->link(q)->Send(Tag(nonce, kHandleSize, uint64_t(me), uint64_t(q)), &size, 8, &a);
+      st = Await(*world, q, a, "sending GPU handles", deadline);
+      if (!st.ok()) break;
+      world->link(q)->Send(Tag(nonce, kHandles, uint64_t(me), uint64_t(q)), payload.data(),
+                           payload.size(), &b);
+      st = Await(*world, q, b, "sending GPU handles", deadline);
+    }
+    for (auto& [q, inc] : in) {
+      if (!st.ok()) {
+        world->link(q)->Cancel(&inc.size_req);
+        continue;
+      }
+      st = Await(*world, q, inc.size_req, "receiving GPU handles", deadline);
+      if (!st.ok()) continue;
+      if (inc.size > (64u << 20)) {
+        st = Status::Error("jax_smddp NCCL front end: process " + std::to_string(q) +
+                           " sent malformed GPU handles");
+        continue;
+      }
+      inc.data.resize(inc.size);
+      world->link(q)->Recv(Tag(nonce, kHandles, uint64_t(q), uint64_t(me)), inc.data.data(),
+                           inc.data.size(), &inc.data_req);
+      st = Await(*world, q, inc.data_req, "receiving GPU handles", deadline);
+      size_t at = 0;
+      while (st.ok() && at + 16 <= inc.data.size()) {
+        uint64_t rank, len;
+        std::memcpy(&rank, inc.data.data() + at, 8);
+        std::memcpy(&len, inc.data.data() + at + 8, 8);
+        at += 16;
+        if (rank >= uint64_t(nranks) || at + len > inc.data.size()) {
+          st = Status::Error("jax_smddp NCCL front end: process " + std::to_string(q) +
+                             " sent malformed GPU handles");
+          break;
+        }
+        remote.emplace_back(int(rank), inc.data.substr(at, len));
+        at += len;
+      }
+    }
+  }
+  if (st.ok()) st = gpu::ConnectCommunicator(members, remote);
+  lock.lock();
+  j.set_up_status = st;
+  j.set_up = true;
+  j.cv.notify_all();
+  return st;
+}
+
+Status CurrentOrdinal(int* ordinal) {
+  const cudaError_t err = cudaGetDevice(ordinal);
+  if (err != cudaSuccess)
+    return Status::Error(std::string("jax_smddp NCCL front end: cudaGetDevice failed: ") +
+                         cudaGetErrorString(err));
+  return Status::Ok();
+}
+
+// Creates the Comm of `me` from the complete table: served inside one host,
+// forwarded (with the reason) across hosts.
+Status Build(const uint64_t nonce[2], const std::vector<Entry>& table, int rank,
+             const std::shared_ptr<const World>& world, const std::shared_ptr<Joining>& j,
+             Comm* comm) {
+  comm->nranks = int(table.size());
+  comm->rank = rank;
+  comm->nonce[0] = nonce[0];
+  comm->nonce[1] = nonce[1];
+  comm->world = world;
+  comm->process_of.resize(table.size());
+  std::set<std::string> hosts;
+  for (size_t r = 0; r < table.size(); ++r) {
+    comm->process_of[r] = table[r].process;
+    if (world && table[r].process >= 0) hosts.insert(world->peer(table[r].process).host);
+  }
+  if (hosts.size() > 1) {
+    comm->forwarded_because = "the communicator spans " + std::to_string(hosts.size()) +
+                              " hosts (the front end serves groups inside one host for now)";
+    return Status::Ok();
+  }
+  comm->members = MembersOf(nonce, comm->nranks);
+  SMDDP_RETURN_IF_ERROR(SetUpGpu(nonce, table, world, *j));
+  gpu::GpuCommunicator* gpu_comm =
+      gpu::FindCommunicator(gpu::GroupKey(comm->members.data(), comm->nranks));
+  comm->local = gpu_comm ? gpu_comm->Local(rank) : nullptr;
+  if (!comm->local)
+    return Status::Error("jax_smddp NCCL front end: rank " + std::to_string(rank) +
+                         " has no GPU region after the set-up");
+  comm->served = true;
+  return Status::Ok();
+}
+
+void RandomNonce(uint64_t nonce[2]) {
+  int fd = ::open("/dev/urandom", O_RDONLY | O_CLOEXEC);
+  bool ok = false;
+  if (fd >= 0) {
+    ok = ::read(fd, nonce, 16) == 16;
+    ::close(fd);
+  }
+  if (!ok) {
+    std::random_device rd;
+    nonce[0] = (uint64_t(rd()) << 32) ^ rd() ^ uint64_t(Clock::now().time_since_epoch().count());
+    nonce[1] = (uint64_t(rd()) << 32) ^ rd() ^ uint64_t(::getpid());
+  }
+}
+
+Status CopyConfig(const ncclConfig_t* config, Comm* comm) {
+  if (!config) return Status::Ok();
+  const size_t size = std::min<size_t>(config->size, 4096);
+  comm->config.assign(reinterpret_cast<const unsigned char*>(config),
+                      reinterpret_cast<const unsigned char*>(config) + size);
+  return Status::Ok();
+}
+
+}  // namespace
+
+Comm* AsComm(ncclComm_t handle) {
+  auto* comm = reinterpret_cast<Comm*>(handle);
+  return comm && comm->magic == Comm::kMagic ? comm : nullptr;
+}
+
+std::string UnknownConfig(const ncclConfig_t* config) {
+  if (!config) return "";
+  if (config->magic != kConfigMagic)
+    return "its ncclConfig_t was not initialized with NCCL_CONFIG_INITIALIZER";
+  const int v = int(config->version);
+  if (!KnownVersion(v) || config->size < sizeof(ncclConfigHead))
+    return "its ncclConfig_t is of NCCL " + std::to_string(v / 10000) + "." +
+           std::to_string(v / 100 % 100) + ", which this front end does not know (it knows " +
+           std::to_string(kOldestKnownVersion / 10000) + "." +
+           std::to_string(kOldestKnownVersion / 100 % 100) + " to " +
+           std::to_string(kNewestKnownVersion / 10000) + "." +
+           std::to_string(kNewestKnownVersion / 100 % 100) + ")";
+  return "";
+}
+
+Status MakeUniqueId(ncclUniqueId* out) {
+  std::memset(out, 0, sizeof(*out));
+  IdTail tail{};
+  tail.magic = kIdMagic;
+  RandomNonce(tail.nonce);
+  auto world = CurrentWorld();
+  tail.root = world ? world->process() : -1;
+  std::string why;
+  using Fn = ncclResult_t (*)(ncclUniqueId*);
+  if (auto fn = reinterpret_cast<Fn>(RealSymbol("ncclGetUniqueId", &why))) {
+    ncclUniqueId real;
+    std::memset(&real, 0, sizeof(real));
+    if (fn(&real) == ncclSuccess) {
+      bool fits = true;
+      for (size_t i = kRealIdBytes; i < sizeof(real.internal); ++i) fits = fits && real.internal[i] == 0;
+      if (fits) {
+        std::memcpy(out->internal, real.internal, kRealIdBytes);
+        tail.flags |= kHasRealId;
+      }
+    }
+  }
+  std::memcpy(out->internal + kRealIdBytes, &tail, sizeof(tail));
+  return Status::Ok();
+}
+
+Status InitRank(int nranks, const ncclUniqueId& id, int rank, const ncclConfig_t* config,
+                Comm** out) {
+  *out = nullptr;
+  if (nranks < 1 || rank < 0 || rank >= nranks)
+    return Status::InvalidArgument("jax_smddp NCCL front end: rank " + std::to_string(rank) +
+                                   " of " + std::to_string(nranks));
+  IdTail tail;
+  std::memcpy(&tail, id.internal + kRealIdBytes, sizeof(tail));
+  auto comm = std::make_unique<Comm>();
+  SMDDP_RETURN_IF_ERROR(CopyConfig(config, comm.get()));
+  SMDDP_RETURN_IF_ERROR(CurrentOrdinal(&comm->ordinal));
+  comm->nranks = nranks;
+  comm->rank = rank;
+  if (tail.magic != kIdMagic) {
+    // An id the real library made: the communicator is the real library's.
+    comm->forwarded_because = "its id came from another NCCL library";
+    std::memcpy(comm->real_id.internal, id.internal, sizeof(id.internal));
+    comm->have_real_id = true;
+    *out = comm.release();
+    return Status::Ok();
+  }
+  if (tail.flags & kHasRealId) {
+    std::memcpy(comm->real_id.internal, id.internal, kRealIdBytes);
+    comm->have_real_id = true;
+  }
+  std::shared_ptr<const World> world = CurrentWorld();
+  if (world) gpu::SetProcessIndex(world->process());  // what the GPU handles and watches name
+  if (tail.root >= 0 && !world)
+    return Status::InvalidArgument(
+        "jax_smddp NCCL front end: this process has no jax_smddp world but the communicator's id "
+        "was made in a multi-process job; jax_smddp sets the world up as JAX creates its GPU "
+        "client (JAX_SMDDP_COLLECTIVES=xla before Python starts)");
+  std::string unknown = UnknownConfig(config);
+  if (unknown.empty() && !RealLibrary().empty()) {
+    std::string why;
+    const int version = RealVersion(&why);
+    if (version && !KnownVersion(version))
+      unknown = "the real NCCL library is version " + std::to_string(version) +
+                ", which this front end does not know";
+  }
+  Entry mine{rank, nranks, world ? world->process() : -1, comm->ordinal, 0, 0};
+  std::vector<Entry> table;
+  std::shared_ptr<Joining> joining;
+  SMDDP_RETURN_IF_ERROR(Join(tail.nonce, tail.root, nranks, mine, world, &table, &joining));
+  if (!unknown.empty()) {
+    comm->nonce[0] = tail.nonce[0];
+    comm->nonce[1] = tail.nonce[1];
+    comm->forwarded_because = unknown;
+  } else {
+    SMDDP_RETURN_IF_ERROR(Build(tail.nonce, table, rank, world, joining, comm.get()));
+  }
+  *out = comm.release();
+  return Status::Ok();
+}
+
+Status Split(Comm& parent, int color, int key, const ncclConfig_t* config, Comm** out) {
+  *out = nullptr;
+  uint64_t nonce[2] = {MixTag(parent.nonce[0], 0x73706c6974ull + parent.splits),
+                       MixTag(parent.nonce[1], parent.splits)};
+  parent.splits++;
+  auto world = parent.world;
+  Entry mine{parent.rank, parent.nranks, world ? world->process() : -1, parent.ordinal, color, key};
+  std::vector<Entry> all;
+  std::shared_ptr<Joining> joining;
+  SMDDP_RETURN_IF_ERROR(
+      Join(nonce, parent.process_of.empty() ? -1 : parent.process_of[0], parent.nranks, mine,
+           world, &all, &joining));
+  if (color == kNoColor) return Status::Ok();
+  std::vector<Entry> group;
+  for (const Entry& e : all)
+    if (e.color == color) group.push_back(e);
+  std::stable_sort(group.begin(), group.end(), [](const Entry& a, const Entry& b) {
+    return a.key != b.key ? a.key < b.key : a.rank < b.rank;
+  });
+  int rank = -1;
+  for (size_t r = 0; r < group.size(); ++r) {
+    if (group[r].rank == parent.rank) rank = int(r);
+    group[r].rank = int32_t(r);
+    group[r].nranks = int32_t(group.size());
+  }
+  uint64_t child[2] = {MixTag(nonce[0], uint64_t(uint32_t(color))), MixTag(nonce[1], 0x636f6c6f72ull)};
+  auto comm = std::make_unique<Comm>();
+  SMDDP_RETURN_IF_ERROR(CopyConfig(config, comm.get()));
+  comm->ordinal = parent.ordinal;
+  const std::string unknown = UnknownConfig(config);
+  if (!unknown.empty() || !parent.served) {
+    comm->nranks = int(group.size());
+    comm->rank = rank;
+    comm->forwarded_because = !unknown.empty() ? unknown : parent.forwarded_because;
+  } else {
+    SMDDP_RETURN_IF_ERROR(Build(child, group, rank, world, JoiningOf(child), comm.get()));
+  }
+  // The real side splits too where the parent has one (a split child has no
+  // id of its own to create it from later).
+  std::lock_guard<std::mutex> lock(parent.real_mu);
+  if (parent.real) {
+    using Fn = ncclResult_t (*)(ncclComm_t, int, int, ncclComm_t*, ncclConfig_t*);
+    std::string why;
+    auto fn = reinterpret_cast<Fn>(RealSymbol("ncclCommSplit", &why));
+    ncclComm_t real = nullptr;
+    if (!fn) {
+      comm->real_failure = Status::Error("jax_smddp NCCL front end: " + why);
+    } else if (fn(parent.real, color, key, &real,
+                  comm->config.empty() ? nullptr
+                                       : reinterpret_cast<ncclConfig_t*>(comm->config.data())) !=
+               ncclSuccess) {
+      comm->real_failure = Status::Error("jax_smddp NCCL front end: the real ncclCommSplit failed");
+    } else {
+      comm->real = real;
+    }
+  } else {
+    comm->real_failure = Status::Unsupported(
+        "jax_smddp NCCL front end: this communicator was split from one that never forwarded a "
+        "call, so it has no real NCCL communicator to forward to");
+  }
+  *out = comm.release();
+  return Status::Ok();
+}
+
+Status RealComm(Comm& comm, ncclComm_t* out) {
+  std::lock_guard<std::mutex> lock(comm.real_mu);
+  if (comm.real) {
+    *out = comm.real;
+    return Status::Ok();
+  }
+  if (!comm.real_failure.ok()) return comm.real_failure;
+  if (!comm.have_real_id) {
+    comm.real_failure = Status::Unsupported(
+        "jax_smddp NCCL front end: no real NCCL communicator can be made for this communicator "
+        "(the real library's id did not fit in the front end's, or the library was not found "
+        "when the id was made)");
+    return comm.real_failure;
+  }
+  std::string why;
+  using Fn = ncclResult_t (*)(ncclComm_t*, int, ncclUniqueId, int, ncclConfig_t*);
+  auto fn = reinterpret_cast<Fn>(RealSymbol("ncclCommInitRankConfig", &why));
+  if (!fn) {
+    comm.real_failure = Status::Error("jax_smddp NCCL front end: " + why);
+    return comm.real_failure;
+  }
+  // Created blocking: the forwarded call that needs it follows at once.
+  std::vector<unsigned char> config = comm.config;
+  if (!config.empty()) reinterpret_cast<ncclConfigHead*>(config.data())->blocking = 1;
+  ncclComm_t real = nullptr;
+  const ncclResult_t rc = fn(&real, comm.nranks, comm.real_id, comm.rank,
+                             config.empty() ? nullptr : reinterpret_cast<ncclConfig_t*>(config.data()));
+  if (rc != ncclSuccess) {
+    comm.real_failure = Status::Error("jax_smddp NCCL front end: the real NCCL library could not "
+                                      "create the communicator (ncclCommInitRankConfig returned " +
+                                      std::to_string(int(rc)) + ")");
+    return comm.real_failure;
+  }
+  comm.real = real;
+  *out = real;
+  return Status::Ok();
+}
+
+ncclResult_t DestroyReal(Comm& comm, const char* function) {
+  std::lock_guard<std::mutex> lock(comm.real_mu);
+  if (!comm.real) return ncclSuccess;
+  std::string why;
+  using Fn = ncclResult_t (*)(ncclComm_t);
+  auto fn = reinterpret_cast<Fn>(RealSymbol(function, &why));
+  if (!fn) return ncclInternalError;
+  const ncclResult_t rc = fn(comm.real);
+  if (std::strcmp(function, "ncclCommFinalize") != 0) comm.real = nullptr;
+  return rc;
+}
+
+}  // namespace nccl
+}  // namespace smddp

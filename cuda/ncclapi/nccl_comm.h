@@ -1,0 +1,105 @@
+// Communicators of the NCCL API front end. An ncclComm_t it hands out is a
+// Comm: the ranks' processes and devices (learnt from each other over the
+// world's links when the communicator is created), the jax_smddp GPU
+// communicator behind it when the front end serves its calls, and, created
+// at the first call it forwards, the real NCCL communicator.
+//
+// Creation. XLA's process for the clique's root device calls
+// ncclGetUniqueId and hands the id to the others through the key-value
+// store; every rank then calls ncclCommInitRank* with it, each from its own
+// thread. The front end's id carries the real library's id (when it fits),
+// a random nonce naming the communicator, and the creating process: each
+// rank sends that process (the root) its process, device and host; the root
+// collects all of them (from whichever processes they come) and sends every
+// member process the table; then the member processes set up the GPU
+// communicator (cuda/gpu_communicator.h: regions mapped by CUDA IPC, watched
+// peers) and trade its handles directly. ncclCommSplit runs the same
+// exchange over the parent's ranks, with each rank's color and key.
+//
+// What is served: groups inside one host whose ranks' processes all run
+// this front end (every process of a jax_smddp job does). Groups across hosts
+// are forwarded for now (the hierarchical bodies are not wired here yet), as
+// is everything on a communicator whose config or library version the front
+// end does not know.
+#ifndef JAX_SMDDP_CUDA_NCCLAPI_NCCL_COMM_H_
+#define JAX_SMDDP_CUDA_NCCLAPI_NCCL_COMM_H_
+
+#include <atomic>
+#include <cstdint>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <vector>
+
+#include "cuda/gpu_communicator.h"
+#include "cuda/ncclapi/nccl_types.h"
+#include "xla_ffi/common/status.h"
+#include "xla_ffi/transports/world.h"
+
+namespace smddp {
+namespace nccl {
+
+// The id's layout: the real library's id first (its bytes past this offset
+// must be zero for it to fit), then the front end's part.
+constexpr size_t kRealIdBytes = 88;
+
+struct Comm {
+  static constexpr uint64_t kMagic = 0x736d6464704e4343ull;  // "smddpNCC"
+  uint64_t magic = kMagic;  // tells a Comm from a foreign handle
+  int nranks = 0;
+  int rank = 0;
+  int ordinal = 0;  // the CUDA device current when it was created
+  uint64_t nonce[2] = {0, 0};  // names it alike in every rank
+  bool served = false;
+  std::string forwarded_because;  // why its calls are forwarded (served false)
+  std::vector<int> process_of;    // per rank
+  std::vector<int64_t> members;   // the GPU communicator's member ids
+  gpu::LocalRank* local = nullptr;
+  std::shared_ptr<const World> world;  // where its calls are counted
+  uint64_t calls = 0;   // collective calls (op ids in messages)
+  uint64_t splits = 0;  // splits of it so far (names the children)
+
+  // Forwarding: the real communicator, created at the first forwarded call
+  // (or at creation, for a communicator forwarded entirely).
+  std::mutex real_mu;
+  bool have_real_id = false;
+  ncclUniqueId real_id{};
+  std::vector<unsigned char> config;  // the caller's ncclConfig_t, as it came
+  ncclComm_t real = nullptr;
+  Status real_failure;  // why the real communicator could not be created
+
+  std::mutex error_mu;
+  Status async_error;     // what ncclCommGetAsyncError reports
+  std::string last_error;  // ncclGetLastError(comm)
+};
+
+// A Comm from a handle, or null for a handle this front end did not make.
+Comm* AsComm(ncclComm_t handle);
+
+// A front-end id (ncclGetUniqueId).
+Status MakeUniqueId(ncclUniqueId* out);
+
+// ncclCommInitRankConfig (config may be null). A failure names the ranks
+// that did not join within the deadline, or what the set-up found.
+Status InitRank(int nranks, const ncclUniqueId& id, int rank, const ncclConfig_t* config,
+                Comm** out);
+
+// ncclCommSplit: *out null for kNoColor.
+Status Split(Comm& parent, int color, int key, const ncclConfig_t* config, Comm** out);
+
+// The real communicator behind `comm`, created now if it was not (every rank
+// of it reaches its first forwarded call at the same point of the program).
+Status RealComm(Comm& comm, ncclComm_t* out);
+
+// ncclCommDestroy / ncclCommFinalize / ncclCommAbort on the real side (if
+// any); the GPU communicator stays registered until the process ends (XLA
+// destroys communicators only at exit or after a failure).
+ncclResult_t DestroyReal(Comm& comm, const char* function);
+
+// Why a config is not one the front end knows ("" when it is).
+std::string UnknownConfig(const ncclConfig_t* config);
+
+}  // namespace nccl
+}  // namespace smddp
+
+#endif  // JAX_SMDDP_CUDA_NCCLAPI_NCCL_COMM_H_

@@ -1,0 +1,586 @@
+// The NCCL API front end (cuda/ncclapi) driven as XLA drives it, on CPU
+// processes: built against the mock CUDA runtime (tests/native/mock_cuda)
+// with its served calls on HostStreamOps, the real NCCL replaced by a mock
+// that records what is forwarded (tests/native/mock_nccl.cc, found through
+// JAX_SMDDP_NCCL_LIBRARY). The parent forks P processes that build a world
+// of shared-memory links (as jax_smddp.initialize() does on one host) and
+// relays what XLA would put in the key-value store (the unique id) through
+// pipes; each process then creates its communicator from the id and runs
+// the scenario's calls, checking results against expected values and the
+// mock's record.
+//
+//   nccl_front_end_test SCENARIO
+//
+// served: P=3, every collective served (all_gather, reduce_scatter,
+//   all_reduce of several types and reductions, a group of them), nothing
+//   forwarded, the real communicator never created.
+// forwarded: P=2, broadcast, a product all_reduce and a send/recv group go to
+//   the mock with the mock's own communicator (created once, blocking).
+// mixed_group: P=2, one group mixing served and forwarded calls keeps its
+//   order (forwarded runs become real groups between the served calls).
+// unknown_config / unknown_version: P=2, a config or a library version the
+//   front end does not know: every call forwarded.
+// id_full: P=2, the real id does not fit: served calls run; forwarded ones
+//   fail saying why.
+// no_fallback: P=2, JAX_SMDDP_REQUIRE=no-fallback: a forwarded call fails.
+// split: P=3, ncclCommSplit (one rank without color, keys reversing the
+//   order) and an all_gather on the child.
+// dead_peer: P=2, process 1 is killed after a call; process 0's next call
+//   fails naming it, and ncclCommGetAsyncError reports it.
+// stalled: P=2, process 1 never makes the call: the deadline.
+// join_timeout: 2 processes create a communicator of 3 ranks: the deadline
+//   names the missing rank.
+// Prints "all checks passed" and exits 0 on success.
+#include <dlfcn.h>
+#include <signal.h>
+#include <sys/mman.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <cmath>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <functional>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "cuda/ncclapi/nccl_calls.h"
+#include "cuda/ncclapi/nccl_types.h"
+#include "xla_ffi/algorithms/host_stream_ops.h"
+#include "xla_ffi/common/timeout.h"
+#include "xla_ffi/transports/world.h"
+
+extern "C" {
+ncclResult_t ncclGetUniqueId(ncclUniqueId*);
+ncclResult_t ncclCommInitRankConfig(ncclComm_t*, int, ncclUniqueId, int, ncclConfig_t*);
+ncclResult_t ncclCommSplit(ncclComm_t, int, int, ncclComm_t*, ncclConfig_t*);
+ncclResult_t ncclCommDestroy(ncclComm_t);
+ncclResult_t ncclCommCount(const ncclComm_t, int*);
+ncclResult_t ncclCommUserRank(const ncclComm_t, int*);
+ncclResult_t ncclCommGetAsyncError(ncclComm_t, ncclResult_t*);
+const char* ncclGetLastError(ncclComm_t);
+ncclResult_t ncclGroupStart();
+ncclResult_t ncclGroupEnd();
+ncclResult_t ncclAllGather(const void*, void*, size_t, ncclDataType_t, ncclComm_t, void*);
+ncclResult_t ncclReduceScatter(const void*, void*, size_t, ncclDataType_t, ncclRedOp_t, ncclComm_t, void*);
+ncclResult_t ncclAllReduce(const void*, void*, size_t, ncclDataType_t, ncclRedOp_t, ncclComm_t, void*);
+ncclResult_t ncclBroadcast(const void*, void*, size_t, ncclDataType_t, int, ncclComm_t, void*);
+ncclResult_t ncclSend(const void*, size_t, ncclDataType_t, int, ncclComm_t, void*);
+ncclResult_t ncclRecv(void*, size_t, ncclDataType_t, int, ncclComm_t, void*);
+}
+
+namespace {
+
+using smddp::Status;
+
+int failures = 0;
+int me = -1;
+
+void Expect(bool ok, const std::string& what) {
+  if (!ok) {
+    std::fprintf(stderr, "process %d: FAILED: %s\n", me, what.c_str());
+    failures++;
+  }
+}
+
+// --- The mock's record --------------------------------------------------------
+
+void* Mock() {
+  static void* handle = [] {
+    const char* path = std::getenv("JAX_SMDDP_NCCL_LIBRARY");
+    return path ? dlopen(path, RTLD_NOW | RTLD_LOCAL) : nullptr;  // the front end's handle
+  }();
+  return handle;
+}
+
+std::string Record() {
+  auto fn = reinterpret_cast<const char* (*)()>(dlsym(Mock(), "mock_nccl_calls"));
+  return fn ? fn() : "";
+}
+
+void Note(const std::string& line) {
+  auto fn = reinterpret_cast<void (*)(const char*)>(dlsym(Mock(), "mock_nccl_note"));
+  if (fn) fn(line.c_str());
+}
+
+std::vector<std::string> Lines(const std::string& text) {
+  std::vector<std::string> out;
+  size_t at = 0;
+  while (at < text.size()) {
+    const size_t nl = text.find('\n', at);
+    out.push_back(text.substr(at, nl - at));
+    at = nl == std::string::npos ? text.size() : nl + 1;
+  }
+  return out;
+}
+
+bool Has(const std::string& text, const std::string& part) { return text.find(part) != std::string::npos; }
+
+// Served calls mark the record, so the tests see their order among forwarded ones.
+class MarkedOps : public smddp::HostStreamOps {
+ public:
+  MarkedOps() : HostStreamOps(smddp::TimeoutSeconds()) { Note("SERVED"); }
+};
+
+// --- Processes, relay, world ----------------------------------------------------
+
+bool WriteAll(int fd, const void* p, size_t n) {
+  const char* c = static_cast<const char*>(p);
+  while (n) {
+    const ssize_t w = write(fd, c, n);
+    if (w <= 0) return false;
+    c += w;
+    n -= size_t(w);
+  }
+  return true;
+}
+bool ReadAll(int fd, void* p, size_t n) {
+  char* c = static_cast<char*>(p);
+  while (n) {
+    const ssize_t r = read(fd, c, n);
+    if (r <= 0) return false;
+    c += r;
+    n -= size_t(r);
+  }
+  return true;
+}
+bool WriteBytes(int fd, const std::string& s) {
+  const uint64_t n = s.size();
+  return WriteAll(fd, &n, 8) && WriteAll(fd, s.data(), n);
+}
+bool ReadBytes(int fd, std::string* s) {
+  uint64_t n;
+  if (!ReadAll(fd, &n, 8) || n > (1u << 20)) return false;
+  s->resize(n);
+  return ReadAll(fd, s->data(), n);
+}
+
+int up_fd = -1, down_fd = -1, P = 0;
+
+// What every process said (through the parent, as a key-value store would).
+std::vector<std::string> Relay(const std::string& mine) {
+  std::vector<std::string> all(P);
+  if (!WriteBytes(up_fd, mine)) return all;
+  for (auto& s : all) ReadBytes(down_fd, &s);
+  return all;
+}
+
+void Check(const Status& st, const std::string& what) { Expect(st.ok(), what + ": " + st.message()); }
+
+// The world of jax_smddp.initialize() on one host: shared-memory links.
+void BuildWorld() {
+  Check(smddp::WorldBegin(me, P), "WorldBegin");
+  const auto pids = Relay(std::to_string(getpid()));
+  for (int q = 0; q < P; ++q) Check(smddp::WorldSetPeer(q, std::stoi(pids[q]), "host0"), "WorldSetPeer");
+  std::vector<std::string> names(P);
+  std::string mine;
+  for (int q = me + 1; q < P; ++q) {
+    std::string name;
+    Check(smddp::WorldCreateShm(q, &name), "WorldCreateShm");
+    mine += std::to_string(q) + "=" + name + ";";
+  }
+  const auto created = Relay(mine);
+  for (int q = 0; q < me; ++q) {
+    const std::string& list = created[q];
+    const std::string key = std::to_string(me) + "=";
+    const size_t at = list.find(key);
+    const size_t end = list.find(';', at);
+    Check(smddp::WorldOpenShm(q, list.substr(at + key.size(), end - at - key.size())), "WorldOpenShm");
+  }
+  Relay("mapped");
+  for (int q = me + 1; q < P; ++q) Check(smddp::WorldUnlinkShm(q), "WorldUnlinkShm");
+  Check(smddp::WorldStart(), "WorldStart");
+}
+
+ncclConfig_t* Config(unsigned version, int blocking) {
+  // As NCCL_CONFIG_INITIALIZER lays it out: the head, then fields the front
+  // end passes on untouched.
+  static unsigned char storage[256];
+  std::memset(storage, 0x5a, sizeof(storage));
+  auto* c = reinterpret_cast<ncclConfig_t*>(storage);
+  c->size = 120;
+  c->magic = smddp::nccl::kConfigMagic;
+  c->version = version;
+  c->blocking = blocking;
+  return c;
+}
+
+// The communicator of `nranks` ranks (this process's rank `rank`), its id
+// made by process 0 and relayed, as XLA's key-value store would.
+ncclComm_t Create(int nranks, int rank, ncclConfig_t* config, ncclResult_t* rc = nullptr) {
+  std::string id_bytes;
+  if (me == 0) {
+    ncclUniqueId id;
+    Expect(ncclGetUniqueId(&id) == ncclSuccess, "ncclGetUniqueId");
+    id_bytes.assign(id.internal, sizeof(id.internal));
+  }
+  const auto all = Relay(id_bytes);
+  ncclUniqueId id;
+  std::memcpy(id.internal, all[0].data(), sizeof(id.internal));
+  ncclComm_t comm = nullptr;
+  const ncclResult_t r = ncclCommInitRankConfig(&comm, nranks, id, rank, config);
+  if (rc) *rc = r;
+  else Expect(r == ncclSuccess, std::string("ncclCommInitRankConfig: ") + ncclGetLastError(nullptr));
+  return comm;
+}
+
+float Value(int rank, size_t i) { return float(rank * 1000 + int(i % 997)) * 0.5f; }
+
+void CheckAllGather(ncclComm_t comm, int nranks, int rank, size_t count, const std::string& what) {
+  std::vector<float> send(count), recv(count * nranks, -1.f);
+  for (size_t i = 0; i < count; ++i) send[i] = Value(rank, i);
+  Expect(ncclAllGather(send.data(), recv.data(), count, ncclFloat32, comm, nullptr) == ncclSuccess,
+         what + ": " + ncclGetLastError(comm));
+  bool ok = true;
+  for (int r = 0; r < nranks; ++r)
+    for (size_t i = 0; i < count; ++i) ok = ok && recv[r * count + i] == Value(r, i);
+  Expect(ok, what + ": wrong values");
+}
+
+// --- Scenarios -----------------------------------------------------------------------
+
+void Served() {
+  ncclComm_t comm = Create(P, me, Config(22809, 0));
+  int n = 0, r = -1;
+  Expect(ncclCommCount(comm, &n) == ncclSuccess && n == P, "ncclCommCount");
+  Expect(ncclCommUserRank(comm, &r) == ncclSuccess && r == me, "ncclCommUserRank");
+  CheckAllGather(comm, P, me, 1000, "all_gather f32");
+  {  // reduce_scatter, f32 sum
+    const size_t count = 500;
+    std::vector<float> send(count * P), recv(count, 0.f);
+    for (size_t i = 0; i < send.size(); ++i) send[i] = Value(me, i);
+    Expect(ncclReduceScatter(send.data(), recv.data(), count, ncclFloat32, ncclSum, comm, nullptr) ==
+               ncclSuccess, std::string("reduce_scatter: ") + ncclGetLastError(comm));
+    bool ok = true;
+    for (size_t i = 0; i < count; ++i) {
+      float want = 0;
+      for (int q = 0; q < P; ++q) want += Value(q, me * count + i);
+      ok = ok && std::fabs(recv[i] - want) <= 1e-3f * std::fabs(want) + 1e-3f;
+    }
+    Expect(ok, "reduce_scatter f32 sum: wrong values");
+  }
+  {  // all_reduce, int32 max and f64 min
+    const size_t count = 777;
+    std::vector<int32_t> send(count), recv(count, 0);
+    for (size_t i = 0; i < count; ++i) send[i] = int32_t((i * 7919 + me * 104729) % 1000) - 500;
+    Expect(ncclAllReduce(send.data(), recv.data(), count, ncclInt32, ncclMax, comm, nullptr) == ncclSuccess,
+           "all_reduce int32 max");
+    bool ok = true;
+    for (size_t i = 0; i < count; ++i) {
+      int32_t want = INT32_MIN;
+      for (int q = 0; q < P; ++q) want = std::max(want, int32_t((i * 7919 + q * 104729) % 1000) - 500);
+      ok = ok && recv[i] == want;
+    }
+    Expect(ok, "all_reduce int32 max: wrong values");
+    std::vector<double> dsend(count), drecv(count, 0);
+    for (size_t i = 0; i < count; ++i) dsend[i] = std::sin(double(i + 13 * me));
+    Expect(ncclAllReduce(dsend.data(), drecv.data(), count, ncclFloat64, ncclMin, comm, nullptr) == ncclSuccess,
+           "all_reduce f64 min");
+    ok = true;
+    for (size_t i = 0; i < count; ++i) {
+      double want = 1e9;
+      for (int q = 0; q < P; ++q) want = std::min(want, std::sin(double(i + 13 * q)));
+      ok = ok && drecv[i] == want;
+    }
+    Expect(ok, "all_reduce f64 min: wrong values");
+  }
+  // A group of served calls (as XLA issues a combined all-gather).
+  std::vector<float> a(64), b(32), ga(64 * P), gb(32 * P);
+  for (size_t i = 0; i < a.size(); ++i) a[i] = Value(me, i);
+  for (size_t i = 0; i < b.size(); ++i) b[i] = -Value(me, i);
+  Expect(ncclGroupStart() == ncclSuccess, "group start");
+  Expect(ncclAllGather(a.data(), ga.data(), a.size(), ncclFloat32, comm, nullptr) == ncclSuccess, "grouped a");
+  Expect(ncclAllGather(b.data(), gb.data(), b.size(), ncclFloat32, comm, nullptr) == ncclSuccess, "grouped b");
+  Expect(ncclGroupEnd() == ncclSuccess, std::string("group end: ") + ncclGetLastError(comm));
+  bool ok = true;
+  for (int q = 0; q < P; ++q) {
+    for (size_t i = 0; i < a.size(); ++i) ok = ok && ga[q * a.size() + i] == Value(q, i);
+    for (size_t i = 0; i < b.size(); ++i) ok = ok && gb[q * b.size() + i] == -Value(q, i);
+  }
+  Expect(ok, "grouped all_gathers: wrong values");
+  ncclResult_t async = ncclInternalError;
+  Expect(ncclCommGetAsyncError(comm, &async) == ncclSuccess && async == ncclSuccess, "no async error");
+  const std::string record = Record();
+  Expect(!Has(record, "ncclCommInitRankConfig") && !Has(record, "ncclAllGather") &&
+             !Has(record, "ncclReduceScatter") && !Has(record, "ncclAllReduce"),
+         "nothing forwarded, no real communicator; the mock saw:\n" + record);
+  const std::string described = smddp::nccl::Describe();
+  Expect(Has(described, "\"ncclAllGather\": 3") && Has(described, "\"ncclAllReduce\": 2") &&
+             Has(described, "\"ncclReduceScatter\": 1") && Has(described, "\"forwarded\": {}"),
+         "describe: " + described);
+  Expect(ncclCommDestroy(comm) == ncclSuccess, "destroy");
+}
+
+void Forwarded() {
+  ncclComm_t comm = Create(P, me, Config(22809, 0));
+  std::vector<float> x(100, float(me)), y(100);
+  Expect(ncclBroadcast(x.data(), y.data(), 100, ncclFloat32, 0, comm, nullptr) == ncclSuccess,
+         std::string("broadcast: ") + ncclGetLastError(comm));
+  Expect(ncclAllReduce(x.data(), y.data(), 100, ncclFloat32, ncclProd, comm, nullptr) == ncclSuccess,
+         "all_reduce prod");
+  Expect(ncclGroupStart() == ncclSuccess, "group start");
+  Expect(ncclSend(x.data(), 10, ncclFloat32, 1 - me, comm, nullptr) == ncclSuccess, "send");
+  Expect(ncclRecv(y.data(), 10, ncclFloat32, 1 - me, comm, nullptr) == ncclSuccess, "recv");
+  Expect(ncclGroupEnd() == ncclSuccess, "group end");
+  CheckAllGather(comm, P, me, 256, "all_gather beside forwarded calls");
+  const std::string who = "rank=" + std::to_string(me) + "/" + std::to_string(P);
+  const std::vector<std::string> want = {
+      "ncclGetUniqueId",  // process 0 only (filtered below)
+      "ncclCommInitRankConfig nranks=2 rank=" + std::to_string(me) + " id=real blocking=1",
+      "ncclBroadcast " + who + " count=100 root=0",
+      "ncclAllReduce " + who + " count=100 type=7 op=1",
+      "ncclGroupStart",
+      "ncclSend " + who + " count=10 peer=" + std::to_string(1 - me),
+      "ncclRecv " + who + " count=10 peer=" + std::to_string(1 - me),
+      "ncclGroupEnd",
+      "SERVED"};
+  std::vector<std::string> got = Lines(Record());
+  if (me != 0) got.insert(got.begin(), "ncclGetUniqueId");
+  Expect(got == want, "the forwarded calls, in order, with the real communicator; got:\n" + Record());
+  const std::string described = smddp::nccl::Describe();
+  Expect(Has(described, "\"ncclBroadcast\": 1") && Has(described, "\"ncclSend\": 1") &&
+             Has(described, "does not serve ncclBroadcast"),
+         "describe: " + described);
+  Expect(ncclCommDestroy(comm) == ncclSuccess, "destroy");
+  Expect(Has(Record(), "ncclCommDestroy " + who), "the real communicator destroyed");
+}
+
+void MixedGroup() {
+  ncclComm_t comm = Create(P, me, Config(22809, 0));
+  std::vector<float> x(128), g(128 * P), s(64, 1.f), r(64, 0.f), y(16);
+  for (size_t i = 0; i < x.size(); ++i) x[i] = Value(me, i);
+  Note("BEGIN");
+  Expect(ncclGroupStart() == ncclSuccess, "group start");
+  Expect(ncclAllGather(x.data(), g.data(), x.size(), ncclFloat32, comm, nullptr) == ncclSuccess, "all_gather");
+  Expect(ncclBroadcast(y.data(), y.data(), 16, ncclFloat32, 0, comm, nullptr) == ncclSuccess, "broadcast");
+  Expect(ncclSend(y.data(), 4, ncclFloat32, 1 - me, comm, nullptr) == ncclSuccess, "send");
+  Expect(ncclAllReduce(s.data(), r.data(), s.size(), ncclFloat32, ncclSum, comm, nullptr) == ncclSuccess,
+         "all_reduce sum");
+  Expect(ncclAllReduce(s.data(), r.data(), s.size(), ncclFloat32, ncclProd, comm, nullptr) == ncclSuccess,
+         "all_reduce prod");
+  Note("ISSUED");  // nothing ran before ncclGroupEnd
+  Expect(ncclGroupEnd() == ncclSuccess, std::string("group end: ") + ncclGetLastError(comm));
+  bool ok = true;
+  for (int q = 0; q < P; ++q)
+    for (size_t i = 0; i < x.size(); ++i) ok = ok && g[q * x.size() + i] == Value(q, i);
+  for (float v : r) ok = ok && v == float(P);  // the served sum (the mock's prod writes nothing)
+  Expect(ok, "served calls of the group: wrong values");
+  const std::string who = "rank=" + std::to_string(me) + "/" + std::to_string(P);
+  const std::vector<std::string> want = {
+      "BEGIN", "ISSUED", "SERVED",
+      "ncclCommInitRankConfig nranks=2 rank=" + std::to_string(me) + " id=real blocking=1",
+      "ncclGroupStart", "ncclBroadcast " + who + " count=16 root=0",
+      "ncclSend " + who + " count=4 peer=" + std::to_string(1 - me), "ncclGroupEnd", "SERVED",
+      "ncclGroupStart", "ncclAllReduce " + who + " count=64 type=7 op=1", "ncclGroupEnd"};
+  std::vector<std::string> got = Lines(Record());
+  if (!got.empty() && got[0] == "ncclGetUniqueId") got.erase(got.begin());
+  Expect(got == want, "the group's order; got:\n" + Record());
+}
+
+void Unknown(bool config) {
+  ncclComm_t comm = Create(P, me, config ? Config(24000, 0) : Config(22809, 0));
+  std::vector<float> x(50, 1.f), g(50 * P);
+  Expect(ncclAllGather(x.data(), g.data(), 50, ncclFloat32, comm, nullptr) == ncclSuccess, "all_gather");
+  const std::string record = Record();
+  Expect(Has(record, "ncclAllGather rank=" + std::to_string(me) + "/2 count=50") && !Has(record, "SERVED"),
+         "forwarded entirely; the mock saw:\n" + record);
+  const std::string described = smddp::nccl::Describe();
+  Expect(Has(described, config ? "ncclConfig_t is of NCCL 2.40" : "version 24100"),
+         "the reason: " + described);
+}
+
+void IdFull() {
+  ncclComm_t comm = Create(P, me, nullptr);
+  CheckAllGather(comm, P, me, 64, "all_gather (served)");
+  std::vector<float> x(8), y(8);
+  const ncclResult_t rc = ncclBroadcast(x.data(), y.data(), 8, ncclFloat32, 0, comm, nullptr);
+  Expect(rc == ncclInvalidUsage, "a forwarded call without a real id fails");
+  Expect(Has(ncclGetLastError(comm), "did not fit"), std::string("why: ") + ncclGetLastError(comm));
+}
+
+void NoFallback() {
+  ncclComm_t comm = Create(P, me, nullptr);
+  std::vector<float> x(8), y(8);
+  Expect(ncclBroadcast(x.data(), y.data(), 8, ncclFloat32, 0, comm, nullptr) == ncclInvalidUsage,
+         "no-fallback refuses forwarding");
+  Expect(Has(ncclGetLastError(comm), "JAX_SMDDP_REQUIRE=no-fallback"),
+         std::string("why: ") + ncclGetLastError(comm));
+  Expect(!Has(Record(), "ncclBroadcast") && !Has(Record(), "ncclCommInitRankConfig"),
+         "nothing reached NCCL: " + Record());
+  CheckAllGather(comm, P, me, 64, "served calls still run");
+}
+
+void SplitScenario() {
+  ncclComm_t parent = Create(P, me, Config(22809, 1));
+  // Process 1 takes no color; the others reverse their order.
+  ncclComm_t child = nullptr;
+  const int color = me == 1 ? smddp::nccl::kNoColor : 7;
+  Expect(ncclCommSplit(parent, color, -me, &child, Config(22809, 1)) == ncclSuccess,
+         std::string("split: ") + ncclGetLastError(parent));
+  if (me == 1) {
+    Expect(child == nullptr, "no color: no communicator");
+  } else {
+    int n = 0, r = -1;
+    ncclCommCount(child, &n);
+    ncclCommUserRank(child, &r);
+    const int want = me == 2 ? 0 : 1;
+    Expect(n == 2 && r == want, "child size 2, rank by key: got " + std::to_string(n) + "/" + std::to_string(r));
+    CheckAllGather(child, 2, r, 300, "all_gather on the child");
+  }
+  CheckAllGather(parent, P, me, 100, "the parent still works");
+  Expect(!Has(Record(), "ncclCommSplit"), "served parent: the split is jax_smddp's: " + Record());
+}
+
+void DeadPeer() {
+  ncclComm_t comm = Create(P, me, nullptr);
+  CheckAllGather(comm, P, me, 128, "before the death");
+  Relay("one call done");
+  if (me == 1) kill(getpid(), SIGKILL);
+  // On a GPU the next call would be enqueued and its stream would wait: XLA
+  // learns of the death by polling the async error, which names the peer.
+  const auto start = std::chrono::steady_clock::now();
+  ncclResult_t async = ncclSuccess;
+  double s = 0;
+  while (async == ncclSuccess && s < 15) {
+    Expect(ncclCommGetAsyncError(comm, &async) == ncclSuccess, "ncclCommGetAsyncError");
+    usleep(20000);
+    s = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  }
+  const std::string why = ncclGetLastError(comm);
+  Expect(async == ncclRemoteError, "the async error reports the death");
+  Expect(Has(why, "process 1"), "the error names the dead process: " + why);
+  Expect(s < 5, "within seconds: " + std::to_string(s));
+  std::vector<float> x(128, 1.f), g(128 * P);
+  const ncclResult_t rc = ncclAllGather(x.data(), g.data(), 128, ncclFloat32, comm, nullptr);
+  Expect(rc == ncclRemoteError, "a later call fails at once as a remote error: " + std::to_string(int(rc)));
+  Expect(Has(ncclGetLastError(comm), "process 1"), std::string("and names it: ") + ncclGetLastError(comm));
+  std::printf("process 0: dead peer reported after %.2f s: %s\n", s, why.c_str());
+}
+
+void Stalled() {
+  ncclComm_t comm = Create(P, me, nullptr);
+  if (me == 1) {
+    Relay("waiting");  // until process 0 is done
+    return;
+  }
+  std::vector<float> x(128, 1.f), g(128 * P);
+  const auto start = std::chrono::steady_clock::now();
+  const ncclResult_t rc = ncclAllGather(x.data(), g.data(), 128, ncclFloat32, comm, nullptr);
+  const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  Expect(rc == ncclRemoteError, "the deadline is a remote error: " + std::string(ncclGetLastError(comm)));
+  Expect(s < 10, "within the deadline: " + std::to_string(s));
+  Relay("done");
+}
+
+void JoinTimeout() {
+  ncclResult_t rc = ncclSuccess;
+  ncclComm_t comm = Create(3, me, nullptr, &rc);
+  Expect(rc == ncclRemoteError && comm == nullptr, "creation fails at the deadline");
+  const std::string why = ncclGetLastError(nullptr);
+  Expect(Has(why, me == 0 ? "ranks 2 of 3 never joined" : "never joined"),
+         "names the missing rank (the root) or the root's verdict: " + why);
+}
+
+int RunProcess(const std::string& scenario) {
+  smddp::SetTimeoutSeconds(scenario == "stalled" || scenario == "join_timeout" ? 2.0 : 10.0);
+  smddp::nccl::SetStreamBackend({[](void*) -> std::unique_ptr<smddp::StreamOps> {
+                                   return std::make_unique<MarkedOps>();
+                                 },
+                                 nullptr});
+  BuildWorld();
+  if (failures) return 1;
+  if (scenario == "served") Served();
+  else if (scenario == "forwarded") Forwarded();
+  else if (scenario == "mixed_group") MixedGroup();
+  else if (scenario == "unknown_config") Unknown(true);
+  else if (scenario == "unknown_version") Unknown(false);
+  else if (scenario == "id_full") IdFull();
+  else if (scenario == "no_fallback") NoFallback();
+  else if (scenario == "split") SplitScenario();
+  else if (scenario == "dead_peer") DeadPeer();
+  else if (scenario == "stalled") Stalled();
+  else if (scenario == "join_timeout") JoinTimeout();
+  else {
+    std::fprintf(stderr, "unknown scenario %s\n", scenario.c_str());
+    return 2;
+  }
+  return failures ? 1 : 0;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  if (argc != 2) {
+    std::fprintf(stderr, "usage: nccl_front_end_test SCENARIO\n");
+    return 2;
+  }
+  const std::string scenario = argv[1];
+  P = scenario == "served" || scenario == "split" ? 3 : 2;
+  if (scenario == "unknown_version") setenv("MOCK_NCCL_VERSION", "24100", 1);
+  if (scenario == "id_full") setenv("MOCK_NCCL_ID_FULL", "1", 1);
+  if (scenario == "no_fallback") setenv("JAX_SMDDP_REQUIRE", "no-fallback", 1);
+  if (!std::getenv("JAX_SMDDP_NCCL_LIBRARY")) {
+    std::fprintf(stderr, "set JAX_SMDDP_NCCL_LIBRARY to the mock libnccl.so.2\n");
+    return 2;
+  }
+  std::vector<pid_t> pids;
+  std::vector<int> ups, downs;
+  for (int p = 0; p < P; ++p) {
+    int up[2], down[2];
+    if (pipe(up) != 0 || pipe(down) != 0) return 2;
+    const pid_t pid = fork();
+    if (pid == 0) {
+      close(up[0]);
+      close(down[1]);
+      me = p;
+      up_fd = up[1];
+      down_fd = down[0];
+      const int rc = RunProcess(scenario);
+      std::fflush(stdout);
+      std::fflush(stderr);
+      _exit(rc);
+    }
+    close(up[1]);
+    close(down[0]);
+    pids.push_back(pid);
+    ups.push_back(up[0]);
+    downs.push_back(down[1]);
+  }
+  alarm(60);
+  // The relay: one message from every live process, then all of them to each.
+  std::vector<bool> live(P, true);
+  while (true) {
+    std::vector<std::string> round(P);
+    int got = 0;
+    for (int p = 0; p < P; ++p) {
+      if (!live[p]) continue;
+      if (ReadBytes(ups[p], &round[p])) got++;
+      else live[p] = false;
+    }
+    if (got == 0) break;
+    for (int p = 0; p < P; ++p) {
+      if (!live[p]) continue;
+      for (const std::string& s : round) WriteBytes(downs[p], s);
+    }
+  }
+  bool ok = true;
+  for (int p = 0; p < P; ++p) {
+    int status = 0;
+    waitpid(pids[p], &status, 0);
+    const bool killed = scenario == "dead_peer" && p == 1;
+    const bool fine = killed ? (WIFSIGNALED(status) && WTERMSIG(status) == SIGKILL)
+                             : (WIFEXITED(status) && WEXITSTATUS(status) == 0);
+    if (!fine) {
+      std::fprintf(stderr, "process %d ended badly (status %d)\n", p, status);
+      ok = false;
+    }
+  }
+  for (pid_t pid : pids)
+    for (int i = 0; i < 32; ++i)
+      shm_unlink(("/jax_smddp_mock-" + std::to_string(pid) + "-" + std::to_string(i)).c_str());
+  if (ok) std::printf("all checks passed\n");
+  return ok ? 0 : 1;
+}

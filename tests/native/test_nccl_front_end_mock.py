@@ -1,0 +1,45 @@
+"""The NCCL API front end (cuda/ncclapi, libsmddp_nccl.so's sources) without
+a GPU: a standalone C++ program (tests/native/nccl_front_end_test.cc) built
+against the mock CUDA runtime, its served calls on host threads, the real
+NCCL replaced by a mock (tests/native/mock_nccl.cc) that records what is
+forwarded. Forked processes build a world of shared-memory links and create
+communicators as XLA does (the unique id relayed as the key-value store
+would): every collective the engine takes is served with the right values
+and nothing reaches NCCL; broadcast, product reductions and send/recv are
+forwarded with the real communicator (created once, blocking); a group
+mixing both keeps its order; an unknown config or library version forwards
+everything; an id the real library's does not fit in fails forwarded calls
+saying why; JAX_SMDDP_REQUIRE=no-fallback refuses forwarding; splits; a
+killed peer becomes the communicator's async error naming it; a stalled peer
+and a rank that never joins hit the deadline. The real CUDA calls run in
+tests/gpu on a GPU machine."""
+
+import os
+import subprocess
+
+import pytest
+
+from helpers import native_program
+
+SCENARIOS = ["served", "forwarded", "mixed_group", "unknown_config", "unknown_version", "id_full",
+             "no_fallback", "split", "dead_peer", "stalled", "join_timeout"]
+
+
+@pytest.fixture(scope="module")
+def program():
+  return native_program("nccl_front_end_test")
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize("scenario", SCENARIOS)
+def test_front_end(program, scenario):
+  mock = os.path.join(os.path.dirname(program), "mock_nccl", "libnccl.so.2")
+  assert os.path.exists(mock), f"{mock} is not built (CMake target mock_nccl)"
+  env = {k: v for k, v in os.environ.items()
+         if not k.startswith("JAX_SMDDP_") and not k.startswith("MOCK_NCCL")}
+  env["JAX_SMDDP_NCCL_LIBRARY"] = mock
+  proc = subprocess.run([program, scenario], env=env, capture_output=True, text=True, timeout=100)
+  out = proc.stdout + proc.stderr
+  assert proc.returncode == 0 and "all checks passed" in proc.stdout, out
+  if scenario == "dead_peer":
+    assert "dead peer reported after" in proc.stdout, out
