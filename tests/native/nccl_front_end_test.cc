@@ -287,6 +287,41 @@ void Served() {
     }
     Expect(ok, "all_reduce f64 min: wrong values");
   }
+  {  // In place, as NCCL allows: all_gather's input in its rank's block of the
+     // output, reduce_scatter's output in its rank's block of the input,
+     // all_reduce's output on its input.
+    const size_t count = 300;
+    std::vector<float> g(count * P, -1.f);
+    for (size_t i = 0; i < count; ++i) g[me * count + i] = Value(me, i);
+    Expect(ncclAllGather(g.data() + me * count, g.data(), count, ncclFloat32, comm, nullptr) ==
+               ncclSuccess, "in-place all_gather");
+    bool ok = true;
+    for (int q = 0; q < P; ++q)
+      for (size_t i = 0; i < count; ++i) ok = ok && g[q * count + i] == Value(q, i);
+    Expect(ok, "in-place all_gather: wrong values");
+    std::vector<float> rs(count * P);
+    for (size_t i = 0; i < rs.size(); ++i) rs[i] = Value(me, i);
+    Expect(ncclReduceScatter(rs.data(), rs.data() + me * count, count, ncclFloat32, ncclSum, comm,
+                             nullptr) == ncclSuccess, "in-place reduce_scatter");
+    ok = true;
+    for (size_t i = 0; i < count; ++i) {
+      float want = 0;
+      for (int q = 0; q < P; ++q) want += Value(q, me * count + i);
+      ok = ok && std::fabs(rs[me * count + i] - want) <= 1e-3f * std::fabs(want) + 1e-3f;
+    }
+    Expect(ok, "in-place reduce_scatter: wrong values");
+    std::vector<float> ar(count);
+    for (size_t i = 0; i < count; ++i) ar[i] = Value(me, i);
+    Expect(ncclAllReduce(ar.data(), ar.data(), count, ncclFloat32, ncclSum, comm, nullptr) == ncclSuccess,
+           "in-place all_reduce");
+    ok = true;
+    for (size_t i = 0; i < count; ++i) {
+      float want = 0;
+      for (int q = 0; q < P; ++q) want += Value(q, i);
+      ok = ok && std::fabs(ar[i] - want) <= 1e-3f * std::fabs(want) + 1e-3f;
+    }
+    Expect(ok, "in-place all_reduce: wrong values");
+  }
   // A group of served calls (as XLA issues a combined all-gather).
   std::vector<float> a(64), b(32), ga(64 * P), gb(32 * P);
   for (size_t i = 0; i < a.size(); ++i) a[i] = Value(me, i);
@@ -308,8 +343,8 @@ void Served() {
              !Has(record, "ncclReduceScatter") && !Has(record, "ncclAllReduce"),
          "nothing forwarded, no real communicator; the mock saw:\n" + record);
   const std::string described = smddp::nccl::Describe();
-  Expect(Has(described, "\"ncclAllGather\": 3") && Has(described, "\"ncclAllReduce\": 2") &&
-             Has(described, "\"ncclReduceScatter\": 1") && Has(described, "\"forwarded\": {}"),
+  Expect(Has(described, "\"ncclAllGather\": 4") && Has(described, "\"ncclAllReduce\": 3") &&
+             Has(described, "\"ncclReduceScatter\": 2") && Has(described, "\"forwarded\": {}"),
          "describe: " + described);
   Expect(ncclCommDestroy(comm) == ncclSuccess, "destroy");
 }
