@@ -180,9 +180,14 @@ Status DirectReadsFromEnvironment(bool* out) {
 }
 
 Status FlagMemoryFromEnvironment(FlagMemory* out) {
+  return FlagMemoryFromEnvironment(FlagMemory::kDevice, out);
+}
+
+Status FlagMemoryFromEnvironment(FlagMemory preferred, FlagMemory* out) {
   std::string v;
-  SMDDP_RETURN_IF_ERROR(ReadSetting("JAX_SMDDP_GPU_FLAG_MEMORY", &v));
-  *out = v == "host" ? FlagMemory::kHost : FlagMemory::kDevice;
+  bool set = false;
+  SMDDP_RETURN_IF_ERROR(ReadSetting("JAX_SMDDP_GPU_FLAG_MEMORY", &v, &set));
+  *out = !set ? preferred : v == "host" ? FlagMemory::kHost : FlagMemory::kDevice;
   return Status::Ok();
 }
 
@@ -215,8 +220,9 @@ GpuCommunicator::~GpuCommunicator() {
 }
 
 Status GpuCommunicator::Prepare(const std::vector<std::pair<int, int>>& local, int processes,
-                                std::vector<std::pair<int, std::string>>* handles) {
-  SMDDP_RETURN_IF_ERROR(FlagMemoryFromEnvironment(&flag_memory_));
+                                std::vector<std::pair<int, std::string>>* handles,
+                                FlagMemory preferred_flags) {
+  SMDDP_RETURN_IF_ERROR(FlagMemoryFromEnvironment(preferred_flags, &flag_memory_));
   SMDDP_RETURN_IF_ERROR(DirectReadsFromEnvironment(&direct_reads_));
   // Peers keep XLA's allocations mapped, and CUDA leaves freeing an exported
   // allocation that is still mapped undefined: only an allocator that keeps
@@ -542,14 +548,15 @@ LocalRank* GpuCommunicator::Local(int rank) {
 
 Status PrepareCommunicator(const std::vector<int64_t>& members, size_t slot_bytes,
                            const std::vector<std::pair<int, int>>& local, int processes,
-                           std::vector<std::pair<int, std::string>>* handles) {
+                           std::vector<std::pair<int, std::string>>* handles,
+                           FlagMemory preferred_flags) {
   std::lock_guard<std::mutex> lock(registry_mu);
   const uint64_t key = GroupKey(members.data(), int(members.size()));
   auto& slot = Registry()[key];
   if (!slot) slot = std::make_unique<GpuCommunicator>(members, slot_bytes);
   if (slot->members() != members)
     return Status::Error("jax_smddp (GPU): two device groups share a key; report this as a bug");
-  return slot->Prepare(local, processes, handles);
+  return slot->Prepare(local, processes, handles, preferred_flags);
 }
 
 Status ConnectCommunicator(const std::vector<int64_t>& members,

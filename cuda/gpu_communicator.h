@@ -108,6 +108,9 @@ Status DirectReadsFromEnvironment(bool* out);
 // Where a communicator's step flags live (JAX_SMDDP_GPU_FLAG_MEMORY).
 enum class FlagMemory : uint32_t { kDevice = 0, kHost = 1 };
 Status FlagMemoryFromEnvironment(FlagMemory* out);
+// The same, with `preferred` where the setting is unset (the NCCL API front
+// end prefers host flags: a dead peer's waiters are released).
+Status FlagMemoryFromEnvironment(FlagMemory preferred, FlagMemory* out);
 
 class GpuCommunicator {
  public:
@@ -124,7 +127,8 @@ class GpuCommunicator {
   // which the other `processes` - 1 processes of the group will map; returns
   // (rank, handle bytes) for each: CUDA IPC handle, process, flag block.
   Status Prepare(const std::vector<std::pair<int, int>>& local, int processes,
-                 std::vector<std::pair<int, std::string>>* handles);
+                 std::vector<std::pair<int, std::string>>* handles,
+                 FlagMemory preferred_flags = FlagMemory::kDevice);
   // Maps every other process's regions (and flag blocks) from their handles
   // (rank, bytes) and starts watching their processes.
   Status Connect(const std::vector<std::pair<int, std::string>>& remote);
@@ -227,7 +231,8 @@ uint64_t GroupKey(const int64_t* members, int size);
 // Process-wide registry. Prepare creates (or returns) the group's communicator.
 Status PrepareCommunicator(const std::vector<int64_t>& members, size_t slot_bytes,
                            const std::vector<std::pair<int, int>>& local, int processes,
-                           std::vector<std::pair<int, std::string>>* handles);
+                           std::vector<std::pair<int, std::string>>* handles,
+                           FlagMemory preferred_flags = FlagMemory::kDevice);
 Status ConnectCommunicator(const std::vector<int64_t>& members,
                            const std::vector<std::pair<int, std::string>>& remote);
 GpuCommunicator* FindCommunicator(uint64_t key);

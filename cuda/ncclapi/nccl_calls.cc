@@ -49,6 +49,7 @@ const char* FunctionName(Collective kind) {
     case Collective::kAllGather: return "ncclAllGather";
     case Collective::kReduceScatter: return "ncclReduceScatter";
     case Collective::kAllReduce: return "ncclAllReduce";
+    case Collective::kAllToAll: return "ncclAlltoAll";
   }
   return "?";
 }
@@ -58,6 +59,7 @@ const char* OpName(Collective kind) {
     case Collective::kAllGather: return "all_gather";
     case Collective::kReduceScatter: return "reduce_scatter";
     case Collective::kAllReduce: return "all_reduce";
+    case Collective::kAllToAll: return "all_to_all";
   }
   return "?";
 }
@@ -91,7 +93,7 @@ size_t TypeBytes(ncclDataType_t type) {
 // Why `kind` of `type`/`op` is not served on `comm` ("" when it is).
 std::string WhyNotServed(const Comm& comm, Collective kind, ncclDataType_t type, ncclRedOp_t op) {
   if (!comm.served) return comm.forwarded_because;
-  if (kind == Collective::kAllGather)
+  if (kind == Collective::kAllGather || kind == Collective::kAllToAll)
     return TypeBytes(type) ? "" : "data type " + std::to_string(int(type)) + " is not known";
   DType dtype;
   if (!EngineType(type, &dtype))
@@ -149,6 +151,12 @@ ncclResult_t Serve(Collective kind, const void* send, void* recv, size_t count, 
       plan.count = count;
       recv_bytes = count * ElementSize(dtype);
       break;
+    case Collective::kAllToAll:
+      plan.kind = Plan::Kind::kAllToAll;
+      plan.dtype = DType::kUInt8;
+      plan.inner = count * ElementSize(dtype);
+      recv_bytes = plan.inner * size_t(comm.nranks);
+      break;
   }
   if (count == 0) return ncclSuccess;
   std::unique_ptr<StreamOps> ops = backend.make(stream);
@@ -170,7 +178,8 @@ ncclResult_t Serve(Collective kind, const void* send, void* recv, size_t count, 
     const World::Caller caller = kind == Collective::kAllGather ? World::Caller::kNcclAllGather
                                  : kind == Collective::kReduceScatter
                                      ? World::Caller::kNcclReduceScatter
-                                     : World::Caller::kNcclAllReduce;
+                                 : kind == Collective::kAllReduce ? World::Caller::kNcclAllReduce
+                                                                  : World::Caller::kNcclAlltoAll;
     comm.world->CountCall(caller, recv_bytes);
   }
   Tally& t = Tallies();
@@ -195,13 +204,31 @@ Fn Real(const char* name, std::string* why) {
 
 }  // namespace
 
+std::string JsonEscaped(const std::string& text) {
+  std::string out;
+  for (char c : text) {
+    if (c == '"' || c == '\\') {
+      out += '\\';
+      out += c;
+    } else if (static_cast<unsigned char>(c) < 0x20) {
+      char code[8];
+      std::snprintf(code, sizeof(code), "\\u%04x", c);
+      out += code;
+    } else {
+      out += c;
+    }
+  }
+  return out;
+}
+
 void SetStreamBackend(StreamBackend b) { backend = b; }
 
 ncclResult_t Fail(Comm* comm, const Status& status) {
-  thread_error = status.message();
+  // Tagged with its kind: jax_smddp.errors.classify reads it from XLA's error.
+  thread_error = TaggedMessage(status.code(), status.message());
   if (comm) {
     std::lock_guard<std::mutex> lock(comm->error_mu);
-    comm->last_error = status.message();
+    comm->last_error = thread_error;
   }
   return Code(status);
 }
@@ -241,11 +268,7 @@ std::string Describe() {
   out += "}, \"reasons\": [";
   first = true;
   for (const std::string& r : t.reasons) {
-    std::string escaped;
-    for (char c : r) {
-      if (c == '"' || c == '\\') escaped += '\\';
-      escaped += c;
-    }
+    const std::string escaped = JsonEscaped(r);
     out += std::string(first ? "" : ", ") + "\"" + escaped + "\"";
     first = false;
   }
@@ -271,7 +294,18 @@ ncclResult_t Forward(const char* function, ncclComm_t handle,
     if (!st.ok())
       return Fail(comm, st.WithMessage(st.message() + " (needed by " + name + ": " + why + ")"));
     NoteForwarded(name, why);
-    return call(real);
+    const ncclResult_t rc = call(real);
+    if (rc != ncclSuccess && rc != ncclInProgress) {
+      // The real library's code and message, with what the front end adds.
+      using LastFn = const char* (*)(ncclComm_t);
+      std::string missing;
+      auto last = Real<LastFn>("ncclGetLastError", &missing);
+      const char* text = last ? last(real) : nullptr;
+      Fail(comm, Status::Error("jax_smddp NCCL front end: " + name + " (forwarded to NCCL: " +
+                               why + ") failed in NCCL with code " + std::to_string(int(rc)) +
+                               (text && *text ? std::string(": ") + text : std::string())));
+    }
+    return rc;
   });
 }
 
@@ -298,6 +332,11 @@ ncclResult_t RunCollective(Collective kind, const void* send, void* recv, size_t
         auto fn = Real<Fn>(name, &missing);
         return fn ? fn(send, recv, count, type, op, real, stream) : ncclInternalError;
       }
+      if (kind == Collective::kAllToAll) {
+        using Fn = ncclResult_t (*)(const void*, void*, size_t, ncclDataType_t, ncclComm_t, void*);
+        auto fn = Real<Fn>(name, &missing);
+        return fn ? fn(send, recv, count, type, real, stream) : ncclInternalError;
+      }
       using Fn = ncclResult_t (*)(const void*, void*, size_t, ncclDataType_t, ncclRedOp_t,
                                   ncclComm_t, void*);
       auto fn = Real<Fn>(name, &missing);
@@ -306,8 +345,15 @@ ncclResult_t RunCollective(Collective kind, const void* send, void* recv, size_t
   }
   DType dtype = DType::kUInt8;
   EngineType(type, &dtype);
-  if (kind == Collective::kAllGather && TypeBytes(type) == 8 && type == ncclUint64) dtype = DType::kInt64;
-  if (kind == Collective::kAllGather && TypeBytes(type) == 1) dtype = DType::kUInt8;
+  if (kind == Collective::kAllGather || kind == Collective::kAllToAll) {
+    // Bytes moved, not reduced: any type of a known size (an engine type of that size).
+    switch (TypeBytes(type)) {
+      case 1: dtype = DType::kUInt8; break;
+      case 2: dtype = DType::kFloat16; break;
+      case 4: dtype = DType::kUInt32; break;
+      default: dtype = DType::kInt64; break;
+    }
+  }
   const ReduceOp engine_op = op == ncclMax ? ReduceOp::kMax : op == ncclMin ? ReduceOp::kMin : ReduceOp::kSum;
   return Issue(nullptr, [=]() { return Serve(kind, send, recv, count, dtype, engine_op, *comm, stream); });
 }
@@ -320,42 +366,37 @@ ncclResult_t GroupStart() {
 ncclResult_t GroupEnd() {
   if (group_depth == 0)
     return Fail(nullptr, Status::InvalidArgument("jax_smddp NCCL front end: ncclGroupEnd without "
-                                              "ncclGroupStart"));
+                                                 "ncclGroupStart"));
   if (--group_depth > 0) return ncclSuccess;
   std::vector<Pending> calls = std::move(group_calls);
   group_calls.clear();
   ncclResult_t first = ncclSuccess;
-  std::string why;
-  using GroupFn = ncclResult_t (*)();
-  for (size_t i = 0; i < calls.size();) {
-    if (!calls[i].forwarded) {
-      const ncclResult_t rc = calls[i].run();
-      if (first == ncclSuccess) first = rc;
-      ++i;
-      continue;
-    }
-    // A run of forwarded calls: one real group, its communicators' real
+  auto keep = [&](ncclResult_t rc) {
+    if (first == ncclSuccess) first = rc;
+  };
+  size_t next = 0;
+  while (next < calls.size() && !calls[next].forwarded) keep(calls[next++].run());
+  if (next < calls.size()) {
+    // Every forwarded call, as one real group; its communicators' real
     // sides created first (NCCL defers creation inside a group).
-    size_t end_of_run = i;
-    while (end_of_run < calls.size() && calls[end_of_run].forwarded) {
+    for (size_t i = next; i < calls.size(); ++i) {
       ncclComm_t real;
-      RealComm(*calls[end_of_run].forwarded, &real);  // a failure is reported by the call
-      ++end_of_run;
+      if (calls[i].forwarded) RealComm(*calls[i].forwarded, &real);  // a failure is the call's
     }
+    std::string why;
+    using GroupFn = ncclResult_t (*)();
     auto start = Real<GroupFn>("ncclGroupStart", &why);
     auto end = Real<GroupFn>("ncclGroupEnd", &why);
     if (!start || !end) {
-      if (first == ncclSuccess) first = Fail(nullptr, Status::Error("jax_smddp NCCL front end: " + why));
-      i = end_of_run;
-      continue;
+      keep(Fail(nullptr, Status::Error("jax_smddp NCCL front end: " + why)));
+    } else {
+      start();
+      for (size_t i = next; i < calls.size(); ++i)
+        if (calls[i].forwarded) keep(calls[i].run());
+      keep(end());
     }
-    start();
-    for (; i < calls.size() && calls[i].forwarded; ++i) {
-      const ncclResult_t rc = calls[i].run();
-      if (first == ncclSuccess) first = rc;
-    }
-    const ncclResult_t rc = end();
-    if (first == ncclSuccess) first = rc;
+    for (size_t i = next; i < calls.size(); ++i)
+      if (!calls[i].forwarded) keep(calls[i].run());
   }
   return first;
 }

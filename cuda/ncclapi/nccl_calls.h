@@ -3,8 +3,10 @@
 // when its communicator is served and the engine has its type and
 // reduction, and forwarded to the real NCCL otherwise. Between
 // ncclGroupStart and ncclGroupEnd calls are only recorded; the outermost
-// ncclGroupEnd issues them in order, each run of forwarded calls as one real
-// NCCL group, so a group mixing both keeps its order on every stream.
+// ncclGroupEnd issues them: the served calls before the first forwarded one,
+// then every forwarded call as one real NCCL group (in their order: a
+// send/recv pair never splits across real groups), then the other served
+// calls. NCCL orders nothing inside a group, so this keeps its meaning.
 //
 // Errors: a failed call returns ncclInvalidArgument (arguments),
 // ncclInvalidUsage (unsupported use, e.g. capture into a CUDA graph),
@@ -37,10 +39,11 @@ struct StreamBackend {
 };
 void SetStreamBackend(StreamBackend backend);
 
-enum class Collective { kAllGather, kReduceScatter, kAllReduce };
+enum class Collective { kAllGather, kReduceScatter, kAllReduce, kAllToAll };
 
-// A collective (count: NCCL's: per rank for all_gather's input and
-// reduce_scatter's output, the whole buffer for all_reduce).
+// A collective (count: NCCL's: per rank for all_gather's input,
+// reduce_scatter's output and all_to_all's blocks, the whole buffer for
+// all_reduce).
 ncclResult_t RunCollective(Collective kind, const void* send, void* recv, size_t count,
                            ncclDataType_t type, ncclRedOp_t op, ncclComm_t comm, void* stream);
 
@@ -63,6 +66,8 @@ std::string LastError(Comm* comm);
 // served and forwarded by function, and each reason for forwarding (told
 // once at WARNING on stderr).
 std::string Describe();
+// `text` as the inside of a JSON string.
+std::string JsonEscaped(const std::string& text);
 void NoteForwarded(const std::string& function, const std::string& why);
 
 }  // namespace nccl

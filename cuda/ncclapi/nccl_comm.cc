@@ -345,8 +345,11 @@ Status SetUpGpu(const uint64_t nonce[2], const std::vector<Entry>& table,
   }
   const auto deadline = Clock::now() + Timeout();
   std::vector<std::pair<int, std::string>> handles, remote;
+  // Host flag memory unless the user chose: XLA cannot be told a stream
+  // waits on a dead peer, so the watchdog must be able to release it.
   Status st = gpu::PrepareCommunicator(members, size_t(IntSetting("JAX_SMDDP_GPU_SLOT_BYTES", 8 << 20)),
-                                       local, int(processes.size()), &handles);
+                                       local, int(processes.size()), &handles,
+                                       gpu::FlagMemory::kHost);
   if (st.ok() && processes.size() > 1) {
     std::string payload;
     for (const auto& [rank, bytes] : handles) {
@@ -483,9 +486,32 @@ Status CopyConfig(const ncclConfig_t* config, Comm* comm) {
 
 }  // namespace
 
+namespace {
+std::mutex live_mu;
+std::set<const Comm*>& Live() {  // guarded by live_mu
+  static auto* live = new std::set<const Comm*>;
+  return *live;
+}
+}  // namespace
+
 Comm* AsComm(ncclComm_t handle) {
   auto* comm = reinterpret_cast<Comm*>(handle);
-  return comm && comm->magic == Comm::kMagic ? comm : nullptr;
+  std::lock_guard<std::mutex> lock(live_mu);
+  return Live().count(comm) ? comm : nullptr;
+}
+
+ncclComm_t Publish(Comm* comm) {
+  std::lock_guard<std::mutex> lock(live_mu);
+  Live().insert(comm);
+  return reinterpret_cast<ncclComm_t>(comm);
+}
+
+void Retire(Comm* comm) {
+  {
+    std::lock_guard<std::mutex> lock(live_mu);
+    Live().erase(comm);
+  }
+  delete comm;
 }
 
 std::string UnknownConfig(const ncclConfig_t* config) {

@@ -44,8 +44,6 @@ namespace nccl {
 constexpr size_t kRealIdBytes = 88;
 
 struct Comm {
-  static constexpr uint64_t kMagic = 0x736d6464704e4343ull;  // "smddpNCC"
-  uint64_t magic = kMagic;  // tells a Comm from a foreign handle
   int nranks = 0;
   int rank = 0;
   int ordinal = 0;  // the CUDA device current when it was created
@@ -73,8 +71,12 @@ struct Comm {
   std::string last_error;  // ncclGetLastError(comm)
 };
 
-// A Comm from a handle, or null for a handle this front end did not make.
+// A Comm from a handle, or null for a handle this front end did not make
+// (or destroyed): handles are looked up, never dereferenced blindly.
 Comm* AsComm(ncclComm_t handle);
+// The handle of a new Comm (AsComm knows it from now on), and its end.
+ncclComm_t Publish(Comm* comm);
+void Retire(Comm* comm);
 
 // A front-end id (ncclGetUniqueId).
 Status MakeUniqueId(ncclUniqueId* out);

@@ -73,7 +73,7 @@ SMDDP_NCCL_EXPORT ncclResult_t ncclCommInitRankConfig(ncclComm_t* out, int nrank
   Comm* comm = nullptr;
   const Status st = InitRank(nranks, id, rank, config, &comm);
   if (!st.ok()) return Fail(nullptr, st);
-  *out = reinterpret_cast<ncclComm_t>(comm);
+  *out = Publish(comm);
   return ncclSuccess;
 }
 
@@ -99,7 +99,7 @@ SMDDP_NCCL_EXPORT ncclResult_t ncclCommSplit(ncclComm_t comm, int color, int key
   Comm* child = nullptr;
   const Status st = Split(*parent, color, key, config, &child);
   if (!st.ok()) return Fail(parent, st);
-  *out = reinterpret_cast<ncclComm_t>(child);
+  *out = child ? Publish(child) : nullptr;
   return ncclSuccess;
 }
 
@@ -112,34 +112,40 @@ SMDDP_NCCL_EXPORT ncclResult_t ncclCommDestroy(ncclComm_t comm) {
   Comm* c = AsComm(comm);
   if (!c) return ncclInvalidArgument;
   const ncclResult_t rc = DestroyReal(*c, "ncclCommDestroy");
-  c->magic = 0;  // the GPU communicator stays registered (nccl_comm.h); the handle is dead
-  delete c;
+  Retire(c);  // the GPU communicator stays registered (nccl_comm.h); the handle is dead
   return rc;
 }
 
 SMDDP_NCCL_EXPORT ncclResult_t ncclCommAbort(ncclComm_t comm) {
   Comm* c = AsComm(comm);
   if (!c) return ncclInvalidArgument;
-  // Streams waiting on this rank's peers are released by the group's watch
-  // (a dead peer) or the deadline; the real side aborts its own.
+  // The group fails for every rank of it: the watchdog releases the streams
+  // waiting on its flags (host flag memory, the front end's default) and
+  // the peers' next calls fail. The real side aborts its own.
+  if (c->local && c->local->watch)
+    c->local->watch->Fail(Status::PeerFailed("jax_smddp NCCL front end: rank " +
+                                             std::to_string(c->rank) + " (process " +
+                                             std::to_string(c->process_of.empty() ? -1 : c->process_of[c->rank]) +
+                                             ") aborted the communicator (ncclCommAbort)"));
   const ncclResult_t rc = DestroyReal(*c, "ncclCommAbort");
-  c->magic = 0;
-  delete c;
+  Retire(c);
   return rc;
 }
 
 SMDDP_NCCL_EXPORT ncclResult_t ncclCommGetAsyncError(ncclComm_t comm, ncclResult_t* async_error) {
   Comm* c = AsComm(comm);
   if (!c || !async_error) return ncclInvalidArgument;
+  Status failure;
   {
     std::lock_guard<std::mutex> lock(c->error_mu);
     if (c->async_error.ok() && c->local && c->local->watch && c->local->watch->failed())
       c->async_error = c->local->watch->error();
-    if (!c->async_error.ok()) {
-      c->last_error = c->async_error.message();
-      *async_error = ncclRemoteError;
-      return ncclSuccess;
-    }
+    failure = c->async_error;
+  }
+  if (!failure.ok()) {
+    Fail(c, failure);  // ncclGetLastError(comm) says what (tagged, as every failure)
+    *async_error = ncclRemoteError;
+    return ncclSuccess;
   }
   std::lock_guard<std::mutex> lock(c->real_mu);
   if (c->real) {
@@ -230,6 +236,11 @@ SMDDP_NCCL_EXPORT ncclResult_t ncclAllReduce(const void* send, void* recv, size_
   return RunCollective(Collective::kAllReduce, send, recv, count, type, op, comm, stream);
 }
 
+SMDDP_NCCL_EXPORT ncclResult_t ncclAlltoAll(const void* send, void* recv, size_t count,
+                                           ncclDataType_t type, ncclComm_t comm, void* stream) {
+  return RunCollective(Collective::kAllToAll, send, recv, count, type, ncclSum, comm, stream);
+}
+
 // Collectives and point-to-point calls the engine does not serve.
 SMDDP_NCCL_EXPORT ncclResult_t ncclBroadcast(const void* send, void* recv, size_t count,
                                             ncclDataType_t type, int root, ncclComm_t comm,
@@ -246,9 +257,6 @@ SMDDP_FORWARD(ncclBcast, (void* buff, size_t count, ncclDataType_t type, int roo
 SMDDP_FORWARD(ncclReduce, (const void* send, void* recv, size_t count, ncclDataType_t type,
                            ncclRedOp_t op, int root, ncclComm_t comm, void* stream),
               (send, recv, count, type, op, root, real, stream))
-SMDDP_FORWARD(ncclAlltoAll, (const void* send, void* recv, size_t count, ncclDataType_t type,
-                             ncclComm_t comm, void* stream),
-              (send, recv, count, type, real, stream))
 SMDDP_FORWARD(ncclSend, (const void* send, size_t count, ncclDataType_t type, int peer,
                          ncclComm_t comm, void* stream),
               (send, count, type, peer, real, stream))
@@ -324,8 +332,7 @@ SMDDP_NCCL_EXPORT ncclResult_t ncclCommInitAll(ncclComm_t* comms, int ndev, cons
   const ncclResult_t rc = fn(comms, ndev, devices);
   if (rc != ncclSuccess) return rc;
   for (int i = 0; i < ndev; ++i)
-    comms[i] = reinterpret_cast<ncclComm_t>(
-        Wrap(comms[i], "ncclCommInitAll communicators are the real library's"));
+    comms[i] = Publish(Wrap(comms[i], "ncclCommInitAll communicators are the real library's"));
   NoteForwarded("ncclCommInitAll", "ncclCommInitAll communicators are the real library's");
   return ncclSuccess;
 }
@@ -340,8 +347,7 @@ SMDDP_NCCL_EXPORT ncclResult_t ncclCommShrink(ncclComm_t comm, int* exclude, int
     return fn ? fn(real, exclude, excluded, &shrunk, config, flags) : Missing("ncclCommShrink");
   });
   if (rc != ncclSuccess) return rc;
-  *out = shrunk ? reinterpret_cast<ncclComm_t>(
-                      Wrap(shrunk, "communicators made by ncclCommShrink are the real library's"))
+  *out = shrunk ? Publish(Wrap(shrunk, "communicators made by ncclCommShrink are the real library's"))
                 : nullptr;
   return ncclSuccess;
 }

@@ -54,12 +54,14 @@ extern "C" __attribute__((visibility("default"))) const char* smddp_nccl_describ
   std::string library = smddp::nccl::RealLibrary();
   std::string why;
   const int version = library.empty() ? 0 : smddp::nccl::RealVersion(&why);
-  std::string escaped;
-  for (char c : library) {
-    if (c == '"' || c == '\\') escaped += '\\';
-    escaped += c;
-  }
+  const std::string escaped = smddp::nccl::JsonEscaped(library);
   d.pop_back();  // the closing brace
   text = d + ", \"library\": \"" + escaped + "\", \"version\": " + std::to_string(version) + "}";
   return text.c_str();
+}
+
+// At exit (jax_smddp's atexit hook): the front end's GPU communicators tell
+// their peers this process ends in order (it did not die).
+extern "C" __attribute__((visibility("default"))) void smddp_nccl_close_at_exit() {
+  smddp::gpu::MarkCommunicatorsClosed();
 }

@@ -6,6 +6,7 @@
 // folder; the front end opens it by path (JAX_SMDDP_NCCL_LIBRARY).
 //   MOCK_NCCL_VERSION: what ncclGetVersion says (default 22809)
 //   MOCK_NCCL_ID_FULL=1: ids use all 128 bytes (they do not fit the front end's)
+//   MOCK_NCCL_FAIL_BROADCAST=1: ncclBroadcast fails (invalid usage), with a message
 #include <unistd.h>
 
 #include <cstdio>
@@ -118,7 +119,8 @@ EXPORT ncclResult_t ncclAllReduce(const void*, void*, size_t count, ncclDataType
 EXPORT ncclResult_t ncclBroadcast(const void*, void*, size_t count, ncclDataType_t, int root,
                                  ncclComm_t comm, void*) {
   Record("ncclBroadcast " + Who(comm) + " count=" + std::to_string(count) + " root=" + std::to_string(root));
-  return ncclSuccess;
+  const char* fail = std::getenv("MOCK_NCCL_FAIL_BROADCAST");
+  return fail && fail[0] == '1' ? ncclInvalidUsage : ncclSuccess;
 }
 EXPORT ncclResult_t ncclSend(const void*, size_t count, ncclDataType_t, int peer, ncclComm_t comm,
                             void*) {
@@ -156,7 +158,10 @@ EXPORT const char* ncclGetErrorString(ncclResult_t result) {
   std::snprintf(text, sizeof(text), "mock nccl error %d", int(result));
   return text;
 }
-EXPORT const char* ncclGetLastError(ncclComm_t) { return "mock nccl: no error"; }
+EXPORT const char* ncclGetLastError(ncclComm_t) {
+  const char* fail = std::getenv("MOCK_NCCL_FAIL_BROADCAST");
+  return fail && fail[0] == '1' ? "mock nccl: Duplicate GPU detected" : "mock nccl: no error";
+}
 EXPORT ncclResult_t ncclMemAlloc(void** ptr, size_t size) {
   Record("ncclMemAlloc size=" + std::to_string(size));
   *ptr = std::malloc(size);

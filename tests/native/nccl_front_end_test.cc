@@ -28,6 +28,10 @@
 // dead_peer: P=2, process 1 is killed after a call; process 0's next call
 //   fails naming it, and ncclCommGetAsyncError reports it.
 // stalled: P=2, process 1 never makes the call: the deadline.
+// forward_fails: P=2, the real library fails a forwarded call: its code and
+//   message come through.
+// abort: P=2, process 1 aborts the communicator: process 0's async error
+//   names it (tagged for jax_smddp.errors.classify).
 // join_timeout: 2 processes create a communicator of 3 ranks: the deadline
 //   names the missing rank.
 // Prints "all checks passed" and exits 0 on success.
@@ -70,6 +74,8 @@ ncclResult_t ncclAllReduce(const void*, void*, size_t, ncclDataType_t, ncclRedOp
 ncclResult_t ncclBroadcast(const void*, void*, size_t, ncclDataType_t, int, ncclComm_t, void*);
 ncclResult_t ncclSend(const void*, size_t, ncclDataType_t, int, ncclComm_t, void*);
 ncclResult_t ncclRecv(void*, size_t, ncclDataType_t, int, ncclComm_t, void*);
+ncclResult_t ncclAlltoAll(const void*, void*, size_t, ncclDataType_t, ncclComm_t, void*);
+ncclResult_t ncclCommAbort(ncclComm_t);
 }
 
 namespace {
@@ -322,6 +328,20 @@ void Served() {
     }
     Expect(ok, "in-place all_reduce: wrong values");
   }
+  {  // all_to_all (XLA calls ncclAlltoAll): block q of rank r's output is rank q's block r
+    const size_t count = 100;
+    std::vector<float> send(count * P), recv(count * P, -1.f);
+    for (size_t i = 0; i < send.size(); ++i) send[i] = Value(me, i);
+    Expect(ncclAlltoAll(send.data(), recv.data(), count, ncclFloat32, comm, nullptr) == ncclSuccess,
+           std::string("all_to_all: ") + ncclGetLastError(comm));
+    bool ok = true;
+    for (int q = 0; q < P; ++q)
+      for (size_t i = 0; i < count; ++i) ok = ok && recv[q * count + i] == Value(q, me * count + i);
+    Expect(ok, "all_to_all: wrong values");
+  }
+  int unused = 0;  // a handle the front end never made: refused, not dereferenced
+  Expect(ncclCommCount(reinterpret_cast<ncclComm_t>(&unused), &n) == ncclInvalidArgument,
+         "a foreign handle is refused");
   // A group of served calls (as XLA issues a combined all-gather).
   std::vector<float> a(64), b(32), ga(64 * P), gb(32 * P);
   for (size_t i = 0; i < a.size(); ++i) a[i] = Value(me, i);
@@ -344,7 +364,8 @@ void Served() {
          "nothing forwarded, no real communicator; the mock saw:\n" + record);
   const std::string described = smddp::nccl::Describe();
   Expect(Has(described, "\"ncclAllGather\": 4") && Has(described, "\"ncclAllReduce\": 3") &&
-             Has(described, "\"ncclReduceScatter\": 2") && Has(described, "\"forwarded\": {}"),
+             Has(described, "\"ncclReduceScatter\": 2") && Has(described, "\"ncclAlltoAll\": 1") &&
+             Has(described, "\"forwarded\": {}"),
          "describe: " + described);
   Expect(ncclCommDestroy(comm) == ncclSuccess, "destroy");
 }
@@ -404,12 +425,14 @@ void MixedGroup() {
   for (float v : r) ok = ok && v == float(P);  // the served sum (the mock's prod writes nothing)
   Expect(ok, "served calls of the group: wrong values");
   const std::string who = "rank=" + std::to_string(me) + "/" + std::to_string(P);
+  // Served calls before the first forwarded one, then every forwarded call
+  // as one real group (a send/recv pair stays in one), then the rest.
   const std::vector<std::string> want = {
       "BEGIN", "ISSUED", "SERVED",
       "ncclCommInitRankConfig nranks=2 rank=" + std::to_string(me) + " id=real blocking=1",
       "ncclGroupStart", "ncclBroadcast " + who + " count=16 root=0",
-      "ncclSend " + who + " count=4 peer=" + std::to_string(1 - me), "ncclGroupEnd", "SERVED",
-      "ncclGroupStart", "ncclAllReduce " + who + " count=64 type=7 op=1", "ncclGroupEnd"};
+      "ncclSend " + who + " count=4 peer=" + std::to_string(1 - me),
+      "ncclAllReduce " + who + " count=64 type=7 op=1", "ncclGroupEnd", "SERVED"};
   std::vector<std::string> got = Lines(Record());
   if (!got.empty() && got[0] == "ncclGetUniqueId") got.erase(got.begin());
   Expect(got == want, "the group's order; got:\n" + Record());
@@ -495,6 +518,40 @@ void DeadPeer() {
   std::printf("process 0: dead peer reported after %.2f s: %s\n", s, why.c_str());
 }
 
+void ForwardFails() {
+  ncclComm_t comm = Create(P, me, nullptr);
+  std::vector<float> x(8), y(8);
+  const ncclResult_t rc = ncclBroadcast(x.data(), y.data(), 8, ncclFloat32, 0, comm, nullptr);
+  const std::string why = ncclGetLastError(comm);
+  Expect(rc == ncclInvalidUsage, "the real library's code comes through: " + std::to_string(int(rc)));
+  Expect(Has(why, "code 5") && Has(why, "Duplicate GPU detected") && Has(why, "ncclBroadcast"),
+         "and its message, with what was forwarded: " + why);
+}
+
+void Abort() {
+  ncclComm_t comm = Create(P, me, nullptr);
+  CheckAllGather(comm, P, me, 64, "before the abort");
+  if (me == 1) Expect(ncclCommAbort(comm) == ncclSuccess, "abort");
+  Relay("aborted");
+  if (me == 1) {
+    Relay("seen");
+    return;
+  }
+  ncclResult_t async = ncclSuccess;
+  const auto start = std::chrono::steady_clock::now();
+  double s = 0;
+  while (async == ncclSuccess && s < 10) {
+    ncclCommGetAsyncError(comm, &async);
+    usleep(20000);
+    s = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  }
+  const std::string why = ncclGetLastError(comm);
+  Expect(async == ncclRemoteError && Has(why, "aborted the communicator") && Has(why, "process 1"),
+         "the peer's abort fails the group here, naming it: " + why);
+  Expect(Has(why, "jax_smddp[peer_failed]"), "tagged for jax_smddp.errors.classify: " + why);
+  Relay("seen");
+}
+
 void Stalled() {
   ncclComm_t comm = Create(P, me, nullptr);
   if (me == 1) {
@@ -537,6 +594,8 @@ int RunProcess(const std::string& scenario) {
   else if (scenario == "split") SplitScenario();
   else if (scenario == "dead_peer") DeadPeer();
   else if (scenario == "stalled") Stalled();
+  else if (scenario == "forward_fails") ForwardFails();
+  else if (scenario == "abort") Abort();
   else if (scenario == "join_timeout") JoinTimeout();
   else {
     std::fprintf(stderr, "unknown scenario %s\n", scenario.c_str());
@@ -557,6 +616,7 @@ int main(int argc, char** argv) {
   if (scenario == "unknown_version") setenv("MOCK_NCCL_VERSION", "24100", 1);
   if (scenario == "id_full") setenv("MOCK_NCCL_ID_FULL", "1", 1);
   if (scenario == "no_fallback") setenv("JAX_SMDDP_REQUIRE", "no-fallback", 1);
+  if (scenario == "forward_fails") setenv("MOCK_NCCL_FAIL_BROADCAST", "1", 1);
   if (!std::getenv("JAX_SMDDP_NCCL_LIBRARY")) {
     std::fprintf(stderr, "set JAX_SMDDP_NCCL_LIBRARY to the mock libnccl.so.2\n");
     return 2;

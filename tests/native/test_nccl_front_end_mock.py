@@ -10,8 +10,9 @@ forwarded with the real communicator (created once, blocking); a group
 mixing both keeps its order; an unknown config or library version forwards
 everything; an id the real library's does not fit in fails forwarded calls
 saying why; JAX_SMDDP_REQUIRE=no-fallback refuses forwarding; splits; a
-killed peer becomes the communicator's async error naming it; a stalled peer
-and a rank that never joins hit the deadline. The real CUDA calls run in
+killed peer, or one that aborts the communicator, becomes the communicator's
+async error naming it; a stalled peer and a rank that never joins hit the
+deadline; a forwarded call that fails in NCCL keeps NCCL's code and message. The real CUDA calls run in
 tests/gpu on a GPU machine."""
 
 import os
@@ -22,7 +23,7 @@ import pytest
 from helpers import native_program
 
 SCENARIOS = ["served", "forwarded", "mixed_group", "unknown_config", "unknown_version", "id_full",
-             "no_fallback", "split", "dead_peer", "stalled", "join_timeout"]
+             "no_fallback", "split", "dead_peer", "stalled", "join_timeout", "forward_fails", "abort"]
 
 
 @pytest.fixture(scope="module")

@@ -110,7 +110,8 @@ const std::vector<SettingSpec> kSettings = {
     {"JAX_SMDDP_GPU_MAX_BLOCKS", kInt, "8", 1, 1024, "", "gpu", false,
      "thread blocks (SMs) a GPU copy or reduction kernel may use"},
     {"JAX_SMDDP_GPU_FLAG_MEMORY", kChoice, "device", 0, 0, "device|host", "gpu", true,
-     "where GPU step flags live (host: a dead peer's waiting streams are released)"},
+     "where GPU step flags live (host: a dead peer's waiting streams are released); unset, the "
+     "NCCL API front end's communicators use host"},
     {"JAX_SMDDP_GPU_DIRECT_READS", kChoice, "0", 0, 0, "0|1", "gpu", true,
      "1: ranks on one host read each other's XLA buffers in place"},
     {"JAX_SMDDP_FABRIC_HMEM", kChoice, "0", 0, 0, "0|auto|1", "gpu", true,

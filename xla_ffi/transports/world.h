@@ -70,7 +70,7 @@ class World {
   enum class Caller : int {
     kAllGather, kReduceScatter, kAllReduce, kAllToAll,  // custom calls
     kMpiAllgather, kMpiAllreduce, kMpiReduceScatter, kMpiSendrecv, kMpiIrecv,
-    kNcclAllGather, kNcclReduceScatter, kNcclAllReduce,
+    kNcclAllGather, kNcclReduceScatter, kNcclAllReduce, kNcclAlltoAll,
     kCount
   };
   // "all_gather", ..., "MPI_Allgather", ...: as traffic_by_op() names them.
@@ -78,7 +78,8 @@ class World {
     static const char* const kNames[] = {"all_gather",    "reduce_scatter", "all_reduce",
                                          "all_to_all",    "MPI_Allgather",  "MPI_Allreduce",
                                          "MPI_Reduce_scatter", "MPI_Sendrecv", "MPI_Irecv",
-                                         "ncclAllGather", "ncclReduceScatter", "ncclAllReduce"};
+                                         "ncclAllGather", "ncclReduceScatter", "ncclAllReduce",
+                                         "ncclAlltoAll"};
     static_assert(sizeof(kNames) / sizeof(kNames[0]) == size_t(Caller::kCount), "a name each");
     return kNames[int(c)];
   }
