@@ -6,7 +6,9 @@ any client. jax_smddp adds no PJRT backend: it only reads
 ``JAX_SMDDP_COLLECTIVES`` and, when it is set, lowers the named ``jax.lax``
 collectives through jax_smddp (see :mod:`jax_smddp.swap`) and, for ``xla`` or
 ``all``, has XLA's own cross-process CPU collectives served by jax_smddp (see
-:mod:`jax_smddp.xla_swap`), so an unmodified program uses the plugin. When the
+:mod:`jax_smddp.xla_swap`) and, on GPUs, XLA's NCCL calls served by jax_smddp's
+NCCL API front end (see :mod:`jax_smddp.nccl_swap`), so an unmodified program
+uses the plugin. When the
 variable is unset nothing is imported: programs that do not ask for the
 plugin do not load it.
 """

@@ -331,13 +331,16 @@ def traffic() -> dict:
   return out
 
 
-# The MPI function through which XLA's CPU collectives reach jax_smddp under the XLA-level
-# swap (jax_smddp.xla_swap), for each XLA collective: XLA's MPI communicator
+# The function through which XLA's own collectives reach jax_smddp under the XLA-level swap,
+# for each XLA collective. On CPU (jax_smddp.xla_swap), MPI: XLA's MPI communicator
 # (xla/backends/cpu/collectives/mpi_communicator.cc) makes an all-to-all of MPI_Sendrecv
 # calls and a collective-permute of MPI_Irecv/MPI_Isend; the world counts the receiving side.
+# On GPUs (jax_smddp.nccl_swap), NCCL: the calls its front end serves.
 _XLA_OP_OF_MPI = {"MPI_Allgather": "all-gather", "MPI_Reduce_scatter": "reduce-scatter",
                   "MPI_Allreduce": "all-reduce", "MPI_Sendrecv": "all-to-all",
                   "MPI_Irecv": "collective-permute"}
+_XLA_OP_OF_NCCL = {"ncclAllGather": "all-gather", "ncclReduceScatter": "reduce-scatter",
+                   "ncclAllReduce": "all-reduce", "ncclAlltoAll": "all-to-all"}
 
 
 def traffic_by_op() -> dict:
@@ -345,17 +348,20 @@ def traffic_by_op() -> dict:
   by the op as the compiled program names it: jax_smddp's custom calls
   (``smddp_all_gather``, ...) and, under the XLA-level swap (JAX_SMDDP_COLLECTIVES=xla),
   XLA's own collectives (``all-gather``, ``reduce-scatter``, ``all-reduce``, ``all-to-all``,
-  ``collective-permute``): {op: {"calls": .., "bytes": ..}}, summed over the process's
-  devices. ``bytes``: what the calls delivered into their outputs (for XLA's all-to-all and
-  collective-permute, what the devices received from other devices: XLA copies a device's
-  own block itself). Ops that never ran here are left out; empty before initialize() (a
-  one-process job has no such count). Read it before and after a step for what the step's
-  collectives moved and which library moved them: an op absent here ran on another
-  library."""
+  ``collective-permute`` on CPU, through the MPI ABI library; ``all-gather``,
+  ``reduce-scatter``, ``all-reduce`` on GPUs, the calls the NCCL API front end served):
+  {op: {"calls": .., "bytes": ..}}, summed over the process's devices. ``bytes``: what the
+  calls delivered into their outputs (for XLA's all-to-all and collective-permute, what the
+  devices received from other devices: XLA copies a device's own block itself). Ops that
+  never ran here are left out; empty before initialize() (a one-process job has no such
+  count). Read it before and after a step for what the step's collectives moved and which
+  library moved them: an op absent here ran on another library."""
   out = {}
   for name, calls, nbytes in _native.engine().world_calls():
-    op = _XLA_OP_OF_MPI.get(name, f"smddp_{name}")
-    out[op] = {"calls": calls, "bytes": nbytes}
+    op = _XLA_OP_OF_MPI.get(name) or _XLA_OP_OF_NCCL.get(name) or f"smddp_{name}"
+    counted = out.setdefault(op, {"calls": 0, "bytes": 0})  # a process with both backends
+    counted["calls"] += calls
+    counted["bytes"] += nbytes
   return out
 
 
@@ -365,10 +371,13 @@ def xla_collectives() -> str:
   ``"jax_smddp"`` under the XLA-level swap (JAX_SMDDP_COLLECTIVES=xla), else JAX's CPU
   implementation across processes (``"gloo"``, ``"mpi"``), ``"in-process"`` in a
   one-process job on the CPU, and the platform's library elsewhere (``"nccl"`` on
-  GPUs). Creates JAX's backend if it does not exist yet."""
+  GPUs, ``"jax_smddp"`` there too when the NCCL API front end serves them:
+  jax_smddp.nccl_swap). Creates JAX's backend if it does not exist yet."""
   backend = jax.default_backend()
   if backend == "gpu":
-    return "nccl"
+    from jax_smddp import nccl_swap
+    front_end = nccl_swap.front_end()
+    return "jax_smddp" if front_end and front_end["active"] else "nccl"
   if backend != "cpu":
     return backend
   if jax.process_count() == 1:

@@ -166,6 +166,20 @@ def _xla_swap(rows: list[Row]) -> None:
   rows.append(Row("XLA collectives", OK, f"on jax_smddp across processes (MPITRAMPOLINE_LIB={lib})"))
 
 
+def _nccl_swap(rows: list[Row]) -> None:
+  """Whether XLA's GPU collectives run on jax_smddp (the NCCL API front end, nccl_swap):
+  loaded in this process or why not, the real NCCL it forwards to, what it forwarded."""
+  from jax_smddp import nccl_swap, requirements
+  state, detail = nccl_swap.status()
+  try:
+    strict = "no-fallback" in (requirements.required() if os.environ.get(requirements.ENV) else ())
+  except ValueError:  # an invalid setting: the settings and requirements rows say so
+    strict = False
+  status = {"active": OK, "ready": OK, "off": INFO, "blocked": FAIL,
+            "missing": FAIL if strict else MISSING}[state]
+  rows.append(Row("XLA GPU collectives", status, detail))
+
+
 def _settings(rows: list[Row]) -> None:
   from jax_smddp import config
   try:
@@ -236,6 +250,7 @@ def report(job: bool = False) -> Report:
   _shm(rows)
   _heap(rows)
   _xla_swap(rows)
+  _nccl_swap(rows)
   _settings(rows)
   usable = _requirements(rows) and usable
   usable = usable and not any(r.status == FAIL for r in rows)

@@ -1,4 +1,7 @@
-"""The XLA-level swap: every collective XLA runs across processes on CPU goes to jax_smddp.
+"""The XLA-level swap: every collective XLA runs across processes goes to jax_smddp.
+
+This module is the CPU side; on GPUs the same switch loads jax_smddp's NCCL API
+front end (:mod:`jax_smddp.nccl_swap`), which :func:`install` sets up too.
 
 JAX's CPU client can run its cross-process collectives through MPI
 (``jax_cpu_collectives_implementation='mpi'``): jaxlib links MPItrampoline,
@@ -44,17 +47,9 @@ import re
 import jax
 
 from jax_smddp._startup import library_path  # the library the start-up hook points at
+from jax_smddp._startup import requested  # noqa: F401  (whether JAX_SMDDP_COLLECTIVES asks for it)
 
 log = logging.getLogger("jax_smddp")
-
-_ON = ("all", "1", "true", "on", "yes", "xla")
-
-
-def requested(value: str | None = None) -> bool:
-  """Whether ``JAX_SMDDP_COLLECTIVES`` (or `value`) asks for the XLA-level swap."""
-  if value is None:
-    value = os.environ.get("JAX_SMDDP_COLLECTIVES", "")
-  return any(v.strip().lower() in _ON for v in value.split(","))
 
 
 def local_devices() -> int:
@@ -101,11 +96,14 @@ def _set_up() -> None:
 
 
 def install() -> None:
-  """Wraps JAX's CPU client factory so that it sets the swap up first
-  (called by the jax_plugins entry point, before any client exists). A
-  failure raises where JAX creates the client: the program stops instead of
-  running on another implementation."""
+  """Wraps JAX's CPU client factory so that it sets the swap up first, and
+  JAX's CUDA client factory so that it sets up the NCCL API front end
+  (:func:`jax_smddp.nccl_swap.install`); called by the jax_plugins entry
+  point, before any client exists. A failure raises where JAX creates the
+  client: the program stops instead of running on another implementation."""
   from jax._src import xla_bridge
+  from jax_smddp import nccl_swap
+  nccl_swap.install()
   registration = xla_bridge._backend_factories.get("cpu")
   if registration is None or getattr(registration.factory, "_jax_smddp", False):
     return

@@ -14,7 +14,9 @@ environment, and tools/build_testing.sh needs its prefix.
 Stages (all = build kernels swap bench jax overlap blocks):
   build    the package (editable, with the test probes) and the native test programs
   kernels  tests/gpu/test_kernels.py: the stream algorithms on the GPU without JAX
-  swap     the NCCL-API front end's stage (#34): skipped until it is built
+  swap     tests/gpu/test_xla_swap_gpu.py: XLA's own GPU collectives on jax_smddp's NCCL API
+           front end (JAX_SMDDP_COLLECTIVES=xla), 2 processes sharing the GPU (skipped when the
+           build has no libsmddp_nccl.so)
   bench    gpu_bench under MPS, direct reads, 2 and 4 processes, 16M-256M: the targets;
            the reductions again with the budget lifted (1024 blocks)
   jax      the quick selection of tests/gpu/test_gpu.py (JAX processes sharing the GPU)
@@ -43,7 +45,7 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 ALL = ("build", "kernels", "swap", "bench", "jax", "overlap", "blocks")
 EXTRA = ("memory", "cpu", "slots64", "hosts", "nccl", "jaxfull", "direct", "phases")
 # Each stage's own limit (seconds); the budget may give it less.
-LIMITS = {"build": 150, "kernels": 90, "swap": 180, "bench": 170, "jax": 120, "overlap": 200,
+LIMITS = {"build": 150, "kernels": 90, "swap": 170, "bench": 170, "jax": 120, "overlap": 200,
           "blocks": 60, "memory": 120, "cpu": 300, "slots64": 200, "hosts": 200, "nccl": 200,
           "jaxfull": 500, "direct": 400, "phases": 60}
 MIN_STAGE_S = 20   # a stage that would get less is skipped, not started
@@ -224,8 +226,28 @@ def stage_kernels(st: Stage, py: str) -> None:
   _pytest(st, py, ["tests/gpu/test_kernels.py"], report="-rsP")
 
 
+SWAP_TESTS = "tests/gpu/test_xla_swap_gpu.py"
+
+
+def nccl_front_end(py: str) -> str | None:
+  """The NCCL API front end the build installed for `py` (libsmddp_nccl.so, built where nvcc
+  is found), or None."""
+  probe = subprocess.run([py, "-c", "from jax_smddp import nccl_swap; import os; "
+                          "p = nccl_swap.library_path(); print(p if os.path.exists(p) else '')"],
+                         cwd=ROOT, capture_output=True, text=True, timeout=120)
+  return (probe.stdout.strip() or None) if probe.returncode == 0 else None
+
+
 def stage_swap(st: Stage, py: str) -> None:
-  st.note("skipped: the NCCL-API front end (libsmddp_nccl.so, issue #34) is not built yet")
+  """XLA's own GPU collectives on jax_smddp (the NCCL API front end, issue #34): a global-view
+  jit FSDP step, the Flax example in jit style and a killed peer, 2 processes on the GPU."""
+  library = nccl_front_end(py)
+  if library is None:
+    st.note("skipped: this build has no libsmddp_nccl.so (the NCCL API front end is built "
+            "where nvcc is found)")
+    return
+  st.note(f"front end {library}")
+  _pytest(st, py, [SWAP_TESTS], report="-rsP")
 
 
 def _bench(st: Stage, py: str, name: str, args: list[str], env: dict | None = None) -> None:
@@ -491,6 +513,10 @@ def main(argv: list[str]) -> int:
   plan = {"python": py, "prefix": sys.prefix,
           "libfabric": fab.get("JAX_SMDDP_LIBFABRIC_ROOT", "as the machine has it"),
           "stages": {s: LIMITS[s] for s in stages}, "out": out}
+  if "swap" in stages:
+    plan["swap"] = {"tests": SWAP_TESTS,
+                    "front_end": nccl_front_end(py) or
+                    "not built now: the stage skips unless the build stage builds it"}
   if dry:
     print(json.dumps(plan, indent=1))
     return 0

@@ -67,6 +67,29 @@ def test_doctor_reports_the_xla_level_swap(tmp_path):
 
 
 @pytest.mark.timeout(150)
+def test_doctor_reports_the_gpu_swap(tmp_path):
+  """The NCCL API front end's row (jax_smddp.nccl_swap): NCCL without the switch; with it,
+  whether the front end is loaded in this process and why not (a machine without a JAX CUDA
+  plugin, JAX_PLATFORMS without CUDA), never a failure of a machine it does not apply to.
+  tests/build/test_nccl_swap.py checks the row where it is loaded (a stand-in CUDA plugin)."""
+  from jax_smddp import _startup
+  off = rows(doctor(tmp_path, "--json"))["XLA GPU collectives"]
+  assert off["status"] == "info" and "run on NCCL" in off["detail"], off
+  assert "JAX_SMDDP_COLLECTIVES=xla" in off["detail"], off
+  cpu = doctor(tmp_path, "--json", env={"JAX_SMDDP_COLLECTIVES": "xla", "JAX_PLATFORMS": "cpu"})
+  assert cpu.returncode == 0, cpu.stdout + cpu.stderr
+  row = rows(cpu)["XLA GPU collectives"]
+  assert row["status"] == "info" and "JAX_PLATFORMS=cpu excludes CUDA" in row["detail"], row
+  if not _startup.cuda_plugins():
+    on = doctor(tmp_path, "--json", env={"JAX_SMDDP_COLLECTIVES": "xla"})
+    assert on.returncode == 0, on.stdout + on.stderr
+    row = rows(on)["XLA GPU collectives"]
+    assert row["status"] == "info" and "no JAX CUDA plugin is installed" in row["detail"], row
+  table = doctor(tmp_path, env={"JAX_SMDDP_COLLECTIVES": "xla", "JAX_PLATFORMS": "cpu"})
+  assert "XLA GPU collectives" in table.stdout, table.stdout
+
+
+@pytest.mark.timeout(150)
 @needs_tcp
 def test_doctor_exits_0_and_reports_libfabric_with_tcp(tmp_path):
   run = doctor(tmp_path, "--json")

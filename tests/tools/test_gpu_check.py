@@ -58,6 +58,42 @@ def test_stages_default_to_all_in_order_of_value_and_unknown_names_fail(gc):
   assert set(gc.LIMITS) == set(gc.ALL + gc.EXTRA) == set(gc.STAGES)
 
 
+def test_the_swap_stage_plan_names_its_tests_and_the_front_end(tmp_path):
+  """STAGES=swap --dry-run: the stage's limit, the GPU test file it runs (under 3 minutes)
+  and the NCCL API front end this interpreter's build has (or that it has none)."""
+  from jax_smddp import nccl_swap
+  run = dry_run({"PYTHON": sys.executable, "STAGES": "swap"})
+  assert run.returncode == 0, run.stderr
+  plan = json.loads(run.stdout)
+  assert plan["stages"] == {"swap": 170}, plan
+  assert plan["swap"]["tests"] == "tests/gpu/test_xla_swap_gpu.py", plan
+  assert os.path.isfile(os.path.join(ROOT, plan["swap"]["tests"]))
+  library = nccl_swap.library_path()
+  want = library if os.path.exists(library) else \
+      "not built now: the stage skips unless the build stage builds it"
+  assert plan["swap"]["front_end"] == want, plan
+  assert "swap" not in json.loads(dry_run({"PYTHON": sys.executable, "STAGES": "build"}).stdout)
+
+
+def test_the_swap_stage_runs_its_gpu_tests_only_with_a_front_end(gc, tmp_path, monkeypatch):
+  """With libsmddp_nccl.so built, the stage runs tests/gpu/test_xla_swap_gpu.py under pytest
+  (-rsP: the tests print what the front end served into the log); without, it is skipped,
+  saying why, and runs nothing."""
+  ran = []
+  st = gc.Stage("swap", 30, str(tmp_path), dict(os.environ))
+  monkeypatch.setattr(st, "run", lambda argv, env=None, **kw: ran.append(argv) or 0)
+  monkeypatch.setattr(gc, "nccl_front_end", lambda py: None)
+  gc.stage_swap(st, sys.executable)
+  assert ran == [] and st.notes[0].startswith("skipped: this build has no libsmddp_nccl.so"), st.notes
+  monkeypatch.setattr(gc, "nccl_front_end", lambda py: "/x/libsmddp_nccl.so")
+  st.notes.clear()
+  gc.stage_swap(st, sys.executable)
+  assert len(ran) == 1 and ran[0][-1] == "tests/gpu/test_xla_swap_gpu.py" and "-rsP" in ran[0], ran
+  assert not st.notes[0].startswith("skipped"), st.notes
+  assert gc.LIMITS["swap"] <= 180  # the stage's tests take under 3 minutes
+  st.log.close()
+
+
 def test_carried_libfabric_is_laid_out_as_a_prefix_and_found_through_the_documented_root(gc, tmp_path):
   """tools/carry_libfabric.sh in a scratch checkout: .fab/ is a libfabric prefix
   (include/rdma, lib/), which gpu_check hands to CMake as JAX_SMDDP_LIBFABRIC_ROOT

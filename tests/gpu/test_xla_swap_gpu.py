@@ -1,0 +1,133 @@
+"""The XLA-level swap on a real GPU (JAX_SMDDP_COLLECTIVES=xla; jax_smddp/nccl_swap.py): XLA's
+own NCCL calls served by jax_smddp's NCCL API front end (libsmddp_nccl.so). Two processes
+share GPU 0, which XLA's own NCCL refuses ("Duplicate GPU detected"): a program across them
+runs only if every collective it emits is served, none forwarded. Skipped where there is no
+GPU (CI) or no front end (a build without nvcc); run by tools/gpu_check.sh's stage "swap".
+The whole file takes well under 3 minutes. The same without a GPU: tests/build/test_nccl_swap.py.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+
+import pytest
+
+from jax_smddp import nccl_swap
+from jax_smddp.tools import launch
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+REPO = os.path.dirname(os.path.dirname(HERE))
+WORKER = os.path.join(HERE, "xla_swap_worker.py")
+EXAMPLE = os.path.join(REPO, "examples", "fsdp_train.py")
+
+
+def _gpu_present() -> bool:
+  if shutil.which("nvidia-smi") is None:
+    return False
+  try:
+    out = subprocess.run(["nvidia-smi", "-L"], capture_output=True, text=True, timeout=30)
+  except (OSError, subprocess.TimeoutExpired):
+    return False
+  return out.returncode == 0 and "GPU" in out.stdout
+
+
+pytestmark = [
+    pytest.mark.skipif(not _gpu_present(), reason="no GPU on this machine"),
+    pytest.mark.skipif(not os.path.exists(nccl_swap.library_path()),
+                       reason="this build has no libsmddp_nccl.so (built where nvcc is found)"),
+]
+
+# Every process on GPU 0, the swap on, float32 matmuls at full precision (comparable).
+ENV = {"JAX_PLATFORMS": "cuda", "JAX_SMDDP_COLLECTIVES": "xla", "CUDA_VISIBLE_DEVICES": "0",
+       "XLA_PYTHON_CLIENT_PREALLOCATE": "false", "JAX_DEFAULT_MATMUL_PRECISION": "highest"}
+
+
+@pytest.mark.timeout(80)
+def test_global_view_fsdp_step_across_two_processes_on_one_gpu_equals_one_process():
+  """Parameters sharded over both processes' devices, value_and_grad, no shard_map: it runs,
+  its losses and gradients equal the same steps on one device (1e-5), every collective XLA
+  ran was served by the front end (all-gathers, and reduce-scatters or all-reduces) and
+  counted by traffic_by_op(), nothing was forwarded to NCCL."""
+  procs = launch.run_job(["step"], 2, 1, script=WORKER, timeout=70, env=ENV)
+  text = launch.describe(procs)
+  for p in procs:
+    assert p.returncode == 0 and p.result and p.result["ok"], text
+  for p in procs:
+    r = p.result
+    print(f"process {p.index}: {json.dumps(r)}")  # in the GPU log
+    assert "--xla_gpu_enable_command_buffer=-COLLECTIVES" in r["xla_flags"], r["xla_flags"]
+    assert r["active"], r
+    assert r["forwarded"] == {} and r["reasons"] == [], r
+    served = r["served"]
+    assert served.get("ncclAllGather", 0) > 0, served
+    assert served.get("ncclReduceScatter", 0) + served.get("ncclAllReduce", 0) > 0, served
+    assert r["by_op"].get("all-gather", {}).get("calls", 0) > 0, r["by_op"]
+    assert r["xla_collectives"] == "jax_smddp", r
+    assert r["checked"] >= 4, r
+
+
+def _example(platform: str, metrics: str, out: str) -> subprocess.Popen:
+  env = {k: v for k, v in os.environ.items()
+         if k not in ("XLA_FLAGS", "JAX_PLATFORMS") and not k.startswith("JAX_SMDDP_")}
+  env.update(XLA_PYTHON_CLIENT_PREALLOCATE="false", JAX_DEFAULT_MATMUL_PRECISION="highest",
+             PYTHONUNBUFFERED="1")
+  if platform == "cuda":
+    env["CUDA_VISIBLE_DEVICES"] = "0"
+  # --style jit --processes 2 sets JAX_SMDDP_COLLECTIVES=xla for its processes.
+  argv = [sys.executable, EXAMPLE, "--style", "jit", "--platform", platform, "--processes", "2",
+          "--mesh", "2", "--steps", "20", "--no-progress", "--log-every", "10",
+          "--eval-batches", "1", "--metrics", metrics]
+  return subprocess.Popen(argv, env=env, cwd=tempfile.gettempdir(), stdout=open(out, "w"),
+                          stderr=subprocess.STDOUT, start_new_session=True)
+
+
+@pytest.mark.timeout(110)
+def test_fsdp_example_jit_style_trains_on_one_shared_gpu_as_on_the_cpu(tmp_path):
+  """examples/fsdp_train.py --style jit --platform cuda --processes 2 (both on GPU 0) trains
+  20 steps with XLA's collectives on jax_smddp, with the losses of the same run on the CPU
+  (within 1e-4, relative); its summary names jax_smddp as the library of XLA's collectives.
+  Its step holds all-to-alls (XLA's ncclAlltoAll), which the front end serves too."""
+  runs = {p: (str(tmp_path / f"{p}.jsonl"), str(tmp_path / f"{p}.out")) for p in ("cuda", "cpu")}
+  procs = {p: _example(p, *runs[p]) for p in runs}  # at once: the CPU run needs no GPU
+  deadline = time.monotonic() + 100
+  for p, proc in procs.items():
+    try:
+      proc.wait(timeout=max(1, deadline - time.monotonic()))
+    except subprocess.TimeoutExpired:
+      os.killpg(proc.pid, 9)
+      proc.wait()
+  outputs = {p: open(runs[p][1]).read() for p in runs}
+  assert procs["cpu"].returncode == 0, f"--platform cpu:\n{outputs['cpu'][-5000:]}"
+  assert procs["cuda"].returncode == 0, f"--platform cuda:\n{outputs['cuda'][-5000:]}"
+  losses = {p: [json.loads(l)["loss"] for l in open(runs[p][0]) if l.strip()] for p in runs}
+  assert len(losses["cuda"]) == len(losses["cpu"]) == 20, losses
+  rel = max(abs(a - b) / max(abs(b), 1e-12) for a, b in zip(losses["cuda"], losses["cpu"]))
+  print(f"GPU vs CPU losses: at most {rel:.2e} apart over 20 steps")
+  assert rel <= 1e-4, losses
+  summary = json.loads([l for l in outputs["cuda"].splitlines() if l.startswith("{")][-1])
+  assert summary["xla_collectives"] == "jax_smddp", summary
+  libraries = {op: s["library"] for op, s in summary["step_collectives"].items()}
+  assert set(libraries.values()) == {"xla (via jax_smddp)"}, libraries
+
+
+@pytest.mark.timeout(80)
+def test_killed_peer_raises_in_the_survivor_naming_it_within_30_s():
+  """After a good step process 1 is killed (SIGKILL): process 0's next steps raise within
+  30 s with an error naming process 1, instead of its stream waiting forever (the front end's
+  communicators keep their step flags in host memory unless JAX_SMDDP_GPU_FLAG_MEMORY says
+  otherwise, so the stream watchdog releases them; the setting is left unset here)."""
+  env = {k: v for k, v in ENV.items() if k != "JAX_SMDDP_GPU_FLAG_MEMORY"}
+  procs = launch.run_job(["peer_dies"], 2, 1, script=WORKER, timeout=70, env=env)
+  text = launch.describe(procs)
+  assert procs[1].result and procs[1].result.get("died"), text
+  r = procs[0].result
+  assert r is not None, text
+  print(f"survivor: {json.dumps(r)}")  # in the GPU log: the error as the user sees it
+  assert r["ok"], text
+  assert r["elapsed"] < 30 and "process 1" in r["error"], r
