@@ -1,5 +1,5 @@
 // The host algorithms, written against the Exchange interface: each is the
-// body of one rank (see transport.h) over buffers in one address space.
+// body of one rank (see exchange.h) over buffers in one address space.
 // Across processes and on GPUs the same collectives have their own bodies
 // (process_algorithms.h, stream_algorithms.h), all driven by this Plan.
 // Layouts are described as [outer, ranks, inner] blocks so gathers and
@@ -11,7 +11,7 @@
 #include <cstdint>
 
 #include "xla_ffi/common/dtype.h"
-#include "xla_ffi/algorithms/transport.h"
+#include "xla_ffi/algorithms/exchange.h"
 
 namespace smddp {
 

@@ -8,7 +8,7 @@
 #include <string>
 #include <vector>
 
-#include "xla_ffi/algorithms/transport.h"
+#include "xla_ffi/algorithms/call_info.h"
 #include "xla_ffi/common/hashing.h"  // MixTag, used with calls' tags
 #include "xla_ffi/common/streaming_copy.h"
 #include "xla_ffi/transports/world.h"

@@ -8,7 +8,7 @@
 #include <vector>
 
 #include "xla_ffi/algorithms/algorithms.h"
-#include "xla_ffi/algorithms/transport.h"
+#include "xla_ffi/engine/rendezvous.h"
 #include "xla_ffi/common/timeout.h"  // SetTimeoutSeconds, TimeoutSeconds: part of its interface
 
 namespace smddp {

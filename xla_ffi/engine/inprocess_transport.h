@@ -15,19 +15,9 @@
 #include <unordered_map>
 
 #include "xla_ffi/engine/scheduler.h"
-#include "xla_ffi/algorithms/transport.h"
+#include "xla_ffi/engine/rendezvous.h"
 
 namespace smddp {
-
-struct CallKeyHash {
-  size_t operator()(const CallKey& k) const {
-    uint64_t h = k.communicator * 0x9e3779b97f4a7c15ull;
-    h ^= uint64_t(k.run_id) + 0x9e3779b97f4a7c15ull + (h << 6) + (h >> 2);
-    h ^= uint64_t(k.instance) + 0x9e3779b97f4a7c15ull + (h << 6) + (h >> 2);
-    h ^= k.invocation + 0x9e3779b97f4a7c15ull + (h << 6) + (h >> 2);
-    return size_t(h);
-  }
-};
 
 class InProcessTransport : public Transport {
  public:

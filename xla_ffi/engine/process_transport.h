@@ -11,9 +11,8 @@
 #include <unordered_map>
 #include <vector>
 
-#include "xla_ffi/engine/inprocess_transport.h"  // CallKeyHash
 #include "xla_ffi/algorithms/process_call.h"
-#include "xla_ffi/algorithms/transport.h"
+#include "xla_ffi/engine/rendezvous.h"
 
 namespace smddp {
 
