@@ -9,8 +9,8 @@
 #include <map>
 #include <sstream>
 
-#include "xla_ffi/engine/inprocess_transport.h"
-#include "xla_ffi/engine/process_transport.h"
+#include "xla_ffi/engine/inprocess_rendezvous.h"
+#include "xla_ffi/engine/process_rendezvous.h"
 #include "xla_ffi/transports/world.h"
 #include "xla_ffi/engine/scheduler.h"
 #include "xla_ffi/common/settings.h"
@@ -39,10 +39,10 @@ int InProcessHelpers() {
 
 }  // namespace
 
-Communicator::Communicator(uint64_t id, std::vector<int64_t> members, Transport* transport,
-                           std::unique_ptr<Transport> owned)
+Communicator::Communicator(uint64_t id, std::vector<int64_t> members, Rendezvous* rendezvous,
+                           std::unique_ptr<Rendezvous> owned)
     : members_(std::move(members)), owned_(std::move(owned)),
-      transport_(owned_ ? owned_.get() : transport) {
+      rendezvous_(owned_ ? owned_.get() : rendezvous) {
   info_.id = id;
   info_.description = DescribeMembers(members_);
 }
@@ -52,7 +52,7 @@ void Communicator::Start(int64_t run_id, int64_t instance, uint64_t site, uint64
                          const Plan& plan, Done done) {
   CallKey key{info_.id, run_id, instance, invocation, op_id, site, sequence};
   const auto deadline = Clock::now() + Timeout();
-  transport_->Start(info_, size(), key, rank, send, recv, call, deadline, plan, std::move(done));
+  rendezvous_->Start(info_, size(), key, rank, send, recv, call, deadline, plan, std::move(done));
 }
 
 Communicator* FindOrCreateCommunicator(const int64_t* members, const int64_t* processes, int size,
@@ -61,7 +61,7 @@ Communicator* FindOrCreateCommunicator(const int64_t* members, const int64_t* pr
   // Keyed by members and their processes: one device id names different
   // devices under different device assignments.
   static auto* table = new std::map<std::vector<int64_t>, std::unique_ptr<Communicator>>();
-  static auto* in_process = new InProcessTransport(InProcessHelpers());
+  static auto* in_process = new InProcessRendezvous(InProcessHelpers());
   std::vector<int64_t> ids(members, members + size);
   std::vector<int64_t> key = ids;
   bool spans = false;
@@ -99,7 +99,7 @@ Communicator* FindOrCreateCommunicator(const int64_t* members, const int64_t* pr
   }
   comm = std::make_unique<Communicator>(
       table->size(), ids, nullptr,
-      std::make_unique<ProcessTransport>(ids, std::move(process_of_rank), world->process(), hosts));
+      std::make_unique<ProcessRendezvous>(ids, std::move(process_of_rank), world->process(), hosts));
   return comm.get();
 }
 

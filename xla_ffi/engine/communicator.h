@@ -1,5 +1,5 @@
 // A communicator: an ordered group of ranks (the XLA devices of one replica
-// group, named by their global device ids) and the transport that joins them.
+// group, named by their global device ids) and the rendezvous that joins them.
 #ifndef JAX_SMDDP_ENGINE_COMMUNICATOR_H_
 #define JAX_SMDDP_ENGINE_COMMUNICATOR_H_
 
@@ -15,14 +15,14 @@ namespace smddp {
 
 class Communicator {
  public:
-  Communicator(uint64_t id, std::vector<int64_t> members, Transport* transport,
-               std::unique_ptr<Transport> owned = nullptr);
+  Communicator(uint64_t id, std::vector<int64_t> members, Rendezvous* rendezvous,
+               std::unique_ptr<Rendezvous> owned = nullptr);
 
   int size() const { return int(members_.size()); }
   const std::vector<int64_t>& members() const { return members_; }
   const GroupInfo& info() const { return info_; }
 
-  // Starts one collective call for `rank` (see Transport::Start); `done`
+  // Starts one collective call for `rank` (see Rendezvous::Start); `done`
   // reports its end. Peers that have not arrived by the engine's timeout
   // fail the call. `instance` identifies the instruction and `invocation`
   // how many times it already ran in execution `run_id` (both equal on every
@@ -37,8 +37,8 @@ class Communicator {
  private:
   std::vector<int64_t> members_;
   GroupInfo info_;
-  std::unique_ptr<Transport> owned_;
-  Transport* transport_;
+  std::unique_ptr<Rendezvous> owned_;
+  Rendezvous* rendezvous_;
 };
 
 // The engine's communicators, created on first use and kept for the process.

@@ -2,8 +2,8 @@
 // collective call, and what decides where the algorithm's bodies run and when
 // buffers are free. Completion is reported asynchronously: no caller ever
 // blocks waiting for a peer. Two implementations: in one process
-// (inprocess_transport.h) the host bodies (algorithms.h) run over an Exchange
-// per rank; across processes (process_transport.h) the ranks of each process
+// (inprocess_rendezvous.h) the host bodies (algorithms.h) run over an Exchange
+// per rank; across processes (process_rendezvous.h) the ranks of each process
 // meet in memory and the cross-process bodies (process_algorithms.h) run over
 // links.
 #ifndef JAX_SMDDP_ENGINE_RENDEZVOUS_H_
@@ -52,15 +52,15 @@ using Done = std::function<void(const Status&)>;
 
 struct Plan;
 
-// Describes a communicator to its transport, for error messages.
+// Describes a communicator to its rendezvous, for error messages.
 struct GroupInfo {
   uint64_t id = 0;
   std::string description;  // e.g. "devices [0 1 2 3]"
 };
 
-class Transport {
+class Rendezvous {
  public:
-  virtual ~Transport() = default;
+  virtual ~Rendezvous() = default;
   // Starts the call `key` for `rank` and returns without waiting: once
   // every rank of the group has started it (by `deadline`, else every rank
   // fails), `plan` runs as every rank, and each rank's `done` is called with

@@ -17,8 +17,8 @@
 #include "xla_ffi/common/settings.h"
 #include "xla_ffi/common/timeout.h"
 #include "xla_ffi/engine/communicator.h"
-#include "xla_ffi/engine/inprocess_transport.h"
-#include "xla_ffi/engine/process_transport.h"
+#include "xla_ffi/engine/inprocess_rendezvous.h"
+#include "xla_ffi/engine/process_rendezvous.h"
 #include "xla_ffi/mpiabi/abi.h"
 #include "xla_ffi/mpiabi/mpi_point_to_point.h"
 
@@ -34,15 +34,15 @@ thread_local int last_code = 0;
 thread_local std::string last_message;
 
 // Engine workers for cliques within this process: as the CPU module's.
-InProcessTransport* InProcess() {
-  static InProcessTransport* transport = [] {
+InProcessRendezvous* InProcess() {
+  static InProcessRendezvous* rendezvous = [] {
     cpu_set_t set;
     int cores = sched_getaffinity(0, sizeof(set), &set) == 0 ? CPU_COUNT(&set) : 0;
     if (cores <= 0) cores = int(std::thread::hardware_concurrency());
-    return new InProcessTransport(
+    return new InProcessRendezvous(
         int(IntSetting("JAX_SMDDP_CPU_HELPERS", std::max(cores, 1) - 1)));
   }();
-  return transport;
+  return rendezvous;
 }
 
 // Communicator ids of this library's cliques (only ever compared within this
@@ -88,7 +88,7 @@ Communicator* Control(const World& world) {
     }
     control = std::make_unique<Communicator>(
         next_id++, members, nullptr,
-        std::make_unique<ProcessTransport>(members, processes, world.process(), hosts));
+        std::make_unique<ProcessRendezvous>(members, processes, world.process(), hosts));
     built_for = &world;
   }
   return control.get();
@@ -167,7 +167,7 @@ Status Assign(Epoch& epoch, const std::vector<Record>& records, int me,
       for (int p = 0; p < world->processes(); ++p) hosts[p] = world->peer(p).host;
       group->comm = std::make_unique<Communicator>(
           next_id++, ids, nullptr,
-          std::make_unique<ProcessTransport>(ids, processes, world->process(), hosts));
+          std::make_unique<ProcessRendezvous>(ids, processes, world->process(), hosts));
     }
     for (int r = 0; r < n; ++r) {
       const int arrival = std::get<2>(members[r]);

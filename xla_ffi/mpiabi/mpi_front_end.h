@@ -8,7 +8,7 @@
 // is collective over devices: once all devices of this process have called
 // it, the processes exchange their (color, key) pairs over the engine's world
 // and each clique becomes an engine communicator (in one process: the
-// in-process transport; across processes: the cross-process one, with its
+// in-process rendezvous; across processes: the cross-process one, with its
 // routes, deadline and dead-peer detection). The handle each device gets is
 // its rank in that communicator; its n-th collective call meets the other
 // ranks' n-th (MPI's ordering rule), so no tag is needed.

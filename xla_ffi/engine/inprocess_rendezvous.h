@@ -1,4 +1,4 @@
-// Transport between XLA devices of one process: ranks share the address space,
+// The rendezvous of XLA devices of one process: ranks share the address space,
 // so a call's buffers are exchanged as pointers through a rendezvous slot and
 // data moves with memcpy (or is read in place by the algorithm).
 //
@@ -7,8 +7,8 @@
 // workers helping as there are spare cores (none for small calls), and the
 // last body to finish completes every rank. A timer fails the call on every
 // arrived rank if a peer has not arrived by the deadline.
-#ifndef JAX_SMDDP_ENGINE_INPROCESS_TRANSPORT_H_
-#define JAX_SMDDP_ENGINE_INPROCESS_TRANSPORT_H_
+#ifndef JAX_SMDDP_ENGINE_INPROCESS_RENDEZVOUS_H_
+#define JAX_SMDDP_ENGINE_INPROCESS_RENDEZVOUS_H_
 
 #include <memory>
 #include <mutex>
@@ -19,12 +19,12 @@
 
 namespace smddp {
 
-class InProcessTransport : public Transport {
+class InProcessRendezvous : public Rendezvous {
  public:
   struct Slot;
 
   // `helpers`: engine workers that run bodies beside the last arrival.
-  explicit InProcessTransport(int helpers);
+  explicit InProcessRendezvous(int helpers);
 
   void Start(const GroupInfo& group, int size, const CallKey& key, int rank,
              const void* send, void* recv, const CallInfo& info,
@@ -43,4 +43,4 @@ class InProcessTransport : public Transport {
 
 }  // namespace smddp
 
-#endif  // JAX_SMDDP_ENGINE_INPROCESS_TRANSPORT_H_
+#endif  // JAX_SMDDP_ENGINE_INPROCESS_RENDEZVOUS_H_

@@ -1,4 +1,4 @@
-#include "xla_ffi/engine/process_transport.h"
+#include "xla_ffi/engine/process_rendezvous.h"
 
 #include <algorithm>
 #include <cstdlib>
@@ -14,7 +14,7 @@
 
 namespace smddp {
 
-struct ProcessTransport::Slot {
+struct ProcessRendezvous::Slot {
   struct Entry {
     bool present = false;
     const void* send = nullptr;
@@ -48,7 +48,7 @@ std::string Where(const GroupInfo& group, const CallKey& key, const char* op) {
 // engine worker but the last, which runs on the calling thread (XLA then
 // continues that device's program here). Called with the slot's lock held;
 // returns the inline completion.
-Task CompleteArrived(ProcessTransport::Slot& slot) {
+Task CompleteArrived(ProcessRendezvous::Slot& slot) {
   slot.over = true;
   Task inline_done;
   for (auto& e : slot.entries) {
@@ -73,7 +73,7 @@ bool HierarchyAllowed() {
 
 }  // namespace
 
-ProcessTransport::ProcessTransport(std::vector<int64_t> members, std::vector<int> process_of_rank,
+ProcessRendezvous::ProcessRendezvous(std::vector<int64_t> members, std::vector<int> process_of_rank,
                                    int process, const std::vector<std::string>& host_of_process)
     : members_(std::move(members)), process_of_rank_(std::move(process_of_rank)), process_(process) {
   routes_ = ComputeRoutes(process_of_rank_, process_, host_of_process, HierarchyAllowed());
@@ -105,13 +105,13 @@ ProcessTransport::ProcessTransport(std::vector<int64_t> members, std::vector<int
   group_hash_ = h;
 }
 
-void ProcessTransport::Forget(const CallKey& key, const Slot* slot) {
+void ProcessRendezvous::Forget(const CallKey& key, const Slot* slot) {
   std::lock_guard<std::mutex> lock(mu_);
   auto it = slots_.find(key);
   if (it != slots_.end() && it->second.get() == slot) slots_.erase(it);
 }
 
-void ProcessTransport::Expire(const std::shared_ptr<Slot>& slot) {
+void ProcessRendezvous::Expire(const std::shared_ptr<Slot>& slot) {
   Task inline_done;
   {
     std::lock_guard<std::mutex> lock(slot->mu);
@@ -140,7 +140,7 @@ void ProcessTransport::Expire(const std::shared_ptr<Slot>& slot) {
   if (inline_done) inline_done();
 }
 
-void ProcessTransport::Start(const GroupInfo& group, int size, const CallKey& key, int rank,
+void ProcessRendezvous::Start(const GroupInfo& group, int size, const CallKey& key, int rank,
                              const void* send, void* recv, const CallInfo& info,
                              Clock::time_point deadline, const Plan& plan, Done done) {
   // `kind`: the failure's code and peers (only its message is replaced).
@@ -209,7 +209,7 @@ void ProcessTransport::Start(const GroupInfo& group, int size, const CallKey& ke
   Post([this, slot] { Run(slot); });
 }
 
-void ProcessTransport::Run(const std::shared_ptr<Slot>& slot) {
+void ProcessRendezvous::Run(const std::shared_ptr<Slot>& slot) {
   std::shared_ptr<const World> world = CurrentWorld();
   const CallKey& key = slot->key;
   const CallInfo& info = slot->entries[0].info;

@@ -1,4 +1,4 @@
-#include "xla_ffi/engine/inprocess_transport.h"
+#include "xla_ffi/engine/inprocess_rendezvous.h"
 
 #include <algorithm>
 #include <atomic>
@@ -15,7 +15,7 @@
 
 namespace smddp {
 
-struct InProcessTransport::Slot {
+struct InProcessRendezvous::Slot {
   struct Entry {
     bool present = false;
     const void* send = nullptr;
@@ -54,14 +54,14 @@ std::string Seconds(Clock::duration d) {
   return os.str();
 }
 
-std::vector<int> MissingRankList(const InProcessTransport::Slot& slot) {
+std::vector<int> MissingRankList(const InProcessRendezvous::Slot& slot) {
   std::vector<int> missing;
   for (size_t r = 0; r < slot.entries.size(); ++r)
     if (!slot.entries[r].present) missing.push_back(int(r));
   return missing;
 }
 
-std::string MissingRanks(const InProcessTransport::Slot& slot) {
+std::string MissingRanks(const InProcessRendezvous::Slot& slot) {
   std::ostringstream os;
   bool first = true;
   for (size_t r = 0; r < slot.entries.size(); ++r) {
@@ -85,7 +85,7 @@ std::string Describe(const CallInfo& i) {
 // One rank's view of a call whose ranks all live in this process.
 class RankView : public Exchange {
  public:
-  RankView(InProcessTransport::Slot& slot, int rank) : slot_(slot), rank_(rank) {}
+  RankView(InProcessRendezvous::Slot& slot, int rank) : slot_(slot), rank_(rank) {}
 
   int rank() const override { return rank_; }
   int size() const override { return int(slot_.entries.size()); }
@@ -115,7 +115,7 @@ class RankView : public Exchange {
   }
 
  private:
-  InProcessTransport::Slot& slot_;
+  InProcessRendezvous::Slot& slot_;
   int rank_;
 };
 
@@ -124,7 +124,7 @@ class RankView : public Exchange {
 // devices continue in parallel) except rank `mine`, whose completion is
 // returned for the caller to run on its own thread once it has released the
 // lock. Called with the slot's lock held.
-Task CompleteArrived(InProcessTransport::Slot& slot, int mine = -1) {
+Task CompleteArrived(InProcessRendezvous::Slot& slot, int mine = -1) {
   slot.over = true;
   Task inline_done;
   for (int r = 0; r < int(slot.entries.size()); ++r) {
@@ -150,9 +150,9 @@ uint64_t HelperMinBytes() {
 
 }  // namespace
 
-InProcessTransport::InProcessTransport(int helpers) : helpers_(std::max(0, helpers)) {}
+InProcessRendezvous::InProcessRendezvous(int helpers) : helpers_(std::max(0, helpers)) {}
 
-std::shared_ptr<InProcessTransport::Slot> InProcessTransport::GetOrCreate(const CallKey& key,
+std::shared_ptr<InProcessRendezvous::Slot> InProcessRendezvous::GetOrCreate(const CallKey& key,
                                                                           int size, bool* created) {
   std::lock_guard<std::mutex> lock(mu_);
   auto& slot = slots_[key];
@@ -161,7 +161,7 @@ std::shared_ptr<InProcessTransport::Slot> InProcessTransport::GetOrCreate(const 
   return slot;
 }
 
-void InProcessTransport::Forget(const CallKey& key, const Slot* slot) {
+void InProcessRendezvous::Forget(const CallKey& key, const Slot* slot) {
   std::lock_guard<std::mutex> lock(mu_);
   auto it = slots_.find(key);
   if (it != slots_.end() && it->second.get() == slot) slots_.erase(it);
@@ -171,7 +171,7 @@ void InProcessTransport::Forget(const CallKey& key, const Slot* slot) {
 // every rank. Run by rank `mine` (the last arrival, on its own XLA thread:
 // its completion is returned to run inline, so XLA continues that device
 // without a thread switch) or by a helper (mine = -1).
-Task InProcessTransport::RunBodies(const std::shared_ptr<Slot>& slot, int mine) {
+Task InProcessRendezvous::RunBodies(const std::shared_ptr<Slot>& slot, int mine) {
   const int n = int(slot->entries.size());
   Task inline_done;
   for (int r; (r = slot->next_body.fetch_add(1)) < n;) {
@@ -188,7 +188,7 @@ Task InProcessTransport::RunBodies(const std::shared_ptr<Slot>& slot, int mine) 
 }
 
 // The deadline passed: if some rank never arrived, fail every arrived rank.
-void InProcessTransport::Expire(const std::shared_ptr<Slot>& slot, Clock::time_point start) {
+void InProcessRendezvous::Expire(const std::shared_ptr<Slot>& slot, Clock::time_point start) {
   std::lock_guard<std::mutex> lock(slot->mu);
   if (slot->started || slot->over) return;
   const char* op = "collective";
@@ -204,7 +204,7 @@ void InProcessTransport::Expire(const std::shared_ptr<Slot>& slot, Clock::time_p
   // The slot stays in the table: a rank arriving late finds it over and fails at once.
 }
 
-void InProcessTransport::Start(const GroupInfo& group, int size, const CallKey& key, int rank,
+void InProcessRendezvous::Start(const GroupInfo& group, int size, const CallKey& key, int rank,
                                const void* send, void* recv, const CallInfo& info,
                                Clock::time_point deadline, const Plan& plan, Done done) {
   bool created;

@@ -1,10 +1,10 @@
-// Transport for a communicator whose ranks live in several processes. The
+// The rendezvous of a communicator whose ranks live in several processes. The
 // ranks of this process meet in memory (as in-process ranks do); once all of
 // them have arrived, one engine worker runs the cross-process algorithm for
 // all of them (process_algorithms.h) over the links of the current world and
 // then completes every local rank. No XLA thread waits for a peer.
-#ifndef JAX_SMDDP_ENGINE_PROCESS_TRANSPORT_H_
-#define JAX_SMDDP_ENGINE_PROCESS_TRANSPORT_H_
+#ifndef JAX_SMDDP_ENGINE_PROCESS_RENDEZVOUS_H_
+#define JAX_SMDDP_ENGINE_PROCESS_RENDEZVOUS_H_
 
 #include <memory>
 #include <mutex>
@@ -16,14 +16,14 @@
 
 namespace smddp {
 
-class ProcessTransport : public Transport {
+class ProcessRendezvous : public Rendezvous {
  public:
   struct Slot;
 
   // `process_of_rank`: the process of each rank of the communicator;
   // `members`: their device ids (for messages); `process`: this process;
   // `host_of_process`: each process's host (routes between hosts).
-  ProcessTransport(std::vector<int64_t> members, std::vector<int> process_of_rank, int process,
+  ProcessRendezvous(std::vector<int64_t> members, std::vector<int> process_of_rank, int process,
                    const std::vector<std::string>& host_of_process);
 
   void Start(const GroupInfo& group, int size, const CallKey& key, int rank,
@@ -51,4 +51,4 @@ class ProcessTransport : public Transport {
 
 }  // namespace smddp
 
-#endif  // JAX_SMDDP_ENGINE_PROCESS_TRANSPORT_H_
+#endif  // JAX_SMDDP_ENGINE_PROCESS_RENDEZVOUS_H_
