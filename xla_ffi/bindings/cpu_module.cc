@@ -21,7 +21,7 @@
 #include "xla_ffi/common/settings.h"
 #include "xla_ffi/common/timeout.h"
 #include "xla_ffi/ffi/cpu_handlers.h"
-#include "xla_ffi/ffi/registrations.h"
+#include "xla_ffi/bindings/registrations.h"
 #include "xla_ffi/transports/fabric_info.h"
 #include "xla_ffi/transports/world.h"
 

@@ -29,7 +29,7 @@
 #include "xla_ffi/bindings/enums.h"
 #include "xla_ffi/bindings/failures.h"
 #include "xla_ffi/bindings/phase_dict.h"
-#include "xla_ffi/ffi/registrations.h"
+#include "xla_ffi/bindings/registrations.h"
 
 namespace nb = nanobind;
 

@@ -2,8 +2,8 @@
 // per-instruction state type and, per collective, its instantiate and execute
 // stages; and the plan the modules' test entries take from Python (shared by
 // the CPU and CUDA modules).
-#ifndef JAX_SMDDP_FFI_REGISTRATIONS_H_
-#define JAX_SMDDP_FFI_REGISTRATIONS_H_
+#ifndef JAX_SMDDP_BINDINGS_REGISTRATIONS_H_
+#define JAX_SMDDP_BINDINGS_REGISTRATIONS_H_
 
 #include "nanobind/nanobind.h"
 #include "xla/ffi/api/c_api.h"
@@ -47,4 +47,4 @@ nanobind::dict TargetRegistrations(Handler* instantiate, Handler* all_gather,
 
 }  // namespace smddp
 
-#endif  // JAX_SMDDP_FFI_REGISTRATIONS_H_
+#endif  // JAX_SMDDP_BINDINGS_REGISTRATIONS_H_
