@@ -433,7 +433,7 @@ class _Routes:
 def traffic(op: str, bytes_per_rank: int, layout: Layout, algorithm: str) -> Traffic:
   """Bytes, messages and copies of process 0 in one call, counted along the
   engine's loops (process_algorithms.cc for "flat"/"hierarchical",
-  algorithms.cc for "in_process", where the figures are for the whole process).
+  host_algorithms.cc for "in_process", where the figures are for the whole process).
   Blocks are taken as contiguous (outer == 1: the benchmark's 1-D layout)."""
   if op not in OPS:
     raise ValueError(f"unknown op {op!r}; one of {OPS}")

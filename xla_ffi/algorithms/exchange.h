@@ -1,4 +1,4 @@
-// The interface the host algorithms (algorithms.h) are written against.
+// The interface the host algorithms (host_algorithms.h) are written against.
 //
 // A host algorithm is a body: what one rank does, given an Exchange (that
 // rank's view of all ranks' buffers for the call, with the moves it may make
@@ -6,7 +6,7 @@
 // builds one per rank and runs the bodies once every rank has arrived.
 // Across processes the same collectives run process_algorithms.h over links,
 // and on GPUs stream_algorithms.h over StreamOps. What the three families
-// share is the Plan (algorithms.h), the reductions (reduce.h) and the element
+// share is the Plan (plan.h), the reductions (reduce.h) and the element
 // types; each collective has one body per family (docs/architecture.md).
 #ifndef JAX_SMDDP_ALGORITHMS_EXCHANGE_H_
 #define JAX_SMDDP_ALGORITHMS_EXCHANGE_H_

@@ -14,7 +14,7 @@
 #ifndef JAX_SMDDP_ALGORITHMS_PROCESS_ALGORITHMS_H_
 #define JAX_SMDDP_ALGORITHMS_PROCESS_ALGORITHMS_H_
 
-#include "xla_ffi/algorithms/algorithms.h"
+#include "xla_ffi/algorithms/plan.h"
 #include "xla_ffi/algorithms/process_call.h"
 
 namespace smddp {

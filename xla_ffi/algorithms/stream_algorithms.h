@@ -35,7 +35,7 @@
 #include <cstdint>
 #include <vector>
 
-#include "xla_ffi/algorithms/algorithms.h"  // Plan
+#include "xla_ffi/algorithms/plan.h"
 #include "xla_ffi/algorithms/stream_ops.h"
 
 namespace smddp {
@@ -124,7 +124,7 @@ Status ReleaseEveryoneWaitingOn(const StreamRank& me, StreamOps& ops);
 // input (all_reduce).
 bool DirectReadsNeedOutputs(Plan::Kind kind);
 
-// Runs one collective of `plan` (kinds and layouts as in algorithms.h) on
+// Runs one collective of `plan` (kinds and layouts as in plan.h) on
 // `ops`: recv of the same shapes as the host algorithms. With `me.inputs`
 // set (one per rank; and `me.outputs` where DirectReadsNeedOutputs), reads
 // the peers' buffers in place.

@@ -6,7 +6,7 @@
 #define JAX_SMDDP_BINDINGS_ENUMS_H_
 
 #include "nanobind/nanobind.h"
-#include "xla_ffi/algorithms/algorithms.h"
+#include "xla_ffi/algorithms/plan.h"
 #include "xla_ffi/common/dtype.h"
 
 namespace smddp {

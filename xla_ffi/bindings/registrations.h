@@ -7,7 +7,7 @@
 
 #include "nanobind/nanobind.h"
 #include "xla/ffi/api/c_api.h"
-#include "xla_ffi/algorithms/algorithms.h"
+#include "xla_ffi/algorithms/plan.h"
 
 namespace smddp {
 

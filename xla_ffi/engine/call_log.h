@@ -20,7 +20,7 @@
 #include <string>
 #include <vector>
 
-#include "xla_ffi/algorithms/algorithms.h"  // Plan
+#include "xla_ffi/algorithms/plan.h"
 #include "xla_ffi/common/status.h"
 
 namespace smddp {

@@ -7,7 +7,7 @@
 #include <memory>
 #include <vector>
 
-#include "xla_ffi/algorithms/algorithms.h"
+#include "xla_ffi/algorithms/plan.h"
 #include "xla_ffi/engine/rendezvous.h"
 #include "xla_ffi/common/timeout.h"  // SetTimeoutSeconds, TimeoutSeconds: part of its interface
 

@@ -8,7 +8,7 @@
 #include <string>
 #include <vector>
 
-#include "xla_ffi/algorithms/algorithms.h"
+#include "xla_ffi/algorithms/host_algorithms.h"
 #include "xla_ffi/engine/scheduler.h"
 #include "xla_ffi/common/settings.h"
 #include "xla_ffi/common/streaming_copy.h"

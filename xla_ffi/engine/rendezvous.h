@@ -2,7 +2,7 @@
 // collective call, and what decides where the algorithm's bodies run and when
 // buffers are free. Completion is reported asynchronously: no caller ever
 // blocks waiting for a peer. Two implementations: in one process
-// (inprocess_rendezvous.h) the host bodies (algorithms.h) run over an Exchange
+// (inprocess_rendezvous.h) the host bodies (host_algorithms.h) run over an Exchange
 // per rank; across processes (process_rendezvous.h) the ranks of each process
 // meet in memory and the cross-process bodies (process_algorithms.h) run over
 // links.

@@ -7,7 +7,7 @@
 
 #include <cstdint>
 
-#include "xla_ffi/algorithms/algorithms.h"
+#include "xla_ffi/algorithms/plan.h"
 #include "xla_ffi/transports/world.h"
 
 namespace smddp {

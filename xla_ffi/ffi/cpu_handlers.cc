@@ -14,7 +14,7 @@
 #include "xla_ffi/ffi/ffi_dtype.h"
 #include "xla_ffi/ffi/ffi_status.h"
 #include "xla_ffi/engine/last_failure.h"
-#include "xla_ffi/algorithms/algorithms.h"
+#include "xla_ffi/algorithms/plan.h"
 #include "xla_ffi/engine/communicator.h"
 #include "xla_ffi/ffi/invocation_counter.h"
 #include "xla_ffi/algorithms/process_call.h"  // MixTag

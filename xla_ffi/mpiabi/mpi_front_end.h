@@ -26,7 +26,7 @@
 #include <utility>
 #include <vector>
 
-#include "xla_ffi/algorithms/algorithms.h"
+#include "xla_ffi/algorithms/plan.h"
 #include "xla_ffi/common/status.h"
 #include "xla_ffi/engine/communicator.h"
 #include "xla_ffi/transports/world.h"

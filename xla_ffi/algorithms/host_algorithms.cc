@@ -1,4 +1,4 @@
-#include "xla_ffi/algorithms/algorithms.h"
+#include "xla_ffi/algorithms/host_algorithms.h"
 
 #include <algorithm>
 #include <vector>

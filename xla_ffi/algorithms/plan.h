@@ -1,0 +1,34 @@
+// One collective call's algorithm and its parameters: what every family of
+// bodies is driven by (host_algorithms.h over an Exchange in one process,
+// process_algorithms.h over links across processes, stream_algorithms.h over
+// StreamOps on GPUs). Layouts are described as [outer, ranks, inner] blocks
+// so gathers and scatters along any dimension need no transposes.
+#ifndef JAX_SMDDP_ALGORITHMS_PLAN_H_
+#define JAX_SMDDP_ALGORITHMS_PLAN_H_
+
+#include <cstddef>
+#include <cstdint>
+
+#include "xla_ffi/common/dtype.h"
+
+namespace smddp {
+
+// One collective call's algorithm and its parameters (equal on every rank):
+// what the engine's rendezvous needs to run any rank's body, on any thread.
+struct Plan {
+  enum class Kind : uint8_t { kAllGather, kReduceScatter, kAllReduce, kAllToAll };
+  Kind kind = Kind::kAllGather;
+  DType dtype = DType::kFloat32;
+  ReduceOp op = ReduceOp::kSum;
+  size_t outer = 1;
+  size_t inner = 0;  // bytes for gathers and all_to_all, elements for reductions
+  size_t count = 0;  // elements, for all_reduce
+  // Across processes (chosen per call by jax_smddp.tuning at lowering):
+  enum class Routing : uint8_t { kAuto, kFlat, kHierarchical };
+  Routing routing = Routing::kAuto;  // kAuto: hierarchical where the hosts allow
+  size_t chunk_bytes = 0;            // message chunk; 0: JAX_SMDDP_CHUNK_BYTES
+};
+
+}  // namespace smddp
+
+#endif  // JAX_SMDDP_ALGORITHMS_PLAN_H_
