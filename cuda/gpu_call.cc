@@ -23,14 +23,14 @@ Status EnqueueCollective(const char* op, int64_t op_id, const CallRank& me, Stre
   Status st;
   if (me.port) {
     if (plan.kind == Plan::Kind::kAllGather) {
-      st = RunStreamHierarchicalGather(plan.outer, plan.inner, me.rank->view, *me.port,
-                                       *me.rank_of, ops, send, recv);
+      st = RunStreamHierarchicalAllGather(plan.outer, plan.inner, me.rank->view, *me.port,
+                                          *me.rank_of, ops, send, recv);
     } else if (plan.kind == Plan::Kind::kReduceScatter) {
-      st = RunStreamHierarchicalScatter(plan.outer, plan.inner, plan.dtype, plan.op, me.rank->view,
-                                        *me.port, *me.rank_of, ops, send, recv);
+      st = RunStreamHierarchicalReduceScatter(plan.outer, plan.inner, plan.dtype, plan.op, me.rank->view,
+                                              *me.port, *me.rank_of, ops, send, recv);
     } else if (plan.kind == Plan::Kind::kAllToAll) {
-      st = RunStreamHierarchicalSwap(plan.outer, plan.inner, me.rank->view, *me.port, *me.rank_of,
-                                     ops, send, recv);
+      st = RunStreamHierarchicalAllToAll(plan.outer, plan.inner, me.rank->view, *me.port, *me.rank_of,
+                                         ops, send, recv);
     } else {
       return Status::Unsupported("jax_smddp (GPU): " + std::string(op) +
                                  " across hosts is not supported on GPUs (all_gather, "

@@ -832,8 +832,8 @@ int RunHost(int p, int L, bool rail, bool die, int up, int down) {
     const size_t outer = 3, n = 1500;
     std::vector<float> send(outer * n), recv(outer * P * n);
     for (size_t i = 0; i < send.size(); ++i) send[i] = Input(p, i + call);
-    Check(p, smddp::RunStreamHierarchicalGather(outer, n * 4, m->local->view, port, rank_of, ops,
-                                                send.data(), recv.data()),
+    Check(p, smddp::RunStreamHierarchicalAllGather(outer, n * 4, m->local->view, port, rank_of, ops,
+                                                   send.data(), recv.data()),
           "hierarchical all_gather");
     for (size_t o = 0; o < outer; ++o)
       for (int r = 0; r < P; ++r)
@@ -844,9 +844,9 @@ int RunHost(int p, int L, bool rail, bool die, int up, int down) {
     const size_t k = 700;
     std::vector<float> in(2 * P * k), out(2 * k);
     for (size_t i = 0; i < in.size(); ++i) in[i] = Input(p, i + call);
-    Check(p, smddp::RunStreamHierarchicalScatter(2, k, smddp::DType::kFloat32, smddp::ReduceOp::kSum,
-                                                 m->local->view, port, rank_of, ops, in.data(),
-                                                 out.data()),
+    Check(p, smddp::RunStreamHierarchicalReduceScatter(2, k, smddp::DType::kFloat32,
+                                                       smddp::ReduceOp::kSum, m->local->view, port,
+                                                       rank_of, ops, in.data(), out.data()),
           "hierarchical reduce_scatter");
     for (size_t o = 0; o < 2; ++o)
       for (size_t i = 0; i < k; ++i) {
@@ -858,8 +858,8 @@ int RunHost(int p, int L, bool rail, bool die, int up, int down) {
     const size_t b = 500;
     std::vector<float> blocks(3 * P * b), swapped(3 * P * b);
     for (size_t i = 0; i < blocks.size(); ++i) blocks[i] = Input(p, i + call);
-    Check(p, smddp::RunStreamHierarchicalSwap(3, b * 4, m->local->view, port, rank_of, ops,
-                                              blocks.data(), swapped.data()),
+    Check(p, smddp::RunStreamHierarchicalAllToAll(3, b * 4, m->local->view, port, rank_of, ops,
+                                                  blocks.data(), swapped.data()),
           "hierarchical all_to_all");
     for (size_t o = 0; o < 3; ++o)
       for (int r = 0; r < P; ++r)
@@ -892,8 +892,8 @@ int RunHost(int p, int L, bool rail, bool die, int up, int down) {
     const size_t n = 1000;
     std::vector<float> send(n, 1.0f), recv(2 * n, 0.0f);
     const auto t0 = std::chrono::steady_clock::now();
-    Check(p, smddp::RunStreamHierarchicalGather(1, n * 4, m->local->view, port, rank_of, ops,
-                                                send.data(), recv.data()),
+    Check(p, smddp::RunStreamHierarchicalAllGather(1, n * 4, m->local->view, port, rank_of, ops,
+                                                   send.data(), recv.data()),
           "the call in flight when the peer died");
     for (size_t i = 0; i < n; ++i) {
       uint32_t bits;
@@ -903,8 +903,8 @@ int RunHost(int p, int L, bool rail, bool die, int up, int down) {
     }
     for (int spin = 0; spin < 500 && !port.proxy->failed(); ++spin)
       std::this_thread::sleep_for(std::chrono::milliseconds(10));
-    const Status next = smddp::RunStreamHierarchicalGather(1, n * 4, m->local->view, port, rank_of,
-                                                           ops, send.data(), recv.data());
+    const Status next = smddp::RunStreamHierarchicalAllGather(1, n * 4, m->local->view, port, rank_of,
+                                                              ops, send.data(), recv.data());
     const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
     Expect(p, !next.ok() && next.message().find("peer process 1") != std::string::npos,
            "the next call did not fail naming the peer: " + next.message());
@@ -922,8 +922,8 @@ int RunHost(int p, int L, bool rail, bool die, int up, int down) {
          std::to_string(FabricRegionsOf(getpid())) + " libfabric regions left in /dev/shm");
   if (!die) {
     std::vector<float> send(100, 1.0f), recv(100 * P);
-    const Status late = smddp::RunStreamHierarchicalGather(1, 400, m->local->view, port, rank_of,
-                                                           ops, send.data(), recv.data());
+    const Status late = smddp::RunStreamHierarchicalAllGather(1, 400, m->local->view, port, rank_of,
+                                                              ops, send.data(), recv.data());
     Expect(p, !late.ok() && late.message().find("exiting") != std::string::npos,
            "a call after the network closed: " + late.message());
   }

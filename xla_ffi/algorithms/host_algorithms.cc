@@ -108,7 +108,7 @@ Status AllToAll(Exchange& ex, size_t outer, size_t inner_bytes) {
   return Status::Ok();
 }
 
-Status RunPlan(const Plan& plan, Exchange& ex) {
+Status RunHostPlan(const Plan& plan, Exchange& ex) {
   switch (plan.kind) {
     case Plan::Kind::kAllGather: return AllGather(ex, plan.outer, plan.inner);
     case Plan::Kind::kReduceScatter:

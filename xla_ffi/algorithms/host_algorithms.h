@@ -16,7 +16,7 @@
 namespace smddp {
 
 // Runs `plan` as the rank of `ex`.
-Status RunPlan(const Plan& plan, Exchange& ex);
+Status RunHostPlan(const Plan& plan, Exchange& ex);
 
 // recv[o, p, :] = send_p[o, :] for every rank p; blocks of `inner_bytes`.
 Status AllGather(Exchange& ex, size_t outer, size_t inner_bytes);

@@ -104,7 +104,7 @@ std::vector<int> GatherOrder(const ProcessCall& c) {
 }
 
 // recv_r[o, s, :] = send_s[o, :] for every rank s.
-Status AllGatherAcross(const ProcessCall& c, size_t outer, size_t inner) {
+Status ProcessAllGather(const ProcessCall& c, size_t outer, size_t inner) {
   const Routes& rt = *c.routes;
   const size_t n = c.size, block = outer * inner, nl = c.local.size();
   if (block == 0) return Status::Ok();
@@ -240,8 +240,8 @@ struct Contributions {
 // recv_r[o, :] = reduce over ranks s of send_s[o, r, :]. Each rank's block is
 // reduced once per process (its own ranks first), combined per host on the
 // way (hierarchical routes), and completed by the rank's own process.
-Status ReduceScatterAcross(const ProcessCall& c, DType dtype, ReduceOp op, size_t outer,
-                           size_t inner) {
+Status ProcessReduceScatter(const ProcessCall& c, DType dtype, ReduceOp op, size_t outer,
+                            size_t inner) {
   const Routes& rt = *c.routes;
   const size_t esize = ElementSize(dtype), block = outer * inner, bb = block * esize;
   const size_t nl = c.local.size();
@@ -282,7 +282,7 @@ Status ReduceScatterAcross(const ProcessCall& c, DType dtype, ReduceOp op, size_
 // recv = reduce over ranks of send, balanced: shard r (the r-th of `size`
 // equal parts) is reduced once, by rank r's process (combined per host on the
 // way), and its result spread to every process as a gather would.
-Status AllReduceAcross(const ProcessCall& c, DType dtype, ReduceOp op, size_t count) {
+Status ProcessAllReduce(const ProcessCall& c, DType dtype, ReduceOp op, size_t count) {
   const Routes& rt = *c.routes;
   const size_t n = c.size, esize = ElementSize(dtype), nl = c.local.size();
   if (count == 0) return Status::Ok();
@@ -364,7 +364,7 @@ Status AllReduceAcross(const ProcessCall& c, DType dtype, ReduceOp op, size_t co
 }
 
 // recv_r[o, s, :] = send_s[o, r, :].
-Status AllToAllAcross(const ProcessCall& c, size_t outer, size_t inner) {
+Status ProcessAllToAll(const ProcessCall& c, size_t outer, size_t inner) {
   const size_t n = c.size, nl = c.local.size(), np = c.peers.size(), block = outer * inner;
   if (block == 0) return Status::Ok();
   const bool stream = c.StreamOutputs();
@@ -427,11 +427,11 @@ Status AllToAllAcross(const ProcessCall& c, size_t outer, size_t inner) {
 Status RunProcessPlan(const Plan& plan, ProcessCall& call) {
   SMDDP_RETURN_IF_ERROR(CheckCallsAgree(call, plan));
   switch (plan.kind) {
-    case Plan::Kind::kAllGather: return AllGatherAcross(call, plan.outer, plan.inner);
+    case Plan::Kind::kAllGather: return ProcessAllGather(call, plan.outer, plan.inner);
     case Plan::Kind::kReduceScatter:
-      return ReduceScatterAcross(call, plan.dtype, plan.op, plan.outer, plan.inner);
-    case Plan::Kind::kAllReduce: return AllReduceAcross(call, plan.dtype, plan.op, plan.count);
-    case Plan::Kind::kAllToAll: return AllToAllAcross(call, plan.outer, plan.inner);
+      return ProcessReduceScatter(call, plan.dtype, plan.op, plan.outer, plan.inner);
+    case Plan::Kind::kAllReduce: return ProcessAllReduce(call, plan.dtype, plan.op, plan.count);
+    case Plan::Kind::kAllToAll: return ProcessAllToAll(call, plan.outer, plan.inner);
   }
   return Status::Error("jax_smddp: unknown collective plan");
 }

@@ -125,8 +125,8 @@ class Steps {
 };
 
 // recv[o, p, :] = send_p[o, :]
-Status Gather(Steps& st, StreamOps& ops, const uint8_t* send, uint8_t* recv, size_t outer,
-              size_t inner) {
+Status StagedAllGather(Steps& st, StreamOps& ops, const uint8_t* send, uint8_t* recv, size_t outer,
+                       size_t inner) {
   const int P = st.size(), me = st.rank();
   SMDDP_RETURN_IF_ERROR(ops.Copy2D(recv + me * inner, P * inner, send, inner, inner, outer));
   return ForEachTile(outer, inner, 1, st.cap(), 1, [&](const Tile& t) -> Status {
@@ -157,8 +157,8 @@ Status PostBlocks(Steps& st, StreamOps& ops, const uint8_t* send, size_t inner, 
 }
 
 // recv[o, p, :] = send_p[o, rank, :]
-Status Swap(Steps& st, StreamOps& ops, const uint8_t* send, uint8_t* recv, size_t outer,
-                size_t inner) {
+Status StagedAllToAll(Steps& st, StreamOps& ops, const uint8_t* send, uint8_t* recv, size_t outer,
+                      size_t inner) {
   const int P = st.size(), me = st.rank();
   SMDDP_RETURN_IF_ERROR(ops.Copy2D(recv + me * inner, P * inner, send + me * inner, P * inner,
                                    inner, outer));
@@ -177,8 +177,8 @@ Status Swap(Steps& st, StreamOps& ops, const uint8_t* send, uint8_t* recv, size_
 }
 
 // recv[o, :] = reduce_p send_p[o, rank, :]; inner in elements.
-Status Scatter(Steps& st, StreamOps& ops, const uint8_t* send, uint8_t* recv, size_t outer,
-               size_t inner, DType dtype, ReduceOp op) {
+Status StagedReduceScatter(Steps& st, StreamOps& ops, const uint8_t* send, uint8_t* recv, size_t outer,
+                           size_t inner, DType dtype, ReduceOp op) {
   const int P = st.size(), me = st.rank();
   const size_t E = ElementSize(dtype), inner_b = inner * E;
   const void** srcs = st.Sources(P);
@@ -206,8 +206,8 @@ size_t ShardElements(size_t count, size_t L, int q, size_t j, size_t w) {
 
 // recv = reduce_p send_p, balanced: rank r reduces shard r from every peer's
 // slot, then every rank copies each reduced shard from its owner's slot.
-Status ReduceAll(Steps& st, StreamOps& ops, const uint8_t* send, uint8_t* recv, size_t count,
-                 DType dtype, ReduceOp op) {
+Status StagedAllReduce(Steps& st, StreamOps& ops, const uint8_t* send, uint8_t* recv, size_t count,
+                       DType dtype, ReduceOp op) {
   const int P = st.size(), me = st.rank();
   const size_t E = ElementSize(dtype);
   const size_t L = (count + P - 1) / P;
@@ -252,11 +252,11 @@ Status ReduceAll(Steps& st, StreamOps& ops, const uint8_t* send, uint8_t* recv, 
 // The direct-read forms (stream_algorithms.h): `in[q]` is rank q's input.
 // Every rank posts first, so peers can start on its input while it copies its own part.
 // recv[o, p, :] = in_p[o, :] (all_gather) or in_p[o, rank, :] (all_to_all).
-Status BlocksDirect(Steps& st, StreamOps& ops, const std::vector<const uint8_t*>& in,
-                    uint8_t* recv, size_t outer, size_t inner, bool swap) {
+Status DirectAllGatherOrAllToAll(Steps& st, StreamOps& ops, const std::vector<const uint8_t*>& in,
+                                 uint8_t* recv, size_t outer, size_t inner, bool all_to_all) {
   const int P = st.size(), me = st.rank();
-  const size_t spitch = swap ? P * inner : inner;
-  const size_t pick = swap ? me * inner : 0;  // this rank's block within a row
+  const size_t spitch = all_to_all ? P * inner : inner;
+  const size_t pick = all_to_all ? me * inner : 0;  // this rank's block within a row
   st.BeginDirect();
   SMDDP_RETURN_IF_ERROR(st.Post());
   for (int k = 0; k < P; ++k) {
@@ -269,8 +269,8 @@ Status BlocksDirect(Steps& st, StreamOps& ops, const std::vector<const uint8_t*>
 }
 
 // recv[o, :] = reduce_p in_p[o, rank, :]; inner in elements.
-Status ScatterDirect(Steps& st, StreamOps& ops, const std::vector<const uint8_t*>& in,
-                     uint8_t* recv, size_t outer, size_t inner, DType dtype, ReduceOp op) {
+Status DirectReduceScatter(Steps& st, StreamOps& ops, const std::vector<const uint8_t*>& in,
+                           uint8_t* recv, size_t outer, size_t inner, DType dtype, ReduceOp op) {
   const int P = st.size(), me = st.rank();
   const size_t inner_b = inner * ElementSize(dtype);
   const void** srcs = st.Sources(P);
@@ -286,10 +286,10 @@ Status ScatterDirect(Steps& st, StreamOps& ops, const std::vector<const uint8_t*
   return st.AwaitConsumed();
 }
 
-// recv = reduce_p in_p, balanced as ReduceAll: rank r reduces shard r of
+// recv = reduce_p in_p, balanced as StagedAllReduce: rank r reduces shard r of
 // every input into its own output (out[r]), then copies every other shard
 // out of its owner's output.
-Status ReduceAllDirect(Steps& st, StreamOps& ops, const std::vector<const uint8_t*>& in,
+Status DirectAllReduce(Steps& st, StreamOps& ops, const std::vector<const uint8_t*>& in,
                        const std::vector<uint8_t*>& out, size_t count, DType dtype, ReduceOp op) {
   const int P = st.size(), me = st.rank();
   const size_t E = ElementSize(dtype);
@@ -353,9 +353,9 @@ Status ReleaseEveryoneWaitingOn(const StreamRank& me, StreamOps& ops) {
   return Status::Ok();
 }
 
-Status RunStreamHierarchicalGather(size_t outer, size_t inner, StreamRank& local, NetPort& port,
-                                   const std::vector<int>& rank_of, StreamOps& ops,
-                                   const void* send_v, void* recv_v) {
+Status RunStreamHierarchicalAllGather(size_t outer, size_t inner, StreamRank& local, NetPort& port,
+                                      const std::vector<int>& rank_of, StreamOps& ops,
+                                      const void* send_v, void* recv_v) {
   const auto* send = static_cast<const uint8_t*>(send_v);
   auto* recv = static_cast<uint8_t*>(recv_v);
   const int H = port.hosts, L = local.layout.size, h = port.host, i = local.rank;
@@ -404,10 +404,10 @@ Status RunStreamHierarchicalGather(size_t outer, size_t inner, StreamRank& local
   });
 }
 
-Status RunStreamHierarchicalScatter(size_t outer, size_t inner, DType dtype, ReduceOp op,
-                                    StreamRank& local, NetPort& port,
-                                    const std::vector<int>& rank_of, StreamOps& ops,
-                                    const void* send_v, void* recv_v) {
+Status RunStreamHierarchicalReduceScatter(size_t outer, size_t inner, DType dtype, ReduceOp op,
+                                          StreamRank& local, NetPort& port,
+                                          const std::vector<int>& rank_of, StreamOps& ops,
+                                          const void* send_v, void* recv_v) {
   const auto* send = static_cast<const uint8_t*>(send_v);
   auto* recv = static_cast<uint8_t*>(recv_v);
   const int H = port.hosts, L = local.layout.size, h = port.host, i = local.rank;
@@ -459,9 +459,9 @@ Status RunStreamHierarchicalScatter(size_t outer, size_t inner, DType dtype, Red
   });
 }
 
-Status RunStreamHierarchicalSwap(size_t outer, size_t inner, StreamRank& local, NetPort& port,
-                                 const std::vector<int>& rank_of, StreamOps& ops,
-                                 const void* send_v, void* recv_v) {
+Status RunStreamHierarchicalAllToAll(size_t outer, size_t inner, StreamRank& local, NetPort& port,
+                                     const std::vector<int>& rank_of, StreamOps& ops,
+                                     const void* send_v, void* recv_v) {
   const auto* send = static_cast<const uint8_t*>(send_v);
   auto* recv = static_cast<uint8_t*>(recv_v);
   const int H = port.hosts, L = local.layout.size, h = port.host, i = local.rank;
@@ -558,23 +558,23 @@ Status RunStreamPlan(const Plan& plan, StreamRank& me, StreamOps& ops, const voi
     switch (plan.kind) {
       case Plan::Kind::kAllGather:
       case Plan::Kind::kAllToAll:
-        return BlocksDirect(steps, ops, me.inputs, recv, plan.outer, plan.inner,
-                            plan.kind == Plan::Kind::kAllToAll);
+        return DirectAllGatherOrAllToAll(steps, ops, me.inputs, recv, plan.outer, plan.inner,
+                                         plan.kind == Plan::Kind::kAllToAll);
       case Plan::Kind::kReduceScatter:
-        return ScatterDirect(steps, ops, me.inputs, recv, plan.outer, plan.inner, plan.dtype, plan.op);
+        return DirectReduceScatter(steps, ops, me.inputs, recv, plan.outer, plan.inner, plan.dtype, plan.op);
       case Plan::Kind::kAllReduce:
-        return ReduceAllDirect(steps, ops, me.inputs, me.outputs, plan.count, plan.dtype, plan.op);
+        return DirectAllReduce(steps, ops, me.inputs, me.outputs, plan.count, plan.dtype, plan.op);
     }
   }
   switch (plan.kind) {
     case Plan::Kind::kAllGather:
-      return Gather(steps, ops, send, recv, plan.outer, plan.inner);
+      return StagedAllGather(steps, ops, send, recv, plan.outer, plan.inner);
     case Plan::Kind::kAllToAll:
-      return Swap(steps, ops, send, recv, plan.outer, plan.inner);
+      return StagedAllToAll(steps, ops, send, recv, plan.outer, plan.inner);
     case Plan::Kind::kReduceScatter:
-      return Scatter(steps, ops, send, recv, plan.outer, plan.inner, plan.dtype, plan.op);
+      return StagedReduceScatter(steps, ops, send, recv, plan.outer, plan.inner, plan.dtype, plan.op);
     case Plan::Kind::kAllReduce:
-      return ReduceAll(steps, ops, send, recv, plan.count, plan.dtype, plan.op);
+      return StagedAllReduce(steps, ops, send, recv, plan.count, plan.dtype, plan.op);
   }
   return Status::Error("jax_smddp: unknown collective kind");
 }

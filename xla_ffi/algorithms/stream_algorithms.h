@@ -87,9 +87,9 @@ std::vector<uint32_t*> AllFlags(const RegionLayout& layout, const std::vector<ui
 // its rail: same j everywhere), then, host by host as parts arrive, shares
 // each part with its local peers through the staging slots, so the exchange
 // inside the host overlaps the network's. recv[o, q, :] = send_q[o, :].
-Status RunStreamHierarchicalGather(size_t outer, size_t inner_bytes, StreamRank& local,
-                                   NetPort& port, const std::vector<int>& rank_of,
-                                   StreamOps& ops, const void* send, void* recv);
+Status RunStreamHierarchicalAllGather(size_t outer, size_t inner_bytes, StreamRank& local,
+                                      NetPort& port, const std::vector<int>& rank_of,
+                                      StreamOps& ops, const void* send, void* recv);
 
 // reduce_scatter over hosts, likewise: per tile and destination host g, the
 // ranks of each host reduce their blocks for host g's rail (rank i keeps
@@ -97,10 +97,10 @@ Status RunStreamHierarchicalGather(size_t outer, size_t inner_bytes, StreamRank&
 // peer, which combines the hosts' partials in host order. recv[o, :] =
 // reduce_q send_q[o, rank, :]; inner in elements. 16-bit floats are rounded
 // at each level (host partial, final).
-Status RunStreamHierarchicalScatter(size_t outer, size_t inner, DType dtype, ReduceOp op,
-                                    StreamRank& local, NetPort& port,
-                                    const std::vector<int>& rank_of, StreamOps& ops,
-                                    const void* send, void* recv);
+Status RunStreamHierarchicalReduceScatter(size_t outer, size_t inner, DType dtype, ReduceOp op,
+                                          StreamRank& local, NetPort& port,
+                                          const std::vector<int>& rank_of, StreamOps& ops,
+                                          const void* send, void* recv);
 
 // all_to_all over hosts: recv[o, q, :] = send_q[o, rank, :]. Per tile, rank
 // i of host h collects through the staging slots, from every rank j of its
@@ -109,9 +109,9 @@ Status RunStreamHierarchicalScatter(size_t outer, size_t inner, DType dtype, Red
 // proxy (host g's part to its rail peer on host g), and meanwhile copies the
 // blocks its own host's ranks send it; then it unpacks each host's part as
 // it arrives. Each block crosses the network once, between rail peers.
-Status RunStreamHierarchicalSwap(size_t outer, size_t inner_bytes, StreamRank& local,
-                                 NetPort& port, const std::vector<int>& rank_of,
-                                 StreamOps& ops, const void* send, void* recv);
+Status RunStreamHierarchicalAllToAll(size_t outer, size_t inner_bytes, StreamRank& local,
+                                     NetPort& port, const std::vector<int>& rank_of,
+                                     StreamOps& ops, const void* send, void* recv);
 
 // For a rank that gives up on a call after its peers may have enqueued
 // theirs (a failed buffer exchange): enqueues releases (ReleasedFlag of its

@@ -461,15 +461,15 @@ std::vector<nb::bytes> StreamHierarchicalProbe(int hosts, int local, size_t oute
           for (int c = 0; c < calls && status[x].ok(); ++c) {
             status[x] =
                 kind == 0
-                    ? smddp::RunStreamHierarchicalGather(outer, inner, me, ports[x], rank_of, ops,
-                                                         send[x].data(), recv[x].data())
+                    ? smddp::RunStreamHierarchicalAllGather(outer, inner, me, ports[x], rank_of, ops,
+                                                            send[x].data(), recv[x].data())
                 : kind == 1
-                    ? smddp::RunStreamHierarchicalScatter(outer, inner, smddp::DType(dtype),
-                                                          smddp::ReduceOp(op), me, ports[x],
-                                                          rank_of, ops, send[x].data(),
-                                                          recv[x].data())
-                    : smddp::RunStreamHierarchicalSwap(outer, inner, me, ports[x], rank_of, ops,
-                                                       send[x].data(), recv[x].data());
+                    ? smddp::RunStreamHierarchicalReduceScatter(outer, inner, smddp::DType(dtype),
+                                                                smddp::ReduceOp(op), me, ports[x],
+                                                                rank_of, ops, send[x].data(),
+                                                                recv[x].data())
+                    : smddp::RunStreamHierarchicalAllToAll(outer, inner, me, ports[x], rank_of, ops,
+                                                           send[x].data(), recv[x].data());
           }
           // The proxy reports network failures; a failed step still released the stream.
           if (status[x].ok()) {

@@ -176,7 +176,7 @@ Task InProcessRendezvous::RunBodies(const std::shared_ptr<Slot>& slot, int mine)
   Task inline_done;
   for (int r; (r = slot->next_body.fetch_add(1)) < n;) {
     RankView view(*slot, r);
-    Status st = RunPlan(slot->plan, view);
+    Status st = RunHostPlan(slot->plan, view);
     std::lock_guard<std::mutex> lock(slot->mu);
     if (!st.ok() && slot->status.ok()) slot->status = st;
     if (++slot->bodies_done == n) {
