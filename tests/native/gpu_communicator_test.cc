@@ -462,20 +462,35 @@ int RunRank(int r, const std::string& scenario, bool host, int up, int down) {
     void* out = nullptr;
     Expect(r, cudaMalloc(&in, 1 << 16) == cudaSuccess && cudaMalloc(&out, 1 << 16) == cudaSuccess,
            "cudaMalloc");
+    // Each rank's input holds words that name it and their place (the mock's
+    // device memory is host memory shared between processes), so a peer's
+    // address that is off, stale or another rank's reads the wrong words.
+    auto word = [](int rank, size_t i) { return uint32_t(rank) * 1000003u + uint32_t(i); };
+    auto* in_words = static_cast<uint32_t*>(in);
+    for (size_t i = 0; i < (1 << 16) / 4; ++i) in_words[i] = word(r, i);
     std::vector<double> check_us, exchange_us;
     for (int call = 0; call < 400; ++call) {
       const auto t0 = std::chrono::steady_clock::now();
       Status st = gpu::CheckCall(*me, "all_gather", plan);
       const auto t1 = std::chrono::steady_clock::now();
-      if (st.ok()) st = gpu::ExchangeBuffers(*me, plan, static_cast<uint8_t*>(in) + 256 * (call % 3), out);
+      const size_t offset = 256 * (call % 3);
+      if (st.ok()) st = gpu::ExchangeBuffers(*me, plan, static_cast<uint8_t*>(in) + offset, out);
       const auto t2 = std::chrono::steady_clock::now();
       Expect(r, st.ok() && me->view.inputs.size() == size_t(kRanks), "exchange: " + st.message());
       check_us.push_back(std::chrono::duration<double, std::micro>(t1 - t0).count());
       exchange_us.push_back(std::chrono::duration<double, std::micro>(t2 - t1).count());
-      // The GPU would now read the peers' inputs; here only their addresses
-      // are checked: each peer's allocation, mapped once, at the offset it used.
-      for (int q = 0; q < kRanks; ++q)
-        Expect(r, me->view.inputs[q] != nullptr, "no address for rank " + std::to_string(q));
+      // The GPU would now read the peers' inputs; here the host reads what
+      // their addresses show: each peer's allocation, mapped once, at the
+      // offset it used, holding that peer's words (first and last of the block).
+      for (int q = 0; q < kRanks && st.ok(); ++q) {
+        const auto* theirs = reinterpret_cast<const uint32_t*>(me->view.inputs[q]);
+        const size_t first = offset / 4, last = first + plan.inner / 4 - 1;
+        Expect(r, theirs != nullptr && theirs[0] == word(q, first) &&
+                      theirs[last - first] == word(q, last),
+               "call " + std::to_string(call) + ": rank " + std::to_string(q) +
+                   "'s input as this rank reads it is not what rank " + std::to_string(q) +
+                   " wrote at offset " + std::to_string(offset));
+      }
     }
     Expect(r, me->exchange->mapped() == size_t(kRanks - 1), "mapped " +
            std::to_string(me->exchange->mapped()) + " allocations, not one per peer");
