@@ -113,7 +113,9 @@ std::vector<std::tuple<bool, std::string, uint64_t, ChunkFields>> FabricChunkPro
 // ranks, where only the ranks in `present` ever arrive (rank `odd_rank`, if
 // any, with one element more than the others). Checks the sum and returns, per
 // present rank, the error text ("" on success). Tests the engine's failure
-// paths directly.
+// paths directly. Rank r's element i is r + 1 + 16 (i mod 4093), so the sum
+// of every element depends on its place and on every rank (exact in f32): a
+// shifted, swapped or missing contribution gives a wrong sum.
 std::vector<std::pair<int, std::string>> RendezvousProbe(int size, std::vector<int> present,
                                                          double timeout_s, int64_t count,
                                                          int odd_rank) {
@@ -127,9 +129,11 @@ std::vector<std::pair<int, std::string>> RendezvousProbe(int size, std::vector<i
   smddp::SetTimeoutSeconds(timeout_s);
   std::vector<std::pair<int, std::string>> results(present.size());
   std::vector<std::vector<float>> send, recv;
+  auto element = [](int64_t i) { return 16.0f * float(i % 4093); };
   for (int r : present) {
     const int64_t n = count + (r == odd_rank ? 1 : 0);
-    send.emplace_back(n, float(r + 1));
+    send.emplace_back(n);
+    for (int64_t i = 0; i < n; ++i) send.back()[i] = float(r + 1) + element(i);
     recv.emplace_back(n, 0.0f);
   }
   {
@@ -148,9 +152,12 @@ std::vector<std::pair<int, std::string>> RendezvousProbe(int size, std::vector<i
         smddp::Status st = finished.get_future().get();
         // Recorded as the CPU handler records a failure (jax_smddp.errors).
         smddp::RecordFailure("all_reduce", comm->members(), present[i], st);
-        const float want = float(size) * float(size + 1) / 2;
-        for (float v : recv[i]) {
-          if (st.ok() && v != want) st = smddp::Status::Error("wrong sum");
+        for (size_t j = 0; j < recv[i].size() && st.ok(); ++j) {
+          const float want = float(size) * float(size + 1) / 2 + float(size) * element(int64_t(j));
+          if (recv[i][j] != want)
+            st = smddp::Status::Error("wrong sum at element " + std::to_string(j) + ": " +
+                                      std::to_string(recv[i][j]) + " instead of " +
+                                      std::to_string(want));
         }
         results[i] = {present[i], st.ok() ? std::string() : st.message()};
       });
