@@ -7,7 +7,9 @@ sources."""
 import numpy as np
 import pytest
 
-_testing = pytest.importorskip("_smddp_testing")
+from helpers import engine_probes
+
+_testing = engine_probes()
 ml_dtypes = pytest.importorskip("ml_dtypes")
 
 DTYPES = _testing.dtypes()

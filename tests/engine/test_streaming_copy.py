@@ -13,7 +13,9 @@ import textwrap
 import numpy as np
 import pytest
 
-_testing = pytest.importorskip("_smddp_testing")
+from helpers import engine_probes
+
+_testing = engine_probes()
 
 
 @pytest.mark.parametrize("stream", [True, False])
