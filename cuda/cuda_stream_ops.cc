@@ -40,7 +40,7 @@ GpuSettings GpuSettings::FromEnvironment() {
   GpuSettings s;
   if (TextSetting("JAX_SMDDP_GPU_COPIES") == "kernel") s.copies = Copies::kKernel;
   if (TextSetting("JAX_SMDDP_GPU_FLAGS") == "kernel") s.flags = Flags::kKernel;
-  s.max_blocks = int(IntSetting("JAX_SMDDP_GPU_MAX_BLOCKS", s.max_blocks));
+  s.max_blocks = int(IntSetting("JAX_SMDDP_GPU_MAX_BLOCKS"));
   return s;
 }
 

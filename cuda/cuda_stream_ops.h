@@ -22,10 +22,10 @@ struct GpuSettings {
   enum class Flags : uint8_t { kMemOps, kKernel };
   Copies copies = Copies::kEngine;
   Flags flags = Flags::kMemOps;
-  int max_blocks = 8;
+  int max_blocks = 0;  // a kernel's thread blocks: set by FromEnvironment or the caller
 
   // JAX_SMDDP_GPU_COPIES=engine|kernel, JAX_SMDDP_GPU_FLAGS=memops|kernel,
-  // JAX_SMDDP_GPU_MAX_BLOCKS=N (default 8).
+  // JAX_SMDDP_GPU_MAX_BLOCKS=N (defaults: the settings registry's).
   static GpuSettings FromEnvironment();
 };
 

@@ -347,7 +347,7 @@ Status SetUpGpu(const uint64_t nonce[2], const std::vector<Entry>& table,
   std::vector<std::pair<int, std::string>> handles, remote;
   // Host flag memory unless the user chose: XLA cannot be told a stream
   // waits on a dead peer, so the watchdog must be able to release it.
-  Status st = gpu::PrepareCommunicator(members, size_t(IntSetting("JAX_SMDDP_GPU_SLOT_BYTES", 8 << 20)),
+  Status st = gpu::PrepareCommunicator(members, size_t(IntSetting("JAX_SMDDP_GPU_SLOT_BYTES")),
                                        local, int(processes.size()), &handles,
                                        gpu::FlagMemory::kHost);
   if (st.ok() && processes.size() > 1) {

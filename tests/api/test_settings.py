@@ -42,6 +42,48 @@ def test_every_setting_the_code_names_is_declared():
   assert not missing, f"not in the registry (xla_ffi/common/settings.cc): {missing}"
 
 
+TYPED_READ = re.compile(r'\b(IntSetting|SecondsSetting|IntSettingIfSet)\(\s*"(JAX_SMDDP_[A-Z0-9_]+)"\s*([,)])')
+
+
+def typed_reads() -> list[tuple[str, str, str, str]]:
+  """(file, function, setting, what follows the name) of every typed read in the native code."""
+  found = []
+  for top in ("xla_ffi", "cuda", os.path.join("tests", "native")):
+    for root, _, files in os.walk(os.path.join(REPO, top)):
+      for f in files:
+        if f.endswith((".cc", ".h", ".cu", ".cuh")) and f not in ("settings.cc", "settings.h"):
+          with open(os.path.join(root, f), errors="ignore") as fh:
+            for fn, name, after in TYPED_READ.findall(fh.read()):
+              found.append((os.path.relpath(os.path.join(root, f), REPO), fn, name, after))
+  return found
+
+
+def test_typed_reads_take_the_registry_default():
+  # Each default is stated once, in the registry: IntSetting and SecondsSetting
+  # return the declared default, so what they read must declare a value (a
+  # setting whose default is worked out at run time, "cores - 1", is read with
+  # IntSettingIfSet), and no read passes a second default of its own.
+  specs = {s["name"]: s for s in config.specs()}
+  reads = typed_reads()
+  assert len(reads) >= 15, reads  # the check sees the code
+  wrong = []
+  for path, fn, name, after in reads:
+    if fn == "IntSettingIfSet":
+      continue
+    if after == ",":
+      wrong.append(f"{path}: {fn}(\"{name}\", ...) states a default beside the registry's")
+      continue
+    try:
+      value = config.parse(name, specs[name]["default"])
+    except ValueError as e:
+      wrong.append(f"{path}: {fn}(\"{name}\"): its declared default is not a value ({e}); "
+                   "read it with IntSettingIfSet and the run-time default")
+      continue
+    if not isinstance(value, (int, float)):
+      wrong.append(f"{path}: {fn}(\"{name}\"): not a numeric setting")
+  assert not wrong, "\n".join(wrong)
+
+
 def test_the_docs_table_is_generated_from_the_registry():
   with open(os.path.join(REPO, "docs", "settings.md")) as f:
     docs = f.read()

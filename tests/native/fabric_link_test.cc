@@ -159,7 +159,7 @@ const size_t kMiB = 1 << 20;
 // buffers) rather than through bounce buffers.
 bool Direct(Link* link, size_t bytes) {
   return link->SingleCopy() == "on" &&
-         bytes >= size_t(smddp::IntSetting("JAX_SMDDP_FABRIC_DIRECT_BYTES", 512 << 10));
+         bytes >= size_t(smddp::IntSetting("JAX_SMDDP_FABRIC_DIRECT_BYTES"));
 }
 
 const std::vector<size_t> kSizes = {0, 1, 7, 4096, kMiB + 3, 64 * kMiB};

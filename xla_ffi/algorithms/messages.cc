@@ -19,9 +19,6 @@ std::string Seconds(Clock::duration d) {
   return os.str();
 }
 
-unsigned EnvUnsigned(const char* name, unsigned fallback) {
-  return unsigned(IntSetting(name, fallback));
-}
 
 }  // namespace
 
@@ -47,7 +44,8 @@ std::vector<int> ProcessCall::RanksOf(int process) const {
 
 size_t ChunkBytes() {
   static const size_t bytes = [] {
-    const int64_t v = IntSetting("JAX_SMDDP_CHUNK_BYTES", 0);
+    int64_t v = 0;  // unset: 1 MiB (jax_smddp.tuning chooses per call otherwise)
+    IntSettingIfSet("JAX_SMDDP_CHUNK_BYTES", &v);
     // Whole cache lines, so chunk boundaries never split an element; at least
     // 4 KiB, as jax_smddp.tuning rounds it.
     return v > 0 ? std::max<size_t>(4096, (size_t(v) + 63) / 64 * 64) : size_t(1) << 20;
@@ -158,9 +156,9 @@ Status Messages::Wait(size_t id) {
   // Spin briefly (shared-memory latency is microseconds), then yield the
   // core, then sleep until the link signals activity (or sleep_us passed):
   // many calls may wait at once on few cores.
-  static const unsigned yield_after = EnvUnsigned("JAX_SMDDP_SPIN", 256);
-  static const unsigned sleep_after = EnvUnsigned("JAX_SMDDP_YIELD", 4096);
-  static const unsigned sleep_us = EnvUnsigned("JAX_SMDDP_SLEEP_US", 50);
+  static const unsigned yield_after = unsigned(IntSetting("JAX_SMDDP_SPIN"));
+  static const unsigned sleep_after = unsigned(IntSetting("JAX_SMDDP_YIELD"));
+  static const unsigned sleep_us = unsigned(IntSetting("JAX_SMDDP_SLEEP_US"));
   for (unsigned spins = 0; !e.req.done(); ++spins) {
     const bool sleeps = spins > yield_after && spins >= sleep_after;
     // Read before looking, and only when this round may sleep on it.

@@ -37,7 +37,7 @@ HeapReusePolicy HeapReuse() {
   p.reason = "the C library is not glibc";
   return p;
 #else
-  const int64_t bytes = IntSetting("JAX_SMDDP_HEAP_REUSE_BYTES", int64_t(64) << 20);
+  const int64_t bytes = IntSetting("JAX_SMDDP_HEAP_REUSE_BYTES");
   if (bytes <= 0) {
     p.reason = "JAX_SMDDP_HEAP_REUSE_BYTES=0";
   } else if (const char* user = UserMallocSetting()) {

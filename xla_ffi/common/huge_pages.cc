@@ -9,7 +9,7 @@
 namespace smddp {
 
 void AdviseHugePages(void* p, size_t bytes) {
-  static const int64_t min_bytes = IntSetting("JAX_SMDDP_HUGE_PAGE_BYTES", int64_t(4) << 20);
+  static const int64_t min_bytes = IntSetting("JAX_SMDDP_HUGE_PAGE_BYTES");
   if (min_bytes <= 0 || int64_t(bytes) < min_bytes) return;
   constexpr uintptr_t kHuge = uintptr_t(2) << 20;
   const uintptr_t begin = (reinterpret_cast<uintptr_t>(p) + kHuge - 1) & ~(kHuge - 1);

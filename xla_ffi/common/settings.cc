@@ -314,14 +314,33 @@ bool NumberSetting(const char* name, double* out) {
 
 }  // namespace
 
-int64_t IntSetting(const char* name, int64_t fallback) {
+namespace {
+
+// The declared default of the numeric setting `name` (0 when it has none
+// that is a value: a caller's mistake, which tests/api/test_settings.py rules out).
+double DeclaredDefault(const char* name) {
+  const SettingSpec* s = FindSetting(name);
   double v = 0;
-  return NumberSetting(name, &v) ? int64_t(v) : fallback;
+  return s != nullptr && ParseNumber(*s, s->default_text, &v) ? v : 0;
 }
 
-double SecondsSetting(const char* name, double fallback) {
+}  // namespace
+
+int64_t IntSetting(const char* name) {
   double v = 0;
-  return NumberSetting(name, &v) ? v : fallback;
+  return int64_t(NumberSetting(name, &v) ? v : DeclaredDefault(name));
+}
+
+double SecondsSetting(const char* name) {
+  double v = 0;
+  return NumberSetting(name, &v) ? v : DeclaredDefault(name);
+}
+
+bool IntSettingIfSet(const char* name, int64_t* value) {
+  double v = 0;
+  if (!NumberSetting(name, &v)) return false;
+  *value = int64_t(v);
+  return true;
 }
 
 std::string TextSetting(const char* name) {

@@ -56,12 +56,19 @@ Status ParseSetting(const std::string& name, const std::string& value, std::stri
 // The items of a list setting's value (trimmed, empty ones left out).
 std::vector<std::string> SettingItems(const std::string& value);
 
-// Typed reads. Each returns the default when the setting is unset or its
-// value is invalid (the invalid value is reported by CheckSettings(), which
-// jax_smddp runs at import): for code that cannot fail here.
-int64_t IntSetting(const char* name, int64_t fallback);
-double SecondsSetting(const char* name, double fallback);
+// Typed reads, for code that cannot fail here: the value when the setting is
+// set and valid, else its declared default (an invalid value is reported by
+// CheckSettings(), which jax_smddp runs at import). The default is the
+// registry's, stated once in settings.cc: these take no second one. Only for
+// settings whose declared default is a value (tests/api/test_settings.py
+// checks every call site); one whose default is worked out at run time
+// ("cores - 1") is read with IntSettingIfSet.
+int64_t IntSetting(const char* name);
+double SecondsSetting(const char* name);
 std::string TextSetting(const char* name);
+// True, with `*value`, when `name` is set and valid; false (`*value` left
+// alone) when the caller's run-time default applies.
+bool IntSettingIfSet(const char* name, int64_t* value);
 
 // Checks every JAX_SMDDP_* variable of the environment: the first invalid
 // value is an error; names that are not declared are listed in `*unknown`

@@ -19,7 +19,7 @@ constexpr size_t kMinStreamBytes = 4096;
 
 bool StreamStores(uint64_t bytes) {
 #if defined(__SSE2__)
-  static const int64_t min_bytes = IntSetting("JAX_SMDDP_STREAMING_STORE_BYTES", int64_t(16) << 20);
+  static const int64_t min_bytes = IntSetting("JAX_SMDDP_STREAMING_STORE_BYTES");
   return min_bytes > 0 && bytes >= uint64_t(min_bytes);
 #else
   (void)bytes;

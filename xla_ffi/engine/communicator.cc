@@ -34,7 +34,9 @@ int InProcessHelpers() {
   cpu_set_t set;
   int cores = sched_getaffinity(0, sizeof(set), &set) == 0 ? CPU_COUNT(&set) : 0;
   if (cores <= 0) cores = int(std::thread::hardware_concurrency());
-  return int(IntSetting("JAX_SMDDP_CPU_HELPERS", std::min(std::max(cores, 1) - 1, WorkerCount())));
+  int64_t helpers = std::min(std::max(cores, 1) - 1, WorkerCount());
+  IntSettingIfSet("JAX_SMDDP_CPU_HELPERS", &helpers);
+  return int(helpers);
 }
 
 }  // namespace

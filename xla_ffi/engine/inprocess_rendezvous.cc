@@ -141,10 +141,9 @@ Task CompleteArrived(InProcessRendezvous::Slot& slot, int mine = -1) {
 }
 
 // Calls that move fewer bytes than this (over all ranks) run on the last
-// arrival alone (JAX_SMDDP_CPU_HELPER_MIN_BYTES, default 256 KiB).
+// arrival alone (JAX_SMDDP_CPU_HELPER_MIN_BYTES).
 uint64_t HelperMinBytes() {
-  static const uint64_t min_bytes =
-      uint64_t(IntSetting("JAX_SMDDP_CPU_HELPER_MIN_BYTES", int64_t(256) << 10));
+  static const uint64_t min_bytes = uint64_t(IntSetting("JAX_SMDDP_CPU_HELPER_MIN_BYTES"));
   return min_bytes;
 }
 

@@ -39,8 +39,9 @@ InProcessRendezvous* InProcess() {
     cpu_set_t set;
     int cores = sched_getaffinity(0, sizeof(set), &set) == 0 ? CPU_COUNT(&set) : 0;
     if (cores <= 0) cores = int(std::thread::hardware_concurrency());
-    return new InProcessRendezvous(
-        int(IntSetting("JAX_SMDDP_CPU_HELPERS", std::max(cores, 1) - 1)));
+    int64_t helpers = std::max(cores, 1) - 1;
+    IntSettingIfSet("JAX_SMDDP_CPU_HELPERS", &helpers);
+    return new InProcessRendezvous(int(helpers));
   }();
   return rendezvous;
 }

@@ -130,8 +130,6 @@ constexpr uint32_t kCts = kFabricCts;
 using ChunkHeader = FabricChunkHeader;
 constexpr size_t kHeaderBytes = kFabricHeaderBytes;
 
-constexpr size_t kDefaultChunkBytes = 256 << 10;
-constexpr size_t kDefaultBuffers = 32;
 constexpr uint64_t kMaxSeqAhead = 1ull << 24;        // messages in flight, per channel
 constexpr uint64_t kMaxUnexpectedBytes = 1ull << 38; // one buffered message
 constexpr size_t kMaxPeers = 1 << 16;
@@ -403,7 +401,7 @@ Status FabricEndpoint::Impl::Init(const std::string& provider, const std::string
   // Buffers.
   size_t max_msg = info_->ep_attr->max_msg_size ? info_->ep_attr->max_msg_size : SIZE_MAX;
   piece_bytes_ = std::max<uint64_t>(1, std::min<uint64_t>(kDirectPiece, max_msg));
-  direct_min_ = uint64_t(IntSetting("JAX_SMDDP_FABRIC_DIRECT_BYTES", 512 << 10));
+  direct_min_ = uint64_t(IntSetting("JAX_SMDDP_FABRIC_DIRECT_BYTES"));
   register_buffers_ = (info_->domain_attr->mr_mode & FI_MR_LOCAL) ||
                       TextSetting("JAX_SMDDP_FABRIC_TEST_REGISTER") == "1";
   if (direct_min_ == 0) {
@@ -414,14 +412,14 @@ Status FabricEndpoint::Impl::Init(const std::string& provider, const std::string
   } else {
     direct_state_ = "on";
   }
-  chunk_bytes_ = size_t(IntSetting("JAX_SMDDP_FABRIC_CHUNK_BYTES", kDefaultChunkBytes));
+  chunk_bytes_ = size_t(IntSetting("JAX_SMDDP_FABRIC_CHUNK_BYTES"));
   chunk_bytes_ = std::min(std::max<size_t>(chunk_bytes_, 4096), max_msg) / 64 * 64;
   if (chunk_bytes_ < 4096) {
     return Status::Error("libfabric provider '" + provider_ + "' carries messages of at most " +
                          std::to_string(max_msg) + " bytes; jax_smddp needs 4096");
   }
   payload_ = chunk_bytes_ - kHeaderBytes;
-  size_t nbuf = std::min<size_t>(size_t(IntSetting("JAX_SMDDP_FABRIC_BUFFERS", kDefaultBuffers)), 4096);
+  size_t nbuf = std::min<size_t>(size_t(IntSetting("JAX_SMDDP_FABRIC_BUFFERS")), 4096);
   size_t nrecv = nbuf, nsend = nbuf;
   if (info_->rx_attr->size) nrecv = std::min<size_t>(nrecv, info_->rx_attr->size);
   if (info_->tx_attr->size) nsend = std::min<size_t>(nsend, info_->tx_attr->size);

@@ -46,7 +46,6 @@ constexpr uint64_t kPage = 4096;
 constexpr uint64_t kDataOffset = kPage;
 constexpr uint64_t kMinRing = 16 << 10;
 constexpr uint64_t kMaxRing = uint64_t(1) << 30;
-constexpr size_t kDefaultRing = 8 << 20;
 
 static_assert(std::atomic<uint64_t>::is_always_lock_free,
               "ring counters in shared memory must be lock-free");
@@ -243,14 +242,12 @@ Status OpenShmSegment(const std::string& name, std::shared_ptr<ShmSegment>* out)
 Status UnlinkShmSegment(const std::string& name) { return UnlinkShmFile(name); }
 
 size_t SingleCopyMinBytes() {
-  static const uint64_t bytes =
-      uint64_t(IntSetting("JAX_SMDDP_SHM_SINGLE_COPY_BYTES", int64_t(64) << 10));
+  static const uint64_t bytes = uint64_t(IntSetting("JAX_SMDDP_SHM_SINGLE_COPY_BYTES"));
   return size_t(bytes);
 }
 
 size_t DefaultShmRingBytes() {
-  return size_t(std::min<uint64_t>(uint64_t(IntSetting("JAX_SMDDP_SHM_RING_BYTES", kDefaultRing)),
-                                   kMaxRing));
+  return size_t(std::min<uint64_t>(uint64_t(IntSetting("JAX_SMDDP_SHM_RING_BYTES")), kMaxRing));
 }
 
 namespace {
