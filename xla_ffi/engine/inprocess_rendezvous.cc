@@ -9,43 +9,22 @@
 #include <vector>
 
 #include "xla_ffi/algorithms/host_algorithms.h"
+#include "xla_ffi/engine/rendezvous_slot.h"
 #include "xla_ffi/engine/scheduler.h"
 #include "xla_ffi/common/settings.h"
 #include "xla_ffi/common/streaming_copy.h"
 
 namespace smddp {
 
-struct InProcessRendezvous::Slot {
-  struct Entry {
-    bool present = false;
-    const void* send = nullptr;
-    void* recv = nullptr;
-    CallInfo info;
-    Done done;
-  };
-  Slot(int n, const GroupInfo& g, const CallKey& k) : entries(n), group(g), key(k) {}
-
-  std::mutex mu;
-  std::vector<Entry> entries;
-  GroupInfo group;
-  CallKey key;
-  Plan plan;
+struct InProcessRendezvous::Slot : RendezvousSlot {
+  using RendezvousSlot::RendezvousSlot;
   Timer deadline;        // fails the call if a rank is missing by then
-  int arrived = 0;
-  bool started = false;  // every rank arrived: bodies run
-  bool over = false;     // every arrived rank has been (or is being) completed
   std::atomic<int> next_body{0};
   int bodies_done = 0;
   bool stream = false;   // outputs are written with non-temporal stores (streaming_copy.h)
-  Status status;         // the call's outcome, the same for every rank
 };
 
 namespace {
-
-std::string Where(const GroupInfo& group, const CallKey& key, const char* op) {
-  return std::string("jax_smddp ") + op + " (op " + std::to_string(key.op_id) +
-         " of communicator " + group.description + ")";
-}
 
 std::string Seconds(Clock::duration d) {
   std::ostringstream os;
@@ -193,7 +172,7 @@ void InProcessRendezvous::Expire(const std::shared_ptr<Slot>& slot, Clock::time_
   const char* op = "collective";
   for (const auto& e : slot->entries) if (e.present) op = e.info.op;
   slot->status = Status::Timeout(
-      Where(slot->group, slot->key, op) + ": timed out after " + Seconds(Clock::now() - start) +
+      CallWhere(slot->group, slot->key, op) + ": timed out after " + Seconds(Clock::now() - start) +
       " waiting for rank(s) " + MissingRanks(*slot) +
       " to reach this collective. A rank that never arrives usually means the devices run "
       "different programs or one failed earlier; if it is only slow, raise JAX_SMDDP_TIMEOUT_S "
@@ -219,7 +198,7 @@ void InProcessRendezvous::Start(const GroupInfo& group, int size, const CallKey&
   // `kind`: the failure's code and peers (only its message is replaced).
   auto fail_now = [&](const Status& kind, const std::string& why) {
     lock.unlock();
-    done(kind.WithMessage(Where(group, key, info.op) + ": rank " + std::to_string(rank) + ": " + why));
+    done(kind.WithMessage(CallWhere(group, key, info.op) + ": rank " + std::to_string(rank) + ": " + why));
   };
   if (int(slot->entries.size()) != size || rank < 0 || rank >= size)
     return fail_now(Status::Mismatch(""), "rank or communicator size disagrees with its peers");
@@ -240,7 +219,7 @@ void InProcessRendezvous::Start(const GroupInfo& group, int size, const CallKey&
   Cancel(slot->deadline);
   for (int r = 0; r < size && slot->status.ok(); ++r) {
     if (!(slot->entries[r].info == slot->entries[0].info)) {
-      slot->status = Status::Mismatch(Where(group, key, info.op) + ": ranks disagree on the call: rank 0 runs " +
+      slot->status = Status::Mismatch(CallWhere(group, key, info.op) + ": ranks disagree on the call: rank 0 runs " +
                                       Describe(slot->entries[0].info) + " but rank " + std::to_string(r) +
                                       " runs " + Describe(slot->entries[r].info));
       slot->status.SetPeers({0, r}, {});

@@ -8,41 +8,20 @@
 #include "xla_ffi/algorithms/messages.h"
 #include "xla_ffi/algorithms/process_algorithms.h"
 #include "xla_ffi/algorithms/process_call.h"
+#include "xla_ffi/engine/rendezvous_slot.h"
 #include "xla_ffi/engine/scheduler.h"
 #include "xla_ffi/transports/world.h"
 #include "xla_ffi/common/settings.h"
 
 namespace smddp {
 
-struct ProcessRendezvous::Slot {
-  struct Entry {
-    bool present = false;
-    const void* send = nullptr;
-    void* recv = nullptr;
-    CallInfo info;
-    Done done;
-  };
-  Slot(int n, const GroupInfo& g, const CallKey& k) : entries(n), group(g), key(k) {}
-
-  std::mutex mu;
-  std::vector<Entry> entries;  // per local rank
-  GroupInfo group;
-  CallKey key;
-  Plan plan;
+struct ProcessRendezvous::Slot : RendezvousSlot {  // entries: per local rank
+  using RendezvousSlot::RendezvousSlot;
   Clock::time_point start, deadline;
   Timer timer;
-  int arrived = 0;
-  bool started = false;
-  bool over = false;
-  Status status;
 };
 
 namespace {
-
-std::string Where(const GroupInfo& group, const CallKey& key, const char* op) {
-  return std::string("jax_smddp ") + op + " (op " + std::to_string(key.op_id) +
-         " of communicator " + group.description + ")";
-}
 
 // Completes every arrived local rank with the slot's status: each on an
 // engine worker but the last, which runs on the calling thread (XLA then
@@ -130,7 +109,7 @@ void ProcessRendezvous::Expire(const std::shared_ptr<Slot>& slot) {
       first = false;
     }
     slot->status = Status::Timeout(
-        Where(slot->group, slot->key, op) + ": timed out waiting for device(s) [" + missing.str() +
+        CallWhere(slot->group, slot->key, op) + ": timed out waiting for device(s) [" + missing.str() +
         "] of this process to reach this collective. A device that never arrives usually means the "
         "devices run different programs or one failed earlier; if it is only slow, raise "
         "JAX_SMDDP_TIMEOUT_S (or jax_smddp.set_timeout).");
@@ -145,7 +124,7 @@ void ProcessRendezvous::Start(const GroupInfo& group, int size, const CallKey& k
                              Clock::time_point deadline, const Plan& plan, Done done) {
   // `kind`: the failure's code and peers (only its message is replaced).
   auto fail_now = [&](const Status& kind, const std::string& why) {
-    done(kind.WithMessage(Where(group, key, info.op) + ": device " +
+    done(kind.WithMessage(CallWhere(group, key, info.op) + ": device " +
                           (rank >= 0 && rank < int(members_.size()) ? std::to_string(members_[rank]) : "?") +
                           ": " + why));
   };
@@ -191,7 +170,7 @@ void ProcessRendezvous::Start(const GroupInfo& group, int size, const CallKey& k
   Cancel(slot->timer);
   for (size_t li = 1; li < slot->entries.size() && slot->status.ok(); ++li) {
     if (!(slot->entries[li].info == slot->entries[0].info)) {
-      slot->status = Status::Mismatch(Where(group, key, info.op) +
+      slot->status = Status::Mismatch(CallWhere(group, key, info.op) +
                                       ": devices of this process disagree on the call (shapes or dtypes differ)");
       slot->status.SetPeers({local_[0], local_[li]}, {process_});
     }
@@ -215,12 +194,12 @@ void ProcessRendezvous::Run(const std::shared_ptr<Slot>& slot) {
   const CallInfo& info = slot->entries[0].info;
   Status st;
   if (!world) {
-    st = Status::InvalidArgument(Where(slot->group, key, info.op) +
+    st = Status::InvalidArgument(CallWhere(slot->group, key, info.op) +
                        ": this communicator spans processes but jax_smddp is not initialized here: "
                        "call jax.distributed.initialize() and then jax_smddp.initialize() in every "
                        "process before running collectives.");
   } else if (world->process() != process_) {
-    st = Status::InvalidArgument(Where(slot->group, key, info.op) +
+    st = Status::InvalidArgument(CallWhere(slot->group, key, info.op) +
                        ": the world changed since this program was compiled (jax_smddp.shutdown() "
                        "and initialize() with another process index); recompile it.");
   } else {
@@ -243,7 +222,7 @@ void ProcessRendezvous::Run(const std::shared_ptr<Slot>& slot) {
     call.tag = MixTag(MixTag(MixTag(group_hash_, key.site), key.sequence), 0x736d646470ull);
     call.start = slot->start;
     call.deadline = slot->deadline;
-    call.where = Where(slot->group, key, info.op);
+    call.where = CallWhere(slot->group, key, info.op);
     call.info = info;
     st = RunProcessPlan(slot->plan, call);
   }
