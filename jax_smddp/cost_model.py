@@ -7,7 +7,7 @@ walking the same routes and loops as the engine (``xla_ffi/algorithms/routes.cc`
 latency and bandwidth plus a few CPU figures. Used three ways:
 
 * **prediction** beside measurement (``python -m jax_smddp.tools.bench --predict``) and
-  validation on recorded benchmark data (``tests/test_cost_model.py``);
+  validation on recorded benchmark data (``tests/tools/test_cost_model.py``);
 * **tuning**: :mod:`jax_smddp.tuning` asks it which algorithm (flat or
   hierarchical) and chunk size is fastest for each (op, size, layout);
 * **extrapolation** to clusters we cannot run here (presets ``p4d.24xlarge`` and
@@ -35,7 +35,7 @@ process 0 stands for all)::
 
 * t_call = call_overhead + call_overhead_per_device * D: dispatch of the jitted
   program and rendezvous of the process's devices.
-* t_header (cross-process only): the 88-byte header sent to and received from
+* t_header (cross-process only): the 104-byte header sent to and received from
   each of the P*H - 1 peers: alpha of the slowest link + 2 (PH - 1) o.
 * hops: links in sequence on the critical path. Flat routes: 1 (all_reduce: 2,
   contribution then result). Hierarchical: all_gather 2 (network, then shared
@@ -119,7 +119,6 @@ OPS = ("all_gather", "reduce_scatter", "all_reduce", "all_to_all")
 ALGORITHMS = ("in_process", "flat", "hierarchical")
 NCCL_ALGORITHMS = ("ring", "tree")
 DEFAULT_CHUNK_BYTES = 1 << 20
-HEADER_BYTES = 88
 HELPER_MIN_BYTES = 256 << 10      # JAX_SMDDP_CPU_HELPER_MIN_BYTES
 MMAP_THRESHOLD_MAX = 32 << 20     # glibc DEFAULT_MMAP_THRESHOLD_MAX on 64-bit
 GB = 1e9

@@ -1,6 +1,6 @@
 """jax_smddp across real processes: jax.distributed jobs on this machine.
 
-Every job starts real Python processes (tests/multiprocess/launch.py) that
+Every job starts real Python processes (jax_smddp/tools/launch.py) that
 check jax_smddp's collectives against numpy; two simulated hosts (network
 namespaces joined by veth) exercise the libfabric path over the tcp provider.
 """

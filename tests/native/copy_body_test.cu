@@ -1,7 +1,7 @@
 // The copy kernel's per-thread work (cuda/copy_body.cuh) run on the CPU:
 // built by nvcc as host code (no GPU needed), it runs every thread of a launch
 // one after another, in the unit the launcher would choose.
-// tests/test_reduce_body.py feeds it numpy data and checks the output.
+// tests/native/test_reduce_body.py feeds it numpy data and checks the output.
 //
 //   copy_body_test WIDTH ROWS SPITCH DPITCH SRC_MISALIGN DST_MISALIGN THREADS IN OUT
 //

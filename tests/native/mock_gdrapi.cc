@@ -1,7 +1,8 @@
-// A stand-in for GDRCopy's libgdrapi, built by tests/test_gpu_communicator_mock.py
-// as libgdrapi.so.2 and found through LD_LIBRARY_PATH, so that cuda/gdrcopy.cc
-// and the network signals it maps run where there is no GPU. The mock CUDA
-// runtime's "device memory" is a shared-memory file mapped into the process;
+// A stand-in for GDRCopy's libgdrapi, built by CMake (target mock_gdrapi) as
+// libgdrapi.so.2 for tests/native/test_gpu_communicator_mock.py and found
+// through LD_LIBRARY_PATH, so that cuda/gdrcopy.cc and the network signals
+// it maps run where there is no GPU. The mock CUDA runtime's "device memory"
+// is a shared-memory file mapped into the process;
 // like the real driver's BAR mapping, gdr_map maps the pinned pages a second
 // time, at another address, so a store through the mapping reaches the
 // "device" only if the offsets are right. Never part of the library.

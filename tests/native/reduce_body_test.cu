@@ -1,7 +1,7 @@
 // The reduction kernel's per-thread work (cuda/reduce_body.cuh) run on the
 // CPU: built by nvcc as host code (no GPU needed), it runs every thread of a
 // launch one after another, with the vector width the launcher would choose.
-// tests/test_reduce_body.py feeds it numpy data and checks the output.
+// tests/native/test_reduce_body.py feeds it numpy data and checks the output.
 //
 //   reduce_body_test DTYPE OP N COUNT ROWS SPITCH DPITCH MISALIGN THREADS IN OUT
 //

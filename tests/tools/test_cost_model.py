@@ -1,6 +1,6 @@
 """The cost model (jax_smddp.cost_model), the tuner (jax_smddp.tuning) and the
 predicted p4d figure (jax_smddp.tools.figures): formulas on hand-computable cases,
-presets, validation on recorded benchmark data (tests/data), tuning choices."""
+presets, validation on recorded benchmark data (tests/tools/data), tuning choices."""
 
 import glob
 import json

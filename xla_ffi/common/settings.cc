@@ -121,7 +121,7 @@ const std::vector<SettingSpec> kSettings = {
     {"JAX_SMDDP_LIBFABRIC_ROOT", kText, "pkg-config, /opt/amazon/efa, default paths", 0, 0, "",
      "build", false, "prefix holding libfabric's include/ and lib/ (also LIBFABRIC_ROOT)"},
     {"JAX_SMDDP_LAUNCH_WRAPPER", kText, "unset", 0, 0, "", "tools", false,
-     "command put before every process of jax_smddp.launch's jobs (e.g. a debugger)"},
+     "command put before every process of jax_smddp.tools.launch's jobs (e.g. a debugger)"},
     {"JAX_SMDDP_FABRIC_TEST_REORDER", kChoice, "unset", 0, 0, "0|1", "tests", false,
      "1: libfabric chunks are sent out of order"},
     {"JAX_SMDDP_FABRIC_TEST_REGISTER", kChoice, "unset", 0, 0, "0|1", "tests", false,

@@ -17,7 +17,7 @@
 #include "xla_ffi/algorithms/plan.h"
 #include "xla_ffi/engine/communicator.h"
 #include "xla_ffi/ffi/invocation_counter.h"
-#include "xla_ffi/algorithms/process_call.h"  // MixTag
+#include "xla_ffi/common/hashing.h"
 #include "xla_ffi/ffi/call_counts.h"
 
 namespace ffi = xla::ffi;
