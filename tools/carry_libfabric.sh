@@ -19,7 +19,7 @@ ldd "$lib" | awk '/=> \//{print $3}' | grep -v -E '/libc\.so|/ld-linux' | while 
   cp -L "$dep" "$root/.fab/lib/"
 done
 cp -r /usr/include/rdma "$root/.fab/include/"
-exclude=$(git -C "$root" rev-parse --git-path info/exclude)
+exclude=$(git -C "$root" rev-parse --path-format=absolute --git-path info/exclude)
 mkdir -p "$(dirname "$exclude")"
 grep -qx '/.fab/' "$exclude" 2>/dev/null || echo '/.fab/' >> "$exclude"
 du -sh "$root/.fab"
