@@ -93,6 +93,9 @@ size_t TypeBytes(ncclDataType_t type) {
 // Why `kind` of `type`/`op` is not served on `comm` ("" when it is).
 std::string WhyNotServed(const Comm& comm, Collective kind, ncclDataType_t type, ncclRedOp_t op) {
   if (!comm.served) return comm.forwarded_because;
+  if (comm.port && kind == Collective::kAllReduce)
+    return "the GPU engine has no all_reduce across hosts (all_gather, reduce_scatter and "
+           "all_to_all cross hosts)";
   if (kind == Collective::kAllGather || kind == Collective::kAllToAll)
     return TypeBytes(type) ? "" : "data type " + std::to_string(int(type)) + " is not known";
   DType dtype;
@@ -161,7 +164,7 @@ ncclResult_t Serve(Collective kind, const void* send, void* recv, size_t count, 
   if (count == 0) return ncclSuccess;
   std::unique_ptr<StreamOps> ops = backend.make(stream);
   const Status st = gpu::EnqueueCollective(OpName(kind), int64_t(comm.calls++),
-                                           gpu::CallRank{comm.local, nullptr, nullptr}, *ops,
+                                           gpu::CallRank{comm.local, comm.port, comm.rank_of}, *ops,
                                            send, recv, plan);
   if (!st.ok()) {
     const Status located = st.WithMessage(
@@ -276,13 +279,14 @@ std::string Describe() {
 }
 
 ncclResult_t Forward(const char* function, ncclComm_t handle,
-                     std::function<ncclResult_t(ncclComm_t real)> call) {
+                     std::function<ncclResult_t(ncclComm_t real)> call, const std::string& reason) {
   Comm* comm = AsComm(handle);
   if (!comm) return Fail(nullptr, Status::InvalidArgument(
                                       std::string("jax_smddp NCCL front end: ") + function +
                                       " on a communicator it did not create"));
-  const std::string why = comm->served ? "the GPU engine does not serve " + std::string(function)
-                                       : comm->forwarded_because;
+  const std::string why = !reason.empty() ? reason
+                         : comm->served   ? "the GPU engine does not serve " + std::string(function)
+                                          : comm->forwarded_because;
   if (NoFallback())
     return Fail(comm, Status::Unsupported(std::string("jax_smddp NCCL front end: ") + function +
                                           " would be forwarded to NCCL (" + why +
@@ -341,7 +345,7 @@ ncclResult_t RunCollective(Collective kind, const void* send, void* recv, size_t
                                   ncclComm_t, void*);
       auto fn = Real<Fn>(name, &missing);
       return fn ? fn(send, recv, count, type, op, real, stream) : ncclInternalError;
-    });
+    }, comm->served ? why : std::string());
   }
   DType dtype = DType::kUInt8;
   EngineType(type, &dtype);

@@ -49,8 +49,11 @@ ncclResult_t RunCollective(Collective kind, const void* send, void* recv, size_t
 
 // Any other call on a communicator: `call` runs with the real communicator
 // (inside a group: at ncclGroupEnd).
+// (`reason`: why it is not served, when the caller knows better than "the
+// GPU engine does not serve <function>").
 ncclResult_t Forward(const char* function, ncclComm_t comm,
-                     std::function<ncclResult_t(ncclComm_t real)> call);
+                     std::function<ncclResult_t(ncclComm_t real)> call,
+                     const std::string& reason = "");
 
 ncclResult_t GroupStart();
 ncclResult_t GroupEnd();

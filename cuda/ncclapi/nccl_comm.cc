@@ -324,8 +324,9 @@ void PutU64(std::string* out, uint64_t v) { out->append(reinterpret_cast<const c
 
 // This process's part of the GPU communicator's set-up, once per process:
 // prepare its ranks, trade handles with every other member process, connect.
-Status SetUpGpu(const uint64_t nonce[2], const std::vector<Entry>& table,
-                const std::shared_ptr<const World>& world, Joining& j) {
+Status SetUpGpu(const uint64_t nonce[2], const std::vector<int64_t>& members,
+                const std::vector<Entry>& table, const std::shared_ptr<const World>& world,
+                Joining& j) {
   std::unique_lock<std::mutex> lock(j.mu);
   if (j.set_up) return j.set_up_status;
   if (j.setting_up) {
@@ -336,7 +337,6 @@ Status SetUpGpu(const uint64_t nonce[2], const std::vector<Entry>& table,
   lock.unlock();
   const int me = world ? world->process() : -1;
   const int nranks = int(table.size());
-  const std::vector<int64_t> members = MembersOf(nonce, nranks);
   std::vector<std::pair<int, int>> local;
   std::set<int> processes;
   for (const Entry& e : table) {
@@ -429,6 +429,64 @@ Status CurrentOrdinal(int* ordinal) {
   return Status::Ok();
 }
 
+// A communicator across hosts (equal ranks per host, as the hierarchical
+// bodies need): this host's ranks form an intra-host GPU communicator (set
+// up as one inside a host, under a nonce of its own), then the group's
+// network ports over the world's links (staged through host memory). Every
+// process decides alike from the same table.
+Status BuildAcrossHosts(const uint64_t nonce[2], const std::vector<Entry>& table, int rank,
+                        const std::shared_ptr<const World>& world, Comm* comm) {
+  const int n = int(table.size());
+  std::vector<std::string> order;  // hosts by first appearance in rank order
+  std::vector<int> host_of(n), process_of(n);
+  for (int r = 0; r < n; ++r) {
+    const std::string& host = world->peer(table[r].process).host;
+    auto it = std::find(order.begin(), order.end(), host);
+    host_of[r] = int(it - order.begin());
+    if (it == order.end()) order.push_back(host);
+    process_of[r] = table[r].process;
+  }
+  std::vector<int> per_host(order.size(), 0);
+  for (int h : host_of) per_host[h]++;
+  for (int c : per_host)
+    if (c != per_host[0]) {
+      comm->forwarded_because = "the communicator's hosts hold different numbers of its ranks";
+      return Status::Ok();
+    }
+  const int mine = host_of[rank];
+  std::vector<int64_t> intra_members;
+  std::vector<Entry> intra_table;
+  std::vector<std::pair<int, int>> local;
+  for (int r = 0; r < n; ++r) {
+    if (table[r].process == world->process()) local.emplace_back(r, table[r].ordinal);
+    if (host_of[r] != mine) continue;
+    Entry e = table[r];
+    e.rank = int32_t(intra_table.size());
+    e.nranks = per_host[mine];
+    intra_table.push_back(e);
+    intra_members.push_back(comm->members[r]);
+  }
+  const uint64_t intra_nonce[2] = {MixTag(nonce[0], 0x686f7374ull + uint64_t(mine)),
+                                   MixTag(nonce[1], uint64_t(mine))};
+  SMDDP_RETURN_IF_ERROR(SetUpGpu(intra_nonce, intra_members, intra_table, world,
+                                 *JoiningOf(intra_nonce)));
+  bool gdrcopy = false, rail = false;
+  SMDDP_RETURN_IF_ERROR(gpu::PrepareHierarchy(comm->members, host_of, process_of, local,
+                                              intra_members, size_t(IntSetting("JAX_SMDDP_GPU_SLOT_BYTES")),
+                                              {}, &gdrcopy, &rail));
+  gpu::GpuHierarchy* hierarchy = gpu::FindHierarchy(gpu::GroupKey(comm->members.data(), n));
+  gpu::GpuHierarchy::Member* member = hierarchy ? hierarchy->Find(rank) : nullptr;
+  if (!member || !member->local || !member->port)
+    return Status::Error("jax_smddp NCCL front end: rank " + std::to_string(rank) +
+                         " has no network port after the set-up");
+  comm->local = member->local;
+  comm->port = member->port;
+  comm->rank_of = &hierarchy->rank_of();
+  comm->hosts = int(order.size());
+  comm->served = true;
+  return Status::Ok();
+}
+
 // Creates the Comm of `me` from the complete table: served inside one host,
 // forwarded (with the reason) across hosts.
 Status Build(const uint64_t nonce[2], const std::vector<Entry>& table, int rank,
@@ -445,13 +503,9 @@ Status Build(const uint64_t nonce[2], const std::vector<Entry>& table, int rank,
     comm->process_of[r] = table[r].process;
     if (world && table[r].process >= 0) hosts.insert(world->peer(table[r].process).host);
   }
-  if (hosts.size() > 1) {
-    comm->forwarded_because = "the communicator spans " + std::to_string(hosts.size()) +
-                              " hosts (the front end serves groups inside one host for now)";
-    return Status::Ok();
-  }
   comm->members = MembersOf(nonce, comm->nranks);
-  SMDDP_RETURN_IF_ERROR(SetUpGpu(nonce, table, world, *j));
+  if (hosts.size() > 1) return BuildAcrossHosts(nonce, table, rank, world, comm);
+  SMDDP_RETURN_IF_ERROR(SetUpGpu(nonce, comm->members, table, world, *j));
   gpu::GpuCommunicator* gpu_comm =
       gpu::FindCommunicator(gpu::GroupKey(comm->members.data(), comm->nranks));
   comm->local = gpu_comm ? gpu_comm->Local(rank) : nullptr;

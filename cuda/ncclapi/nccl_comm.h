@@ -16,11 +16,12 @@
 // peers) and trade its handles directly. ncclCommSplit runs the same
 // exchange over the parent's ranks, with each rank's color and key.
 //
-// What is served: groups inside one host whose ranks' processes all run
-// this front end (every process of a jax_smddp job does). Groups across hosts
-// are forwarded for now (the hierarchical bodies are not wired here yet), as
-// is everything on a communicator whose config or library version the front
-// end does not know.
+// What is served: groups whose ranks' processes all run this front end
+// (every process of a jax_smddp job does): inside one host on the GPU
+// communicator, across hosts (equal ranks per host) on the hierarchical
+// bodies: this host's GPU communicator and network ports over the world's
+// links. Everything on a communicator whose config or library version the
+// front end does not know is forwarded.
 #ifndef JAX_SMDDP_CUDA_NCCLAPI_NCCL_COMM_H_
 #define JAX_SMDDP_CUDA_NCCLAPI_NCCL_COMM_H_
 
@@ -52,7 +53,10 @@ struct Comm {
   std::string forwarded_because;  // why its calls are forwarded (served false)
   std::vector<int> process_of;    // per rank
   std::vector<int64_t> members;   // the GPU communicator's member ids
-  gpu::LocalRank* local = nullptr;
+  gpu::LocalRank* local = nullptr;  // this host's rank (a communicator across hosts: of its intra part)
+  NetPort* port = nullptr;          // across hosts: the rank's network port
+  const std::vector<int>* rank_of = nullptr;  // across hosts: host-major order of the ranks
+  int hosts = 1;
   std::shared_ptr<const World> world;  // where its calls are counted
   uint64_t calls = 0;   // collective calls (op ids in messages)
   uint64_t splits = 0;  // splits of it so far (names the children)

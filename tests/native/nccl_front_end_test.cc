@@ -30,6 +30,9 @@
 // stalled: P=2, process 1 never makes the call: the deadline.
 // forward_fails: P=2, the real library fails a forwarded call: its code and
 //   message come through.
+// across_hosts: P=4 on two simulated hosts (ranks alternate): all_gather,
+//   reduce_scatter and all_to_all on the hierarchical bodies, all_reduce
+//   forwarded.
 // abort: P=2, process 1 aborts the communicator: process 0's async error
 //   names it (tagged for jax_smddp.errors.classify).
 // join_timeout: 2 processes create a communicator of 3 ranks: the deadline
@@ -51,6 +54,7 @@
 #include <string>
 #include <vector>
 
+#include "cuda/gpu_communicator.h"
 #include "cuda/ncclapi/nccl_calls.h"
 #include "cuda/ncclapi/nccl_types.h"
 #include "xla_ffi/algorithms/host_stream_ops.h"
@@ -126,9 +130,11 @@ std::vector<std::string> Lines(const std::string& text) {
 bool Has(const std::string& text, const std::string& part) { return text.find(part) != std::string::npos; }
 
 // Served calls mark the record, so the tests see their order among forwarded ones.
+// Their waits outlast the deadline, as a GPU stream's do: what ends a wait on
+// a dead or stalled peer is the watchdog's release, as on a GPU.
 class MarkedOps : public smddp::HostStreamOps {
  public:
-  MarkedOps() : HostStreamOps(smddp::TimeoutSeconds()) { Note("SERVED"); }
+  MarkedOps() : HostStreamOps(3 * smddp::TimeoutSeconds()) { Note("SERVED"); }
 };
 
 // --- Processes, relay, world ----------------------------------------------------
@@ -176,20 +182,41 @@ std::vector<std::string> Relay(const std::string& mine) {
 
 void Check(const Status& st, const std::string& what) { Expect(st.ok(), what + ": " + st.message()); }
 
-// The world of jax_smddp.initialize() on one host: shared-memory links.
+int hosts = 1;  // process p is on "host<p % hosts>"
+std::string HostOf(int p) { return "host" + std::to_string(p % hosts); }
+
+// The world of jax_smddp.initialize(): shared-memory links to the processes
+// of this "host", libfabric (its shm provider) and a TCP watch to the others.
 void BuildWorld() {
   Check(smddp::WorldBegin(me, P), "WorldBegin");
   const auto pids = Relay(std::to_string(getpid()));
-  for (int q = 0; q < P; ++q) Check(smddp::WorldSetPeer(q, std::stoi(pids[q]), "host0"), "WorldSetPeer");
+  for (int q = 0; q < P; ++q) Check(smddp::WorldSetPeer(q, std::stoi(pids[q]), HostOf(q)), "WorldSetPeer");
+  if (hosts > 1) {
+    std::string address, provider, watch;
+    Check(smddp::WorldOpenFabric("shm", "", &address, &provider), "WorldOpenFabric");
+    Check(smddp::WorldWatchListen("127.0.0.1", &watch), "WorldWatchListen");
+    const auto addresses = Relay(address);
+    const auto watches = Relay(watch);
+    std::vector<int> higher;
+    for (int q = 0; q < P; ++q) {
+      if (q == me || HostOf(q) == HostOf(me)) continue;
+      Check(smddp::WorldConnectFabric(q, addresses[q]), "WorldConnectFabric");
+      if (q < me) Check(smddp::WorldWatchConnect(q, watches[q]), "WorldWatchConnect");
+      if (q > me) higher.push_back(q);
+    }
+    Check(smddp::WorldWatchAccept(higher), "WorldWatchAccept");
+  }
   std::vector<std::string> names(P);
   std::string mine;
   for (int q = me + 1; q < P; ++q) {
+    if (HostOf(q) != HostOf(me)) continue;
     std::string name;
     Check(smddp::WorldCreateShm(q, &name), "WorldCreateShm");
     mine += std::to_string(q) + "=" + name + ";";
   }
   const auto created = Relay(mine);
   for (int q = 0; q < me; ++q) {
+    if (HostOf(q) != HostOf(me)) continue;
     const std::string& list = created[q];
     const std::string key = std::to_string(me) + "=";
     const size_t at = list.find(key);
@@ -197,7 +224,8 @@ void BuildWorld() {
     Check(smddp::WorldOpenShm(q, list.substr(at + key.size(), end - at - key.size())), "WorldOpenShm");
   }
   Relay("mapped");
-  for (int q = me + 1; q < P; ++q) Check(smddp::WorldUnlinkShm(q), "WorldUnlinkShm");
+  for (int q = me + 1; q < P; ++q)
+    if (HostOf(q) == HostOf(me)) Check(smddp::WorldUnlinkShm(q), "WorldUnlinkShm");
   Check(smddp::WorldStart(), "WorldStart");
 }
 
@@ -552,6 +580,43 @@ void Abort() {
   Relay("seen");
 }
 
+// Ranks alternate between two hosts (rank r on host r % 2): the
+// hierarchical bodies, this host's ranks as an intra-host communicator.
+void AcrossHosts() {
+  ncclComm_t comm = Create(P, me, Config(22809, 0));
+  for (int call = 0; call < 2; ++call) {
+    CheckAllGather(comm, P, me, 1500 + call, "all_gather across hosts");
+    const size_t count = 700;
+    std::vector<float> send(count * P), recv(count, 0.f);
+    for (size_t i = 0; i < send.size(); ++i) send[i] = Value(me, i + call);
+    Expect(ncclReduceScatter(send.data(), recv.data(), count, ncclFloat32, ncclSum, comm, nullptr) ==
+               ncclSuccess, std::string("reduce_scatter across hosts: ") + ncclGetLastError(comm));
+    bool ok = true;
+    for (size_t i = 0; i < count; ++i) {
+      float want = 0;
+      for (int q = 0; q < P; ++q) want += Value(q, me * count + i + call);
+      ok = ok && std::fabs(recv[i] - want) <= 1e-3f * std::fabs(want) + 1e-3f;
+    }
+    Expect(ok, "reduce_scatter across hosts: wrong values");
+    std::vector<float> blocks(count * P), swapped(count * P, -1.f);
+    for (size_t i = 0; i < blocks.size(); ++i) blocks[i] = Value(me, i + call);
+    Expect(ncclAlltoAll(blocks.data(), swapped.data(), count, ncclFloat32, comm, nullptr) == ncclSuccess,
+           std::string("all_to_all across hosts: ") + ncclGetLastError(comm));
+    ok = true;
+    for (int q = 0; q < P; ++q)
+      for (size_t i = 0; i < count; ++i) ok = ok && swapped[q * count + i] == Value(q, me * count + i + call);
+    Expect(ok, "all_to_all across hosts: wrong values");
+  }
+  std::vector<float> x(64, 1.f), y(64);
+  Expect(ncclAllReduce(x.data(), y.data(), 64, ncclFloat32, ncclSum, comm, nullptr) == ncclSuccess,
+         "all_reduce across hosts (forwarded)");
+  const std::string record = Record();
+  Expect(Has(record, "ncclAllReduce rank=" + std::to_string(me) + "/4 count=64") &&
+             !Has(record, "ncclAllGather") && !Has(record, "ncclReduceScatter") && !Has(record, "ncclAlltoAll"),
+         "all_reduce forwarded, the rest served; the mock saw:\n" + record);
+  Expect(Has(smddp::nccl::Describe(), "no all_reduce across hosts"), "why: " + smddp::nccl::Describe());
+}
+
 void Stalled() {
   ncclComm_t comm = Create(P, me, nullptr);
   if (me == 1) {
@@ -560,10 +625,22 @@ void Stalled() {
   }
   std::vector<float> x(128, 1.f), g(128 * P);
   const auto start = std::chrono::steady_clock::now();
+  // With host step flags (the front end's default) the watchdog releases the
+  // waiting call at the deadline (its output undefined), as it would a GPU
+  // stream; XLA learns of it from the async error, which names the peer.
   const ncclResult_t rc = ncclAllGather(x.data(), g.data(), 128, ncclFloat32, comm, nullptr);
-  const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
-  Expect(rc == ncclRemoteError, "the deadline is a remote error: " + std::string(ncclGetLastError(comm)));
-  Expect(s < 10, "within the deadline: " + std::to_string(s));
+  Expect(rc == ncclSuccess || rc == ncclRemoteError, "released or failed: " + std::to_string(int(rc)));
+  ncclResult_t async = ncclSuccess;
+  double s = 0;
+  while (async == ncclSuccess && s < 10) {
+    ncclCommGetAsyncError(comm, &async);
+    usleep(20000);
+    s = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  }
+  const std::string why = ncclGetLastError(comm);
+  Expect(async == ncclRemoteError && Has(why, "process 1") && Has(why, "within 2 s"),
+         "the deadline is the async error, naming the stalled process: " + why);
+  Expect(s < 6, "within the deadline: " + std::to_string(s));
   Relay("done");
 }
 
@@ -596,11 +673,16 @@ int RunProcess(const std::string& scenario) {
   else if (scenario == "stalled") Stalled();
   else if (scenario == "forward_fails") ForwardFails();
   else if (scenario == "abort") Abort();
+  else if (scenario == "across_hosts") AcrossHosts();
   else if (scenario == "join_timeout") JoinTimeout();
   else {
     std::fprintf(stderr, "unknown scenario %s\n", scenario.c_str());
     return 2;
   }
+  // As jax_smddp's exit hook does: no process leaves before the others are
+  // done, and each tells its peers it ended in order (not a death).
+  Relay("end");
+  smddp::gpu::MarkCommunicatorsClosed();
   return failures ? 1 : 0;
 }
 
@@ -612,7 +694,8 @@ int main(int argc, char** argv) {
     return 2;
   }
   const std::string scenario = argv[1];
-  P = scenario == "served" || scenario == "split" ? 3 : 2;
+  P = scenario == "served" || scenario == "split" ? 3 : scenario == "across_hosts" ? 4 : 2;
+  if (scenario == "across_hosts") hosts = 2;
   if (scenario == "unknown_version") setenv("MOCK_NCCL_VERSION", "24100", 1);
   if (scenario == "id_full") setenv("MOCK_NCCL_ID_FULL", "1", 1);
   if (scenario == "no_fallback") setenv("JAX_SMDDP_REQUIRE", "no-fallback", 1);
