@@ -91,11 +91,13 @@ size_t TypeBytes(ncclDataType_t type) {
 }
 
 // Why `kind` of `type`/`op` is not served on `comm` ("" when it is).
-std::string WhyNotServed(const Comm& comm, Collective kind, ncclDataType_t type, ncclRedOp_t op) {
+std::string WhyNotServed(const Comm& comm, Collective kind, ncclDataType_t type, ncclRedOp_t op,
+                         size_t count) {
   if (!comm.served) return comm.forwarded_because;
-  if (comm.port && kind == Collective::kAllReduce)
-    return "the GPU engine has no all_reduce across hosts (all_gather, reduce_scatter and "
-           "all_to_all cross hosts)";
+  if (comm.port && kind == Collective::kAllReduce && count % size_t(comm.nranks) != 0)
+    return "an all_reduce across hosts runs as reduce_scatter + all_gather, which needs a count "
+           "divisible by the ranks (" + std::to_string(count) + " over " +
+           std::to_string(comm.nranks) + ")";
   if (kind == Collective::kAllGather || kind == Collective::kAllToAll)
     return TypeBytes(type) ? "" : "data type " + std::to_string(int(type)) + " is not known";
   DType dtype;
@@ -163,9 +165,28 @@ ncclResult_t Serve(Collective kind, const void* send, void* recv, size_t count, 
   }
   if (count == 0) return ncclSuccess;
   std::unique_ptr<StreamOps> ops = backend.make(stream);
-  const Status st = gpu::EnqueueCollective(OpName(kind), int64_t(comm.calls++),
-                                           gpu::CallRank{comm.local, comm.port, comm.rank_of}, *ops,
-                                           send, recv, plan);
+  const gpu::CallRank me{comm.local, comm.port, comm.rank_of};
+  Status st;
+  if (comm.port && kind == Collective::kAllReduce) {
+    // Across hosts: reduce_scatter into this rank's shard of the output, then
+    // all_gather the shards in place (both as NCCL allows in place).
+    const size_t shard = count / size_t(comm.nranks);
+    auto* own = static_cast<uint8_t*>(recv) + size_t(comm.rank) * shard * ElementSize(dtype);
+    Plan scatter = plan;
+    scatter.kind = Plan::Kind::kReduceScatter;
+    scatter.inner = shard;
+    Plan gather = plan;
+    gather.kind = Plan::Kind::kAllGather;
+    gather.dtype = DType::kUInt8;
+    gather.inner = shard * ElementSize(dtype);
+    st = gpu::EnqueueCollective("all_reduce (reduce_scatter part)", int64_t(comm.calls++), me, *ops,
+                                send, own, scatter);
+    if (st.ok())
+      st = gpu::EnqueueCollective("all_reduce (all_gather part)", int64_t(comm.calls++), me, *ops,
+                                  own, recv, gather);
+  } else {
+    st = gpu::EnqueueCollective(OpName(kind), int64_t(comm.calls++), me, *ops, send, recv, plan);
+  }
   if (!st.ok()) {
     const Status located = st.WithMessage(
         "jax_smddp " + st.message() + " [XLA's collective through " + FunctionName(kind) +
@@ -320,7 +341,7 @@ ncclResult_t RunCollective(Collective kind, const void* send, void* recv, size_t
     return Fail(nullptr, Status::InvalidArgument(std::string("jax_smddp NCCL front end: ") +
                                                  FunctionName(kind) +
                                                  " on a communicator it did not create"));
-  const std::string why = WhyNotServed(*comm, kind, type, op);
+  const std::string why = WhyNotServed(*comm, kind, type, op, count);
   if (!why.empty()) {
     const char* name = FunctionName(kind);
     return Forward(name, handle, [=](ncclComm_t real) {

@@ -31,8 +31,9 @@
 // forward_fails: P=2, the real library fails a forwarded call: its code and
 //   message come through.
 // across_hosts: P=4 on two simulated hosts (ranks alternate): all_gather,
-//   reduce_scatter and all_to_all on the hierarchical bodies, all_reduce
-//   forwarded.
+//   reduce_scatter and all_to_all on the hierarchical bodies, all_reduce as
+//   reduce_scatter + all_gather (in place too), one whose count does not
+//   divide by the ranks forwarded.
 // abort: P=2, process 1 aborts the communicator: process 0's async error
 //   names it (tagged for jax_smddp.errors.classify).
 // join_timeout: 2 processes create a communicator of 3 ranks: the deadline
@@ -607,14 +608,32 @@ void AcrossHosts() {
       for (size_t i = 0; i < count; ++i) ok = ok && swapped[q * count + i] == Value(q, me * count + i + call);
     Expect(ok, "all_to_all across hosts: wrong values");
   }
-  std::vector<float> x(64, 1.f), y(64);
-  Expect(ncclAllReduce(x.data(), y.data(), 64, ncclFloat32, ncclSum, comm, nullptr) == ncclSuccess,
+  {  // all_reduce as reduce_scatter + all_gather: out of place and in place
+    const size_t count = 4 * 333;
+    std::vector<float> x(count), y(count, -1.f);
+    for (size_t i = 0; i < count; ++i) x[i] = Value(me, i);
+    Expect(ncclAllReduce(x.data(), y.data(), count, ncclFloat32, ncclSum, comm, nullptr) == ncclSuccess,
+           std::string("all_reduce across hosts: ") + ncclGetLastError(comm));
+    Expect(ncclAllReduce(x.data(), x.data(), count, ncclFloat32, ncclMax, comm, nullptr) == ncclSuccess,
+           std::string("in-place all_reduce across hosts: ") + ncclGetLastError(comm));
+    bool ok = true;
+    for (size_t i = 0; i < count; ++i) {
+      float sum = 0, max = -1e30f;
+      for (int q = 0; q < P; ++q) sum += Value(q, i), max = std::max(max, Value(q, i));
+      ok = ok && std::fabs(y[i] - sum) <= 1e-3f * std::fabs(sum) + 1e-3f && x[i] == max;
+    }
+    Expect(ok, "all_reduce across hosts: wrong values");
+  }
+  std::vector<float> x(63, 1.f), y(63);  // not divisible by the ranks: forwarded
+  Expect(ncclAllReduce(x.data(), y.data(), 63, ncclFloat32, ncclSum, comm, nullptr) == ncclSuccess,
          "all_reduce across hosts (forwarded)");
   const std::string record = Record();
-  Expect(Has(record, "ncclAllReduce rank=" + std::to_string(me) + "/4 count=64") &&
-             !Has(record, "ncclAllGather") && !Has(record, "ncclReduceScatter") && !Has(record, "ncclAlltoAll"),
-         "all_reduce forwarded, the rest served; the mock saw:\n" + record);
-  Expect(Has(smddp::nccl::Describe(), "no all_reduce across hosts"), "why: " + smddp::nccl::Describe());
+  Expect(Has(record, "ncclAllReduce rank=" + std::to_string(me) + "/4 count=63") &&
+             !Has(record, "count=1332") && !Has(record, "ncclAllGather") &&
+             !Has(record, "ncclReduceScatter") && !Has(record, "ncclAlltoAll"),
+         "the odd all_reduce forwarded, the rest served; the mock saw:\n" + record);
+  Expect(Has(smddp::nccl::Describe(), "needs a count divisible by the ranks (63 over 4)"),
+         "why: " + smddp::nccl::Describe());
 }
 
 void Stalled() {
