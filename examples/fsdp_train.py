@@ -371,8 +371,8 @@ def main(argv=None) -> dict:
                                          ("--checkpoint-dir", args.checkpoint_dir)) if on]
     if unsupported:
       raise SystemExit(f"--style jit does not take {', '.join(unsupported)} (shard_map style only)")
-    if args.collectives == "smddp" and args.processes > 1 and \
-        os.environ.get("JAX_SMDDP_COLLECTIVES") != "xla":
+    from jax_smddp import xla_swap
+    if args.collectives == "smddp" and args.processes > 1 and not xla_swap.requested():
       print("--style jit --collectives smddp: JAX_SMDDP_COLLECTIVES=xla is not set, so XLA's "
             "cross-process collectives run on gloo (fsdp_train.py --processes N sets it)",
             file=sys.stderr)

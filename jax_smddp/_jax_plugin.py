@@ -17,12 +17,13 @@ from __future__ import annotations
 
 import os
 
+from jax_smddp import _startup  # no jax import: the variable's parser
+
 
 def initialize() -> None:
-  value = os.environ.get("JAX_SMDDP_COLLECTIVES", "").strip()
-  if not value:
+  if not os.environ.get(_startup.ENV_VAR, "").strip():
     return
   from jax_smddp import swap, xla_swap
   swap.use_from_env()
-  if xla_swap.requested(value):
+  if _startup.requested():
     xla_swap.install()

@@ -16,9 +16,13 @@ any ``import jax``. With ``JAX_SMDDP_COLLECTIVES=xla`` (or ``all``) it
   does not exclude CUDA and the package has the library (a build with nvcc);
   a process that never imports jax never loads it.
 
+It also holds the one parser of ``JAX_SMDDP_COLLECTIVES`` (:func:`parse_collectives`),
+which the swaps, the plugin's entry point and ``jax_smddp.use`` call.
+
 Imports nothing but ``os``, ``sys`` and ``importlib.util`` at start-up
 (``ctypes`` when it loads the front end); does nothing without the variable.
-Imported as a module (by xla_swap and nccl_swap), it only defines functions.
+Imported as a module (by swap, xla_swap, nccl_swap and the plugin's entry
+point), it only defines functions.
 """
 
 import os
@@ -28,14 +32,76 @@ LIBRARY = "libsmddp_mpi.so"
 NCCL_LIBRARY = "libsmddp_nccl.so"
 # XLA's "+X/-X" form: the default command buffer types, less COLLECTIVES.
 COMMAND_BUFFER_FLAG = "--xla_gpu_enable_command_buffer=-COLLECTIVES"
-_ON = ("all", "1", "true", "on", "yes", "xla")
+
+# ------------------------------------------------------------------ JAX_SMDDP_COLLECTIVES
+# The setting's registry entry (xla_ffi/common/settings.cc) states what it means; these are
+# the names it accepts, in any case, as a comma list.
+ENV_VAR = "JAX_SMDDP_COLLECTIVES"
+# The jax.lax collectives the shard_map swap (jax_smddp.swap) can lower through jax_smddp.
+COLLECTIVES = ("all_gather", "reduce_scatter", "all_reduce", "all_to_all")
+# Each accepted name of a collective (jax_smddp's and jax.lax's) -> its jax_smddp name.
+COLLECTIVE_NAMES = {
+    "all_gather": "all_gather", "all_gather_invariant": "all_gather",
+    "reduce_scatter": "reduce_scatter", "psum_scatter": "reduce_scatter",
+    "all_reduce": "all_reduce", "psum": "all_reduce", "pmax": "all_reduce",
+    "pmin": "all_reduce",
+    "all_to_all": "all_to_all",
+}
+ALL_NAMES = ("all", "1", "true", "on", "yes")     # every collective (in the variable: and xla)
+NONE_NAMES = ("none", "0", "false", "off", "no")  # none
+XLA_NAME = "xla"                                  # XLA's own collectives (jax_smddp.xla_swap)
+
+
+class Collectives:
+  """What a ``JAX_SMDDP_COLLECTIVES`` value (or ``jax_smddp.use``'s names) asks for:
+  ``ops``, the jax.lax collectives lowered through jax_smddp in shard_map (a
+  frozenset of jax_smddp names); ``xla``, whether ``xla`` is named; ``all``,
+  whether ``all`` (or 1, true, on, yes) is named."""
+
+  __slots__ = ("ops", "xla", "all")
+
+  def __init__(self, ops, xla: bool, all: bool):  # noqa: A002 (the name the variable takes)
+    self.ops, self.xla, self.all = frozenset(ops), xla, all
+
+  @property
+  def xla_swap(self) -> bool:
+    """Whether the variable asks for the XLA-level swap: ``xla``, or ``all`` (both swaps)."""
+    return self.xla or self.all
+
+  def __repr__(self) -> str:
+    return f"Collectives(ops={sorted(self.ops)}, xla={self.xla}, all={self.all})"
+
+
+def parse_collectives(value: str, strict: bool = True) -> Collectives:
+  """`value`, a comma list of the names above (any case, blanks and empty items
+  ignored), as a Collectives; an unknown name raises ValueError, or is ignored
+  where `strict` is false (at interpreter start-up, which must never fail: the
+  plugin raises when JAX starts its backends)."""
+  ops, xla, every = set(), False, False
+  for name in value.split(","):
+    name = name.strip().lower()
+    if name in ("",) + NONE_NAMES:
+      continue
+    if name == XLA_NAME:
+      xla = True
+    elif name in ALL_NAMES:
+      every = True
+      ops.update(COLLECTIVES)
+    elif name in COLLECTIVE_NAMES:
+      ops.add(COLLECTIVE_NAMES[name])
+    elif strict:
+      raise ValueError(
+          f"jax_smddp: unknown collective {name!r}; use a comma list of {', '.join(COLLECTIVES)} "
+          f"(or their jax.lax names psum_scatter, psum, pmax, pmin), 'all' (or 1), 'xla' "
+          f"(XLA's cross-process collectives only, see jax_smddp.xla_swap) or 'none' (or 0).")
+  return Collectives(ops, xla, every)
 
 
 def requested(value=None) -> bool:
   """Whether ``JAX_SMDDP_COLLECTIVES`` (or `value`) asks for the XLA-level swap."""
   if value is None:
-    value = os.environ.get("JAX_SMDDP_COLLECTIVES", "")
-  return any(v.strip().lower() in _ON for v in value.split(","))
+    value = os.environ.get(ENV_VAR, "")
+  return parse_collectives(value, strict=False).xla_swap
 
 
 def library_path(library: str = LIBRARY) -> str:
@@ -77,7 +143,7 @@ def front_end_skipped() -> str:
   """Why this process does not load the NCCL API front end ("" when it does,
   or did): the reasons checked in this order."""
   if not requested():
-    return "JAX_SMDDP_COLLECTIVES does not select xla"
+    return f"{ENV_VAR} does not select xla"
   platforms = [p.strip().lower() for p in os.environ.get("JAX_PLATFORMS", "").split(",") if p.strip()]
   if platforms and not any(p in ("cuda", "gpu") for p in platforms):
     return f"JAX_PLATFORMS={os.environ['JAX_PLATFORMS']} excludes CUDA"

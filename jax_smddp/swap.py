@@ -33,6 +33,7 @@ from jax._src.interpreters import mlir
 from jax._src.lax import parallel as lax_parallel
 
 from jax_smddp import _collective as c
+from jax_smddp import _startup
 from jax_smddp import config
 from jax_smddp import requirements
 
@@ -44,18 +45,11 @@ _rs = importlib.import_module("jax_smddp.reduce_scatter")
 
 log = logging.getLogger("jax_smddp")
 
-ENV_VAR = "JAX_SMDDP_COLLECTIVES"
+ENV_VAR = _startup.ENV_VAR
 
-# The collectives that can be swapped, by their jax_smddp name.
-OPS = ("all_gather", "reduce_scatter", "all_reduce", "all_to_all")
-
-_ALIASES = {
-    "all_gather": "all_gather", "all_gather_invariant": "all_gather",
-    "reduce_scatter": "reduce_scatter", "psum_scatter": "reduce_scatter",
-    "all_reduce": "all_reduce", "psum": "all_reduce", "pmax": "all_reduce",
-    "pmin": "all_reduce",
-    "all_to_all": "all_to_all",
-}
+# The collectives that can be swapped, by their jax_smddp name (the names each
+# accepts: _startup.COLLECTIVE_NAMES).
+OPS = _startup.COLLECTIVES
 
 _PLATFORMS = ("cpu", "cuda")  # where jax_smddp has a backend
 
@@ -188,19 +182,7 @@ def parse(ops: Iterable[str] | str) -> frozenset[str]:
   for item in ops:
     if not isinstance(item, str):
       raise TypeError(f"jax_smddp.use: collective names are strings, got {item!r}")
-    for name in item.split(","):
-      name = name.strip().lower()
-      if name in ("", "none", "0", "false", "off", "no", "xla"):
-        continue  # "xla": XLA's own collectives only (jax_smddp.xla_swap)
-      if name in ("all", "1", "true", "on", "yes"):
-        out.update(OPS)
-      elif name in _ALIASES:
-        out.add(_ALIASES[name])
-      else:
-        raise ValueError(
-            f"jax_smddp: unknown collective {name!r}; use a comma list of {', '.join(OPS)} "
-            f"(or their jax.lax names psum_scatter, psum, pmax, pmin), 'all' (or 1), 'xla' "
-            f"(XLA's cross-process collectives only, see jax_smddp.xla_swap) or 'none' (or 0).")
+    out.update(_startup.parse_collectives(item).ops)  # "xla": XLA's own only (xla_swap)
   return frozenset(out)
 
 
@@ -252,8 +234,7 @@ class use:
   """
 
   def __init__(self, *ops: str, clear_caches: bool = True):
-    names = {n.strip().lower() for o in ops if isinstance(o, str) for n in o.split(",")}
-    if "xla" in names:
+    if any(_startup.parse_collectives(o, strict=False).xla for o in ops if isinstance(o, str)):
       # XLA's own collectives: only before JAX creates its CPU client, and only in a
       # process started with JAX_SMDDP_COLLECTIVES=xla or MPITRAMPOLINE_LIB set (raises).
       from jax_smddp import xla_swap

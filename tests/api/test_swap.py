@@ -96,6 +96,24 @@ def test_use_rejects_unknown_names():
     smddp.use(3)
 
 
+def test_one_parser_of_jax_smddp_collectives():
+  """_startup.parse_collectives reads the variable for the start-up hook, the
+  plugin's entry point and jax_smddp.use alike, aliases included."""
+  from jax_smddp import _startup
+  every = frozenset(smddp.swap.OPS)
+  for value, ops, xla_swap in [
+      ("", frozenset(), False), ("none", frozenset(), False), ("0,off", frozenset(), False),
+      ("all", every, True), ("1", every, True), (" TRUE ", every, True), ("on,yes", every, True),
+      ("xla", frozenset(), True), ("xla,psum", {"all_reduce"}, True),
+      ("pmax,all_gather_invariant", {"all_reduce", "all_gather"}, False)]:
+    parsed = _startup.parse_collectives(value)
+    assert (parsed.ops, parsed.xla_swap) == (ops, xla_swap), value
+    assert smddp.swap.parse(value) == ops and _startup.requested(value) == xla_swap, value
+  with pytest.raises(ValueError, match="unknown collective 'bogus'"):
+    _startup.parse_collectives("xla,bogus")
+  assert _startup.requested("xla,bogus")  # at start-up an unknown name never raises
+
+
 @pytest.mark.timeout(120)
 def test_xla_swap_cannot_start_after_the_cpu_client():
   """use("xla") once JAX's CPU client exists: it cannot change its collectives, and says so."""
