@@ -1,6 +1,7 @@
 """Cost model of jax_smddp's collectives (and of NCCL's ring and tree, the baseline).
 
-Pure Python (no jax import). It predicts the time of one collective call from the
+Pure Python: no jax, no files, no engine reads (though importing it as
+``jax_smddp.cost_model`` runs the package's ``__init__``, which imports jax). It predicts the time of one collective call from the
 bytes each process must copy, reduce and send over each kind of link, counted by
 walking the same routes and loops as the engine (``xla_ffi/algorithms/routes.cc``,
 ``process_algorithms.cc``, ``algorithms.cc``), and from a *machine*: per-transport
@@ -102,17 +103,17 @@ shared-memory and network latency, the network's kernel cost, cache size,
 large-output rate, parallel efficiency, oversubscription) to benchmark
 results. The result is cached in ``~/.cache/jax_smddp/calibration.json``
 (``JAX_SMDDP_CALIBRATION`` overrides the path) and used by
-:func:`local_machine` and the tuner.
+:func:`jax_smddp.calibration.local_machine` (which reads and writes it, and adds
+this process's heap policy: this module holds no files and reads no engine) and
+the tuner.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import functools
-import json
 import math
-import os
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from typing import Sequence
 
 OPS = ("all_gather", "reduce_scatter", "all_reduce", "all_to_all")
@@ -724,63 +725,3 @@ def nccl_predict(op: str, bytes_per_rank: int, nodes: int, ranks_per_node: int,
   layout = Layout(N, k, 1)
   return Prediction(op, int(S), layout, f"nccl_{algorithm}", 0, sum(terms.values()), terms,
                     "network" if N > 1 else "intra-host link", int(node_bytes), machine.name)
-
-
-def calibration_path() -> str:
-  from jax_smddp import config
-  return config.get("JAX_SMDDP_CALIBRATION") or os.path.join(
-      os.path.expanduser("~"), ".cache", "jax_smddp", "calibration.json")
-
-
-def save_machine(machine: Machine, path: str) -> None:
-  os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
-  with open(path, "w") as f:
-    json.dump({"machine": machine.to_json()}, f, indent=2, default=_json_default)
-    f.write("\n")
-
-
-def _json_default(x):
-  if isinstance(x, float) and not math.isfinite(x):
-    return "inf"
-  raise TypeError(type(x))
-
-
-def _definite(d):
-  if isinstance(d, dict):
-    return {k: _definite(v) for k, v in d.items()}
-  return math.inf if d == "inf" else d
-
-
-def load_machine(path: str) -> Machine:
-  with open(path) as f:
-    data = json.load(f)
-  return Machine.from_json(_definite(data["machine"]))
-
-
-def heap_fresh_output_bytes() -> int:
-  """Smallest output this process's glibc maps afresh on every call: its
-  largest dynamic mmap threshold, or the higher one jax_smddp sets
-  (JAX_SMDDP_HEAP_REUSE_BYTES) when it does. Blocks below it may still be
-  mapped afresh where a thread's arena cannot fit them; the model ignores that."""
-  try:
-    from jax_smddp import capabilities
-    kept = int(capabilities.heap_reuse()["bytes"])
-  except Exception:  # no engine (docs, tools): glibc's own policy
-    kept = 0
-  return max(MMAP_THRESHOLD_MAX, kept)
-
-
-@functools.lru_cache(maxsize=1)
-def local_machine() -> Machine:
-  """This machine: the cached calibration when present and readable, else the
-  CPU reference preset with this machine's core count; either way with this
-  process's heap policy (heap_fresh_output_bytes)."""
-  heap = heap_fresh_output_bytes()
-  path = calibration_path()
-  if os.path.exists(path):
-    try:
-      return replace(load_machine(path), fresh_output_bytes=heap)
-    except Exception:  # a damaged cache must never break a program
-      pass
-  return replace(CPU_REFERENCE, cores=os.cpu_count() or 1, source="default",
-                 fresh_output_bytes=heap)

@@ -7,7 +7,7 @@ The engine asks :func:`choose` at lowering time (one answer per distinct
 ``hierarchical`` (rail routes: each byte crosses the network once per host,
 relayed over shared memory; only with >= 2 hosts of >= 2 processes each), and
 the message chunk (pipelining granularity). The model is
-:func:`jax_smddp.cost_model.local_machine`: this machine's calibration
+:func:`jax_smddp.calibration.local_machine`: this machine's calibration
 (``python -m jax_smddp.tools.calibrate --calibrate``, cached in
 ``~/.cache/jax_smddp/calibration.json``) when present, else defaults.
 
@@ -36,6 +36,7 @@ import json
 import logging
 import os
 
+from jax_smddp import calibration
 from jax_smddp import config
 from jax_smddp import cost_model
 from jax_smddp.cost_model import Layout  # noqa: F401  (part of this module's interface)
@@ -67,9 +68,9 @@ _OVERRIDES = ("JAX_SMDDP_ALGORITHM", "JAX_SMDDP_CHUNK_BYTES")
 
 def local_inputs() -> str:
   """This process's tuner inputs, as JSON (what process 0 publishes)."""
-  machine = cost_model.local_machine()
-  return json.dumps({"machine": machine.to_json(), "overrides": [os.environ.get(k) for k in _OVERRIDES]},
-                    default=cost_model._json_default)
+  machine = calibration.local_machine()
+  return calibration.dumps({"machine": machine.to_json(),
+                            "overrides": [os.environ.get(k) for k in _OVERRIDES]})
 
 
 def set_job_inputs(inputs: str | None) -> None:
@@ -80,7 +81,7 @@ def set_job_inputs(inputs: str | None) -> None:
     _job_inputs = None
   else:
     data = json.loads(inputs)
-    machine = cost_model.Machine.from_json(cost_model._definite(data["machine"]))
+    machine = calibration.machine_from_json(data["machine"])
     _job_inputs = (machine, *_overrides(*data["overrides"]))
   _choose.cache_clear()
 
@@ -96,7 +97,7 @@ def _overrides(algorithm: str | None, chunk_bytes: str | None) -> tuple:
 def _inputs() -> tuple:
   if _job_inputs is not None:
     return _job_inputs
-  return (cost_model.local_machine(), *_overrides(*(os.environ.get(k) for k in _OVERRIDES)))
+  return (calibration.local_machine(), *_overrides(*(os.environ.get(k) for k in _OVERRIDES)))
 
 
 def _us(seconds: float) -> str:
@@ -177,4 +178,4 @@ def _decide(op: str, nbytes: int, layout: Layout, machine, forced_algo: str | No
 def clear_cache() -> None:
   """Forgets cached choices and the loaded calibration (after recalibrating)."""
   _choose.cache_clear()
-  cost_model.local_machine.cache_clear()
+  calibration.local_machine.cache_clear()

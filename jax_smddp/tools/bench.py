@@ -103,7 +103,7 @@ from typing import Callable
 
 import numpy as np
 
-from jax_smddp import config, cost_model
+from jax_smddp import calibration, config, cost_model
 
 log = logging.getLogger("jax_smddp.tools.bench")
 
@@ -741,7 +741,7 @@ def annotate(r: dict, layout: "Layout", predict: bool = False, machine=None,
   r["choice"] = {"algorithm": choice.algorithm, "chunk_bytes": choice.chunk_bytes,
                  "reason": choice.reason}
   if predict:
-    machine = machine or cost_model.local_machine()
+    machine = machine or calibration.local_machine()
     algo = choice.algorithm if layout.multi_process else "in_process"
     other = float((r.get("other_load") or {}).get("cores", 0.0))
     p = cost_model.predict(r["op"], r["bytes_per_rank"], lay, machine, algo, choice.chunk_bytes,
@@ -754,9 +754,9 @@ def annotate(r: dict, layout: "Layout", predict: bool = False, machine=None,
 
 
 def model_meta(machine=None) -> dict:
-  machine = machine or cost_model.local_machine()
+  machine = machine or calibration.local_machine()
   return {"machine": machine.name, "source": machine.source,
-          "calibration": cost_model.calibration_path(),
+          "calibration": calibration.calibration_path(),
           "definition": "prediction = jax_smddp.cost_model.predict for the tuner's choice; "
                         "model/meas = predicted time / measured median"}
 

@@ -7,7 +7,7 @@
 Microbenchmarks of this machine (copy and reduction bandwidth), fitting of the
 model's latencies to recorded benchmark runs (``python -m
 jax_smddp.tools.bench --json``), and the CLI that writes the calibration the
-tuner reads (:func:`jax_smddp.cost_model.local_machine`). A tool: ``import
+tuner reads (:func:`jax_smddp.calibration.local_machine`). A tool: ``import
 jax_smddp`` does not load it.
 """
 
@@ -23,8 +23,9 @@ from dataclasses import replace
 from typing import Iterable, Sequence
 
 from jax_smddp.cost_model import *  # noqa: F403  (the model this calibrates)
-from jax_smddp.cost_model import (CPU_REFERENCE, PRESETS, Layout, Machine, Prediction,
-                                  calibration_path, heap_fresh_output_bytes, save_machine)
+from jax_smddp.cost_model import CPU_REFERENCE, PRESETS, Layout, Machine, Prediction
+from jax_smddp.calibration import (calibration_path, heap_fresh_output_bytes, local_machine,
+                                   save_machine)
 
 
 # --------------------------------------------------------------------------- benchmark data

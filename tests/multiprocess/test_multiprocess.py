@@ -379,14 +379,14 @@ def test_processes_with_different_tuner_inputs_agree(tmp_path):
   takes process 0's (published at initialize), so calls agree and every
   process makes process 0's choices."""
   from dataclasses import replace
-  from jax_smddp import cost_model
+  from jax_smddp import calibration, cost_model
   files = []
   for name, scale in (("fast", 4.0), ("slow", 0.05)):
     m = cost_model.CPU_REFERENCE
     path = tmp_path / f"{name}.json"
-    cost_model.save_machine(replace(m, name=name, copy_bw=m.copy_bw * scale,
-                                    copy_bw_dram=m.copy_bw_dram * scale, source="calibrated"),
-                            str(path))
+    calibration.save_machine(replace(m, name=name, copy_bw=m.copy_bw * scale,
+                                     copy_bw_dram=m.copy_bw_dram * scale, source="calibrated"),
+                             str(path))
     files.append(str(path))
   procs = run_job(["tuner_inputs"], 2, 2, timeout=240, per_process_env=[
       {"JAX_SMDDP_CALIBRATION": files[0]},

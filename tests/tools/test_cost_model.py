@@ -14,6 +14,7 @@ from dataclasses import replace
 
 import pytest
 
+from jax_smddp import calibration
 from jax_smddp import cost_model as cm
 from jax_smddp.tools import calibrate
 from jax_smddp import tuning
@@ -222,10 +223,10 @@ def test_presets():
 @pytest.mark.timeout(30)
 def test_machine_json_roundtrip(tmp_path):
   path = str(tmp_path / "cal.json")
-  cm.save_machine(cm.P4D, path)
-  assert cm.load_machine(path) == cm.P4D
-  cm.save_machine(cm.CPU_REFERENCE, path)
-  assert cm.load_machine(path) == cm.CPU_REFERENCE
+  calibration.save_machine(cm.P4D, path)
+  assert calibration.load_machine(path) == cm.P4D
+  calibration.save_machine(cm.CPU_REFERENCE, path)
+  assert calibration.load_machine(path) == cm.CPU_REFERENCE
 
 
 @pytest.mark.timeout(30)
@@ -239,19 +240,19 @@ def test_outputs_fault_from_the_heap_threshold_on(tmp_path):
   assert fresh - kept == pytest.approx(8 * 48 * MiB / 1e9, rel=1e-6)
   # A calibration written before the field existed reads as glibc's own threshold.
   path = tmp_path / "old.json"
-  cm.save_machine(m, str(path))
+  calibration.save_machine(m, str(path))
   data = json.loads(path.read_text())
   del data["machine"]["fresh_output_bytes"]
   path.write_text(json.dumps(data))
-  assert cm.load_machine(str(path)).fresh_output_bytes == cm.MMAP_THRESHOLD_MAX
+  assert calibration.load_machine(str(path)).fresh_output_bytes == cm.MMAP_THRESHOLD_MAX
 
 
 @pytest.mark.timeout(60)
 def test_local_machine_takes_this_processs_heap_policy():
   from jax_smddp import capabilities
   kept = capabilities.heap_reuse()["bytes"]
-  assert cm.heap_fresh_output_bytes() == max(cm.MMAP_THRESHOLD_MAX, kept)
-  assert cm.local_machine().fresh_output_bytes == cm.heap_fresh_output_bytes()
+  assert calibration.heap_fresh_output_bytes() == max(cm.MMAP_THRESHOLD_MAX, kept)
+  assert calibration.local_machine().fresh_output_bytes == calibration.heap_fresh_output_bytes()
 
 
 # --------------------------------------------------------------------------- validation
@@ -363,18 +364,18 @@ def test_microbenchmarks_and_local_machine(tmp_path, monkeypatch):
     assert micro[k] > 1e8, (k, micro)
   m = calibrate.calibrated_machine(micro)
   path = str(tmp_path / "calibration.json")
-  cm.save_machine(m, path)
+  calibration.save_machine(m, path)
   monkeypatch.setenv("JAX_SMDDP_CALIBRATION", path)
-  cm.local_machine.cache_clear()
+  calibration.local_machine.cache_clear()
   try:
-    assert cm.local_machine() == m and cm.local_machine().source == "calibrated"
+    assert calibration.local_machine() == m and calibration.local_machine().source == "calibrated"
     with open(path, "w") as f:
       f.write("not json")
-    cm.local_machine.cache_clear()
-    assert cm.local_machine().source == "default"     # a damaged cache is ignored
-    assert cm.local_machine().name == "cpu-reference"
+    calibration.local_machine.cache_clear()
+    assert calibration.local_machine().source == "default"     # a damaged cache is ignored
+    assert calibration.local_machine().name == "cpu-reference"
   finally:
-    cm.local_machine.cache_clear()
+    calibration.local_machine.cache_clear()
 
 
 # --------------------------------------------------------------------------- tuning
@@ -514,7 +515,7 @@ def test_calibrate_cli(tmp_path):
                          data, "--out", str(out)], capture_output=True, text=True, timeout=100,
                         cwd=tmp_path)
   assert proc.returncode == 0, proc.stdout + proc.stderr
-  m = cm.load_machine(str(out))
+  m = calibration.load_machine(str(out))
   assert m.source == "fitted" and m.cores == (os.cpu_count() or 1)
   s = calibrate.error_stats(calibrate.load_records([data]), m)["all"]
   assert s["median_abs_error"] <= 0.25, s
