@@ -172,7 +172,7 @@ def _stream_annotator():
 def collective_stream_enabled() -> bool:
   """JAX_SMDDP_GPU_STREAM=collective (default) puts every GPU collective on
   XLA's collective stream; =compute leaves it on the compute stream."""
-  return (config.get("JAX_SMDDP_GPU_STREAM") or "collective") == "collective"
+  return config.value("JAX_SMDDP_GPU_STREAM") == "collective"
 
 
 def lower_cuda(prim, lower, ctx, x, params):

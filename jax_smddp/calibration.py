@@ -22,9 +22,10 @@ from jax_smddp.cost_model import CPU_REFERENCE, MMAP_THRESHOLD_MAX, Machine
 
 
 def calibration_path() -> str:
+  """JAX_SMDDP_CALIBRATION, else the registry's default (with ``~`` expanded)."""
   from jax_smddp import config
-  return config.get("JAX_SMDDP_CALIBRATION") or os.path.join(
-      os.path.expanduser("~"), ".cache", "jax_smddp", "calibration.json")
+  name = "JAX_SMDDP_CALIBRATION"
+  return config.get(name) or os.path.expanduser(config.default(name))
 
 
 def save_machine(machine: Machine, path: str) -> None:

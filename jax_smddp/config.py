@@ -25,8 +25,6 @@ from jax_smddp import _native
 
 log = logging.getLogger("jax_smddp")
 
-DEFAULT_TIMEOUT_S = 300.0
-
 
 def specs() -> list[dict]:
   """Every declaration: name, kind, default, min, max, choices, scope, agree, meaning."""
@@ -49,8 +47,28 @@ def parse(name: str, text: str | None):
 
 def get(name: str):
   """The value of setting `name` from the environment, typed as by parse(), or
-  None when unset (the caller's default applies, as the registry documents it)."""
+  None when unset (see value() for the value in effect)."""
   return parse(name, os.environ.get(name))
+
+
+def default(name: str):
+  """The registry's default of setting `name`, typed as by parse(): the one place a
+  default is stated (xla_ffi/common/settings.cc). None where the registry says
+  "unset"; a default stated as a description ("cores - 1") raises ValueError, and a
+  text setting's default is the registry's text."""
+  spec = next((s for s in _specs() if s["name"] == name), None)
+  if spec is None:
+    raise ValueError(f"jax_smddp: {name} is not a setting")
+  if spec["default"].startswith("unset"):
+    return None
+  return parse(name, spec["default"])
+
+
+def value(name: str):
+  """The value of setting `name` in effect: the environment's (get()), else the
+  registry's default (default())."""
+  v = get(name)
+  return default(name) if v is None else v
 
 
 def settings() -> dict[str, dict]:
@@ -83,8 +101,7 @@ def non_default() -> dict[str, str]:
       same = False
     if not same:
       out[s["name"]] = text
-  if "JAX_SMDDP_TIMEOUT_S" not in out and timeout() != (get("JAX_SMDDP_TIMEOUT_S")
-                                                        or DEFAULT_TIMEOUT_S):
+  if "JAX_SMDDP_TIMEOUT_S" not in out and timeout() != value("JAX_SMDDP_TIMEOUT_S"):
     out["JAX_SMDDP_TIMEOUT_S"] = f"{timeout():g} (jax_smddp.set_timeout)"
   return out
 
@@ -190,6 +207,6 @@ def timeout() -> float:
 
 try:
   validate()
-  set_timeout(get("JAX_SMDDP_TIMEOUT_S") or DEFAULT_TIMEOUT_S)
+  set_timeout(value("JAX_SMDDP_TIMEOUT_S"))
 except ValueError as e:  # raised again at the first collective; the doctor shows it
   log.error("%s", e)

@@ -35,8 +35,10 @@ JAX_SMDDP_HOST_ID           overrides the host id (processes with equal ids use
                             shared memory between them).
 JAX_SMDDP_FABRIC_PROVIDER   libfabric provider for peers on other hosts.
 JAX_SMDDP_FABRIC_NODE       local address to bind the endpoint to.
-JAX_SMDDP_SHM_RING_BYTES    bytes of each shared-memory ring (default 8 MiB).
-JAX_SMDDP_CHUNK_BYTES       bytes per message chunk (default 1 MiB).
+JAX_SMDDP_SHM_RING_BYTES    bytes of each shared-memory ring.
+JAX_SMDDP_CHUNK_BYTES       bytes per message chunk.
+
+(Their defaults: docs/settings.md, generated from the registry.)
 """
 
 from __future__ import annotations

@@ -43,13 +43,11 @@ _across_hosts: dict = {}  # groups across hosts set up here: what their set-up c
 _why_staged: dict = {}  # groups across hosts whose network slots stage: why
 _KV_TIMEOUT_MS = 300_000
 
-DEFAULT_SLOT_BYTES = 8 << 20
-
 
 def slot_bytes() -> int:
-  """Bytes per staging slot (JAX_SMDDP_GPU_SLOT_BYTES, default 8 MiB); each rank
-  has two per group."""
-  return config.get("JAX_SMDDP_GPU_SLOT_BYTES") or DEFAULT_SLOT_BYTES
+  """Bytes per staging slot (JAX_SMDDP_GPU_SLOT_BYTES; its default is the
+  registry's); each rank has two per group."""
+  return config.value("JAX_SMDDP_GPU_SLOT_BYTES")
 
 
 def fabric_hmem() -> str:
@@ -57,7 +55,7 @@ def fabric_hmem() -> str:
   "auto" (device memory where every process of a group can register it with
   its libfabric provider, else host memory) or "1" (device memory, or an
   error saying why not). Same value in every process."""
-  return config.get("JAX_SMDDP_FABRIC_HMEM") or "0"
+  return config.value("JAX_SMDDP_FABRIC_HMEM")
 
 
 def available() -> bool:

@@ -154,7 +154,7 @@ def worker(args) -> dict:
   import jax
   from jax.sharding import NamedSharding, PartitionSpec as P
   import jax_smddp
-  from jax_smddp import _native
+  from jax_smddp import _native, config
   if args.nprocs > 1:
     jax.distributed.initialize(args.coordinator, args.nprocs, args.process, local_device_ids=[0])
   if args.hosts > 1:
@@ -181,7 +181,7 @@ def worker(args) -> dict:
       copy_Bps = _copy_reference(ext, size * n, args, f"{op}/{size}")
       before = ext.counters()["direct_reads"] if ext else 0
       row = {"op": op, "bytes_per_rank": size, "ranks": n,
-             "mode": os.environ.get("JAX_SMDDP_GPU_COPIES", "engine"),
+             "mode": config.value("JAX_SMDDP_GPU_COPIES"),
              "smddp_s": _time(ours, x, args.iters, PIPELINE),
              "synced_s": _time(ours, x, args.iters), "copy_Bps": copy_Bps}
       row["direct_calls"] = (ext.counters()["direct_reads"] - before) if ext else 0

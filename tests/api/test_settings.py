@@ -84,6 +84,35 @@ def test_typed_reads_take_the_registry_default():
   assert not wrong, "\n".join(wrong)
 
 
+PY_SECOND_DEFAULT = re.compile(r'config\.get\(\s*"(JAX_SMDDP_[A-Z0-9_]+)"\s*\)\s*or\s*([^\s),]+)')
+
+
+def test_python_reads_take_the_registry_default(monkeypatch):
+  # config.value: the environment's value, else the registry's default (never a second literal).
+  for name in ("JAX_SMDDP_GPU_SLOT_BYTES", "JAX_SMDDP_TIMEOUT_S", "JAX_SMDDP_GPU_STREAM",
+               "JAX_SMDDP_FABRIC_HMEM", "JAX_SMDDP_REQUIRE"):
+    monkeypatch.delenv(name, raising=False)
+    spec = next(s for s in config.specs() if s["name"] == name)
+    want = None if spec["default"].startswith("unset") else config.parse(name, spec["default"])
+    assert config.default(name) == want and config.value(name) == want, name
+  monkeypatch.setenv("JAX_SMDDP_GPU_SLOT_BYTES", "1M")
+  assert config.value("JAX_SMDDP_GPU_SLOT_BYTES") == 1 << 20
+  with pytest.raises(ValueError):
+    config.default("JAX_SMDDP_CPU_HELPERS")  # "cores - 1": a description, not a value
+  with pytest.raises(ValueError, match="not a setting"):
+    config.default("JAX_SMDDP_NO_SUCH_SETTING")
+  # No Python read states a default beside the registry's: `config.get("X") or <value>`.
+  wrong = []
+  for root, _, files in os.walk(os.path.join(REPO, "jax_smddp")):
+    for f in files:
+      if f.endswith(".py"):
+        with open(os.path.join(root, f)) as fh:
+          for name, fallback in PY_SECOND_DEFAULT.findall(fh.read()):
+            if fallback not in ('""', "[]", "None", "()"):
+              wrong.append(f"{f}: config.get({name!r}) or {fallback}: use config.value")
+  assert not wrong, "\n".join(wrong)
+
+
 def test_the_docs_table_is_generated_from_the_registry():
   with open(os.path.join(REPO, "docs", "settings.md")) as f:
     docs = f.read()

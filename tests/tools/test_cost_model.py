@@ -220,6 +220,12 @@ def test_presets():
   assert cpu.kind == "cpu" and cpu.copy_bw >= cpu.copy_bw_dram > 0
 
 
+def test_the_models_helper_threshold_is_the_registrys_default():
+  # The pure model cannot read the registry; this keeps its copy of the engine's default honest.
+  from jax_smddp import config
+  assert cm.HELPER_MIN_BYTES == config.default("JAX_SMDDP_CPU_HELPER_MIN_BYTES")
+
+
 @pytest.mark.timeout(30)
 def test_machine_json_roundtrip(tmp_path):
   path = str(tmp_path / "cal.json")
