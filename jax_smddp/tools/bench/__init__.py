@@ -1,0 +1,95 @@
+"""nccl-tests-style benchmark of jax_smddp's collectives against jax.lax.
+
+Usage::
+
+    python -m jax_smddp.tools.bench                       # all_gather, reduce_scatter, all_reduce
+    python -m jax_smddp.tools.bench --ops all_to_all --min-bytes 1K --max-bytes 1M
+    python -m jax_smddp.tools.bench --quick --devices 4   # smoke run (same as --layout 4 / 1x4)
+    python -m jax_smddp.tools.bench --layout 2x2 --compare-in-process
+                                                    # 2 processes x 2 devices on this host
+    python -m jax_smddp.tools.bench --layout 2x2x1        # 2 simulated hosts x 2 processes x 1
+                                                    # device (network namespaces; root)
+    python -m jax_smddp.tools.bench --layout 2x2 --predict
+                                                    # the cost model's prediction beside each
+                                                    # measurement (jax_smddp.cost_model)
+    python -m jax_smddp.tools.bench --compare A.json B.json
+                                                    # runs nothing: B/A time ratios per op and
+                                                    # size, and a comparison PNG
+
+Layouts (``--layout``):
+
+* ``N`` or ``1xN``: one process, N CPU devices (the default, N = ``--devices``).
+* ``PxD``: P processes on this host, D devices each, one ``jax.distributed``
+  job; jax_smddp links the processes through shared memory.
+* ``HxPxD``: H = 2 simulated hosts (network namespaces joined by a veth pair,
+  :mod:`jax_smddp.tools.netns`) x P processes x D devices; jax_smddp uses shared
+  memory within a host and libfabric (``JAX_SMDDP_FABRIC_PROVIDER``, default
+  here ``tcp;ofi_rxm``) between hosts. Needs root and iproute2.
+
+Multi-process layouts are run by :mod:`jax_smddp.tools.launch`: every worker
+(:mod:`jax_smddp.tools.bench_worker`) benchmarks the same programs over a 1-D mesh of
+all global devices, so the jax.lax baseline runs on JAX's default CPU
+collectives across processes (gloo over TCP); process 0 reports the times.
+``--compare-in-process`` also runs the same total device count in one process
+(a subprocess) and adds the column ``vs 1p`` = multi-process jax_smddp time /
+in-process jax_smddp time.
+
+For every op and size two jitted ``jax.shard_map`` programs over a 1-D mesh
+``"x"`` of all (CPU) devices are built: one calling the jax_smddp collective,
+one calling its ``jax.lax`` equivalent::
+
+    all_gather      smddp.all_gather(x, "x", tiled=True)      lax.all_gather(..., tiled=True)
+    reduce_scatter  smddp.psum_scatter(x, "x", tiled=True)    lax.psum_scatter(..., tiled=True)
+    all_reduce      smddp.psum(x, "x")                        lax.psum(x, "x")
+    all_to_all      smddp.all_to_all(x, "x", 0, 0, tiled=True) lax.all_to_all(..., 0, 0, tiled=True)
+
+The jax_smddp result is checked against the jax.lax one before timing (in
+every process, on its addressable shards). Each timed sample is one whole
+jitted call followed by ``block_until_ready`` (every call is synchronised: XLA's
+CPU runtime can hang with many multi-device executions in flight; across
+processes the collective itself keeps the processes in step); the two
+implementations alternate call by call so that noise hits both alike, and the
+median is reported (process 0's, in multi-process layouts).
+
+Definitions (as in nccl-tests; n = number of ranks, t = median time):
+
+* size: bytes of the *input buffer of one rank* (all sizes are powers of 2).
+* algbw = S_total / t, in GB/s (1e9 bytes/s), where S_total is
+    - all_gather:     n x size     (the gathered output),  busbw = algbw x (n-1)/n
+    - reduce_scatter: size         (input of one rank),    busbw = algbw x (n-1)/n
+    - all_reduce:     size         (the buffer),           busbw = algbw x 2(n-1)/n
+    - all_to_all:     size         (buffer of one rank),   busbw = algbw x (n-1)/n
+* speedup = lax time / smddp time (> 1: jax_smddp is faster).
+
+Each implementation's fastest call is kept too (``min_us``: the least disturbed
+by other load on a shared machine), and every call (``samples_us``). ``other_load``
+is the number of CPUs other work (other users, the hypervisor) kept busy while a
+point was timed, measured from /proc (machine CPU time minus this job's);
+``--timing blocks`` times 5 calls of one implementation back to back instead of
+alternating call by call (docs/performance_model.md: which statistic the model
+predicts, and why). Every row records the tuner's choice for the
+call (``choice``: :func:`jax_smddp.tuning.choose`, what the engine runs across
+processes) and, with ``--predict``, the cost model's prediction for it
+(``prediction``, ``smddp.predicted_us``; docs/performance_model.md).
+
+A memcpy reference, single-threaded numpy copy bandwidth (``np.copyto`` of a
+64 MiB buffer), is measured in the same run: ``memcpy_us`` is the time the bytes
+one process must write (its devices' outputs) take at that bandwidth, and
+``vs_memcpy`` = memcpy_us / jax_smddp's time. It is a reference, not a limit:
+above 1, jax_smddp wrote its outputs faster than ``np.copyto`` copies, which
+streaming (non-temporal) stores and several threads can do. Results go to a JSON file with
+the run's metadata and, when matplotlib is importable, to a busbw-vs-size plot.
+
+The benchmark functions are importable (:func:`run_benchmark`). The package's modules:
+``core`` (sizes, layouts, programs, timing, the driver), ``meter`` (the /proc meter of
+other load), ``output`` (table, JSON, plot), ``compare`` (``--compare``) and ``cli`` (the
+options and the one- and multi-process runs). This module
+imports jax lazily; ``import jax_smddp`` imports jax but does not start its
+backends, so ``--devices`` can still set ``XLA_FLAGS`` in :func:`main`.
+"""
+
+from jax_smddp.tools.bench.core import *  # noqa: F401,F403
+from jax_smddp.tools.bench.meter import *  # noqa: F401,F403
+from jax_smddp.tools.bench.output import *  # noqa: F401,F403
+from jax_smddp.tools.bench.compare import *  # noqa: F401,F403
+from jax_smddp.tools.bench.cli import *  # noqa: F401,F403

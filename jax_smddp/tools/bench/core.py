@@ -1,0 +1,551 @@
+"""The benchmark's core (:mod:`jax_smddp.tools.bench`): sizes, layouts, the
+programs of each op, their inputs and checks, the timing loops, the driver
+(:func:`run_benchmark`), the run's metadata and each row's model annotation."""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import logging
+import os
+import platform
+import statistics
+import time
+from dataclasses import dataclass
+from typing import Callable
+
+import numpy as np
+
+from jax_smddp import calibration, config, cost_model
+from jax_smddp.tools.bench.meter import CpuMeter
+
+log = logging.getLogger("jax_smddp.tools.bench")
+
+OPS = ("all_gather", "reduce_scatter", "all_reduce", "all_to_all")
+DEFAULT_OPS = ("all_gather", "reduce_scatter", "all_reduce")
+_SUFFIXES = {"K": 1 << 10, "M": 1 << 20, "G": 1 << 30}
+
+# Large sizes run fewer iterations: a sample is cut when one implementation's
+# calls would move more than this many bytes in all (keeps the default run short
+# on small machines); never fewer than MIN_ITERS samples.
+BYTES_BUDGET = 2 << 30
+MIN_ITERS = 3
+MEMCPY_BYTES = 64 << 20
+
+
+# --------------------------------------------------------------------------- sizes
+
+def parse_size(text: str) -> int:
+  """Parses ``"4K"``, ``"16M"``, ``"1GiB"``, ``"4096"`` (binary suffixes) into bytes."""
+  t = text.strip().upper()
+  for unit in ("IB", "B"):
+    if t.endswith(unit) and len(t) > len(unit):
+      t = t[:-len(unit)]
+      break
+  num, scale = (t[:-1], _SUFFIXES[t[-1]]) if t and t[-1] in _SUFFIXES else (t, 1)
+  try:
+    value = int(float(num) * scale)
+  except ValueError:
+    raise argparse.ArgumentTypeError(f"not a size: {text!r} (use e.g. 4096, 4K, 16M, 1G)") from None
+  if value <= 0:
+    raise argparse.ArgumentTypeError(f"size must be positive: {text!r}")
+  return value
+
+
+def format_size(nbytes: int) -> str:
+  """4096 -> '4K', 16777216 -> '16M'."""
+  for suffix in ("G", "M", "K"):
+    if nbytes >= _SUFFIXES[suffix] and nbytes % _SUFFIXES[suffix] == 0:
+      return f"{nbytes // _SUFFIXES[suffix]}{suffix}"
+  return str(nbytes)
+
+
+def power_of_two_sizes(min_bytes: int, max_bytes: int) -> list[int]:
+  """Powers of two from the first >= min_bytes up to max_bytes."""
+  size = 1 << max(0, (min_bytes - 1).bit_length())
+  sizes = []
+  while size <= max_bytes:
+    sizes.append(size)
+    size *= 2
+  return sizes
+
+
+# --------------------------------------------------------------------------- layouts
+
+@dataclass(frozen=True)
+class Layout(cost_model.Layout):
+  """The model's layout (hosts x processes per host x devices per process),
+  with what the benchmark prints and records."""
+
+  @property
+  def devices(self) -> int:
+    return self.ranks
+
+  @property
+  def multi_process(self) -> bool:
+    return self.processes > 1
+
+  def describe(self) -> str:
+    p, d = self.processes_per_host, self.devices_per_process
+    host = f"{self.hosts} simulated hosts x " if self.hosts > 1 else ""
+    return f"{host}{p} process{'es' if p > 1 else ''} x {d} device{'s' if d > 1 else ''}"
+
+  def as_dict(self) -> dict:
+    return {"spec": self.spec, "hosts": self.hosts, "processes": self.processes,
+            "processes_per_host": self.processes_per_host,
+            "devices_per_process": self.devices_per_process, "devices": self.devices,
+            "backend": "cpu"}
+
+
+def parse_layout(text: str) -> Layout:
+  """``"N"`` / ``"1xN"`` (one process), ``"PxD"`` (processes x devices on this
+  host) or ``"HxPxD"`` (H = 2 simulated hosts x P processes x D devices)."""
+  try:
+    parts = [int(v) for v in text.strip().lower().split("x")]
+  except ValueError:
+    parts = []
+  if not 1 <= len(parts) <= 3 or any(v < 1 for v in parts):
+    raise argparse.ArgumentTypeError(
+        f"not a layout: {text!r} (use N, PxD or HxPxD with positive integers, e.g. 8, 2x2, 2x2x1)")
+  if len(parts) == 1:
+    return Layout(1, 1, parts[0])
+  if len(parts) == 2:
+    return Layout(1, *parts)
+  if parts[0] != 2:
+    raise argparse.ArgumentTypeError(
+        f"layout {text!r}: only 2 simulated hosts are supported (2xPxD)")
+  return Layout(*parts)
+
+
+# --------------------------------------------------------------------------- ops
+
+@dataclass(frozen=True)
+class OpSpec:
+  """One collective: how to call both implementations and how to count bytes."""
+  name: str
+  smddp: Callable      # (x, axis_name) -> y, per shard
+  lax: Callable        # (x, axis_name) -> y, per shard
+  total_factor: Callable[[int], int]   # n -> S_total / size
+  bus_factor: Callable[[int], float]   # n -> busbw / algbw
+  target: str          # the plugin's custom-call target, expected in the HLO
+
+
+def op_specs() -> dict[str, OpSpec]:
+  """The benchmarked ops (imports jax: call after XLA_FLAGS is set)."""
+  import jax
+  import jax_smddp as smddp
+
+  ring = lambda n: (n - 1) / n
+  return {
+      "all_gather": OpSpec(
+          "all_gather",
+          lambda x, a: smddp.all_gather(x, a, tiled=True),
+          lambda x, a: jax.lax.all_gather(x, a, tiled=True),
+          total_factor=lambda n: n, bus_factor=ring, target="smddp_all_gather"),
+      "reduce_scatter": OpSpec(
+          "reduce_scatter",
+          lambda x, a: smddp.psum_scatter(x, a, tiled=True),
+          lambda x, a: jax.lax.psum_scatter(x, a, tiled=True),
+          total_factor=lambda n: 1, bus_factor=ring, target="smddp_reduce_scatter"),
+      "all_reduce": OpSpec(
+          "all_reduce",
+          lambda x, a: smddp.psum(x, a),
+          lambda x, a: jax.lax.psum(x, a),
+          total_factor=lambda n: 1, bus_factor=lambda n: 2 * (n - 1) / n,
+          target="smddp_all_reduce"),
+      "all_to_all": OpSpec(
+          "all_to_all",
+          lambda x, a: smddp.all_to_all(x, a, 0, 0, tiled=True),
+          lambda x, a: jax.lax.all_to_all(x, a, 0, 0, tiled=True),
+          total_factor=lambda n: 1, bus_factor=ring, target="smddp_all_to_all"),
+  }
+
+
+def build_programs(spec: OpSpec, mesh):
+  """The two jitted shard_map programs (smddp, lax) for one op over mesh axis "x"."""
+  import jax
+  from jax.sharding import PartitionSpec as P
+
+  def program(collective):
+    body = lambda x: collective(x, "x")
+    return jax.jit(jax.shard_map(body, mesh=mesh, in_specs=P("x"), out_specs=P("x")))
+
+  return program(spec.smddp), program(spec.lax)
+
+
+def build_mpi4jax_program(op: str, mesh):
+  """The op on mpi4jax (MPI over Open MPI, as custom calls), one rank per
+  process (one device each); None where mpi4jax has no such collective
+  (reduce_scatter). mpi4jax's ordered effects allow only single-device
+  programs, so, as its users do, each process jits the collective on its own
+  shard; the result is wrapped back into a global array (no copy) for the
+  checks."""
+  import jax
+  import mpi4jax
+  from jax.sharding import NamedSharding, PartitionSpec as P
+  from mpi4py import MPI
+
+  comm = MPI.COMM_WORLD
+  n = comm.Get_size()
+  if op == "all_gather":
+    body = lambda x: mpi4jax.allgather(x, comm=comm).reshape((-1,) + x.shape[1:])
+  elif op == "all_reduce":
+    body = lambda x: mpi4jax.allreduce(x, op=MPI.SUM, comm=comm)
+  elif op == "all_to_all":
+    body = lambda x: mpi4jax.alltoall(x.reshape((n, -1) + x.shape[1:]), comm=comm).reshape(x.shape)
+  else:
+    return None
+  local = jax.jit(body)
+  sharding = NamedSharding(mesh, P("x"))
+
+  def run(x):
+    y = local(x.addressable_shards[0].data)
+    return jax.make_array_from_single_device_arrays((n * y.shape[0],) + y.shape[1:], sharding, [y])
+
+  return run
+
+
+def to_dtype(dtype) -> np.dtype:
+  """np.dtype, also for names numpy alone does not know ("bfloat16")."""
+  import jax.numpy as jnp
+  return jnp.dtype(dtype)
+
+
+def is_float(dtype) -> bool:
+  import jax.numpy as jnp
+  return bool(jnp.issubdtype(to_dtype(dtype), jnp.floating))
+
+
+def make_input(nbytes: int, n: int, dtype, mesh, seed: int = 0):
+  """A global 1-D array of n x nbytes, sharded so each rank holds nbytes (every
+  process builds the same host data and places its own shards)."""
+  import jax
+  from jax.sharding import NamedSharding, PartitionSpec as P
+
+  host = host_input(nbytes, n, dtype, seed)
+  return jax.make_array_from_callback(host.shape, NamedSharding(mesh, P("x")),
+                                     lambda index: host[index])
+
+
+def host_input(nbytes: int, n: int, dtype, seed: int = 0) -> np.ndarray:
+  """The host data of make_input: n blocks of nbytes, distinct values."""
+  dtype = to_dtype(dtype)
+  count = nbytes // dtype.itemsize
+  if count == 0 or count * dtype.itemsize != nbytes or count % n:
+    raise ValueError(f"{nbytes} bytes per rank is not a whole number of {n} blocks of "
+                     f"{dtype.name}; choose sizes that are multiples of {n * dtype.itemsize}.")
+  rng = np.random.default_rng(seed)
+  if is_float(dtype):
+    host = rng.standard_normal(n * count, dtype=np.float32).astype(dtype)
+  elif dtype == np.bool_:
+    host = rng.integers(0, 2, n * count).astype(dtype)
+  else:
+    host = rng.integers(-4 if np.issubdtype(dtype, np.signedinteger) else 0, 8,
+                        n * count).astype(dtype)
+  return host
+
+
+def numpy_reference(op: str, host: np.ndarray, n: int) -> np.ndarray:
+  """The global output (out_specs P("x")) of `op` on make_input's data,
+  computed by numpy: the independent reference (jax.lax's answer is checked
+  against it too: JAX's gloo path can be wrong, see the README)."""
+  blocks = host.reshape(n, -1)
+  wide = np.float64 if is_float(host.dtype) else np.int64
+  if op == "all_gather":
+    return np.tile(host, n)
+  if op == "reduce_scatter":
+    return blocks.astype(wide).sum(0).astype(host.dtype) if host.dtype != np.bool_ else blocks.any(0)
+  if op == "all_reduce":
+    total = blocks.astype(wide).sum(0).astype(host.dtype) if host.dtype != np.bool_ else blocks.any(0)
+    return np.tile(total, n)
+  if op == "all_to_all":
+    parts = blocks.reshape(n, n, -1)  # [sender, receiver, :]
+    return parts.transpose(1, 0, 2).reshape(-1)
+  raise ValueError(op)
+
+
+def wrong_shards(dtype, got, want: np.ndarray) -> list[str]:
+  """Shards of jax array `got` (this process's) that differ from `want`."""
+  bad = []
+  for shard in got.addressable_shards:
+    try:
+      _check_arrays(dtype, np.asarray(shard.data), want[shard.index],
+                    f"shard {shard.index} on device {shard.device.id}")
+    except AssertionError as e:
+      bad.append(str(e).strip().splitlines()[0] + " " + " ".join(str(e).split())[:300])
+  return bad
+
+
+def check_result(spec: OpSpec, dtype, got, want, nbytes: int) -> None:
+  """Raises AssertionError unless jax_smddp's answer matches jax.lax's: jax
+  arrays are compared shard by shard on this process's devices (all of them in
+  one process; its own in a multi-process job), anything else as a whole."""
+  where = f"jax_smddp {spec.name} ({format_size(nbytes)}/rank, {to_dtype(dtype).name})"
+  if hasattr(got, "addressable_shards") and hasattr(want, "addressable_shards"):
+    if got.shape != want.shape:
+      raise AssertionError(f"{where}: shape {got.shape} != jax.lax shape {want.shape}")
+    wanted = {s.device: s for s in want.addressable_shards}
+    for shard in got.addressable_shards:
+      ref = wanted.get(shard.device)
+      if ref is None:
+        raise AssertionError(f"{where}: jax.lax has no shard on {shard.device}")
+      _check_arrays(dtype, np.asarray(shard.data), np.asarray(ref.data),
+                    f"{where}, shard {shard.index} on device {shard.device.id}")
+    return
+  _check_arrays(dtype, np.asarray(got), np.asarray(want), where)
+
+
+def _check_arrays(dtype, got: np.ndarray, want: np.ndarray, where: str) -> None:
+  if got.shape != want.shape:
+    raise AssertionError(f"{where}: shape {got.shape} != jax.lax shape {want.shape}")
+  if is_float(dtype):
+    # float32/64: rtol 1e-5. Half-precision sums may round differently by order.
+    rtol = 1e-5 if to_dtype(dtype).itemsize >= 4 else 1e-2
+    np.testing.assert_allclose(got.astype(np.float64), want.astype(np.float64), rtol=rtol,
+                               atol=rtol, err_msg=where)
+  else:
+    np.testing.assert_array_equal(got, want, err_msg=where)
+
+
+def uses_engine(program, x, target: str) -> bool:
+  """True if the lowered program calls the plugin (not a jax.lax fallback)."""
+  return target in program.lower(x).as_text()
+
+
+# --------------------------------------------------------------------------- timing
+
+def iters_for(bytes_per_call: int, iters: int) -> int:
+  """`iters`, cut for large sizes so one implementation moves <= BYTES_BUDGET."""
+  return max(min(iters, MIN_ITERS), min(iters, BYTES_BUDGET // max(1, bytes_per_call)))
+
+
+def time_alternating(fns, x, iters: int, warmup: int) -> list[list[float]]:
+  """Seconds per call of each fn(x), calls interleaved (a, b, a, b, ...), each synced."""
+  for _ in range(warmup):
+    for fn in fns:
+      fn(x).block_until_ready()
+  samples = [[] for _ in fns]
+  for _ in range(iters):
+    for fn, out in zip(fns, samples):
+      t0 = time.perf_counter()
+      fn(x).block_until_ready()
+      out.append(time.perf_counter() - t0)
+  return samples
+
+
+def time_blocks(fns, x, iters: int, warmup: int, block: int = 5) -> list[list[float]]:
+  """Seconds per call of each fn(x), each synced, in blocks of `block` calls of one
+  fn back to back (a x5, b x5, a x5, ...): a block is the steady state of one
+  collective (every process in step), and the blocks' alternation spreads slow
+  periods of the machine over both."""
+  for fn in fns:
+    for _ in range(warmup):
+      fn(x).block_until_ready()
+  samples = [[] for _ in fns]
+  while len(samples[0]) < iters:
+    k = min(block, iters - len(samples[0]))
+    for fn, out in zip(fns, samples):
+      for _ in range(k):
+        t0 = time.perf_counter()
+        fn(x).block_until_ready()
+        out.append(time.perf_counter() - t0)
+  return samples
+
+
+TIMINGS = {"blocks": time_blocks, "alternating": time_alternating}
+# run_benchmark's default timing; parse_args sets it from --timing (multi-process
+# workers parse the same options, so their run_benchmark follows it too).
+_timing = "alternating"
+
+
+def bandwidths(spec: OpSpec, nbytes: int, n: int, seconds: float) -> dict:
+  """nccl-tests figures for one median time."""
+  algbw = spec.total_factor(n) * nbytes / seconds / 1e9
+  return {"time_us": seconds * 1e6, "algbw_gbs": algbw, "busbw_gbs": algbw * spec.bus_factor(n)}
+
+
+def output_bytes_per_process(op: str, nbytes: int, layout: "Layout") -> int:
+  """Bytes one process must write for one call: its devices' outputs."""
+  n = layout.devices
+  per_rank = {"all_gather": n * nbytes, "reduce_scatter": nbytes // n}.get(op, nbytes)
+  return layout.devices_per_process * per_rank
+
+
+def memcpy_us(op: str, nbytes: int, layout: "Layout", memcpy_gbs: float) -> float:
+  """The memcpy reference of one call: the time the bytes each process must write take
+  at this machine's measured single-thread np.copyto bandwidth (not a floor: streaming
+  stores and several threads write faster)."""
+  return output_bytes_per_process(op, nbytes, layout) / (memcpy_gbs * 1e9) * 1e6
+
+
+def memcpy_bandwidth(nbytes: int = MEMCPY_BYTES, repeats: int = 5) -> float:
+  """Median single-threaded numpy copy bandwidth in GB/s (bytes copied / time)."""
+  src = np.ones(nbytes, np.uint8)
+  dst = np.empty_like(src)
+  np.copyto(dst, src)  # fault the pages in
+  times = []
+  for _ in range(repeats):
+    t0 = time.perf_counter()
+    np.copyto(dst, src)
+    times.append(time.perf_counter() - t0)
+  return nbytes / statistics.median(times) / 1e9
+
+
+# --------------------------------------------------------------------------- driver
+
+def run_benchmark(ops, sizes, *, dtype="float32", iters: int = 20, warmup: int = 3,
+                  devices=None, report: Callable[[dict], None] | None = None,
+                  timing: str | None = None, mpi4jax: bool = False) -> list[dict]:
+  """Benchmarks `ops` at each per-rank size in `sizes` (bytes); returns one dict per
+  (op, size) as in the JSON "results" list. `devices` defaults to all CPU devices.
+  `report` is called with each result as it is ready (e.g. to print a row).
+  `mpi4jax`: also time mpi4jax (the job runs under mpirun, one device per
+  process), alternating with the others ("mpi4jax", "vs_mpi4jax").
+
+  Raises AssertionError if a jax_smddp result differs from jax.lax's.
+  """
+  import jax
+
+  timing = timing or _timing
+  devices = list(devices if devices is not None else jax.devices("cpu"))
+  n = len(devices)
+  mesh = jax.sharding.Mesh(np.array(devices), ("x",))
+  specs = op_specs()
+  unknown = [op for op in ops if op not in specs]
+  if unknown:
+    raise ValueError(f"unknown ops {unknown}; choose from {list(specs)}")
+  results = []
+  meter = CpuMeter()
+  for op in ops:
+    spec = specs[op]
+    smddp_fn, lax_fn = build_programs(spec, mesh)
+    mpi_fn = build_mpi4jax_program(op, mesh) if mpi4jax else None
+    fns = (smddp_fn, lax_fn) + ((mpi_fn,) if mpi_fn is not None else ())
+    for nbytes in sizes:
+      x = make_input(nbytes, n, dtype, mesh)
+      want = numpy_reference(op, host_input(nbytes, n, dtype), n)
+      where = f"jax_smddp {op} ({format_size(nbytes)}/rank, {to_dtype(dtype).name})"
+      bad = wrong_shards(dtype, smddp_fn(x), want)
+      if bad:
+        raise AssertionError(f"{where} differs from numpy: " + "; ".join(bad))
+      if mpi_fn is not None:
+        mpi_bad = wrong_shards(dtype, mpi_fn(x), want)
+        if mpi_bad:
+          raise AssertionError(f"mpi4jax {op} ({format_size(nbytes)}/rank) differs from numpy: "
+                               + "; ".join(mpi_bad))
+      lax_bad = wrong_shards(dtype, lax_fn(x), want)
+      if lax_bad:
+        log.warning("jax.lax %s (%s/rank) differs from numpy (JAX's answer is wrong; jax_smddp's "
+                    "is right): %s", op, format_size(nbytes), "; ".join(lax_bad))
+      k = iters_for(n * nbytes * spec.total_factor(n), iters)
+      before = meter.read()
+      samples = TIMINGS[timing](fns, x, k, warmup)
+      after = meter.read()
+      t_smddp, t_lax = (statistics.median(s) for s in samples[:2])
+      result = {
+          "op": op, "bytes_per_rank": nbytes, "iters": k,
+          "engine": uses_engine(smddp_fn, x, spec.target),
+          "smddp": {**bandwidths(spec, nbytes, n, t_smddp), "min_us": min(samples[0]) * 1e6},
+          "lax": {**bandwidths(spec, nbytes, n, t_lax), "min_us": min(samples[1]) * 1e6},
+          "speedup": t_lax / t_smddp,
+          "lax_wrong": bool(lax_bad),
+          "timing": timing,
+          "other_load": {"cores": round(CpuMeter.other_cores(before, after), 3),
+                         "seconds": round(after[0] - before[0], 4)},
+          "samples_us": {"smddp": [round(t * 1e6, 1) for t in samples[0]],
+                         "lax": [round(t * 1e6, 1) for t in samples[1]]},
+      }
+      if mpi_fn is not None:
+        t_mpi = statistics.median(samples[2])
+        result["mpi4jax"] = {**bandwidths(spec, nbytes, n, t_mpi), "min_us": min(samples[2]) * 1e6}
+        result["vs_mpi4jax"] = t_mpi / t_smddp
+        result["samples_us"]["mpi4jax"] = [round(t * 1e6, 1) for t in samples[2]]
+      results.append(result)
+      if report:
+        report(result)
+      del x
+  return results
+
+
+def metadata(layout: "Layout | int", dtype: str, memcpy_gbs: float,
+             topology: dict | None = None) -> dict:
+  """Machine, software and layout of this run (`layout`: a Layout, or a device
+  count for one process)."""
+  import jax
+  import jaxlib
+  if isinstance(layout, int):
+    layout = Layout(1, 1, layout)
+  meta = {
+      "machine": platform.node(), "cpu_count": os.cpu_count(), "platform": platform.platform(),
+      "python": platform.python_version(), "jax": jax.__version__, "jaxlib": jaxlib.__version__,
+      "layout": layout.as_dict(),
+      "dtype": to_dtype(dtype).name,
+      "timestamp": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+      "memcpy_gbs": memcpy_gbs,
+      "jax_smddp_settings": config.non_default(),  # the JAX_SMDDP_* settings not at default
+      "definitions": {
+          "bytes_per_rank": "input buffer bytes of one rank",
+          "time_us": "median wall time of one jitted call incl. block_until_ready "
+                     "(process 0's, in multi-process layouts)",
+          "algbw_gbs": "S_total / time; S_total = n*bytes_per_rank for all_gather, "
+                       "bytes_per_rank otherwise",
+          "busbw_gbs": "algbw * (n-1)/n, or * 2(n-1)/n for all_reduce",
+          "speedup": "lax time / smddp time",
+          "memcpy_us": "the bytes one process writes (its devices' outputs) at memcpy_gbs, "
+                       "the single-thread np.copyto bandwidth: a reference, not a limit",
+          "vs_memcpy": "memcpy_us / smddp time (above 1: faster than np.copyto, as "
+                       "streaming stores can be)",
+          "min_us": "fastest of the timed calls (the least disturbed by other load)",
+          "samples_us": "every timed call, in order (process 0's)",
+          "other_load": "cores: CPUs kept busy by anything but this benchmark job (other "
+                        "users, steal) on average while the point was timed, from /proc",
+      },
+  }
+  if layout.multi_process:
+    meta["lax_cpu_collectives"] = "gloo"
+    meta["fabric_provider"] = (topology or {}).get("fabric_provider")
+    meta["topology"] = topology
+  return meta
+
+
+# --------------------------------------------------------------------------- model
+
+def model_layout(layout: "Layout"):
+  """The plain model layout (the tuner caches choices by it)."""
+  return cost_model.Layout(layout.hosts, layout.processes_per_host, layout.devices_per_process)
+
+
+def annotate(r: dict, layout: "Layout", predict: bool = False, machine=None,
+             memcpy_gbs: float | None = None) -> dict:
+  """Adds the tuner's choice for this call ("choice": what
+  jax_smddp.tuning.choose answers for this op, size and layout), with
+  `memcpy_gbs` the memcpy reference ("memcpy_us"; smddp "vs_memcpy" = memcpy_us /
+  time) and, with `predict`, the cost model's prediction ("prediction"; smddp
+  "predicted_us")."""
+  from jax_smddp import tuning
+  if memcpy_gbs:
+    r["memcpy_us"] = memcpy_us(r["op"], r["bytes_per_rank"], layout, memcpy_gbs)
+    r["smddp"]["vs_memcpy"] = r["memcpy_us"] / r["smddp"]["time_us"]
+  lay = model_layout(layout)
+  choice = tuning.choose(r["op"], r["bytes_per_rank"], lay)
+  r["choice"] = {"algorithm": choice.algorithm, "chunk_bytes": choice.chunk_bytes,
+                 "reason": choice.reason}
+  if predict:
+    machine = machine or calibration.local_machine()
+    algo = choice.algorithm if layout.multi_process else "in_process"
+    other = float((r.get("other_load") or {}).get("cores", 0.0))
+    p = cost_model.predict(r["op"], r["bytes_per_rank"], lay, machine, algo, choice.chunk_bytes,
+                           other_load=other)
+    r["prediction"] = {"time_us": p.time_us, "algorithm": p.algorithm,
+                       "chunk_bytes": p.chunk_bytes, "bottleneck": p.bottleneck,
+                       "machine": machine.name, "terms_us": {k: v * 1e6 for k, v in p.terms.items()}}
+    r["smddp"]["predicted_us"] = p.time_us
+  return r
+
+
+def model_meta(machine=None) -> dict:
+  machine = machine or calibration.local_machine()
+  return {"machine": machine.name, "source": machine.source,
+          "calibration": calibration.calibration_path(),
+          "definition": "prediction = jax_smddp.cost_model.predict for the tuner's choice; "
+                        "model/meas = predicted time / measured median"}

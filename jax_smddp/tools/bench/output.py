@@ -1,0 +1,110 @@
+"""The benchmark's output: the nccl-tests-style table, the JSON file and the
+busbw plot."""
+
+from __future__ import annotations
+
+import json
+import os
+
+from jax_smddp.tools.bench.core import format_size
+
+_COLUMNS = ("size", "smddp us", "algbw", "busbw", "lax us", "busbw", "speedup")
+_WIDTHS = (8, 11, 8, 8, 11, 8, 8)
+_RATIO = ("vs 1p", 7)
+
+
+_MODEL = (("model us", 10), ("model/meas", 10), ("algorithm", 13))
+_MPI = (("mpi4jax us", 11), ("vs mpi", 7))
+_MEMCPY = (("memcpy us", 10), ("vs memcpy", 9))
+
+
+def table_header(op: str, n: int, ratio: bool = False, lax_note: str = "",
+                 model: bool = False, mpi: bool = False, memcpy: bool = False) -> str:
+  title = (f"# {op}: {n} ranks; size = input bytes per rank; "
+           "time = median us per call; bw in GB/s")
+  span = lambda cols: sum(_WIDTHS[i] + 2 for i in cols) - 2
+  groups = (f"{'':{_WIDTHS[0]}}  {' jax_smddp ':-^{span((1, 2, 3))}}  "
+            f"{f' jax.lax{lax_note} ':-^{span((4, 5))}}")
+  cols = "  ".join(f"{c:>{w}}" for c, w in zip(_COLUMNS, _WIDTHS))
+  if mpi:
+    cols += "".join(f"  {c:>{w}}" for c, w in _MPI)
+  if memcpy:
+    cols += "".join(f"  {c:>{w}}" for c, w in _MEMCPY)
+  if ratio:
+    cols += f"  {_RATIO[0]:>{_RATIO[1]}}"
+  if model:
+    cols += "".join(f"  {c:>{w}}" for c, w in _MODEL)
+  return "\n".join((title, groups, cols))
+
+
+def table_row(r: dict) -> str:
+  s, l = r["smddp"], r["lax"]
+  cells = (format_size(r["bytes_per_rank"]), f"{s['time_us']:.1f}", f"{s['algbw_gbs']:.3f}",
+           f"{s['busbw_gbs']:.3f}", f"{l['time_us']:.1f}", f"{l['busbw_gbs']:.3f}",
+           f"{r['speedup']:.2f}" + ("" if r["engine"] else "*"))
+  row = "  ".join(f"{c:>{w}}" for c, w in zip(cells, _WIDTHS))
+  if "mpi4jax" in r:
+    cells = (f"{r['mpi4jax']['time_us']:.1f}", f"{r['vs_mpi4jax']:.2f}")
+    row += "".join(f"  {c:>{w}}" for c, (_, w) in zip(cells, _MPI))
+  if "memcpy_us" in r:
+    cells = (f"{r['memcpy_us']:.1f}", f"{r['smddp']['vs_memcpy']:.2f}")
+    row += "".join(f"  {c:>{w}}" for c, (_, w) in zip(cells, _MEMCPY))
+  if "vs_in_process" in r:
+    ratio = r["vs_in_process"]
+    row += f"  {'-' if ratio is None else f'{ratio:.2f}':>{_RATIO[1]}}"
+  pred = r.get("prediction")
+  if pred:
+    cells = (f"{pred['time_us']:.1f}", f"{pred['time_us'] / r['smddp']['time_us']:.2f}",
+             pred["algorithm"])
+    row += "".join(f"  {c:>{w}}" for c, (_, w) in zip(cells, _MODEL))
+  if r.get("lax_wrong"):
+    row += "  (jax.lax answer wrong vs numpy)"
+  return row
+
+
+def write_json(path: str, meta: dict, results: list[dict]) -> None:
+  os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
+  with open(path, "w") as f:
+    json.dump({"meta": meta, "results": results}, f, indent=2)
+    f.write("\n")
+
+
+def write_plot(path: str, meta: dict, results: list[dict]) -> None:
+  """busbw vs size, one subplot per op, both implementations (needs matplotlib)."""
+  import matplotlib
+  matplotlib.use("Agg")
+  import matplotlib.pyplot as plt
+
+  ops = list(dict.fromkeys(r["op"] for r in results))
+  fig, axes = plt.subplots(1, len(ops), figsize=(4.5 * len(ops), 3.8), squeeze=False)
+  for ax, op in zip(axes[0], ops):
+    rows = [r for r in results if r["op"] == op]
+    sizes = [r["bytes_per_rank"] for r in rows]
+    for impl, style in (("smddp", "o-"), ("lax", "s--")):
+      ax.plot(sizes, [r[impl]["busbw_gbs"] for r in rows], style,
+              label="jax_smddp" if impl == "smddp" else "jax.lax")
+    if any(r.get("prediction") for r in rows):  # busbw scales as 1 / time
+      pred = [(r["bytes_per_rank"], r["smddp"]["busbw_gbs"] * r["smddp"]["time_us"] /
+               r["prediction"]["time_us"]) for r in rows if r.get("prediction")]
+      ax.plot(*zip(*pred), "x:", color="tab:blue", label="jax_smddp, model")
+    if any(r.get("vs_in_process") for r in rows):  # busbw scales as 1 / time
+      ref = [(r["bytes_per_rank"], r["smddp"]["busbw_gbs"] * r["vs_in_process"])
+             for r in rows if r.get("vs_in_process")]
+      ax.plot(*zip(*ref), "^:", label="jax_smddp, 1 process")
+    ax.axhline(meta["memcpy_gbs"], color="gray", lw=0.8, ls=":", label="memcpy")
+    ax.set_xscale("log", base=2)
+    ax.set_xticks(sizes, [format_size(s) for s in sizes], rotation=60, fontsize=7)
+    ax.set_title(op)
+    ax.set_xlabel("input bytes per rank")
+    ax.set_ylabel("busbw (GB/s)")
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=8)
+  layout = meta["layout"]
+  where = (f"layout {layout['spec']} ({layout['processes']} processes, "
+           f"jax.lax across processes: gloo), " if layout.get("processes", 1) > 1 else "")
+  fig.suptitle(f"{layout['devices']} CPU devices, {where}{meta['dtype']}, {meta['machine']}",
+               fontsize=9)
+  fig.tight_layout()
+  os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
+  fig.savefig(path, dpi=120)
+  plt.close(fig)
