@@ -13,6 +13,8 @@
 // streams stay blocked); =host puts each rank's flags in a shared-memory
 // block of its host that every GPU of the group addresses (cudaHostRegister),
 // which the watchdog releases.
+//
+// Groups that span hosts are built on these (cuda/gpu_hierarchy.h).
 #ifndef JAX_SMDDP_CUDA_GPU_COMMUNICATOR_H_
 #define JAX_SMDDP_CUDA_GPU_COMMUNICATOR_H_
 
@@ -27,15 +29,12 @@
 
 #include "cuda/buffer_ipc.h"
 #include "xla_ffi/engine/buffer_exchange.h"
-#include "xla_ffi/algorithms/net_port.h"
 #include "xla_ffi/transports/shared_block.h"
 #include "xla_ffi/common/status.h"
 #include "xla_ffi/algorithms/stream_algorithms.h"
 #include "xla_ffi/engine/stream_watchdog.h"
 
 namespace smddp {
-class FabricRail;
-class World;
 namespace gpu {
 
 // Why a buffer exchange of a group failed, shared by the group's ranks in
@@ -163,67 +162,6 @@ class GpuCommunicator {
   std::vector<std::unique_ptr<uint64_t[]>> heap_tables_;  // buffer tables of a group inside one process
   bool connected_ = false;
 };
-
-// A group that spans hosts (the hierarchical all_gather and reduce_scatter):
-// equal ranks per host; the ranks on this host form an intra-host
-// GpuCommunicator (the rails' local exchange), and each of this process's
-// ranks has a network port: a mailbox of mapped pinned host memory and
-// signals in device memory mapped by GDRCopy (mapped pinned host memory
-// without it), driven by the process's network proxy. The port's slots are
-// either host memory that the world's libfabric links copy through
-// (staging), or device memory registered with the process's rail
-// (OpenDeviceRail, FI_HMEM), which the NIC reads and writes itself.
-class GpuHierarchy {
- public:
-  struct Member {
-    LocalRank* local = nullptr;  // in the intra-host communicator
-    NetPort* port = nullptr;
-  };
-  GpuHierarchy(std::vector<int64_t> members, std::vector<int> rank_of);
-  ~GpuHierarchy();
-
-  // `host_of` / `process_of`: per group rank; `local`: (group rank, ordinal)
-  // of this process's ranks; `intra`: this host's communicator (ready).
-  // `rail_addresses`: every process's rail address (by process index), or
-  // empty to stage through host memory.
-  Status Prepare(const std::vector<int>& host_of, const std::vector<int>& process_of,
-                 const std::vector<std::pair<int, int>>& local, GpuCommunicator* intra,
-                 size_t slot_bytes, const std::vector<std::string>& rail_addresses);
-  const std::vector<int>& rank_of() const { return rank_of_; }
-  Member* Find(int rank);
-  bool uses_gdrcopy() const { return gdrcopy_; }
-  bool uses_rail() const { return rail_; }
-  // Drops the libfabric side (rail links, registrations, the world) once the
-  // proxy runs no more steps for it (CloseCommunicatorsAtExit).
-  void CloseNetwork();
-
- private:
-  struct PortMemory;
-  Status PrepareRailSlots(FabricRail* rail, const NetLayout& layout, PortMemory* mem,
-                          NetPort* port);
-  std::vector<int64_t> members_;
-  std::vector<int> rank_of_;  // host g's j-th rank -> group rank, at g * L + j
-  std::vector<Member> by_rank_;
-  std::vector<std::unique_ptr<NetPort>> ports_;
-  std::vector<std::unique_ptr<PortMemory>> memory_;
-  std::shared_ptr<const World> world_;  // keeps the ports' links alive
-  std::vector<std::unique_ptr<Link>> rail_links_;  // after world_: closed before it
-  bool gdrcopy_ = false;
-  bool rail_ = false;
-};
-
-Status PrepareHierarchy(const std::vector<int64_t>& members, const std::vector<int>& host_of,
-                        const std::vector<int>& process_of,
-                        const std::vector<std::pair<int, int>>& local,
-                        const std::vector<int64_t>& intra_members, size_t slot_bytes,
-                        const std::vector<std::string>& rail_addresses, bool* uses_gdrcopy,
-                        bool* uses_rail);
-// Opens (once) this process's rail for network slots in device memory: the
-// world's libfabric provider with FI_HMEM, checked by registering memory of
-// GPU `ordinal`. Its address in `*address`; an error says why not (the groups
-// then stage through host memory).
-Status OpenDeviceRail(int ordinal, std::string* address);
-GpuHierarchy* FindHierarchy(uint64_t key);
 
 // Names a group of devices (partition ids in rank order) alike everywhere.
 uint64_t GroupKey(const int64_t* members, int size);

@@ -15,6 +15,7 @@
 
 #include <cuda_runtime_api.h>
 
+#include "cuda/gpu_hierarchy.h"
 #include "cuda/ncclapi/real_nccl.h"
 #include "xla_ffi/common/hashing.h"
 #include "xla_ffi/common/settings.h"

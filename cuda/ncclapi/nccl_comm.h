@@ -34,6 +34,7 @@
 
 #include "cuda/gpu_communicator.h"
 #include "cuda/ncclapi/nccl_types.h"
+#include "xla_ffi/algorithms/net_port.h"
 #include "xla_ffi/common/status.h"
 #include "xla_ffi/transports/world.h"
 

@@ -57,6 +57,7 @@
 #include "xla_ffi/engine/buffer_exchange.h"
 #include "xla_ffi/engine/communicator.h"  // SetTimeoutSeconds
 #include "cuda/gpu_communicator.h"
+#include "cuda/gpu_hierarchy.h"
 #include "xla_ffi/algorithms/host_stream_ops.h"
 #include "xla_ffi/transports/link.h"
 #include "xla_ffi/algorithms/net_port.h"

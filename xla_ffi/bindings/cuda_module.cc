@@ -23,6 +23,7 @@
 #include "xla_ffi/engine/buffer_exchange.h"
 #include "xla_ffi/engine/communicator.h"
 #include "cuda/gpu_communicator.h"
+#include "cuda/gpu_hierarchy.h"
 #include "xla_ffi/algorithms/stream_algorithms.h"
 #include "xla_ffi/transports/world.h"
 #include "xla_ffi/ffi/gpu_handlers.h"

@@ -15,6 +15,7 @@
 #include "xla_ffi/engine/last_failure.h"
 #include "cuda/gpu_call.h"
 #include "cuda/gpu_communicator.h"
+#include "cuda/gpu_hierarchy.h"
 #include "xla_ffi/algorithms/net_port.h"
 #include "xla_ffi/algorithms/stream_algorithms.h"
 
