@@ -1,5 +1,5 @@
 // A stand-in for the CUDA runtime API, only what the GPU communicators'
-// set-up calls (cuda/gpu_communicator.cc), so that set-up can be
+// set-up calls (cuda/gpu_communicator.cc, cuda/gpu_hierarchy.cc), so that set-up can be
 // tested on CPU processes (tests/native/gpu_communicator_test.cc) where
 // there is no GPU. "Device memory" is POSIX shared memory named
 // /jax_smddp_mock-<pid>-<n> (removed by cudaFree; the test removes those of
