@@ -1,0 +1,160 @@
+// What the stream-ordered bodies share, private to xla_ffi/algorithms/: the
+// tiling of a call into steps, the step protocol of one rank (Steps,
+// stream_algorithms.h), and the staged (stream_staged.cc) and direct-read
+// (stream_direct.cc) bodies that RunStreamPlan (stream_algorithms.cc) picks
+// from. The hierarchical bodies are in stream_hierarchical.cc.
+#ifndef JAX_SMDDP_ALGORITHMS_STREAM_STEPS_H_
+#define JAX_SMDDP_ALGORITHMS_STREAM_STEPS_H_
+
+#include <algorithm>
+#include <cstddef>
+#include <cstdint>
+#include <vector>
+
+#include "xla_ffi/algorithms/stream_algorithms.h"
+
+namespace smddp {
+
+// A tile of a [rows x inner] byte matrix: what one step moves per rank.
+struct Tile {
+  size_t row, rows;  // rows of the outer dimension
+  size_t col, width; // bytes within a row
+};
+
+// Splits [outer x inner bytes] into tiles whose `fanout` copies fit in `cap`
+// bytes (whole rows when a row fits, else pieces of one row, `align`ed).
+template <typename F>
+Status ForEachTile(size_t outer, size_t inner, size_t fanout, size_t cap, size_t align, F&& f) {
+  if (outer == 0 || inner == 0) return Status::Ok();
+  if (fanout * inner <= cap) {
+    const size_t per = cap / (fanout * inner);
+    for (size_t r = 0; r < outer; r += per) {
+      SMDDP_RETURN_IF_ERROR(f(Tile{r, std::min(per, outer - r), 0, inner}));
+    }
+    return Status::Ok();
+  }
+  const size_t w = cap / fanout / align * align;
+  if (w == 0) return Status::Error("jax_smddp: staging slot too small for one element per rank");
+  for (size_t r = 0; r < outer; ++r) {
+    for (size_t c = 0; c < inner; c += w) {
+      SMDDP_RETURN_IF_ERROR(f(Tile{r, 1, c, std::min(w, inner - c)}));
+    }
+  }
+  return Status::Ok();
+}
+
+inline const void** SourcesOf(StreamRank& me, size_t n) {
+  if (me.sources.size() < n) me.sources.resize(n);  // once per rank and size
+  return me.sources.data();
+}
+
+// The step protocol of stream_algorithms.h for one rank.
+class Steps {
+ public:
+  Steps(StreamRank& me, StreamOps& ops) : me_(me), ops_(ops), layout_(me.layout) {}
+
+  int size() const { return layout_.size; }
+  int rank() const { return me_.rank; }
+  size_t cap() const { return layout_.slot_bytes; }
+  // Room for `n` reduction sources, kept by the rank across calls.
+  const void** Sources(size_t n) { return SourcesOf(me_, n); }
+
+  // Starts the next step; its slot is free once every peer consumed the step
+  // that last used it.
+  Status Begin(uint8_t** slot) {
+    step_ = __atomic_add_fetch(&me_.step, 1, __ATOMIC_RELAXED);  // the watchdog reads it
+    if (step_ > uint32_t(RegionLayout::kSlots)) {
+      for (int q = 0; q < size(); ++q) {
+        if (q == rank()) continue;
+        SMDDP_RETURN_IF_ERROR(ops_.WaitAtLeast(Consumed(rank(), q), step_ - RegionLayout::kSlots));
+      }
+    }
+    *slot = Slot(rank());
+    return Status::Ok();
+  }
+  Status Post() { return ops_.Write(Posted(rank()), step_); }
+  // Waits until peer q posted this step; returns its slot.
+  Status Await(int q, const uint8_t** slot) {
+    *slot = Slot(q);
+    return q == rank() ? Status::Ok() : ops_.WaitAtLeast(Posted(q), step_);
+  }
+  Status Release(int q) {
+    return q == rank() ? Status::Ok() : ops_.Write(Consumed(q, rank()), step_);
+  }
+
+  // Direct reads: the whole call is one step that uses no slot.
+  void BeginDirect() { step_ = __atomic_add_fetch(&me_.step, 1, __ATOMIC_RELAXED); }
+  Status AwaitPosted(int q) { return q == rank() ? Status::Ok() : ops_.WaitAtLeast(Posted(q), step_); }
+  // Later work on this stream waits until every peer consumed this step.
+  Status AwaitConsumed() {
+    for (int q = 0; q < size(); ++q) {
+      if (q != rank()) SMDDP_RETURN_IF_ERROR(ops_.WaitAtLeast(Consumed(rank(), q), step_));
+    }
+    return Status::Ok();
+  }
+
+ private:
+  uint8_t* Slot(int q) const {
+    return me_.regions[q] + layout_.slot_offset(int(step_ % RegionLayout::kSlots));
+  }
+  uint8_t* Flags(int q) const { return me_.flags.empty() ? me_.regions[q] : me_.flags[q]; }
+  uint32_t* Posted(int q) const {
+    return reinterpret_cast<uint32_t*>(Flags(q) + layout_.posted_offset());
+  }
+  uint32_t* Consumed(int owner, int reader) const {
+    return reinterpret_cast<uint32_t*>(Flags(owner) + layout_.consumed_offset(reader));
+  }
+
+  StreamRank& me_;
+  StreamOps& ops_;
+  const RegionLayout& layout_;
+  uint32_t step_ = 0;
+};
+
+// all_reduce's balanced shards: shard q is elements [q L, (q + 1) L) clipped
+// to `count`. How many of them lie in [q L + j, q L + j + w).
+inline size_t ShardElements(size_t count, size_t L, int q, size_t j, size_t w) {
+  const size_t begin = std::min(count, q * L + j);
+  const size_t end = std::min({count, q * L + j + w, (q + 1) * L});
+  return end > begin ? end - begin : 0;
+}
+
+// The staged bodies (stream_staged.cc): every byte through the slots.
+
+// recv[o, p, :] = send_p[o, :]
+Status StagedAllGather(Steps& st, StreamOps& ops, const uint8_t* send, uint8_t* recv, size_t outer,
+                       size_t inner);
+
+// recv[o, p, :] = send_p[o, rank, :]
+Status StagedAllToAll(Steps& st, StreamOps& ops, const uint8_t* send, uint8_t* recv, size_t outer,
+                      size_t inner);
+
+// recv[o, :] = reduce_p send_p[o, rank, :]; inner in elements.
+Status StagedReduceScatter(Steps& st, StreamOps& ops, const uint8_t* send, uint8_t* recv, size_t outer,
+                           size_t inner, DType dtype, ReduceOp op);
+
+// recv = reduce_p send_p, balanced: rank r reduces shard r from every peer's
+// slot, then every rank copies each reduced shard from its owner's slot.
+Status StagedAllReduce(Steps& st, StreamOps& ops, const uint8_t* send, uint8_t* recv, size_t count,
+                       DType dtype, ReduceOp op);
+
+// The direct-read bodies (stream_direct.cc; stream_algorithms.h): `in[q]`
+// is rank q's input.
+
+// recv[o, p, :] = in_p[o, :] (all_gather) or in_p[o, rank, :] (all_to_all).
+Status DirectAllGatherOrAllToAll(Steps& st, StreamOps& ops, const std::vector<const uint8_t*>& in,
+                                 uint8_t* recv, size_t outer, size_t inner, bool all_to_all);
+
+// recv[o, :] = reduce_p in_p[o, rank, :]; inner in elements.
+Status DirectReduceScatter(Steps& st, StreamOps& ops, const std::vector<const uint8_t*>& in,
+                           uint8_t* recv, size_t outer, size_t inner, DType dtype, ReduceOp op);
+
+// recv = reduce_p in_p, balanced as StagedAllReduce: rank r reduces shard r of
+// every input into its own output (out[r]), then copies every other shard
+// out of its owner's output.
+Status DirectAllReduce(Steps& st, StreamOps& ops, const std::vector<const uint8_t*>& in,
+                       const std::vector<uint8_t*>& out, size_t count, DType dtype, ReduceOp op);
+
+}  // namespace smddp
+
+#endif  // JAX_SMDDP_ALGORITHMS_STREAM_STEPS_H_
