@@ -12,14 +12,51 @@
 namespace smddp {
 namespace {
 
-// What every hierarchical call checks first: the group is set up for this
-// rank, and no earlier network step failed (that fails this call).
-Status HierarchyReady(const StreamRank& local, const NetPort& port, const std::vector<int>& rank_of) {
-  const int H = port.hosts, L = local.layout.size;
-  if (int(rank_of.size()) != H * L || int(port.links.size()) != H || !port.proxy)
-    return Status::Error("jax_smddp: hierarchical communicator is not set up for this rank");
-  return port.proxy->failed() ? port.proxy->error() : Status::Ok();
-}
+// One rank's call of a hierarchical body, and the prologue the three bodies
+// (its members) share: the call's buffers, the group's shape as this rank
+// sees it, and a tile's bytes (what both a staging slot and a network slot
+// hold).
+struct HierarchicalCall {
+  HierarchicalCall(StreamRank& local_rank, NetPort& net_port, const std::vector<int>& ranks,
+                   StreamOps& stream_ops, const void* send_v, void* recv_v)
+      : local(local_rank),
+        port(net_port),
+        rank_of(ranks),
+        ops(stream_ops),
+        send(static_cast<const uint8_t*>(send_v)),
+        recv(static_cast<uint8_t*>(recv_v)),
+        H(port.hosts),
+        L(local.layout.size),
+        h(port.host),
+        i(local.rank),
+        P(size_t(H) * L),
+        net(port.layout),
+        cap(std::min(local.layout.slot_bytes, net.slot_bytes)) {}
+
+  // What every hierarchical call checks first: the group is set up for this
+  // rank, and no earlier network step failed (that fails this call).
+  Status Ready() const {
+    if (int(rank_of.size()) != H * L || int(port.links.size()) != H || !port.proxy)
+      return Status::Error("jax_smddp: hierarchical communicator is not set up for this rank");
+    return port.proxy->failed() ? port.proxy->error() : Status::Ok();
+  }
+
+  // The bodies (stream_algorithms.h: RunStreamHierarchical*).
+  Status AllGather(size_t outer, size_t inner);
+  Status ReduceScatter(size_t outer, size_t inner, DType dtype, ReduceOp op);
+  Status AllToAll(size_t outer, size_t inner);
+
+  StreamRank& local;  // this rank among its host's ranks
+  NetPort& port;
+  const std::vector<int>& rank_of;  // host g's j-th rank -> group rank, at g * L + j
+  StreamOps& ops;
+  const uint8_t* const send;
+  uint8_t* const recv;
+  const int H, L, h, i;  // hosts, ranks per host, this rank's host and its rank there
+  const size_t P;        // ranks in the group
+  const NetLayout& net;
+  const size_t cap;
+};
 
 // Starts the port's next network step (*step): its send slot is free once the
 // proxy is done with the step that last used it (slots are double-buffered).
@@ -28,18 +65,7 @@ Status BeginNetworkStep(NetPort& port, StreamOps& ops, uint32_t* step) {
   return s > 2 ? ops.WaitAtLeast(port.stream<uint32_t>(port.layout.done(), true), s - 2) : Status::Ok();
 }
 
-}  // namespace
-
-Status RunStreamHierarchicalAllGather(size_t outer, size_t inner, StreamRank& local, NetPort& port,
-                                      const std::vector<int>& rank_of, StreamOps& ops,
-                                      const void* send_v, void* recv_v) {
-  const auto* send = static_cast<const uint8_t*>(send_v);
-  auto* recv = static_cast<uint8_t*>(recv_v);
-  const int H = port.hosts, L = local.layout.size, h = port.host, i = local.rank;
-  const size_t P = size_t(H) * L;
-  SMDDP_RETURN_IF_ERROR(HierarchyReady(local, port, rank_of));
-  const NetLayout& net = port.layout;
-  const size_t cap = std::min(local.layout.slot_bytes, net.slot_bytes);
+Status HierarchicalCall::AllGather(size_t outer, size_t inner) {
   return ForEachTile(outer, inner, 1, cap, 1, [&](const Tile& t) -> Status {
     // Network: hand this tile to the proxy (all-to-all over the rail).
     uint32_t s;
@@ -81,17 +107,8 @@ Status RunStreamHierarchicalAllGather(size_t outer, size_t inner, StreamRank& lo
   });
 }
 
-Status RunStreamHierarchicalReduceScatter(size_t outer, size_t inner, DType dtype, ReduceOp op,
-                                          StreamRank& local, NetPort& port,
-                                          const std::vector<int>& rank_of, StreamOps& ops,
-                                          const void* send_v, void* recv_v) {
-  const auto* send = static_cast<const uint8_t*>(send_v);
-  auto* recv = static_cast<uint8_t*>(recv_v);
-  const int H = port.hosts, L = local.layout.size, h = port.host, i = local.rank;
-  const size_t P = size_t(H) * L, E = ElementSize(dtype), inner_b = inner * E;
-  SMDDP_RETURN_IF_ERROR(HierarchyReady(local, port, rank_of));
-  const NetLayout& net = port.layout;
-  const size_t cap = std::min(local.layout.slot_bytes, net.slot_bytes);
+Status HierarchicalCall::ReduceScatter(size_t outer, size_t inner, DType dtype, ReduceOp op) {
+  const size_t E = ElementSize(dtype), inner_b = inner * E;
   const void** srcs = SourcesOf(local, size_t(std::max(H, L)));
   return ForEachTile(outer, inner_b, size_t(std::max(H, L)), cap, E, [&](const Tile& t) -> Status {
     uint32_t s;
@@ -136,16 +153,7 @@ Status RunStreamHierarchicalReduceScatter(size_t outer, size_t inner, DType dtyp
   });
 }
 
-Status RunStreamHierarchicalAllToAll(size_t outer, size_t inner, StreamRank& local, NetPort& port,
-                                     const std::vector<int>& rank_of, StreamOps& ops,
-                                     const void* send_v, void* recv_v) {
-  const auto* send = static_cast<const uint8_t*>(send_v);
-  auto* recv = static_cast<uint8_t*>(recv_v);
-  const int H = port.hosts, L = local.layout.size, h = port.host, i = local.rank;
-  const size_t P = size_t(H) * L;
-  SMDDP_RETURN_IF_ERROR(HierarchyReady(local, port, rank_of));
-  const NetLayout& net = port.layout;
-  const size_t cap = std::min(local.layout.slot_bytes, net.slot_bytes);
+Status HierarchicalCall::AllToAll(size_t outer, size_t inner) {
   // Local rank j's posted slot (this rank's own blocks are read from `send`).
   const void** posted = SourcesOf(local, size_t(L));
   // A tile moves every block once, so it is sized for all P of them.
@@ -210,6 +218,33 @@ Status RunStreamHierarchicalAllToAll(size_t outer, size_t inner, StreamRank& loc
     }
     return Status::Ok();
   });
+}
+
+}  // namespace
+
+Status RunStreamHierarchicalAllGather(size_t outer, size_t inner, StreamRank& local, NetPort& port,
+                                      const std::vector<int>& rank_of, StreamOps& ops,
+                                      const void* send, void* recv) {
+  HierarchicalCall call(local, port, rank_of, ops, send, recv);
+  SMDDP_RETURN_IF_ERROR(call.Ready());
+  return call.AllGather(outer, inner);
+}
+
+Status RunStreamHierarchicalReduceScatter(size_t outer, size_t inner, DType dtype, ReduceOp op,
+                                          StreamRank& local, NetPort& port,
+                                          const std::vector<int>& rank_of, StreamOps& ops,
+                                          const void* send, void* recv) {
+  HierarchicalCall call(local, port, rank_of, ops, send, recv);
+  SMDDP_RETURN_IF_ERROR(call.Ready());
+  return call.ReduceScatter(outer, inner, dtype, op);
+}
+
+Status RunStreamHierarchicalAllToAll(size_t outer, size_t inner, StreamRank& local, NetPort& port,
+                                     const std::vector<int>& rank_of, StreamOps& ops,
+                                     const void* send, void* recv) {
+  HierarchicalCall call(local, port, rank_of, ops, send, recv);
+  SMDDP_RETURN_IF_ERROR(call.Ready());
+  return call.AllToAll(outer, inner);
 }
 
 }  // namespace smddp
