@@ -1,6 +1,6 @@
 """The stream-ordered protocol of the GPU backend (staging slots, posted and
 consumed flags, tiling), run on host threads through the same C++ algorithms
-(xla_ffi/algorithms/stream_algorithms.cc) with host memory instead of a stream,
+(xla_ffi/algorithms/stream_*.cc) with host memory instead of a stream,
 against numpy. Small slots force every tiling path: whole rows per step,
 pieces of one row, and slots reused within and across calls; and the
 direct-read form, where ranks read each other's buffers in place."""

@@ -28,6 +28,10 @@
 // output (StreamRank::outputs) and runs two steps: rank r reduces shard r of
 // every input into its own output, then every rank copies each reduced shard
 // out of its owner's output.
+//
+// The bodies: stream_staged.cc (through the slots), stream_direct.cc (direct
+// reads), stream_hierarchical.cc (across hosts); what they share (tiles, the
+// step protocol) in stream_steps.h; RunStreamPlan in stream_algorithms.cc.
 #ifndef JAX_SMDDP_ALGORITHMS_STREAM_ALGORITHMS_H_
 #define JAX_SMDDP_ALGORITHMS_STREAM_ALGORITHMS_H_
 
