@@ -14,7 +14,7 @@
 namespace smddp {
 
 // Raise it with any change to what crosses a link: the shared-memory segment's
-// layout and ring chunks (transports/shm_link.cc), the libfabric chunk header
+// layout and ring chunks (transports/shm_link_impl.h), the libfabric chunk header
 // and the direct-transfer handshake (transports/fabric_wire.h), message tags
 // (common/hashing.h MixTag), the GPU communicators' shared block
 // (transports/shared_block.cc), the per-call agreement header
