@@ -1,5 +1,5 @@
-// libfabric, loaded at run time: the transports that use it (fabric_link.cc,
-// fabric_rail.cc) share one dlopen of "libfabric.so.1" and one table of the
+// libfabric, loaded at run time: the transports that use it (the links,
+// fabric_link_impl.h and its files; fabric_rail.cc) share one dlopen of "libfabric.so.1" and one table of the
 // few functions it exports. Everything else goes through the objects' ops
 // tables (the headers' inline wrappers), so nothing of libfabric is linked at
 // build time. Include only from .cc files; it pulls in libfabric's headers

@@ -7,7 +7,7 @@
 // Without libfabric's headers at build time everything here still compiles
 // and Open() fails with a message saying how to get them.
 //
-// Design (details in fabric_link.cc): every process has one FabricEndpoint
+// Design (details in fabric_eager.cc and fabric_direct.cc): every process has one FabricEndpoint
 // (one endpoint, completion queue and address vector) shared by all of its
 // links. Messages smaller than JAX_SMDDP_FABRIC_DIRECT_BYTES go through
 // endpoint-owned bounce buffers (posted receive buffers and send buffers,

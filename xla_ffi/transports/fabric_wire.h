@@ -1,5 +1,5 @@
-// The libfabric links' wire format (fabric_link.cc): every libfabric message
-// is one chunk, a 64-byte header followed by its payload. A receiver reads a
+// The libfabric links' wire format (fabric_eager.cc, fabric_direct.cc): every
+// libfabric message is one chunk, a 64-byte header followed by its payload. A receiver reads a
 // chunk only through ParseFabricChunk, which refuses any header its peers'
 // FabricEndpoint would not have written (and reads nothing past the chunk's
 // end), so a chunk from another build, a stranger or a corrupting network is
