@@ -1,5 +1,5 @@
 // The GPU communicators' set-up and per-call checks
-// (cuda/gpu_communicator.cc) on CPU processes, built against the
+// (cuda/gpu_communicator.cc, cuda/gpu_hierarchy.cc) on CPU processes, built against the
 // mock CUDA runtime of tests/native/mock_cuda (no GPU here or in CI): each
 // rank is a forked process that prepares its staging, trades handles with
 // the others through the parent, connects, then runs the stream protocol

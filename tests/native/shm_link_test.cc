@@ -6,8 +6,10 @@
 // process is killed). Every wait has a deadline, so a bug fails, never hangs.
 //
 // Build (from the repository root):
-//   c++ -std=c++17 -O2 -I. xla_ffi/transports/shm_link.cc xla_ffi/transports/shm_file.cc \
-//       xla_ffi/transports/process_liveness.cc tests/native/shm_link_test.cc -o t -lpthread -lrt
+//   c++ -std=c++17 -O2 -I. xla_ffi/transports/shm_{segment,ring,single_copy,link}.cc \
+//       xla_ffi/transports/shm_file.cc xla_ffi/transports/process_liveness.cc \
+//       xla_ffi/common/settings.cc xla_ffi/common/protocol.cc tests/native/shm_link_test.cc \
+//       -o t -lpthread -lrt
 #include "xla_ffi/transports/shm_link.h"
 #include "tests/native/check.h"
 
@@ -751,7 +753,7 @@ void RunScript(Link* l, Link* small, int me) {
 }
 
 // Single-process checks that the reader survives nonsense in the ring. The
-// raw offsets are those of the layout in shm_link.cc: ring 0's head counter
+// raw offsets are those of the layout in shm_link_impl.h: ring 0's head counter
 // at 192, tail at 320, ring 0's data at 4096.
 void TestCorruption() {
   constexpr size_t kHead0 = 192, kTail0 = 320, kData = 4096;

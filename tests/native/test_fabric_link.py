@@ -1,4 +1,4 @@
-"""The libfabric link (xla_ffi/transports/fabric_link.cc), tested by a standalone
+"""The libfabric link (xla_ffi/transports/fabric_link.h), tested by a standalone
 C++ program (tests/native/fabric_link_test.cc, built by CMake) that forks a child and moves
 messages between the two processes over a real libfabric provider."""
 

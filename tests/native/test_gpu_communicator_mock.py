@@ -1,5 +1,5 @@
 """The GPU communicators' set-up and per-call checks
-(cuda/gpu_communicator.cc) without a GPU: a standalone C++ program
+(cuda/gpu_communicator.cc, cuda/gpu_hierarchy.cc) without a GPU: a standalone C++ program
 (tests/native/gpu_communicator_test.cc) built against a mock CUDA runtime
 (tests/native/mock_cuda: "device memory" in POSIX shared memory) forks three
 rank processes that prepare, trade handles, connect, and run the stream

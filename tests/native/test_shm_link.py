@@ -1,4 +1,4 @@
-"""The shared-memory link (xla_ffi/transports/shm_link.cc), tested by a standalone
+"""The shared-memory link (xla_ffi/transports/shm_link.h), tested by a standalone
 C++ program (tests/native/shm_link_test.cc, CMake target shm_link_test) that
 forks a peer process: no jax. The script runs with single copy on (messages
 from 64 KiB read in place; then refused by a seccomp filter) and off
