@@ -20,7 +20,7 @@ class FabricRail;
 class World;
 namespace gpu {
 
-// A group that spans hosts (the hierarchical all_gather and reduce_scatter):
+// A group that spans hosts (the hierarchical all_gather, reduce_scatter and all_to_all):
 // equal ranks per host; the ranks on this host form an intra-host
 // GpuCommunicator (the rails' local exchange), and each of this process's
 // ranks has a network port: a mailbox of mapped pinned host memory and
