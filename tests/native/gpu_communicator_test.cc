@@ -519,7 +519,11 @@ int RunRank(int r, const std::string& scenario, bool host, int up, int down) {
       Expect(r, !st.ok() && st.message().find("mapping rank 0 (process 0)'s buffer") != std::string::npos,
              "expected rank 2's exchange to fail mapping, got: " + st.message());
     } else {
-      Expect(r, st.ok(), "not released: " + st.message());
+      // Released (the call finishes), or, when rank 2's failure reached this
+      // rank's check before its call did (a loaded machine), failed at once
+      // naming it: either way not waiting on rank 2.
+      Expect(r, st.ok() || st.message().find("mapping rank 0 (process 0)'s buffer") != std::string::npos,
+             "not released: " + st.message());
     }
     Expect(r, s < 8, "took " + std::to_string(s) + " s");
     const std::string why = FirstError(me, 10);
