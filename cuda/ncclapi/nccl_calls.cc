@@ -1,5 +1,6 @@
 #include "cuda/ncclapi/nccl_calls.h"
 
+#include <atomic>
 #include <cstdio>
 #include <map>
 #include <mutex>
@@ -18,9 +19,25 @@ namespace {
 
 StreamBackend backend;
 
+// What each collective is called where it shows.
+struct CollectiveNames {
+  const char* function;  // NCCL's (ncclAllGather)
+  const char* op;        // the engine's messages' (all_gather)
+  World::Caller caller;  // the world's per-op counts (traffic_by_op)
+};
+constexpr CollectiveNames kNames[] = {
+    {"ncclAllGather", "all_gather", World::Caller::kNcclAllGather},
+    {"ncclReduceScatter", "reduce_scatter", World::Caller::kNcclReduceScatter},
+    {"ncclAllReduce", "all_reduce", World::Caller::kNcclAllReduce},
+    {"ncclAlltoAll", "all_to_all", World::Caller::kNcclAlltoAll},
+};
+constexpr int kCollectives = sizeof(kNames) / sizeof(kNames[0]);
+const CollectiveNames& NamesOf(Collective kind) { return kNames[int(kind)]; }
+
 struct Tally {
-  std::mutex mu;
-  std::map<std::string, uint64_t> served, forwarded;
+  std::atomic<uint64_t> served[kCollectives] = {};  // per call: no lock
+  std::mutex mu;                                     // the rest: forwarding only
+  std::map<std::string, uint64_t> forwarded;
   std::set<std::string> reasons;  // told once each
 };
 Tally& Tallies() {
@@ -42,26 +59,6 @@ bool NoFallback() {
   for (const std::string& item : SettingItems(TextSetting("JAX_SMDDP_REQUIRE")))
     if (item == "no-fallback") return true;
   return false;
-}
-
-const char* FunctionName(Collective kind) {
-  switch (kind) {
-    case Collective::kAllGather: return "ncclAllGather";
-    case Collective::kReduceScatter: return "ncclReduceScatter";
-    case Collective::kAllReduce: return "ncclAllReduce";
-    case Collective::kAllToAll: return "ncclAlltoAll";
-  }
-  return "?";
-}
-
-const char* OpName(Collective kind) {
-  switch (kind) {
-    case Collective::kAllGather: return "all_gather";
-    case Collective::kReduceScatter: return "reduce_scatter";
-    case Collective::kAllReduce: return "all_reduce";
-    case Collective::kAllToAll: return "all_to_all";
-  }
-  return "?";
 }
 
 // The engine's type for `type`: false where it has none.
@@ -120,20 +117,46 @@ ncclResult_t Code(const Status& st) {
   }
 }
 
+// The engine's part of a served call, on `ops`.
+Status Enqueue(Collective kind, const void* send, void* recv, size_t count, DType dtype,
+               const Plan& plan, Comm& comm, StreamOps& ops) {
+  const gpu::CallRank me{comm.local, comm.port, comm.rank_of};
+  if (comm.port && kind == Collective::kAllReduce) {
+    // Across hosts: reduce_scatter into this rank's shard of the output, then
+    // all_gather the shards in place (both as NCCL allows in place).
+    const size_t shard = count / size_t(comm.nranks);
+    auto* own = static_cast<uint8_t*>(recv) + size_t(comm.rank) * shard * ElementSize(dtype);
+    Plan scatter = plan;
+    scatter.kind = Plan::Kind::kReduceScatter;
+    scatter.inner = shard;
+    Plan gather = plan;
+    gather.kind = Plan::Kind::kAllGather;
+    gather.dtype = DType::kUInt8;
+    gather.inner = shard * ElementSize(dtype);
+    SMDDP_RETURN_IF_ERROR(gpu::EnqueueCollective("all_reduce (reduce_scatter part)",
+                                                 int64_t(comm.calls++), me, ops, send, own, scatter));
+    return gpu::EnqueueCollective("all_reduce (all_gather part)", int64_t(comm.calls++), me, ops,
+                                  own, recv, gather);
+  }
+  return gpu::EnqueueCollective(NamesOf(kind).op, int64_t(comm.calls++), me, ops, send, recv, plan);
+}
+
 ncclResult_t Serve(Collective kind, const void* send, void* recv, size_t count, DType dtype,
                    ReduceOp op, Comm& comm, void* stream) {
   if (backend.capturing && backend.capturing(stream))
     return Fail(&comm, Status::Unsupported(
-        std::string("jax_smddp NCCL front end: ") + FunctionName(kind) +
+        std::string("jax_smddp NCCL front end: ") + NamesOf(kind).function +
         " was called while its stream is captured into a CUDA graph, which the front end does "
         "not support yet; run with XLA_FLAGS=--xla_gpu_enable_command_buffer=-COLLECTIVES "
         "(jax_smddp sets it at start-up when JAX_SMDDP_COLLECTIVES=xla)"));
-  Status earlier;
-  {
-    std::lock_guard<std::mutex> lock(comm.error_mu);
-    earlier = comm.async_error;
+  if (comm.failed.load(std::memory_order_acquire)) {
+    Status earlier;
+    {
+      std::lock_guard<std::mutex> lock(comm.error_mu);
+      earlier = comm.async_error;
+    }
+    return Fail(&comm, earlier);
   }
-  if (!earlier.ok()) return Fail(&comm, earlier);
   Plan plan;
   plan.dtype = dtype;
   plan.op = op;
@@ -164,51 +187,33 @@ ncclResult_t Serve(Collective kind, const void* send, void* recv, size_t count, 
       break;
   }
   if (count == 0) return ncclSuccess;
-  std::unique_ptr<StreamOps> ops = backend.make(stream);
-  const gpu::CallRank me{comm.local, comm.port, comm.rank_of};
-  Status st;
-  if (comm.port && kind == Collective::kAllReduce) {
-    // Across hosts: reduce_scatter into this rank's shard of the output, then
-    // all_gather the shards in place (both as NCCL allows in place).
-    const size_t shard = count / size_t(comm.nranks);
-    auto* own = static_cast<uint8_t*>(recv) + size_t(comm.rank) * shard * ElementSize(dtype);
-    Plan scatter = plan;
-    scatter.kind = Plan::Kind::kReduceScatter;
-    scatter.inner = shard;
-    Plan gather = plan;
-    gather.kind = Plan::Kind::kAllGather;
-    gather.dtype = DType::kUInt8;
-    gather.inner = shard * ElementSize(dtype);
-    st = gpu::EnqueueCollective("all_reduce (reduce_scatter part)", int64_t(comm.calls++), me, *ops,
-                                send, own, scatter);
-    if (st.ok())
-      st = gpu::EnqueueCollective("all_reduce (all_gather part)", int64_t(comm.calls++), me, *ops,
-                                  own, recv, gather);
-  } else {
-    st = gpu::EnqueueCollective(OpName(kind), int64_t(comm.calls++), me, *ops, send, recv, plan);
-  }
+  struct Call {
+    Collective kind;
+    const void* send;
+    void* recv;
+    size_t count;
+    DType dtype;
+    const Plan& plan;
+    Comm& comm;
+  } call{kind, send, recv, count, dtype, plan, comm};
+  const Status st = backend.run(stream, [](StreamOps& ops, void* context) {
+    const Call& c = *static_cast<const Call*>(context);
+    return Enqueue(c.kind, c.send, c.recv, c.count, c.dtype, c.plan, c.comm, ops);
+  }, &call);
   if (!st.ok()) {
     const Status located = st.WithMessage(
-        "jax_smddp " + st.message() + " [XLA's collective through " + FunctionName(kind) +
+        "jax_smddp " + st.message() + " [XLA's collective through " + NamesOf(kind).function +
         ", rank " + std::to_string(comm.rank) + " of " + std::to_string(comm.nranks) + "]");
     if (st.code() == StatusCode::kPeerFailed || st.code() == StatusCode::kTimeout ||
         st.code() == StatusCode::kMismatch) {
       std::lock_guard<std::mutex> lock(comm.error_mu);
       if (comm.async_error.ok()) comm.async_error = located;
+      comm.failed.store(true, std::memory_order_release);
     }
     return Fail(&comm, located);
   }
-  if (comm.world) {
-    const World::Caller caller = kind == Collective::kAllGather ? World::Caller::kNcclAllGather
-                                 : kind == Collective::kReduceScatter
-                                     ? World::Caller::kNcclReduceScatter
-                                 : kind == Collective::kAllReduce ? World::Caller::kNcclAllReduce
-                                                                  : World::Caller::kNcclAlltoAll;
-    comm.world->CountCall(caller, recv_bytes);
-  }
-  Tally& t = Tallies();
-  std::lock_guard<std::mutex> lock(t.mu);
-  t.served[FunctionName(kind)]++;
+  if (comm.world) comm.world->CountCall(NamesOf(kind).caller, recv_bytes);
+  Tallies().served[int(kind)].fetch_add(1, std::memory_order_relaxed);
   return ncclSuccess;
 }
 
@@ -277,9 +282,12 @@ void NoteForwarded(const std::string& function, const std::string& why) {
 std::string Describe() {
   Tally& t = Tallies();
   std::lock_guard<std::mutex> lock(t.mu);
+  std::map<std::string, uint64_t> served;  // by name, as the forwarded ones
+  for (int k = 0; k < kCollectives; ++k)
+    if (const uint64_t n = t.served[k].load(std::memory_order_relaxed)) served[kNames[k].function] = n;
   std::string out = "{\"served\": {";
   bool first = true;
-  for (const auto& [f, n] : t.served) {
+  for (const auto& [f, n] : served) {
     out += std::string(first ? "" : ", ") + "\"" + f + "\": " + std::to_string(n);
     first = false;
   }
@@ -339,11 +347,11 @@ ncclResult_t RunCollective(Collective kind, const void* send, void* recv, size_t
   Comm* comm = AsComm(handle);
   if (!comm)
     return Fail(nullptr, Status::InvalidArgument(std::string("jax_smddp NCCL front end: ") +
-                                                 FunctionName(kind) +
+                                                 NamesOf(kind).function +
                                                  " on a communicator it did not create"));
   const std::string why = WhyNotServed(*comm, kind, type, op, count);
   if (!why.empty()) {
-    const char* name = FunctionName(kind);
+    const char* name = NamesOf(kind).function;
     return Forward(name, handle, [=](ncclComm_t real) {
       std::string missing;
       if (kind == Collective::kAllGather) {
@@ -380,6 +388,7 @@ ncclResult_t RunCollective(Collective kind, const void* send, void* recv, size_t
     }
   }
   const ReduceOp engine_op = op == ncclMax ? ReduceOp::kMax : op == ncclMin ? ReduceOp::kMin : ReduceOp::kSum;
+  if (group_depth == 0) return Serve(kind, send, recv, count, dtype, engine_op, *comm, stream);
   return Issue(nullptr, [=]() { return Serve(kind, send, recv, count, dtype, engine_op, *comm, stream); });
 }
 

@@ -19,7 +19,6 @@
 
 #include <cstddef>
 #include <functional>
-#include <memory>
 #include <string>
 
 #include "cuda/ncclapi/nccl_comm.h"
@@ -31,10 +30,13 @@ namespace smddp {
 namespace nccl {
 
 // The stream operations served calls enqueue with: CUDA streams in the
-// library, host threads in the mock tests. `capturing` says whether a
-// stream is being captured into a CUDA graph (served calls refuse it).
+// library, host threads in the mock tests. `run` builds them for `stream`
+// on its own stack (nothing allocated per call) and runs `body` with them;
+// `capturing` says whether a stream is being captured into a CUDA graph
+// (served calls refuse it).
 struct StreamBackend {
-  std::unique_ptr<StreamOps> (*make)(void* stream) = nullptr;
+  using Body = Status (*)(StreamOps& ops, void* context);
+  Status (*run)(void* stream, Body body, void* context) = nullptr;
   bool (*capturing)(void* stream) = nullptr;
 };
 void SetStreamBackend(StreamBackend backend);

@@ -73,6 +73,7 @@ struct Comm {
 
   std::mutex error_mu;
   Status async_error;     // what ncclCommGetAsyncError reports
+  std::atomic<bool> failed{false};  // async_error is set: read per call without the lock
   std::string last_error;  // ncclGetLastError(comm)
 };
 

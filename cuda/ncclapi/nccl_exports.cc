@@ -138,8 +138,10 @@ SMDDP_NCCL_EXPORT ncclResult_t ncclCommGetAsyncError(ncclComm_t comm, ncclResult
   Status failure;
   {
     std::lock_guard<std::mutex> lock(c->error_mu);
-    if (c->async_error.ok() && c->local && c->local->watch && c->local->watch->failed())
+    if (c->async_error.ok() && c->local && c->local->watch && c->local->watch->failed()) {
       c->async_error = c->local->watch->error();
+      c->failed.store(true, std::memory_order_release);
+    }
     failure = c->async_error;
   }
   if (!failure.ok()) {

@@ -1,7 +1,6 @@
 // libsmddp_nccl.so's own parts: served calls enqueue on CUDA streams, and
 // the entry points jax_smddp (Python) uses to configure and read it.
 #include <cstdint>
-#include <memory>
 #include <string>
 
 #include <cuda_runtime_api.h>
@@ -19,8 +18,9 @@ const smddp::cuda::GpuSettings& Settings() {
   return settings;
 }
 
-std::unique_ptr<smddp::StreamOps> MakeOps(void* stream) {
-  return std::make_unique<smddp::cuda::CudaStreamOps>(static_cast<cudaStream_t>(stream), Settings());
+smddp::Status RunOnStream(void* stream, smddp::nccl::StreamBackend::Body body, void* context) {
+  smddp::cuda::CudaStreamOps ops(static_cast<cudaStream_t>(stream), Settings());
+  return body(ops, context);
 }
 
 bool Capturing(void* stream) {
@@ -30,7 +30,7 @@ bool Capturing(void* stream) {
 }
 
 struct InstallBackend {
-  InstallBackend() { smddp::nccl::SetStreamBackend({&MakeOps, &Capturing}); }
+  InstallBackend() { smddp::nccl::SetStreamBackend({&RunOnStream, &Capturing}); }
 } install_backend;
 
 }  // namespace

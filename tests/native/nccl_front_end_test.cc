@@ -275,6 +275,20 @@ void CheckAllGather(ncclComm_t comm, int nranks, int rank, size_t count, const s
   Expect(ok, what + ": wrong values");
 }
 
+// Polls ncclCommGetAsyncError, as XLA does, until it reports an error or
+// `limit_s` passed since `start`; the error, and in *seconds when it came.
+ncclResult_t AwaitAsyncError(ncclComm_t comm, std::chrono::steady_clock::time_point start,
+                             double limit_s, double* seconds) {
+  ncclResult_t async = ncclSuccess;
+  *seconds = 0;
+  while (async == ncclSuccess && *seconds < limit_s) {
+    Expect(ncclCommGetAsyncError(comm, &async) == ncclSuccess, "ncclCommGetAsyncError");
+    usleep(20000);
+    *seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  }
+  return async;
+}
+
 // --- Scenarios -----------------------------------------------------------------------
 
 void Served() {
@@ -528,14 +542,8 @@ void DeadPeer() {
   if (me == 1) kill(getpid(), SIGKILL);
   // On a GPU the next call would be enqueued and its stream would wait: XLA
   // learns of the death by polling the async error, which names the peer.
-  const auto start = std::chrono::steady_clock::now();
-  ncclResult_t async = ncclSuccess;
   double s = 0;
-  while (async == ncclSuccess && s < 15) {
-    Expect(ncclCommGetAsyncError(comm, &async) == ncclSuccess, "ncclCommGetAsyncError");
-    usleep(20000);
-    s = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
-  }
+  const ncclResult_t async = AwaitAsyncError(comm, std::chrono::steady_clock::now(), 15, &s);
   const std::string why = ncclGetLastError(comm);
   Expect(async == ncclRemoteError, "the async error reports the death");
   Expect(Has(why, "process 1"), "the error names the dead process: " + why);
@@ -566,14 +574,8 @@ void Abort() {
     Relay("seen");
     return;
   }
-  ncclResult_t async = ncclSuccess;
-  const auto start = std::chrono::steady_clock::now();
   double s = 0;
-  while (async == ncclSuccess && s < 10) {
-    ncclCommGetAsyncError(comm, &async);
-    usleep(20000);
-    s = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
-  }
+  const ncclResult_t async = AwaitAsyncError(comm, std::chrono::steady_clock::now(), 10, &s);
   const std::string why = ncclGetLastError(comm);
   Expect(async == ncclRemoteError && Has(why, "aborted the communicator") && Has(why, "process 1"),
          "the peer's abort fails the group here, naming it: " + why);
@@ -649,13 +651,8 @@ void Stalled() {
   // stream; XLA learns of it from the async error, which names the peer.
   const ncclResult_t rc = ncclAllGather(x.data(), g.data(), 128, ncclFloat32, comm, nullptr);
   Expect(rc == ncclSuccess || rc == ncclRemoteError, "released or failed: " + std::to_string(int(rc)));
-  ncclResult_t async = ncclSuccess;
   double s = 0;
-  while (async == ncclSuccess && s < 10) {
-    ncclCommGetAsyncError(comm, &async);
-    usleep(20000);
-    s = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
-  }
+  const ncclResult_t async = AwaitAsyncError(comm, start, 10, &s);
   const std::string why = ncclGetLastError(comm);
   Expect(async == ncclRemoteError && Has(why, "process 1") && Has(why, "within 2 s"),
          "the deadline is the async error, naming the stalled process: " + why);
@@ -674,8 +671,9 @@ void JoinTimeout() {
 
 int RunProcess(const std::string& scenario) {
   smddp::SetTimeoutSeconds(scenario == "stalled" || scenario == "join_timeout" ? 2.0 : 10.0);
-  smddp::nccl::SetStreamBackend({[](void*) -> std::unique_ptr<smddp::StreamOps> {
-                                   return std::make_unique<MarkedOps>();
+  smddp::nccl::SetStreamBackend({[](void*, smddp::nccl::StreamBackend::Body body, void* context) {
+                                   MarkedOps ops;
+                                   return body(ops, context);
                                  },
                                  nullptr});
   BuildWorld();
