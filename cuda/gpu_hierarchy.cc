@@ -35,7 +35,7 @@ NetworkProxy* Proxy() {
 
 // Device memory's libfabric interface. The tests' mock CUDA runtime
 // (tests/native/mock_cuda) hands out host memory as "device memory".
-#ifdef JAX_SMDDP_MOCK_CUDA
+#ifdef SMDDP_MOCK_CUDA_RUNTIME
 constexpr MemoryIface kDeviceIface = MemoryIface::kHost;
 #else
 constexpr MemoryIface kDeviceIface = MemoryIface::kCuda;

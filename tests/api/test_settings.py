@@ -16,9 +16,9 @@ from jax_smddp import config
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 READ_BY_CODE = ("jax_smddp", "xla_ffi", "cuda", "tests", "tools", "examples")
-# JAX_SMDDP_ names that are not environment settings: CMake options, a compile-time
-# macro of the mock CUDA build, and include guards.
-NOT_SETTINGS = {"JAX_SMDDP_CUDA", "JAX_SMDDP_LIBFABRIC", "JAX_SMDDP_TESTING", "JAX_SMDDP_MOCK_CUDA"}
+# JAX_SMDDP_ names that are not environment settings: CMake options and include guards
+# (the mock CUDA build's macro is SMDDP_MOCK_CUDA_RUNTIME, outside the settings' prefix).
+NOT_SETTINGS = {"JAX_SMDDP_CUDA", "JAX_SMDDP_LIBFABRIC", "JAX_SMDDP_TESTING"}
 
 
 def names_in_code() -> dict[str, str]:

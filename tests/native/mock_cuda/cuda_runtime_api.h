@@ -11,7 +11,7 @@
 #define JAX_SMDDP_TESTS_MOCK_CUDA_RUNTIME_API_H_
 
 // Tells the code under test that "device memory" is host memory here.
-#define JAX_SMDDP_MOCK_CUDA 1
+#define SMDDP_MOCK_CUDA_RUNTIME 1
 
 #include <fcntl.h>
 #include <sys/mman.h>
