@@ -194,7 +194,15 @@ void BuildWorld() {
   for (int q = 0; q < P; ++q) Check(smddp::WorldSetPeer(q, std::stoi(pids[q]), HostOf(q)), "WorldSetPeer");
   if (hosts > 1) {
     std::string address, provider, watch;
-    Check(smddp::WorldOpenFabric("shm", "", &address, &provider), "WorldOpenFabric");
+    // libfabric's shm provider now and then finds its endpoint's name still
+    // busy (EBUSY, seen under load): try again, as a launcher would.
+    Status opened;
+    for (int attempt = 0; attempt < 5; ++attempt) {
+      opened = smddp::WorldOpenFabric("shm", "", &address, &provider);
+      if (opened.ok() || opened.message().find("busy") == std::string::npos) break;
+      usleep(200000);
+    }
+    Check(opened, "WorldOpenFabric");
     Check(smddp::WorldWatchListen("127.0.0.1", &watch), "WorldWatchListen");
     const auto addresses = Relay(address);
     const auto watches = Relay(watch);
