@@ -141,8 +141,18 @@ def _open() -> tuple[ctypes.CDLL | None, str]:
   lib.smddp_nccl_describe.argtypes = []
   lib.smddp_nccl_describe.restype = ctypes.c_char_p
   lib.smddp_nccl_close_at_exit.argtypes = []
-  lib.smddp_nccl_close_at_exit.restype = None
+  lib.smddp_nccl_close_at_exit.restype = ctypes.c_bool
   return lib, ""
+
+
+def _close_at_exit(lib) -> None:
+  """Tells the front end's groups' peers this process ends (it did not die),
+  and closes the libfabric objects of its groups across hosts, so that
+  jax_smddp's own exit hook (registered before this one, so run after it)
+  closes the world's links."""
+  if not lib.smddp_nccl_close_at_exit():
+    log.warning("jax_smddp NCCL front end: network steps still ran at exit; libfabric endpoints "
+                "left open")
 
 
 def _load() -> tuple[ctypes.CDLL | None, str]:
@@ -198,7 +208,7 @@ def set_up() -> None:
         f"{REAL_ENV}): the calls it does not serve will fail")
   if _library is None:  # peers must not mistake this process's normal exit for a death
     import atexit
-    atexit.register(lib.smddp_nccl_close_at_exit)
+    atexit.register(_close_at_exit, lib)
   _library, _active, _not_active = lib, True, ""
   log.info("jax_smddp: XLA's GPU collectives run on jax_smddp (%s; forwarding to %s)",
            library_path(), os.environ.get(REAL_ENV) or real)

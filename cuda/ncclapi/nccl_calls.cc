@@ -212,7 +212,7 @@ ncclResult_t Serve(Collective kind, const void* send, void* recv, size_t count, 
     }
     return Fail(&comm, located);
   }
-  if (comm.world) comm.world->CountCall(NamesOf(kind).caller, recv_bytes);
+  if (auto world = comm.world.lock()) world->CountCall(NamesOf(kind).caller, recv_bytes);
   Tallies().served[int(kind)].fetch_add(1, std::memory_order_relaxed);
   return ncclSuccess;
 }

@@ -669,7 +669,7 @@ Status Split(Comm& parent, int color, int key, const ncclConfig_t* config, Comm*
   uint64_t nonce[2] = {MixTag(parent.nonce[0], 0x73706c6974ull + parent.splits),
                        MixTag(parent.nonce[1], parent.splits)};
   parent.splits++;
-  auto world = parent.world;
+  auto world = parent.world.lock();
   Entry mine{parent.rank, parent.nranks, world ? world->process() : -1, parent.ordinal, color, key};
   std::vector<Entry> all;
   std::shared_ptr<Joining> joining;

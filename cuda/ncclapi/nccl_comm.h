@@ -58,7 +58,9 @@ struct Comm {
   NetPort* port = nullptr;          // across hosts: the rank's network port
   const std::vector<int>* rank_of = nullptr;  // across hosts: host-major order of the ranks
   int hosts = 1;
-  std::shared_ptr<const World> world;  // where its calls are counted
+  // Where its calls are counted. Weak: a communicator XLA never destroys
+  // must not keep the world's links open past jax_smddp's shutdown.
+  std::weak_ptr<const World> world;
   uint64_t calls = 0;   // collective calls (op ids in messages)
   uint64_t splits = 0;  // splits of it so far (names the children)
 

@@ -60,8 +60,11 @@ extern "C" __attribute__((visibility("default"))) const char* smddp_nccl_describ
   return text.c_str();
 }
 
-// At exit (jax_smddp's atexit hook): the front end's GPU communicators tell
-// their peers this process ends in order (it did not die).
-extern "C" __attribute__((visibility("default"))) void smddp_nccl_close_at_exit() {
-  smddp::gpu::MarkCommunicatorsClosed();
+// At exit (jax_smddp's atexit hook), as the FFI path's (jax_smddp/gpu.py):
+// the front end's GPU communicators tell their peers this process ends in
+// order (it did not die), and the groups across hosts close their libfabric
+// objects and let go of the world. False: network steps still ran, nothing
+// closed.
+extern "C" __attribute__((visibility("default"))) bool smddp_nccl_close_at_exit() {
+  return smddp::gpu::CloseCommunicatorsAtExit();
 }

@@ -194,15 +194,7 @@ void BuildWorld() {
   for (int q = 0; q < P; ++q) Check(smddp::WorldSetPeer(q, std::stoi(pids[q]), HostOf(q)), "WorldSetPeer");
   if (hosts > 1) {
     std::string address, provider, watch;
-    // libfabric's shm provider now and then finds its endpoint's name still
-    // busy (EBUSY, seen under load): try again, as a launcher would.
-    Status opened;
-    for (int attempt = 0; attempt < 5; ++attempt) {
-      opened = smddp::WorldOpenFabric("shm", "", &address, &provider);
-      if (opened.ok() || opened.message().find("busy") == std::string::npos) break;
-      usleep(200000);
-    }
-    Check(opened, "WorldOpenFabric");
+    Check(smddp::WorldOpenFabric("shm", "", &address, &provider), "WorldOpenFabric");
     Check(smddp::WorldWatchListen("127.0.0.1", &watch), "WorldWatchListen");
     const auto addresses = Relay(address);
     const auto watches = Relay(watch);
@@ -707,7 +699,11 @@ int RunProcess(const std::string& scenario) {
   // As jax_smddp's exit hook does: no process leaves before the others are
   // done, and each tells its peers it ended in order (not a death).
   Relay("end");
-  smddp::gpu::MarkCommunicatorsClosed();
+  // As libsmddp_nccl.so's exit hook (smddp_nccl_close_at_exit), then
+  // jax_smddp's shutdown: the world's libfabric endpoint closes, unlinking
+  // its shm region, though communicators are left undestroyed (as XLA may).
+  Expect(smddp::gpu::CloseCommunicatorsAtExit(), "the network proxy idle at exit");
+  smddp::WorldShutdown();
   return failures ? 1 : 0;
 }
 

@@ -18,6 +18,7 @@ them) runs all_gather, reduce_scatter and all_to_all on the hierarchical
 bodies and forwards all_reduce. The real CUDA calls run in
 tests/gpu on a GPU machine."""
 
+import glob
 import os
 import subprocess
 
@@ -43,8 +44,12 @@ def test_front_end(program, scenario):
   env = {k: v for k, v in os.environ.items()
          if not k.startswith("JAX_SMDDP_") and not k.startswith("MOCK_NCCL")}
   env["JAX_SMDDP_NCCL_LIBRARY"] = mock
+  regions = "/dev/shm/*-*:*:*"  # libfabric shm endpoints' regions (fabric_api.cc names them)
+  before = set(glob.glob(regions))
   proc = subprocess.run([program, scenario], env=env, capture_output=True, text=True, timeout=100)
   out = proc.stdout + proc.stderr
   assert proc.returncode == 0 and "all checks passed" in proc.stdout, out
+  # Closed at exit, undestroyed communicators or not: no region is left.
+  assert set(glob.glob(regions)) <= before, out
   if scenario == "dead_peer":
     assert "dead peer reported after" in proc.stdout, out

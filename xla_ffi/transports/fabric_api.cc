@@ -1,6 +1,7 @@
 #include "xla_ffi/transports/fabric_api.h"
 
 #include <algorithm>
+#include <cstdio>
 #include <cstdlib>
 #include <cstring>
 
@@ -8,6 +9,9 @@
 #include <dlfcn.h>
 #include <limits.h>
 #include <link.h>
+#include <unistd.h>
+
+#include <random>
 #endif
 
 namespace smddp {
@@ -102,7 +106,21 @@ const FabricApi& GetFabricApi() {
 
 int GetRdmInfo(const FabricApi& a, const std::string& provider, const std::string& node,
                uint64_t caps, uint64_t mr_mode, struct fi_info** out) {
-  const char* where = (node.empty() || provider == "shm") ? nullptr : node.c_str();
+  // libfabric's shm provider names its endpoint's shared-memory region after
+  // the process id unless given a name: a region left by a killed process
+  // (it is unlinked only by fi_close) then makes a later process that gets
+  // the same id fail to open its endpoint. A name of our own, the process id
+  // and a random word, never meets such a leftover.
+  std::string shm_name;
+  if (provider == "shm") {
+    std::random_device random;
+    char word[32];
+    std::snprintf(word, sizeof(word), "%d-%08x", int(getpid()), unsigned(random()));
+    shm_name = word;
+  }
+  const char* where = provider == "shm" ? shm_name.c_str()
+                      : node.empty()    ? nullptr
+                                        : node.c_str();
   int ret = -FI_ENODATA;
   *out = nullptr;
   for (int attempt = 0; attempt < 3 && ret == -FI_ENODATA; ++attempt) {

@@ -18,6 +18,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <cerrno>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
@@ -77,7 +78,13 @@ inline cudaError_t cudaMalloc(void** p, size_t bytes) {
   std::lock_guard<std::mutex> lock(mock_cuda::mu);
   mock_cuda::Mapping m{true, bytes, {}, mock_cuda::next_buffer_id++};
   std::snprintf(m.name, sizeof(m.name), "/jax_smddp_mock-%d-%d", int(getpid()), mock_cuda::allocations++);
-  const int fd = shm_open(m.name, O_CREAT | O_EXCL | O_RDWR | O_CLOEXEC, 0600);
+  int fd = shm_open(m.name, O_CREAT | O_EXCL | O_RDWR | O_CLOEXEC, 0600);
+  if (fd < 0 && errno == EEXIST) {
+    // This process never makes a name twice: it is a killed process's
+    // leftover whose process id the system has handed out again.
+    shm_unlink(m.name);
+    fd = shm_open(m.name, O_CREAT | O_EXCL | O_RDWR | O_CLOEXEC, 0600);
+  }
   if (fd < 0) return cudaErrorMemoryAllocation;
   *p = ftruncate(fd, off_t(bytes)) == 0 ? mock_cuda::Map(fd, bytes) : nullptr;
   close(fd);
