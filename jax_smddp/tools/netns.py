@@ -36,6 +36,10 @@ def two_hosts():
   names = [f"smddp_a{tag}", f"smddp_b{tag}"]
   ips = [f"10.199.{k}.1", f"10.199.{k}.2"]
   veth = [f"sva{tag}", f"svb{tag}"]
+  # Names of this process id that exist already are a killed run's leftovers
+  # (process ids are reused): removed, or the adds below would fail.
+  for ns in names:
+    subprocess.run(["ip", "netns", "del", ns], capture_output=True)
   try:
     for ns in names:
       _ip("netns", "add", ns)
