@@ -40,6 +40,7 @@ def two_hosts():
   # (process ids are reused): removed, or the adds below would fail.
   for ns in names:
     subprocess.run(["ip", "netns", "del", ns], capture_output=True)
+  subprocess.run(["ip", "link", "del", veth[0]], capture_output=True)
   try:
     for ns in names:
       _ip("netns", "add", ns)
