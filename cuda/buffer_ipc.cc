@@ -24,7 +24,7 @@ namespace smddp {
 namespace cuda {
 namespace {
 
-using Ptr = unsigned long long;     // CUdeviceptr
+using Ptr = unsigned long long;      // CUdeviceptr
 using Generic = unsigned long long;  // CUmemGenericAllocationHandle
 struct AccessDesc {                  // CUmemAccessDesc
   int location_type;                 // CU_MEM_LOCATION_TYPE_DEVICE
@@ -43,15 +43,16 @@ enum : int {
 
 struct Api {
   int (*attributes)(unsigned, const int*, void**, Ptr) = nullptr;  // cuPointerGetAttributes
-  int (*retain)(Generic*, void*) = nullptr;                          // cuMemRetainAllocationHandle
-  int (*export_fd)(void*, Generic, int, unsigned long long) = nullptr;  // cuMemExportToShareableHandle
-  int (*import_fd)(Generic*, void*, int) = nullptr;                  // cuMemImportFromShareableHandle
-  int (*release)(Generic) = nullptr;                                 // cuMemRelease
+  int (*retain)(Generic*, void*) = nullptr;                        // cuMemRetainAllocationHandle
+  int (*export_fd)(void*, Generic, int,
+                   unsigned long long) = nullptr;    // cuMemExportToShareableHandle
+  int (*import_fd)(Generic*, void*, int) = nullptr;  // cuMemImportFromShareableHandle
+  int (*release)(Generic) = nullptr;                 // cuMemRelease
   int (*reserve)(Ptr*, size_t, size_t, Ptr, unsigned long long) = nullptr;  // cuMemAddressReserve
-  int (*free_range)(Ptr, size_t) = nullptr;                          // cuMemAddressFree
-  int (*map)(Ptr, size_t, size_t, Generic, unsigned long long) = nullptr;  // cuMemMap
-  int (*unmap)(Ptr, size_t) = nullptr;                               // cuMemUnmap
-  int (*set_access)(Ptr, size_t, const AccessDesc*, size_t) = nullptr;  // cuMemSetAccess
+  int (*free_range)(Ptr, size_t) = nullptr;                                 // cuMemAddressFree
+  int (*map)(Ptr, size_t, size_t, Generic, unsigned long long) = nullptr;   // cuMemMap
+  int (*unmap)(Ptr, size_t) = nullptr;                                      // cuMemUnmap
+  int (*set_access)(Ptr, size_t, const AccessDesc*, size_t) = nullptr;      // cuMemSetAccess
   bool cumem() const {
     return retain && export_fd && import_fd && release && reserve && free_range && map && unmap &&
            set_access;
@@ -84,9 +85,9 @@ Status DriverError(const std::string& what, int r) {
 enum : unsigned char { kLegacy = 1, kFileDescriptor = 2 };
 constexpr size_t kPayload = 8;
 struct FdPayload {
-  int32_t pid;       // the exporting process
-  int32_t fd;        // its descriptor of the allocation
-  uint64_t bytes;    // the allocation's size
+  int32_t pid;     // the exporting process
+  int32_t fd;      // its descriptor of the allocation
+  uint64_t bytes;  // the allocation's size
 };
 static_assert(kPayload + sizeof(cudaIpcMemHandle_t) <= BufferExchange::kHandleBytes,
               "a legacy CUDA IPC handle fits in a buffer handle");
@@ -131,11 +132,12 @@ int CopyDescriptor(int pid, int fd) {
 }
 
 std::string CopyFailure(int pid, int err) {
-  return "copying process " + std::to_string(pid) + "'s descriptors (pidfd_getfd): " +
-         std::strerror(err) +
-         (err == EPERM ? " (refused here: a seccomp profile without CAP_SYS_PTRACE, "
-                         "kernel.yama.ptrace_scope >= 2, or another user)"
-                       : err == ENOSYS ? " (Linux 5.6 or later is needed)" : "");
+  return "copying process " + std::to_string(pid) +
+         "'s descriptors (pidfd_getfd): " + std::strerror(err) +
+         (err == EPERM    ? " (refused here: a seccomp profile without CAP_SYS_PTRACE, "
+                            "kernel.yama.ptrace_scope >= 2, or another user)"
+          : err == ENOSYS ? " (Linux 5.6 or later is needed)"
+                          : "");
 }
 
 }  // namespace
@@ -159,12 +161,14 @@ Status BufferIpc::FindAllocation(int ordinal, const void* p, uintptr_t* base, ui
   Attributes a;
   SMDDP_RETURN_IF_ERROR(Query(ordinal, p, &a));
   if (!a.start || !a.id)
-    return Status::Error("its memory is not device memory the driver knows (managed or host memory?)");
+    return Status::Error(
+        "its memory is not device memory the driver knows (managed or host memory?)");
   if (!a.legacy) {
     if (!((a.allowed & kPosixFd) && TheApi().cumem()))
-      return Status::Error("its memory can be shared neither by legacy CUDA IPC nor as a POSIX "
-                           "file descriptor (memory pools, XLA_PYTHON_CLIENT_ALLOCATOR=cuda_async, "
-                           "cannot)");
+      return Status::Error(
+          "its memory can be shared neither by legacy CUDA IPC nor as a POSIX "
+          "file descriptor (memory pools, XLA_PYTHON_CLIENT_ALLOCATOR=cuda_async, "
+          "cannot)");
     if (!descriptors_refused_.empty())
       return Status::Error("its memory can only be shared as a file descriptor, and " +
                            descriptors_refused_);
@@ -265,7 +269,8 @@ Status BufferIpc::MapOnce(int ordinal, const BufferExchange::Handle& handle, uin
   }
   if (handle[0] != kFileDescriptor) return Status::Error("a buffer handle of an unknown kind");
   const Api& api = TheApi();
-  if (!api.cumem()) return Status::Error("this driver has no cuMem* entry points to map the buffer");
+  if (!api.cumem())
+    return Status::Error("this driver has no cuMem* entry points to map the buffer");
   FdPayload payload;
   std::memcpy(&payload, handle.data() + kPayload, sizeof(payload));
   const int fd = CopyDescriptor(payload.pid, payload.fd);

@@ -21,8 +21,8 @@
 #include <utility>
 #include <vector>
 
-#include "xla_ffi/engine/buffer_exchange.h"
 #include "xla_ffi/common/status.h"
+#include "xla_ffi/engine/buffer_exchange.h"
 
 namespace smddp {
 namespace cuda {
@@ -75,10 +75,10 @@ class BufferIpc {
 
   std::mutex mu_;  // this process's ranks export and map concurrently
   std::map<BufferExchange::Handle, uint8_t*> by_handle_;  // every mapping, by its handle
-  std::vector<std::pair<int, uint8_t*>> legacy_;  // (ordinal, cudaIpcOpenMemHandle mapping)
-  std::vector<Range> mapped_;                      // cuMem mappings of peers' allocations
-  std::vector<int> exported_fds_;                  // kept open while peers may import them
-  std::string descriptors_refused_;                // set at set-up, before any call: read unlocked
+  std::vector<std::pair<int, uint8_t*>> legacy_;          // (ordinal, cudaIpcOpenMemHandle mapping)
+  std::vector<Range> mapped_;                             // cuMem mappings of peers' allocations
+  std::vector<int> exported_fds_;                         // kept open while peers may import them
+  std::string descriptors_refused_;  // set at set-up, before any call: read unlocked
 };
 
 }  // namespace cuda

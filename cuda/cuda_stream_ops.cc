@@ -33,7 +33,6 @@ const MemOps& DriverMemOps() {
   return ops;
 }
 
-
 }  // namespace
 
 GpuSettings GpuSettings::FromEnvironment() {
@@ -52,11 +51,12 @@ GpuCounters& Counters() {
 bool HaveStreamMemOps() { return DriverMemOps().wait != nullptr; }
 
 CudaStreamOps::CudaStreamOps(cudaStream_t stream, const GpuSettings& settings)
-    : stream_(stream), settings_(settings),
+    : stream_(stream),
+      settings_(settings),
       memops_(settings.flags == GpuSettings::Flags::kMemOps && HaveStreamMemOps()) {}
 
-Status CudaStreamOps::Copy2D(void* dst, size_t dpitch, const void* src, size_t spitch,
-                             size_t width, size_t rows) {
+Status CudaStreamOps::Copy2D(void* dst, size_t dpitch, const void* src, size_t spitch, size_t width,
+                             size_t rows) {
   if (width == 0 || rows == 0) return Status::Ok();
   cudaError_t err;
   if (settings_.copies == GpuSettings::Copies::kEngine) {
@@ -74,12 +74,12 @@ Status CudaStreamOps::Copy2D(void* dst, size_t dpitch, const void* src, size_t s
 Status CudaStreamOps::Reduce(void* dst, size_t dpitch, const void* const* srcs, int n,
                              size_t spitch, size_t count, size_t rows, DType dtype, ReduceOp op) {
   Counters().reduce_kernels++;
-  const cudaError_t err = LaunchReduce(dst, dpitch, srcs, n, spitch, count, rows,
-                                       ElementType(uint8_t(dtype)), Reduction(uint8_t(op)),
-                                       settings_.max_blocks, stream_);
+  const cudaError_t err =
+      LaunchReduce(dst, dpitch, srcs, n, spitch, count, rows, ElementType(uint8_t(dtype)),
+                   Reduction(uint8_t(op)), settings_.max_blocks, stream_);
   if (err == cudaErrorInvalidValue)
     return Status::Unsupported(std::string("jax_smddp (GPU): cannot reduce ") + DTypeName(dtype) +
-                         " with " + ReduceOpName(op) + " in this layout");
+                               " with " + ReduceOpName(op) + " in this layout");
   return err == cudaSuccess ? Status::Ok() : CudaError("reduction kernel failed", err);
 }
 
@@ -89,7 +89,8 @@ Status CudaStreamOps::WaitAtLeast(const uint32_t* flag, uint32_t value) {
     const CUresult r = DriverMemOps().wait(reinterpret_cast<CUstream>(stream_), CUdeviceptr(flag),
                                            value, CU_STREAM_WAIT_VALUE_GEQ);
     if (r == CUDA_SUCCESS) return Status::Ok();
-    return Status::Error("jax_smddp (GPU): cuStreamWaitValue32 failed (error " + std::to_string(int(r)) +
+    return Status::Error("jax_smddp (GPU): cuStreamWaitValue32 failed (error " +
+                         std::to_string(int(r)) +
                          "); set JAX_SMDDP_GPU_FLAGS=kernel to use flag kernels");
   }
   Counters().flag_kernels++;
@@ -104,7 +105,8 @@ Status CudaStreamOps::Write(uint32_t* flag, uint32_t value) {
     const CUresult r = DriverMemOps().write(reinterpret_cast<CUstream>(stream_), CUdeviceptr(flag),
                                             value, CU_STREAM_WRITE_VALUE_DEFAULT);
     if (r == CUDA_SUCCESS) return Status::Ok();
-    return Status::Error("jax_smddp (GPU): cuStreamWriteValue32 failed (error " + std::to_string(int(r)) +
+    return Status::Error("jax_smddp (GPU): cuStreamWriteValue32 failed (error " +
+                         std::to_string(int(r)) +
                          "); set JAX_SMDDP_GPU_FLAGS=kernel to use flag kernels");
   }
   Counters().flag_kernels++;

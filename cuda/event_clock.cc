@@ -28,10 +28,12 @@ Status EventClock::Mark(int* id) {
 Status EventClock::Seconds(int from, int to, double* seconds) {
   if (from < 0 || to < 0 || size_t(from) >= events_.size() || size_t(to) >= events_.size())
     return Status::Error("jax_smddp: no such clock mark");
-  SMDDP_RETURN_IF_ERROR(CudaStatus(cudaEventSynchronize(events_[size_t(to)]), "cudaEventSynchronize"));
+  SMDDP_RETURN_IF_ERROR(
+      CudaStatus(cudaEventSynchronize(events_[size_t(to)]), "cudaEventSynchronize"));
   float ms = 0;
-  SMDDP_RETURN_IF_ERROR(CudaStatus(cudaEventElapsedTime(&ms, events_[size_t(from)], events_[size_t(to)]),
-                                   "cudaEventElapsedTime"));
+  SMDDP_RETURN_IF_ERROR(
+      CudaStatus(cudaEventElapsedTime(&ms, events_[size_t(from)], events_[size_t(to)]),
+                 "cudaEventElapsedTime"));
   *seconds = double(ms) * 1e-3;
   return Status::Ok();
 }

@@ -75,7 +75,8 @@ Status GdrMapping::Map(void* device_ptr, size_t bytes, GdrMapping* out) {
   const GdrApi& a = Api();
   if (!a.g) return Status::Error("jax_smddp: GDRCopy unavailable: " + a.why);
   const uintptr_t addr = uintptr_t(device_ptr);
-  if (addr % kGdrPageBytes != 0) return Status::Error("jax_smddp: GDRCopy needs 64 KiB aligned memory");
+  if (addr % kGdrPageBytes != 0)
+    return Status::Error("jax_smddp: GDRCopy needs 64 KiB aligned memory");
   const size_t size = (bytes + kGdrPageBytes - 1) / kGdrPageBytes * kGdrPageBytes;
   GdrMapping m;
   if (a.pin(a.g, addr, size, 0, 0, &m.handle_) != 0)

@@ -26,15 +26,17 @@ Status EnqueueCollective(const char* op, int64_t op_id, const CallRank& me, Stre
       st = RunStreamHierarchicalAllGather(plan.outer, plan.inner, me.rank->view, *me.port,
                                           *me.rank_of, ops, send, recv);
     } else if (plan.kind == Plan::Kind::kReduceScatter) {
-      st = RunStreamHierarchicalReduceScatter(plan.outer, plan.inner, plan.dtype, plan.op, me.rank->view,
-                                              *me.port, *me.rank_of, ops, send, recv);
+      st =
+          RunStreamHierarchicalReduceScatter(plan.outer, plan.inner, plan.dtype, plan.op,
+                                             me.rank->view, *me.port, *me.rank_of, ops, send, recv);
     } else if (plan.kind == Plan::Kind::kAllToAll) {
-      st = RunStreamHierarchicalAllToAll(plan.outer, plan.inner, me.rank->view, *me.port, *me.rank_of,
-                                         ops, send, recv);
+      st = RunStreamHierarchicalAllToAll(plan.outer, plan.inner, me.rank->view, *me.port,
+                                         *me.rank_of, ops, send, recv);
     } else {
-      return Status::Unsupported("jax_smddp (GPU): " + std::string(op) +
-                                 " across hosts is not supported on GPUs (all_gather, "
-                                 "reduce_scatter and all_to_all are; all_reduce is lowered as two of them)");
+      return Status::Unsupported(
+          "jax_smddp (GPU): " + std::string(op) +
+          " across hosts is not supported on GPUs (all_gather, "
+          "reduce_scatter and all_to_all are; all_reduce is lowered as two of them)");
     }
   } else {
     st = RunStreamPlan(plan, me.rank->view, ops, send, recv);

@@ -10,8 +10,8 @@
 #include <vector>
 
 #include "cuda/gpu_communicator.h"
-#include "xla_ffi/algorithms/plan.h"
 #include "xla_ffi/algorithms/net_port.h"
+#include "xla_ffi/algorithms/plan.h"
 #include "xla_ffi/algorithms/stream_ops.h"
 #include "xla_ffi/common/status.h"
 

@@ -14,10 +14,10 @@
 #include "cuda/buffer_ipc.h"
 #include "cuda/device_scope.h"
 #include "cuda/gpu_registry.h"
+#include "xla_ffi/common/settings.h"
 #include "xla_ffi/engine/call_log.h"
 #include "xla_ffi/engine/communicator.h"
 #include "xla_ffi/transports/process_liveness.h"
-#include "xla_ffi/common/settings.h"
 
 namespace smddp {
 namespace gpu {
@@ -32,13 +32,14 @@ int process_index = 0;
 // What a rank publishes to the group's other processes.
 struct RankHandle {
   cudaIpcMemHandle_t region;
-  int32_t process;      // jax.process_index() of its process
-  int32_t pid;          // for the watchdog
-  uint64_t start_time;  // of that pid, per /proc (0: unknown)
-  uint32_t flag_memory; // FlagMemory
+  int32_t process;        // jax.process_index() of its process
+  int32_t pid;            // for the watchdog
+  uint64_t start_time;    // of that pid, per /proc (0: unknown)
+  uint32_t flag_memory;   // FlagMemory
   uint32_t direct_reads;  // JAX_SMDDP_GPU_DIRECT_READS
-  int32_t descriptor_probe;  // with direct reads: a descriptor peers try to copy (cuda/buffer_ipc.h)
-  char block[60];       // its shared block's name (groups across processes)
+  int32_t
+      descriptor_probe;  // with direct reads: a descriptor peers try to copy (cuda/buffer_ipc.h)
+  char block[60];        // its shared block's name (groups across processes)
 };
 
 // A rank's shared block: its step flags (used with host flag memory), then
@@ -46,7 +47,9 @@ struct RankHandle {
 size_t CallLogOffset(const RegionLayout& layout) {
   return (layout.flag_bytes() + 4095) / 4096 * 4096;
 }
-size_t BufferTableOffset(const RegionLayout& layout) { return CallLogOffset(layout) + CallLog::kBytes; }
+size_t BufferTableOffset(const RegionLayout& layout) {
+  return CallLogOffset(layout) + CallLog::kBytes;
+}
 size_t SharedBlockBytes(const RegionLayout& layout) {
   return BufferTableOffset(layout) + BufferExchange::Bytes();
 }
@@ -87,13 +90,14 @@ Status CheckCall(LocalRank& rank, const char* op, const Plan& plan) {
   if (!rank.watch) return Status::Ok();
   if (rank.watch->failed()) return rank.watch->error();
   if (rank.call_logs.empty()) return Status::Ok();
-  const Status st = CallLog::RecordAndCheck(
-      rank.call_logs, rank.view.rank, rank.calls++, op, plan, [&](int q) {
-        return "rank " + std::to_string(q) + " (process " + std::to_string((*rank.process_of)[q]) + ")";
+  const Status st =
+      CallLog::RecordAndCheck(rank.call_logs, rank.view.rank, rank.calls++, op, plan, [&](int q) {
+        return "rank " + std::to_string(q) + " (process " + std::to_string((*rank.process_of)[q]) +
+               ")";
       });
   if (st.ok()) return st;
-  const Status failure = st.WithMessage("jax_smddp (GPU): " + st.message() +
-                                        " Later calls of this group fail too.");
+  const Status failure =
+      st.WithMessage("jax_smddp (GPU): " + st.message() + " Later calls of this group fail too.");
   rank.watch->Fail(failure);  // the ranks' step counters no longer agree
   return failure;
 }
@@ -117,8 +121,8 @@ Status ExchangeBuffers(LocalRank& rank, const Plan& plan, const void* send, void
   rank.view.outputs.clear();
   // A local peer's failure reached this rank through the check: said once, as it was.
   if (rank.exchange_failure->failed()) return rank.exchange_failure->error();
-  const Status failure =
-      rank.exchange_failure->Set(st.WithMessage(st.message() + "; later calls of this group fail too"));
+  const Status failure = rank.exchange_failure->Set(
+      st.WithMessage(st.message() + "; later calls of this group fail too"));
   if (rank.watch) rank.watch->Fail(failure);  // the peers may have gone on reading in place
   return failure;
 }
@@ -183,9 +187,11 @@ Status GpuCommunicator::Prepare(const std::vector<std::pair<int, int>>& local, i
   if (direct_reads_ && !(kind.empty() || kind == "default" || kind == "bfc")) {
     static bool told = false;
     if (!told)
-      std::fprintf(stderr, "jax_smddp (GPU): JAX_SMDDP_GPU_DIRECT_READS=1 is ignored with "
+      std::fprintf(stderr,
+                   "jax_smddp (GPU): JAX_SMDDP_GPU_DIRECT_READS=1 is ignored with "
                    "XLA_PYTHON_CLIENT_ALLOCATOR=%s: direct reads need XLA's BFC allocator, which "
-                   "keeps the allocations peers map; calls stage through the slots\n", kind.c_str());
+                   "keeps the allocations peers map; calls stage through the slots\n",
+                   kind.c_str());
     told = true;
     direct_reads_ = false;
   }
@@ -207,8 +213,9 @@ Status GpuCommunicator::Prepare(const std::vector<std::pair<int, int>>& local, i
       l->own = static_cast<uint8_t*>(region);
       if (err != cudaSuccess)
         return CudaError("allocating " + std::to_string(layout_.total_bytes) +
-                         " bytes of staging on device " + std::to_string(ordinal) +
-                         " (lower JAX_SMDDP_GPU_SLOT_BYTES or XLA_PYTHON_CLIENT_MEM_FRACTION)", err);
+                             " bytes of staging on device " + std::to_string(ordinal) +
+                             " (lower JAX_SMDDP_GPU_SLOT_BYTES or XLA_PYTHON_CLIENT_MEM_FRACTION)",
+                         err);
       // Flags start at zero before any peer can see the region.
       cudaStream_t s;
       err = cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking);
@@ -223,7 +230,8 @@ Status GpuCommunicator::Prepare(const std::vector<std::pair<int, int>>& local, i
       l->view.regions.assign(size(), nullptr);
       l->view.regions[rank] = l->own;
       if (shared)
-        SMDDP_RETURN_IF_ERROR(SharedBlock::Create(SharedBlockBytes(layout_), processes - 1, &l->block));
+        SMDDP_RETURN_IF_ERROR(
+            SharedBlock::Create(SharedBlockBytes(layout_), processes - 1, &l->block));
       if (host_flags) {
         l->view.flags.assign(size(), nullptr);
         SMDDP_RETURN_IF_ERROR(RegisterFlagBlock(*l->block, &registered_, &l->view.flags[rank]));
@@ -245,7 +253,8 @@ Status GpuCommunicator::Prepare(const std::vector<std::pair<int, int>>& local, i
         return Status::Error("jax_smddp (GPU): shared block name too long");
       std::memcpy(handle.block, name.c_str(), name.size() + 1);
     }
-    handles->emplace_back(rank, std::string(reinterpret_cast<const char*>(&handle), sizeof(handle)));
+    handles->emplace_back(rank,
+                          std::string(reinterpret_cast<const char*>(&handle), sizeof(handle)));
   }
   return Status::Ok();
 }
@@ -259,7 +268,8 @@ Status GpuCommunicator::Connect(const std::vector<std::pair<int, std::string>>& 
       break;
     }
   }
-  if (first_local < 0) return Status::Error("jax_smddp (GPU): no rank of this process was prepared");
+  if (first_local < 0)
+    return Status::Error("jax_smddp (GPU): no rank of this process was prepared");
   // Other processes' regions: mapped once per process (unified addressing
   // makes the mapping usable from every local device with peer access).
   std::vector<uint8_t*> mapped(size(), nullptr);
@@ -274,35 +284,41 @@ Status GpuCommunicator::Connect(const std::vector<std::pair<int, std::string>>& 
   for (const auto& [rank, bytes] : remote) {
     if (rank < 0 || rank >= size() || local_[rank]) continue;
     if (bytes.size() != sizeof(RankHandle))
-      return Status::Error("jax_smddp (GPU): malformed staging handle from rank " + std::to_string(rank) +
-                           " (processes from different jax_smddp builds?)");
+      return Status::Error("jax_smddp (GPU): malformed staging handle from rank " +
+                           std::to_string(rank) + " (processes from different jax_smddp builds?)");
     RankHandle handle;
     std::memcpy(&handle, bytes.data(), sizeof(handle));
     if (handle.flag_memory != uint32_t(flag_memory_))
-      return Status::Mismatch(std::string("jax_smddp (GPU): processes disagree on where step flags live: "
-                           "JAX_SMDDP_GPU_FLAG_MEMORY is '") + FlagMemoryName(flag_memory_) +
-                           "' here and '" + FlagMemoryName(FlagMemory(handle.flag_memory)) +
-                           "' in process " + std::to_string(handle.process) + ": set it alike everywhere");
+      return Status::Mismatch(
+          std::string("jax_smddp (GPU): processes disagree on where step flags live: "
+                      "JAX_SMDDP_GPU_FLAG_MEMORY is '") +
+          FlagMemoryName(flag_memory_) + "' here and '" +
+          FlagMemoryName(FlagMemory(handle.flag_memory)) + "' in process " +
+          std::to_string(handle.process) + ": set it alike everywhere");
     if (handle.direct_reads != uint32_t(direct_reads_))
       return Status::Mismatch("jax_smddp (GPU): processes disagree on direct reads: " +
-                           std::to_string(int(direct_reads_)) + " here, " +
-                           std::to_string(handle.direct_reads) + " in process " +
-                           std::to_string(handle.process) + ": set JAX_SMDDP_GPU_DIRECT_READS "
-                           "and XLA_PYTHON_CLIENT_ALLOCATOR alike everywhere");
+                              std::to_string(int(direct_reads_)) + " here, " +
+                              std::to_string(handle.direct_reads) + " in process " +
+                              std::to_string(handle.process) +
+                              ": set JAX_SMDDP_GPU_DIRECT_READS "
+                              "and XLA_PYTHON_CLIENT_ALLOCATOR alike everywhere");
     // XLA's memory is shared by descriptors, which some machines refuse to
     // copy between processes: then this process exports none, and the calls
     // that would need them stage in every process (the exchange's rule).
     if (direct_reads_ && handle.descriptor_probe >= 0 && handle.pid != ::getpid() &&
         probed.insert(handle.pid).second) {
       const std::string refused = cuda::CopyDescriptorRefused(handle.pid, handle.descriptor_probe);
-      if (!refused.empty()) buffer_ipc_.RefuseDescriptors("this process cannot map them: " + refused);
+      if (!refused.empty())
+        buffer_ipc_.RefuseDescriptors("this process cannot map them: " + refused);
     }
     DeviceScope scope(local_[first_local]->ordinal);
     void* p = nullptr;
     const cudaError_t err = cudaIpcOpenMemHandle(&p, handle.region, cudaIpcMemLazyEnablePeerAccess);
     if (err != cudaSuccess)
-      return CudaError("mapping rank " + std::to_string(rank) + "'s staging (CUDA IPC; the group "
-                       "must be on one node)", err);
+      return CudaError("mapping rank " + std::to_string(rank) +
+                           "'s staging (CUDA IPC; the group "
+                           "must be on one node)",
+                       err);
     mapped[rank] = static_cast<uint8_t*>(p);
     opened_.push_back(mapped[rank]);
     process_of_[rank] = handle.process;
@@ -315,14 +331,16 @@ Status GpuCommunicator::Connect(const std::vector<std::pair<int, std::string>>& 
       Status st = SharedBlock::Open(handle.block, SharedBlockBytes(layout_), &block);
       if (!st.ok() && !host_flags && !direct_reads_) {
         // Only the call check needs it with device flags: go on without.
-        std::fprintf(stderr, "jax_smddp (GPU): %s; calls of group %s are not checked for "
-                     "agreement between processes\n", st.message().c_str(),
-                     MembersText(members_).c_str());
+        std::fprintf(stderr,
+                     "jax_smddp (GPU): %s; calls of group %s are not checked for "
+                     "agreement between processes\n",
+                     st.message().c_str(), MembersText(members_).c_str());
         logs = false;
         continue;
       }
       SMDDP_RETURN_IF_ERROR(st);
-      if (host_flags) SMDDP_RETURN_IF_ERROR(RegisterFlagBlock(*block, &registered_, &flags_device[rank]));
+      if (host_flags)
+        SMDDP_RETURN_IF_ERROR(RegisterFlagBlock(*block, &registered_, &flags_device[rank]));
       blocks[rank] = block->data();
       block_of[rank] = block.get();
       opened_blocks_.push_back(std::move(block));
@@ -382,7 +400,8 @@ Status GpuCommunicator::Connect(const std::vector<std::pair<int, std::string>>& 
       who += " (process " + std::to_string(process) + ", pid " + std::to_string(pid) + ")";
       // A pid from another pid namespace (another container) cannot be watched.
       if (peer.first.start_time == 0 || ProcessStartTime(pid) != peer.first.start_time) {
-        std::fprintf(stderr, "jax_smddp (GPU): cannot watch %s of %s: its pid is not visible "
+        std::fprintf(stderr,
+                     "jax_smddp (GPU): cannot watch %s of %s: its pid is not visible "
                      "here (another pid namespace?); a dead peer will not be detected\n",
                      who.c_str(), MembersText(members_).c_str());
         continue;
@@ -472,8 +491,8 @@ Status GpuCommunicator::StartDirectReads(bool logs, const std::vector<uint8_t*>&
       if (rank->watch && rank->watch->failed()) return rank->watch->error();
       return rank->exchange_failure->failed() ? rank->exchange_failure->error() : Status::Ok();
     };
-    rank->exchange = std::make_unique<BufferExchange>(rank->view.rank, tables, local, std::move(memory),
-                                                     who, check);
+    rank->exchange = std::make_unique<BufferExchange>(rank->view.rank, tables, local,
+                                                      std::move(memory), who, check);
   }
   return Status::Ok();
 }

@@ -28,11 +28,11 @@
 #include <vector>
 
 #include "cuda/buffer_ipc.h"
-#include "xla_ffi/engine/buffer_exchange.h"
-#include "xla_ffi/transports/shared_block.h"
-#include "xla_ffi/common/status.h"
 #include "xla_ffi/algorithms/stream_algorithms.h"
+#include "xla_ffi/common/status.h"
+#include "xla_ffi/engine/buffer_exchange.h"
 #include "xla_ffi/engine/stream_watchdog.h"
+#include "xla_ffi/transports/shared_block.h"
 
 namespace smddp {
 namespace gpu {
@@ -75,12 +75,12 @@ struct LocalRank {
   std::vector<uint8_t*> call_logs;
   std::shared_ptr<WatchedGroup> watch;
   const std::vector<int>* process_of = nullptr;  // each rank's process
-  uint64_t calls = 0;  // calls enqueued on the group (host side)
+  uint64_t calls = 0;                            // calls enqueued on the group (host side)
   StreamRank view;
   // Direct reads (JAX_SMDDP_GPU_DIRECT_READS=1): where the peers' buffers of
   // each call are (null: this group stages every call).
   std::unique_ptr<BufferExchange> exchange;
-  uint64_t exchanges = 0;      // exchanges so far
+  uint64_t exchanges = 0;  // exchanges so far
   // Why an exchange of the group failed in this process: every later call fails.
   std::shared_ptr<ExchangeFailure> exchange_failure = std::make_shared<ExchangeFailure>();
 };
@@ -151,15 +151,16 @@ class GpuCommunicator {
   RegionLayout layout_;
   std::vector<std::unique_ptr<LocalRank>> local_;  // by rank; null for other processes'
   std::vector<uint8_t*> opened_;                   // IPC mappings to close
-  cuda::BufferIpc buffer_ipc_;                     // peers' XLA buffers mapped, this process's exported
+  cuda::BufferIpc buffer_ipc_;  // peers' XLA buffers mapped, this process's exported
   std::vector<std::unique_ptr<SharedBlock>> opened_blocks_;  // peers' shared blocks
-  std::vector<int> process_of_;                    // by rank
-  std::vector<void*> registered_;                  // host memory registered with CUDA
+  std::vector<int> process_of_;                              // by rank
+  std::vector<void*> registered_;                            // host memory registered with CUDA
   std::shared_ptr<WatchedGroup> watch_;
   std::shared_ptr<ExchangeFailure> exchange_failure_ = std::make_shared<ExchangeFailure>();
   FlagMemory flag_memory_ = FlagMemory::kDevice;
   bool direct_reads_ = false;  // asked for (JAX_SMDDP_GPU_DIRECT_READS)
-  std::vector<std::unique_ptr<uint64_t[]>> heap_tables_;  // buffer tables of a group inside one process
+  std::vector<std::unique_ptr<uint64_t[]>>
+      heap_tables_;  // buffer tables of a group inside one process
   bool connected_ = false;
 };
 

@@ -58,15 +58,17 @@ FabricRail* device_rail = nullptr;
 // nor flushed.
 Status RdmaWriteOrdering(int ordinal, bool* flush) {
   int ordering = 0, options = 0;
-  cudaError_t err = cudaDeviceGetAttribute(&ordering, cudaDevAttrGPUDirectRDMAWritesOrdering, ordinal);
+  cudaError_t err =
+      cudaDeviceGetAttribute(&ordering, cudaDevAttrGPUDirectRDMAWritesOrdering, ordinal);
   if (err == cudaSuccess)
     err = cudaDeviceGetAttribute(&options, cudaDevAttrGPUDirectRDMAFlushWritesOptions, ordinal);
   if (err != cudaSuccess) return CudaError("querying GPUDirect RDMA write ordering", err);
   *flush = ordering < cudaGPUDirectRDMAWritesOrderingOwner;
   if (*flush && !(options & cudaFlushGPUDirectRDMAWritesOptionHost))
-    return Status::Unsupported("jax_smddp (GPU): GPU " + std::to_string(ordinal) +
-                         " neither orders GPUDirect RDMA writes nor can flush them, so data the "
-                         "NIC writes into its memory could be read stale");
+    return Status::Unsupported(
+        "jax_smddp (GPU): GPU " + std::to_string(ordinal) +
+        " neither orders GPUDirect RDMA writes nor can flush them, so data the "
+        "NIC writes into its memory could be read stale");
   return Status::Ok();
 }
 
@@ -114,9 +116,9 @@ bool CloseNetworkAtExit() {
 // registered with the process's rail.
 struct GpuHierarchy::PortMemory {
   void* mailbox_host = nullptr;
-  void* signals_host = nullptr;   // pinned host signals (no GDRCopy)
-  void* signals_device = nullptr; // device signals (GDRCopy)
-  void* slots_device = nullptr;   // rail: slots the NIC reads and writes
+  void* signals_host = nullptr;    // pinned host signals (no GDRCopy)
+  void* signals_device = nullptr;  // device signals (GDRCopy)
+  void* slots_device = nullptr;    // rail: slots the NIC reads and writes
   std::unique_ptr<FabricRail::Region> slots_region;
   cudaStream_t poison_stream = nullptr;
   cuda::GdrMapping mapping;
@@ -154,7 +156,8 @@ void GpuHierarchy::CloseNetwork() {
 }
 
 GpuHierarchy::Member* GpuHierarchy::Find(int rank) {
-  return rank >= 0 && size_t(rank) < by_rank_.size() && by_rank_[rank].port ? &by_rank_[rank] : nullptr;
+  return rank >= 0 && size_t(rank) < by_rank_.size() && by_rank_[rank].port ? &by_rank_[rank]
+                                                                            : nullptr;
 }
 
 Status GpuHierarchy::Prepare(const std::vector<int>& host_of, const std::vector<int>& process_of,
@@ -168,8 +171,9 @@ Status GpuHierarchy::Prepare(const std::vector<int>& host_of, const std::vector<
   world_ = CurrentWorld();
   const World* world = world_.get();
   if (!world)
-    return Status::Error("jax_smddp (GPU): a group across hosts needs the multi-process world "
-                         "(jax_smddp.initialize())");
+    return Status::Error(
+        "jax_smddp (GPU): a group across hosts needs the multi-process world "
+        "(jax_smddp.initialize())");
   NetLayout layout(hosts, slot_bytes);
   std::string why;
   gdrcopy_ = cuda::GdrCopyAvailable(&why);
@@ -182,8 +186,9 @@ Status GpuHierarchy::Prepare(const std::vector<int>& host_of, const std::vector<
     if (!rail || int(rail_addresses.size()) != world->processes())
       return Status::Error("jax_smddp (GPU): the group's rail is not open in this process");
     if (layout.slot_bytes > rail->max_message())  // a step's message is at most one slot
-      return Status::Error("jax_smddp (GPU): libfabric (" + rail->Provider() + ") carries at most " +
-                           std::to_string(rail->max_message()) + " bytes per message; lower "
+      return Status::Error("jax_smddp (GPU): libfabric (" + rail->Provider() +
+                           ") carries at most " + std::to_string(rail->max_message()) +
+                           " bytes per message; lower "
                            "JAX_SMDDP_GPU_SLOT_BYTES or set JAX_SMDDP_FABRIC_HMEM=0");
     rail_ = true;
   }
@@ -196,7 +201,8 @@ Status GpuHierarchy::Prepare(const std::vector<int>& host_of, const std::vector<
     if (j < 0) return Status::Error("jax_smddp (GPU): rank not on its host");
     LocalRank* lr = intra->Local(j);
     if (!lr || lr->ordinal != ordinal)
-      return Status::Error("jax_smddp (GPU): intra-host rank " + std::to_string(j) + " not prepared");
+      return Status::Error("jax_smddp (GPU): intra-host rank " + std::to_string(j) +
+                           " not prepared");
     auto mem = std::make_unique<PortMemory>();
     mem->ordinal = ordinal;
     DeviceScope scope(ordinal);
@@ -234,8 +240,8 @@ Status GpuHierarchy::Prepare(const std::vector<int>& host_of, const std::vector<
       port->signals_proxy = mem->mapping.host();
     } else {
       void* device = nullptr;
-      SMDDP_RETURN_IF_ERROR(MappedHostAlloc(layout.signal_bytes, "network signals",
-                                            &mem->signals_host, &device));
+      SMDDP_RETURN_IF_ERROR(
+          MappedHostAlloc(layout.signal_bytes, "network signals", &mem->signals_host, &device));
       port->signals_proxy = static_cast<uint8_t*>(mem->signals_host);
       port->signals_stream = static_cast<uint8_t*>(device);
     }
@@ -266,17 +272,18 @@ Status GpuHierarchy::Prepare(const std::vector<int>& host_of, const std::vector<
   return Status::Ok();
 }
 
-Status GpuHierarchy::PrepareRailSlots(FabricRail* rail, const NetLayout& layout,
-                                      PortMemory* mem, NetPort* port) {
+Status GpuHierarchy::PrepareRailSlots(FabricRail* rail, const NetLayout& layout, PortMemory* mem,
+                                      NetPort* port) {
   const int ordinal = mem->ordinal;
   bool flush = false;
   SMDDP_RETURN_IF_ERROR(RdmaWriteOrdering(ordinal, &flush));
   cudaError_t err = cudaMalloc(&mem->slots_device, layout.slot_area_bytes);
   if (err == cudaSuccess) err = cudaMemset(mem->slots_device, 0, layout.slot_area_bytes);
-  if (err == cudaSuccess) err = cudaStreamCreateWithFlags(&mem->poison_stream, cudaStreamNonBlocking);
+  if (err == cudaSuccess)
+    err = cudaStreamCreateWithFlags(&mem->poison_stream, cudaStreamNonBlocking);
   if (err != cudaSuccess) return CudaError("allocating network slots in device memory", err);
-  SMDDP_RETURN_IF_ERROR(rail->Register(mem->slots_device, layout.slot_area_bytes, ordinal,
-                                       &mem->slots_region));
+  SMDDP_RETURN_IF_ERROR(
+      rail->Register(mem->slots_device, layout.slot_area_bytes, ordinal, &mem->slots_region));
   port->slots_proxy = port->slots_stream = static_cast<uint8_t*>(mem->slots_device);
   // After a failure the proxy poisons what never arrived; the CPU cannot
   // write device memory, so a copy engine does, on a stream of its own.
@@ -288,8 +295,8 @@ Status GpuHierarchy::PrepareRailSlots(FabricRail* rail, const NetLayout& layout,
   if (flush) {  // the NIC's writes reach the GPU's readers only after a flush
     port->after_receive = [ordinal]() -> Status {
       DeviceScope scope(ordinal);
-      cudaError_t e = cudaDeviceFlushGPUDirectRDMAWrites(cudaFlushGPUDirectRDMAWritesTargetCurrentDevice,
-                                                         cudaFlushGPUDirectRDMAWritesToOwner);
+      cudaError_t e = cudaDeviceFlushGPUDirectRDMAWrites(
+          cudaFlushGPUDirectRDMAWritesTargetCurrentDevice, cudaFlushGPUDirectRDMAWritesToOwner);
       return e == cudaSuccess ? Status::Ok() : CudaError("flushing GPUDirect RDMA writes", e);
     };
   }
@@ -304,7 +311,8 @@ Status OpenDeviceRail(int ordinal, std::string* address) {
       return Status::Error("no libfabric links to other hosts in this process's world");
     if (kDeviceIface == MemoryIface::kCuda && !MovesDeviceMemoryByDma(world->fabric_provider()))
       return Status::Error(
-          "libfabric's " + world->fabric_provider() + " provider would move device memory (FI_HMEM) "
+          "libfabric's " + world->fabric_provider() +
+          " provider would move device memory (FI_HMEM) "
           "with CUDA copies from its progress thread, and with memory it cannot tell is CUDA's "
           "it synchronizes the whole device (cudaDeviceSynchronize, seen with shm on an H100): "
           "that waits for the streams that wait on the network proxy, a deadlock. Device slots "
@@ -312,8 +320,8 @@ Status OpenDeviceRail(int ordinal, std::string* address) {
     bool flush = false;
     SMDDP_RETURN_IF_ERROR(RdmaWriteOrdering(ordinal, &flush));
     std::unique_ptr<FabricRail> rail;
-    SMDDP_RETURN_IF_ERROR(FabricRail::Open(world->fabric_provider(), world->fabric_node(),
-                                           kDeviceIface, &rail));
+    SMDDP_RETURN_IF_ERROR(
+        FabricRail::Open(world->fabric_provider(), world->fabric_node(), kDeviceIface, &rail));
     // A provider may offer FI_HMEM yet fail on this machine's device memory
     // (no nvidia-peermem or dma-buf): register some before anyone relies on it.
     DeviceScope scope(ordinal);
@@ -347,7 +355,8 @@ Status PrepareHierarchy(const std::vector<int64_t>& members, const std::vector<i
   std::vector<int> rank_of;
   for (auto& ranks : on_host) {
     if (ranks.size() != on_host[0].size())
-      return Status::Unsupported("jax_smddp (GPU): hosts have different numbers of ranks in the group");
+      return Status::Unsupported(
+          "jax_smddp (GPU): hosts have different numbers of ranks in the group");
     rank_of.insert(rank_of.end(), ranks.begin(), ranks.end());
   }
   std::lock_guard<std::mutex> lock(RegistryMutex());
@@ -362,8 +371,8 @@ Status PrepareHierarchy(const std::vector<int64_t>& members, const std::vector<i
   if (intra == Registry().end() || !intra->second->connected())
     return Status::Error("jax_smddp (GPU): prepare this host's communicator first");
   auto h = std::make_unique<GpuHierarchy>(members, rank_of);
-  Status st = h->Prepare(host_of, process_of, local, intra->second.get(), slot_bytes,
-                         rail_addresses);
+  Status st =
+      h->Prepare(host_of, process_of, local, intra->second.get(), slot_bytes, rail_addresses);
   if (!st.ok()) return st;
   *uses_gdrcopy = h->uses_gdrcopy();
   *uses_rail = h->uses_rail();

@@ -62,7 +62,7 @@ class GpuHierarchy {
   std::vector<Member> by_rank_;
   std::vector<std::unique_ptr<NetPort>> ports_;
   std::vector<std::unique_ptr<PortMemory>> memory_;
-  std::shared_ptr<const World> world_;  // keeps the ports' links alive
+  std::shared_ptr<const World> world_;             // keeps the ports' links alive
   std::vector<std::unique_ptr<Link>> rail_links_;  // after world_: closed before it
   bool gdrcopy_ = false;
   bool rail_ = false;

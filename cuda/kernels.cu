@@ -18,17 +18,20 @@ int Blocks(size_t work, int max_blocks) {
 
 // Grid-stride copy in units of V (cuda/copy_body.cuh).
 template <typename V>
-__global__ void __launch_bounds__(kThreads) Copy2DKernel(char* dst, size_t dpitch, const char* src, size_t spitch,
-                             size_t units_per_row, size_t rows) {
-  CopyThread<V>(blockIdx.x * size_t(blockDim.x) + threadIdx.x, size_t(gridDim.x) * blockDim.x,
-                dst, dpitch, src, spitch, units_per_row, rows);
+__global__ void __launch_bounds__(kThreads)
+    Copy2DKernel(char* dst, size_t dpitch, const char* src, size_t spitch, size_t units_per_row,
+                 size_t rows) {
+  CopyThread<V>(blockIdx.x * size_t(blockDim.x) + threadIdx.x, size_t(gridDim.x) * blockDim.x, dst,
+                dpitch, src, spitch, units_per_row, rows);
 }
 
 template <typename T, typename A, Reduction R, int V>
-__global__ void __launch_bounds__(kThreads) ReduceKernel(char* dst, size_t dpitch, Sources srcs, int n, size_t spitch,
-                             size_t count, size_t rows) {
+__global__ void __launch_bounds__(kThreads)
+    ReduceKernel(char* dst, size_t dpitch, Sources srcs, int n, size_t spitch, size_t count,
+                 size_t rows) {
   ReduceThread<T, A, R, V>(blockIdx.x * size_t(blockDim.x) + threadIdx.x,
-                           size_t(gridDim.x) * blockDim.x, dst, dpitch, srcs, n, spitch, count, rows);
+                           size_t(gridDim.x) * blockDim.x, dst, dpitch, srcs, n, spitch, count,
+                           rows);
 }
 
 // One launch of op over the sources, V elements per load where the layout
@@ -39,28 +42,33 @@ void LaunchReduceOp(char* d, size_t dpitch, const Sources& s, int n, size_t spit
   constexpr int kVector = sizeof(T) < 16 ? int(16 / sizeof(T)) : 1;
   if (kVector > 1 && VectorWidth(d, dpitch, s, n, spitch, count, rows, sizeof(T)) == kVector) {
     const size_t vectors = count / kVector * rows;
-    ReduceKernel<T, A, R, kVector><<<Blocks((vectors + ReduceUnroll<kVector>() - 1) / ReduceUnroll<kVector>(), max_blocks),
-                                     kThreads, 0, stream>>>(d, dpitch, s, n, spitch, count, rows);
+    ReduceKernel<T, A, R, kVector>
+        <<<Blocks((vectors + ReduceUnroll<kVector>() - 1) / ReduceUnroll<kVector>(), max_blocks),
+           kThreads, 0, stream>>>(d, dpitch, s, n, spitch, count, rows);
   } else {
-    ReduceKernel<T, A, R, 1><<<Blocks((count * rows + ReduceUnroll<1>() - 1) / ReduceUnroll<1>(), max_blocks),
-                               kThreads, 0, stream>>>(
-        d, dpitch, s, n, spitch, count, rows);
+    ReduceKernel<T, A, R, 1>
+        <<<Blocks((count * rows + ReduceUnroll<1>() - 1) / ReduceUnroll<1>(), max_blocks), kThreads,
+           0, stream>>>(d, dpitch, s, n, spitch, count, rows);
   }
 }
 
 template <typename T, typename A>
 cudaError_t ReduceTyped(void* dst, size_t dpitch, const Sources& s, int n, size_t spitch,
-                        size_t count, size_t rows, Reduction op, int max_blocks, cudaStream_t stream) {
+                        size_t count, size_t rows, Reduction op, int max_blocks,
+                        cudaStream_t stream) {
   char* d = static_cast<char*>(dst);
   switch (op) {
     case Reduction::kSum:
-      LaunchReduceOp<T, A, Reduction::kSum>(d, dpitch, s, n, spitch, count, rows, max_blocks, stream);
+      LaunchReduceOp<T, A, Reduction::kSum>(d, dpitch, s, n, spitch, count, rows, max_blocks,
+                                            stream);
       break;
     case Reduction::kMax:
-      LaunchReduceOp<T, A, Reduction::kMax>(d, dpitch, s, n, spitch, count, rows, max_blocks, stream);
+      LaunchReduceOp<T, A, Reduction::kMax>(d, dpitch, s, n, spitch, count, rows, max_blocks,
+                                            stream);
       break;
     case Reduction::kMin:
-      LaunchReduceOp<T, A, Reduction::kMin>(d, dpitch, s, n, spitch, count, rows, max_blocks, stream);
+      LaunchReduceOp<T, A, Reduction::kMin>(d, dpitch, s, n, spitch, count, rows, max_blocks,
+                                            stream);
       break;
   }
   return cudaGetLastError();
@@ -70,16 +78,35 @@ cudaError_t ReducePass(void* dst, size_t dpitch, const Sources& s, int n, size_t
                        size_t count, size_t rows, ElementType type, Reduction op, int max_blocks,
                        cudaStream_t stream) {
   switch (type) {
-    case ElementType::kInt8: return ReduceTyped<int8_t, int32_t>(dst, dpitch, s, n, spitch, count, rows, op, max_blocks, stream);
-    case ElementType::kUInt8: return ReduceTyped<uint8_t, uint32_t>(dst, dpitch, s, n, spitch, count, rows, op, max_blocks, stream);
-    case ElementType::kInt32: return ReduceTyped<int32_t, int32_t>(dst, dpitch, s, n, spitch, count, rows, op, max_blocks, stream);
-    case ElementType::kUInt32: return ReduceTyped<uint32_t, uint32_t>(dst, dpitch, s, n, spitch, count, rows, op, max_blocks, stream);
-    case ElementType::kInt64: return ReduceTyped<int64_t, int64_t>(dst, dpitch, s, n, spitch, count, rows, op, max_blocks, stream);
-    case ElementType::kFloat16: return ReduceTyped<__half, float>(dst, dpitch, s, n, spitch, count, rows, op, max_blocks, stream);
-    case ElementType::kBFloat16: return ReduceTyped<__nv_bfloat16, float>(dst, dpitch, s, n, spitch, count, rows, op, max_blocks, stream);
-    case ElementType::kFloat32: return ReduceTyped<float, float>(dst, dpitch, s, n, spitch, count, rows, op, max_blocks, stream);
-    case ElementType::kFloat64: return ReduceTyped<double, double>(dst, dpitch, s, n, spitch, count, rows, op, max_blocks, stream);
-    case ElementType::kBool: break;
+    case ElementType::kInt8:
+      return ReduceTyped<int8_t, int32_t>(dst, dpitch, s, n, spitch, count, rows, op, max_blocks,
+                                          stream);
+    case ElementType::kUInt8:
+      return ReduceTyped<uint8_t, uint32_t>(dst, dpitch, s, n, spitch, count, rows, op, max_blocks,
+                                            stream);
+    case ElementType::kInt32:
+      return ReduceTyped<int32_t, int32_t>(dst, dpitch, s, n, spitch, count, rows, op, max_blocks,
+                                           stream);
+    case ElementType::kUInt32:
+      return ReduceTyped<uint32_t, uint32_t>(dst, dpitch, s, n, spitch, count, rows, op, max_blocks,
+                                             stream);
+    case ElementType::kInt64:
+      return ReduceTyped<int64_t, int64_t>(dst, dpitch, s, n, spitch, count, rows, op, max_blocks,
+                                           stream);
+    case ElementType::kFloat16:
+      return ReduceTyped<__half, float>(dst, dpitch, s, n, spitch, count, rows, op, max_blocks,
+                                        stream);
+    case ElementType::kBFloat16:
+      return ReduceTyped<__nv_bfloat16, float>(dst, dpitch, s, n, spitch, count, rows, op,
+                                               max_blocks, stream);
+    case ElementType::kFloat32:
+      return ReduceTyped<float, float>(dst, dpitch, s, n, spitch, count, rows, op, max_blocks,
+                                       stream);
+    case ElementType::kFloat64:
+      return ReduceTyped<double, double>(dst, dpitch, s, n, spitch, count, rows, op, max_blocks,
+                                         stream);
+    case ElementType::kBool:
+      break;
   }
   return cudaErrorInvalidValue;
 }
@@ -123,7 +150,8 @@ cudaError_t LaunchReduce(void* dst, size_t dpitch, const void* const* srcs, int 
   Sources s{};
   int used = std::min(n, kMaxSources);
   for (int k = 0; k < used; ++k) s.p[k] = srcs[k];
-  cudaError_t err = ReducePass(dst, dpitch, s, used, spitch, count, rows, type, op, max_blocks, stream);
+  cudaError_t err =
+      ReducePass(dst, dpitch, s, used, spitch, count, rows, type, op, max_blocks, stream);
   while (err == cudaSuccess && used < n) {
     // dst has its own pitch: only row-contiguous layouts (rows == 1 or equal
     // pitches) can fold it in as a source.

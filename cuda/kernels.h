@@ -14,7 +14,16 @@ namespace cuda {
 
 // Element types as the engine numbers them (xla_ffi/common/dtype.h).
 enum class ElementType : uint8_t {
-  kBool, kInt8, kUInt8, kInt32, kUInt32, kInt64, kFloat16, kBFloat16, kFloat32, kFloat64,
+  kBool,
+  kInt8,
+  kUInt8,
+  kInt32,
+  kUInt32,
+  kInt64,
+  kFloat16,
+  kBFloat16,
+  kFloat32,
+  kFloat64,
 };
 enum class Reduction : uint8_t { kSum = 0, kMax = 1, kMin = 2 };
 

@@ -64,7 +64,9 @@ struct alignas(sizeof(T) * V) Vec {
 // int8 per load), so that its accumulators (U x V) stay in registers within
 // the launch bound of 512 threads per block.
 template <int V>
-constexpr int ReduceUnroll() { return V * 4 <= 32 ? 4 : 32 / V; }
+constexpr int ReduceUnroll() {
+  return V * 4 <= 32 ? 4 : 32 / V;
+}
 
 // Thread `t` of `threads`: dst row r = op over srcs[k] row r, rows of
 // `count` elements, V at a time. V > 1 needs every address and pitch, and
@@ -95,8 +97,8 @@ __host__ __device__ inline void ReduceThread(size_t t, size_t threads, char* dst
 #pragma unroll
     for (int u = 0; u < U; ++u) {
       if (!live[u]) continue;
-      const Vec<T, V> first = *reinterpret_cast<const Vec<T, V>*>(
-          static_cast<const char*>(srcs.p[0]) + soff[u]);
+      const Vec<T, V> first =
+          *reinterpret_cast<const Vec<T, V>*>(static_cast<const char*>(srcs.p[0]) + soff[u]);
 #pragma unroll
       for (int j = 0; j < V; ++j) acc[u][j] = Convert<T, A>::Load(first.v[j]);
     }

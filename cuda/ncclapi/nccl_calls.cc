@@ -36,7 +36,7 @@ const CollectiveNames& NamesOf(Collective kind) { return kNames[int(kind)]; }
 
 struct Tally {
   std::atomic<uint64_t> served[kCollectives] = {};  // per call: no lock
-  std::mutex mu;                                     // the rest: forwarding only
+  std::mutex mu;                                    // the rest: forwarding only
   std::map<std::string, uint64_t> forwarded;
   std::set<std::string> reasons;  // told once each
 };
@@ -64,25 +64,56 @@ bool NoFallback() {
 // The engine's type for `type`: false where it has none.
 bool EngineType(ncclDataType_t type, DType* out) {
   switch (type) {
-    case ncclInt8: *out = DType::kInt8; return true;
-    case ncclUint8: *out = DType::kUInt8; return true;
-    case ncclInt32: *out = DType::kInt32; return true;
-    case ncclUint32: *out = DType::kUInt32; return true;
-    case ncclInt64: *out = DType::kInt64; return true;
-    case ncclFloat16: *out = DType::kFloat16; return true;
-    case ncclFloat32: *out = DType::kFloat32; return true;
-    case ncclFloat64: *out = DType::kFloat64; return true;
-    case ncclBfloat16: *out = DType::kBFloat16; return true;
-    default: return false;
+    case ncclInt8:
+      *out = DType::kInt8;
+      return true;
+    case ncclUint8:
+      *out = DType::kUInt8;
+      return true;
+    case ncclInt32:
+      *out = DType::kInt32;
+      return true;
+    case ncclUint32:
+      *out = DType::kUInt32;
+      return true;
+    case ncclInt64:
+      *out = DType::kInt64;
+      return true;
+    case ncclFloat16:
+      *out = DType::kFloat16;
+      return true;
+    case ncclFloat32:
+      *out = DType::kFloat32;
+      return true;
+    case ncclFloat64:
+      *out = DType::kFloat64;
+      return true;
+    case ncclBfloat16:
+      *out = DType::kBFloat16;
+      return true;
+    default:
+      return false;
   }
 }
 
 size_t TypeBytes(ncclDataType_t type) {
   switch (type) {
-    case ncclInt8: case ncclUint8: case ncclFloat8e4m3: case ncclFloat8e5m2: return 1;
-    case ncclFloat16: case ncclBfloat16: return 2;
-    case ncclInt32: case ncclUint32: case ncclFloat32: return 4;
-    case ncclInt64: case ncclUint64: case ncclFloat64: return 8;
+    case ncclInt8:
+    case ncclUint8:
+    case ncclFloat8e4m3:
+    case ncclFloat8e5m2:
+      return 1;
+    case ncclFloat16:
+    case ncclBfloat16:
+      return 2;
+    case ncclInt32:
+    case ncclUint32:
+    case ncclFloat32:
+      return 4;
+    case ncclInt64:
+    case ncclUint64:
+    case ncclFloat64:
+      return 8;
   }
   return 0;
 }
@@ -93,27 +124,34 @@ std::string WhyNotServed(const Comm& comm, Collective kind, ncclDataType_t type,
   if (!comm.served) return comm.forwarded_because;
   if (comm.port && kind == Collective::kAllReduce && count % size_t(comm.nranks) != 0)
     return "an all_reduce across hosts runs as reduce_scatter + all_gather, which needs a count "
-           "divisible by the ranks (" + std::to_string(count) + " over " +
-           std::to_string(comm.nranks) + ")";
+           "divisible by the ranks (" +
+           std::to_string(count) + " over " + std::to_string(comm.nranks) + ")";
   if (kind == Collective::kAllGather || kind == Collective::kAllToAll)
     return TypeBytes(type) ? "" : "data type " + std::to_string(int(type)) + " is not known";
   DType dtype;
   if (!EngineType(type, &dtype))
     return "the GPU engine does not reduce NCCL data type " + std::to_string(int(type));
   if (op != ncclSum && op != ncclMax && op != ncclMin)
-    return "the GPU engine reduces with sum, max and min only (NCCL op " + std::to_string(int(op)) + ")";
+    return "the GPU engine reduces with sum, max and min only (NCCL op " + std::to_string(int(op)) +
+           ")";
   return "";
 }
 
 ncclResult_t Code(const Status& st) {
   switch (st.code()) {
-    case StatusCode::kOk: return ncclSuccess;
-    case StatusCode::kInvalidArgument: return ncclInvalidArgument;
-    case StatusCode::kUnsupported: return ncclInvalidUsage;
-    case StatusCode::kPeerFailed: case StatusCode::kTimeout: case StatusCode::kMismatch:
+    case StatusCode::kOk:
+      return ncclSuccess;
+    case StatusCode::kInvalidArgument:
+      return ncclInvalidArgument;
+    case StatusCode::kUnsupported:
+      return ncclInvalidUsage;
+    case StatusCode::kPeerFailed:
+    case StatusCode::kTimeout:
+    case StatusCode::kMismatch:
     case StatusCode::kProtocol:
       return ncclRemoteError;
-    default: return ncclInternalError;
+    default:
+      return ncclInternalError;
   }
 }
 
@@ -133,8 +171,8 @@ Status Enqueue(Collective kind, const void* send, void* recv, size_t count, DTyp
     gather.kind = Plan::Kind::kAllGather;
     gather.dtype = DType::kUInt8;
     gather.inner = shard * ElementSize(dtype);
-    SMDDP_RETURN_IF_ERROR(gpu::EnqueueCollective("all_reduce (reduce_scatter part)",
-                                                 int64_t(comm.calls++), me, ops, send, own, scatter));
+    SMDDP_RETURN_IF_ERROR(gpu::EnqueueCollective(
+        "all_reduce (reduce_scatter part)", int64_t(comm.calls++), me, ops, send, own, scatter));
     return gpu::EnqueueCollective("all_reduce (all_gather part)", int64_t(comm.calls++), me, ops,
                                   own, recv, gather);
   }
@@ -144,11 +182,13 @@ Status Enqueue(Collective kind, const void* send, void* recv, size_t count, DTyp
 ncclResult_t Serve(Collective kind, const void* send, void* recv, size_t count, DType dtype,
                    ReduceOp op, Comm& comm, void* stream) {
   if (backend.capturing && backend.capturing(stream))
-    return Fail(&comm, Status::Unsupported(
-        std::string("jax_smddp NCCL front end: ") + NamesOf(kind).function +
-        " was called while its stream is captured into a CUDA graph, which the front end does "
-        "not support yet; run with XLA_FLAGS=--xla_gpu_enable_command_buffer=-COLLECTIVES "
-        "(jax_smddp sets it at start-up when JAX_SMDDP_COLLECTIVES=xla)"));
+    return Fail(
+        &comm,
+        Status::Unsupported(
+            std::string("jax_smddp NCCL front end: ") + NamesOf(kind).function +
+            " was called while its stream is captured into a CUDA graph, which the front end does "
+            "not support yet; run with XLA_FLAGS=--xla_gpu_enable_command_buffer=-COLLECTIVES "
+            "(jax_smddp sets it at start-up when JAX_SMDDP_COLLECTIVES=xla)"));
   if (comm.failed.load(std::memory_order_acquire)) {
     Status earlier;
     {
@@ -196,10 +236,13 @@ ncclResult_t Serve(Collective kind, const void* send, void* recv, size_t count, 
     const Plan& plan;
     Comm& comm;
   } call{kind, send, recv, count, dtype, plan, comm};
-  const Status st = backend.run(stream, [](StreamOps& ops, void* context) {
-    const Call& c = *static_cast<const Call*>(context);
-    return Enqueue(c.kind, c.send, c.recv, c.count, c.dtype, c.plan, c.comm, ops);
-  }, &call);
+  const Status st = backend.run(
+      stream,
+      [](StreamOps& ops, void* context) {
+        const Call& c = *static_cast<const Call*>(context);
+        return Enqueue(c.kind, c.send, c.recv, c.count, c.dtype, c.plan, c.comm, ops);
+      },
+      &call);
   if (!st.ok()) {
     const Status located = st.WithMessage(
         "jax_smddp " + st.message() + " [XLA's collective through " + NamesOf(kind).function +
@@ -284,7 +327,8 @@ std::string Describe() {
   std::lock_guard<std::mutex> lock(t.mu);
   std::map<std::string, uint64_t> served;  // by name, as the forwarded ones
   for (int k = 0; k < kCollectives; ++k)
-    if (const uint64_t n = t.served[k].load(std::memory_order_relaxed)) served[kNames[k].function] = n;
+    if (const uint64_t n = t.served[k].load(std::memory_order_relaxed))
+      served[kNames[k].function] = n;
   std::string out = "{\"served\": {";
   bool first = true;
   for (const auto& [f, n] : served) {
@@ -310,11 +354,12 @@ std::string Describe() {
 ncclResult_t Forward(const char* function, ncclComm_t handle,
                      std::function<ncclResult_t(ncclComm_t real)> call, const std::string& reason) {
   Comm* comm = AsComm(handle);
-  if (!comm) return Fail(nullptr, Status::InvalidArgument(
-                                      std::string("jax_smddp NCCL front end: ") + function +
-                                      " on a communicator it did not create"));
+  if (!comm)
+    return Fail(nullptr,
+                Status::InvalidArgument(std::string("jax_smddp NCCL front end: ") + function +
+                                        " on a communicator it did not create"));
   const std::string why = !reason.empty() ? reason
-                         : comm->served   ? "the GPU engine does not serve " + std::string(function)
+                          : comm->served  ? "the GPU engine does not serve " + std::string(function)
                                           : comm->forwarded_because;
   if (NoFallback())
     return Fail(comm, Status::Unsupported(std::string("jax_smddp NCCL front end: ") + function +
@@ -334,8 +379,8 @@ ncclResult_t Forward(const char* function, ncclComm_t handle,
       std::string missing;
       auto last = Real<LastFn>("ncclGetLastError", &missing);
       const char* text = last ? last(real) : nullptr;
-      Fail(comm, Status::Error("jax_smddp NCCL front end: " + name + " (forwarded to NCCL: " +
-                               why + ") failed in NCCL with code " + std::to_string(int(rc)) +
+      Fail(comm, Status::Error("jax_smddp NCCL front end: " + name + " (forwarded to NCCL: " + why +
+                               ") failed in NCCL with code " + std::to_string(int(rc)) +
                                (text && *text ? std::string(": ") + text : std::string())));
     }
     return rc;
@@ -352,44 +397,60 @@ ncclResult_t RunCollective(Collective kind, const void* send, void* recv, size_t
   const std::string why = WhyNotServed(*comm, kind, type, op, count);
   if (!why.empty()) {
     const char* name = NamesOf(kind).function;
-    return Forward(name, handle, [=](ncclComm_t real) {
-      std::string missing;
-      if (kind == Collective::kAllGather) {
-        using Fn = ncclResult_t (*)(const void*, void*, size_t, ncclDataType_t, ncclComm_t, void*);
-        auto fn = Real<Fn>(name, &missing);
-        return fn ? fn(send, recv, count, type, real, stream) : ncclInternalError;
-      }
-      if (kind == Collective::kReduceScatter) {
-        using Fn = ncclResult_t (*)(const void*, void*, size_t, ncclDataType_t, ncclRedOp_t,
-                                    ncclComm_t, void*);
-        auto fn = Real<Fn>(name, &missing);
-        return fn ? fn(send, recv, count, type, op, real, stream) : ncclInternalError;
-      }
-      if (kind == Collective::kAllToAll) {
-        using Fn = ncclResult_t (*)(const void*, void*, size_t, ncclDataType_t, ncclComm_t, void*);
-        auto fn = Real<Fn>(name, &missing);
-        return fn ? fn(send, recv, count, type, real, stream) : ncclInternalError;
-      }
-      using Fn = ncclResult_t (*)(const void*, void*, size_t, ncclDataType_t, ncclRedOp_t,
-                                  ncclComm_t, void*);
-      auto fn = Real<Fn>(name, &missing);
-      return fn ? fn(send, recv, count, type, op, real, stream) : ncclInternalError;
-    }, comm->served ? why : std::string());
+    return Forward(
+        name, handle,
+        [=](ncclComm_t real) {
+          std::string missing;
+          if (kind == Collective::kAllGather) {
+            using Fn =
+                ncclResult_t (*)(const void*, void*, size_t, ncclDataType_t, ncclComm_t, void*);
+            auto fn = Real<Fn>(name, &missing);
+            return fn ? fn(send, recv, count, type, real, stream) : ncclInternalError;
+          }
+          if (kind == Collective::kReduceScatter) {
+            using Fn = ncclResult_t (*)(const void*, void*, size_t, ncclDataType_t, ncclRedOp_t,
+                                        ncclComm_t, void*);
+            auto fn = Real<Fn>(name, &missing);
+            return fn ? fn(send, recv, count, type, op, real, stream) : ncclInternalError;
+          }
+          if (kind == Collective::kAllToAll) {
+            using Fn =
+                ncclResult_t (*)(const void*, void*, size_t, ncclDataType_t, ncclComm_t, void*);
+            auto fn = Real<Fn>(name, &missing);
+            return fn ? fn(send, recv, count, type, real, stream) : ncclInternalError;
+          }
+          using Fn = ncclResult_t (*)(const void*, void*, size_t, ncclDataType_t, ncclRedOp_t,
+                                      ncclComm_t, void*);
+          auto fn = Real<Fn>(name, &missing);
+          return fn ? fn(send, recv, count, type, op, real, stream) : ncclInternalError;
+        },
+        comm->served ? why : std::string());
   }
   DType dtype = DType::kUInt8;
   EngineType(type, &dtype);
   if (kind == Collective::kAllGather || kind == Collective::kAllToAll) {
     // Bytes moved, not reduced: any type of a known size (an engine type of that size).
     switch (TypeBytes(type)) {
-      case 1: dtype = DType::kUInt8; break;
-      case 2: dtype = DType::kFloat16; break;
-      case 4: dtype = DType::kUInt32; break;
-      default: dtype = DType::kInt64; break;
+      case 1:
+        dtype = DType::kUInt8;
+        break;
+      case 2:
+        dtype = DType::kFloat16;
+        break;
+      case 4:
+        dtype = DType::kUInt32;
+        break;
+      default:
+        dtype = DType::kInt64;
+        break;
     }
   }
-  const ReduceOp engine_op = op == ncclMax ? ReduceOp::kMax : op == ncclMin ? ReduceOp::kMin : ReduceOp::kSum;
+  const ReduceOp engine_op = op == ncclMax   ? ReduceOp::kMax
+                             : op == ncclMin ? ReduceOp::kMin
+                                             : ReduceOp::kSum;
   if (group_depth == 0) return Serve(kind, send, recv, count, dtype, engine_op, *comm, stream);
-  return Issue(nullptr, [=]() { return Serve(kind, send, recv, count, dtype, engine_op, *comm, stream); });
+  return Issue(nullptr,
+               [=]() { return Serve(kind, send, recv, count, dtype, engine_op, *comm, stream); });
 }
 
 ncclResult_t GroupStart() {

@@ -52,7 +52,8 @@ struct Entry {
 };
 
 uint64_t Tag(const uint64_t nonce[2], uint64_t what, uint64_t a, uint64_t b) {
-  return MixTag(MixTag(MixTag(MixTag(MixTag(0x6e63636c2d6a6f69ull, nonce[0]), nonce[1]), what), a), b);
+  return MixTag(MixTag(MixTag(MixTag(MixTag(0x6e63636c2d6a6f69ull, nonce[0]), nonce[1]), what), a),
+                b);
 }
 enum : uint64_t { kJoin = 1, kTable = 2, kHandleSize = 3, kHandles = 4 };
 
@@ -67,16 +68,15 @@ Status Await(const World& world, int peer, Request& req, const std::string& what
     const std::string failure = link->PeerFailure();
     if (!failure.empty()) {
       link->Cancel(&req);
-      return Status::WithCode(link->PeerFailureCode(),
-                    "jax_smddp NCCL front end: " + what + ": process " + std::to_string(peer) +
-                        " failed: " + failure);
+      return Status::WithCode(link->PeerFailureCode(), "jax_smddp NCCL front end: " + what +
+                                                           ": process " + std::to_string(peer) +
+                                                           " failed: " + failure);
     }
     if (Clock::now() > deadline) {
       link->Cancel(&req);
       return Status::Timeout("jax_smddp NCCL front end: " + what + ": process " +
                              std::to_string(peer) + " did not answer within " +
-                             std::to_string(int(TimeoutSeconds())) +
-                             " s (JAX_SMDDP_TIMEOUT_S)");
+                             std::to_string(int(TimeoutSeconds())) + " s (JAX_SMDDP_TIMEOUT_S)");
     }
     link->AwaitActivity(seen, 1000);
   }
@@ -196,10 +196,11 @@ Status Collect(const World& world, const uint64_t nonce[2], int nranks, Joining&
       lock.lock();
       if (e.rank < 0 || e.rank >= nranks || e.nranks != nranks || e.process != q) {
         cancel_all();
-        return Status::InvalidArgument(
-            "jax_smddp NCCL front end: process " + std::to_string(q) + " joined a communicator of " +
-            std::to_string(nranks) + " ranks as rank " + std::to_string(e.rank) + " of " +
-            std::to_string(e.nranks) + " (the processes disagree on the clique)");
+        return Status::InvalidArgument("jax_smddp NCCL front end: process " + std::to_string(q) +
+                                       " joined a communicator of " + std::to_string(nranks) +
+                                       " ranks as rank " + std::to_string(e.rank) + " of " +
+                                       std::to_string(e.nranks) +
+                                       " (the processes disagree on the clique)");
       }
       j.table[e.rank] = e;
       lock.unlock();
@@ -239,13 +240,15 @@ Status Join(const uint64_t nonce[2], int root, int nranks, const Entry& mine,
   const bool at_root = root < 0 || root == me;
   if (root >= 0 && (!world || root >= world->processes() || (!at_root && !world->link(root))))
     return Status::InvalidArgument(
-        "jax_smddp NCCL front end: the communicator's id was made by process " + std::to_string(root) +
+        "jax_smddp NCCL front end: the communicator's id was made by process " +
+        std::to_string(root) +
         ", which this process has no link to (is jax_smddp initialized in every process?)");
   std::unique_lock<std::mutex> lock(j->mu);
   if (j->table.empty()) j->table.assign(nranks, Entry{});
   if (int(j->table.size()) != nranks)
-    return Status::InvalidArgument("jax_smddp NCCL front end: two ranks of this process disagree "
-                                   "on the communicator's size");
+    return Status::InvalidArgument(
+        "jax_smddp NCCL front end: two ranks of this process disagree "
+        "on the communicator's size");
   if (at_root) {
     if (j->table[mine.rank].nranks != 0)
       return Status::InvalidArgument("jax_smddp NCCL front end: rank " + std::to_string(mine.rank) +
@@ -273,9 +276,9 @@ Status Join(const uint64_t nonce[2], int root, int nranks, const Entry& mine,
           for (const Entry& e : j->table) complete += e.nranks != 0;
           if (complete == nranks) break;
           if (j->cv.wait_until(lock, deadline) == std::cv_status::timeout) {
-            st = Status::Timeout("jax_smddp NCCL front end: ncclCommInitRank: " +
-                                 std::to_string(complete) + " of " + std::to_string(nranks) +
-                                 " ranks joined within the deadline");
+            st = Status::Timeout(
+                "jax_smddp NCCL front end: ncclCommInitRank: " + std::to_string(complete) + " of " +
+                std::to_string(nranks) + " ranks joined within the deadline");
             break;
           }
         }
@@ -291,11 +294,11 @@ Status Join(const uint64_t nonce[2], int root, int nranks, const Entry& mine,
                  deadline + std::chrono::seconds(3));
       lock.lock();
       if (st.ok() && got[0].nranks == -1)
-        st = Status::Timeout("jax_smddp NCCL front end: ncclCommInitRank: ranks of the "
-                             "communicator never joined within " +
-                             std::to_string(int(TimeoutSeconds())) +
-                             " s (process " + std::to_string(root) +
-                             ", its root, gave up waiting; JAX_SMDDP_TIMEOUT_S)");
+        st = Status::Timeout(
+            "jax_smddp NCCL front end: ncclCommInitRank: ranks of the "
+            "communicator never joined within " +
+            std::to_string(int(TimeoutSeconds())) + " s (process " + std::to_string(root) +
+            ", its root, gave up waiting; JAX_SMDDP_TIMEOUT_S)");
       if (st.ok()) j->table = got;
     }
     j->status = st;
@@ -305,8 +308,9 @@ Status Join(const uint64_t nonce[2], int root, int nranks, const Entry& mine,
   while (!j->done) {
     if (j->cv.wait_until(lock, deadline + std::chrono::seconds(5)) == std::cv_status::timeout &&
         !j->done)
-      return Status::Timeout("jax_smddp NCCL front end: ncclCommInitRank: the communicator's "
-                             "table never came");
+      return Status::Timeout(
+          "jax_smddp NCCL front end: ncclCommInitRank: the communicator's "
+          "table never came");
   }
   if (!j->status.ok()) return j->status;
   *table = j->table;
@@ -348,9 +352,9 @@ Status SetUpGpu(const uint64_t nonce[2], const std::vector<int64_t>& members,
   std::vector<std::pair<int, std::string>> handles, remote;
   // Host flag memory unless the user chose: XLA cannot be told a stream
   // waits on a dead peer, so the watchdog must be able to release it.
-  Status st = gpu::PrepareCommunicator(members, size_t(IntSetting("JAX_SMDDP_GPU_SLOT_BYTES")),
-                                       local, int(processes.size()), &handles,
-                                       gpu::FlagMemory::kHost);
+  Status st =
+      gpu::PrepareCommunicator(members, size_t(IntSetting("JAX_SMDDP_GPU_SLOT_BYTES")), local,
+                               int(processes.size()), &handles, gpu::FlagMemory::kHost);
   if (st.ok() && processes.size() > 1) {
     std::string payload;
     for (const auto& [rank, bytes] : handles) {
@@ -469,12 +473,12 @@ Status BuildAcrossHosts(const uint64_t nonce[2], const std::vector<Entry>& table
   }
   const uint64_t intra_nonce[2] = {MixTag(nonce[0], 0x686f7374ull + uint64_t(mine)),
                                    MixTag(nonce[1], uint64_t(mine))};
-  SMDDP_RETURN_IF_ERROR(SetUpGpu(intra_nonce, intra_members, intra_table, world,
-                                 *JoiningOf(intra_nonce)));
+  SMDDP_RETURN_IF_ERROR(
+      SetUpGpu(intra_nonce, intra_members, intra_table, world, *JoiningOf(intra_nonce)));
   bool gdrcopy = false, rail = false;
-  SMDDP_RETURN_IF_ERROR(gpu::PrepareHierarchy(comm->members, host_of, process_of, local,
-                                              intra_members, size_t(IntSetting("JAX_SMDDP_GPU_SLOT_BYTES")),
-                                              {}, &gdrcopy, &rail));
+  SMDDP_RETURN_IF_ERROR(
+      gpu::PrepareHierarchy(comm->members, host_of, process_of, local, intra_members,
+                            size_t(IntSetting("JAX_SMDDP_GPU_SLOT_BYTES")), {}, &gdrcopy, &rail));
   gpu::GpuHierarchy* hierarchy = gpu::FindHierarchy(gpu::GroupKey(comm->members.data(), n));
   gpu::GpuHierarchy::Member* member = hierarchy ? hierarchy->Find(rank) : nullptr;
   if (!member || !member->local || !member->port)
@@ -598,7 +602,8 @@ Status MakeUniqueId(ncclUniqueId* out) {
     std::memset(&real, 0, sizeof(real));
     if (fn(&real) == ncclSuccess) {
       bool fits = true;
-      for (size_t i = kRealIdBytes; i < sizeof(real.internal); ++i) fits = fits && real.internal[i] == 0;
+      for (size_t i = kRealIdBytes; i < sizeof(real.internal); ++i)
+        fits = fits && real.internal[i] == 0;
       if (fits) {
         std::memcpy(out->internal, real.internal, kRealIdBytes);
         tail.flags |= kHasRealId;
@@ -673,9 +678,8 @@ Status Split(Comm& parent, int color, int key, const ncclConfig_t* config, Comm*
   Entry mine{parent.rank, parent.nranks, world ? world->process() : -1, parent.ordinal, color, key};
   std::vector<Entry> all;
   std::shared_ptr<Joining> joining;
-  SMDDP_RETURN_IF_ERROR(
-      Join(nonce, parent.process_of.empty() ? -1 : parent.process_of[0], parent.nranks, mine,
-           world, &all, &joining));
+  SMDDP_RETURN_IF_ERROR(Join(nonce, parent.process_of.empty() ? -1 : parent.process_of[0],
+                             parent.nranks, mine, world, &all, &joining));
   if (color == kNoColor) return Status::Ok();
   std::vector<Entry> group;
   for (const Entry& e : all)
@@ -689,7 +693,8 @@ Status Split(Comm& parent, int color, int key, const ncclConfig_t* config, Comm*
     group[r].rank = int32_t(r);
     group[r].nranks = int32_t(group.size());
   }
-  uint64_t child[2] = {MixTag(nonce[0], uint64_t(uint32_t(color))), MixTag(nonce[1], 0x636f6c6f72ull)};
+  uint64_t child[2] = {MixTag(nonce[0], uint64_t(uint32_t(color))),
+                       MixTag(nonce[1], 0x636f6c6f72ull)};
   auto comm = std::make_unique<Comm>();
   SMDDP_RETURN_IF_ERROR(CopyConfig(config, comm.get()));
   comm->ordinal = parent.ordinal;
@@ -712,9 +717,9 @@ Status Split(Comm& parent, int color, int key, const ncclConfig_t* config, Comm*
     if (!fn) {
       comm->real_failure = Status::Error("jax_smddp NCCL front end: " + why);
     } else if (fn(parent.real, color, key, &real,
-                  comm->config.empty() ? nullptr
-                                       : reinterpret_cast<ncclConfig_t*>(comm->config.data())) !=
-               ncclSuccess) {
+                  comm->config.empty()
+                      ? nullptr
+                      : reinterpret_cast<ncclConfig_t*>(comm->config.data())) != ncclSuccess) {
       comm->real_failure = Status::Error("jax_smddp NCCL front end: the real ncclCommSplit failed");
     } else {
       comm->real = real;
@@ -753,12 +758,14 @@ Status RealComm(Comm& comm, ncclComm_t* out) {
   std::vector<unsigned char> config = comm.config;
   if (!config.empty()) reinterpret_cast<ncclConfigHead*>(config.data())->blocking = 1;
   ncclComm_t real = nullptr;
-  const ncclResult_t rc = fn(&real, comm.nranks, comm.real_id, comm.rank,
-                             config.empty() ? nullptr : reinterpret_cast<ncclConfig_t*>(config.data()));
+  const ncclResult_t rc =
+      fn(&real, comm.nranks, comm.real_id, comm.rank,
+         config.empty() ? nullptr : reinterpret_cast<ncclConfig_t*>(config.data()));
   if (rc != ncclSuccess) {
-    comm.real_failure = Status::Error("jax_smddp NCCL front end: the real NCCL library could not "
-                                      "create the communicator (ncclCommInitRankConfig returned " +
-                                      std::to_string(int(rc)) + ")");
+    comm.real_failure = Status::Error(
+        "jax_smddp NCCL front end: the real NCCL library could not "
+        "create the communicator (ncclCommInitRankConfig returned " +
+        std::to_string(int(rc)) + ")");
     return comm.real_failure;
   }
   comm.real = real;

@@ -48,14 +48,15 @@ constexpr size_t kRealIdBytes = 88;
 struct Comm {
   int nranks = 0;
   int rank = 0;
-  int ordinal = 0;  // the CUDA device current when it was created
+  int ordinal = 0;             // the CUDA device current when it was created
   uint64_t nonce[2] = {0, 0};  // names it alike in every rank
   bool served = false;
   std::string forwarded_because;  // why its calls are forwarded (served false)
   std::vector<int> process_of;    // per rank
   std::vector<int64_t> members;   // the GPU communicator's member ids
-  gpu::LocalRank* local = nullptr;  // this host's rank (a communicator across hosts: of its intra part)
-  NetPort* port = nullptr;          // across hosts: the rank's network port
+  gpu::LocalRank* local =
+      nullptr;              // this host's rank (a communicator across hosts: of its intra part)
+  NetPort* port = nullptr;  // across hosts: the rank's network port
   const std::vector<int>* rank_of = nullptr;  // across hosts: host-major order of the ranks
   int hosts = 1;
   // Where its calls are counted. Weak: a communicator XLA never destroys
@@ -74,9 +75,9 @@ struct Comm {
   Status real_failure;  // why the real communicator could not be created
 
   std::mutex error_mu;
-  Status async_error;     // what ncclCommGetAsyncError reports
+  Status async_error;               // what ncclCommGetAsyncError reports
   std::atomic<bool> failed{false};  // async_error is set: read per call without the lock
-  std::string last_error;  // ncclGetLastError(comm)
+  std::string last_error;           // ncclGetLastError(comm)
 };
 
 // A Comm from a handle, or null for a handle this front end did not make

@@ -33,24 +33,26 @@ ncclResult_t Missing(const char* name) {
 }
 
 // Passes a call without a communicator straight to the real library.
-#define SMDDP_PASS(name, params, args)                                      \
-  SMDDP_NCCL_EXPORT ncclResult_t name params {                             \
-    using Fn = ncclResult_t(*) params;                                     \
-    auto fn = Real<Fn>(#name);                                             \
-    return fn ? fn args : Missing(#name);                                  \
+#define SMDDP_PASS(name, params, args)         \
+  SMDDP_NCCL_EXPORT ncclResult_t name params { \
+    using Fn = ncclResult_t(*) params;         \
+    auto fn = Real<Fn>(#name);                 \
+    return fn ? fn args : Missing(#name);      \
   }
 
 // Forwards a call whose first argument is a communicator.
-#define SMDDP_FORWARD(name, params, args)                                   \
-  SMDDP_NCCL_EXPORT ncclResult_t name params {                             \
-    return Forward(#name, comm, [=](ncclComm_t real) {                     \
-      using Fn = ncclResult_t(*) params;                                   \
-      auto fn = Real<Fn>(#name);                                           \
-      return fn ? fn args : Missing(#name);                                \
-    });                                                                    \
+#define SMDDP_FORWARD(name, params, args)              \
+  SMDDP_NCCL_EXPORT ncclResult_t name params {         \
+    return Forward(#name, comm, [=](ncclComm_t real) { \
+      using Fn = ncclResult_t(*) params;               \
+      auto fn = Real<Fn>(#name);                       \
+      return fn ? fn args : Missing(#name);            \
+    });                                                \
   }
 
-ncclResult_t Checked(Comm* comm, const Status& st) { return st.ok() ? ncclSuccess : Fail(comm, st); }
+ncclResult_t Checked(Comm* comm, const Status& st) {
+  return st.ok() ? ncclSuccess : Fail(comm, st);
+}
 
 }  // namespace
 
@@ -68,7 +70,7 @@ SMDDP_NCCL_EXPORT ncclResult_t ncclGetUniqueId(ncclUniqueId* id) {
 }
 
 SMDDP_NCCL_EXPORT ncclResult_t ncclCommInitRankConfig(ncclComm_t* out, int nranks, ncclUniqueId id,
-                                                     int rank, ncclConfig_t* config) {
+                                                      int rank, ncclConfig_t* config) {
   if (!out) return ncclInvalidArgument;
   Comm* comm = nullptr;
   const Status st = InitRank(nranks, id, rank, config, &comm);
@@ -78,22 +80,22 @@ SMDDP_NCCL_EXPORT ncclResult_t ncclCommInitRankConfig(ncclComm_t* out, int nrank
 }
 
 SMDDP_NCCL_EXPORT ncclResult_t ncclCommInitRank(ncclComm_t* out, int nranks, ncclUniqueId id,
-                                               int rank) {
+                                                int rank) {
   return ncclCommInitRankConfig(out, nranks, id, rank, nullptr);
 }
 
 SMDDP_NCCL_EXPORT ncclResult_t ncclCommInitRankScalable(ncclComm_t* out, int nranks, int rank,
-                                                       int nids, ncclUniqueId* ids,
-                                                       ncclConfig_t* config) {
+                                                        int nids, ncclUniqueId* ids,
+                                                        ncclConfig_t* config) {
   if (nids != 1 || !ids)
-    return Fail(nullptr, Status::Unsupported(
-                             "jax_smddp NCCL front end: ncclCommInitRankScalable with " +
-                             std::to_string(nids) + " ids (it takes one)"));
+    return Fail(nullptr,
+                Status::Unsupported("jax_smddp NCCL front end: ncclCommInitRankScalable with " +
+                                    std::to_string(nids) + " ids (it takes one)"));
   return ncclCommInitRankConfig(out, nranks, ids[0], rank, config);
 }
 
-SMDDP_NCCL_EXPORT ncclResult_t ncclCommSplit(ncclComm_t comm, int color, int key,
-                                            ncclComm_t* out, ncclConfig_t* config) {
+SMDDP_NCCL_EXPORT ncclResult_t ncclCommSplit(ncclComm_t comm, int color, int key, ncclComm_t* out,
+                                             ncclConfig_t* config) {
   Comm* parent = AsComm(comm);
   if (!parent || !out) return ncclInvalidArgument;
   Comm* child = nullptr;
@@ -123,10 +125,10 @@ SMDDP_NCCL_EXPORT ncclResult_t ncclCommAbort(ncclComm_t comm) {
   // waiting on its flags (host flag memory, the front end's default) and
   // the peers' next calls fail. The real side aborts its own.
   if (c->local && c->local->watch)
-    c->local->watch->Fail(Status::PeerFailed("jax_smddp NCCL front end: rank " +
-                                             std::to_string(c->rank) + " (process " +
-                                             std::to_string(c->process_of.empty() ? -1 : c->process_of[c->rank]) +
-                                             ") aborted the communicator (ncclCommAbort)"));
+    c->local->watch->Fail(Status::PeerFailed(
+        "jax_smddp NCCL front end: rank " + std::to_string(c->rank) + " (process " +
+        std::to_string(c->process_of.empty() ? -1 : c->process_of[c->rank]) +
+        ") aborted the communicator (ncclCommAbort)"));
   const ncclResult_t rc = DestroyReal(*c, "ncclCommAbort");
   Retire(c);
   return rc;
@@ -183,14 +185,22 @@ SMDDP_NCCL_EXPORT const char* ncclGetErrorString(ncclResult_t result) {
   using Fn = const char* (*)(ncclResult_t);
   if (auto fn = Real<Fn>("ncclGetErrorString")) return fn(result);
   switch (result) {
-    case ncclSuccess: return "no error";
-    case ncclUnhandledCudaError: return "unhandled cuda error";
-    case ncclSystemError: return "unhandled system error";
-    case ncclInternalError: return "internal error";
-    case ncclInvalidArgument: return "invalid argument";
-    case ncclInvalidUsage: return "invalid usage";
-    case ncclRemoteError: return "remote process exited or there was a network error";
-    case ncclInProgress: return "NCCL operation in progress";
+    case ncclSuccess:
+      return "no error";
+    case ncclUnhandledCudaError:
+      return "unhandled cuda error";
+    case ncclSystemError:
+      return "unhandled system error";
+    case ncclInternalError:
+      return "internal error";
+    case ncclInvalidArgument:
+      return "invalid argument";
+    case ncclInvalidUsage:
+      return "invalid usage";
+    case ncclRemoteError:
+      return "remote process exited or there was a network error";
+    case ncclInProgress:
+      return "NCCL operation in progress";
   }
   return "unknown result code";
 }
@@ -209,88 +219,88 @@ SMDDP_NCCL_EXPORT const char* ncclGetLastError(ncclComm_t comm) {
   return message.c_str();
 }
 
-SMDDP_NCCL_EXPORT ncclResult_t ncclGroupStart() {
-  return GroupStart();
-}
+SMDDP_NCCL_EXPORT ncclResult_t ncclGroupStart() { return GroupStart(); }
 
-SMDDP_NCCL_EXPORT ncclResult_t ncclGroupEnd() {
-  return GroupEnd();
-}
+SMDDP_NCCL_EXPORT ncclResult_t ncclGroupEnd() { return GroupEnd(); }
 
-SMDDP_NCCL_EXPORT ncclResult_t ncclGroupSimulateEnd(ncclSimInfo_t* /*info*/) {
-  return GroupDrop();
-}
+SMDDP_NCCL_EXPORT ncclResult_t ncclGroupSimulateEnd(ncclSimInfo_t* /*info*/) { return GroupDrop(); }
 
 SMDDP_NCCL_EXPORT ncclResult_t ncclAllGather(const void* send, void* recv, size_t count,
-                                            ncclDataType_t type, ncclComm_t comm, void* stream) {
+                                             ncclDataType_t type, ncclComm_t comm, void* stream) {
   return RunCollective(Collective::kAllGather, send, recv, count, type, ncclSum, comm, stream);
 }
 
 SMDDP_NCCL_EXPORT ncclResult_t ncclReduceScatter(const void* send, void* recv, size_t count,
-                                                ncclDataType_t type, ncclRedOp_t op,
-                                                ncclComm_t comm, void* stream) {
+                                                 ncclDataType_t type, ncclRedOp_t op,
+                                                 ncclComm_t comm, void* stream) {
   return RunCollective(Collective::kReduceScatter, send, recv, count, type, op, comm, stream);
 }
 
 SMDDP_NCCL_EXPORT ncclResult_t ncclAllReduce(const void* send, void* recv, size_t count,
-                                            ncclDataType_t type, ncclRedOp_t op, ncclComm_t comm,
-                                            void* stream) {
+                                             ncclDataType_t type, ncclRedOp_t op, ncclComm_t comm,
+                                             void* stream) {
   return RunCollective(Collective::kAllReduce, send, recv, count, type, op, comm, stream);
 }
 
 SMDDP_NCCL_EXPORT ncclResult_t ncclAlltoAll(const void* send, void* recv, size_t count,
-                                           ncclDataType_t type, ncclComm_t comm, void* stream) {
+                                            ncclDataType_t type, ncclComm_t comm, void* stream) {
   return RunCollective(Collective::kAllToAll, send, recv, count, type, ncclSum, comm, stream);
 }
 
 // Collectives and point-to-point calls the engine does not serve.
 SMDDP_NCCL_EXPORT ncclResult_t ncclBroadcast(const void* send, void* recv, size_t count,
-                                            ncclDataType_t type, int root, ncclComm_t comm,
-                                            void* stream) {
+                                             ncclDataType_t type, int root, ncclComm_t comm,
+                                             void* stream) {
   return Forward("ncclBroadcast", comm, [=](ncclComm_t real) {
     using Fn = ncclResult_t (*)(const void*, void*, size_t, ncclDataType_t, int, ncclComm_t, void*);
     auto fn = Real<Fn>("ncclBroadcast");
     return fn ? fn(send, recv, count, type, root, real, stream) : Missing("ncclBroadcast");
   });
 }
-SMDDP_FORWARD(ncclBcast, (void* buff, size_t count, ncclDataType_t type, int root, ncclComm_t comm,
-                          void* stream),
+SMDDP_FORWARD(ncclBcast,
+              (void* buff, size_t count, ncclDataType_t type, int root, ncclComm_t comm,
+               void* stream),
               (buff, count, type, root, real, stream))
-SMDDP_FORWARD(ncclReduce, (const void* send, void* recv, size_t count, ncclDataType_t type,
-                           ncclRedOp_t op, int root, ncclComm_t comm, void* stream),
+SMDDP_FORWARD(ncclReduce,
+              (const void* send, void* recv, size_t count, ncclDataType_t type, ncclRedOp_t op,
+               int root, ncclComm_t comm, void* stream),
               (send, recv, count, type, op, root, real, stream))
-SMDDP_FORWARD(ncclSend, (const void* send, size_t count, ncclDataType_t type, int peer,
-                         ncclComm_t comm, void* stream),
+SMDDP_FORWARD(ncclSend,
+              (const void* send, size_t count, ncclDataType_t type, int peer, ncclComm_t comm,
+               void* stream),
               (send, count, type, peer, real, stream))
-SMDDP_FORWARD(ncclRecv, (void* recv, size_t count, ncclDataType_t type, int peer, ncclComm_t comm,
-                         void* stream),
+SMDDP_FORWARD(ncclRecv,
+              (void* recv, size_t count, ncclDataType_t type, int peer, ncclComm_t comm,
+               void* stream),
               (recv, count, type, peer, real, stream))
-SMDDP_FORWARD(ncclRedOpCreatePreMulSum, (ncclRedOp_t* op, void* scalar, ncclDataType_t type,
-                                         int residence, ncclComm_t comm),
+SMDDP_FORWARD(ncclRedOpCreatePreMulSum,
+              (ncclRedOp_t * op, void* scalar, ncclDataType_t type, int residence, ncclComm_t comm),
               (op, scalar, type, residence, real))
 SMDDP_FORWARD(ncclRedOpDestroy, (ncclRedOp_t op, ncclComm_t comm), (op, real))
-SMDDP_FORWARD(ncclCommWindowRegister, (ncclComm_t comm, void* buff, size_t size, void** win,
-                                       int flags),
+SMDDP_FORWARD(ncclCommWindowRegister,
+              (ncclComm_t comm, void* buff, size_t size, void** win, int flags),
               (real, buff, size, win, flags))
 SMDDP_FORWARD(ncclCommWindowDeregister, (ncclComm_t comm, void* win), (real, win))
 SMDDP_FORWARD(ncclCommQueryProperties, (ncclComm_t comm, void* properties), (real, properties))
 SMDDP_FORWARD(ncclDevCommCreate, (ncclComm_t comm, const void* requirements, void* dev_comm),
               (real, requirements, dev_comm))
 SMDDP_FORWARD(ncclDevCommDestroy, (ncclComm_t comm, const void* dev_comm), (real, dev_comm))
-SMDDP_FORWARD(ncclSignal, (int peer, int signal, int ctx, unsigned int flags, ncclComm_t comm,
-                           void* stream),
+SMDDP_FORWARD(ncclSignal,
+              (int peer, int signal, int ctx, unsigned int flags, ncclComm_t comm, void* stream),
               (peer, signal, ctx, flags, real, stream))
 SMDDP_FORWARD(ncclWaitSignal, (int n, void* descriptors, ncclComm_t comm, void* stream),
               (n, descriptors, real, stream))
-SMDDP_FORWARD(ncclPutSignal, (const void* local, size_t count, ncclDataType_t type, int peer,
-                              void* peer_window, size_t peer_offset, int signal, int ctx,
-                              unsigned int flags, ncclComm_t comm, void* stream),
-              (local, count, type, peer, peer_window, peer_offset, signal, ctx, flags, real, stream))
+SMDDP_FORWARD(ncclPutSignal,
+              (const void* local, size_t count, ncclDataType_t type, int peer, void* peer_window,
+               size_t peer_offset, int signal, int ctx, unsigned int flags, ncclComm_t comm,
+               void* stream),
+              (local, count, type, peer, peer_window, peer_offset, signal, ctx, flags, real,
+               stream))
 
 // User buffer registration: with no real communicator (every call served)
 // there is nothing to register with, and XLA's buffers need none.
 SMDDP_NCCL_EXPORT ncclResult_t ncclCommRegister(const ncclComm_t comm, void* buff, size_t size,
-                                               void** handle) {
+                                                void** handle) {
   Comm* c = AsComm(comm);
   if (!c || !handle) return ncclInvalidArgument;
   std::lock_guard<std::mutex> lock(c->real_mu);
@@ -340,7 +350,7 @@ SMDDP_NCCL_EXPORT ncclResult_t ncclCommInitAll(ncclComm_t* comms, int ndev, cons
 }
 
 SMDDP_NCCL_EXPORT ncclResult_t ncclCommShrink(ncclComm_t comm, int* exclude, int excluded,
-                                             ncclComm_t* out, ncclConfig_t* config, int flags) {
+                                              ncclComm_t* out, ncclConfig_t* config, int flags) {
   if (!out) return ncclInvalidArgument;
   ncclComm_t shrunk = nullptr;
   const ncclResult_t rc = Forward("ncclCommShrink", comm, [&](ncclComm_t real) {
@@ -349,8 +359,9 @@ SMDDP_NCCL_EXPORT ncclResult_t ncclCommShrink(ncclComm_t comm, int* exclude, int
     return fn ? fn(real, exclude, excluded, &shrunk, config, flags) : Missing("ncclCommShrink");
   });
   if (rc != ncclSuccess) return rc;
-  *out = shrunk ? Publish(Wrap(shrunk, "communicators made by ncclCommShrink are the real library's"))
-                : nullptr;
+  *out = shrunk
+             ? Publish(Wrap(shrunk, "communicators made by ncclCommShrink are the real library's"))
+             : nullptr;
   return ncclSuccess;
 }
 

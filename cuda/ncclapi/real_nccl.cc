@@ -12,9 +12,9 @@ namespace nccl {
 namespace {
 
 std::mutex mu;
-std::string configured;       // guarded by mu
-void* handle = nullptr;       // guarded by mu
-std::string open_failure;     // guarded by mu: why the library could not be opened
+std::string configured;    // guarded by mu
+void* handle = nullptr;    // guarded by mu
+std::string open_failure;  // guarded by mu: why the library could not be opened
 std::unordered_map<std::string, void*>& Symbols() {  // guarded by mu
   static auto* symbols = new std::unordered_map<std::string, void*>;
   return *symbols;
@@ -34,8 +34,9 @@ void* OpenLocked(std::string* why) {
   const std::string path = PathLocked();
   if (path.empty()) {
     // Not remembered: jax_smddp may still say where it is.
-    *why = "the real NCCL library was not located (set JAX_SMDDP_NCCL_LIBRARY to the path of "
-           "libnccl.so.2, e.g. site-packages/nvidia/nccl/lib/libnccl.so.2)";
+    *why =
+        "the real NCCL library was not located (set JAX_SMDDP_NCCL_LIBRARY to the path of "
+        "libnccl.so.2, e.g. site-packages/nvidia/nccl/lib/libnccl.so.2)";
     return nullptr;
   }
   if (path.find('/') == std::string::npos) {

@@ -52,16 +52,16 @@ inline void Passed() {
 
 }  // namespace smddp_test
 
-#define CHECK(cond, ...)                                                             \
-  do {                                                                               \
-    if (!(cond)) {                                                                   \
-      const std::string _why = ::smddp_test::Format("" __VA_ARGS__);                 \
+#define CHECK(cond, ...)                                                                \
+  do {                                                                                  \
+    if (!(cond)) {                                                                      \
+      const std::string _why = ::smddp_test::Format("" __VA_ARGS__);                    \
       ::smddp_test::Fail(__FILE__, __LINE__, _why.empty() ? std::string(#cond) : _why); \
-    }                                                                                \
+    }                                                                                   \
   } while (0)
-#define CHECK_MSG(cond, msg)                                                   \
-  do {                                                                         \
-    if (!(cond)) ::smddp_test::Fail(__FILE__, __LINE__, std::string(msg));     \
+#define CHECK_MSG(cond, msg)                                               \
+  do {                                                                     \
+    if (!(cond)) ::smddp_test::Fail(__FILE__, __LINE__, std::string(msg)); \
   } while (0)
 
 #endif  // JAX_SMDDP_TESTS_NATIVE_CHECK_H_

@@ -21,7 +21,8 @@
 
 int main(int argc, char** argv) {
   if (argc != 10) {
-    std::fprintf(stderr, "usage: %s WIDTH ROWS SPITCH DPITCH SRC_MISALIGN DST_MISALIGN THREADS IN OUT\n",
+    std::fprintf(stderr,
+                 "usage: %s WIDTH ROWS SPITCH DPITCH SRC_MISALIGN DST_MISALIGN THREADS IN OUT\n",
                  argv[0]);
     return 2;
   }

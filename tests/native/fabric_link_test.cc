@@ -22,11 +22,11 @@
 #include <thread>
 #include <vector>
 
+#include "tests/native/check.h"
+#include "tests/native/fabric_regions.h"
 #include "xla_ffi/common/settings.h"
 #include "xla_ffi/transports/fabric_link.h"
 #include "xla_ffi/transports/fabric_rail.h"
-#include "tests/native/check.h"
-#include "tests/native/fabric_regions.h"
 
 using smddp::FabricEndpoint;
 using smddp::Link;
@@ -209,7 +209,8 @@ void ExchangeSizes(Link* link, int me, uint64_t tag0, bool after_arrival) {
     ProgressFor(link, 0.1);
     post_recvs();
   }
-  Wait(link, all, 60, after_arrival ? "sizes, receives posted late" : "sizes, receives posted early");
+  Wait(link, all, 60,
+       after_arrival ? "sizes, receives posted late" : "sizes, receives posted early");
   uint64_t direct_bytes = 0;
   for (size_t i = 0; i < n; ++i) direct_bytes += Direct(link, kSizes[i]) ? kSizes[i] : 0;
   CHECK(link->SingleCopyBytes() - direct_before == direct_bytes,
@@ -399,7 +400,8 @@ void Cancels(Link* link, int me) {
     Wait(link, {&s2, &r2}, 30, "messages after a cancelled send");
     CheckOk(r2, "receive after a cancelled send");
     CHECK(Verify(i2, 504, peer) < 0, "wrong data after a cancelled send");
-    Log("cancel of a send: ok (%s; the peer's receive: %s)", sent ? "it had been copied" : "cancelled",
+    Log("cancel of a send: ok (%s; the peer's receive: %s)",
+        sent ? "it had been copied" : "cancelled",
         r.status().ok() ? "ok" : r.status().message().c_str());
   }
 }
@@ -430,8 +432,8 @@ void Threads(Link* link, int me) {
       for (int i = 0; i < kMsgs; ++i) {
         CheckOk(sreq[i], "send from a thread");
         CheckOk(rreq[i], "recv in a thread");
-        CHECK(Verify(in[i], 1000 + 100 * t + i, peer) < 0, "thread %d message %d: wrong data",
-              t, i);
+        CHECK(Verify(in[i], 1000 + 100 * t + i, peer) < 0, "thread %d message %d: wrong data", t,
+              i);
       }
     });
   }
@@ -474,8 +476,10 @@ void Throughput(Link* link, int me, const std::string& provider) {
     best_bi = std::max(best_bi, bytes / s / 1e9);
   }
   if (me == 1) {
-    std::printf("THROUGHPUT %s: 64 MiB messages one way %.2f GB/s; both ways at once %.2f GB/s "
-                "each way\n", provider.c_str(), best_uni, best_bi);
+    std::printf(
+        "THROUGHPUT %s: 64 MiB messages one way %.2f GB/s; both ways at once %.2f GB/s "
+        "each way\n",
+        provider.c_str(), best_uni, best_bi);
     std::fflush(stdout);
   }
   Barrier();
@@ -631,8 +635,8 @@ void RailTests(Link* control, int me, const std::string& provider, const std::st
   CHECK(r2.status().message().find("50") != std::string::npos &&
             r2.status().message().find("80") != std::string::npos,
         "unclear: %s", r2.status().message().c_str());
-  Log("rail: reused tag in order; size mismatches: \"%s\" / \"%s\"",
-      r1.status().message().c_str(), r2.status().message().c_str());
+  Log("rail: reused tag in order; size mismatches: \"%s\" / \"%s\"", r1.status().message().c_str(),
+      r2.status().message().c_str());
 
   // Memory outside the registration fails at once; a cancelled receive lets
   // the next receive of its tag take the message.
@@ -681,7 +685,8 @@ void RailTests(Link* control, int me, const std::string& provider, const std::st
     }
     Wait(link.get(), ptrs, 120, "rail throughput");
     for (auto& r : reqs) CheckOk(r, "rail throughput");
-    best = std::max(best, 4 * 64 * kMiB / std::chrono::duration<double>(Clock::now() - t0).count() / 1e9);
+    best = std::max(best,
+                    4 * 64 * kMiB / std::chrono::duration<double>(Clock::now() - t0).count() / 1e9);
   }
   if (me == 1) {
     std::printf("THROUGHPUT %s rail (registered host memory): 64 MiB messages one way %.2f GB/s\n",

@@ -54,17 +54,17 @@
 #include <cuda_runtime_api.h>  // the mock: inputs in "device memory"
 
 #include "cuda/buffer_ipc.h"
-#include "xla_ffi/engine/buffer_exchange.h"
-#include "xla_ffi/engine/communicator.h"  // SetTimeoutSeconds
 #include "cuda/gpu_communicator.h"
 #include "cuda/gpu_hierarchy.h"
-#include "xla_ffi/algorithms/host_stream_ops.h"
-#include "xla_ffi/transports/link.h"
-#include "xla_ffi/algorithms/net_port.h"
-#include "xla_ffi/algorithms/stream_algorithms.h"
-#include "xla_ffi/transports/world.h"
 #include "tests/native/check.h"
 #include "tests/native/fabric_regions.h"
+#include "xla_ffi/algorithms/host_stream_ops.h"
+#include "xla_ffi/algorithms/net_port.h"
+#include "xla_ffi/algorithms/stream_algorithms.h"
+#include "xla_ffi/engine/buffer_exchange.h"
+#include "xla_ffi/engine/communicator.h"  // SetTimeoutSeconds
+#include "xla_ffi/transports/link.h"
+#include "xla_ffi/transports/world.h"
 
 namespace {
 
@@ -76,10 +76,10 @@ constexpr int kRanks = 3;
 const std::vector<int64_t> kMembers = {10, 11, 12};
 
 // A failed expectation of `rank`: the shared check (tests/native/check.h).
-#define Expect(rank, ok, what)                                  \
-  do {                                                          \
-    smddp_test::Who() = "rank " + std::to_string(rank);         \
-    CHECK_MSG(ok, what);                                        \
+#define Expect(rank, ok, what)                          \
+  do {                                                  \
+    smddp_test::Who() = "rank " + std::to_string(rank); \
+    CHECK_MSG(ok, what);                                \
   } while (0)
 
 bool WriteAll(int fd, const void* p, size_t n) {
@@ -131,10 +131,14 @@ Plan MakePlan(Plan::Kind kind, size_t outer, size_t inner, size_t count) {
 
 const char* Name(Plan::Kind k) {
   switch (k) {
-    case Plan::Kind::kAllGather: return "all_gather";
-    case Plan::Kind::kReduceScatter: return "reduce_scatter";
-    case Plan::Kind::kAllReduce: return "all_reduce";
-    case Plan::Kind::kAllToAll: return "all_to_all";
+    case Plan::Kind::kAllGather:
+      return "all_gather";
+    case Plan::Kind::kReduceScatter:
+      return "reduce_scatter";
+    case Plan::Kind::kAllReduce:
+      return "all_reduce";
+    case Plan::Kind::kAllToAll:
+      return "all_to_all";
   }
   return "?";
 }
@@ -176,7 +180,7 @@ struct DeviceBuffers {
   int calls = 0;
   bool heap_input = false;  // the next call's input is ordinary host memory (cannot be shared)
   bool staged = false;      // some rank's is: the next call stages
-  void Free() {  // children leave by _exit: no destructors
+  void Free() {             // children leave by _exit: no destructors
     for (void*& a : allocation)
       if (a) cudaFree(a), a = nullptr;
   }
@@ -194,8 +198,10 @@ Status Run(gpu::LocalRank* me, const Plan& plan, const std::vector<float>& send,
   DeviceBuffers& d = device_buffers[me->view.rank % 4];
   if (me->exchange) {
     for (void*& a : d.allocation)
-      if (!a && cudaMalloc(&a, DeviceBuffers::kBytes) != cudaSuccess) return Status::Error("cudaMalloc");
-    if (in_bytes + 256 * 6 > DeviceBuffers::kOutputs || out_bytes + 256 * 4 > DeviceBuffers::kOutputs)
+      if (!a && cudaMalloc(&a, DeviceBuffers::kBytes) != cudaSuccess)
+        return Status::Error("cudaMalloc");
+    if (in_bytes + 256 * 6 > DeviceBuffers::kOutputs ||
+        out_bytes + 256 * 4 > DeviceBuffers::kOutputs)
       return Status::Error("buffers too big");
     auto* in = static_cast<uint8_t*>(d.allocation[d.calls % 2]) + 256 * (d.calls % 7);
     auto* out = static_cast<uint8_t*>(d.allocation[(d.calls + 1) % 2]) + DeviceBuffers::kOutputs +
@@ -302,8 +308,9 @@ void Survive(int r, gpu::LocalRank* me, bool host, const std::string& expect) {
   const std::string why = FirstError(me, 10);
   const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   Expect(r, why.find(expect) != std::string::npos, "expected '" + expect + "', got: " + why);
-  Expect(r, why.find("rank 2 (process 2, pid ") != std::string::npos &&
-                why.find("GPU group [10, 11, 12]") != std::string::npos,
+  Expect(r,
+         why.find("rank 2 (process 2, pid ") != std::string::npos &&
+             why.find("GPU group [10, 11, 12]") != std::string::npos,
          "the error does not name rank 2 and the group: " + why);
   Expect(r, s < 8, "took " + std::to_string(s) + " s");
   const Status again = gpu::CheckCall(*me, "all_gather", MakePlan(Plan::Kind::kAllGather, 1, 4, 0));
@@ -322,10 +329,11 @@ void Mismatch(int r, gpu::LocalRank* me) {
     return;
   }
   // Rank 1 differs from rank 0; rank 2 agrees with rank 0 but not with rank 1.
-  Expect(r, !st.ok() && st.message().find("disagree on call #1") != std::string::npos &&
-                st.message().find("1 x 800 bytes per rank") != std::string::npos &&
-                st.message().find("1 x 400 bytes per rank") != std::string::npos &&
-                st.message().find("rank 1 (process 1)") != std::string::npos,
+  Expect(r,
+         !st.ok() && st.message().find("disagree on call #1") != std::string::npos &&
+             st.message().find("1 x 800 bytes per rank") != std::string::npos &&
+             st.message().find("1 x 400 bytes per rank") != std::string::npos &&
+             st.message().find("rank 1 (process 1)") != std::string::npos,
          "expected a disagreement naming both calls, got: " + st.message());
   st = gpu::CheckCall(*me, "all_gather", same);
   Expect(r, !st.ok() && st.message().find("disagree") != std::string::npos,
@@ -349,10 +357,12 @@ int RunRank(int r, const std::string& scenario, bool host, int up, int down) {
   }
   st = gpu::ConnectCommunicator(kMembers, remote);
   if (scenario == "direct_disagree") {
-    Expect(r, !st.ok() && st.message().find("processes disagree on direct reads: " +
-                                            std::string(r == 2 ? "0 here, 1" : "1 here, 0")) !=
-                              std::string::npos &&
-                  st.message().find("XLA_PYTHON_CLIENT_ALLOCATOR") != std::string::npos,
+    Expect(r,
+           !st.ok() &&
+               st.message().find("processes disagree on direct reads: " +
+                                 std::string(r == 2 ? "0 here, 1" : "1 here, 0")) !=
+                   std::string::npos &&
+               st.message().find("XLA_PYTHON_CLIENT_ALLOCATOR") != std::string::npos,
            "expected a disagreement on direct reads, got: " + st.message());
     char b = 'c';  // the parent's two barriers
     Expect(r, WriteAll(up, &b, 1) && ReadAll(down, &b, 1), "barrier");
@@ -366,7 +376,8 @@ int RunRank(int r, const std::string& scenario, bool host, int up, int down) {
   gpu::GpuCommunicator* comm = gpu::FindCommunicator(gpu::GroupKey(kMembers.data(), kRanks));
   Expect(r, comm && comm->Local(r), "no connected communicator");
   gpu::LocalRank* me = comm->Local(r);
-  Expect(r, me->watch != nullptr && me->call_logs.size() == size_t(kRanks), "not watched or logged");
+  Expect(r, me->watch != nullptr && me->call_logs.size() == size_t(kRanks),
+         "not watched or logged");
   Expect(r, me->view.flags.size() == (host ? size_t(kRanks) : 0u), "flag blocks not as configured");
   const bool direct = scenario.rfind("direct", 0) == 0;
   Expect(r, (me->exchange != nullptr) == direct, "direct reads not as configured");
@@ -377,7 +388,8 @@ int RunRank(int r, const std::string& scenario, bool host, int up, int down) {
     Collectives(r, me);
     if (direct) {
       // Each peer's two allocations, mapped once each.
-      Expect(r, me->exchange->exported() == 2, "exported " + std::to_string(me->exchange->exported()));
+      Expect(r, me->exchange->exported() == 2,
+             "exported " + std::to_string(me->exchange->exported()));
       Expect(r, me->exchange->mapped() == size_t(2 * (kRanks - 1)),
              "mapped " + std::to_string(me->exchange->mapped()));
       // By descriptor where the memory is cuMemCreate's, else by legacy CUDA IPC.
@@ -386,11 +398,13 @@ int RunRank(int r, const std::string& scenario, bool host, int up, int down) {
       // The set-up probe copies a descriptor (here this process's own); a
       // refusal names the process and why, and then memory that only a
       // descriptor could share is not exported (its calls stage).
-      Expect(r, smddp::cuda::CopyDescriptorRefused(getpid(), smddp::cuda::DescriptorProbe()).empty(),
+      Expect(r,
+             smddp::cuda::CopyDescriptorRefused(getpid(), smddp::cuda::DescriptorProbe()).empty(),
              "cannot copy the probe descriptor");
       const std::string refused = smddp::cuda::CopyDescriptorRefused(getpid(), 1 << 20);
-      Expect(r, refused.find("copying process " + std::to_string(getpid())) != std::string::npos &&
-                    refused.find("pidfd_getfd") != std::string::npos,
+      Expect(r,
+             refused.find("copying process " + std::to_string(getpid())) != std::string::npos &&
+                 refused.find("pidfd_getfd") != std::string::npos,
              "a bad descriptor: " + refused);
       {
         smddp::cuda::BufferIpc ipc;
@@ -400,9 +414,10 @@ int RunRank(int r, const std::string& scenario, bool host, int up, int down) {
         uintptr_t base = 0;
         uint64_t unique = 0;
         const Status st = ipc.FindAllocation(0, buffer, &base, &unique);
-        Expect(r, mock_cuda::CuMem() ? !st.ok() && st.message().find("a peer cannot copy them") !=
-                                                     std::string::npos
-                                     : st.ok(),
+        Expect(r,
+               mock_cuda::CuMem()
+                   ? !st.ok() && st.message().find("a peer cannot copy them") != std::string::npos
+                   : st.ok(),
                "after a refusal: " + st.message());
         cudaFree(buffer);
       }
@@ -419,9 +434,10 @@ int RunRank(int r, const std::string& scenario, bool host, int up, int down) {
         Expect(r, me->view.inputs.empty() == (call == 0), "staged only the call with a heap input");
         // The process says why (gpu.direct_reads_staged_because()): rank 1 itself, or its peers.
         const std::string why = smddp::BufferExchange::StagedBecause();
-        Expect(r, why.find("rank 1") != std::string::npos &&
-                      why.find(r == 1 ? "cannot share its buffers in place (its memory is not"
-                                      : "could not share its buffers") != std::string::npos,
+        Expect(r,
+               why.find("rank 1") != std::string::npos &&
+                   why.find(r == 1 ? "cannot share its buffers in place (its memory is not"
+                                   : "could not share its buffers") != std::string::npos,
                "staged because: " + why);
         for (int q = 0; q < kRanks; ++q)
           for (size_t i = 0; i < n; ++i)
@@ -443,7 +459,8 @@ int RunRank(int r, const std::string& scenario, bool host, int up, int down) {
         std::vector<float> send(n), recv(n * kRanks);
         for (size_t i = 0; i < n; ++i) send[i] = Input(r, i + 11 * call + 3);
         Status st = Run(me, MakePlan(Plan::Kind::kAllGather, 1, n * 4, 0), send, &recv, 20);
-        Expect(r, st.ok() && !me->view.inputs.empty(), "all_gather after reallocating: " + st.message());
+        Expect(r, st.ok() && !me->view.inputs.empty(),
+               "all_gather after reallocating: " + st.message());
         for (int q = 0; q < kRanks; ++q)
           for (size_t i = 0; i < n; ++i)
             Expect(r, recv[q * n + i] == Input(q, i + 11 * call + 3),
@@ -486,21 +503,23 @@ int RunRank(int r, const std::string& scenario, bool host, int up, int down) {
       for (int q = 0; q < kRanks && st.ok(); ++q) {
         const auto* theirs = reinterpret_cast<const uint32_t*>(me->view.inputs[q]);
         const size_t first = offset / 4, last = first + plan.inner / 4 - 1;
-        Expect(r, theirs != nullptr && theirs[0] == word(q, first) &&
-                      theirs[last - first] == word(q, last),
+        Expect(r,
+               theirs != nullptr && theirs[0] == word(q, first) &&
+                   theirs[last - first] == word(q, last),
                "call " + std::to_string(call) + ": rank " + std::to_string(q) +
                    "'s input as this rank reads it is not what rank " + std::to_string(q) +
                    " wrote at offset " + std::to_string(offset));
       }
     }
-    Expect(r, me->exchange->mapped() == size_t(kRanks - 1), "mapped " +
-           std::to_string(me->exchange->mapped()) + " allocations, not one per peer");
+    Expect(r, me->exchange->mapped() == size_t(kRanks - 1),
+           "mapped " + std::to_string(me->exchange->mapped()) + " allocations, not one per peer");
     auto median = [](std::vector<double> v) {
       std::sort(v.begin(), v.end());
       return v[v.size() / 2];
     };
-    std::printf("rank %d: per call, median of 400: call-log check %.1f us, buffer exchange %.1f us\n",
-                r, median(check_us), median(exchange_us));
+    std::printf(
+        "rank %d: per call, median of 400: call-log check %.1f us, buffer exchange %.1f us\n", r,
+        median(check_us), median(exchange_us));
     Expect(r, median(exchange_us) < 5000, "the exchange took milliseconds");
     cudaFree(in);
     cudaFree(out);
@@ -516,19 +535,25 @@ int RunRank(int r, const std::string& scenario, bool host, int up, int down) {
     const Status st = Run(me, MakePlan(Plan::Kind::kAllGather, 1, 1200, 0), send, &recv, 30);
     const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
     if (r == 2) {
-      Expect(r, !st.ok() && st.message().find("mapping rank 0 (process 0)'s buffer") != std::string::npos,
-             "expected rank 2's exchange to fail mapping, got: " + st.message());
+      Expect(
+          r,
+          !st.ok() && st.message().find("mapping rank 0 (process 0)'s buffer") != std::string::npos,
+          "expected rank 2's exchange to fail mapping, got: " + st.message());
     } else {
       // Released (the call finishes), or, when rank 2's failure reached this
       // rank's check before its call did (a loaded machine), failed at once
       // naming it: either way not waiting on rank 2.
-      Expect(r, st.ok() || st.message().find("mapping rank 0 (process 0)'s buffer") != std::string::npos,
-             "not released: " + st.message());
+      Expect(
+          r,
+          st.ok() || st.message().find("mapping rank 0 (process 0)'s buffer") != std::string::npos,
+          "not released: " + st.message());
     }
     Expect(r, s < 8, "took " + std::to_string(s) + " s");
     const std::string why = FirstError(me, 10);
-    const char* cause = mock_cuda::CuMem() ? "cuMemImportFromShareableHandle" : "cudaIpcOpenMemHandle";
-    Expect(r, why.find(cause) != std::string::npos, "later calls do not fail naming the cause: " + why);
+    const char* cause =
+        mock_cuda::CuMem() ? "cuMemImportFromShareableHandle" : "cudaIpcOpenMemHandle";
+    Expect(r, why.find(cause) != std::string::npos,
+           "later calls do not fail naming the cause: " + why);
   } else if (scenario == "direct_dead_peer") {
     // The live ranks' hosts wait for rank 2's input in the exchange, with a
     // 30 s deadline: the watchdog, not the deadline, ends the wait.
@@ -538,8 +563,9 @@ int RunRank(int r, const std::string& scenario, bool host, int up, int down) {
     std::vector<float> send(100, 1.0f), recv(100 * kRanks);
     const Status st = Run(me, MakePlan(Plan::Kind::kAllGather, 1, 400, 0), send, &recv, 30);
     const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-    Expect(r, !st.ok() && st.message().find("rank 2 (process 2, pid ") != std::string::npos &&
-                  st.message().find("is gone") != std::string::npos,
+    Expect(r,
+           !st.ok() && st.message().find("rank 2 (process 2, pid ") != std::string::npos &&
+               st.message().find("is gone") != std::string::npos,
            "expected the exchange to fail naming rank 2, got: " + st.message());
     Expect(r, s < 8, "took " + std::to_string(s) + " s");
   } else if (scenario == "dead_peer" || scenario == "closed" || scenario == "stalled") {
@@ -622,8 +648,9 @@ int RunTwoPerProcess(int p, bool host, int up, int down) {
              "not released: " + run.message());
     }
     const std::string why = FirstError(me, 10);
-    Expect(r, why.find("ranks 2, 3 (process 1, pid ") != std::string::npos &&
-                  why.find("is gone") != std::string::npos,
+    Expect(r,
+           why.find("ranks 2, 3 (process 1, pid ") != std::string::npos &&
+               why.find("is gone") != std::string::npos,
            "expected ranks 2, 3 of process 1 named, got: " + why);
   });
   gpu::ReleaseCommunicators();
@@ -694,18 +721,23 @@ int InProcessLate() {
       const Status late = Run(me, plan, send, &recv, 20);
       const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
       if (r != 2) {
-        Expect(r, !late.ok() && late.message().find("rank 2 (process 0) did not enqueue call 1") !=
-                                    std::string::npos,
+        Expect(r,
+               !late.ok() && late.message().find("rank 2 (process 0) did not enqueue call 1") !=
+                                 std::string::npos,
                "the late rank is not named: " + late.message());
         gave_up++;
       } else {
-        Expect(r, !late.ok() && late.message().find("rank 2 (process 0) did not enqueue call 1") !=
-                                    std::string::npos && s < 1.0,
+        Expect(r,
+               !late.ok() &&
+                   late.message().find("rank 2 (process 0) did not enqueue call 1") !=
+                       std::string::npos &&
+                   s < 1.0,
                "the late rank's call took " + std::to_string(s) + " s: " + late.message());
       }
       const auto t1 = std::chrono::steady_clock::now();
       const Status next = Run(me, plan, send, &recv, 20);
-      const double s1 = std::chrono::duration<double>(std::chrono::steady_clock::now() - t1).count();
+      const double s1 =
+          std::chrono::duration<double>(std::chrono::steady_clock::now() - t1).count();
       Expect(r, !next.ok() && next.message() == late.message() && s1 < 1.0,
              "a later call: " + next.message() + " after " + std::to_string(s1) + " s");
     });
@@ -719,7 +751,8 @@ int InProcessLate() {
 
 int TwoPerProcess(bool host) {
   Children kids;
-  if (!Spawn(2, [&](int p, int up, int down) { return RunTwoPerProcess(p, host, up, down); }, &kids))
+  if (!Spawn(
+          2, [&](int p, int up, int down) { return RunTwoPerProcess(p, host, up, down); }, &kids))
     return 2;
   const auto &pids = kids.pids, &ups = kids.ups, &downs = kids.downs;
   alarm(90);
@@ -778,7 +811,8 @@ int RunHost(int p, int L, bool rail, bool die, int up, int down) {
   Check(p, smddp::WorldBegin(p, P), "WorldBegin");
   const auto pids = AllStrings(p, up, down, std::to_string(getpid()), P);
   for (int q = 0; q < P; ++q)
-    Check(p, smddp::WorldSetPeer(q, std::stoi(pids[q]), "proc" + std::to_string(q)), "WorldSetPeer");
+    Check(p, smddp::WorldSetPeer(q, std::stoi(pids[q]), "proc" + std::to_string(q)),
+          "WorldSetPeer");
   std::string address, provider, watch;
   Check(p, smddp::WorldOpenFabric("shm", "", &address, &provider), "WorldOpenFabric");
   Check(p, smddp::WorldWatchListen("127.0.0.1", &watch), "WorldWatchListen");
@@ -819,8 +853,9 @@ int RunHost(int p, int L, bool rail, bool die, int up, int down) {
     rails = AllStrings(p, up, down, mine, P);
   }
   bool gdrcopy = true, on_rail = !rail;
-  Check(p, gpu::PrepareHierarchy(members, host_of, process_of, {{p, 0}}, intra, 4096, rails,
-                                 &gdrcopy, &on_rail),
+  Check(p,
+        gpu::PrepareHierarchy(members, host_of, process_of, {{p, 0}}, intra, 4096, rails, &gdrcopy,
+                              &on_rail),
         "PrepareHierarchy");
   // JAX_SMDDP_TEST_EXPECT_GDRCOPY: the test put a mock libgdrapi on the
   // library path; the signals are then the mock's device memory, which the
@@ -835,8 +870,9 @@ int RunHost(int p, int L, bool rail, bool die, int up, int down) {
   Expect(p, kind.find(rail ? "no staging" : "libfabric shm") != std::string::npos,
          "the port's link is " + kind);
   Expect(p, port.peer_process[1 - h] == (1 - h) * L + j, "the rail peer is not the same rail");
-  Expect(p, rail == (port.slots_stream != port.mailbox_stream + port.layout.flag_bytes) &&
-                rail == bool(port.poison),
+  Expect(p,
+         rail == (port.slots_stream != port.mailbox_stream + port.layout.flag_bytes) &&
+             rail == bool(port.poison),
          "the slots are not where the mode puts them");
   Expect(p, want_gdrcopy == (port.signals_proxy != port.signals_stream),
          "the signals are not where the mode puts them");
@@ -852,8 +888,9 @@ int RunHost(int p, int L, bool rail, bool die, int up, int down) {
     const size_t outer = 3, n = 1500;
     std::vector<float> send(outer * n), recv(outer * P * n);
     for (size_t i = 0; i < send.size(); ++i) send[i] = Input(p, i + call);
-    Check(p, smddp::RunStreamHierarchicalAllGather(outer, n * 4, m->local->view, port, rank_of, ops,
-                                                   send.data(), recv.data()),
+    Check(p,
+          smddp::RunStreamHierarchicalAllGather(outer, n * 4, m->local->view, port, rank_of, ops,
+                                                send.data(), recv.data()),
           "hierarchical all_gather");
     for (size_t o = 0; o < outer; ++o)
       for (int r = 0; r < P; ++r)
@@ -864,9 +901,10 @@ int RunHost(int p, int L, bool rail, bool die, int up, int down) {
     const size_t k = 700;
     std::vector<float> in(2 * P * k), out(2 * k);
     for (size_t i = 0; i < in.size(); ++i) in[i] = Input(p, i + call);
-    Check(p, smddp::RunStreamHierarchicalReduceScatter(2, k, smddp::DType::kFloat32,
-                                                       smddp::ReduceOp::kSum, m->local->view, port,
-                                                       rank_of, ops, in.data(), out.data()),
+    Check(p,
+          smddp::RunStreamHierarchicalReduceScatter(2, k, smddp::DType::kFloat32,
+                                                    smddp::ReduceOp::kSum, m->local->view, port,
+                                                    rank_of, ops, in.data(), out.data()),
           "hierarchical reduce_scatter");
     for (size_t o = 0; o < 2; ++o)
       for (size_t i = 0; i < k; ++i) {
@@ -878,8 +916,9 @@ int RunHost(int p, int L, bool rail, bool die, int up, int down) {
     const size_t b = 500;
     std::vector<float> blocks(3 * P * b), swapped(3 * P * b);
     for (size_t i = 0; i < blocks.size(); ++i) blocks[i] = Input(p, i + call);
-    Check(p, smddp::RunStreamHierarchicalAllToAll(3, b * 4, m->local->view, port, rank_of, ops,
-                                                  blocks.data(), swapped.data()),
+    Check(p,
+          smddp::RunStreamHierarchicalAllToAll(3, b * 4, m->local->view, port, rank_of, ops,
+                                               blocks.data(), swapped.data()),
           "hierarchical all_to_all");
     for (size_t o = 0; o < 3; ++o)
       for (int r = 0; r < P; ++r)
@@ -912,8 +951,9 @@ int RunHost(int p, int L, bool rail, bool die, int up, int down) {
     const size_t n = 1000;
     std::vector<float> send(n, 1.0f), recv(2 * n, 0.0f);
     const auto t0 = std::chrono::steady_clock::now();
-    Check(p, smddp::RunStreamHierarchicalAllGather(1, n * 4, m->local->view, port, rank_of, ops,
-                                                   send.data(), recv.data()),
+    Check(p,
+          smddp::RunStreamHierarchicalAllGather(1, n * 4, m->local->view, port, rank_of, ops,
+                                                send.data(), recv.data()),
           "the call in flight when the peer died");
     for (size_t i = 0; i < n; ++i) {
       uint32_t bits;
@@ -923,8 +963,8 @@ int RunHost(int p, int L, bool rail, bool die, int up, int down) {
     }
     for (int spin = 0; spin < 500 && !port.proxy->failed(); ++spin)
       std::this_thread::sleep_for(std::chrono::milliseconds(10));
-    const Status next = smddp::RunStreamHierarchicalAllGather(1, n * 4, m->local->view, port, rank_of,
-                                                              ops, send.data(), recv.data());
+    const Status next = smddp::RunStreamHierarchicalAllGather(
+        1, n * 4, m->local->view, port, rank_of, ops, send.data(), recv.data());
     const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
     Expect(p, !next.ok() && next.message().find("peer process 1") != std::string::npos,
            "the next call did not fail naming the peer: " + next.message());
@@ -1005,14 +1045,17 @@ int ProxyShut() {
   const uint32_t* done = port.host_side<uint32_t>(layout.done(), true);
   for (int i = 0; i < 500 && __atomic_load_n(done, __ATOMIC_ACQUIRE) != 2; ++i)
     std::this_thread::sleep_for(std::chrono::milliseconds(2));
-  expect(__atomic_load_n(done, __ATOMIC_ACQUIRE) == 2, "a step after Shut did not release its flags");
+  expect(__atomic_load_n(done, __ATOMIC_ACQUIRE) == 2,
+         "a step after Shut did not release its flags");
   expect(silent.asked.load() == asked, "a step after Shut used the links");
   // An idle proxy shuts at once, and its error says why later steps fail.
   smddp::NetworkProxy idle(1.5);
   t0 = std::chrono::steady_clock::now();
   expect(idle.Shut(5, "this process is exiting"), "an idle proxy did not shut");
-  expect(std::chrono::steady_clock::now() - t0 < std::chrono::milliseconds(200), "shutting an idle proxy waited");
-  expect(idle.failed() && idle.error().message() == "this process is exiting", "no error after Shut");
+  expect(std::chrono::steady_clock::now() - t0 < std::chrono::milliseconds(200),
+         "shutting an idle proxy waited");
+  expect(idle.failed() && idle.error().message() == "this process is exiting",
+         "no error after Shut");
   if (ok) std::printf("all checks passed\n");
   return ok ? 0 : 1;
 }
@@ -1062,12 +1105,14 @@ int Hosts(int L, bool rail, bool die) {
 
 int main(int argc, char** argv) {
   if (argc != 3) {
-    std::fprintf(stderr, "usage: %s collectives|dead_peer|closed|stalled|mismatch|two_per_process|"
-                 "direct|direct_dead_peer|direct_two_per_process|direct_in_process|direct_in_process_late|"
-                 "direct_map_fails|"
-                 "direct_disagree|direct_timing|proxy_shut "
-                 "device|host\n",
-                 argv[0]);
+    std::fprintf(
+        stderr,
+        "usage: %s collectives|dead_peer|closed|stalled|mismatch|two_per_process|"
+        "direct|direct_dead_peer|direct_two_per_process|direct_in_process|direct_in_process_late|"
+        "direct_map_fails|"
+        "direct_disagree|direct_timing|proxy_shut "
+        "device|host\n",
+        argv[0]);
     return 2;
   }
   const std::string scenario = argv[1];
@@ -1078,12 +1123,14 @@ int main(int argc, char** argv) {
   const bool host = std::string(argv[2]) == "host";
   setenv("JAX_SMDDP_GPU_FLAG_MEMORY", argv[2], 1);
   if (scenario.rfind("direct", 0) == 0) setenv("JAX_SMDDP_GPU_DIRECT_READS", "1", 1);
-  if (scenario == "two_per_process" || scenario == "direct_two_per_process") return TwoPerProcess(host);
+  if (scenario == "two_per_process" || scenario == "direct_two_per_process")
+    return TwoPerProcess(host);
   if (scenario == "direct_in_process") return InProcess();
   if (scenario == "direct_in_process_late") return InProcessLate();
   Children kids;
-  if (!Spawn(kRanks, [&](int r, int up, int down) { return RunRank(r, scenario, host, up, down); },
-             &kids))
+  if (!Spawn(
+          kRanks, [&](int r, int up, int down) { return RunRank(r, scenario, host, up, down); },
+          &kids))
     return 2;
   const auto &pids = kids.pids, &ups = kids.ups, &downs = kids.downs;
   alarm(90);  // a hang fails
@@ -1100,8 +1147,8 @@ int main(int argc, char** argv) {
   char c;
   for (int r = 0; r < kRanks; ++r) ReadAll(ups[r], &c, 1);
   for (int r = 0; r < kRanks; ++r) WriteAll(downs[r], "g", 1);
-  const bool leaves = scenario == "dead_peer" || scenario == "closed" ||
-                      scenario == "stalled" || scenario == "direct_dead_peer";  // the last rank
+  const bool leaves = scenario == "dead_peer" || scenario == "closed" || scenario == "stalled" ||
+                      scenario == "direct_dead_peer";                          // the last rank
   for (int r = 0; r < kRanks - (leaves ? 1 : 0); ++r) ReadAll(ups[r], &c, 1);  // EOF if it failed
   for (int r = 0; r < kRanks - (leaves ? 1 : 0); ++r) WriteAll(downs[r], "e", 1);
   bool ok = true;

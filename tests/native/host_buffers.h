@@ -16,7 +16,8 @@ inline std::vector<char> ReadFile(const char* path) {
   FILE* f = std::fopen(path, "rb");
   if (!f) return bytes;
   char buf[1 << 16];
-  for (size_t got; (got = std::fread(buf, 1, sizeof(buf), f)) > 0;) bytes.insert(bytes.end(), buf, buf + got);
+  for (size_t got; (got = std::fread(buf, 1, sizeof(buf), f)) > 0;)
+    bytes.insert(bytes.end(), buf, buf + got);
   std::fclose(f);
   return bytes;
 }
@@ -24,7 +25,8 @@ inline std::vector<char> ReadFile(const char* path) {
 // A copy of `bytes` at `misalign` bytes past a 64-byte boundary (never freed:
 // the tests are short programs).
 inline char* Placed(const std::vector<char>& bytes, size_t misalign) {
-  char* base = static_cast<char*>(std::aligned_alloc(64, (bytes.size() + misalign + 64) / 64 * 64 + 64));
+  char* base =
+      static_cast<char*>(std::aligned_alloc(64, (bytes.size() + misalign + 64) / 64 * 64 + 64));
   std::memcpy(base + misalign, bytes.data(), bytes.size());
   return base + misalign;
 }

@@ -68,21 +68,22 @@ EXPORT ncclResult_t ncclGetUniqueId(ncclUniqueId* id) {
 }
 
 EXPORT ncclResult_t ncclCommInitRankConfig(ncclComm_t* comm, int nranks, ncclUniqueId id, int rank,
-                                          ncclConfig_t* config) {
+                                           ncclConfig_t* config) {
   const bool real_id = id.internal[0] == 'A' && id.internal[39] == char('A' + 39 % 26);
   auto* c = new MockComm;
   c->nranks = nranks;
   c->rank = rank;
   *comm = reinterpret_cast<ncclComm_t>(c);
-  Record("ncclCommInitRankConfig nranks=" + std::to_string(nranks) + " rank=" + std::to_string(rank) +
-         " id=" + (real_id ? "real" : "OTHER") +
+  Record("ncclCommInitRankConfig nranks=" + std::to_string(nranks) +
+         " rank=" + std::to_string(rank) + " id=" + (real_id ? "real" : "OTHER") +
          " blocking=" + (config ? std::to_string(config->blocking) : std::string("none")));
   return ncclSuccess;
 }
 
 EXPORT ncclResult_t ncclCommSplit(ncclComm_t comm, int color, int key, ncclComm_t* out,
-                                 ncclConfig_t*) {
-  Record("ncclCommSplit " + Who(comm) + " color=" + std::to_string(color) + " key=" + std::to_string(key));
+                                  ncclConfig_t*) {
+  Record("ncclCommSplit " + Who(comm) + " color=" + std::to_string(color) +
+         " key=" + std::to_string(key));
   auto* c = new MockComm;
   c->nranks = -1;
   c->rank = key;
@@ -100,35 +101,40 @@ EXPORT ncclResult_t ncclGroupEnd() {
 }
 
 EXPORT ncclResult_t ncclAllGather(const void*, void*, size_t count, ncclDataType_t type,
-                                 ncclComm_t comm, void*) {
-  Record("ncclAllGather " + Who(comm) + " count=" + std::to_string(count) + " type=" + std::to_string(int(type)));
+                                  ncclComm_t comm, void*) {
+  Record("ncclAllGather " + Who(comm) + " count=" + std::to_string(count) +
+         " type=" + std::to_string(int(type)));
   return ncclSuccess;
 }
 EXPORT ncclResult_t ncclReduceScatter(const void*, void*, size_t count, ncclDataType_t type,
-                                     ncclRedOp_t op, ncclComm_t comm, void*) {
-  Record("ncclReduceScatter " + Who(comm) + " count=" + std::to_string(count) + " type=" +
-         std::to_string(int(type)) + " op=" + std::to_string(int(op)));
+                                      ncclRedOp_t op, ncclComm_t comm, void*) {
+  Record("ncclReduceScatter " + Who(comm) + " count=" + std::to_string(count) +
+         " type=" + std::to_string(int(type)) + " op=" + std::to_string(int(op)));
   return ncclSuccess;
 }
 EXPORT ncclResult_t ncclAllReduce(const void*, void*, size_t count, ncclDataType_t type,
-                                 ncclRedOp_t op, ncclComm_t comm, void*) {
-  Record("ncclAllReduce " + Who(comm) + " count=" + std::to_string(count) + " type=" +
-         std::to_string(int(type)) + " op=" + std::to_string(int(op)));
+                                  ncclRedOp_t op, ncclComm_t comm, void*) {
+  Record("ncclAllReduce " + Who(comm) + " count=" + std::to_string(count) +
+         " type=" + std::to_string(int(type)) + " op=" + std::to_string(int(op)));
   return ncclSuccess;
 }
 EXPORT ncclResult_t ncclBroadcast(const void*, void*, size_t count, ncclDataType_t, int root,
-                                 ncclComm_t comm, void*) {
-  Record("ncclBroadcast " + Who(comm) + " count=" + std::to_string(count) + " root=" + std::to_string(root));
+                                  ncclComm_t comm, void*) {
+  Record("ncclBroadcast " + Who(comm) + " count=" + std::to_string(count) +
+         " root=" + std::to_string(root));
   const char* fail = std::getenv("MOCK_NCCL_FAIL_BROADCAST");
   return fail && fail[0] == '1' ? ncclInvalidUsage : ncclSuccess;
 }
 EXPORT ncclResult_t ncclSend(const void*, size_t count, ncclDataType_t, int peer, ncclComm_t comm,
-                            void*) {
-  Record("ncclSend " + Who(comm) + " count=" + std::to_string(count) + " peer=" + std::to_string(peer));
+                             void*) {
+  Record("ncclSend " + Who(comm) + " count=" + std::to_string(count) +
+         " peer=" + std::to_string(peer));
   return ncclSuccess;
 }
-EXPORT ncclResult_t ncclRecv(void*, size_t count, ncclDataType_t, int peer, ncclComm_t comm, void*) {
-  Record("ncclRecv " + Who(comm) + " count=" + std::to_string(count) + " peer=" + std::to_string(peer));
+EXPORT ncclResult_t ncclRecv(void*, size_t count, ncclDataType_t, int peer, ncclComm_t comm,
+                             void*) {
+  Record("ncclRecv " + Who(comm) + " count=" + std::to_string(count) +
+         " peer=" + std::to_string(peer));
   return ncclSuccess;
 }
 EXPORT ncclResult_t ncclCommGetAsyncError(ncclComm_t comm, ncclResult_t* error) {

@@ -74,8 +74,10 @@ const char* ncclGetLastError(ncclComm_t);
 ncclResult_t ncclGroupStart();
 ncclResult_t ncclGroupEnd();
 ncclResult_t ncclAllGather(const void*, void*, size_t, ncclDataType_t, ncclComm_t, void*);
-ncclResult_t ncclReduceScatter(const void*, void*, size_t, ncclDataType_t, ncclRedOp_t, ncclComm_t, void*);
-ncclResult_t ncclAllReduce(const void*, void*, size_t, ncclDataType_t, ncclRedOp_t, ncclComm_t, void*);
+ncclResult_t ncclReduceScatter(const void*, void*, size_t, ncclDataType_t, ncclRedOp_t, ncclComm_t,
+                               void*);
+ncclResult_t ncclAllReduce(const void*, void*, size_t, ncclDataType_t, ncclRedOp_t, ncclComm_t,
+                           void*);
 ncclResult_t ncclBroadcast(const void*, void*, size_t, ncclDataType_t, int, ncclComm_t, void*);
 ncclResult_t ncclSend(const void*, size_t, ncclDataType_t, int, ncclComm_t, void*);
 ncclResult_t ncclRecv(void*, size_t, ncclDataType_t, int, ncclComm_t, void*);
@@ -128,7 +130,9 @@ std::vector<std::string> Lines(const std::string& text) {
   return out;
 }
 
-bool Has(const std::string& text, const std::string& part) { return text.find(part) != std::string::npos; }
+bool Has(const std::string& text, const std::string& part) {
+  return text.find(part) != std::string::npos;
+}
 
 // Served calls mark the record, so the tests see their order among forwarded ones.
 // Their waits outlast the deadline, as a GPU stream's do: what ends a wait on
@@ -181,7 +185,9 @@ std::vector<std::string> Relay(const std::string& mine) {
   return all;
 }
 
-void Check(const Status& st, const std::string& what) { Expect(st.ok(), what + ": " + st.message()); }
+void Check(const Status& st, const std::string& what) {
+  Expect(st.ok(), what + ": " + st.message());
+}
 
 int hosts = 1;  // process p is on "host<p % hosts>"
 std::string HostOf(int p) { return "host" + std::to_string(p % hosts); }
@@ -191,7 +197,8 @@ std::string HostOf(int p) { return "host" + std::to_string(p % hosts); }
 void BuildWorld() {
   Check(smddp::WorldBegin(me, P), "WorldBegin");
   const auto pids = Relay(std::to_string(getpid()));
-  for (int q = 0; q < P; ++q) Check(smddp::WorldSetPeer(q, std::stoi(pids[q]), HostOf(q)), "WorldSetPeer");
+  for (int q = 0; q < P; ++q)
+    Check(smddp::WorldSetPeer(q, std::stoi(pids[q]), HostOf(q)), "WorldSetPeer");
   if (hosts > 1) {
     std::string address, provider, watch;
     Check(smddp::WorldOpenFabric("shm", "", &address, &provider), "WorldOpenFabric");
@@ -222,7 +229,8 @@ void BuildWorld() {
     const std::string key = std::to_string(me) + "=";
     const size_t at = list.find(key);
     const size_t end = list.find(';', at);
-    Check(smddp::WorldOpenShm(q, list.substr(at + key.size(), end - at - key.size())), "WorldOpenShm");
+    Check(smddp::WorldOpenShm(q, list.substr(at + key.size(), end - at - key.size())),
+          "WorldOpenShm");
   }
   Relay("mapped");
   for (int q = me + 1; q < P; ++q)
@@ -257,8 +265,10 @@ ncclComm_t Create(int nranks, int rank, ncclConfig_t* config, ncclResult_t* rc =
   std::memcpy(id.internal, all[0].data(), sizeof(id.internal));
   ncclComm_t comm = nullptr;
   const ncclResult_t r = ncclCommInitRankConfig(&comm, nranks, id, rank, config);
-  if (rc) *rc = r;
-  else Expect(r == ncclSuccess, std::string("ncclCommInitRankConfig: ") + ncclGetLastError(nullptr));
+  if (rc)
+    *rc = r;
+  else
+    Expect(r == ncclSuccess, std::string("ncclCommInitRankConfig: ") + ncclGetLastError(nullptr));
   return comm;
 }
 
@@ -301,8 +311,9 @@ void Served() {
     const size_t count = 500;
     std::vector<float> send(count * P), recv(count, 0.f);
     for (size_t i = 0; i < send.size(); ++i) send[i] = Value(me, i);
-    Expect(ncclReduceScatter(send.data(), recv.data(), count, ncclFloat32, ncclSum, comm, nullptr) ==
-               ncclSuccess, std::string("reduce_scatter: ") + ncclGetLastError(comm));
+    Expect(ncclReduceScatter(send.data(), recv.data(), count, ncclFloat32, ncclSum, comm,
+                             nullptr) == ncclSuccess,
+           std::string("reduce_scatter: ") + ncclGetLastError(comm));
     bool ok = true;
     for (size_t i = 0; i < count; ++i) {
       float want = 0;
@@ -315,18 +326,21 @@ void Served() {
     const size_t count = 777;
     std::vector<int32_t> send(count), recv(count, 0);
     for (size_t i = 0; i < count; ++i) send[i] = int32_t((i * 7919 + me * 104729) % 1000) - 500;
-    Expect(ncclAllReduce(send.data(), recv.data(), count, ncclInt32, ncclMax, comm, nullptr) == ncclSuccess,
+    Expect(ncclAllReduce(send.data(), recv.data(), count, ncclInt32, ncclMax, comm, nullptr) ==
+               ncclSuccess,
            "all_reduce int32 max");
     bool ok = true;
     for (size_t i = 0; i < count; ++i) {
       int32_t want = INT32_MIN;
-      for (int q = 0; q < P; ++q) want = std::max(want, int32_t((i * 7919 + q * 104729) % 1000) - 500);
+      for (int q = 0; q < P; ++q)
+        want = std::max(want, int32_t((i * 7919 + q * 104729) % 1000) - 500);
       ok = ok && recv[i] == want;
     }
     Expect(ok, "all_reduce int32 max: wrong values");
     std::vector<double> dsend(count), drecv(count, 0);
     for (size_t i = 0; i < count; ++i) dsend[i] = std::sin(double(i + 13 * me));
-    Expect(ncclAllReduce(dsend.data(), drecv.data(), count, ncclFloat64, ncclMin, comm, nullptr) == ncclSuccess,
+    Expect(ncclAllReduce(dsend.data(), drecv.data(), count, ncclFloat64, ncclMin, comm, nullptr) ==
+               ncclSuccess,
            "all_reduce f64 min");
     ok = true;
     for (size_t i = 0; i < count; ++i) {
@@ -343,7 +357,8 @@ void Served() {
     std::vector<float> g(count * P, -1.f);
     for (size_t i = 0; i < count; ++i) g[me * count + i] = Value(me, i);
     Expect(ncclAllGather(g.data() + me * count, g.data(), count, ncclFloat32, comm, nullptr) ==
-               ncclSuccess, "in-place all_gather");
+               ncclSuccess,
+           "in-place all_gather");
     bool ok = true;
     for (int q = 0; q < P; ++q)
       for (size_t i = 0; i < count; ++i) ok = ok && g[q * count + i] == Value(q, i);
@@ -351,7 +366,8 @@ void Served() {
     std::vector<float> rs(count * P);
     for (size_t i = 0; i < rs.size(); ++i) rs[i] = Value(me, i);
     Expect(ncclReduceScatter(rs.data(), rs.data() + me * count, count, ncclFloat32, ncclSum, comm,
-                             nullptr) == ncclSuccess, "in-place reduce_scatter");
+                             nullptr) == ncclSuccess,
+           "in-place reduce_scatter");
     ok = true;
     for (size_t i = 0; i < count; ++i) {
       float want = 0;
@@ -361,7 +377,8 @@ void Served() {
     Expect(ok, "in-place reduce_scatter: wrong values");
     std::vector<float> ar(count);
     for (size_t i = 0; i < count; ++i) ar[i] = Value(me, i);
-    Expect(ncclAllReduce(ar.data(), ar.data(), count, ncclFloat32, ncclSum, comm, nullptr) == ncclSuccess,
+    Expect(ncclAllReduce(ar.data(), ar.data(), count, ncclFloat32, ncclSum, comm, nullptr) ==
+               ncclSuccess,
            "in-place all_reduce");
     ok = true;
     for (size_t i = 0; i < count; ++i) {
@@ -390,8 +407,10 @@ void Served() {
   for (size_t i = 0; i < a.size(); ++i) a[i] = Value(me, i);
   for (size_t i = 0; i < b.size(); ++i) b[i] = -Value(me, i);
   Expect(ncclGroupStart() == ncclSuccess, "group start");
-  Expect(ncclAllGather(a.data(), ga.data(), a.size(), ncclFloat32, comm, nullptr) == ncclSuccess, "grouped a");
-  Expect(ncclAllGather(b.data(), gb.data(), b.size(), ncclFloat32, comm, nullptr) == ncclSuccess, "grouped b");
+  Expect(ncclAllGather(a.data(), ga.data(), a.size(), ncclFloat32, comm, nullptr) == ncclSuccess,
+         "grouped a");
+  Expect(ncclAllGather(b.data(), gb.data(), b.size(), ncclFloat32, comm, nullptr) == ncclSuccess,
+         "grouped b");
   Expect(ncclGroupEnd() == ncclSuccess, std::string("group end: ") + ncclGetLastError(comm));
   bool ok = true;
   for (int q = 0; q < P; ++q) {
@@ -400,7 +419,8 @@ void Served() {
   }
   Expect(ok, "grouped all_gathers: wrong values");
   ncclResult_t async = ncclInternalError;
-  Expect(ncclCommGetAsyncError(comm, &async) == ncclSuccess && async == ncclSuccess, "no async error");
+  Expect(ncclCommGetAsyncError(comm, &async) == ncclSuccess && async == ncclSuccess,
+         "no async error");
   const std::string record = Record();
   Expect(!Has(record, "ncclCommInitRankConfig") && !Has(record, "ncclAllGather") &&
              !Has(record, "ncclReduceScatter") && !Has(record, "ncclAllReduce"),
@@ -418,8 +438,9 @@ void Forwarded() {
   std::vector<float> x(100, float(me)), y(100);
   Expect(ncclBroadcast(x.data(), y.data(), 100, ncclFloat32, 0, comm, nullptr) == ncclSuccess,
          std::string("broadcast: ") + ncclGetLastError(comm));
-  Expect(ncclAllReduce(x.data(), y.data(), 100, ncclFloat32, ncclProd, comm, nullptr) == ncclSuccess,
-         "all_reduce prod");
+  Expect(
+      ncclAllReduce(x.data(), y.data(), 100, ncclFloat32, ncclProd, comm, nullptr) == ncclSuccess,
+      "all_reduce prod");
   Expect(ncclGroupStart() == ncclSuccess, "group start");
   Expect(ncclSend(x.data(), 10, ncclFloat32, 1 - me, comm, nullptr) == ncclSuccess, "send");
   Expect(ncclRecv(y.data(), 10, ncclFloat32, 1 - me, comm, nullptr) == ncclSuccess, "recv");
@@ -438,7 +459,8 @@ void Forwarded() {
       "SERVED"};
   std::vector<std::string> got = Lines(Record());
   if (me != 0) got.insert(got.begin(), "ncclGetUniqueId");
-  Expect(got == want, "the forwarded calls, in order, with the real communicator; got:\n" + Record());
+  Expect(got == want,
+         "the forwarded calls, in order, with the real communicator; got:\n" + Record());
   const std::string described = smddp::nccl::Describe();
   Expect(Has(described, "\"ncclBroadcast\": 1") && Has(described, "\"ncclSend\": 1") &&
              Has(described, "does not serve ncclBroadcast"),
@@ -453,12 +475,16 @@ void MixedGroup() {
   for (size_t i = 0; i < x.size(); ++i) x[i] = Value(me, i);
   Note("BEGIN");
   Expect(ncclGroupStart() == ncclSuccess, "group start");
-  Expect(ncclAllGather(x.data(), g.data(), x.size(), ncclFloat32, comm, nullptr) == ncclSuccess, "all_gather");
-  Expect(ncclBroadcast(y.data(), y.data(), 16, ncclFloat32, 0, comm, nullptr) == ncclSuccess, "broadcast");
+  Expect(ncclAllGather(x.data(), g.data(), x.size(), ncclFloat32, comm, nullptr) == ncclSuccess,
+         "all_gather");
+  Expect(ncclBroadcast(y.data(), y.data(), 16, ncclFloat32, 0, comm, nullptr) == ncclSuccess,
+         "broadcast");
   Expect(ncclSend(y.data(), 4, ncclFloat32, 1 - me, comm, nullptr) == ncclSuccess, "send");
-  Expect(ncclAllReduce(s.data(), r.data(), s.size(), ncclFloat32, ncclSum, comm, nullptr) == ncclSuccess,
+  Expect(ncclAllReduce(s.data(), r.data(), s.size(), ncclFloat32, ncclSum, comm, nullptr) ==
+             ncclSuccess,
          "all_reduce sum");
-  Expect(ncclAllReduce(s.data(), r.data(), s.size(), ncclFloat32, ncclProd, comm, nullptr) == ncclSuccess,
+  Expect(ncclAllReduce(s.data(), r.data(), s.size(), ncclFloat32, ncclProd, comm, nullptr) ==
+             ncclSuccess,
          "all_reduce prod");
   Note("ISSUED");  // nothing ran before ncclGroupEnd
   Expect(ncclGroupEnd() == ncclSuccess, std::string("group end: ") + ncclGetLastError(comm));
@@ -471,11 +497,16 @@ void MixedGroup() {
   // Served calls before the first forwarded one, then every forwarded call
   // as one real group (a send/recv pair stays in one), then the rest.
   const std::vector<std::string> want = {
-      "BEGIN", "ISSUED", "SERVED",
+      "BEGIN",
+      "ISSUED",
+      "SERVED",
       "ncclCommInitRankConfig nranks=2 rank=" + std::to_string(me) + " id=real blocking=1",
-      "ncclGroupStart", "ncclBroadcast " + who + " count=16 root=0",
+      "ncclGroupStart",
+      "ncclBroadcast " + who + " count=16 root=0",
       "ncclSend " + who + " count=4 peer=" + std::to_string(1 - me),
-      "ncclAllReduce " + who + " count=64 type=7 op=1", "ncclGroupEnd", "SERVED"};
+      "ncclAllReduce " + who + " count=64 type=7 op=1",
+      "ncclGroupEnd",
+      "SERVED"};
   std::vector<std::string> got = Lines(Record());
   if (!got.empty() && got[0] == "ncclGetUniqueId") got.erase(got.begin());
   Expect(got == want, "the group's order; got:\n" + Record());
@@ -484,9 +515,11 @@ void MixedGroup() {
 void Unknown(bool config) {
   ncclComm_t comm = Create(P, me, config ? Config(24000, 0) : Config(22809, 0));
   std::vector<float> x(50, 1.f), g(50 * P);
-  Expect(ncclAllGather(x.data(), g.data(), 50, ncclFloat32, comm, nullptr) == ncclSuccess, "all_gather");
+  Expect(ncclAllGather(x.data(), g.data(), 50, ncclFloat32, comm, nullptr) == ncclSuccess,
+         "all_gather");
   const std::string record = Record();
-  Expect(Has(record, "ncclAllGather rank=" + std::to_string(me) + "/2 count=50") && !Has(record, "SERVED"),
+  Expect(Has(record, "ncclAllGather rank=" + std::to_string(me) + "/2 count=50") &&
+             !Has(record, "SERVED"),
          "forwarded entirely; the mock saw:\n" + record);
   const std::string described = smddp::nccl::Describe();
   Expect(Has(described, config ? "ncclConfig_t is of NCCL 2.40" : "version 24100"),
@@ -528,7 +561,8 @@ void SplitScenario() {
     ncclCommCount(child, &n);
     ncclCommUserRank(child, &r);
     const int want = me == 2 ? 0 : 1;
-    Expect(n == 2 && r == want, "child size 2, rank by key: got " + std::to_string(n) + "/" + std::to_string(r));
+    Expect(n == 2 && r == want,
+           "child size 2, rank by key: got " + std::to_string(n) + "/" + std::to_string(r));
     CheckAllGather(child, 2, r, 300, "all_gather on the child");
   }
   CheckAllGather(parent, P, me, 100, "the parent still works");
@@ -550,8 +584,10 @@ void DeadPeer() {
   Expect(s < 5, "within seconds: " + std::to_string(s));
   std::vector<float> x(128, 1.f), g(128 * P);
   const ncclResult_t rc = ncclAllGather(x.data(), g.data(), 128, ncclFloat32, comm, nullptr);
-  Expect(rc == ncclRemoteError, "a later call fails at once as a remote error: " + std::to_string(int(rc)));
-  Expect(Has(ncclGetLastError(comm), "process 1"), std::string("and names it: ") + ncclGetLastError(comm));
+  Expect(rc == ncclRemoteError,
+         "a later call fails at once as a remote error: " + std::to_string(int(rc)));
+  Expect(Has(ncclGetLastError(comm), "process 1"),
+         std::string("and names it: ") + ncclGetLastError(comm));
   std::printf("process 0: dead peer reported after %.2f s: %s\n", s, why.c_str());
 }
 
@@ -560,7 +596,8 @@ void ForwardFails() {
   std::vector<float> x(8), y(8);
   const ncclResult_t rc = ncclBroadcast(x.data(), y.data(), 8, ncclFloat32, 0, comm, nullptr);
   const std::string why = ncclGetLastError(comm);
-  Expect(rc == ncclInvalidUsage, "the real library's code comes through: " + std::to_string(int(rc)));
+  Expect(rc == ncclInvalidUsage,
+         "the real library's code comes through: " + std::to_string(int(rc)));
   Expect(Has(why, "code 5") && Has(why, "Duplicate GPU detected") && Has(why, "ncclBroadcast"),
          "and its message, with what was forwarded: " + why);
 }
@@ -592,8 +629,9 @@ void AcrossHosts() {
     const size_t count = 700;
     std::vector<float> send(count * P), recv(count, 0.f);
     for (size_t i = 0; i < send.size(); ++i) send[i] = Value(me, i + call);
-    Expect(ncclReduceScatter(send.data(), recv.data(), count, ncclFloat32, ncclSum, comm, nullptr) ==
-               ncclSuccess, std::string("reduce_scatter across hosts: ") + ncclGetLastError(comm));
+    Expect(ncclReduceScatter(send.data(), recv.data(), count, ncclFloat32, ncclSum, comm,
+                             nullptr) == ncclSuccess,
+           std::string("reduce_scatter across hosts: ") + ncclGetLastError(comm));
     bool ok = true;
     for (size_t i = 0; i < count; ++i) {
       float want = 0;
@@ -603,20 +641,24 @@ void AcrossHosts() {
     Expect(ok, "reduce_scatter across hosts: wrong values");
     std::vector<float> blocks(count * P), swapped(count * P, -1.f);
     for (size_t i = 0; i < blocks.size(); ++i) blocks[i] = Value(me, i + call);
-    Expect(ncclAlltoAll(blocks.data(), swapped.data(), count, ncclFloat32, comm, nullptr) == ncclSuccess,
+    Expect(ncclAlltoAll(blocks.data(), swapped.data(), count, ncclFloat32, comm, nullptr) ==
+               ncclSuccess,
            std::string("all_to_all across hosts: ") + ncclGetLastError(comm));
     ok = true;
     for (int q = 0; q < P; ++q)
-      for (size_t i = 0; i < count; ++i) ok = ok && swapped[q * count + i] == Value(q, me * count + i + call);
+      for (size_t i = 0; i < count; ++i)
+        ok = ok && swapped[q * count + i] == Value(q, me * count + i + call);
     Expect(ok, "all_to_all across hosts: wrong values");
   }
   {  // all_reduce as reduce_scatter + all_gather: out of place and in place
     const size_t count = 4 * 333;
     std::vector<float> x(count), y(count, -1.f);
     for (size_t i = 0; i < count; ++i) x[i] = Value(me, i);
-    Expect(ncclAllReduce(x.data(), y.data(), count, ncclFloat32, ncclSum, comm, nullptr) == ncclSuccess,
+    Expect(ncclAllReduce(x.data(), y.data(), count, ncclFloat32, ncclSum, comm, nullptr) ==
+               ncclSuccess,
            std::string("all_reduce across hosts: ") + ncclGetLastError(comm));
-    Expect(ncclAllReduce(x.data(), x.data(), count, ncclFloat32, ncclMax, comm, nullptr) == ncclSuccess,
+    Expect(ncclAllReduce(x.data(), x.data(), count, ncclFloat32, ncclMax, comm, nullptr) ==
+               ncclSuccess,
            std::string("in-place all_reduce across hosts: ") + ncclGetLastError(comm));
     bool ok = true;
     for (size_t i = 0; i < count; ++i) {
@@ -650,7 +692,8 @@ void Stalled() {
   // waiting call at the deadline (its output undefined), as it would a GPU
   // stream; XLA learns of it from the async error, which names the peer.
   const ncclResult_t rc = ncclAllGather(x.data(), g.data(), 128, ncclFloat32, comm, nullptr);
-  Expect(rc == ncclSuccess || rc == ncclRemoteError, "released or failed: " + std::to_string(int(rc)));
+  Expect(rc == ncclSuccess || rc == ncclRemoteError,
+         "released or failed: " + std::to_string(int(rc)));
   double s = 0;
   const ncclResult_t async = AwaitAsyncError(comm, start, 10, &s);
   const std::string why = ncclGetLastError(comm);
@@ -678,20 +721,34 @@ int RunProcess(const std::string& scenario) {
                                  nullptr});
   BuildWorld();
   if (failures) return 1;
-  if (scenario == "served") Served();
-  else if (scenario == "forwarded") Forwarded();
-  else if (scenario == "mixed_group") MixedGroup();
-  else if (scenario == "unknown_config") Unknown(true);
-  else if (scenario == "unknown_version") Unknown(false);
-  else if (scenario == "id_full") IdFull();
-  else if (scenario == "no_fallback") NoFallback();
-  else if (scenario == "split") SplitScenario();
-  else if (scenario == "dead_peer") DeadPeer();
-  else if (scenario == "stalled") Stalled();
-  else if (scenario == "forward_fails") ForwardFails();
-  else if (scenario == "abort") Abort();
-  else if (scenario == "across_hosts") AcrossHosts();
-  else if (scenario == "join_timeout") JoinTimeout();
+  if (scenario == "served")
+    Served();
+  else if (scenario == "forwarded")
+    Forwarded();
+  else if (scenario == "mixed_group")
+    MixedGroup();
+  else if (scenario == "unknown_config")
+    Unknown(true);
+  else if (scenario == "unknown_version")
+    Unknown(false);
+  else if (scenario == "id_full")
+    IdFull();
+  else if (scenario == "no_fallback")
+    NoFallback();
+  else if (scenario == "split")
+    SplitScenario();
+  else if (scenario == "dead_peer")
+    DeadPeer();
+  else if (scenario == "stalled")
+    Stalled();
+  else if (scenario == "forward_fails")
+    ForwardFails();
+  else if (scenario == "abort")
+    Abort();
+  else if (scenario == "across_hosts")
+    AcrossHosts();
+  else if (scenario == "join_timeout")
+    JoinTimeout();
   else {
     std::fprintf(stderr, "unknown scenario %s\n", scenario.c_str());
     return 2;
@@ -756,8 +813,10 @@ int main(int argc, char** argv) {
     int got = 0;
     for (int p = 0; p < P; ++p) {
       if (!live[p]) continue;
-      if (ReadBytes(ups[p], &round[p])) got++;
-      else live[p] = false;
+      if (ReadBytes(ups[p], &round[p]))
+        got++;
+      else
+        live[p] = false;
     }
     if (got == 0) break;
     for (int p = 0; p < P; ++p) {

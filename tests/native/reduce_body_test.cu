@@ -44,12 +44,14 @@ int Run(const Args& a) {
   char* dst = smddp_test::Placed(out, a.misalign);
   Sources s{};
   for (int k = 0; k < a.n; ++k) {
-    s.p[k] = smddp_test::Placed(std::vector<char>(in.begin() + k * source_bytes,
-                                      in.begin() + (k + 1) * source_bytes), a.misalign);
+    s.p[k] = smddp_test::Placed(
+        std::vector<char>(in.begin() + k * source_bytes, in.begin() + (k + 1) * source_bytes),
+        a.misalign);
   }
   constexpr int kVector = sizeof(T) < 16 ? int(16 / sizeof(T)) : 1;  // as cuda/kernels.cu
-  const bool vector = kVector > 1 && smddp::cuda::VectorWidth(dst, a.dpitch * E, s, a.n, a.spitch * E,
-                                                               a.count, a.rows, E) == kVector;
+  const bool vector =
+      kVector > 1 && smddp::cuda::VectorWidth(dst, a.dpitch * E, s, a.n, a.spitch * E, a.count,
+                                              a.rows, E) == kVector;
   for (size_t t = 0; t < a.threads; ++t) {
     if (vector) {
       smddp::cuda::ReduceThread<T, A, R, kVector>(t, a.threads, dst, a.dpitch * E, s, a.n,
@@ -76,15 +78,20 @@ int ByOp(const std::string& op, const Args& a) {
 
 int main(int argc, char** argv) {
   if (argc != 12) {
-    std::fprintf(stderr, "usage: %s DTYPE OP N COUNT ROWS SPITCH DPITCH MISALIGN THREADS IN OUT\n", argv[0]);
+    std::fprintf(stderr, "usage: %s DTYPE OP N COUNT ROWS SPITCH DPITCH MISALIGN THREADS IN OUT\n",
+                 argv[0]);
     return 2;
   }
   const std::string dtype = argv[1], op = argv[2];
   Args a{std::atoi(argv[3]),
-         std::strtoull(argv[4], nullptr, 10), std::strtoull(argv[5], nullptr, 10),
-         std::strtoull(argv[6], nullptr, 10), std::strtoull(argv[7], nullptr, 10),
-         std::strtoull(argv[8], nullptr, 10), std::strtoull(argv[9], nullptr, 10),
-         argv[10], argv[11]};
+         std::strtoull(argv[4], nullptr, 10),
+         std::strtoull(argv[5], nullptr, 10),
+         std::strtoull(argv[6], nullptr, 10),
+         std::strtoull(argv[7], nullptr, 10),
+         std::strtoull(argv[8], nullptr, 10),
+         std::strtoull(argv[9], nullptr, 10),
+         argv[10],
+         argv[11]};
   if (a.n < 1 || a.n > smddp::cuda::kMaxSources || a.threads == 0) return 2;
   if (dtype == "f32") return ByOp<float, float>(op, a);
   if (dtype == "f64") return ByOp<double, double>(op, a);

@@ -14,17 +14,17 @@
 #include "tests/native/check.h"
 
 #include <dirent.h>
+#include <fcntl.h>
 #include <linux/filter.h>
 #include <linux/seccomp.h>
-#include <stddef.h>
-#include <sys/syscall.h>
-#include <fcntl.h>
 #include <poll.h>
 #include <sched.h>
 #include <signal.h>
+#include <stddef.h>
 #include <sys/mman.h>
 #include <sys/prctl.h>
 #include <sys/stat.h>
+#include <sys/syscall.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -53,9 +53,9 @@ namespace {
   smddp_test::Fail(file, line, msg);
 }
 
-#define CHECK_OK(expr)                                                      \
-  do {                                                                      \
-    Status _s = (expr);                                                     \
+#define CHECK_OK(expr)                                                               \
+  do {                                                                               \
+    Status _s = (expr);                                                              \
     if (!_s.ok()) Die(__FILE__, __LINE__, #expr + std::string(": ") + _s.message()); \
   } while (0)
 
@@ -80,7 +80,9 @@ uint64_t Mix64(uint64_t x) {
   return x;
 }
 
-uint64_t Seed(uint64_t tag, int dir) { return Mix64(tag * 0x9e3779b97f4a7c15ull + uint64_t(dir) + 1); }
+uint64_t Seed(uint64_t tag, int dir) {
+  return Mix64(tag * 0x9e3779b97f4a7c15ull + uint64_t(dir) + 1);
+}
 
 void Fill(uint8_t* p, size_t n, uint64_t tag, int dir) {
   const uint64_t seed = Seed(tag, dir);
@@ -110,7 +112,8 @@ long long Verify(const uint8_t* p, size_t n, uint64_t tag, int dir) {
   if (n % 8) {
     uint64_t w = Mix64(seed ^ words);
     for (size_t b = 0; b < n % 8; ++b) {
-      if (p[8 * words + b] != reinterpret_cast<const uint8_t*>(&w)[b]) return (long long)(8 * words + b);
+      if (p[8 * words + b] != reinterpret_cast<const uint8_t*>(&w)[b])
+        return (long long)(8 * words + b);
     }
   }
   return -1;
@@ -139,7 +142,8 @@ bool Ready(int ms) {
 }
 
 char Get(const char* what, int ms = 60000) {
-  if (!Ready(ms)) Die(__FILE__, __LINE__, std::string("timed out waiting for the other process: ") + what);
+  if (!Ready(ms))
+    Die(__FILE__, __LINE__, std::string("timed out waiting for the other process: ") + what);
   char c;
   ssize_t n;
   do {
@@ -303,7 +307,8 @@ void TestPartialTakeover(Link* l, int me) {
     Msg m(tag, n);
     l->Recv(tag, m.buf.data(), n, &m.req);
     // (Read in place, it arrived whole: single copy has no partial messages.)
-    CHECK_MSG(SingleCopy() || !m.req.done(), "takeover: a 32 MiB message cannot have fully arrived");
+    CHECK_MSG(SingleCopy() || !m.req.done(),
+              "takeover: a 32 MiB message cannot have fully arrived");
     Put('q');
     Wait1(l, &m.req, "takeover: receive");
     CheckRecv(&m, 0, "takeover");
@@ -322,8 +327,10 @@ void TestTagsAndThreads(Link* l, int me) {
   };
   const uint64_t send_base = me == 0 ? 300 : 310, recv_base = me == 0 ? 310 : 300;
   Msgs sends, recvs;
-  for (int k = 0; k < kTags; ++k) sends.push_back(std::make_unique<Msg>(send_base + k, size_of(me, k)));
-  for (int k = 0; k < kTags; ++k) recvs.push_back(std::make_unique<Msg>(recv_base + k, size_of(1 - me, k)));
+  for (int k = 0; k < kTags; ++k)
+    sends.push_back(std::make_unique<Msg>(send_base + k, size_of(me, k)));
+  for (int k = 0; k < kTags; ++k)
+    recvs.push_back(std::make_unique<Msg>(recv_base + k, size_of(1 - me, k)));
   const int order[kTags] = {5, 1, 7, 0, 3, 6, 2, 4};
   // Half the receives before the data can arrive.
   for (int i = 0; i < kTags / 2; ++i) {
@@ -383,16 +390,18 @@ void TestSizeMismatch(Link* l, int me) {
     Put('r');
     Wait1(l, &early.req, "mismatch: early receive");
     CHECK_MSG(!early.req.status().ok(), "mismatched receive (posted first) succeeded");
-    CHECK_MSG(Contains(early.req.status().message(), "peer sent 100 bytes under tag 400, expected 99"),
-              early.req.status().message());
+    CHECK_MSG(
+        Contains(early.req.status().message(), "peer sent 100 bytes under tag 400, expected 99"),
+        early.req.status().message());
     Expect('s', "mismatch: sends done");
     Spin(l, 20);
     Msg late(401, 101);
     l->Recv(401, late.buf.data(), 101, &late.req);
     CHECK_MSG(late.req.done(), "mismatched receive (posted late) did not fail at once");
     CHECK_MSG(!late.req.status().ok(), "mismatched receive (posted late) succeeded");
-    CHECK_MSG(Contains(late.req.status().message(), "peer sent 100 bytes under tag 401, expected 101"),
-              late.req.status().message());
+    CHECK_MSG(
+        Contains(late.req.status().message(), "peer sent 100 bytes under tag 401, expected 101"),
+        late.req.status().message());
     Msg good(402, 50);
     l->Recv(402, good.buf.data(), 50, &good.req);
     Wait1(l, &good.req, "mismatch: following receive");
@@ -631,8 +640,10 @@ void TestThroughput(Link* l, int me) {
   CHECK(r.req.status().ok());
   CHECK(Verify(r.buf.data(), n, 600, 1 - me) < 0);
   if (me == 0) {
-    std::printf("throughput 64 MiB both ways at once (sum of both directions, parent's view): "
-                "best %.2f GB/s, mean %.2f GB/s\n", best, sum / reps);
+    std::printf(
+        "throughput 64 MiB both ways at once (sum of both directions, parent's view): "
+        "best %.2f GB/s, mean %.2f GB/s\n",
+        best, sum / reps);
   }
   std::fflush(stdout);
   Barrier("throughput: done");
@@ -654,7 +665,8 @@ void TestSingleCopyRefused(Link* l, int me) {
     CheckRecv(&in, 1 - me, "single copy");
   }
   CHECK_MSG(l->SingleCopyBytes() - before == n, "single copy: bytes read in place " +
-            std::to_string(l->SingleCopyBytes() - before) + ", expected " + std::to_string(n));
+                                                    std::to_string(l->SingleCopyBytes() - before) +
+                                                    ", expected " + std::to_string(n));
   CHECK_MSG(l->SingleCopy() == "on", l->SingleCopy());
   Barrier("single copy: checked");
   if (me == 1) {
@@ -681,11 +693,13 @@ void TestSingleCopyRefused(Link* l, int me) {
   const std::string why = l->SingleCopy();
   if (me == 1) {
     CHECK_MSG(why.rfind("off: this process may not read process", 0) == 0 &&
-              Contains(why, "Operation not permitted") && Contains(why, "ring"), why);
+                  Contains(why, "Operation not permitted") && Contains(why, "ring"),
+              why);
     CHECK_MSG(l->SingleCopyBytes() == before + n, "the child read in place while forbidden");
   } else {
     // The parent still reads the child's memory; the child asked it to use the ring.
-    CHECK_MSG(why.rfind("off: process", 0) == 0 && Contains(why, "may not read this process's"), why);
+    CHECK_MSG(why.rfind("off: process", 0) == 0 && Contains(why, "may not read this process's"),
+              why);
     CHECK_MSG(l->SingleCopyBytes() == before + 3 * n, "the parent stopped reading in place");
   }
   std::printf("%s single copy: %s\n", me == 0 ? "parent" : "child", why.c_str());
@@ -710,7 +724,7 @@ void TestDoorbell(Link* l, int me) {
     l->AwaitActivity(seen, 3000000);
     const double woke = duration<double>(Clock::now() - t0).count();
     CHECK_MSG(woke < 1.5, "doorbell: the waiter slept " + std::to_string(woke) +
-                               " s although the peer wrote after 0.1 s");
+                              " s although the peer wrote after 0.1 s");
     Wait1(l, &m.req, "doorbell: message");
     CheckRecv(&m, 0, "doorbell: message");
     // The count moved since `seen` (the peer wrote): no sleep at all.
@@ -723,7 +737,8 @@ void TestDoorbell(Link* l, int me) {
     const auto t2 = Clock::now();
     l->AwaitActivity(seen, 20000);
     const double idle = duration<double>(Clock::now() - t2).count();
-    CHECK_MSG(idle >= 0.015 && idle < 1.0, "doorbell: a 20 ms idle wait took " + std::to_string(idle) + " s");
+    CHECK_MSG(idle >= 0.015 && idle < 1.0,
+              "doorbell: a 20 ms idle wait took " + std::to_string(idle) + " s");
   } else {
     Expect('s', "doorbell: peer asleep");
     ::usleep(100000);
@@ -799,7 +814,8 @@ void TestCorruption() {
     }
     failing->Progress();
     std::string why = failing->PeerFailure();
-    CHECK_MSG(Contains(why, "corrupt"), "corruption kind " + std::to_string(kind) + ": '" + why + "'");
+    CHECK_MSG(Contains(why, "corrupt"),
+              "corruption kind " + std::to_string(kind) + ": '" + why + "'");
     if (failing == b.get()) {
       CHECK(victim.req.done() && !victim.req.status().ok());
     } else {
@@ -905,7 +921,8 @@ int main() {
     const auto t0 = Clock::now();
     std::string why;
     while ((why = small->PeerFailure()).empty() && Seconds(t0, Clock::now()) < 1) small->Progress();
-    CHECK_MSG(Contains(why, "exited") && Contains(why, std::to_string(pid)), "orderly close: '" + why + "'");
+    CHECK_MSG(Contains(why, "exited") && Contains(why, std::to_string(pid)),
+              "orderly close: '" + why + "'");
     Msg r(1, 8);
     small->Recv(1, r.buf.data(), 8, &r.req);
     CHECK(r.req.done() && !r.req.status().ok());

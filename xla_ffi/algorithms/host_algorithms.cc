@@ -18,8 +18,7 @@ constexpr size_t kStageBytes = 256 * 1024;
 class PeerReader {
  public:
   PeerReader(Exchange& ex, DType dtype, ReduceOp op)
-      : ex_(ex), dtype_(dtype), op_(op), esize_(ElementSize(dtype)),
-        srcs_(ex.size()) {
+      : ex_(ex), dtype_(dtype), op_(op), esize_(ElementSize(dtype)), srcs_(ex.size()) {
     for (int p = 0; p < ex.size(); ++p) direct_ &= ex.PeerSend(p) != nullptr;
   }
 
@@ -64,8 +63,8 @@ Status AllGather(Exchange& ex, size_t outer, size_t inner_bytes) {
   // kernel serves sequential first touches fastest.
   for (size_t o = 0; o < outer; ++o) {
     for (int p = 0; p < n; ++p) {
-      SMDDP_RETURN_IF_ERROR(ex.Get(p, o * inner_bytes,
-                                   out + (o * n + p) * inner_bytes, inner_bytes));
+      SMDDP_RETURN_IF_ERROR(
+          ex.Get(p, o * inner_bytes, out + (o * n + p) * inner_bytes, inner_bytes));
     }
   }
   return Status::Ok();
@@ -76,8 +75,8 @@ Status ReduceScatter(Exchange& ex, DType dtype, ReduceOp op, size_t outer, size_
   PeerReader reader(ex, dtype, op);
   char* out = static_cast<char*>(ex.Recv());
   for (size_t o = 0; o < outer; ++o) {
-    SMDDP_RETURN_IF_ERROR(reader.ReduceAt((o * n + r) * inner * esize,
-                                          out + o * inner * esize, inner));
+    SMDDP_RETURN_IF_ERROR(
+        reader.ReduceAt((o * n + r) * inner * esize, out + o * inner * esize, inner));
   }
   return Status::Ok();
 }
@@ -101,8 +100,8 @@ Status AllToAll(Exchange& ex, size_t outer, size_t inner_bytes) {
   for (size_t i = 0; i < n; ++i) {
     const size_t p = (r + i) % n;
     for (size_t o = 0; o < outer; ++o) {
-      SMDDP_RETURN_IF_ERROR(ex.Get(int(p), (o * n + r) * inner_bytes,
-                                   out + (o * n + p) * inner_bytes, inner_bytes));
+      SMDDP_RETURN_IF_ERROR(
+          ex.Get(int(p), (o * n + r) * inner_bytes, out + (o * n + p) * inner_bytes, inner_bytes));
     }
   }
   return Status::Ok();
@@ -110,11 +109,14 @@ Status AllToAll(Exchange& ex, size_t outer, size_t inner_bytes) {
 
 Status RunHostPlan(const Plan& plan, Exchange& ex) {
   switch (plan.kind) {
-    case Plan::Kind::kAllGather: return AllGather(ex, plan.outer, plan.inner);
+    case Plan::Kind::kAllGather:
+      return AllGather(ex, plan.outer, plan.inner);
     case Plan::Kind::kReduceScatter:
       return ReduceScatter(ex, plan.dtype, plan.op, plan.outer, plan.inner);
-    case Plan::Kind::kAllReduce: return AllReduce(ex, plan.dtype, plan.op, plan.count);
-    case Plan::Kind::kAllToAll: return AllToAll(ex, plan.outer, plan.inner);
+    case Plan::Kind::kAllReduce:
+      return AllReduce(ex, plan.dtype, plan.op, plan.count);
+    case Plan::Kind::kAllToAll:
+      return AllToAll(ex, plan.outer, plan.inner);
   }
   return Status::Error("jax_smddp: unknown collective plan");
 }

@@ -9,9 +9,9 @@
 #include <cstddef>
 #include <cstdint>
 
-#include "xla_ffi/common/dtype.h"
 #include "xla_ffi/algorithms/exchange.h"
 #include "xla_ffi/algorithms/plan.h"
+#include "xla_ffi/common/dtype.h"
 
 namespace smddp {
 

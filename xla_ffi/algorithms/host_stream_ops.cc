@@ -9,8 +9,8 @@
 
 namespace smddp {
 
-Status HostStreamOps::Copy2D(void* dst, size_t dpitch, const void* src, size_t spitch,
-                             size_t width, size_t rows) {
+Status HostStreamOps::Copy2D(void* dst, size_t dpitch, const void* src, size_t spitch, size_t width,
+                             size_t rows) {
   for (size_t i = 0; i < rows; ++i) {
     std::memcpy(static_cast<char*>(dst) + i * dpitch, static_cast<const char*>(src) + i * spitch,
                 width);
@@ -29,12 +29,13 @@ Status HostStreamOps::Reduce(void* dst, size_t dpitch, const void* const* srcs, 
 }
 
 Status HostStreamOps::WaitAtLeast(const uint32_t* flag, uint32_t value) {
-  const auto deadline = std::chrono::steady_clock::now() + std::chrono::duration<double>(timeout_s_);
+  const auto deadline =
+      std::chrono::steady_clock::now() + std::chrono::duration<double>(timeout_s_);
   for (int spins = 0; !FlagReached(__atomic_load_n(flag, __ATOMIC_ACQUIRE), value); ++spins) {
     if (spins > 1000) std::this_thread::yield();
     if ((spins & 1023) == 0 && std::chrono::steady_clock::now() > deadline)
       return Status::Timeout("jax_smddp: timed out waiting for a peer's flag to reach " +
-                           std::to_string(value));
+                             std::to_string(value));
   }
   return Status::Ok();
 }

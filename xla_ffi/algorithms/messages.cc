@@ -19,7 +19,6 @@ std::string Seconds(Clock::duration d) {
   return os.str();
 }
 
-
 }  // namespace
 
 std::string ProcessCall::DescribeProcess(int process) const {
@@ -81,9 +80,10 @@ size_t Messages::Post(int process, uint64_t tag, const void* src, void* dst, siz
   e.recv = recv;
   e.link = call_.world->link(process);
   if (!e.link) {
-    e.req.Complete(call_.Concerning(process, Status::InvalidArgument(
-        "no link to " + call_.DescribeProcess(process) +
-        ": jax_smddp.initialize() connected only some processes")));
+    e.req.Complete(call_.Concerning(
+        process,
+        Status::InvalidArgument("no link to " + call_.DescribeProcess(process) +
+                                ": jax_smddp.initialize() connected only some processes")));
   } else if (recv) {
     call_.world->CountReceived(process, bytes);
     e.link->Recv(tag, dst, bytes, &e.req);
@@ -141,11 +141,12 @@ Status Messages::CheckPeers() {
     for (const Entry& e : entries_) {
       if (e.process != p || e.settled || e.req.done()) continue;
       const StatusCode code = link->PeerFailureCode();
-      return call_.Concerning(p, Status::WithCode(
-          code, call_.where + ": " + call_.DescribeProcess(p) +
-                    (code == StatusCode::kProtocol ? " sent what this process cannot parse ("
-                                                   : " failed (") +
-                    why + ", over " + link->Kind() + "); this collective cannot complete"));
+      return call_.Concerning(
+          p, Status::WithCode(
+                 code, call_.where + ": " + call_.DescribeProcess(p) +
+                           (code == StatusCode::kProtocol ? " sent what this process cannot parse ("
+                                                          : " failed (") +
+                           why + ", over " + link->Kind() + "); this collective cannot complete"));
     }
   }
   return Status::Ok();
@@ -182,19 +183,23 @@ Status Messages::Wait(size_t id) {
     }
     if (now >= call_.deadline) {
       Link* link = e.link;
-      return call_.Concerning(e.process, Status::Timeout(
-          call_.where + ": timed out after " + Seconds(now - call_.start) + " waiting for " +
-          call_.DescribeProcess(e.process) + (e.recv ? " to send its data" : " to take this process's data") +
-          " (over " + (link ? link->Kind() : std::string("no link")) +
-          "). That process never reached this collective, or is stalled or much slower; if it is "
-          "only slow, raise JAX_SMDDP_TIMEOUT_S (or jax_smddp.set_timeout)."));
+      return call_.Concerning(
+          e.process,
+          Status::Timeout(call_.where + ": timed out after " + Seconds(now - call_.start) +
+                          " waiting for " + call_.DescribeProcess(e.process) +
+                          (e.recv ? " to send its data" : " to take this process's data") +
+                          " (over " + (link ? link->Kind() : std::string("no link")) +
+                          "). That process never reached this collective, or is stalled or much "
+                          "slower; if it is "
+                          "only slow, raise JAX_SMDDP_TIMEOUT_S (or jax_smddp.set_timeout)."));
     }
   }
   e.settled = true;
   if (!e.req.status().ok()) {
     // The link's failure keeps its kind (a closed link: the peer failed).
-    return call_.Concerning(e.process, e.req.status().WithMessage(
-        call_.where + ": " + call_.DescribeProcess(e.process) + ": " + e.req.status().message()));
+    return call_.Concerning(e.process, e.req.status().WithMessage(call_.where + ": " +
+                                                                  call_.DescribeProcess(e.process) +
+                                                                  ": " + e.req.status().message()));
   }
   return Status::Ok();
 }

@@ -11,9 +11,9 @@
 #include <deque>
 #include <vector>
 
-#include "xla_ffi/transports/link.h"
 #include "xla_ffi/algorithms/process_call.h"
 #include "xla_ffi/common/status.h"
+#include "xla_ffi/transports/link.h"
 
 namespace smddp {
 

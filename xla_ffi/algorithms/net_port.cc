@@ -5,9 +5,9 @@
 #include <cstring>
 #include <string>
 
-#include "xla_ffi/common/timeout.h"
-#include "xla_ffi/common/hashing.h"
 #include "xla_ffi/algorithms/stream_ops.h"  // FlagReached
+#include "xla_ffi/common/hashing.h"
+#include "xla_ffi/common/timeout.h"
 #include "xla_ffi/transports/world.h"
 
 namespace smddp {
@@ -129,9 +129,9 @@ Status NetworkProxy::Run(const Task& t) {
       std::chrono::duration<double>(timeout_s_ > 0 ? timeout_s_ : TimeoutSeconds());
   // `kind`: the failure's code (a link's failure keeps its own).
   auto failure = [&](int k, const Status& kind, const std::string& what) {
-    Status st = kind.WithMessage("network step " + std::to_string(t.step) +
-                                 " of a GPU collective across hosts: " + what +
-                                 (k >= 0 ? " (peer process " + std::to_string(p.peer_process[k]) + ")" : ""));
+    Status st = kind.WithMessage(
+        "network step " + std::to_string(t.step) + " of a GPU collective across hosts: " + what +
+        (k >= 0 ? " (peer process " + std::to_string(p.peer_process[k]) + ")" : ""));
     if (k >= 0) st.SetPeers({}, {p.peer_process[k]});
     return st;
   };
@@ -139,10 +139,12 @@ Status NetworkProxy::Run(const Task& t) {
   auto wait_stream = [&](size_t offset, uint32_t value) -> Status {
     const uint32_t* flag = p.host_side<uint32_t>(offset);
     for (int spins = 0; !FlagReached(__atomic_load_n(flag, __ATOMIC_ACQUIRE), value); ++spins) {
-      for (Link* link : p.links) if (link) link->Progress();
+      for (Link* link : p.links)
+        if (link) link->Progress();
       if ((spins & 255) == 255) {
         if (std::chrono::steady_clock::now() > deadline)
-          return failure(-1, Status::Timeout(""), "timed out waiting for the GPU to reach step " + std::to_string(value));
+          return failure(-1, Status::Timeout(""),
+                         "timed out waiting for the GPU to reach step " + std::to_string(value));
         std::this_thread::yield();
       }
     }
@@ -170,13 +172,19 @@ Status NetworkProxy::Run(const Task& t) {
     if (k == p.host) continue;
     if (t.step > 2) {
       Status st = wait_stream(p.layout.consumed(k), t.step - 2);
-      if (!st.ok()) { cancel_all(); return st; }
+      if (!st.ok()) {
+        cancel_all();
+        return st;
+      }
     }
     p.state[k] |= kRecvPosted;
     p.links[k]->Recv(tag, p.slot_proxy(p.layout.recv_slot(k, t.step)), t.bytes, &p.recvs[k]);
   }
   Status st = wait_stream(p.layout.posted(), t.step);
-  if (!st.ok()) { cancel_all(); return st; }
+  if (!st.ok()) {
+    cancel_all();
+    return st;
+  }
   for (int k = 0; k < p.hosts; ++k) {
     if (k == p.host) continue;
     const size_t offset = t.scatter ? size_t(k) * t.bytes : 0;
@@ -189,10 +197,16 @@ Status NetworkProxy::Run(const Task& t) {
       if (k == p.host) continue;
       p.links[k]->Progress();
       if (p.recvs[k].done() && !(p.state[k] & kSignalled)) {
-        if (!p.recvs[k].status().ok()) { cancel_all(); return failure(k, p.recvs[k].status(), p.recvs[k].status().message()); }
+        if (!p.recvs[k].status().ok()) {
+          cancel_all();
+          return failure(k, p.recvs[k].status(), p.recvs[k].status().message());
+        }
         if (p.after_receive) {
           Status st = p.after_receive();
-          if (!st.ok()) { cancel_all(); return failure(k, st, st.message()); }
+          if (!st.ok()) {
+            cancel_all();
+            return failure(k, st, st.message());
+          }
         }
         // The bytes are in the slot: let the stream read them.
         RaiseSignal(p.host_side<uint32_t>(p.layout.arrived(k), true), t.step);

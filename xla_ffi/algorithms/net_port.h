@@ -28,8 +28,8 @@
 #include <thread>
 #include <vector>
 
-#include "xla_ffi/transports/link.h"
 #include "xla_ffi/common/status.h"
+#include "xla_ffi/transports/link.h"
 
 namespace smddp {
 
@@ -66,9 +66,9 @@ class NetworkProxy;
 class World;
 
 struct NetPort {
-  int hosts = 1;  // hosts of the group
-  int host = 0;   // this rank's host (its index among them)
-  int rail = 0;   // this rank's index on its host: it talks to the same index elsewhere
+  int hosts = 1;     // hosts of the group
+  int host = 0;      // this rank's host (its index among them)
+  int rail = 0;      // this rank's index on its host: it talks to the same index elsewhere
   uint64_t key = 0;  // names the group in message tags
   NetLayout layout;
   uint8_t* mailbox_stream = nullptr;
@@ -83,9 +83,9 @@ struct NetPort {
   // Run by the proxy between a receive's completion and its `arrived` flag,
   // e.g. to make the NIC's writes to device memory visible to the GPU.
   std::function<Status()> after_receive;
-  std::vector<Link*> links;  // by host; null for this rank's own
+  std::vector<Link*> links;       // by host; null for this rank's own
   std::vector<int> peer_process;  // by host, for messages
-  const World* world = nullptr;  // counts the bytes moved (jax_smddp.traffic()), if set
+  const World* world = nullptr;   // counts the bytes moved (jax_smddp.traffic()), if set
   NetworkProxy* proxy = nullptr;
   uint32_t step = 0;  // network steps enqueued (stream side)
   // The proxy's requests and their state, by host, reused every step (no

@@ -4,10 +4,14 @@ namespace smddp {
 
 const char* PhaseName(Phase phase) {
   switch (phase) {
-    case Phase::kCopy: return "copy";
-    case Phase::kReduce: return "reduce";
-    case Phase::kWait: return "wait";
-    case Phase::kSignal: return "signal";
+    case Phase::kCopy:
+      return "copy";
+    case Phase::kReduce:
+      return "reduce";
+    case Phase::kWait:
+      return "wait";
+    case Phase::kSignal:
+      return "signal";
   }
   return "?";
 }
@@ -35,16 +39,15 @@ Status PhaseTimedOps::Timed(Phase phase, F&& call) {
   return Status::Ok();
 }
 
-Status PhaseTimedOps::Copy2D(void* dst, size_t dpitch, const void* src, size_t spitch,
-                             size_t width, size_t rows) {
+Status PhaseTimedOps::Copy2D(void* dst, size_t dpitch, const void* src, size_t spitch, size_t width,
+                             size_t rows) {
   return Timed(Phase::kCopy, [&] { return inner_.Copy2D(dst, dpitch, src, spitch, width, rows); });
 }
 
 Status PhaseTimedOps::Reduce(void* dst, size_t dpitch, const void* const* srcs, int n,
                              size_t spitch, size_t count, size_t rows, DType dtype, ReduceOp op) {
-  return Timed(Phase::kReduce, [&] {
-    return inner_.Reduce(dst, dpitch, srcs, n, spitch, count, rows, dtype, op);
-  });
+  return Timed(Phase::kReduce,
+               [&] { return inner_.Reduce(dst, dpitch, srcs, n, spitch, count, rows, dtype, op); });
 }
 
 Status PhaseTimedOps::WaitAtLeast(const uint32_t* flag, uint32_t value) {
@@ -59,8 +62,8 @@ Status PhaseTimedOps::Totals(PhaseTotals* out) {
   *out = PhaseTotals{};
   if (spans_.empty()) return Status::Ok();
   // The last mark first: on a GPU that waits once for the whole stream.
-  SMDDP_RETURN_IF_ERROR(clock_.Seconds(spans_.front().second.first, spans_.back().second.second,
-                                       &out->total_s));
+  SMDDP_RETURN_IF_ERROR(
+      clock_.Seconds(spans_.front().second.first, spans_.back().second.second, &out->total_s));
   for (const auto& [phase, span] : spans_) {
     double s = 0;
     SMDDP_RETURN_IF_ERROR(clock_.Seconds(span.first, span.second, &s));

@@ -61,12 +61,13 @@ Header MakeHeader(const ProcessCall& c, const Plan& p) {
 std::string Describe(const Header& h) {
   std::ostringstream os;
   std::string op(h.op, strnlen(h.op, sizeof(h.op)));
-  os << op << " of " << (h.dtype < 16 ? DTypeName(DType(h.dtype)) : "?") << " ("
-     << h.send_bytes << " bytes in, " << h.recv_bytes << " bytes out per device";
+  os << op << " of " << (h.dtype < 16 ? DTypeName(DType(h.dtype)) : "?") << " (" << h.send_bytes
+     << " bytes in, " << h.recv_bytes << " bytes out per device";
   if (op != "all_gather" && op != "all_to_all")
     os << ", " << (h.reduce < 3 ? ReduceOpName(ReduceOp(h.reduce)) : "?");
   os << ", " << h.size << " devices; " << (h.hierarchical ? "hierarchical" : "flat") << " routes, "
-     << (h.chunk_bytes ? std::to_string(h.chunk_bytes) + "-byte" : std::string("default")) << " chunks)";
+     << (h.chunk_bytes ? std::to_string(h.chunk_bytes) + "-byte" : std::string("default"))
+     << " chunks)";
   return os.str();
 }
 
@@ -74,16 +75,18 @@ Status CheckCallsAgree(const ProcessCall& c, const Plan& plan) {
   Messages m(c);
   const Header mine = MakeHeader(c, plan);
   std::vector<Header> theirs(c.peers.size());
-  for (size_t i = 0; i < c.peers.size(); ++i) m.Recv(c.peers[i], Msg(kHeader), &theirs[i], sizeof(Header));
+  for (size_t i = 0; i < c.peers.size(); ++i)
+    m.Recv(c.peers[i], Msg(kHeader), &theirs[i], sizeof(Header));
   for (int p : c.peers) m.Send(p, Msg(kHeader), &mine, sizeof(Header));
   SMDDP_RETURN_IF_ERROR(m.WaitAll());
   for (size_t i = 0; i < c.peers.size(); ++i) {
     if (std::memcmp(&theirs[i], &mine, sizeof(Header)) != 0) {
-      return c.Concerning(c.peers[i], Status::Mismatch(
-          c.where + ": processes disagree on the call: this process (process " +
-          std::to_string(c.world->process()) + ") runs " + Describe(mine) + " but " +
-          c.DescribeProcess(c.peers[i]) + " runs " + Describe(theirs[i]) +
-          ". Every process must run the same program on same-shaped inputs."));
+      return c.Concerning(
+          c.peers[i], Status::Mismatch(
+                          c.where + ": processes disagree on the call: this process (process " +
+                          std::to_string(c.world->process()) + ") runs " + Describe(mine) +
+                          " but " + c.DescribeProcess(c.peers[i]) + " runs " + Describe(theirs[i]) +
+                          ". Every process must run the same program on same-shaped inputs."));
     }
   }
   return Status::Ok();
@@ -113,7 +116,11 @@ Status ProcessAllGather(const ProcessCall& c, size_t outer, size_t inner) {
   char* first = static_cast<char*>(c.recv[0]);
   // Remote ranks' blocks land in the first local rank's output when they are
   // contiguous there (outer == 1), else in staging.
-  struct Incoming { int rank; Messages::Range range; char* dst; };
+  struct Incoming {
+    int rank;
+    Messages::Range range;
+    char* dst;
+  };
   std::vector<Incoming> incoming;
   const std::vector<int> order = GatherOrder(c);
   char* stage = outer == 1 ? nullptr : Scratch(order.size() * block);
@@ -207,8 +214,8 @@ class BlockReducer {
 
 // Contributions received for each rank that has sources, in staging.
 struct Contributions {
-  std::vector<std::vector<const char*>> buffers;       // per rank, per source
-  std::vector<std::vector<Messages::Range>> ranges;    // per rank, per source
+  std::vector<std::vector<const char*>> buffers;     // per rank, per source
+  std::vector<std::vector<Messages::Range>> ranges;  // per rank, per source
 
   // Posts the receives: rank r's contributions of bytes(r) each.
   template <typename Bytes>
@@ -259,7 +266,8 @@ Status ProcessReduceScatter(const ProcessCall& c, DType dtype, ReduceOp op, size
     const bool combines = !in.buffers[r].empty();
     char* out;
     if (dest < 0) {
-      out = static_cast<char*>(c.recv[std::lower_bound(c.local.begin(), c.local.end(), r) - c.local.begin()]);
+      out = static_cast<char*>(
+          c.recv[std::lower_bound(c.local.begin(), c.local.end(), r) - c.local.begin()]);
     } else if (!combines && nl == 1 && outer == 1) {
       out = nullptr;  // the partial is the input itself
     } else {
@@ -296,14 +304,20 @@ Status ProcessAllReduce(const ProcessCall& c, DType dtype, ReduceOp op, size_t c
   }
   Messages m(c);
   Contributions in;
-  char* partials = in.Post(c, m, kData, [&](int r) { return shard(r); }, max_shard, outgoing * max_shard);
+  char* partials =
+      in.Post(c, m, kData, [&](int r) { return shard(r); }, max_shard, outgoing * max_shard);
   char* first = static_cast<char*>(c.recv[0]);
-  struct Result { int rank; Messages::Range range; };
+  struct Result {
+    int rank;
+    Messages::Range range;
+  };
   std::vector<Result> results;
   for (int s : GatherOrder(c))
-    results.push_back({s, m.Recv(rt.gather_source[s], Msg(kResult, s), first + begin(s) * esize, shard(s))});
+    results.push_back(
+        {s, m.Recv(rt.gather_source[s], Msg(kResult, s), first + begin(s) * esize, shard(s))});
   std::vector<const void*> srcs;
-  auto reduce = [&](size_t r, size_t off, size_t bytes, const std::vector<const char*>& extra, char* dst) {
+  auto reduce = [&](size_t r, size_t off, size_t bytes, const std::vector<const char*>& extra,
+                    char* dst) {
     srcs.clear();
     for (size_t li = 0; li < nl; ++li)
       srcs.push_back(static_cast<const char*>(c.send[li]) + begin(r) * esize + off);
@@ -356,8 +370,8 @@ Status ProcessAllReduce(const ProcessCall& c, DType dtype, ReduceOp op, size_t c
       size_t off, bytes;
       m.Chunk(sb, k, &off, &bytes);
       for (size_t d = 1; d < nl; ++d)
-        CopyBytes(static_cast<char*>(c.recv[d]) + begin(res.rank) * esize + off, base + off,
-                  bytes, stream);
+        CopyBytes(static_cast<char*>(c.recv[d]) + begin(res.rank) * esize + off, base + off, bytes,
+                  stream);
     }
   }
   return m.WaitAll();
@@ -375,7 +389,12 @@ Status ProcessAllToAll(const ProcessCall& c, size_t outer, size_t inner) {
   char* stage = outer == 1 ? nullptr : Scratch(2 * nl * remote * block);
   char* unpacked = stage;
   char* packed = stage ? stage + nl * remote * block : nullptr;
-  struct Incoming { int to_local; int from; Messages::Range range; char* dst; };
+  struct Incoming {
+    int to_local;
+    int from;
+    Messages::Range range;
+    char* dst;
+  };
   std::vector<Incoming> incoming;
   for (size_t li = 0; li < nl; ++li) {
     const int r = c.local[li];
@@ -395,7 +414,8 @@ Status ProcessAllToAll(const ProcessCall& c, size_t outer, size_t inner) {
         const char* src = send + r * inner;
         if (outer != 1) {
           char* p = packed + (k++) * block;
-          for (size_t o = 0; o < outer; ++o) std::memcpy(p + o * inner, send + (o * n + r) * inner, inner);
+          for (size_t o = 0; o < outer; ++o)
+            std::memcpy(p + o * inner, send + (o * n + r) * inner, inner);
           src = p;
         }
         m.Send(c.peers[qi], Msg(kData, c.local[li], r), src, block);
@@ -427,11 +447,14 @@ Status ProcessAllToAll(const ProcessCall& c, size_t outer, size_t inner) {
 Status RunProcessPlan(const Plan& plan, ProcessCall& call) {
   SMDDP_RETURN_IF_ERROR(CheckCallsAgree(call, plan));
   switch (plan.kind) {
-    case Plan::Kind::kAllGather: return ProcessAllGather(call, plan.outer, plan.inner);
+    case Plan::Kind::kAllGather:
+      return ProcessAllGather(call, plan.outer, plan.inner);
     case Plan::Kind::kReduceScatter:
       return ProcessReduceScatter(call, plan.dtype, plan.op, plan.outer, plan.inner);
-    case Plan::Kind::kAllReduce: return ProcessAllReduce(call, plan.dtype, plan.op, plan.count);
-    case Plan::Kind::kAllToAll: return ProcessAllToAll(call, plan.outer, plan.inner);
+    case Plan::Kind::kAllReduce:
+      return ProcessAllReduce(call, plan.dtype, plan.op, plan.count);
+    case Plan::Kind::kAllToAll:
+      return ProcessAllToAll(call, plan.outer, plan.inner);
   }
   return Status::Error("jax_smddp: unknown collective plan");
 }

@@ -55,10 +55,10 @@ struct ProcessCall {
   std::vector<int> peers;                    // the group's other processes, ascending
   std::vector<std::vector<int>> peer_ranks;  // per peer, its ranks, ascending
   const Routes* routes = nullptr;
-  size_t chunk_bytes = 0;                    // message chunk; 0: the default
-  uint64_t tag = 0;                          // this call's; equal on every process
+  size_t chunk_bytes = 0;  // message chunk; 0: the default
+  uint64_t tag = 0;        // this call's; equal on every process
   Clock::time_point start, deadline;
-  std::string where;                         // "jax_smddp all_gather (op 3 of ...)"
+  std::string where;  // "jax_smddp all_gather (op 3 of ...)"
   CallInfo info;
 
   // Whether the call's copies into outputs use non-temporal stores: by what

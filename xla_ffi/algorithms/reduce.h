@@ -14,8 +14,7 @@ bool SupportsReduce(DType dtype, ReduceOp op);
 // out[i] = op(srcs[0][i], srcs[1][i], ..., srcs[n-1][i]) for i < count,
 // combined in source order (so results match a sequential reference bit for
 // bit). `out` must not alias any source.
-void Reduce(DType dtype, ReduceOp op, const void* const* srcs, int n,
-            void* out, size_t count);
+void Reduce(DType dtype, ReduceOp op, const void* const* srcs, int n, void* out, size_t count);
 
 }  // namespace smddp
 

@@ -27,14 +27,22 @@ void ReduceBaseline(DType dtype, ReduceOp op, const void* const* srcs, int n, vo
 
 namespace {
 
-inline float BitsToF32(uint32_t u) { float f; std::memcpy(&f, &u, 4); return f; }
-inline uint32_t F32ToBits(float f) { uint32_t u; std::memcpy(&u, &f, 4); return u; }
+inline float BitsToF32(uint32_t u) {
+  float f;
+  std::memcpy(&f, &u, 4);
+  return f;
+}
+inline uint32_t F32ToBits(float f) {
+  uint32_t u;
+  std::memcpy(&u, &f, 4);
+  return u;
+}
 
 inline float LoadBF16(uint16_t h) { return BitsToF32(uint32_t(h) << 16); }
 inline uint16_t StoreBF16(float f) {
   uint32_t u = F32ToBits(f);
   if ((u & 0x7fffffffu) > 0x7f800000u) return uint16_t((u >> 16) | 0x40);  // quiet NaN
-  u += 0x7fffu + ((u >> 16) & 1u);  // round to nearest even
+  u += 0x7fffu + ((u >> 16) & 1u);                                         // round to nearest even
   return uint16_t(u >> 16);
 }
 
@@ -54,26 +62,42 @@ inline uint16_t StoreF16(float f) {
   x &= 0x7fffffffu;
   if (x >= 0x7f800000u) return sign | 0x7c00u | (x > 0x7f800000u ? 0x200u : 0u);
   if (x >= 0x477ff000u) return sign | 0x7c00u;  // rounds to infinity
-  if (x < 0x38800000u) {  // below the smallest normal half: subnormal or zero
+  if (x < 0x38800000u) {                        // below the smallest normal half: subnormal or zero
     return sign | uint16_t(std::lrintf(BitsToF32(x) * 16777216.0f));
   }
   x += 0xc8000fffu + ((x >> 13) & 1u);  // rebias exponent, round to nearest even
   return sign | uint16_t(x >> 13);
 }
 
-template <typename T> inline T Identity(T v) { return v; }
+template <typename T>
+inline T Identity(T v) {
+  return v;
+}
 
-struct Sum { template <typename A> A operator()(A a, A b) const { return a + b; } };
+struct Sum {
+  template <typename A>
+  A operator()(A a, A b) const {
+    return a + b;
+  }
+};
 // Float max/min propagate NaN, as XLA's maximum/minimum do.
 struct Max {
-  template <typename A> A operator()(A a, A b) const {
-    if constexpr (std::is_floating_point_v<A>) { if (a != a) return a; if (b != b) return b; }
+  template <typename A>
+  A operator()(A a, A b) const {
+    if constexpr (std::is_floating_point_v<A>) {
+      if (a != a) return a;
+      if (b != b) return b;
+    }
     return a > b ? a : b;
   }
 };
 struct Min {
-  template <typename A> A operator()(A a, A b) const {
-    if constexpr (std::is_floating_point_v<A>) { if (a != a) return a; if (b != b) return b; }
+  template <typename A>
+  A operator()(A a, A b) const {
+    if constexpr (std::is_floating_point_v<A>) {
+      if (a != a) return a;
+      if (b != b) return b;
+    }
     return a < b ? a : b;
   }
 };
@@ -105,7 +129,8 @@ void ReduceBlocks(const void* const* srcs, int n, void* out, size_t count) {
       const S* __restrict__ a = src(p);
       const S* __restrict__ b = src(p + 1);
       const S* __restrict__ c = src(p + 2);
-      for (size_t i = 0; i < m; ++i) acc[i] = op(op(op(acc[i], Load(a[i])), Load(b[i])), Load(c[i]));
+      for (size_t i = 0; i < m; ++i)
+        acc[i] = op(op(op(acc[i], Load(a[i])), Load(b[i])), Load(c[i]));
     }
     for (; p < n; ++p) {
       const S* __restrict__ a = src(p);
@@ -126,8 +151,12 @@ bool ReduceWith(DType dtype, const void* const* srcs, int n, void* out, size_t c
   constexpr bool kSum = std::is_same_v<Op, Sum>;
 #define SMDDP_SAME(T) ReduceBlocks<T, T, Identity<T>, Identity<T>, Op>(srcs, n, out, count)
   switch (dtype) {
-    case DType::kFloat32: SMDDP_SAME(float); return true;
-    case DType::kFloat64: SMDDP_SAME(double); return true;
+    case DType::kFloat32:
+      SMDDP_SAME(float);
+      return true;
+    case DType::kFloat64:
+      SMDDP_SAME(double);
+      return true;
     case DType::kBFloat16:
       ReduceBlocks<uint16_t, float, LoadBF16, StoreBF16, Op>(srcs, n, out, count);
       return true;
@@ -135,15 +164,28 @@ bool ReduceWith(DType dtype, const void* const* srcs, int n, void* out, size_t c
       ReduceBlocks<uint16_t, float, LoadF16, StoreF16, Op>(srcs, n, out, count);
       return true;
     case DType::kInt8:
-      if constexpr (kSum) SMDDP_SAME(uint8_t); else SMDDP_SAME(int8_t);
+      if constexpr (kSum)
+        SMDDP_SAME(uint8_t);
+      else
+        SMDDP_SAME(int8_t);
       return true;
-    case DType::kUInt8: SMDDP_SAME(uint8_t); return true;
+    case DType::kUInt8:
+      SMDDP_SAME(uint8_t);
+      return true;
     case DType::kInt32:
-      if constexpr (kSum) SMDDP_SAME(uint32_t); else SMDDP_SAME(int32_t);
+      if constexpr (kSum)
+        SMDDP_SAME(uint32_t);
+      else
+        SMDDP_SAME(int32_t);
       return true;
-    case DType::kUInt32: SMDDP_SAME(uint32_t); return true;
+    case DType::kUInt32:
+      SMDDP_SAME(uint32_t);
+      return true;
     case DType::kInt64:
-      if constexpr (kSum) SMDDP_SAME(uint64_t); else SMDDP_SAME(int64_t);
+      if constexpr (kSum)
+        SMDDP_SAME(uint64_t);
+      else
+        SMDDP_SAME(int64_t);
       return true;
     case DType::kBool:
       return false;
@@ -156,9 +198,12 @@ bool ReduceWith(DType dtype, const void* const* srcs, int n, void* out, size_t c
 inline bool ReduceHere(DType dtype, ReduceOp op, const void* const* srcs, int n, void* out,
                        size_t count) {
   switch (op) {
-    case ReduceOp::kSum: return ReduceWith<Sum>(dtype, srcs, n, out, count);
-    case ReduceOp::kMax: return ReduceWith<Max>(dtype, srcs, n, out, count);
-    case ReduceOp::kMin: return ReduceWith<Min>(dtype, srcs, n, out, count);
+    case ReduceOp::kSum:
+      return ReduceWith<Sum>(dtype, srcs, n, out, count);
+    case ReduceOp::kMax:
+      return ReduceWith<Max>(dtype, srcs, n, out, count);
+    case ReduceOp::kMin:
+      return ReduceWith<Min>(dtype, srcs, n, out, count);
   }
   return false;
 }

@@ -31,8 +31,8 @@ Status ReleaseEveryoneWaitingOn(const StreamRank& me, StreamOps& ops) {
   const RegionLayout& layout = me.layout;
   auto block = [&](int q) { return me.flags.empty() ? me.regions[q] : me.flags[q]; };
   const uint32_t released = ReleasedFlag(me.step);
-  SMDDP_RETURN_IF_ERROR(ops.Write(reinterpret_cast<uint32_t*>(block(me.rank) + layout.posted_offset()),
-                                  released));
+  SMDDP_RETURN_IF_ERROR(
+      ops.Write(reinterpret_cast<uint32_t*>(block(me.rank) + layout.posted_offset()), released));
   for (int q = 0; q < layout.size; ++q) {
     if (q == me.rank || !block(q)) continue;
     SMDDP_RETURN_IF_ERROR(ops.Write(
@@ -49,17 +49,19 @@ Status RunStreamPlan(const Plan& plan, StreamRank& me, StreamOps& ops, const voi
       !(me.flags.empty() || int(me.flags.size()) == me.layout.size))
     return Status::Error("jax_smddp: stream communicator is not set up for this rank");
   if (me.layout.size == 1) {  // a group of one: the output is the input, one copy, no staging
-    const size_t bytes = plan.kind == Plan::Kind::kAllReduce
-                             ? plan.count * ElementSize(plan.dtype)
-                             : plan.outer * plan.inner *
-                                   (plan.kind == Plan::Kind::kReduceScatter ? ElementSize(plan.dtype) : 1);
+    const size_t bytes =
+        plan.kind == Plan::Kind::kAllReduce
+            ? plan.count * ElementSize(plan.dtype)
+            : plan.outer * plan.inner *
+                  (plan.kind == Plan::Kind::kReduceScatter ? ElementSize(plan.dtype) : 1);
     return bytes ? ops.Copy(recv, send, bytes) : Status::Ok();
   }
   Steps steps(me, ops);
   if (!me.inputs.empty()) {
     const size_t P = size_t(me.layout.size);
     if (me.inputs.size() != P || me.inputs[me.rank] != send ||
-        (DirectReadsNeedOutputs(plan.kind) && (me.outputs.size() != P || me.outputs[me.rank] != recv)))
+        (DirectReadsNeedOutputs(plan.kind) &&
+         (me.outputs.size() != P || me.outputs[me.rank] != recv)))
       return Status::Error("jax_smddp: direct reads need every rank's buffers of this call");
     switch (plan.kind) {
       case Plan::Kind::kAllGather:
@@ -67,7 +69,8 @@ Status RunStreamPlan(const Plan& plan, StreamRank& me, StreamOps& ops, const voi
         return DirectAllGatherOrAllToAll(steps, ops, me.inputs, recv, plan.outer, plan.inner,
                                          plan.kind == Plan::Kind::kAllToAll);
       case Plan::Kind::kReduceScatter:
-        return DirectReduceScatter(steps, ops, me.inputs, recv, plan.outer, plan.inner, plan.dtype, plan.op);
+        return DirectReduceScatter(steps, ops, me.inputs, recv, plan.outer, plan.inner, plan.dtype,
+                                   plan.op);
       case Plan::Kind::kAllReduce:
         return DirectAllReduce(steps, ops, me.inputs, me.outputs, plan.count, plan.dtype, plan.op);
     }
@@ -78,7 +81,8 @@ Status RunStreamPlan(const Plan& plan, StreamRank& me, StreamOps& ops, const voi
     case Plan::Kind::kAllToAll:
       return StagedAllToAll(steps, ops, send, recv, plan.outer, plan.inner);
     case Plan::Kind::kReduceScatter:
-      return StagedReduceScatter(steps, ops, send, recv, plan.outer, plan.inner, plan.dtype, plan.op);
+      return StagedReduceScatter(steps, ops, send, recv, plan.outer, plan.inner, plan.dtype,
+                                 plan.op);
     case Plan::Kind::kAllReduce:
       return StagedAllReduce(steps, ops, send, recv, plan.count, plan.dtype, plan.op);
   }

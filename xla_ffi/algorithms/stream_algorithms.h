@@ -5,8 +5,8 @@
 // or peer access on GPUs, plain pointers in tests): a `posted` flag, one
 // `consumed` flag per peer, and kSlots staging slots. The flags may instead
 // live in a separate flag block per rank (host memory the GPUs address, so
-// that a host thread can release them when a peer dies), at the same offsets. A call is a sequence of
-// steps; in step s a rank
+// that a host thread can release them when a peer dies), at the same offsets. A call is a sequence
+// of steps; in step s a rank
 //   1. waits until every peer consumed step s - kSlots (its slot is free),
 //   2. copies its part of the step into slot s % kSlots and sets posted = s,
 //   3. for each peer: waits for the peer's posted >= s, copies or reduces
@@ -46,7 +46,7 @@ namespace smddp {
 
 // Where things are in a rank's registered region.
 struct RegionLayout {
-  static constexpr int kSlots = 2;  // double-buffered: post step s+1 while peers read s
+  static constexpr int kSlots = 2;           // double-buffered: post step s+1 while peers read s
   static constexpr size_t kFlagStride = 64;  // one cache line per flag
 
   RegionLayout(int size, size_t slot_bytes);
@@ -57,18 +57,18 @@ struct RegionLayout {
   size_t flag_bytes() const { return kFlagStride * (1 + size_t(size)); }
 
   int size;
-  size_t slot_bytes;     // a multiple of 256
-  size_t slots_offset;   // page aligned
-  size_t total_bytes;    // what to allocate (zeroed) per rank
+  size_t slot_bytes;    // a multiple of 256
+  size_t slots_offset;  // page aligned
+  size_t total_bytes;   // what to allocate (zeroed) per rank
 };
 
 // One rank's view of a communicator's regions.
 struct StreamRank {
   int rank = 0;
   RegionLayout layout{1, 256};
-  std::vector<uint8_t*> regions;  // every rank's region, as this rank addresses it
-  std::vector<uint8_t*> flags;    // every rank's flag block; empty: flags are in the regions
-  uint32_t step = 0;              // steps run so far (host side)
+  std::vector<uint8_t*> regions;     // every rank's region, as this rank addresses it
+  std::vector<uint8_t*> flags;       // every rank's flag block; empty: flags are in the regions
+  uint32_t step = 0;                 // steps run so far (host side)
   std::vector<const void*> sources;  // reduction sources, sized once (no per-call allocation)
   // This call's input (and for all_reduce, output) of every rank, as this
   // rank addresses them, set per call for direct reads (all ranks alike);
@@ -114,8 +114,8 @@ Status RunStreamHierarchicalReduceScatter(size_t outer, size_t inner, DType dtyp
 // blocks its own host's ranks send it; then it unpacks each host's part as
 // it arrives. Each block crosses the network once, between rail peers.
 Status RunStreamHierarchicalAllToAll(size_t outer, size_t inner_bytes, StreamRank& local,
-                                     NetPort& port, const std::vector<int>& rank_of,
-                                     StreamOps& ops, const void* send, void* recv);
+                                     NetPort& port, const std::vector<int>& rank_of, StreamOps& ops,
+                                     const void* send, void* recv);
 
 // For a rank that gives up on a call after its peers may have enqueued
 // theirs (a failed buffer exchange): enqueues releases (ReleasedFlag of its

@@ -16,7 +16,8 @@ Status DirectAllGatherOrAllToAll(Steps& st, StreamOps& ops, const std::vector<co
   for (int k = 0; k < P; ++k) {
     const int q = (me + k) % P;  // staggered so ranks do not all read one peer at once
     SMDDP_RETURN_IF_ERROR(st.AwaitPosted(q));
-    SMDDP_RETURN_IF_ERROR(ops.Copy2D(recv + q * inner, P * inner, in[q] + pick, spitch, inner, outer));
+    SMDDP_RETURN_IF_ERROR(
+        ops.Copy2D(recv + q * inner, P * inner, in[q] + pick, spitch, inner, outer));
     SMDDP_RETURN_IF_ERROR(st.Release(q));
   }
   return st.AwaitConsumed();
@@ -57,15 +58,17 @@ Status DirectAllReduce(Steps& st, StreamOps& ops, const std::vector<const uint8_
     srcs[q] = in[q] + me * L * E;
   }
   const size_t own = shard(me);
-  if (own) SMDDP_RETURN_IF_ERROR(ops.Reduce(out[me] + me * L * E, own * E, srcs, P, own * E, own,
-                                             1, dtype, op));
+  if (own)
+    SMDDP_RETURN_IF_ERROR(
+        ops.Reduce(out[me] + me * L * E, own * E, srcs, P, own * E, own, 1, dtype, op));
   for (int q = 0; q < P; ++q) SMDDP_RETURN_IF_ERROR(st.Release(q));
   st.BeginDirect();
   SMDDP_RETURN_IF_ERROR(st.Post());  // the reduced shard is ready
   for (int k = 1; k < P; ++k) {
     const int q = (me + k) % P;
     SMDDP_RETURN_IF_ERROR(st.AwaitPosted(q));
-    if (const size_t n = shard(q)) SMDDP_RETURN_IF_ERROR(ops.Copy(out[me] + q * L * E, out[q] + q * L * E, n * E));
+    if (const size_t n = shard(q))
+      SMDDP_RETURN_IF_ERROR(ops.Copy(out[me] + q * L * E, out[q] + q * L * E, n * E));
     SMDDP_RETURN_IF_ERROR(st.Release(q));
   }
   // Peers have read this rank's input (step one) and reduced shard (step

@@ -62,7 +62,8 @@ struct HierarchicalCall {
 // proxy is done with the step that last used it (slots are double-buffered).
 Status BeginNetworkStep(NetPort& port, StreamOps& ops, uint32_t* step) {
   const uint32_t s = *step = ++port.step;
-  return s > 2 ? ops.WaitAtLeast(port.stream<uint32_t>(port.layout.done(), true), s - 2) : Status::Ok();
+  return s > 2 ? ops.WaitAtLeast(port.stream<uint32_t>(port.layout.done(), true), s - 2)
+               : Status::Ok();
 }
 
 Status HierarchicalCall::AllGather(size_t outer, size_t inner) {
@@ -71,7 +72,8 @@ Status HierarchicalCall::AllGather(size_t outer, size_t inner) {
     uint32_t s;
     SMDDP_RETURN_IF_ERROR(BeginNetworkStep(port, ops, &s));
     const uint8_t* mine = send + t.row * inner + t.col;
-    SMDDP_RETURN_IF_ERROR(ops.Copy2D(port.slot_stream(net.send_slot(s)), t.width, mine, inner, t.width, t.rows));
+    SMDDP_RETURN_IF_ERROR(
+        ops.Copy2D(port.slot_stream(net.send_slot(s)), t.width, mine, inner, t.width, t.rows));
     SMDDP_RETURN_IF_ERROR(ops.Write(port.stream<uint32_t>(net.posted()), s));
     port.proxy->Enqueue(&port, s, t.rows * t.width);
     // Inside the host, host by host (the same order on every rank).
@@ -132,20 +134,22 @@ Status HierarchicalCall::ReduceScatter(size_t outer, size_t inner, DType dtype, 
         srcs[j] = theirs + i * t.width;
       }
       // This host's own partial waits in its (unused) receive slot.
-      uint8_t* dst = g == h ? port.slot_stream(net.recv_slot(h, s)) : port.slot_stream(net.send_slot(s)) + g * sub;
-      SMDDP_RETURN_IF_ERROR(ops.Reduce(dst, t.width, srcs, L, L * t.width, t.width / E,
-                                       t.rows, dtype, op));
+      uint8_t* dst = g == h ? port.slot_stream(net.recv_slot(h, s))
+                            : port.slot_stream(net.send_slot(s)) + g * sub;
+      SMDDP_RETURN_IF_ERROR(
+          ops.Reduce(dst, t.width, srcs, L, L * t.width, t.width / E, t.rows, dtype, op));
       for (int j = 0; j < L; ++j) SMDDP_RETURN_IF_ERROR(st.Release(j));
     }
     // Across hosts: partial g to host g's rail peer, theirs for this host back.
     SMDDP_RETURN_IF_ERROR(ops.Write(port.stream<uint32_t>(net.posted()), s));
     port.proxy->Enqueue(&port, s, sub, /*scatter=*/true);
     for (int k = 0; k < H; ++k) {
-      if (k != h) SMDDP_RETURN_IF_ERROR(ops.WaitAtLeast(port.stream<uint32_t>(net.arrived(k), true), s));
+      if (k != h)
+        SMDDP_RETURN_IF_ERROR(ops.WaitAtLeast(port.stream<uint32_t>(net.arrived(k), true), s));
       srcs[k] = port.slot_stream(net.recv_slot(k, s));
     }
-    SMDDP_RETURN_IF_ERROR(ops.Reduce(recv + t.row * inner_b + t.col, inner_b, srcs, H,
-                                     t.width, t.width / E, t.rows, dtype, op));
+    SMDDP_RETURN_IF_ERROR(ops.Reduce(recv + t.row * inner_b + t.col, inner_b, srcs, H, t.width,
+                                     t.width / E, t.rows, dtype, op));
     for (int k = 0; k < H; ++k) {
       if (k != h) SMDDP_RETURN_IF_ERROR(ops.Write(port.stream<uint32_t>(net.consumed(k)), s));
     }
@@ -195,7 +199,8 @@ Status HierarchicalCall::AllToAll(size_t outer, size_t inner) {
         posted[j] = theirs;
       }
       for (int g = 0; g < H; ++g) {
-        if (g != h) SMDDP_RETURN_IF_ERROR(copy_from(j, g, to_send + g * part + j * t.width, L * t.width));
+        if (g != h)
+          SMDDP_RETURN_IF_ERROR(copy_from(j, g, to_send + g * part + j * t.width, L * t.width));
       }
     }
     SMDDP_RETURN_IF_ERROR(ops.Write(port.stream<uint32_t>(net.posted()), s));

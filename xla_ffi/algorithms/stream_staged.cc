@@ -13,7 +13,8 @@ Status StagedAllGather(Steps& st, StreamOps& ops, const uint8_t* send, uint8_t* 
   return ForEachTile(outer, inner, 1, st.cap(), 1, [&](const Tile& t) -> Status {
     uint8_t* mine;
     SMDDP_RETURN_IF_ERROR(st.Begin(&mine));
-    SMDDP_RETURN_IF_ERROR(ops.Copy2D(mine, t.width, send + t.row * inner + t.col, inner, t.width, t.rows));
+    SMDDP_RETURN_IF_ERROR(
+        ops.Copy2D(mine, t.width, send + t.row * inner + t.col, inner, t.width, t.rows));
     SMDDP_RETURN_IF_ERROR(st.Post());
     for (int k = 1; k < P; ++k) {
       const int q = (me + k) % P;  // staggered so ranks do not all read one peer at once
@@ -34,8 +35,8 @@ Status PostBlocks(Steps& st, StreamOps& ops, const uint8_t* send, size_t inner, 
   uint8_t* mine;
   SMDDP_RETURN_IF_ERROR(st.Begin(&mine));
   const size_t P = size_t(st.size());
-  SMDDP_RETURN_IF_ERROR(ops.Copy2D(mine, t.width, send + t.row * P * inner + t.col, inner, t.width,
-                                   t.rows * P));
+  SMDDP_RETURN_IF_ERROR(
+      ops.Copy2D(mine, t.width, send + t.row * P * inner + t.col, inner, t.width, t.rows * P));
   return st.Post();
 }
 
@@ -45,8 +46,8 @@ Status PostBlocks(Steps& st, StreamOps& ops, const uint8_t* send, size_t inner, 
 Status StagedAllToAll(Steps& st, StreamOps& ops, const uint8_t* send, uint8_t* recv, size_t outer,
                       size_t inner) {
   const int P = st.size(), me = st.rank();
-  SMDDP_RETURN_IF_ERROR(ops.Copy2D(recv + me * inner, P * inner, send + me * inner, P * inner,
-                                   inner, outer));
+  SMDDP_RETURN_IF_ERROR(
+      ops.Copy2D(recv + me * inner, P * inner, send + me * inner, P * inner, inner, outer));
   return ForEachTile(outer, inner, P, st.cap(), 1, [&](const Tile& t) -> Status {
     SMDDP_RETURN_IF_ERROR(PostBlocks(st, ops, send, inner, t));
     for (int k = 1; k < P; ++k) {
@@ -62,8 +63,8 @@ Status StagedAllToAll(Steps& st, StreamOps& ops, const uint8_t* send, uint8_t* r
 }
 
 // recv[o, :] = reduce_p send_p[o, rank, :]; inner in elements.
-Status StagedReduceScatter(Steps& st, StreamOps& ops, const uint8_t* send, uint8_t* recv, size_t outer,
-                           size_t inner, DType dtype, ReduceOp op) {
+Status StagedReduceScatter(Steps& st, StreamOps& ops, const uint8_t* send, uint8_t* recv,
+                           size_t outer, size_t inner, DType dtype, ReduceOp op) {
   const int P = st.size(), me = st.rank();
   const size_t E = ElementSize(dtype), inner_b = inner * E;
   const void** srcs = st.Sources(P);
@@ -74,8 +75,8 @@ Status StagedReduceScatter(Steps& st, StreamOps& ops, const uint8_t* send, uint8
       SMDDP_RETURN_IF_ERROR(st.Await(q, &theirs));
       srcs[q] = theirs + me * t.width;
     }
-    SMDDP_RETURN_IF_ERROR(ops.Reduce(recv + t.row * inner_b + t.col, inner_b, srcs, P,
-                                     P * t.width, t.width / E, t.rows, dtype, op));
+    SMDDP_RETURN_IF_ERROR(ops.Reduce(recv + t.row * inner_b + t.col, inner_b, srcs, P, P * t.width,
+                                     t.width / E, t.rows, dtype, op));
     for (int q = 0; q < P; ++q) SMDDP_RETURN_IF_ERROR(st.Release(q));
     return Status::Ok();
   });
@@ -106,8 +107,8 @@ Status StagedAllReduce(Steps& st, StreamOps& ops, const uint8_t* send, uint8_t* 
       srcs[q] = theirs + me * t.width;
     }
     if (own) {
-      SMDDP_RETURN_IF_ERROR(ops.Reduce(recv + (me * L + j) * E, own * E, srcs, P, own * E,
-                                       own, 1, dtype, op));
+      SMDDP_RETURN_IF_ERROR(
+          ops.Reduce(recv + (me * L + j) * E, own * E, srcs, P, own * E, own, 1, dtype, op));
     }
     for (int q = 0; q < P; ++q) SMDDP_RETURN_IF_ERROR(st.Release(q));
     // Spread the reduced shards like a gather.

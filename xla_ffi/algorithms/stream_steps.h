@@ -17,8 +17,8 @@ namespace smddp {
 
 // A tile of a [rows x inner] byte matrix: what one step moves per rank.
 struct Tile {
-  size_t row, rows;  // rows of the outer dimension
-  size_t col, width; // bytes within a row
+  size_t row, rows;   // rows of the outer dimension
+  size_t col, width;  // bytes within a row
 };
 
 // Splits [outer x inner bytes] into tiles whose `fanout` copies fit in `cap`
@@ -84,7 +84,9 @@ class Steps {
 
   // Direct reads: the whole call is one step that uses no slot.
   void BeginDirect() { step_ = __atomic_add_fetch(&me_.step, 1, __ATOMIC_RELAXED); }
-  Status AwaitPosted(int q) { return q == rank() ? Status::Ok() : ops_.WaitAtLeast(Posted(q), step_); }
+  Status AwaitPosted(int q) {
+    return q == rank() ? Status::Ok() : ops_.WaitAtLeast(Posted(q), step_);
+  }
   // Later work on this stream waits until every peer consumed this step.
   Status AwaitConsumed() {
     for (int q = 0; q < size(); ++q) {
@@ -130,8 +132,8 @@ Status StagedAllToAll(Steps& st, StreamOps& ops, const uint8_t* send, uint8_t* r
                       size_t inner);
 
 // recv[o, :] = reduce_p send_p[o, rank, :]; inner in elements.
-Status StagedReduceScatter(Steps& st, StreamOps& ops, const uint8_t* send, uint8_t* recv, size_t outer,
-                           size_t inner, DType dtype, ReduceOp op);
+Status StagedReduceScatter(Steps& st, StreamOps& ops, const uint8_t* send, uint8_t* recv,
+                           size_t outer, size_t inner, DType dtype, ReduceOp op);
 
 // recv = reduce_p send_p, balanced: rank r reduces shard r from every peer's
 // slot, then every rank copies each reduced shard from its owner's slot.

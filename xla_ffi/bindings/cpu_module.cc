@@ -16,12 +16,12 @@
 #include "nanobind/stl/vector.h"
 #include "xla_ffi/bindings/enums.h"
 #include "xla_ffi/bindings/failures.h"
+#include "xla_ffi/bindings/registrations.h"
 #include "xla_ffi/common/heap_reuse.h"
 #include "xla_ffi/common/protocol.h"
 #include "xla_ffi/common/settings.h"
 #include "xla_ffi/common/timeout.h"
 #include "xla_ffi/ffi/cpu_handlers.h"
-#include "xla_ffi/bindings/registrations.h"
 #include "xla_ffi/transports/fabric_info.h"
 #include "xla_ffi/transports/world.h"
 
@@ -76,7 +76,7 @@ void BindBuildInfo(nb::module_& m) {
                   : spec.kind == smddp::SettingKind::kSeconds ? "seconds"
                   : spec.kind == smddp::SettingKind::kChoice  ? "choice"
                   : spec.kind == smddp::SettingKind::kList    ? "list"
-                                                               : "text";
+                                                              : "text";
       d["default"] = spec.default_text;
       d["min"] = spec.min;
       d["max"] = spec.max;
@@ -138,7 +138,8 @@ void BindBuildInfo(nb::module_& m) {
 void BindWorld(nb::module_& m) {
   // The address of this module's world accessor, for the CUDA module (world.h).
   m.def("world_source", [] { return reinterpret_cast<uintptr_t>(&smddp::CopyCurrentWorld); });
-  m.def("world_begin", [](int process, int processes) { Check(smddp::WorldBegin(process, processes)); });
+  m.def("world_begin",
+        [](int process, int processes) { Check(smddp::WorldBegin(process, processes)); });
   m.def("world_set_peer", [](int process, int pid, const std::string& host) {
     Check(smddp::WorldSetPeer(process, pid, host));
   });
@@ -147,7 +148,8 @@ void BindWorld(nb::module_& m) {
     Check(smddp::WorldCreateShm(peer, &name));
     return name;
   });
-  m.def("world_open_shm", [](int peer, const std::string& name) { Check(smddp::WorldOpenShm(peer, name)); });
+  m.def("world_open_shm",
+        [](int peer, const std::string& name) { Check(smddp::WorldOpenShm(peer, name)); });
   m.def("world_unlink_shm", [](int peer) { Check(smddp::WorldUnlinkShm(peer)); });
   m.def("world_open_fabric", [](const std::string& provider, const std::string& node) {
     std::string address, chosen;
@@ -219,8 +221,8 @@ NB_MODULE(_smddp_cpu, m) {
                                     SmddpCallSiteTypeInfo());
   });
   m.def("registrations", [] {
-    return smddp::TargetRegistrations(SmddpInstantiateCpu, SmddpAllGatherCpu,
-                                      SmddpReduceScatterCpu, SmddpAllReduceCpu, SmddpAllToAllCpu);
+    return smddp::TargetRegistrations(SmddpInstantiateCpu, SmddpAllGatherCpu, SmddpReduceScatterCpu,
+                                      SmddpAllReduceCpu, SmddpAllToAllCpu);
   });
   m.def("set_timeout", &smddp::SetTimeoutSeconds, nb::arg("seconds"));
   m.def("timeout", &smddp::TimeoutSeconds);

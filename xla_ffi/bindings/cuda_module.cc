@@ -15,22 +15,22 @@
 #include "cuda/device_scope.h"
 #include "cuda/event_clock.h"
 #include "cuda/gdrcopy.h"
+#include "cuda/gpu_communicator.h"
+#include "cuda/gpu_hierarchy.h"
 #include "cuda/kernels.h"
 #include "nanobind/nanobind.h"
 #include "nanobind/stl/pair.h"
 #include "nanobind/stl/string.h"
 #include "nanobind/stl/vector.h"
-#include "xla_ffi/engine/buffer_exchange.h"
-#include "xla_ffi/engine/communicator.h"
-#include "cuda/gpu_communicator.h"
-#include "cuda/gpu_hierarchy.h"
 #include "xla_ffi/algorithms/stream_algorithms.h"
-#include "xla_ffi/transports/world.h"
-#include "xla_ffi/ffi/gpu_handlers.h"
 #include "xla_ffi/bindings/enums.h"
 #include "xla_ffi/bindings/failures.h"
 #include "xla_ffi/bindings/phase_dict.h"
 #include "xla_ffi/bindings/registrations.h"
+#include "xla_ffi/engine/buffer_exchange.h"
+#include "xla_ffi/engine/communicator.h"
+#include "xla_ffi/ffi/gpu_handlers.h"
+#include "xla_ffi/transports/world.h"
 
 namespace nb = nanobind;
 
@@ -41,7 +41,8 @@ void Check(const smddp::Status& st) {
 }
 
 void CheckCuda(cudaError_t err, const char* what) {
-  if (err != cudaSuccess) throw std::runtime_error(std::string(what) + ": " + cudaGetErrorString(err));
+  if (err != cudaSuccess)
+    throw std::runtime_error(std::string(what) + ": " + cudaGetErrorString(err));
 }
 
 // Best seconds of `iters` runs (after two warm-ups) of what `enqueue(stream)`
@@ -130,8 +131,8 @@ double ReduceSeconds(int ordinal, size_t bytes, int sources, int max_blocks, int
 // the result is (output, {phase: (calls, seconds), "total": seconds}).
 nb::object StreamRun(std::vector<int64_t> members, int rank, int kind, int dtype, int op,
                      size_t outer, size_t inner, size_t count, nb::bytes input, size_t out_bytes,
-                     int calls, const std::string& copies, const std::string& flags,
-                     int max_blocks, bool phases) {
+                     int calls, const std::string& copies, const std::string& flags, int max_blocks,
+                     bool phases) {
   smddp::gpu::GpuCommunicator* comm =
       smddp::gpu::FindCommunicator(smddp::gpu::GroupKey(members.data(), int(members.size())));
   smddp::gpu::LocalRank* me = comm ? comm->Local(rank) : nullptr;
@@ -198,43 +199,54 @@ NB_MODULE(_smddp_cuda, m) {
                                       SmddpReduceScatterCuda, SmddpAllReduceCuda,
                                       SmddpAllToAllCuda);
   });
-  m.def("prepare", [](std::vector<int64_t> members, size_t slot_bytes,
-                      std::vector<std::pair<int, int>> local, int processes) {
-    std::vector<std::pair<int, std::string>> handles;
-    Check(smddp::gpu::PrepareCommunicator(members, slot_bytes, local, processes, &handles));
-    std::vector<std::pair<int, nb::bytes>> out;
-    for (auto& [rank, h] : handles) out.emplace_back(rank, nb::bytes(h.data(), h.size()));
-    return out;
-  }, nb::arg("members"), nb::arg("slot_bytes"), nb::arg("local"), nb::arg("processes"),
-  "Allocates this process's ranks' staging regions (`processes`: how many processes have "
-  "ranks in the group); returns the handles the other processes connect with.");
-  m.def("connect", [](std::vector<int64_t> members, std::vector<std::pair<int, nb::bytes>> remote) {
-    std::vector<std::pair<int, std::string>> handles;
-    for (auto& [rank, b] : remote) handles.emplace_back(rank, std::string(b.c_str(), b.size()));
-    Check(smddp::gpu::ConnectCommunicator(members, handles));
-  }, nb::arg("members"), nb::arg("remote"));
-  m.def("prepare_hierarchy", [](std::vector<int64_t> members, std::vector<int> host_of,
-                                std::vector<int> process_of, std::vector<std::pair<int, int>> local,
-                                std::vector<int64_t> intra_members, size_t slot_bytes,
-                                std::vector<nb::bytes> rail_addresses) {
-    std::vector<std::string> rails;
-    for (const auto& a : rail_addresses) rails.emplace_back(a.c_str(), a.size());
-    bool gdrcopy = false, rail = false;
-    nb::gil_scoped_release release;
-    Check(smddp::gpu::PrepareHierarchy(members, host_of, process_of, local, intra_members,
-                                       slot_bytes, rails, &gdrcopy, &rail));
-    return std::make_pair(gdrcopy, rail);
-  }, "Sets up a group across hosts (this host's communicator first); returns whether its "
-     "network signals use GDRCopy and whether its slots stay in device memory (rail).");
-  m.def("open_device_rail", [](int ordinal) {
-    std::string address;
-    smddp::Status st;
-    {
-      nb::gil_scoped_release release;
-      st = smddp::gpu::OpenDeviceRail(ordinal, &address);
-    }
-    return std::make_pair(nb::bytes(address.data(), address.size()), st.message());
-  }, "This process's FI_HMEM rail: (address, '') or (b'', why it cannot open).");
+  m.def(
+      "prepare",
+      [](std::vector<int64_t> members, size_t slot_bytes, std::vector<std::pair<int, int>> local,
+         int processes) {
+        std::vector<std::pair<int, std::string>> handles;
+        Check(smddp::gpu::PrepareCommunicator(members, slot_bytes, local, processes, &handles));
+        std::vector<std::pair<int, nb::bytes>> out;
+        for (auto& [rank, h] : handles) out.emplace_back(rank, nb::bytes(h.data(), h.size()));
+        return out;
+      },
+      nb::arg("members"), nb::arg("slot_bytes"), nb::arg("local"), nb::arg("processes"),
+      "Allocates this process's ranks' staging regions (`processes`: how many processes have "
+      "ranks in the group); returns the handles the other processes connect with.");
+  m.def(
+      "connect",
+      [](std::vector<int64_t> members, std::vector<std::pair<int, nb::bytes>> remote) {
+        std::vector<std::pair<int, std::string>> handles;
+        for (auto& [rank, b] : remote) handles.emplace_back(rank, std::string(b.c_str(), b.size()));
+        Check(smddp::gpu::ConnectCommunicator(members, handles));
+      },
+      nb::arg("members"), nb::arg("remote"));
+  m.def(
+      "prepare_hierarchy",
+      [](std::vector<int64_t> members, std::vector<int> host_of, std::vector<int> process_of,
+         std::vector<std::pair<int, int>> local, std::vector<int64_t> intra_members,
+         size_t slot_bytes, std::vector<nb::bytes> rail_addresses) {
+        std::vector<std::string> rails;
+        for (const auto& a : rail_addresses) rails.emplace_back(a.c_str(), a.size());
+        bool gdrcopy = false, rail = false;
+        nb::gil_scoped_release release;
+        Check(smddp::gpu::PrepareHierarchy(members, host_of, process_of, local, intra_members,
+                                           slot_bytes, rails, &gdrcopy, &rail));
+        return std::make_pair(gdrcopy, rail);
+      },
+      "Sets up a group across hosts (this host's communicator first); returns whether its "
+      "network signals use GDRCopy and whether its slots stay in device memory (rail).");
+  m.def(
+      "open_device_rail",
+      [](int ordinal) {
+        std::string address;
+        smddp::Status st;
+        {
+          nb::gil_scoped_release release;
+          st = smddp::gpu::OpenDeviceRail(ordinal, &address);
+        }
+        return std::make_pair(nb::bytes(address.data(), address.size()), st.message());
+      },
+      "This process's FI_HMEM rail: (address, '') or (b'', why it cannot open).");
   m.def("gdrcopy", [] {
     std::string why;
     const bool ok = smddp::cuda::GdrCopyAvailable(&why);
@@ -278,47 +290,56 @@ NB_MODULE(_smddp_cuda, m) {
     }
     return v;
   });
-  m.def("device_info", [](int ordinal) {
-    // What jax_smddp.doctor shows of one GPU: what the collectives rely on.
-    cudaDeviceProp p;
-    CheckCuda(cudaGetDeviceProperties(&p, ordinal), "cudaGetDeviceProperties");
-    auto attr = [ordinal](cudaDeviceAttr a) {
-      int v = 0;
-      if (cudaDeviceGetAttribute(&v, a, ordinal) != cudaSuccess) {
-        cudaGetLastError();
-        return -1;
-      }
-      return v;
-    };
-    nb::dict d;
-    d["name"] = std::string(p.name);
-    d["compute_capability"] = std::to_string(p.major) + "." + std::to_string(p.minor);
-    d["multiprocessors"] = p.multiProcessorCount;
-    d["memory_bytes"] = static_cast<uint64_t>(p.totalGlobalMem);
-    d["copy_engines"] = p.asyncEngineCount;
-    d["unified_addressing"] = p.unifiedAddressing != 0;
-    d["ipc_events"] = attr(cudaDevAttrIpcEventSupport) == 1;
-    d["posix_fd_handles"] = (attr(cudaDevAttrMemoryPoolSupportedHandleTypes) > 0 &&
-                             (attr(cudaDevAttrMemoryPoolSupportedHandleTypes) &
-                              cudaMemHandleTypePosixFileDescriptor) != 0);
-    d["compute_mode"] = attr(cudaDevAttrComputeMode);  // 0 default, 2 prohibited, 3 exclusive process
-    return d;
-  }, nb::arg("ordinal"));
-  m.def("copy_bandwidth", [](int ordinal, size_t bytes, int iters) {
-    nb::gil_scoped_release release;
-    return CopyBandwidth(ordinal, bytes, iters);
-  }, nb::arg("ordinal"), nb::arg("bytes"), nb::arg("iters") = 10);
-  m.def("reduce_seconds", [](int ordinal, size_t bytes, int sources, int max_blocks, int iters) {
-    nb::gil_scoped_release release;
-    return ReduceSeconds(ordinal, bytes, sources, max_blocks, iters);
-  }, nb::arg("ordinal"), nb::arg("bytes"), nb::arg("sources"), nb::arg("max_blocks"),
-     nb::arg("iters") = 10);
+  m.def(
+      "device_info",
+      [](int ordinal) {
+        // What jax_smddp.doctor shows of one GPU: what the collectives rely on.
+        cudaDeviceProp p;
+        CheckCuda(cudaGetDeviceProperties(&p, ordinal), "cudaGetDeviceProperties");
+        auto attr = [ordinal](cudaDeviceAttr a) {
+          int v = 0;
+          if (cudaDeviceGetAttribute(&v, a, ordinal) != cudaSuccess) {
+            cudaGetLastError();
+            return -1;
+          }
+          return v;
+        };
+        nb::dict d;
+        d["name"] = std::string(p.name);
+        d["compute_capability"] = std::to_string(p.major) + "." + std::to_string(p.minor);
+        d["multiprocessors"] = p.multiProcessorCount;
+        d["memory_bytes"] = static_cast<uint64_t>(p.totalGlobalMem);
+        d["copy_engines"] = p.asyncEngineCount;
+        d["unified_addressing"] = p.unifiedAddressing != 0;
+        d["ipc_events"] = attr(cudaDevAttrIpcEventSupport) == 1;
+        d["posix_fd_handles"] = (attr(cudaDevAttrMemoryPoolSupportedHandleTypes) > 0 &&
+                                 (attr(cudaDevAttrMemoryPoolSupportedHandleTypes) &
+                                  cudaMemHandleTypePosixFileDescriptor) != 0);
+        d["compute_mode"] =
+            attr(cudaDevAttrComputeMode);  // 0 default, 2 prohibited, 3 exclusive process
+        return d;
+      },
+      nb::arg("ordinal"));
+  m.def(
+      "copy_bandwidth",
+      [](int ordinal, size_t bytes, int iters) {
+        nb::gil_scoped_release release;
+        return CopyBandwidth(ordinal, bytes, iters);
+      },
+      nb::arg("ordinal"), nb::arg("bytes"), nb::arg("iters") = 10);
+  m.def(
+      "reduce_seconds",
+      [](int ordinal, size_t bytes, int sources, int max_blocks, int iters) {
+        nb::gil_scoped_release release;
+        return ReduceSeconds(ordinal, bytes, sources, max_blocks, iters);
+      },
+      nb::arg("ordinal"), nb::arg("bytes"), nb::arg("sources"), nb::arg("max_blocks"),
+      nb::arg("iters") = 10);
 #ifdef SMDDP_TESTING_ENTRIES
   m.def("stream_run", &StreamRun, nb::arg("members"), nb::arg("rank"), nb::arg("kind"),
         nb::arg("dtype"), nb::arg("op"), nb::arg("outer"), nb::arg("inner"), nb::arg("count"),
-        nb::arg("input"), nb::arg("out_bytes"), nb::arg("calls") = 1,
-        nb::arg("copies") = "engine", nb::arg("flags") = "memops", nb::arg("max_blocks") = 8,
-        nb::arg("phases") = false);
+        nb::arg("input"), nb::arg("out_bytes"), nb::arg("calls") = 1, nb::arg("copies") = "engine",
+        nb::arg("flags") = "memops", nb::arg("max_blocks") = 8, nb::arg("phases") = false);
 #endif
   m.def("have_stream_memops", &smddp::cuda::HaveStreamMemOps);
   m.def("settings", [] {

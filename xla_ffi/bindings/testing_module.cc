@@ -6,10 +6,10 @@
 #include <algorithm>
 #include <atomic>
 #include <chrono>
-#include <future>
-#include <map>
 #include <cstdint>
 #include <cstring>
+#include <future>
+#include <map>
 #include <memory>
 #include <stdexcept>
 #include <string>
@@ -21,16 +21,16 @@
 #include <unistd.h>
 
 #include "nanobind/nanobind.h"
+#include "nanobind/stl/map.h"
 #include "nanobind/stl/pair.h"
-#include "nanobind/stl/unique_ptr.h"
 #include "nanobind/stl/string.h"
 #include "nanobind/stl/tuple.h"
-#include "nanobind/stl/map.h"
+#include "nanobind/stl/unique_ptr.h"
 #include "nanobind/stl/vector.h"
-#include "xla_ffi/algorithms/plan.h"
 #include "xla_ffi/algorithms/host_stream_ops.h"
 #include "xla_ffi/algorithms/net_port.h"
 #include "xla_ffi/algorithms/phase_timer.h"
+#include "xla_ffi/algorithms/plan.h"
 #include "xla_ffi/algorithms/process_call.h"
 #include "xla_ffi/algorithms/reduce.h"
 #include "xla_ffi/algorithms/reduce_kernels.h"
@@ -38,14 +38,14 @@
 #include "xla_ffi/bindings/enums.h"
 #include "xla_ffi/bindings/failures.h"
 #include "xla_ffi/bindings/phase_dict.h"
+#include "xla_ffi/common/protocol.h"
+#include "xla_ffi/common/streaming_copy.h"
 #include "xla_ffi/engine/call_log.h"
 #include "xla_ffi/engine/communicator.h"
 #include "xla_ffi/engine/last_failure.h"
 #include "xla_ffi/engine/scheduler.h"
-#include "xla_ffi/common/streaming_copy.h"
 #include "xla_ffi/engine/stream_watchdog.h"
 #include "xla_ffi/transports/fabric_rail.h"
-#include "xla_ffi/common/protocol.h"
 #include "xla_ffi/transports/fabric_wire.h"
 #include "xla_ffi/transports/process_liveness.h"
 #include "xla_ffi/transports/shared_block.h"
@@ -60,7 +60,6 @@ namespace {
 void Check(const smddp::Status& st) {
   if (!st.ok()) throw std::runtime_error(st.message());
 }
-
 
 // Parses each chunk with the libfabric links' parser (fabric_wire.h) as a
 // receiver of protocol `version` with a `capacity`-byte buffer whose group is
@@ -96,10 +95,12 @@ std::vector<std::tuple<bool, std::string, uint64_t, ChunkFields>> FabricChunkPro
     std::memcpy(at, c.c_str(), c.size());
     smddp::FabricChunkHeader h;
     uint64_t blame = 0;
-    const smddp::Status st = smddp::ParseFabricChunk(at, c.size(), capacity, version, in_group, &h, &blame);
+    const smddp::Status st =
+        smddp::ParseFabricChunk(at, c.size(), capacity, version, in_group, &h, &blame);
     ChunkFields fields;
     if (st.ok()) {
-      fields = {h.magic, h.version, h.sender, h.seq, h.tag, h.total, h.offset, h.len, h.kind, h.reserved};
+      fields = {h.magic, h.version, h.sender, h.seq,  h.tag,
+                h.total, h.offset,  h.len,    h.kind, h.reserved};
     } else if (st.code() != smddp::StatusCode::kProtocol) {
       fields = {uint64_t(st.code())};  // the wrong kind of error: the test says so
     }
@@ -123,7 +124,8 @@ std::vector<std::pair<int, std::string>> RendezvousProbe(int size, std::vector<i
   std::vector<int64_t> members;
   for (int r = 0; r < size; ++r) members.push_back(-1000000 - r);  // never a real device
   smddp::Status error;
-  smddp::Communicator* comm = smddp::FindOrCreateCommunicator(members.data(), nullptr, size, &error);
+  smddp::Communicator* comm =
+      smddp::FindOrCreateCommunicator(members.data(), nullptr, size, &error);
   const int64_t run_id = -(next_run++);
   const double saved = smddp::TimeoutSeconds();
   smddp::SetTimeoutSeconds(timeout_s);
@@ -142,7 +144,8 @@ std::vector<std::pair<int, std::string>> RendezvousProbe(int size, std::vector<i
     for (size_t i = 0; i < present.size(); ++i) {
       threads.emplace_back([&, i] {
         const uint64_t bytes = send[i].size() * 4;
-        smddp::CallInfo info{"all_reduce", smddp::DType::kFloat32, smddp::ReduceOp::kSum, bytes, bytes};
+        smddp::CallInfo info{"all_reduce", smddp::DType::kFloat32, smddp::ReduceOp::kSum, bytes,
+                             bytes};
         smddp::Plan plan;
         plan.kind = smddp::Plan::Kind::kAllReduce;
         plan.count = send[i].size();
@@ -168,12 +171,12 @@ std::vector<std::pair<int, std::string>> RendezvousProbe(int size, std::vector<i
   return results;
 }
 
-
 // 64-byte aligned host blocks of `bytes` each, zeroed (stand-ins for GPU
 // regions and flag blocks).
 struct HostBlocks {
   HostBlocks(int n, size_t bytes) : storage(n, std::vector<uint8_t>(bytes + 64)) {
-    for (auto& r : storage) bases.push_back(reinterpret_cast<uint8_t*>((uintptr_t(r.data()) + 63) / 64 * 64));
+    for (auto& r : storage)
+      bases.push_back(reinterpret_cast<uint8_t*>((uintptr_t(r.data()) + 63) / 64 * 64));
   }
   std::vector<std::vector<uint8_t>> storage;
   std::vector<uint8_t*> bases;
@@ -189,19 +192,19 @@ struct HostBlocks {
 // XLA reuses a buffer); then each rank's one output buffer is copied into
 // `recv` after every call (every call's output in turn) and overwritten.
 // Returns each rank's status.
-std::vector<smddp::Status> RunStreamRanks(const smddp::Plan& plan, const smddp::RegionLayout& layout,
-                                          const std::vector<uint8_t*>& regions,
-                                          const std::vector<uint8_t*>& flags,
-                                          const std::vector<std::string>& send,
-                                          std::vector<std::string>& recv, int calls,
-                                          double timeout_s, int absent, int direct = 0,
-                                          bool vary = false, uint32_t first_step = 0,
-                                          std::vector<smddp::PhaseTotals>* phases = nullptr) {
+std::vector<smddp::Status> RunStreamRanks(
+    const smddp::Plan& plan, const smddp::RegionLayout& layout,
+    const std::vector<uint8_t*>& regions, const std::vector<uint8_t*>& flags,
+    const std::vector<std::string>& send, std::vector<std::string>& recv, int calls,
+    double timeout_s, int absent, int direct = 0, bool vary = false, uint32_t first_step = 0,
+    std::vector<smddp::PhaseTotals>* phases = nullptr) {
   const int size = int(regions.size());
   // A group that has already run `first_step` steps: every flag there
   // (first_step near 2^32 checks that the counters wrap).
-  for (uint32_t* flag : smddp::AllFlags(layout, flags.empty() ? regions : flags)) *flag = first_step;
-  if (vary && int(send.size()) != calls * size) throw std::invalid_argument("one input per call and rank");
+  for (uint32_t* flag : smddp::AllFlags(layout, flags.empty() ? regions : flags))
+    *flag = first_step;
+  if (vary && int(send.size()) != calls * size)
+    throw std::invalid_argument("one input per call and rank");
   std::vector<smddp::Status> status(size);
   std::vector<std::string> buffers(send.begin(), send.begin() + size);  // each rank's input buffer
   std::vector<const uint8_t*> inputs;
@@ -229,7 +232,8 @@ std::vector<smddp::Status> RunStreamRanks(const smddp::Plan& plan, const smddp::
       smddp::PhaseTimedOps timed(host, clock);
       smddp::StreamOps& ops = phases ? static_cast<smddp::StreamOps&>(timed) : host;
       for (int c = 0; c < calls && status[r].ok(); ++c) {
-        if (vary) std::memcpy(buffers[r].data(), send[size_t(c) * size + r].data(), buffers[r].size());
+        if (vary)
+          std::memcpy(buffers[r].data(), send[size_t(c) * size + r].data(), buffers[r].size());
         const bool in_place = direct == 1 || (direct == 2 && c % 2 == 0);
         me.inputs.clear();
         me.outputs.clear();
@@ -280,11 +284,12 @@ std::vector<nb::bytes> StreamProbe(int kind, int dtype, int op, size_t outer, si
   smddp::RegionLayout layout(size, slot_bytes);
   HostBlocks regions(size, layout.total_bytes), flags(flag_blocks ? size : 0, layout.flag_bytes());
   std::vector<std::string> recv(size, std::string(out_bytes * (vary ? calls : 1), '\0'));
-  const std::vector<smddp::Status> status = RunStreamRanks(
-      plan, layout, regions.bases, flags.bases, Strings(inputs), recv, calls, timeout_s, -1,
-      direct, vary, first_step);
+  const std::vector<smddp::Status> status =
+      RunStreamRanks(plan, layout, regions.bases, flags.bases, Strings(inputs), recv, calls,
+                     timeout_s, -1, direct, vary, first_step);
   for (int r = 0; r < size; ++r) {
-    if (!status[r].ok()) throw std::runtime_error("rank " + std::to_string(r) + ": " + status[r].message());
+    if (!status[r].ok())
+      throw std::runtime_error("rank " + std::to_string(r) + ": " + status[r].message());
   }
   return Bytes(recv);
 }
@@ -301,12 +306,13 @@ std::pair<std::vector<nb::bytes>, std::vector<nb::dict>> StreamPhaseProbe(
   HostBlocks regions(size, layout.total_bytes), flags(0, layout.flag_bytes());
   std::vector<std::string> recv(size, std::string(out_bytes, '\0'));
   std::vector<smddp::PhaseTotals> phases(size);
-  const std::vector<smddp::Status> status = RunStreamRanks(
-      plan, layout, regions.bases, flags.bases, Strings(inputs), recv, calls, 20.0, -1, direct,
-      false, 0, &phases);
+  const std::vector<smddp::Status> status =
+      RunStreamRanks(plan, layout, regions.bases, flags.bases, Strings(inputs), recv, calls, 20.0,
+                     -1, direct, false, 0, &phases);
   std::vector<nb::dict> out;
   for (int r = 0; r < size; ++r) {
-    if (!status[r].ok()) throw std::runtime_error("rank " + std::to_string(r) + ": " + status[r].message());
+    if (!status[r].ok())
+      throw std::runtime_error("rank " + std::to_string(r) + ": " + status[r].message());
     out.push_back(smddp::PhaseDict(phases[r]));
   }
   return {Bytes(recv), out};
@@ -338,15 +344,14 @@ std::tuple<std::vector<std::string>, std::string, std::vector<nb::bytes>> Stream
   group->SetAllFlags(smddp::AllFlags(layout, flags.bases), [first_step] { return first_step; });
   smddp::Watch(group);
   std::vector<std::string> recv(size, std::string(out_bytes, '\0'));
-  const std::vector<smddp::Status> status = RunStreamRanks(
-      plan, layout, regions.bases, flags.bases, Strings(inputs), recv, calls, timeout_s, absent,
-      direct, false, first_step);
+  const std::vector<smddp::Status> status =
+      RunStreamRanks(plan, layout, regions.bases, flags.bases, Strings(inputs), recv, calls,
+                     timeout_s, absent, direct, false, first_step);
   smddp::Unwatch(group.get());
   std::vector<std::string> errors;
   for (const auto& st : status) errors.push_back(st.message());
   return {errors, group->error().message(), Bytes(recv)};
 }
-
 
 // The hierarchical all_gather (kind 0), reduce_scatter (kind 1) or
 // all_to_all (kind 3: the kinds of StreamProbe) of the GPU backend on host
@@ -363,8 +368,8 @@ std::tuple<std::vector<std::string>, std::string, std::vector<nb::bytes>> Stream
 std::vector<nb::bytes> StreamHierarchicalProbe(int hosts, int local, size_t outer, size_t inner,
                                                size_t slot_bytes, std::vector<int> rank_of,
                                                std::vector<nb::bytes> inputs, int calls,
-                                               double timeout_s, int kill_host, int kind,
-                                               int dtype, int op, const std::string& rail_provider) {
+                                               double timeout_s, int kill_host, int kind, int dtype,
+                                               int op, const std::string& rail_provider) {
   const int P = hosts * local;
   if (int(inputs.size()) != P || int(rank_of.size()) != P) throw std::invalid_argument("sizes");
   if (kind != 0 && kind != 1 && kind != 3) throw std::invalid_argument("kind: 0, 1 or 3");
@@ -432,8 +437,9 @@ std::vector<nb::bytes> StreamHierarchicalProbe(int hosts, int local, size_t oute
     }
   // kind 0: all_gather (inner: bytes per row); 1: reduce_scatter (inner:
   // elements per block row); 3: all_to_all (inner: bytes per block row).
-  const size_t out_bytes = kind == 0 ? send[0].size() * P : kind == 1 ? send[0].size() / P
-                                                                       : send[0].size();
+  const size_t out_bytes = kind == 0   ? send[0].size() * P
+                           : kind == 1 ? send[0].size() / P
+                                       : send[0].size();
   std::vector<std::string> recv(P, std::string(out_bytes, '\0'));
   std::vector<smddp::Status> status(P);
   {
@@ -468,13 +474,12 @@ std::vector<nb::bytes> StreamHierarchicalProbe(int hosts, int local, size_t oute
           for (int c = 0; c < calls && status[x].ok(); ++c) {
             status[x] =
                 kind == 0
-                    ? smddp::RunStreamHierarchicalAllGather(outer, inner, me, ports[x], rank_of, ops,
-                                                            send[x].data(), recv[x].data())
+                    ? smddp::RunStreamHierarchicalAllGather(outer, inner, me, ports[x], rank_of,
+                                                            ops, send[x].data(), recv[x].data())
                 : kind == 1
-                    ? smddp::RunStreamHierarchicalReduceScatter(outer, inner, smddp::DType(dtype),
-                                                                smddp::ReduceOp(op), me, ports[x],
-                                                                rank_of, ops, send[x].data(),
-                                                                recv[x].data())
+                    ? smddp::RunStreamHierarchicalReduceScatter(
+                          outer, inner, smddp::DType(dtype), smddp::ReduceOp(op), me, ports[x],
+                          rank_of, ops, send[x].data(), recv[x].data())
                     : smddp::RunStreamHierarchicalAllToAll(outer, inner, me, ports[x], rank_of, ops,
                                                            send[x].data(), recv[x].data());
           }
@@ -482,8 +487,8 @@ std::vector<nb::bytes> StreamHierarchicalProbe(int hosts, int local, size_t oute
           if (status[x].ok()) {
             // Drain: the last steps' errors surface once the proxy ran them.
             for (int spin = 0; spin < 2000 && !ports[x].proxy->failed(); ++spin) {
-              if (__atomic_load_n(ports[x].host_side<uint32_t>(net.done(), true), __ATOMIC_ACQUIRE) >=
-                  ports[x].step)
+              if (__atomic_load_n(ports[x].host_side<uint32_t>(net.done(), true),
+                                  __ATOMIC_ACQUIRE) >= ports[x].step)
                 break;
               std::this_thread::sleep_for(std::chrono::milliseconds(1));
             }
@@ -507,7 +512,6 @@ std::vector<nb::bytes> StreamHierarchicalProbe(int hosts, int local, size_t oute
   return out;
 }
 
-
 // Posts one engine timer per entry of `delays_ms` (from now), cancels those
 // marked in `cancel` at once, and returns when each fired, in ms from the
 // start (-1: it never fired within `wait_ms`).
@@ -522,7 +526,8 @@ std::vector<double> TimerProbe(std::vector<double> delays_ms, std::vector<bool> 
   for (size_t i = 0; i < n; ++i) {
     const auto at = start + std::chrono::microseconds(int64_t(delays_ms[i] * 1000));
     timers.push_back(smddp::PostAt(at, [fired, i, start] {
-      (*fired)[i].store(std::chrono::duration_cast<std::chrono::microseconds>(Clock::now() - start).count());
+      (*fired)[i].store(
+          std::chrono::duration_cast<std::chrono::microseconds>(Clock::now() - start).count());
     }));
     if (i < cancel.size() && cancel[i]) smddp::Cancel(timers.back());
   }
@@ -530,7 +535,8 @@ std::vector<double> TimerProbe(std::vector<double> delays_ms, std::vector<bool> 
   const Clock::time_point end = start + std::chrono::microseconds(int64_t(wait_ms * 1000));
   for (;;) {
     bool all = true;
-    for (size_t i = 0; i < n; ++i) all = all && ((i < cancel.size() && cancel[i]) || (*fired)[i].load() >= 0);
+    for (size_t i = 0; i < n; ++i)
+      all = all && ((i < cancel.size() && cancel[i]) || (*fired)[i].load() >= 0);
     if (all || Clock::now() >= end) break;
     std::this_thread::sleep_for(std::chrono::milliseconds(1));
   }
@@ -546,65 +552,75 @@ NB_MODULE(_smddp_testing, m) {
   BindEnums(m);
   // The engine's cross-process routes for `process` (routes.cc), for the
   // parity test with the cost model's port of them.
-  m.def("routes", [](std::vector<int> process_of_rank, int process,
-                     std::vector<std::string> host_of_process, bool allow_hierarchy) {
-    const smddp::Routes r =
-        smddp::ComputeRoutes(process_of_rank, process, host_of_process, allow_hierarchy);
-    nb::dict d;
-    d["hierarchical"] = r.hierarchical;
-    d["gather_source"] = r.gather_source;
-    d["gather_relay"] = r.gather_relay;
-    d["gather_targets"] = r.gather_targets;
-    d["reduce_sources"] = r.reduce_sources;
-    d["reduce_dest"] = r.reduce_dest;
-    return d;
-  }, nb::arg("process_of_rank"), nb::arg("process"), nb::arg("host_of_process"),
-     nb::arg("allow_hierarchy") = true);
+  m.def(
+      "routes",
+      [](std::vector<int> process_of_rank, int process, std::vector<std::string> host_of_process,
+         bool allow_hierarchy) {
+        const smddp::Routes r =
+            smddp::ComputeRoutes(process_of_rank, process, host_of_process, allow_hierarchy);
+        nb::dict d;
+        d["hierarchical"] = r.hierarchical;
+        d["gather_source"] = r.gather_source;
+        d["gather_relay"] = r.gather_relay;
+        d["gather_targets"] = r.gather_targets;
+        d["reduce_sources"] = r.reduce_sources;
+        d["reduce_dest"] = r.reduce_dest;
+        return d;
+      },
+      nb::arg("process_of_rank"), nb::arg("process"), nb::arg("host_of_process"),
+      nb::arg("allow_hierarchy") = true);
   // The failures this module's engine copy recorded (its probes' calls).
   BindFailures(m);
   // CopyBytes (streaming_copy.h): `src` copied to byte `dst_offset` of a
   // `dst_bytes` buffer of 0xAB (from byte `src_offset` of an aligned copy of
   // `src`); returns the whole buffer, guards included.
-  m.def("copy_bytes", [](nb::bytes src, size_t src_offset, size_t dst_bytes, size_t dst_offset,
-                         bool stream) {
-    const size_t n = src.size();
-    if (dst_offset + n > dst_bytes) throw std::invalid_argument("the copy does not fit");
-    std::vector<char> from(src_offset + n + 64), to(dst_bytes + 64, char(0xAB));
-    char* s = from.data() + ((64 - reinterpret_cast<uintptr_t>(from.data()) % 64) % 64) + src_offset;
-    char* d = to.data() + ((64 - reinterpret_cast<uintptr_t>(to.data()) % 64) % 64);
-    std::memcpy(s, src.c_str(), n);
-    smddp::CopyBytes(d + dst_offset, s, n, stream);
-    return nb::bytes(d, dst_bytes);
-  }, nb::arg("src"), nb::arg("src_offset"), nb::arg("dst_bytes"), nb::arg("dst_offset"),
-     nb::arg("stream"));
+  m.def(
+      "copy_bytes",
+      [](nb::bytes src, size_t src_offset, size_t dst_bytes, size_t dst_offset, bool stream) {
+        const size_t n = src.size();
+        if (dst_offset + n > dst_bytes) throw std::invalid_argument("the copy does not fit");
+        std::vector<char> from(src_offset + n + 64), to(dst_bytes + 64, char(0xAB));
+        char* s =
+            from.data() + ((64 - reinterpret_cast<uintptr_t>(from.data()) % 64) % 64) + src_offset;
+        char* d = to.data() + ((64 - reinterpret_cast<uintptr_t>(to.data()) % 64) % 64);
+        std::memcpy(s, src.c_str(), n);
+        smddp::CopyBytes(d + dst_offset, s, n, stream);
+        return nb::bytes(d, dst_bytes);
+      },
+      nb::arg("src"), nb::arg("src_offset"), nb::arg("dst_bytes"), nb::arg("dst_offset"),
+      nb::arg("stream"));
   m.def("stream_stores", &smddp::StreamStores, nb::arg("bytes"));
   // The host reduction of `n` equal sources packed in `data` (n * count
   // elements of `dtype`): through Reduce() ("auto": the AVX2 copy where the
   // CPU has it), the baseline copy, or the AVX2 copy (None where this build
   // has none). Returns the output's bytes.
-  m.def("reduce", [](nb::bytes data, int n, int dtype, int op, const std::string& path) -> nb::object {
-    const size_t es = smddp::ElementSize(smddp::DType(dtype));
-    if (n <= 0 || data.size() % (size_t(n) * es) != 0) throw std::invalid_argument("ragged sources");
-    const size_t count = data.size() / (size_t(n) * es);
-    std::vector<const void*> srcs;
-    for (int p = 0; p < n; ++p) srcs.push_back(data.c_str() + size_t(p) * count * es);
-    std::vector<char> out(count * es + 1);
-    const auto d = smddp::DType(dtype);
-    const auto o = smddp::ReduceOp(op);
-    if (path == "auto") {
-      smddp::Reduce(d, o, srcs.data(), n, out.data(), count);
-    } else if (path == "baseline") {
-      smddp::ReduceBaseline(d, o, srcs.data(), n, out.data(), count);
-    } else if (path == "avx2") {
+  m.def(
+      "reduce",
+      [](nb::bytes data, int n, int dtype, int op, const std::string& path) -> nb::object {
+        const size_t es = smddp::ElementSize(smddp::DType(dtype));
+        if (n <= 0 || data.size() % (size_t(n) * es) != 0)
+          throw std::invalid_argument("ragged sources");
+        const size_t count = data.size() / (size_t(n) * es);
+        std::vector<const void*> srcs;
+        for (int p = 0; p < n; ++p) srcs.push_back(data.c_str() + size_t(p) * count * es);
+        std::vector<char> out(count * es + 1);
+        const auto d = smddp::DType(dtype);
+        const auto o = smddp::ReduceOp(op);
+        if (path == "auto") {
+          smddp::Reduce(d, o, srcs.data(), n, out.data(), count);
+        } else if (path == "baseline") {
+          smddp::ReduceBaseline(d, o, srcs.data(), n, out.data(), count);
+        } else if (path == "avx2") {
 #if defined(__x86_64__)
-      if (!__builtin_cpu_supports("avx2")) return nb::none();
+          if (!__builtin_cpu_supports("avx2")) return nb::none();
 #endif
-      if (!smddp::ReduceAvx2(d, o, srcs.data(), n, out.data(), count)) return nb::none();
-    } else {
-      throw std::invalid_argument("path: auto, baseline or avx2");
-    }
-    return nb::bytes(out.data(), count * es);
-  }, nb::arg("data"), nb::arg("n"), nb::arg("dtype"), nb::arg("op"), nb::arg("path"));
+          if (!smddp::ReduceAvx2(d, o, srcs.data(), n, out.data(), count)) return nb::none();
+        } else {
+          throw std::invalid_argument("path: auto, baseline or avx2");
+        }
+        return nb::bytes(out.data(), count * es);
+      },
+      nb::arg("data"), nb::arg("n"), nb::arg("dtype"), nb::arg("op"), nb::arg("path"));
   m.def("timer_probe", &TimerProbe, nb::arg("delays_ms"), nb::arg("cancel"), nb::arg("wait_ms"));
   m.def("rendezvous_probe", &RendezvousProbe, nb::arg("size"), nb::arg("present"),
         nb::arg("timeout_s"), nb::arg("count") = 1024, nb::arg("odd_rank") = -1);
@@ -621,61 +637,77 @@ NB_MODULE(_smddp_testing, m) {
         nb::arg("inputs"), nb::arg("out_bytes"), nb::arg("calls"), nb::arg("timeout_s"),
         nb::arg("absent"), nb::arg("absent_pid"), nb::arg("direct") = 0, nb::arg("first_step") = 0);
   // The watchdog alone, on a real process (and the closed flag of `block`, if given).
-  m.def("watch_process", [](int pid, double seconds, const smddp::SharedBlock* block) {
-    auto group = std::make_shared<smddp::WatchedGroup>("a test group");
-    smddp::WatchedPeer peer;
-    peer.pid = pid;
-    peer.start_time = smddp::ProcessStartTime(pid);
-    peer.who = "rank 1 (pid " + std::to_string(pid) + ")";
-    if (block) peer.blocks.push_back(block);
-    group->AddPeer(std::move(peer));
-    smddp::Watch(group);
-    {
-      nb::gil_scoped_release release;
-      const auto end = std::chrono::steady_clock::now() + std::chrono::duration<double>(seconds);
-      while (!group->failed() && std::chrono::steady_clock::now() < end)
-        std::this_thread::sleep_for(std::chrono::milliseconds(5));
-    }
-    smddp::Unwatch(group.get());
-    return group->error().message();
-  }, nb::arg("pid"), nb::arg("seconds"), nb::arg("block").none() = nb::none());
+  m.def(
+      "watch_process",
+      [](int pid, double seconds, const smddp::SharedBlock* block) {
+        auto group = std::make_shared<smddp::WatchedGroup>("a test group");
+        smddp::WatchedPeer peer;
+        peer.pid = pid;
+        peer.start_time = smddp::ProcessStartTime(pid);
+        peer.who = "rank 1 (pid " + std::to_string(pid) + ")";
+        if (block) peer.blocks.push_back(block);
+        group->AddPeer(std::move(peer));
+        smddp::Watch(group);
+        {
+          nb::gil_scoped_release release;
+          const auto end =
+              std::chrono::steady_clock::now() + std::chrono::duration<double>(seconds);
+          while (!group->failed() && std::chrono::steady_clock::now() < end)
+            std::this_thread::sleep_for(std::chrono::milliseconds(5));
+        }
+        smddp::Unwatch(group.get());
+        return group->error().message();
+      },
+      nb::arg("pid"), nb::arg("seconds"), nb::arg("block").none() = nb::none());
   // The GPU call log over host memory: `records` (rank, kind, dtype, op,
   // outer, inner, count) are logged in order, each as its rank's next call;
   // returns each record's check result ("" when it agreed).
-  m.def("call_log_probe", [](int size, std::vector<std::tuple<int, int, int, int, size_t, size_t, size_t>> records) {
-    HostBlocks rings(size, smddp::CallLog::kBytes);
-    std::vector<uint64_t> calls(size, 0);
-    std::vector<std::string> out;
-    for (const auto& [rank, kind, dtype, op, outer, inner, count] : records) {
-      if (rank < 0 || rank >= size || kind < 0 || kind > 3) throw std::invalid_argument("bad record");
-      const smddp::Status st = smddp::CallLog::RecordAndCheck(
-          rings.bases, rank, calls[rank]++, smddp::KindName(kind),
-          smddp::PlanOf(kind, dtype, op, outer, inner, count),
-          [](int q) { return "rank " + std::to_string(q); });
-      out.push_back(st.message());
-    }
-    return out;
-  }, nb::arg("size"), nb::arg("records"));
+  m.def(
+      "call_log_probe",
+      [](int size, std::vector<std::tuple<int, int, int, int, size_t, size_t, size_t>> records) {
+        HostBlocks rings(size, smddp::CallLog::kBytes);
+        std::vector<uint64_t> calls(size, 0);
+        std::vector<std::string> out;
+        for (const auto& [rank, kind, dtype, op, outer, inner, count] : records) {
+          if (rank < 0 || rank >= size || kind < 0 || kind > 3)
+            throw std::invalid_argument("bad record");
+          const smddp::Status st = smddp::CallLog::RecordAndCheck(
+              rings.bases, rank, calls[rank]++, smddp::KindName(kind),
+              smddp::PlanOf(kind, dtype, op, outer, inner, count),
+              [](int q) { return "rank " + std::to_string(q); });
+          out.push_back(st.message());
+        }
+        return out;
+      },
+      nb::arg("size"), nb::arg("records"));
   // Shared blocks (the GPU flag blocks' memory), for tests across processes.
   nb::class_<smddp::SharedBlock>(m, "SharedBlock")
-      .def_static("create", [](size_t bytes, int openers) {
-        std::unique_ptr<smddp::SharedBlock> block;
-        Check(smddp::SharedBlock::Create(bytes, openers, &block));
-        return block;
-      }, nb::arg("bytes"), nb::arg("openers"))
-      .def_static("open", [](const std::string& name, size_t bytes) {
-        std::unique_ptr<smddp::SharedBlock> block;
-        Check(smddp::SharedBlock::Open(name, bytes, &block));
-        return block;
-      }, nb::arg("name"), nb::arg("bytes"))
+      .def_static(
+          "create",
+          [](size_t bytes, int openers) {
+            std::unique_ptr<smddp::SharedBlock> block;
+            Check(smddp::SharedBlock::Create(bytes, openers, &block));
+            return block;
+          },
+          nb::arg("bytes"), nb::arg("openers"))
+      .def_static(
+          "open",
+          [](const std::string& name, size_t bytes) {
+            std::unique_ptr<smddp::SharedBlock> block;
+            Check(smddp::SharedBlock::Open(name, bytes, &block));
+            return block;
+          },
+          nb::arg("name"), nb::arg("bytes"))
       .def_prop_ro("name", &smddp::SharedBlock::name)
       .def_prop_ro("bytes", &smddp::SharedBlock::bytes)
       .def_prop_ro("owner_pid", &smddp::SharedBlock::owner_pid)
       .def("mark_closed", &smddp::SharedBlock::MarkClosed)
-      .def("load", [](const smddp::SharedBlock& b, size_t i) {
-        if ((i + 1) * 4 > b.bytes()) throw std::out_of_range("word index");
-        return __atomic_load_n(reinterpret_cast<const uint32_t*>(b.data()) + i, __ATOMIC_ACQUIRE);
-      })
+      .def("load",
+           [](const smddp::SharedBlock& b, size_t i) {
+             if ((i + 1) * 4 > b.bytes()) throw std::out_of_range("word index");
+             return __atomic_load_n(reinterpret_cast<const uint32_t*>(b.data()) + i,
+                                    __ATOMIC_ACQUIRE);
+           })
       .def("store", [](smddp::SharedBlock& b, size_t i, uint32_t v) {
         if ((i + 1) * 4 > b.bytes()) throw std::out_of_range("word index");
         __atomic_store_n(reinterpret_cast<uint32_t*>(b.data()) + i, v, __ATOMIC_RELEASE);

@@ -1,7 +1,7 @@
 #include "xla_ffi/common/settings.h"
 
-#include <cerrno>
 #include <cctype>
+#include <cerrno>
 #include <cmath>
 #include <cstdlib>
 #include <cstring>
@@ -79,8 +79,8 @@ const std::vector<SettingSpec> kSettings = {
      "non-temporal stores, which bypass the caches (no read of each destination line before "
      "it is overwritten; inputs stay cached); smaller ones use memcpy, whose output is still "
      "in cache for the next op; 0 turns that off. x86-64 only"},
-    {"JAX_SMDDP_CHUNK_BYTES", kBytes, "chosen by jax_smddp.tuning (1M without it)", 1, 1 << 30,
-     "", "runtime", true,
+    {"JAX_SMDDP_CHUNK_BYTES", kBytes, "chosen by jax_smddp.tuning (1M without it)", 1, 1 << 30, "",
+     "runtime", true,
      "chunk of cross-process messages (pipelining); rounded up to a multiple of 64 bytes and "
      "at least 4K; process 0's is used"},
     {"JAX_SMDDP_ALGORITHM", kChoice, "chosen by jax_smddp.tuning", 0, 0, "flat|hierarchical",
@@ -101,7 +101,8 @@ const std::vector<SettingSpec> kSettings = {
      "the stream GPU collectives run on: XLA's collective stream, or the compute stream"},
     {"JAX_SMDDP_GPU_SLOT_BYTES", kBytes, "8M", 4096, 1 << 30, "", "gpu", true,
      "bytes per staging slot (two per rank and group)"},
-    {"JAX_SMDDP_NCCL_LIBRARY", kText, "unset (the nvidia-nccl wheel's libnccl.so.2)", 0, 0, "", "gpu", false,
+    {"JAX_SMDDP_NCCL_LIBRARY", kText, "unset (the nvidia-nccl wheel's libnccl.so.2)", 0, 0, "",
+     "gpu", false,
      "path of the real NCCL library the NCCL API front end forwards what it does not serve to "
      "(JAX_SMDDP_COLLECTIVES=xla on GPUs)"},
     {"JAX_SMDDP_GPU_COPIES", kChoice, "engine", 0, 0, "engine|kernel", "gpu", false,
@@ -116,7 +117,8 @@ const std::vector<SettingSpec> kSettings = {
     {"JAX_SMDDP_GPU_DIRECT_READS", kChoice, "0", 0, 0, "0|1", "gpu", true,
      "1: ranks on one host read each other's XLA buffers in place"},
     {"JAX_SMDDP_FABRIC_HMEM", kChoice, "0", 0, 0, "0|auto|1", "gpu", true,
-     "GPU network slots in device memory registered with libfabric (auto: where every process can)"},
+     "GPU network slots in device memory registered with libfabric (auto: where every process "
+     "can)"},
     {"JAX_SMDDP_GDRCOPY", kChoice, "1", 0, 0, "0|1", "gpu", false,
      "0: never use GDRCopy for GPU flags"},
     {"JAX_SMDDP_LIBFABRIC_ROOT", kText, "pkg-config, /opt/amazon/efa, default paths", 0, 0, "",
@@ -189,7 +191,8 @@ std::string Accepts(const SettingSpec& s) {
 
 bool InChoices(const std::string& v, const char* choices) {
   std::string all = std::string("|") + choices + "|";
-  return !v.empty() && v.find('|') == std::string::npos && all.find("|" + v + "|") != std::string::npos;
+  return !v.empty() && v.find('|') == std::string::npos &&
+         all.find("|" + v + "|") != std::string::npos;
 }
 
 std::string Trim(const std::string& s) {
@@ -247,8 +250,9 @@ Status Validate(const SettingSpec& s, const std::string& value) {
       break;
   }
   if (ok) return Status::Ok();
-  return Status::InvalidArgument(std::string(s.name) + "='" + value + "' is not valid: it takes " + Accepts(s) +
-                       " (" + s.meaning + "; unset it for the default, " + s.default_text + ")");
+  return Status::InvalidArgument(std::string(s.name) + "='" + value + "' is not valid: it takes " +
+                                 Accepts(s) + " (" + s.meaning + "; unset it for the default, " +
+                                 s.default_text + ")");
 }
 
 const char* Env(const char* name) {
@@ -279,7 +283,8 @@ const SettingSpec* FindSetting(const std::string& name) {
 
 Status ReadSetting(const char* name, std::string* text, bool* set) {
   const SettingSpec* s = FindSetting(name);
-  if (s == nullptr) return Status::InvalidArgument(std::string("jax_smddp: no setting is named ") + name);
+  if (s == nullptr)
+    return Status::InvalidArgument(std::string("jax_smddp: no setting is named ") + name);
   const char* v = Env(name);
   if (set) *set = v != nullptr;
   if (v == nullptr) {

@@ -19,21 +19,29 @@ enum class StatusCode {
   kMismatch,         // ranks or processes disagree on the call (shape, dtype, op)
   kUnsupported,      // a case the engine does not take
   kInvalidArgument,  // a bad argument or set-up (replica groups, settings, not initialized)
-  kProtocol,         // a peer sent what this process cannot parse (a malformed chunk: another build)
-  kInternal,         // anything else: a bug or a system failure (out of memory, mmap)
+  kProtocol,  // a peer sent what this process cannot parse (a malformed chunk: another build)
+  kInternal,  // anything else: a bug or a system failure (out of memory, mmap)
 };
 
 // "timeout", "peer_failed", ...: the names Python's jax_smddp.errors uses.
 inline const char* StatusCodeName(StatusCode code) {
   switch (code) {
-    case StatusCode::kOk: return "ok";
-    case StatusCode::kTimeout: return "timeout";
-    case StatusCode::kPeerFailed: return "peer_failed";
-    case StatusCode::kMismatch: return "mismatch";
-    case StatusCode::kUnsupported: return "unsupported";
-    case StatusCode::kInvalidArgument: return "invalid_argument";
-    case StatusCode::kProtocol: return "protocol";
-    case StatusCode::kInternal: return "internal";
+    case StatusCode::kOk:
+      return "ok";
+    case StatusCode::kTimeout:
+      return "timeout";
+    case StatusCode::kPeerFailed:
+      return "peer_failed";
+    case StatusCode::kMismatch:
+      return "mismatch";
+    case StatusCode::kUnsupported:
+      return "unsupported";
+    case StatusCode::kInvalidArgument:
+      return "invalid_argument";
+    case StatusCode::kProtocol:
+      return "protocol";
+    case StatusCode::kInternal:
+      return "internal";
   }
   return "internal";
 }
@@ -49,15 +57,27 @@ class Status {
     return s;
   }
   // A failure of no particular kind (kInternal).
-  static Status Error(std::string message) { return WithCode(StatusCode::kInternal, std::move(message)); }
-  static Status Timeout(std::string message) { return WithCode(StatusCode::kTimeout, std::move(message)); }
-  static Status PeerFailed(std::string message) { return WithCode(StatusCode::kPeerFailed, std::move(message)); }
-  static Status Mismatch(std::string message) { return WithCode(StatusCode::kMismatch, std::move(message)); }
-  static Status Unsupported(std::string message) { return WithCode(StatusCode::kUnsupported, std::move(message)); }
+  static Status Error(std::string message) {
+    return WithCode(StatusCode::kInternal, std::move(message));
+  }
+  static Status Timeout(std::string message) {
+    return WithCode(StatusCode::kTimeout, std::move(message));
+  }
+  static Status PeerFailed(std::string message) {
+    return WithCode(StatusCode::kPeerFailed, std::move(message));
+  }
+  static Status Mismatch(std::string message) {
+    return WithCode(StatusCode::kMismatch, std::move(message));
+  }
+  static Status Unsupported(std::string message) {
+    return WithCode(StatusCode::kUnsupported, std::move(message));
+  }
   static Status InvalidArgument(std::string message) {
     return WithCode(StatusCode::kInvalidArgument, std::move(message));
   }
-  static Status Protocol(std::string message) { return WithCode(StatusCode::kProtocol, std::move(message)); }
+  static Status Protocol(std::string message) {
+    return WithCode(StatusCode::kProtocol, std::move(message));
+  }
 
   bool ok() const { return code_ == StatusCode::kOk; }
   StatusCode code() const { return code_; }
@@ -100,10 +120,10 @@ inline std::string TaggedMessage(StatusCode code, const std::string& message) {
   return tag + " " + message;
 }
 
-#define SMDDP_RETURN_IF_ERROR(expr)        \
-  do {                                     \
-    ::smddp::Status _st = (expr);          \
-    if (!_st.ok()) return _st;             \
+#define SMDDP_RETURN_IF_ERROR(expr) \
+  do {                              \
+    ::smddp::Status _st = (expr);   \
+    if (!_st.ok()) return _st;      \
   } while (0)
 
 }  // namespace smddp

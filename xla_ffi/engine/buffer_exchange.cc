@@ -48,13 +48,19 @@ std::string BufferExchange::StagedBecause() {
   return staged_because;
 }
 
-size_t BufferExchange::Bytes() { return kEntries * sizeof(Entry) + kHandleSlots * sizeof(HandleSlot); }
+size_t BufferExchange::Bytes() {
+  return kEntries * sizeof(Entry) + kHandleSlots * sizeof(HandleSlot);
+}
 
 BufferExchange::BufferExchange(int rank, std::vector<uint8_t*> tables, std::vector<bool> local,
                                Memory memory, std::function<std::string(int)> who,
                                std::function<Status()> check)
-    : rank_(rank), tables_(std::move(tables)), local_(std::move(local)), memory_(std::move(memory)),
-      who_(std::move(who)), check_(std::move(check)) {
+    : rank_(rank),
+      tables_(std::move(tables)),
+      local_(std::move(local)),
+      memory_(std::move(memory)),
+      who_(std::move(who)),
+      check_(std::move(check)) {
   for (bool here : local_) remote_peers_ |= !here;
 }
 
@@ -68,8 +74,9 @@ uint64_t BufferExchange::Export(const void* p, uint64_t* offset, Status* why) {
   auto it = exported_.find(base);
   if (it != exported_.end() && it->second.first == unique) return it->second.second + 1;
   if (next_id_ >= kMaxAllocations) {  // ids, not entries: a reallocated start takes a new id
-    *why = Status::Unsupported("its buffers came from more than " + std::to_string(kMaxAllocations) +
-                         " allocations, and peers keep every one mapped");
+    *why =
+        Status::Unsupported("its buffers came from more than " + std::to_string(kMaxAllocations) +
+                            " allocations, and peers keep every one mapped");
     return 0;
   }
   Handle handle;
@@ -98,7 +105,8 @@ Status BufferExchange::Locate(int q, uint64_t id_plus_one, uint64_t offset, uint
     std::memcpy(bytes.data(), slot->handle, kHandleBytes);
     std::atomic_thread_fence(std::memory_order_acquire);
     if (slot->stamp.load(std::memory_order_acquire) != id_plus_one)
-      return Status::Error("jax_smddp (GPU): " + who_(q) + "'s buffer handle was overwritten "
+      return Status::Error("jax_smddp (GPU): " + who_(q) +
+                           "'s buffer handle was overwritten "
                            "before this rank read it");
     uint8_t* mapped = nullptr;
     if (Status st = memory_.map_allocation(bytes, &mapped); !st.ok())
@@ -122,7 +130,8 @@ Status BufferExchange::Exchange(uint64_t exchange, uint64_t call, const void* in
   const bool exported = in_id && (!output || out_id);
   if (!exported && !told_) {  // said once (no string built per call)
     told_ = true;
-    const std::string text = who_(rank_) + " cannot share its buffers in place (" + why.message() + ")";
+    const std::string text =
+        who_(rank_) + " cannot share its buffers in place (" + why.message() + ")";
     NoteStaged(text);
     std::fprintf(stderr, "jax_smddp (GPU): %s; such calls of its group stage through the slots\n",
                  text.c_str());
@@ -155,9 +164,10 @@ Status BufferExchange::Exchange(uint64_t exchange, uint64_t call, const void* in
       if (Status st = check_(); !st.ok()) return st;
       if (spins % 256 == 255 && std::chrono::steady_clock::now() > deadline)
         return Status::Timeout("jax_smddp (GPU): " + who_(q) + " did not enqueue call " +
-                             std::to_string(call) + " of the group within " +
-                             std::to_string(int(timeout_s)) + " s (its buffers are read in place, "
-                             "so every rank's host waits for the others' at each such call)");
+                               std::to_string(call) + " of the group within " +
+                               std::to_string(int(timeout_s)) +
+                               " s (its buffers are read in place, "
+                               "so every rank's host waits for the others' at each such call)");
       if (spins < 1000) {
         sched_yield();
       } else {
@@ -168,16 +178,17 @@ Status BufferExchange::Exchange(uint64_t exchange, uint64_t call, const void* in
     uint8_t* at_input = nullptr;
     for (int k = 1; k < 8; ++k) w[k] = e->w[k].load(std::memory_order_relaxed);
     if (w[1] != call)
-      return Status::Mismatch("jax_smddp (GPU): " + who_(q) + " is at call " + std::to_string(w[1]) +
-                           " where this rank is at call " + std::to_string(call) +
-                           " (the ranks ran different calls)");
+      return Status::Mismatch("jax_smddp (GPU): " + who_(q) + " is at call " +
+                              std::to_string(w[1]) + " where this rank is at call " +
+                              std::to_string(call) + " (the ranks ran different calls)");
     // Every handle is read when it is published, whether or not this call stages.
     if (w[2]) SMDDP_RETURN_IF_ERROR(Locate(q, w[2], w[3], w[4], &at_input));
     if (output && w[5]) SMDDP_RETURN_IF_ERROR(Locate(q, w[5], w[6], w[7], &(*outputs)[q]));
     (*inputs)[q] = at_input;
     if (exported && !(w[2] && (!output || w[5])) && !peer_told_) {
       peer_told_ = true;
-      NoteStaged(who_(q) + " could not share its buffers in place (its process says why on stderr)");
+      NoteStaged(who_(q) +
+                 " could not share its buffers in place (its process says why on stderr)");
     }
     all = all && w[2] && (!output || w[5]);
   }

@@ -3,9 +3,9 @@
 // choosing, so before a rank enqueues a call that reads its peers' buffers in
 // place, it publishes where its input (and, for all_reduce, its output) lie
 // (a CUDA IPC handle of the allocation that holds each, exported and
-// published once per allocation, and the offset) in a table in its shared block, and waits until every peer
-// published the same call's. Peers map an allocation once and keep the
-// mapping while the group lives.
+// published once per allocation, and the offset) in a table in its shared block, and waits until
+// every peer published the same call's. Peers map an allocation once and keep the mapping while the
+// group lives.
 //
 // The wait is a rendezvous of the ranks' host threads (not of their GPUs):
 // a call's enqueue waits until every peer's host enqueues that call too,
@@ -33,13 +33,15 @@ namespace smddp {
 
 class BufferExchange {
  public:
-  static constexpr size_t kHandleBytes = 72;  // a kind, then a CUDA IPC handle or a descriptor's (cuda/buffer_ipc.h)
+  static constexpr size_t kHandleBytes =
+      72;  // a kind, then a CUDA IPC handle or a descriptor's (cuda/buffer_ipc.h)
   using Handle = std::array<unsigned char, kHandleBytes>;  // fixed size: nothing allocated per call
-  static constexpr size_t kEntries = 4;       // exchanges in flight (a peer is at most one ahead)
+  static constexpr size_t kEntries = 4;  // exchanges in flight (a peer is at most one ahead)
   // A handle is read in the exchange that publishes it, and a rank publishes
   // at most two per exchange (input, output) while a peer is one exchange behind.
   static constexpr size_t kHandleSlots = 8;
-  static constexpr size_t kMaxAllocations = 256;  // exported per rank; beyond, calls stage (mappings are kept)
+  static constexpr size_t kMaxAllocations =
+      256;                // exported per rank; beyond, calls stage (mappings are kept)
   static size_t Bytes();  // one rank's table (zeroed before use)
 
   // How this process shares and maps memory (CUDA IPC on GPUs).

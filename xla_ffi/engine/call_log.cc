@@ -59,7 +59,8 @@ bool ReadEntry(const CallLog::Entry* e, uint64_t call, Fields* out) {
 uint64_t CallLog::Calls(const uint8_t* ring) {
   const auto* e = reinterpret_cast<const CallLog::Entry*>(ring);
   uint64_t calls = 0;
-  for (size_t i = 0; i < kEntries; ++i) calls = std::max(calls, e[i].w[0].load(std::memory_order_acquire));
+  for (size_t i = 0; i < kEntries; ++i)
+    calls = std::max(calls, e[i].w[0].load(std::memory_order_acquire));
   return calls;
 }
 
@@ -84,10 +85,11 @@ Status CallLog::RecordAndCheck(const std::vector<uint8_t*>& rings, int rank, uin
     Fields theirs;
     if (!ReadEntry(reinterpret_cast<CallLog::Entry*>(rings[q]) + slot, call, &theirs)) continue;
     if (std::memcmp(&theirs, &mine, sizeof(Fields)) != 0) {
-      Status st = Status::Mismatch("processes disagree on call #" + std::to_string(call) + " of the group: " +
-                           who(rank) + " runs " + DescribeFields(mine) + " but " + who(q) + " runs " +
-                           DescribeFields(theirs) + ". Every process must run the same collectives on "
-                           "a group, with the same shapes, in the same order.");
+      Status st = Status::Mismatch("processes disagree on call #" + std::to_string(call) +
+                                   " of the group: " + who(rank) + " runs " + DescribeFields(mine) +
+                                   " but " + who(q) + " runs " + DescribeFields(theirs) +
+                                   ". Every process must run the same collectives on "
+                                   "a group, with the same shapes, in the same order.");
       return st.SetPeers({q}, {});
     }
   }

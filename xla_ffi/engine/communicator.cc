@@ -3,17 +3,17 @@
 #include <sched.h>
 
 #include <algorithm>
-#include <cstdlib>
-#include <thread>
 #include <atomic>
+#include <cstdlib>
 #include <map>
 #include <sstream>
+#include <thread>
 
+#include "xla_ffi/common/settings.h"
 #include "xla_ffi/engine/inprocess_rendezvous.h"
 #include "xla_ffi/engine/process_rendezvous.h"
-#include "xla_ffi/transports/world.h"
 #include "xla_ffi/engine/scheduler.h"
-#include "xla_ffi/common/settings.h"
+#include "xla_ffi/transports/world.h"
 
 namespace smddp {
 
@@ -43,15 +43,16 @@ int InProcessHelpers() {
 
 Communicator::Communicator(uint64_t id, std::vector<int64_t> members, Rendezvous* rendezvous,
                            std::unique_ptr<Rendezvous> owned)
-    : members_(std::move(members)), owned_(std::move(owned)),
+    : members_(std::move(members)),
+      owned_(std::move(owned)),
       rendezvous_(owned_ ? owned_.get() : rendezvous) {
   info_.id = id;
   info_.description = DescribeMembers(members_);
 }
 
 void Communicator::Start(int64_t run_id, int64_t instance, uint64_t site, uint64_t sequence,
-                         uint64_t invocation, int64_t op_id, int rank, const void* send, void* recv, const CallInfo& call,
-                         const Plan& plan, Done done) {
+                         uint64_t invocation, int64_t op_id, int rank, const void* send, void* recv,
+                         const CallInfo& call, const Plan& plan, Done done) {
   CallKey key{info_.id, run_id, instance, invocation, op_id, site, sequence};
   const auto deadline = Clock::now() + Timeout();
   rendezvous_->Start(info_, size(), key, rank, send, recv, call, deadline, plan, std::move(done));
@@ -94,14 +95,16 @@ Communicator* FindOrCreateCommunicator(const int64_t* members, const int64_t* pr
   for (int p : process_of_rank) {
     if (p < 0 || p >= world->processes()) {
       table->erase(key);
-      *error = Status::InvalidArgument("jax_smddp: a collective names process " + std::to_string(p) +
-                             " but the job has " + std::to_string(world->processes()));
+      *error =
+          Status::InvalidArgument("jax_smddp: a collective names process " + std::to_string(p) +
+                                  " but the job has " + std::to_string(world->processes()));
       return nullptr;
     }
   }
-  comm = std::make_unique<Communicator>(
-      table->size(), ids, nullptr,
-      std::make_unique<ProcessRendezvous>(ids, std::move(process_of_rank), world->process(), hosts));
+  comm =
+      std::make_unique<Communicator>(table->size(), ids, nullptr,
+                                     std::make_unique<ProcessRendezvous>(
+                                         ids, std::move(process_of_rank), world->process(), hosts));
   return comm.get();
 }
 

@@ -8,8 +8,8 @@
 #include <vector>
 
 #include "xla_ffi/algorithms/plan.h"
-#include "xla_ffi/engine/rendezvous.h"
 #include "xla_ffi/common/timeout.h"  // SetTimeoutSeconds, TimeoutSeconds: part of its interface
+#include "xla_ffi/engine/rendezvous.h"
 
 namespace smddp {
 
@@ -31,8 +31,8 @@ class Communicator {
   // call across processes); `op_id` is its position in the program, for
   // messages.
   void Start(int64_t run_id, int64_t instance, uint64_t site, uint64_t sequence,
-             uint64_t invocation, int64_t op_id, int rank,
-             const void* send, void* recv, const CallInfo& call, const Plan& plan, Done done);
+             uint64_t invocation, int64_t op_id, int rank, const void* send, void* recv,
+             const CallInfo& call, const Plan& plan, Done done);
 
  private:
   std::vector<int64_t> members_;

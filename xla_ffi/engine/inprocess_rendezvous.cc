@@ -9,19 +9,19 @@
 #include <vector>
 
 #include "xla_ffi/algorithms/host_algorithms.h"
-#include "xla_ffi/engine/rendezvous_slot.h"
-#include "xla_ffi/engine/scheduler.h"
 #include "xla_ffi/common/settings.h"
 #include "xla_ffi/common/streaming_copy.h"
+#include "xla_ffi/engine/rendezvous_slot.h"
+#include "xla_ffi/engine/scheduler.h"
 
 namespace smddp {
 
 struct InProcessRendezvous::Slot : RendezvousSlot {
   using RendezvousSlot::RendezvousSlot;
-  Timer deadline;        // fails the call if a rank is missing by then
+  Timer deadline;  // fails the call if a rank is missing by then
   std::atomic<int> next_body{0};
   int bodies_done = 0;
-  bool stream = false;   // outputs are written with non-temporal stores (streaming_copy.h)
+  bool stream = false;  // outputs are written with non-temporal stores (streaming_copy.h)
 };
 
 namespace {
@@ -78,8 +78,9 @@ class RankView : public Exchange {
                            std::to_string(peer) + "'s send buffer");
     // Only what lands in this rank's output streams: staging is read at once.
     char* out = static_cast<char*>(slot_.entries[rank_].recv);
-    const bool into_output = static_cast<char*>(dst) >= out &&
-                             static_cast<char*>(dst) + bytes <= out + slot_.entries[rank_].info.recv_bytes;
+    const bool into_output =
+        static_cast<char*>(dst) >= out &&
+        static_cast<char*>(dst) + bytes <= out + slot_.entries[rank_].info.recv_bytes;
     CopyBytes(dst, static_cast<const char*>(e.send) + offset, bytes, slot_.stream && into_output);
     return Status::Ok();
   }
@@ -131,7 +132,8 @@ uint64_t HelperMinBytes() {
 InProcessRendezvous::InProcessRendezvous(int helpers) : helpers_(std::max(0, helpers)) {}
 
 std::shared_ptr<InProcessRendezvous::Slot> InProcessRendezvous::GetOrCreate(const CallKey& key,
-                                                                          int size, bool* created) {
+                                                                            int size,
+                                                                            bool* created) {
   std::lock_guard<std::mutex> lock(mu_);
   auto& slot = slots_[key];
   *created = !slot;
@@ -170,7 +172,8 @@ void InProcessRendezvous::Expire(const std::shared_ptr<Slot>& slot, Clock::time_
   std::lock_guard<std::mutex> lock(slot->mu);
   if (slot->started || slot->over) return;
   const char* op = "collective";
-  for (const auto& e : slot->entries) if (e.present) op = e.info.op;
+  for (const auto& e : slot->entries)
+    if (e.present) op = e.info.op;
   slot->status = Status::Timeout(
       CallWhere(slot->group, slot->key, op) + ": timed out after " + Seconds(Clock::now() - start) +
       " waiting for rank(s) " + MissingRanks(*slot) +
@@ -183,8 +186,8 @@ void InProcessRendezvous::Expire(const std::shared_ptr<Slot>& slot, Clock::time_
 }
 
 void InProcessRendezvous::Start(const GroupInfo& group, int size, const CallKey& key, int rank,
-                               const void* send, void* recv, const CallInfo& info,
-                               Clock::time_point deadline, const Plan& plan, Done done) {
+                                const void* send, void* recv, const CallInfo& info,
+                                Clock::time_point deadline, const Plan& plan, Done done) {
   bool created;
   std::shared_ptr<Slot> slot = GetOrCreate(key, size, &created);
   std::unique_lock<std::mutex> lock(slot->mu);
@@ -198,7 +201,8 @@ void InProcessRendezvous::Start(const GroupInfo& group, int size, const CallKey&
   // `kind`: the failure's code and peers (only its message is replaced).
   auto fail_now = [&](const Status& kind, const std::string& why) {
     lock.unlock();
-    done(kind.WithMessage(CallWhere(group, key, info.op) + ": rank " + std::to_string(rank) + ": " + why));
+    done(kind.WithMessage(CallWhere(group, key, info.op) + ": rank " + std::to_string(rank) + ": " +
+                          why));
   };
   if (int(slot->entries.size()) != size || rank < 0 || rank >= size)
     return fail_now(Status::Mismatch(""), "rank or communicator size disagrees with its peers");
@@ -219,9 +223,10 @@ void InProcessRendezvous::Start(const GroupInfo& group, int size, const CallKey&
   Cancel(slot->deadline);
   for (int r = 0; r < size && slot->status.ok(); ++r) {
     if (!(slot->entries[r].info == slot->entries[0].info)) {
-      slot->status = Status::Mismatch(CallWhere(group, key, info.op) + ": ranks disagree on the call: rank 0 runs " +
-                                      Describe(slot->entries[0].info) + " but rank " + std::to_string(r) +
-                                      " runs " + Describe(slot->entries[r].info));
+      slot->status = Status::Mismatch(
+          CallWhere(group, key, info.op) + ": ranks disagree on the call: rank 0 runs " +
+          Describe(slot->entries[0].info) + " but rank " + std::to_string(r) + " runs " +
+          Describe(slot->entries[r].info));
       slot->status.SetPeers({0, r}, {});
     }
   }

@@ -14,8 +14,8 @@
 #include <mutex>
 #include <unordered_map>
 
-#include "xla_ffi/engine/scheduler.h"
 #include "xla_ffi/engine/rendezvous.h"
+#include "xla_ffi/engine/scheduler.h"
 
 namespace smddp {
 
@@ -26,9 +26,9 @@ class InProcessRendezvous : public Rendezvous {
   // `helpers`: engine workers that run bodies beside the last arrival.
   explicit InProcessRendezvous(int helpers);
 
-  void Start(const GroupInfo& group, int size, const CallKey& key, int rank,
-             const void* send, void* recv, const CallInfo& info,
-             Clock::time_point deadline, const Plan& plan, Done done) override;
+  void Start(const GroupInfo& group, int size, const CallKey& key, int rank, const void* send,
+             void* recv, const CallInfo& info, Clock::time_point deadline, const Plan& plan,
+             Done done) override;
 
  private:
   std::shared_ptr<Slot> GetOrCreate(const CallKey& key, int size, bool* created);

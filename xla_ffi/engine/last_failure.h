@@ -27,7 +27,7 @@ struct FailureRecord {
   std::vector<int64_t> devices;  // the communicator: its ranks' device ids
   int rank = -1;                 // the rank (of `devices`) whose call failed
   StatusCode code = StatusCode::kInternal;
-  std::vector<int> peer_ranks;   // the peers it concerns, as ranks of `devices`
+  std::vector<int> peer_ranks;      // the peers it concerns, as ranks of `devices`
   std::vector<int> peer_processes;  // ... and as process indices
   std::string message;
   std::string remedy;
@@ -89,7 +89,8 @@ inline void RecordFailure(const char* op, const std::vector<int64_t>& devices, i
                           const Status& st) {
   if (st.ok()) return;
   FailureRecord r;
-  r.unix_time = std::chrono::duration<double>(std::chrono::system_clock::now().time_since_epoch()).count();
+  r.unix_time =
+      std::chrono::duration<double>(std::chrono::system_clock::now().time_since_epoch()).count();
   r.op = op ? op : "collective";
   r.devices = devices;
   r.rank = rank;

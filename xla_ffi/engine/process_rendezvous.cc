@@ -8,10 +8,10 @@
 #include "xla_ffi/algorithms/messages.h"
 #include "xla_ffi/algorithms/process_algorithms.h"
 #include "xla_ffi/algorithms/process_call.h"
+#include "xla_ffi/common/settings.h"
 #include "xla_ffi/engine/rendezvous_slot.h"
 #include "xla_ffi/engine/scheduler.h"
 #include "xla_ffi/transports/world.h"
-#include "xla_ffi/common/settings.h"
 
 namespace smddp {
 
@@ -46,15 +46,15 @@ namespace {
 
 // JAX_SMDDP_HIERARCHICAL=0 sends every byte directly between processes
 // (flat), even across hosts; for comparisons and tests.
-bool HierarchyAllowed() {
-  return TextSetting("JAX_SMDDP_HIERARCHICAL") != "0";
-}
+bool HierarchyAllowed() { return TextSetting("JAX_SMDDP_HIERARCHICAL") != "0"; }
 
 }  // namespace
 
 ProcessRendezvous::ProcessRendezvous(std::vector<int64_t> members, std::vector<int> process_of_rank,
-                                   int process, const std::vector<std::string>& host_of_process)
-    : members_(std::move(members)), process_of_rank_(std::move(process_of_rank)), process_(process) {
+                                     int process, const std::vector<std::string>& host_of_process)
+    : members_(std::move(members)),
+      process_of_rank_(std::move(process_of_rank)),
+      process_(process) {
   routes_ = ComputeRoutes(process_of_rank_, process_, host_of_process, HierarchyAllowed());
   flat_routes_ = ComputeRoutes(process_of_rank_, process_, host_of_process, false);
   const int n = int(process_of_rank_.size());
@@ -80,7 +80,8 @@ ProcessRendezvous::ProcessRendezvous(std::vector<int64_t> members, std::vector<i
     peer_ranks_[at].push_back(r);
   }
   uint64_t h = 0x6a09e667f3bcc908ull;
-  for (int r = 0; r < n; ++r) h = MixTag(MixTag(h, uint64_t(members_[r])), uint64_t(process_of_rank_[r]));
+  for (int r = 0; r < n; ++r)
+    h = MixTag(MixTag(h, uint64_t(members_[r])), uint64_t(process_of_rank_[r]));
   group_hash_ = h;
 }
 
@@ -109,7 +110,8 @@ void ProcessRendezvous::Expire(const std::shared_ptr<Slot>& slot) {
       first = false;
     }
     slot->status = Status::Timeout(
-        CallWhere(slot->group, slot->key, op) + ": timed out waiting for device(s) [" + missing.str() +
+        CallWhere(slot->group, slot->key, op) + ": timed out waiting for device(s) [" +
+        missing.str() +
         "] of this process to reach this collective. A device that never arrives usually means the "
         "devices run different programs or one failed earlier; if it is only slow, raise "
         "JAX_SMDDP_TIMEOUT_S (or jax_smddp.set_timeout).");
@@ -120,13 +122,14 @@ void ProcessRendezvous::Expire(const std::shared_ptr<Slot>& slot) {
 }
 
 void ProcessRendezvous::Start(const GroupInfo& group, int size, const CallKey& key, int rank,
-                             const void* send, void* recv, const CallInfo& info,
-                             Clock::time_point deadline, const Plan& plan, Done done) {
+                              const void* send, void* recv, const CallInfo& info,
+                              Clock::time_point deadline, const Plan& plan, Done done) {
   // `kind`: the failure's code and peers (only its message is replaced).
   auto fail_now = [&](const Status& kind, const std::string& why) {
-    done(kind.WithMessage(CallWhere(group, key, info.op) + ": device " +
-                          (rank >= 0 && rank < int(members_.size()) ? std::to_string(members_[rank]) : "?") +
-                          ": " + why));
+    done(kind.WithMessage(
+        CallWhere(group, key, info.op) + ": device " +
+        (rank >= 0 && rank < int(members_.size()) ? std::to_string(members_[rank]) : "?") + ": " +
+        why));
   };
   if (size != int(process_of_rank_.size()) || rank < 0 || rank >= size || local_index_[rank] < 0)
     return fail_now(Status::Mismatch(""),
@@ -170,8 +173,9 @@ void ProcessRendezvous::Start(const GroupInfo& group, int size, const CallKey& k
   Cancel(slot->timer);
   for (size_t li = 1; li < slot->entries.size() && slot->status.ok(); ++li) {
     if (!(slot->entries[li].info == slot->entries[0].info)) {
-      slot->status = Status::Mismatch(CallWhere(group, key, info.op) +
-                                      ": devices of this process disagree on the call (shapes or dtypes differ)");
+      slot->status = Status::Mismatch(
+          CallWhere(group, key, info.op) +
+          ": devices of this process disagree on the call (shapes or dtypes differ)");
       slot->status.SetPeers({local_[0], local_[li]}, {process_});
     }
   }
@@ -194,14 +198,16 @@ void ProcessRendezvous::Run(const std::shared_ptr<Slot>& slot) {
   const CallInfo& info = slot->entries[0].info;
   Status st;
   if (!world) {
-    st = Status::InvalidArgument(CallWhere(slot->group, key, info.op) +
-                       ": this communicator spans processes but jax_smddp is not initialized here: "
-                       "call jax.distributed.initialize() and then jax_smddp.initialize() in every "
-                       "process before running collectives.");
+    st = Status::InvalidArgument(
+        CallWhere(slot->group, key, info.op) +
+        ": this communicator spans processes but jax_smddp is not initialized here: "
+        "call jax.distributed.initialize() and then jax_smddp.initialize() in every "
+        "process before running collectives.");
   } else if (world->process() != process_) {
-    st = Status::InvalidArgument(CallWhere(slot->group, key, info.op) +
-                       ": the world changed since this program was compiled (jax_smddp.shutdown() "
-                       "and initialize() with another process index); recompile it.");
+    st = Status::InvalidArgument(
+        CallWhere(slot->group, key, info.op) +
+        ": the world changed since this program was compiled (jax_smddp.shutdown() "
+        "and initialize() with another process index); recompile it.");
   } else {
     ProcessCall call;
     call.world = world.get();

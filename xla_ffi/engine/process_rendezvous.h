@@ -24,11 +24,11 @@ class ProcessRendezvous : public Rendezvous {
   // `members`: their device ids (for messages); `process`: this process;
   // `host_of_process`: each process's host (routes between hosts).
   ProcessRendezvous(std::vector<int64_t> members, std::vector<int> process_of_rank, int process,
-                   const std::vector<std::string>& host_of_process);
+                    const std::vector<std::string>& host_of_process);
 
-  void Start(const GroupInfo& group, int size, const CallKey& key, int rank,
-             const void* send, void* recv, const CallInfo& info,
-             Clock::time_point deadline, const Plan& plan, Done done) override;
+  void Start(const GroupInfo& group, int size, const CallKey& key, int rank, const void* send,
+             void* recv, const CallInfo& info, Clock::time_point deadline, const Plan& plan,
+             Done done) override;
 
  private:
   void Run(const std::shared_ptr<Slot>& slot);
@@ -43,7 +43,7 @@ class ProcessRendezvous : public Rendezvous {
   std::vector<int> peers_;                    // other processes, ascending
   std::vector<std::vector<int>> peer_ranks_;  // per peer, its ranks
   uint64_t group_hash_ = 0;                   // equal on every process
-  Routes routes_;       // hierarchical where the hosts allow (and the env does)
+  Routes routes_;  // hierarchical where the hosts allow (and the env does)
   Routes flat_routes_;
   std::mutex mu_;
   std::unordered_map<CallKey, std::shared_ptr<Slot>, CallKeyHash> slots_;

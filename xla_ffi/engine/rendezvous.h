@@ -22,17 +22,17 @@ namespace smddp {
 // Identifies one call instance of one collective across all ranks.
 struct CallKey {
   uint64_t communicator = 0;
-  int64_t run_id = 0;      // the XLA execution (equal on every device)
-  int64_t instance = 0;    // the collective instruction
-  uint64_t invocation = 0; // how many times it already ran in this run (loops)
-  int64_t op_id = 0;       // its position in the program: for messages only
-  uint64_t site = 0;       // the instruction, named alike in every process
-                           // (instance numbers are per process)
-  uint64_t sequence = 0;   // calls of it before this one, over all runs:
-                           // with `site`, names the call across processes
+  int64_t run_id = 0;       // the XLA execution (equal on every device)
+  int64_t instance = 0;     // the collective instruction
+  uint64_t invocation = 0;  // how many times it already ran in this run (loops)
+  int64_t op_id = 0;        // its position in the program: for messages only
+  uint64_t site = 0;        // the instruction, named alike in every process
+                            // (instance numbers are per process)
+  uint64_t sequence = 0;    // calls of it before this one, over all runs:
+                            // with `site`, names the call across processes
   bool operator==(const CallKey& o) const {
-    return communicator == o.communicator && run_id == o.run_id &&
-           instance == o.instance && invocation == o.invocation;
+    return communicator == o.communicator && run_id == o.run_id && instance == o.instance &&
+           invocation == o.invocation;
   }
 };
 
@@ -66,8 +66,8 @@ class Rendezvous {
   // fails), `plan` runs as every rank, and each rank's `done` is called with
   // the call's status (the same for every rank), on an engine thread.
   virtual void Start(const GroupInfo& group, int size, const CallKey& key, int rank,
-                     const void* send, void* recv, const CallInfo& info,
-                     Clock::time_point deadline, const Plan& plan, Done done) = 0;
+                     const void* send, void* recv, const CallInfo& info, Clock::time_point deadline,
+                     const Plan& plan, Done done) = 0;
 };
 
 }  // namespace smddp

@@ -74,7 +74,8 @@ class Scheduler {
     std::unique_lock<std::mutex> lock(mu_);
     for (;;) {
       ++idle_;
-      const bool got = cv_.wait_for(lock, std::chrono::seconds(30), [&] { return !tasks_.empty(); });
+      const bool got =
+          cv_.wait_for(lock, std::chrono::seconds(30), [&] { return !tasks_.empty(); });
       --idle_;
       if (!got) {
         if (threads_ > workers_) {  // idle for long: give the thread back

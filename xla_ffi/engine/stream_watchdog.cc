@@ -6,11 +6,11 @@
 #include <cstdio>
 #include <thread>
 
+#include "xla_ffi/algorithms/stream_ops.h"  // ReleasedFlag
 #include "xla_ffi/engine/call_log.h"
 #include "xla_ffi/engine/communicator.h"  // TimeoutSeconds
 #include "xla_ffi/transports/process_liveness.h"
 #include "xla_ffi/transports/shared_block.h"
-#include "xla_ffi/algorithms/stream_ops.h"  // ReleasedFlag
 
 namespace smddp {
 
@@ -75,7 +75,8 @@ bool WatchedGroup::Check() {
       if (reason.rfind("jax_smddp", 0) == 0 && colon != std::string::npos)
         reason = reason.substr(colon + 2);  // its "jax_smddp (GPU): " prefix
       // That peer failed earlier (whatever its own cause): for this process, a failed peer.
-      FailBecauseOf(reason + " (reported by " + peer.who + ")", StatusCode::kPeerFailed, quiet, reason);
+      FailBecauseOf(reason + " (reported by " + peer.who + ")", StatusCode::kPeerFailed, quiet,
+                    reason);
       return true;
     }
   }
@@ -112,7 +113,8 @@ bool WatchedGroup::Check() {
       const std::string call = CallLog::Describe(own_logs_[0], theirs);
       FailBecauseOf(peer.who + " of " + name_ + " has not reached call #" + std::to_string(theirs) +
                         " of the group" + (call.empty() ? "" : " (" + call + ")") + " within " +
-                        std::to_string(int(timeout)) + " s of this process (set by "
+                        std::to_string(int(timeout)) +
+                        " s of this process (set by "
                         "jax_smddp.set_timeout or JAX_SMDDP_TIMEOUT_S): it is stuck, or it "
                         "skipped the call",
                     StatusCode::kTimeout, /*quiet=*/false);

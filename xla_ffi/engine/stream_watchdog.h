@@ -7,11 +7,10 @@
 // and process (every later call of the group fails with it), prints it at
 // once (unless the peer finished in order), tells the peers (its blocks'
 // state), and releases every flag of the group (moves it far ahead of any
-// step awaited), again every 50 ms, so that no waiting stream hangs: the calls in flight complete with
-// undefined output, the next call raises. Flags can be released this way
-// only where the host can write them (host memory the GPU addresses); groups
-// whose flags are in device memory get the error and the message, and their
-// streams stay blocked.
+// step awaited), again every 50 ms, so that no waiting stream hangs: the calls in flight complete
+// with undefined output, the next call raises. Flags can be released this way only where the host
+// can write them (host memory the GPU addresses); groups whose flags are in device memory get the
+// error and the message, and their streams stay blocked.
 #ifndef JAX_SMDDP_ENGINE_STREAM_WATCHDOG_H_
 #define JAX_SMDDP_ENGINE_STREAM_WATCHDOG_H_
 
@@ -24,8 +23,8 @@
 #include <string>
 #include <vector>
 
-#include "xla_ffi/transports/shared_block.h"
 #include "xla_ffi/common/status.h"
+#include "xla_ffi/transports/shared_block.h"
 
 namespace smddp {
 
@@ -88,13 +87,14 @@ class WatchedGroup {
   void Fail(const Status& failure, const std::string& reason, bool quiet);
   // `cause`: what went wrong, of kind `code`; `quiet`: print nothing (an
   // orderly close); `root`: the cause to hand on to the peers, if not `cause`.
-  void FailBecauseOf(const std::string& cause, StatusCode code, bool quiet, const std::string& root = "");
+  void FailBecauseOf(const std::string& cause, StatusCode code, bool quiet,
+                     const std::string& root = "");
   // Sets every flag to its released value (chosen at the first release and
   // kept, so that releases by several processes do not add up).
   void ReleaseFlags();
 
   struct Lag {
-    uint64_t calls = 0;  // the peer's calls when last seen
+    uint64_t calls = 0;                           // the peer's calls when last seen
     std::chrono::steady_clock::time_point since;  // behind this process since
     bool behind = false;
   };
@@ -104,9 +104,9 @@ class WatchedGroup {
   std::vector<SharedBlock*> own_blocks_;
   std::vector<uint32_t*> all_flags_;
   std::function<uint32_t()> step_reached_;
-  bool released_ = false;              // (the watchdog thread only)
+  bool released_ = false;  // (the watchdog thread only)
   uint32_t released_value_ = 0;
-  std::vector<Lag> lag_;               // by peer (the watchdog thread only)
+  std::vector<Lag> lag_;  // by peer (the watchdog thread only)
   mutable std::mutex mu_;
   Status error_;
   std::atomic<bool> failed_{false};

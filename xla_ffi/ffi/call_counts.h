@@ -21,10 +21,18 @@ inline void CountCustomCall(const World* world, Plan::Kind kind, uint64_t out_by
   if (!world) return;
   World::Caller caller = World::Caller::kAllGather;
   switch (kind) {
-    case Plan::Kind::kAllGather: caller = World::Caller::kAllGather; break;
-    case Plan::Kind::kReduceScatter: caller = World::Caller::kReduceScatter; break;
-    case Plan::Kind::kAllReduce: caller = World::Caller::kAllReduce; break;
-    case Plan::Kind::kAllToAll: caller = World::Caller::kAllToAll; break;
+    case Plan::Kind::kAllGather:
+      caller = World::Caller::kAllGather;
+      break;
+    case Plan::Kind::kReduceScatter:
+      caller = World::Caller::kReduceScatter;
+      break;
+    case Plan::Kind::kAllReduce:
+      caller = World::Caller::kAllReduce;
+      break;
+    case Plan::Kind::kAllToAll:
+      caller = World::Caller::kAllToAll;
+      break;
   }
   world->CountCall(caller, out_bytes);
 }

@@ -1,24 +1,24 @@
 #include "xla_ffi/ffi/cpu_handlers.h"
 
 #include <atomic>
-#include <map>
-#include <mutex>
 #include <cstdint>
+#include <map>
 #include <memory>
+#include <mutex>
 #include <string>
 #include <vector>
 
 #include "xla/ffi/api/ffi.h"
+#include "xla_ffi/algorithms/plan.h"
+#include "xla_ffi/common/hashing.h"
 #include "xla_ffi/common/heap_reuse.h"
 #include "xla_ffi/common/huge_pages.h"
+#include "xla_ffi/engine/communicator.h"
+#include "xla_ffi/engine/last_failure.h"
+#include "xla_ffi/ffi/call_counts.h"
 #include "xla_ffi/ffi/ffi_dtype.h"
 #include "xla_ffi/ffi/ffi_status.h"
-#include "xla_ffi/engine/last_failure.h"
-#include "xla_ffi/algorithms/plan.h"
-#include "xla_ffi/engine/communicator.h"
 #include "xla_ffi/ffi/invocation_counter.h"
-#include "xla_ffi/common/hashing.h"
-#include "xla_ffi/ffi/call_counts.h"
 
 namespace ffi = xla::ffi;
 
@@ -60,7 +60,8 @@ ffi::ErrorOr<std::unique_ptr<CallSite>> Instantiate(ffi::Dictionary attrs) {
   if (!site_uid.has_value()) return ffi::Unexpected(site_uid.error());
   const int64_t n = *size;
   if (n <= 0 || groups->size() % n != 0)
-    return ffi::Unexpected(ToFfiError(Status::InvalidArgument("jax_smddp: malformed replica groups")));
+    return ffi::Unexpected(
+        ToFfiError(Status::InvalidArgument("jax_smddp: malformed replica groups")));
   ApplyHeapReuse();  // before XLA allocates this program's outputs
   auto site = std::make_unique<CallSite>();
   site->instance = next++;
@@ -79,15 +80,17 @@ ffi::ErrorOr<std::unique_ptr<CallSite>> Instantiate(ffi::Dictionary attrs) {
       group_processes[r] = id >= 0 && size_t(id) < processes->size() ? (*processes)[id] : 0;
     }
     Status error;
-    Communicator* comm = FindOrCreateCommunicator(groups->begin() + g, group_processes.data(),
-                                                  int(n), &error);
+    Communicator* comm =
+        FindOrCreateCommunicator(groups->begin() + g, group_processes.data(), int(n), &error);
     if (!comm) return ffi::Unexpected(ToFfiError(error));
     for (int64_t r = 0; r < n; ++r) {
       const int64_t id = (*groups)[g + r];
       if (id < 0)
-        return ffi::Unexpected(ToFfiError(Status::InvalidArgument("jax_smddp: negative device id in replica groups")));
+        return ffi::Unexpected(
+            ToFfiError(Status::InvalidArgument("jax_smddp: negative device id in replica groups")));
       if (size_t(id) >= site->by_partition.size()) site->by_partition.resize(id + 1);
-      site->by_partition[id] = CallSite::Member{comm, int(r), std::make_unique<InvocationCounter>()};
+      site->by_partition[id] =
+          CallSite::Member{comm, int(r), std::make_unique<InvocationCounter>()};
     }
   }
   site->world = CurrentWorld();
@@ -133,8 +136,9 @@ ffi::Future StartCall(const Common& c, int64_t run_id, uint32_t partition_id, ff
                                             ": unsupported element type reached the engine"));
   const auto& members = c.site->by_partition;
   if (partition_id >= members.size() || members[partition_id].comm == nullptr)
-    return Failed(c.op, Status::InvalidArgument(std::string("jax_smddp ") + c.op + ": device " +
-                                                std::to_string(partition_id) + " is in no replica group"));
+    return Failed(
+        c.op, Status::InvalidArgument(std::string("jax_smddp ") + c.op + ": device " +
+                                      std::to_string(partition_id) + " is in no replica group"));
   const CallSite::Member& me = members[partition_id];
   AdviseHugePages(out->untyped_data(), out->size_bytes());  // before the first write
   CallInfo info{c.op, plan.dtype, plan.op, uint64_t(x.size_bytes()), uint64_t(out->size_bytes())};
@@ -184,55 +188,52 @@ ffi::Future ReduceScatterImpl(ffi::RunId run, CallSite* site, ffi::AnyBuffer x,
   plan.op = ReduceOp(reduce);
   plan.outer = size_t(outer);
   plan.inner = size_t(inner);
-  return StartCall(Common{"reduce_scatter", op_id, site}, run.run_id, pid.typed_data()[0], x, out, plan);
+  return StartCall(Common{"reduce_scatter", op_id, site}, run.run_id, pid.typed_data()[0], x, out,
+                   plan);
 }
 
 ffi::Future AllReduceImpl(ffi::RunId run, CallSite* site, ffi::AnyBuffer x,
-                          ffi::Buffer<ffi::U32> pid, ffi::Result<ffi::AnyBuffer> out,
-                          int64_t op_id, ffi::Span<const int64_t> /*groups*/,
-                          int64_t /*group_size*/, ffi::Span<const int64_t> /*processes*/,
-                          int64_t /*site_uid*/, int64_t routing, int64_t chunk_bytes,
-                          int64_t reduce) {
+                          ffi::Buffer<ffi::U32> pid, ffi::Result<ffi::AnyBuffer> out, int64_t op_id,
+                          ffi::Span<const int64_t> /*groups*/, int64_t /*group_size*/,
+                          ffi::Span<const int64_t> /*processes*/, int64_t /*site_uid*/,
+                          int64_t routing, int64_t chunk_bytes, int64_t reduce) {
   Plan plan = CrossProcessChoice(routing, chunk_bytes);
   plan.kind = Plan::Kind::kAllReduce;
   plan.op = ReduceOp(reduce);
   plan.count = x.element_count();
-  return StartCall(Common{"all_reduce", op_id, site}, run.run_id, pid.typed_data()[0], x, out, plan);
+  return StartCall(Common{"all_reduce", op_id, site}, run.run_id, pid.typed_data()[0], x, out,
+                   plan);
 }
 
 }  // namespace
 }  // namespace smddp
 
-#define SMDDP_COMMON_BINDING()                 \
-  ffi::Ffi::Bind()                             \
-      .Ctx<ffi::RunId>()                       \
-      .Ctx<ffi::State<smddp::CallSite>>()      \
-      .Arg<ffi::AnyBuffer>()                   \
-      .Arg<ffi::Buffer<ffi::U32>>()            \
-      .Ret<ffi::AnyBuffer>()                   \
-      .Attr<int64_t>("op_id")                  \
-      .Attr<ffi::Span<const int64_t>>("groups") /* read at instantiation */ \
-      .Attr<int64_t>("group_size")              \
+#define SMDDP_COMMON_BINDING()                                                 \
+  ffi::Ffi::Bind()                                                             \
+      .Ctx<ffi::RunId>()                                                       \
+      .Ctx<ffi::State<smddp::CallSite>>()                                      \
+      .Arg<ffi::AnyBuffer>()                                                   \
+      .Arg<ffi::Buffer<ffi::U32>>()                                            \
+      .Ret<ffi::AnyBuffer>()                                                   \
+      .Attr<int64_t>("op_id")                                                  \
+      .Attr<ffi::Span<const int64_t>>("groups") /* read at instantiation */    \
+      .Attr<int64_t>("group_size")                                             \
       .Attr<ffi::Span<const int64_t>>("processes") /* read at instantiation */ \
-      .Attr<int64_t>("site_uid")                \
-      .Attr<int64_t>("routing")                 \
+      .Attr<int64_t>("site_uid")                                               \
+      .Attr<int64_t>("routing")                                                \
       .Attr<int64_t>("chunk_bytes")
 
-XLA_FFI_DEFINE_HANDLER_SYMBOL(SmddpAllGatherCpu, smddp::BlocksImpl<smddp::Plan::Kind::kAllGather>,
-                              SMDDP_COMMON_BINDING()
-                                  .Attr<int64_t>("outer")
-                                  .Attr<int64_t>("inner_bytes"));
-XLA_FFI_DEFINE_HANDLER_SYMBOL(SmddpReduceScatterCpu, smddp::ReduceScatterImpl,
-                              SMDDP_COMMON_BINDING()
-                                  .Attr<int64_t>("reduce")
-                                  .Attr<int64_t>("outer")
-                                  .Attr<int64_t>("inner"));
+XLA_FFI_DEFINE_HANDLER_SYMBOL(
+    SmddpAllGatherCpu, smddp::BlocksImpl<smddp::Plan::Kind::kAllGather>,
+    SMDDP_COMMON_BINDING().Attr<int64_t>("outer").Attr<int64_t>("inner_bytes"));
+XLA_FFI_DEFINE_HANDLER_SYMBOL(
+    SmddpReduceScatterCpu, smddp::ReduceScatterImpl,
+    SMDDP_COMMON_BINDING().Attr<int64_t>("reduce").Attr<int64_t>("outer").Attr<int64_t>("inner"));
 XLA_FFI_DEFINE_HANDLER_SYMBOL(SmddpAllReduceCpu, smddp::AllReduceImpl,
                               SMDDP_COMMON_BINDING().Attr<int64_t>("reduce"));
-XLA_FFI_DEFINE_HANDLER_SYMBOL(SmddpAllToAllCpu, smddp::BlocksImpl<smddp::Plan::Kind::kAllToAll>,
-                              SMDDP_COMMON_BINDING()
-                                  .Attr<int64_t>("outer")
-                                  .Attr<int64_t>("inner_bytes"));
+XLA_FFI_DEFINE_HANDLER_SYMBOL(
+    SmddpAllToAllCpu, smddp::BlocksImpl<smddp::Plan::Kind::kAllToAll>,
+    SMDDP_COMMON_BINDING().Attr<int64_t>("outer").Attr<int64_t>("inner_bytes"));
 
 XLA_FFI_DEFINE_HANDLER_SYMBOL(SmddpInstantiateCpu, smddp::Instantiate,
                               ffi::Ffi::BindInstantiate().Attrs());

@@ -16,14 +16,22 @@ namespace smddp {
 inline xla::ffi::ErrorCode ToFfiErrorCode(StatusCode code) {
   using xla::ffi::ErrorCode;
   switch (code) {
-    case StatusCode::kOk: return ErrorCode::kOk;
-    case StatusCode::kTimeout: return ErrorCode::kDeadlineExceeded;
-    case StatusCode::kPeerFailed: return ErrorCode::kUnavailable;
-    case StatusCode::kMismatch: return ErrorCode::kFailedPrecondition;
-    case StatusCode::kUnsupported: return ErrorCode::kUnimplemented;
-    case StatusCode::kInvalidArgument: return ErrorCode::kInvalidArgument;
-    case StatusCode::kProtocol: return ErrorCode::kDataLoss;
-    case StatusCode::kInternal: return ErrorCode::kInternal;
+    case StatusCode::kOk:
+      return ErrorCode::kOk;
+    case StatusCode::kTimeout:
+      return ErrorCode::kDeadlineExceeded;
+    case StatusCode::kPeerFailed:
+      return ErrorCode::kUnavailable;
+    case StatusCode::kMismatch:
+      return ErrorCode::kFailedPrecondition;
+    case StatusCode::kUnsupported:
+      return ErrorCode::kUnimplemented;
+    case StatusCode::kInvalidArgument:
+      return ErrorCode::kInvalidArgument;
+    case StatusCode::kProtocol:
+      return ErrorCode::kDataLoss;
+    case StatusCode::kInternal:
+      return ErrorCode::kInternal;
   }
   return ErrorCode::kInternal;
 }

@@ -8,16 +8,16 @@
 #include <cuda_runtime_api.h>
 
 #include "cuda/cuda_stream_ops.h"
-#include "xla/ffi/api/ffi.h"
-#include "xla_ffi/ffi/ffi_dtype.h"
-#include "xla_ffi/ffi/ffi_status.h"
-#include "xla_ffi/ffi/call_counts.h"
-#include "xla_ffi/engine/last_failure.h"
 #include "cuda/gpu_call.h"
 #include "cuda/gpu_communicator.h"
 #include "cuda/gpu_hierarchy.h"
+#include "xla/ffi/api/ffi.h"
 #include "xla_ffi/algorithms/net_port.h"
 #include "xla_ffi/algorithms/stream_algorithms.h"
+#include "xla_ffi/engine/last_failure.h"
+#include "xla_ffi/ffi/call_counts.h"
+#include "xla_ffi/ffi/ffi_dtype.h"
+#include "xla_ffi/ffi/ffi_status.h"
 
 namespace ffi = xla::ffi;
 
@@ -27,11 +27,11 @@ struct GpuCallSite {
   static ffi::TypeId id;
   static ffi::TypeInfo info;
   struct Member {
-    gpu::LocalRank* rank = nullptr;       // in the (intra-host) communicator
-    NetPort* port = nullptr;              // groups across hosts: the network side
+    gpu::LocalRank* rank = nullptr;  // in the (intra-host) communicator
+    NetPort* port = nullptr;         // groups across hosts: the network side
     const std::vector<int>* rank_of = nullptr;
   };
-  std::vector<Member> by_ordinal;  // this process's rank on each device
+  std::vector<Member> by_ordinal;      // this process's rank on each device
   std::shared_ptr<const World> world;  // where its calls are counted (call_counts.h)
 };
 ffi::TypeId GpuCallSite::id = {};
@@ -55,7 +55,8 @@ ffi::ErrorOr<std::unique_ptr<GpuCallSite>> Instantiate(ffi::Dictionary attrs) {
   if (!processes.has_value()) return ffi::Unexpected(processes.error());
   if (!ordinals.has_value()) return ffi::Unexpected(ordinals.error());
   const int64_t n = *size;
-  if (n <= 0 || groups->size() % n != 0) return ffi::Unexpected(Invalid("malformed replica groups"));
+  if (n <= 0 || groups->size() % n != 0)
+    return ffi::Unexpected(Invalid("malformed replica groups"));
   auto site = std::make_unique<GpuCallSite>();
   const int me = gpu::ProcessIndex();
   for (size_t g = 0; g < groups->size(); g += n) {
@@ -73,8 +74,8 @@ ffi::ErrorOr<std::unique_ptr<GpuCallSite>> Instantiate(ffi::Dictionary attrs) {
       if (hierarchy) {
         gpu::GpuHierarchy::Member* m = hierarchy->Find(int(r));
         if (!m || m->local->ordinal != ordinal)
-          return ffi::Unexpected(Invalid("device " + std::to_string(ordinal) +
-                                         " has no prepared rank in its group"));
+          return ffi::Unexpected(
+              Invalid("device " + std::to_string(ordinal) + " has no prepared rank in its group"));
         site->by_ordinal[ordinal] = GpuCallSite::Member{m->local, m->port, &hierarchy->rank_of()};
         continue;
       }
@@ -86,8 +87,8 @@ ffi::ErrorOr<std::unique_ptr<GpuCallSite>> Instantiate(ffi::Dictionary attrs) {
             "run programs lowered or exported elsewhere)")));
       gpu::LocalRank* rank = comm->Local(int(r));
       if (!rank || rank->ordinal != ordinal)
-        return ffi::Unexpected(Invalid("device " + std::to_string(ordinal) +
-                                       " has no prepared rank in its group"));
+        return ffi::Unexpected(
+            Invalid("device " + std::to_string(ordinal) + " has no prepared rank in its group"));
       site->by_ordinal[ordinal] = GpuCallSite::Member{rank, nullptr, nullptr};
     }
   }
@@ -108,8 +109,7 @@ Status EnqueueCall(const char* op, int64_t op_id, cudaStream_t stream, int32_t o
   if (!ToDType(x.element_type(), &plan.dtype))
     return Status::Unsupported("jax_smddp (GPU): " + std::string(op) +
                                ": unsupported element type reached the engine");
-  if (ordinal < 0 || size_t(ordinal) >= site->by_ordinal.size() ||
-      !site->by_ordinal[ordinal].rank)
+  if (ordinal < 0 || size_t(ordinal) >= site->by_ordinal.size() || !site->by_ordinal[ordinal].rank)
     return InvalidStatus(std::string(op) + " (op " + std::to_string(op_id) + "): device " +
                          std::to_string(ordinal) + " is in no replica group of this process");
   const GpuCallSite::Member& me = site->by_ordinal[ordinal];
@@ -163,10 +163,10 @@ ffi::Error ReduceScatterImpl(cudaStream_t stream, int32_t ordinal, GpuCallSite* 
   return Enqueue("reduce_scatter", op_id, stream, ordinal, site, x, out, plan);
 }
 
-ffi::Error AllReduceImpl(cudaStream_t stream, int32_t ordinal, GpuCallSite* site,
-                         ffi::AnyBuffer x, ffi::Result<ffi::AnyBuffer> out, int64_t op_id,
-                         Ids /*groups*/, int64_t /*group_size*/, Ids /*processes*/,
-                         Ids /*ordinals*/, int64_t reduce) {
+ffi::Error AllReduceImpl(cudaStream_t stream, int32_t ordinal, GpuCallSite* site, ffi::AnyBuffer x,
+                         ffi::Result<ffi::AnyBuffer> out, int64_t op_id, Ids /*groups*/,
+                         int64_t /*group_size*/, Ids /*processes*/, Ids /*ordinals*/,
+                         int64_t reduce) {
   Plan plan;
   plan.kind = Plan::Kind::kAllReduce;
   plan.op = ReduceOp(reduce);
@@ -179,30 +179,30 @@ ffi::Error AllReduceImpl(cudaStream_t stream, int32_t ordinal, GpuCallSite* site
 
 // groups/processes/ordinals are read at instantiation; bound here so the
 // execute stage accepts them.
-#define SMDDP_GPU_BINDING()                                     \
-  ffi::Ffi::Bind()                                              \
-      .Ctx<ffi::PlatformStream<cudaStream_t>>()                 \
-      .Ctx<ffi::DeviceOrdinal>()                                \
-      .Ctx<ffi::State<smddp::GpuCallSite>>()                    \
-      .Arg<ffi::AnyBuffer>()                                    \
-      .Ret<ffi::AnyBuffer>()                                    \
-      .Attr<int64_t>("op_id")                                   \
-      .Attr<ffi::Span<const int64_t>>("groups")                 \
-      .Attr<int64_t>("group_size")                              \
-      .Attr<ffi::Span<const int64_t>>("processes")              \
+#define SMDDP_GPU_BINDING()                        \
+  ffi::Ffi::Bind()                                 \
+      .Ctx<ffi::PlatformStream<cudaStream_t>>()    \
+      .Ctx<ffi::DeviceOrdinal>()                   \
+      .Ctx<ffi::State<smddp::GpuCallSite>>()       \
+      .Arg<ffi::AnyBuffer>()                       \
+      .Ret<ffi::AnyBuffer>()                       \
+      .Attr<int64_t>("op_id")                      \
+      .Attr<ffi::Span<const int64_t>>("groups")    \
+      .Attr<int64_t>("group_size")                 \
+      .Attr<ffi::Span<const int64_t>>("processes") \
       .Attr<ffi::Span<const int64_t>>("ordinals")
 
-XLA_FFI_DEFINE_HANDLER_SYMBOL(SmddpAllGatherCuda, smddp::BlocksImpl<smddp::Plan::Kind::kAllGather>,
-                              SMDDP_GPU_BINDING().Attr<int64_t>("outer").Attr<int64_t>("inner_bytes"));
-XLA_FFI_DEFINE_HANDLER_SYMBOL(SmddpReduceScatterCuda, smddp::ReduceScatterImpl,
-                              SMDDP_GPU_BINDING()
-                                  .Attr<int64_t>("reduce")
-                                  .Attr<int64_t>("outer")
-                                  .Attr<int64_t>("inner"));
+XLA_FFI_DEFINE_HANDLER_SYMBOL(
+    SmddpAllGatherCuda, smddp::BlocksImpl<smddp::Plan::Kind::kAllGather>,
+    SMDDP_GPU_BINDING().Attr<int64_t>("outer").Attr<int64_t>("inner_bytes"));
+XLA_FFI_DEFINE_HANDLER_SYMBOL(
+    SmddpReduceScatterCuda, smddp::ReduceScatterImpl,
+    SMDDP_GPU_BINDING().Attr<int64_t>("reduce").Attr<int64_t>("outer").Attr<int64_t>("inner"));
 XLA_FFI_DEFINE_HANDLER_SYMBOL(SmddpAllReduceCuda, smddp::AllReduceImpl,
                               SMDDP_GPU_BINDING().Attr<int64_t>("reduce"));
-XLA_FFI_DEFINE_HANDLER_SYMBOL(SmddpAllToAllCuda, smddp::BlocksImpl<smddp::Plan::Kind::kAllToAll>,
-                              SMDDP_GPU_BINDING().Attr<int64_t>("outer").Attr<int64_t>("inner_bytes"));
+XLA_FFI_DEFINE_HANDLER_SYMBOL(
+    SmddpAllToAllCuda, smddp::BlocksImpl<smddp::Plan::Kind::kAllToAll>,
+    SMDDP_GPU_BINDING().Attr<int64_t>("outer").Attr<int64_t>("inner_bytes"));
 XLA_FFI_DEFINE_HANDLER_SYMBOL(SmddpInstantiateCuda, smddp::Instantiate,
                               ffi::Ffi::BindInstantiate().Attrs());
 

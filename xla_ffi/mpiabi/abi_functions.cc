@@ -67,8 +67,8 @@ bool TypeOf(MPIABI_Datatype t, Type* out) {
 
 int BadType(const char* fn) {
   return Fail(Status::Unsupported(std::string("jax_smddp ") + fn +
-                                        ": an MPI datatype the front end does not move (XLA "
-                                        "passes fixed-size integers, floats and complex numbers)"));
+                                  ": an MPI datatype the front end does not move (XLA "
+                                  "passes fixed-size integers, floats and complex numbers)"));
 }
 
 // The engine's reduction for `op` on `type`, or an MPI error.
@@ -86,18 +86,20 @@ int ReductionOf(const char* fn, MPIABI_Op op, const Type& type, ReduceOp* out) {
   if (!name && !type.reducible) name = "16-bit or unsigned 64-bit integers";
   if (!name) return Ok();
   return Fail(Status::Unsupported(std::string("jax_smddp ") + fn + ": the engine does not reduce " +
-                                      name + "; unset JAX_SMDDP_COLLECTIVES=xla to run this "
-                                      "program's collectives on gloo"));
+                                  name +
+                                  "; unset JAX_SMDDP_COLLECTIVES=xla to run this "
+                                  "program's collectives on gloo"));
 }
 
 int RankOf(MPIABI_Comm comm, const char* fn, Rank** out) {
   if (comm == MPIABI_COMM_NULL || comm == MPIABI_COMM_WORLD || comm == MPIABI_COMM_SELF) {
-    return Fail(Status::InvalidArgument(std::string("jax_smddp ") + fn +
-                    (comm == MPIABI_COMM_NULL
-                         ? ": MPI_COMM_NULL (the communicator's MPI_Comm_split failed earlier: see "
-                           "the error it logged)"
-                         : ": collectives run on the communicators MPI_Comm_split makes, not on "
-                           "MPI_COMM_WORLD or MPI_COMM_SELF")));
+    return Fail(Status::InvalidArgument(
+        std::string("jax_smddp ") + fn +
+        (comm == MPIABI_COMM_NULL
+             ? ": MPI_COMM_NULL (the communicator's MPI_Comm_split failed earlier: see "
+               "the error it logged)"
+             : ": collectives run on the communicators MPI_Comm_split makes, not on "
+               "MPI_COMM_WORLD or MPI_COMM_SELF")));
   }
   *out = reinterpret_cast<Rank*>(comm);
   return Ok();
@@ -164,7 +166,8 @@ SMDDP_MPI_EXPORT int MPIABI_Get_version(int* version, int* subversion) {
 }
 
 SMDDP_MPI_EXPORT int MPIABI_Get_library_version(char* version, int* length) {
-  const int n = snprintf(version, 8192, "jax_smddp MPI front end (XLA's CPU collectives on the jax_smddp engine)");
+  const int n = snprintf(version, 8192,
+                         "jax_smddp MPI front end (XLA's CPU collectives on the jax_smddp engine)");
   *length = n;
   return Ok();
 }
@@ -259,7 +262,8 @@ SMDDP_MPI_EXPORT int MPIABI_Allgather(const void* send, int send_count, MPIABI_D
   } else {
     if (!TypeOf(send_type, &st)) return BadType("MPI_Allgather");
     if (size_t(send_count) * st.size != block)
-      return Fail(Status::InvalidArgument("jax_smddp MPI_Allgather: the send and receive blocks differ in size"));
+      return Fail(Status::InvalidArgument(
+          "jax_smddp MPI_Allgather: the send and receive blocks differ in size"));
     if (Overlap(send, block, recv, block * n)) {
       copy.assign(static_cast<const char*>(send), static_cast<const char*>(send) + block);
       send = copy.data();
@@ -274,8 +278,8 @@ SMDDP_MPI_EXPORT int MPIABI_Allgather(const void* send, int send_count, MPIABI_D
   return Check(Collective(*r, "MPI_Allgather", plan, info, send, recv));
 }
 
-SMDDP_MPI_EXPORT int MPIABI_Allreduce(const void* send, void* recv, int count,
-                                      MPIABI_Datatype type, MPIABI_Op op, MPIABI_Comm comm) {
+SMDDP_MPI_EXPORT int MPIABI_Allreduce(const void* send, void* recv, int count, MPIABI_Datatype type,
+                                      MPIABI_Op op, MPIABI_Comm comm) {
   Rank* r;
   if (int e = RankOf(comm, "MPI_Allreduce", &r)) return e;
   Type t;
@@ -331,7 +335,8 @@ SMDDP_MPI_EXPORT int MPIABI_Reduce_scatter(const void* send, void* recv, const i
   const int n = Size(*r);
   for (int i = 1; i < n; ++i) {
     if (counts[i] != counts[0])
-      return Fail(Status::InvalidArgument("jax_smddp MPI_Reduce_scatter: blocks of different sizes (XLA's are equal)"));
+      return Fail(Status::InvalidArgument(
+          "jax_smddp MPI_Reduce_scatter: blocks of different sizes (XLA's are equal)"));
   }
   return ReduceScatter("MPI_Reduce_scatter", send, recv, counts[0], type, op, comm);
 }
@@ -373,8 +378,8 @@ SMDDP_MPI_EXPORT int MPIABI_Isend(const void* buf, int count, MPIABI_Datatype ty
 // collective-permute posts MPI_Irecv itself, its all-to-all goes through
 // MPI_Sendrecv (xla/backends/cpu/collectives/mpi_communicator.cc), so the
 // counts tell the two apart.
-static int Irecv(void* buf, int count, MPIABI_Datatype type, int source, int tag,
-                 MPIABI_Comm comm, MPIABI_Request* request, World::Caller caller) {
+static int Irecv(void* buf, int count, MPIABI_Datatype type, int source, int tag, MPIABI_Comm comm,
+                 MPIABI_Request* request, World::Caller caller) {
   *request = MPIABI_REQUEST_NULL;
   Rank* r;
   if (int e = RankOf(comm, "MPI_Irecv", &r)) return e;
@@ -403,8 +408,10 @@ SMDDP_MPI_EXPORT int MPIABI_Wait(MPIABI_Request* request, MPIABI_Status* status)
 SMDDP_MPI_EXPORT int MPIABI_Waitall(int count, MPIABI_Request* requests, MPIABI_Status* statuses) {
   int first_error = Ok();
   for (int i = 0; i < count; ++i) {
-    const int e = MPIABI_Wait(&requests[i], static_cast<void*>(statuses) == MPIABI_STATUSES_IGNORE
-                                                 ? nullptr : statuses ? &statuses[i] : nullptr);
+    const int e =
+        MPIABI_Wait(&requests[i], static_cast<void*>(statuses) == MPIABI_STATUSES_IGNORE ? nullptr
+                                  : statuses ? &statuses[i]
+                                             : nullptr);
     if (e && !first_error) first_error = e;
   }
   return first_error;

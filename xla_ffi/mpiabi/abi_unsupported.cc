@@ -7,9 +7,9 @@
 
 extern "C" {
 
-#define SMDDP_MPI_STUB(symbol, mpi_name)                                       \
-  SMDDP_MPI_EXPORT __attribute__((weak)) int symbol(...) {                     \
-    return smddp::mpi::Unsupported(mpi_name);                                  \
+#define SMDDP_MPI_STUB(symbol, mpi_name)                   \
+  SMDDP_MPI_EXPORT __attribute__((weak)) int symbol(...) { \
+    return smddp::mpi::Unsupported(mpi_name);              \
   }
 #define SMDDP_MPI_FUNCTION(name) SMDDP_MPI_STUB(MPIABI_##name, "MPI_" #name)
 #define SMDDP_MPIX_FUNCTION(name) SMDDP_MPI_STUB(MPIXABI_##name, "MPIX_" #name)

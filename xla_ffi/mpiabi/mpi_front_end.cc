@@ -202,8 +202,8 @@ Status Exchange(Epoch& epoch) {
   plan.inner = sizeof(Record);
   CallInfo info{"MPI_Comm_split", DType::kUInt8, ReduceOp::kSum, sizeof(Record),
                 sizeof(Record) * uint64_t(n)};
-  SMDDP_RETURN_IF_ERROR(RunAndWait(*control, 0x73706c6974ull, epoch.number, world->process(),
-                                   &mine, all.data(), info, plan));
+  SMDDP_RETURN_IF_ERROR(RunAndWait(*control, 0x73706c6974ull, epoch.number, world->process(), &mine,
+                                   all.data(), info, plan));
   return Assign(epoch, all, world->process(), world);
 }
 
@@ -223,20 +223,32 @@ int Fail(int code, std::string message) {
 int Fail(const Status& status) {
   int code;
   switch (status.code()) {
-    case StatusCode::kUnsupported: code = int(MPIABI_ERR_UNSUPPORTED_OPERATION); break;
-    case StatusCode::kInvalidArgument: code = int(MPIABI_ERR_ARG); break;
-    case StatusCode::kMismatch: code = int(MPIABI_ERR_TRUNCATE); break;
-    case StatusCode::kInternal: code = int(MPIABI_ERR_INTERN); break;
-    default: code = int(MPIABI_ERR_OTHER); break;
+    case StatusCode::kUnsupported:
+      code = int(MPIABI_ERR_UNSUPPORTED_OPERATION);
+      break;
+    case StatusCode::kInvalidArgument:
+      code = int(MPIABI_ERR_ARG);
+      break;
+    case StatusCode::kMismatch:
+      code = int(MPIABI_ERR_TRUNCATE);
+      break;
+    case StatusCode::kInternal:
+      code = int(MPIABI_ERR_INTERN);
+      break;
+    default:
+      code = int(MPIABI_ERR_OTHER);
+      break;
   }
   return Fail(code, TaggedMessage(status.code(), status.message()));
 }
 
 int Unsupported(const char* function) {
-  return Fail(int(MPIABI_ERR_UNSUPPORTED_OPERATION),
-              TaggedMessage(StatusCode::kUnsupported, "jax_smddp's MPI front end does not implement ") + function +
-                  " (it serves the calls XLA's CPU collectives make); unset "
-                  "JAX_SMDDP_COLLECTIVES=xla to run this program on gloo");
+  return Fail(
+      int(MPIABI_ERR_UNSUPPORTED_OPERATION),
+      TaggedMessage(StatusCode::kUnsupported, "jax_smddp's MPI front end does not implement ") +
+          function +
+          " (it serves the calls XLA's CPU collectives make); unset "
+          "JAX_SMDDP_COLLECTIVES=xla to run this program on gloo");
 }
 
 std::string ErrorString(int code) {
@@ -246,8 +258,10 @@ std::string ErrorString(int code) {
 }
 
 void SetInitialized(bool on) {
-  if (on) initialized = true;
-  else finalized = true;
+  if (on)
+    initialized = true;
+  else
+    finalized = true;
 }
 bool Initialized() { return initialized; }
 bool Finalized() { return finalized; }
@@ -323,7 +337,8 @@ Status Collective(Rank& r, const char* mpi_name, const Plan& plan, const CallInf
   const uint64_t n = r.calls++;
   Status st = RunAndWait(*r.group->comm, r.group->site, n, r.rank, send, recv, info, plan);
   if (st.ok()) {
-    CountCall(r, plan.kind == Plan::Kind::kAllGather       ? World::Caller::kMpiAllgather
+    CountCall(r,
+              plan.kind == Plan::Kind::kAllGather       ? World::Caller::kMpiAllgather
               : plan.kind == Plan::Kind::kReduceScatter ? World::Caller::kMpiReduceScatter
                                                         : World::Caller::kMpiAllreduce,
               info.recv_bytes);
@@ -332,7 +347,8 @@ Status Collective(Rank& r, const char* mpi_name, const Plan& plan, const CallInf
   // The engine's message first ("jax_smddp all_gather (op ...): ..."): what
   // jax_smddp.errors.classify reads the op and communicator from.
   return st.WithMessage(st.message() + " [XLA's collective through " + std::string(mpi_name) +
-                        ", rank " + std::to_string(r.rank) + " of " + std::to_string(Size(r)) + "]");
+                        ", rank " + std::to_string(r.rank) + " of " + std::to_string(Size(r)) +
+                        "]");
 }
 
 }  // namespace mpi

@@ -20,8 +20,8 @@
 
 #include <cstddef>
 #include <cstdint>
-#include <memory>
 #include <map>
+#include <memory>
 #include <string>
 #include <utility>
 #include <vector>
@@ -39,8 +39,8 @@ struct Mailbox;  // point-to-point messages between ranks of one process
 // One clique as this process shares it among its devices.
 struct Group {
   std::unique_ptr<Communicator> comm;
-  uint64_t site = 0;                  // names the clique alike in every process
-  std::vector<int64_t> members;       // each rank's key (its device's rank in XLA's clique)
+  uint64_t site = 0;             // names the clique alike in every process
+  std::vector<int64_t> members;  // each rank's key (its device's rank in XLA's clique)
   std::vector<int> process_of_rank;
   std::unique_ptr<Mailbox> mailbox;
   std::shared_ptr<const World> world;  // of the split; its calls are counted there

@@ -58,8 +58,8 @@ namespace {
 std::string Where(const char* fn, const Rank& r, int peer, int tag) {
   return std::string("jax_smddp ") + fn + " (rank " + std::to_string(r.rank) +
          (fn[4] == 'I' && fn[5] == 's' ? " to rank " : " from rank ") + std::to_string(peer) +
-         ", tag " + std::to_string(tag) + ", of a clique of " + std::to_string(r.group->comm->size()) +
-         ")";
+         ", tag " + std::to_string(tag) + ", of a clique of " +
+         std::to_string(r.group->comm->size()) + ")";
 }
 
 Status Post(Rank& r, bool recv, int peer, int tag, const void* src, void* dst, size_t bytes,
@@ -126,14 +126,17 @@ Status Post(Rank& r, bool recv, int peer, int tag, const void* src, void* dst, s
     c.peer_ranks.push_back(c.RanksOf(p));
   }
   c.tag = MixTag(MixTag(MixTag(MixTag(MixTag(g.site, uint64_t(source)), uint64_t(dest)),
-                               uint64_t(uint32_t(tag))), sequence), 0x7032707432ull);
+                               uint64_t(uint32_t(tag))),
+                        sequence),
+                 0x7032707432ull);
   c.start = Clock::now();
   c.deadline = t->deadline;
   c.where = t->where;
   c.info = CallInfo{fn, DType::kUInt8, ReduceOp::kSum, bytes, bytes};
   t->messages = std::make_unique<Messages>(c);
   const int process = g.process_of_rank[peer];
-  t->range = recv ? t->messages->Recv(process, 1, dst, bytes) : t->messages->Send(process, 1, src, bytes);
+  t->range =
+      recv ? t->messages->Recv(process, 1, dst, bytes) : t->messages->Send(process, 1, src, bytes);
   *out = t.release();
   return Status::Ok();
 }

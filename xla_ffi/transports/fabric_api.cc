@@ -118,9 +118,7 @@ int GetRdmInfo(const FabricApi& a, const std::string& provider, const std::strin
     std::snprintf(word, sizeof(word), "%d-%08x", int(getpid()), unsigned(random()));
     shm_name = word;
   }
-  const char* where = provider == "shm" ? shm_name.c_str()
-                      : node.empty()    ? nullptr
-                                        : node.c_str();
+  const char* where = provider == "shm" ? shm_name.c_str() : node.empty() ? nullptr : node.c_str();
   int ret = -FI_ENODATA;
   *out = nullptr;
   for (int attempt = 0; attempt < 3 && ret == -FI_ENODATA; ++attempt) {
@@ -151,8 +149,8 @@ Status OpenRdmObjects(const FabricApi& a, struct fi_info* info, const std::strin
   if ((ret = fi_domain(o->fabric, info, &o->domain, nullptr)) != 0) return fail("fi_domain", ret);
   struct fi_av_attr av_attr;
   std::memset(&av_attr, 0, sizeof(av_attr));
-  av_attr.type = info->domain_attr->av_type != FI_AV_UNSPEC ? info->domain_attr->av_type
-                                                             : FI_AV_TABLE;
+  av_attr.type =
+      info->domain_attr->av_type != FI_AV_UNSPEC ? info->domain_attr->av_type : FI_AV_TABLE;
   if ((ret = fi_av_open(o->domain, &av_attr, &o->av, nullptr)) != 0) return fail("fi_av_open", ret);
   struct fi_cq_attr cq_attr;
   std::memset(&cq_attr, 0, sizeof(cq_attr));
@@ -161,7 +159,8 @@ Status OpenRdmObjects(const FabricApi& a, struct fi_info* info, const std::strin
   cq_attr.size = cq_size;
   if ((ret = fi_cq_open(o->domain, &cq_attr, &o->cq, nullptr)) != 0) return fail("fi_cq_open", ret);
   if ((ret = fi_endpoint(o->domain, info, &o->ep, nullptr)) != 0) return fail("fi_endpoint", ret);
-  if ((ret = fi_ep_bind(o->ep, &o->av->fid, 0)) != 0) return fail("fi_ep_bind (address vector)", ret);
+  if ((ret = fi_ep_bind(o->ep, &o->av->fid, 0)) != 0)
+    return fail("fi_ep_bind (address vector)", ret);
   if ((ret = fi_ep_bind(o->ep, &o->cq->fid, FI_TRANSMIT | FI_RECV)) != 0)
     return fail("fi_ep_bind (completion queue)", ret);
   if ((ret = fi_enable(o->ep)) != 0) return fail("fi_enable", ret);

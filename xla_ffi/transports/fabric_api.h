@@ -1,9 +1,8 @@
 // libfabric, loaded at run time: the transports that use it (the links,
-// fabric_link_impl.h and its files; fabric_rail.cc) share one dlopen of "libfabric.so.1" and one table of the
-// few functions it exports. Everything else goes through the objects' ops
-// tables (the headers' inline wrappers), so nothing of libfabric is linked at
-// build time. Include only from .cc files; it pulls in libfabric's headers
-// when the build has them (SMDDP_HAVE_LIBFABRIC).
+// fabric_link_impl.h and its files; fabric_rail.cc) share one dlopen of "libfabric.so.1" and one
+// table of the few functions it exports. Everything else goes through the objects' ops tables (the
+// headers' inline wrappers), so nothing of libfabric is linked at build time. Include only from .cc
+// files; it pulls in libfabric's headers when the build has them (SMDDP_HAVE_LIBFABRIC).
 #ifndef JAX_SMDDP_TRANSPORTS_FABRIC_API_H_
 #define JAX_SMDDP_TRANSPORTS_FABRIC_API_H_
 
@@ -37,7 +36,6 @@ namespace smddp {
 
 // Why libfabric cannot be used when the build lacked its headers.
 extern const char kFabricNoHeaders[];
-
 
 #ifdef SMDDP_HAVE_LIBFABRIC
 

@@ -91,9 +91,9 @@ void FabricEndpoint::Impl::PostDirect(DirectOp* op) {
       if (ret == 0) ret = fi_mr_enable(op->mr);
     }
     if (ret != 0) {
-      DirectDone(op, "libfabric (" + provider_ + ") cannot register " +
-                         std::to_string(op->bytes) + " bytes for a direct transfer with " +
-                         op->peer->name + ": " + api_.Err(ret),
+      DirectDone(op,
+                 "libfabric (" + provider_ + ") cannot register " + std::to_string(op->bytes) +
+                     " bytes for a direct transfer with " + op->peer->name + ": " + api_.Err(ret),
                  false);
       return;
     }
@@ -107,10 +107,9 @@ void FabricEndpoint::Impl::FlushDirect() {
   while (!pending_direct_.empty()) {
     DirectOp* op = pending_direct_.front();
     Peer* p = op->peer;
-    ssize_t ret = op->recv ? fi_trecv(o_.ep, op->buf, op->bytes, op->desc, p->addr, op->ftag, 0,
-                                      &op->ctx)
-                           : fi_tsend(o_.ep, op->buf, op->bytes, op->desc, p->addr, op->ftag,
-                                      &op->ctx);
+    ssize_t ret =
+        op->recv ? fi_trecv(o_.ep, op->buf, op->bytes, op->desc, p->addr, op->ftag, 0, &op->ctx)
+                 : fi_tsend(o_.ep, op->buf, op->bytes, op->desc, p->addr, op->ftag, &op->ctx);
     if (ret == -FI_EAGAIN) return;  // the CQ must be read first: Progress retries
     pending_direct_.pop_front();
     if (ret == 0) {
@@ -178,10 +177,10 @@ void FabricEndpoint::Impl::FinishDirectIn(Peer* p, DirectIn* in) {
 void FabricEndpoint::Impl::BindDirect(Peer* p, uint64_t seq, const InMsg& m, const PostedRecv& r) {
   if (m.total != r.bytes) {
     QueueControl(p, kCts, seq, m.tag, m.total, 0);
-    r.req->Complete(Status::Mismatch(
-        TagText(m.tag) + " from " + p->name + " has " + std::to_string(m.total) +
-        " bytes but the receive expects " + std::to_string(r.bytes) +
-        " (do the processes run the same program?)"));
+    r.req->Complete(Status::Mismatch(TagText(m.tag) + " from " + p->name + " has " +
+                                     std::to_string(m.total) + " bytes but the receive expects " +
+                                     std::to_string(r.bytes) +
+                                     " (do the processes run the same program?)"));
     return;
   }
   if (m.aborted) {
@@ -191,8 +190,8 @@ void FabricEndpoint::Impl::BindDirect(Peer* p, uint64_t seq, const InMsg& m, con
   }
   if (!p->connected) {  // cannot happen: Recvs are posted on connected links
     QueueControl(p, kCts, seq, m.tag, m.total, 0);
-    r.req->Complete(Status::Error("cannot receive " + TagText(m.tag) + " from " + p->name +
-                                  ": not connected"));
+    r.req->Complete(
+        Status::Error("cannot receive " + TagText(m.tag) + " from " + p->name + ": not connected"));
     return;
   }
   DirectIn* in = new DirectIn;
@@ -224,8 +223,8 @@ void FabricEndpoint::Impl::StartDirectSend(Peer* p, uint64_t seq) {
 void FabricEndpoint::Impl::PostPieces(Peer* p, char* buf, uint64_t total, uint64_t seq,
                                       SendTrack* t, DirectIn* in) {
   for (uint64_t off = 0, i = 0; off < total; off += piece_bytes_, ++i) {
-    DirectOp* op = NewOp(p, in != nullptr, buf + off, std::min(piece_bytes_, total - off),
-                         PieceTag(seq, i));
+    DirectOp* op =
+        NewOp(p, in != nullptr, buf + off, std::min(piece_bytes_, total - off), PieceTag(seq, i));
     op->track = t;
     op->in = in;
     if (t) ++t->inflight;
@@ -277,8 +276,8 @@ void FabricEndpoint::Impl::CancelDirectIn(Peer* p, DirectIn* in, bool drain) {
 // or writes nothing more: its ops are abandoned to the endpoint's close), or
 // kCancelWaitSeconds passed. Returns whether all completed.
 bool FabricEndpoint::Impl::AwaitOps(const std::vector<uint64_t>& ids) {
-  const auto until = std::chrono::steady_clock::now() +
-                     std::chrono::duration<double>(kCancelWaitSeconds);
+  const auto until =
+      std::chrono::steady_clock::now() + std::chrono::duration<double>(kCancelWaitSeconds);
   for (;;) {
     size_t left = 0, live_peer = 0;
     ForLiveOps([&](DirectOp* op) {

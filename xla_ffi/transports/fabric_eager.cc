@@ -65,7 +65,8 @@ void FabricEndpoint::Impl::Send(Peer* p, uint64_t tag, const void* src, size_t b
   std::lock_guard<std::mutex> lock(mu_);
   req->Reset();
   if (!p->failure.empty()) {
-    req->Complete(FailedOn(p, "cannot send " + TagText(tag) + " to " + p->name + ": " + p->failure));
+    req->Complete(
+        FailedOn(p, "cannot send " + TagText(tag) + " to " + p->name + ": " + p->failure));
     return;
   }
   SendTrack* t = new SendTrack{req, p, 0, false, std::string()};
@@ -74,8 +75,8 @@ void FabricEndpoint::Impl::Send(Peer* p, uint64_t tag, const void* src, size_t b
   const uint64_t seq = p->next_send_seq++;
   const bool direct = direct_min_ != 0 && bytes >= direct_min_ && FitsDirect(bytes);
   if (direct) p->awaiting_cts[seq] = DirectOut{t, static_cast<const char*>(src), tag, bytes};
-  p->sendq.push_back(OutMsg{t, static_cast<const char*>(src), direct ? uint32_t(kRts) : kData,
-                            tag, bytes, seq, 0});
+  p->sendq.push_back(OutMsg{t, static_cast<const char*>(src), direct ? uint32_t(kRts) : kData, tag,
+                            bytes, seq, 0});
   Pump();
   FlushSends();
 }
@@ -98,8 +99,8 @@ void FabricEndpoint::Impl::Recv(Peer* p, uint64_t tag, void* dst, size_t bytes, 
     }
   }
   if (!p->failure.empty()) {
-    req->Complete(FailedOn(p, "cannot receive " + TagText(tag) + " from " + p->name + ": " +
-                              p->failure));
+    req->Complete(
+        FailedOn(p, "cannot receive " + TagText(tag) + " from " + p->name + ": " + p->failure));
     return;
   }
   p->posted[tag].push_back(r);
@@ -150,8 +151,8 @@ void FabricEndpoint::Impl::Cancel(Peer* p, Request* req) {
       for (auto a = p->awaiting_cts.begin(); a != p->awaiting_cts.end(); ++a) {
         if (a->second.track != t) continue;
         // Its header went out, its bytes did not: none will.
-        p->sendq.push_front(OutMsg{nullptr, nullptr, kAbort, a->second.tag, a->second.total,
-                                   a->first, 0});
+        p->sendq.push_front(
+            OutMsg{nullptr, nullptr, kAbort, a->second.tag, a->second.total, a->first, 0});
         p->awaiting_cts.erase(a);
         t->copied = true;
         break;
@@ -325,8 +326,8 @@ void FabricEndpoint::Impl::Poll() {
     if (n == -FI_EAVAIL) {
       ReadError();
     } else if (n < 0 && n != -FI_EAGAIN) {
-      endpoint_error_ = "libfabric (" + provider_ + ") fi_cq_read failed: " +
-                        api_.Err(static_cast<int>(n));
+      endpoint_error_ =
+          "libfabric (" + provider_ + ") fi_cq_read failed: " + api_.Err(static_cast<int>(n));
     }
     for (ssize_t i = 0; i < n; ++i) {
       Slot* s = SlotOf(entries[i].op_context);
@@ -402,7 +403,8 @@ void FabricEndpoint::Impl::DropChunk(Peer* p, const std::string& why) {
 }
 
 void FabricEndpoint::Impl::ProtocolError(Peer* p, const std::string& what) {
-  DropChunk(p, "protocol error from " + (p ? p->name : std::string("an unknown peer")) + ": " + what);
+  DropChunk(p,
+            "protocol error from " + (p ? p->name : std::string("an unknown peer")) + ": " + what);
 }
 
 // Tests (JAX_SMDDP_FABRIC_TEST_CORRUPT): the chunk about to be sent made
@@ -457,8 +459,8 @@ void FabricEndpoint::Impl::HandleChunk(Slot& slot, size_t len) {
     auto a = p->awaiting_cts.find(h.seq);
     if (a == p->awaiting_cts.end()) return;  // that send was cancelled meanwhile
     if (a->second.tag != h.tag || a->second.total != h.total) {
-      ProtocolError(p, "a clear-to-send for message " + std::to_string(h.seq) +
-                           " with another tag or size");
+      ProtocolError(
+          p, "a clear-to-send for message " + std::to_string(h.seq) + " with another tag or size");
       return;
     }
     if (h.offset == 1) {
@@ -497,8 +499,8 @@ void FabricEndpoint::Impl::HandleChunk(Slot& slot, size_t len) {
     it = p->incoming.emplace(h.seq, std::move(m)).first;
   } else if (h.kind == kRts && it->second.aborted) {
     return;  // its abort overtook it
-  } else if (it->second.tag != h.tag || it->second.total != h.total ||
-             h.kind == kRts || (h.kind == kData && it->second.direct)) {
+  } else if (it->second.tag != h.tag || it->second.total != h.total || h.kind == kRts ||
+             (h.kind == kData && it->second.direct)) {
     ProtocolError(p, "message " + std::to_string(h.seq) + " changed its tag, size or kind");
     return;
   }
@@ -521,9 +523,9 @@ void FabricEndpoint::Impl::HandleChunk(Slot& slot, size_t len) {
       m.req = nullptr;
       m.dst = nullptr;
       m.discard = true;
-      req->Complete(Status::PeerFailed(p->name + " cancelled sending " + TagText(m.tag) + " after " +
-                                  std::to_string(h.offset) + " of " + std::to_string(m.total) +
-                                  " bytes"));
+      req->Complete(Status::PeerFailed(p->name + " cancelled sending " + TagText(m.tag) +
+                                       " after " + std::to_string(h.offset) + " of " +
+                                       std::to_string(m.total) + " bytes"));
     }
   } else {
     if (h.len > m.limit - m.received) {
@@ -593,15 +595,15 @@ void FabricEndpoint::Impl::Bind(Peer* p, std::map<uint64_t, InMsg>::iterator it,
   if (m.total != r.bytes) {
     m.discard = true;
     m.heap.reset();
-    r.req->Complete(Status::Mismatch(
-        TagText(m.tag) + " from " + p->name + " has " + std::to_string(m.total) +
-        " bytes but the receive expects " + std::to_string(r.bytes) +
-        " (do the processes run the same program?)"));
+    r.req->Complete(Status::Mismatch(TagText(m.tag) + " from " + p->name + " has " +
+                                     std::to_string(m.total) + " bytes but the receive expects " +
+                                     std::to_string(r.bytes) +
+                                     " (do the processes run the same program?)"));
   } else if (m.aborted) {
     m.discard = true;
-    r.req->Complete(Status::PeerFailed(p->name + " cancelled sending " + TagText(m.tag) + " after " +
-                                  std::to_string(m.limit) + " of " + std::to_string(m.total) +
-                                  " bytes"));
+    r.req->Complete(Status::PeerFailed(p->name + " cancelled sending " + TagText(m.tag) +
+                                       " after " + std::to_string(m.limit) + " of " +
+                                       std::to_string(m.total) + " bytes"));
   } else {
     if (m.heap && m.received > 0) std::memcpy(r.dst, m.heap.get(), m.total);
     m.heap.reset();

@@ -29,8 +29,8 @@ namespace smddp {
 Status FabricEndpoint::Impl::Init(const std::string& provider, const std::string& node) {
   const Api& a = api_;
   const char* where = (node.empty() || provider == "shm") ? nullptr : node.c_str();
-  const std::string what = "libfabric provider '" + provider + "'" +
-                           (where ? " on " + node : std::string());
+  const std::string what =
+      "libfabric provider '" + provider + "'" + (where ? " on " + node : std::string());
 
   const uint64_t mr_modes =
       FI_MR_LOCAL | FI_MR_VIRT_ADDR | FI_MR_ALLOCATED | FI_MR_PROV_KEY | FI_MR_ENDPOINT;
@@ -41,8 +41,8 @@ Status FabricEndpoint::Impl::Init(const std::string& provider, const std::string
   if (ret == -FI_ENODATA) ret = GetRdmInfo(a, provider, node, FI_MSG, mr_modes, &info_);
   if (ret == -FI_ENODATA) {
     return Status::Error(
-        what + " offers no reliable-datagram (FI_EP_RDM) endpoint here (fi_getinfo: " +
-        a.Err(ret) + "). `fi_info -l` lists this host's providers; choose one with "
+        what + " offers no reliable-datagram (FI_EP_RDM) endpoint here (fi_getinfo: " + a.Err(ret) +
+        "). `fi_info -l` lists this host's providers; choose one with "
         "JAX_SMDDP_FABRIC_PROVIDER (e.g. \"tcp;ofi_rxm\", or \"efa\" on AWS EFA instances)" +
         (where ? ", and check that " + node + " is an address of this host" : std::string()));
   }
@@ -64,7 +64,8 @@ Status FabricEndpoint::Impl::Init(const std::string& provider, const std::string
     direct_state_ = "off: JAX_SMDDP_FABRIC_DIRECT_BYTES=0";
   } else if (!tagged_) {
     direct_min_ = 0;
-    direct_state_ = "off: provider '" + provider_ + "' has no tagged messages with directed receives";
+    direct_state_ =
+        "off: provider '" + provider_ + "' has no tagged messages with directed receives";
   } else {
     direct_state_ = "on";
   }

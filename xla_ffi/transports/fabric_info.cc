@@ -44,7 +44,8 @@ FabricInfo DescribeFabric() {
   if (ret != 0 && ret != -FI_ENODATA) info.error = "fi_getinfo failed: " + a.Err(ret);
   for (struct fi_info* i = list; i != nullptr; i = i->next) {
     const char* name = i->fabric_attr ? i->fabric_attr->prov_name : nullptr;
-    if (name && std::find(info.providers.begin(), info.providers.end(), name) == info.providers.end())
+    if (name &&
+        std::find(info.providers.begin(), info.providers.end(), name) == info.providers.end())
       info.providers.emplace_back(name);
   }
   if (list) a.freeinfo(list);

@@ -10,13 +10,13 @@
 namespace smddp {
 
 struct FabricInfo {
-  bool built = false;          // the build found libfabric's headers
-  std::string include_dir;     // where it found them ("" when not built)
-  std::string library_dir;     // where it found the library ("" when not found)
-  bool loaded = false;         // libfabric.so.1 loaded in this process
-  std::string error;           // why it cannot be used ("" when it can)
-  std::string path;            // the file loaded
-  std::string version;         // "major.minor" of the library
+  bool built = false;                  // the build found libfabric's headers
+  std::string include_dir;             // where it found them ("" when not built)
+  std::string library_dir;             // where it found the library ("" when not found)
+  bool loaded = false;                 // libfabric.so.1 loaded in this process
+  std::string error;                   // why it cannot be used ("" when it can)
+  std::string path;                    // the file loaded
+  std::string version;                 // "major.minor" of the library
   std::vector<std::string> providers;  // RDM providers usable here, e.g. "tcp;ofi_rxm"
 };
 

@@ -28,8 +28,8 @@
 #include <memory>
 #include <string>
 
-#include "xla_ffi/transports/link.h"
 #include "xla_ffi/common/status.h"
+#include "xla_ffi/transports/link.h"
 
 namespace smddp {
 

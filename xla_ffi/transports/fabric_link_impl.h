@@ -57,8 +57,8 @@ constexpr uint32_t kCts = kFabricCts;
 using ChunkHeader = FabricChunkHeader;
 constexpr size_t kHeaderBytes = kFabricHeaderBytes;
 
-constexpr uint64_t kMaxSeqAhead = 1ull << 24;        // messages in flight, per channel
-constexpr uint64_t kMaxUnexpectedBytes = 1ull << 38; // one buffered message
+constexpr uint64_t kMaxSeqAhead = 1ull << 24;         // messages in flight, per channel
+constexpr uint64_t kMaxUnexpectedBytes = 1ull << 38;  // one buffered message
 constexpr size_t kMaxPeers = 1 << 16;
 // Direct transfers move in tagged pieces of at most this many bytes (and the
 // provider's max_msg_size): both ends cut a message the same way.
@@ -92,12 +92,12 @@ struct DirectOp {
   char* buf = nullptr;
   uint64_t bytes = 0;
   uint64_t ftag = 0;
-  uint64_t id = 0;  // unique: what a waiter looks for (addresses get reused)
+  uint64_t id = 0;              // unique: what a waiter looks for (addresses get reused)
   struct fid_mr* mr = nullptr;  // where the provider wants buffers registered
   void* desc = nullptr;
-  bool posted = false;  // handed to libfabric, completion not yet read
-  SendTrack* track = nullptr;  // sends
-  DirectIn* in = nullptr;      // receives into a caller's buffer
+  bool posted = false;            // handed to libfabric, completion not yet read
+  SendTrack* track = nullptr;     // sends
+  DirectIn* in = nullptr;         // receives into a caller's buffer
   std::unique_ptr<char[]> drain;  // drain receives
 };
 
@@ -108,7 +108,7 @@ struct DirectIn {
   uint64_t tag = 0;
   bool cancelling = false;  // a canceller owns it now
   bool drain = false;       // withdrawn pieces are reposted into drain buffers
-  uint64_t pending = 0;  // pieces not yet completed
+  uint64_t pending = 0;     // pieces not yet completed
   std::string error;
 };
 
@@ -145,8 +145,8 @@ struct InMsg {
   uint64_t limit = 0;  // bytes that will arrive: total, or less once aborted
   bool passed = false;
   bool aborted = false;
-  bool direct = false;   // announced by kRts: its bytes come as tagged pieces once bound
-  bool discard = false;  // consumed by a failed or cancelled Recv: drop its bytes
+  bool direct = false;     // announced by kRts: its bytes come as tagged pieces once bound
+  bool discard = false;    // consumed by a failed or cancelled Recv: drop its bytes
   Request* req = nullptr;  // bound Recv
   char* dst = nullptr;
   std::unique_ptr<char[]> heap;  // bytes of a message not yet bound
@@ -172,16 +172,16 @@ struct Peer {
   StatusCode failure_code = StatusCode::kPeerFailed;  // kProtocol: it sent a malformed chunk
   // Sending.
   uint64_t next_send_seq = 0;
-  std::deque<OutMsg> sendq;                        // not yet all copied
-  std::unordered_map<Request*, SendTrack*> sending;  // posted, not yet complete
+  std::deque<OutMsg> sendq;                              // not yet all copied
+  std::unordered_map<Request*, SendTrack*> sending;      // posted, not yet complete
   std::unordered_map<uint64_t, DirectOut> awaiting_cts;  // by seq
   // Receiving.
   uint64_t cursor = 0;  // next sequence number to pass
   std::map<uint64_t, InMsg> incoming;
   std::unordered_map<uint64_t, std::deque<PostedRecv>> posted;
   std::unordered_map<uint64_t, std::deque<uint64_t>> unexpected;  // passed, unbound seqs
-  std::unordered_map<uint64_t, DirectIn*> direct_in;  // bound direct messages, by seq
-  std::atomic<uint64_t> direct_received{0};            // bytes, for traffic()
+  std::unordered_map<uint64_t, DirectIn*> direct_in;              // bound direct messages, by seq
+  std::atomic<uint64_t> direct_received{0};                       // bytes, for traffic()
 };
 
 inline std::string TagText(uint64_t tag) { return "message tag " + std::to_string(tag); }
@@ -189,31 +189,31 @@ inline std::string TagText(uint64_t tag) { return "message tag " + std::to_strin
 }  // namespace fabric
 
 // The endpoint's files use these names unqualified.
-using fabric::kDefaultProvider;
 using fabric::Api;
-using fabric::GetApi;
-using fabric::RequestedVersion;
-using fabric::kData;
-using fabric::kAbort;
-using fabric::kRts;
-using fabric::kCts;
 using fabric::ChunkHeader;
+using fabric::DirectIn;
+using fabric::DirectOp;
+using fabric::DirectOut;
+using fabric::GetApi;
+using fabric::InMsg;
+using fabric::kAbort;
+using fabric::kCancelWaitSeconds;
+using fabric::kCts;
+using fabric::kData;
+using fabric::kDefaultProvider;
+using fabric::kDirectPiece;
 using fabric::kHeaderBytes;
+using fabric::kMaxDirectPieces;
+using fabric::kMaxPeers;
 using fabric::kMaxSeqAhead;
 using fabric::kMaxUnexpectedBytes;
-using fabric::kMaxPeers;
-using fabric::kDirectPiece;
-using fabric::kMaxDirectPieces;
-using fabric::kCancelWaitSeconds;
-using fabric::SendTrack;
-using fabric::DirectOp;
-using fabric::DirectIn;
-using fabric::DirectOut;
-using fabric::Slot;
-using fabric::PostedRecv;
-using fabric::InMsg;
+using fabric::kRts;
 using fabric::OutMsg;
 using fabric::Peer;
+using fabric::PostedRecv;
+using fabric::RequestedVersion;
+using fabric::SendTrack;
+using fabric::Slot;
 using fabric::TagText;
 
 class FabricEndpoint::Impl {
@@ -296,10 +296,10 @@ class FabricEndpoint::Impl {
   size_t chunk_bytes_ = 0;
   size_t payload_ = 0;
   char* pool_ = nullptr;
-  std::vector<Slot> slots_;         // never resized after Init
+  std::vector<Slot> slots_;  // never resized after Init
   std::vector<int> free_send_;
-  std::deque<int> pending_send_;    // filled, to post (fi_send said -FI_EAGAIN)
-  std::deque<int> pending_recv_;    // to (re)post
+  std::deque<int> pending_send_;           // filled, to post (fi_send said -FI_EAGAIN)
+  std::deque<int> pending_recv_;           // to (re)post
   std::unordered_set<SendTrack*> tracks_;  // owned
 
   std::unordered_map<uint64_t, std::unique_ptr<Peer>> peers_;
@@ -307,15 +307,16 @@ class FabricEndpoint::Impl {
   size_t rr_ = 0;
   std::string endpoint_error_;  // a CQ error or a chunk no peer can be blamed for
   StatusCode endpoint_error_code_ = StatusCode::kPeerFailed;
-  uint32_t version_ = 0;  // WireProtocolVersion(): written into every chunk, required of every chunk
-  std::string corrupt_;   // tests: how every chunk sent is malformed (JAX_SMDDP_FABRIC_TEST_CORRUPT)
+  uint32_t version_ =
+      0;                 // WireProtocolVersion(): written into every chunk, required of every chunk
+  std::string corrupt_;  // tests: how every chunk sent is malformed (JAX_SMDDP_FABRIC_TEST_CORRUPT)
   uint64_t shuffle_ = 0;  // tests: nonzero = post send chunks out of order (xorshift state)
 
   bool tagged_ = false;      // direct transfers can be received
   uint64_t direct_min_ = 0;  // 0: this process sends none
   std::string direct_state_;
   uint64_t piece_bytes_ = 1;  // kDirectPiece, or less where the provider's messages are shorter
-  bool register_buffers_ = false;  // FI_MR_LOCAL (or the test setting)
+  bool register_buffers_ = false;                   // FI_MR_LOCAL (or the test setting)
   std::vector<std::unique_ptr<DirectOp>> op_pool_;  // every op made, live or free
   std::vector<DirectOp*> free_ops_;
   uint64_t next_op_id_ = 1;

@@ -23,8 +23,8 @@
 #include <utility>
 #include <vector>
 
-#include "xla_ffi/transports/fabric_api.h"
 #include "xla_ffi/common/hashing.h"
+#include "xla_ffi/transports/fabric_api.h"
 
 namespace smddp {
 
@@ -39,7 +39,7 @@ class FabricRail::Impl {};
 Status FabricRail::Open(const std::string&, const std::string&, MemoryIface,
                         std::unique_ptr<FabricRail>*) {
   return Status::Unsupported(std::string("cannot open a libfabric rail: jax_smddp was ") +
-                       kFabricNoHeaders);
+                             kFabricNoHeaders);
 }
 FabricRail::FabricRail(std::shared_ptr<Impl> impl) : impl_(std::move(impl)) {}
 FabricRail::~FabricRail() = default;
@@ -128,14 +128,14 @@ class FabricRail::Impl : public std::enable_shared_from_this<FabricRail::Impl> {
   std::string address_, provider_;
   size_t max_msg_ = 0;
   uint64_t next_key_ = 1;
-  std::map<uintptr_t, Registered> regions_;  // by base address
-  std::unordered_map<std::string, std::unique_ptr<RailPeer>> peers_;  // by address
+  std::map<uintptr_t, Registered> regions_;                            // by base address
+  std::unordered_map<std::string, std::unique_ptr<RailPeer> > peers_;  // by address
   // Not done, not cancelled: few (a port's sends and receives), so a vector
   // searched on Finish and Cancel, which allocates nothing once warm.
   std::vector<RailOp*> live_;
   std::deque<RailOp*> pending_[2];  // not yet accepted by the provider: sends, receives
-  std::vector<std::unique_ptr<RailOp>> spare_;  // finished, for reuse
-  std::string endpoint_error_;   // a failure no peer can be blamed for
+  std::vector<std::unique_ptr<RailOp> > spare_;  // finished, for reuse
+  std::string endpoint_error_;                   // a failure no peer can be blamed for
 };
 
 namespace {
@@ -190,8 +190,8 @@ Status FabricRail::Impl::Init(const std::string& provider, const std::string& no
   iface_ = iface;
   if (a.version() < FI_VERSION(1, 10)) {
     return Status::Unsupported("libfabric " + std::to_string(FI_MAJOR(a.version())) + "." +
-                         std::to_string(FI_MINOR(a.version())) +
-                         " has no FI_HMEM (registered device memory needs 1.10 or newer)");
+                               std::to_string(FI_MINOR(a.version())) +
+                               " has no FI_HMEM (registered device memory needs 1.10 or newer)");
   }
   int ret = GetRdmInfo(a, provider, node, FI_TAGGED | FI_HMEM,
                        FI_MR_LOCAL | FI_MR_HMEM | FI_MR_VIRT_ADDR | FI_MR_ALLOCATED |
@@ -202,7 +202,8 @@ Status FabricRail::Impl::Init(const std::string& provider, const std::string& no
                          "' offers no endpoint here that sends from and receives into registered "
                          "memory itself (FI_HMEM with tagged messages)");
   }
-  if (ret != 0) return Status::Error("fi_getinfo (FI_HMEM) for '" + provider + "' failed: " + Text(ret));
+  if (ret != 0)
+    return Status::Error("fi_getinfo (FI_HMEM) for '" + provider + "' failed: " + Text(ret));
   provider_ = info_->fabric_attr->prov_name ? info_->fabric_attr->prov_name : provider;
   max_msg_ = info_->ep_attr->max_msg_size ? info_->ep_attr->max_msg_size : SIZE_MAX;
   SMDDP_RETURN_IF_ERROR(OpenRdmObjects(api_, info_,
@@ -252,8 +253,10 @@ Status FabricRail::Impl::Register(void* base, size_t bytes, int device) {
   if (info_->domain_attr->mr_mode & FI_MR_ENDPOINT) {
     if ((ret = fi_mr_bind(mr, &o_.ep->fid, 0)) != 0 || (ret = fi_mr_enable(mr)) != 0) {
       fi_close(&mr->fid);
-      return Status::Error("libfabric (" + provider_ + ") cannot bind a registration to its "
-                           "endpoint: " + Text(ret));
+      return Status::Error("libfabric (" + provider_ +
+                           ") cannot bind a registration to its "
+                           "endpoint: " +
+                           Text(ret));
     }
   }
   regions_[reinterpret_cast<uintptr_t>(base)] = Registered{bytes, mr, fi_mr_desc(mr)};
@@ -271,16 +274,18 @@ void FabricRail::Impl::Deregister(uintptr_t base) {
 Status FabricRail::Impl::Connect(const std::string& address, const std::string& name,
                                  RailPeer** out) {
   std::lock_guard<std::mutex> lock(mu_);
-  if (address.empty()) return Status::Error("cannot connect to " + name + ": its rail address is empty");
+  if (address.empty())
+    return Status::Error("cannot connect to " + name + ": its rail address is empty");
   auto& slot = peers_[address];
   if (!slot) {
     auto p = std::make_unique<RailPeer>();
     int n = fi_av_insert(o_.av, address.data(), 1, &p->addr, 0, nullptr);
     if (n != 1) {
       peers_.erase(address);
-      return Status::Error("libfabric (" + provider_ + ") rejected the rail address of " + name +
-                           " (fi_av_insert: " + (n < 0 ? Text(n) : std::to_string(n) + " inserted") +
-                           "): do all processes use the same provider?");
+      return Status::Error(
+          "libfabric (" + provider_ + ") rejected the rail address of " + name +
+          " (fi_av_insert: " + (n < 0 ? Text(n) : std::to_string(n) + " inserted") +
+          "): do all processes use the same provider?");
     }
     const uint64_t self = Fnv1a(address_), peer = Fnv1a(address);
     p->send_salt = MixTag(self, peer);
@@ -303,9 +308,9 @@ void FabricRail::Impl::Post(RailPeer* p, bool recv, uint64_t tag, void* buf, siz
     return;
   }
   if (bytes > max_msg_) {
-    req->Complete(Status::InvalidArgument("libfabric (" + provider_ + ") carries at most " +
-                                std::to_string(max_msg_) + " bytes per message, not " +
-                                std::to_string(bytes) + "; lower JAX_SMDDP_GPU_SLOT_BYTES"));
+    req->Complete(Status::InvalidArgument(
+        "libfabric (" + provider_ + ") carries at most " + std::to_string(max_msg_) +
+        " bytes per message, not " + std::to_string(bytes) + "; lower JAX_SMDDP_GPU_SLOT_BYTES"));
     return;
   }
   RailOp* op = NewOp();
@@ -322,10 +327,9 @@ void FabricRail::Impl::Post(RailPeer* p, bool recv, uint64_t tag, void* buf, siz
 }
 
 bool FabricRail::Impl::TryPost(RailOp* op) {
-  ssize_t r = op->recv ? fi_trecv(o_.ep, op->buf, op->bytes, op->desc, FI_ADDR_UNSPEC, op->tag, 0,
-                                  &op->ctx)
-                       : fi_tsend(o_.ep, op->buf, op->bytes, op->desc, op->peer->addr, op->tag,
-                                  &op->ctx);
+  ssize_t r =
+      op->recv ? fi_trecv(o_.ep, op->buf, op->bytes, op->desc, FI_ADDR_UNSPEC, op->tag, 0, &op->ctx)
+               : fi_tsend(o_.ep, op->buf, op->bytes, op->desc, op->peer->addr, op->tag, &op->ctx);
   if (r == -FI_EAGAIN) return false;
   if (r != 0) {
     Finish(op, Status::Error("libfabric (" + provider_ + ") refused to " +
@@ -381,8 +385,8 @@ void FabricRail::Impl::Progress() {
       auto* op = static_cast<RailOp*>(entries[i].op_context);
       if (op->recv && entries[i].len != op->bytes) {
         Finish(op, Status::Mismatch("received " + std::to_string(entries[i].len) + " bytes from " +
-                                 op->peer->name + " where " + std::to_string(op->bytes) +
-                                 " were expected (a peer running a different program?)"));
+                                    op->peer->name + " where " + std::to_string(op->bytes) +
+                                    " were expected (a peer running a different program?)"));
       } else {
         Finish(op, Status::Ok());
       }
@@ -423,7 +427,7 @@ void FabricRail::Impl::ReadError() {
   }
   // A longer message: the peer runs another call; a failed transfer: the peer
   // (or the path to it) is gone; a cancellation is this process's own.
-  Finish(op, code == FI_ETRUNC     ? Status::Mismatch(what)
+  Finish(op, code == FI_ETRUNC      ? Status::Mismatch(what)
              : code == FI_ECANCELED ? Status::Error(what)
                                     : Status::PeerFailed(what));
 }

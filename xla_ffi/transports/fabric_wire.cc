@@ -16,10 +16,14 @@ std::string Hex(uint64_t v, int digits) {
 
 const char* KindName(uint32_t kind) {
   switch (kind) {
-    case kFabricData: return "data";
-    case kFabricAbort: return "abort";
-    case kFabricRts: return "ready-to-send";
-    case kFabricCts: return "clear-to-send";
+    case kFabricData:
+      return "data";
+    case kFabricAbort:
+      return "abort";
+    case kFabricRts:
+      return "ready-to-send";
+    case kFabricCts:
+      return "clear-to-send";
   }
   return "?";
 }
@@ -45,7 +49,9 @@ Status ParseFabricChunk(const void* buf, size_t len, size_t capacity, uint32_t v
     who = "an unknown sender";
   }
   if (in_group) *blame = h.sender;
-  auto bad = [&](const std::string& what) { return Status::Protocol("malformed chunk from " + who + ": " + what); };
+  auto bad = [&](const std::string& what) {
+    return Status::Protocol("malformed chunk from " + who + ": " + what);
+  };
 
   if (len < kFabricHeaderBytes) {
     return bad("only " + std::to_string(len) + " bytes, shorter than the " +
@@ -63,19 +69,22 @@ Status ParseFabricChunk(const void* buf, size_t len, size_t capacity, uint32_t v
     return bad("wire protocol version " + std::to_string(h.version) + ", but this process speaks " +
                std::to_string(version) + " (the processes run different jax_smddp builds)");
   }
-  if (!in_group) return bad("not a peer of this endpoint (no process of this job has that address)");
-  if (h.kind < kFabricData || h.kind > kFabricCts) return bad("unknown kind " + std::to_string(h.kind));
+  if (!in_group)
+    return bad("not a peer of this endpoint (no process of this job has that address)");
+  if (h.kind < kFabricData || h.kind > kFabricCts)
+    return bad("unknown kind " + std::to_string(h.kind));
   if (h.reserved != 0) return bad("reserved header field " + Hex(h.reserved, 8) + " is not zero");
   const uint64_t payload = len - kFabricHeaderBytes;
   if (h.len != payload) {
-    return bad("the header announces " + std::to_string(h.len) + " payload bytes, the chunk holds " +
-               std::to_string(payload));
+    return bad("the header announces " + std::to_string(h.len) +
+               " payload bytes, the chunk holds " + std::to_string(payload));
   }
-  const std::string msg = "message " + std::to_string(h.seq) + " (tag " + std::to_string(h.tag) + ")";
+  const std::string msg =
+      "message " + std::to_string(h.seq) + " (tag " + std::to_string(h.tag) + ")";
   if (h.kind == kFabricData) {
     if (h.offset > h.total || h.len > h.total - h.offset) {
-      return bad(msg + ": " + std::to_string(h.len) + " bytes at offset " + std::to_string(h.offset) +
-                 " of a " + std::to_string(h.total) + "-byte message");
+      return bad(msg + ": " + std::to_string(h.len) + " bytes at offset " +
+                 std::to_string(h.offset) + " of a " + std::to_string(h.total) + "-byte message");
     }
     if (h.len == 0 && h.total != 0) {
       return bad(msg + ": an empty data chunk of a " + std::to_string(h.total) + "-byte message");

@@ -30,10 +30,10 @@ enum FabricChunkKind : uint32_t {
 };
 
 struct FabricChunkHeader {
-  uint32_t magic;     // kFabricChunkMagic
-  uint32_t version;   // the sender's WireProtocolVersion() (common/protocol.h)
-  uint64_t sender;    // Fnv1a of the sender's endpoint address
-  uint64_t seq;       // message number on the sender->receiver channel
+  uint32_t magic;    // kFabricChunkMagic
+  uint32_t version;  // the sender's WireProtocolVersion() (common/protocol.h)
+  uint64_t sender;   // Fnv1a of the sender's endpoint address
+  uint64_t seq;      // message number on the sender->receiver channel
   uint64_t tag;
   uint64_t total;     // message bytes
   uint64_t offset;    // of this chunk's payload (kFabricAbort: bytes the sender sent)

@@ -15,9 +15,7 @@ namespace smddp {
 
 namespace {
 
-std::string Errno(const char* what) {
-  return std::string(what) + ": " + std::strerror(errno);
-}
+std::string Errno(const char* what) { return std::string(what) + ": " + std::strerror(errno); }
 
 // Parses "ip:port" (IPv4 or [IPv6]:port).
 bool ParseAddress(const std::string& address, sockaddr_storage* out, socklen_t* len) {
@@ -84,7 +82,9 @@ class WatchedLink : public Link {
   uint64_t SingleCopyBytes() const override { return inner_->SingleCopyBytes(); }
   std::string SingleCopy() const override { return inner_->SingleCopy(); }
   uint32_t Activity() const override { return inner_->Activity(); }
-  void AwaitActivity(uint32_t seen, unsigned max_us) override { inner_->AwaitActivity(seen, max_us); }
+  void AwaitActivity(uint32_t seen, unsigned max_us) override {
+    inner_->AwaitActivity(seen, max_us);
+  }
   StatusCode PeerFailureCode() override {
     return inner_->PeerFailure().empty() ? StatusCode::kPeerFailed : inner_->PeerFailureCode();
   }
@@ -141,8 +141,9 @@ Status PeerWatch::Listen(const std::string& node, std::unique_ptr<PeerWatch>* ou
   }
   auto watch = std::make_unique<PeerWatch>();
   watch->listen_fd_ = fd;
-  watch->address_ = (bound.ss_family == AF_INET6 ? "[" + std::string(host) + "]" : std::string(host)) +
-                    ":" + std::to_string(port);
+  watch->address_ =
+      (bound.ss_family == AF_INET6 ? "[" + std::string(host) + "]" : std::string(host)) + ":" +
+      std::to_string(port);
   *out = std::move(watch);
   return Status::Ok();
 }
@@ -156,8 +157,8 @@ Status PeerWatch::Connect(int self, int peer, const std::string& address, double
   sockaddr_storage addr;
   socklen_t len = 0;
   if (!ParseAddress(address, &addr, &len))
-    return Status::InvalidArgument("jax_smddp: process " + std::to_string(peer) + " published a bad address '" +
-                         address + "'");
+    return Status::InvalidArgument("jax_smddp: process " + std::to_string(peer) +
+                                   " published a bad address '" + address + "'");
   const auto deadline = std::chrono::steady_clock::now() + std::chrono::duration<double>(timeout_s);
   while (true) {
     const int fd = socket(addr.ss_family, SOCK_STREAM | SOCK_CLOEXEC, 0);
@@ -172,8 +173,8 @@ Status PeerWatch::Connect(int self, int peer, const std::string& address, double
     const std::string why = std::strerror(errno);
     close(fd);
     if (std::chrono::steady_clock::now() > deadline)
-      return Status::PeerFailed("jax_smddp: cannot connect to process " + std::to_string(peer) + " at " +
-                           address + ": " + why);
+      return Status::PeerFailed("jax_smddp: cannot connect to process " + std::to_string(peer) +
+                                " at " + address + ": " + why);
     usleep(100000);
   }
 }
@@ -184,11 +185,13 @@ Status PeerWatch::AcceptFrom(const std::vector<int>& peers, double timeout_s) {
   for (int p : peers) pending += fds_.count(p) ? 0 : 1;
   while (pending > 0) {
     const int left_ms = int(std::chrono::duration_cast<std::chrono::milliseconds>(
-                                deadline - std::chrono::steady_clock::now()).count());
+                                deadline - std::chrono::steady_clock::now())
+                                .count());
     pollfd pfd{listen_fd_, POLLIN, 0};
     if (left_ms <= 0 || poll(&pfd, 1, left_ms) <= 0)
-      return Status::Timeout("jax_smddp: timed out waiting for processes on other hosts to connect to " +
-                           address_ + " (a firewall between hosts, or a peer that failed to start)");
+      return Status::Timeout(
+          "jax_smddp: timed out waiting for processes on other hosts to connect to " + address_ +
+          " (a firewall between hosts, or a peer that failed to start)");
     const int fd = accept4(listen_fd_, nullptr, nullptr, SOCK_CLOEXEC);
     if (fd < 0) continue;
     int32_t who = -1;

@@ -13,8 +13,8 @@
 #include <string>
 #include <vector>
 
-#include "xla_ffi/transports/link.h"
 #include "xla_ffi/common/status.h"
+#include "xla_ffi/transports/link.h"
 
 namespace smddp {
 

@@ -58,8 +58,7 @@ std::string CheckProcess(int pid, uint64_t start_time) {
       return "process " + std::to_string(pid) + " exited";
     }
     if (start_time != 0 && now_start != start_time) {
-      return "process " + std::to_string(pid) +
-             " exited (its pid now belongs to another process)";
+      return "process " + std::to_string(pid) + " exited (its pid now belongs to another process)";
     }
   }
   return "";

@@ -59,8 +59,8 @@ Status SharedBlock::Open(const std::string& name, size_t bytes, std::unique_ptr<
   const size_t data = (bytes + kPage - 1) / kPage * kPage;
   void* base = nullptr;
   size_t mapped = 0;
-  SMDDP_RETURN_IF_ERROR(OpenShmFile(name, "block", kHeaderBytes + data, kHeaderBytes + data,
-                                    &base, &mapped));
+  SMDDP_RETURN_IF_ERROR(
+      OpenShmFile(name, "block", kHeaderBytes + data, kHeaderBytes + data, &base, &mapped));
   std::unique_ptr<SharedBlock> block(new SharedBlock(static_cast<uint8_t*>(base), mapped, name,
                                                      /*created=*/false));
   auto* h = reinterpret_cast<Header*>(base);

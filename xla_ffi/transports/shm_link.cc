@@ -118,7 +118,8 @@ void ShmLink::Recv(uint64_t tag, void* dst, size_t bytes, Request* req) {
       if (ok && AttachToAckLocked(tag, req)) return;
       req->Complete(ok ? Status::Ok()
                        : Status::Error("shared-memory link: lost track of message "
-                                       "under tag " + std::to_string(tag)));
+                                       "under tag " +
+                                       std::to_string(tag)));
       return;
     }
     // Partly arrived: the rest goes straight into `dst`.
@@ -275,11 +276,13 @@ std::string ShmLink::Corrupt(const std::string& what) const {
 
 // The peer wrote what this process cannot parse: the link fails with a
 // protocol error naming it.
-void ShmLink::FailCorruptLocked(const std::string& what) { FailLocked(Corrupt(what), StatusCode::kProtocol); }
+void ShmLink::FailCorruptLocked(const std::string& what) {
+  FailLocked(Corrupt(what), StatusCode::kProtocol);
+}
 
 std::string ShmLink::MismatchMessage(uint64_t sent, uint64_t tag, uint64_t expected) {
-  return "peer sent " + std::to_string(sent) + " bytes under tag " +
-         std::to_string(tag) + ", expected " + std::to_string(expected);
+  return "peer sent " + std::to_string(sent) + " bytes under tag " + std::to_string(tag) +
+         ", expected " + std::to_string(expected);
 }
 
 // Fails every request; the link does nothing more. kPeerFailed: the link
@@ -310,8 +313,7 @@ void ShmLink::FailLocked(std::string reason, StatusCode code) {
 
 }  // namespace shm
 
-std::unique_ptr<Link> MakeShmLink(std::shared_ptr<ShmSegment> segment, bool creator,
-                                  int peer_pid) {
+std::unique_ptr<Link> MakeShmLink(std::shared_ptr<ShmSegment> segment, bool creator, int peer_pid) {
   return std::make_unique<shm::ShmLink>(std::move(segment), creator, peer_pid);
 }
 

@@ -37,8 +37,8 @@
 #include <memory>
 #include <string>
 
-#include "xla_ffi/transports/link.h"
 #include "xla_ffi/common/status.h"
+#include "xla_ffi/transports/link.h"
 
 namespace smddp {
 
@@ -51,8 +51,7 @@ class ShmSegment;
 // getrandom()>", sized and backed (fails cleanly when /dev/shm is too small),
 // mapped; writes a header (magic, version, ring size, creator pid). Returns
 // the name to publish to the peer.
-Status CreateShmSegment(size_t ring_bytes, std::string* name,
-                        std::shared_ptr<ShmSegment>* out);
+Status CreateShmSegment(size_t ring_bytes, std::string* name, std::shared_ptr<ShmSegment>* out);
 
 // Maps a segment the peer created; checks owner, magic, version and size;
 // records this (opener) pid in the header. Fails if another process already
@@ -67,8 +66,7 @@ Status UnlinkShmSegment(const std::string& name);
 // (decides which ring it writes). `peer_pid`: the peer process, for liveness
 // checks (<= 0: take it from the segment header). Destroying the link marks
 // this side closed, which the peer reports as an orderly exit.
-std::unique_ptr<Link> MakeShmLink(std::shared_ptr<ShmSegment> segment,
-                                  bool creator, int peer_pid);
+std::unique_ptr<Link> MakeShmLink(std::shared_ptr<ShmSegment> segment, bool creator, int peer_pid);
 
 // Messages of this many bytes or more are read in place (single copy):
 // JAX_SMDDP_SHM_SINGLE_COPY_BYTES, default 64 KiB; 0 = never.

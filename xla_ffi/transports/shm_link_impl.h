@@ -71,17 +71,17 @@ struct Layout {
   Counter tail[2];       // 320, 384
   // Side i's cancels of messages the peer may be reading in place: a reader
   // that sees this change while it copied discards what it read.
-  Counter cancels[2];    // 448, 512
+  Counter cancels[2];  // 448, 512
   // Side i's doorbell: the peer (or another thread of side i) adds to `count`
   // after writing to side i's ring, freeing room in side i's ring or
   // completing side i's requests, and wakes side i's `sleepers` (a futex on
   // `count`): a waiter sleeps until something happened instead of polling.
-  Doorbell bell[2];      // 576, 640
+  Doorbell bell[2];  // 576, 640
 };
 static_assert(sizeof(Layout) <= kDataOffset, "control data must fit one page");
 
 // A chunk: this header, then `len` payload bytes, padded to 64.
-constexpr uint64_t kFlagAbort = 1;   // the sender cancelled message `tag`
+constexpr uint64_t kFlagAbort = 1;  // the sender cancelled message `tag`
 // Single copy: the payload is a RemoteRef, and the reader copies the
 // message's `total` bytes straight from the writer's memory
 // (process_vm_readv), then answers with an Ack (the writer's buffer is free)
@@ -101,7 +101,7 @@ struct ChunkHeader {
   uint64_t offset;  // of this chunk's payload in the message
   uint64_t len;     // payload bytes
   uint64_t flags;
-  uint64_t check;   // ChunkCheck() of the fields above
+  uint64_t check;  // ChunkCheck() of the fields above
   uint64_t reserved[2];
 };
 static_assert(sizeof(ChunkHeader) == kLine, "chunk header is one cache line");
@@ -221,8 +221,8 @@ class ShmLink final : public Link {
   // The ring protocol (shm_ring.cc): chunks written and read, delivered to
   // receives or to the unexpected store.
   bool WriteSpaceLocked(uint64_t* free_bytes);
-  void WriteChunkLocked(uint64_t tag, uint64_t total, uint64_t offset, uint64_t len,
-                        uint64_t flags, const char* src);
+  void WriteChunkLocked(uint64_t tag, uint64_t total, uint64_t offset, uint64_t len, uint64_t flags,
+                        const char* src);
   bool EligibleLocked(size_t i) const;
   uint64_t WritePassLocked();
   void CopyFromRing(char* dst, uint64_t at, uint64_t len) const;
@@ -252,9 +252,9 @@ class ShmLink final : public Link {
   std::atomic<uint64_t>* read_tail_;
   std::atomic<uint64_t>* my_cancels_;
   std::atomic<uint64_t>* peer_cancels_;
-  Doorbell* my_bell_;    // woken when the peer wrote, made room or this side completed requests
+  Doorbell* my_bell_;  // woken when the peer wrote, made room or this side completed requests
   Doorbell* peer_bell_;
-  uint64_t single_copy_min_ = 0;  // messages this long or longer are read in place
+  uint64_t single_copy_min_ = 0;                  // messages this long or longer are read in place
   std::atomic<bool> single_copy_refused_{false};  // the peer may not read our memory
   std::atomic<uint64_t> single_copy_bytes_{0};
   mutable std::mutex single_copy_mu_;
@@ -263,14 +263,14 @@ class ShmLink final : public Link {
   uint64_t max_chunk_;
   uint64_t min_partial_;
 
-  std::mutex progress_mu_;  // try-locked by Progress: one progresses at a time
-  std::mutex mu_;           // everything below, and all ring access
+  std::mutex progress_mu_;         // try-locked by Progress: one progresses at a time
+  std::mutex mu_;                  // everything below, and all ring access
   uint64_t write_head_local_ = 0;  // ours; never read back from shared memory
   uint64_t seen_tail_ = 0;
   uint64_t read_tail_local_ = 0;
-  std::vector<PendingSend> pending_;  // in posting order
+  std::vector<PendingSend> pending_;   // in posting order
   std::vector<PendingSend> awaiting_;  // RemoteRefs sent, the peer's answer not yet in
-  std::vector<PostedRecv> posted_;    // in posting order
+  std::vector<PostedRecv> posted_;     // in posting order
   std::vector<Incoming> incoming_;
   std::vector<std::unique_ptr<Unexpected>> unexpected_;  // in arrival order
 
@@ -279,7 +279,7 @@ class ShmLink final : public Link {
   std::string failure_;
   StatusCode failure_code_ = StatusCode::kPeerFailed;
 
-  std::mutex live_mu_;  // the liveness check below
+  std::mutex live_mu_;            // the liveness check below
   std::atomic<int> peer_pid_{0};  // <= 0 until known
   uint64_t peer_start_ = 0;
   std::chrono::steady_clock::time_point next_check_{};

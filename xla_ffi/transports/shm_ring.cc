@@ -21,7 +21,7 @@ bool ShmLink::WriteSpaceLocked(uint64_t* free_bytes) {
   const uint64_t used = write_head_local_ - tail;
   if (tail % kLine != 0 || tail < seen_tail_ || used > cap_) {
     FailCorruptLocked("read position " + std::to_string(tail) + ", write position " +
-                       std::to_string(write_head_local_));
+                      std::to_string(write_head_local_));
     return false;
   }
   seen_tail_ = tail;
@@ -171,7 +171,7 @@ uint64_t ShmLink::ReadPassLocked() {
   if (avail == 0) return 0;
   if (avail > cap_ || head % kLine != 0) {
     FailCorruptLocked("write position " + std::to_string(head) + ", read position " +
-                       std::to_string(read_tail_local_));
+                      std::to_string(read_tail_local_));
     return 0;
   }
   uint64_t consumed = 0;
@@ -184,19 +184,17 @@ uint64_t ShmLink::ReadPassLocked() {
       return consumed;
     }
     const uint64_t kind = h.flags & (kControlFlags | kFlagRemote);
-    const bool bad_flags = (h.flags & ~(kControlFlags | kFlagRemote)) != 0 ||
-                           (kind & (kind - 1)) != 0;  // at most one
-    const bool bad_payload =
-        (kind & kControlFlags) != 0 ? h.len != 0 || h.offset != 0
-        : kind == kFlagRemote       ? h.len != sizeof(RemoteRef) || h.offset != 0
-                                    : h.offset > h.total || h.len > h.total - h.offset;
-    if (bad_flags || bad_payload || h.len > cap_ - kLine ||
-        kLine + RoundUp(h.len, kLine) > avail) {
-      FailCorruptLocked("chunk tag " + std::to_string(h.tag) + " size " +
-                         std::to_string(h.total) + " offset " +
-                         std::to_string(h.offset) + " length " + std::to_string(h.len) +
-                         " flags " + std::to_string(h.flags) + " with " +
-                         std::to_string(avail) + " bytes in the ring");
+    const bool bad_flags =
+        (h.flags & ~(kControlFlags | kFlagRemote)) != 0 || (kind & (kind - 1)) != 0;  // at most one
+    const bool bad_payload = (kind & kControlFlags) != 0 ? h.len != 0 || h.offset != 0
+                             : kind == kFlagRemote
+                                 ? h.len != sizeof(RemoteRef) || h.offset != 0
+                                 : h.offset > h.total || h.len > h.total - h.offset;
+    if (bad_flags || bad_payload || h.len > cap_ - kLine || kLine + RoundUp(h.len, kLine) > avail) {
+      FailCorruptLocked("chunk tag " + std::to_string(h.tag) + " size " + std::to_string(h.total) +
+                        " offset " + std::to_string(h.offset) + " length " + std::to_string(h.len) +
+                        " flags " + std::to_string(h.flags) + " with " + std::to_string(avail) +
+                        " bytes in the ring");
       return consumed;
     }
     if (!DeliverLocked(h, (read_tail_local_ + kLine) % cap_)) return consumed;
@@ -229,17 +227,16 @@ bool ShmLink::DeliverLocked(const ChunkHeader& h, uint64_t at) {
     if (in.u != nullptr) DropUnexpectedLocked(in.u);
     if (in.req != nullptr) {
       in.req->Complete(Status::PeerFailed("process " + std::to_string(peer_pid_.load()) +
-                                     " cancelled sending the message under tag " +
-                                     std::to_string(h.tag)));
+                                          " cancelled sending the message under tag " +
+                                          std::to_string(h.tag)));
     }
     return true;
   }
   if (idx == incoming_.size()) {
     // A new message.
     if (h.offset != 0) {
-      FailCorruptLocked("chunk at offset " + std::to_string(h.offset) +
-                         " of a message under tag " + std::to_string(h.tag) +
-                         " that had not started");
+      FailCorruptLocked("chunk at offset " + std::to_string(h.offset) + " of a message under tag " +
+                        std::to_string(h.tag) + " that had not started");
       return false;
     }
     Incoming in{h.tag, h.total, 0, nullptr, nullptr, nullptr};
@@ -267,8 +264,7 @@ bool ShmLink::DeliverLocked(const ChunkHeader& h, uint64_t at) {
         u->data = static_cast<char*>(std::malloc(h.total));
         if (u->data == nullptr) {
           FailLocked("shared-memory link: cannot allocate " + std::to_string(h.total) +
-                     " bytes for the early-arrived message under tag " +
-                     std::to_string(h.tag));
+                     " bytes for the early-arrived message under tag " + std::to_string(h.tag));
           return false;
         }
       }
@@ -289,9 +285,9 @@ bool ShmLink::DeliverLocked(const ChunkHeader& h, uint64_t at) {
     idx = incoming_.size() - 1;
   } else if (incoming_[idx].total != h.total || incoming_[idx].next != h.offset) {
     FailCorruptLocked("chunk of " + std::to_string(h.total) + " bytes at offset " +
-                       std::to_string(h.offset) + " under tag " + std::to_string(h.tag) +
-                       "; expected a message of " + std::to_string(incoming_[idx].total) +
-                       " bytes at offset " + std::to_string(incoming_[idx].next));
+                      std::to_string(h.offset) + " under tag " + std::to_string(h.tag) +
+                      "; expected a message of " + std::to_string(incoming_[idx].total) +
+                      " bytes at offset " + std::to_string(incoming_[idx].next));
     return false;
   }
   Incoming& in = incoming_[idx];

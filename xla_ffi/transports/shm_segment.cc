@@ -27,13 +27,12 @@ namespace shm {
 
 void FutexWait(std::atomic<uint32_t>* word, uint32_t expected, unsigned max_us) {
   timespec timeout{time_t(max_us / 1000000), long(max_us % 1000000) * 1000};
-  ::syscall(SYS_futex, reinterpret_cast<uint32_t*>(word), FUTEX_WAIT, expected, &timeout,
-            nullptr, 0);
+  ::syscall(SYS_futex, reinterpret_cast<uint32_t*>(word), FUTEX_WAIT, expected, &timeout, nullptr,
+            0);
 }
 
 void FutexWakeAll(std::atomic<uint32_t>* word) {
-  ::syscall(SYS_futex, reinterpret_cast<uint32_t*>(word), FUTEX_WAKE, INT_MAX, nullptr,
-            nullptr, 0);
+  ::syscall(SYS_futex, reinterpret_cast<uint32_t*>(word), FUTEX_WAKE, INT_MAX, nullptr, nullptr, 0);
 }
 
 void Ring(Doorbell* bell) {
@@ -52,20 +51,18 @@ using shm::Layout;
 using shm::RoundUp;
 using shm::SegmentHeader;
 
-Status CreateShmSegment(size_t ring_bytes, std::string* name,
-                        std::shared_ptr<ShmSegment>* out) {
+Status CreateShmSegment(size_t ring_bytes, std::string* name, std::shared_ptr<ShmSegment>* out) {
   if (ring_bytes > kMaxRing) {
     return Status::InvalidArgument("shared-memory ring of " + std::to_string(ring_bytes) +
-                         " bytes requested; at most " + std::to_string(kMaxRing) +
-                         " are supported");
+                                   " bytes requested; at most " + std::to_string(kMaxRing) +
+                                   " are supported");
   }
   const uint64_t ring = std::max<uint64_t>(kMinRing, RoundUp(ring_bytes, kPage));
   const uint64_t total = kDataOffset + 2 * ring;
 
   std::string nm;
   void* base = nullptr;
-  SMDDP_RETURN_IF_ERROR(
-      CreateShmFile(total, "lower JAX_SMDDP_SHM_RING_BYTES", &nm, &base));
+  SMDDP_RETURN_IF_ERROR(CreateShmFile(total, "lower JAX_SMDDP_SHM_RING_BYTES", &nm, &base));
 
   Layout* lay = new (base) Layout();
   lay->header.magic = kMagic;
@@ -107,8 +104,8 @@ Status OpenShmSegment(const std::string& name, std::shared_ptr<ShmSegment>* out)
   int32_t expected = 0;
   if (!lay->side[1].pid.compare_exchange_strong(expected, int32_t(::getpid()),
                                                 std::memory_order_acq_rel)) {
-    return Status::Error("shared-memory segment " + name +
-                         " is already in use by process " + std::to_string(expected));
+    return Status::Error("shared-memory segment " + name + " is already in use by process " +
+                         std::to_string(expected));
   }
   *out = std::move(segment);
   return Status::Ok();

@@ -119,8 +119,9 @@ bool ShmLink::DeliverRemoteLocked(const ChunkHeader& h, uint64_t at) {
   bool cancelled = false;
   const int err = ReadRemote(pid, ref, dst, h.total, &cancelled);
   if (err == EPERM || err == EACCES || err == ENOSYS) {
-    SetSingleCopyOff("this process may not read " + peer + "'s memory (process_vm_readv: " +
-                     std::strerror(err) + "; ptrace rules: Yama's ptrace_scope, a "
+    SetSingleCopyOff("this process may not read " + peer +
+                     "'s memory (process_vm_readv: " + std::strerror(err) +
+                     "; ptrace rules: Yama's ptrace_scope, a "
                      "container without CAP_SYS_PTRACE or with a seccomp filter, another "
                      "user, or a process that is not dumpable); messages go through the ring "
                      "(two copies)");
@@ -129,15 +130,15 @@ bool ShmLink::DeliverRemoteLocked(const ChunkHeader& h, uint64_t at) {
   }
   Status st = Status::Ok();
   if (cancelled) {
-    st = Status::PeerFailed(peer + " cancelled the message under tag " +
-                            std::to_string(h.tag) + " while it was being read");
+    st = Status::PeerFailed(peer + " cancelled the message under tag " + std::to_string(h.tag) +
+                            " while it was being read");
   } else if (err == ESRCH) {
-    st = Status::PeerFailed(peer + " exited while this process read a message from its "
+    st = Status::PeerFailed(peer +
+                            " exited while this process read a message from its "
                             "memory");
   } else if (err != 0) {
     FailCorruptLocked("reading " + std::to_string(h.total) + " bytes at " +
-                       std::to_string(ref.address) + " of its memory failed: " +
-                       std::strerror(err));
+                      std::to_string(ref.address) + " of its memory failed: " + std::strerror(err));
     return false;
   } else {
     single_copy_bytes_.fetch_add(h.total, std::memory_order_relaxed);
@@ -199,10 +200,11 @@ bool ShmLink::AnswerLocked(const ChunkHeader& h) {
       return true;
     }
     single_copy_refused_.store(true, std::memory_order_relaxed);
-    SetSingleCopyOff("process " + std::to_string(PeerPidLocked()) +
-                     " may not read this process's memory (process_vm_readv: " +
-                     std::strerror(int(h.total)) + "); messages go through the ring (two "
-                     "copies)");
+    SetSingleCopyOff(
+        "process " + std::to_string(PeerPidLocked()) +
+        " may not read this process's memory (process_vm_readv: " + std::strerror(int(h.total)) +
+        "); messages go through the ring (two "
+        "copies)");
     s.remote = false;
     s.started = false;
     s.sent = 0;

@@ -36,13 +36,14 @@ std::shared_ptr<const World> g_world;
 std::unique_ptr<Pending> g_pending;
 
 Status NotBegun() {
-  return Status::InvalidArgument("jax_smddp: bootstrap step before WorldBegin (call jax_smddp.initialize())");
+  return Status::InvalidArgument(
+      "jax_smddp: bootstrap step before WorldBegin (call jax_smddp.initialize())");
 }
 
 Status CheckPeer(const Pending& p, int peer) {
   if (peer < 0 || peer >= int(p.peers.size()) || peer == p.process)
     return Status::InvalidArgument("jax_smddp: bootstrap names process " + std::to_string(peer) +
-                         ", which is not a peer of process " + std::to_string(p.process));
+                                   ", which is not a peer of process " + std::to_string(p.process));
   return Status::Ok();
 }
 
@@ -71,7 +72,7 @@ void UseWorldOf(WorldSource source) {
 Status WorldBegin(int process, int processes) {
   if (processes < 1 || process < 0 || process >= processes)
     return Status::InvalidArgument("jax_smddp: process " + std::to_string(process) + " of " +
-                         std::to_string(processes) + " is not a valid process index");
+                                   std::to_string(processes) + " is not a valid process index");
   std::lock_guard<std::mutex> lock(g_mu);
   if (g_pending) {
     for (auto& [peer, shm] : g_pending->shm)
@@ -129,14 +130,16 @@ Status WorldUnlinkShm(int peer) {
   return UnlinkShmSegment(it->second.name);
 }
 
-Status WorldOpenFabric(const std::string& provider, const std::string& node,
-                       std::string* address, std::string* chosen_provider) {
+Status WorldOpenFabric(const std::string& provider, const std::string& node, std::string* address,
+                       std::string* chosen_provider) {
   std::lock_guard<std::mutex> lock(g_mu);
   if (!g_pending) return NotBegun();
   std::string why;
   if (!FabricAvailable(&why))
-    return Status::Unsupported("jax_smddp: processes on other hosts need libfabric, which is not usable "
-                         "here: " + why);
+    return Status::Unsupported(
+        "jax_smddp: processes on other hosts need libfabric, which is not usable "
+        "here: " +
+        why);
   std::unique_ptr<FabricEndpoint> ep;
   const std::string chosen = ChooseFabricProvider(provider);
   SMDDP_RETURN_IF_ERROR(FabricEndpoint::Open(chosen, node, &ep));

@@ -15,8 +15,8 @@
 #include <string>
 #include <vector>
 
-#include "xla_ffi/transports/link.h"
 #include "xla_ffi/common/status.h"
+#include "xla_ffi/transports/link.h"
 
 namespace smddp {
 
@@ -31,7 +31,9 @@ class World {
   // `endpoint` keeps what the links share (the libfabric endpoint) alive
   // until after the links are gone.
   World(int process, std::vector<Peer> peers, std::shared_ptr<void> endpoint)
-      : endpoint_(std::move(endpoint)), process_(process), peers_(std::move(peers)),
+      : endpoint_(std::move(endpoint)),
+        process_(process),
+        peers_(std::move(peers)),
         sent_(new std::atomic<uint64_t>[peers_.size()]()),
         received_(new std::atomic<uint64_t>[peers_.size()]()) {}
 
@@ -53,33 +55,46 @@ class World {
 
   // Bytes this process sent to / received from `process` over its link, since
   // the world started (what the benchmark and tests read to see the routes).
-  void CountSent(int process, uint64_t bytes) const { sent_[process].fetch_add(bytes, std::memory_order_relaxed); }
+  void CountSent(int process, uint64_t bytes) const {
+    sent_[process].fetch_add(bytes, std::memory_order_relaxed);
+  }
   void CountReceived(int process, uint64_t bytes) const {
     received_[process].fetch_add(bytes, std::memory_order_relaxed);
   }
   uint64_t sent(int process) const { return sent_[process].load(std::memory_order_relaxed); }
-  uint64_t received(int process) const { return received_[process].load(std::memory_order_relaxed); }
+  uint64_t received(int process) const {
+    return received_[process].load(std::memory_order_relaxed);
+  }
 
   // The calls this process's devices made on the engine since the world
   // started, by what made them: jax_smddp's custom calls, by collective, and
   // XLA's own collectives through the MPI ABI library (xla_ffi/mpiabi, CPU)
-  // or the NCCL API front end (cuda/ncclapi, GPUs), by function. Per call of one device: the bytes the call delivers into that
-  // device's output (for MPI_Sendrecv and MPI_Irecv, its receive buffer).
-  // What jax_smddp.distributed.traffic_by_op() reads: which library moved
-  // each collective's bytes.
+  // or the NCCL API front end (cuda/ncclapi, GPUs), by function. Per call of one device: the bytes
+  // the call delivers into that device's output (for MPI_Sendrecv and MPI_Irecv, its receive
+  // buffer). What jax_smddp.distributed.traffic_by_op() reads: which library moved each
+  // collective's bytes.
   enum class Caller : int {
-    kAllGather, kReduceScatter, kAllReduce, kAllToAll,  // custom calls
-    kMpiAllgather, kMpiAllreduce, kMpiReduceScatter, kMpiSendrecv, kMpiIrecv,
-    kNcclAllGather, kNcclReduceScatter, kNcclAllReduce, kNcclAlltoAll,
+    kAllGather,
+    kReduceScatter,
+    kAllReduce,
+    kAllToAll,  // custom calls
+    kMpiAllgather,
+    kMpiAllreduce,
+    kMpiReduceScatter,
+    kMpiSendrecv,
+    kMpiIrecv,
+    kNcclAllGather,
+    kNcclReduceScatter,
+    kNcclAllReduce,
+    kNcclAlltoAll,
     kCount
   };
   // "all_gather", ..., "MPI_Allgather", ...: as traffic_by_op() names them.
   static const char* CallerName(Caller c) {
-    static const char* const kNames[] = {"all_gather",    "reduce_scatter", "all_reduce",
-                                         "all_to_all",    "MPI_Allgather",  "MPI_Allreduce",
-                                         "MPI_Reduce_scatter", "MPI_Sendrecv", "MPI_Irecv",
-                                         "ncclAllGather", "ncclReduceScatter", "ncclAllReduce",
-                                         "ncclAlltoAll"};
+    static const char* const kNames[] = {
+        "all_gather",        "reduce_scatter",     "all_reduce",   "all_to_all", "MPI_Allgather",
+        "MPI_Allreduce",     "MPI_Reduce_scatter", "MPI_Sendrecv", "MPI_Irecv",  "ncclAllGather",
+        "ncclReduceScatter", "ncclAllReduce",      "ncclAlltoAll"};
     static_assert(sizeof(kNames) / sizeof(kNames[0]) == size_t(Caller::kCount), "a name each");
     return kNames[int(c)];
   }
@@ -88,7 +103,9 @@ class World {
     call_bytes_[int(c)].fetch_add(bytes, std::memory_order_relaxed);
   }
   uint64_t calls(Caller c) const { return calls_[int(c)].load(std::memory_order_relaxed); }
-  uint64_t call_bytes(Caller c) const { return call_bytes_[int(c)].load(std::memory_order_relaxed); }
+  uint64_t call_bytes(Caller c) const {
+    return call_bytes_[int(c)].load(std::memory_order_relaxed);
+  }
 
  private:
   std::shared_ptr<void> endpoint_;  // declared first: destroyed after the links
@@ -121,8 +138,8 @@ Status WorldCreateShm(int peer, std::string* name);
 Status WorldOpenShm(int peer, const std::string& name);
 Status WorldUnlinkShm(int peer);
 // Other hosts: one libfabric endpoint per process; its address is published.
-Status WorldOpenFabric(const std::string& provider, const std::string& node,
-                       std::string* address, std::string* chosen_provider);
+Status WorldOpenFabric(const std::string& provider, const std::string& node, std::string* address,
+                       std::string* chosen_provider);
 Status WorldConnectFabric(int peer, const std::string& address);
 // Other hosts: a TCP connection per pair, idle, to notice a peer's exit at
 // once (peer_watch.h). Higher-numbered processes connect to lower ones.

@@ -68,16 +68,26 @@ inline const char* cudaGetErrorString(cudaError_t err) {
   return err == cudaSuccess ? "no error" : "mock CUDA error";
 }
 inline cudaError_t cudaGetLastError() { return cudaSuccess; }
-inline cudaError_t cudaGetDevice(int* d) { *d = mock_cuda::device; return cudaSuccess; }
-inline cudaError_t cudaSetDevice(int d) { mock_cuda::device = d; return cudaSuccess; }
+inline cudaError_t cudaGetDevice(int* d) {
+  *d = mock_cuda::device;
+  return cudaSuccess;
+}
+inline cudaError_t cudaSetDevice(int d) {
+  mock_cuda::device = d;
+  return cudaSuccess;
+}
 inline cudaError_t cudaDeviceSynchronize() { return cudaSuccess; }
-inline cudaError_t cudaDeviceCanAccessPeer(int* can, int, int) { *can = 1; return cudaSuccess; }
+inline cudaError_t cudaDeviceCanAccessPeer(int* can, int, int) {
+  *can = 1;
+  return cudaSuccess;
+}
 inline cudaError_t cudaDeviceEnablePeerAccess(int, unsigned) { return cudaSuccess; }
 
 inline cudaError_t cudaMalloc(void** p, size_t bytes) {
   std::lock_guard<std::mutex> lock(mock_cuda::mu);
   mock_cuda::Mapping m{true, bytes, {}, mock_cuda::next_buffer_id++};
-  std::snprintf(m.name, sizeof(m.name), "/jax_smddp_mock-%d-%d", int(getpid()), mock_cuda::allocations++);
+  std::snprintf(m.name, sizeof(m.name), "/jax_smddp_mock-%d-%d", int(getpid()),
+                mock_cuda::allocations++);
   int fd = shm_open(m.name, O_CREAT | O_EXCL | O_RDWR | O_CLOEXEC, 0600);
   if (fd < 0 && errno == EEXIST) {
     // This process never makes a name twice: it is a killed process's
@@ -104,18 +114,27 @@ inline cudaError_t cudaFree(void* p) {
   mock_cuda::mappings.erase(it);
   return cudaSuccess;
 }
-inline cudaError_t cudaMemset(void* p, int v, size_t n) { std::memset(p, v, n); return cudaSuccess; }
-inline cudaError_t cudaMemsetAsync(void* p, int v, size_t n, cudaStream_t) { return cudaMemset(p, v, n); }
+inline cudaError_t cudaMemset(void* p, int v, size_t n) {
+  std::memset(p, v, n);
+  return cudaSuccess;
+}
+inline cudaError_t cudaMemsetAsync(void* p, int v, size_t n, cudaStream_t) {
+  return cudaMemset(p, v, n);
+}
 inline cudaError_t cudaStreamCreateWithFlags(cudaStream_t* s, unsigned) {
   *s = reinterpret_cast<cudaStream_t>(1);
   return cudaSuccess;
 }
 inline cudaError_t cudaStreamSynchronize(cudaStream_t) { return cudaSuccess; }
 inline cudaError_t cudaStreamDestroy(cudaStream_t) { return cudaSuccess; }
-enum cudaDeviceAttr { cudaDevAttrGPUDirectRDMAFlushWritesOptions = 117,
-                      cudaDevAttrGPUDirectRDMAWritesOrdering = 118 };
-enum cudaGPUDirectRDMAWritesOrdering { cudaGPUDirectRDMAWritesOrderingNone = 0,
-                                       cudaGPUDirectRDMAWritesOrderingOwner = 100 };
+enum cudaDeviceAttr {
+  cudaDevAttrGPUDirectRDMAFlushWritesOptions = 117,
+  cudaDevAttrGPUDirectRDMAWritesOrdering = 118
+};
+enum cudaGPUDirectRDMAWritesOrdering {
+  cudaGPUDirectRDMAWritesOrderingNone = 0,
+  cudaGPUDirectRDMAWritesOrderingOwner = 100
+};
 enum cudaFlushGPUDirectRDMAWritesOptions { cudaFlushGPUDirectRDMAWritesOptionHost = 1 };
 enum cudaFlushGPUDirectRDMAWritesTarget { cudaFlushGPUDirectRDMAWritesTargetCurrentDevice };
 enum cudaFlushGPUDirectRDMAWritesScope { cudaFlushGPUDirectRDMAWritesToOwner = 100 };
@@ -180,12 +199,18 @@ inline int PointerGetAttributes(unsigned count, const int* which, void** data,
     }
   }
   for (unsigned i = 0; i < count; ++i) {
-    if (which[i] == 11) *static_cast<unsigned long long*>(data[i]) = found ? start : 0;
-    else if (which[i] == 7) *static_cast<unsigned long long*>(data[i]) = found ? found->buffer_id : 0;
-    else if (which[i] == 10) *static_cast<int*>(data[i]) = found && found->own && !CuMem();
-    else if (which[i] == 12) *static_cast<unsigned long long*>(data[i]) = found ? found->bytes : 0;
-    else if (which[i] == 14) *static_cast<unsigned long long*>(data[i]) = found && found->own && CuMem();
-    else return 1;  // CUDA_ERROR_INVALID_VALUE: not mocked
+    if (which[i] == 11)
+      *static_cast<unsigned long long*>(data[i]) = found ? start : 0;
+    else if (which[i] == 7)
+      *static_cast<unsigned long long*>(data[i]) = found ? found->buffer_id : 0;
+    else if (which[i] == 10)
+      *static_cast<int*>(data[i]) = found && found->own && !CuMem();
+    else if (which[i] == 12)
+      *static_cast<unsigned long long*>(data[i]) = found ? found->bytes : 0;
+    else if (which[i] == 14)
+      *static_cast<unsigned long long*>(data[i]) = found && found->own && CuMem();
+    else
+      return 1;  // CUDA_ERROR_INVALID_VALUE: not mocked
   }
   return 0;
 }
@@ -196,7 +221,7 @@ inline int PointerGetAttributes(unsigned count, const int* which, void** data,
 // address.
 namespace mock_cuda {
 inline std::map<unsigned long long, int> imported;  // handle -> descriptor
-inline int cumem_maps = 0;                           // peers' allocations mapped by cuMemMap
+inline int cumem_maps = 0;                          // peers' allocations mapped by cuMemMap
 inline unsigned long long next_import = 1ull << 40;
 inline int RetainAllocationHandle(unsigned long long* h, void* addr) {
   std::lock_guard<std::mutex> lock(mu);
@@ -264,8 +289,10 @@ inline int MemUnmap(unsigned long long p, size_t bytes) {
 inline int SetAccess(unsigned long long, size_t, const void*, size_t) { return 0; }
 }  // namespace mock_cuda
 
-enum cudaDriverEntryPointQueryResult { cudaDriverEntryPointSuccess = 0,
-                                       cudaDriverEntryPointSymbolNotFound = 1 };
+enum cudaDriverEntryPointQueryResult {
+  cudaDriverEntryPointSuccess = 0,
+  cudaDriverEntryPointSymbolNotFound = 1
+};
 enum : unsigned long long { cudaEnableDefault = 0 };
 inline cudaError_t cudaGetDriverEntryPointByVersion(const char* symbol, void** fn, unsigned,
                                                     unsigned long long,
@@ -273,8 +300,10 @@ inline cudaError_t cudaGetDriverEntryPointByVersion(const char* symbol, void** f
   const std::pair<const char*, void*> entries[] = {
       {"cuPointerGetAttributes", reinterpret_cast<void*>(&mock_cuda::PointerGetAttributes)},
       {"cuMemRetainAllocationHandle", reinterpret_cast<void*>(&mock_cuda::RetainAllocationHandle)},
-      {"cuMemExportToShareableHandle", reinterpret_cast<void*>(&mock_cuda::ExportToShareableHandle)},
-      {"cuMemImportFromShareableHandle", reinterpret_cast<void*>(&mock_cuda::ImportFromShareableHandle)},
+      {"cuMemExportToShareableHandle",
+       reinterpret_cast<void*>(&mock_cuda::ExportToShareableHandle)},
+      {"cuMemImportFromShareableHandle",
+       reinterpret_cast<void*>(&mock_cuda::ImportFromShareableHandle)},
       {"cuMemRelease", reinterpret_cast<void*>(&mock_cuda::Release)},
       {"cuMemAddressReserve", reinterpret_cast<void*>(&mock_cuda::AddressReserve)},
       {"cuMemAddressFree", reinterpret_cast<void*>(&mock_cuda::AddressFree)},
@@ -294,9 +323,15 @@ inline cudaError_t cudaHostAlloc(void** p, size_t bytes, unsigned) {
   *p = std::aligned_alloc(4096, (bytes + 4095) / 4096 * 4096);
   return *p ? cudaSuccess : cudaErrorMemoryAllocation;
 }
-inline cudaError_t cudaFreeHost(void* p) { std::free(p); return cudaSuccess; }
+inline cudaError_t cudaFreeHost(void* p) {
+  std::free(p);
+  return cudaSuccess;
+}
 inline cudaError_t cudaHostRegister(void*, size_t, unsigned) { return cudaSuccess; }
 inline cudaError_t cudaHostUnregister(void*) { return cudaSuccess; }
-inline cudaError_t cudaHostGetDevicePointer(void** d, void* h, unsigned) { *d = h; return cudaSuccess; }
+inline cudaError_t cudaHostGetDevicePointer(void** d, void* h, unsigned) {
+  *d = h;
+  return cudaSuccess;
+}
 
 #endif  // JAX_SMDDP_TESTS_MOCK_CUDA_RUNTIME_API_H_
