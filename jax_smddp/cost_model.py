@@ -1,11 +1,12 @@
 """Cost model of jax_smddp's collectives (and of NCCL's ring and tree, the baseline).
 
 Pure Python: no jax, no files, no engine reads (though importing it as
-``jax_smddp.cost_model`` runs the package's ``__init__``, which imports jax). It predicts the time of one collective call from the
-bytes each process must copy, reduce and send over each kind of link, counted by
-walking the same routes and loops as the engine (``xla_ffi/algorithms/routes.cc``,
-``process_algorithms.cc``, ``algorithms.cc``), and from a *machine*: per-transport
-latency and bandwidth plus a few CPU figures. Used three ways:
+``jax_smddp.cost_model`` runs the package's ``__init__``, which imports jax). It
+predicts the time of one collective call from the bytes each process must copy,
+reduce and send over each kind of link, counted by walking the same routes and
+loops as the engine (``xla_ffi/algorithms/routes.cc``,
+``process_algorithms.cc``, ``algorithms.cc``), and from a *machine*:
+per-transport latency and bandwidth plus a few CPU figures. Used three ways:
 
 * **prediction** beside measurement (``python -m jax_smddp.tools.bench --predict``) and
   validation on recorded benchmark data (``tests/tools/test_cost_model.py``);

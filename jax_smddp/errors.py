@@ -7,7 +7,8 @@ text starts with a status that says what kind of failure it was::
     DEADLINE_EXCEEDED: jax_smddp[timeout] all_gather (op 0 of communicator devices [0 1]): ...
     UNAVAILABLE: jax_smddp[peer_failed] all_reduce (...): process 1 (devices [1]) failed (...)
     FAILED_PRECONDITION: jax_smddp[mismatch] all_gather (...): processes disagree on the call ...
-    DATA_LOSS: jax_smddp[protocol] all_gather (...): process 1 (devices [1]) sent what this process cannot parse (...)
+    DATA_LOSS: jax_smddp[protocol] all_gather (...): process 1 (devices [1]) sent what this
+      process cannot parse (...)
 
 ``classify`` turns such an error into one of the exception classes below,
 with the op, the peers it concerns and what to do; other exceptions give

@@ -17,7 +17,6 @@ ATTRS = {"buffer_id": 7, "legacy_ipc_capable": 10, "range_start": 11, "range_siz
 
 def probe() -> dict:
   import ctypes
-  import jax
   import jax.numpy as jnp
   x = jnp.arange(1 << 22, dtype=jnp.float32) + 1  # 16 MiB, an XLA output buffer
   x.block_until_ready()

@@ -24,8 +24,11 @@ status=0
 run_suite() {  # name python venv jax_spec
   local name=$1 python=$2 venv=$3 jax_spec=$4
   echo "=== $name: setting up $venv ($jax_spec)"
-  # matplotlib: the benchmark's plot (tests/tools), in both environments alike.
-  bash tools/setup_env.sh "$python" "$venv" "$jax_spec" matplotlib
+  # matplotlib: the benchmark's plot (tests/tools), in both environments alike;
+  # the formatter and linter tests/build/test_format.py runs, pinned (their
+  # versions format differently).
+  bash tools/setup_env.sh "$python" "$venv" "$jax_spec" matplotlib "clang-format==18.1.8" \
+    "ruff==0.8.6"
   bash tools/build_testing.sh "$venv"
   echo "=== $name: pytest"
   "$venv/bin/pytest" -q -p no:cacheprovider tests || status=1

@@ -22,8 +22,8 @@ import time
 from dataclasses import replace
 from typing import Iterable, Sequence
 
-from jax_smddp.cost_model import *  # noqa: F403  (the model this calibrates)
-from jax_smddp.cost_model import CPU_REFERENCE, PRESETS, Layout, Machine, Prediction
+from jax_smddp.cost_model import (CPU_REFERENCE, GB, PRESETS, Layout, Machine, Prediction, best,
+                                  default_algorithm, predict)
 from jax_smddp.calibration import (calibration_path, heap_fresh_output_bytes, local_machine,
                                    save_machine)
 
@@ -195,7 +195,7 @@ def microbenchmarks(quick: bool = False) -> dict:
   A, B = np.ones(big, np.uint8), np.empty(big, np.uint8)
   np.copyto(B, A)
   out["copy_bw_dram"] = big / _median_time(lambda: np.copyto(B, A))
-  del B
+  A = B = None  # both big arrays freed before the next measurement
   x = [np.ones(small // 4, np.float32) for _ in range(3)]
   y = np.empty(small // 4, np.float32)
 

@@ -26,30 +26,29 @@ buffers); the "direct" column says whether the calls did read in place.
 
 Sizes are per rank shard: all_gather gathers n shards, reduce_scatter reduces
 n-shard inputs to one shard, all_reduce reduces n-shard buffers, all_to_all
-exchanges n-shard buffers; so every op
-handles S = n x size bytes per rank, as nccl-tests counts them. Columns: time
-per call (median over groups of 5 calls issued back to back and waited for
-once, as nccl-tests times; "synced us" is the median of single calls each
-waited for, the latency a program that waits on every call sees), algbw = S / time, busbw = algbw x (n - 1) / n (x 2 for
+exchanges n-shard buffers; so every op handles S = n x size bytes per rank, as
+nccl-tests counts them. Columns: time per call (median over groups of 5 calls
+issued back to back and waited for once, as nccl-tests times; "synced us" is the
+median of single calls each waited for, the latency a program that waits on
+every call sees), algbw = S / time, busbw = algbw x (n - 1) / n (x 2 for
 all_reduce), and "moved" = n x busbw, bytes all ranks together received from
 peers per second: the figure to compare with one device's copy bandwidth when
-every rank shares that device's memory. "written/copy" counts instead the
-bytes all ranks wrote to their outputs per second (n x S for all_gather,
-all_reduce and all_to_all, S for reduce_scatter) against that copy rate: a protocol that
+every rank shares that device's memory. "written/copy" counts instead the bytes
+all ranks wrote to their outputs per second (n x S for all_gather, all_reduce
+and all_to_all, S for reduce_scatter) against that copy rate: a protocol that
 copies every byte of every output once, and nothing else, reaches 1.0, where
-"moved/copy" is capped at (n - 1) / n by each rank's copy of its own shard.
-For reduce_scatter and all_reduce, "read/copy" counts the bytes the ranks'
-reductions read per second (n sources of size each, per rank) against the
-copy rate, and "vs kernel" compares the call with one bare reduction kernel
-of the same sources within the same block budget (JAX_SMDDP_GPU_MAX_BLOCKS,
-the "blocks" column), timed by process 0 alone: what the budget allows.
+"moved/copy" is capped at (n - 1) / n by each rank's copy of its own shard. For
+reduce_scatter and all_reduce, "read/copy" counts the bytes the ranks'
+reductions read per second (n sources of size each, per rank) against the copy
+rate, and "vs kernel" compares the call with one bare reduction kernel of the
+same sources within the same block budget (JAX_SMDDP_GPU_MAX_BLOCKS, the
+"blocks" column), timed by process 0 alone: what the budget allows.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
-import os
 import statistics
 import sys
 import time
@@ -150,7 +149,6 @@ def _reduce_reference(ext, size: int, n: int, args, tag: str):
 
 
 def worker(args) -> dict:
-  import numpy as np
   import jax
   from jax.sharding import NamedSharding, PartitionSpec as P
   import jax_smddp

@@ -235,7 +235,9 @@ def test_unsupported_dtype_falls_back_to_lax():
 def test_body_sharing_modes(helpers, tmp_path):
   # The in-process transport runs collective bodies on the last rank to
   # arrive plus JAX_SMDDP_CPU_HELPERS woken ranks: check both extremes.
-  import subprocess, sys, textwrap
+  import subprocess
+  import sys
+  import textwrap
   script = textwrap.dedent("""
     import os
     os.environ["XLA_FLAGS"] = "--xla_force_host_platform_device_count=8"

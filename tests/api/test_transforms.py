@@ -232,7 +232,9 @@ def test_many_independent_collectives_do_not_deadlock(tmp_path):
   # same time; a handler that blocked its thread while waiting for peers
   # would exhaust XLA's threads. Six independent reduce-scatters of 400 KB
   # per rank once deadlocked this way.
-  import subprocess, sys, textwrap
+  import subprocess
+  import sys
+  import textwrap
   script = textwrap.dedent("""
     import os
     os.environ["XLA_FLAGS"] = "--xla_force_host_platform_device_count=8"

@@ -433,7 +433,6 @@ def test_hierarchical_reduce_scatter(hosts, local, order, dtype, op, outer, inne
 # --- where a call's time goes (xla_ffi/algorithms/phase_timer.h) ------------------------
 
 def phase_probe(xs, outer, inner, slot, direct, calls=1):
-  size = len(xs)
   outs, phases = ENGINE.stream_phase_probe(SCATTER, DTYPES[np.dtype(np.float32)], OPS["sum"], outer,
                                            inner, 0, slot, [x.tobytes() for x in xs],
                                            outer * inner * 4, calls, direct)

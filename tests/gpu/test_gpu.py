@@ -9,7 +9,6 @@ import functools
 import os
 import shutil
 import subprocess
-import sys
 
 import pytest
 

@@ -22,7 +22,6 @@ os.environ.setdefault("XLA_PYTHON_CLIENT_MEM_FRACTION", "0.1")
 def cases(n: int):
   """(name, body, reference(X) -> per-rank rows, input columns, dtype)."""
   import numpy as np
-  import jax.numpy as jnp
   import jax_smddp
 
   def gather(x):

@@ -156,8 +156,8 @@ def iters_warmup(args) -> tuple[int, int]:
 def print_preamble(meta: dict, iters: int, warmup: int) -> None:
   layout = meta["layout"]
   if layout["processes"] > 1:
-    where = (f"layout {layout['spec']} ({Layout(layout['hosts'], layout['processes_per_host'], layout['devices_per_process']).describe()}), "
-             f"{layout['devices']} CPU devices")
+    shape = Layout(layout["hosts"], layout["processes_per_host"], layout["devices_per_process"])
+    where = f"layout {layout['spec']} ({shape.describe()}), {layout['devices']} CPU devices"
   else:
     where = f"{layout['devices']} CPU devices, 1 process"
   print(f"# jax_smddp bench: {where}, {meta['dtype']}, "
