@@ -441,6 +441,55 @@ void Threads(Link* link, int me) {
   Log("%d threads x %d messages each way on one link: ok", kThreads, kMsgs);
 }
 
+// A waiter asleep on the link (AwaitActivity, as the engine's calls wait,
+// with a bound of 2 s here) is woken by the peer's data when the endpoint
+// sleeps on its completion queue's descriptor; otherwise it sleeps the
+// bound. tcp;ofi_rxm must give the descriptor (JAX_SMDDP_FABRIC_WAIT=fd, the
+// default), and "sleep" must sleep.
+void Wakes(Link* link, int me, const FabricEndpoint& ep) {
+  const std::string kind = ep.WaitKind();
+  const char* setting = std::getenv("JAX_SMDDP_FABRIC_WAIT");
+  const bool asked_sleep = setting && std::string(setting) == "sleep";
+  CHECK(kind == (asked_sleep ? "sleep" : "fd") || (!asked_sleep && ep.Provider() != "tcp;ofi_rxm"),
+        "%s waits by %s (JAX_SMDDP_FABRIC_WAIT=%s)", ep.Provider().c_str(), kind.c_str(),
+        setting ? setting : "");
+  for (size_t bytes : {size_t(64), size_t(300000)}) {  // a bounce chunk; a direct transfer
+    Barrier();
+    std::vector<char> out(bytes), in(bytes, '\xEE');
+    Fill(out, 950, me);
+    if (me == 1) {
+      usleep(200000);  // the parent is asleep by now
+      Request s;
+      link->Send(950, out.data(), bytes, &s);
+      Wait(link, {&s}, 30, "wake-up send");
+      continue;
+    }
+    Request r;
+    link->Recv(950, in.data(), bytes, &r);
+    const auto t0 = Clock::now();
+    int sleeps = 0;
+    for (;;) {
+      const uint32_t seen = link->Activity();
+      link->Progress();
+      if (r.done()) break;
+      CHECK(Clock::now() - t0 < std::chrono::seconds(20), "wake-up receive not done");
+      link->AwaitActivity(seen, 2000000);
+      sleeps++;
+    }
+    const double s = std::chrono::duration<double>(Clock::now() - t0).count();
+    CheckOk(r, "wake-up receive");
+    CHECK(Verify(in, 950, 1) < 0, "wake-up receive: wrong data");
+    if (kind == "fd") {
+      CHECK(s < 1.5, "%zu bytes sent after 0.2 s arrived after %.3f s: the waiter slept its bound",
+            bytes, s);
+    } else {
+      CHECK(s >= 1.9, "%zu bytes: a waiter that sleeps woke after %.3f s", bytes, s);
+    }
+    Log("waits by %s: %zu bytes sent after 0.2 s received after %.3f s (%d sleeps)", kind.c_str(),
+        bytes, s, sleeps);
+  }
+}
+
 void Throughput(Link* link, int me, const std::string& provider) {
   const size_t bytes = 64 * kMiB;
   const int kMsgs = 4;
@@ -713,6 +762,7 @@ int Run(int me, const std::string& provider, const std::string& node, pid_t chil
   Cancels(link.get(), me);
   Barrier();
   Threads(link.get(), me);
+  Wakes(link.get(), me, *ep);
   Throughput(link.get(), me, provider);
   RailTests(link.get(), me, provider, node);
 

@@ -67,12 +67,15 @@ def test_libfabric_not_linked(binary):
     ("shm", "", {"JAX_SMDDP_FABRIC_DIRECT_BYTES": "1"}),
     # Direct buffers registered per transfer, as providers with FI_MR_LOCAL (efa) need.
     ("tcp;ofi_rxm", "127.0.0.1", {"JAX_SMDDP_FABRIC_TEST_REGISTER": "1"}),
+    # Waiters sleep their bound instead of on the completion queue's descriptor.
+    ("tcp;ofi_rxm", "127.0.0.1", {"JAX_SMDDP_FABRIC_WAIT": "sleep"}),
 ], ids=["tcp", "shm", "tcp-reordered", "tcp-bounce-only", "tcp-all-direct-reordered",
-        "shm-all-direct", "tcp-registered"])
+        "shm-all-direct", "tcp-registered", "tcp-sleep"])
 def test_fabric_link(binary, provider, node, settings):
   env = dict(os.environ)
   for name in ("JAX_SMDDP_FABRIC_PROVIDER", "JAX_SMDDP_FABRIC_DIRECT_BYTES",
-               "JAX_SMDDP_FABRIC_TEST_REORDER", "JAX_SMDDP_FABRIC_TEST_REGISTER"):
+               "JAX_SMDDP_FABRIC_TEST_REORDER", "JAX_SMDDP_FABRIC_TEST_REGISTER",
+               "JAX_SMDDP_FABRIC_WAIT"):
     env.pop(name, None)
   env.update(settings)
   args = [binary, provider] + ([node] if node else [])

@@ -56,6 +56,10 @@ const std::vector<SettingSpec> kSettings = {
      "smaller messages go through bounce buffers; 0 turns that off. Needs a provider with tagged "
      "messages and directed receives (tcp;ofi_rxm, shm, efa); jax_smddp.traffic() says whether "
      "it is on"},
+    {"JAX_SMDDP_FABRIC_WAIT", kChoice, "fd", 0, 0, "fd|sleep", "runtime", false,
+     "how a call waiting on a libfabric link sleeps once it stops polling: on the completion "
+     "queue's descriptor, woken when data arrives (fd, where the provider offers one), or for "
+     "JAX_SMDDP_SLEEP_US at a time (sleep)"},
     {"JAX_SMDDP_SHM_RING_BYTES", kBytes, "8M", 4096, 1 << 30, "", "runtime", false,
      "each direction's shared-memory ring between two processes of a host"},
     {"JAX_SMDDP_SHM_SINGLE_COPY_BYTES", kBytes, "64K", 0, kNoMax, "", "runtime", false,

@@ -65,6 +65,9 @@ std::vector<std::string> SettingItems(const std::string& value);
 // ("cores - 1") is read with IntSettingIfSet.
 int64_t IntSetting(const char* name);
 double SecondsSetting(const char* name);
+// Text and choice settings: the value when set and valid, else "" (their
+// declared defaults are often descriptions, "efa if present, ...", so the
+// caller applies what "" means).
 std::string TextSetting(const char* name);
 // True, with `*value`, when `name` is set and valid; false (`*value` left
 // alone) when the caller's run-time default applies.

@@ -9,6 +9,7 @@
 #include <dlfcn.h>
 #include <limits.h>
 #include <link.h>
+#include <poll.h>
 #include <unistd.h>
 
 #include <random>
@@ -140,7 +141,7 @@ int GetRdmInfo(const FabricApi& a, const std::string& provider, const std::strin
 }
 
 Status OpenRdmObjects(const FabricApi& a, struct fi_info* info, const std::string& what,
-                      int cq_format, size_t cq_size, RdmObjects* o) {
+                      int cq_format, size_t cq_size, RdmObjects* o, bool wait_fd) {
   auto fail = [&](const char* call, int r) {
     return Status::Error(std::string(call) + " failed for " + what + ": " + a.Err(r));
   };
@@ -155,9 +156,20 @@ Status OpenRdmObjects(const FabricApi& a, struct fi_info* info, const std::strin
   struct fi_cq_attr cq_attr;
   std::memset(&cq_attr, 0, sizeof(cq_attr));
   cq_attr.format = static_cast<enum fi_cq_format>(cq_format);
-  cq_attr.wait_obj = FI_WAIT_NONE;
   cq_attr.size = cq_size;
-  if ((ret = fi_cq_open(o->domain, &cq_attr, &o->cq, nullptr)) != 0) return fail("fi_cq_open", ret);
+  ret = -FI_ENOSYS;
+  if (wait_fd) {
+    // A descriptor to sleep on, so that a waiter wakes when data arrives
+    // instead of at its next timed poll.
+    cq_attr.wait_obj = FI_WAIT_FD;
+    ret = fi_cq_open(o->domain, &cq_attr, &o->cq, nullptr);
+    if (ret == 0 && fi_control(&o->cq->fid, FI_GETWAIT, &o->wait_fd) != 0) o->wait_fd = -1;
+  }
+  if (ret != 0) {
+    cq_attr.wait_obj = FI_WAIT_NONE;
+    if ((ret = fi_cq_open(o->domain, &cq_attr, &o->cq, nullptr)) != 0)
+      return fail("fi_cq_open", ret);
+  }
   if ((ret = fi_endpoint(o->domain, info, &o->ep, nullptr)) != 0) return fail("fi_endpoint", ret);
   if ((ret = fi_ep_bind(o->ep, &o->av->fid, 0)) != 0)
     return fail("fi_ep_bind (address vector)", ret);
@@ -175,6 +187,17 @@ Status OpenRdmObjects(const FabricApi& a, struct fi_info* info, const std::strin
   name.resize(std::min(len, name.size()));
   o->address = std::move(name);
   return Status::Ok();
+}
+
+bool MaySleep(const RdmObjects& o) {
+  struct fid* fids[1] = {&o.cq->fid};
+  return fi_trywait(o.fabric, fids, 1) == FI_SUCCESS;
+}
+
+void SleepOnCompletions(const RdmObjects& o, unsigned max_us) {
+  struct pollfd p = {o.wait_fd, POLLIN, 0};
+  struct timespec t = {time_t(max_us / 1000000), long(max_us % 1000000) * 1000};
+  ::ppoll(&p, 1, &t, nullptr);
 }
 
 void CloseRdmObjects(RdmObjects* o) {

@@ -74,15 +74,27 @@ struct RdmObjects {
   struct fid_cq* cq = nullptr;
   struct fid_ep* ep = nullptr;
   std::string address;  // the endpoint's, to publish to peers
+  // The completion queue's wait descriptor (FI_WAIT_FD), or -1 where it has
+  // none (not asked for, or the provider offers no such queue).
+  int wait_fd = -1;
 };
 
 // Opens, from `info`, the fabric, the domain, an address vector, a completion
 // queue of `cq_format` with `cq_size` entries (bound to the endpoint for both
 // directions) and the endpoint (enabled), and reads the endpoint's address.
+// With `wait_fd`, the queue is asked for a wait descriptor (out->wait_fd) and
+// opened without one where the provider refuses.
 // Errors name the call that failed and `what` (the provider, say). What was
 // opened before an error stays in `*out`, for CloseRdmObjects.
 Status OpenRdmObjects(const FabricApi& a, struct fi_info* info, const std::string& what,
-                      int cq_format, size_t cq_size, RdmObjects* out);
+                      int cq_format, size_t cq_size, RdmObjects* out, bool wait_fd = false);
+// Sleeping on the completion queue of `o` (o.wait_fd >= 0), in two steps:
+// MaySleep (fi_trywait) under whatever serializes the calls on the
+// endpoint's domain (FI_THREAD_DOMAIN), false when there is something to
+// read now; then, without that lock, SleepOnCompletions until the queue may
+// have something or `max_us` passed.
+bool MaySleep(const RdmObjects& o);
+void SleepOnCompletions(const RdmObjects& o, unsigned max_us);
 // Closes what is open, the endpoint first (which retires its operations).
 // Registrations of the domain must be closed after the endpoint and before
 // this, or closed by a caller that closed the endpoint itself.

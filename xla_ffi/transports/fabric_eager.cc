@@ -31,6 +31,8 @@
 // progress, a sender that stopped calling Progress() after its Send
 // completed could otherwise strand its last chunks); a Recv when its last
 // byte arrived. One mutex guards the endpoint; Progress() only try_locks it.
+#include <unistd.h>
+
 #include <algorithm>
 #include <atomic>
 #include <chrono>
@@ -319,10 +321,27 @@ void FabricEndpoint::Impl::Progress() {
   Poll();
 }
 
+void FabricEndpoint::Impl::AwaitActivity(uint32_t seen, unsigned max_us) {
+  if (o_.wait_fd < 0) {
+    ::usleep(max_us);
+    return;
+  }
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    // Something happened since the waiter looked, or this process has sends
+    // or receives to retry (they need progress, not an arrival): no sleep.
+    if (activity_.load(std::memory_order_acquire) != seen || !pending_send_.empty() ||
+        !pending_recv_.empty() || !pending_direct_.empty() || !MaySleep(o_))
+      return;
+  }
+  SleepOnCompletions(o_, max_us);
+}
+
 void FabricEndpoint::Impl::Poll() {
   for (int round = 0; round < 16; ++round) {
     struct fi_cq_msg_entry entries[16];
     ssize_t n = fi_cq_read(o_.cq, entries, 16);
+    if (n > 0) activity_.fetch_add(1, std::memory_order_acq_rel);
     if (n == -FI_EAVAIL) {
       ReadError();
     } else if (n < 0 && n != -FI_EAGAIN) {

@@ -82,7 +82,8 @@ Status FabricEndpoint::Impl::Init(const std::string& provider, const std::string
   if (info_->tx_attr->size) nsend = std::min<size_t>(nsend, info_->tx_attr->size);
 
   SMDDP_RETURN_IF_ERROR(OpenRdmObjects(a, info_, "libfabric provider '" + provider_ + "'",
-                                       FI_CQ_FORMAT_MSG, nrecv + nsend + 64, &o_));
+                                       FI_CQ_FORMAT_MSG, nrecv + nsend + 64, &o_,
+                                       TextSetting("JAX_SMDDP_FABRIC_WAIT") != "sleep"));
   address_ = o_.address;
   self_id_ = Fnv1a(address_);
   if (TextSetting("JAX_SMDDP_FABRIC_TEST_REORDER") == "1") {

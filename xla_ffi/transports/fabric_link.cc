@@ -41,6 +41,8 @@ class FabricLink : public Link {
     ep_->Recv(peer_, tag, dst, bytes, req);
   }
   void Progress() override { ep_->Progress(); }
+  uint32_t Activity() const override { return ep_->Activity(); }
+  void AwaitActivity(uint32_t seen, unsigned max_us) override { ep_->AwaitActivity(seen, max_us); }
   void Cancel(Request* req) override { ep_->Cancel(peer_, req); }
   std::string PeerFailure() override { return ep_->Failure(peer_); }
   StatusCode PeerFailureCode() override { return ep_->FailureCode(peer_); }
@@ -107,6 +109,7 @@ FabricEndpoint::FabricEndpoint(std::shared_ptr<Impl> impl) : impl_(std::move(imp
 FabricEndpoint::~FabricEndpoint() = default;
 std::string FabricEndpoint::Address() const { return impl_->address(); }
 std::string FabricEndpoint::Provider() const { return impl_->provider(); }
+std::string FabricEndpoint::WaitKind() const { return impl_->wait_kind(); }
 
 Status FabricEndpoint::Connect(const std::string& peer_address, const std::string& peer_name,
                                std::unique_ptr<Link>* out) {

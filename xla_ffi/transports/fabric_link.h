@@ -69,6 +69,10 @@ class FabricEndpoint {
   std::string Address() const;
   // The provider actually opened, e.g. "tcp;ofi_rxm".
   std::string Provider() const;
+  // How a call waiting on this endpoint's links sleeps once it stops
+  // polling: "fd" (on the completion queue's descriptor, woken when data
+  // arrives) or "sleep" (JAX_SMDDP_SLEEP_US at a time; JAX_SMDDP_FABRIC_WAIT).
+  std::string WaitKind() const;
 
   // A Link to the peer whose Address() is `peer_address`. `peer_name` names
   // it in messages (e.g. "process 3"). Connecting twice to one peer gives

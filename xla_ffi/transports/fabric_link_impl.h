@@ -226,6 +226,12 @@ class FabricEndpoint::Impl {
   void Send(Peer* p, uint64_t tag, const void* src, size_t bytes, Request* req);
   void Recv(Peer* p, uint64_t tag, void* dst, size_t bytes, Request* req);
   void Progress();
+  // Link::Activity / AwaitActivity: changes when a Poll read completions; a
+  // waiter sleeps on the completion queue's descriptor where there is one.
+  uint32_t Activity() const { return activity_.load(std::memory_order_acquire); }
+  void AwaitActivity(uint32_t seen, unsigned max_us);
+  // "fd" when waiters sleep on the completion queue's descriptor, else "sleep".
+  const char* wait_kind() const { return o_.wait_fd >= 0 ? "fd" : "sleep"; }
   void Cancel(Peer* p, Request* req);
   std::string Failure(Peer* p);
   StatusCode FailureCode(Peer* p);
@@ -285,6 +291,7 @@ class FabricEndpoint::Impl {
 
   const Api& api_;
   std::mutex mu_;
+  std::atomic<uint32_t> activity_{0};
   struct fi_info* info_ = nullptr;
   RdmObjects o_;
   struct fid_mr* mr_ = nullptr;

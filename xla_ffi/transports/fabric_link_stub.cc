@@ -40,6 +40,7 @@ FabricEndpoint::FabricEndpoint(std::shared_ptr<Impl> impl) : impl_(std::move(imp
 FabricEndpoint::~FabricEndpoint() = default;
 std::string FabricEndpoint::Address() const { return std::string(); }
 std::string FabricEndpoint::Provider() const { return std::string(); }
+std::string FabricEndpoint::WaitKind() const { return std::string(); }
 Status FabricEndpoint::Connect(const std::string&, const std::string&, std::unique_ptr<Link>*) {
   return Status::Unsupported("jax_smddp was built without libfabric headers");
 }
