@@ -49,7 +49,45 @@ struct Entry {
   int32_t ordinal;
   int32_t color;  // splits only
   int32_t key;
+  // Splits of a communicator without a real one yet: the real library's id
+  // of this entry's child, made by the root for each color and handed out
+  // with the table, from which the child creates its real communicator at its
+  // first forwarded call (as a communicator created from an id does).
+  uint32_t has_real_id = 0;
+  uint8_t real_id[kRealIdBytes] = {};
 };
+
+// A real library's id for a new communicator, when the library is there and
+// its id fits the front end's (the bytes past kRealIdBytes are zero).
+bool NewRealId(uint8_t out[kRealIdBytes]) {
+  std::string why;
+  using Fn = ncclResult_t (*)(ncclUniqueId*);
+  auto fn = reinterpret_cast<Fn>(RealSymbol("ncclGetUniqueId", &why));
+  if (!fn) return false;
+  ncclUniqueId real;
+  std::memset(&real, 0, sizeof(real));
+  if (fn(&real) != ncclSuccess) return false;
+  for (size_t i = kRealIdBytes; i < sizeof(real.internal); ++i)
+    if (real.internal[i] != 0) return false;
+  std::memcpy(out, real.internal, kRealIdBytes);
+  return true;
+}
+
+// At the root of a split, with every entry in: one real id per color.
+void FillRealIds(std::vector<Entry>& table) {
+  std::map<int32_t, size_t> first;  // color -> its first entry
+  for (size_t r = 0; r < table.size(); ++r) {
+    Entry& e = table[r];
+    if (e.color == kNoColor) continue;
+    auto [it, fresh] = first.emplace(e.color, r);
+    if (fresh) {
+      e.has_real_id = NewRealId(e.real_id);
+    } else {
+      e.has_real_id = table[it->second].has_real_id;
+      std::memcpy(e.real_id, table[it->second].real_id, kRealIdBytes);
+    }
+  }
+}
 
 uint64_t Tag(const uint64_t nonce[2], uint64_t what, uint64_t a, uint64_t b) {
   return MixTag(MixTag(MixTag(MixTag(MixTag(0x6e63636c2d6a6f69ull, nonce[0]), nonce[1]), what), a),
@@ -127,7 +165,7 @@ std::string Missing(const std::vector<Entry>& table, const std::vector<bool>& ha
 
 // The root's side: every entry, from this process's ranks (added under the
 // lock by their threads) and from join messages of any other process.
-Status Collect(const World& world, const uint64_t nonce[2], int nranks, Joining& j,
+Status Collect(const World& world, const uint64_t nonce[2], int nranks, bool real_ids, Joining& j,
                std::unique_lock<std::mutex>& lock, Clock::time_point deadline) {
   const int me = world.process();
   struct Pending {
@@ -211,6 +249,7 @@ Status Collect(const World& world, const uint64_t nonce[2], int nranks, Joining&
     lock.lock();
   }
   cancel_all();
+  if (real_ids) FillRealIds(j.table);
   // Every member process but this one gets the table.
   std::set<int> members;
   for (const Entry& e : j.table) members.insert(e.process);
@@ -229,10 +268,11 @@ Status Collect(const World& world, const uint64_t nonce[2], int nranks, Joining&
 }
 
 // Every rank's entry, as the table the root made. `root` < 0: no world, all
-// ranks are threads of this process.
+// ranks are threads of this process. `real_ids` (splits): the root adds a
+// real id per color (FillRealIds).
 Status Join(const uint64_t nonce[2], int root, int nranks, const Entry& mine,
             const std::shared_ptr<const World>& world, std::vector<Entry>* table,
-            std::shared_ptr<Joining>* joining) {
+            std::shared_ptr<Joining>* joining, bool real_ids = false) {
   const auto deadline = Clock::now() + Timeout();
   auto j = JoiningOf(nonce);
   *joining = j;
@@ -269,7 +309,7 @@ Status Join(const uint64_t nonce[2], int root, int nranks, const Entry& mine,
     Status st;
     if (at_root) {
       if (world) {
-        st = Collect(*world, nonce, nranks, *j, lock, deadline);
+        st = Collect(*world, nonce, nranks, real_ids, *j, lock, deadline);
       } else {
         while (true) {  // threads of this process only
           int complete = 0;
@@ -282,6 +322,7 @@ Status Join(const uint64_t nonce[2], int root, int nranks, const Entry& mine,
             break;
           }
         }
+        if (st.ok() && real_ids) FillRealIds(j->table);
       }
     } else {
       std::vector<Entry> got(nranks);
@@ -595,20 +636,10 @@ Status MakeUniqueId(ncclUniqueId* out) {
   RandomNonce(tail.nonce);
   auto world = CurrentWorld();
   tail.root = world ? world->process() : -1;
-  std::string why;
-  using Fn = ncclResult_t (*)(ncclUniqueId*);
-  if (auto fn = reinterpret_cast<Fn>(RealSymbol("ncclGetUniqueId", &why))) {
-    ncclUniqueId real;
-    std::memset(&real, 0, sizeof(real));
-    if (fn(&real) == ncclSuccess) {
-      bool fits = true;
-      for (size_t i = kRealIdBytes; i < sizeof(real.internal); ++i)
-        fits = fits && real.internal[i] == 0;
-      if (fits) {
-        std::memcpy(out->internal, real.internal, kRealIdBytes);
-        tail.flags |= kHasRealId;
-      }
-    }
+  uint8_t real[kRealIdBytes];
+  if (NewRealId(real)) {
+    std::memcpy(out->internal, real, kRealIdBytes);
+    tail.flags |= kHasRealId;
   }
   std::memcpy(out->internal + kRealIdBytes, &tail, sizeof(tail));
   return Status::Ok();
@@ -669,18 +700,82 @@ Status InitRank(int nranks, const ncclUniqueId& id, int rank, const ncclConfig_t
   return Status::Ok();
 }
 
+namespace {
+
+// The real side of a split: ncclCommSplit on the parent's real communicator
+// (every rank of the parent calls it, NCCL_SPLIT_NOCOLOR ones too: it is
+// collective). *real stays null for kNoColor.
+Status RealSplit(ncclComm_t parent, int color, int key, std::vector<unsigned char>* config,
+                 ncclComm_t* real) {
+  *real = nullptr;
+  using Fn = ncclResult_t (*)(ncclComm_t, int, int, ncclComm_t*, ncclConfig_t*);
+  std::string why;
+  auto fn = reinterpret_cast<Fn>(RealSymbol("ncclCommSplit", &why));
+  if (!fn) return Status::Error("jax_smddp NCCL front end: " + why);
+  const ncclResult_t rc =
+      fn(parent, color, key, real,
+         config->empty() ? nullptr : reinterpret_cast<ncclConfig_t*>(config->data()));
+  if (rc != ncclSuccess)
+    return Status::Error("jax_smddp NCCL front end: the real ncclCommSplit failed (" +
+                         std::to_string(int(rc)) + ")");
+  return Status::Ok();
+}
+
+// A parent whose calls all go to the real library: its child is the real
+// split's, forwarded too. The parent's real communicator is made now if no
+// call made it yet (every rank of the parent is in this split).
+Status SplitForwarded(Comm& parent, int color, int key, const ncclConfig_t* config, Comm** out) {
+  ncclComm_t parent_real = nullptr;
+  SMDDP_RETURN_IF_ERROR(RealComm(parent, &parent_real));
+  auto comm = std::make_unique<Comm>();
+  SMDDP_RETURN_IF_ERROR(CopyConfig(config, comm.get()));
+  ncclComm_t real = nullptr;
+  SMDDP_RETURN_IF_ERROR(RealSplit(parent_real, color, key, &comm->config, &real));
+  if (color == kNoColor || !real) return Status::Ok();
+  using Query = ncclResult_t (*)(ncclComm_t, int*);
+  std::string why;
+  if (auto fn = reinterpret_cast<Query>(RealSymbol("ncclCommCount", &why))) fn(real, &comm->nranks);
+  if (auto fn = reinterpret_cast<Query>(RealSymbol("ncclCommUserRank", &why)))
+    fn(real, &comm->rank);
+  comm->ordinal = parent.ordinal;
+  comm->forwarded_because = parent.forwarded_because;
+  comm->real = real;
+  *out = comm.release();
+  return Status::Ok();
+}
+
+}  // namespace
+
 Status Split(Comm& parent, int color, int key, const ncclConfig_t* config, Comm** out) {
   *out = nullptr;
+  if (!parent.served) return SplitForwarded(parent, color, key, config, out);
   uint64_t nonce[2] = {MixTag(parent.nonce[0], 0x73706c6974ull + parent.splits),
                        MixTag(parent.nonce[1], parent.splits)};
   parent.splits++;
+  // Whether the parent has a real communicator is alike in every rank (each
+  // made it at the same forwarded call): with one, the real side splits it;
+  // without, the root hands out a real id per child, for later.
+  ncclComm_t parent_real = nullptr;
+  {
+    std::lock_guard<std::mutex> lock(parent.real_mu);
+    parent_real = parent.real;
+  }
   auto world = parent.world.lock();
   Entry mine{parent.rank, parent.nranks, world ? world->process() : -1, parent.ordinal, color, key};
   std::vector<Entry> all;
   std::shared_ptr<Joining> joining;
   SMDDP_RETURN_IF_ERROR(Join(nonce, parent.process_of.empty() ? -1 : parent.process_of[0],
-                             parent.nranks, mine, world, &all, &joining));
-  if (color == kNoColor) return Status::Ok();
+                             parent.nranks, mine, world, &all, &joining,
+                             /*real_ids=*/parent_real == nullptr));
+  std::vector<unsigned char> copied;
+  if (config) {
+    const auto* bytes = reinterpret_cast<const unsigned char*>(config);
+    copied.assign(bytes, bytes + std::min<size_t>(config->size, 4096));
+  }
+  if (color == kNoColor) {
+    ncclComm_t none = nullptr;
+    return parent_real ? RealSplit(parent_real, color, key, &copied, &none) : Status::Ok();
+  }
   std::vector<Entry> group;
   for (const Entry& e : all)
     if (e.color == color) group.push_back(e);
@@ -699,36 +794,25 @@ Status Split(Comm& parent, int color, int key, const ncclConfig_t* config, Comm*
   SMDDP_RETURN_IF_ERROR(CopyConfig(config, comm.get()));
   comm->ordinal = parent.ordinal;
   const std::string unknown = UnknownConfig(config);
-  if (!unknown.empty() || !parent.served) {
+  if (!unknown.empty()) {
     comm->nranks = int(group.size());
     comm->rank = rank;
-    comm->forwarded_because = !unknown.empty() ? unknown : parent.forwarded_because;
+    comm->forwarded_because = unknown;
   } else {
     SMDDP_RETURN_IF_ERROR(Build(child, group, rank, world, JoiningOf(child), comm.get()));
   }
-  // The real side splits too where the parent has one (a split child has no
-  // id of its own to create it from later).
-  std::lock_guard<std::mutex> lock(parent.real_mu);
-  if (parent.real) {
-    using Fn = ncclResult_t (*)(ncclComm_t, int, int, ncclComm_t*, ncclConfig_t*);
-    std::string why;
-    auto fn = reinterpret_cast<Fn>(RealSymbol("ncclCommSplit", &why));
+  if (parent_real) {
     ncclComm_t real = nullptr;
-    if (!fn) {
-      comm->real_failure = Status::Error("jax_smddp NCCL front end: " + why);
-    } else if (fn(parent.real, color, key, &real,
-                  comm->config.empty()
-                      ? nullptr
-                      : reinterpret_cast<ncclConfig_t*>(comm->config.data())) != ncclSuccess) {
-      comm->real_failure = Status::Error("jax_smddp NCCL front end: the real ncclCommSplit failed");
-    } else {
+    const Status st = RealSplit(parent_real, color, key, &comm->config, &real);
+    if (st.ok()) {
       comm->real = real;
+    } else {
+      comm->real_failure = st;
     }
-  } else {
-    comm->real_failure = Status::Unsupported(
-        "jax_smddp NCCL front end: this communicator was split from one that never forwarded a "
-        "call, so it has no real NCCL communicator to forward to");
-  }
+  } else if (group[0].has_real_id) {
+    std::memcpy(comm->real_id.internal, group[0].real_id, kRealIdBytes);
+    comm->have_real_id = true;
+  }  // else: RealComm says why there is none (no real library, or its ids do not fit)
   *out = comm.release();
   return Status::Ok();
 }

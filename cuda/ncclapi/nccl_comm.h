@@ -95,7 +95,11 @@ Status MakeUniqueId(ncclUniqueId* out);
 Status InitRank(int nranks, const ncclUniqueId& id, int rank, const ncclConfig_t* config,
                 Comm** out);
 
-// ncclCommSplit: *out null for kNoColor.
+// ncclCommSplit: *out null for kNoColor. A served parent's ranks join as at
+// creation; the child's real side is the real split of the parent's real
+// communicator where it has one, else a real id the split's root made for
+// the child's color (created at its first forwarded call). A parent whose
+// calls are all forwarded is split by the real library alone.
 Status Split(Comm& parent, int color, int key, const ncclConfig_t* config, Comm** out);
 
 // The real communicator behind `comm`, created now if it was not (every rank

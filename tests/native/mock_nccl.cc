@@ -6,6 +6,7 @@
 // folder; the front end opens it by path (JAX_SMDDP_NCCL_LIBRARY).
 //   MOCK_NCCL_VERSION: what ncclGetVersion says (default 22809)
 //   MOCK_NCCL_ID_FULL=1: ids use all 128 bytes (they do not fit the front end's)
+// mock_nccl_last_init_id() names the id the last ncclCommInitRankConfig got.
 //   MOCK_NCCL_FAIL_BROADCAST=1: ncclBroadcast fails (invalid usage), with a message
 #include <unistd.h>
 
@@ -29,6 +30,7 @@ struct MockComm {
 
 std::mutex mu;
 std::string calls;
+std::string last_init_id;  // bytes 40..47 of the id ncclCommInitRankConfig last got, in hex
 
 void Record(const std::string& line) {
   std::lock_guard<std::mutex> lock(mu);
@@ -51,6 +53,15 @@ EXPORT const char* mock_nccl_calls() {
   return copy.c_str();
 }
 
+// Which id the last communicator was made from: ids of different
+// ncclGetUniqueId calls differ there (the process and a count).
+EXPORT const char* mock_nccl_last_init_id() {
+  static std::string copy;
+  std::lock_guard<std::mutex> lock(mu);
+  copy = last_init_id;
+  return copy.c_str();
+}
+
 EXPORT ncclResult_t ncclGetVersion(int* version) {
   const char* v = std::getenv("MOCK_NCCL_VERSION");
   *version = v ? std::atoi(v) : 22809;
@@ -61,7 +72,10 @@ EXPORT ncclResult_t ncclGetUniqueId(ncclUniqueId* id) {
   const char* full = std::getenv("MOCK_NCCL_ID_FULL");
   const size_t used = full && full[0] == '1' ? NCCL_UNIQUE_ID_BYTES : 40;
   char bytes[NCCL_UNIQUE_ID_BYTES] = {};
-  for (size_t i = 0; i < used; ++i) bytes[i] = char('A' + i % 26);
+  for (size_t i = 0; i < used && i < sizeof(bytes); ++i) bytes[i] = char('A' + i % 26);
+  static unsigned made = 0;
+  const unsigned who[2] = {unsigned(getpid()), ++made};
+  std::memcpy(bytes + 40, who, sizeof(who));  // within the 88 bytes the front end keeps
   std::memcpy(id->internal, bytes, sizeof(bytes));
   Record("ncclGetUniqueId");
   return ncclSuccess;
@@ -74,6 +88,15 @@ EXPORT ncclResult_t ncclCommInitRankConfig(ncclComm_t* comm, int nranks, ncclUni
   c->nranks = nranks;
   c->rank = rank;
   *comm = reinterpret_cast<ncclComm_t>(c);
+  {
+    std::lock_guard<std::mutex> lock(mu);
+    last_init_id.clear();
+    for (int i = 40; i < 48; ++i) {
+      char hex[3];
+      std::snprintf(hex, sizeof(hex), "%02x", unsigned(uint8_t(id.internal[i])));
+      last_init_id += hex;
+    }
+  }
   Record("ncclCommInitRankConfig nranks=" + std::to_string(nranks) +
          " rank=" + std::to_string(rank) + " id=" + (real_id ? "real" : "OTHER") +
          " blocking=" + (config ? std::to_string(config->blocking) : std::string("none")));

@@ -114,6 +114,11 @@ std::string Record() {
   return fn ? fn() : "";
 }
 
+std::string LastInitId() {
+  auto fn = reinterpret_cast<const char* (*)()>(dlsym(Mock(), "mock_nccl_last_init_id"));
+  return fn ? fn() : "";
+}
+
 void Note(const std::string& line) {
   auto fn = reinterpret_cast<void (*)(const char*)>(dlsym(Mock(), "mock_nccl_note"));
   if (fn) fn(line.c_str());
@@ -514,7 +519,19 @@ void MixedGroup() {
 
 void Unknown(bool config) {
   ncclComm_t comm = Create(P, me, config ? Config(24000, 0) : Config(22809, 0));
+  // Split before any call: the real side alone, its parent's real
+  // communicator made for it (no front-end exchange between the processes).
+  ncclComm_t child = nullptr;
+  Expect(ncclCommSplit(comm, 0, -me, &child, nullptr) == ncclSuccess,
+         std::string("split of a forwarded communicator: ") + ncclGetLastError(comm));
   std::vector<float> x(50, 1.f), g(50 * P);
+  Expect(child && ncclAllGather(x.data(), g.data(), 50, ncclFloat32, child, nullptr) == ncclSuccess,
+         "all_gather on the forwarded child");
+  Expect(Has(Record(), "ncclCommInitRankConfig nranks=2 rank=" + std::to_string(me)) &&
+             Has(Record(), "ncclCommSplit rank=" + std::to_string(me) +
+                               "/2 color=0 key=" + std::to_string(-me) +
+                               "\nncclAllGather rank=" + std::to_string(-me) + "/-1 count=50"),
+         "the real communicator split, the child's call forwarded to its part: " + Record());
   Expect(ncclAllGather(x.data(), g.data(), 50, ncclFloat32, comm, nullptr) == ncclSuccess,
          "all_gather");
   const std::string record = Record();
@@ -567,6 +584,35 @@ void SplitScenario() {
   }
   CheckAllGather(parent, P, me, 100, "the parent still works");
   Expect(!Has(Record(), "ncclCommSplit"), "served parent: the split is jax_smddp's: " + Record());
+
+  // The parent never forwarded a call, so it has no real communicator to
+  // split: the child forwards from a real id the split's root made for it,
+  // one id for both its members (and none made for the parent).
+  std::vector<float> x(16, float(me)), y(16);
+  if (me != 1) {
+    const int r = me == 2 ? 0 : 1;
+    Expect(ncclBroadcast(x.data(), y.data(), 16, ncclFloat32, 0, child, nullptr) == ncclSuccess,
+           std::string("a forwarded call on the child: ") + ncclGetLastError(child));
+    Expect(Has(Record(), "ncclCommInitRankConfig nranks=2 rank=" + std::to_string(r) +
+                             " id=real blocking=1\nncclBroadcast rank=" + std::to_string(r) +
+                             "/2 count=16"),
+           "the child's real communicator made from its id, then the call: " + Record());
+  }
+  const auto ids = Relay(me == 1 ? "" : LastInitId());
+  Expect(!ids[0].empty() && ids[0] == ids[2] && ids[1].empty(),
+         "both members' real communicators come from one id: " + ids[0] + " " + ids[2]);
+  // A parent that has a real communicator splits it, every rank calling the
+  // real split (it is collective), the rank without a color too.
+  Expect(ncclBroadcast(x.data(), y.data(), 16, ncclFloat32, 0, parent, nullptr) == ncclSuccess,
+         std::string("a forwarded call on the parent: ") + ncclGetLastError(parent));
+  ncclComm_t child2 = nullptr;
+  Expect(ncclCommSplit(parent, color, me, &child2, Config(22809, 1)) == ncclSuccess,
+         std::string("second split: ") + ncclGetLastError(parent));
+  Expect(Has(Record(), "ncclCommSplit rank=" + std::to_string(me) +
+                           "/3 color=" + std::to_string(color) + " key=" + std::to_string(me)),
+         "the real side split: " + Record());
+  Expect((child2 == nullptr) == (me == 1), "no color: no communicator");
+  if (child2) CheckAllGather(child2, 2, me == 0 ? 0 : 1, 64, "all_gather on the second child");
 }
 
 void DeadPeer() {
