@@ -190,6 +190,27 @@ _STATUSES = ("CANCELLED", "UNKNOWN", "INVALID_ARGUMENT", "DEADLINE_EXCEEDED", "N
              "UNAUTHENTICATED")
 _STATUS = re.compile(r"^(%s): " % "|".join(_STATUSES))
 _TAG = re.compile(r"jax_smddp\[([a-z_]+)\]")
+# The peers a message names, where the engine's record is gone or was made by
+# another native module (the GPU front end's): "rank 1 (process 1, pid 42)",
+# "ranks 2, 3 (process 1, ...)" (the GPU groups' watch), "process 1 (devices
+# [2 3])" (the CPU engine); a reporter, " (reported by ...)", is not a peer.
+_RANKS_OF = re.compile(r"\branks? (\d+(?:, \d+)*) \(process (\d+)[,)]")
+_DEVICES_OF = re.compile(r"\bprocess (\d+) \(devices \[([-\d ]*)\]\)")
+
+
+def _peers_named(message: str) -> Peers:
+  text = message.split(" (reported by ")[0]
+  ranks, devices, processes = [], [], []
+  for m in _RANKS_OF.finditer(text):
+    ranks += [int(r) for r in m.group(1).split(", ")]
+    processes.append(int(m.group(2)))
+  for m in _DEVICES_OF.finditer(text):
+    processes.append(int(m.group(1)))
+    devices += [int(d) for d in m.group(2).split()]
+  unique = lambda xs: tuple(dict.fromkeys(xs))
+  return Peers(unique(ranks), unique(devices), unique(processes))
+
+
 _WHERE = re.compile(r"^jax_smddp\[[a-z_]+\](?: \(GPU\))?:? (?:(\w+) \(op \d+(?: of communicator "
                     r"devices \[([-\d ]*)\])?\))?")
 
@@ -248,7 +269,8 @@ def classify(exc: BaseException) -> Optional[CollectiveError]:
     where = _WHERE.match(message)
     op = where.group(1) if where else None
     devices = tuple(int(d) for d in where.group(2).split()) if where and where.group(2) else ()
-    err = cls(message, op=op, devices=devices, remedy=_remedy(code), original=exc)
+    err = cls(message, op=op, devices=devices, peers=_peers_named(message), remedy=_remedy(code),
+              original=exc)
   err.jax_status = status.group(1)
   return err
 

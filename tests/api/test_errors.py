@@ -149,7 +149,24 @@ def test_classify_reads_the_text_when_the_record_is_gone():
   assert err.jax_status == "INTERNAL" and err.status == "UNAVAILABLE"
   assert err.message.startswith("jax_smddp[peer_failed] all_gather (op 3")
   assert err.remedy == _native.engine().failure_remedies()["peer_failed"] and "restart" in err.remedy
+  assert err.peers == smddp.errors.Peers((), (2, 3), (1,))  # not process 99, which only exited
   assert smddp.errors.classify(err) is err
+
+
+def test_classify_names_the_peers_of_the_gpu_front_ends_messages():
+  # XLA's own NCCL calls served by libsmddp_nccl.so: its failures are not in
+  # this process's engine record, so the peers come from the text (seen on an
+  # H200: a killed peer's process named, the reporter not a peer).
+  text = ("INTERNAL: Failed to complete all kernels launched on stream 0x1: NCCL operation "
+          "ncclAllGather failed: remote process exited or there was a network error. Last NCCL "
+          "error: jax_smddp[peer_failed] (GPU): ranks 2, 3 (process 1, pid 4242) of group "
+          "[11 12 13 14] is gone (its process exited) (reported by rank 0 (process 0, pid 77))")
+  err = smddp.errors.classify(RuntimeError(text))
+  assert isinstance(err, smddp.errors.PeerFailedError), err
+  assert err.peers == smddp.errors.Peers((2, 3), (), (1,)) and bool(err.peers)
+  aborted = ("UNAVAILABLE: jax_smddp[peer_failed] jax_smddp NCCL front end: rank 1 (process 1) "
+             "aborted the communicator (ncclCommAbort)")
+  assert smddp.errors.classify(RuntimeError(aborted)).peers.processes == (1,)
 
 
 def test_a_protocol_error_is_typed_apart_from_a_dead_peer():
