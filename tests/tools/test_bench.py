@@ -177,6 +177,14 @@ def test_bench_two_hosts(tmp_path):
   assert meta["fabric_provider"] == "tcp;ofi_rxm"
   assert meta["topology"]["network_peers"] == [1]
   check_results(results, ("all_reduce",))
+  # The link, measured raw in the same run, and each row against it.
+  assert meta["link"]["each_way_gbs"] > 0 and len(meta["link"]["rounds_gbs"]) == 5, meta["link"]
+  for r in results:
+    want = bench.interhost_bytes_per_host("all_reduce", r["bytes_per_rank"], bench.Layout(2, 1, 1))
+    assert r["link_us"] == pytest.approx(want / (meta["link"]["each_way_gbs"] * 1e9) * 1e6)
+    assert r["smddp"]["vs_link"] == pytest.approx(r["link_us"] / r["smddp"]["time_us"])
+  assert "link between the hosts, measured raw in this run" in proc.stdout
+  assert "vs link" in proc.stdout
 
 
 def _fake_results(path, scale, layout="2x2"):

@@ -77,7 +77,13 @@ A memcpy reference, single-threaded numpy copy bandwidth (``np.copyto`` of a
 one process must write (its devices' outputs) take at that bandwidth, and
 ``vs_memcpy`` = memcpy_us / jax_smddp's time. It is a reference, not a limit:
 above 1, jax_smddp wrote its outputs faster than ``np.copyto`` copies, which
-streaming (non-temporal) stores and several threads can do. Results go to a JSON file with
+streaming (non-temporal) stores and several threads can do. Between simulated
+hosts the link itself is measured raw in the same run too
+(:mod:`jax_smddp.tools.link_probe`: TCP sockets sending both ways at once):
+``link_us`` is the time the bytes each host must receive from the others take
+at its rate each way (:func:`interhost_bytes_per_host`), and ``vs_link`` =
+link_us / time, for jax_smddp and for jax.lax (1: the call ran at the link's
+rate). Results go to a JSON file with
 the run's metadata and, when matplotlib is importable, to a busbw-vs-size plot.
 
 The benchmark functions are importable (:func:`run_benchmark`). The package's modules:

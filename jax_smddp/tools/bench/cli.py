@@ -168,6 +168,12 @@ def print_preamble(meta: dict, iters: int, warmup: int) -> None:
           f"and libfabric ({meta.get('fabric_provider') or 'none'}) to "
           f"{len(topo.get('network_peers', []))} peer processes of process 0; "
           "jax.lax on gloo (TCP); times are process 0's medians")
+  if meta.get("link"):
+    link = meta["link"]
+    print(f"# link between the hosts, measured raw in this run ({link['method']}, "
+          f"{format_size(link['bytes'])} each way per round): {link['each_way_gbs']:.3f} GB/s each "
+          "way; link us = the bytes each host must receive from the others at that rate; vs link "
+          "= link us / time (1: the call ran at the link's rate)")
   print(f"# memcpy reference (np.copyto, {format_size(MEMCPY_BYTES)}, one thread): "
         f"{meta['memcpy_gbs']:.2f} GB/s; memcpy us = a process's output bytes at that rate")
   print("# vs memcpy = memcpy us / jax_smddp's time: a reference, not a limit (above 1: "
@@ -235,10 +241,16 @@ def run_multi_process(args) -> int:
         f"{layout.describe()}), {len(args.ops)} ops x {len(sizes)} sizes ...", flush=True)
   t0 = time.monotonic()
   script = ["-m", "jax_smddp.tools.bench_worker"]
+  link = None
   if layout.hosts > 1:
-    from jax_smddp.tools import netns
+    from jax_smddp.tools import link_probe, netns
     env = {"JAX_SMDDP_FABRIC_PROVIDER": os.environ.get("JAX_SMDDP_FABRIC_PROVIDER", "tcp;ofi_rxm")}
     with netns.two_hosts() as (names, ips):
+      # The link itself, before the workers start (an idle link).
+      try:
+        link = link_probe.measure(names, ips)
+      except (RuntimeError, OSError, subprocess.TimeoutExpired) as e:
+        print(f"# the link could not be measured ({e}); rows have no link column", flush=True)
       spaces = [names[h] for h in range(layout.hosts) for _ in range(layout.processes_per_host)]
       procs = launch.run_job(worker_args, layout.processes, layout.devices_per_process,
                              script=script, timeout=args.timeout, env=env,
@@ -273,9 +285,12 @@ def run_multi_process(args) -> int:
       r["in_process_smddp_time_us"] = other["smddp"]["time_us"] if other else None
       r["vs_in_process"] = (r["smddp"]["time_us"] / other["smddp"]["time_us"]) if other else None
 
+  link_gbs = link["each_way_gbs"] if link else None
   for r in results:
-    annotate(r, layout, predict=args.predict, memcpy_gbs=memcpy_gbs)
+    annotate(r, layout, predict=args.predict, memcpy_gbs=memcpy_gbs, link_gbs=link_gbs)
   meta = metadata(layout, args.dtype, memcpy_gbs, topology=first.get("topology"))
+  if link:
+    meta["link"] = link
   if args.mpi4jax:
     meta["mpi4jax"] = _mpi4jax_versions()
   meta["topologies"] = [p.result.get("topology") for p in procs]
@@ -291,7 +306,7 @@ def run_multi_process(args) -> int:
   for op in args.ops:
     print()
     print(table_header(op, layout.devices, ratio=in_process is not None, lax_note=" (gloo)",
-                       model=args.predict, mpi=args.mpi4jax, memcpy=True))
+                       model=args.predict, mpi=args.mpi4jax, memcpy=True, link=link is not None))
     for r in results:
       if r["op"] == op:
         print(table_row(r))

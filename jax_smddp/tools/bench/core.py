@@ -378,6 +378,26 @@ def memcpy_us(op: str, nbytes: int, layout: "Layout", memcpy_gbs: float) -> floa
   return output_bytes_per_process(op, nbytes, layout) / (memcpy_gbs * 1e9) * 1e6
 
 
+def interhost_bytes_per_host(op: str, nbytes: int, layout: "Layout") -> int:
+  """Bytes each host must receive from the other hosts for one call, at
+  least, where every host combines its own ranks' data first (n ranks, H
+  hosts, nbytes per rank's input): all_gather the other hosts' shards,
+  reduce_scatter and all_to_all the other hosts' parts of its ranks' outputs,
+  all_reduce a reduce_scatter and an all_gather of the host-summed vector."""
+  n, hosts = layout.devices, layout.hosts
+  local = n // hosts
+  return {"all_gather": (n - local) * nbytes,
+          "reduce_scatter": (hosts - 1) * nbytes // hosts,
+          "all_reduce": 2 * (hosts - 1) * nbytes // hosts,
+          "all_to_all": local * nbytes * (hosts - 1) // hosts}[op]
+
+
+def link_us(op: str, nbytes: int, layout: "Layout", link_gbs: float) -> float:
+  """The link reference of one call between hosts: interhost_bytes_per_host at
+  the link's measured rate each way (jax_smddp.tools.link_probe)."""
+  return interhost_bytes_per_host(op, nbytes, layout) / (link_gbs * 1e9) * 1e6
+
+
 def memcpy_bandwidth(nbytes: int = MEMCPY_BYTES, repeats: int = 5) -> float:
   """Median single-threaded numpy copy bandwidth in GB/s (bytes copied / time)."""
   src = np.ones(nbytes, np.uint8)
@@ -499,6 +519,14 @@ def metadata(layout: "Layout | int", dtype: str, memcpy_gbs: float,
           "samples_us": "every timed call, in order (process 0's)",
           "other_load": "cores: CPUs kept busy by anything but this benchmark job (other "
                         "users, steal) on average while the point was timed, from /proc",
+          "link": "layouts of several hosts: the link between the simulated hosts measured "
+                  "raw in the same run (jax_smddp.tools.link_probe: TCP sockets, both ways at "
+                  "once), each_way_gbs",
+          "link_us": "the bytes each host must receive from the others "
+                     "(interhost_bytes_per_host: its own ranks' data combined first) at the "
+                     "link's rate each way",
+          "vs_link": "link_us / time: the fraction of the link a call used (1: at the link's "
+                     "rate)",
       },
   }
   if layout.multi_process:
@@ -516,16 +544,21 @@ def model_layout(layout: "Layout"):
 
 
 def annotate(r: dict, layout: "Layout", predict: bool = False, machine=None,
-             memcpy_gbs: float | None = None) -> dict:
+             memcpy_gbs: float | None = None, link_gbs: float | None = None) -> dict:
   """Adds the tuner's choice for this call ("choice": what
   jax_smddp.tuning.choose answers for this op, size and layout), with
   `memcpy_gbs` the memcpy reference ("memcpy_us"; smddp "vs_memcpy" = memcpy_us /
-  time) and, with `predict`, the cost model's prediction ("prediction"; smddp
-  "predicted_us")."""
+  time), with `link_gbs` (layouts of several hosts) the link reference
+  ("link_us"; "vs_link" = link_us / time, for jax_smddp and jax.lax) and, with
+  `predict`, the cost model's prediction ("prediction"; smddp "predicted_us")."""
   from jax_smddp import tuning
   if memcpy_gbs:
     r["memcpy_us"] = memcpy_us(r["op"], r["bytes_per_rank"], layout, memcpy_gbs)
     r["smddp"]["vs_memcpy"] = r["memcpy_us"] / r["smddp"]["time_us"]
+  if link_gbs and layout.hosts > 1:
+    r["link_us"] = link_us(r["op"], r["bytes_per_rank"], layout, link_gbs)
+    r["smddp"]["vs_link"] = r["link_us"] / r["smddp"]["time_us"]
+    r["lax"]["vs_link"] = r["link_us"] / r["lax"]["time_us"]
   lay = model_layout(layout)
   choice = tuning.choose(r["op"], r["bytes_per_rank"], lay)
   r["choice"] = {"algorithm": choice.algorithm, "chunk_bytes": choice.chunk_bytes,

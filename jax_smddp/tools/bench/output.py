@@ -16,10 +16,12 @@ _RATIO = ("vs 1p", 7)
 _MODEL = (("model us", 10), ("model/meas", 10), ("algorithm", 13))
 _MPI = (("mpi4jax us", 11), ("vs mpi", 7))
 _MEMCPY = (("memcpy us", 10), ("vs memcpy", 9))
+_LINK = (("link us", 10), ("vs link", 8), ("lax vs link", 11))
 
 
 def table_header(op: str, n: int, ratio: bool = False, lax_note: str = "",
-                 model: bool = False, mpi: bool = False, memcpy: bool = False) -> str:
+                 model: bool = False, mpi: bool = False, memcpy: bool = False,
+                 link: bool = False) -> str:
   title = (f"# {op}: {n} ranks; size = input bytes per rank; "
            "time = median us per call; bw in GB/s")
   span = lambda cols: sum(_WIDTHS[i] + 2 for i in cols) - 2
@@ -30,6 +32,8 @@ def table_header(op: str, n: int, ratio: bool = False, lax_note: str = "",
     cols += "".join(f"  {c:>{w}}" for c, w in _MPI)
   if memcpy:
     cols += "".join(f"  {c:>{w}}" for c, w in _MEMCPY)
+  if link:
+    cols += "".join(f"  {c:>{w}}" for c, w in _LINK)
   if ratio:
     cols += f"  {_RATIO[0]:>{_RATIO[1]}}"
   if model:
@@ -49,6 +53,9 @@ def table_row(r: dict) -> str:
   if "memcpy_us" in r:
     cells = (f"{r['memcpy_us']:.1f}", f"{r['smddp']['vs_memcpy']:.2f}")
     row += "".join(f"  {c:>{w}}" for c, (_, w) in zip(cells, _MEMCPY))
+  if "link_us" in r:
+    cells = (f"{r['link_us']:.1f}", f"{r['smddp']['vs_link']:.2f}", f"{r['lax']['vs_link']:.2f}")
+    row += "".join(f"  {c:>{w}}" for c, (_, w) in zip(cells, _LINK))
   if "vs_in_process" in r:
     ratio = r["vs_in_process"]
     row += f"  {'-' if ratio is None else f'{ratio:.2f}':>{_RATIO[1]}}"

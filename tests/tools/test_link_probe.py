@@ -1,0 +1,55 @@
+"""The raw link reference of the benchmark between hosts
+(jax_smddp.tools.link_probe), over loopback, and the bytes each host must
+receive that it is compared with (bench.interhost_bytes_per_host)."""
+
+from __future__ import annotations
+
+import socket
+import threading
+
+import pytest
+
+from jax_smddp.tools import bench, link_probe
+
+
+@pytest.mark.timeout(300)
+def test_link_probe_over_loopback():
+  link = link_probe.measure(nbytes=4 << 20, rounds=3)
+  assert link["bytes"] == 4 << 20 and len(link["rounds_gbs"]) == 3
+  assert all(rate > 0 for rate in link["rounds_gbs"]), link
+  assert sorted(link["rounds_gbs"])[1] == link["each_way_gbs"]
+
+
+@pytest.mark.timeout(120)
+def test_link_probe_checks_what_arrives():
+  """A round whose bytes are another round's is an error, not a rate, on both ends."""
+  a, b = socket.socketpair()
+  with a, b:
+    peer_error = []
+
+    def peer():  # sends round 1's bytes where round 0's are expected
+      try:
+        link_probe._exchange(b, 1 << 16, 1, 1)
+      except ValueError as e:
+        peer_error.append(e)
+
+    thread = threading.Thread(target=peer)
+    thread.start()
+    with pytest.raises(ValueError, match="another round or side"):
+      link_probe._exchange(a, 1 << 16, 0, 0)
+    thread.join()
+    assert peer_error and "another round or side" in str(peer_error[0])
+
+
+def test_interhost_bytes_per_host():
+  two_by_one = bench.Layout(2, 1, 1)   # 2 hosts x 1 process x 1 device: n = 2
+  two_by_two = bench.Layout(2, 2, 1)   # n = 4, 2 ranks per host
+  size = 1 << 20
+  assert bench.interhost_bytes_per_host("all_gather", size, two_by_one) == size
+  assert bench.interhost_bytes_per_host("all_gather", size, two_by_two) == 2 * size
+  assert bench.interhost_bytes_per_host("reduce_scatter", size, two_by_one) == size // 2
+  assert bench.interhost_bytes_per_host("reduce_scatter", size, two_by_two) == size // 2
+  assert bench.interhost_bytes_per_host("all_reduce", size, two_by_one) == size
+  assert bench.interhost_bytes_per_host("all_to_all", size, two_by_two) == size
+  # 1 ms at 1 GB/s: the link reference of a 1 MB all_gather between 2 hosts.
+  assert bench.link_us("all_gather", 10**6, two_by_one, 1.0) == pytest.approx(1000.0)
