@@ -74,9 +74,8 @@ Status CudaStreamOps::Copy2D(void* dst, size_t dpitch, const void* src, size_t s
 Status CudaStreamOps::Reduce(void* dst, size_t dpitch, const void* const* srcs, int n,
                              size_t spitch, size_t count, size_t rows, DType dtype, ReduceOp op) {
   Counters().reduce_kernels++;
-  const cudaError_t err =
-      LaunchReduce(dst, dpitch, srcs, n, spitch, count, rows, ElementType(uint8_t(dtype)),
-                   Reduction(uint8_t(op)), settings_.max_blocks, stream_);
+  const cudaError_t err = LaunchReduce(dst, dpitch, srcs, n, spitch, count, rows, dtype, op,
+                                       settings_.max_blocks, stream_);
   if (err == cudaErrorInvalidValue)
     return Status::Unsupported(std::string("jax_smddp (GPU): cannot reduce ") + DTypeName(dtype) +
                                " with " + ReduceOpName(op) + " in this layout");

@@ -25,7 +25,7 @@ __global__ void __launch_bounds__(kThreads)
                 dpitch, src, spitch, units_per_row, rows);
 }
 
-template <typename T, typename A, Reduction R, int V>
+template <typename T, typename A, ReduceOp R, int V>
 __global__ void __launch_bounds__(kThreads)
     ReduceKernel(char* dst, size_t dpitch, Sources srcs, int n, size_t spitch, size_t count,
                  size_t rows) {
@@ -36,7 +36,7 @@ __global__ void __launch_bounds__(kThreads)
 
 // One launch of op over the sources, V elements per load where the layout
 // allows 16-byte vectors, else one (cuda/reduce_body.cuh).
-template <typename T, typename A, Reduction R>
+template <typename T, typename A, ReduceOp R>
 void LaunchReduceOp(char* d, size_t dpitch, const Sources& s, int n, size_t spitch, size_t count,
                     size_t rows, int max_blocks, cudaStream_t stream) {
   constexpr int kVector = sizeof(T) < 16 ? int(16 / sizeof(T)) : 1;
@@ -54,58 +54,58 @@ void LaunchReduceOp(char* d, size_t dpitch, const Sources& s, int n, size_t spit
 
 template <typename T, typename A>
 cudaError_t ReduceTyped(void* dst, size_t dpitch, const Sources& s, int n, size_t spitch,
-                        size_t count, size_t rows, Reduction op, int max_blocks,
+                        size_t count, size_t rows, ReduceOp op, int max_blocks,
                         cudaStream_t stream) {
   char* d = static_cast<char*>(dst);
   switch (op) {
-    case Reduction::kSum:
-      LaunchReduceOp<T, A, Reduction::kSum>(d, dpitch, s, n, spitch, count, rows, max_blocks,
-                                            stream);
+    case ReduceOp::kSum:
+      LaunchReduceOp<T, A, ReduceOp::kSum>(d, dpitch, s, n, spitch, count, rows, max_blocks,
+                                           stream);
       break;
-    case Reduction::kMax:
-      LaunchReduceOp<T, A, Reduction::kMax>(d, dpitch, s, n, spitch, count, rows, max_blocks,
-                                            stream);
+    case ReduceOp::kMax:
+      LaunchReduceOp<T, A, ReduceOp::kMax>(d, dpitch, s, n, spitch, count, rows, max_blocks,
+                                           stream);
       break;
-    case Reduction::kMin:
-      LaunchReduceOp<T, A, Reduction::kMin>(d, dpitch, s, n, spitch, count, rows, max_blocks,
-                                            stream);
+    case ReduceOp::kMin:
+      LaunchReduceOp<T, A, ReduceOp::kMin>(d, dpitch, s, n, spitch, count, rows, max_blocks,
+                                           stream);
       break;
   }
   return cudaGetLastError();
 }
 
 cudaError_t ReducePass(void* dst, size_t dpitch, const Sources& s, int n, size_t spitch,
-                       size_t count, size_t rows, ElementType type, Reduction op, int max_blocks,
+                       size_t count, size_t rows, DType type, ReduceOp op, int max_blocks,
                        cudaStream_t stream) {
   switch (type) {
-    case ElementType::kInt8:
+    case DType::kInt8:
       return ReduceTyped<int8_t, int32_t>(dst, dpitch, s, n, spitch, count, rows, op, max_blocks,
                                           stream);
-    case ElementType::kUInt8:
+    case DType::kUInt8:
       return ReduceTyped<uint8_t, uint32_t>(dst, dpitch, s, n, spitch, count, rows, op, max_blocks,
                                             stream);
-    case ElementType::kInt32:
+    case DType::kInt32:
       return ReduceTyped<int32_t, int32_t>(dst, dpitch, s, n, spitch, count, rows, op, max_blocks,
                                            stream);
-    case ElementType::kUInt32:
+    case DType::kUInt32:
       return ReduceTyped<uint32_t, uint32_t>(dst, dpitch, s, n, spitch, count, rows, op, max_blocks,
                                              stream);
-    case ElementType::kInt64:
+    case DType::kInt64:
       return ReduceTyped<int64_t, int64_t>(dst, dpitch, s, n, spitch, count, rows, op, max_blocks,
                                            stream);
-    case ElementType::kFloat16:
+    case DType::kFloat16:
       return ReduceTyped<__half, float>(dst, dpitch, s, n, spitch, count, rows, op, max_blocks,
                                         stream);
-    case ElementType::kBFloat16:
+    case DType::kBFloat16:
       return ReduceTyped<__nv_bfloat16, float>(dst, dpitch, s, n, spitch, count, rows, op,
                                                max_blocks, stream);
-    case ElementType::kFloat32:
+    case DType::kFloat32:
       return ReduceTyped<float, float>(dst, dpitch, s, n, spitch, count, rows, op, max_blocks,
                                        stream);
-    case ElementType::kFloat64:
+    case DType::kFloat64:
       return ReduceTyped<double, double>(dst, dpitch, s, n, spitch, count, rows, op, max_blocks,
                                          stream);
-    case ElementType::kBool:
+    case DType::kBool:
       break;
   }
   return cudaErrorInvalidValue;
@@ -142,7 +142,7 @@ cudaError_t LaunchCopy2D(void* dst, size_t dpitch, const void* src, size_t spitc
 }
 
 cudaError_t LaunchReduce(void* dst, size_t dpitch, const void* const* srcs, int n, size_t spitch,
-                         size_t count, size_t rows, ElementType type, Reduction op, int max_blocks,
+                         size_t count, size_t rows, DType type, ReduceOp op, int max_blocks,
                          cudaStream_t stream) {
   if (count == 0 || rows == 0) return cudaSuccess;
   if (n <= 0) return cudaErrorInvalidValue;

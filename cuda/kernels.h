@@ -9,23 +9,10 @@
 
 #include <cuda_runtime_api.h>
 
+#include "xla_ffi/common/dtype.h"  // DType, ReduceOp: the engine's, as it passes them
+
 namespace smddp {
 namespace cuda {
-
-// Element types as the engine numbers them (xla_ffi/common/dtype.h).
-enum class ElementType : uint8_t {
-  kBool,
-  kInt8,
-  kUInt8,
-  kInt32,
-  kUInt32,
-  kInt64,
-  kFloat16,
-  kBFloat16,
-  kFloat32,
-  kFloat64,
-};
-enum class Reduction : uint8_t { kSum = 0, kMax = 1, kMin = 2 };
 
 // Sources one reduction kernel reads; more are combined in passes.
 constexpr int kMaxSources = 32;
@@ -38,7 +25,7 @@ cudaError_t LaunchCopy2D(void* dst, size_t dpitch, const void* src, size_t spitc
 // pitches in bytes. 16-bit floats are combined in f32 and rounded once (per
 // pass of kMaxSources). Returns cudaErrorInvalidValue for unsupported types.
 cudaError_t LaunchReduce(void* dst, size_t dpitch, const void* const* srcs, int n, size_t spitch,
-                         size_t count, size_t rows, ElementType type, Reduction op, int max_blocks,
+                         size_t count, size_t rows, DType type, ReduceOp op, int max_blocks,
                          cudaStream_t stream);
 
 // One-thread kernels: later work waits for *flag >= value; *flag = value

@@ -18,7 +18,7 @@
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 
-#include "cuda/kernels.h"  // Reduction, kMaxSources
+#include "cuda/kernels.h"  // kMaxSources (and DType, ReduceOp)
 
 namespace smddp {
 namespace cuda {
@@ -44,12 +44,12 @@ struct Convert<__nv_bfloat16, float> {
   __host__ __device__ static __nv_bfloat16 Store(float v) { return __float2bfloat16_rn(v); }
 };
 
-template <Reduction R>
+template <ReduceOp R>
 struct Combine {
   template <typename A>
   __host__ __device__ static A Apply(A a, A b) {
-    if (R == Reduction::kSum) return a + b;
-    if (R == Reduction::kMax) return b > a ? b : a;
+    if (R == ReduceOp::kSum) return a + b;
+    if (R == ReduceOp::kMax) return b > a ? b : a;
     return b < a ? b : a;
   }
 };
@@ -64,7 +64,7 @@ struct alignas(sizeof(T) * V) Vec {
 // int8 per load), so that its accumulators (U x V) stay in registers within
 // the launch bound of 512 threads per block.
 template <int V>
-constexpr int ReduceUnroll() {
+__host__ __device__ constexpr int ReduceUnroll() {
   return V * 4 <= 32 ? 4 : 32 / V;
 }
 
@@ -75,7 +75,7 @@ constexpr int ReduceUnroll() {
 // once: each source's loads are issued before any is combined,
 // so a thread keeps ReduceUnroll x (sources in the unrolled loop) loads in
 // flight instead of one per source (H200: 8 blocks reached 75 GB/s with one).
-template <typename T, typename A, Reduction R, int V>
+template <typename T, typename A, ReduceOp R, int V>
 __host__ __device__ inline void ReduceThread(size_t t, size_t threads, char* dst, size_t dpitch,
                                              const Sources& srcs, int n, size_t spitch,
                                              size_t count, size_t rows) {

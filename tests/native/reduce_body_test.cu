@@ -20,7 +20,7 @@
 #include "cuda/reduce_body.cuh"
 #include "tests/native/host_buffers.h"
 
-using smddp::cuda::Reduction;
+using smddp::ReduceOp;
 using smddp::cuda::Sources;
 
 namespace {
@@ -31,7 +31,7 @@ struct Args {
   const char *in, *out;
 };
 
-template <typename T, typename A, Reduction R>
+template <typename T, typename A, ReduceOp R>
 int Run(const Args& a) {
   const std::vector<char> in = smddp_test::ReadFile(a.in), out = smddp_test::ReadFile(a.out);
   const size_t E = sizeof(T);
@@ -68,9 +68,9 @@ int Run(const Args& a) {
 
 template <typename T, typename A>
 int ByOp(const std::string& op, const Args& a) {
-  if (op == "sum") return Run<T, A, Reduction::kSum>(a);
-  if (op == "max") return Run<T, A, Reduction::kMax>(a);
-  if (op == "min") return Run<T, A, Reduction::kMin>(a);
+  if (op == "sum") return Run<T, A, ReduceOp::kSum>(a);
+  if (op == "max") return Run<T, A, ReduceOp::kMax>(a);
+  if (op == "min") return Run<T, A, ReduceOp::kMin>(a);
   return 2;
 }
 

@@ -108,8 +108,8 @@ double ReduceSeconds(int ordinal, size_t bytes, int sources, int max_blocks, int
   DeviceBuffers m(ordinal, sources + 1, bytes);  // the sources, then the destination
   return BestSeconds(ordinal, iters, [&](cudaStream_t stream) {
     CheckCuda(smddp::cuda::LaunchReduce(m.p[size_t(sources)], bytes, m.p.data(), sources, bytes,
-                                        bytes / 4, 1, smddp::cuda::ElementType::kFloat32,
-                                        smddp::cuda::Reduction::kSum, max_blocks, stream),
+                                        bytes / 4, 1, smddp::DType::kFloat32, smddp::ReduceOp::kSum,
+                                        max_blocks, stream),
               "reduction kernel");
   });
 }
