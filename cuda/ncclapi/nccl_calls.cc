@@ -47,10 +47,23 @@ Tally& Tallies() {
 
 thread_local std::string thread_error;
 
+// A send or receive recorded inside a group, for SendRecv's match.
+struct PointToPoint {
+  bool send = false;
+  char* buffer = nullptr;
+  size_t count = 0;
+  ncclDataType_t type = ncclFloat32;
+  int peer = -1;
+  Comm* comm = nullptr;
+  void* stream = nullptr;
+};
+
 // A call recorded inside a group.
 struct Pending {
   Comm* forwarded = nullptr;  // the communicator of a forwarded call
   std::function<ncclResult_t()> run;
+  bool point_to_point = false;  // p2p holds the call
+  PointToPoint p2p;
 };
 thread_local int group_depth = 0;
 thread_local std::vector<Pending> group_calls;
@@ -263,7 +276,10 @@ ncclResult_t Serve(Collective kind, const void* send, void* recv, size_t count, 
 // Runs `call` now, or records it inside a group.
 ncclResult_t Issue(Comm* forwarded, std::function<ncclResult_t()> call) {
   if (group_depth > 0) {
-    group_calls.push_back(Pending{forwarded, std::move(call)});
+    Pending pending;
+    pending.forwarded = forwarded;
+    pending.run = std::move(call);
+    group_calls.push_back(std::move(pending));
     return ncclSuccess;
   }
   return call();
@@ -274,7 +290,57 @@ Fn Real(const char* name, std::string* why) {
   return reinterpret_cast<Fn>(RealSymbol(name, why));
 }
 
+// Bytes moved, not reduced: any type of a known size, as an engine type of that size.
+DType MovedType(ncclDataType_t type) {
+  switch (TypeBytes(type)) {
+    case 1:
+      return DType::kUInt8;
+    case 2:
+      return DType::kFloat16;
+    case 4:
+      return DType::kUInt32;
+    default:
+      return DType::kInt64;
+  }
+}
+
+// Whether a group's calls are exactly an all-to-all (SendRecv); `*a2a` then
+// holds its first send (and the first receive's buffer in `*recv`).
+bool AllToAllOf(const std::vector<Pending>& calls, PointToPoint* a2a, char** recv) {
+  if (calls.empty() || !calls[0].point_to_point) return false;
+  const PointToPoint& first = calls[0].p2p;
+  Comm* comm = first.comm;
+  const int n = comm->nranks;
+  const size_t block = first.count * TypeBytes(first.type);
+  if (calls.size() != 2 * size_t(n) || block == 0 ||
+      !WhyNotServed(*comm, Collective::kAllToAll, first.type, ncclSum, first.count).empty())
+    return false;
+  std::vector<char*> sends(n, nullptr), recvs(n, nullptr);
+  for (const Pending& c : calls) {
+    const PointToPoint& p = c.p2p;
+    if (!c.point_to_point || p.comm != comm || p.stream != first.stream || p.type != first.type ||
+        p.count != first.count || p.peer < 0 || p.peer >= n || p.buffer == nullptr)
+      return false;
+    char*& slot = p.send ? sends[p.peer] : recvs[p.peer];
+    if (slot) return false;  // two to one peer
+    slot = p.buffer;
+  }
+  for (int q = 0; q < n; ++q)
+    if (sends[q] != sends[0] + size_t(q) * block || recvs[q] != recvs[0] + size_t(q) * block)
+      return false;
+  *a2a = first;
+  a2a->buffer = sends[0];
+  *recv = recvs[0];
+  return true;
+}
+
 }  // namespace
+
+// The closure that runs `call` on `comm`'s real communicator (made now if it
+// was not), noting the forwarding and keeping NCCL's code and message.
+std::function<ncclResult_t()> Forwarding(Comm* comm, const std::string& name,
+                                         const std::string& why,
+                                         std::function<ncclResult_t(ncclComm_t real)> call);
 
 std::string JsonEscaped(const std::string& text) {
   std::string out;
@@ -365,8 +431,13 @@ ncclResult_t Forward(const char* function, ncclComm_t handle,
     return Fail(comm, Status::Unsupported(std::string("jax_smddp NCCL front end: ") + function +
                                           " would be forwarded to NCCL (" + why +
                                           ") and JAX_SMDDP_REQUIRE=no-fallback forbids it"));
-  std::string name = function;
-  return Issue(comm, [comm, name, why, call = std::move(call)]() {
+  return Issue(comm, Forwarding(comm, function, why, std::move(call)));
+}
+
+std::function<ncclResult_t()> Forwarding(Comm* comm, const std::string& name,
+                                         const std::string& why,
+                                         std::function<ncclResult_t(ncclComm_t real)> call) {
+  return [comm, name, why, call = std::move(call)]() {
     ncclComm_t real = nullptr;
     const Status st = RealComm(*comm, &real);
     if (!st.ok())
@@ -384,7 +455,7 @@ ncclResult_t Forward(const char* function, ncclComm_t handle,
                                (text && *text ? std::string(": ") + text : std::string())));
     }
     return rc;
-  });
+  };
 }
 
 ncclResult_t RunCollective(Collective kind, const void* send, void* recv, size_t count,
@@ -428,29 +499,44 @@ ncclResult_t RunCollective(Collective kind, const void* send, void* recv, size_t
   }
   DType dtype = DType::kUInt8;
   EngineType(type, &dtype);
-  if (kind == Collective::kAllGather || kind == Collective::kAllToAll) {
-    // Bytes moved, not reduced: any type of a known size (an engine type of that size).
-    switch (TypeBytes(type)) {
-      case 1:
-        dtype = DType::kUInt8;
-        break;
-      case 2:
-        dtype = DType::kFloat16;
-        break;
-      case 4:
-        dtype = DType::kUInt32;
-        break;
-      default:
-        dtype = DType::kInt64;
-        break;
-    }
-  }
+  if (kind == Collective::kAllGather || kind == Collective::kAllToAll) dtype = MovedType(type);
   const ReduceOp engine_op = op == ncclMax   ? ReduceOp::kMax
                              : op == ncclMin ? ReduceOp::kMin
                                              : ReduceOp::kSum;
   if (group_depth == 0) return Serve(kind, send, recv, count, dtype, engine_op, *comm, stream);
   return Issue(nullptr,
                [=]() { return Serve(kind, send, recv, count, dtype, engine_op, *comm, stream); });
+}
+
+ncclResult_t SendRecv(bool send, void* buffer, size_t count, ncclDataType_t type, int peer,
+                      ncclComm_t handle, void* stream) {
+  const char* name = send ? "ncclSend" : "ncclRecv";
+  auto call = [=](ncclComm_t real) {
+    std::string missing;
+    using Fn = ncclResult_t (*)(void*, size_t, ncclDataType_t, int, ncclComm_t, void*);
+    auto fn = Real<Fn>(name, &missing);  // ncclSend's buffer is const: same ABI
+    return fn ? fn(buffer, count, type, peer, real, stream) : ncclInternalError;
+  };
+  Comm* comm = AsComm(handle);
+  if (group_depth == 0 || !comm || !comm->served) return Forward(name, handle, call);
+  // Recorded as it is: GroupEnd serves the group if it is an all-to-all, and
+  // forwards this call (as Forward would have) if it is not.
+  Pending pending;
+  pending.forwarded = comm;
+  pending.point_to_point = true;
+  pending.p2p = PointToPoint{send, static_cast<char*>(buffer), count, type, peer, comm, stream};
+  pending.run = [comm, name, call]() {
+    const std::string why =
+        "the GPU engine serves sends and receives only as a group that "
+        "forms an all-to-all";
+    if (NoFallback())
+      return Fail(comm, Status::Unsupported(std::string("jax_smddp NCCL front end: ") + name +
+                                            " would be forwarded to NCCL (" + why +
+                                            ") and JAX_SMDDP_REQUIRE=no-fallback forbids it"));
+    return Forwarding(comm, name, why, call)();
+  };
+  group_calls.push_back(std::move(pending));
+  return ncclSuccess;
 }
 
 ncclResult_t GroupStart() {
@@ -465,6 +551,11 @@ ncclResult_t GroupEnd() {
   if (--group_depth > 0) return ncclSuccess;
   std::vector<Pending> calls = std::move(group_calls);
   group_calls.clear();
+  PointToPoint a2a;
+  char* a2a_recv = nullptr;
+  if (AllToAllOf(calls, &a2a, &a2a_recv))
+    return Serve(Collective::kAllToAll, a2a.buffer, a2a_recv, a2a.count, MovedType(a2a.type),
+                 ReduceOp::kSum, *a2a.comm, a2a.stream);
   ncclResult_t first = ncclSuccess;
   auto keep = [&](ncclResult_t rc) {
     if (first == ncclSuccess) first = rc;

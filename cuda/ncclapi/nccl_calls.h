@@ -3,7 +3,8 @@
 // when its communicator is served and the engine has its type and
 // reduction, and forwarded to the real NCCL otherwise. Between
 // ncclGroupStart and ncclGroupEnd calls are only recorded; the outermost
-// ncclGroupEnd issues them: the served calls before the first forwarded one,
+// ncclGroupEnd issues them (a group of sends and receives that is an
+// all-to-all as one served call, SendRecv): the served calls before the first forwarded one,
 // then every forwarded call as one real NCCL group (in their order: a
 // send/recv pair never splits across real groups), then the other served
 // calls. NCCL orders nothing inside a group, so this keeps its meaning.
@@ -56,6 +57,14 @@ ncclResult_t RunCollective(Collective kind, const void* send, void* recv, size_t
 ncclResult_t Forward(const char* function, ncclComm_t comm,
                      std::function<ncclResult_t(ncclComm_t real)> call,
                      const std::string& reason = "");
+
+// ncclSend / ncclRecv: forwarded, except in a group that is exactly an
+// all-to-all on one served communicator, as XLA's all-to-all issues it: a
+// send to and a receive from every rank (itself included), one count, type
+// and stream, each side's blocks contiguous in rank order. Such a group is
+// served as one ncclAlltoAll.
+ncclResult_t SendRecv(bool send, void* buffer, size_t count, ncclDataType_t type, int peer,
+                      ncclComm_t comm, void* stream);
 
 ncclResult_t GroupStart();
 ncclResult_t GroupEnd();

@@ -265,14 +265,14 @@ SMDDP_FORWARD(ncclReduce,
               (const void* send, void* recv, size_t count, ncclDataType_t type, ncclRedOp_t op,
                int root, ncclComm_t comm, void* stream),
               (send, recv, count, type, op, root, real, stream))
-SMDDP_FORWARD(ncclSend,
-              (const void* send, size_t count, ncclDataType_t type, int peer, ncclComm_t comm,
-               void* stream),
-              (send, count, type, peer, real, stream))
-SMDDP_FORWARD(ncclRecv,
-              (void* recv, size_t count, ncclDataType_t type, int peer, ncclComm_t comm,
-               void* stream),
-              (recv, count, type, peer, real, stream))
+SMDDP_NCCL_EXPORT ncclResult_t ncclSend(const void* send, size_t count, ncclDataType_t type,
+                                        int peer, ncclComm_t comm, void* stream) {
+  return SendRecv(true, const_cast<void*>(send), count, type, peer, comm, stream);
+}
+SMDDP_NCCL_EXPORT ncclResult_t ncclRecv(void* recv, size_t count, ncclDataType_t type, int peer,
+                                        ncclComm_t comm, void* stream) {
+  return SendRecv(false, recv, count, type, peer, comm, stream);
+}
 SMDDP_FORWARD(ncclRedOpCreatePreMulSum,
               (ncclRedOp_t * op, void* scalar, ncclDataType_t type, int residence, ncclComm_t comm),
               (op, scalar, type, residence, real))

@@ -615,6 +615,55 @@ void SplitScenario() {
   if (child2) CheckAllGather(child2, 2, me == 0 ? 0 : 1, 64, "all_gather on the second child");
 }
 
+// Sends and receives in a group, as XLA's all-to-all issues them: served as
+// one all_to_all when they form one (every peer, self included, each side's
+// blocks contiguous in rank order), forwarded otherwise.
+void SendRecvGroups() {
+  ncclComm_t comm = Create(P, me, Config(22809, 0));
+  const size_t count = 300;
+  std::vector<float> x(count * P), y(count * P, -1.f);
+  for (size_t i = 0; i < x.size(); ++i) x[i] = Value(me, i);
+  Expect(ncclGroupStart() == ncclSuccess, "group start");
+  for (int q = P - 1; q >= 0; --q) {  // any order within the group
+    Expect(ncclRecv(y.data() + q * count, count, ncclFloat32, q, comm, nullptr) == ncclSuccess,
+           "recv");
+    Expect(ncclSend(x.data() + q * count, count, ncclFloat32, q, comm, nullptr) == ncclSuccess,
+           "send");
+  }
+  Expect(ncclGroupEnd() == ncclSuccess,
+         std::string("an all-to-all of sends and receives: ") + ncclGetLastError(comm));
+  bool ok = true;
+  for (int q = 0; q < P; ++q)
+    for (size_t i = 0; i < count; ++i) ok = ok && y[q * count + i] == Value(q, me * count + i);
+  Expect(ok, "the all-to-all's values");
+  Expect(!Has(Record(), "ncclSend") && !Has(Record(), "ncclRecv") &&
+             Has(smddp::nccl::Describe(), "\"ncclAlltoAll\": 1"),
+         "served as one all_to_all; the mock saw:\n" + Record() + smddp::nccl::Describe());
+  // A permutation (one peer each way) is not an all-to-all: forwarded, in
+  // one real group.
+  Expect(ncclGroupStart() == ncclSuccess, "group start");
+  Expect(ncclSend(x.data(), count, ncclFloat32, 1 - me, comm, nullptr) == ncclSuccess, "send");
+  Expect(ncclRecv(y.data(), count, ncclFloat32, 1 - me, comm, nullptr) == ncclSuccess, "recv");
+  Expect(ncclGroupEnd() == ncclSuccess, "group end");
+  const std::string who = "rank=" + std::to_string(me) + "/" + std::to_string(P);
+  Expect(Has(Record(), "ncclGroupStart\nncclSend " + who +
+                           " count=300 peer=" + std::to_string(1 - me) + "\nncclRecv " + who +
+                           " count=300 peer=" + std::to_string(1 - me) + "\nncclGroupEnd"),
+         "the permutation forwarded as one group: " + Record());
+  // Blocks out of rank order: forwarded too.
+  Expect(ncclGroupStart() == ncclSuccess, "group start");
+  for (int q = 0; q < P; ++q) {
+    Expect(ncclSend(x.data() + (P - 1 - q) * count, count, ncclFloat32, q, comm, nullptr) ==
+               ncclSuccess,
+           "send");
+    Expect(ncclRecv(y.data() + q * count, count, ncclFloat32, q, comm, nullptr) == ncclSuccess,
+           "recv");
+  }
+  Expect(ncclGroupEnd() == ncclSuccess, "group end");
+  Expect(Has(Record(), "ncclSend " + who + " count=300 peer=" + std::to_string(me)),
+         "the shuffled blocks forwarded: " + Record());
+}
+
 void DeadPeer() {
   ncclComm_t comm = Create(P, me, nullptr);
   CheckAllGather(comm, P, me, 128, "before the death");
@@ -771,6 +820,8 @@ int RunProcess(const std::string& scenario) {
     Served();
   else if (scenario == "forwarded")
     Forwarded();
+  else if (scenario == "send_recv")
+    SendRecvGroups();
   else if (scenario == "mixed_group")
     MixedGroup();
   else if (scenario == "unknown_config")

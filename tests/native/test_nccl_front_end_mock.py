@@ -6,8 +6,9 @@ forwarded. Forked processes build a world of shared-memory links and create
 communicators as XLA does (the unique id relayed as the key-value store
 would): every collective the engine takes is served with the right values
 and nothing reaches NCCL; broadcast, product reductions and send/recv are
-forwarded with the real communicator (created once, blocking); a group
-mixing both keeps its order; an unknown config or library version forwards
+forwarded with the real communicator (created once, blocking); a group of
+sends and receives that forms an all-to-all is served as one, others are
+forwarded; a group mixing both keeps its order; an unknown config or library version forwards
 everything; an id the real library's does not fit in fails forwarded calls
 saying why; JAX_SMDDP_REQUIRE=no-fallback refuses forwarding; splits; a
 killed peer, or one that aborts the communicator, becomes the communicator's
@@ -26,7 +27,7 @@ import pytest
 
 from helpers import native_program
 
-SCENARIOS = ["served", "forwarded", "mixed_group", "unknown_config", "unknown_version", "id_full",
+SCENARIOS = ["served", "forwarded", "send_recv", "mixed_group", "unknown_config", "unknown_version", "id_full",
              "no_fallback", "split", "dead_peer", "stalled", "join_timeout", "forward_fails", "abort",
              "across_hosts"]
 
