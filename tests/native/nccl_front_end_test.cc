@@ -562,6 +562,22 @@ void NoFallback() {
   Expect(!Has(Record(), "ncclBroadcast") && !Has(Record(), "ncclCommInitRankConfig"),
          "nothing reached NCCL: " + Record());
   CheckAllGather(comm, P, me, 64, "served calls still run");
+  // Sends and receives: an all-to-all group is served; a permutation would
+  // be forwarded, so its group fails at ncclGroupEnd.
+  std::vector<float> a(8 * P, 1.f), b(8 * P);
+  Expect(ncclGroupStart() == ncclSuccess, "group start");
+  for (int q = 0; q < P; ++q) {
+    ncclSend(a.data() + 8 * q, 8, ncclFloat32, q, comm, nullptr);
+    ncclRecv(b.data() + 8 * q, 8, ncclFloat32, q, comm, nullptr);
+  }
+  Expect(ncclGroupEnd() == ncclSuccess, "an all-to-all group is served");
+  Expect(ncclGroupStart() == ncclSuccess, "group start");
+  ncclSend(a.data(), 8, ncclFloat32, 1 - me, comm, nullptr);
+  ncclRecv(b.data(), 8, ncclFloat32, 1 - me, comm, nullptr);
+  Expect(ncclGroupEnd() == ncclInvalidUsage && Has(ncclGetLastError(comm), "no-fallback"),
+         std::string("a permutation refused: ") + ncclGetLastError(comm));
+  Expect(!Has(Record(), "ncclSend") && !Has(Record(), "ncclRecv"),
+         "nothing reached NCCL: " + Record());
 }
 
 void SplitScenario() {
