@@ -1,9 +1,10 @@
-"""Two simulated hosts on one machine: network namespaces joined by a veth pair.
+"""Simulated hosts on one machine: network namespaces joined by a veth pair
+(two_hosts), or several on one bridge (hosts).
 
 Processes started with `ip netns exec <ns>` in different namespaces reach each
-other only over the veth link (10.199.<k>.1 <-> 10.199.<k>.2), so jax_smddp
+other only over the veth links (10.199.<k>.1, 10.199.<k>.2, ...), so jax_smddp
 treats them as different hosts (its host id includes the network namespace)
-and connects them through libfabric's tcp provider, as it would two machines.
+and connects them through libfabric's tcp provider, as it would machines.
 Needs root (CAP_NET_ADMIN) and iproute2.
 """
 
@@ -53,4 +54,42 @@ def two_hosts():
     yield names, ips
   finally:
     for ns in names:
+      subprocess.run(["ip", "netns", "del", ns], capture_output=True)
+
+
+@contextlib.contextmanager
+def hosts(count: int):
+  """Yields (namespaces, ips) of `count` simulated hosts, each joined by a
+  veth pair to one bridge that lives in a namespace of its own (the machine's
+  own network is not touched); removes them all after."""
+  if count == 2:
+    with two_hosts() as joined:
+      yield joined
+    return
+  if not 2 <= count <= 32:
+    raise ValueError(f"{count} simulated hosts: 2 to 32 are supported")
+  tag = f"{os.getpid() % 100000}"
+  k = os.getpid() % 200 + 20
+  switch = f"smddp_s{tag}"
+  names = [f"smddp_{h}h{tag}" for h in range(count)]
+  ips = [f"10.199.{k}.{h + 1}" for h in range(count)]
+  for ns in (switch, *names):  # a killed run's leftovers of this process id
+    subprocess.run(["ip", "netns", "del", ns], capture_output=True)
+  try:
+    _ip("netns", "add", switch)
+    _ip("-n", switch, "link", "add", "br0", "type", "bridge")
+    _ip("-n", switch, "link", "set", "br0", "up")
+    for h, (ns, ip) in enumerate(zip(names, ips)):
+      _ip("netns", "add", ns)
+      _ip("-n", ns, "link", "set", "lo", "up")
+      # Made inside the switch's namespace, one end moved to the host's.
+      _ip("-n", switch, "link", "add", f"p{h}", "type", "veth", "peer", "name", "eth0",
+          "netns", ns)
+      _ip("-n", switch, "link", "set", f"p{h}", "master", "br0")
+      _ip("-n", switch, "link", "set", f"p{h}", "up")
+      _ip("-n", ns, "addr", "add", f"{ip}/24", "dev", "eth0")
+      _ip("-n", ns, "link", "set", "eth0", "up")
+    yield names, ips
+  finally:
+    for ns in (*names, switch):
       subprocess.run(["ip", "netns", "del", ns], capture_output=True)

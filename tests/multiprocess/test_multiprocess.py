@@ -345,6 +345,21 @@ def test_two_hosts_over_libfabric_tcp(devices):
 
 
 @pytest.mark.timeout(400)
+def test_four_hosts_over_libfabric_tcp():
+  """4 simulated hosts x 1 process on one bridge (netns.hosts): every
+  collective against numpy, every process's peers all over libfabric."""
+  need_netns()
+  with netns.hosts(4) as (names, ips):
+    procs = run_job(["collectives"], 4, 1, timeout=300, namespaces=names, coordinator_ip=ips[0],
+                    env={"JAX_SMDDP_FABRIC_PROVIDER": "tcp;ofi_rxm"})
+  assert_all_ok(procs)
+  for p in procs:
+    topo = p.result["topology"]
+    assert topo["fabric_provider"] == "tcp;ofi_rxm"
+    assert not topo["shared_memory_peers"] and len(topo["network_peers"]) == 3, topo
+
+
+@pytest.mark.timeout(400)
 @pytest.mark.parametrize("direct_bytes", ["512K", "1"], ids=["default", "all-direct"])
 def test_two_hosts_dead_peer(direct_bytes):
   need_netns()

@@ -78,7 +78,8 @@ def test_parse_layout():
   assert bench.parse_layout("2x2") == L(1, 2, 2) and bench.parse_layout("2x2").spec == "2x2"
   assert bench.parse_layout("2x2x1") == L(2, 2, 1)
   assert bench.parse_layout("2x2x1").processes == 4 and bench.parse_layout("2x2x1").devices == 4
-  for bad in ("0", "2x", "x2", "3x1x1", "2x2x2x2", "a"):
+  assert bench.parse_layout("4x1x1") == L(4, 1, 1) and bench.parse_layout("4x1x1").devices == 4
+  for bad in ("0", "2x", "x2", "1x1x1", "33x1x1", "2x2x2x2", "a"):
     with pytest.raises(Exception):
       bench.parse_layout(bad)
 

@@ -21,8 +21,8 @@ Layouts (``--layout``):
 * ``N`` or ``1xN``: one process, N CPU devices (the default, N = ``--devices``).
 * ``PxD``: P processes on this host, D devices each, one ``jax.distributed``
   job; jax_smddp links the processes through shared memory.
-* ``HxPxD``: H = 2 simulated hosts (network namespaces joined by a veth pair,
-  :mod:`jax_smddp.tools.netns`) x P processes x D devices; jax_smddp uses shared
+* ``HxPxD``: H simulated hosts (network namespaces: two joined by a veth pair,
+  more on one bridge, :mod:`jax_smddp.tools.netns`) x P processes x D devices; jax_smddp uses shared
   memory within a host and libfabric (``JAX_SMDDP_FABRIC_PROVIDER``, default
   here ``tcp;ofi_rxm``) between hosts. Needs root and iproute2.
 

@@ -31,8 +31,8 @@ def parse_args(argv=None) -> argparse.Namespace:
                       "--layout overrides it")
   p.add_argument("--layout", type=parse_layout, default=None,
                  help="N or 1xN: one process, N devices; PxD: P processes on this host x D "
-                      "devices each (shared memory between processes); HxPxD: H=2 simulated "
-                      "hosts (network namespaces, needs root) x P processes x D devices "
+                      "devices each (shared memory between processes); HxPxD: H simulated "
+                      "hosts (2 to 32; network namespaces, needs root) x P processes x D devices "
                       "(libfabric between hosts). Across processes jax.lax runs on gloo. "
                       "Default: 1x<--devices>")
   p.add_argument("--compare-in-process", action="store_true",
@@ -83,7 +83,7 @@ def parse_args(argv=None) -> argparse.Namespace:
   if args.layout is None:
     args.layout = Layout(1, 1, args.devices)
   if args.compare_in_process and not args.layout.multi_process:
-    p.error("--compare-in-process needs a multi-process layout (PxD or 2xPxD)")
+    p.error("--compare-in-process needs a multi-process layout (PxD or HxPxD)")
   if args.layout.hosts > 1:
     from jax_smddp.tools import netns
     why = netns.available()
@@ -245,7 +245,7 @@ def run_multi_process(args) -> int:
   if layout.hosts > 1:
     from jax_smddp.tools import link_probe, netns
     env = {"JAX_SMDDP_FABRIC_PROVIDER": os.environ.get("JAX_SMDDP_FABRIC_PROVIDER", "tcp;ofi_rxm")}
-    with netns.two_hosts() as (names, ips):
+    with netns.hosts(layout.hosts) as (names, ips):
       # The link itself, before the workers start (an idle link).
       try:
         link = link_probe.measure(names, ips)

@@ -99,7 +99,7 @@ class Layout(cost_model.Layout):
 
 def parse_layout(text: str) -> Layout:
   """``"N"`` / ``"1xN"`` (one process), ``"PxD"`` (processes x devices on this
-  host) or ``"HxPxD"`` (H = 2 simulated hosts x P processes x D devices)."""
+  host) or ``"HxPxD"`` (H simulated hosts, 2 to 32, x P processes x D devices)."""
   try:
     parts = [int(v) for v in text.strip().lower().split("x")]
   except ValueError:
@@ -111,9 +111,9 @@ def parse_layout(text: str) -> Layout:
     return Layout(1, 1, parts[0])
   if len(parts) == 2:
     return Layout(1, *parts)
-  if parts[0] != 2:
+  if not 2 <= parts[0] <= 32:
     raise argparse.ArgumentTypeError(
-        f"layout {text!r}: only 2 simulated hosts are supported (2xPxD)")
+        f"layout {text!r}: 2 to 32 simulated hosts are supported (HxPxD)")
   return Layout(*parts)
 
 
