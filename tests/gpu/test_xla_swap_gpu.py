@@ -49,12 +49,14 @@ ENV = {"JAX_PLATFORMS": "cuda", "JAX_SMDDP_COLLECTIVES": "xla", "CUDA_VISIBLE_DE
 
 
 @pytest.mark.timeout(80)
-def test_global_view_fsdp_step_across_two_processes_on_one_gpu_equals_one_process():
+@pytest.mark.parametrize("scenario", ["step", "step_rows"])
+def test_global_view_fsdp_step_across_two_processes_on_one_gpu_equals_one_process(scenario):
   """Parameters sharded over both processes' devices, value_and_grad, no shard_map: it runs,
   its losses and gradients equal the same steps on one device (1e-5), every collective XLA
-  ran was served by the front end (all-gathers, and reduce-scatters or all-reduces) and
-  counted by traffic_by_op(), nothing was forwarded to NCCL."""
-  procs = launch.run_job(["step"], 2, 1, script=WORKER, timeout=70, env=ENV)
+  ran was served by the front end (all-gathers, and reduce-scatters or all-reduces; with the
+  parameters sharded along their rows an all-to-all too, as ncclAlltoAll or as a group of
+  sends and receives) and counted by traffic_by_op(), nothing was forwarded to NCCL."""
+  procs = launch.run_job([scenario], 2, 1, script=WORKER, timeout=70, env=ENV)
   text = launch.describe(procs)
   for p in procs:
     assert p.returncode == 0 and p.result and p.result["ok"], text
@@ -68,6 +70,8 @@ def test_global_view_fsdp_step_across_two_processes_on_one_gpu_equals_one_proces
     assert served.get("ncclAllGather", 0) > 0, served
     assert served.get("ncclReduceScatter", 0) + served.get("ncclAllReduce", 0) > 0, served
     assert r["by_op"].get("all-gather", {}).get("calls", 0) > 0, r["by_op"]
+    if "all-to-all" in r["kinds"]:
+      assert served.get("ncclAlltoAll", 0) > 0, served
     assert r["xla_collectives"] == "jax_smddp", r
     assert r["checked"] >= 4, r
 

@@ -8,6 +8,8 @@ GPU, so the step runs only if jax_smddp's NCCL API front end serves every collec
 
 step       3 steps; losses and gradients against the same steps on this process's device
            alone (no collectives), and what the front end served and forwarded
+step_rows  the same with the parameters sharded along their rows, for which XLA adds an
+           all-to-all (ncclAlltoAll, or a group of sends and receives forming one)
 peer_dies  after a good step the last process kills itself (SIGKILL); the others' next
            steps must raise within 30 s naming it
 
@@ -66,9 +68,10 @@ def main() -> None:
 
   mesh = Mesh(np.array(jax.devices()), ("fsdp",))
   # Parameters sharded along their columns, the batch along its rows: XLA gathers the
-  # parameters and all-reduces (reduce-scatters) the gradients. (Row-sharded parameters
-  # make XLA add an all-to-all, which the front end forwards to NCCL: NCCL refuses it here.)
-  pspec, xspec = P(None, "fsdp"), P("fsdp", None)
+  # parameters and all-reduces (reduce-scatters) the gradients. Row-sharded parameters
+  # (step_rows) make XLA add an all-to-all too.
+  pspec = P("fsdp", None) if scenario == "step_rows" else P(None, "fsdp")
+  xspec = P("fsdp", None)
   params, x = problem()
 
   def global_array(a, spec):
