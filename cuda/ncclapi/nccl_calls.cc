@@ -273,6 +273,13 @@ ncclResult_t Serve(Collective kind, const void* send, void* recv, size_t count, 
   return ncclSuccess;
 }
 
+// A call that would be forwarded, under JAX_SMDDP_REQUIRE=no-fallback.
+ncclResult_t RefuseForwarding(Comm* comm, const std::string& function, const std::string& why) {
+  return Fail(comm, Status::Unsupported("jax_smddp NCCL front end: " + function +
+                                        " would be forwarded to NCCL (" + why +
+                                        ") and JAX_SMDDP_REQUIRE=no-fallback forbids it"));
+}
+
 // Runs `call` now, or records it inside a group.
 ncclResult_t Issue(Comm* forwarded, std::function<ncclResult_t()> call) {
   if (group_depth > 0) {
@@ -427,10 +434,7 @@ ncclResult_t Forward(const char* function, ncclComm_t handle,
   const std::string why = !reason.empty() ? reason
                           : comm->served  ? "the GPU engine does not serve " + std::string(function)
                                           : comm->forwarded_because;
-  if (NoFallback())
-    return Fail(comm, Status::Unsupported(std::string("jax_smddp NCCL front end: ") + function +
-                                          " would be forwarded to NCCL (" + why +
-                                          ") and JAX_SMDDP_REQUIRE=no-fallback forbids it"));
+  if (NoFallback()) return RefuseForwarding(comm, function, why);
   return Issue(comm, Forwarding(comm, function, why, std::move(call)));
 }
 
@@ -527,13 +531,8 @@ ncclResult_t SendRecv(bool send, void* buffer, size_t count, ncclDataType_t type
   pending.p2p = PointToPoint{send, static_cast<char*>(buffer), count, type, peer, comm, stream};
   pending.run = [comm, name, call]() {
     const std::string why =
-        "the GPU engine serves sends and receives only as a group that "
-        "forms an all-to-all";
-    if (NoFallback())
-      return Fail(comm, Status::Unsupported(std::string("jax_smddp NCCL front end: ") + name +
-                                            " would be forwarded to NCCL (" + why +
-                                            ") and JAX_SMDDP_REQUIRE=no-fallback forbids it"));
-    return Forwarding(comm, name, why, call)();
+        "the GPU engine serves sends and receives only as a group that forms an all-to-all";
+    return NoFallback() ? RefuseForwarding(comm, name, why) : Forwarding(comm, name, why, call)();
   };
   group_calls.push_back(std::move(pending));
   return ncclSuccess;

@@ -576,12 +576,11 @@ void RandomNonce(uint64_t nonce[2]) {
   }
 }
 
-Status CopyConfig(const ncclConfig_t* config, Comm* comm) {
-  if (!config) return Status::Ok();
-  const size_t size = std::min<size_t>(config->size, 4096);
-  comm->config.assign(reinterpret_cast<const unsigned char*>(config),
-                      reinterpret_cast<const unsigned char*>(config) + size);
-  return Status::Ok();
+// The caller's ncclConfig_t as it came (empty for none).
+std::vector<unsigned char> ConfigBytes(const ncclConfig_t* config) {
+  if (!config) return {};
+  const auto* bytes = reinterpret_cast<const unsigned char*>(config);
+  return std::vector<unsigned char>(bytes, bytes + std::min<size_t>(config->size, 4096));
 }
 
 }  // namespace
@@ -604,6 +603,21 @@ ncclComm_t Publish(Comm* comm) {
   std::lock_guard<std::mutex> lock(live_mu);
   Live().insert(comm);
   return reinterpret_cast<ncclComm_t>(comm);
+}
+
+Comm* WrapReal(ncclComm_t real, const std::string& why) {
+  auto* c = new Comm;
+  c->real = real;
+  c->forwarded_because = why;
+  using Query = ncclResult_t (*)(const ncclComm_t, int*);
+  std::string missing;
+  if (auto fn = reinterpret_cast<Query>(RealSymbol("ncclCommCount", &missing)))
+    fn(real, &c->nranks);
+  if (auto fn = reinterpret_cast<Query>(RealSymbol("ncclCommUserRank", &missing)))
+    fn(real, &c->rank);
+  if (auto fn = reinterpret_cast<Query>(RealSymbol("ncclCommCuDevice", &missing)))
+    fn(real, &c->ordinal);
+  return c;
 }
 
 void Retire(Comm* comm) {
@@ -654,7 +668,7 @@ Status InitRank(int nranks, const ncclUniqueId& id, int rank, const ncclConfig_t
   IdTail tail;
   std::memcpy(&tail, id.internal + kRealIdBytes, sizeof(tail));
   auto comm = std::make_unique<Comm>();
-  SMDDP_RETURN_IF_ERROR(CopyConfig(config, comm.get()));
+  comm->config = ConfigBytes(config);
   SMDDP_RETURN_IF_ERROR(CurrentOrdinal(&comm->ordinal));
   comm->nranks = nranks;
   comm->rank = rank;
@@ -727,20 +741,12 @@ Status RealSplit(ncclComm_t parent, int color, int key, std::vector<unsigned cha
 Status SplitForwarded(Comm& parent, int color, int key, const ncclConfig_t* config, Comm** out) {
   ncclComm_t parent_real = nullptr;
   SMDDP_RETURN_IF_ERROR(RealComm(parent, &parent_real));
-  auto comm = std::make_unique<Comm>();
-  SMDDP_RETURN_IF_ERROR(CopyConfig(config, comm.get()));
+  std::vector<unsigned char> bytes = ConfigBytes(config);
   ncclComm_t real = nullptr;
-  SMDDP_RETURN_IF_ERROR(RealSplit(parent_real, color, key, &comm->config, &real));
-  if (color == kNoColor || !real) return Status::Ok();
-  using Query = ncclResult_t (*)(ncclComm_t, int*);
-  std::string why;
-  if (auto fn = reinterpret_cast<Query>(RealSymbol("ncclCommCount", &why))) fn(real, &comm->nranks);
-  if (auto fn = reinterpret_cast<Query>(RealSymbol("ncclCommUserRank", &why)))
-    fn(real, &comm->rank);
-  comm->ordinal = parent.ordinal;
-  comm->forwarded_because = parent.forwarded_because;
-  comm->real = real;
-  *out = comm.release();
+  SMDDP_RETURN_IF_ERROR(RealSplit(parent_real, color, key, &bytes, &real));
+  if (!real) return Status::Ok();  // no color
+  *out = WrapReal(real, parent.forwarded_because);
+  (*out)->config = std::move(bytes);
   return Status::Ok();
 }
 
@@ -767,14 +773,11 @@ Status Split(Comm& parent, int color, int key, const ncclConfig_t* config, Comm*
   SMDDP_RETURN_IF_ERROR(Join(nonce, parent.process_of.empty() ? -1 : parent.process_of[0],
                              parent.nranks, mine, world, &all, &joining,
                              /*real_ids=*/parent_real == nullptr));
-  std::vector<unsigned char> copied;
-  if (config) {
-    const auto* bytes = reinterpret_cast<const unsigned char*>(config);
-    copied.assign(bytes, bytes + std::min<size_t>(config->size, 4096));
-  }
   if (color == kNoColor) {
+    if (!parent_real) return Status::Ok();
+    std::vector<unsigned char> bytes = ConfigBytes(config);
     ncclComm_t none = nullptr;
-    return parent_real ? RealSplit(parent_real, color, key, &copied, &none) : Status::Ok();
+    return RealSplit(parent_real, color, key, &bytes, &none);
   }
   std::vector<Entry> group;
   for (const Entry& e : all)
@@ -791,7 +794,7 @@ Status Split(Comm& parent, int color, int key, const ncclConfig_t* config, Comm*
   uint64_t child[2] = {MixTag(nonce[0], uint64_t(uint32_t(color))),
                        MixTag(nonce[1], 0x636f6c6f72ull)};
   auto comm = std::make_unique<Comm>();
-  SMDDP_RETURN_IF_ERROR(CopyConfig(config, comm.get()));
+  comm->config = ConfigBytes(config);
   comm->ordinal = parent.ordinal;
   const std::string unknown = UnknownConfig(config);
   if (!unknown.empty()) {

@@ -87,6 +87,11 @@ Comm* AsComm(ncclComm_t handle);
 ncclComm_t Publish(Comm* comm);
 void Retire(Comm* comm);
 
+// A communicator the real library made by itself (ncclCommInitAll,
+// ncclCommShrink, the split of a forwarded parent): its calls are all
+// forwarded, for `why`; its size, rank and device are the real one's.
+Comm* WrapReal(ncclComm_t real, const std::string& why);
+
 // A front-end id (ncclGetUniqueId).
 Status MakeUniqueId(ncclUniqueId* out);
 

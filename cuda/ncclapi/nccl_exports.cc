@@ -321,22 +321,6 @@ SMDDP_NCCL_EXPORT ncclResult_t ncclCommDeregister(const ncclComm_t comm, void* h
   return c->real && fn ? fn(c->real, handle) : ncclSuccess;
 }
 
-// Communicators the real library makes by itself: wrapped, forwarded entirely.
-static Comm* Wrap(ncclComm_t real, const char* why) {
-  auto* c = new Comm;
-  c->real = real;
-  c->forwarded_because = why;
-  int n = 0, r = 0, d = 0;
-  using Query = ncclResult_t (*)(const ncclComm_t, int*);
-  if (auto fn = Real<Query>("ncclCommCount")) fn(real, &n);
-  if (auto fn = Real<Query>("ncclCommUserRank")) fn(real, &r);
-  if (auto fn = Real<Query>("ncclCommCuDevice")) fn(real, &d);
-  c->nranks = n;
-  c->rank = r;
-  c->ordinal = d;
-  return c;
-}
-
 SMDDP_NCCL_EXPORT ncclResult_t ncclCommInitAll(ncclComm_t* comms, int ndev, const int* devices) {
   using Fn = ncclResult_t (*)(ncclComm_t*, int, const int*);
   auto fn = Real<Fn>("ncclCommInitAll");
@@ -344,7 +328,7 @@ SMDDP_NCCL_EXPORT ncclResult_t ncclCommInitAll(ncclComm_t* comms, int ndev, cons
   const ncclResult_t rc = fn(comms, ndev, devices);
   if (rc != ncclSuccess) return rc;
   for (int i = 0; i < ndev; ++i)
-    comms[i] = Publish(Wrap(comms[i], "ncclCommInitAll communicators are the real library's"));
+    comms[i] = Publish(WrapReal(comms[i], "ncclCommInitAll communicators are the real library's"));
   NoteForwarded("ncclCommInitAll", "ncclCommInitAll communicators are the real library's");
   return ncclSuccess;
 }
@@ -359,9 +343,10 @@ SMDDP_NCCL_EXPORT ncclResult_t ncclCommShrink(ncclComm_t comm, int* exclude, int
     return fn ? fn(real, exclude, excluded, &shrunk, config, flags) : Missing("ncclCommShrink");
   });
   if (rc != ncclSuccess) return rc;
-  *out = shrunk
-             ? Publish(Wrap(shrunk, "communicators made by ncclCommShrink are the real library's"))
-             : nullptr;
+  *out =
+      shrunk
+          ? Publish(WrapReal(shrunk, "communicators made by ncclCommShrink are the real library's"))
+          : nullptr;
   return ncclSuccess;
 }
 

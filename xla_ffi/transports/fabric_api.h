@@ -60,8 +60,8 @@ const FabricApi& GetFabricApi();
 
 // fi_getinfo for a reliable-datagram endpoint of `provider` with `caps` and
 // `mr_mode`, bound to `node` ("" = anywhere; for shm, a name unique to this
-// call instead). Asks for
-// manual progress first and falls back to what the provider offers. Returns
+// call instead). Asks for manual progress first and falls back to what the
+// provider offers. Returns
 // libfabric's code (-FI_ENODATA: the provider cannot do it here).
 int GetRdmInfo(const FabricApi& a, const std::string& provider, const std::string& node,
                uint64_t caps, uint64_t mr_mode, struct fi_info** out);
