@@ -18,7 +18,6 @@ nothing cannot report a rate.
 from __future__ import annotations
 
 import json
-import os
 import socket
 import statistics
 import subprocess
@@ -120,17 +119,12 @@ def connect(host: str, port: int, nbytes: int, rounds: int) -> dict:
           "method": "TCP sockets, both directions at once, median of the rounds"}
 
 
-def _free_port() -> int:
-  with socket.socket() as s:
-    s.bind(("127.0.0.1", 0))
-    return s.getsockname()[1]
-
-
 def measure(namespaces: list[str] | None = None, ips: list[str] | None = None,
             nbytes: int = 64 << 20, rounds: int = 5, timeout: float = 120) -> dict:
   """The link's rate each way, GB/s: between `namespaces[0]` (client) and
   `namespaces[1]` (server, at `ips[1]`), or over loopback without them."""
-  port = _free_port() if namespaces is None else 29000 + os.getpid() % 1000
+  from jax_smddp.tools.launch import free_port
+  port = free_port()  # free here, so free in a fresh namespace too
   host = "127.0.0.1" if namespaces is None else ips[1]
   me = [sys.executable, "-m", "jax_smddp.tools.link_probe"]
   inside = (lambda i: ["ip", "netns", "exec", namespaces[i]]) if namespaces else (lambda i: [])
