@@ -322,7 +322,10 @@ bool AllToAllOf(const std::vector<Pending>& calls, PointToPoint* a2a, char** rec
   if (calls.size() != 2 * size_t(n) || block == 0 ||
       !WhyNotServed(*comm, Collective::kAllToAll, first.type, ncclSum, first.count).empty())
     return false;
-  std::vector<char*> sends(n, nullptr), recvs(n, nullptr);
+  // Kept per thread: a group served this way allocates nothing once warm.
+  thread_local std::vector<char*> sends, recvs;
+  sends.assign(n, nullptr);
+  recvs.assign(n, nullptr);
   for (const Pending& c : calls) {
     const PointToPoint& p = c.p2p;
     if (!c.point_to_point || p.comm != comm || p.stream != first.stream || p.type != first.type ||
@@ -512,28 +515,32 @@ ncclResult_t RunCollective(Collective kind, const void* send, void* recv, size_t
                [=]() { return Serve(kind, send, recv, count, dtype, engine_op, *comm, stream); });
 }
 
-ncclResult_t SendRecv(bool send, void* buffer, size_t count, ncclDataType_t type, int peer,
-                      ncclComm_t handle, void* stream) {
-  const char* name = send ? "ncclSend" : "ncclRecv";
-  auto call = [=](ncclComm_t real) {
+namespace {
+
+// The real library's ncclSend or ncclRecv, on `real`.
+std::function<ncclResult_t(ncclComm_t)> RealSendRecv(const PointToPoint& p) {
+  return [p](ncclComm_t real) {
     std::string missing;
     using Fn = ncclResult_t (*)(void*, size_t, ncclDataType_t, int, ncclComm_t, void*);
-    auto fn = Real<Fn>(name, &missing);  // ncclSend's buffer is const: same ABI
-    return fn ? fn(buffer, count, type, peer, real, stream) : ncclInternalError;
+    auto fn = Real<Fn>(p.send ? "ncclSend" : "ncclRecv", &missing);  // same ABI for const
+    return fn ? fn(p.buffer, p.count, p.type, p.peer, real, p.stream) : ncclInternalError;
   };
+}
+
+}  // namespace
+
+ncclResult_t SendRecv(bool send, void* buffer, size_t count, ncclDataType_t type, int peer,
+                      ncclComm_t handle, void* stream) {
   Comm* comm = AsComm(handle);
-  if (group_depth == 0 || !comm || !comm->served) return Forward(name, handle, call);
-  // Recorded as it is: GroupEnd serves the group if it is an all-to-all, and
-  // forwards this call (as Forward would have) if it is not.
+  const PointToPoint p{send, static_cast<char*>(buffer), count, type, peer, comm, stream};
+  if (group_depth == 0 || !comm || !comm->served)
+    return Forward(send ? "ncclSend" : "ncclRecv", handle, RealSendRecv(p));
+  // Recorded only (nothing allocated beyond the group's slot): GroupEnd
+  // serves the group if it is an all-to-all, and forwards it if it is not.
   Pending pending;
   pending.forwarded = comm;
   pending.point_to_point = true;
-  pending.p2p = PointToPoint{send, static_cast<char*>(buffer), count, type, peer, comm, stream};
-  pending.run = [comm, name, call]() {
-    const std::string why =
-        "the GPU engine serves sends and receives only as a group that forms an all-to-all";
-    return NoFallback() ? RefuseForwarding(comm, name, why) : Forwarding(comm, name, why, call)();
-  };
+  pending.p2p = p;
   group_calls.push_back(std::move(pending));
   return ncclSuccess;
 }
@@ -552,9 +559,21 @@ ncclResult_t GroupEnd() {
   group_calls.clear();
   PointToPoint a2a;
   char* a2a_recv = nullptr;
-  if (AllToAllOf(calls, &a2a, &a2a_recv))
+  if (AllToAllOf(calls, &a2a, &a2a_recv)) {
+    calls.clear();
+    group_calls.swap(calls);  // the next group reuses the slots
     return Serve(Collective::kAllToAll, a2a.buffer, a2a_recv, a2a.count, MovedType(a2a.type),
                  ReduceOp::kSum, *a2a.comm, a2a.stream);
+  }
+  for (Pending& c : calls) {
+    if (!c.point_to_point) continue;
+    const char* name = c.p2p.send ? "ncclSend" : "ncclRecv";
+    c.run = [comm = c.p2p.comm, name, call = RealSendRecv(c.p2p)]() {
+      const std::string why =
+          "the GPU engine serves sends and receives only as a group that forms an all-to-all";
+      return NoFallback() ? RefuseForwarding(comm, name, why) : Forwarding(comm, name, why, call)();
+    };
+  }
   ncclResult_t first = ncclSuccess;
   auto keep = [&](ncclResult_t rc) {
     if (first == ncclSuccess) first = rc;
