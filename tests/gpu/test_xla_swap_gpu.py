@@ -135,3 +135,7 @@ def test_killed_peer_raises_in_the_survivor_naming_it_within_30_s():
   print(f"survivor: {json.dumps(r)}")  # in the GPU log: the error as the user sees it
   assert r["ok"], text
   assert r["elapsed"] < 30 and "process 1" in r["error"], r
+  # errors.classify types it and names the peer from the text (the failure record lives in
+  # the front end's copy of the engine, not the one Python reads).
+  assert r["typed"] and r["typed"]["class"] == "PeerFailedError", r
+  assert 1 in r["typed"]["peer_processes"], r
