@@ -128,9 +128,15 @@ Status ExchangeBuffers(LocalRank& rank, const Plan& plan, const void* send, void
 }
 
 Status DirectReadsFromEnvironment(bool* out) {
+  return DirectReadsFromEnvironment(Preferences{}.direct_reads, out);
+}
+
+Status DirectReadsFromEnvironment(bool preferred, bool* out, bool* set) {
   std::string v;
-  SMDDP_RETURN_IF_ERROR(ReadSetting("JAX_SMDDP_GPU_DIRECT_READS", &v));
-  *out = v == "1";
+  bool given = false;
+  SMDDP_RETURN_IF_ERROR(ReadSetting("JAX_SMDDP_GPU_DIRECT_READS", &v, &given));
+  *out = given ? v == "1" : preferred;
+  if (set) *set = given;
   return Status::Ok();
 }
 
@@ -176,9 +182,10 @@ GpuCommunicator::~GpuCommunicator() {
 
 Status GpuCommunicator::Prepare(const std::vector<std::pair<int, int>>& local, int processes,
                                 std::vector<std::pair<int, std::string>>* handles,
-                                FlagMemory preferred_flags) {
-  SMDDP_RETURN_IF_ERROR(FlagMemoryFromEnvironment(preferred_flags, &flag_memory_));
-  SMDDP_RETURN_IF_ERROR(DirectReadsFromEnvironment(&direct_reads_));
+                                Preferences preferred) {
+  SMDDP_RETURN_IF_ERROR(FlagMemoryFromEnvironment(preferred.flags, &flag_memory_));
+  bool asked = false;
+  SMDDP_RETURN_IF_ERROR(DirectReadsFromEnvironment(preferred.direct_reads, &direct_reads_, &asked));
   // Peers keep XLA's allocations mapped, and CUDA leaves freeing an exported
   // allocation that is still mapped undefined: only an allocator that keeps
   // its regions (XLA's BFC, the default) is safe.
@@ -186,7 +193,7 @@ Status GpuCommunicator::Prepare(const std::vector<std::pair<int, int>>& local, i
   const std::string kind = allocator ? allocator : "";
   if (direct_reads_ && !(kind.empty() || kind == "default" || kind == "bfc")) {
     static bool told = false;
-    if (!told)
+    if (!told && asked)  // the default quietly stages
       std::fprintf(stderr,
                    "jax_smddp (GPU): JAX_SMDDP_GPU_DIRECT_READS=1 is ignored with "
                    "XLA_PYTHON_CLIENT_ALLOCATOR=%s: direct reads need XLA's BFC allocator, which "
@@ -519,14 +526,14 @@ LocalRank* GpuCommunicator::Local(int rank) {
 Status PrepareCommunicator(const std::vector<int64_t>& members, size_t slot_bytes,
                            const std::vector<std::pair<int, int>>& local, int processes,
                            std::vector<std::pair<int, std::string>>* handles,
-                           FlagMemory preferred_flags) {
+                           Preferences preferred) {
   std::lock_guard<std::mutex> lock(registry_mu);
   const uint64_t key = GroupKey(members.data(), int(members.size()));
   auto& slot = Registry()[key];
   if (!slot) slot = std::make_unique<GpuCommunicator>(members, slot_bytes);
   if (slot->members() != members)
     return Status::Error("jax_smddp (GPU): two device groups share a key; report this as a bug");
-  return slot->Prepare(local, processes, handles, preferred_flags);
+  return slot->Prepare(local, processes, handles, preferred);
 }
 
 Status ConnectCommunicator(const std::vector<int64_t>& members,

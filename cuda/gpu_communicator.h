@@ -101,15 +101,26 @@ Status CheckCall(LocalRank& rank, const char* op, const Plan& plan);
 Status ExchangeBuffers(LocalRank& rank, const Plan& plan, const void* send, void* recv);
 
 // Whether groups read peers' buffers in place (JAX_SMDDP_GPU_DIRECT_READS:
-// 0 or unset: no; 1: yes, groups inside one host).
+// 1, the default: yes, groups inside one host; 0: they stage). `preferred`
+// where the setting is unset; `set`, if given, says whether it was.
 Status DirectReadsFromEnvironment(bool* out);
+Status DirectReadsFromEnvironment(bool preferred, bool* out, bool* set = nullptr);
 
 // Where a communicator's step flags live (JAX_SMDDP_GPU_FLAG_MEMORY).
 enum class FlagMemory : uint32_t { kDevice = 0, kHost = 1 };
 Status FlagMemoryFromEnvironment(FlagMemory* out);
-// The same, with `preferred` where the setting is unset (the NCCL API front
-// end prefers host flags: a dead peer's waiters are released).
+// The same, with `preferred` where the setting is unset.
 Status FlagMemoryFromEnvironment(FlagMemory preferred, FlagMemory* out);
+
+// What a communicator uses where the settings are unset. The custom calls
+// take the registry's defaults; the NCCL API front end prefers host flags
+// (XLA cannot be told a stream waits on a dead peer: the watchdog must be
+// able to release it) and staging (its calls have not run reading in place
+// on a GPU yet).
+struct Preferences {
+  FlagMemory flags = FlagMemory::kDevice;
+  bool direct_reads = true;
+};
 
 class GpuCommunicator {
  public:
@@ -126,8 +137,7 @@ class GpuCommunicator {
   // which the other `processes` - 1 processes of the group will map; returns
   // (rank, handle bytes) for each: CUDA IPC handle, process, flag block.
   Status Prepare(const std::vector<std::pair<int, int>>& local, int processes,
-                 std::vector<std::pair<int, std::string>>* handles,
-                 FlagMemory preferred_flags = FlagMemory::kDevice);
+                 std::vector<std::pair<int, std::string>>* handles, Preferences preferred = {});
   // Maps every other process's regions (and flag blocks) from their handles
   // (rank, bytes) and starts watching their processes.
   Status Connect(const std::vector<std::pair<int, std::string>>& remote);
@@ -171,7 +181,7 @@ uint64_t GroupKey(const int64_t* members, int size);
 Status PrepareCommunicator(const std::vector<int64_t>& members, size_t slot_bytes,
                            const std::vector<std::pair<int, int>>& local, int processes,
                            std::vector<std::pair<int, std::string>>* handles,
-                           FlagMemory preferred_flags = FlagMemory::kDevice);
+                           Preferences preferred = {});
 Status ConnectCommunicator(const std::vector<int64_t>& members,
                            const std::vector<std::pair<int, std::string>>& remote);
 GpuCommunicator* FindCommunicator(uint64_t key);

@@ -260,7 +260,7 @@ def release() -> None:
 
 def direct_reads_staged_because() -> str:
   """Why the latest call of this process that asked for direct reads
-  (JAX_SMDDP_GPU_DIRECT_READS=1) staged through the slots instead: which rank
+  (JAX_SMDDP_GPU_DIRECT_READS=1, the default) staged through the slots instead: which rank
   could not share its buffers in place, and why. Empty if none did."""
   ext = _native.cuda_engine()
   return ext.direct_reads_staged_because() if ext is not None else ""

@@ -391,11 +391,10 @@ Status SetUpGpu(const uint64_t nonce[2], const std::vector<int64_t>& members,
   }
   const auto deadline = Clock::now() + Timeout();
   std::vector<std::pair<int, std::string>> handles, remote;
-  // Host flag memory unless the user chose: XLA cannot be told a stream
-  // waits on a dead peer, so the watchdog must be able to release it.
-  Status st =
-      gpu::PrepareCommunicator(members, size_t(IntSetting("JAX_SMDDP_GPU_SLOT_BYTES")), local,
-                               int(processes.size()), &handles, gpu::FlagMemory::kHost);
+  // Host flag memory and staging unless the user chose (gpu::Preferences).
+  Status st = gpu::PrepareCommunicator(members, size_t(IntSetting("JAX_SMDDP_GPU_SLOT_BYTES")),
+                                       local, int(processes.size()), &handles,
+                                       gpu::Preferences{gpu::FlagMemory::kHost, false});
   if (st.ok() && processes.size() > 1) {
     std::string payload;
     for (const auto& [rank, bytes] : handles) {

@@ -313,8 +313,9 @@ def main(argv=None) -> int:
   p.add_argument("--hosts", type=int, default=1, help="simulated hosts the processes are split into")
   p.add_argument("--fabric-hmem", default="0",
                  help="JAX_SMDDP_FABRIC_HMEM settings to time across hosts, e.g. 0,auto")
-  p.add_argument("--direct-reads", default="0",
-                 help="JAX_SMDDP_GPU_DIRECT_READS settings to time, e.g. 0,1")
+  p.add_argument("--direct-reads", default="1",
+                 help="JAX_SMDDP_GPU_DIRECT_READS settings to time, e.g. 0,1 (default 1, the "
+                      "library's)")
   # cpu: the same processes and programs on CPU devices (checks this script without a GPU)
   p.add_argument("--platform", default="cuda", choices=["cuda", "cpu"], help=argparse.SUPPRESS)
   p.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)

@@ -67,13 +67,15 @@ def test_extension_imports_without_a_gpu(monkeypatch):
   if not os.path.exists("/dev/nvidiactl"):
     assert ext.device_count() == 0  # no driver here: reported, not raised
   assert ext.settings() == {"copies": "engine", "flags": "memops", "max_blocks": 8,
-                            "flag_memory": "device", "direct_reads": False}
+                            "flag_memory": "device", "direct_reads": True}
   monkeypatch.setenv("JAX_SMDDP_GPU_FLAG_MEMORY", "host")
   assert ext.settings()["flag_memory"] == "host"
   monkeypatch.setenv("JAX_SMDDP_GPU_FLAG_MEMORY", "pinned")
   with pytest.raises(RuntimeError, match="JAX_SMDDP_GPU_FLAG_MEMORY='pinned' is not valid: it takes one of device\\|host"):
     ext.settings()
   monkeypatch.setenv("JAX_SMDDP_GPU_FLAG_MEMORY", "host")
+  monkeypatch.setenv("JAX_SMDDP_GPU_DIRECT_READS", "0")
+  assert ext.settings()["direct_reads"] is False
   monkeypatch.setenv("JAX_SMDDP_GPU_DIRECT_READS", "1")
   assert ext.settings()["direct_reads"] is True
   monkeypatch.setenv("JAX_SMDDP_GPU_DIRECT_READS", "yes")

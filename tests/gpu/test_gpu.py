@@ -36,15 +36,17 @@ MODES = {
     "copy engines, stream memory operations": {},
     "copy kernels within 2 blocks": {"JAX_SMDDP_GPU_COPIES": "kernel", "JAX_SMDDP_GPU_MAX_BLOCKS": "2"},
     "flag kernels": {"JAX_SMDDP_GPU_FLAGS": "kernel"},
-    "64 KiB slots (many steps per call)": {"JAX_SMDDP_GPU_SLOT_BYTES": "65536"},
+    "64 KiB slots (many steps per call)": {"JAX_SMDDP_GPU_SLOT_BYTES": "65536",
+                                           "JAX_SMDDP_GPU_DIRECT_READS": "0"},
     "compute stream (no annotation)": {"JAX_SMDDP_GPU_STREAM": "compute"},
     "step flags in host memory": {"JAX_SMDDP_GPU_FLAG_MEMORY": "host"},
     "host flags and flag kernels": {"JAX_SMDDP_GPU_FLAG_MEMORY": "host",
                                     "JAX_SMDDP_GPU_FLAGS": "kernel"},
-    # Peers' XLA buffers mapped by CUDA IPC and read in place (one step per call).
-    "direct reads": {"JAX_SMDDP_GPU_DIRECT_READS": "1"},
-    "direct reads with copy kernels": {"JAX_SMDDP_GPU_DIRECT_READS": "1",
-                                       "JAX_SMDDP_GPU_COPIES": "kernel"},
+    # The default reads peers' XLA buffers in place (mapped by CUDA IPC, one step per call);
+    # these stage every call through the slots instead.
+    "staged through the slots": {"JAX_SMDDP_GPU_DIRECT_READS": "0"},
+    "staged with copy kernels": {"JAX_SMDDP_GPU_DIRECT_READS": "0",
+                                 "JAX_SMDDP_GPU_COPIES": "kernel"},
 }
 
 
@@ -70,10 +72,10 @@ def test_processes_sharing_one_gpu(nprocs, mode):
   if MODES[mode].get("JAX_SMDDP_GPU_FLAGS") == "kernel":
     assert counters["flag_memops"] == 0 and counters["flag_kernels"] > 0, counters
   # Direct reads happen where asked (XLA's buffers could be shared), never otherwise; the
-  # environment's setting is every mode's default (tools/gpu_check.sh's stage "direct" runs
-  # this file with JAX_SMDDP_GPU_DIRECT_READS=1).
+  # environment's setting is every mode's default (tools/gpu_check.sh's stage "staged" runs
+  # this file with JAX_SMDDP_GPU_DIRECT_READS=0).
   if MODES[mode].get("JAX_SMDDP_GPU_DIRECT_READS",
-                     os.environ.get("JAX_SMDDP_GPU_DIRECT_READS", "0")) == "1":
+                     os.environ.get("JAX_SMDDP_GPU_DIRECT_READS", "1")) == "1":
     assert counters["direct_reads"] > 0, (counters, procs[0].result["direct_staged_because"])
   else:
     assert counters["direct_reads"] == 0, counters

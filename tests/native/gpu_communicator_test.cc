@@ -628,7 +628,8 @@ int RunTwoPerProcess(int p, bool host, int up, int down) {
     body(2 * p, mine[0]);
     t.join();
   };
-  const bool direct = std::getenv("JAX_SMDDP_GPU_DIRECT_READS") != nullptr;
+  const char* setting = std::getenv("JAX_SMDDP_GPU_DIRECT_READS");
+  const bool direct = setting && std::string(setting) == "1";
   Expect(p, (mine[0]->exchange != nullptr) == direct, "direct reads not as configured");
   on_both([&](int r, gpu::LocalRank* me) { Collectives(r, me, 4); });
   if (direct) {  // the local peer's buffers used as they are: only the other process's mapped
@@ -1122,7 +1123,7 @@ int main(int argc, char** argv) {
                  scenario == "hosts_dead");
   const bool host = std::string(argv[2]) == "host";
   setenv("JAX_SMDDP_GPU_FLAG_MEMORY", argv[2], 1);
-  if (scenario.rfind("direct", 0) == 0) setenv("JAX_SMDDP_GPU_DIRECT_READS", "1", 1);
+  setenv("JAX_SMDDP_GPU_DIRECT_READS", scenario.rfind("direct", 0) == 0 ? "1" : "0", 1);
   if (scenario == "two_per_process" || scenario == "direct_two_per_process")
     return TwoPerProcess(host);
   if (scenario == "direct_in_process") return InProcess();

@@ -118,8 +118,9 @@ const std::vector<SettingSpec> kSettings = {
     {"JAX_SMDDP_GPU_FLAG_MEMORY", kChoice, "device", 0, 0, "device|host", "gpu", true,
      "where GPU step flags live (host: a dead peer's waiting streams are released); unset, the "
      "NCCL API front end's communicators use host"},
-    {"JAX_SMDDP_GPU_DIRECT_READS", kChoice, "0", 0, 0, "0|1", "gpu", true,
-     "1: ranks on one host read each other's XLA buffers in place"},
+    {"JAX_SMDDP_GPU_DIRECT_READS", kChoice, "1", 0, 0, "0|1", "gpu", true,
+     "1: ranks on one host read each other's XLA buffers in place (0: through the staging "
+     "slots); unset, the NCCL API front end's communicators stage"},
     {"JAX_SMDDP_FABRIC_HMEM", kChoice, "0", 0, 0, "0|auto|1", "gpu", true,
      "GPU network slots in device memory registered with libfabric (auto: where every process "
      "can)"},
