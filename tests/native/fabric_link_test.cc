@@ -11,6 +11,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <chrono>
 #include <cstdarg>
 #include <cstdint>
@@ -534,6 +535,59 @@ void Throughput(Link* link, int me, const std::string& provider) {
   Barrier();
 }
 
+// The time of one exchange (both processes send `bytes` and receive the
+// other's at once), the pattern of a 2-process all_gather, at the sizes where
+// the benchmark finds the engine slower than gloo between hosts: median and
+// minimum of 40 rounds, waiting by spinning on Progress, and by sleeping on
+// the link's activity (AwaitActivity, as the engine's calls wait once their
+// spin is over). Printed for docs/performance_model.md; checked for the data
+// only. What the transport alone costs, without XLA or the engine.
+void Latency(Link* link, int me) {
+  const int kRounds = 40;
+  for (size_t bytes : {size_t(16) << 10, size_t(64) << 10, size_t(128) << 10, size_t(256) << 10,
+                       size_t(512) << 10, size_t(1) << 20}) {
+    std::vector<char> out(bytes), in(bytes);
+    Fill(out, 970, me);
+    double med[2], low[2];
+    for (int sleeps = 0; sleeps < 2; ++sleeps) {
+      std::vector<double> us;
+      for (int round = 0; round < kRounds; ++round) {
+        std::fill(in.begin(), in.end(), '\0');  // a round that moved nothing fails
+        Barrier();
+        Request s, r;
+        const auto t0 = Clock::now();
+        link->Recv(970, in.data(), bytes, &r);
+        link->Send(970, out.data(), bytes, &s);
+        if (!sleeps) {
+          Wait(link, {&s, &r}, 30, "exchange");
+        } else {
+          const auto deadline = t0 + std::chrono::seconds(30);
+          while (!(s.done() && r.done())) {
+            const uint32_t seen = link->Activity();
+            link->Progress();
+            if (s.done() && r.done()) break;
+            CHECK(Clock::now() < deadline, "exchange (sleeping) not done after 30 s");
+            link->AwaitActivity(seen, 1000);
+          }
+        }
+        us.push_back(std::chrono::duration<double, std::micro>(Clock::now() - t0).count());
+        CheckOk(r, "exchange");
+        CHECK(Verify(in, 970, 1 - me) < 0, "exchange of %zu bytes: wrong data", bytes);
+      }
+      std::sort(us.begin(), us.end());
+      med[sleeps] = us[us.size() / 2];
+      low[sleeps] = us[0];
+    }
+    if (me == 0)
+      std::printf(
+          "EXCHANGE %7zu bytes both ways: spinning median %.0f us (min %.0f), sleeping on "
+          "activity median %.0f us (min %.0f)%s\n",
+          bytes, med[0], low[0], med[1], low[1], Direct(link, bytes) ? ", direct" : "");
+  }
+  std::fflush(stdout);
+  Barrier();
+}
+
 std::unique_ptr<FabricEndpoint> OpenEndpoint(const std::string& provider, const std::string& node) {
   std::unique_ptr<FabricEndpoint> ep;
   Status st = FabricEndpoint::Open(provider, node, &ep);
@@ -764,6 +818,7 @@ int Run(int me, const std::string& provider, const std::string& node, pid_t chil
   Threads(link.get(), me);
   Wakes(link.get(), me, *ep);
   Throughput(link.get(), me, provider);
+  Latency(link.get(), me);
   RailTests(link.get(), me, provider, node);
 
   // The child is killed mid-run: the parent must see its failure (or hit its
