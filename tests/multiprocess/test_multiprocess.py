@@ -304,6 +304,33 @@ def test_direct_transfers_between_hosts(direct_bytes):
 
 
 @pytest.mark.timeout(300)
+def test_call_phases_say_where_a_call_waits():
+  """distributed.call_phases() counts every call across processes and splits its time: 20
+  all_gathers are 20 calls whose phases sum to less than the loop's wall time; in a call the
+  last process reaches 0.3 s late, the others wait in the agreement check (the first exchange
+  with every peer), not in the body, and the late process hardly waits at all."""
+  procs = run_job(["phases"], 3, 1, timeout=240)
+  assert_all_ok(procs)
+  for p in procs:
+    r = p.result
+    loop, late = r["loop"], r["late"]
+    assert r["ops"] == ["all_gather"], r
+    assert loop["calls"] == 20 and late["calls"] == 1, r
+    assert loop["local_s"] < 0.01 and late["local_s"] < 0.01, r  # one device per process
+    for part in (loop, late):
+      assert all(part[k] >= 0 for k in part), r
+      assert part["wait_s"] <= part["agree_s"] + part["body_s"] + 1e-3, r
+      assert part["sleep_s"] <= part["wait_s"] + 1e-3, r
+    total = loop["queue_s"] + loop["agree_s"] + loop["body_s"]
+    assert 0 < total < r["loop_s"], r
+    if p.index == len(procs) - 1:  # the late one: its peers were there already
+      assert late["agree_s"] < 0.15, r
+    else:
+      assert late["agree_s"] > 0.2 and late["body_s"] < 0.15, r
+      assert late["wait_s"] > 0.2, r  # the check waited on its link, it did not compute
+
+
+@pytest.mark.timeout(300)
 @pytest.mark.parametrize("hierarchical", ["1", "0"])
 def test_hierarchical_routes_cross_the_network_once_per_host(hierarchical):
   """2 hosts x 2 processes, one all_gather: with rails each process sends its

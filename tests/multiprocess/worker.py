@@ -298,6 +298,33 @@ def scenario_traffic():
   result(ok=True, traffic=delta, per_rank=per_rank, header=0)
 
 
+def scenario_phases():
+  """Where the calls' time goes (distributed.call_phases()): 20 all_gathers, then one that the
+  last process reaches 0.3 s late; the phases of each part, the loop's wall time."""
+  from jax_smddp import distributed
+  mesh = Mesh(np.array(jax.devices()), ("x",))
+  x = values((mesh.size * 64, 16), np.float32, 7)
+  xs = global_array(mesh, P("x"), x)
+  f = smap(mesh, lambda v: smddp.all_gather(v, "x", axis=0, tiled=True), P("x"), P("x"))
+  check("all_gather", f(xs), _gather_reference(x, mesh, "x", "x"))  # compiles, initializes
+  before = distributed.call_phases()
+  t0 = time.monotonic()
+  for _ in range(20):
+    jax.block_until_ready(f(xs))
+  loop_s = time.monotonic() - t0
+  middle = distributed.call_phases()
+  if pid == nprocs - 1:
+    time.sleep(0.3)
+  jax.block_until_ready(f(xs))
+  after = distributed.call_phases()
+
+  def delta(a, b):
+    return {k: b["all_gather"][k] - a.get("all_gather", {}).get(k, 0) for k in b["all_gather"]}
+
+  result(ok=True, loop=delta(before, middle), late=delta(middle, after), loop_s=loop_s,
+         ops=sorted(after))
+
+
 def scenario_reinitialize():
   """initialize() is idempotent; after shutdown() and initialize() the same
   compiled programs run again over the new links."""

@@ -171,7 +171,7 @@ def test_bench_two_hosts(tmp_path):
       pytest.fail(f"two-host tests must run in CI: {why}")
     pytest.skip(why)
   proc, out = run_bench(tmp_path, "--layout", "2x1x1", "--max-bytes", "64K",
-                        "--ops", "all_reduce", "--no-plot", timeout=300)
+                        "--ops", "all_reduce", "--no-plot", "--phases", timeout=300)
   assert proc.returncode == 0, proc.stdout + proc.stderr
   meta, results = (lambda d: (d["meta"], d["results"]))(json.loads(out.read_text()))
   assert meta["layout"]["spec"] == "2x1x1" and meta["layout"]["hosts"] == 2
@@ -186,6 +186,15 @@ def test_bench_two_hosts(tmp_path):
     assert r["smddp"]["vs_link"] == pytest.approx(r["link_us"] / r["smddp"]["time_us"])
   assert "link between the hosts, measured raw in this run" in proc.stdout
   assert "vs link" in proc.stdout
+  # --phases: where process 0's calls spent their time, every call of the size counted
+  # (the warm-up's too), each phase a share of a call.
+  for r in results:
+    ph = r["smddp_phases"]
+    assert ph["calls"] == r["iters"] + r["warmup"], (ph, r["iters"], r["warmup"])
+    assert all(ph[f"{k}_us"] >= 0 for k in bench.PHASES) and ph["sleeps"] >= 0, ph
+    assert ph["agree_us"] + ph["body_us"] > 0, ph
+    assert ph["wait_us"] <= ph["agree_us"] + ph["body_us"] + 1, ph
+  assert "# all_reduce: where a jax_smddp call's time went" in proc.stdout
 
 
 def _fake_results(path, scale, layout="2x2"):

@@ -5,6 +5,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <chrono>
 #include <cstdlib>
 #include <sstream>
 
@@ -160,6 +161,8 @@ Status Messages::Wait(size_t id) {
   static const unsigned yield_after = unsigned(IntSetting("JAX_SMDDP_SPIN"));
   static const unsigned sleep_after = unsigned(IntSetting("JAX_SMDDP_YIELD"));
   static const unsigned sleep_us = unsigned(IntSetting("JAX_SMDDP_SLEEP_US"));
+  CallPhases* phases = call_.phases;
+  const auto waited_from = phases && !e.req.done() ? Clock::now() : Clock::time_point();
   for (unsigned spins = 0; !e.req.done(); ++spins) {
     const bool sleeps = spins > yield_after && spins >= sleep_after;
     // Read before looking, and only when this round may sleep on it.
@@ -167,10 +170,15 @@ Status Messages::Wait(size_t id) {
     ProgressAll();
     if (e.req.done()) break;
     if (sleeps) {
+      const auto slept_from = phases ? Clock::now() : Clock::time_point();
       if (e.link) {
         e.link->AwaitActivity(seen, sleep_us);
       } else {
         usleep(sleep_us);
+      }
+      if (phases) {
+        phases->sleep_s += std::chrono::duration<double>(Clock::now() - slept_from).count();
+        phases->sleeps++;
       }
     } else if (spins > yield_after) {
       sched_yield();
@@ -194,6 +202,8 @@ Status Messages::Wait(size_t id) {
                           "only slow, raise JAX_SMDDP_TIMEOUT_S (or jax_smddp.set_timeout)."));
     }
   }
+  if (phases && waited_from != Clock::time_point())
+    phases->wait_s += std::chrono::duration<double>(Clock::now() - waited_from).count();
   e.settled = true;
   if (!e.req.status().ok()) {
     // The link's failure keeps its kind (a closed link: the peer failed).

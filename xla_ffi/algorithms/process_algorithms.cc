@@ -1,6 +1,7 @@
 #include "xla_ffi/algorithms/process_algorithms.h"
 
 #include <algorithm>
+#include <chrono>
 #include <cstring>
 #include <memory>
 #include <sstream>
@@ -442,10 +443,7 @@ Status ProcessAllToAll(const ProcessCall& c, size_t outer, size_t inner) {
   return m.WaitAll();
 }
 
-}  // namespace
-
-Status RunProcessPlan(const Plan& plan, ProcessCall& call) {
-  SMDDP_RETURN_IF_ERROR(CheckCallsAgree(call, plan));
+Status RunBody(const Plan& plan, ProcessCall& call) {
   switch (plan.kind) {
     case Plan::Kind::kAllGather:
       return ProcessAllGather(call, plan.outer, plan.inner);
@@ -457,6 +455,20 @@ Status RunProcessPlan(const Plan& plan, ProcessCall& call) {
       return ProcessAllToAll(call, plan.outer, plan.inner);
   }
   return Status::Error("jax_smddp: unknown collective plan");
+}
+
+}  // namespace
+
+Status RunProcessPlan(const Plan& plan, ProcessCall& call) {
+  const auto t0 = Clock::now();
+  SMDDP_RETURN_IF_ERROR(CheckCallsAgree(call, plan));
+  const auto t1 = Clock::now();
+  const Status st = RunBody(plan, call);
+  if (call.phases) {
+    call.phases->agree_s = std::chrono::duration<double>(t1 - t0).count();
+    call.phases->body_s = std::chrono::duration<double>(Clock::now() - t1).count();
+  }
+  return st;
 }
 
 }  // namespace smddp

@@ -9,6 +9,7 @@
 #include <vector>
 
 #include "xla_ffi/algorithms/call_info.h"
+#include "xla_ffi/algorithms/call_phases.h"
 #include "xla_ffi/common/hashing.h"  // MixTag, used with calls' tags
 #include "xla_ffi/common/streaming_copy.h"
 #include "xla_ffi/transports/world.h"
@@ -58,7 +59,8 @@ struct ProcessCall {
   size_t chunk_bytes = 0;  // message chunk; 0: the default
   uint64_t tag = 0;        // this call's; equal on every process
   Clock::time_point start, deadline;
-  std::string where;  // "jax_smddp all_gather (op 3 of ...)"
+  CallPhases* phases = nullptr;  // where the call's time goes, if wanted
+  std::string where;             // "jax_smddp all_gather (op 3 of ...)"
   CallInfo info;
 
   // Whether the call's copies into outputs use non-temporal stores: by what

@@ -4,16 +4,19 @@
 // engine's enums. The tests' probes are another module (testing_module.cc),
 // not installed with the package.
 #include <cstdint>
+#include <map>
 #include <stdexcept>
 #include <string>
 #include <utility>
 #include <vector>
 
 #include "nanobind/nanobind.h"
+#include "nanobind/stl/map.h"
 #include "nanobind/stl/pair.h"
 #include "nanobind/stl/string.h"
 #include "nanobind/stl/tuple.h"
 #include "nanobind/stl/vector.h"
+#include "xla_ffi/algorithms/call_phases.h"
 #include "xla_ffi/bindings/enums.h"
 #include "xla_ffi/bindings/failures.h"
 #include "xla_ffi/bindings/registrations.h"
@@ -203,6 +206,25 @@ void BindWorld(nb::module_& m) {
       if (world->calls(caller))
         out.emplace_back(smddp::World::CallerName(caller), world->calls(caller),
                          world->call_bytes(caller));
+    }
+    return out;
+  });
+  m.def("call_phases", [] {
+    // Per collective with cross-process calls (call_phases.h): its calls and
+    // each phase's seconds summed over them, and the sleeps.
+    std::vector<std::pair<std::string, std::map<std::string, double>>> out;
+    for (int k = 0; k < 4; ++k) {
+      const smddp::CallPhaseTotals t = smddp::CallPhaseTotal(smddp::Plan::Kind(k));
+      if (!t.calls) continue;
+      out.emplace_back(smddp::KindName(k),
+                       std::map<std::string, double>{{"calls", double(t.calls)},
+                                                     {"local_s", t.sum.local_s},
+                                                     {"queue_s", t.sum.queue_s},
+                                                     {"agree_s", t.sum.agree_s},
+                                                     {"body_s", t.sum.body_s},
+                                                     {"wait_s", t.sum.wait_s},
+                                                     {"sleep_s", t.sum.sleep_s},
+                                                     {"sleeps", double(t.sum.sleeps)}});
     }
     return out;
   });

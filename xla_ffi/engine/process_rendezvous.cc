@@ -1,10 +1,12 @@
 #include "xla_ffi/engine/process_rendezvous.h"
 
 #include <algorithm>
+#include <chrono>
 #include <cstdlib>
 #include <sstream>
 #include <string>
 
+#include "xla_ffi/algorithms/call_phases.h"
 #include "xla_ffi/algorithms/messages.h"
 #include "xla_ffi/algorithms/process_algorithms.h"
 #include "xla_ffi/algorithms/process_call.h"
@@ -18,6 +20,7 @@ namespace smddp {
 struct ProcessRendezvous::Slot : RendezvousSlot {  // entries: per local rank
   using RendezvousSlot::RendezvousSlot;
   Clock::time_point start, deadline;
+  Clock::time_point ready;  // the last local device arrived
   Timer timer;
 };
 
@@ -170,6 +173,7 @@ void ProcessRendezvous::Start(const GroupInfo& group, int size, const CallKey& k
   me = Slot::Entry{true, send, recv, info, std::move(done)};
   if (++slot->arrived < int(local_.size())) return;
   slot->started = true;
+  slot->ready = Clock::now();
   Cancel(slot->timer);
   for (size_t li = 1; li < slot->entries.size() && slot->status.ok(); ++li) {
     if (!(slot->entries[li].info == slot->entries[0].info)) {
@@ -193,6 +197,9 @@ void ProcessRendezvous::Start(const GroupInfo& group, int size, const CallKey& k
 }
 
 void ProcessRendezvous::Run(const std::shared_ptr<Slot>& slot) {
+  CallPhases phases;
+  phases.local_s = std::chrono::duration<double>(slot->ready - slot->start).count();
+  phases.queue_s = std::chrono::duration<double>(Clock::now() - slot->ready).count();
   std::shared_ptr<const World> world = CurrentWorld();
   const CallKey& key = slot->key;
   const CallInfo& info = slot->entries[0].info;
@@ -230,7 +237,9 @@ void ProcessRendezvous::Run(const std::shared_ptr<Slot>& slot) {
     call.deadline = slot->deadline;
     call.where = CallWhere(slot->group, key, info.op);
     call.info = info;
+    call.phases = &phases;
     st = RunProcessPlan(slot->plan, call);
+    if (st.ok()) TallyCallPhases(slot->plan.kind, phases);
   }
   Task inline_done;
   {

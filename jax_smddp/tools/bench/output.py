@@ -69,6 +69,29 @@ def table_row(r: dict) -> str:
   return row
 
 
+def phases_table(op: str, results: list[dict]) -> str:
+  """Where jax_smddp's calls of `op` spent their time (jax_smddp.distributed.call_phases(),
+  means per call, warm-up calls included), beside the mean time per call seen from Python;
+  "outside" is the rest: XLA's dispatch of the program and the hand-backs around the call."""
+  lines = [f"# {op}: where a jax_smddp call's time went, us per call (process 0; local + queue + "
+           "agree + body = the call; wait: of agree and body, waiting for links; sleep: of wait, "
+           "asleep)",
+           "    size   mean us     local     queue     agree      body      wait     sleep  sleeps"
+           "   outside"]
+  for r in results:
+    ph = r.get("smddp_phases")
+    if r["op"] != op or not ph:
+      continue
+    inside = sum(ph[f"{k}_us"] for k in ("local", "queue", "agree", "body"))
+    mean = r["smddp"]["mean_us"]
+    cells = [format_size(r["bytes_per_rank"]), f"{mean:.1f}"]
+    cells += [f"{ph[f'{k}_us']:.1f}" for k in ("local", "queue", "agree", "body", "wait", "sleep")]
+    cells += [f"{ph['sleeps']:.1f}", f"{mean - inside:.1f}"]
+    widths = (8, 9, 9, 9, 9, 9, 9, 9, 7, 9)
+    lines.append("  ".join(f"{c:>{w}}" for c, w in zip(cells, widths)))
+  return "\n".join(lines)
+
+
 def write_json(path: str, meta: dict, results: list[dict]) -> None:
   os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
   with open(path, "w") as f:
