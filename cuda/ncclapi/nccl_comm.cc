@@ -29,14 +29,13 @@ namespace {
 using Clock = std::chrono::steady_clock;
 
 constexpr uint64_t kIdMagic = 0x01434e7064646d73ull;  // "smddpNC\x01"
-constexpr uint32_t kHasRealId = 1;
 
 // The front end's part of an id, after the real library's.
 struct IdTail {
   uint64_t magic;
   uint64_t nonce[2];
-  int32_t root;  // the process that made the id (-1: no world)
-  uint32_t flags;
+  int32_t root;    // the process that made the id (-1: no world)
+  uint32_t flags;  // none yet
   uint64_t reserved;
 };
 static_assert(kRealIdBytes + sizeof(IdTail) == NCCL_UNIQUE_ID_BYTES, "the id is full");
@@ -49,12 +48,6 @@ struct Entry {
   int32_t ordinal;
   int32_t color;  // splits only
   int32_t key;
-  // Splits of a communicator without a real one yet: the real library's id
-  // of this entry's child, made by the root for each color and handed out
-  // with the table, from which the child creates its real communicator at its
-  // first forwarded call (as a communicator created from an id does).
-  uint32_t has_real_id = 0;
-  uint8_t real_id[kRealIdBytes] = {};
 };
 
 // A real library's id for a new communicator, when the library is there and
@@ -73,27 +66,11 @@ bool NewRealId(uint8_t out[kRealIdBytes]) {
   return true;
 }
 
-// At the root of a split, with every entry in: one real id per color.
-void FillRealIds(std::vector<Entry>& table) {
-  std::map<int32_t, size_t> first;  // color -> its first entry
-  for (size_t r = 0; r < table.size(); ++r) {
-    Entry& e = table[r];
-    if (e.color == kNoColor) continue;
-    auto [it, fresh] = first.emplace(e.color, r);
-    if (fresh) {
-      e.has_real_id = NewRealId(e.real_id);
-    } else {
-      e.has_real_id = table[it->second].has_real_id;
-      std::memcpy(e.real_id, table[it->second].real_id, kRealIdBytes);
-    }
-  }
-}
-
 uint64_t Tag(const uint64_t nonce[2], uint64_t what, uint64_t a, uint64_t b) {
   return MixTag(MixTag(MixTag(MixTag(MixTag(0x6e63636c2d6a6f69ull, nonce[0]), nonce[1]), what), a),
                 b);
 }
-enum : uint64_t { kJoin = 1, kTable = 2, kHandleSize = 3, kHandles = 4 };
+enum : uint64_t { kJoin = 1, kTable = 2, kHandleSize = 3, kHandles = 4, kRealId = 5 };
 
 // Waits for `req` on `link` (to `peer`) within the deadline.
 Status Await(const World& world, int peer, Request& req, const std::string& what,
@@ -165,7 +142,7 @@ std::string Missing(const std::vector<Entry>& table, const std::vector<bool>& ha
 
 // The root's side: every entry, from this process's ranks (added under the
 // lock by their threads) and from join messages of any other process.
-Status Collect(const World& world, const uint64_t nonce[2], int nranks, bool real_ids, Joining& j,
+Status Collect(const World& world, const uint64_t nonce[2], int nranks, Joining& j,
                std::unique_lock<std::mutex>& lock, Clock::time_point deadline) {
   const int me = world.process();
   struct Pending {
@@ -249,7 +226,6 @@ Status Collect(const World& world, const uint64_t nonce[2], int nranks, bool rea
     lock.lock();
   }
   cancel_all();
-  if (real_ids) FillRealIds(j.table);
   // Every member process but this one gets the table.
   std::set<int> members;
   for (const Entry& e : j.table) members.insert(e.process);
@@ -268,11 +244,10 @@ Status Collect(const World& world, const uint64_t nonce[2], int nranks, bool rea
 }
 
 // Every rank's entry, as the table the root made. `root` < 0: no world, all
-// ranks are threads of this process. `real_ids` (splits): the root adds a
-// real id per color (FillRealIds).
+// ranks are threads of this process.
 Status Join(const uint64_t nonce[2], int root, int nranks, const Entry& mine,
             const std::shared_ptr<const World>& world, std::vector<Entry>* table,
-            std::shared_ptr<Joining>* joining, bool real_ids = false) {
+            std::shared_ptr<Joining>* joining) {
   const auto deadline = Clock::now() + Timeout();
   auto j = JoiningOf(nonce);
   *joining = j;
@@ -309,7 +284,7 @@ Status Join(const uint64_t nonce[2], int root, int nranks, const Entry& mine,
     Status st;
     if (at_root) {
       if (world) {
-        st = Collect(*world, nonce, nranks, real_ids, *j, lock, deadline);
+        st = Collect(*world, nonce, nranks, *j, lock, deadline);
       } else {
         while (true) {  // threads of this process only
           int complete = 0;
@@ -322,7 +297,6 @@ Status Join(const uint64_t nonce[2], int root, int nranks, const Entry& mine,
             break;
           }
         }
-        if (st.ok() && real_ids) FillRealIds(j->table);
       }
     } else {
       std::vector<Entry> got(nranks);
@@ -649,11 +623,8 @@ Status MakeUniqueId(ncclUniqueId* out) {
   RandomNonce(tail.nonce);
   auto world = CurrentWorld();
   tail.root = world ? world->process() : -1;
-  uint8_t real[kRealIdBytes];
-  if (NewRealId(real)) {
-    std::memcpy(out->internal, real, kRealIdBytes);
-    tail.flags |= kHasRealId;
-  }
+  // No real id yet: one is agreed at the communicator's first forwarded call
+  // (AgreeRealId), as most communicators never forward one.
   std::memcpy(out->internal + kRealIdBytes, &tail, sizeof(tail));
   return Status::Ok();
 }
@@ -679,10 +650,7 @@ Status InitRank(int nranks, const ncclUniqueId& id, int rank, const ncclConfig_t
     *out = comm.release();
     return Status::Ok();
   }
-  if (tail.flags & kHasRealId) {
-    std::memcpy(comm->real_id.internal, id.internal, kRealIdBytes);
-    comm->have_real_id = true;
-  }
+  comm->real_id_later = true;
   std::shared_ptr<const World> world = CurrentWorld();
   if (world) gpu::SetProcessIndex(world->process());  // what the GPU handles and watches name
   if (tail.root >= 0 && !world)
@@ -705,6 +673,8 @@ Status InitRank(int nranks, const ncclUniqueId& id, int rank, const ncclConfig_t
   if (!unknown.empty()) {
     comm->nonce[0] = tail.nonce[0];
     comm->nonce[1] = tail.nonce[1];
+    comm->world = world;
+    for (const Entry& e : table) comm->process_of.push_back(e.process);
     comm->forwarded_because = unknown;
   } else {
     SMDDP_RETURN_IF_ERROR(Build(tail.nonce, table, rank, world, joining, comm.get()));
@@ -759,7 +729,7 @@ Status Split(Comm& parent, int color, int key, const ncclConfig_t* config, Comm*
   parent.splits++;
   // Whether the parent has a real communicator is alike in every rank (each
   // made it at the same forwarded call): with one, the real side splits it;
-  // without, the root hands out a real id per child, for later.
+  // without, each child agrees on a real id at its first forwarded call.
   ncclComm_t parent_real = nullptr;
   {
     std::lock_guard<std::mutex> lock(parent.real_mu);
@@ -770,8 +740,7 @@ Status Split(Comm& parent, int color, int key, const ncclConfig_t* config, Comm*
   std::vector<Entry> all;
   std::shared_ptr<Joining> joining;
   SMDDP_RETURN_IF_ERROR(Join(nonce, parent.process_of.empty() ? -1 : parent.process_of[0],
-                             parent.nranks, mine, world, &all, &joining,
-                             /*real_ids=*/parent_real == nullptr));
+                             parent.nranks, mine, world, &all, &joining));
   if (color == kNoColor) {
     if (!parent_real) return Status::Ok();
     std::vector<unsigned char> bytes = ConfigBytes(config);
@@ -799,6 +768,10 @@ Status Split(Comm& parent, int color, int key, const ncclConfig_t* config, Comm*
   if (!unknown.empty()) {
     comm->nranks = int(group.size());
     comm->rank = rank;
+    comm->nonce[0] = child[0];
+    comm->nonce[1] = child[1];
+    comm->world = world;
+    for (const Entry& e : group) comm->process_of.push_back(e.process);
     comm->forwarded_because = unknown;
   } else {
     SMDDP_RETURN_IF_ERROR(Build(child, group, rank, world, JoiningOf(child), comm.get()));
@@ -811,13 +784,109 @@ Status Split(Comm& parent, int color, int key, const ncclConfig_t* config, Comm*
     } else {
       comm->real_failure = st;
     }
-  } else if (group[0].has_real_id) {
-    std::memcpy(comm->real_id.internal, group[0].real_id, kRealIdBytes);
-    comm->have_real_id = true;
-  }  // else: RealComm says why there is none (no real library, or its ids do not fit)
+  } else {
+    comm->real_id_later = true;
+  }
   *out = comm.release();
   return Status::Ok();
 }
+
+namespace {
+
+// A communicator's real id, agreed at its first forwarded call rather than at
+// creation: the real ncclGetUniqueId starts NCCL's bootstrap root (a thread
+// and a socket waiting for the real communicator's ranks), which for a
+// communicator whose calls are all served would wait forever. Per process
+// and communicator, one thread makes it (in the process of the
+// communicator's rank 0) or receives it from there; the process's other
+// ranks wait for that thread.
+struct RealIdAgreement {
+  std::mutex mu;
+  std::condition_variable cv;
+  bool working = false;
+  bool done = false;
+  Status status;
+  uint32_t has = 0;  // the real library made an id that fits
+  uint8_t id[kRealIdBytes] = {};
+};
+
+std::shared_ptr<RealIdAgreement> AgreementOf(const uint64_t nonce[2]) {
+  static std::mutex mu;
+  static auto* all = new std::map<std::pair<uint64_t, uint64_t>, std::shared_ptr<RealIdAgreement>>;
+  std::lock_guard<std::mutex> lock(mu);
+  auto& a = (*all)[{nonce[0], nonce[1]}];
+  if (!a) a = std::make_shared<RealIdAgreement>();
+  return a;
+}
+
+// The work of one thread of this process: the id made here and sent to every
+// other member process, or received from rank 0's process.
+Status MakeOrReceiveRealId(const Comm& comm, RealIdAgreement* out) {
+  struct Message {
+    uint32_t has;
+    uint8_t id[kRealIdBytes];
+  } msg{};
+  auto world = comm.world.lock();
+  const int root = comm.process_of.empty() ? -1 : comm.process_of[0];
+  const auto deadline = Clock::now() + Timeout();
+  Status st;
+  if (!world || root < 0 || root == world->process()) {
+    msg.has = NewRealId(msg.id);
+    std::set<int> members(comm.process_of.begin(), comm.process_of.end());
+    for (int q : members) {
+      if (!world || q < 0 || q == world->process()) continue;
+      if (!world->link(q))
+        return Status::Error("jax_smddp NCCL front end: no link to process " + std::to_string(q) +
+                             " for the real NCCL id");
+      Request req;
+      world->link(q)->Send(Tag(comm.nonce, kRealId, uint64_t(q), 0), &msg, sizeof(msg), &req);
+      st = Await(*world, q, req, "sending the real NCCL id", deadline);
+      if (!st.ok()) return st;
+    }
+  } else {
+    if (!world->link(root))
+      return Status::Error("jax_smddp NCCL front end: no link to process " + std::to_string(root) +
+                           " for the real NCCL id");
+    Request req;
+    world->link(root)->Recv(Tag(comm.nonce, kRealId, uint64_t(world->process()), 0), &msg,
+                            sizeof(msg), &req);
+    st = Await(*world, root, req, "receiving the real NCCL id", deadline);
+    if (!st.ok()) return st;
+  }
+  out->has = msg.has;
+  std::memcpy(out->id, msg.id, kRealIdBytes);
+  return Status::Ok();
+}
+
+// Sets comm.real_id (when the real library made one that fits); every rank
+// of the communicator calls it at the same forwarded call.
+Status AgreeRealId(Comm& comm) {
+  std::shared_ptr<RealIdAgreement> a = AgreementOf(comm.nonce);
+  std::unique_lock<std::mutex> lock(a->mu);
+  if (!a->done && !a->working) {
+    a->working = true;
+    lock.unlock();
+    RealIdAgreement got;
+    const Status st = MakeOrReceiveRealId(comm, &got);
+    lock.lock();
+    a->status = st;
+    a->has = got.has;
+    std::memcpy(a->id, got.id, kRealIdBytes);
+    a->done = true;
+    a->working = false;
+    a->cv.notify_all();
+  }
+  a->cv.wait(lock, [&] { return a->done; });
+  SMDDP_RETURN_IF_ERROR(a->status);
+  if (a->has) {
+    std::memset(comm.real_id.internal, 0, sizeof(comm.real_id.internal));
+    std::memcpy(comm.real_id.internal, a->id, kRealIdBytes);
+    comm.have_real_id = true;
+  }
+  return Status::Ok();
+}
+
+}  // namespace
 
 Status RealComm(Comm& comm, ncclComm_t* out) {
   std::lock_guard<std::mutex> lock(comm.real_mu);
@@ -826,11 +895,17 @@ Status RealComm(Comm& comm, ncclComm_t* out) {
     return Status::Ok();
   }
   if (!comm.real_failure.ok()) return comm.real_failure;
+  if (!comm.have_real_id && comm.real_id_later) {
+    const Status st = AgreeRealId(comm);
+    if (!st.ok()) {
+      comm.real_failure = st;
+      return st;
+    }
+  }
   if (!comm.have_real_id) {
     comm.real_failure = Status::Unsupported(
         "jax_smddp NCCL front end: no real NCCL communicator can be made for this communicator "
-        "(the real library's id did not fit in the front end's, or the library was not found "
-        "when the id was made)");
+        "(the real library's id did not fit in the front end's, or the library was not found)");
     return comm.real_failure;
   }
   std::string why;

@@ -7,8 +7,9 @@
 // Creation. XLA's process for the clique's root device calls
 // ncclGetUniqueId and hands the id to the others through the key-value
 // store; every rank then calls ncclCommInitRank* with it, each from its own
-// thread. The front end's id carries the real library's id (when it fits),
-// a random nonce naming the communicator, and the creating process: each
+// thread. The front end's id carries a random nonce naming the communicator
+// and the creating process (the real library's id is agreed only at the
+// communicator's first forwarded call, see RealComm): each
 // rank sends that process (the root) its process, device and host; the root
 // collects all of them (from whichever processes they come) and sends every
 // member process the table; then the member processes set up the GPU
@@ -66,8 +67,11 @@ struct Comm {
   uint64_t splits = 0;  // splits of it so far (names the children)
 
   // Forwarding: the real communicator, created at the first forwarded call
-  // (or at creation, for a communicator forwarded entirely).
+  // (every call of a communicator forwarded entirely), from a real id
+  // agreed then (real_id_later: one made from the front end's id or split)
+  // or known from creation (an id another NCCL library made).
   std::mutex real_mu;
+  bool real_id_later = false;
   bool have_real_id = false;
   ncclUniqueId real_id{};
   std::vector<unsigned char> config;  // the caller's ncclConfig_t, as it came

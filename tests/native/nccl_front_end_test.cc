@@ -430,6 +430,9 @@ void Served() {
   Expect(!Has(record, "ncclCommInitRankConfig") && !Has(record, "ncclAllGather") &&
              !Has(record, "ncclReduceScatter") && !Has(record, "ncclAllReduce"),
          "nothing forwarded, no real communicator; the mock saw:\n" + record);
+  // Nor a real id: the real ncclGetUniqueId would have started NCCL's bootstrap
+  // root, waiting for a real communicator that a served one never makes.
+  Expect(!Has(record, "ncclGetUniqueId"), "no real id for a served communicator: " + record);
   const std::string described = smddp::nccl::Describe();
   Expect(Has(described, "\"ncclAllGather\": 4") && Has(described, "\"ncclAllReduce\": 3") &&
              Has(described, "\"ncclReduceScatter\": 2") && Has(described, "\"ncclAlltoAll\": 1") &&
@@ -505,6 +508,7 @@ void MixedGroup() {
       "BEGIN",
       "ISSUED",
       "SERVED",
+      "ncclGetUniqueId",  // process 0 only (added below for process 1), at the first forwarded
       "ncclCommInitRankConfig nranks=2 rank=" + std::to_string(me) + " id=real blocking=1",
       "ncclGroupStart",
       "ncclBroadcast " + who + " count=16 root=0",
@@ -513,7 +517,7 @@ void MixedGroup() {
       "ncclGroupEnd",
       "SERVED"};
   std::vector<std::string> got = Lines(Record());
-  if (!got.empty() && got[0] == "ncclGetUniqueId") got.erase(got.begin());
+  if (me != 0 && got.size() > 3) got.insert(got.begin() + 3, "ncclGetUniqueId");
   Expect(got == want, "the group's order; got:\n" + Record());
 }
 
@@ -602,8 +606,10 @@ void SplitScenario() {
   Expect(!Has(Record(), "ncclCommSplit"), "served parent: the split is jax_smddp's: " + Record());
 
   // The parent never forwarded a call, so it has no real communicator to
-  // split: the child forwards from a real id the split's root made for it,
-  // one id for both its members (and none made for the parent).
+  // split: the child forwards from a real id its rank 0's process (process 2)
+  // makes at its first forwarded call, one id for both its members (and none
+  // made for the parent, nor at the split).
+  Expect(!Has(Record(), "ncclGetUniqueId"), "no real id before a forwarded call: " + Record());
   std::vector<float> x(16, float(me)), y(16);
   if (me != 1) {
     const int r = me == 2 ? 0 : 1;
@@ -613,6 +619,8 @@ void SplitScenario() {
                              " id=real blocking=1\nncclBroadcast rank=" + std::to_string(r) +
                              "/2 count=16"),
            "the child's real communicator made from its id, then the call: " + Record());
+    Expect(Has(Record(), "ncclGetUniqueId") == (me == 2),
+           "the child's real id made in its rank 0's process (2) alone: " + Record());
   }
   const auto ids = Relay(me == 1 ? "" : LastInitId());
   Expect(!ids[0].empty() && ids[0] == ids[2] && ids[1].empty(),
