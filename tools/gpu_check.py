@@ -16,7 +16,7 @@ Stages (all = build kernels swap bench jax overlap blocks):
   kernels  tests/gpu/test_kernels.py: the stream algorithms on the GPU without JAX
   swap     tests/gpu/test_xla_swap_gpu.py: XLA's own GPU collectives on jax_smddp's NCCL API
            front end (JAX_SMDDP_COLLECTIVES=xla), 2 processes sharing the GPU (skipped when the
-           build has no libsmddp_nccl.so)
+           build has no libsmddp_nccl.so); its global-view steps again reading in place
   bench    gpu_bench under MPS, direct reads, 2 and 4 processes, 16M-256M: the targets;
            the reductions again with the budget lifted (1024 blocks)
   jax      the quick selection of tests/gpu/test_gpu.py (JAX processes sharing the GPU)
@@ -248,6 +248,11 @@ def stage_swap(st: Stage, py: str) -> None:
     return
   st.note(f"front end {library}")
   _pytest(st, py, [SWAP_TESTS], report="-rsP")
+  # The front end stages unless told: its global-view steps again reading in place, which it
+  # may make its default once they pass on a GPU.
+  st.note("the global-view steps again with JAX_SMDDP_GPU_DIRECT_READS=1")
+  _pytest(st, py, [SWAP_TESTS, "-k", "global_view"], {"JAX_SMDDP_GPU_DIRECT_READS": "1"},
+          report="-rsP")
 
 
 def _bench(st: Stage, py: str, name: str, args: list[str], env: dict | None = None) -> None:
