@@ -77,18 +77,21 @@ def test_the_swap_stage_plan_names_its_tests_and_the_front_end(tmp_path):
 
 def test_the_swap_stage_runs_its_gpu_tests_only_with_a_front_end(gc, tmp_path, monkeypatch):
   """With libsmddp_nccl.so built, the stage runs tests/gpu/test_xla_swap_gpu.py under pytest
-  (-rsP: the tests print what the front end served into the log); without, it is skipped,
-  saying why, and runs nothing."""
-  ran = []
+  (-rsP: the tests print what the front end served into the log), then its global-view steps
+  with direct reads; without, it is skipped, saying why, and runs nothing."""
+  ran, envs = [], []
   st = gc.Stage("swap", 30, str(tmp_path), dict(os.environ))
-  monkeypatch.setattr(st, "run", lambda argv, env=None, **kw: ran.append(argv) or 0)
+  monkeypatch.setattr(st, "run", lambda argv, env=None, **kw: ran.append(argv) or envs.append(env) or 0)
   monkeypatch.setattr(gc, "nccl_front_end", lambda py: None)
   gc.stage_swap(st, sys.executable)
   assert ran == [] and st.notes[0].startswith("skipped: this build has no libsmddp_nccl.so"), st.notes
   monkeypatch.setattr(gc, "nccl_front_end", lambda py: "/x/libsmddp_nccl.so")
   st.notes.clear()
   gc.stage_swap(st, sys.executable)
-  assert len(ran) == 1 and ran[0][-1] == "tests/gpu/test_xla_swap_gpu.py" and "-rsP" in ran[0], ran
+  assert len(ran) == 2 and ran[0][-1] == "tests/gpu/test_xla_swap_gpu.py" and "-rsP" in ran[0], ran
+  # Then the global-view steps again, reading in place (the front end stages unless told).
+  assert ran[1][-3:] == ["tests/gpu/test_xla_swap_gpu.py", "-k", "global_view"], ran
+  assert (envs[1] or {}).get("JAX_SMDDP_GPU_DIRECT_READS") == "1", envs
   assert not st.notes[0].startswith("skipped"), st.notes
   assert gc.LIMITS["swap"] <= 180  # the stage's tests take under 3 minutes
   st.log.close()
