@@ -850,7 +850,11 @@ Status MakeOrReceiveRealId(const Comm& comm, RealIdAgreement* out) {
     Request req;
     world->link(root)->Recv(Tag(comm.nonce, kRealId, uint64_t(world->process()), 0), &msg,
                             sizeof(msg), &req);
-    st = Await(*world, root, req, "receiving the real NCCL id", deadline);
+    st = Await(*world, root, req,
+               "receiving the real NCCL id from the process of rank 0 (every rank of a "
+               "communicator must reach its first forwarded call: NCCL creates the real "
+               "communicator only with all of them)",
+               deadline);
     if (!st.ok()) return st;
   }
   out->has = msg.has;

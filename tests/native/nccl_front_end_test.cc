@@ -822,6 +822,29 @@ void Stalled() {
   Relay("done");
 }
 
+// A forwarded call that rank 0 never makes: the real communicator cannot be
+// created (NCCL's creation needs every rank), and the rank waiting for the
+// real id from rank 0's process fails at the deadline naming that process and
+// the call that needed it, instead of waiting forever.
+void PartialForward() {
+  ncclComm_t comm = Create(P, me, nullptr);
+  if (me == 0) {
+    Relay("waiting");  // until process 1 is done
+    return;
+  }
+  std::vector<float> x(8), y(8);
+  const auto start = std::chrono::steady_clock::now();
+  const ncclResult_t rc = ncclBroadcast(x.data(), y.data(), 8, ncclFloat32, 0, comm, nullptr);
+  const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  const std::string why = ncclGetLastError(comm);
+  Expect(rc != ncclSuccess && Has(why, "process 0") && Has(why, "real NCCL id") &&
+             Has(why, "ncclBroadcast") && Has(why, "first forwarded call"),
+         "fails naming process 0, the call and the remedy: " + why);
+  Expect(s < 6, "at the deadline (2 s): " + std::to_string(s));
+  Expect(!Has(Record(), "ncclCommInitRankConfig"), "no real communicator: " + Record());
+  Relay("done");
+}
+
 void JoinTimeout() {
   ncclResult_t rc = ncclSuccess;
   ncclComm_t comm = Create(3, me, nullptr, &rc);
@@ -832,7 +855,9 @@ void JoinTimeout() {
 }
 
 int RunProcess(const std::string& scenario) {
-  smddp::SetTimeoutSeconds(scenario == "stalled" || scenario == "join_timeout" ? 2.0 : 10.0);
+  smddp::SetTimeoutSeconds(
+      scenario == "stalled" || scenario == "join_timeout" || scenario == "partial_forward" ? 2.0
+                                                                                           : 10.0);
   smddp::nccl::SetStreamBackend({[](void*, smddp::nccl::StreamBackend::Body body, void* context) {
                                    MarkedOps ops;
                                    return body(ops, context);
@@ -868,6 +893,8 @@ int RunProcess(const std::string& scenario) {
     Abort();
   else if (scenario == "across_hosts")
     AcrossHosts();
+  else if (scenario == "partial_forward")
+    PartialForward();
   else if (scenario == "join_timeout")
     JoinTimeout();
   else {

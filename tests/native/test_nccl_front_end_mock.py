@@ -13,7 +13,8 @@ everything; an id the real library's does not fit in fails forwarded calls
 saying why; JAX_SMDDP_REQUIRE=no-fallback refuses forwarding; splits; a
 killed peer, or one that aborts the communicator, becomes the communicator's
 async error naming it; a stalled peer and a rank that never joins hit the
-deadline; a forwarded call that fails in NCCL keeps NCCL's code and message;
+deadline, and so does a forwarded call that rank 0 never makes (its real id never comes); a
+forwarded call that fails in NCCL keeps NCCL's code and message;
 a communicator across two simulated hosts (libfabric's shm provider between
 them) runs all_gather, reduce_scatter and all_to_all on the hierarchical
 bodies and forwards all_reduce. The real CUDA calls run in
@@ -29,7 +30,7 @@ from helpers import native_program
 
 SCENARIOS = ["served", "forwarded", "send_recv", "mixed_group", "unknown_config", "unknown_version", "id_full",
              "no_fallback", "split", "dead_peer", "stalled", "join_timeout", "forward_fails", "abort",
-             "across_hosts"]
+             "across_hosts", "partial_forward"]
 
 
 @pytest.fixture(scope="module")
