@@ -90,7 +90,7 @@ def test_bench_two_processes(tmp_path):
   call timed by its slower process, so no row is faster than either process's own median."""
   ops = ("all_gather", "reduce_scatter", "all_reduce")
   proc, out = run_bench(tmp_path, "--layout", "2x1", "--max-bytes", "64K", "--no-plot",
-                        "--slowest", timeout=180)
+                        "--slowest", "--timing", "barrier", timeout=180)
   assert proc.returncode == 0, proc.stdout + proc.stderr
   data = json.loads(out.read_text())
   meta, results = data["meta"], data["results"]
@@ -102,6 +102,7 @@ def test_bench_two_processes(tmp_path):
   check_memcpy_reference(meta, results, bench.Layout(1, 2, 1))
   assert "jax.lax (gloo)" in proc.stdout and "# all_gather: 2 ranks" in proc.stdout
   assert meta["statistic"] == "slowest" and "each call's slowest process" in proc.stdout
+  assert all(r["timing"] == "barrier" for r in results)
   for r in results:
     for impl in ("smddp", "lax"):
       medians = r["process_medians_us"][impl]
@@ -212,11 +213,11 @@ def test_bench_two_hosts(tmp_path):
     assert r["smddp"]["vs_link"] == pytest.approx(r["link_us"] / r["smddp"]["time_us"])
   assert "link between the hosts, measured raw in this run" in proc.stdout
   assert "vs link" in proc.stdout
-  # --phases: where process 0's calls spent their time, every call of the size counted
-  # (the warm-up's too), each phase a share of a call.
+  # --phases: where process 0's calls spent their time, every timed call of the size counted
+  # (not the warm-up's), each phase a share of a call.
   for r in results:
     ph = r["smddp_phases"]
-    assert ph["calls"] == r["iters"] + r["warmup"], (ph, r["iters"], r["warmup"])
+    assert ph["calls"] == r["iters"], (ph, r["iters"], r["warmup"])
     assert all(ph[f"{k}_us"] >= 0 for k in bench.PHASES) and ph["sleeps"] >= 0, ph
     assert ph["agree_us"] + ph["body_us"] > 0, ph
     assert ph["wait_us"] <= ph["agree_us"] + ph["body_us"] + 1, ph
@@ -297,3 +298,6 @@ def test_timing_methods_sample_every_call():
   calls.clear()
   bench.time_blocks(fns, None, 7, 0)
   assert "".join(calls) == "aaaaabbbbbaabb"
+  calls.clear()  # barrier: one before each timed call, none before the warm-up's
+  bench.time_barrier(fns, None, 3, 1, barrier=lambda: calls.append("|"))
+  assert "".join(calls) == "ab|a|b|a|b|a|b"

@@ -87,7 +87,7 @@ at its rate each way (:func:`interhost_bytes_per_host`), and ``vs_link`` =
 link_us / time, for jax_smddp and for jax.lax (1: the call ran at the link's
 rate). In multi-process layouts every row also records where jax_smddp's calls
 spent their time (``smddp_phases``: :func:`jax_smddp.distributed.call_phases` per call,
-process 0's, warm-up calls included: the hand-off to the engine, the agreement check,
+process 0's, over the timed calls: the hand-off to the engine, the agreement check,
 the body, and of those the waits and sleeps on links), and ``--phases`` prints it as
 a table after each op's, with "outside" = the mean call seen from Python minus those
 phases (XLA's dispatch and the hand-backs). Results go to a JSON file with

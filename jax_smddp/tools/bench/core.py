@@ -353,7 +353,39 @@ def time_blocks(fns, x, iters: int, warmup: int, block: int = 5) -> list[list[fl
   return samples
 
 
-TIMINGS = {"blocks": time_blocks, "alternating": time_alternating}
+_barriers = 0
+
+
+def process_barrier() -> None:
+  """Every process of the jax.distributed job meets here (its key-value store's barrier, not a
+  collective of any library under test); nothing in a single process."""
+  global _barriers
+  from jax._src import distributed
+  client = distributed.global_state.client
+  if client is None:
+    return
+  _barriers += 1
+  client.wait_at_barrier(f"jax_smddp_bench_{_barriers}", 60_000)
+
+
+def time_barrier(fns, x, iters: int, warmup: int, barrier=process_barrier) -> list[list[float]]:
+  """As time_alternating, with every process meeting at a barrier before each timed call
+  (outside its span): every call starts together, as a harness that synchronises its
+  processes before each call times it; a call then waits for no late peer."""
+  for _ in range(warmup):
+    for fn in fns:
+      fn(x).block_until_ready()
+  samples = [[] for _ in fns]
+  for _ in range(iters):
+    for fn, out in zip(fns, samples):
+      barrier()
+      t0 = time.perf_counter()
+      fn(x).block_until_ready()
+      out.append(time.perf_counter() - t0)
+  return samples
+
+
+TIMINGS = {"blocks": time_blocks, "alternating": time_alternating, "barrier": time_barrier}
 # run_benchmark's default timing; parse_args sets it from --timing (multi-process
 # workers parse the same options, so their run_benchmark follows it too).
 _timing = "alternating"
@@ -510,9 +542,12 @@ def run_benchmark(ops, sizes, *, dtype="float32", iters: int = 20, warmup: int =
         log.warning("jax.lax %s (%s/rank) differs from numpy (JAX's answer is wrong; jax_smddp's "
                     "is right): %s", op, format_size(nbytes), "; ".join(lax_bad))
       k = iters_for(n * nbytes * spec.total_factor(n), iters)
+      for _ in range(warmup):  # here, so that the phases count the timed calls alone
+        for fn in fns:
+          fn(x).block_until_ready()
       before = meter.read()
       phases = call_phases(op) if across else None
-      samples = TIMINGS[timing](fns, x, k, warmup)
+      samples = TIMINGS[timing](fns, x, k, 0)
       after = meter.read()
       t_smddp, t_lax = (statistics.median(s) for s in samples[:2])
       result = {
@@ -528,7 +563,7 @@ def run_benchmark(ops, sizes, *, dtype="float32", iters: int = 20, warmup: int =
           "samples_us": {"smddp": [round(t * 1e6, 1) for t in samples[0]],
                          "lax": [round(t * 1e6, 1) for t in samples[1]]},
       }
-      if phases is not None:  # warm-up calls included; process 0's when printed
+      if phases is not None:  # the timed calls'; process 0's when printed
         result["smddp_phases"] = phase_means(phases, call_phases(op))
         result["smddp"]["mean_us"] = statistics.mean(samples[0]) * 1e6
       if mpi_fn is not None:

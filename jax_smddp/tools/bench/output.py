@@ -71,7 +71,7 @@ def table_row(r: dict) -> str:
 
 def phases_table(op: str, results: list[dict]) -> str:
   """Where jax_smddp's calls of `op` spent their time (jax_smddp.distributed.call_phases(),
-  means per call, warm-up calls included), beside the mean time per call seen from Python;
+  means over the timed calls), beside the mean time per call seen from Python;
   "outside" is the rest: XLA's dispatch of the program and the hand-backs around the call."""
   lines = [f"# {op}: where a jax_smddp call's time went, us per call (process 0; local + queue + "
            "agree + body = the call; wait: of agree and body, waiting for links; sleep: of wait, "
