@@ -320,14 +320,17 @@ def iters_for(bytes_per_call: int, iters: int) -> int:
   return max(min(iters, MIN_ITERS), min(iters, BYTES_BUDGET // max(1, bytes_per_call)))
 
 
-def time_alternating(fns, x, iters: int, warmup: int) -> list[list[float]]:
-  """Seconds per call of each fn(x), calls interleaved (a, b, a, b, ...), each synced."""
+def time_alternating(fns, x, iters: int, warmup: int, barrier=None) -> list[list[float]]:
+  """Seconds per call of each fn(x), calls interleaved (a, b, a, b, ...), each synced;
+  `barrier()`, if given, runs before each timed call (outside its span)."""
   for _ in range(warmup):
     for fn in fns:
       fn(x).block_until_ready()
   samples = [[] for _ in fns]
   for _ in range(iters):
     for fn, out in zip(fns, samples):
+      if barrier:
+        barrier()
       t0 = time.perf_counter()
       fn(x).block_until_ready()
       out.append(time.perf_counter() - t0)
@@ -372,17 +375,7 @@ def time_barrier(fns, x, iters: int, warmup: int, barrier=process_barrier) -> li
   """As time_alternating, with every process meeting at a barrier before each timed call
   (outside its span): every call starts together, as a harness that synchronises its
   processes before each call times it; a call then waits for no late peer."""
-  for _ in range(warmup):
-    for fn in fns:
-      fn(x).block_until_ready()
-  samples = [[] for _ in fns]
-  for _ in range(iters):
-    for fn, out in zip(fns, samples):
-      barrier()
-      t0 = time.perf_counter()
-      fn(x).block_until_ready()
-      out.append(time.perf_counter() - t0)
-  return samples
+  return time_alternating(fns, x, iters, warmup, barrier=barrier)
 
 
 TIMINGS = {"blocks": time_blocks, "alternating": time_alternating, "barrier": time_barrier}
