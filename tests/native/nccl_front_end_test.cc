@@ -308,6 +308,10 @@ ncclResult_t AwaitAsyncError(ncclComm_t comm, std::chrono::steady_clock::time_po
 
 void Served() {
   ncclComm_t comm = Create(P, me, Config(22809, 0));
+  // The front end stages every call unless JAX_SMDDP_GPU_DIRECT_READS is given
+  // (gpu::Preferences), though reading in place is the custom calls' default.
+  smddp::nccl::Comm* c = smddp::nccl::AsComm(comm);
+  Expect(c && c->local && !c->local->exchange, "the front end's communicator stages its calls");
   int n = 0, r = -1;
   Expect(ncclCommCount(comm, &n) == ncclSuccess && n == P, "ncclCommCount");
   Expect(ncclCommUserRank(comm, &r) == ncclSuccess && r == me, "ncclCommUserRank");
