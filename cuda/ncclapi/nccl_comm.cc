@@ -30,6 +30,13 @@ using Clock = std::chrono::steady_clock;
 
 constexpr uint64_t kIdMagic = 0x01434e7064646d73ull;  // "smddpNC\x01"
 
+// The real library's id of a communicator as rank 0's process sends it to the
+// others: `has` 0 when the library made none that fits the front end's id.
+struct RealId {
+  uint32_t has = 0;
+  uint8_t id[kRealIdBytes] = {};
+};
+
 // The front end's part of an id, after the real library's.
 struct IdTail {
   uint64_t magic;
@@ -113,6 +120,12 @@ struct Joining {
   bool set_up = false;
   bool setting_up = false;
   Status set_up_status;
+  // The real library's id, agreed once per process at the communicator's
+  // first forwarded call (AgreeRealId).
+  bool real_id_agreed = false;
+  bool agreeing_real_id = false;
+  Status real_id_status;
+  RealId real_id;
 };
 
 std::mutex joins_mu;
@@ -796,95 +809,61 @@ namespace {
 // A communicator's real id, agreed at its first forwarded call rather than at
 // creation: the real ncclGetUniqueId starts NCCL's bootstrap root (a thread
 // and a socket waiting for the real communicator's ranks), which for a
-// communicator whose calls are all served would wait forever. Per process
-// and communicator, one thread makes it (in the process of the
-// communicator's rank 0) or receives it from there; the process's other
-// ranks wait for that thread.
-struct RealIdAgreement {
-  std::mutex mu;
-  std::condition_variable cv;
-  bool working = false;
-  bool done = false;
-  Status status;
-  uint32_t has = 0;  // the real library made an id that fits
-  uint8_t id[kRealIdBytes] = {};
-};
-
-std::shared_ptr<RealIdAgreement> AgreementOf(const uint64_t nonce[2]) {
-  static std::mutex mu;
-  static auto* all = new std::map<std::pair<uint64_t, uint64_t>, std::shared_ptr<RealIdAgreement>>;
-  std::lock_guard<std::mutex> lock(mu);
-  auto& a = (*all)[{nonce[0], nonce[1]}];
-  if (!a) a = std::make_shared<RealIdAgreement>();
-  return a;
-}
-
-// The work of one thread of this process: the id made here and sent to every
-// other member process, or received from rank 0's process.
-Status MakeOrReceiveRealId(const Comm& comm, RealIdAgreement* out) {
-  struct Message {
-    uint32_t has;
-    uint8_t id[kRealIdBytes];
-  } msg{};
+// communicator whose calls are all served would wait forever. One thread of
+// each process does this: it makes the id (in the process of the
+// communicator's rank 0) and sends it to every other member process, or
+// receives it from there.
+Status MakeOrReceiveRealId(const Comm& comm, RealId* out) {
   auto world = comm.world.lock();
   const int root = comm.process_of.empty() ? -1 : comm.process_of[0];
   const auto deadline = Clock::now() + Timeout();
-  Status st;
+  auto no_link = [](int q) {
+    return Status::Error("jax_smddp NCCL front end: no link to process " + std::to_string(q) +
+                         " for the real NCCL id");
+  };
   if (!world || root < 0 || root == world->process()) {
-    msg.has = NewRealId(msg.id);
-    std::set<int> members(comm.process_of.begin(), comm.process_of.end());
-    for (int q : members) {
+    out->has = NewRealId(out->id);
+    for (int q : std::set<int>(comm.process_of.begin(), comm.process_of.end())) {
       if (!world || q < 0 || q == world->process()) continue;
-      if (!world->link(q))
-        return Status::Error("jax_smddp NCCL front end: no link to process " + std::to_string(q) +
-                             " for the real NCCL id");
+      if (!world->link(q)) return no_link(q);
       Request req;
-      world->link(q)->Send(Tag(comm.nonce, kRealId, uint64_t(q), 0), &msg, sizeof(msg), &req);
-      st = Await(*world, q, req, "sending the real NCCL id", deadline);
-      if (!st.ok()) return st;
+      world->link(q)->Send(Tag(comm.nonce, kRealId, uint64_t(q), 0), out, sizeof(*out), &req);
+      SMDDP_RETURN_IF_ERROR(Await(*world, q, req, "sending the real NCCL id", deadline));
     }
-  } else {
-    if (!world->link(root))
-      return Status::Error("jax_smddp NCCL front end: no link to process " + std::to_string(root) +
-                           " for the real NCCL id");
-    Request req;
-    world->link(root)->Recv(Tag(comm.nonce, kRealId, uint64_t(world->process()), 0), &msg,
-                            sizeof(msg), &req);
-    st = Await(*world, root, req,
+    return Status::Ok();
+  }
+  if (!world->link(root)) return no_link(root);
+  Request req;
+  world->link(root)->Recv(Tag(comm.nonce, kRealId, uint64_t(world->process()), 0), out,
+                          sizeof(*out), &req);
+  return Await(*world, root, req,
                "receiving the real NCCL id from the process of rank 0 (every rank of a "
                "communicator must reach its first forwarded call: NCCL creates the real "
                "communicator only with all of them)",
                deadline);
-    if (!st.ok()) return st;
-  }
-  out->has = msg.has;
-  std::memcpy(out->id, msg.id, kRealIdBytes);
-  return Status::Ok();
 }
 
 // Sets comm.real_id (when the real library made one that fits); every rank
 // of the communicator calls it at the same forwarded call.
 Status AgreeRealId(Comm& comm) {
-  std::shared_ptr<RealIdAgreement> a = AgreementOf(comm.nonce);
-  std::unique_lock<std::mutex> lock(a->mu);
-  if (!a->done && !a->working) {
-    a->working = true;
+  const std::shared_ptr<Joining> j = JoiningOf(comm.nonce);  // this process's part of it
+  std::unique_lock<std::mutex> lock(j->mu);
+  if (!j->real_id_agreed && !j->agreeing_real_id) {
+    j->agreeing_real_id = true;
     lock.unlock();
-    RealIdAgreement got;
+    RealId got;
     const Status st = MakeOrReceiveRealId(comm, &got);
     lock.lock();
-    a->status = st;
-    a->has = got.has;
-    std::memcpy(a->id, got.id, kRealIdBytes);
-    a->done = true;
-    a->working = false;
-    a->cv.notify_all();
+    j->real_id_status = st;
+    j->real_id = got;
+    j->real_id_agreed = true;
+    j->cv.notify_all();
   }
-  a->cv.wait(lock, [&] { return a->done; });
-  SMDDP_RETURN_IF_ERROR(a->status);
-  if (a->has) {
+  j->cv.wait(lock, [&] { return j->real_id_agreed; });
+  SMDDP_RETURN_IF_ERROR(j->real_id_status);
+  if (j->real_id.has) {
     std::memset(comm.real_id.internal, 0, sizeof(comm.real_id.internal));
-    std::memcpy(comm.real_id.internal, a->id, kRealIdBytes);
+    std::memcpy(comm.real_id.internal, j->real_id.id, kRealIdBytes);
     comm.have_real_id = true;
   }
   return Status::Ok();
