@@ -467,6 +467,8 @@ def memcpy_bandwidth(nbytes: int = MEMCPY_BYTES, repeats: int = 5) -> float:
 
 # --------------------------------------------------------------------------- driver
 
+# distributed.call_phases()'s phases: the first four add up to the call, the last two are parts
+# of agree and body.
 PHASES = ("local", "queue", "agree", "body", "wait", "sleep")
 
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 import json
 import os
 
-from jax_smddp.tools.bench.core import format_size
+from jax_smddp.tools.bench.core import PHASES, format_size
 
 _COLUMNS = ("size", "smddp us", "algbw", "busbw", "lax us", "busbw", "speedup")
 _WIDTHS = (8, 11, 8, 8, 11, 8, 8)
@@ -82,10 +82,10 @@ def phases_table(op: str, results: list[dict]) -> str:
     ph = r.get("smddp_phases")
     if r["op"] != op or not ph:
       continue
-    inside = sum(ph[f"{k}_us"] for k in ("local", "queue", "agree", "body"))
+    inside = sum(ph[f"{k}_us"] for k in PHASES[:4])  # local, queue, agree, body: the call
     mean = r["smddp"]["mean_us"]
     cells = [format_size(r["bytes_per_rank"]), f"{mean:.1f}"]
-    cells += [f"{ph[f'{k}_us']:.1f}" for k in ("local", "queue", "agree", "body", "wait", "sleep")]
+    cells += [f"{ph[f'{k}_us']:.1f}" for k in PHASES]
     cells += [f"{ph['sleeps']:.1f}", f"{mean - inside:.1f}"]
     widths = (8, 9, 9, 9, 9, 9, 9, 9, 7, 9)
     lines.append("  ".join(f"{c:>{w}}" for c, w in zip(cells, widths)))
