@@ -204,6 +204,13 @@ def check_collectives(ranks, size, mode):
     assert counters["flag_kernels"] == 0 and counters["flag_memops"] > 0, counters
 
 
+def phase_line(blocks, rank, phases):
+  """One rank's phase timing (stream_run(phases=True)): each phase's count and mean time."""
+  return (f"{blocks:>4} blocks rank {rank}: total {phases['total'] * 1e3:.3f} ms = " +
+          ", ".join(f"{k} {phases[k][0]} x {phases[k][1] * 1e3 / max(phases[k][0], 1):.3f} ms"
+                    for k in ("copy", "reduce", "wait", "signal")))
+
+
 def test_where_a_64mib_reduce_scatter_spends_its_time():
   """2 ranks (processes sharing the GPU), 64 MiB of f32 each, staged through the default 8 MiB
   slots, copy engines and stream memory operations; the last of 3 calls timed with CUDA
@@ -226,9 +233,7 @@ def test_where_a_64mib_reduce_scatter_spends_its_time():
         np.testing.assert_array_equal(got, wants[r], err_msg=f"rank {r}, {blocks} blocks")
         steps = phases["reduce"][0]
         assert steps == 8 and phases["copy"][0] == 8, phases  # 8 tiles of 2 x 4 MiB
-        lines.append(f"{blocks:>4} blocks rank {r}: total {phases['total'] * 1e3:.3f} ms = " +
-                     ", ".join(f"{k} {phases[k][0]} x {phases[k][1] * 1e3 / max(phases[k][0], 1):.3f}"
-                               f" ms" for k in ("copy", "reduce", "wait", "signal")) +
+        lines.append(phase_line(blocks, r, phases) +
                      f"; bare reduction of one step {bare * 1e3:.3f} ms")
   finally:
     ranks.close()
@@ -255,9 +260,7 @@ def test_where_a_16mib_all_gather_spends_its_time():
         got = np.frombuffer(out, np.float32).reshape(want.shape)
         np.testing.assert_array_equal(got, want, err_msg=f"rank {r}, {blocks} blocks")
         assert phases["copy"][0] > 0, phases
-        lines.append(f"{blocks:>4} blocks rank {r}: total {phases['total'] * 1e3:.3f} ms = " +
-                     ", ".join(f"{k} {phases[k][0]} x {phases[k][1] * 1e3 / max(phases[k][0], 1):.3f}"
-                               f" ms" for k in ("copy", "reduce", "wait", "signal")))
+        lines.append(phase_line(blocks, r, phases))
   finally:
     ranks.close()
   print("\n".join(lines))
