@@ -26,7 +26,7 @@ trap 'rm -rf "$work"' EXIT
 python3 -m pip download --no-deps -q nvidia-nvml-dev-cu12 -d "$work/nvml" >/dev/null
 python3 -m zipfile -e "$work"/nvml/*.whl "$work/nvml/x"
 mkdir -p "$work/include"
-cp "$(find "$work/nvml/x" -name nvml.h | head -1)" "$work/include/"
+cp "$(find "$work/nvml/x" -name nvml.h -print -quit)" "$work/include/"
 cp -r "$src" "$work/src"
 cd "$work/src"
 [ -x configure ] || ./autogen.sh >"$work/autogen.log" 2>&1

@@ -8,7 +8,9 @@
 #   bash tools/carry_libfabric.sh      # needs libfabric-dev here (apt-get install libfabric-dev)
 set -euo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
-lib=$(ldconfig -p | awk '/libfabric\.so\.1 /{print $NF; exit}')
+# awk reads to the end: leaving early would kill ldconfig with SIGPIPE, which
+# pipefail turns into this script's failure (exit 141) when the cache is long.
+lib=$(ldconfig -p | awk '/libfabric\.so\.1 / && !f {f = $NF} END {print f}')
 [ -n "$lib" ] || { echo "libfabric.so.1 not found: apt-get install libfabric-dev" >&2; exit 1; }
 [ -f /usr/include/rdma/fabric.h ] || { echo "libfabric headers not found: apt-get install libfabric-dev" >&2; exit 1; }
 rm -rf "$root/.fab"

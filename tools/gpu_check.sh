@@ -22,8 +22,8 @@ if [ -f "$root/.fab/CUDA_BUILD" ]; then  # tools/build_libfabric_cuda.sh: FI_HME
   # image may have them only versioned (libcuda.so alone may be the toolkit's stub).
   names="$root/.fab/cuda_names"
   mkdir -p "$names"
-  cudart=$(ls "${CUDA_HOME:-/usr/local/cuda}"/lib64/libcudart.so.* 2>/dev/null | head -1)
-  libcuda=$(ldconfig -p | awk '/libcuda\.so\.1 /{print $NF; exit}')
+  cudart=$(ls "${CUDA_HOME:-/usr/local/cuda}"/lib64/libcudart.so.* 2>/dev/null | sed -n 1p)
+  libcuda=$(ldconfig -p | awk '/libcuda\.so\.1 / && !f {f = $NF} END {print f}')
   [ -n "$cudart" ] && ln -sf "$cudart" "$names/libcudart.so"
   [ -n "$libcuda" ] && ln -sf "$libcuda" "$names/libcuda.so"
   export LD_LIBRARY_PATH="$names${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
