@@ -298,6 +298,9 @@ def test_timing_methods_sample_every_call():
   calls.clear()
   bench.time_blocks(fns, None, 7, 0)
   assert "".join(calls) == "aaaaabbbbbaabb"
+  calls.clear()  # solo: every timed call of one before the other's, warm-ups first
+  bench.time_solo(fns, None, 4, 1)
+  assert "".join(calls) == "abaaaabbbb"
   calls.clear()  # barrier: one before each timed call, none before the warm-up's
   bench.time_barrier(fns, None, 3, 1, barrier=lambda: calls.append("|"))
   assert "".join(calls) == "ab|a|b|a|b|a|b"

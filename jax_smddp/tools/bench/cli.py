@@ -53,7 +53,8 @@ def parse_args(argv=None) -> argparse.Namespace:
   p.add_argument("--timing", choices=sorted(TIMINGS), default="alternating",
                  help="alternating: one call of each implementation in turn; blocks: 5 calls "
                       "of one back to back, then 5 of the other, ...; barrier: alternating, "
-                      "every process meeting at a barrier before each call")
+                      "every process meeting at a barrier before each call; solo: all calls of one "
+                      "back to back, then all of the other's (each alone, in its steady state)")
   p.add_argument("--json", default=os.path.join("bench_results", "bench.json"))
   p.add_argument("--plot", default=None,
                  help="PNG path (default bench_results/bench.png when matplotlib is importable)")

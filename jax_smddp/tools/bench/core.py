@@ -378,7 +378,16 @@ def time_barrier(fns, x, iters: int, warmup: int, barrier=process_barrier) -> li
   return time_alternating(fns, x, iters, warmup, barrier=barrier)
 
 
-TIMINGS = {"blocks": time_blocks, "alternating": time_alternating, "barrier": time_barrier}
+def time_solo(fns, x, iters: int, warmup: int) -> list[list[float]]:
+  """As time_blocks with one block per implementation: all of one fn's calls back to
+  back, then all of the next's. Each library alone in its steady state, its threads
+  still awake from the previous call; the other timings measure calls that follow
+  another library's (docs/performance_model.md: cold and back-to-back calls)."""
+  return time_blocks(fns, x, iters, warmup, block=max(1, iters))
+
+
+TIMINGS = {"blocks": time_blocks, "alternating": time_alternating, "barrier": time_barrier,
+           "solo": time_solo}
 # run_benchmark's default timing; parse_args sets it from --timing (multi-process
 # workers parse the same options, so their run_benchmark follows it too).
 _timing = "alternating"
