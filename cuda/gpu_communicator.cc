@@ -429,7 +429,7 @@ Status GpuCommunicator::Connect(const std::vector<std::pair<int, std::string>>& 
     }
     watch_->SetOwnBlocks(std::move(own_blocks));
     if (host_flags) {
-      watch_->SetAllFlags(AllFlags(layout_, blocks), [this] {
+      watch_->SetAllFlags(AllFlags(layout_, blocks), AllTokens(layout_, blocks), [this] {
         uint32_t reached = 0;  // the furthest step: steps wrap, so compared cyclically
         bool any = false;
         for (const auto& l : local_) {

@@ -2,8 +2,9 @@
 consumed flags, tiling), run on host threads through the same C++ algorithms
 (xla_ffi/algorithms/stream_*.cc) with host memory instead of a stream,
 against numpy. Small slots force every tiling path: whole rows per step,
-pieces of one row, and slots reused within and across calls; and the
-direct-read form, where ranks read each other's buffers in place."""
+pieces of one row, and slots reused within and across calls; the
+direct-read form, where ranks read each other's buffers in place; and calls
+as CUDA graphs replay them (by tokens)."""
 
 from __future__ import annotations
 
@@ -214,6 +215,47 @@ def test_direct_reads_finish_before_the_owner_reuses_its_input(kind, direct):
                              outer * inner if kind == ALL_REDUCE else 0, 1024,
                              [x.tobytes() for call in xs for x in call], out_bytes, calls,
                              direct=direct, vary=True)
+  for r, out in enumerate(outs):
+    got = np.frombuffer(out, np.int32).reshape((calls,) + out_shape)
+    for c in range(calls):
+      if kind == GATHER:
+        want = np.stack(xs[c], axis=1)
+      elif kind == SCATTER:
+        want = combine([x[:, r, :] for x in xs[c]], "sum", np.int32)
+      elif kind == ALL_REDUCE:
+        want = combine(xs[c], "sum", np.int32)
+      else:
+        want = np.stack([x[:, r, :] for x in xs[c]], axis=1)
+      np.testing.assert_array_equal(got[c], want, err_msg=f"rank {r}, call {c}")
+
+
+# --- calls captured into CUDA graphs: replayable, by tokens ----------------
+
+@FLAG_PLACES
+@pytest.mark.parametrize("kind", [GATHER, SCATTER, ALL_TO_ALL, ALL_REDUCE])
+@pytest.mark.parametrize("size", [2, 3, 4])
+@pytest.mark.parametrize("replayable,direct", [(1, 0), (2, 0), (2, 1)],
+                         ids=["every-call", "between-staged", "between-direct"])
+def test_replayable_calls(kind, size, replayable, direct, flag_blocks):
+  """Calls as a CUDA graph replays them (stream_algorithms.h: steps numbered within the
+  call, slots handed over by tokens that each call leaves clear): every call, or every
+  other one between uncaptured calls that stage (the group drains each call) or read in
+  place. Fresh inputs in the same buffers before every call, outputs reused: a call that
+  did not wait for its peers, or reused a slot a peer still reads, gives wrong values.
+  256-byte slots: up to a dozen steps per call, each slot reused within and across calls."""
+  calls, outer, inner = 7, 3, 37
+  rng = np.random.default_rng(100 * kind + size)
+  shape = {GATHER: (outer, inner), ALL_REDUCE: (outer * inner,)}.get(kind, (outer, size, inner))
+  xs = [[rng.integers(-1000, 1000, size=shape).astype(np.int32) for _ in range(size)]
+        for _ in range(calls)]
+  out_shape = {GATHER: (outer, size, inner), SCATTER: (outer, inner),
+               ALL_TO_ALL: (outer, size, inner), ALL_REDUCE: (outer * inner,)}[kind]
+  outs = ENGINE.stream_probe(kind, DTYPES[np.dtype(np.int32)], OPS["sum"], outer,
+                             inner if kind == SCATTER else inner * 4,
+                             outer * inner if kind == ALL_REDUCE else 0, 256,
+                             [x.tobytes() for call in xs for x in call],
+                             int(np.prod(out_shape)) * 4, calls, flag_blocks=flag_blocks,
+                             direct=direct, vary=True, replayable=replayable)
   for r, out in enumerate(outs):
     got = np.frombuffer(out, np.int32).reshape((calls,) + out_shape)
     for c in range(calls):

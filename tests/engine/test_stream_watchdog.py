@@ -90,13 +90,17 @@ def test_an_orderly_close_fails_the_group_without_alarm(capfd):
 # GPU stream waiting for step 5 never sees UINT32_MAX as reached: found on an
 # H100, where such streams stayed blocked) but a distance ahead of the steps.
 @pytest.mark.parametrize("first_step", [0, 1 << 31, (1 << 32) - 2], ids=["from-0", "mid", "wrapping"])
-@pytest.mark.parametrize("kind,direct", [(GATHER, 0), (SCATTER, 0), (ALL_REDUCE, 0), (GATHER, 1),
-                                         (SCATTER, 1), (ALL_REDUCE, 1)],
+@pytest.mark.parametrize("kind,direct,replayable",
+                         [(GATHER, 0, 0), (SCATTER, 0, 0), (ALL_REDUCE, 0, 0), (GATHER, 1, 0),
+                          (SCATTER, 1, 0), (ALL_REDUCE, 1, 0), (GATHER, 0, 1), (SCATTER, 0, 1),
+                          (ALL_REDUCE, 0, 1)],
                          ids=["all_gather", "reduce_scatter", "all_reduce", "all_gather-direct",
-                              "reduce_scatter-direct", "all_reduce-direct"])
-def test_ranks_waiting_on_a_dead_peer_are_released_and_told(kind, direct, first_step):
-  """Rank 2 of 4 never runs (staged, or reading buffers in place: "direct");
-  its process dies 1 s in. The other ranks wait on
+                              "reduce_scatter-direct", "all_reduce-direct", "all_gather-replayable",
+                              "reduce_scatter-replayable", "all_reduce-replayable"])
+def test_ranks_waiting_on_a_dead_peer_are_released_and_told(kind, direct, replayable, first_step):
+  """Rank 2 of 4 never runs (staged, reading buffers in place: "direct", or as calls
+  captured into CUDA graphs run: "replayable", waiting on tokens); its process dies 1 s in.
+  The other ranks wait on
   its flags (with a 30 s deadline of their own) until the watchdog sets
   them (all of the group's: the output of a failed group is undefined):
   every live rank finishes all its calls within seconds, and the group's
@@ -122,7 +126,7 @@ def test_ranks_waiting_on_a_dead_peer_are_released_and_told(kind, direct, first_
     errors, group_error, outs = ENGINE.stream_watch_probe(
         kind, F32, 0, args["outer"], args["inner"], args["count"], 1024,
         [x.tobytes() for x in xs], out_bytes, 3, 30.0, absent, child.pid, direct=direct,
-        first_step=first_step)
+        first_step=first_step, replayable=replayable)
     elapsed = time.monotonic() - t0
   finally:
     child.kill()

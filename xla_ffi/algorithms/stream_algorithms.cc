@@ -9,8 +9,7 @@ namespace smddp {
 
 RegionLayout::RegionLayout(int size_, size_t slot_bytes_) : size(size_) {
   slot_bytes = std::max<size_t>((slot_bytes_ + 255) / 256 * 256, 256);
-  const size_t flags = kFlagStride * (1 + size_t(size));
-  slots_offset = (flags + 4095) / 4096 * 4096;
+  slots_offset = (flag_bytes() + 4095) / 4096 * 4096;
   total_bytes = slots_offset + kSlots * slot_bytes;
 }
 
@@ -25,6 +24,21 @@ std::vector<uint32_t*> AllFlags(const RegionLayout& layout, const std::vector<ui
   return flags;
 }
 
+std::vector<uint32_t*> AllTokens(const RegionLayout& layout, const std::vector<uint8_t*>& blocks) {
+  std::vector<uint32_t*> tokens;
+  for (uint8_t* block : blocks) {
+    if (!block) continue;
+    for (int slot = 0; slot < RegionLayout::kSlots; ++slot) {
+      for (int q = 0; q < layout.size; ++q) {
+        tokens.push_back(reinterpret_cast<uint32_t*>(block + layout.posted_token_offset(slot, q)));
+        tokens.push_back(
+            reinterpret_cast<uint32_t*>(block + layout.consumed_token_offset(slot, q)));
+      }
+    }
+  }
+  return tokens;
+}
+
 bool DirectReadsNeedOutputs(Plan::Kind kind) { return kind == Plan::Kind::kAllReduce; }
 
 Status ReleaseEveryoneWaitingOn(const StreamRank& me, StreamOps& ops) {
@@ -37,12 +51,18 @@ Status ReleaseEveryoneWaitingOn(const StreamRank& me, StreamOps& ops) {
     if (q == me.rank || !block(q)) continue;
     SMDDP_RETURN_IF_ERROR(ops.Write(
         reinterpret_cast<uint32_t*>(block(q) + layout.consumed_offset(me.rank)), released));
+    for (int slot = 0; slot < RegionLayout::kSlots; ++slot) {
+      for (size_t at :
+           {layout.posted_token_offset(slot, me.rank), layout.consumed_token_offset(slot, me.rank)})
+        SMDDP_RETURN_IF_ERROR(
+            ops.Write(reinterpret_cast<uint32_t*>(block(q) + at), kReleasedToken));
+    }
   }
   return Status::Ok();
 }
 
 Status RunStreamPlan(const Plan& plan, StreamRank& me, StreamOps& ops, const void* send_v,
-                     void* recv_v) {
+                     void* recv_v, bool replayable) {
   const auto* send = static_cast<const uint8_t*>(send_v);
   auto* recv = static_cast<uint8_t*>(recv_v);
   if (int(me.regions.size()) != me.layout.size || me.rank < 0 || me.rank >= me.layout.size ||
@@ -56,8 +76,8 @@ Status RunStreamPlan(const Plan& plan, StreamRank& me, StreamOps& ops, const voi
                   (plan.kind == Plan::Kind::kReduceScatter ? ElementSize(plan.dtype) : 1);
     return bytes ? ops.Copy(recv, send, bytes) : Status::Ok();
   }
-  Steps steps(me, ops);
-  if (!me.inputs.empty()) {
+  Steps steps(me, ops, replayable);
+  if (!me.inputs.empty() && !replayable) {
     const size_t P = size_t(me.layout.size);
     if (me.inputs.size() != P || me.inputs[me.rank] != send ||
         (DirectReadsNeedOutputs(plan.kind) &&
@@ -75,18 +95,23 @@ Status RunStreamPlan(const Plan& plan, StreamRank& me, StreamOps& ops, const voi
         return DirectAllReduce(steps, ops, me.inputs, me.outputs, plan.count, plan.dtype, plan.op);
     }
   }
+  Status st = Status::Error("jax_smddp: unknown collective kind");
   switch (plan.kind) {
     case Plan::Kind::kAllGather:
-      return StagedAllGather(steps, ops, send, recv, plan.outer, plan.inner);
+      st = StagedAllGather(steps, ops, send, recv, plan.outer, plan.inner);
+      break;
     case Plan::Kind::kAllToAll:
-      return StagedAllToAll(steps, ops, send, recv, plan.outer, plan.inner);
+      st = StagedAllToAll(steps, ops, send, recv, plan.outer, plan.inner);
+      break;
     case Plan::Kind::kReduceScatter:
-      return StagedReduceScatter(steps, ops, send, recv, plan.outer, plan.inner, plan.dtype,
-                                 plan.op);
+      st = StagedReduceScatter(steps, ops, send, recv, plan.outer, plan.inner, plan.dtype, plan.op);
+      break;
     case Plan::Kind::kAllReduce:
-      return StagedAllReduce(steps, ops, send, recv, plan.count, plan.dtype, plan.op);
+      st = StagedAllReduce(steps, ops, send, recv, plan.count, plan.dtype, plan.op);
+      break;
   }
-  return Status::Error("jax_smddp: unknown collective kind");
+  SMDDP_RETURN_IF_ERROR(st);
+  return replayable || me.drain_each_call ? steps.Finish() : Status::Ok();
 }
 
 }  // namespace smddp

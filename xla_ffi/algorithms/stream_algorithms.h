@@ -16,6 +16,20 @@
 // calls on a communicator in the same order. Nothing here blocks the host
 // except in the host implementation of StreamOps.
 //
+// Calls captured into a CUDA graph: a graph replays the flag values of the
+// call it captured, so a step counter kept on the host cannot number its
+// steps. A replayable call (RunStreamPlan's `replayable`) stages, numbers its
+// steps from 1 within the call, and hands slots over by tokens instead of
+// step values: per slot and pair of ranks, a `posted` token the writer sets
+// and the reader clears, and a `consumed` token the reader sets and the
+// writer clears (both in the waiting rank's flags). It reuses a slot only
+// after clearing its consumed tokens and ends by clearing those of the slots
+// it used, so it leaves every token at zero, as it found them, and each
+// replay is the same call again. Its first steps reuse slots at once: a group
+// whose calls may be captured (StreamRank::drain_each_call) ends every staged
+// call once its peers consumed its last step, so no earlier call still reads
+// them.
+//
 // Direct reads: when the caller knows every rank's input of this call as
 // this rank addresses it (StreamRank::inputs; CUDA IPC mappings of the XLA
 // buffers on GPUs), all_gather, all_to_all and reduce_scatter run as one step
@@ -53,8 +67,16 @@ struct RegionLayout {
 
   size_t posted_offset() const { return 0; }
   size_t consumed_offset(int peer) const { return kFlagStride * (1 + size_t(peer)); }
+  // Replayable calls' tokens, in the waiting rank's flags: `writer` posted
+  // `slot`; `reader` consumed this rank's `slot`.
+  size_t posted_token_offset(int slot, int writer) const {
+    return kFlagStride * (1 + size_t(size) * (1 + size_t(slot)) + size_t(writer));
+  }
+  size_t consumed_token_offset(int slot, int reader) const {
+    return kFlagStride * (1 + size_t(size) * (1 + kSlots + size_t(slot)) + size_t(reader));
+  }
   size_t slot_offset(int slot) const { return slots_offset + size_t(slot) * slot_bytes; }
-  size_t flag_bytes() const { return kFlagStride * (1 + size_t(size)); }
+  size_t flag_bytes() const { return kFlagStride * (1 + size_t(size) * (1 + 2 * kSlots)); }
 
   int size;
   size_t slot_bytes;    // a multiple of 256
@@ -66,9 +88,12 @@ struct RegionLayout {
 struct StreamRank {
   int rank = 0;
   RegionLayout layout{1, 256};
-  std::vector<uint8_t*> regions;     // every rank's region, as this rank addresses it
-  std::vector<uint8_t*> flags;       // every rank's flag block; empty: flags are in the regions
-  uint32_t step = 0;                 // steps run so far (host side)
+  std::vector<uint8_t*> regions;  // every rank's region, as this rank addresses it
+  std::vector<uint8_t*> flags;    // every rank's flag block; empty: flags are in the regions
+  uint32_t step = 0;              // steps run so far (host side)
+  // Every staged call ends once its peers consumed its last step: set where
+  // calls may be captured into CUDA graphs (replayable calls reuse the slots).
+  bool drain_each_call = false;
   std::vector<const void*> sources;  // reduction sources, sized once (no per-call allocation)
   // This call's input (and for all_reduce, output) of every rank, as this
   // rank addresses them, set per call for direct reads (all ranks alike);
@@ -79,10 +104,12 @@ struct StreamRank {
 
 struct NetPort;
 
-// Every flag of every rank's flag block (or region), as some process
-// addresses them (null blocks skipped): what a failed group releases so that
-// no stream waits on it (stream_watchdog.h).
+// Every step flag (AllFlags) and every token (AllTokens) of every rank's flag
+// block (or region), as some process addresses them (null blocks skipped):
+// what a failed group releases so that no stream waits on it
+// (stream_watchdog.h; ReleasedFlag and kReleasedToken, stream_ops.h).
 std::vector<uint32_t*> AllFlags(const RegionLayout& layout, const std::vector<uint8_t*>& blocks);
+std::vector<uint32_t*> AllTokens(const RegionLayout& layout, const std::vector<uint8_t*>& blocks);
 
 // all_gather over hosts (the hierarchical, pipelined algorithm): the group is
 // `port.hosts` hosts of L = local.layout.size ranks each, and
@@ -119,9 +146,10 @@ Status RunStreamHierarchicalAllToAll(size_t outer, size_t inner_bytes, StreamRan
 
 // For a rank that gives up on a call after its peers may have enqueued
 // theirs (a failed buffer exchange): enqueues releases (ReleasedFlag of its
-// step) of its posted flag and to its consumed flag at every peer, so that no peer's
-// stream waits on it; the group's outputs are undefined from then on (it
-// fails for good, as after the watchdog releases a dead peer's flags).
+// step) of its posted flag and to its consumed flag at every peer, and of its
+// tokens at every peer (kReleasedToken), so that no peer's stream waits on it; the group's outputs
+// are undefined from then on (it fails for good, as after the watchdog releases a dead peer's
+// flags).
 Status ReleaseEveryoneWaitingOn(const StreamRank& me, StreamOps& ops);
 
 // Whether direct reads of `kind` need every rank's output as well as its
@@ -131,9 +159,11 @@ bool DirectReadsNeedOutputs(Plan::Kind kind);
 // Runs one collective of `plan` (kinds and layouts as in plan.h) on
 // `ops`: recv of the same shapes as the host algorithms. With `me.inputs`
 // set (one per rank; and `me.outputs` where DirectReadsNeedOutputs), reads
-// the peers' buffers in place.
-Status RunStreamPlan(const Plan& plan, StreamRank& me, StreamOps& ops, const void* send,
-                     void* recv);
+// the peers' buffers in place. `replayable`: the call may be replayed as
+// captured (a CUDA graph): it stages, by tokens (above), and leaves
+// `me.step` alone; every rank of the group must pass the same.
+Status RunStreamPlan(const Plan& plan, StreamRank& me, StreamOps& ops, const void* send, void* recv,
+                     bool replayable = false);
 
 }  // namespace smddp
 

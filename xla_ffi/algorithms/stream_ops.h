@@ -24,6 +24,9 @@ namespace smddp {
 inline bool FlagReached(uint32_t flag, uint32_t value) { return int32_t(flag - value) >= 0; }
 constexpr uint32_t kReleaseDistance = 1u << 30;
 inline uint32_t ReleasedFlag(uint32_t step_reached) { return step_reached + kReleaseDistance; }
+// Tokens (0 or 1, waited for as >= 1: stream_algorithms.h) are released to
+// this, reached from 0 and 1 alike whatever steps the group reached.
+constexpr uint32_t kReleasedToken = kReleaseDistance;
 
 class StreamOps {
  public:

@@ -48,10 +48,12 @@ inline const void** SourcesOf(StreamRank& me, size_t n) {
   return me.sources.data();
 }
 
-// The step protocol of stream_algorithms.h for one rank.
+// The step protocol of stream_algorithms.h for one rank; `replayable`: a
+// call that may be replayed as captured, by tokens and steps of its own.
 class Steps {
  public:
-  Steps(StreamRank& me, StreamOps& ops) : me_(me), ops_(ops), layout_(me.layout) {}
+  Steps(StreamRank& me, StreamOps& ops, bool replayable = false)
+      : me_(me), ops_(ops), layout_(me.layout), replayable_(replayable) {}
 
   int size() const { return layout_.size; }
   int rank() const { return me_.rank; }
@@ -62,24 +64,55 @@ class Steps {
   // Starts the next step; its slot is free once every peer consumed the step
   // that last used it.
   Status Begin(uint8_t** slot) {
-    step_ = __atomic_add_fetch(&me_.step, 1, __ATOMIC_RELAXED);  // the watchdog reads it
-    if (step_ > uint32_t(RegionLayout::kSlots)) {
-      for (int q = 0; q < size(); ++q) {
-        if (q == rank()) continue;
-        SMDDP_RETURN_IF_ERROR(ops_.WaitAtLeast(Consumed(rank(), q), step_ - RegionLayout::kSlots));
+    if (replayable_) {
+      ++step_;
+      ++begun_;
+      if (step_ > uint32_t(RegionLayout::kSlots)) SMDDP_RETURN_IF_ERROR(TakeBack(SlotIndex()));
+    } else {
+      step_ = __atomic_add_fetch(&me_.step, 1, __ATOMIC_RELAXED);  // the watchdog reads it
+      ++begun_;
+      if (step_ > uint32_t(RegionLayout::kSlots)) {
+        for (int q = 0; q < size(); ++q) {
+          if (q == rank()) continue;
+          SMDDP_RETURN_IF_ERROR(
+              ops_.WaitAtLeast(Consumed(rank(), q), step_ - RegionLayout::kSlots));
+        }
       }
     }
     *slot = Slot(rank());
     return Status::Ok();
   }
-  Status Post() { return ops_.Write(Posted(rank()), step_); }
+  Status Post() {
+    if (!replayable_) return ops_.Write(Posted(rank()), step_);
+    for (int q = 0; q < size(); ++q) {
+      if (q != rank()) SMDDP_RETURN_IF_ERROR(ops_.Write(PostedToken(q, SlotIndex(), rank()), 1));
+    }
+    return Status::Ok();
+  }
   // Waits until peer q posted this step; returns its slot.
   Status Await(int q, const uint8_t** slot) {
     *slot = Slot(q);
-    return q == rank() ? Status::Ok() : ops_.WaitAtLeast(Posted(q), step_);
+    if (q == rank()) return Status::Ok();
+    if (!replayable_) return ops_.WaitAtLeast(Posted(q), step_);
+    uint32_t* token = PostedToken(rank(), SlotIndex(), q);
+    SMDDP_RETURN_IF_ERROR(ops_.WaitAtLeast(token, 1));
+    return ops_.Write(token, 0);  // q posts this slot again only after our Release
   }
   Status Release(int q) {
-    return q == rank() ? Status::Ok() : ops_.Write(Consumed(q, rank()), step_);
+    if (q == rank()) return Status::Ok();
+    return replayable_ ? ops_.Write(ConsumedToken(q, SlotIndex(), rank()), 1)
+                       : ops_.Write(Consumed(q, rank()), step_);
+  }
+  // After a staged call (replayable, or StreamRank::drain_each_call): later
+  // work on this stream waits until every peer consumed this call's steps,
+  // so its slots are free for whatever call comes next.
+  Status Finish() {
+    if (begun_ == 0) return Status::Ok();
+    if (!replayable_) return AwaitConsumed();
+    const int used = int(std::min<uint32_t>(begun_, RegionLayout::kSlots));
+    for (int k = 0; k < used; ++k)
+      SMDDP_RETURN_IF_ERROR(TakeBack(int((step_ - uint32_t(k)) % RegionLayout::kSlots)));
+    return Status::Ok();
   }
 
   // Direct reads: the whole call is one step that uses no slot.
@@ -96,8 +129,25 @@ class Steps {
   }
 
  private:
-  uint8_t* Slot(int q) const {
-    return me_.regions[q] + layout_.slot_offset(int(step_ % RegionLayout::kSlots));
+  int SlotIndex() const { return int(step_ % RegionLayout::kSlots); }
+  uint8_t* Slot(int q) const { return me_.regions[q] + layout_.slot_offset(SlotIndex()); }
+  // Replayable: waits until every peer consumed this rank's `slot`, and
+  // clears their tokens for its next use.
+  Status TakeBack(int slot) {
+    for (int q = 0; q < size(); ++q) {
+      if (q == rank()) continue;
+      uint32_t* token = ConsumedToken(rank(), slot, q);
+      SMDDP_RETURN_IF_ERROR(ops_.WaitAtLeast(token, 1));
+      SMDDP_RETURN_IF_ERROR(ops_.Write(token, 0));
+    }
+    return Status::Ok();
+  }
+  // In `owner`'s flags: `writer` posted `slot`; `reader` consumed owner's `slot`.
+  uint32_t* PostedToken(int owner, int slot, int writer) const {
+    return reinterpret_cast<uint32_t*>(Flags(owner) + layout_.posted_token_offset(slot, writer));
+  }
+  uint32_t* ConsumedToken(int owner, int slot, int reader) const {
+    return reinterpret_cast<uint32_t*>(Flags(owner) + layout_.consumed_token_offset(slot, reader));
   }
   uint8_t* Flags(int q) const { return me_.flags.empty() ? me_.regions[q] : me_.flags[q]; }
   uint32_t* Posted(int q) const {
@@ -110,7 +160,9 @@ class Steps {
   StreamRank& me_;
   StreamOps& ops_;
   const RegionLayout& layout_;
-  uint32_t step_ = 0;
+  const bool replayable_;
+  uint32_t step_ = 0;   // the current step: the group's, or the call's own when replayable
+  uint32_t begun_ = 0;  // steps this call began
 };
 
 // all_reduce's balanced shards: shard q is elements [q L, (q + 1) L) clipped

@@ -197,12 +197,15 @@ std::vector<smddp::Status> RunStreamRanks(
     const std::vector<uint8_t*>& regions, const std::vector<uint8_t*>& flags,
     const std::vector<std::string>& send, std::vector<std::string>& recv, int calls,
     double timeout_s, int absent, int direct = 0, bool vary = false, uint32_t first_step = 0,
-    std::vector<smddp::PhaseTotals>* phases = nullptr) {
+    std::vector<smddp::PhaseTotals>* phases = nullptr, int replayable = 0) {
   const int size = int(regions.size());
-  // A group that has already run `first_step` steps: every flag there
-  // (first_step near 2^32 checks that the counters wrap).
-  for (uint32_t* flag : smddp::AllFlags(layout, flags.empty() ? regions : flags))
-    *flag = first_step;
+  // A group that has already run `first_step` steps: every step flag there
+  // (first_step near 2^32 checks that the counters wrap); tokens start clear.
+  for (uint8_t* block : flags.empty() ? regions : flags) {
+    *reinterpret_cast<uint32_t*>(block + layout.posted_offset()) = first_step;
+    for (int q = 0; q < size; ++q)
+      *reinterpret_cast<uint32_t*>(block + layout.consumed_offset(q)) = first_step;
+  }
   if (vary && int(send.size()) != calls * size)
     throw std::invalid_argument("one input per call and rank");
   std::vector<smddp::Status> status(size);
@@ -227,6 +230,7 @@ std::vector<smddp::Status> RunStreamRanks(
       me.layout = layout;
       me.regions = regions;
       me.flags = flags;
+      me.drain_each_call = replayable != 0;
       smddp::HostStreamOps host(timeout_s);
       smddp::HostClock clock;
       smddp::PhaseTimedOps timed(host, clock);
@@ -243,7 +247,8 @@ std::vector<smddp::Status> RunStreamRanks(
         }
         // Every call must write all of its output: an earlier call's would hide a gap.
         if (!vary) std::memset(outputs[r], 0xA5, out_bytes);
-        status[r] = smddp::RunStreamPlan(plan, me, ops, buffers[r].data(), outputs[r]);
+        const bool replay = replayable == 1 || (replayable == 2 && c % 2 == 0);
+        status[r] = smddp::RunStreamPlan(plan, me, ops, buffers[r].data(), outputs[r], replay);
         if (vary) {
           std::memcpy(recv[r].data() + c * out_bytes, outputs[r], out_bytes);
           std::memset(outputs[r], 0xA5, out_bytes);
@@ -272,13 +277,16 @@ std::vector<nb::bytes> Bytes(const std::vector<std::string>& buffers) {
 // per rank, over host memory: `calls` consecutive calls of one collective
 // (kind 0 all_gather, 1 reduce_scatter, 2 all_reduce, 3 all_to_all) with
 // `slot_bytes` staging slots (flags in the regions, or in separate flag
-// blocks with `flag_blocks`); `direct` and `vary` as in RunStreamRanks.
+// blocks with `flag_blocks`); `direct` and `vary` as in RunStreamRanks;
+// `replayable` 1: every call as one captured into a CUDA graph (each is the
+// same sequence of operations a replay runs), 2: every other call, the rest
+// staged or direct as `direct` says, the group draining each call.
 // Returns each rank's output (every call's with `vary`), or raises the first
 // rank's error. Tests the protocol (slots, flags, tiling) without a GPU.
 std::vector<nb::bytes> StreamProbe(int kind, int dtype, int op, size_t outer, size_t inner,
                                    size_t count, size_t slot_bytes, std::vector<nb::bytes> inputs,
                                    size_t out_bytes, int calls, double timeout_s, bool flag_blocks,
-                                   int direct, bool vary, uint32_t first_step) {
+                                   int direct, bool vary, uint32_t first_step, int replayable) {
   const int size = vary ? int(inputs.size()) / std::max(calls, 1) : int(inputs.size());
   const smddp::Plan plan = smddp::PlanOf(kind, dtype, op, outer, inner, count);
   smddp::RegionLayout layout(size, slot_bytes);
@@ -286,7 +294,7 @@ std::vector<nb::bytes> StreamProbe(int kind, int dtype, int op, size_t outer, si
   std::vector<std::string> recv(size, std::string(out_bytes * (vary ? calls : 1), '\0'));
   const std::vector<smddp::Status> status =
       RunStreamRanks(plan, layout, regions.bases, flags.bases, Strings(inputs), recv, calls,
-                     timeout_s, -1, direct, vary, first_step);
+                     timeout_s, -1, direct, vary, first_step, nullptr, replayable);
   for (int r = 0; r < size; ++r) {
     if (!status[r].ok())
       throw std::runtime_error("rank " + std::to_string(r) + ": " + status[r].message());
@@ -322,12 +330,12 @@ std::pair<std::vector<nb::bytes>, std::vector<nb::dict>> StreamPhaseProbe(
 // rank `absent` never runs, and stands for process `absent_pid` (which the
 // test kills while the other ranks wait for it). The watchdog sees the
 // process exit and releases the group's flags, so the other ranks' calls
-// complete. Returns (each rank's status message, the group's
-// error, outputs).
+// complete (`replayable` as in StreamProbe: their waits on tokens too).
+// Returns (each rank's status message, the group's error, outputs).
 std::tuple<std::vector<std::string>, std::string, std::vector<nb::bytes>> StreamWatchProbe(
     int kind, int dtype, int op, size_t outer, size_t inner, size_t count, size_t slot_bytes,
     std::vector<nb::bytes> inputs, size_t out_bytes, int calls, double timeout_s, int absent,
-    int absent_pid, int direct, uint32_t first_step) {
+    int absent_pid, int direct, uint32_t first_step, int replayable) {
   const int size = int(inputs.size());
   if (absent < 0 || absent >= size) throw std::invalid_argument("absent rank out of range");
   const smddp::Plan plan = smddp::PlanOf(kind, dtype, op, outer, inner, count);
@@ -341,12 +349,13 @@ std::tuple<std::vector<std::string>, std::string, std::vector<nb::bytes>> Stream
   group->AddPeer(std::move(peer));
   // The ranks run a few calls from first_step: the step reached, as far as
   // the release distance is concerned.
-  group->SetAllFlags(smddp::AllFlags(layout, flags.bases), [first_step] { return first_step; });
+  group->SetAllFlags(smddp::AllFlags(layout, flags.bases), smddp::AllTokens(layout, flags.bases),
+                     [first_step] { return first_step; });
   smddp::Watch(group);
   std::vector<std::string> recv(size, std::string(out_bytes, '\0'));
   const std::vector<smddp::Status> status =
       RunStreamRanks(plan, layout, regions.bases, flags.bases, Strings(inputs), recv, calls,
-                     timeout_s, absent, direct, false, first_step);
+                     timeout_s, absent, direct, false, first_step, nullptr, replayable);
   smddp::Unwatch(group.get());
   std::vector<std::string> errors;
   for (const auto& st : status) errors.push_back(st.message());
@@ -628,14 +637,15 @@ NB_MODULE(_smddp_testing, m) {
         nb::arg("outer"), nb::arg("inner"), nb::arg("count"), nb::arg("slot_bytes"),
         nb::arg("inputs"), nb::arg("out_bytes"), nb::arg("calls") = 1, nb::arg("timeout_s") = 20.0,
         nb::arg("flag_blocks") = false, nb::arg("direct") = 0, nb::arg("vary") = false,
-        nb::arg("first_step") = 0);
+        nb::arg("first_step") = 0, nb::arg("replayable") = 0);
   m.def("stream_phase_probe", &StreamPhaseProbe, nb::arg("kind"), nb::arg("dtype"), nb::arg("op"),
         nb::arg("outer"), nb::arg("inner"), nb::arg("count"), nb::arg("slot_bytes"),
         nb::arg("inputs"), nb::arg("out_bytes"), nb::arg("calls") = 1, nb::arg("direct") = 0);
   m.def("stream_watch_probe", &StreamWatchProbe, nb::arg("kind"), nb::arg("dtype"), nb::arg("op"),
         nb::arg("outer"), nb::arg("inner"), nb::arg("count"), nb::arg("slot_bytes"),
         nb::arg("inputs"), nb::arg("out_bytes"), nb::arg("calls"), nb::arg("timeout_s"),
-        nb::arg("absent"), nb::arg("absent_pid"), nb::arg("direct") = 0, nb::arg("first_step") = 0);
+        nb::arg("absent"), nb::arg("absent_pid"), nb::arg("direct") = 0, nb::arg("first_step") = 0,
+        nb::arg("replayable") = 0);
   // The watchdog alone, on a real process (and the closed flag of `block`, if given).
   m.def(
       "watch_process",

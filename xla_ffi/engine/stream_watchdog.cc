@@ -51,6 +51,7 @@ void WatchedGroup::ReleaseFlags() {
     released_ = true;
   }
   for (uint32_t* flag : all_flags_) __atomic_store_n(flag, released_value_, __ATOMIC_RELEASE);
+  for (uint32_t* token : all_tokens_) __atomic_store_n(token, kReleasedToken, __ATOMIC_RELEASE);
 }
 
 bool WatchedGroup::Check() {

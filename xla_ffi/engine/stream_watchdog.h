@@ -65,8 +65,12 @@ class WatchedGroup {
   // stopped before enqueuing its part (it saw the failure first), not only
   // on the rank that caused it. Peers' steps differ from this process's by
   // a few calls at most, far less than the release distance.
-  void SetAllFlags(std::vector<uint32_t*> flags, std::function<uint32_t()> step_reached) {
+  // Its tokens (replayable calls' hand-overs, stream_algorithms.h) are kept
+  // released too (kReleasedToken).
+  void SetAllFlags(std::vector<uint32_t*> flags, std::vector<uint32_t*> tokens,
+                   std::function<uint32_t()> step_reached) {
     all_flags_ = std::move(flags);
+    all_tokens_ = std::move(tokens);
     step_reached_ = std::move(step_reached);
   }
 
@@ -103,6 +107,7 @@ class WatchedGroup {
   std::vector<const uint8_t*> own_logs_;
   std::vector<SharedBlock*> own_blocks_;
   std::vector<uint32_t*> all_flags_;
+  std::vector<uint32_t*> all_tokens_;
   std::function<uint32_t()> step_reached_;
   bool released_ = false;  // (the watchdog thread only)
   uint32_t released_value_ = 0;
