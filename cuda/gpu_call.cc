@@ -8,10 +8,23 @@ namespace smddp {
 namespace gpu {
 
 Status EnqueueCollective(const char* op, int64_t op_id, const CallRank& me, StreamOps& ops,
-                         const void* send, void* recv, const Plan& plan) {
+                         const void* send, void* recv, const Plan& plan, bool captured) {
   auto located = [&](const Status& st) {
     return st.WithMessage(std::string(op) + " (op " + std::to_string(op_id) + "): " + st.message());
   };
+  if (captured && me.port)
+    return located(Status::Unsupported(
+        "jax_smddp (GPU): a group across hosts cannot run inside a CUDA graph (its network "
+        "steps are driven from the host call by call); run with "
+        "XLA_FLAGS=--xla_gpu_enable_command_buffer=-COLLECTIVES"));
+  if (captured) {
+    if (const Status st = GroupFailure(*me.rank); !st.ok()) return located(st);
+    // A graph keeps this call's addresses for its replays: no peer buffers.
+    me.rank->view.inputs.clear();
+    me.rank->view.outputs.clear();
+    const Status st = RunStreamPlan(plan, me.rank->view, ops, send, recv, /*replayable=*/true);
+    return st.ok() ? st : located(st);
+  }
   if (const Status st = CheckCall(*me.rank, op, plan); !st.ok()) return located(st);
   if (!me.port) {
     if (const Status st = ExchangeBuffers(*me.rank, plan, send, recv); !st.ok()) {

@@ -28,9 +28,14 @@ struct CallRank {
 
 // Enqueues `plan` (dtype set) for `me` on `ops` and returns; a failure's
 // message starts with "<op> (op <op_id>): ". Nothing is enqueued when the
-// group failed before (a dead peer, a disagreement).
+// group failed before (a dead peer, a disagreement). `captured`: the stream
+// is being captured into a CUDA graph: the call is enqueued as a replayable
+// one (stream_algorithms.h: staged, by tokens; no buffer exchange), which
+// every rank's graph runs alike, and is not logged against the peers (a rank
+// may capture it again alone: GroupFailure); groups across hosts refuse it
+// (their network proxy is driven from the host, call by call).
 Status EnqueueCollective(const char* op, int64_t op_id, const CallRank& me, StreamOps& ops,
-                         const void* send, void* recv, const Plan& plan);
+                         const void* send, void* recv, const Plan& plan, bool captured = false);
 
 }  // namespace gpu
 }  // namespace smddp

@@ -102,6 +102,10 @@ Status CheckCall(LocalRank& rank, const char* op, const Plan& plan) {
   return failure;
 }
 
+Status GroupFailure(const LocalRank& rank) {
+  return rank.watch && rank.watch->failed() ? rank.watch->error() : Status::Ok();
+}
+
 Status ExchangeBuffers(LocalRank& rank, const Plan& plan, const void* send, void* recv) {
   // Between processes the call log numbers the calls (CheckCall); within one
   // process every call exchanges, so the exchanges number them.
@@ -234,6 +238,7 @@ Status GpuCommunicator::Prepare(const std::vector<std::pair<int, int>>& local, i
       if (err != cudaSuccess) return CudaError("clearing staging flags", err);
       l->view.rank = rank;
       l->view.layout = layout_;
+      l->view.drain_each_call = preferred.capturable;
       l->view.regions.assign(size(), nullptr);
       l->view.regions[rank] = l->own;
       if (shared)

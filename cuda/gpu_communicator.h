@@ -91,6 +91,12 @@ struct LocalRank {
 // checks theirs (call_log.h). A disagreement fails the group for good.
 Status CheckCall(LocalRank& rank, const char* op, const Plan& plan);
 
+// The group's failure, if it failed (a dead peer, a disagreement): for a
+// call that is not logged (one captured into a CUDA graph: a rank captures
+// again alone when XLA records its command buffer anew for other buffers,
+// so captures cannot be numbered alike on every rank).
+Status GroupFailure(const LocalRank& rank);
+
 // Before enqueuing a call that CheckCall passed, with direct reads: learns
 // where every peer's buffers of this call are (buffer_exchange.h; the host
 // waits for the peers' hosts) and sets `rank.view.inputs` (and for all_reduce
@@ -116,10 +122,12 @@ Status FlagMemoryFromEnvironment(FlagMemory preferred, FlagMemory* out);
 // take the registry's defaults; the NCCL API front end prefers host flags
 // (XLA cannot be told a stream waits on a dead peer: the watchdog must be
 // able to release it) and staging (its calls have not run reading in place
-// on a GPU yet).
+// on a GPU yet), and its calls may be captured into CUDA graphs.
 struct Preferences {
   FlagMemory flags = FlagMemory::kDevice;
   bool direct_reads = true;
+  // Calls may be captured into CUDA graphs (StreamRank::drain_each_call).
+  bool capturable = false;
 };
 
 class GpuCommunicator {

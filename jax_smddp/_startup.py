@@ -7,8 +7,9 @@ any ``import jax``. With ``JAX_SMDDP_COLLECTIVES=xla`` (or ``all``) it
   variable is already set;
 * adds ``--xla_gpu_enable_command_buffer=-COLLECTIVES`` to ``XLA_FLAGS``
   (unless ``XLA_FLAGS`` already sets ``--xla_gpu_enable_command_buffer``): XLA
-  must not capture its GPU collectives into CUDA graphs, which the NCCL API
-  front end refuses (jax_smddp/nccl_swap.py);
+  does not capture its GPU collectives into CUDA graphs, whose served form in
+  the NCCL API front end has run only on host threads so far
+  (jax_smddp/nccl_swap.py, docs/gpu_xla_swap.md);
 * loads that front end, ``libsmddp_nccl.so`` (soname ``libnccl.so.2``), when
   ``jax`` is first imported, before JAX's CUDA plugin loads the real NCCL,
   so that the plugin's ``dlopen("libnccl.so.2")`` gets the front end (XLA's GPU

@@ -19,7 +19,8 @@ as the CPU swap (:mod:`jax_smddp.xla_swap`):
 
 1. At start-up ``jax_smddp.pth`` adds
    ``--xla_gpu_enable_command_buffer=-COLLECTIVES`` to ``XLA_FLAGS`` (the
-   front end refuses calls captured into CUDA graphs) and, as ``jax`` is first
+   front end serves calls captured into CUDA graphs, but that has run only on
+   host threads so far) and, as ``jax`` is first
    imported, loads the front end (``RTLD_LOCAL``), before JAX's CUDA plugin
    loads the real NCCL (jax_smddp/_startup.py).
 2. When JAX creates its CUDA client, the plugin's wrapper of the client
@@ -254,9 +255,11 @@ def install() -> None:
 
 def describe() -> dict | None:
   """The front end's account (None when it is not loaded in this process):
-  ``{"served": {function: calls}, "forwarded": {function: calls}, "reasons":
-  [why calls were forwarded], "library": the real NCCL's path ("" until set),
-  "version": its ncclGetVersion (0 when not loaded)}``."""
+  ``{"served": {function: calls}, "captured": how many of those were captured
+  into CUDA graphs (once each, however often the graph replays), "forwarded":
+  {function: calls}, "reasons": [why calls were forwarded], "library": the real
+  NCCL's path ("" until set), "version": its ncclGetVersion (0 when not
+  loaded)}``."""
   if not loaded():
     return None
   lib, _ = _open()
@@ -311,6 +314,8 @@ def status() -> tuple[str, str]:
     real += f" (NCCL {version // 10000}.{version // 100 % 100}.{version % 100})"
   forwarded = ", ".join(f"{k} {v}" for k, v in sorted(f["forwarded"].items())) or "nothing"
   served = ", ".join(f"{k} {v}" for k, v in sorted(f["served"].items())) or "nothing yet"
+  if f.get("captured"):
+    served += f" ({f['captured']} of them captured into CUDA graphs)"
   detail = (f"{f['path']}; real NCCL {real}; served {served}; forwarded {forwarded}"
             + (f" ({'; '.join(f['reasons'])})" if f["reasons"] else ""))
   if f["active"]:

@@ -36,7 +36,8 @@ const CollectiveNames& NamesOf(Collective kind) { return kNames[int(kind)]; }
 
 struct Tally {
   std::atomic<uint64_t> served[kCollectives] = {};  // per call: no lock
-  std::mutex mu;                                    // the rest: forwarding only
+  std::atomic<uint64_t> captured{0};  // of those, captured into CUDA graphs (once each)
+  std::mutex mu;                      // the rest: forwarding only
   std::map<std::string, uint64_t> forwarded;
   std::set<std::string> reasons;  // told once each
 };
@@ -168,9 +169,9 @@ ncclResult_t Code(const Status& st) {
   }
 }
 
-// The engine's part of a served call, on `ops`.
+// The engine's part of a served call, on `ops` (`captured`: into a CUDA graph).
 Status Enqueue(Collective kind, const void* send, void* recv, size_t count, DType dtype,
-               const Plan& plan, Comm& comm, StreamOps& ops) {
+               const Plan& plan, Comm& comm, StreamOps& ops, bool captured) {
   const gpu::CallRank me{comm.local, comm.port, comm.rank_of};
   if (comm.port && kind == Collective::kAllReduce) {
     // Across hosts: reduce_scatter into this rank's shard of the output, then
@@ -189,19 +190,14 @@ Status Enqueue(Collective kind, const void* send, void* recv, size_t count, DTyp
     return gpu::EnqueueCollective("all_reduce (all_gather part)", int64_t(comm.calls++), me, ops,
                                   own, recv, gather);
   }
-  return gpu::EnqueueCollective(NamesOf(kind).op, int64_t(comm.calls++), me, ops, send, recv, plan);
+  return gpu::EnqueueCollective(NamesOf(kind).op, int64_t(comm.calls++), me, ops, send, recv, plan,
+                                captured);
 }
 
 ncclResult_t Serve(Collective kind, const void* send, void* recv, size_t count, DType dtype,
                    ReduceOp op, Comm& comm, void* stream) {
-  if (backend.capturing && backend.capturing(stream))
-    return Fail(
-        &comm,
-        Status::Unsupported(
-            std::string("jax_smddp NCCL front end: ") + NamesOf(kind).function +
-            " was called while its stream is captured into a CUDA graph, which the front end does "
-            "not support yet; run with XLA_FLAGS=--xla_gpu_enable_command_buffer=-COLLECTIVES "
-            "(jax_smddp sets it at start-up when JAX_SMDDP_COLLECTIVES=xla)"));
+  // Into a CUDA graph (XLA's command buffers): enqueued as a replayable call.
+  const bool captured = backend.capturing && backend.capturing(stream);
   if (comm.failed.load(std::memory_order_acquire)) {
     Status earlier;
     {
@@ -248,12 +244,13 @@ ncclResult_t Serve(Collective kind, const void* send, void* recv, size_t count, 
     DType dtype;
     const Plan& plan;
     Comm& comm;
-  } call{kind, send, recv, count, dtype, plan, comm};
+    bool captured;
+  } call{kind, send, recv, count, dtype, plan, comm, captured};
   const Status st = backend.run(
       stream,
       [](StreamOps& ops, void* context) {
         const Call& c = *static_cast<const Call*>(context);
-        return Enqueue(c.kind, c.send, c.recv, c.count, c.dtype, c.plan, c.comm, ops);
+        return Enqueue(c.kind, c.send, c.recv, c.count, c.dtype, c.plan, c.comm, ops, c.captured);
       },
       &call);
   if (!st.ok()) {
@@ -270,6 +267,7 @@ ncclResult_t Serve(Collective kind, const void* send, void* recv, size_t count, 
   }
   if (auto world = comm.world.lock()) world->CountCall(NamesOf(kind).caller, recv_bytes);
   Tallies().served[int(kind)].fetch_add(1, std::memory_order_relaxed);
+  if (captured) Tallies().captured.fetch_add(1, std::memory_order_relaxed);
   return ncclSuccess;
 }
 
@@ -411,7 +409,8 @@ std::string Describe() {
     out += std::string(first ? "" : ", ") + "\"" + f + "\": " + std::to_string(n);
     first = false;
   }
-  out += "}, \"forwarded\": {";
+  out += "}, \"captured\": " + std::to_string(t.captured.load(std::memory_order_relaxed)) +
+         ", \"forwarded\": {";
   first = true;
   for (const auto& [f, n] : t.forwarded) {
     out += std::string(first ? "" : ", ") + "\"" + f + "\": " + std::to_string(n);

@@ -34,7 +34,7 @@ namespace nccl {
 // library, host threads in the mock tests. `run` builds them for `stream`
 // on its own stack (nothing allocated per call) and runs `body` with them;
 // `capturing` says whether a stream is being captured into a CUDA graph
-// (served calls refuse it).
+// (served calls then enqueue replayable bodies, stream_algorithms.h).
 struct StreamBackend {
   using Body = Status (*)(StreamOps& ops, void* context);
   Status (*run)(void* stream, Body body, void* context) = nullptr;
@@ -77,8 +77,9 @@ ncclResult_t Fail(Comm* comm, const Status& status);
 std::string LastError(Comm* comm);
 
 // What the front end did, process-wide, for the doctor and the tests: calls
-// served and forwarded by function, and each reason for forwarding (told
-// once at WARNING on stderr).
+// served and forwarded by function, how many of the served ones were
+// captured into CUDA graphs (counted once, however often a graph replays),
+// and each reason for forwarding (told once at WARNING on stderr).
 std::string Describe();
 // `text` as the inside of a JSON string.
 std::string JsonEscaped(const std::string& text);

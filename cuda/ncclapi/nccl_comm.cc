@@ -378,10 +378,11 @@ Status SetUpGpu(const uint64_t nonce[2], const std::vector<int64_t>& members,
   }
   const auto deadline = Clock::now() + Timeout();
   std::vector<std::pair<int, std::string>> handles, remote;
-  // Host flag memory and staging unless the user chose (gpu::Preferences).
+  // Host flag memory and staging unless the user chose, and calls that CUDA
+  // graphs may capture (gpu::Preferences).
   Status st = gpu::PrepareCommunicator(members, size_t(IntSetting("JAX_SMDDP_GPU_SLOT_BYTES")),
                                        local, int(processes.size()), &handles,
-                                       gpu::Preferences{gpu::FlagMemory::kHost, false});
+                                       gpu::Preferences{gpu::FlagMemory::kHost, false, true});
   if (st.ok() && processes.size() > 1) {
     std::string payload;
     for (const auto& [rank, bytes] : handles) {

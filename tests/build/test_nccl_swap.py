@@ -154,7 +154,7 @@ def test_the_front_end_loads_and_answers_without_a_gpu(tmp_path):
       """, tmp_path)
   assert run.returncode == 0, run.stderr[-3000:]
   out = json.loads(run.stdout.strip().splitlines()[-1])
-  assert out["describe"] == {"served": {}, "forwarded": {}, "reasons": [], "library": "",
+  assert out["describe"] == {"served": {}, "captured": 0, "forwarded": {}, "reasons": [], "library": "",
                              "version": 0}, out
   assert out["version_rc"] == 0 and 22700 <= out["version"] < 30000, out
   assert out["invalid_usage"] == "invalid usage", out

@@ -111,7 +111,8 @@ def main() -> None:
   front = nccl_swap.front_end() or {}
   out = dict(ok=True, losses=losses, ref_losses=ref_losses, checked=checked, kinds=kinds,
              active=front.get("active"), why_not=front.get("why_not"),
-             served=front.get("served"), forwarded=front.get("forwarded"),
+             served=front.get("served"), captured=front.get("captured"),
+             forwarded=front.get("forwarded"),
              reasons=front.get("reasons"), real=front.get("real"), version=front.get("version"),
              by_op=distributed.traffic_by_op(), xla_collectives=distributed.xla_collectives(),
              xla_flags=os.environ.get("XLA_FLAGS", ""))

@@ -14,6 +14,8 @@
 // served: P=3, every collective served (all_gather, reduce_scatter,
 //   all_reduce of several types and reductions, a group of them), nothing
 //   forwarded, the real communicator never created.
+// captured, captured_direct: P=2, calls captured into a CUDA graph and
+//   replayed (Captured, below).
 // forwarded: P=2, broadcast, a product all_reduce and a send/recv group go to
 //   the mock with the mock's own communicator (created once, blocking).
 // mixed_group: P=2, one group mixing served and forwarded calls keeps its
@@ -54,6 +56,8 @@
 #include <memory>
 #include <string>
 #include <vector>
+
+#include <cuda_runtime_api.h>  // the mock (tests/native/mock_cuda)
 
 #include "cuda/gpu_communicator.h"
 #include "cuda/ncclapi/nccl_calls.h"
@@ -142,10 +146,53 @@ bool Has(const std::string& text, const std::string& part) {
 // Served calls mark the record, so the tests see their order among forwarded ones.
 // Their waits outlast the deadline, as a GPU stream's do: what ends a wait on
 // a dead or stalled peer is the watchdog's release, as on a GPU.
+int slow_copy_us = 0;  // a slow reader: each copy waits this long first
 class MarkedOps : public smddp::HostStreamOps {
  public:
   MarkedOps() : HostStreamOps(3 * smddp::TimeoutSeconds()) { Note("SERVED"); }
+  Status Copy2D(void* dst, size_t dpitch, const void* src, size_t spitch, size_t width,
+                size_t rows) override {
+    if (slow_copy_us) usleep(slow_copy_us);
+    return HostStreamOps::Copy2D(dst, dpitch, src, spitch, width, rows);
+  }
 };
+
+// A CUDA graph's capture, as the stream operations see it: while `capturing`,
+// served calls only record what they enqueue (arguments fixed, as a graph's
+// nodes); Replay runs the record on host threads, as launching the graph runs
+// it on the GPU.
+bool capturing = false;
+std::vector<std::function<Status(smddp::StreamOps&)>> graph;
+class RecordingOps : public smddp::StreamOps {
+ public:
+  Status Copy2D(void* dst, size_t dpitch, const void* src, size_t spitch, size_t width,
+                size_t rows) override {
+    graph.push_back(
+        [=](smddp::StreamOps& o) { return o.Copy2D(dst, dpitch, src, spitch, width, rows); });
+    return Status::Ok();
+  }
+  Status Reduce(void* dst, size_t dpitch, const void* const* srcs, int n, size_t spitch,
+                size_t count, size_t rows, smddp::DType dtype, smddp::ReduceOp op) override {
+    std::vector<const void*> s(srcs, srcs + n);  // a kernel's arguments, by value
+    graph.push_back([=](smddp::StreamOps& o) {
+      return o.Reduce(dst, dpitch, s.data(), n, spitch, count, rows, dtype, op);
+    });
+    return Status::Ok();
+  }
+  Status WaitAtLeast(const uint32_t* flag, uint32_t value) override {
+    graph.push_back([=](smddp::StreamOps& o) { return o.WaitAtLeast(flag, value); });
+    return Status::Ok();
+  }
+  Status Write(uint32_t* flag, uint32_t value) override {
+    graph.push_back([=](smddp::StreamOps& o) { return o.Write(flag, value); });
+    return Status::Ok();
+  }
+};
+Status Replay() {
+  MarkedOps ops;
+  for (auto& node : graph) SMDDP_RETURN_IF_ERROR(node(ops));
+  return Status::Ok();
+}
 
 // --- Processes, relay, world ----------------------------------------------------
 
@@ -443,6 +490,100 @@ void Served() {
              Has(described, "\"forwarded\": {}"),
          "describe: " + described);
   Expect(ncclCommDestroy(comm) == ncclSuccess, "destroy");
+}
+
+// captured / captured_direct: P=2; all_gather, reduce_scatter and
+// all_reduce captured into a "graph" (small slots: several steps per call;
+// process 0 captures them twice), which nothing runs until it is replayed,
+// three times, on fresh inputs in the same buffers, each replay after an
+// uncaptured all_gather (staged, or reading in place with
+// JAX_SMDDP_GPU_DIRECT_READS=1). Process 1 is late and
+// reads slowly, so a replay that did not wait for its peer, or that reused a
+// slot the uncaptured call's peer still reads, gives wrong values.
+// An all_gather whose buffers are "device memory" (the mock's cudaMalloc)
+// where `device`, so that it may read its peers' in place.
+void UncapturedAllGather(ncclComm_t comm, size_t count, bool device, const std::string& what) {
+  if (!device) return CheckAllGather(comm, P, me, count, what);
+  float *send = nullptr, *recv = nullptr;
+  Expect(cudaMalloc(reinterpret_cast<void**>(&send), count * sizeof(float)) == cudaSuccess &&
+             cudaMalloc(reinterpret_cast<void**>(&recv), P * count * sizeof(float)) == cudaSuccess,
+         what + ": cudaMalloc");
+  for (size_t i = 0; i < count; ++i) send[i] = Value(me, i);
+  Expect(ncclAllGather(send, recv, count, ncclFloat32, comm, nullptr) == ncclSuccess,
+         what + ": " + ncclGetLastError(comm));
+  bool ok = true;
+  for (int r = 0; r < P; ++r)
+    for (size_t i = 0; i < count; ++i) ok = ok && recv[r * count + i] == Value(r, i);
+  Expect(ok, what + ": wrong values");
+  const smddp::nccl::Comm* c = smddp::nccl::AsComm(comm);
+  Expect(c && c->local->view.inputs.size() == size_t(P),
+         what + ": read its peers' buffers in place");
+  cudaFree(send);
+  cudaFree(recv);
+}
+
+void Captured(bool direct) {
+  ncclComm_t comm = Create(P, me, Config(22809, 0));
+  smddp::nccl::Comm* c = smddp::nccl::AsComm(comm);
+  Expect(c && c->local && bool(c->local->exchange) == direct,
+         direct ? "uncaptured calls read in place" : "uncaptured calls stage");
+  const size_t count = 3000;  // 12000 bytes per rank: 3-6 steps per call with 4 KiB slots
+  std::vector<float> ag_send(count), ag_recv(count * P, -1.f);
+  std::vector<float> rs_send(count * P), rs_recv(count, -1.f);
+  std::vector<float> ar_send(count), ar_recv(count, -1.f);
+  // Process 0 records its graph twice, as XLA records a command buffer anew
+  // when its buffers moved, which one process may do alone.
+  const int captures = me == 0 ? 2 : 1;
+  for (int k = 0; k < captures; ++k) {
+    graph.clear();
+    capturing = true;
+    Expect(ncclAllGather(ag_send.data(), ag_recv.data(), count, ncclFloat32, comm, nullptr) ==
+               ncclSuccess,
+           std::string("captured all_gather: ") + ncclGetLastError(comm));
+    Expect(ncclReduceScatter(rs_send.data(), rs_recv.data(), count, ncclFloat32, ncclSum, comm,
+                             nullptr) == ncclSuccess,
+           std::string("captured reduce_scatter: ") + ncclGetLastError(comm));
+    Expect(ncclAllReduce(ar_send.data(), ar_recv.data(), count, ncclFloat32, ncclSum, comm,
+                         nullptr) == ncclSuccess,
+           std::string("captured all_reduce: ") + ncclGetLastError(comm));
+    capturing = false;
+  }
+  Expect(!graph.empty() && ag_recv[0] == -1.f && rs_recv[0] == -1.f && ar_recv[0] == -1.f,
+         "capturing runs nothing");
+  const std::string described = smddp::nccl::Describe();
+  Expect(Has(described, "\"captured\": " + std::to_string(3 * captures)),
+         "describe counts the captured calls: " + described);
+  auto value = [](int rank, size_t i, int round) { return Value(rank, i) + float(round); };
+  for (int round = 1; round <= 3; ++round) {
+    if (me == 1) {
+      usleep(50000);
+      slow_copy_us = 2000;
+    }
+    // 5 steps: its last one is in the slot the replay's first step takes (round 1 and 3).
+    UncapturedAllGather(comm, 5000, direct,
+                        "uncaptured all_gather, round " + std::to_string(round));
+    for (size_t i = 0; i < count; ++i) ag_send[i] = ar_send[i] = value(me, i, round);
+    for (size_t i = 0; i < rs_send.size(); ++i) rs_send[i] = value(me, i, round);
+    Check(Replay(), "replay " + std::to_string(round));
+    slow_copy_us = 0;
+    bool ok = true;
+    for (int q = 0; q < P; ++q)
+      for (size_t i = 0; i < count; ++i) ok = ok && ag_recv[q * count + i] == value(q, i, round);
+    Expect(ok, "replayed all_gather, round " + std::to_string(round) + ": wrong values");
+    ok = true;
+    for (size_t i = 0; i < count; ++i) {
+      float rs = 0, ar = 0;
+      for (int q = 0; q < P; ++q) {
+        rs += value(q, me * count + i, round);
+        ar += value(q, i, round);
+      }
+      ok = ok && std::fabs(rs_recv[i] - rs) <= 1e-3f * std::fabs(rs) + 1e-3f &&
+           std::fabs(ar_recv[i] - ar) <= 1e-3f * std::fabs(ar) + 1e-3f;
+    }
+    Expect(ok, "replayed reduce_scatter and all_reduce, round " + std::to_string(round) +
+                   ": wrong values");
+  }
+  UncapturedAllGather(comm, count, direct, "uncaptured all_gather after the replays");
 }
 
 void Forwarded() {
@@ -863,16 +1004,22 @@ int RunProcess(const std::string& scenario) {
       scenario == "stalled" || scenario == "join_timeout" || scenario == "partial_forward" ? 2.0
                                                                                            : 10.0);
   smddp::nccl::SetStreamBackend({[](void*, smddp::nccl::StreamBackend::Body body, void* context) {
+                                   if (capturing) {
+                                     RecordingOps ops;
+                                     return body(ops, context);
+                                   }
                                    MarkedOps ops;
                                    return body(ops, context);
                                  },
-                                 nullptr});
+                                 [](void*) { return capturing; }});
   BuildWorld();
   if (failures) return 1;
   if (scenario == "served")
     Served();
   else if (scenario == "forwarded")
     Forwarded();
+  else if (scenario == "captured" || scenario == "captured_direct")
+    Captured(scenario == "captured_direct");
   else if (scenario == "send_recv")
     SendRecvGroups();
   else if (scenario == "mixed_group")
@@ -926,6 +1073,9 @@ int main(int argc, char** argv) {
   const std::string scenario = argv[1];
   P = scenario == "served" || scenario == "split" ? 3 : scenario == "across_hosts" ? 4 : 2;
   if (scenario == "across_hosts") hosts = 2;
+  if (scenario == "captured" || scenario == "captured_direct")
+    setenv("JAX_SMDDP_GPU_SLOT_BYTES", "4096", 1);
+  if (scenario == "captured_direct") setenv("JAX_SMDDP_GPU_DIRECT_READS", "1", 1);
   if (scenario == "unknown_version") setenv("MOCK_NCCL_VERSION", "24100", 1);
   if (scenario == "id_full") setenv("MOCK_NCCL_ID_FULL", "1", 1);
   if (scenario == "no_fallback") setenv("JAX_SMDDP_REQUIRE", "no-fallback", 1);

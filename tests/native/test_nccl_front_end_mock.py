@@ -17,8 +17,10 @@ deadline, and so does a forwarded call that rank 0 never makes (its real id neve
 forwarded call that fails in NCCL keeps NCCL's code and message;
 a communicator across two simulated hosts (libfabric's shm provider between
 them) runs all_gather, reduce_scatter and all_to_all on the hierarchical
-bodies and forwards all_reduce. The real CUDA calls run in
-tests/gpu on a GPU machine."""
+bodies and forwards all_reduce; calls captured into a CUDA graph (their
+stream operations recorded, then replayed three times on fresh inputs, between
+uncaptured calls that stage or read in place) give the right values on every
+replay. The real CUDA calls run in tests/gpu on a GPU machine."""
 
 import glob
 import os
@@ -30,7 +32,7 @@ from helpers import native_program
 
 SCENARIOS = ["served", "forwarded", "send_recv", "mixed_group", "unknown_config", "unknown_version", "id_full",
              "no_fallback", "split", "dead_peer", "stalled", "join_timeout", "forward_fails", "abort",
-             "across_hosts", "partial_forward"]
+             "across_hosts", "partial_forward", "captured", "captured_direct"]
 
 
 @pytest.fixture(scope="module")
