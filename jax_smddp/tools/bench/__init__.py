@@ -69,7 +69,10 @@ is the number of CPUs other work (other users, the hypervisor) kept busy while a
 point was timed, measured from /proc (machine CPU time minus this job's);
 ``--timing blocks`` times 5 calls of one implementation back to back instead of
 alternating call by call (docs/performance_model.md: which statistic the model
-predicts, and why). Every row records the tuner's choice for the
+predicts, and why), ``--timing solo`` all of one implementation's calls, then all
+of the next's (each in its steady state: docs/performance_model.md, "Calls that
+follow another library's call"), and ``--timing barrier`` alternates with every
+process meeting at a barrier before each call. Every row records the tuner's choice for the
 call (``choice``: :func:`jax_smddp.tuning.choose`, what the engine runs across
 processes) and, with ``--predict``, the cost model's prediction for it
 (``prediction``, ``smddp.predicted_us``; docs/performance_model.md).
