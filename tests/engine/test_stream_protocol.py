@@ -202,19 +202,25 @@ def test_direct_reads_finish_before_the_owner_reuses_its_input(kind, direct):
   its input (or, for all_reduce, its reduced shard in its output) would hand
   them wrong data. Every call's output is checked; slow readers are likely
   with 4 threads on 2 cores."""
-  size, calls, outer, inner = 4, 30, 3, 257
-  rng = np.random.default_rng(kind)
+  check_varying_calls(kind, 4, calls=30, outer=3, inner=257, slot=1024, seed=kind,
+                      direct=direct)
+
+
+def check_varying_calls(kind, size, *, calls, outer, inner, slot, seed, **probe_args):
+  """`calls` calls of `kind` over int32 data, each rank writing fresh inputs into its one
+  input buffer before every call and reusing its one output buffer (as XLA reuses
+  buffers); every call's output against numpy."""
+  rng = np.random.default_rng(seed)
   shape = {GATHER: (outer, inner), ALL_REDUCE: (outer * inner,)}.get(kind, (outer, size, inner))
   xs = [[rng.integers(-1000, 1000, size=shape).astype(np.int32) for _ in range(size)]
         for _ in range(calls)]
   out_shape = {GATHER: (outer, size, inner), SCATTER: (outer, inner),
                ALL_TO_ALL: (outer, size, inner), ALL_REDUCE: (outer * inner,)}[kind]
-  out_bytes = int(np.prod(out_shape)) * 4
   outs = ENGINE.stream_probe(kind, DTYPES[np.dtype(np.int32)], OPS["sum"], outer,
                              inner if kind == SCATTER else inner * 4,
-                             outer * inner if kind == ALL_REDUCE else 0, 1024,
-                             [x.tobytes() for call in xs for x in call], out_bytes, calls,
-                             direct=direct, vary=True)
+                             outer * inner if kind == ALL_REDUCE else 0, slot,
+                             [x.tobytes() for call in xs for x in call],
+                             int(np.prod(out_shape)) * 4, calls, vary=True, **probe_args)
   for r, out in enumerate(outs):
     got = np.frombuffer(out, np.int32).reshape((calls,) + out_shape)
     for c in range(calls):
@@ -243,31 +249,8 @@ def test_replayable_calls(kind, size, replayable, direct, flag_blocks):
   place. Fresh inputs in the same buffers before every call, outputs reused: a call that
   did not wait for its peers, or reused a slot a peer still reads, gives wrong values.
   256-byte slots: up to a dozen steps per call, each slot reused within and across calls."""
-  calls, outer, inner = 7, 3, 37
-  rng = np.random.default_rng(100 * kind + size)
-  shape = {GATHER: (outer, inner), ALL_REDUCE: (outer * inner,)}.get(kind, (outer, size, inner))
-  xs = [[rng.integers(-1000, 1000, size=shape).astype(np.int32) for _ in range(size)]
-        for _ in range(calls)]
-  out_shape = {GATHER: (outer, size, inner), SCATTER: (outer, inner),
-               ALL_TO_ALL: (outer, size, inner), ALL_REDUCE: (outer * inner,)}[kind]
-  outs = ENGINE.stream_probe(kind, DTYPES[np.dtype(np.int32)], OPS["sum"], outer,
-                             inner if kind == SCATTER else inner * 4,
-                             outer * inner if kind == ALL_REDUCE else 0, 256,
-                             [x.tobytes() for call in xs for x in call],
-                             int(np.prod(out_shape)) * 4, calls, flag_blocks=flag_blocks,
-                             direct=direct, vary=True, replayable=replayable)
-  for r, out in enumerate(outs):
-    got = np.frombuffer(out, np.int32).reshape((calls,) + out_shape)
-    for c in range(calls):
-      if kind == GATHER:
-        want = np.stack(xs[c], axis=1)
-      elif kind == SCATTER:
-        want = combine([x[:, r, :] for x in xs[c]], "sum", np.int32)
-      elif kind == ALL_REDUCE:
-        want = combine(xs[c], "sum", np.int32)
-      else:
-        want = np.stack([x[:, r, :] for x in xs[c]], axis=1)
-      np.testing.assert_array_equal(got[c], want, err_msg=f"rank {r}, call {c}")
+  check_varying_calls(kind, size, calls=7, outer=3, inner=37, slot=256, seed=100 * kind + size,
+                      flag_blocks=flag_blocks, direct=direct, replayable=replayable)
 
 
 # --- across hosts: the hierarchical all_gather with its network proxy ------

@@ -48,6 +48,18 @@ ENV = {"JAX_PLATFORMS": "cuda", "JAX_SMDDP_COLLECTIVES": "xla", "CUDA_VISIBLE_DE
        "XLA_PYTHON_CLIENT_PREALLOCATE": "false", "JAX_DEFAULT_MATMUL_PRECISION": "highest"}
 
 
+def _two_process_step(scenario: str, env: dict) -> list[dict]:
+  """xla_swap_worker.py's `scenario` in 2 processes on GPU 0: each one's result (it checked
+  its losses and gradients against one device's), printed into the GPU log."""
+  procs = launch.run_job([scenario], 2, 1, script=WORKER, timeout=70, env=env)
+  text = launch.describe(procs)
+  for p in procs:
+    assert p.returncode == 0 and p.result and p.result["ok"], text
+  for p in procs:
+    print(f"process {p.index}: {json.dumps(p.result)}")
+  return [p.result for p in procs]
+
+
 @pytest.mark.timeout(80)
 @pytest.mark.parametrize("scenario", ["step", "step_rows"])
 def test_global_view_fsdp_step_across_two_processes_on_one_gpu_equals_one_process(scenario):
@@ -56,13 +68,7 @@ def test_global_view_fsdp_step_across_two_processes_on_one_gpu_equals_one_proces
   ran was served by the front end (all-gathers, and reduce-scatters or all-reduces; with the
   parameters sharded along their rows an all-to-all too, as ncclAlltoAll or as a group of
   sends and receives) and counted by traffic_by_op(), nothing was forwarded to NCCL."""
-  procs = launch.run_job([scenario], 2, 1, script=WORKER, timeout=70, env=ENV)
-  text = launch.describe(procs)
-  for p in procs:
-    assert p.returncode == 0 and p.result and p.result["ok"], text
-  for p in procs:
-    r = p.result
-    print(f"process {p.index}: {json.dumps(r)}")  # in the GPU log
+  for r in _two_process_step(scenario, ENV):
     assert "--xla_gpu_enable_command_buffer=-COLLECTIVES" in r["xla_flags"], r["xla_flags"]
     assert r["active"], r
     assert r["forwarded"] == {} and r["reasons"] == [], r
@@ -84,14 +90,7 @@ def test_global_view_fsdp_step_with_collectives_captured_into_cuda_graphs():
   tokens) and the losses and gradients still equal one device's. Fails, rather than skips,
   where XLA captured none of them (what to look at next)."""
   flags = "--xla_gpu_enable_command_buffer=+COLLECTIVES --xla_gpu_graph_min_graph_size=1"
-  procs = launch.run_job(["step"], 2, 1, script=WORKER, timeout=70,
-                         env={**ENV, "XLA_FLAGS": flags})
-  text = launch.describe(procs)
-  for p in procs:
-    assert p.returncode == 0 and p.result and p.result["ok"], text
-  for p in procs:
-    r = p.result
-    print(f"process {p.index}: {json.dumps(r)}")  # in the GPU log
+  for r in _two_process_step("step", {**ENV, "XLA_FLAGS": flags}):
     assert "-COLLECTIVES" not in r["xla_flags"], r["xla_flags"]
     assert r["forwarded"] == {} and r["reasons"] == [], r
     assert r["captured"] > 0, r
