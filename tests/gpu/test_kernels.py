@@ -124,7 +124,8 @@ class Ranks:
     return [(np.frombuffer(out, dtype=dtype).reshape(wants[r].shape), counters)
             for r, (out, counters) in zip(only or range(self.size), self._gather(name, only))]
 
-  def send(self, params, xs, wants, mode, calls=3, only=None, phases=False):
+  def send(self, params, xs, wants, mode, calls=3, only=None, phases=False, graph_replays=0):
+    """`graph_replays`: xs[r] holds one input per launch (stacked) and wants[r] one output."""
     copies, flags, blocks = mode
     dtype = np.dtype(params["dtype"])
     for r, c in enumerate(self.conns):
@@ -134,7 +135,7 @@ class Ranks:
                   dtype=DTYPES[dtype], op=OPS[params["op"]], outer=params["outer"],
                   inner=params["inner"], count=params["count"], input=xs[r].tobytes(),
                   out_bytes=wants[r].nbytes, calls=calls, copies=copies, flags=flags,
-                  max_blocks=blocks, phases=phases))
+                  max_blocks=blocks, phases=phases, graph_replays=graph_replays))
 
   def close(self):
     for c in self.conns:
@@ -180,6 +181,50 @@ def test_dead_rank_releases_its_peers_and_fails_their_next_call():
       ranks.run(name, params, xs, wants, MODES[0], calls=1, only=(0, 1))
   finally:
     ranks.close()
+
+
+@pytest.mark.parametrize("mode", [MODES[0], MODES[2]],
+                         ids=lambda m: f"{m[0]} copies, {m[1]} flags, {m[2]} blocks")
+def test_replayable_calls_captured_into_cuda_graphs(mode):
+  """One call of each case captured into a CUDA graph as the NCCL API front end enqueues a
+  captured call (stream_algorithms.h: staged, by tokens), the graph launched 3 times on
+  fresh inputs in the same buffers (its output cleared before each launch): every launch's
+  output right. Ranks of their own, whose communicators run no uncaptured call."""
+  size, launches = 2, 3
+  ranks = Ranks(size, "host")  # the front end's flag memory
+  try:
+    for name, params, _, _ in cases(size):
+      draws = [_case_inputs(name, size, seed=10 * k + 1) for k in range(launches)]  # (xs, wants)
+      stacked = [np.stack([xs[r] for xs, _ in draws]) for r in range(size)]
+      ranks.send(params, stacked, draws[0][1], mode, graph_replays=launches)
+      for r, (out, _) in enumerate(ranks._gather(name + " in a CUDA graph")):
+        got = np.frombuffer(out, dtype=np.dtype(params["dtype"]))
+        got = got.reshape((launches,) + draws[0][1][r].shape)
+        for k, (_, wants) in enumerate(draws):
+          np.testing.assert_array_equal(got[k], wants[r], err_msg=f"{name}, rank {r}, launch {k}")
+  finally:
+    ranks.close()
+
+
+def _case_inputs(name, size, seed):
+  """The inputs and expected outputs of case `name` of cases(size), drawn with `seed`."""
+  for case_name, params, xs, _ in cases(size):
+    if case_name != name:
+      continue
+    rng = np.random.default_rng(seed)
+    dtype = np.dtype(params["dtype"])
+    fresh = [(rng.standard_normal(x.shape) * 100).astype(dtype) for x in xs]
+    kind, op = params["kind"], params["op"]
+    if kind == GATHER:
+      wants = [np.stack(fresh, axis=1)] * size
+    elif kind == ALL_TO_ALL:
+      wants = [np.stack([x[:, r, :] for x in fresh], axis=1) for r in range(size)]
+    elif kind == SCATTER:
+      wants = [combine([x[:, r, :] for x in fresh], op, dtype) for r in range(size)]
+    else:
+      wants = [combine(fresh, op, dtype)] * size
+    return fresh, wants
+  raise KeyError(name)
 
 
 def check_collectives(ranks, size, mode):

@@ -129,10 +129,14 @@ double ReduceSeconds(int ordinal, size_t bytes, int sources, int max_blocks, int
 // 4-rank case, in memops and flag-kernel modes alike).
 // With `phases`, the last call runs through PhaseTimedOps on CUDA events and
 // the result is (output, {phase: (calls, seconds), "total": seconds}).
+// With `graph_replays` (instead of `calls`), one replayable call (as the NCCL
+// API front end enqueues a call captured into a CUDA graph) is captured into
+// a graph, which is launched that many times, `input` holding one input per
+// launch and the result every launch's output, one after the other.
 nb::object StreamRun(std::vector<int64_t> members, int rank, int kind, int dtype, int op,
                      size_t outer, size_t inner, size_t count, nb::bytes input, size_t out_bytes,
                      int calls, const std::string& copies, const std::string& flags, int max_blocks,
-                     bool phases) {
+                     bool phases, int graph_replays) {
   smddp::gpu::GpuCommunicator* comm =
       smddp::gpu::FindCommunicator(smddp::gpu::GroupKey(members.data(), int(members.size())));
   smddp::gpu::LocalRank* me = comm ? comm->Local(rank) : nullptr;
@@ -141,7 +145,16 @@ nb::object StreamRun(std::vector<int64_t> members, int rank, int kind, int dtype
                              " is not a rank of a connected communicator in this process "
                              "(prepare and connect first)");
   const smddp::Plan plan = smddp::PlanOf(kind, dtype, op, outer, inner, count);
-  Check(smddp::gpu::CheckCall(*me, smddp::KindName(kind), plan));
+  if (graph_replays > 0) {
+    if (phases || input.size() % size_t(graph_replays) != 0)
+      throw std::invalid_argument(
+          "stream_run: graph_replays needs one input per launch, no phases");
+    if (const smddp::Status st = smddp::gpu::GroupFailure(*me); !st.ok()) Check(st);
+  } else {
+    Check(smddp::gpu::CheckCall(*me, smddp::KindName(kind), plan));
+  }
+  const size_t launches = graph_replays > 0 ? size_t(graph_replays) : 1;
+  const size_t in_bytes = input.size() / launches;
   smddp::cuda::GpuSettings settings;
   settings.copies = copies == "kernel" ? smddp::cuda::GpuSettings::Copies::kKernel
                                        : smddp::cuda::GpuSettings::Copies::kEngine;
@@ -150,13 +163,41 @@ nb::object StreamRun(std::vector<int64_t> members, int rank, int kind, int dtype
   settings.max_blocks = max_blocks;
   CheckCuda(cudaSetDevice(me->ordinal), "cudaSetDevice");
   void *send = nullptr, *recv = nullptr;
-  CheckCuda(cudaMalloc(&send, std::max<size_t>(input.size(), 1)), "cudaMalloc");
+  CheckCuda(cudaMalloc(&send, std::max<size_t>(in_bytes, 1)), "cudaMalloc");
   CheckCuda(cudaMalloc(&recv, std::max<size_t>(out_bytes, 1)), "cudaMalloc");
-  CheckCuda(cudaMemcpy(send, input.c_str(), input.size(), cudaMemcpyHostToDevice), "cudaMemcpy");
+  CheckCuda(cudaMemcpy(send, input.c_str(), in_bytes, cudaMemcpyHostToDevice), "cudaMemcpy");
   smddp::Status status;
   cudaError_t err = cudaSuccess;
   smddp::PhaseTotals totals;
-  {
+  std::string host(out_bytes * launches, '\0');
+  if (graph_replays > 0) {
+    nb::gil_scoped_release release;
+    cudaStream_t stream;
+    CheckCuda(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking), "cudaStreamCreate");
+    smddp::cuda::CudaStreamOps ops(stream, settings);
+    cudaGraph_t graph = nullptr;
+    cudaGraphExec_t exec = nullptr;
+    err = cudaStreamBeginCapture(stream, cudaStreamCaptureModeThreadLocal);
+    if (err == cudaSuccess) {
+      status = smddp::RunStreamPlan(plan, me->view, ops, send, recv, /*replayable=*/true);
+      err = cudaStreamEndCapture(stream, &graph);
+    }
+    if (status.ok() && err == cudaSuccess) err = cudaGraphInstantiate(&exec, graph, 0);
+    for (size_t r = 0; r < launches && status.ok() && err == cudaSuccess; ++r) {
+      // A fresh input in the same buffer, and an output that shows what the launch did not write.
+      err = cudaMemcpyAsync(send, input.c_str() + r * in_bytes, in_bytes, cudaMemcpyHostToDevice,
+                            stream);
+      if (err == cudaSuccess) err = cudaMemsetAsync(recv, 0xA5, out_bytes, stream);
+      if (err == cudaSuccess) err = cudaGraphLaunch(exec, stream);
+      if (err == cudaSuccess)
+        err = cudaMemcpyAsync(host.data() + r * out_bytes, recv, out_bytes, cudaMemcpyDeviceToHost,
+                              stream);
+      if (err == cudaSuccess) err = cudaStreamSynchronize(stream);
+    }
+    if (exec) cudaGraphExecDestroy(exec);
+    if (graph) cudaGraphDestroy(graph);
+    cudaStreamDestroy(stream);
+  } else {
     nb::gil_scoped_release release;
     cudaStream_t stream;
     CheckCuda(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking), "cudaStreamCreate");
@@ -172,10 +213,9 @@ nb::object StreamRun(std::vector<int64_t> members, int rank, int kind, int dtype
     }
     err = cudaStreamSynchronize(stream);
     cudaStreamDestroy(stream);
+    if (status.ok() && err == cudaSuccess)
+      err = cudaMemcpy(host.data(), recv, out_bytes, cudaMemcpyDeviceToHost);
   }
-  std::string host(out_bytes, '\0');
-  if (status.ok() && err == cudaSuccess)
-    err = cudaMemcpy(host.data(), recv, out_bytes, cudaMemcpyDeviceToHost);
   cudaFree(send);
   cudaFree(recv);
   Check(status);
@@ -339,7 +379,8 @@ NB_MODULE(_smddp_cuda, m) {
   m.def("stream_run", &StreamRun, nb::arg("members"), nb::arg("rank"), nb::arg("kind"),
         nb::arg("dtype"), nb::arg("op"), nb::arg("outer"), nb::arg("inner"), nb::arg("count"),
         nb::arg("input"), nb::arg("out_bytes"), nb::arg("calls") = 1, nb::arg("copies") = "engine",
-        nb::arg("flags") = "memops", nb::arg("max_blocks") = 8, nb::arg("phases") = false);
+        nb::arg("flags") = "memops", nb::arg("max_blocks") = 8, nb::arg("phases") = false,
+        nb::arg("graph_replays") = 0);
 #endif
   m.def("have_stream_memops", &smddp::cuda::HaveStreamMemOps);
   m.def("settings", [] {
