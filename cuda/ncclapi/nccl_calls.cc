@@ -185,10 +185,11 @@ Status Enqueue(Collective kind, const void* send, void* recv, size_t count, DTyp
     gather.kind = Plan::Kind::kAllGather;
     gather.dtype = DType::kUInt8;
     gather.inner = shard * ElementSize(dtype);
-    SMDDP_RETURN_IF_ERROR(gpu::EnqueueCollective(
-        "all_reduce (reduce_scatter part)", int64_t(comm.calls++), me, ops, send, own, scatter));
+    SMDDP_RETURN_IF_ERROR(gpu::EnqueueCollective("all_reduce (reduce_scatter part)",
+                                                 int64_t(comm.calls++), me, ops, send, own, scatter,
+                                                 captured));
     return gpu::EnqueueCollective("all_reduce (all_gather part)", int64_t(comm.calls++), me, ops,
-                                  own, recv, gather);
+                                  own, recv, gather, captured);
   }
   return gpu::EnqueueCollective(NamesOf(kind).op, int64_t(comm.calls++), me, ops, send, recv, plan,
                                 captured);

@@ -35,7 +35,7 @@
 // across_hosts: P=4 on two simulated hosts (ranks alternate): all_gather,
 //   reduce_scatter and all_to_all on the hierarchical bodies, all_reduce as
 //   reduce_scatter + all_gather (in place too), one whose count does not
-//   divide by the ranks forwarded.
+//   divide by the ranks forwarded; captured ones refused.
 // abort: P=2, process 1 aborts the communicator: process 0's async error
 //   names it (tagged for jax_smddp.errors.classify).
 // join_timeout: 2 processes create a communicator of 3 ranks: the deadline
@@ -942,6 +942,20 @@ void AcrossHosts() {
          "the odd all_reduce forwarded, the rest served; the mock saw:\n" + record);
   Expect(Has(smddp::nccl::Describe(), "needs a count divisible by the ranks (63 over 4)"),
          "why: " + smddp::nccl::Describe());
+  // Into a CUDA graph: refused (the network proxy is driven from the host), all_reduce's
+  // reduce_scatter and all_gather parts too; nothing is enqueued.
+  std::vector<float> cs(400, 1.f), cr(400 * P);
+  capturing = true;
+  const ncclResult_t ag = ncclAllGather(cs.data(), cr.data(), 400, ncclFloat32, comm, nullptr);
+  const std::string ag_why = ncclGetLastError(comm);
+  const ncclResult_t ar =
+      ncclAllReduce(cr.data(), cr.data(), 400 * P, ncclFloat32, ncclSum, comm, nullptr);
+  const std::string ar_why = ncclGetLastError(comm);
+  capturing = false;
+  for (const auto& [rc, why] : {std::make_pair(ag, ag_why), std::make_pair(ar, ar_why)})
+    Expect(rc == ncclInvalidUsage && Has(why, "cannot run inside a CUDA graph"),
+           "a captured call across hosts is refused: " + why);
+  Expect(graph.empty(), "a refused captured call enqueues nothing");
 }
 
 void Stalled() {
