@@ -12,16 +12,14 @@ Status EnqueueCollective(const char* op, int64_t op_id, const CallRank& me, Stre
   auto located = [&](const Status& st) {
     return st.WithMessage(std::string(op) + " (op " + std::to_string(op_id) + "): " + st.message());
   };
-  if (captured && me.port)
-    return located(Status::Unsupported(
-        "jax_smddp (GPU): a group across hosts cannot run inside a CUDA graph (its network "
-        "steps are driven from the host call by call); run with "
-        "XLA_FLAGS=--xla_gpu_enable_command_buffer=-COLLECTIVES"));
   if (captured) {
+    if (me.port)
+      return located(Status::Unsupported(
+          "jax_smddp (GPU): a group across hosts cannot run inside a CUDA graph (its network "
+          "steps are driven from the host call by call); run with "
+          "XLA_FLAGS=--xla_gpu_enable_command_buffer=-COLLECTIVES"));
     if (const Status st = GroupFailure(*me.rank); !st.ok()) return located(st);
-    // A graph keeps this call's addresses for its replays: no peer buffers.
-    me.rank->view.inputs.clear();
-    me.rank->view.outputs.clear();
+    // Staged: a graph keeps this call's addresses for its replays, so no peer buffers.
     const Status st = RunStreamPlan(plan, me.rank->view, ops, send, recv, /*replayable=*/true);
     return st.ok() ? st : located(st);
   }

@@ -86,10 +86,13 @@ std::map<uint64_t, std::unique_ptr<GpuCommunicator>>& Registry() {
   return *r;
 }
 
+Status GroupFailure(const LocalRank& rank) {
+  return rank.watch && rank.watch->failed() ? rank.watch->error() : Status::Ok();
+}
+
 Status CheckCall(LocalRank& rank, const char* op, const Plan& plan) {
-  if (!rank.watch) return Status::Ok();
-  if (rank.watch->failed()) return rank.watch->error();
-  if (rank.call_logs.empty()) return Status::Ok();
+  SMDDP_RETURN_IF_ERROR(GroupFailure(rank));
+  if (!rank.watch || rank.call_logs.empty()) return Status::Ok();
   const Status st =
       CallLog::RecordAndCheck(rank.call_logs, rank.view.rank, rank.calls++, op, plan, [&](int q) {
         return "rank " + std::to_string(q) + " (process " + std::to_string((*rank.process_of)[q]) +
@@ -100,10 +103,6 @@ Status CheckCall(LocalRank& rank, const char* op, const Plan& plan) {
       st.WithMessage("jax_smddp (GPU): " + st.message() + " Later calls of this group fail too.");
   rank.watch->Fail(failure);  // the ranks' step counters no longer agree
   return failure;
-}
-
-Status GroupFailure(const LocalRank& rank) {
-  return rank.watch && rank.watch->failed() ? rank.watch->error() : Status::Ok();
 }
 
 Status ExchangeBuffers(LocalRank& rank, const Plan& plan, const void* send, void* recv) {

@@ -43,16 +43,16 @@ MODES = [("engine", "memops", 8), ("kernel", "memops", 1), ("kernel", "kernel", 
 SLOTS = [256, 4096, 8192, 65536, 1 << 20, 8 << 20]  # the last: the default slot (8 MiB)
 
 
-def cases(size):
-  """(name, job params, per-rank inputs, per-rank expected outputs)."""
+def cases(size, seed=0):
+  """(name, job params, per-rank inputs, per-rank expected outputs); `seed` draws other inputs."""
   out = []
   for outer, inner, slot in [(1, 300_000, 1 << 20), (5, 37, 256), (3, 1000, 4096)]:
-    xs = inputs(size, (outer, inner), np.float32, seed=size + inner)
+    xs = inputs(size, (outer, inner), np.float32, seed=seed + size + inner)
     want = np.stack(xs, axis=1)
     out.append((f"all_gather {outer}x{inner} slot {slot}",
                 dict(kind=GATHER, dtype=np.float32, op="sum", outer=outer, inner=inner * 4, count=0,
                      slot=slot), xs, [want] * size))
-    xs = inputs(size, (outer, size, inner), np.int32, seed=size * 2 + inner)
+    xs = inputs(size, (outer, size, inner), np.int32, seed=seed + size * 2 + inner)
     out.append((f"all_to_all {outer}x{inner} slot {slot}",
                 dict(kind=ALL_TO_ALL, dtype=np.int32, op="sum", outer=outer, inner=inner * 4,
                      count=0, slot=slot), xs,
@@ -60,16 +60,16 @@ def cases(size):
   for dtype, op in [(np.float32, "sum"), (np.int32, "max"), (ml_dtypes.bfloat16, "sum"),
                     (np.float16, "min")]:
     name = np.dtype(dtype).name
-    xs = inputs(size, (3, size, 2000), dtype, seed=size)
+    xs = inputs(size, (3, size, 2000), dtype, seed=seed + size)
     out.append((f"reduce_scatter {name} {op}",
                 dict(kind=SCATTER, dtype=dtype, op=op, outer=3, inner=2000, count=0, slot=8192), xs,
                 [combine([x[:, r, :] for x in xs], op, dtype) for r in range(size)]))
     # 2000 elements: rows of 16-byte multiples (vector loads); 1999: one element at a time.
-    xs = inputs(size, (2, size, 1999), dtype, seed=size + 2)
+    xs = inputs(size, (2, size, 1999), dtype, seed=seed + size + 2)
     out.append((f"reduce_scatter {name} {op} odd rows",
                 dict(kind=SCATTER, dtype=dtype, op=op, outer=2, inner=1999, count=0, slot=8192), xs,
                 [combine([x[:, r, :] for x in xs], op, dtype) for r in range(size)]))
-    xs = inputs(size, (100_003,), dtype, seed=size + 1)
+    xs = inputs(size, (100_003,), dtype, seed=seed + size + 1)
     out.append((f"all_reduce {name} {op}",
                 dict(kind=ALL_REDUCE, dtype=dtype, op=op, outer=1, inner=0, count=100_003,
                      slot=65536), xs, [combine(xs, op, dtype)] * size))
@@ -193,38 +193,17 @@ def test_replayable_calls_captured_into_cuda_graphs(mode):
   size, launches = 2, 3
   ranks = Ranks(size, "host")  # the front end's flag memory
   try:
-    for name, params, _, _ in cases(size):
-      draws = [_case_inputs(name, size, seed=10 * k + 1) for k in range(launches)]  # (xs, wants)
-      stacked = [np.stack([xs[r] for xs, _ in draws]) for r in range(size)]
-      ranks.send(params, stacked, draws[0][1], mode, graph_replays=launches)
+    draws = [cases(size, seed=1000 * (k + 1)) for k in range(launches)]  # inputs per launch
+    for i, (name, params, _, _) in enumerate(draws[0]):
+      stacked = [np.stack([d[i][2][r] for d in draws]) for r in range(size)]
+      ranks.send(params, stacked, draws[0][i][3], mode, graph_replays=launches)
       for r, (out, _) in enumerate(ranks._gather(name + " in a CUDA graph")):
         got = np.frombuffer(out, dtype=np.dtype(params["dtype"]))
-        got = got.reshape((launches,) + draws[0][1][r].shape)
-        for k, (_, wants) in enumerate(draws):
-          np.testing.assert_array_equal(got[k], wants[r], err_msg=f"{name}, rank {r}, launch {k}")
+        got = got.reshape((launches,) + draws[0][i][3][r].shape)
+        for k, d in enumerate(draws):
+          np.testing.assert_array_equal(got[k], d[i][3][r], err_msg=f"{name}, rank {r}, launch {k}")
   finally:
     ranks.close()
-
-
-def _case_inputs(name, size, seed):
-  """The inputs and expected outputs of case `name` of cases(size), drawn with `seed`."""
-  for case_name, params, xs, _ in cases(size):
-    if case_name != name:
-      continue
-    rng = np.random.default_rng(seed)
-    dtype = np.dtype(params["dtype"])
-    fresh = [(rng.standard_normal(x.shape) * 100).astype(dtype) for x in xs]
-    kind, op = params["kind"], params["op"]
-    if kind == GATHER:
-      wants = [np.stack(fresh, axis=1)] * size
-    elif kind == ALL_TO_ALL:
-      wants = [np.stack([x[:, r, :] for x in fresh], axis=1) for r in range(size)]
-    elif kind == SCATTER:
-      wants = [combine([x[:, r, :] for x in fresh], op, dtype) for r in range(size)]
-    else:
-      wants = [combine(fresh, op, dtype)] * size
-    return fresh, wants
-  raise KeyError(name)
 
 
 def check_collectives(ranks, size, mode):

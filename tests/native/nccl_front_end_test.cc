@@ -326,15 +326,21 @@ ncclComm_t Create(int nranks, int rank, ncclConfig_t* config, ncclResult_t* rc =
 
 float Value(int rank, size_t i) { return float(rank * 1000 + int(i % 997)) * 0.5f; }
 
-void CheckAllGather(ncclComm_t comm, int nranks, int rank, size_t count, const std::string& what) {
-  std::vector<float> send(count), recv(count * nranks, -1.f);
+// An all_gather of `count` floats per rank from `send` into `recv` (nranks * count).
+void CheckAllGatherIn(ncclComm_t comm, int nranks, int rank, float* send, float* recv, size_t count,
+                      const std::string& what) {
   for (size_t i = 0; i < count; ++i) send[i] = Value(rank, i);
-  Expect(ncclAllGather(send.data(), recv.data(), count, ncclFloat32, comm, nullptr) == ncclSuccess,
+  Expect(ncclAllGather(send, recv, count, ncclFloat32, comm, nullptr) == ncclSuccess,
          what + ": " + ncclGetLastError(comm));
   bool ok = true;
   for (int r = 0; r < nranks; ++r)
     for (size_t i = 0; i < count; ++i) ok = ok && recv[r * count + i] == Value(r, i);
   Expect(ok, what + ": wrong values");
+}
+
+void CheckAllGather(ncclComm_t comm, int nranks, int rank, size_t count, const std::string& what) {
+  std::vector<float> send(count), recv(count * nranks, -1.f);
+  CheckAllGatherIn(comm, nranks, rank, send.data(), recv.data(), count, what);
 }
 
 // Polls ncclCommGetAsyncError, as XLA does, until it reports an error or
@@ -508,13 +514,7 @@ void UncapturedAllGather(ncclComm_t comm, size_t count, bool device, const std::
   Expect(cudaMalloc(reinterpret_cast<void**>(&send), count * sizeof(float)) == cudaSuccess &&
              cudaMalloc(reinterpret_cast<void**>(&recv), P * count * sizeof(float)) == cudaSuccess,
          what + ": cudaMalloc");
-  for (size_t i = 0; i < count; ++i) send[i] = Value(me, i);
-  Expect(ncclAllGather(send, recv, count, ncclFloat32, comm, nullptr) == ncclSuccess,
-         what + ": " + ncclGetLastError(comm));
-  bool ok = true;
-  for (int r = 0; r < P; ++r)
-    for (size_t i = 0; i < count; ++i) ok = ok && recv[r * count + i] == Value(r, i);
-  Expect(ok, what + ": wrong values");
+  CheckAllGatherIn(comm, P, me, send, recv, count, what);
   const smddp::nccl::Comm* c = smddp::nccl::AsComm(comm);
   Expect(c && c->local->view.inputs.size() == size_t(P),
          what + ": read its peers' buffers in place");

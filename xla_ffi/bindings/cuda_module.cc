@@ -170,51 +170,49 @@ nb::object StreamRun(std::vector<int64_t> members, int rank, int kind, int dtype
   cudaError_t err = cudaSuccess;
   smddp::PhaseTotals totals;
   std::string host(out_bytes * launches, '\0');
-  if (graph_replays > 0) {
+  {
     nb::gil_scoped_release release;
     cudaStream_t stream;
     CheckCuda(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking), "cudaStreamCreate");
     smddp::cuda::CudaStreamOps ops(stream, settings);
-    cudaGraph_t graph = nullptr;
-    cudaGraphExec_t exec = nullptr;
-    err = cudaStreamBeginCapture(stream, cudaStreamCaptureModeThreadLocal);
-    if (err == cudaSuccess) {
-      status = smddp::RunStreamPlan(plan, me->view, ops, send, recv, /*replayable=*/true);
-      err = cudaStreamEndCapture(stream, &graph);
-    }
-    if (status.ok() && err == cudaSuccess) err = cudaGraphInstantiate(&exec, graph, 0);
-    for (size_t r = 0; r < launches && status.ok() && err == cudaSuccess; ++r) {
-      // A fresh input in the same buffer, and an output that shows what the launch did not write.
-      err = cudaMemcpyAsync(send, input.c_str() + r * in_bytes, in_bytes, cudaMemcpyHostToDevice,
-                            stream);
-      if (err == cudaSuccess) err = cudaMemsetAsync(recv, 0xA5, out_bytes, stream);
-      if (err == cudaSuccess) err = cudaGraphLaunch(exec, stream);
-      if (err == cudaSuccess)
-        err = cudaMemcpyAsync(host.data() + r * out_bytes, recv, out_bytes, cudaMemcpyDeviceToHost,
+    if (graph_replays > 0) {
+      // One replayable call captured, the graph launched on each input in turn.
+      cudaGraph_t graph = nullptr;
+      cudaGraphExec_t exec = nullptr;
+      err = cudaStreamBeginCapture(stream, cudaStreamCaptureModeThreadLocal);
+      if (err == cudaSuccess) {
+        status = smddp::RunStreamPlan(plan, me->view, ops, send, recv, /*replayable=*/true);
+        err = cudaStreamEndCapture(stream, &graph);
+      }
+      if (status.ok() && err == cudaSuccess) err = cudaGraphInstantiate(&exec, graph, 0);
+      for (size_t r = 0; r < launches && status.ok() && err == cudaSuccess; ++r) {
+        // A fresh input in the same buffer, and an output that shows what the launch did not write.
+        err = cudaMemcpyAsync(send, input.c_str() + r * in_bytes, in_bytes, cudaMemcpyHostToDevice,
                               stream);
-      if (err == cudaSuccess) err = cudaStreamSynchronize(stream);
+        if (err == cudaSuccess) err = cudaMemsetAsync(recv, 0xA5, out_bytes, stream);
+        if (err == cudaSuccess) err = cudaGraphLaunch(exec, stream);
+        if (err == cudaSuccess)
+          err = cudaMemcpyAsync(host.data() + r * out_bytes, recv, out_bytes,
+                                cudaMemcpyDeviceToHost, stream);
+        if (err == cudaSuccess) err = cudaStreamSynchronize(stream);
+      }
+      if (exec) cudaGraphExecDestroy(exec);
+      if (graph) cudaGraphDestroy(graph);
+    } else {
+      const int untimed = phases ? calls - 1 : calls;
+      for (int c = 0; c < untimed && status.ok(); ++c)
+        status = smddp::RunStreamPlan(plan, me->view, ops, send, recv);
+      if (phases && status.ok()) {
+        smddp::cuda::EventClock clock(stream);
+        smddp::PhaseTimedOps timed(ops, clock);
+        status = smddp::RunStreamPlan(plan, me->view, timed, send, recv);
+        if (status.ok()) status = timed.Totals(&totals);
+      }
+      err = cudaStreamSynchronize(stream);
+      if (status.ok() && err == cudaSuccess)
+        err = cudaMemcpy(host.data(), recv, out_bytes, cudaMemcpyDeviceToHost);
     }
-    if (exec) cudaGraphExecDestroy(exec);
-    if (graph) cudaGraphDestroy(graph);
     cudaStreamDestroy(stream);
-  } else {
-    nb::gil_scoped_release release;
-    cudaStream_t stream;
-    CheckCuda(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking), "cudaStreamCreate");
-    smddp::cuda::CudaStreamOps ops(stream, settings);
-    const int untimed = phases ? calls - 1 : calls;
-    for (int c = 0; c < untimed && status.ok(); ++c)
-      status = smddp::RunStreamPlan(plan, me->view, ops, send, recv);
-    if (phases && status.ok()) {
-      smddp::cuda::EventClock clock(stream);
-      smddp::PhaseTimedOps timed(ops, clock);
-      status = smddp::RunStreamPlan(plan, me->view, timed, send, recv);
-      if (status.ok()) status = timed.Totals(&totals);
-    }
-    err = cudaStreamSynchronize(stream);
-    cudaStreamDestroy(stream);
-    if (status.ok() && err == cudaSuccess)
-      err = cudaMemcpy(host.data(), recv, out_bytes, cudaMemcpyDeviceToHost);
   }
   cudaFree(send);
   cudaFree(recv);

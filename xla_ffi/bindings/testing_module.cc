@@ -201,11 +201,8 @@ std::vector<smddp::Status> RunStreamRanks(
   const int size = int(regions.size());
   // A group that has already run `first_step` steps: every step flag there
   // (first_step near 2^32 checks that the counters wrap); tokens start clear.
-  for (uint8_t* block : flags.empty() ? regions : flags) {
-    *reinterpret_cast<uint32_t*>(block + layout.posted_offset()) = first_step;
-    for (int q = 0; q < size; ++q)
-      *reinterpret_cast<uint32_t*>(block + layout.consumed_offset(q)) = first_step;
-  }
+  for (uint32_t* flag : smddp::AllFlags(layout, flags.empty() ? regions : flags))
+    *flag = first_step;
   if (vary && int(send.size()) != calls * size)
     throw std::invalid_argument("one input per call and rank");
   std::vector<smddp::Status> status(size);
