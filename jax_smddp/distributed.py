@@ -370,12 +370,15 @@ def traffic_by_op() -> dict:
 def call_phases() -> dict:
   """Where this process's calls across processes spent their time since it started, by
   collective: ``{op: {"calls": n, "local_s": .., "queue_s": .., "agree_s": .., "body_s": ..,
-  "wait_s": .., "sleep_s": .., "sleeps": ..}}`` (op ``all_gather``, ``reduce_scatter``,
-  ``all_reduce`` or ``all_to_all``; seconds and sleeps summed over the calls). A call's time from
+  "wait_s": .., "sleep_s": .., "sleeps": .., "inline_calls": ..}}`` (op ``all_gather``,
+  ``reduce_scatter``, ``all_reduce`` or ``all_to_all``; seconds, sleeps and inline calls summed
+  over the calls). A call's time from
   the first of this process's devices reaching it to its end is local + queue + agree + body:
 
   - ``local_s``: until the process's last device reached the call;
-  - ``queue_s``: until an engine worker thread started it (the hand-off from XLA's thread);
+  - ``queue_s``: until the thread that runs it started it (the hand-off from XLA's thread to an
+    engine worker; none for the ``inline_calls``, which ran on XLA's thread: calls smaller than
+    JAX_SMDDP_INLINE_BYTES whose peers were in the call within JAX_SMDDP_INLINE_WAIT_US);
   - ``agree_s``: the check that every process runs the same call, an exchange with every peer
     process, so a peer that reaches the call late shows here;
   - ``body_s``: the collective's own transfers, copies and reductions;
@@ -385,7 +388,8 @@ def call_phases() -> dict:
   Calls that completed are counted; calls of one process alone are not (they cross no process).
   Read it before and after a loop and divide the difference by the calls made in between (the
   benchmark's ``--phases`` does)."""
-  return {op: {k: (int(v) if k in ("calls", "sleeps") else v) for k, v in phases.items()}
+  return {op: {k: (int(v) if k in ("calls", "sleeps", "inline_calls") else v)
+               for k, v in phases.items()}
           for op, phases in _native.engine().call_phases()}
 
 

@@ -328,6 +328,27 @@ def test_call_phases_say_where_a_call_waits():
     else:
       assert late["agree_s"] > 0.2 and late["body_s"] < 0.15, r
       assert late["wait_s"] > 0.2, r  # the check waited on its link, it did not compute
+      # XLA's thread polled JAX_SMDDP_INLINE_WAIT_US (50 us) for the late peer, then left the
+      # call to an engine worker
+      assert late["inline_calls"] == 0, r
+
+
+@pytest.mark.timeout(300)
+@pytest.mark.parametrize("nprocs,devices", [(2, 1), (2, 2)])
+def test_small_calls_run_on_xlas_thread_once_the_peers_are_in_them(nprocs, devices):
+  """Calls whose output in a process is below JAX_SMDDP_INLINE_BYTES run on the last local
+  arrival's XLA thread when every peer announces the call within JAX_SMDDP_INLINE_WAIT_US
+  (a whole second here, so that every small call qualifies on a loaded machine); larger calls
+  on an engine worker. Both kinds, and an XLA psum after each small call in the same program,
+  right against numpy."""
+  procs = run_job(["inline"], nprocs, devices, timeout=240,
+                  env={"JAX_SMDDP_INLINE_WAIT_US": "1000000", "JAX_SMDDP_INLINE_BYTES": "256K"})
+  assert_all_ok(procs)
+  for p in procs:
+    r = p.result
+    assert r["output_bytes"] >= 256 << 10, r  # the large calls are at the threshold or above
+    assert r["small"] == {"calls": 20, "inline_calls": 20}, r
+    assert r["large"] == {"calls": 5, "inline_calls": 0}, r
 
 
 @pytest.mark.timeout(300)

@@ -325,6 +325,37 @@ def scenario_phases():
          ops=sorted(after))
 
 
+def scenario_inline():
+  """Small calls run on XLA's thread once every peer process is in them, larger ones on an
+  engine worker (distributed.call_phases()'s inline_calls), both right against numpy: 20
+  small all_gathers, each followed in the same program by an XLA psum over every device (XLA
+  continues the program after a call that ended on its own thread), then 5 all_gathers whose
+  output in this process reaches JAX_SMDDP_INLINE_BYTES."""
+  from jax_smddp import distributed
+  mesh = Mesh(np.array(jax.devices()), ("x",))
+  small = values((mesh.size * 8, 16), np.float32, 11)
+  big = values((mesh.size * 4096, 16), np.float32, 12)
+  f = smap(mesh, lambda v: (smddp.all_gather(v, "x", axis=0, tiled=True), jax.lax.psum(v, "x")),
+           P("x"), (P("x"), P("x")))
+  g = smap(mesh, lambda v: smddp.all_gather(v, "x", axis=0, tiled=True), P("x"), P("x"))
+  xs, xb = global_array(mesh, P("x"), small), global_array(mesh, P("x"), big)
+  want_g, want_s = _gather_reference(small, mesh, "x", "x"), _psum_reference(small, mesh, "x", "x")
+  jax.block_until_ready(g(xb))  # compiles both and initializes before counting
+  jax.block_until_ready(f(xs))
+  before = distributed.call_phases()["all_gather"]
+  for _ in range(20):
+    gathered, summed = f(xs)
+    check("small all_gather", gathered, want_g)
+    check("psum after it", summed, want_s)
+  middle = distributed.call_phases()["all_gather"]
+  for _ in range(5):
+    check("large all_gather", g(xb), _gather_reference(big, mesh, "x", "x"))
+  after = distributed.call_phases()["all_gather"]
+  delta = lambda a, b: {k: b[k] - a[k] for k in ("calls", "inline_calls")}  # noqa: E731
+  result(ok=True, small=delta(before, middle), large=delta(middle, after),
+         output_bytes=int(big.nbytes * jax.local_device_count()))
+
+
 def scenario_reinitialize():
   """initialize() is idempotent; after shutdown() and initialize() the same
   compiled programs run again over the new links."""

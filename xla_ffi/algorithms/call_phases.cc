@@ -19,6 +19,7 @@ CallPhases& CallPhases::operator+=(const CallPhases& o) {
   wait_s += o.wait_s;
   sleep_s += o.sleep_s;
   sleeps += o.sleeps;
+  inline_calls += o.inline_calls;
   return *this;
 }
 

@@ -15,13 +15,14 @@ namespace smddp {
 // the first of this process's devices arriving to its completion.
 struct CallPhases {
   double local_s = 0;  // the first local device's arrival to the last's
-  double queue_s = 0;  // the last arrival to an engine worker starting the call
+  double queue_s = 0;  // the last arrival to the thread that runs the call starting it
   double agree_s = 0;  // the agreement check: an exchange with every peer, so it
                        // also holds the wait for the last peer to reach the call
   double body_s = 0;   // the collective's own messages, copies and reductions
   double wait_s = 0;   // of agree and body: waiting for links to finish transfers
   double sleep_s = 0;  // of wait: asleep (the link's activity, or a timed sleep)
   uint64_t sleeps = 0;
+  uint64_t inline_calls = 0;  // 1: run on the last arrival's XLA thread, no hand-off
 
   CallPhases& operator+=(const CallPhases& o);
 };

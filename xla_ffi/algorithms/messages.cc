@@ -214,6 +214,22 @@ Status Messages::Wait(size_t id) {
   return Status::Ok();
 }
 
+bool Messages::PollAll(Clock::time_point until) {
+  static const unsigned yield_after = unsigned(IntSetting("JAX_SMDDP_SPIN"));
+  const auto from = Clock::now();
+  bool done = false;
+  for (unsigned spins = 0;; ++spins) {
+    done = std::all_of(entries_.begin(), entries_.end(),
+                       [](const Entry& e) { return e.settled || e.req.done(); });
+    if (done || ((spins & 15) == 0 && Clock::now() >= until)) break;
+    ProgressAll();
+    if (spins > yield_after) sched_yield();
+  }
+  if (call_.phases)
+    call_.phases->wait_s += std::chrono::duration<double>(Clock::now() - from).count();
+  return done;
+}
+
 Status Messages::WaitRange(const Range& r) {
   for (size_t i = 0; i < r.count; ++i) SMDDP_RETURN_IF_ERROR(Wait(r.first + i));
   return Status::Ok();

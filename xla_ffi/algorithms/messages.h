@@ -51,6 +51,9 @@ class Messages {
   Status Wait(size_t id);
   Status WaitRange(const Range& r);
   Status WaitAll();
+  // Progresses the links, never sleeping, until every posted transfer is
+  // done (true; failures included, for WaitAll to report) or `until` passed.
+  bool PollAll(Clock::time_point until);
 
  private:
   struct Entry {

@@ -72,14 +72,27 @@ std::string Describe(const Header& h) {
   return os.str();
 }
 
-Status CheckCallsAgree(const ProcessCall& c, const Plan& plan) {
-  Messages m(c);
-  const Header mine = MakeHeader(c, plan);
-  std::vector<Header> theirs(c.peers.size());
-  for (size_t i = 0; i < c.peers.size(); ++i)
-    m.Recv(c.peers[i], Msg(kHeader), &theirs[i], sizeof(Header));
-  for (int p : c.peers) m.Send(p, Msg(kHeader), &mine, sizeof(Header));
-  SMDDP_RETURN_IF_ERROR(m.WaitAll());
+}  // namespace
+
+// The agreement check's messages: this process's header, posted to every
+// peer, and the receives of theirs (declared last: destroyed first, it
+// withdraws what is still in flight before the headers go).
+struct ProcessRun::Agreement {
+  Agreement(const ProcessCall& c, const Plan& plan)
+      : mine(MakeHeader(c, plan)), theirs(c.peers.size()), m(c) {
+    for (size_t i = 0; i < c.peers.size(); ++i)
+      m.Recv(c.peers[i], Msg(kHeader), &theirs[i], sizeof(Header));
+    for (int p : c.peers) m.Send(p, Msg(kHeader), &mine, sizeof(Header));
+  }
+  const Header mine;
+  std::vector<Header> theirs;
+  Messages m;
+};
+
+namespace {
+
+Status CheckCallsAgree(const ProcessCall& c, const Header& mine,
+                       const std::vector<Header>& theirs) {
   for (size_t i = 0; i < c.peers.size(); ++i) {
     if (std::memcmp(&theirs[i], &mine, sizeof(Header)) != 0) {
       return c.Concerning(
@@ -459,14 +472,25 @@ Status RunBody(const Plan& plan, ProcessCall& call) {
 
 }  // namespace
 
-Status RunProcessPlan(const Plan& plan, ProcessCall& call) {
-  const auto t0 = Clock::now();
-  SMDDP_RETURN_IF_ERROR(CheckCallsAgree(call, plan));
-  const auto t1 = Clock::now();
-  const Status st = RunBody(plan, call);
-  if (call.phases) {
-    call.phases->agree_s = std::chrono::duration<double>(t1 - t0).count();
-    call.phases->body_s = std::chrono::duration<double>(Clock::now() - t1).count();
+ProcessRun::ProcessRun(const Plan& plan, ProcessCall& call)
+    : plan_(plan),
+      call_(call),
+      start_(Clock::now()),
+      agreement_(std::make_unique<Agreement>(call, plan)) {}
+
+ProcessRun::~ProcessRun() = default;
+
+bool ProcessRun::PeersArrived(Clock::time_point until) { return agreement_->m.PollAll(until); }
+
+Status ProcessRun::Finish() {
+  Status st = agreement_->m.WaitAll();
+  if (st.ok()) st = CheckCallsAgree(call_, agreement_->mine, agreement_->theirs);
+  agreement_.reset();
+  const auto agreed = Clock::now();
+  if (st.ok()) st = RunBody(plan_, call_);
+  if (call_.phases) {
+    call_.phases->agree_s = std::chrono::duration<double>(agreed - start_).count();
+    call_.phases->body_s = std::chrono::duration<double>(Clock::now() - agreed).count();
   }
   return st;
 }

@@ -14,15 +14,46 @@
 #ifndef JAX_SMDDP_ALGORITHMS_PROCESS_ALGORITHMS_H_
 #define JAX_SMDDP_ALGORITHMS_PROCESS_ALGORITHMS_H_
 
+#include <memory>
+
 #include "xla_ffi/algorithms/plan.h"
 #include "xla_ffi/algorithms/process_call.h"
 
 namespace smddp {
 
-// Runs `plan` for every rank of this process. Checks first that every
-// process runs the same call (op, dtype, sizes): a mismatch fails every
-// process with an error naming both calls.
-Status RunProcessPlan(const Plan& plan, ProcessCall& call);
+// Runs `plan` for every rank of this process, in two parts so that the caller
+// may choose the thread of the second. Constructing it posts the agreement
+// check: this process's view of the call (op, dtype, sizes, routes) to every
+// peer process, and the receives of theirs. Once every peer's view is in,
+// every process of the group is in this call, and what remains of it waits
+// only on them.
+class ProcessRun {
+ public:
+  // `plan` and `call` must outlive the run.
+  ProcessRun(const Plan& plan, ProcessCall& call);
+  ~ProcessRun();
+
+  // Whether every peer's view of the call has arrived, polling the links
+  // (never sleeping) until `until` at the latest.
+  bool PeersArrived(Clock::time_point until);
+
+  // Waits for the peers' views (with the call's deadline, peers watched),
+  // checks that every process runs the same call (a mismatch fails every
+  // process with an error naming both calls), then runs it. Called once.
+  Status Finish();
+
+ private:
+  struct Agreement;
+  const Plan& plan_;
+  ProcessCall& call_;
+  Clock::time_point start_;
+  std::unique_ptr<Agreement> agreement_;
+};
+
+// The whole run on the calling thread.
+inline Status RunProcessPlan(const Plan& plan, ProcessCall& call) {
+  return ProcessRun(plan, call).Finish();
+}
 
 }  // namespace smddp
 

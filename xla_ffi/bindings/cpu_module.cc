@@ -224,7 +224,8 @@ void BindWorld(nb::module_& m) {
                                                      {"body_s", t.sum.body_s},
                                                      {"wait_s", t.sum.wait_s},
                                                      {"sleep_s", t.sum.sleep_s},
-                                                     {"sleeps", double(t.sum.sleeps)}});
+                                                     {"sleeps", double(t.sum.sleeps)},
+                                                     {"inline_calls", double(t.sum.inline_calls)}});
     }
     return out;
   });

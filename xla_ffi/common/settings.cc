@@ -40,6 +40,16 @@ const std::vector<SettingSpec> kSettings = {
      "engine workers that run collective bodies beside the last arrival"},
     {"JAX_SMDDP_CPU_HELPER_MIN_BYTES", kBytes, "256K", 0, kNoMax, "", "runtime", false,
      "calls moving fewer bytes (all ranks) run on the last arrival alone"},
+    {"JAX_SMDDP_INLINE_BYTES", kBytes, "1M", 0, kNoMax, "", "runtime", false,
+     "calls across processes whose outputs in a process (all its devices) are smaller than "
+     "this run on the XLA thread of the process's last device to arrive, with no hand-off to an "
+     "engine worker, once every peer process has announced the same call; larger calls, and "
+     "calls whose peers are later than JAX_SMDDP_INLINE_WAIT_US, run on an engine worker; 0 "
+     "turns that off"},
+    {"JAX_SMDDP_INLINE_WAIT_US", kInt, "50", 0, 1e6, "", "runtime", false,
+     "how long, in microseconds, a small call across processes (JAX_SMDDP_INLINE_BYTES) polls "
+     "on XLA's thread for its peers to announce it before it leaves the call to an engine "
+     "worker"},
     {"JAX_SMDDP_HOST_ID", kText, "hostname + network namespace", 0, 0, "", "runtime", false,
      "processes with equal ids share memory (one host)"},
     {"JAX_SMDDP_FABRIC_PROVIDER", kText, "efa if present, else tcp;ofi_rxm", 0, 0, "", "runtime",

@@ -22,34 +22,56 @@ struct ProcessRendezvous::Slot : RendezvousSlot {  // entries: per local rank
   Clock::time_point start, deadline;
   Clock::time_point ready;  // the last local device arrived
   Timer timer;
+  // The cross-process part, once every local device has arrived (Begin).
+  CallPhases phases;
+  ProcessCall call;
+  std::shared_ptr<const World> world;  // whose links the call uses
+  std::unique_ptr<ProcessRun> run;
+  Status begun;  // why the call could not start, if it could not
 };
 
 namespace {
 
-// Completes every arrived local rank with the slot's status: each on an
-// engine worker but the last, which runs on the calling thread (XLA then
-// continues that device's program here). Called with the slot's lock held;
-// returns the inline completion.
-Task CompleteArrived(ProcessRendezvous::Slot& slot) {
+// Completes every arrived local rank with the slot's status, each on an
+// engine worker but one, whose completion is returned for the caller to run
+// once it has released the lock: local rank `mine` (the caller's own device,
+// on its XLA thread, whose future is not awaited yet), or with mine = -1 the
+// last (on an engine worker: XLA then continues that device's program
+// there). Called with the slot's lock held.
+Task CompleteArrived(ProcessRendezvous::Slot& slot, int mine = -1) {
   slot.over = true;
   Task inline_done;
-  for (auto& e : slot.entries) {
+  for (int li = 0; li < int(slot.entries.size()); ++li) {
+    auto& e = slot.entries[li];
     if (!e.present || !e.done) continue;
     Task t = [done = std::move(e.done), status = slot.status] { done(status); };
     e.done = nullptr;
+    if (mine >= 0 && li != mine) {
+      Post(std::move(t));
+      continue;
+    }
     if (inline_done) Post(std::move(inline_done));
     inline_done = std::move(t);
   }
   return inline_done;
 }
 
-}  // namespace
-
-namespace {
-
 // JAX_SMDDP_HIERARCHICAL=0 sends every byte directly between processes
 // (flat), even across hosts; for comparisons and tests.
 bool HierarchyAllowed() { return TextSetting("JAX_SMDDP_HIERARCHICAL") != "0"; }
+
+// Calls whose outputs in this process are smaller than this run on the
+// thread of the last local device to arrive once the peers are in the call
+// too (JAX_SMDDP_INLINE_BYTES), polling for them that long at most.
+uint64_t InlineBytes() {
+  static const uint64_t bytes = uint64_t(IntSetting("JAX_SMDDP_INLINE_BYTES"));
+  return bytes;
+}
+Clock::duration InlineWait() {
+  static const Clock::duration wait =
+      std::chrono::microseconds(IntSetting("JAX_SMDDP_INLINE_WAIT_US"));
+  return wait;
+}
 
 }  // namespace
 
@@ -183,8 +205,9 @@ void ProcessRendezvous::Start(const GroupInfo& group, int size, const CallKey& k
       slot->status.SetPeers({local_[0], local_[li]}, {process_});
     }
   }
+  const int mine = local_index_[rank];
   if (!slot->status.ok()) {
-    Task t = CompleteArrived(*slot);
+    Task t = CompleteArrived(*slot, mine);
     lock.unlock();
     Forget(key, slot.get());
     if (t) t();
@@ -192,62 +215,90 @@ void ProcessRendezvous::Start(const GroupInfo& group, int size, const CallKey& k
   }
   slot->plan = plan;
   lock.unlock();
-  // The cross-process part waits on peers: an engine worker runs it.
-  Post([this, slot] { Run(slot); });
+  if (InlineBytes() == 0 || info.recv_bytes * local_.size() >= InlineBytes()) {
+    // The cross-process part waits on peers: an engine worker runs it.
+    Post([this, slot] {
+      Begin(*slot);
+      Finish(slot, -1);
+    });
+    return;
+  }
+  // A small call: the hand-off to a worker (a thread to wake, on this
+  // process and on its peers) would cost as much as the call. Once every
+  // peer has announced it, every process of the group is in this call and
+  // what remains of it waits only on them, so this XLA thread may run it
+  // without blocking on any other collective; a peer not there yet leaves
+  // the call to a worker.
+  Begin(*slot);
+  if (slot->begun.ok() && !slot->run->PeersArrived(Clock::now() + InlineWait())) {
+    Post([this, slot] { Finish(slot, -1); });
+    return;
+  }
+  slot->phases.inline_calls = 1;
+  Finish(slot, mine);
 }
 
-void ProcessRendezvous::Run(const std::shared_ptr<Slot>& slot) {
-  CallPhases phases;
-  phases.local_s = std::chrono::duration<double>(slot->ready - slot->start).count();
-  phases.queue_s = std::chrono::duration<double>(Clock::now() - slot->ready).count();
+void ProcessRendezvous::Begin(Slot& slot) {
+  CallPhases& phases = slot.phases;
+  phases.local_s = std::chrono::duration<double>(slot.ready - slot.start).count();
+  phases.queue_s = std::chrono::duration<double>(Clock::now() - slot.ready).count();
   std::shared_ptr<const World> world = CurrentWorld();
-  const CallKey& key = slot->key;
-  const CallInfo& info = slot->entries[0].info;
-  Status st;
+  const CallKey& key = slot.key;
+  const CallInfo& info = slot.entries[0].info;
+  Status& st = slot.begun;
   if (!world) {
     st = Status::InvalidArgument(
-        CallWhere(slot->group, key, info.op) +
+        CallWhere(slot.group, key, info.op) +
         ": this communicator spans processes but jax_smddp is not initialized here: "
         "call jax.distributed.initialize() and then jax_smddp.initialize() in every "
         "process before running collectives.");
   } else if (world->process() != process_) {
     st = Status::InvalidArgument(
-        CallWhere(slot->group, key, info.op) +
+        CallWhere(slot.group, key, info.op) +
         ": the world changed since this program was compiled (jax_smddp.shutdown() "
         "and initialize() with another process index); recompile it.");
   } else {
-    ProcessCall call;
+    slot.world = world;
+    ProcessCall& call = slot.call;
     call.world = world.get();
     call.size = int(process_of_rank_.size());
     call.members = &members_;
     call.process_of_rank = &process_of_rank_;
     call.local = local_;
-    for (auto& e : slot->entries) {
+    for (auto& e : slot.entries) {
       call.send.push_back(e.send);
       call.recv.push_back(e.recv);
     }
     call.peers = peers_;
     call.peer_ranks = peer_ranks_;
-    call.routes = slot->plan.routing == Plan::Routing::kFlat ? &flat_routes_ : &routes_;
-    call.chunk_bytes = slot->plan.chunk_bytes;
+    call.routes = slot.plan.routing == Plan::Routing::kFlat ? &flat_routes_ : &routes_;
+    call.chunk_bytes = slot.plan.chunk_bytes;
     // Not the run id: it differs between different programs, and processes
     // that run different programs must meet to report it.
     call.tag = MixTag(MixTag(MixTag(group_hash_, key.site), key.sequence), 0x736d646470ull);
-    call.start = slot->start;
-    call.deadline = slot->deadline;
-    call.where = CallWhere(slot->group, key, info.op);
+    call.start = slot.start;
+    call.deadline = slot.deadline;
+    call.where = CallWhere(slot.group, key, info.op);
     call.info = info;
     call.phases = &phases;
-    st = RunProcessPlan(slot->plan, call);
-    if (st.ok()) TallyCallPhases(slot->plan.kind, phases);
+    slot.run = std::make_unique<ProcessRun>(slot.plan, call);
+  }
+}
+
+void ProcessRendezvous::Finish(const std::shared_ptr<Slot>& slot, int mine) {
+  Status st = slot->begun;
+  if (st.ok()) {
+    st = slot->run->Finish();
+    slot->run.reset();
+    if (st.ok()) TallyCallPhases(slot->plan.kind, slot->phases);
   }
   Task inline_done;
   {
     std::lock_guard<std::mutex> lock(slot->mu);
     slot->status = st;
-    inline_done = CompleteArrived(*slot);
+    inline_done = CompleteArrived(*slot, mine);
   }
-  Forget(key, slot.get());
+  Forget(slot->key, slot.get());
   if (inline_done) inline_done();
 }
 

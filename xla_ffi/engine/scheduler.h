@@ -1,8 +1,10 @@
 // The engine's own threads: a pool that runs collective bodies beside the
 // rank that started them and completes ranks' calls, and a timer for
-// deadlines. Collectives never block an XLA thread while waiting for peers:
-// XLA may run several independent collectives of one device at once, and
-// blocked handlers would exhaust its thread pool (a deadlock).
+// deadlines. Collectives never block an XLA thread while waiting for peers
+// that are not in the call yet: XLA may run several independent collectives
+// of one device at once, and blocked handlers would exhaust its thread pool
+// (a deadlock). (A small call across processes whose peers have all
+// announced it runs on XLA's thread: process_rendezvous.h.)
 //
 // Completing a rank's call makes XLA continue that device's program on the
 // completing thread, and that program may block (in XLA's own collectives,

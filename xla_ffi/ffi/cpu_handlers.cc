@@ -127,8 +127,10 @@ ffi::Future Failed(const char* op, const Status& st) {
 // Starts the call on this device's communicator (looked up by partition id
 // in the instruction's state) and returns at once: the future completes when
 // the collective is over for this device. Handlers never block an XLA thread
-// waiting for peers (XLA may run independent collectives of one device at the
-// same time; blocked handlers would exhaust its threads).
+// waiting for peers that are not in the call (XLA may run independent
+// collectives of one device at the same time; blocked handlers would exhaust
+// its threads); a small call whose peers are all in it may end before this
+// returns.
 ffi::Future StartCall(const Common& c, int64_t run_id, uint32_t partition_id, ffi::AnyBuffer x,
                       ffi::Result<ffi::AnyBuffer>& out, Plan plan) {
   if (!ToDType(x.element_type(), &plan.dtype))

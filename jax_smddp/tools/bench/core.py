@@ -497,6 +497,7 @@ def phase_means(before: dict, after: dict) -> dict | None:
   for k in PHASES:
     out[f"{k}_us"] = (after[f"{k}_s"] - before.get(f"{k}_s", 0)) / calls * 1e6
   out["sleeps"] = (after["sleeps"] - before.get("sleeps", 0)) / calls
+  out["inline"] = (after.get("inline_calls", 0) - before.get("inline_calls", 0)) / calls
   return out
 
 

@@ -75,9 +75,9 @@ def phases_table(op: str, results: list[dict]) -> str:
   "outside" is the rest: XLA's dispatch of the program and the hand-backs around the call."""
   lines = [f"# {op}: where a jax_smddp call's time went, us per call (process 0; local + queue + "
            "agree + body = the call; wait: of agree and body, waiting for links; sleep: of wait, "
-           "asleep)",
+           "asleep; inline: the share of calls run on XLA's thread, no hand-off)",
            "    size   mean us     local     queue     agree      body      wait     sleep  sleeps"
-           "   outside"]
+           "   outside  inline"]
   for r in results:
     ph = r.get("smddp_phases")
     if r["op"] != op or not ph:
@@ -86,8 +86,8 @@ def phases_table(op: str, results: list[dict]) -> str:
     mean = r["smddp"]["mean_us"]
     cells = [format_size(r["bytes_per_rank"]), f"{mean:.1f}"]
     cells += [f"{ph[f'{k}_us']:.1f}" for k in PHASES]
-    cells += [f"{ph['sleeps']:.1f}", f"{mean - inside:.1f}"]
-    widths = (8, 9, 9, 9, 9, 9, 9, 9, 7, 9)
+    cells += [f"{ph['sleeps']:.1f}", f"{mean - inside:.1f}", f"{ph.get('inline', 0):.2f}"]
+    widths = (8, 9, 9, 9, 9, 9, 9, 9, 7, 9, 6)
     lines.append("  ".join(f"{c:>{w}}" for c, w in zip(cells, widths)))
   return "\n".join(lines)
 
