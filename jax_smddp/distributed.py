@@ -97,6 +97,28 @@ def _host_id() -> str:
   return f"{socket.gethostname()}/{netns}"
 
 
+def _machine_id() -> str:
+  """This kernel's boot id: equal in every process of one machine, whatever its network
+  namespace or JAX_SMDDP_HOST_ID ("" where it cannot be read)."""
+  try:
+    with open("/proc/sys/kernel/random/boot_id") as f:
+      return f.read().strip()
+  except OSError:
+    return ""
+
+
+def oversubscribed(procs: list, me: int) -> bool:
+  """Whether the job's processes on this machine (the announcements in `procs` with process
+  `me`'s machine id) outnumber the cores this process may use: then a call that polls its
+  links while it waits takes the core its peers need, and waits poll less (the defaults of
+  JAX_SMDDP_SPIN and JAX_SMDDP_YIELD)."""
+  machine = procs[me].get("machine")
+  if not machine:
+    return False
+  sharing = sum(1 for info in procs if info.get("machine") == machine)
+  return sharing > len(os.sched_getaffinity(0))
+
+
 def _coordinator_host() -> str | None:
   from jax._src import distributed as jax_distributed
   address = jax_distributed.global_state.coordinator_address
@@ -213,7 +235,7 @@ def initialize() -> None:
       client.key_value_set(f"{prefix}/{key}", value)
 
     host = _host_id()
-    announced = {"host": host, "pid": os.getpid(), "build": build_id()}
+    announced = {"host": host, "pid": os.getpid(), "build": build_id(), "machine": _machine_id()}
     put(f"proc/{me}", json.dumps(announced))
     procs = [json.loads(get(f"proc/{q}")) if q != me else announced for q in range(n)]
     if any(info.get("build") != announced["build"] for info in procs):
@@ -232,6 +254,8 @@ def initialize() -> None:
       put("settings", json.dumps(config.agreed_values()))
     config.adopt(json.loads(get("settings")) if me != 0 else config.agreed_values(),
                  "process 0")
+    crowded = oversubscribed(procs, me)
+    engine.set_oversubscribed(crowded)
     engine.world_begin(me, n)
     try:
       for q, info in enumerate(procs):
@@ -284,7 +308,8 @@ def initialize() -> None:
     _hosts = [info["host"] for info in procs]
     _summary = {"process": me, "processes": n, "host": host,
                 "shared_memory_peers": same, "network_peers": remote,
-                "fabric_provider": provider or None}
+                "fabric_provider": provider or None, "oversubscribed": crowded,
+                "wait_polls": dict(zip(("spin", "yield"), engine.wait_polls()))}
     log.info("jax_smddp initialized: %s", _summary)
     if not _atexit_registered:
       atexit.register(shutdown)
@@ -312,7 +337,10 @@ def host_of_process() -> list[str] | None:
 
 def topology() -> dict | None:
   """What initialize() found: this process, its shared-memory and network
-  peers, the libfabric provider (None before initialize())."""
+  peers, the libfabric provider, whether the job's processes on this machine outnumber its
+  cores (``oversubscribed``) and the polls a waiting call makes before it yields and before it
+  sleeps (``wait_polls``: JAX_SMDDP_SPIN and JAX_SMDDP_YIELD, or their defaults for this
+  machine). None before initialize()."""
   return dict(_summary) if _summary else None
 
 

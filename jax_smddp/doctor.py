@@ -236,6 +236,12 @@ def _job(rows: list[Row]) -> None:
   links = [f"{q}: shared memory" for q in topo["shared_memory_peers"]]
   links += [f"{q}: libfabric {topo['fabric_provider']}" for q in topo["network_peers"]]
   rows.append(Row("  links", INFO, f"process {me} -> " + (", ".join(links) or "none")))
+  polls = topo["wait_polls"]
+  rows.append(Row("  waiting", INFO,
+                  ("oversubscribed: more of the job's processes on this machine than cores, "
+                   if topo["oversubscribed"] else "") +
+                  f"a waiting call polls {polls['spin']} times, yields until {polls['yield']}, "
+                  "then sleeps (JAX_SMDDP_SPIN, JAX_SMDDP_YIELD)"))
 
 
 def report(job: bool = False) -> Report:

@@ -41,6 +41,11 @@ def test_collectives_across_processes(nprocs, devices):
   assert_all_ok(procs)
   topo = procs[0].result["topology"]
   assert topo["shared_memory_peers"] == list(range(1, nprocs)) and topo["network_peers"] == []
+  # This test's processes share this machine (and its kernel's boot id) with this process.
+  crowded = nprocs > len(os.sched_getaffinity(0))
+  assert topo["oversubscribed"] == crowded, topo
+  assert topo["wait_polls"] == ({"spin": 16, "yield": 32} if crowded else
+                                {"spin": 256, "yield": 4096}), topo
   assert shm_names() - before == set(), "shared-memory segments left in /dev/shm after exit"
 
 
@@ -405,6 +410,29 @@ def test_four_hosts_over_libfabric_tcp():
     topo = p.result["topology"]
     assert topo["fabric_provider"] == "tcp;ofi_rxm"
     assert not topo["shared_memory_peers"] and len(topo["network_peers"]) == 3, topo
+    # Four hosts by their ids, one machine by its kernel's boot id: their cores are this one's.
+    assert topo["oversubscribed"] == (4 > len(os.sched_getaffinity(0))), topo
+
+
+def test_oversubscribed_counts_this_machines_processes_against_its_cores():
+  from jax_smddp import distributed
+  cores = len(os.sched_getaffinity(0))
+  procs = [{"machine": "a"}] * cores + [{"machine": "b"}] * (cores + 1) + [{"machine": ""}] * 9
+  assert not distributed.oversubscribed(procs, 0)  # one process per core on machine a
+  assert distributed.oversubscribed(procs, cores)  # one too many on machine b
+  assert not distributed.oversubscribed(procs, len(procs) - 1)  # no machine id: never
+  assert distributed.oversubscribed(procs + [{"machine": "a"}], 0)
+
+
+@pytest.mark.timeout(300)
+def test_wait_polls_given_in_the_environment_hold_either_way():
+  procs = run_job(["collectives"], 3, 1, timeout=240, env={"JAX_SMDDP_YIELD": "77"})
+  assert_all_ok(procs)
+  crowded = 3 > len(os.sched_getaffinity(0))
+  for p in procs:
+    topo = p.result["topology"]
+    assert topo["oversubscribed"] == crowded, topo
+    assert topo["wait_polls"] == {"spin": 16 if crowded else 256, "yield": 77}, topo
 
 
 @pytest.mark.timeout(400)

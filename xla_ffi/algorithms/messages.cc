@@ -1,4 +1,6 @@
 #include "xla_ffi/algorithms/messages.h"
+
+#include "xla_ffi/algorithms/wait_polls.h"
 #include "xla_ffi/common/settings.h"
 
 #include <sched.h>
@@ -157,9 +159,9 @@ Status Messages::Wait(size_t id) {
   Entry& e = entries_[id];
   // Spin briefly (shared-memory latency is microseconds), then yield the
   // core, then sleep until the link signals activity (or sleep_us passed):
-  // many calls may wait at once on few cores.
-  static const unsigned yield_after = unsigned(IntSetting("JAX_SMDDP_SPIN"));
-  static const unsigned sleep_after = unsigned(IntSetting("JAX_SMDDP_YIELD"));
+  // many calls may wait at once on few cores (wait_polls.h).
+  const WaitPolls polls = CurrentWaitPolls();
+  const unsigned yield_after = polls.yield_after, sleep_after = polls.sleep_after;
   static const unsigned sleep_us = unsigned(IntSetting("JAX_SMDDP_SLEEP_US"));
   CallPhases* phases = call_.phases;
   const auto waited_from = phases && !e.req.done() ? Clock::now() : Clock::time_point();
@@ -215,7 +217,7 @@ Status Messages::Wait(size_t id) {
 }
 
 bool Messages::PollAll(Clock::time_point until) {
-  static const unsigned yield_after = unsigned(IntSetting("JAX_SMDDP_SPIN"));
+  const unsigned yield_after = CurrentWaitPolls().yield_after;
   const auto from = Clock::now();
   bool done = false;
   for (unsigned spins = 0;; ++spins) {

@@ -17,6 +17,7 @@
 #include "nanobind/stl/tuple.h"
 #include "nanobind/stl/vector.h"
 #include "xla_ffi/algorithms/call_phases.h"
+#include "xla_ffi/algorithms/wait_polls.h"
 #include "xla_ffi/bindings/enums.h"
 #include "xla_ffi/bindings/failures.h"
 #include "xla_ffi/bindings/registrations.h"
@@ -141,6 +142,11 @@ void BindBuildInfo(nb::module_& m) {
 void BindWorld(nb::module_& m) {
   // The address of this module's world accessor, for the CUDA module (world.h).
   m.def("world_source", [] { return reinterpret_cast<uintptr_t>(&smddp::CopyCurrentWorld); });
+  m.def("set_oversubscribed", [](bool value) { smddp::SetOversubscribed(value); });
+  m.def("wait_polls", [] {
+    const smddp::WaitPolls p = smddp::CurrentWaitPolls();
+    return std::make_pair(p.yield_after, p.sleep_after);
+  });
   m.def("world_begin",
         [](int process, int processes) { Check(smddp::WorldBegin(process, processes)); });
   m.def("world_set_peer", [](int process, int pid, const std::string& host) {

@@ -103,11 +103,15 @@ const std::vector<SettingSpec> kSettings = {
      "0: direct routes between all processes, even across hosts"},
     {"JAX_SMDDP_CALIBRATION", kText, "~/.cache/jax_smddp/calibration.json", 0, 0, "", "runtime",
      false, "the cost model's calibration of this machine (the tuner uses process 0's)"},
-    {"JAX_SMDDP_SPIN", kInt, "256", 0, 1e9, "", "runtime", false,
-     "polls of a link before a waiting engine thread yields"},
-    {"JAX_SMDDP_YIELD", kInt, "4096", 0, 1e9, "", "runtime", false,
-     "polls of a link before a waiting engine thread sleeps (a shared-memory link wakes it as "
-     "soon as its peer writes)"},
+    {"JAX_SMDDP_SPIN", kInt, "256; 16 where oversubscribed", 0, 1e9, "", "runtime", false,
+     "polls of a link before a thread waiting in a call across processes yields its core. "
+     "Oversubscribed: the job has more processes on this machine (one kernel: equal "
+     "/proc/sys/kernel/random/boot_id, network namespaces included) than this process may use "
+     "cores, as jax_smddp.initialize() finds"},
+    {"JAX_SMDDP_YIELD", kInt, "4096; 32 where oversubscribed", 0, 1e9, "", "runtime", false,
+     "polls of a link before a thread waiting in a call across processes sleeps (woken by the "
+     "link's activity: a shared-memory link as soon as its peer writes, a libfabric link with "
+     "a wait descriptor when data arrives); oversubscribed as for JAX_SMDDP_SPIN"},
     {"JAX_SMDDP_SLEEP_US", kInt, "50", 0, 1e6, "", "runtime", false,
      "longest a sleeping engine thread waits before it polls again (it wakes earlier when a "
      "shared-memory link signals that its peer wrote)"},

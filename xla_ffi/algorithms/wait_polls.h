@@ -1,0 +1,27 @@
+// How long a call across processes polls its links before it yields the core
+// and before it sleeps (JAX_SMDDP_SPIN, JAX_SMDDP_YIELD). Polling answers a
+// peer within microseconds while there are cores to spare; where the job's
+// processes on this machine outnumber its cores, a poller takes the core the
+// peer it waits for (or another library's threads) needs, so there it sleeps
+// soon. jax_smddp.initialize() says which (SetOversubscribed); a setting
+// given in the environment is used either way.
+#ifndef JAX_SMDDP_ALGORITHMS_WAIT_POLLS_H_
+#define JAX_SMDDP_ALGORITHMS_WAIT_POLLS_H_
+
+namespace smddp {
+
+struct WaitPolls {
+  unsigned yield_after;  // polls before the waiter yields its core
+  unsigned sleep_after;  // polls before it sleeps on the link's activity
+};
+
+// The polls in effect now.
+WaitPolls CurrentWaitPolls();
+
+// Whether the job's processes on this machine outnumber the cores this
+// process may use.
+void SetOversubscribed(bool oversubscribed);
+
+}  // namespace smddp
+
+#endif  // JAX_SMDDP_ALGORITHMS_WAIT_POLLS_H_
