@@ -28,6 +28,13 @@ def shm_names() -> set:
   return set(glob.glob("/dev/shm/jax_smddp-*"))
 
 
+def oversubscribed_here(nprocs: int) -> bool:
+  """What initialize() finds for `nprocs` processes started on this machine: more of them than
+  this process's cores, where the kernel's boot id (the machine's id) can be read."""
+  return os.access("/proc/sys/kernel/random/boot_id", os.R_OK) and nprocs > len(
+      os.sched_getaffinity(0))
+
+
 def assert_all_ok(procs):
   assert all(p.result and p.result.get("ok") for p in procs), launch.describe(procs)
   assert all(p.returncode == 0 for p in procs), launch.describe(procs)
@@ -42,7 +49,7 @@ def test_collectives_across_processes(nprocs, devices):
   topo = procs[0].result["topology"]
   assert topo["shared_memory_peers"] == list(range(1, nprocs)) and topo["network_peers"] == []
   # This test's processes share this machine (and its kernel's boot id) with this process.
-  crowded = nprocs > len(os.sched_getaffinity(0))
+  crowded = oversubscribed_here(nprocs)
   assert topo["oversubscribed"] == crowded, topo
   assert topo["wait_polls"] == ({"spin": 16, "yield": 32} if crowded else
                                 {"spin": 256, "yield": 4096}), topo
@@ -411,7 +418,7 @@ def test_four_hosts_over_libfabric_tcp():
     assert topo["fabric_provider"] == "tcp;ofi_rxm"
     assert not topo["shared_memory_peers"] and len(topo["network_peers"]) == 3, topo
     # Four hosts by their ids, one machine by its kernel's boot id: their cores are this one's.
-    assert topo["oversubscribed"] == (4 > len(os.sched_getaffinity(0))), topo
+    assert topo["oversubscribed"] == oversubscribed_here(4), topo
 
 
 def test_oversubscribed_counts_this_machines_processes_against_its_cores():
@@ -428,7 +435,7 @@ def test_oversubscribed_counts_this_machines_processes_against_its_cores():
 def test_wait_polls_given_in_the_environment_hold_either_way():
   procs = run_job(["collectives"], 3, 1, timeout=240, env={"JAX_SMDDP_YIELD": "77"})
   assert_all_ok(procs)
-  crowded = 3 > len(os.sched_getaffinity(0))
+  crowded = oversubscribed_here(3)
   for p in procs:
     topo = p.result["topology"]
     assert topo["oversubscribed"] == crowded, topo
