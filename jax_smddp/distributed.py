@@ -255,9 +255,9 @@ def initialize() -> None:
     config.adopt(json.loads(get("settings")) if me != 0 else config.agreed_values(),
                  "process 0")
     crowded = oversubscribed(procs, me)
-    engine.set_oversubscribed(crowded)
     engine.world_begin(me, n)
     try:
+      engine.world_set_oversubscribed(crowded)
       for q, info in enumerate(procs):
         engine.world_set_peer(q, int(info["pid"]), info["host"])
       same = [q for q in range(n) if q != me and procs[q]["host"] == host]
@@ -309,7 +309,7 @@ def initialize() -> None:
     _summary = {"process": me, "processes": n, "host": host,
                 "shared_memory_peers": same, "network_peers": remote,
                 "fabric_provider": provider or None, "oversubscribed": crowded,
-                "wait_polls": dict(zip(("spin", "yield"), engine.wait_polls()))}
+                "wait_polls": dict(zip(("spin", "yield"), engine.wait_polls(crowded)))}
     log.info("jax_smddp initialized: %s", _summary)
     if not _atexit_registered:
       atexit.register(shutdown)

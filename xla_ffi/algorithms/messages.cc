@@ -160,7 +160,7 @@ Status Messages::Wait(size_t id) {
   // Spin briefly (shared-memory latency is microseconds), then yield the
   // core, then sleep until the link signals activity (or sleep_us passed):
   // many calls may wait at once on few cores (wait_polls.h).
-  const WaitPolls polls = CurrentWaitPolls();
+  const WaitPolls polls = WaitPollsFor(call_.world->oversubscribed());
   const unsigned yield_after = polls.yield_after, sleep_after = polls.sleep_after;
   static const unsigned sleep_us = unsigned(IntSetting("JAX_SMDDP_SLEEP_US"));
   CallPhases* phases = call_.phases;
@@ -217,7 +217,7 @@ Status Messages::Wait(size_t id) {
 }
 
 bool Messages::PollAll(Clock::time_point until) {
-  const unsigned yield_after = CurrentWaitPolls().yield_after;
+  const unsigned yield_after = WaitPollsFor(call_.world->oversubscribed()).yield_after;
   const auto from = Clock::now();
   bool done = false;
   for (unsigned spins = 0;; ++spins) {

@@ -1,6 +1,5 @@
 #include "xla_ffi/algorithms/wait_polls.h"
 
-#include <atomic>
 #include <cstdint>
 
 #include "xla_ffi/common/settings.h"
@@ -15,26 +14,19 @@ namespace {
 constexpr WaitPolls kSpareCores{256, 4096};
 constexpr WaitPolls kOversubscribed{16, 32};
 
-std::atomic<bool> oversubscribed{false};
+int64_t GivenOr(const char* name) {
+  int64_t v = -1;
+  IntSettingIfSet(name, &v);
+  return v;
+}
 
 }  // namespace
 
-WaitPolls CurrentWaitPolls() {
-  static const int64_t spin = [] {
-    int64_t v = -1;
-    IntSettingIfSet("JAX_SMDDP_SPIN", &v);
-    return v;
-  }();
-  static const int64_t yield = [] {
-    int64_t v = -1;
-    IntSettingIfSet("JAX_SMDDP_YIELD", &v);
-    return v;
-  }();
-  const WaitPolls d =
-      oversubscribed.load(std::memory_order_relaxed) ? kOversubscribed : kSpareCores;
+WaitPolls WaitPollsFor(bool oversubscribed) {
+  static const int64_t spin = GivenOr("JAX_SMDDP_SPIN");
+  static const int64_t yield = GivenOr("JAX_SMDDP_YIELD");
+  const WaitPolls d = oversubscribed ? kOversubscribed : kSpareCores;
   return {spin >= 0 ? unsigned(spin) : d.yield_after, yield >= 0 ? unsigned(yield) : d.sleep_after};
 }
-
-void SetOversubscribed(bool value) { oversubscribed.store(value, std::memory_order_relaxed); }
 
 }  // namespace smddp

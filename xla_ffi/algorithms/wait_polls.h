@@ -3,8 +3,9 @@
 // peer within microseconds while there are cores to spare; where the job's
 // processes on this machine outnumber its cores, a poller takes the core the
 // peer it waits for (or another library's threads) needs, so there it sleeps
-// soon. jax_smddp.initialize() says which (SetOversubscribed); a setting
-// given in the environment is used either way.
+// soon. The world says which (World::oversubscribed, found by
+// jax_smddp.initialize()); a setting given in the environment is used either
+// way.
 #ifndef JAX_SMDDP_ALGORITHMS_WAIT_POLLS_H_
 #define JAX_SMDDP_ALGORITHMS_WAIT_POLLS_H_
 
@@ -15,12 +16,8 @@ struct WaitPolls {
   unsigned sleep_after;  // polls before it sleeps on the link's activity
 };
 
-// The polls in effect now.
-WaitPolls CurrentWaitPolls();
-
-// Whether the job's processes on this machine outnumber the cores this
-// process may use.
-void SetOversubscribed(bool oversubscribed);
+// The polls of a waiting call on a machine that is, or is not, oversubscribed.
+WaitPolls WaitPollsFor(bool oversubscribed);
 
 }  // namespace smddp
 

@@ -142,9 +142,8 @@ void BindBuildInfo(nb::module_& m) {
 void BindWorld(nb::module_& m) {
   // The address of this module's world accessor, for the CUDA module (world.h).
   m.def("world_source", [] { return reinterpret_cast<uintptr_t>(&smddp::CopyCurrentWorld); });
-  m.def("set_oversubscribed", [](bool value) { smddp::SetOversubscribed(value); });
-  m.def("wait_polls", [] {
-    const smddp::WaitPolls p = smddp::CurrentWaitPolls();
+  m.def("wait_polls", [](bool oversubscribed) {
+    const smddp::WaitPolls p = smddp::WaitPollsFor(oversubscribed);
     return std::make_pair(p.yield_after, p.sleep_after);
   });
   m.def("world_begin",
@@ -152,6 +151,8 @@ void BindWorld(nb::module_& m) {
   m.def("world_set_peer", [](int process, int pid, const std::string& host) {
     Check(smddp::WorldSetPeer(process, pid, host));
   });
+  m.def("world_set_oversubscribed",
+        [](bool oversubscribed) { Check(smddp::WorldSetOversubscribed(oversubscribed)); });
   m.def("world_create_shm", [](int peer) {
     std::string name;
     Check(smddp::WorldCreateShm(peer, &name));

@@ -27,6 +27,7 @@ struct Pending {
   std::shared_ptr<FabricEndpoint> fabric;
   std::string fabric_node;
   std::unique_ptr<PeerWatch> watch;
+  bool oversubscribed = false;
 };
 
 constexpr double kConnectTimeoutS = 300;
@@ -91,6 +92,13 @@ Status WorldSetPeer(int process, int pid, const std::string& host) {
     return Status::InvalidArgument("jax_smddp: no process " + std::to_string(process));
   g_pending->peers[process].pid = pid;
   g_pending->peers[process].host = host;
+  return Status::Ok();
+}
+
+Status WorldSetOversubscribed(bool oversubscribed) {
+  std::lock_guard<std::mutex> lock(g_mu);
+  if (!g_pending) return NotBegun();
+  g_pending->oversubscribed = oversubscribed;
   return Status::Ok();
 }
 
@@ -221,6 +229,7 @@ Status WorldStart() {
   auto world = std::make_shared<World>(g_pending->process, std::move(g_pending->peers),
                                        std::shared_ptr<void>(g_pending->fabric));
   if (g_pending->fabric) world->set_fabric(g_pending->fabric->Provider(), g_pending->fabric_node);
+  world->set_oversubscribed(g_pending->oversubscribed);
   g_world = std::move(world);
   g_pending.reset();
   return Status::Ok();

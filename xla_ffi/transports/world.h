@@ -52,6 +52,11 @@ class World {
     fabric_provider_ = std::move(provider);
     fabric_node_ = std::move(node);
   }
+  // Whether the job's processes on this machine outnumber the cores this
+  // process may use (initialize() finds it): waiting calls then poll less
+  // (algorithms/wait_polls.h).
+  bool oversubscribed() const { return oversubscribed_; }
+  void set_oversubscribed(bool value) { oversubscribed_ = value; }  // before it is shared
 
   // Bytes this process sent to / received from `process` over its link, since
   // the world started (what the benchmark and tests read to see the routes).
@@ -115,6 +120,7 @@ class World {
   mutable std::atomic<uint64_t> calls_[int(Caller::kCount)] = {};
   mutable std::atomic<uint64_t> call_bytes_[int(Caller::kCount)] = {};
   std::string fabric_provider_, fabric_node_;
+  bool oversubscribed_ = false;
 };
 
 // The current world; null before initialize() and after shutdown().
@@ -132,6 +138,7 @@ void UseWorldOf(WorldSource source);
 // Bootstrap, in the order initialize() calls it. Each step names what failed.
 Status WorldBegin(int process, int processes);
 Status WorldSetPeer(int process, int pid, const std::string& host);
+Status WorldSetOversubscribed(bool oversubscribed);
 // Same host: the lower-numbered process creates the segment and publishes its
 // name; the other maps it; the creator unlinks the name once both have.
 Status WorldCreateShm(int peer, std::string* name);
