@@ -1,6 +1,4 @@
 #include "xla_ffi/algorithms/messages.h"
-
-#include "xla_ffi/algorithms/wait_polls.h"
 #include "xla_ffi/common/settings.h"
 
 #include <sched.h>
@@ -56,7 +54,9 @@ size_t ChunkBytes() {
 }
 
 Messages::Messages(const ProcessCall& call)
-    : call_(call), chunk_(call.chunk_bytes ? call.chunk_bytes : ChunkBytes()) {
+    : call_(call),
+      chunk_(call.chunk_bytes ? call.chunk_bytes : ChunkBytes()),
+      polls_(WaitPollsFor(call.world->oversubscribed())) {
   for (int p : call.peers) {
     if (Link* link = call.world->link(p)) links_.push_back(link);
   }
@@ -160,8 +160,7 @@ Status Messages::Wait(size_t id) {
   // Spin briefly (shared-memory latency is microseconds), then yield the
   // core, then sleep until the link signals activity (or sleep_us passed):
   // many calls may wait at once on few cores (wait_polls.h).
-  const WaitPolls polls = WaitPollsFor(call_.world->oversubscribed());
-  const unsigned yield_after = polls.yield_after, sleep_after = polls.sleep_after;
+  const unsigned yield_after = polls_.yield_after, sleep_after = polls_.sleep_after;
   static const unsigned sleep_us = unsigned(IntSetting("JAX_SMDDP_SLEEP_US"));
   CallPhases* phases = call_.phases;
   const auto waited_from = phases && !e.req.done() ? Clock::now() : Clock::time_point();
@@ -217,7 +216,6 @@ Status Messages::Wait(size_t id) {
 }
 
 bool Messages::PollAll(Clock::time_point until) {
-  const unsigned yield_after = WaitPollsFor(call_.world->oversubscribed()).yield_after;
   const auto from = Clock::now();
   bool done = false;
   for (unsigned spins = 0;; ++spins) {
@@ -225,7 +223,7 @@ bool Messages::PollAll(Clock::time_point until) {
                        [](const Entry& e) { return e.settled || e.req.done(); });
     if (done || ((spins & 15) == 0 && Clock::now() >= until)) break;
     ProgressAll();
-    if (spins > yield_after) sched_yield();
+    if (spins > polls_.yield_after) sched_yield();
   }
   if (call_.phases)
     call_.phases->wait_s += std::chrono::duration<double>(Clock::now() - from).count();

@@ -12,6 +12,7 @@
 #include <vector>
 
 #include "xla_ffi/algorithms/process_call.h"
+#include "xla_ffi/algorithms/wait_polls.h"
 #include "xla_ffi/common/status.h"
 #include "xla_ffi/transports/link.h"
 
@@ -69,6 +70,7 @@ class Messages {
 
   const ProcessCall& call_;
   size_t chunk_;              // bytes per chunk
+  WaitPolls polls_;           // how long a wait polls, yields, then sleeps
   std::vector<Link*> links_;  // of every peer process, for progress
   std::deque<Entry> entries_;
   Clock::time_point next_check_;

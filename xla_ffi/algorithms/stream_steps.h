@@ -64,19 +64,15 @@ class Steps {
   // Starts the next step; its slot is free once every peer consumed the step
   // that last used it.
   Status Begin(uint8_t** slot) {
-    if (replayable_) {
-      ++step_;
-      ++begun_;
-      if (step_ > uint32_t(RegionLayout::kSlots)) SMDDP_RETURN_IF_ERROR(TakeBack(SlotIndex()));
-    } else {
-      step_ = __atomic_add_fetch(&me_.step, 1, __ATOMIC_RELAXED);  // the watchdog reads it
-      ++begun_;
-      if (step_ > uint32_t(RegionLayout::kSlots)) {
-        for (int q = 0; q < size(); ++q) {
-          if (q == rank()) continue;
-          SMDDP_RETURN_IF_ERROR(
-              ops_.WaitAtLeast(Consumed(rank(), q), step_ - RegionLayout::kSlots));
-        }
+    // The group's step counter (the watchdog reads it), or the call's own.
+    step_ = replayable_ ? step_ + 1 : __atomic_add_fetch(&me_.step, 1, __ATOMIC_RELAXED);
+    ++begun_;
+    if (replayable_ && step_ > uint32_t(RegionLayout::kSlots)) {
+      SMDDP_RETURN_IF_ERROR(TakeBack(SlotIndex()));
+    } else if (step_ > uint32_t(RegionLayout::kSlots)) {
+      for (int q = 0; q < size(); ++q) {
+        if (q == rank()) continue;
+        SMDDP_RETURN_IF_ERROR(ops_.WaitAtLeast(Consumed(rank(), q), step_ - RegionLayout::kSlots));
       }
     }
     *slot = Slot(rank());

@@ -149,7 +149,7 @@ nb::object StreamRun(std::vector<int64_t> members, int rank, int kind, int dtype
     if (phases || input.size() % size_t(graph_replays) != 0)
       throw std::invalid_argument(
           "stream_run: graph_replays needs one input per launch, no phases");
-    if (const smddp::Status st = smddp::gpu::GroupFailure(*me); !st.ok()) Check(st);
+    Check(smddp::gpu::GroupFailure(*me));
   } else {
     Check(smddp::gpu::CheckCall(*me, smddp::KindName(kind), plan));
   }

@@ -99,27 +99,6 @@ class RankView : public Exchange {
   int rank_;
 };
 
-// Completes every arrived rank of `slot` with its status, each on an engine
-// worker (XLA continues that device's program on the completing thread, so
-// devices continue in parallel) except rank `mine`, whose completion is
-// returned for the caller to run on its own thread once it has released the
-// lock. Called with the slot's lock held.
-Task CompleteArrived(InProcessRendezvous::Slot& slot, int mine = -1) {
-  slot.over = true;
-  Task inline_done;
-  for (int r = 0; r < int(slot.entries.size()); ++r) {
-    auto& e = slot.entries[r];
-    if (!e.present || !e.done) continue;
-    if (r == mine) {
-      inline_done = [done = std::move(e.done), status = slot.status] { done(status); };
-    } else {
-      Post([done = std::move(e.done), status = slot.status] { done(status); });
-    }
-    e.done = nullptr;
-  }
-  return inline_done;
-}
-
 // Calls that move fewer bytes than this (over all ranks) run on the last
 // arrival alone (JAX_SMDDP_CPU_HELPER_MIN_BYTES).
 uint64_t HelperMinBytes() {
@@ -150,7 +129,7 @@ void InProcessRendezvous::Forget(const CallKey& key, const Slot* slot) {
 // Claims and runs bodies until none is left; the last to finish completes
 // every rank. Run by rank `mine` (the last arrival, on its own XLA thread:
 // its completion is returned to run inline, so XLA continues that device
-// without a thread switch) or by a helper (mine = -1).
+// without a thread switch) or by a helper (mine = kKeepNone).
 Task InProcessRendezvous::RunBodies(const std::shared_ptr<Slot>& slot, int mine) {
   const int n = int(slot->entries.size());
   Task inline_done;
@@ -181,7 +160,7 @@ void InProcessRendezvous::Expire(const std::shared_ptr<Slot>& slot, Clock::time_
       "different programs or one failed earlier; if it is only slow, raise JAX_SMDDP_TIMEOUT_S "
       "(or jax_smddp.set_timeout). No rank touched a peer's buffers.");
   slot->status.SetPeers(MissingRankList(*slot), {});
-  CompleteArrived(*slot);
+  CompleteArrived(*slot, kKeepNone);
   // The slot stays in the table: a rank arriving late finds it over and fails at once.
 }
 
@@ -231,7 +210,7 @@ void InProcessRendezvous::Start(const GroupInfo& group, int size, const CallKey&
     }
   }
   if (!slot->status.ok()) {
-    CompleteArrived(*slot);
+    CompleteArrived(*slot, kKeepNone);
     lock.unlock();
     Forget(key, slot.get());
     return;
@@ -241,7 +220,7 @@ void InProcessRendezvous::Start(const GroupInfo& group, int size, const CallKey&
   const uint64_t moved = std::max(info.send_bytes, info.recv_bytes) * uint64_t(size);
   const int helpers = moved >= HelperMinBytes() ? std::min(helpers_, size - 1) : 0;
   lock.unlock();
-  for (int i = 0; i < helpers; ++i) Post([this, slot] { RunBodies(slot, -1); });
+  for (int i = 0; i < helpers; ++i) Post([this, slot] { RunBodies(slot, kKeepNone); });
   if (Task mine = RunBodies(slot, rank)) mine();
 }
 

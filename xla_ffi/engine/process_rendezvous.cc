@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <chrono>
 #include <cstdlib>
+#include <optional>
 #include <sstream>
 #include <string>
 
@@ -26,35 +27,11 @@ struct ProcessRendezvous::Slot : RendezvousSlot {  // entries: per local rank
   CallPhases phases;
   ProcessCall call;
   std::shared_ptr<const World> world;  // whose links the call uses
-  std::unique_ptr<ProcessRun> run;
+  std::optional<ProcessRun> run;
   Status begun;  // why the call could not start, if it could not
 };
 
 namespace {
-
-// Completes every arrived local rank with the slot's status, each on an
-// engine worker but one, whose completion is returned for the caller to run
-// once it has released the lock: local rank `mine` (the caller's own device,
-// on its XLA thread, whose future is not awaited yet), or with mine = -1 the
-// last (on an engine worker: XLA then continues that device's program
-// there). Called with the slot's lock held.
-Task CompleteArrived(ProcessRendezvous::Slot& slot, int mine = -1) {
-  slot.over = true;
-  Task inline_done;
-  for (int li = 0; li < int(slot.entries.size()); ++li) {
-    auto& e = slot.entries[li];
-    if (!e.present || !e.done) continue;
-    Task t = [done = std::move(e.done), status = slot.status] { done(status); };
-    e.done = nullptr;
-    if (mine >= 0 && li != mine) {
-      Post(std::move(t));
-      continue;
-    }
-    if (inline_done) Post(std::move(inline_done));
-    inline_done = std::move(t);
-  }
-  return inline_done;
-}
 
 // JAX_SMDDP_HIERARCHICAL=0 sends every byte directly between processes
 // (flat), even across hosts; for comparisons and tests.
@@ -141,7 +118,7 @@ void ProcessRendezvous::Expire(const std::shared_ptr<Slot>& slot) {
         "devices run different programs or one failed earlier; if it is only slow, raise "
         "JAX_SMDDP_TIMEOUT_S (or jax_smddp.set_timeout).");
     slot->status.SetPeers(std::move(missing_ranks), {process_});
-    inline_done = CompleteArrived(*slot);
+    inline_done = CompleteArrived(*slot, kKeepLast);  // on the timer's worker
   }
   if (inline_done) inline_done();
 }
@@ -219,7 +196,7 @@ void ProcessRendezvous::Start(const GroupInfo& group, int size, const CallKey& k
     // The cross-process part waits on peers: an engine worker runs it.
     Post([this, slot] {
       Begin(*slot);
-      Finish(slot, -1);
+      Finish(slot, kKeepLast);
     });
     return;
   }
@@ -231,7 +208,7 @@ void ProcessRendezvous::Start(const GroupInfo& group, int size, const CallKey& k
   // the call to a worker.
   Begin(*slot);
   if (slot->begun.ok() && !slot->run->PeersArrived(Clock::now() + InlineWait())) {
-    Post([this, slot] { Finish(slot, -1); });
+    Post([this, slot] { Finish(slot, kKeepLast); });
     return;
   }
   slot->phases.inline_calls = 1;
@@ -281,7 +258,7 @@ void ProcessRendezvous::Begin(Slot& slot) {
     call.where = CallWhere(slot.group, key, info.op);
     call.info = info;
     call.phases = &phases;
-    slot.run = std::make_unique<ProcessRun>(slot.plan, call);
+    slot.run.emplace(slot.plan, call);
   }
 }
 

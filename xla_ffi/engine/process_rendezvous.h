@@ -36,7 +36,7 @@ class ProcessRendezvous : public Rendezvous {
  private:
   // The cross-process part: Begin sets up the call and posts its agreement
   // check; Finish runs the rest and completes the local ranks, keeping local
-  // rank `mine`'s completion for the calling thread (-1: an engine worker).
+  // rank `mine`'s completion for the calling thread (kKeepLast on a worker).
   void Begin(Slot& slot);
   void Finish(const std::shared_ptr<Slot>& slot, int mine);
   void Expire(const std::shared_ptr<Slot>& slot);

@@ -11,6 +11,7 @@
 
 #include "xla_ffi/algorithms/plan.h"
 #include "xla_ffi/engine/rendezvous.h"
+#include "xla_ffi/engine/scheduler.h"
 
 namespace smddp {
 
@@ -35,6 +36,34 @@ struct RendezvousSlot {
   bool over = false;     // every arrived rank has been (or is being) completed
   Status status;         // the call's outcome, the same for every rank
 };
+
+// Marks the call over and completes every arrived entry with the call's
+// status, each on an engine worker (XLA continues that device's program on
+// the completing thread, so devices continue in parallel), except one whose
+// completion is returned for the caller to run once it has released the lock:
+// entry `keep`, or the last arrived one (kKeepLast: a caller that is an engine
+// worker continues that device itself), or none (kKeepNone). A caller on a
+// device's XLA thread keeps its own entry only: that future is not awaited
+// yet, where another device's completion would continue its program on this
+// thread's stack. Called with the slot's lock held.
+constexpr int kKeepNone = -1, kKeepLast = -2;
+inline Task CompleteArrived(RendezvousSlot& slot, int keep) {
+  slot.over = true;
+  Task kept;
+  for (int i = 0; i < int(slot.entries.size()); ++i) {
+    auto& e = slot.entries[i];
+    if (!e.present || !e.done) continue;
+    Task t = [done = std::move(e.done), status = slot.status] { done(status); };
+    e.done = nullptr;
+    if (i != keep && keep != kKeepLast) {
+      Post(std::move(t));
+      continue;
+    }
+    if (kept) Post(std::move(kept));  // kKeepLast: a later entry takes its place
+    kept = std::move(t);
+  }
+  return kept;
+}
 
 // "jax_smddp all_gather (op 3 of communicator devices [0 1 2 3])": where a
 // call's messages say they come from.
