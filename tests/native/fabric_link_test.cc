@@ -443,9 +443,9 @@ void Threads(Link* link, int me) {
 }
 
 // A waiter asleep on the link (AwaitActivity, as the engine's calls wait,
-// with a bound of 2 s here) is woken by the peer's data when the endpoint
-// sleeps on its completion queue's descriptor; otherwise it sleeps the
-// bound. tcp;ofi_rxm must give the descriptor (JAX_SMDDP_FABRIC_WAIT=fd, the
+// with a bound of 2 s here) is woken by the peer's data, and only then, when
+// the endpoint sleeps on its completion queue's descriptor; otherwise it
+// sleeps the bound. tcp;ofi_rxm must give the descriptor (JAX_SMDDP_FABRIC_WAIT=fd, the
 // default), and "sleep" must sleep.
 void Wakes(Link* link, int me, const FabricEndpoint& ep) {
   const std::string kind = ep.WaitKind();
@@ -483,6 +483,10 @@ void Wakes(Link* link, int me, const FabricEndpoint& ep) {
     if (kind == "fd") {
       CHECK(s < 1.5, "%zu bytes sent after 0.2 s arrived after %.3f s: the waiter slept its bound",
             bytes, s);
+      // It slept: a descriptor that stays ready (a provider's signal never
+      // cleared) turns each sleep into a poll, hundreds of thousands in 0.2 s.
+      CHECK(sleeps <= 100, "%zu bytes: the waiter woke %d times in %.3f s instead of sleeping",
+            bytes, sleeps, s);
     } else {
       CHECK(s >= 1.9, "%zu bytes: a waiter that sleeps woke after %.3f s", bytes, s);
     }

@@ -69,8 +69,12 @@ def test_libfabric_not_linked(binary):
     ("tcp;ofi_rxm", "127.0.0.1", {"JAX_SMDDP_FABRIC_TEST_REGISTER": "1"}),
     # Waiters sleep their bound instead of on the completion queue's descriptor.
     ("tcp;ofi_rxm", "127.0.0.1", {"JAX_SMDDP_FABRIC_WAIT": "sleep"}),
+    # libfabric 1.17's TCP provider with its own reliable datagrams (the default without efa).
+    ("net", "127.0.0.1", {}),
+    ("net", "127.0.0.1", {"JAX_SMDDP_FABRIC_DIRECT_BYTES": "1",
+                          "JAX_SMDDP_FABRIC_TEST_REORDER": "1"}),
 ], ids=["tcp", "shm", "tcp-reordered", "tcp-bounce-only", "tcp-all-direct-reordered",
-        "shm-all-direct", "tcp-registered", "tcp-sleep"])
+        "shm-all-direct", "tcp-registered", "tcp-sleep", "net", "net-all-direct-reordered"])
 def test_fabric_link(binary, provider, node, settings):
   env = dict(os.environ)
   for name in ("JAX_SMDDP_FABRIC_PROVIDER", "JAX_SMDDP_FABRIC_DIRECT_BYTES",

@@ -160,10 +160,33 @@ Status OpenRdmObjects(const FabricApi& a, struct fi_info* info, const std::strin
   ret = -FI_ENOSYS;
   if (wait_fd) {
     // A descriptor to sleep on, so that a waiter wakes when data arrives
-    // instead of at its next timed poll.
-    cq_attr.wait_obj = FI_WAIT_FD;
-    ret = fi_cq_open(o->domain, &cq_attr, &o->cq, nullptr);
-    if (ret == 0 && fi_control(&o->cq->fid, FI_GETWAIT, &o->wait_fd) != 0) o->wait_fd = -1;
+    // instead of at its next timed poll: a wait set's where the provider
+    // has them (MaySleep can clear it), else the queue's own.
+    struct fi_wait_attr wait_attr;
+    std::memset(&wait_attr, 0, sizeof(wait_attr));
+    wait_attr.wait_obj = FI_WAIT_FD;
+    if (fi_wait_open(o->fabric, &wait_attr, &o->wait) == 0) {
+      cq_attr.wait_obj = FI_WAIT_SET;
+      cq_attr.wait_set = o->wait;
+      ret = fi_cq_open(o->domain, &cq_attr, &o->cq, nullptr);
+      if (ret == 0 && fi_control(&o->wait->fid, FI_GETWAIT, &o->wait_fd) != 0) o->wait_fd = -1;
+      if (ret != 0 || o->wait_fd < 0) {
+        if (o->cq) fi_close(&o->cq->fid);
+        o->cq = nullptr;
+        fi_close(&o->wait->fid);
+        o->wait = nullptr;
+        o->wait_fd = -1;
+        ret = -FI_ENOSYS;
+      }
+    } else {
+      o->wait = nullptr;
+    }
+    if (ret != 0) {
+      cq_attr.wait_obj = FI_WAIT_FD;
+      cq_attr.wait_set = nullptr;
+      ret = fi_cq_open(o->domain, &cq_attr, &o->cq, nullptr);
+      if (ret == 0 && fi_control(&o->cq->fid, FI_GETWAIT, &o->wait_fd) != 0) o->wait_fd = -1;
+    }
   }
   if (ret != 0) {
     cq_attr.wait_obj = FI_WAIT_NONE;
@@ -190,6 +213,9 @@ Status OpenRdmObjects(const FabricApi& a, struct fi_info* info, const std::strin
 }
 
 bool MaySleep(const RdmObjects& o) {
+  // No time left: clears the set's signal, then answers -FI_ETIMEDOUT where
+  // nothing it watches is ready (0: something is).
+  if (o.wait) return fi_wait(o.wait, 0) == -FI_ETIMEDOUT;
   struct fid* fids[1] = {&o.cq->fid};
   return fi_trywait(o.fabric, fids, 1) == FI_SUCCESS;
 }
@@ -204,6 +230,7 @@ void CloseRdmObjects(RdmObjects* o) {
   if (o->ep) fi_close(&o->ep->fid);
   if (o->av) fi_close(&o->av->fid);
   if (o->cq) fi_close(&o->cq->fid);
+  if (o->wait) fi_close(&o->wait->fid);
   if (o->domain) fi_close(&o->domain->fid);
   if (o->fabric) fi_close(&o->fabric->fid);
   *o = RdmObjects();

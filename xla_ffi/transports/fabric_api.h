@@ -74,8 +74,11 @@ struct RdmObjects {
   struct fid_cq* cq = nullptr;
   struct fid_ep* ep = nullptr;
   std::string address;  // the endpoint's, to publish to peers
-  // The completion queue's wait descriptor (FI_WAIT_FD), or -1 where it has
-  // none (not asked for, or the provider offers no such queue).
+  // The wait set the completion queue signals (FI_WAIT_SET of FI_WAIT_FD),
+  // where the provider offers one, and its descriptor; else the queue's own
+  // wait descriptor (FI_WAIT_FD); -1 where there is none (not asked for, or
+  // the provider offers no such queue).
+  struct fid_wait* wait = nullptr;
   int wait_fd = -1;
 };
 
@@ -89,10 +92,14 @@ struct RdmObjects {
 Status OpenRdmObjects(const FabricApi& a, struct fi_info* info, const std::string& what,
                       int cq_format, size_t cq_size, RdmObjects* out, bool wait_fd = false);
 // Sleeping on the completion queue of `o` (o.wait_fd >= 0), in two steps:
-// MaySleep (fi_trywait) under whatever serializes the calls on the
-// endpoint's domain (FI_THREAD_DOMAIN), false when there is something to
-// read now; then, without that lock, SleepOnCompletions until the queue may
-// have something or `max_us` passed.
+// MaySleep under whatever serializes the calls on the endpoint's domain
+// (FI_THREAD_DOMAIN), false when there is something to read now; then,
+// without that lock, SleepOnCompletions until the queue may have something
+// or `max_us` passed. With a wait set, MaySleep is fi_wait with no time
+// left: it clears the set's signal and checks what it watches. fi_trywait
+// alone is not enough there: the net provider's returns success without
+// clearing the signal, which then stays up after the first completion and
+// turns every sleep into a poll.
 bool MaySleep(const RdmObjects& o);
 void SleepOnCompletions(const RdmObjects& o, unsigned max_us);
 // Closes what is open, the endpoint first (which retires its operations).
