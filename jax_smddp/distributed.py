@@ -24,8 +24,10 @@ manager is involved):
    later.
 3. When some peers are on other hosts, each process opens a libfabric RDM
    endpoint (provider: ``JAX_SMDDP_FABRIC_PROVIDER``, default ``efa`` when
-   present, else ``tcp;ofi_rxm``) bound to the address it uses to reach the
-   jax.distributed coordinator, and publishes its address. Each such pair
+   present, else ``net`` (libfabric 1.17's TCP provider) when present, else
+   ``tcp;ofi_rxm``) bound to the address it uses to reach the jax.distributed
+   coordinator, and publishes its address and provider; processes whose
+   providers differ raise before connecting. Each such pair
    also keeps one idle TCP connection, so that a process that dies is noticed
    by its peers at once rather than at the deadline.
 
@@ -198,6 +200,24 @@ def check_builds(me: int, procs: list) -> None:
       process=me, differences=differences, remedy=remedy)
 
 
+def check_fabric_providers(me: int, mine: str, theirs: dict, hosts: list) -> None:
+  """Raises RuntimeError, naming the processes and their providers, if a
+  peer on another host (`theirs`: {process: provider}) opened another
+  libfabric provider than this process's `mine`: endpoints of two providers
+  cannot reach each other. Each process picks its own when
+  JAX_SMDDP_FABRIC_PROVIDER is unset (hosts with and without efa, or with
+  libfabric versions that name their providers differently)."""
+  differ = {q: p for q, p in sorted(theirs.items()) if p != mine}
+  if not differ:
+    return
+  named = "; ".join(f"process {q} (host {hosts[q]}) opened {p!r}" for q, p in differ.items())
+  raise RuntimeError(
+      f"jax_smddp.initialize(): process {me} (host {hosts[me]}) opened libfabric provider "
+      f"{mine!r} but {named}: endpoints of different providers cannot reach each other. Set "
+      "JAX_SMDDP_FABRIC_PROVIDER to a provider every host offers (`fi_info -l` lists a host's; "
+      "\"tcp;ofi_rxm\" runs wherever libfabric does) and restart the job.")
+
+
 def is_initialized() -> bool:
   return _initialized
 
@@ -283,10 +303,13 @@ def initialize() -> None:
               f"the network between hosts uses libfabric's {provider} provider",
               "no efa provider here (set JAX_SMDDP_FABRIC_PROVIDER to choose one, "
               "JAX_SMDDP_REQUIRE=efa to fail instead)")
-        put(f"fabric/{me}", address.hex())
+        put(f"fabric/{me}", json.dumps({"provider": provider, "address": address.hex()}))
         put(f"watch/{me}", engine.world_watch_listen(node))
+        endpoints = {q: json.loads(get(f"fabric/{q}")) for q in remote}
+        check_fabric_providers(me, provider, {q: e["provider"] for q, e in endpoints.items()},
+                               [info["host"] for info in procs])
         for q in remote:
-          engine.world_connect_fabric(q, bytes.fromhex(get(f"fabric/{q}")))
+          engine.world_connect_fabric(q, bytes.fromhex(endpoints[q]["address"]))
         for q in remote:
           if q < me:
             engine.world_watch_connect(q, get(f"watch/{q}"))

@@ -115,7 +115,7 @@ def _fabric(rows: list[Row]) -> None:
                   ", ".join(f["providers"]) or "none usable for reliable datagrams"))
   rows.append(Row("  efa", OK if efa else INFO,
                   "available: the default between hosts" if efa else
-                  "not available: between hosts jax_smddp uses tcp;ofi_rxm "
+                  f"not available: between hosts jax_smddp uses {f['default_provider']} "
                   "(or JAX_SMDDP_FABRIC_PROVIDER)"))
 
 

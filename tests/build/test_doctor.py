@@ -97,6 +97,11 @@ def test_doctor_exits_0_and_reports_libfabric_with_tcp(tmp_path):
   r = rows(run)
   assert r["libfabric"]["status"] == "ok", r["libfabric"]
   assert "tcp;ofi_rxm" in r["providers"]["detail"].split(", "), r["providers"]
+  # Without efa, the efa row names the provider an unset JAX_SMDDP_FABRIC_PROVIDER picks.
+  default = capabilities.fabric()["default_provider"]
+  assert default in r["providers"]["detail"].split(", "), (default, r["providers"])
+  if default != "efa":
+    assert f"between hosts jax_smddp uses {default} " in r["efa"]["detail"], r["efa"]
   assert r["extension"]["status"] == "ok"
   assert jax.__version__ in r["jax"]["detail"]
   table = doctor(tmp_path)

@@ -385,40 +385,64 @@ def test_hierarchical_routes_cross_the_network_once_per_host(hierarchical):
       assert net == 2 * per_rank and shm == per_rank, traffic
 
 
+def _default_provider() -> str:
+  from jax_smddp import capabilities
+  return capabilities.fabric()["default_provider"]
+
+
 @pytest.mark.timeout(400)
-@pytest.mark.parametrize("devices", [1, 2])
-def test_two_hosts_over_libfabric_tcp(devices):
-  """2 simulated hosts x 2 processes: shared memory within, libfabric tcp between."""
+@pytest.mark.parametrize("devices,provider", [(1, "tcp;ofi_rxm"), (2, "tcp;ofi_rxm"), (2, None)],
+                         ids=["1-tcp;ofi_rxm", "2-tcp;ofi_rxm", "2-default"])
+def test_two_hosts_over_libfabric_tcp(devices, provider):
+  """2 simulated hosts x 2 processes: shared memory within, libfabric tcp between
+  (tcp;ofi_rxm, or the default when JAX_SMDDP_FABRIC_PROVIDER is unset: net where
+  libfabric 1.17 offers it)."""
   need_netns()
   before = shm_names()
   with netns.two_hosts() as (names, ips):
     procs = run_job(["collectives"], 4, devices, timeout=300,
                            namespaces=[names[0], names[0], names[1], names[1]],
                            coordinator_ip=ips[0],
-                           env={"JAX_SMDDP_FABRIC_PROVIDER": "tcp;ofi_rxm"})
+                           env={"JAX_SMDDP_FABRIC_PROVIDER": provider} if provider else None)
   assert_all_ok(procs)
   for p in procs:
     topo = p.result["topology"]
-    assert topo["fabric_provider"] == "tcp;ofi_rxm"
+    assert topo["fabric_provider"] == (provider or _default_provider()), topo
     assert len(topo["shared_memory_peers"]) == 1 and len(topo["network_peers"]) == 2, topo
   assert shm_names() - before == set()
 
 
 @pytest.mark.timeout(400)
-def test_four_hosts_over_libfabric_tcp():
+@pytest.mark.parametrize("provider", ["tcp;ofi_rxm", None], ids=["tcp;ofi_rxm", "default"])
+def test_four_hosts_over_libfabric_tcp(provider):
   """4 simulated hosts x 1 process on one bridge (netns.hosts): every
   collective against numpy, every process's peers all over libfabric."""
   need_netns()
   with netns.hosts(4) as (names, ips):
     procs = run_job(["collectives"], 4, 1, timeout=300, namespaces=names, coordinator_ip=ips[0],
-                    env={"JAX_SMDDP_FABRIC_PROVIDER": "tcp;ofi_rxm"})
+                    env={"JAX_SMDDP_FABRIC_PROVIDER": provider} if provider else None)
   assert_all_ok(procs)
   for p in procs:
     topo = p.result["topology"]
-    assert topo["fabric_provider"] == "tcp;ofi_rxm"
+    assert topo["fabric_provider"] == (provider or _default_provider()), topo
     assert not topo["shared_memory_peers"] and len(topo["network_peers"]) == 3, topo
     # Four hosts by their ids, one machine by its kernel's boot id: their cores are this one's.
     assert topo["oversubscribed"] == oversubscribed_here(4), topo
+
+
+def test_processes_of_different_fabric_providers_fail_naming_them():
+  """Endpoints of two libfabric providers cannot reach each other: a peer on
+  another host that opened another provider fails initialize() naming both
+  processes, their hosts and providers, and the setting that fixes it."""
+  from jax_smddp import distributed
+  hosts = ["a", "b", "c"]
+  distributed.check_fabric_providers(0, "net", {1: "net", 2: "net"}, hosts)  # alike: nothing
+  with pytest.raises(RuntimeError) as e:
+    distributed.check_fabric_providers(0, "net", {1: "net", 2: "tcp;ofi_rxm"}, hosts)
+  msg = str(e.value)
+  assert "process 0 (host a) opened libfabric provider 'net'" in msg, msg
+  assert "process 2 (host c) opened 'tcp;ofi_rxm'" in msg and "process 1" not in msg, msg
+  assert "JAX_SMDDP_FABRIC_PROVIDER" in msg, msg
 
 
 def test_oversubscribed_counts_this_machines_processes_against_its_cores():
@@ -443,15 +467,17 @@ def test_wait_polls_given_in_the_environment_hold_either_way():
 
 
 @pytest.mark.timeout(400)
-@pytest.mark.parametrize("direct_bytes", ["512K", "1"], ids=["default", "all-direct"])
-def test_two_hosts_dead_peer(direct_bytes):
+@pytest.mark.parametrize("direct_bytes,provider", [("512K", "tcp;ofi_rxm"), ("1", "tcp;ofi_rxm"),
+                                                   ("512K", None)],
+                         ids=["default", "all-direct", "default-provider"])
+def test_two_hosts_dead_peer(direct_bytes, provider):
   need_netns()
   with netns.two_hosts() as (names, ips):
     procs = run_job(["peer_killed_midway"], 2, 1, timeout=300,
                            namespaces=names, coordinator_ip=ips[0],
-                           env={"JAX_SMDDP_FABRIC_PROVIDER": "tcp;ofi_rxm",
-                                "JAX_SMDDP_FABRIC_DIRECT_BYTES": direct_bytes,
-                                "JAX_SMDDP_TIMEOUT_S": "120"})
+                           env={"JAX_SMDDP_FABRIC_DIRECT_BYTES": direct_bytes,
+                                "JAX_SMDDP_TIMEOUT_S": "120",
+                                **({"JAX_SMDDP_FABRIC_PROVIDER": provider} if provider else {})})
   assert procs[1].returncode == -9, launch.describe(procs)
   _check_peer_failure(procs, dead=1, within_s=30)
 

@@ -878,7 +878,10 @@ int Run(int me, const std::string& provider, const std::string& node, pid_t chil
   CHECK(smddp::ChooseFabricProvider("shm") == "shm", "ChooseFabricProvider ignores its argument");
   unsetenv("JAX_SMDDP_FABRIC_PROVIDER");
   std::string dflt = smddp::ChooseFabricProvider("");
-  CHECK(dflt == "efa" || dflt == "tcp;ofi_rxm", "default provider %s", dflt.c_str());
+  CHECK(dflt == "efa" || dflt == "net" || dflt == "tcp;ofi_rxm", "default provider %s",
+        dflt.c_str());
+  CHECK(dflt == smddp::DefaultFabricProvider(), "default provider %s, DefaultFabricProvider %s",
+        dflt.c_str(), smddp::DefaultFabricProvider().c_str());
   setenv("JAX_SMDDP_FABRIC_PROVIDER", "shm", 1);
   CHECK(smddp::ChooseFabricProvider("") == "shm", "JAX_SMDDP_FABRIC_PROVIDER ignored");
   std::string why;

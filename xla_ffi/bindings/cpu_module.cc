@@ -134,6 +134,7 @@ void BindBuildInfo(nb::module_& m) {
     d["path"] = f.path;
     d["version"] = f.version;
     d["providers"] = f.providers;
+    d["default_provider"] = f.default_provider;
     return d;
   });
 }

@@ -52,8 +52,8 @@ const std::vector<SettingSpec> kSettings = {
      "worker"},
     {"JAX_SMDDP_HOST_ID", kText, "hostname + network namespace", 0, 0, "", "runtime", false,
      "processes with equal ids share memory (one host)"},
-    {"JAX_SMDDP_FABRIC_PROVIDER", kText, "efa if present, else tcp;ofi_rxm", 0, 0, "", "runtime",
-     true, "libfabric provider between hosts"},
+    {"JAX_SMDDP_FABRIC_PROVIDER", kText, "efa, else net, else tcp;ofi_rxm (the first present)", 0,
+     0, "", "runtime", true, "libfabric provider between hosts"},
     {"JAX_SMDDP_FABRIC_NODE", kText, "the address that reaches the coordinator", 0, 0, "",
      "runtime", false, "local address of the libfabric endpoint"},
     {"JAX_SMDDP_FABRIC_CHUNK_BYTES", kBytes, "256K", 64, 1 << 30, "", "runtime", true,
@@ -64,7 +64,8 @@ const std::vector<SettingSpec> kSettings = {
      "smallest message over libfabric sent direct: tagged from the sender's buffer into the "
      "receiver's once the receiver has posted it (no bounce copies; one extra round trip); "
      "smaller messages go through bounce buffers; 0 turns that off. Needs a provider with tagged "
-     "messages and directed receives (tcp;ofi_rxm, shm, efa); jax_smddp.traffic() says whether "
+     "messages and directed receives (net, tcp;ofi_rxm, shm, efa); jax_smddp.traffic() says "
+     "whether "
      "it is on"},
     {"JAX_SMDDP_FABRIC_WAIT", kChoice, "fd", 0, 0, "fd|sleep", "runtime", false,
      "how a call waiting on a libfabric link sleeps once it stops polling: on the completion "

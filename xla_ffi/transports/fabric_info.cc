@@ -4,6 +4,7 @@
 #include <cstring>
 
 #include "xla_ffi/transports/fabric_api.h"
+#include "xla_ffi/transports/fabric_link.h"
 
 namespace smddp {
 
@@ -49,6 +50,7 @@ FabricInfo DescribeFabric() {
       info.providers.emplace_back(name);
   }
   if (list) a.freeinfo(list);
+  info.default_provider = DefaultFabricProvider();
   return info;
 #endif
 }

@@ -18,6 +18,7 @@ struct FabricInfo {
   std::string path;                    // the file loaded
   std::string version;                 // "major.minor" of the library
   std::vector<std::string> providers;  // RDM providers usable here, e.g. "tcp;ofi_rxm"
+  std::string default_provider;        // what an unset JAX_SMDDP_FABRIC_PROVIDER picks
 };
 
 // Loads libfabric if needed (once per process) and lists its providers.

@@ -38,9 +38,11 @@ namespace smddp {
 bool FabricAvailable(std::string* why);
 
 // The provider to use: `requested` if non-empty, else the environment's
-// JAX_SMDDP_FABRIC_PROVIDER, else "efa" when fi_getinfo finds it, else
-// "tcp;ofi_rxm".
+// JAX_SMDDP_FABRIC_PROVIDER, else DefaultFabricProvider(): the first of
+// "efa" and "net" that fi_getinfo finds, else "tcp;ofi_rxm".
 std::string ChooseFabricProvider(const std::string& requested);
+// What an unset JAX_SMDDP_FABRIC_PROVIDER picks.
+std::string DefaultFabricProvider();
 
 // Environment knobs, read at Open (both ends must agree on the chunk size):
 //   JAX_SMDDP_FABRIC_CHUNK_BYTES  bytes per chunk, header included (default 256 KiB)

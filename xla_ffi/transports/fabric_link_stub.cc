@@ -26,8 +26,10 @@ bool FabricAvailable(std::string* why) {
 std::string ChooseFabricProvider(const std::string& requested) {
   if (!requested.empty()) return requested;
   std::string env = TextSetting("JAX_SMDDP_FABRIC_PROVIDER");
-  return env.empty() ? kDefaultProvider : env;
+  return env.empty() ? DefaultFabricProvider() : env;
 }
+
+std::string DefaultFabricProvider() { return kDefaultProvider; }
 
 Status FabricEndpoint::Open(const std::string&, const std::string&,
                             std::unique_ptr<FabricEndpoint>*) {

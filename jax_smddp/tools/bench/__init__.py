@@ -23,8 +23,8 @@ Layouts (``--layout``):
   job; jax_smddp links the processes through shared memory.
 * ``HxPxD``: H simulated hosts (network namespaces: two joined by a veth pair,
   more on one bridge, :mod:`jax_smddp.tools.netns`) x P processes x D devices; jax_smddp uses shared
-  memory within a host and libfabric (``JAX_SMDDP_FABRIC_PROVIDER``, default
-  here ``tcp;ofi_rxm``) between hosts. Needs root and iproute2.
+  memory within a host and libfabric (``JAX_SMDDP_FABRIC_PROVIDER``, else the
+  library's default: ``net`` where libfabric 1.17 offers it) between hosts. Needs root and iproute2.
 
 Multi-process layouts are run by :mod:`jax_smddp.tools.launch`: every worker
 (:mod:`jax_smddp.tools.bench_worker`) benchmarks the same programs over a 1-D mesh of

@@ -256,7 +256,6 @@ def run_multi_process(args) -> int:
   link = None
   if layout.hosts > 1:
     from jax_smddp.tools import link_probe, netns
-    env = {"JAX_SMDDP_FABRIC_PROVIDER": os.environ.get("JAX_SMDDP_FABRIC_PROVIDER", "tcp;ofi_rxm")}
     with netns.hosts(layout.hosts) as (names, ips):
       # The link itself, before the workers start (an idle link).
       try:
@@ -265,7 +264,7 @@ def run_multi_process(args) -> int:
         print(f"# the link could not be measured ({e}); rows have no link column", flush=True)
       spaces = [names[h] for h in range(layout.hosts) for _ in range(layout.processes_per_host)]
       procs = launch.run_job(worker_args, layout.processes, layout.devices_per_process,
-                             script=script, timeout=args.timeout, env=env,
+                             script=script, timeout=args.timeout,
                              namespaces=spaces, coordinator_ip=ips[0])
   elif args.mpi4jax:
     procs = launch.run_mpi_job(worker_args, layout.processes, layout.devices_per_process,
