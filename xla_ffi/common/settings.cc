@@ -65,8 +65,7 @@ const std::vector<SettingSpec> kSettings = {
      "receiver's once the receiver has posted it (no bounce copies; one extra round trip); "
      "smaller messages go through bounce buffers; 0 turns that off. Needs a provider with tagged "
      "messages and directed receives (net, tcp;ofi_rxm, shm, efa); jax_smddp.traffic() says "
-     "whether "
-     "it is on"},
+     "whether it is on"},
     {"JAX_SMDDP_FABRIC_WAIT", kChoice, "fd", 0, 0, "fd|sleep", "runtime", false,
      "how a call waiting on a libfabric link sleeps once it stops polling: on the completion "
      "queue's descriptor, woken when data arrives (fd, where the provider offers one), or for "
