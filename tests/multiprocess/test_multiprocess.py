@@ -445,6 +445,29 @@ def test_processes_of_different_fabric_providers_fail_naming_them():
   assert "JAX_SMDDP_FABRIC_PROVIDER" in msg, msg
 
 
+@pytest.mark.timeout(300)
+def test_processes_whose_libfabric_offers_different_providers_fail_at_initialize():
+  """Two hosts (by JAX_SMDDP_HOST_ID) with JAX_SMDDP_FABRIC_PROVIDER unset, where
+  process 1's libfabric hides net (FI_PROVIDER=^net, libfabric's own filter): process 0
+  opens net, process 1 tcp;ofi_rxm. Both raise at initialize() within seconds, naming
+  the other's provider, and neither is initialized."""
+  if _default_provider() != "net":
+    pytest.skip(f"this libfabric's default is {_default_provider()}, not net")
+  procs = run_job(["provider_mismatch"], 2, 1, timeout=240,
+                  per_process_env=[{"JAX_SMDDP_HOST_ID": "a"},
+                                   {"JAX_SMDDP_HOST_ID": "b", "FI_PROVIDER": "^net"}])
+  mine = {0: "net", 1: "tcp;ofi_rxm"}
+  for p in procs:
+    r = p.result
+    assert r is not None and r["ok"] is False, launch.describe(procs)
+    other = 1 - p.index
+    assert (f"process {p.index} (host {'ab'[p.index]}) opened libfabric provider "
+            f"'{mine[p.index]}'") in r["message"], r["message"]
+    assert f"process {other} (host {'ab'[other]}) opened '{mine[other]}'" in r["message"], r
+    assert "JAX_SMDDP_FABRIC_PROVIDER" in r["message"], r["message"]
+    assert r["initialized"] is False and r["seconds"] < 60, r
+
+
 def test_oversubscribed_counts_this_machines_processes_against_its_cores():
   from jax_smddp import distributed
   cores = len(os.sched_getaffinity(0))

@@ -437,6 +437,21 @@ def scenario_build_mismatch():
   result(ok=True, build=smddp.distributed.build_id())
 
 
+def scenario_provider_mismatch():
+  """Processes whose libfabric offers them different default providers (the
+  test hides one from some with libfabric's own FI_PROVIDER): initialize()
+  must raise in every process concerned, naming both providers, before any
+  link exists, instead of hanging on endpoints that cannot reach each other."""
+  t0 = time.monotonic()
+  try:
+    smddp.initialize()
+  except RuntimeError as e:
+    result(ok=False, message=str(e), initialized=smddp.distributed.is_initialized(),
+           seconds=time.monotonic() - t0)
+    return  # every process raised: jax.distributed shuts down cleanly
+  result(ok=True, topology=smddp.distributed.topology())
+
+
 def scenario_malformed_chunks():
   """One all_gather between hosts, where a process sends malformed chunks
   (JAX_SMDDP_FABRIC_TEST_CORRUPT): its receivers must fail the call with a
