@@ -140,6 +140,36 @@ int GetRdmInfo(const FabricApi& a, const std::string& provider, const std::strin
   return ret;
 }
 
+namespace {
+
+// Opens o->cq signalling a wait set of its own (o->wait, o->wait_fd).
+// Returns 0, or libfabric's code with neither left open.
+int OpenCqOnWaitSet(RdmObjects* o, struct fi_cq_attr cq_attr) {
+  struct fi_wait_attr wait_attr;
+  std::memset(&wait_attr, 0, sizeof(wait_attr));
+  wait_attr.wait_obj = FI_WAIT_FD;
+  struct fid_wait* wait = nullptr;
+  int ret = fi_wait_open(o->fabric, &wait_attr, &wait);
+  if (ret != 0) return ret;
+  cq_attr.wait_obj = FI_WAIT_SET;
+  cq_attr.wait_set = wait;
+  int fd = -1;
+  ret = fi_cq_open(o->domain, &cq_attr, &o->cq, nullptr);
+  if (ret == 0 && (ret = fi_control(&wait->fid, FI_GETWAIT, &fd)) != 0) {
+    fi_close(&o->cq->fid);
+    o->cq = nullptr;
+  }
+  if (ret != 0) {
+    fi_close(&wait->fid);
+    return ret;
+  }
+  o->wait = wait;
+  o->wait_fd = fd;
+  return 0;
+}
+
+}  // namespace
+
 Status OpenRdmObjects(const FabricApi& a, struct fi_info* info, const std::string& what,
                       int cq_format, size_t cq_size, RdmObjects* o, bool wait_fd) {
   auto fail = [&](const char* call, int r) {
@@ -158,35 +188,14 @@ Status OpenRdmObjects(const FabricApi& a, struct fi_info* info, const std::strin
   cq_attr.format = static_cast<enum fi_cq_format>(cq_format);
   cq_attr.size = cq_size;
   ret = -FI_ENOSYS;
-  if (wait_fd) {
-    // A descriptor to sleep on, so that a waiter wakes when data arrives
-    // instead of at its next timed poll: a wait set's where the provider
-    // has them (MaySleep can clear it), else the queue's own.
-    struct fi_wait_attr wait_attr;
-    std::memset(&wait_attr, 0, sizeof(wait_attr));
-    wait_attr.wait_obj = FI_WAIT_FD;
-    if (fi_wait_open(o->fabric, &wait_attr, &o->wait) == 0) {
-      cq_attr.wait_obj = FI_WAIT_SET;
-      cq_attr.wait_set = o->wait;
-      ret = fi_cq_open(o->domain, &cq_attr, &o->cq, nullptr);
-      if (ret == 0 && fi_control(&o->wait->fid, FI_GETWAIT, &o->wait_fd) != 0) o->wait_fd = -1;
-      if (ret != 0 || o->wait_fd < 0) {
-        if (o->cq) fi_close(&o->cq->fid);
-        o->cq = nullptr;
-        fi_close(&o->wait->fid);
-        o->wait = nullptr;
-        o->wait_fd = -1;
-        ret = -FI_ENOSYS;
-      }
-    } else {
-      o->wait = nullptr;
-    }
-    if (ret != 0) {
-      cq_attr.wait_obj = FI_WAIT_FD;
-      cq_attr.wait_set = nullptr;
-      ret = fi_cq_open(o->domain, &cq_attr, &o->cq, nullptr);
-      if (ret == 0 && fi_control(&o->cq->fid, FI_GETWAIT, &o->wait_fd) != 0) o->wait_fd = -1;
-    }
+  // A descriptor to sleep on, so that a waiter wakes when data arrives
+  // instead of at its next timed poll: a wait set's where the provider has
+  // them (MaySleep can clear it), else the queue's own.
+  if (wait_fd) ret = OpenCqOnWaitSet(o, cq_attr);
+  if (wait_fd && ret != 0) {
+    cq_attr.wait_obj = FI_WAIT_FD;
+    ret = fi_cq_open(o->domain, &cq_attr, &o->cq, nullptr);
+    if (ret == 0 && fi_control(&o->cq->fid, FI_GETWAIT, &o->wait_fd) != 0) o->wait_fd = -1;
   }
   if (ret != 0) {
     cq_attr.wait_obj = FI_WAIT_NONE;

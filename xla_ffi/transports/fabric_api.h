@@ -65,6 +65,10 @@ const FabricApi& GetFabricApi();
 // libfabric's code (-FI_ENODATA: the provider cannot do it here).
 int GetRdmInfo(const FabricApi& a, const std::string& provider, const std::string& node,
                uint64_t caps, uint64_t mr_mode, struct fi_info** out);
+// The memory-registration modes the endpoints accept (a provider may require
+// any of them; FI_MR_LOCAL: efa's registration of local buffers).
+constexpr uint64_t kRdmMrModes =
+    FI_MR_LOCAL | FI_MR_VIRT_ADDR | FI_MR_ALLOCATED | FI_MR_PROV_KEY | FI_MR_ENDPOINT;
 
 // The objects of one reliable-datagram endpoint.
 struct RdmObjects {

@@ -32,13 +32,12 @@ Status FabricEndpoint::Impl::Init(const std::string& provider, const std::string
   const std::string what =
       "libfabric provider '" + provider + "'" + (where ? " on " + node : std::string());
 
-  const uint64_t mr_modes =
-      FI_MR_LOCAL | FI_MR_VIRT_ADDR | FI_MR_ALLOCATED | FI_MR_PROV_KEY | FI_MR_ENDPOINT;
   // Tagged messages with directed receives carry direct transfers; a
   // provider without them still carries everything through bounce buffers.
-  int ret = GetRdmInfo(a, provider, node, FI_MSG | FI_TAGGED | FI_DIRECTED_RECV, mr_modes, &info_);
+  int ret =
+      GetRdmInfo(a, provider, node, FI_MSG | FI_TAGGED | FI_DIRECTED_RECV, kRdmMrModes, &info_);
   tagged_ = ret == 0;
-  if (ret == -FI_ENODATA) ret = GetRdmInfo(a, provider, node, FI_MSG, mr_modes, &info_);
+  if (ret == -FI_ENODATA) ret = GetRdmInfo(a, provider, node, FI_MSG, kRdmMrModes, &info_);
   if (ret == -FI_ENODATA) {
     return Status::Error(
         what + " offers no reliable-datagram (FI_EP_RDM) endpoint here (fi_getinfo: " + a.Err(ret) +

@@ -37,8 +37,7 @@ FabricInfo DescribeFabric() {
   hints->caps = FI_MSG;
   hints->mode = FI_CONTEXT | FI_CONTEXT2;
   hints->ep_attr->type = FI_EP_RDM;
-  hints->domain_attr->mr_mode =
-      FI_MR_LOCAL | FI_MR_VIRT_ADDR | FI_MR_ALLOCATED | FI_MR_PROV_KEY | FI_MR_ENDPOINT;
+  hints->domain_attr->mr_mode = kRdmMrModes;
   struct fi_info* list = nullptr;
   int ret = a.getinfo(a.RequestedVersion(), nullptr, nullptr, 0, hints, &list);
   a.freeinfo(hints);

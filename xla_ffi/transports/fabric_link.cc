@@ -75,10 +75,8 @@ namespace {
 // Whether fi_getinfo finds a reliable-datagram endpoint of exactly the
 // provider `name` (not a utility provider layered over it).
 bool Offers(const Api& a, const char* name) {
-  const uint64_t mr_modes =
-      FI_MR_LOCAL | FI_MR_VIRT_ADDR | FI_MR_ALLOCATED | FI_MR_PROV_KEY | FI_MR_ENDPOINT;
   struct fi_info* info = nullptr;
-  if (GetRdmInfo(a, name, "", FI_MSG, mr_modes, &info) != 0) return false;
+  if (GetRdmInfo(a, name, "", FI_MSG, kRdmMrModes, &info) != 0) return false;
   bool found = false;
   for (struct fi_info* i = info; i && !found; i = i->next)
     found = i->fabric_attr && i->fabric_attr->prov_name &&
