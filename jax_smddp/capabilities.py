@@ -35,8 +35,11 @@ def heap_reuse() -> dict:
 @functools.cache
 def fabric() -> dict:
   """libfabric: built (headers found), loaded (path, version), its providers
-  able to open the reliable-datagram endpoints the transports use, and why
-  not when it cannot be used ('error')."""
+  able to open the reliable-datagram endpoints the transports use, the one an
+  unset JAX_SMDDP_FABRIC_PROVIDER picks ('default_provider'), libfabric's
+  own variables jax_smddp gives a default ('env_defaults': name, value in
+  effect, set_by 'jax_smddp' or 'environment'), and why not when it cannot be
+  used ('error')."""
   return dict(_native.engine().fabric_info())
 
 

@@ -117,6 +117,9 @@ def _fabric(rows: list[Row]) -> None:
                   "available: the default between hosts" if efa else
                   f"not available: between hosts jax_smddp uses {f['default_provider']} "
                   "(or JAX_SMDDP_FABRIC_PROVIDER)"))
+  for e in f["env_defaults"]:
+    whose = "jax_smddp's default" if e["set_by"] == "jax_smddp" else "set in the environment"
+    rows.append(Row(f"  {e['name']}", INFO, f"{e['value']} ({whose})"))
 
 
 def _gdrcopy(rows: list[Row]) -> None:

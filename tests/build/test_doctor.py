@@ -102,6 +102,12 @@ def test_doctor_exits_0_and_reports_libfabric_with_tcp(tmp_path):
   assert default in r["providers"]["detail"].split(", "), (default, r["providers"])
   if default != "efa":
     assert f"between hosts jax_smddp uses {default} " in r["efa"]["detail"], r["efa"]
+  # libfabric's own variables that jax_smddp gives a default, with whose value is in effect.
+  prefetch = r["FI_NET_PREFETCH_RBUF_SIZE"]["detail"]
+  if "FI_NET_PREFETCH_RBUF_SIZE" in os.environ:
+    assert prefetch == f"{os.environ['FI_NET_PREFETCH_RBUF_SIZE']} (set in the environment)"
+  else:
+    assert prefetch == "0 (jax_smddp's default)", prefetch
   assert r["extension"]["status"] == "ok"
   assert jax.__version__ in r["jax"]["detail"]
   table = doctor(tmp_path)

@@ -2,9 +2,12 @@
 C++ program (tests/native/fabric_link_test.cc, built by CMake) that forks a child and moves
 messages between the two processes over a real libfabric provider."""
 
+import json
 import os
+import re
 import shutil
 import subprocess
+import sys
 
 import pytest
 
@@ -73,13 +76,16 @@ def test_libfabric_not_linked(binary):
     ("net", "127.0.0.1", {}),
     ("net", "127.0.0.1", {"JAX_SMDDP_FABRIC_DIRECT_BYTES": "1",
                           "JAX_SMDDP_FABRIC_TEST_REORDER": "1"}),
+    # net reading headers through libfabric's own prefetch buffer (jax_smddp's default is none).
+    ("net", "127.0.0.1", {"FI_NET_PREFETCH_RBUF_SIZE": "9000"}),
 ], ids=["tcp", "shm", "tcp-reordered", "tcp-bounce-only", "tcp-all-direct-reordered",
-        "shm-all-direct", "tcp-registered", "tcp-sleep", "net", "net-all-direct-reordered"])
+        "shm-all-direct", "tcp-registered", "tcp-sleep", "net", "net-all-direct-reordered",
+        "net-prefetch"])
 def test_fabric_link(binary, provider, node, settings):
   env = dict(os.environ)
   for name in ("JAX_SMDDP_FABRIC_PROVIDER", "JAX_SMDDP_FABRIC_DIRECT_BYTES",
                "JAX_SMDDP_FABRIC_TEST_REORDER", "JAX_SMDDP_FABRIC_TEST_REGISTER",
-               "JAX_SMDDP_FABRIC_WAIT"):
+               "JAX_SMDDP_FABRIC_WAIT", "FI_NET_PREFETCH_RBUF_SIZE"):
     env.pop(name, None)
   env.update(settings)
   args = [binary, provider] + ([node] if node else [])
@@ -90,6 +96,40 @@ def test_fabric_link(binary, provider, node, settings):
   print(proc.stdout)
   assert proc.returncode == 0, f"rc={proc.returncode}\n{proc.stdout}\n{proc.stderr}"
   assert "all fabric link tests passed" in proc.stdout
+
+
+_READ_FABRIC_DEFAULTS = """
+import json
+from jax_smddp import capabilities
+print(json.dumps(capabilities.fabric()["env_defaults"]))
+"""
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize("user_value", [None, "9000"], ids=["unset", "set-by-user"])
+def test_net_prefetch_buffer_default_reaches_the_provider(user_value):
+  # jax_smddp sets FI_NET_PREFETCH_RBUF_SIZE=0 before libfabric loads unless the user set it;
+  # the provider's own log of the value it read shows that the setting arrived in time.
+  why = _libfabric_missing()
+  if why:
+    assert not IN_CI, why
+    pytest.skip(why)
+  env = dict(os.environ, FI_LOG_LEVEL="info")
+  env.pop("FI_NET_PREFETCH_RBUF_SIZE", None)
+  if user_value is not None:
+    env["FI_NET_PREFETCH_RBUF_SIZE"] = user_value
+  proc = subprocess.run([sys.executable, "-c", _READ_FABRIC_DEFAULTS], env=env,
+                        capture_output=True, text=True, timeout=100)
+  assert proc.returncode == 0, proc.stdout + proc.stderr
+  defaults = {e["name"]: e for e in json.loads(proc.stdout.strip().splitlines()[-1])}
+  entry = defaults["FI_NET_PREFETCH_RBUF_SIZE"]
+  expected = user_value or "0"
+  assert entry["value"] == expected, entry
+  assert entry["set_by"] == ("environment" if user_value else "jax_smddp"), entry
+  from jax_smddp import capabilities
+  if "net" in capabilities.fabric()["providers"]:
+    read = re.findall(r":net:core:.*read int var prefetch_rbuf_size=(\d+)", proc.stderr)
+    assert read == [expected], (read, proc.stderr[-2000:])
 
 
 @pytest.mark.timeout(300)

@@ -135,6 +135,15 @@ void BindBuildInfo(nb::module_& m) {
     d["version"] = f.version;
     d["providers"] = f.providers;
     d["default_provider"] = f.default_provider;
+    nb::list env;
+    for (const auto& e : f.env_defaults) {
+      nb::dict item;
+      item["name"] = e.name;
+      item["value"] = e.value;
+      item["set_by"] = e.ours ? "jax_smddp" : "environment";
+      env.append(item);
+    }
+    d["env_defaults"] = env;
     return d;
   });
 }

@@ -8,6 +8,7 @@
 
 #include <cstdint>
 #include <string>
+#include <vector>
 
 #include "xla_ffi/common/hashing.h"  // Fnv1a, of endpoint addresses
 #include "xla_ffi/common/status.h"
@@ -48,6 +49,9 @@ struct FabricApi {
   decltype(&::fi_version) version = nullptr;
   std::string error;  // empty when loaded
   std::string path;   // the file loaded
+  // The kFabricEnvDefaults this process's environment left unset, which
+  // GetFabricApi set before loading libfabric.
+  std::vector<std::string> env_set;
 
   // `ret`: a negative libfabric return code.
   std::string Err(int ret) const;
@@ -56,7 +60,18 @@ struct FabricApi {
 };
 
 // Loaded once per process and never unloaded (providers may keep threads).
+// Before it loads, every variable of kFabricEnvDefaults that the environment
+// leaves unset is set to jax_smddp's value.
 const FabricApi& GetFabricApi();
+
+// libfabric's own variables that jax_smddp gives a value of its own when the
+// environment leaves them unset (a value the user sets wins).
+struct FabricEnvDefault {
+  const char* name;
+  const char* value;
+};
+extern const FabricEnvDefault kFabricEnvDefaults[];
+extern const int kFabricEnvDefaultCount;
 
 // fi_getinfo for a reliable-datagram endpoint of `provider` with `caps` and
 // `mr_mode`, bound to `node` ("" = anywhere; for shm, a name unique to this

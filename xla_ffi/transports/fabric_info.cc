@@ -1,6 +1,7 @@
 #include "xla_ffi/transports/fabric_info.h"
 
 #include <algorithm>
+#include <cstdlib>
 #include <cstring>
 
 #include "xla_ffi/transports/fabric_api.h"
@@ -50,6 +51,12 @@ FabricInfo DescribeFabric() {
   }
   if (list) a.freeinfo(list);
   info.default_provider = DefaultFabricProvider();
+  for (int i = 0; i < kFabricEnvDefaultCount; ++i) {
+    const char* name = kFabricEnvDefaults[i].name;
+    const char* value = std::getenv(name);
+    bool ours = std::find(a.env_set.begin(), a.env_set.end(), name) != a.env_set.end();
+    info.env_defaults.push_back({name, value ? value : "", ours});
+  }
   return info;
 #endif
 }

@@ -19,6 +19,14 @@ struct FabricInfo {
   std::string version;                 // "major.minor" of the library
   std::vector<std::string> providers;  // RDM providers usable here, e.g. "tcp;ofi_rxm"
   std::string default_provider;        // what an unset JAX_SMDDP_FABRIC_PROVIDER picks
+  // libfabric variables jax_smddp gives a default (kFabricEnvDefaults): the
+  // value in effect, and whether it is jax_smddp's (false: the user's).
+  struct EnvValue {
+    std::string name;
+    std::string value;
+    bool ours = false;
+  };
+  std::vector<EnvValue> env_defaults;
 };
 
 // Loads libfabric if needed (once per process) and lists its providers.
