@@ -97,6 +97,22 @@ void ShmLink::Recv(uint64_t tag, void* dst, size_t bytes, Request* req) {
   for (size_t ui = 0; ui < unexpected_.size(); ++ui) {
     Unexpected* u = unexpected_[ui].get();
     if (u->tag != tag) continue;
+    if (u->in_place && u->claim == nullptr) {
+      // Still in the peer's memory: the next Progress reads it straight into
+      // `dst` (ReadInPlaceMessagesLocked).
+      if (u->total != bytes) {
+        const uint64_t sent = u->total;
+        unexpected_.erase(unexpected_.begin() + ptrdiff_t(ui));
+        QueueControlLocked(tag, kFlagAck, 0);  // the writer's buffer is free
+        WritePassLocked();
+        req->Complete(Status::Mismatch(MismatchMessage(sent, tag, bytes)));
+      } else {
+        u->claim = req;
+        u->claim_dst = static_cast<char*>(dst);
+      }
+      return;
+    }
+    if (u->in_place) continue;  // claimed by an earlier receive
     // The oldest message under `tag` arrived (or is arriving) unexpected.
     Incoming* in = nullptr;
     for (Incoming& i : incoming_) {
@@ -154,6 +170,13 @@ void ShmLink::Progress() {
     total += moved;
     if (moved == 0 || total >= 4 * cap_) break;
   }
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (!unexpected_.empty() && !failed_.load(std::memory_order_relaxed) &&
+        ReadInPlaceMessagesLocked(std::chrono::steady_clock::now()) && !pending_.empty()) {
+      total += WritePassLocked();  // their Acks
+    }
+  }
   // Requests of this process's other threads may have completed.
   if (total > 0 && my_bell_->sleepers.load(std::memory_order_seq_cst) != 0) Ring(my_bell_);
 }
@@ -208,6 +231,13 @@ void ShmLink::Cancel(Request* req) {
   for (size_t i = 0; i < posted_.size(); ++i) {
     if (posted_[i].req == req) {
       posted_.erase(posted_.begin() + ptrdiff_t(i));
+      return;
+    }
+  }
+  for (auto& u : unexpected_) {
+    if (u->claim == req) {
+      u->claim = nullptr;  // the message waits for another receive
+      u->claim_dst = nullptr;
       return;
     }
   }
@@ -302,6 +332,9 @@ void ShmLink::FailLocked(std::string reason, StatusCode code) {
   for (PendingSend& s : awaiting_) s.req->Complete(st);
   awaiting_.clear();
   for (PostedRecv& r : posted_) r.req->Complete(st);
+  for (auto& u : unexpected_) {
+    if (u->claim != nullptr) u->claim->Complete(st);
+  }
   for (Incoming& in : incoming_) {
     if (in.req != nullptr) in.req->Complete(st);
   }

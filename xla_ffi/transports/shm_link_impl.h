@@ -91,6 +91,14 @@ constexpr uint64_t kFlagRemote = 2;
 constexpr uint64_t kFlagAck = 4;
 constexpr uint64_t kFlagNack = 8;
 constexpr uint64_t kControlFlags = kFlagAbort | kFlagAck | kFlagNack;  // header only
+// Messages to be read in place that arrive before their receive: from this
+// size they wait, unread, for the receive, for up to kUnclaimedReadAfter,
+// before the reader copies them into its unexpected store
+// (DeliverRemoteLocked). Below it they are copied there by the next Progress:
+// at 64-256 KiB on a 2-core VM, waiting for the receive cost each call about
+// 50 us more than the second copy (docs/performance_model.md).
+constexpr uint64_t kWaitForReceiveBytes = 512 << 10;
+constexpr std::chrono::milliseconds kUnclaimedReadAfter{2};
 struct RemoteRef {
   uint64_t address;  // of the message in the writer's address space
   uint64_t cancels;  // the writer's cancel count when it sent the reference
@@ -198,6 +206,14 @@ class ShmLink final : public Link {
     uint64_t received = 0;
     char* data = nullptr;
     bool complete = false;
+    // A message to be read in place, still in the writer's memory at `ref`
+    // (no data here), arrived at `since`; `claim`: the receive it is to be
+    // read into by the next Progress (none: it waits for one).
+    bool in_place = false;
+    RemoteRef ref{};
+    std::chrono::steady_clock::time_point since{};
+    Request* claim = nullptr;
+    char* claim_dst = nullptr;
     ~Unexpected() { std::free(data); }
   };
   // A message partly arrived. Its bytes go to `req`/`dst` (a posted
@@ -238,6 +254,10 @@ class ShmLink final : public Link {
   static void AllowPeersToRead();
   int PeerPidLocked();
   bool DeliverRemoteLocked(const ChunkHeader& h, uint64_t at);
+  enum class InPlace { kRead, kFailed, kRefused, kLinkFailed };
+  InPlace ReadInPlaceLocked(uint64_t tag, uint64_t total, const RemoteRef& ref, char* dst,
+                            Request* req);
+  bool ReadInPlaceMessagesLocked(std::chrono::steady_clock::time_point now);
   int ReadRemote(int pid, const RemoteRef& ref, char* dst, uint64_t bytes, bool* cancelled);
   bool AnswerLocked(const ChunkHeader& h);
 

@@ -221,7 +221,23 @@ bool ShmLink::DeliverLocked(const ChunkHeader& h, uint64_t at) {
     }
   }
   if ((h.flags & kFlagAbort) != 0) {
-    if (idx == incoming_.size()) return true;  // nothing of it arrived
+    if (idx == incoming_.size()) {
+      // Nothing of it came through the ring; if it waits to be read in
+      // place, its buffer may be gone.
+      for (size_t i = 0; i < unexpected_.size(); ++i) {
+        if (unexpected_[i]->in_place && unexpected_[i]->tag == h.tag) {
+          Request* claim = unexpected_[i]->claim;
+          unexpected_.erase(unexpected_.begin() + ptrdiff_t(i));
+          if (claim != nullptr) {
+            claim->Complete(Status::PeerFailed("process " + std::to_string(peer_pid_.load()) +
+                                               " cancelled sending the message under tag " +
+                                               std::to_string(h.tag)));
+          }
+          break;
+        }
+      }
+      return true;
+    }
     Incoming in = incoming_[idx];
     incoming_.erase(incoming_.begin() + ptrdiff_t(idx));
     if (in.u != nullptr) DropUnexpectedLocked(in.u);

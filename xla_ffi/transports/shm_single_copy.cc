@@ -7,6 +7,7 @@
 #include <sys/types.h>
 #include <sys/uio.h>
 
+#include <chrono>
 #include <cstdint>
 #include <cstdlib>
 #include <cstring>
@@ -80,44 +81,73 @@ int ShmLink::PeerPidLocked() {
   return pid > 0 ? pid : peer_side_->pid.load(std::memory_order_acquire);
 }
 
-// A RemoteRef chunk: the message is copied from the peer's memory now,
-// straight into its receive's buffer if one is posted, else into the
-// unexpected store (so that sends complete without a posted receive, as
-// through the ring), then acknowledged. If the kernel refuses (ptrace
-// rules), the receive stays posted, a Nack asks the peer to send the message
-// through the ring, and the link says why single copy is off.
+// A RemoteRef chunk. With a receive posted under its tag, the message is
+// copied from the peer's memory straight into that receive's buffer now,
+// then acknowledged. Without one, a message of kWaitForReceiveBytes or more
+// is not read yet: the reference waits in the unexpected store for its
+// receive (the first Progress after Recv reads it, with the one copy), and
+// the writer's send completes when it is read. Reading it at once into the
+// store meant two copies, and a reader that met a 16 MiB message while still
+// waiting for the call's first small one spent the first copy's milliseconds
+// before it could post the receive, while the writer waited for its data
+// (docs/performance_model.md, "Calls that start together"). One that no
+// receive claims within kUnclaimedReadAfter is read into the store after all
+// (ReadInPlaceMessagesLocked), so a writer whose receive is posted only once
+// its send is done is never stuck on this side. Smaller messages are read
+// into the store at once, as their second copy costs less than the writer's
+// wait for the receive.
 bool ShmLink::DeliverRemoteLocked(const ChunkHeader& h, uint64_t at) {
   RemoteRef ref;
   CopyFromRing(reinterpret_cast<char*>(&ref), at, sizeof(ref));
   size_t r = 0;
   while (r < posted_.size() && posted_[r].tag != h.tag) ++r;
-  if (r < posted_.size() && posted_[r].bytes != h.total) {
-    const PostedRecv p = posted_[r];
-    posted_.erase(posted_.begin() + ptrdiff_t(r));
-    QueueControlLocked(h.tag, kFlagAck, 0);  // the writer's buffer is free
-    p.req->Complete(Status::Mismatch(MismatchMessage(h.total, h.tag, p.bytes)));
-    return true;
-  }
-  std::unique_ptr<Unexpected> u;
-  char* dst = nullptr;
   if (r < posted_.size()) {
-    dst = posted_[r].dst;
-  } else {
-    u.reset(new (std::nothrow) Unexpected());
-    if (u != nullptr && h.total > 0) u->data = static_cast<char*>(std::malloc(h.total));
-    if (u == nullptr || u->data == nullptr) {
-      FailLocked("shared-memory link: cannot allocate " + std::to_string(h.total) +
-                 " bytes for the early-arrived message under tag " + std::to_string(h.tag));
-      return false;
+    const PostedRecv p = posted_[r];
+    if (p.bytes != h.total) {
+      posted_.erase(posted_.begin() + ptrdiff_t(r));
+      QueueControlLocked(h.tag, kFlagAck, 0);  // the writer's buffer is free
+      p.req->Complete(Status::Mismatch(MismatchMessage(h.total, h.tag, p.bytes)));
+      return true;
     }
-    u->tag = h.tag;
-    u->total = h.total;
-    dst = u->data;
+    const InPlace read = ReadInPlaceLocked(h.tag, h.total, ref, p.dst, p.req);
+    if (read == InPlace::kLinkFailed) return false;
+    // Refused: the receive stays posted for the copy through the ring.
+    if (read != InPlace::kRefused) posted_.erase(posted_.begin() + ptrdiff_t(r));
+    return !failed_.load(std::memory_order_relaxed);
   }
+  std::unique_ptr<Unexpected> u(new (std::nothrow) Unexpected());
+  if (u == nullptr) {
+    FailLocked("shared-memory link: out of memory");
+    return false;
+  }
+  u->tag = h.tag;
+  u->total = h.total;
+  u->in_place = true;
+  u->ref = ref;
+  u->since = std::chrono::steady_clock::now();
+  if (h.total < kWaitForReceiveBytes) u->since -= kUnclaimedReadAfter;  // read by the next Progress
+  try {
+    unexpected_.push_back(std::move(u));
+  } catch (...) {
+    FailLocked("shared-memory link: out of memory");
+    return false;
+  }
+  return true;
+}
+
+// Copies the peer's message `tag` (`total` bytes at `ref` in its memory)
+// into `dst`. kRead: copied and its Ack queued (`req`, if any, completes once
+// the Ack is written). kFailed: the peer cancelled the message or exited
+// while it was read (`req`, if any, completes with that; no Ack, the writer
+// gave it up). kRefused: the kernel does not let this process read the
+// peer's memory; a Nack asks for the message again through the ring (and
+// single copy is off from then on). kLinkFailed: the link failed.
+ShmLink::InPlace ShmLink::ReadInPlaceLocked(uint64_t tag, uint64_t total, const RemoteRef& ref,
+                                            char* dst, Request* req) {
   const int pid = PeerPidLocked();
   const std::string peer = "process " + std::to_string(pid);
   bool cancelled = false;
-  const int err = ReadRemote(pid, ref, dst, h.total, &cancelled);
+  const int err = ReadRemote(pid, ref, dst, total, &cancelled);
   if (err == EPERM || err == EACCES || err == ENOSYS) {
     SetSingleCopyOff("this process may not read " + peer +
                      "'s memory (process_vm_readv: " + std::strerror(err) +
@@ -125,44 +155,81 @@ bool ShmLink::DeliverRemoteLocked(const ChunkHeader& h, uint64_t at) {
                      "container without CAP_SYS_PTRACE or with a seccomp filter, another "
                      "user, or a process that is not dumpable); messages go through the ring "
                      "(two copies)");
-    QueueControlLocked(h.tag, kFlagNack, uint64_t(err));
-    return !failed_.load(std::memory_order_relaxed);
+    QueueControlLocked(tag, kFlagNack, uint64_t(err));
+    return failed_.load(std::memory_order_relaxed) ? InPlace::kLinkFailed : InPlace::kRefused;
   }
   Status st = Status::Ok();
   if (cancelled) {
-    st = Status::PeerFailed(peer + " cancelled the message under tag " + std::to_string(h.tag) +
+    st = Status::PeerFailed(peer + " cancelled the message under tag " + std::to_string(tag) +
                             " while it was being read");
   } else if (err == ESRCH) {
-    st = Status::PeerFailed(peer +
-                            " exited while this process read a message from its "
-                            "memory");
+    st = Status::PeerFailed(peer + " exited while this process read a message from its memory");
   } else if (err != 0) {
-    FailCorruptLocked("reading " + std::to_string(h.total) + " bytes at " +
+    FailCorruptLocked("reading " + std::to_string(total) + " bytes at " +
                       std::to_string(ref.address) + " of its memory failed: " + std::strerror(err));
-    return false;
-  } else {
-    single_copy_bytes_.fetch_add(h.total, std::memory_order_relaxed);
+    return InPlace::kLinkFailed;
   }
-  if (u == nullptr) {
-    const PostedRecv p = posted_[r];
-    posted_.erase(posted_.begin() + ptrdiff_t(r));
-    if (st.ok()) {
-      QueueControlLocked(h.tag, kFlagAck, 0, p.req);  // completes p once written
-    } else {
-      p.req->Complete(std::move(st));
+  if (!st.ok()) {
+    if (req != nullptr) req->Complete(std::move(st));
+    return InPlace::kFailed;
+  }
+  single_copy_bytes_.fetch_add(total, std::memory_order_relaxed);
+  QueueControlLocked(tag, kFlagAck, 0, req);
+  return failed_.load(std::memory_order_relaxed) ? InPlace::kLinkFailed : InPlace::kRead;
+}
+
+// Reads the messages to be read in place that wait in the unexpected store:
+// into their receives where Recv claimed them, else, once they have waited
+// kUnclaimedReadAfter, into the store. In Progress rather than in Recv, so
+// that a caller posts its sends before it copies. False if the link failed.
+bool ShmLink::ReadInPlaceMessagesLocked(std::chrono::steady_clock::time_point now) {
+  for (size_t i = 0; i < unexpected_.size();) {
+    Unexpected* u = unexpected_[i].get();
+    if (!u->in_place || (u->claim == nullptr && now - u->since < kUnclaimedReadAfter)) {
+      ++i;
+      continue;
     }
-  } else if (st.ok()) {
-    QueueControlLocked(h.tag, kFlagAck, 0);
-    u->received = u->total;
-    u->complete = true;
-    try {
-      unexpected_.push_back(std::move(u));
-    } catch (...) {
-      FailLocked("shared-memory link: out of memory");
+    if (u->claim != nullptr) {
+      const PostedRecv p{u->tag, u->claim_dst, u->total, u->claim};
+      const std::unique_ptr<Unexpected> done = std::move(unexpected_[i]);
+      unexpected_.erase(unexpected_.begin() + ptrdiff_t(i));
+      const InPlace read = ReadInPlaceLocked(p.tag, p.bytes, done->ref, p.dst, p.req);
+      if (read == InPlace::kLinkFailed) {
+        p.req->Complete(Status::WithCode(PeerFailureCode(), Failure()));
+        return false;
+      }
+      if (read == InPlace::kRefused) {
+        // Posted again, ahead of later receives under its tag, for the copy
+        // through the ring.
+        size_t r = 0;
+        while (r < posted_.size() && posted_[r].tag != p.tag) ++r;
+        try {
+          posted_.insert(posted_.begin() + ptrdiff_t(r), p);
+        } catch (...) {
+          p.req->Complete(Status::Error("shared-memory link: out of memory"));
+        }
+      }
+      continue;
+    }
+    u->data = static_cast<char*>(std::malloc(u->total));
+    if (u->data == nullptr) {
+      FailLocked("shared-memory link: cannot allocate " + std::to_string(u->total) +
+                 " bytes for the early-arrived message under tag " + std::to_string(u->tag));
       return false;
     }
+    const InPlace read = ReadInPlaceLocked(u->tag, u->total, u->ref, u->data, nullptr);
+    if (read == InPlace::kLinkFailed) return false;
+    if (read == InPlace::kRead) {
+      u->in_place = false;
+      u->received = u->total;
+      u->complete = true;
+      ++i;
+    } else {
+      // Given up by the writer, or coming again through the ring.
+      unexpected_.erase(unexpected_.begin() + ptrdiff_t(i));
+    }
   }
-  return !failed_.load(std::memory_order_relaxed);
+  return true;
 }
 
 // Copies `bytes` at `ref.address` of process `pid` into `dst`. Returns 0
