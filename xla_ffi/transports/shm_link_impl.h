@@ -244,6 +244,11 @@ class ShmLink final : public Link {
   void CopyFromRing(char* dst, uint64_t at, uint64_t len) const;
   uint64_t ReadPassLocked();
   bool DeliverLocked(const ChunkHeader& h, uint64_t at);
+  // A new entry at the end of the unexpected store, with room for the
+  // message's bytes when `with_data`; null if memory ran out (the link failed).
+  Unexpected* StoreUnexpectedLocked(uint64_t tag, uint64_t total, bool with_data);
+  // Room for `u`'s bytes; false if memory ran out (the link failed).
+  bool AllocateUnexpectedLocked(Unexpected* u);
   void DropUnexpectedLocked(const Unexpected* u);
 
   // Single copy (shm_single_copy.cc): messages read in place from the

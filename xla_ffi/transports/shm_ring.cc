@@ -269,28 +269,8 @@ bool ShmLink::DeliverLocked(const ChunkHeader& h, uint64_t at) {
         in.dst = p.dst;
       }
     } else {
-      std::unique_ptr<Unexpected> u(new (std::nothrow) Unexpected());
-      if (u == nullptr) {
-        FailLocked("shared-memory link: out of memory");
-        return false;
-      }
-      u->tag = h.tag;
-      u->total = h.total;
-      if (h.total > 0) {
-        u->data = static_cast<char*>(std::malloc(h.total));
-        if (u->data == nullptr) {
-          FailLocked("shared-memory link: cannot allocate " + std::to_string(h.total) +
-                     " bytes for the early-arrived message under tag " + std::to_string(h.tag));
-          return false;
-        }
-      }
-      in.u = u.get();
-      try {
-        unexpected_.push_back(std::move(u));
-      } catch (...) {
-        FailLocked("shared-memory link: out of memory");
-        return false;
-      }
+      in.u = StoreUnexpectedLocked(h.tag, h.total, /*with_data=*/true);
+      if (in.u == nullptr) return false;
     }
     try {
       incoming_.push_back(in);
@@ -321,6 +301,35 @@ bool ShmLink::DeliverLocked(const ChunkHeader& h, uint64_t at) {
     incoming_.erase(incoming_.begin() + ptrdiff_t(idx));
     if (done.u != nullptr) done.u->complete = true;
     if (done.req != nullptr) done.req->Complete(Status::Ok());
+  }
+  return true;
+}
+
+ShmLink::Unexpected* ShmLink::StoreUnexpectedLocked(uint64_t tag, uint64_t total, bool with_data) {
+  std::unique_ptr<Unexpected> u(new (std::nothrow) Unexpected());
+  if (u == nullptr) {
+    FailLocked("shared-memory link: out of memory");
+    return nullptr;
+  }
+  u->tag = tag;
+  u->total = total;
+  if (with_data && !AllocateUnexpectedLocked(u.get())) return nullptr;
+  try {
+    unexpected_.push_back(std::move(u));
+  } catch (...) {
+    FailLocked("shared-memory link: out of memory");
+    return nullptr;
+  }
+  return unexpected_.back().get();
+}
+
+bool ShmLink::AllocateUnexpectedLocked(Unexpected* u) {
+  if (u->total == 0) return true;
+  u->data = static_cast<char*>(std::malloc(u->total));
+  if (u->data == nullptr) {
+    FailLocked("shared-memory link: cannot allocate " + std::to_string(u->total) +
+               " bytes for the early-arrived message under tag " + std::to_string(u->tag));
+    return false;
   }
   return true;
 }

@@ -115,23 +115,12 @@ bool ShmLink::DeliverRemoteLocked(const ChunkHeader& h, uint64_t at) {
     if (read != InPlace::kRefused) posted_.erase(posted_.begin() + ptrdiff_t(r));
     return !failed_.load(std::memory_order_relaxed);
   }
-  std::unique_ptr<Unexpected> u(new (std::nothrow) Unexpected());
-  if (u == nullptr) {
-    FailLocked("shared-memory link: out of memory");
-    return false;
-  }
-  u->tag = h.tag;
-  u->total = h.total;
+  Unexpected* u = StoreUnexpectedLocked(h.tag, h.total, /*with_data=*/false);
+  if (u == nullptr) return false;
   u->in_place = true;
   u->ref = ref;
   u->since = std::chrono::steady_clock::now();
   if (h.total < kWaitForReceiveBytes) u->since -= kUnclaimedReadAfter;  // read by the next Progress
-  try {
-    unexpected_.push_back(std::move(u));
-  } catch (...) {
-    FailLocked("shared-memory link: out of memory");
-    return false;
-  }
   return true;
 }
 
@@ -211,12 +200,7 @@ bool ShmLink::ReadInPlaceMessagesLocked(std::chrono::steady_clock::time_point no
       }
       continue;
     }
-    u->data = static_cast<char*>(std::malloc(u->total));
-    if (u->data == nullptr) {
-      FailLocked("shared-memory link: cannot allocate " + std::to_string(u->total) +
-                 " bytes for the early-arrived message under tag " + std::to_string(u->tag));
-      return false;
-    }
+    if (!AllocateUnexpectedLocked(u)) return false;
     const InPlace read = ReadInPlaceLocked(u->tag, u->total, u->ref, u->data, nullptr);
     if (read == InPlace::kLinkFailed) return false;
     if (read == InPlace::kRead) {
