@@ -103,9 +103,8 @@ void ShmLink::Recv(uint64_t tag, void* dst, size_t bytes, Request* req) {
       if (u->total != bytes) {
         const uint64_t sent = u->total;
         unexpected_.erase(unexpected_.begin() + ptrdiff_t(ui));
-        QueueControlLocked(tag, kFlagAck, 0);  // the writer's buffer is free
+        RejectInPlaceLocked(tag, sent, bytes, req);
         WritePassLocked();
-        req->Complete(Status::Mismatch(MismatchMessage(sent, tag, bytes)));
       } else {
         u->claim = req;
         u->claim_dst = static_cast<char*>(dst);
@@ -164,18 +163,13 @@ void ShmLink::Progress() {
       if (failed_.load(std::memory_order_relaxed)) return;
       moved += WritePassLocked();
       moved += ReadPassLocked();
-      // While we read, the peer may have freed room in our ring.
+      if (!unexpected_.empty() && !ReadInPlaceMessagesLocked()) return;
+      // While we read, the peer may have freed room in our ring (and the
+      // reads in place queued their Acks).
       if (!pending_.empty()) moved += WritePassLocked();
     }
     total += moved;
     if (moved == 0 || total >= 4 * cap_) break;
-  }
-  {
-    std::lock_guard<std::mutex> lock(mu_);
-    if (!unexpected_.empty() && !failed_.load(std::memory_order_relaxed) &&
-        ReadInPlaceMessagesLocked(std::chrono::steady_clock::now()) && !pending_.empty()) {
-      total += WritePassLocked();  // their Acks
-    }
   }
   // Requests of this process's other threads may have completed.
   if (total > 0 && my_bell_->sleepers.load(std::memory_order_seq_cst) != 0) Ring(my_bell_);

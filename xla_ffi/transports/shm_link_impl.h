@@ -94,7 +94,7 @@ constexpr uint64_t kControlFlags = kFlagAbort | kFlagAck | kFlagNack;  // header
 // Messages to be read in place that arrive before their receive: from this
 // size they wait, unread, for the receive, for up to kUnclaimedReadAfter,
 // before the reader copies them into its unexpected store
-// (DeliverRemoteLocked). Below it they are copied there by the next Progress:
+// (ReadInPlaceMessagesLocked). Below it they are copied there at once:
 // at 64-256 KiB on a 2-core VM, waiting for the receive cost each call about
 // 50 us more than the second copy (docs/performance_model.md).
 constexpr uint64_t kWaitForReceiveBytes = 512 << 10;
@@ -262,7 +262,8 @@ class ShmLink final : public Link {
   enum class InPlace { kRead, kFailed, kRefused, kLinkFailed };
   InPlace ReadInPlaceLocked(uint64_t tag, uint64_t total, const RemoteRef& ref, char* dst,
                             Request* req);
-  bool ReadInPlaceMessagesLocked(std::chrono::steady_clock::time_point now);
+  void RejectInPlaceLocked(uint64_t tag, uint64_t sent, uint64_t expected, Request* req);
+  bool ReadInPlaceMessagesLocked();
   int ReadRemote(int pid, const RemoteRef& ref, char* dst, uint64_t bytes, bool* cancelled);
   bool AnswerLocked(const ChunkHeader& h);
 

@@ -105,8 +105,7 @@ bool ShmLink::DeliverRemoteLocked(const ChunkHeader& h, uint64_t at) {
     const PostedRecv p = posted_[r];
     if (p.bytes != h.total) {
       posted_.erase(posted_.begin() + ptrdiff_t(r));
-      QueueControlLocked(h.tag, kFlagAck, 0);  // the writer's buffer is free
-      p.req->Complete(Status::Mismatch(MismatchMessage(h.total, h.tag, p.bytes)));
+      RejectInPlaceLocked(h.tag, h.total, p.bytes, p.req);
       return true;
     }
     const InPlace read = ReadInPlaceLocked(h.tag, h.total, ref, p.dst, p.req);
@@ -120,8 +119,15 @@ bool ShmLink::DeliverRemoteLocked(const ChunkHeader& h, uint64_t at) {
   u->in_place = true;
   u->ref = ref;
   u->since = std::chrono::steady_clock::now();
-  if (h.total < kWaitForReceiveBytes) u->since -= kUnclaimedReadAfter;  // read by the next Progress
   return true;
+}
+
+// A receive of `expected` bytes met the peer's message `tag` of `sent`,
+// still in the peer's memory: the receive fails, and an Ack frees the
+// writer's buffer.
+void ShmLink::RejectInPlaceLocked(uint64_t tag, uint64_t sent, uint64_t expected, Request* req) {
+  QueueControlLocked(tag, kFlagAck, 0);
+  req->Complete(Status::Mismatch(MismatchMessage(sent, tag, expected)));
 }
 
 // Copies the peer's message `tag` (`total` bytes at `ref` in its memory)
@@ -168,13 +174,20 @@ ShmLink::InPlace ShmLink::ReadInPlaceLocked(uint64_t tag, uint64_t total, const 
 }
 
 // Reads the messages to be read in place that wait in the unexpected store:
-// into their receives where Recv claimed them, else, once they have waited
-// kUnclaimedReadAfter, into the store. In Progress rather than in Recv, so
-// that a caller posts its sends before it copies. False if the link failed.
-bool ShmLink::ReadInPlaceMessagesLocked(std::chrono::steady_clock::time_point now) {
+// into their receives where Recv claimed them, else into the store, those
+// under kWaitForReceiveBytes at once and larger ones once they have waited
+// kUnclaimedReadAfter. In Progress rather than in Recv, so that a caller
+// posts its sends before it copies. False if the link failed.
+bool ShmLink::ReadInPlaceMessagesLocked() {
+  std::chrono::steady_clock::time_point now{};  // read once, when a message may still wait
   for (size_t i = 0; i < unexpected_.size();) {
     Unexpected* u = unexpected_[i].get();
-    if (!u->in_place || (u->claim == nullptr && now - u->since < kUnclaimedReadAfter)) {
+    bool wait = !u->in_place;
+    if (!wait && u->claim == nullptr && u->total >= kWaitForReceiveBytes) {
+      if (now == std::chrono::steady_clock::time_point{}) now = std::chrono::steady_clock::now();
+      wait = now - u->since < kUnclaimedReadAfter;
+    }
+    if (wait) {
       ++i;
       continue;
     }
