@@ -6,6 +6,7 @@ import os
 import subprocess
 import sys
 
+import numpy as np
 import pytest
 
 from jax_smddp import capabilities
@@ -71,6 +72,42 @@ def test_bench_quick(tmp_path):
   # The jax_smddp settings that differ from their defaults, printed and in the JSON.
   assert meta["jax_smddp_settings"] == {"JAX_SMDDP_CHUNK_BYTES": "512K"}, meta
   assert "# jax_smddp settings: JAX_SMDDP_CHUNK_BYTES=512K\n" in proc.stdout
+  # Each row's speedup range, from its own calls, in the JSON and the table; a verdict per op.
+  for r in results:
+    low, high = r["speedup_interval"]
+    assert low <= high and f"{low:.2f}-{high:.2f}" in proc.stdout, r
+  assert proc.stdout.count("# 90% range of the speedup") == len(OPS)
+
+
+def test_speedup_interval_brackets_the_ratio_of_medians():
+  """The bootstrap range of lax median / smddp median: around the true ratio where the calls
+  differ, around 1.0 where they are the same calls, the same range for the same calls."""
+  rng = np.random.default_rng(7)
+  smddp = 100 * (1 + rng.exponential(0.3, 40))  # machine noise: a long tail of slow calls
+  lax = 2 * 100 * (1 + rng.exponential(0.3, 40))
+  low, high = bench.speedup_interval(smddp, lax)
+  ratio = np.median(lax) / np.median(smddp)
+  assert 1.0 < low < ratio < high < 3.0, (low, ratio, high)
+  low, high = bench.speedup_interval(lax, smddp)  # the other way round: about 1/2
+  assert low < 1 / ratio < high < 1.0
+  same = bench.speedup_interval(smddp, rng.permutation(smddp))
+  assert same[0] < 1.0 < same[1]
+  assert bench.undecided({"speedup_interval": same})
+  assert not bench.undecided({"speedup_interval": [low, high]})
+  assert bench.speedup_interval(smddp, lax) == bench.speedup_interval(smddp, lax)
+  assert bench.speedup_interval([5.0], lax) is None
+  # 20 calls of noise: wider than 40 of the same noise.
+  wide = bench.speedup_interval(smddp[:20], lax[:20])
+  narrow = bench.speedup_interval(smddp, lax)
+  assert wide[1] - wide[0] > narrow[1] - narrow[0]
+
+
+def test_speedup_verdict_counts_sizes_by_their_range():
+  rows = [{"op": "all_gather", "speedup_interval": iv}
+          for iv in ([1.1, 1.3], [0.7, 0.9], [0.9, 1.2], [1.01, 1.5])]
+  rows.append({"op": "all_reduce", "speedup_interval": [0.5, 0.6]})
+  line = bench.speedup_verdict("all_gather", rows)
+  assert "above 1.0 in 2 of 4 sizes, below 1.0 in 1, containing 1.0 in 1" in line, line
 
 
 def test_parse_layout():

@@ -62,6 +62,10 @@ Definitions (as in nccl-tests; n = number of ranks, t = median time):
     - all_reduce:     size         (the buffer),           busbw = algbw x 2(n-1)/n
     - all_to_all:     size         (buffer of one rank),   busbw = algbw x (n-1)/n
 * speedup = lax time / smddp time (> 1: jax_smddp is faster).
+* 90% range (``speedup_interval``): the speedup's 90 % bootstrap interval from the row's
+  own calls (each implementation's resampled); one that contains 1.0 says those calls
+  cannot tell the two apart. A line under each table counts the sizes above, below and
+  containing 1.0.
 
 Each implementation's fastest call is kept too (``min_us``: the least disturbed
 by other load on a shared machine), and every call (``samples_us``). ``other_load``
@@ -97,14 +101,16 @@ phases (XLA's dispatch and the hand-backs). Results go to a JSON file with
 the run's metadata and, when matplotlib is importable, to a busbw-vs-size plot.
 
 The benchmark functions are importable (:func:`run_benchmark`). The package's modules:
-``core`` (sizes, layouts, programs, timing, the driver), ``meter`` (the /proc meter of
-other load), ``output`` (table, JSON, plot), ``compare`` (``--compare``) and ``cli`` (the
-options and the one- and multi-process runs). This module
+``core`` (sizes, layouts, programs, timing, the driver), ``interval`` (the speedup's
+bootstrap interval), ``meter`` (the /proc meter of other load), ``output`` (table, JSON,
+plot), ``compare`` (``--compare``) and ``cli`` (the options and the one- and multi-process
+runs). This module
 imports jax lazily; ``import jax_smddp`` imports jax but does not start its
 backends, so ``--devices`` can still set ``XLA_FLAGS`` in :func:`main`.
 """
 
 from jax_smddp.tools.bench.core import *  # noqa: F401,F403
+from jax_smddp.tools.bench.interval import *  # noqa: F401,F403
 from jax_smddp.tools.bench.meter import *  # noqa: F401,F403
 from jax_smddp.tools.bench.output import *  # noqa: F401,F403
 from jax_smddp.tools.bench.compare import *  # noqa: F401,F403

@@ -18,8 +18,8 @@ from jax_smddp.tools.bench.core import (BYTES_BUDGET, DEFAULT_OPS, MEMCPY_BYTES,
                                         Layout, annotate, format_size, memcpy_bandwidth,
                                         metadata, model_meta, parse_layout, parse_size,
                                         power_of_two_sizes, run_benchmark)
-from jax_smddp.tools.bench.output import (phases_table, table_header, table_row, write_json,
-                                          write_plot)
+from jax_smddp.tools.bench.output import (phases_table, speedup_verdict, table_header, table_row,
+                                          write_json, write_plot)
 
 
 def parse_args(argv=None) -> argparse.Namespace:
@@ -324,6 +324,7 @@ def run_multi_process(args) -> int:
     for r in results:
       if r["op"] == op:
         print(table_row(r))
+    print(speedup_verdict(op, results))
     if args.phases:
       print()
       print(phases_table(op, results))
@@ -369,5 +370,6 @@ def main(argv=None) -> int:
     print(table_header(op, n, model=args.predict, memcpy=True))
     results += run_benchmark([op], sizes, dtype=args.dtype, iters=iters, warmup=warmup,
                              devices=devices, report=report)
+    print(speedup_verdict(op, results))
   write_outputs(args, meta, results)
   return 0

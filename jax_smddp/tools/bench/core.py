@@ -18,6 +18,7 @@ from typing import Callable
 import numpy as np
 
 from jax_smddp import calibration, config, cost_model
+from jax_smddp.tools.bench.interval import speedup_interval
 from jax_smddp.tools.bench.meter import CpuMeter
 
 log = logging.getLogger("jax_smddp.tools.bench")
@@ -607,6 +608,9 @@ def metadata(layout: "Layout | int", dtype: str, memcpy_gbs: float,
                        "bytes_per_rank otherwise",
           "busbw_gbs": "algbw * (n-1)/n, or * 2(n-1)/n for all_reduce",
           "speedup": "lax time / smddp time",
+          "speedup_interval": "[low, high]: the 90 % bootstrap interval of the speedup, "
+                              "resampling each implementation's calls (containing 1.0: these "
+                              "calls cannot tell the two apart)",
           "memcpy_us": "the bytes one process writes (its devices' outputs) at memcpy_gbs, "
                        "the single-thread np.copyto bandwidth: a reference, not a limit",
           "vs_memcpy": "memcpy_us / smddp time (above 1: faster than np.copyto, as "
@@ -645,9 +649,13 @@ def annotate(r: dict, layout: "Layout", predict: bool = False, machine=None,
   jax_smddp.tuning.choose answers for this op, size and layout), with
   `memcpy_gbs` the memcpy reference ("memcpy_us"; smddp "vs_memcpy" = memcpy_us /
   time), with `link_gbs` (layouts of several hosts) the link reference
-  ("link_us"; "vs_link" = link_us / time, for jax_smddp and jax.lax) and, with
+  ("link_us"; "vs_link" = link_us / time, for jax_smddp and jax.lax), the speedup's
+  bootstrap interval from the row's calls ("speedup_interval", interval.py) and, with
   `predict`, the cost model's prediction ("prediction"; smddp "predicted_us")."""
   from jax_smddp import tuning
+  samples = r.get("samples_us") or {}
+  if "smddp" in samples and "lax" in samples:
+    r["speedup_interval"] = speedup_interval(samples["smddp"], samples["lax"])
   if memcpy_gbs:
     r["memcpy_us"] = memcpy_us(r["op"], r["bytes_per_rank"], layout, memcpy_gbs)
     r["smddp"]["vs_memcpy"] = r["memcpy_us"] / r["smddp"]["time_us"]

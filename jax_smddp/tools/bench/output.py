@@ -8,8 +8,8 @@ import os
 
 from jax_smddp.tools.bench.core import PHASES, format_size
 
-_COLUMNS = ("size", "smddp us", "algbw", "busbw", "lax us", "busbw", "speedup")
-_WIDTHS = (8, 11, 8, 8, 11, 8, 8)
+_COLUMNS = ("size", "smddp us", "algbw", "busbw", "lax us", "busbw", "speedup", "90% range")
+_WIDTHS = (8, 11, 8, 8, 11, 8, 8, 10)
 _RATIO = ("vs 1p", 7)
 
 
@@ -41,11 +41,16 @@ def table_header(op: str, n: int, ratio: bool = False, lax_note: str = "",
   return "\n".join((title, groups, cols))
 
 
+def _range(r: dict) -> str:
+  iv = r.get("speedup_interval")
+  return f"{iv[0]:.2f}-{iv[1]:.2f}" if iv else "-"
+
+
 def table_row(r: dict) -> str:
   s, l = r["smddp"], r["lax"]
   cells = (format_size(r["bytes_per_rank"]), f"{s['time_us']:.1f}", f"{s['algbw_gbs']:.3f}",
            f"{s['busbw_gbs']:.3f}", f"{l['time_us']:.1f}", f"{l['busbw_gbs']:.3f}",
-           f"{r['speedup']:.2f}" + ("" if r["engine"] else "*"))
+           f"{r['speedup']:.2f}" + ("" if r["engine"] else "*"), _range(r))
   row = "  ".join(f"{c:>{w}}" for c, w in zip(cells, _WIDTHS))
   if "mpi4jax" in r:
     cells = (f"{r['mpi4jax']['time_us']:.1f}", f"{r['vs_mpi4jax']:.2f}")
@@ -67,6 +72,17 @@ def table_row(r: dict) -> str:
   if r.get("lax_wrong"):
     row += "  (jax.lax answer wrong vs numpy)"
   return row
+
+
+def speedup_verdict(op: str, results: list[dict]) -> str:
+  """One line under `op`'s table: its rows counted by where their speedup's 90 % range lies
+  (interval.py): wholly above 1.0, wholly below it, or containing it."""
+  rows = [r for r in results if r["op"] == op and r.get("speedup_interval")]
+  faster = sum(r["speedup_interval"][0] > 1.0 for r in rows)
+  slower = sum(r["speedup_interval"][1] < 1.0 for r in rows)
+  return (f"# 90% range of the speedup (bootstrap over the calls): above 1.0 in {faster} of "
+          f"{len(rows)} sizes, below 1.0 in {slower}, containing 1.0 in "
+          f"{len(rows) - faster - slower} (those calls cannot tell the two apart)")
 
 
 def phases_table(op: str, results: list[dict]) -> str:
