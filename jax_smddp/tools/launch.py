@@ -56,7 +56,7 @@ def run_job(args: list[str], nprocs: int, devices: int, *, script: str | list[st
   port = free_port("127.0.0.1" if namespaces is None else "0.0.0.0")
   coordinator = f"{coordinator_ip}:{port}"
   base_env = _job_env(env)
-  procs = []
+  procs, logs = [], []
   for i in range(nprocs):
     prefix = [script] if isinstance(script, str) else list(script)
     cmd = [python or sys.executable, *prefix, *args, str(i), str(nprocs), coordinator, str(devices)]
@@ -66,22 +66,29 @@ def run_job(args: list[str], nprocs: int, devices: int, *, script: str | list[st
     penv = dict(base_env)
     if per_process_env:
       penv.update(per_process_env[i])
-    procs.append(subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+    # Output to a file, read once the job is over: a pipe read process by process would
+    # fill (64 KiB) and stall a process mid-print while the launcher waits on another
+    # one that waits for it (jax.distributed's shutdown).
+    logs.append(tempfile.TemporaryFile(mode="w+", encoding="utf-8", errors="replace"))
+    procs.append(subprocess.Popen(cmd, stdout=logs[-1], stderr=subprocess.STDOUT,
                                   text=True, env=penv, start_new_session=True,
                                   cwd=tempfile.gettempdir()))  # crash dumps land there
   deadline = time.monotonic() + timeout
   outputs = []
   timed_out = False
-  for p in procs:
+  for p, log in zip(procs, logs):
     left = max(0.1, deadline - time.monotonic())
     try:
-      out, _ = p.communicate(timeout=left)
+      p.wait(timeout=left)
+      note = ""
     except subprocess.TimeoutExpired:
       timed_out = True
       _kill(p)
-      out, _ = p.communicate()
-      out += f"\n[launch.py: killed after the job's {timeout:.0f} s deadline]"
-    outputs.append(out)
+      p.wait()
+      note = f"\n[launch.py: killed after the job's {timeout:.0f} s deadline]"
+    with log:
+      log.seek(0)
+      outputs.append(log.read() + note)
   return [Process(i, None if timed_out and p.returncode is None else p.returncode, out,
                   _result(out.splitlines()))
           for i, (p, out) in enumerate(zip(procs, outputs))]
