@@ -5,6 +5,7 @@ import json
 import os
 import subprocess
 import sys
+import time
 
 import numpy as np
 import pytest
@@ -146,6 +147,11 @@ def test_bench_two_processes(tmp_path):
       medians = r["process_medians_us"][impl]
       # (samples_us are rounded to 0.1 us)
       assert len(medians) == 2 and r[impl]["time_us"] >= max(medians) - 0.1, (impl, r)
+      # From the last start to the last end: never longer than the call's slowest process.
+      aa = r["after_arrival"][impl]
+      assert 0 < aa["time_us"] <= r[impl]["time_us"] + 0.2 and aa["skew_us"] >= 0, (impl, r)
+      assert len(aa["samples_us"]) == r["iters"]
+  assert "each call from the last process's start to the last one's end" in proc.stdout
 
 
 def test_slowest_process_takes_each_calls_slowest_then_the_median():
@@ -324,6 +330,32 @@ def test_bench_predict(tmp_path):
   assert "model us" in proc.stdout and "model/meas" in proc.stdout
 
 
+def test_after_arrival_times_calls_from_the_last_start():
+  """Process 0 comes first and waits for process 1 (the wait is left out: the span from the
+  last start to the last end, and the skew between the starts); jax.lax's calls start
+  together and take 50 us."""
+  def row(starts, smddp, lax_starts, lax):
+    return {"op": "all_gather", "bytes_per_rank": 1000, "iters": 2,
+            "samples_us": {"smddp": smddp, "lax": lax},
+            "starts_us": {"smddp": starts, "lax": lax_starts}}
+  p0 = [row([1000.0, 2000.0], [100.0, 70.0], [1200.0, 2200.0], [50.0, 50.0])]
+  p1 = [row([1060.0, 2000.0], [40.0, 30.0], [1200.0, 2200.0], [50.0, 50.0])]
+  rows = [dict(p0[0])]
+  bench.after_arrival([p0, p1], rows)
+  (r,) = rows
+  # smddp: call 0 from 1060 to 1100 (skew 60); call 1 from 2000 to 2070 (skew 0).
+  assert r["after_arrival"]["smddp"]["samples_us"] == [40.0, 70.0]
+  assert r["after_arrival"]["smddp"]["time_us"] == pytest.approx(55.0)
+  assert r["after_arrival"]["smddp"]["skew_us"] == pytest.approx(30.0)
+  assert r["after_arrival"]["lax"]["time_us"] == 50.0 and r["after_arrival"]["lax"]["skew_us"] == 0
+  assert r["after_arrival_speedup"] == pytest.approx(50.0 / 55.0)
+  low, high = r["after_arrival_interval"]
+  assert low <= 50.0 / 55.0 <= high
+  rows = [{"op": "all_gather", "samples_us": {"smddp": [1.0], "lax": [1.0]}}]
+  bench.after_arrival([rows, rows], rows)  # no start times (an older worker): left alone
+  assert "after_arrival" not in rows[0]
+
+
 def test_timing_methods_sample_every_call():
   class Done:
     def block_until_ready(self):
@@ -332,8 +364,14 @@ def test_timing_methods_sample_every_call():
   fns = (lambda x: calls.append("a") or Done(), lambda x: calls.append("b") or Done())
   for name, fn in bench.TIMINGS.items():
     calls.clear()
-    samples = fn(fns, None, 7, 1)
+    starts = [[], []]
+    samples = fn(fns, None, 7, 1, starts=starts)
     assert [len(s) for s in samples] == [7, 7] and len(calls) == 16, name
+    # Each timed call's start, on the clock every process of the machine shares.
+    assert [len(s) for s in starts] == [7, 7] and all(s == sorted(s) for s in starts), name
+    assert all(abs(t - time.perf_counter()) < 60 for s in starts for t in s), name
+    if name in ("alternating", "barrier"):
+      assert all(a < b for a, b in zip(starts[0], starts[1])), name
   calls.clear()
   bench.time_blocks(fns, None, 7, 0)
   assert "".join(calls) == "aaaaabbbbbaabb"

@@ -97,7 +97,12 @@ spent their time (``smddp_phases``: :func:`jax_smddp.distributed.call_phases` pe
 process 0's, over the timed calls: the hand-off to the engine, the agreement check,
 the body, and of those the waits and sleeps on links), and ``--phases`` prints it as
 a table after each op's, with "outside" = the mean call seen from Python minus those
-phases (XLA's dispatch and the hand-backs). Results go to a JSON file with
+phases (XLA's dispatch and the hand-backs). Every timed call's start is kept too
+(``starts_us``, ``time.perf_counter``: one clock for every process of the machine), and
+multi-process layouts time each call from the last process's start to the last process's
+end (``after_arrival``, :func:`after_arrival`; printed as a table after each op's): the
+call without the wait for a late peer, with ``skew_us``, how far apart the processes
+started. Results go to a JSON file with
 the run's metadata and, when matplotlib is importable, to a busbw-vs-size plot.
 
 The benchmark functions are importable (:func:`run_benchmark`). The package's modules:

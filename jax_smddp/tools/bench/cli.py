@@ -18,8 +18,8 @@ from jax_smddp.tools.bench.core import (BYTES_BUDGET, DEFAULT_OPS, MEMCPY_BYTES,
                                         Layout, annotate, format_size, memcpy_bandwidth,
                                         metadata, model_meta, parse_layout, parse_size,
                                         power_of_two_sizes, run_benchmark)
-from jax_smddp.tools.bench.output import (phases_table, speedup_verdict, table_header, table_row,
-                                          write_json, write_plot)
+from jax_smddp.tools.bench.output import (arrival_table, phases_table, speedup_verdict,
+                                          table_header, table_row, write_json, write_plot)
 
 
 def parse_args(argv=None) -> argparse.Namespace:
@@ -281,8 +281,10 @@ def run_multi_process(args) -> int:
   print(f"# job took {time.monotonic() - t0:.0f} s", flush=True)
   first = procs[0].result
   results = first["results"]
+  per_process = [p.result["results"] for p in procs]
   if args.slowest:
-    results = core.slowest_process([p.result["results"] for p in procs], layout.devices)
+    results = core.slowest_process(per_process, layout.devices)
+  core.after_arrival(per_process, results)
 
   in_process = None
   if args.compare_in_process:
@@ -325,6 +327,8 @@ def run_multi_process(args) -> int:
       if r["op"] == op:
         print(table_row(r))
     print(speedup_verdict(op, results))
+    print()
+    print(arrival_table(op, results))
     if args.phases:
       print()
       print(phases_table(op, results))

@@ -321,39 +321,47 @@ def iters_for(bytes_per_call: int, iters: int) -> int:
   return max(min(iters, MIN_ITERS), min(iters, BYTES_BUDGET // max(1, bytes_per_call)))
 
 
-def time_alternating(fns, x, iters: int, warmup: int, barrier=None) -> list[list[float]]:
+def time_alternating(fns, x, iters: int, warmup: int, barrier=None,
+                     starts: list[list[float]] | None = None) -> list[list[float]]:
   """Seconds per call of each fn(x), calls interleaved (a, b, a, b, ...), each synced;
-  `barrier()`, if given, runs before each timed call (outside its span)."""
+  `barrier()`, if given, runs before each timed call (outside its span). `starts`, if
+  given (a list per fn), gets each timed call's start (time.perf_counter(): CLOCK_MONOTONIC
+  on Linux, one clock for every process of the machine)."""
   for _ in range(warmup):
     for fn in fns:
       fn(x).block_until_ready()
   samples = [[] for _ in fns]
+  starts = starts if starts is not None else [[] for _ in fns]
   for _ in range(iters):
-    for fn, out in zip(fns, samples):
+    for fn, out, began in zip(fns, samples, starts):
       if barrier:
         barrier()
       t0 = time.perf_counter()
       fn(x).block_until_ready()
       out.append(time.perf_counter() - t0)
+      began.append(t0)
   return samples
 
 
-def time_blocks(fns, x, iters: int, warmup: int, block: int = 5) -> list[list[float]]:
+def time_blocks(fns, x, iters: int, warmup: int, block: int = 5,
+                starts: list[list[float]] | None = None) -> list[list[float]]:
   """Seconds per call of each fn(x), each synced, in blocks of `block` calls of one
   fn back to back (a x5, b x5, a x5, ...): a block is the steady state of one
   collective (every process in step), and the blocks' alternation spreads slow
-  periods of the machine over both."""
+  periods of the machine over both. `starts`: as time_alternating's."""
   for fn in fns:
     for _ in range(warmup):
       fn(x).block_until_ready()
   samples = [[] for _ in fns]
+  starts = starts if starts is not None else [[] for _ in fns]
   while len(samples[0]) < iters:
     k = min(block, iters - len(samples[0]))
-    for fn, out in zip(fns, samples):
+    for fn, out, began in zip(fns, samples, starts):
       for _ in range(k):
         t0 = time.perf_counter()
         fn(x).block_until_ready()
         out.append(time.perf_counter() - t0)
+        began.append(t0)
   return samples
 
 
@@ -372,19 +380,21 @@ def process_barrier() -> None:
   client.wait_at_barrier(f"jax_smddp_bench_{_barriers}", 60_000)
 
 
-def time_barrier(fns, x, iters: int, warmup: int, barrier=process_barrier) -> list[list[float]]:
+def time_barrier(fns, x, iters: int, warmup: int, barrier=process_barrier,
+                 starts: list[list[float]] | None = None) -> list[list[float]]:
   """As time_alternating, with every process meeting at a barrier before each timed call
   (outside its span): every call starts together, as a harness that synchronises its
   processes before each call times it; a call then waits for no late peer."""
-  return time_alternating(fns, x, iters, warmup, barrier=barrier)
+  return time_alternating(fns, x, iters, warmup, barrier=barrier, starts=starts)
 
 
-def time_solo(fns, x, iters: int, warmup: int) -> list[list[float]]:
+def time_solo(fns, x, iters: int, warmup: int,
+              starts: list[list[float]] | None = None) -> list[list[float]]:
   """As time_blocks with one block per implementation: all of one fn's calls back to
   back, then all of the next's. Each library alone in its steady state, its threads
   still awake from the previous call; the other timings measure calls that follow
   another library's (docs/performance_model.md: cold and back-to-back calls)."""
-  return time_blocks(fns, x, iters, warmup, block=max(1, iters))
+  return time_blocks(fns, x, iters, warmup, block=max(1, iters), starts=starts)
 
 
 TIMINGS = {"blocks": time_blocks, "alternating": time_alternating, "barrier": time_barrier,
@@ -426,6 +436,36 @@ def slowest_process(per_process: list[list[dict]], n: int) -> list[dict]:
     r["statistic"] = "slowest process per call"
     out.append(r)
   return out
+
+
+def after_arrival(per_process: list[list[dict]], rows: list[dict]) -> list[dict]:
+  """Adds to each of `rows` (process 0's, or slowest_process's: the same ops and sizes in the
+  same order as every process's) each implementation's calls timed from the last process's
+  start to the last process's end ("after_arrival": "time_us" their median, "skew_us" the
+  median of how far apart the processes started, "samples_us"), with
+  "after_arrival_speedup" and its bootstrap range ("after_arrival_interval"). The processes'
+  start times share one clock (time.perf_counter, CLOCK_MONOTONIC: the benchmark's processes,
+  simulated hosts included, run on one machine). Timed so, a call leaves out the wait for a
+  peer that came late, which the previous call (of either library) and the scheduler decide,
+  and keeps all that the library does once every process is in it."""
+  for r, prows in zip(rows, zip(*per_process)):
+    if not all("starts_us" in q for q in prows):
+      continue
+    aa = {}
+    for impl in r["samples_us"]:
+      spans, skews = [], []
+      for k in range(min(len(q["starts_us"][impl]) for q in prows)):
+        began = [q["starts_us"][impl][k] for q in prows]
+        ended = max(q["starts_us"][impl][k] + q["samples_us"][impl][k] for q in prows)
+        spans.append(round(ended - max(began), 1))
+        skews.append(round(max(began) - min(began), 1))
+      aa[impl] = {"time_us": statistics.median(spans), "skew_us": statistics.median(skews),
+                  "samples_us": spans}
+    r["after_arrival"] = aa
+    r["after_arrival_speedup"] = aa["lax"]["time_us"] / aa["smddp"]["time_us"]
+    r["after_arrival_interval"] = speedup_interval(aa["smddp"]["samples_us"],
+                                                   aa["lax"]["samples_us"])
+  return rows
 
 
 def output_bytes_per_process(op: str, nbytes: int, layout: "Layout") -> int:
@@ -553,7 +593,8 @@ def run_benchmark(ops, sizes, *, dtype="float32", iters: int = 20, warmup: int =
           fn(x).block_until_ready()
       before = meter.read()
       phases = call_phases(op) if across else None
-      samples = TIMINGS[timing](fns, x, k, 0)
+      starts = [[] for _ in fns]
+      samples = TIMINGS[timing](fns, x, k, 0, starts=starts)
       after = meter.read()
       t_smddp, t_lax = (statistics.median(s) for s in samples[:2])
       result = {
@@ -568,6 +609,8 @@ def run_benchmark(ops, sizes, *, dtype="float32", iters: int = 20, warmup: int =
                          "seconds": round(after[0] - before[0], 4)},
           "samples_us": {"smddp": [round(t * 1e6, 1) for t in samples[0]],
                          "lax": [round(t * 1e6, 1) for t in samples[1]]},
+          "starts_us": {"smddp": [round(t * 1e6, 1) for t in starts[0]],
+                        "lax": [round(t * 1e6, 1) for t in starts[1]]},
       }
       if phases is not None:  # the timed calls'; process 0's when printed
         result["smddp_phases"] = phase_means(phases, call_phases(op))
@@ -577,6 +620,7 @@ def run_benchmark(ops, sizes, *, dtype="float32", iters: int = 20, warmup: int =
         result["mpi4jax"] = {**bandwidths(spec, nbytes, n, t_mpi), "min_us": min(samples[2]) * 1e6}
         result["vs_mpi4jax"] = t_mpi / t_smddp
         result["samples_us"]["mpi4jax"] = [round(t * 1e6, 1) for t in samples[2]]
+        result["starts_us"]["mpi4jax"] = [round(t * 1e6, 1) for t in starts[2]]
       results.append(result)
       if report:
         report(result)
@@ -617,6 +661,12 @@ def metadata(layout: "Layout | int", dtype: str, memcpy_gbs: float,
                        "streaming stores can be)",
           "min_us": "fastest of the timed calls (the least disturbed by other load)",
           "samples_us": "every timed call, in order (process 0's)",
+          "starts_us": "each timed call's start, time.perf_counter() in us (one clock for the "
+                       "machine's processes)",
+          "after_arrival": "multi-process layouts: each call timed from the last process's start "
+                           "to the last process's end (time_us, their median; samples_us), and "
+                           "skew_us, the median of how far apart the processes started; "
+                           "after_arrival_speedup and after_arrival_interval from those",
           "other_load": "cores: CPUs kept busy by anything but this benchmark job (other "
                         "users, steal) on average while the point was timed, from /proc",
           "link": "layouts of several hosts: the link between the simulated hosts measured "

@@ -85,6 +85,27 @@ def speedup_verdict(op: str, results: list[dict]) -> str:
           f"{len(rows) - faster - slower} (those calls cannot tell the two apart)")
 
 
+def arrival_table(op: str, results: list[dict]) -> str:
+  """Multi-process layouts: `op`'s calls timed from the last process's start to the last
+  process's end (core.after_arrival), and how far apart the processes started."""
+  lines = [f"# {op}: each call from the last process's start to the last one's end (median us: "
+           "the wait for a late peer left out), and skew = how far apart the processes started "
+           "(median us; left by the previous call, either library's, and the scheduler)",
+           "    size     smddp us       lax us   speedup   90% range   smddp skew     lax skew"]
+  for r in results:
+    aa = r.get("after_arrival")
+    if r["op"] != op or not aa:
+      continue
+    iv = r.get("after_arrival_interval")
+    cells = (format_size(r["bytes_per_rank"]), f"{aa['smddp']['time_us']:.1f}",
+             f"{aa['lax']['time_us']:.1f}", f"{r['after_arrival_speedup']:.2f}",
+             f"{iv[0]:.2f}-{iv[1]:.2f}" if iv else "-", f"{aa['smddp']['skew_us']:.1f}",
+             f"{aa['lax']['skew_us']:.1f}")
+    widths = (8, 12, 12, 9, 11, 12, 12)
+    lines.append("  ".join(f"{c:>{w}}" for c, w in zip(cells, widths)))
+  return "\n".join(lines)
+
+
 def phases_table(op: str, results: list[dict]) -> str:
   """Where jax_smddp's calls of `op` spent their time (jax_smddp.distributed.call_phases(),
   means over the timed calls), beside the mean time per call seen from Python;
