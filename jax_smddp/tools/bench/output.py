@@ -41,8 +41,7 @@ def table_header(op: str, n: int, ratio: bool = False, lax_note: str = "",
   return "\n".join((title, groups, cols))
 
 
-def _range(r: dict) -> str:
-  iv = r.get("speedup_interval")
+def _range(iv: list[float] | None) -> str:
   return f"{iv[0]:.2f}-{iv[1]:.2f}" if iv else "-"
 
 
@@ -50,7 +49,7 @@ def table_row(r: dict) -> str:
   s, l = r["smddp"], r["lax"]
   cells = (format_size(r["bytes_per_rank"]), f"{s['time_us']:.1f}", f"{s['algbw_gbs']:.3f}",
            f"{s['busbw_gbs']:.3f}", f"{l['time_us']:.1f}", f"{l['busbw_gbs']:.3f}",
-           f"{r['speedup']:.2f}" + ("" if r["engine"] else "*"), _range(r))
+           f"{r['speedup']:.2f}" + ("" if r["engine"] else "*"), _range(r.get("speedup_interval")))
   row = "  ".join(f"{c:>{w}}" for c, w in zip(cells, _WIDTHS))
   if "mpi4jax" in r:
     cells = (f"{r['mpi4jax']['time_us']:.1f}", f"{r['vs_mpi4jax']:.2f}")
@@ -96,10 +95,9 @@ def arrival_table(op: str, results: list[dict]) -> str:
     aa = r.get("after_arrival")
     if r["op"] != op or not aa:
       continue
-    iv = r.get("after_arrival_interval")
     cells = (format_size(r["bytes_per_rank"]), f"{aa['smddp']['time_us']:.1f}",
              f"{aa['lax']['time_us']:.1f}", f"{r['after_arrival_speedup']:.2f}",
-             f"{iv[0]:.2f}-{iv[1]:.2f}" if iv else "-", f"{aa['smddp']['skew_us']:.1f}",
+             _range(r.get("after_arrival_interval")), f"{aa['smddp']['skew_us']:.1f}",
              f"{aa['lax']['skew_us']:.1f}")
     widths = (8, 12, 12, 9, 11, 12, 12)
     lines.append("  ".join(f"{c:>{w}}" for c, w in zip(cells, widths)))
