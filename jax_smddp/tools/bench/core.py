@@ -542,6 +542,11 @@ def phase_means(before: dict, after: dict) -> dict | None:
   return out
 
 
+def _us(seconds: list[float]) -> list[float]:
+  """Times in seconds as the JSON keeps them: microseconds, to 0.1."""
+  return [round(t * 1e6, 1) for t in seconds]
+
+
 def run_benchmark(ops, sizes, *, dtype="float32", iters: int = 20, warmup: int = 3,
                   devices=None, report: Callable[[dict], None] | None = None,
                   timing: str | None = None, mpi4jax: bool = False) -> list[dict]:
@@ -607,10 +612,8 @@ def run_benchmark(ops, sizes, *, dtype="float32", iters: int = 20, warmup: int =
           "timing": timing,
           "other_load": {"cores": round(CpuMeter.other_cores(before, after), 3),
                          "seconds": round(after[0] - before[0], 4)},
-          "samples_us": {"smddp": [round(t * 1e6, 1) for t in samples[0]],
-                         "lax": [round(t * 1e6, 1) for t in samples[1]]},
-          "starts_us": {"smddp": [round(t * 1e6, 1) for t in starts[0]],
-                        "lax": [round(t * 1e6, 1) for t in starts[1]]},
+          "samples_us": {"smddp": _us(samples[0]), "lax": _us(samples[1])},
+          "starts_us": {"smddp": _us(starts[0]), "lax": _us(starts[1])},
       }
       if phases is not None:  # the timed calls'; process 0's when printed
         result["smddp_phases"] = phase_means(phases, call_phases(op))
@@ -619,8 +622,8 @@ def run_benchmark(ops, sizes, *, dtype="float32", iters: int = 20, warmup: int =
         t_mpi = statistics.median(samples[2])
         result["mpi4jax"] = {**bandwidths(spec, nbytes, n, t_mpi), "min_us": min(samples[2]) * 1e6}
         result["vs_mpi4jax"] = t_mpi / t_smddp
-        result["samples_us"]["mpi4jax"] = [round(t * 1e6, 1) for t in samples[2]]
-        result["starts_us"]["mpi4jax"] = [round(t * 1e6, 1) for t in starts[2]]
+        result["samples_us"]["mpi4jax"] = _us(samples[2])
+        result["starts_us"]["mpi4jax"] = _us(starts[2])
       results.append(result)
       if report:
         report(result)

@@ -7,6 +7,7 @@ import json
 import os
 
 from jax_smddp.tools.bench.core import PHASES, format_size
+from jax_smddp.tools.bench.interval import undecided
 
 _COLUMNS = ("size", "smddp us", "algbw", "busbw", "lax us", "busbw", "speedup", "90% range")
 _WIDTHS = (8, 11, 8, 8, 11, 8, 8, 10)
@@ -78,10 +79,10 @@ def speedup_verdict(op: str, results: list[dict]) -> str:
   (interval.py): wholly above 1.0, wholly below it, or containing it."""
   rows = [r for r in results if r["op"] == op and r.get("speedup_interval")]
   faster = sum(r["speedup_interval"][0] > 1.0 for r in rows)
-  slower = sum(r["speedup_interval"][1] < 1.0 for r in rows)
+  undecided_rows = sum(undecided(r) for r in rows)
   return (f"# 90% range of the speedup (bootstrap over the calls): above 1.0 in {faster} of "
-          f"{len(rows)} sizes, below 1.0 in {slower}, containing 1.0 in "
-          f"{len(rows) - faster - slower} (those calls cannot tell the two apart)")
+          f"{len(rows)} sizes, below 1.0 in {len(rows) - faster - undecided_rows}, containing "
+          f"1.0 in {undecided_rows} (those calls cannot tell the two apart)")
 
 
 def arrival_table(op: str, results: list[dict]) -> str:
