@@ -56,10 +56,13 @@ def run_job(args: list[str], nprocs: int, devices: int, *, script: str | list[st
   port = free_port("127.0.0.1" if namespaces is None else "0.0.0.0")
   coordinator = f"{coordinator_ip}:{port}"
   base_env = _job_env(env)
+  # Absolute: the processes run in the temporary directory, and an interpreter found through
+  # a relative PATH entry has a relative sys.executable.
+  interpreter = os.path.abspath(python or sys.executable)
   procs, logs = [], []
   for i in range(nprocs):
     prefix = [script] if isinstance(script, str) else list(script)
-    cmd = [python or sys.executable, *prefix, *args, str(i), str(nprocs), coordinator, str(devices)]
+    cmd = [interpreter, *prefix, *args, str(i), str(nprocs), coordinator, str(devices)]
     cmd = shlex.split(os.environ.get("JAX_SMDDP_LAUNCH_WRAPPER", "")) + cmd
     if namespaces is not None:
       cmd = ["ip", "netns", "exec", namespaces[i], *cmd]

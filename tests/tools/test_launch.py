@@ -1,5 +1,8 @@
 """The launcher of multi-process jobs (jax_smddp.tools.launch), without jax."""
 
+import os
+import sys
+
 import pytest
 
 from jax_smddp.tools import launch
@@ -40,3 +43,17 @@ def test_a_job_past_its_deadline_is_killed_and_says_so(tmp_path):
   procs = launch.run_job([], 2, 1, script=str(script), timeout=2)
   assert [p.returncode for p in procs] == [-9, -9]  # SIGKILL
   assert all("killed after the job's 2 s deadline" in p.output for p in procs)
+
+
+@pytest.mark.timeout(120)
+def test_an_interpreter_given_by_a_relative_path_is_found(tmp_path, monkeypatch):
+  """The processes run in the temporary directory: a relative interpreter path (as
+  sys.executable is when python was found through a relative PATH entry) must still work."""
+  script = tmp_path / "worker.py"
+  script.write_text('print("RESULT {\\"ok\\": true}")\n')
+  here = os.path.dirname(sys.executable)
+  monkeypatch.chdir(here)
+  python = os.path.join(".", os.path.basename(sys.executable))
+  procs = launch.run_job([], 2, 1, script=str(script), timeout=60, python=python)
+  assert [p.returncode for p in procs] == [0, 0], launch.describe(procs)
+  assert all(p.result == {"ok": True} for p in procs)
