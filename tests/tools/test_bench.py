@@ -150,6 +150,7 @@ def test_bench_two_processes(tmp_path):
       # From the last start to the last end: never longer than the call's slowest process.
       aa = r["after_arrival"][impl]
       assert 0 < aa["time_us"] <= r[impl]["time_us"] + 0.2 and aa["skew_us"] >= 0, (impl, r)
+      assert aa["cpu_us"] > 0 and len(r["cpu_us"][impl]) == r["iters"], (impl, r)
       assert len(aa["samples_us"]) == r["iters"]
   assert "each call from the last process's start to the last one's end" in proc.stdout
 
@@ -340,9 +341,15 @@ def test_after_arrival_times_calls_from_the_last_start():
             "starts_us": {"smddp": starts, "lax": lax_starts}}
   p0 = [row([1000.0, 2000.0], [100.0, 70.0], [1200.0, 2200.0], [50.0, 50.0])]
   p1 = [row([1060.0, 2000.0], [40.0, 30.0], [1200.0, 2200.0], [50.0, 50.0])]
+  # CPU per call: process 0 (waiting, little) and process 1; the median of the sums per call.
+  p0[0]["cpu_us"] = {"smddp": [10.0, 20.0, 5.0], "lax": [30.0, 30.0, 30.0]}
+  p1[0]["cpu_us"] = {"smddp": [40.0, 90.0, 1.0], "lax": [10.0, 50.0, 90.0]}
   rows = [dict(p0[0])]
   bench.after_arrival([p0, p1], rows)
   (r,) = rows
+  # smddp: sums 50, 110, 6 (median 50); lax: 40, 80, 120 (median 80).
+  assert r["after_arrival"]["smddp"]["cpu_us"] == 50.0
+  assert r["after_arrival"]["lax"]["cpu_us"] == 80.0
   # smddp: call 0 from 1060 to 1100 (skew 60); call 1 from 2000 to 2070 (skew 0).
   assert r["after_arrival"]["smddp"]["samples_us"] == [40.0, 70.0]
   assert r["after_arrival"]["smddp"]["time_us"] == pytest.approx(55.0)
@@ -364,14 +371,25 @@ def test_timing_methods_sample_every_call():
   fns = (lambda x: calls.append("a") or Done(), lambda x: calls.append("b") or Done())
   for name, fn in bench.TIMINGS.items():
     calls.clear()
-    starts = [[], []]
-    samples = fn(fns, None, 7, 1, starts=starts)
+    starts, cpu = [[], []], [[], []]
+    samples = fn(fns, None, 7, 1, starts=starts, cpu=cpu)
     assert [len(s) for s in samples] == [7, 7] and len(calls) == 16, name
+    # Each timed call's CPU time in this process: never negative, a small fraction of the
+    # calls' wall time here (they do nothing).
+    assert [len(c) for c in cpu] == [7, 7] and all(0 <= t < 0.05 for c in cpu for t in c), name
     # Each timed call's start, on the clock every process of the machine shares.
     assert [len(s) for s in starts] == [7, 7] and all(s == sorted(s) for s in starts), name
     assert all(abs(t - time.perf_counter()) < 60 for s in starts for t in s), name
     if name in ("alternating", "barrier"):
       assert all(a < b for a, b in zip(starts[0], starts[1])), name
+  def busy(x):  # 20 ms of this process's CPU, against a sleep of as long
+    end = time.process_time() + 0.02
+    while time.process_time() < end:
+      pass
+    return Done()
+  cpu = [[], []]
+  bench.time_alternating((busy, lambda x: time.sleep(0.02) or Done()), None, 2, 0, cpu=cpu)
+  assert all(t >= 0.02 for t in cpu[0]) and all(t < 0.01 for t in cpu[1]), cpu
   calls.clear()
   bench.time_blocks(fns, None, 7, 0)
   assert "".join(calls) == "aaaaabbbbbaabb"

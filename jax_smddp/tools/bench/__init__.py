@@ -102,7 +102,8 @@ phases (XLA's dispatch and the hand-backs). Every timed call's start is kept too
 multi-process layouts time each call from the last process's start to the last process's
 end (``after_arrival``, :func:`after_arrival`; printed as a table after each op's): the
 call without the wait for a late peer, with ``skew_us``, how far apart the processes
-started. Results go to a JSON file with
+started, and ``cpu_us``, the CPU time all processes used per call (``time.process_time``
+around each call, kept per call as ``cpu_us``). Results go to a JSON file with
 the run's metadata and, when matplotlib is importable, to a busbw-vs-size plot.
 
 The benchmark functions are importable (:func:`run_benchmark`). The package's modules:

@@ -328,7 +328,7 @@ def run_multi_process(args) -> int:
         print(table_row(r))
     print(speedup_verdict(op, results))
     print()
-    print(arrival_table(op, results))
+    print(arrival_table(op, results, cores=meta["cpu_count"]))
     if args.phases:
       print()
       print(phases_table(op, results))

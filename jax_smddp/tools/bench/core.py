@@ -321,47 +321,61 @@ def iters_for(bytes_per_call: int, iters: int) -> int:
   return max(min(iters, MIN_ITERS), min(iters, BYTES_BUDGET // max(1, bytes_per_call)))
 
 
+def _timed_call(fn, x, samples: list, starts: list, cpu: list) -> None:
+  """One synced call of fn(x): its wall time into `samples`, its start into `starts`
+  (time.perf_counter(): CLOCK_MONOTONIC on Linux, one clock for every process of the
+  machine), and the CPU time this process used meanwhile into `cpu` (time.process_time():
+  every thread's, the kernel's work for them included; read outside the wall span)."""
+  c0 = time.process_time()
+  t0 = time.perf_counter()
+  fn(x).block_until_ready()
+  t1 = time.perf_counter()
+  cpu.append(time.process_time() - c0)
+  samples.append(t1 - t0)
+  starts.append(t0)
+
+
+def _lists(given, fns) -> list[list[float]]:
+  return given if given is not None else [[] for _ in fns]
+
+
 def time_alternating(fns, x, iters: int, warmup: int, barrier=None,
-                     starts: list[list[float]] | None = None) -> list[list[float]]:
+                     starts: list[list[float]] | None = None,
+                     cpu: list[list[float]] | None = None) -> list[list[float]]:
   """Seconds per call of each fn(x), calls interleaved (a, b, a, b, ...), each synced;
-  `barrier()`, if given, runs before each timed call (outside its span). `starts`, if
-  given (a list per fn), gets each timed call's start (time.perf_counter(): CLOCK_MONOTONIC
-  on Linux, one clock for every process of the machine)."""
+  `barrier()`, if given, runs before each timed call (outside its span). `starts` and
+  `cpu`, if given (a list per fn), get each timed call's start and the process's CPU
+  seconds during it (_timed_call)."""
   for _ in range(warmup):
     for fn in fns:
       fn(x).block_until_ready()
   samples = [[] for _ in fns]
-  starts = starts if starts is not None else [[] for _ in fns]
+  starts, cpu = _lists(starts, fns), _lists(cpu, fns)
   for _ in range(iters):
-    for fn, out, began in zip(fns, samples, starts):
+    for fn, out, began, used in zip(fns, samples, starts, cpu):
       if barrier:
         barrier()
-      t0 = time.perf_counter()
-      fn(x).block_until_ready()
-      out.append(time.perf_counter() - t0)
-      began.append(t0)
+      _timed_call(fn, x, out, began, used)
   return samples
 
 
 def time_blocks(fns, x, iters: int, warmup: int, block: int = 5,
-                starts: list[list[float]] | None = None) -> list[list[float]]:
+                starts: list[list[float]] | None = None,
+                cpu: list[list[float]] | None = None) -> list[list[float]]:
   """Seconds per call of each fn(x), each synced, in blocks of `block` calls of one
   fn back to back (a x5, b x5, a x5, ...): a block is the steady state of one
   collective (every process in step), and the blocks' alternation spreads slow
-  periods of the machine over both. `starts`: as time_alternating's."""
+  periods of the machine over both. `starts`, `cpu`: as time_alternating's."""
   for fn in fns:
     for _ in range(warmup):
       fn(x).block_until_ready()
   samples = [[] for _ in fns]
-  starts = starts if starts is not None else [[] for _ in fns]
+  starts, cpu = _lists(starts, fns), _lists(cpu, fns)
   while len(samples[0]) < iters:
     k = min(block, iters - len(samples[0]))
-    for fn, out, began in zip(fns, samples, starts):
+    for fn, out, began, used in zip(fns, samples, starts, cpu):
       for _ in range(k):
-        t0 = time.perf_counter()
-        fn(x).block_until_ready()
-        out.append(time.perf_counter() - t0)
-        began.append(t0)
+        _timed_call(fn, x, out, began, used)
   return samples
 
 
@@ -381,20 +395,22 @@ def process_barrier() -> None:
 
 
 def time_barrier(fns, x, iters: int, warmup: int, barrier=process_barrier,
-                 starts: list[list[float]] | None = None) -> list[list[float]]:
+                 starts: list[list[float]] | None = None,
+                 cpu: list[list[float]] | None = None) -> list[list[float]]:
   """As time_alternating, with every process meeting at a barrier before each timed call
   (outside its span): every call starts together, as a harness that synchronises its
   processes before each call times it; a call then waits for no late peer."""
-  return time_alternating(fns, x, iters, warmup, barrier=barrier, starts=starts)
+  return time_alternating(fns, x, iters, warmup, barrier=barrier, starts=starts, cpu=cpu)
 
 
 def time_solo(fns, x, iters: int, warmup: int,
-              starts: list[list[float]] | None = None) -> list[list[float]]:
+              starts: list[list[float]] | None = None,
+              cpu: list[list[float]] | None = None) -> list[list[float]]:
   """As time_blocks with one block per implementation: all of one fn's calls back to
   back, then all of the next's. Each library alone in its steady state, its threads
   still awake from the previous call; the other timings measure calls that follow
   another library's (docs/performance_model.md: cold and back-to-back calls)."""
-  return time_blocks(fns, x, iters, warmup, block=max(1, iters), starts=starts)
+  return time_blocks(fns, x, iters, warmup, block=max(1, iters), starts=starts, cpu=cpu)
 
 
 TIMINGS = {"blocks": time_blocks, "alternating": time_alternating, "barrier": time_barrier,
@@ -443,7 +459,10 @@ def after_arrival(per_process: list[list[dict]], rows: list[dict]) -> list[dict]
   same order as every process's) each implementation's calls timed from the last process's
   start to the last process's end ("after_arrival": "time_us" their median, "skew_us" the
   median of how far apart the processes started, "samples_us"), with
-  "after_arrival_speedup" and its bootstrap range ("after_arrival_interval"). The processes'
+  "after_arrival_speedup" and its bootstrap range ("after_arrival_interval"), and, where the
+  workers kept it, the CPU time the processes used per call ("cpu_us": the median over calls of
+  their sum; beside the machine's cores it tells a call that ran the machine flat out, where
+  the ranking is the scheduler's as much as either library's). The processes'
   start times share one clock (time.perf_counter, CLOCK_MONOTONIC: the benchmark's processes,
   simulated hosts included, run on one machine). Timed so, a call leaves out the wait for a
   peer that came late, which the previous call (of either library) and the scheduler decide,
@@ -461,6 +480,10 @@ def after_arrival(per_process: list[list[dict]], rows: list[dict]) -> list[dict]
         skews.append(round(max(began) - min(began), 1))
       aa[impl] = {"time_us": statistics.median(spans), "skew_us": statistics.median(skews),
                   "samples_us": spans}
+      if all("cpu_us" in q for q in prows):
+        used = [sum(q["cpu_us"][impl][k] for q in prows)
+                for k in range(min(len(q["cpu_us"][impl]) for q in prows))]
+        aa[impl]["cpu_us"] = round(statistics.median(used), 1)
     r["after_arrival"] = aa
     r["after_arrival_speedup"] = aa["lax"]["time_us"] / aa["smddp"]["time_us"]
     r["after_arrival_interval"] = speedup_interval(aa["smddp"]["samples_us"],
@@ -598,8 +621,8 @@ def run_benchmark(ops, sizes, *, dtype="float32", iters: int = 20, warmup: int =
           fn(x).block_until_ready()
       before = meter.read()
       phases = call_phases(op) if across else None
-      starts = [[] for _ in fns]
-      samples = TIMINGS[timing](fns, x, k, 0, starts=starts)
+      starts, cpu = [[] for _ in fns], [[] for _ in fns]
+      samples = TIMINGS[timing](fns, x, k, 0, starts=starts, cpu=cpu)
       after = meter.read()
       t_smddp, t_lax = (statistics.median(s) for s in samples[:2])
       result = {
@@ -614,6 +637,7 @@ def run_benchmark(ops, sizes, *, dtype="float32", iters: int = 20, warmup: int =
                          "seconds": round(after[0] - before[0], 4)},
           "samples_us": {"smddp": _us(samples[0]), "lax": _us(samples[1])},
           "starts_us": {"smddp": _us(starts[0]), "lax": _us(starts[1])},
+          "cpu_us": {"smddp": _us(cpu[0]), "lax": _us(cpu[1])},
       }
       if phases is not None:  # the timed calls'; process 0's when printed
         result["smddp_phases"] = phase_means(phases, call_phases(op))
@@ -624,6 +648,7 @@ def run_benchmark(ops, sizes, *, dtype="float32", iters: int = 20, warmup: int =
         result["vs_mpi4jax"] = t_mpi / t_smddp
         result["samples_us"]["mpi4jax"] = _us(samples[2])
         result["starts_us"]["mpi4jax"] = _us(starts[2])
+        result["cpu_us"]["mpi4jax"] = _us(cpu[2])
       results.append(result)
       if report:
         report(result)
@@ -666,9 +691,12 @@ def metadata(layout: "Layout | int", dtype: str, memcpy_gbs: float,
           "samples_us": "every timed call, in order (process 0's)",
           "starts_us": "each timed call's start, time.perf_counter() in us (one clock for the "
                        "machine's processes)",
+          "cpu_us": "each timed call's CPU time in this process, time.process_time() in us "
+                    "(every thread, the kernel's work for them included)",
           "after_arrival": "multi-process layouts: each call timed from the last process's start "
                            "to the last process's end (time_us, their median; samples_us), and "
-                           "skew_us, the median of how far apart the processes started; "
+                           "skew_us, the median of how far apart the processes started, and "
+                           "cpu_us, the median over calls of the CPU time all processes used; "
                            "after_arrival_speedup and after_arrival_interval from those",
           "other_load": "cores: CPUs kept busy by anything but this benchmark job (other "
                         "users, steal) on average while the point was timed, from /proc",

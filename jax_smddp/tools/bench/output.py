@@ -85,22 +85,28 @@ def speedup_verdict(op: str, results: list[dict]) -> str:
           f"1.0 in {undecided_rows} (those calls cannot tell the two apart)")
 
 
-def arrival_table(op: str, results: list[dict]) -> str:
+def arrival_table(op: str, results: list[dict], cores: int | None = None) -> str:
   """Multi-process layouts: `op`'s calls timed from the last process's start to the last
-  process's end (core.after_arrival), and how far apart the processes started."""
+  process's end (core.after_arrival), how far apart the processes started, and the CPU time
+  the processes used per call beside the machine's `cores`."""
   lines = [f"# {op}: each call from the last process's start to the last one's end (median us: "
            "the wait for a late peer left out), and skew = how far apart the processes started "
-           "(median us; left by the previous call, either library's, and the scheduler)",
-           "    size     smddp us       lax us   speedup   90% range   smddp skew     lax skew"]
+           "(median us; left by the previous call, either library's, and the scheduler); cpu = "
+           "the CPU time all processes used per call (median us, every thread, the kernel's work "
+           f"included; {cores or '?'} cores here: near cores x us, a call ran the machine flat "
+           "out, and which library wins is the scheduler's as much as theirs)",
+           "    size     smddp us       lax us   speedup   90% range   smddp skew     lax skew"
+           "    smddp cpu      lax cpu"]
   for r in results:
     aa = r.get("after_arrival")
     if r["op"] != op or not aa:
       continue
+    cpu = [f"{aa[i]['cpu_us']:.0f}" if "cpu_us" in aa[i] else "-" for i in ("smddp", "lax")]
     cells = (format_size(r["bytes_per_rank"]), f"{aa['smddp']['time_us']:.1f}",
              f"{aa['lax']['time_us']:.1f}", f"{r['after_arrival_speedup']:.2f}",
              _range(r.get("after_arrival_interval")), f"{aa['smddp']['skew_us']:.1f}",
-             f"{aa['lax']['skew_us']:.1f}")
-    widths = (8, 12, 12, 9, 11, 12, 12)
+             f"{aa['lax']['skew_us']:.1f}", *cpu)
+    widths = (8, 12, 12, 9, 11, 12, 12, 12, 12)
     lines.append("  ".join(f"{c:>{w}}" for c, w in zip(cells, widths)))
   return "\n".join(lines)
 
