@@ -57,8 +57,16 @@ Messages::Messages(const ProcessCall& call)
     : call_(call),
       chunk_(call.chunk_bytes ? call.chunk_bytes : ChunkBytes()),
       polls_(WaitPollsFor(call.world->oversubscribed())) {
+  // One link per progress key: the peers over one libfabric endpoint share
+  // its completion queue, read once per round.
+  std::vector<const void*> keys;
   for (int p : call.peers) {
-    if (Link* link = call.world->link(p)) links_.push_back(link);
+    Link* link = call.world->link(p);
+    if (!link) continue;
+    const void* key = link->ProgressKey();
+    if (std::find(keys.begin(), keys.end(), key) != keys.end()) continue;
+    keys.push_back(key);
+    links_.push_back(link);
   }
   next_check_ = Clock::now();
 }

@@ -71,7 +71,7 @@ class Messages {
   const ProcessCall& call_;
   size_t chunk_;              // bytes per chunk
   WaitPolls polls_;           // how long a wait polls, yields, then sleeps
-  std::vector<Link*> links_;  // of every peer process, for progress
+  std::vector<Link*> links_;  // for progress: one per progress key of the peers
   std::deque<Entry> entries_;
   Clock::time_point next_check_;
 };

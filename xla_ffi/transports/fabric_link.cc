@@ -41,6 +41,7 @@ class FabricLink : public Link {
     ep_->Recv(peer_, tag, dst, bytes, req);
   }
   void Progress() override { ep_->Progress(); }
+  const void* ProgressKey() const override { return ep_.get(); }
   uint32_t Activity() const override { return ep_->Activity(); }
   void AwaitActivity(uint32_t seen, unsigned max_us) override { ep_->AwaitActivity(seen, max_us); }
   void Cancel(Request* req) override { ep_->Cancel(peer_, req); }

@@ -162,6 +162,7 @@ class RailLink : public Link {
     impl_->Post(peer_, true, tag, dst, bytes, req);
   }
   void Progress() override { impl_->Progress(); }
+  const void* ProgressKey() const override { return impl_.get(); }
   void Cancel(Request* req) override { impl_->Cancel(req); }
   std::string PeerFailure() override {
     std::string failure = impl_->Failure(peer_);

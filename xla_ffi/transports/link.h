@@ -61,6 +61,11 @@ class Link {
   // quickly when another thread is already progressing this link.
   virtual void Progress() = 0;
 
+  // Links whose Progress() moves the same thing (one libfabric endpoint
+  // serves every peer of a process) share a key: a caller that waits on
+  // several links progresses each key once per round, not once per peer.
+  virtual const void* ProgressKey() const { return this; }
+
   // Withdraws a request that is not done (after a timeout or a peer's
   // failure): once this returns, the link never touches the request or its
   // buffer again. A no-op for a request that is done.

@@ -71,6 +71,7 @@ class WatchedLink : public Link {
     inner_->Recv(tag, dst, bytes, req);
   }
   void Progress() override { inner_->Progress(); }
+  const void* ProgressKey() const override { return inner_->ProgressKey(); }
   void Cancel(Request* req) override {
     // A dead peer never finishes what it had started: the link must not wait for it.
     std::string why = PeerFailure();
