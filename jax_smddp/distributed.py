@@ -430,9 +430,12 @@ def call_phases() -> dict:
   - ``queue_s``: until the thread that runs it started it (the hand-off from XLA's thread to an
     engine worker; none for the ``inline_calls``, which ran on XLA's thread: calls smaller than
     JAX_SMDDP_INLINE_BYTES whose peers were in the call within JAX_SMDDP_INLINE_WAIT_US);
-  - ``agree_s``: the check that every process runs the same call, an exchange with every peer
-    process, so a peer that reaches the call late shows here;
-  - ``body_s``: the collective's own transfers, copies and reductions;
+  - ``agree_s``: the check that every process runs the same call (an exchange with every peer
+    process) outside the body: from posting it to the body's start (the wait for the peers'
+    views of a call that may run on XLA's thread, and such a call's hand-off to a worker when
+    they are late) and the wait for views still in flight once the body is done;
+  - ``body_s``: the collective's own transfers, copies and reductions, started at once (the
+    views are compared as they arrive), so a peer that reaches the call late shows here;
   - ``wait_s``: the part of agree and body spent waiting for links to finish transfers, and
     ``sleep_s`` (``sleeps`` times) of that asleep rather than polling.
 

@@ -166,6 +166,20 @@ def test_mismatched_dtypes_are_reported():
                  peer_process=1 - p.index)
 
 
+@pytest.mark.timeout(300)
+def test_mismatched_ops_are_reported_at_once():
+  """Each process starts moving data before it has its peer's view of the call; one waiting
+  for a message the other never sends still reports the disagreement, within seconds."""
+  procs = run_job(["mismatch_op"], 2, 1, timeout=240, env={"JAX_SMDDP_TIMEOUT_S": "60"})
+  for p in procs:
+    assert p.result is not None, launch.describe(procs)
+    err = p.result.get("error", "")
+    assert "processes disagree on the call" in err, launch.describe(procs)
+    assert "runs all_gather of float32" in err and "runs all_to_all of float32" in err, err
+    assert p.result["seconds"] < 20, p.result
+    assert p.result["typed"]["class"] == "CallMismatchError", p.result
+
+
 def _check_peer_failure(procs, dead: int, within_s: float, cls: str = "PeerFailedError",
                         status: str = "UNAVAILABLE", op: str = "all_reduce"):
   survivors = [p for p in procs if p.index != dead]

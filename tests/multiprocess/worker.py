@@ -407,6 +407,30 @@ def scenario_mismatch():
   result(ok=True)
 
 
+def scenario_mismatch_op():
+  """Process 0 runs all_gather where process 1 runs all_to_all on the same input: process 1
+  waits for a message process 0 never sends (their messages' names differ), process 0 gets
+  one of the wrong size. Both must say the calls disagree, at once, not time out."""
+  mesh = Mesh(np.array(jax.devices()), ("x",))
+  x = values((mesh.size * 4, 3), np.float32, 0)
+  if pid == 0:
+    body = lambda v: smddp.all_gather(v, "x", axis=0, tiled=True)  # noqa: E731
+  else:
+    body = lambda v: smddp.all_to_all(v, "x", 0, 0, tiled=True)  # noqa: E731
+  f = smap(mesh, body, P("x"), P("x"))
+  t0 = time.monotonic()
+  try:
+    jax.block_until_ready(f(global_array(mesh, P("x"), x)))
+  except Exception as e:  # noqa: BLE001
+    seconds = time.monotonic() - t0
+    # Alive until both failed: process 1 may not learn it from process 0's exit.
+    from jax._src import distributed
+    distributed.global_state.client.wait_at_barrier("mismatch_op_failed", 120_000)
+    failed(e, seconds=seconds)
+    return
+  result(ok=True)
+
+
 def scenario_mismatch_dtype():
   """Process 1 runs the collective on int32 where process 0 has float32 (same bytes)."""
   mesh = Mesh(np.array(jax.devices()), ("x",))

@@ -16,9 +16,12 @@ namespace smddp {
 struct CallPhases {
   double local_s = 0;  // the first local device's arrival to the last's
   double queue_s = 0;  // the last arrival to the thread that runs the call starting it
-  double agree_s = 0;  // the agreement check: an exchange with every peer, so it
-                       // also holds the wait for the last peer to reach the call
-  double body_s = 0;   // the collective's own messages, copies and reductions
+  double agree_s = 0;  // the agreement check outside the body: from its posting
+                       // to the body's start (the inline wait for the peers'
+                       // views, a small call's hand-off to a worker), and the
+                       // wait for views still in flight after the body
+  double body_s = 0;   // the collective's own messages, copies and reductions,
+                       // begun at once: a peer that comes late shows here
   double wait_s = 0;   // of agree and body: waiting for links to finish transfers
   double sleep_s = 0;  // of wait: asleep (the link's activity, or a timed sleep)
   uint64_t sleeps = 0;

@@ -197,6 +197,7 @@ Status Messages::Wait(size_t id) {
     if (now >= next_check_) {
       next_check_ = now + std::chrono::milliseconds(20);
       SMDDP_RETURN_IF_ERROR(CheckPeers());
+      if (call_.watch) SMDDP_RETURN_IF_ERROR((*call_.watch)());
     }
     if (now >= call_.deadline) {
       Link* link = e.link;

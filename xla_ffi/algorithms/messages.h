@@ -48,8 +48,13 @@ class Messages {
   // Byte range [offset, offset + bytes) of chunk `i` of a `total`-byte message.
   void Chunk(size_t total, size_t i, size_t* offset, size_t* bytes) const;
 
-  // Waits until transfer `id` is done, progressing every link of the call.
+  // Waits until transfer `id` is done, progressing every link of the call
+  // (and checking the call's watch, if any, as often as the peers).
   Status Wait(size_t id);
+  // Whether transfer `id` is done and succeeded, without waiting.
+  bool Succeeded(size_t id) const {
+    return entries_[id].req.done() && entries_[id].req.status().ok();
+  }
   Status WaitRange(const Range& r);
   Status WaitAll();
   // Progresses the links, never sleeping, until every posted transfer is

@@ -34,7 +34,7 @@ char* Scratch(size_t bytes) {
   return buffer.get();
 }
 
-// What every process must agree on, sent to every peer before any data.
+// What every process must agree on, sent to every peer ahead of the call's data.
 struct Header {
   char op[16];
   uint64_t dtype, reduce, send_bytes, recv_bytes, size, kind, outer, inner, count;
@@ -81,20 +81,24 @@ struct ProcessRun::Agreement {
   Agreement(const ProcessCall& c, const Plan& plan)
       : mine(MakeHeader(c, plan)), theirs(c.peers.size()), m(c) {
     for (size_t i = 0; i < c.peers.size(); ++i)
-      m.Recv(c.peers[i], Msg(kHeader), &theirs[i], sizeof(Header));
+      recvs.push_back(m.Recv(c.peers[i], Msg(kHeader), &theirs[i], sizeof(Header)));
     for (int p : c.peers) m.Send(p, Msg(kHeader), &mine, sizeof(Header));
   }
   const Header mine;
   std::vector<Header> theirs;
+  std::vector<Messages::Range> recvs;  // per peer, its header's receive
   Messages m;
 };
 
 namespace {
 
-Status CheckCallsAgree(const ProcessCall& c, const Header& mine,
-                       const std::vector<Header>& theirs) {
+// Compares this process's view of the call with peer i's, for every i with
+// arrived(i).
+template <typename Arrived>
+Status CheckCallsAgree(const ProcessCall& c, const Header& mine, const std::vector<Header>& theirs,
+                       Arrived arrived) {
   for (size_t i = 0; i < c.peers.size(); ++i) {
-    if (std::memcmp(&theirs[i], &mine, sizeof(Header)) != 0) {
+    if (arrived(i) && std::memcmp(&theirs[i], &mine, sizeof(Header)) != 0) {
       return c.Concerning(
           c.peers[i], Status::Mismatch(
                           c.where + ": processes disagree on the call: this process (process " +
@@ -482,16 +486,45 @@ ProcessRun::~ProcessRun() = default;
 
 bool ProcessRun::PeersArrived(Clock::time_point until) { return agreement_->m.PollAll(until); }
 
+// The body starts at once, without waiting for the peers' views: data moves
+// while late peers arrive. A peer that runs another call is still reported
+// as such, never as what its data did to this one: the views are compared as
+// they arrive while the body waits, and all of them once it is done, before
+// the call may succeed; a disagreement outranks the body's own failure (a
+// message of the wrong size, or a timeout waiting for one).
 Status ProcessRun::Finish() {
-  Status st = agreement_->m.WaitAll();
-  if (st.ok()) st = CheckCallsAgree(call_, agreement_->mine, agreement_->theirs);
-  agreement_.reset();
-  const auto agreed = Clock::now();
-  if (st.ok()) st = RunBody(plan_, call_);
-  if (call_.phases) {
-    call_.phases->agree_s = std::chrono::duration<double>(agreed - start_).count();
-    call_.phases->body_s = std::chrono::duration<double>(Clock::now() - agreed).count();
+  Agreement& a = *agreement_;
+  const auto arrived = [&](size_t i) {
+    const Messages::Range& r = a.recvs[i];
+    for (size_t k = 0; k < r.count; ++k)
+      if (!a.m.Succeeded(r.first + k)) return false;
+    return r.count > 0;
+  };
+  const std::function<Status()> watch = [&] {
+    return CheckCallsAgree(call_, a.mine, a.theirs, arrived);
+  };
+  const auto body_from = Clock::now();
+  call_.watch = &watch;
+  const Status body = RunBody(plan_, call_);
+  call_.watch = nullptr;
+  const auto body_to = Clock::now();
+  const Status st = body.ok() ? a.m.WaitAll() : Status::Ok();
+  // What arrived is compared even when the rest did not.
+  Status agreed = CheckCallsAgree(call_, a.mine, a.theirs, arrived);
+  if (agreed.ok() && body.code() == StatusCode::kMismatch) {
+    // A message of the wrong size: a peer that runs another call sent its
+    // view before its data; give it a moment to arrive.
+    a.m.PollAll(Clock::now() + std::chrono::seconds(1));
+    agreed = CheckCallsAgree(call_, a.mine, a.theirs, arrived);
   }
+  agreement_.reset();
+  if (call_.phases) {
+    const auto s = [](Clock::duration d) { return std::chrono::duration<double>(d).count(); };
+    call_.phases->agree_s = s(body_from - start_) + s(Clock::now() - body_to);
+    call_.phases->body_s = s(body_to - body_from);
+  }
+  if (!agreed.ok()) return agreed;
+  if (!body.ok()) return body;
   return st;
 }
 

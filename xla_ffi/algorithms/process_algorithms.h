@@ -26,7 +26,7 @@ namespace smddp {
 // check: this process's view of the call (op, dtype, sizes, routes) to every
 // peer process, and the receives of theirs. Once every peer's view is in,
 // every process of the group is in this call, and what remains of it waits
-// only on them.
+// only on them (what PeersArrived tells).
 class ProcessRun {
  public:
   // `plan` and `call` must outlive the run.
@@ -37,9 +37,11 @@ class ProcessRun {
   // (never sleeping) until `until` at the latest.
   bool PeersArrived(Clock::time_point until);
 
-  // Waits for the peers' views (with the call's deadline, peers watched),
-  // checks that every process runs the same call (a mismatch fails every
-  // process with an error naming both calls), then runs it. Called once.
+  // Runs the call at once, comparing the peers' views with this process's
+  // as they arrive, and all of them before it succeeds (with the call's
+  // deadline, peers watched): a process that runs another call fails every
+  // process with an error naming both calls, whatever its data did to this
+  // one. Called once.
   Status Finish();
 
  private:

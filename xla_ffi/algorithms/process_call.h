@@ -5,6 +5,7 @@
 #define JAX_SMDDP_ALGORITHMS_PROCESS_CALL_H_
 
 #include <cstdint>
+#include <functional>
 #include <string>
 #include <vector>
 
@@ -60,7 +61,11 @@ struct ProcessCall {
   uint64_t tag = 0;        // this call's; equal on every process
   Clock::time_point start, deadline;
   CallPhases* phases = nullptr;  // where the call's time goes, if wanted
-  std::string where;             // "jax_smddp all_gather (op 3 of ...)"
+  // Checked while the call's messages are waited for (with the peers'
+  // liveness): a failure it returns fails the call (the agreement check, as
+  // the peers' views of the call arrive during the body).
+  const std::function<Status()>* watch = nullptr;
+  std::string where;  // "jax_smddp all_gather (op 3 of ...)"
   CallInfo info;
 
   // Whether the call's copies into outputs use non-temporal stores: by what
