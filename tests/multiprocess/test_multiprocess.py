@@ -333,8 +333,9 @@ def test_direct_transfers_between_hosts(direct_bytes):
 def test_call_phases_say_where_a_call_waits():
   """distributed.call_phases() counts every call across processes and splits its time: 20
   all_gathers are 20 calls whose phases sum to less than the loop's wall time; in a call the
-  last process reaches 0.3 s late, the others wait in the agreement check (the first exchange
-  with every peer), not in the body, and the late process hardly waits at all."""
+  last process reaches 0.3 s late, the others wait in the body (it starts at once, the
+  agreement's views compared as they arrive), not before it, and the late process hardly waits
+  at all."""
   procs = run_job(["phases"], 3, 1, timeout=240)
   assert_all_ok(procs)
   for p in procs:
@@ -350,10 +351,10 @@ def test_call_phases_say_where_a_call_waits():
     total = loop["queue_s"] + loop["agree_s"] + loop["body_s"]
     assert 0 < total < r["loop_s"], r
     if p.index == len(procs) - 1:  # the late one: its peers were there already
-      assert late["agree_s"] < 0.15, r
+      assert late["agree_s"] < 0.15 and late["body_s"] < 0.15, r
     else:
-      assert late["agree_s"] > 0.2 and late["body_s"] < 0.15, r
-      assert late["wait_s"] > 0.2, r  # the check waited on its link, it did not compute
+      assert late["body_s"] > 0.2 and late["agree_s"] < 0.15, r
+      assert late["wait_s"] > 0.2, r  # the body waited on its links, it did not compute
       # XLA's thread polled JAX_SMDDP_INLINE_WAIT_US (50 us) for the late peer, then left the
       # call to an engine worker
       assert late["inline_calls"] == 0, r

@@ -151,16 +151,21 @@ Status Messages::CheckPeers() {
     link->Progress();
     for (const Entry& e : entries_) {
       if (e.process != p || e.settled || e.req.done()) continue;
-      const StatusCode code = link->PeerFailureCode();
-      return call_.Concerning(
-          p, Status::WithCode(
-                 code, call_.where + ": " + call_.DescribeProcess(p) +
-                           (code == StatusCode::kProtocol ? " sent what this process cannot parse ("
-                                                          : " failed (") +
-                           why + ", over " + link->Kind() + "); this collective cannot complete"));
+      return PeerFailed(p, *link, why);
     }
   }
   return Status::Ok();
+}
+
+Status Messages::PeerFailed(int process, Link& link, const std::string& why) const {
+  const StatusCode code = link.PeerFailureCode();
+  return call_.Concerning(
+      process,
+      Status::WithCode(code,
+                       call_.where + ": " + call_.DescribeProcess(process) +
+                           (code == StatusCode::kProtocol ? " sent what this process cannot parse ("
+                                                          : " failed (") +
+                           why + ", over " + link.Kind() + "); this collective cannot complete"));
 }
 
 Status Messages::Wait(size_t id) {
@@ -216,6 +221,13 @@ Status Messages::Wait(size_t id) {
     phases->wait_s += std::chrono::duration<double>(Clock::now() - waited_from).count();
   e.settled = true;
   if (!e.req.status().ok()) {
+    // A link that failed as a whole (its peer died, or sent what cannot be
+    // parsed) is reported alike whether a request or the peer watch saw it
+    // first (a request posted after the failure fails at once).
+    const std::string why = e.link && e.req.status().code() != StatusCode::kMismatch
+                                ? e.link->PeerFailure()
+                                : std::string();
+    if (!why.empty()) return PeerFailed(e.process, *e.link, why);
     // The link's failure keeps its kind (a closed link: the peer failed).
     return call_.Concerning(e.process, e.req.status().WithMessage(call_.where + ": " +
                                                                   call_.DescribeProcess(e.process) +

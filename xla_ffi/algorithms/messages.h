@@ -72,6 +72,9 @@ class Messages {
   size_t Post(int process, uint64_t tag, const void* src, void* dst, size_t bytes, bool recv);
   void ProgressAll();
   Status CheckPeers();
+  // The failure of the link to `process` (`why`: its PeerFailure()), in the
+  // call's words.
+  Status PeerFailed(int process, Link& link, const std::string& why) const;
 
   const ProcessCall& call_;
   size_t chunk_;              // bytes per chunk
