@@ -142,42 +142,38 @@ def assert_typed(result: dict, cls: str, status: str, op: str, peer_process: int
   assert result["last_failure"]["code"] == typed["code"], result
 
 
-@pytest.mark.timeout(300)
-def test_mismatched_shapes_are_reported():
-  procs = run_job(["mismatch"], 2, 2, timeout=240, env={"JAX_SMDDP_TIMEOUT_S": "60"})
+def _mismatch_errors(scenario: str, nprocs: int, devices: int) -> list[tuple[int, dict]]:
+  """Runs `scenario`, whose processes run different calls, and checks that every process
+  reported the disagreement; returns each process's index and result."""
+  procs = run_job([scenario], nprocs, devices, timeout=240, env={"JAX_SMDDP_TIMEOUT_S": "60"})
   for p in procs:
     assert p.result is not None, launch.describe(procs)
-    err = p.result.get("error", "")
-    assert "processes disagree on the call" in err, launch.describe(procs)
-    assert "24 bytes in" in err and "40 bytes in" in err, err
-    assert_typed(p.result, "CallMismatchError", "FAILED_PRECONDITION", "all_gather",
-                 peer_process=1 - p.index)
+    assert "processes disagree on the call" in p.result.get("error", ""), launch.describe(procs)
+  return [(p.index, p.result) for p in procs]
+
+
+@pytest.mark.timeout(300)
+def test_mismatched_shapes_are_reported():
+  for i, r in _mismatch_errors("mismatch", 2, 2):
+    assert "24 bytes in" in r["error"] and "40 bytes in" in r["error"], r["error"]
+    assert_typed(r, "CallMismatchError", "FAILED_PRECONDITION", "all_gather", peer_process=1 - i)
 
 
 @pytest.mark.timeout(300)
 def test_mismatched_dtypes_are_reported():
-  procs = run_job(["mismatch_dtype"], 2, 1, timeout=240, env={"JAX_SMDDP_TIMEOUT_S": "60"})
-  for p in procs:
-    assert p.result is not None, launch.describe(procs)
-    err = p.result.get("error", "")
-    assert "processes disagree on the call" in err, launch.describe(procs)
-    assert "all_reduce of float32" in err and "all_reduce of int32" in err, err
-    assert_typed(p.result, "CallMismatchError", "FAILED_PRECONDITION", "all_reduce",
-                 peer_process=1 - p.index)
+  for i, r in _mismatch_errors("mismatch_dtype", 2, 1):
+    assert "all_reduce of float32" in r["error"] and "all_reduce of int32" in r["error"], r
+    assert_typed(r, "CallMismatchError", "FAILED_PRECONDITION", "all_reduce", peer_process=1 - i)
 
 
 @pytest.mark.timeout(300)
 def test_mismatched_ops_are_reported_at_once():
   """Each process starts moving data before it has its peer's view of the call; one waiting
   for a message the other never sends still reports the disagreement, within seconds."""
-  procs = run_job(["mismatch_op"], 2, 1, timeout=240, env={"JAX_SMDDP_TIMEOUT_S": "60"})
-  for p in procs:
-    assert p.result is not None, launch.describe(procs)
-    err = p.result.get("error", "")
-    assert "processes disagree on the call" in err, launch.describe(procs)
-    assert "runs all_gather of float32" in err and "runs all_to_all of float32" in err, err
-    assert p.result["seconds"] < 20, p.result
-    assert p.result["typed"]["class"] == "CallMismatchError", p.result
+  for _, r in _mismatch_errors("mismatch_op", 2, 1):
+    assert "runs all_gather of float32" in r["error"], r["error"]
+    assert "runs all_to_all of float32" in r["error"], r["error"]
+    assert r["seconds"] < 20 and r["typed"]["class"] == "CallMismatchError", r
 
 
 def _check_peer_failure(procs, dead: int, within_s: float, cls: str = "PeerFailedError",
