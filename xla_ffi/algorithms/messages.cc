@@ -59,14 +59,13 @@ Messages::Messages(const ProcessCall& call)
       polls_(WaitPollsFor(call.world->oversubscribed())) {
   // One link per progress key: the peers over one libfabric endpoint share
   // its completion queue, read once per round.
-  std::vector<const void*> keys;
   for (int p : call.peers) {
     Link* link = call.world->link(p);
     if (!link) continue;
     const void* key = link->ProgressKey();
-    if (std::find(keys.begin(), keys.end(), key) != keys.end()) continue;
-    keys.push_back(key);
-    links_.push_back(link);
+    if (std::none_of(links_.begin(), links_.end(),
+                     [key](const Link* l) { return l->ProgressKey() == key; }))
+      links_.push_back(link);
   }
   next_check_ = Clock::now();
 }
@@ -202,7 +201,7 @@ Status Messages::Wait(size_t id) {
     if (now >= next_check_) {
       next_check_ = now + std::chrono::milliseconds(20);
       SMDDP_RETURN_IF_ERROR(CheckPeers());
-      if (call_.watch) SMDDP_RETURN_IF_ERROR((*call_.watch)());
+      if (call_.watch) SMDDP_RETURN_IF_ERROR(call_.watch->Check());
     }
     if (now >= call_.deadline) {
       Link* link = e.link;

@@ -41,6 +41,8 @@ struct Header {
   uint64_t hierarchical, chunk_bytes;  // how the call moves data: must agree too
 };
 
+static_assert(sizeof(Header) < 4096, "a header is one chunk (chunks are 4 KiB or more)");
+
 Header MakeHeader(const ProcessCall& c, const Plan& p) {
   Header h;
   std::memset(&h, 0, sizeof(h));
@@ -76,29 +78,27 @@ std::string Describe(const Header& h) {
 
 // The agreement check's messages: this process's header, posted to every
 // peer, and the receives of theirs (declared last: destroyed first, it
-// withdraws what is still in flight before the headers go).
-struct ProcessRun::Agreement {
-  Agreement(const ProcessCall& c, const Plan& plan)
-      : mine(MakeHeader(c, plan)), theirs(c.peers.size()), m(c) {
+// withdraws what is still in flight before the headers go). Peer i's header
+// is transfer i of `m`: posted first, and one chunk (a chunk is >= 4 KiB).
+struct ProcessRun::Agreement final : CallWatch {
+  Agreement(const ProcessCall& call, const Plan& plan)
+      : c(call), mine(MakeHeader(call, plan)), theirs(call.peers.size()), m(call) {
     for (size_t i = 0; i < c.peers.size(); ++i)
-      recvs.push_back(m.Recv(c.peers[i], Msg(kHeader), &theirs[i], sizeof(Header)));
+      m.Recv(c.peers[i], Msg(kHeader), &theirs[i], sizeof(Header));
     for (int p : c.peers) m.Send(p, Msg(kHeader), &mine, sizeof(Header));
   }
+  // Compares this process's view of the call with every peer's that arrived.
+  Status Check() const override;
+
+  const ProcessCall& c;
   const Header mine;
   std::vector<Header> theirs;
-  std::vector<Messages::Range> recvs;  // per peer, its header's receive
   Messages m;
 };
 
-namespace {
-
-// Compares this process's view of the call with peer i's, for every i with
-// arrived(i).
-template <typename Arrived>
-Status CheckCallsAgree(const ProcessCall& c, const Header& mine, const std::vector<Header>& theirs,
-                       Arrived arrived) {
+Status ProcessRun::Agreement::Check() const {
   for (size_t i = 0; i < c.peers.size(); ++i) {
-    if (arrived(i) && std::memcmp(&theirs[i], &mine, sizeof(Header)) != 0) {
+    if (m.Succeeded(i) && std::memcmp(&theirs[i], &mine, sizeof(Header)) != 0) {
       return c.Concerning(
           c.peers[i], Status::Mismatch(
                           c.where + ": processes disagree on the call: this process (process " +
@@ -109,6 +109,8 @@ Status CheckCallsAgree(const ProcessCall& c, const Header& mine, const std::vect
   }
   return Status::Ok();
 }
+
+namespace {
 
 // Remote ranks in the order their blocks are awaited: those this process
 // relays first, so no process waits on a relay that waits on it.
@@ -494,28 +496,19 @@ bool ProcessRun::PeersArrived(Clock::time_point until) { return agreement_->m.Po
 // message of the wrong size, or a timeout waiting for one).
 Status ProcessRun::Finish() {
   Agreement& a = *agreement_;
-  const auto arrived = [&](size_t i) {
-    const Messages::Range& r = a.recvs[i];
-    for (size_t k = 0; k < r.count; ++k)
-      if (!a.m.Succeeded(r.first + k)) return false;
-    return r.count > 0;
-  };
-  const std::function<Status()> watch = [&] {
-    return CheckCallsAgree(call_, a.mine, a.theirs, arrived);
-  };
   const auto body_from = Clock::now();
-  call_.watch = &watch;
+  call_.watch = &a;
   const Status body = RunBody(plan_, call_);
   call_.watch = nullptr;
   const auto body_to = Clock::now();
   const Status st = body.ok() ? a.m.WaitAll() : Status::Ok();
   // What arrived is compared even when the rest did not.
-  Status agreed = CheckCallsAgree(call_, a.mine, a.theirs, arrived);
+  Status agreed = a.Check();
   if (agreed.ok() && body.code() == StatusCode::kMismatch) {
     // A message of the wrong size: a peer that runs another call sent its
     // view before its data; give it a moment to arrive.
     a.m.PollAll(Clock::now() + std::chrono::seconds(1));
-    agreed = CheckCallsAgree(call_, a.mine, a.theirs, arrived);
+    agreed = a.Check();
   }
   agreement_.reset();
   if (call_.phases) {

@@ -5,7 +5,6 @@
 #define JAX_SMDDP_ALGORITHMS_PROCESS_CALL_H_
 
 #include <cstdint>
-#include <functional>
 #include <string>
 #include <vector>
 
@@ -46,6 +45,16 @@ struct Routes {
 Routes ComputeRoutes(const std::vector<int>& process_of_rank, int process,
                      const std::vector<std::string>& host_of_process, bool allow_hierarchy);
 
+// What a call checks while its messages are waited for, beside the peers'
+// liveness: a failure it returns fails the call.
+class CallWatch {
+ public:
+  virtual Status Check() const = 0;
+
+ protected:
+  ~CallWatch() = default;
+};
+
 struct ProcessCall {
   const World* world = nullptr;
   int size = 0;                              // ranks in the group
@@ -61,10 +70,9 @@ struct ProcessCall {
   uint64_t tag = 0;        // this call's; equal on every process
   Clock::time_point start, deadline;
   CallPhases* phases = nullptr;  // where the call's time goes, if wanted
-  // Checked while the call's messages are waited for (with the peers'
-  // liveness): a failure it returns fails the call (the agreement check, as
-  // the peers' views of the call arrive during the body).
-  const std::function<Status()>* watch = nullptr;
+  // The agreement check, as the peers' views of the call arrive during the
+  // body; none outside it.
+  const CallWatch* watch = nullptr;
   std::string where;  // "jax_smddp all_gather (op 3 of ...)"
   CallInfo info;
 
