@@ -427,13 +427,14 @@ def call_phases() -> dict:
   the first of this process's devices reaching it to its end is local + queue + agree + body:
 
   - ``local_s``: until the process's last device reached the call;
-  - ``queue_s``: until the thread that runs it started it (the hand-off from XLA's thread to an
-    engine worker; none for the ``inline_calls``, which ran on XLA's thread: calls smaller than
-    JAX_SMDDP_INLINE_BYTES whose peers were in the call within JAX_SMDDP_INLINE_WAIT_US);
+  - ``queue_s``: until the last device's XLA thread started it;
   - ``agree_s``: the check that every process runs the same call (an exchange with every peer
-    process) outside the body: from posting it to the body's start (the wait for the peers'
-    views of a call that may run on XLA's thread, and such a call's hand-off to a worker when
-    they are late) and the wait for views still in flight once the body is done;
+    process) outside the body: between the body's start on XLA's thread and its rest (the wait
+    for the peers' views of a call that may stay on XLA's thread, and the hand-off to an
+    engine worker of a call that does not: a larger one, or one whose peers are late) and the
+    wait for views still in flight once the body is done; the ``inline_calls`` ran wholly on
+    XLA's thread (calls smaller than JAX_SMDDP_INLINE_BYTES whose peers were in the call
+    within JAX_SMDDP_INLINE_WAIT_US);
   - ``body_s``: the collective's own transfers, copies and reductions, started at once (the
     views are compared as they arrive), so a peer that reaches the call late shows here;
   - ``wait_s``: the part of agree and body spent waiting for links to finish transfers, and

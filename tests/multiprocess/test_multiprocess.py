@@ -57,6 +57,15 @@ def test_collectives_across_processes(nprocs, devices):
 
 
 @pytest.mark.timeout(300)
+@pytest.mark.parametrize("nprocs,devices", [(2, 1), (2, 2)])
+def test_staged_collectives_of_changing_sizes(nprocs, devices):
+  """Independent collectives in one program, each begun on XLA's thread and perhaps finished
+  on an engine worker, their staging reused across calls of other sizes, right against
+  numpy."""
+  assert_all_ok(run_job(["independent"], nprocs, devices, timeout=240))
+
+
+@pytest.mark.timeout(300)
 def test_small_chunks_and_rings():
   """Messages far larger than the chunk and the ring: chunking and ring wrap-around
   (single copy off: every byte through the ring)."""

@@ -282,6 +282,34 @@ def scenario_stress():
   result(ok=True)
 
 
+def scenario_independent():
+  """One program of several independent collectives that stage what they receive (reductions,
+  strided gathers), run again and again on fresh data of growing and shrinking sizes, every
+  result against numpy: staging memory is reused across unequal calls."""
+  mesh = Mesh(np.array(jax.devices()), ("x",))
+  n, k = mesh.size, 3
+  gather1 = lambda bl: [np.concatenate(bl, 1)] * len(bl)  # noqa: E731
+
+  def body(*vs):
+    scattered = [smddp.psum_scatter(v, "x", scatter_dimension=0, tiled=True) for v in vs[:k]]
+    gathered = [smddp.all_gather(v, "x", axis=1, tiled=True) for v in vs[k:2 * k]]
+    return (*scattered, *gathered, smddp.psum(vs[-1], "x"))
+
+  for it, rows in enumerate((64, 4096, 16, 1024)):
+    xs = [values((n * n * rows, 32 + j), np.float32, 100 * it + j) for j in range(k)]
+    xs += [values((n * 2, 5 + j, rows), np.float32, 100 * it + 10 + j) for j in range(k)]
+    xs.append(values((n * rows, 8), np.float32, 100 * it + 20))
+    f = smap(mesh, body, (P("x"),) * len(xs), (P("x"),) * len(xs))
+    for rep in range(3):
+      ys = f(*[global_array(mesh, P("x"), x) for x in xs])
+      for j in range(k):
+        check(f"psum_scatter {j}, {rows} rows", ys[j], _scatter_reference(xs[j], mesh, "x", "x"))
+        check(f"all_gather axis=1 {j}, {rows} rows", ys[k + j],
+              _blocks_apply(xs[k + j], mesh, "x", "x", gather1))
+      check(f"psum, {rows} rows", ys[-1], _psum_reference(xs[-1], mesh, "x", "x"))
+  result(ok=True)
+
+
 def scenario_traffic():
   """Bytes over each link for one all_gather, reported for the test to check
   the routes (hierarchical between hosts: each byte crosses once per host)."""

@@ -15,10 +15,10 @@ namespace smddp {
 // the first of this process's devices arriving to its completion.
 struct CallPhases {
   double local_s = 0;  // the first local device's arrival to the last's
-  double queue_s = 0;  // the last arrival to the thread that runs the call starting it
-  double agree_s = 0;  // the agreement check outside the body: from its posting
-                       // to the body's start (the inline wait for the peers'
-                       // views, a small call's hand-off to a worker), and the
+  double queue_s = 0;  // the last arrival to its XLA thread starting the call
+  double agree_s = 0;  // the agreement check outside the body: between the
+                       // body's start and its rest (the inline wait for the
+                       // peers' views, the hand-off to a worker), and the
                        // wait for views still in flight after the body
   double body_s = 0;   // the collective's own messages, copies and reductions,
                        // begun at once: a peer that comes late shows here

@@ -235,11 +235,11 @@ Status Messages::Wait(size_t id) {
   return Status::Ok();
 }
 
-bool Messages::PollAll(Clock::time_point until) {
+bool Messages::PollRange(const Range& r, Clock::time_point until) {
   const auto from = Clock::now();
   bool done = false;
   for (unsigned spins = 0;; ++spins) {
-    done = std::all_of(entries_.begin(), entries_.end(),
+    done = std::all_of(entries_.begin() + r.first, entries_.begin() + r.first + r.count,
                        [](const Entry& e) { return e.settled || e.req.done(); });
     if (done || ((spins & 15) == 0 && Clock::now() >= until)) break;
     ProgressAll();

@@ -59,7 +59,9 @@ class Messages {
   Status WaitAll();
   // Progresses the links, never sleeping, until every posted transfer is
   // done (true; failures included, for WaitAll to report) or `until` passed.
-  bool PollAll(Clock::time_point until);
+  bool PollAll(Clock::time_point until) { return PollRange({0, entries_.size()}, until); }
+  // The same for the transfers of `r` only.
+  bool PollRange(const Range& r, Clock::time_point until);
 
  private:
   struct Entry {

@@ -4,6 +4,7 @@
 #include <chrono>
 #include <cstring>
 #include <memory>
+#include <mutex>
 #include <sstream>
 #include <vector>
 
@@ -22,17 +23,59 @@ uint64_t Msg(uint64_t round, uint64_t a = 0, uint64_t b = 0) {
   return (round << 56) ^ (a << 28) ^ b;
 }
 
-// Staging memory of the calling thread, reused across calls (the engine's
-// workers live long): calls allocate nothing in the steady state.
-char* Scratch(size_t bytes) {
-  thread_local std::unique_ptr<char[]> buffer;
-  thread_local size_t capacity = 0;
-  if (bytes > capacity) {
-    buffer.reset(new char[bytes]);
-    capacity = bytes;
+// Staging memory, reused across calls: a call holds one buffer from its
+// start to its end, whichever threads run it (its start on XLA's thread, its
+// rest perhaps on a worker while that thread starts another call), and gives
+// it back for the next; calls allocate nothing in the steady state.
+class Staging {
+ public:
+  Staging() = default;
+  Staging(const Staging&) = delete;
+  Staging& operator=(const Staging&) = delete;
+  ~Staging() {
+    if (!buffer_) return;
+    std::lock_guard<std::mutex> lock(Free().mu);
+    Free().buffers.push_back({std::move(buffer_), capacity_});
   }
-  return buffer.get();
-}
+
+  // At least `bytes`, valid until this is destroyed. Called once.
+  char* Get(size_t bytes) {
+    {
+      // The largest free buffer: calls of one size reuse theirs.
+      Pool& pool = Free();
+      std::lock_guard<std::mutex> lock(pool.mu);
+      auto best =
+          std::max_element(pool.buffers.begin(), pool.buffers.end(),
+                           [](const Held& a, const Held& b) { return a.capacity < b.capacity; });
+      if (best != pool.buffers.end()) {
+        buffer_ = std::move(best->buffer);
+        capacity_ = best->capacity;
+        pool.buffers.erase(best);
+      }
+    }
+    if (bytes > capacity_) {
+      buffer_.reset(new char[bytes]);
+      capacity_ = bytes;
+    }
+    return buffer_.get();
+  }
+
+ private:
+  struct Held {
+    std::unique_ptr<char[]> buffer;
+    size_t capacity;
+  };
+  struct Pool {
+    std::mutex mu;
+    std::vector<Held> buffers;
+  };
+  static Pool& Free() {
+    static Pool* pool = new Pool;  // never destroyed: calls may end during exit
+    return *pool;
+  }
+  std::unique_ptr<char[]> buffer_;
+  size_t capacity_ = 0;
+};
 
 // What every process must agree on, sent to every peer ahead of the call's data.
 struct Header {
@@ -110,6 +153,15 @@ Status ProcessRun::Agreement::Check() const {
   return Status::Ok();
 }
 
+// The body of a call: Start posts its messages and does whatever needs
+// nothing received (it never waits), Finish does the rest.
+class ProcessBody {
+ public:
+  virtual ~ProcessBody() = default;
+  virtual void Start() = 0;
+  virtual Status Finish() = 0;
+};
+
 namespace {
 
 // Remote ranks in the order their blocks are awaited: those this process
@@ -127,63 +179,82 @@ std::vector<int> GatherOrder(const ProcessCall& c) {
 }
 
 // recv_r[o, s, :] = send_s[o, :] for every rank s.
-Status ProcessAllGather(const ProcessCall& c, size_t outer, size_t inner) {
-  const Routes& rt = *c.routes;
-  const size_t n = c.size, block = outer * inner, nl = c.local.size();
-  if (block == 0) return Status::Ok();
-  const bool stream = c.StreamOutputs();
-  Messages m(c);
-  char* first = static_cast<char*>(c.recv[0]);
-  // Remote ranks' blocks land in the first local rank's output when they are
-  // contiguous there (outer == 1), else in staging.
+class AllGatherBody final : public ProcessBody {
+ public:
+  AllGatherBody(const ProcessCall& c, size_t outer, size_t inner)
+      : c_(c), outer_(outer), inner_(inner), block_(outer * inner), m_(c) {}
+
+  // Posts the receives and this process's blocks, and copies its own blocks
+  // into its outputs while the links work.
+  void Start() override {
+    const Routes& rt = *c_.routes;
+    const size_t n = c_.size, nl = c_.local.size();
+    if (block_ == 0) return;
+    stream_ = c_.StreamOutputs();
+    char* first = static_cast<char*>(c_.recv[0]);
+    // Remote ranks' blocks land in the first local rank's output when they
+    // are contiguous there (outer == 1), else in staging.
+    const std::vector<int> order = GatherOrder(c_);
+    char* stage = outer_ == 1 ? nullptr : staging_.Get(order.size() * block_);
+    for (int s : order) {
+      char* dst = outer_ == 1 ? first + s * inner_ : stage + incoming_.size() * block_;
+      incoming_.push_back({s, m_.Recv(rt.gather_source[s], Msg(kData, s), dst, block_), dst});
+    }
+    for (int q : rt.gather_targets) {
+      for (size_t li = 0; li < nl; ++li) m_.Send(q, Msg(kData, c_.local[li]), c_.send[li], block_);
+    }
+    for (size_t d = 0; d < nl; ++d) {
+      char* out = static_cast<char*>(c_.recv[d]);
+      for (size_t o = 0; o < outer_; ++o) {
+        for (size_t li = 0; li < nl; ++li) {
+          CopyBytes(out + (o * n + c_.local[li]) * inner_,
+                    static_cast<const char*>(c_.send[li]) + o * inner_, inner_, stream_);
+        }
+      }
+    }
+  }
+
+  Status Finish() override {
+    const Routes& rt = *c_.routes;
+    const size_t n = c_.size, nl = c_.local.size();
+    for (const Incoming& in : incoming_) {
+      // Chunk by chunk, as it arrives: relayed on, and copied into the other
+      // local outputs.
+      for (size_t k = 0; k < in.range.count; ++k) {
+        SMDDP_RETURN_IF_ERROR(m_.Wait(in.range.first + k));
+        for (int t : rt.gather_relay[in.rank])
+          m_.SendChunk(t, Msg(kData, in.rank), block_, k, in.dst);
+        if (outer_ != 1) continue;
+        size_t off, bytes;
+        m_.Chunk(block_, k, &off, &bytes);
+        for (size_t d = 1; d < nl; ++d)
+          CopyBytes(static_cast<char*>(c_.recv[d]) + in.rank * inner_ + off, in.dst + off, bytes,
+                    stream_);
+      }
+      if (outer_ != 1) {
+        for (size_t d = 0; d < nl; ++d) {
+          char* out = static_cast<char*>(c_.recv[d]);
+          for (size_t o = 0; o < outer_; ++o)
+            CopyBytes(out + (o * n + in.rank) * inner_, in.dst + o * inner_, inner_, stream_);
+        }
+      }
+    }
+    return m_.WaitAll();
+  }
+
+ private:
   struct Incoming {
     int rank;
     Messages::Range range;
     char* dst;
   };
-  std::vector<Incoming> incoming;
-  const std::vector<int> order = GatherOrder(c);
-  char* stage = outer == 1 ? nullptr : Scratch(order.size() * block);
-  for (int s : order) {
-    char* dst = outer == 1 ? first + s * inner : stage + incoming.size() * block;
-    incoming.push_back({s, m.Recv(rt.gather_source[s], Msg(kData, s), dst, block), dst});
-  }
-  for (int q : rt.gather_targets) {
-    for (size_t li = 0; li < nl; ++li) m.Send(q, Msg(kData, c.local[li]), c.send[li], block);
-  }
-  // This process's own blocks, while the links work.
-  for (size_t d = 0; d < nl; ++d) {
-    char* out = static_cast<char*>(c.recv[d]);
-    for (size_t o = 0; o < outer; ++o) {
-      for (size_t li = 0; li < nl; ++li) {
-        CopyBytes(out + (o * n + c.local[li]) * inner,
-                  static_cast<const char*>(c.send[li]) + o * inner, inner, stream);
-      }
-    }
-  }
-  for (const Incoming& in : incoming) {
-    // Chunk by chunk, as it arrives: relayed on, and copied into the other
-    // local outputs.
-    for (size_t k = 0; k < in.range.count; ++k) {
-      SMDDP_RETURN_IF_ERROR(m.Wait(in.range.first + k));
-      for (int t : rt.gather_relay[in.rank]) m.SendChunk(t, Msg(kData, in.rank), block, k, in.dst);
-      if (outer != 1) continue;
-      size_t off, bytes;
-      m.Chunk(block, k, &off, &bytes);
-      for (size_t d = 1; d < nl; ++d)
-        CopyBytes(static_cast<char*>(c.recv[d]) + in.rank * inner + off, in.dst + off, bytes,
-                  stream);
-    }
-    if (outer != 1) {
-      for (size_t d = 0; d < nl; ++d) {
-        char* out = static_cast<char*>(c.recv[d]);
-        for (size_t o = 0; o < outer; ++o)
-          CopyBytes(out + (o * n + in.rank) * inner, in.dst + o * inner, inner, stream);
-      }
-    }
-  }
-  return m.WaitAll();
-}
+  const ProcessCall& c_;
+  const size_t outer_, inner_, block_;
+  bool stream_ = false;
+  Staging staging_;  // before m_: outlives the transfers into it
+  Messages m_;
+  std::vector<Incoming> incoming_;
+};
 
 // Ranks in the order reductions handle them: remote ranks that need nothing
 // received (this process's partial only), then remote ranks this process
@@ -201,6 +272,12 @@ std::vector<int> ReduceOrder(const ProcessCall& c) {
     }
   }
   return order;
+}
+
+// Whether rank r's reduction needs anything received: the ranks of the
+// first stage of ReduceOrder do not.
+bool Receives(const ProcessCall& c, int r) {
+  return c.routes->reduce_dest[r] < 0 || !c.routes->reduce_sources[r].empty();
 }
 
 // Reduces elements [j0, j1) of rank r's block ([outer, inner] rows taken from
@@ -239,12 +316,12 @@ struct Contributions {
 
   // Posts the receives: rank r's contributions of bytes(r) each.
   template <typename Bytes>
-  char* Post(const ProcessCall& c, Messages& m, uint64_t round, Bytes bytes, size_t slot_bytes,
-             size_t extra_bytes) {
+  char* Post(const ProcessCall& c, Messages& m, Staging& staging, uint64_t round, Bytes bytes,
+             size_t slot_bytes, size_t extra_bytes) {
     const Routes& rt = *c.routes;
     size_t slots = 0;
     for (int r = 0; r < c.size; ++r) slots += rt.reduce_sources[r].size();
-    char* stage = Scratch(slots * slot_bytes + extra_bytes);
+    char* stage = staging.Get(slots * slot_bytes + extra_bytes);
     buffers.assign(c.size, {});
     ranges.assign(c.size, {});
     size_t k = 0;
@@ -267,239 +344,333 @@ struct Contributions {
 // recv_r[o, :] = reduce over ranks s of send_s[o, r, :]. Each rank's block is
 // reduced once per process (its own ranks first), combined per host on the
 // way (hierarchical routes), and completed by the rank's own process.
-Status ProcessReduceScatter(const ProcessCall& c, DType dtype, ReduceOp op, size_t outer,
-                            size_t inner) {
-  const Routes& rt = *c.routes;
-  const size_t esize = ElementSize(dtype), block = outer * inner, bb = block * esize;
-  const size_t nl = c.local.size();
-  if (bb == 0) return Status::Ok();
-  Messages m(c);
-  size_t outgoing = 0;
-  for (int r = 0; r < c.size; ++r) outgoing += rt.reduce_dest[r] >= 0 ? 1 : 0;
-  Contributions in;
-  char* partials = in.Post(c, m, kData, [&](int) { return bb; }, bb, outgoing * bb);
-  BlockReducer reducer(c, dtype, op, inner);
-  const size_t chunks = m.Chunks(bb);
-  size_t next_partial = 0;
-  for (int r : ReduceOrder(c)) {
-    const int dest = rt.reduce_dest[r];
-    const bool combines = !in.buffers[r].empty();
+class ReduceScatterBody final : public ProcessBody {
+ public:
+  ReduceScatterBody(const ProcessCall& c, DType dtype, ReduceOp op, size_t outer, size_t inner)
+      : c_(c),
+        esize_(ElementSize(dtype)),
+        outer_(outer),
+        bb_(outer * inner * ElementSize(dtype)),
+        reducer_(c, dtype, op, inner),
+        m_(c) {}
+
+  // Posts the receives and sends the ranks that need nothing received.
+  void Start() override {
+    const Routes& rt = *c_.routes;
+    if (bb_ == 0) return;
+    size_t outgoing = 0;
+    for (int r = 0; r < c_.size; ++r) outgoing += rt.reduce_dest[r] >= 0 ? 1 : 0;
+    partials_ = in_.Post(c_, m_, staging_, kData, [&](int) { return bb_; }, bb_, outgoing * bb_);
+    order_ = ReduceOrder(c_);
+    while (next_ < order_.size() && !Receives(c_, order_[next_])) {
+      const Status st = Rank(order_[next_++]);  // waits for nothing: cannot fail
+      (void)st;
+    }
+  }
+
+  Status Finish() override {
+    if (bb_ == 0) return Status::Ok();
+    while (next_ < order_.size()) SMDDP_RETURN_IF_ERROR(Rank(order_[next_++]));
+    return m_.WaitAll();
+  }
+
+ private:
+  // Reduces rank r's block (with what was received for it) and sends it on,
+  // chunk by chunk, or completes it into its local output.
+  Status Rank(int r) {
+    const int dest = c_.routes->reduce_dest[r];
+    const bool combines = !in_.buffers[r].empty();
     char* out;
     if (dest < 0) {
       out = static_cast<char*>(
-          c.recv[std::lower_bound(c.local.begin(), c.local.end(), r) - c.local.begin()]);
-    } else if (!combines && nl == 1 && outer == 1) {
+          c_.recv[std::lower_bound(c_.local.begin(), c_.local.end(), r) - c_.local.begin()]);
+    } else if (!combines && c_.local.size() == 1 && outer_ == 1) {
       out = nullptr;  // the partial is the input itself
     } else {
-      out = partials + (next_partial++) * bb;
+      out = partials_ + (next_partial_++) * bb_;
     }
-    const char* base = out ? out : static_cast<const char*>(c.send[0]) + r * bb;
-    for (size_t k = 0; k < chunks; ++k) {
+    const char* base = out ? out : static_cast<const char*>(c_.send[0]) + r * bb_;
+    for (size_t k = 0; k < m_.Chunks(bb_); ++k) {
       size_t off, bytes;
-      m.Chunk(bb, k, &off, &bytes);
+      m_.Chunk(bb_, k, &off, &bytes);
       if (out) {
-        SMDDP_RETURN_IF_ERROR(in.WaitChunk(m, r, k));
-        reducer.Run(r, off / esize, (off + bytes) / esize, in.buffers[r], out);
+        SMDDP_RETURN_IF_ERROR(in_.WaitChunk(m_, r, k));
+        reducer_.Run(r, off / esize_, (off + bytes) / esize_, in_.buffers[r], out);
       }
-      if (dest >= 0) m.SendChunk(dest, Msg(kData, r), bb, k, base);
+      if (dest >= 0) m_.SendChunk(dest, Msg(kData, r), bb_, k, base);
     }
+    return Status::Ok();
   }
-  return m.WaitAll();
-}
+
+  const ProcessCall& c_;
+  const size_t esize_, outer_, bb_;
+  BlockReducer reducer_;
+  Staging staging_;  // before m_: outlives the transfers into it
+  Messages m_;
+  Contributions in_;
+  char* partials_ = nullptr;
+  std::vector<int> order_;
+  size_t next_ = 0, next_partial_ = 0;
+};
 
 // recv = reduce over ranks of send, balanced: shard r (the r-th of `size`
 // equal parts) is reduced once, by rank r's process (combined per host on the
 // way), and its result spread to every process as a gather would.
-Status ProcessAllReduce(const ProcessCall& c, DType dtype, ReduceOp op, size_t count) {
-  const Routes& rt = *c.routes;
-  const size_t n = c.size, esize = ElementSize(dtype), nl = c.local.size();
-  if (count == 0) return Status::Ok();
-  const bool stream = c.StreamOutputs();
-  auto begin = [&](size_t r) { return count * r / n; };
-  auto shard = [&](size_t r) { return (count * (r + 1) / n - count * r / n) * esize; };
-  size_t max_shard = 0, outgoing = 0;
-  for (size_t r = 0; r < n; ++r) {
-    max_shard = std::max(max_shard, shard(r));
-    outgoing += rt.reduce_dest[r] >= 0 ? 1 : 0;
+class AllReduceBody final : public ProcessBody {
+ public:
+  AllReduceBody(const ProcessCall& c, DType dtype, ReduceOp op, size_t count)
+      : c_(c), dtype_(dtype), op_(op), esize_(ElementSize(dtype)), count_(count), m_(c) {}
+
+  // Posts the receives and sends the shards that need nothing received.
+  void Start() override {
+    const Routes& rt = *c_.routes;
+    const size_t n = c_.size;
+    if (count_ == 0) return;
+    stream_ = c_.StreamOutputs();
+    size_t outgoing = 0;
+    for (size_t r = 0; r < n; ++r) {
+      max_shard_ = std::max(max_shard_, Shard(r));
+      outgoing += rt.reduce_dest[r] >= 0 ? 1 : 0;
+    }
+    partials_ = in_.Post(
+        c_, m_, staging_, kData, [&](int r) { return Shard(r); }, max_shard_,
+        outgoing * max_shard_);
+    char* first = static_cast<char*>(c_.recv[0]);
+    for (int s : GatherOrder(c_))
+      results_.push_back(
+          {s, m_.Recv(rt.gather_source[s], Msg(kResult, s), first + Begin(s) * esize_, Shard(s))});
+    order_ = ReduceOrder(c_);
+    while (next_ < order_.size() && !Receives(c_, order_[next_])) {
+      const Status st = Rank(order_[next_++]);  // waits for nothing: cannot fail
+      (void)st;
+    }
   }
-  Messages m(c);
-  Contributions in;
-  char* partials =
-      in.Post(c, m, kData, [&](int r) { return shard(r); }, max_shard, outgoing * max_shard);
-  char* first = static_cast<char*>(c.recv[0]);
+
+  Status Finish() override {
+    if (count_ == 0) return Status::Ok();
+    const Routes& rt = *c_.routes;
+    const size_t nl = c_.local.size();
+    while (next_ < order_.size()) SMDDP_RETURN_IF_ERROR(Rank(order_[next_++]));
+    char* first = static_cast<char*>(c_.recv[0]);
+    for (const Result& res : results_) {
+      const size_t sb = Shard(res.rank);
+      char* base = first + Begin(res.rank) * esize_;
+      for (size_t k = 0; k < res.range.count; ++k) {
+        SMDDP_RETURN_IF_ERROR(m_.Wait(res.range.first + k));
+        for (int t : rt.gather_relay[res.rank])
+          m_.SendChunk(t, Msg(kResult, res.rank), sb, k, base);
+        size_t off, bytes;
+        m_.Chunk(sb, k, &off, &bytes);
+        for (size_t d = 1; d < nl; ++d)
+          CopyBytes(static_cast<char*>(c_.recv[d]) + Begin(res.rank) * esize_ + off, base + off,
+                    bytes, stream_);
+      }
+    }
+    return m_.WaitAll();
+  }
+
+ private:
+  size_t Begin(size_t r) const { return count_ * r / c_.size; }
+  size_t Shard(size_t r) const {
+    return (count_ * (r + 1) / c_.size - count_ * r / c_.size) * esize_;
+  }
+
+  // Reduces shard r (with what was received for it) and sends it on, chunk
+  // by chunk; a shard of this process's is final: out to the other
+  // processes, and into the other local outputs.
+  Status Rank(int r) {
+    const Routes& rt = *c_.routes;
+    const size_t nl = c_.local.size(), sb = Shard(r);
+    const int dest = rt.reduce_dest[r];
+    const bool combines = !in_.buffers[r].empty();
+    char* out;
+    int li = -1;
+    if (dest < 0) {
+      li = int(std::lower_bound(c_.local.begin(), c_.local.end(), r) - c_.local.begin());
+      out = static_cast<char*>(c_.recv[li]) + Begin(r) * esize_;
+    } else if (!combines && nl == 1) {
+      out = nullptr;  // the partial is the input itself
+    } else {
+      out = partials_ + (next_partial_++) * max_shard_;
+    }
+    const char* base = out ? out : static_cast<const char*>(c_.send[0]) + Begin(r) * esize_;
+    for (size_t k = 0; k < m_.Chunks(sb); ++k) {
+      size_t off, bytes;
+      m_.Chunk(sb, k, &off, &bytes);
+      if (out) {
+        SMDDP_RETURN_IF_ERROR(in_.WaitChunk(m_, r, k));
+        srcs_.clear();
+        for (size_t i = 0; i < nl; ++i)
+          srcs_.push_back(static_cast<const char*>(c_.send[i]) + Begin(r) * esize_ + off);
+        for (const char* e : in_.buffers[r]) srcs_.push_back(e + off);
+        Reduce(dtype_, op_, srcs_.data(), int(srcs_.size()), out + off, bytes / esize_);
+      }
+      if (dest >= 0) {
+        m_.SendChunk(dest, Msg(kData, r), sb, k, base);
+        continue;
+      }
+      for (int t : rt.gather_targets) m_.SendChunk(t, Msg(kResult, r), sb, k, out);
+      for (size_t d = 0; d < nl; ++d) {
+        if (int(d) != li)
+          CopyBytes(static_cast<char*>(c_.recv[d]) + Begin(r) * esize_ + off, out + off, bytes,
+                    stream_);
+      }
+    }
+    return Status::Ok();
+  }
+
   struct Result {
     int rank;
     Messages::Range range;
   };
-  std::vector<Result> results;
-  for (int s : GatherOrder(c))
-    results.push_back(
-        {s, m.Recv(rt.gather_source[s], Msg(kResult, s), first + begin(s) * esize, shard(s))});
-  std::vector<const void*> srcs;
-  auto reduce = [&](size_t r, size_t off, size_t bytes, const std::vector<const char*>& extra,
-                    char* dst) {
-    srcs.clear();
-    for (size_t li = 0; li < nl; ++li)
-      srcs.push_back(static_cast<const char*>(c.send[li]) + begin(r) * esize + off);
-    for (const char* e : extra) srcs.push_back(e + off);
-    Reduce(dtype, op, srcs.data(), int(srcs.size()), dst + off, bytes / esize);
-  };
-  size_t next_partial = 0;
-  for (int r : ReduceOrder(c)) {
-    const size_t sb = shard(r);
-    const int dest = rt.reduce_dest[r];
-    const bool combines = !in.buffers[r].empty();
-    char* out;
-    int li = -1;
-    if (dest < 0) {
-      li = int(std::lower_bound(c.local.begin(), c.local.end(), r) - c.local.begin());
-      out = static_cast<char*>(c.recv[li]) + begin(r) * esize;
-    } else if (!combines && nl == 1) {
-      out = nullptr;  // the partial is the input itself
-    } else {
-      out = partials + (next_partial++) * max_shard;
-    }
-    const char* base = out ? out : static_cast<const char*>(c.send[0]) + begin(r) * esize;
-    for (size_t k = 0; k < m.Chunks(sb); ++k) {
-      size_t off, bytes;
-      m.Chunk(sb, k, &off, &bytes);
-      if (out) {
-        SMDDP_RETURN_IF_ERROR(in.WaitChunk(m, r, k));
-        reduce(r, off, bytes, in.buffers[r], out);
-      }
-      if (dest >= 0) {
-        m.SendChunk(dest, Msg(kData, r), sb, k, base);
-        continue;
-      }
-      // This process's shard is final: out to the other processes, and into
-      // the other local outputs.
-      for (int t : rt.gather_targets) m.SendChunk(t, Msg(kResult, r), sb, k, out);
-      for (size_t d = 0; d < nl; ++d) {
-        if (int(d) != li)
-          CopyBytes(static_cast<char*>(c.recv[d]) + begin(r) * esize + off, out + off, bytes,
-                    stream);
-      }
-    }
-  }
-  for (const Result& res : results) {
-    const size_t sb = shard(res.rank);
-    char* base = first + begin(res.rank) * esize;
-    for (size_t k = 0; k < res.range.count; ++k) {
-      SMDDP_RETURN_IF_ERROR(m.Wait(res.range.first + k));
-      for (int t : rt.gather_relay[res.rank]) m.SendChunk(t, Msg(kResult, res.rank), sb, k, base);
-      size_t off, bytes;
-      m.Chunk(sb, k, &off, &bytes);
-      for (size_t d = 1; d < nl; ++d)
-        CopyBytes(static_cast<char*>(c.recv[d]) + begin(res.rank) * esize + off, base + off, bytes,
-                  stream);
-    }
-  }
-  return m.WaitAll();
-}
+  const ProcessCall& c_;
+  const DType dtype_;
+  const ReduceOp op_;
+  const size_t esize_, count_;
+  bool stream_ = false;
+  size_t max_shard_ = 0;
+  Staging staging_;  // before m_: outlives the transfers into it
+  Messages m_;
+  Contributions in_;
+  char* partials_ = nullptr;
+  std::vector<Result> results_;
+  std::vector<int> order_;
+  size_t next_ = 0, next_partial_ = 0;
+  std::vector<const void*> srcs_;
+};
 
 // recv_r[o, s, :] = send_s[o, r, :].
-Status ProcessAllToAll(const ProcessCall& c, size_t outer, size_t inner) {
-  const size_t n = c.size, nl = c.local.size(), np = c.peers.size(), block = outer * inner;
-  if (block == 0) return Status::Ok();
-  const bool stream = c.StreamOutputs();
-  Messages m(c);
-  size_t remote = 0;
-  for (const auto& ranks : c.peer_ranks) remote += ranks.size();
-  // With outer > 1 blocks are strided: packed and unpacked through staging.
-  char* stage = outer == 1 ? nullptr : Scratch(2 * nl * remote * block);
-  char* unpacked = stage;
-  char* packed = stage ? stage + nl * remote * block : nullptr;
+class AllToAllBody final : public ProcessBody {
+ public:
+  AllToAllBody(const ProcessCall& c, size_t outer, size_t inner)
+      : c_(c), outer_(outer), inner_(inner), block_(outer * inner), m_(c) {}
+
+  // Posts the receives and sends, and copies this process's own blocks.
+  void Start() override {
+    const size_t n = c_.size, nl = c_.local.size(), np = c_.peers.size();
+    if (block_ == 0) return;
+    stream_ = c_.StreamOutputs();
+    size_t remote = 0;
+    for (const auto& ranks : c_.peer_ranks) remote += ranks.size();
+    // With outer > 1 blocks are strided: packed and unpacked through staging.
+    char* stage = outer_ == 1 ? nullptr : staging_.Get(2 * nl * remote * block_);
+    char* unpacked = stage;
+    char* packed = stage ? stage + nl * remote * block_ : nullptr;
+    for (size_t li = 0; li < nl; ++li) {
+      const int r = c_.local[li];
+      for (size_t qi = 0; qi < np; ++qi) {
+        for (int s : c_.peer_ranks[qi]) {
+          char* dst = outer_ == 1 ? static_cast<char*>(c_.recv[li]) + s * inner_
+                                  : unpacked + incoming_.size() * block_;
+          incoming_.push_back(
+              {int(li), s, m_.Recv(c_.peers[qi], Msg(kData, s, r), dst, block_), dst});
+        }
+      }
+    }
+    size_t k = 0;
+    for (size_t li = 0; li < nl; ++li) {
+      const char* send = static_cast<const char*>(c_.send[li]);
+      for (size_t qi = 0; qi < np; ++qi) {
+        for (int r : c_.peer_ranks[qi]) {
+          const char* src = send + r * inner_;
+          if (outer_ != 1) {
+            char* p = packed + (k++) * block_;
+            for (size_t o = 0; o < outer_; ++o)
+              std::memcpy(p + o * inner_, send + (o * n + r) * inner_, inner_);
+            src = p;
+          }
+          m_.Send(c_.peers[qi], Msg(kData, c_.local[li], r), src, block_);
+        }
+      }
+    }
+    for (size_t d = 0; d < nl; ++d) {
+      char* out = static_cast<char*>(c_.recv[d]);
+      for (size_t li = 0; li < nl; ++li) {
+        const char* send = static_cast<const char*>(c_.send[li]);
+        for (size_t o = 0; o < outer_; ++o)
+          CopyBytes(out + (o * n + c_.local[li]) * inner_, send + (o * n + c_.local[d]) * inner_,
+                    inner_, stream_);
+      }
+    }
+  }
+
+  Status Finish() override {
+    const size_t n = c_.size;
+    for (const Incoming& in : incoming_) {
+      SMDDP_RETURN_IF_ERROR(m_.WaitRange(in.range));
+      if (outer_ != 1) {
+        char* out = static_cast<char*>(c_.recv[in.to_local]);
+        for (size_t o = 0; o < outer_; ++o)
+          CopyBytes(out + (o * n + in.from) * inner_, in.dst + o * inner_, inner_, stream_);
+      }
+    }
+    return m_.WaitAll();
+  }
+
+ private:
   struct Incoming {
     int to_local;
     int from;
     Messages::Range range;
     char* dst;
   };
-  std::vector<Incoming> incoming;
-  for (size_t li = 0; li < nl; ++li) {
-    const int r = c.local[li];
-    for (size_t qi = 0; qi < np; ++qi) {
-      for (int s : c.peer_ranks[qi]) {
-        char* dst = outer == 1 ? static_cast<char*>(c.recv[li]) + s * inner
-                               : unpacked + incoming.size() * block;
-        incoming.push_back({int(li), s, m.Recv(c.peers[qi], Msg(kData, s, r), dst, block), dst});
-      }
-    }
-  }
-  size_t k = 0;
-  for (size_t li = 0; li < nl; ++li) {
-    const char* send = static_cast<const char*>(c.send[li]);
-    for (size_t qi = 0; qi < np; ++qi) {
-      for (int r : c.peer_ranks[qi]) {
-        const char* src = send + r * inner;
-        if (outer != 1) {
-          char* p = packed + (k++) * block;
-          for (size_t o = 0; o < outer; ++o)
-            std::memcpy(p + o * inner, send + (o * n + r) * inner, inner);
-          src = p;
-        }
-        m.Send(c.peers[qi], Msg(kData, c.local[li], r), src, block);
-      }
-    }
-  }
-  for (size_t d = 0; d < nl; ++d) {
-    char* out = static_cast<char*>(c.recv[d]);
-    for (size_t li = 0; li < nl; ++li) {
-      const char* send = static_cast<const char*>(c.send[li]);
-      for (size_t o = 0; o < outer; ++o)
-        CopyBytes(out + (o * n + c.local[li]) * inner, send + (o * n + c.local[d]) * inner, inner,
-                  stream);
-    }
-  }
-  for (const Incoming& in : incoming) {
-    SMDDP_RETURN_IF_ERROR(m.WaitRange(in.range));
-    if (outer != 1) {
-      char* out = static_cast<char*>(c.recv[in.to_local]);
-      for (size_t o = 0; o < outer; ++o)
-        CopyBytes(out + (o * n + in.from) * inner, in.dst + o * inner, inner, stream);
-    }
-  }
-  return m.WaitAll();
-}
+  const ProcessCall& c_;
+  const size_t outer_, inner_, block_;
+  bool stream_ = false;
+  Staging staging_;  // before m_: outlives the transfers into it
+  Messages m_;
+  std::vector<Incoming> incoming_;
+};
 
-Status RunBody(const Plan& plan, ProcessCall& call) {
+std::unique_ptr<ProcessBody> MakeBody(const Plan& plan, const ProcessCall& call) {
   switch (plan.kind) {
     case Plan::Kind::kAllGather:
-      return ProcessAllGather(call, plan.outer, plan.inner);
+      return std::make_unique<AllGatherBody>(call, plan.outer, plan.inner);
     case Plan::Kind::kReduceScatter:
-      return ProcessReduceScatter(call, plan.dtype, plan.op, plan.outer, plan.inner);
+      return std::make_unique<ReduceScatterBody>(call, plan.dtype, plan.op, plan.outer, plan.inner);
     case Plan::Kind::kAllReduce:
-      return ProcessAllReduce(call, plan.dtype, plan.op, plan.count);
+      return std::make_unique<AllReduceBody>(call, plan.dtype, plan.op, plan.count);
     case Plan::Kind::kAllToAll:
-      return ProcessAllToAll(call, plan.outer, plan.inner);
+      return std::make_unique<AllToAllBody>(call, plan.outer, plan.inner);
   }
-  return Status::Error("jax_smddp: unknown collective plan");
+  return nullptr;
 }
 
 }  // namespace
 
 ProcessRun::ProcessRun(const Plan& plan, ProcessCall& call)
-    : plan_(plan),
-      call_(call),
+    : call_(call),
       start_(Clock::now()),
-      agreement_(std::make_unique<Agreement>(call, plan)) {}
+      agreement_(std::make_unique<Agreement>(call, plan)),
+      body_(MakeBody(plan, call)) {
+  // The body starts at once, without waiting for the peers' views: its
+  // receives are posted and this process's data is on its way before the
+  // calling thread decides who runs the rest, so peers that came earlier
+  // are not kept waiting by that decision (or the hand-off to a worker).
+  body_->Start();
+  started_ = Clock::now();
+}
 
 ProcessRun::~ProcessRun() = default;
 
-bool ProcessRun::PeersArrived(Clock::time_point until) { return agreement_->m.PollAll(until); }
+bool ProcessRun::PeersArrived(Clock::time_point until) {
+  // The peers' views only: this process's own may still be on its way.
+  return agreement_->m.PollRange({0, call_.peers.size()}, until);
+}
 
-// The body starts at once, without waiting for the peers' views: data moves
-// while late peers arrive. A peer that runs another call is still reported
-// as such, never as what its data did to this one: the views are compared as
-// they arrive while the body waits, and all of them once it is done, before
-// the call may succeed; a disagreement outranks the body's own failure (a
-// message of the wrong size, or a timeout waiting for one).
+// A peer that runs another call is still reported as such, never as what
+// its data did to this one: the views are compared as they arrive while the
+// body waits, and all of them once it is done, before the call may succeed;
+// a disagreement outranks the body's own failure (a message of the wrong
+// size, or a timeout waiting for one).
 Status ProcessRun::Finish() {
   Agreement& a = *agreement_;
   const auto body_from = Clock::now();
   call_.watch = &a;
-  const Status body = RunBody(plan_, call_);
+  const Status body = body_->Finish();
   call_.watch = nullptr;
+  // Withdraws what is still in flight (on failure) before the call ends.
+  body_.reset();
   const auto body_to = Clock::now();
   const Status st = body.ok() ? a.m.WaitAll() : Status::Ok();
   // What arrived is compared even when the rest did not.
@@ -513,8 +684,10 @@ Status ProcessRun::Finish() {
   agreement_.reset();
   if (call_.phases) {
     const auto s = [](Clock::duration d) { return std::chrono::duration<double>(d).count(); };
-    call_.phases->agree_s = s(body_from - start_) + s(Clock::now() - body_to);
-    call_.phases->body_s = s(body_to - body_from);
+    // The body's two parts; the rest (the wait for the peers' views, a
+    // hand-off to a worker) is the agreement's.
+    call_.phases->body_s = s(started_ - start_) + s(body_to - body_from);
+    call_.phases->agree_s = s(body_from - started_) + s(Clock::now() - body_to);
   }
   if (!agreed.ok()) return agreed;
   if (!body.ok()) return body;

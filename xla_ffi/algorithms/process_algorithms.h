@@ -21,15 +21,18 @@
 
 namespace smddp {
 
+class ProcessBody;  // one call's data movement (process_algorithms.cc)
+
 // Runs `plan` for every rank of this process, in two parts so that the caller
-// may choose the thread of the second. Constructing it posts the agreement
-// check: this process's view of the call (op, dtype, sizes, routes) to every
-// peer process, and the receives of theirs. Once every peer's view is in,
-// every process of the group is in this call, and what remains of it waits
-// only on them (what PeersArrived tells).
+// may choose the thread of the second. Constructing it never waits: it posts
+// the agreement check (this process's view of the call: op, dtype, sizes,
+// routes, to every peer process, and the receives of theirs) and starts the
+// body (posts its messages, sends what needs nothing received). Once every
+// peer's view is in, every process of the group is in this call, and what
+// remains of it waits only on them (what PeersArrived tells).
 class ProcessRun {
  public:
-  // `plan` and `call` must outlive the run.
+  // `call` must outlive the run.
   ProcessRun(const Plan& plan, ProcessCall& call);
   ~ProcessRun();
 
@@ -37,7 +40,7 @@ class ProcessRun {
   // (never sleeping) until `until` at the latest.
   bool PeersArrived(Clock::time_point until);
 
-  // Runs the call at once, comparing the peers' views with this process's
+  // Runs the rest of the call, comparing the peers' views with this process's
   // as they arrive, and all of them before it succeeds (with the call's
   // deadline, peers watched): a process that runs another call fails every
   // process with an error naming both calls, whatever its data did to this
@@ -46,16 +49,11 @@ class ProcessRun {
 
  private:
   struct Agreement;
-  const Plan& plan_;
   ProcessCall& call_;
-  Clock::time_point start_;
+  Clock::time_point start_, started_;  // constructed; the body started
   std::unique_ptr<Agreement> agreement_;
+  std::unique_ptr<ProcessBody> body_;
 };
-
-// The whole run on the calling thread.
-inline Status RunProcessPlan(const Plan& plan, ProcessCall& call) {
-  return ProcessRun(plan, call).Finish();
-}
 
 }  // namespace smddp
 

@@ -192,26 +192,20 @@ void ProcessRendezvous::Start(const GroupInfo& group, int size, const CallKey& k
   }
   slot->plan = plan;
   lock.unlock();
-  if (InlineBytes() == 0 || info.recv_bytes * local_.size() >= InlineBytes()) {
-    // The cross-process part waits on peers: an engine worker runs it.
-    Post([this, slot] {
-      Begin(*slot);
-      Finish(slot, kKeepLast);
-    });
-    return;
-  }
-  // A small call: the hand-off to a worker (a thread to wake, on this
-  // process and on its peers) would cost as much as the call. Once every
-  // peer has announced it, every process of the group is in this call and
-  // what remains of it waits only on them, so this XLA thread may run it
-  // without blocking on any other collective; a peer not there yet leaves
-  // the call to a worker.
+  // This thread starts the cross-process part (posts its messages, never
+  // waits), so peers that came earlier get this process's data at once.
   Begin(*slot);
-  if (slot->begun.ok() && !slot->run->PeersArrived(Clock::now() + InlineWait())) {
+  if (slot->begun.ok() && (InlineBytes() == 0 || info.recv_bytes * local_.size() >= InlineBytes() ||
+                           !slot->run->PeersArrived(Clock::now() + InlineWait()))) {
+    // The rest waits on peers: an engine worker runs it. A small call whose
+    // peers are all in it does not hand off: the hand-off (a thread to wake,
+    // on this process and on its peers) would cost as much as the call, and
+    // once every peer has announced it what remains waits only on them, so
+    // this XLA thread may run it without blocking on any other collective.
     Post([this, slot] { Finish(slot, kKeepLast); });
     return;
   }
-  slot->phases.inline_calls = 1;
+  if (slot->begun.ok()) slot->phases.inline_calls = 1;
   Finish(slot, mine);
 }
 

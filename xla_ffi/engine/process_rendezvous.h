@@ -1,11 +1,12 @@
 // The rendezvous of a communicator whose ranks live in several processes. The
 // ranks of this process meet in memory (as in-process ranks do); once all of
-// them have arrived, one thread runs the cross-process algorithm for all of
-// them (process_algorithms.h) over the links of the current world and then
-// completes every local rank: an engine worker, or for a small call whose
-// peers are all in it already (their agreement headers arrived within
-// JAX_SMDDP_INLINE_WAIT_US) the last local arrival's XLA thread. No XLA
-// thread waits for a peer that is not in the call.
+// them have arrived, the last arrival's XLA thread starts the cross-process
+// algorithm for all of them (process_algorithms.h) over the links of the
+// current world, without waiting, and one thread runs the rest and completes
+// every local rank: an engine worker, or for a small call whose peers are all
+// in it already (their agreement headers arrived within
+// JAX_SMDDP_INLINE_WAIT_US) that XLA thread. No XLA thread waits for a peer
+// that is not in the call.
 #ifndef JAX_SMDDP_ENGINE_PROCESS_RENDEZVOUS_H_
 #define JAX_SMDDP_ENGINE_PROCESS_RENDEZVOUS_H_
 
@@ -34,9 +35,10 @@ class ProcessRendezvous : public Rendezvous {
              Done done) override;
 
  private:
-  // The cross-process part: Begin sets up the call and posts its agreement
-  // check; Finish runs the rest and completes the local ranks, keeping local
-  // rank `mine`'s completion for the calling thread (kKeepLast on a worker).
+  // The cross-process part: Begin sets up the call, posts its agreement
+  // check and starts the body (never waits); Finish runs the rest and
+  // completes the local ranks, keeping local rank `mine`'s completion for
+  // the calling thread (kKeepLast on a worker).
   void Begin(Slot& slot);
   void Finish(const std::shared_ptr<Slot>& slot, int mine);
   void Expire(const std::shared_ptr<Slot>& slot);
