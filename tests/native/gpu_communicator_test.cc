@@ -1102,6 +1102,66 @@ int Hosts(int L, bool rail, bool die) {
   return ok ? 0 : 1;
 }
 
+// A silent link that counts its progress calls, under a progress key it may
+// share with others (as the hosts of one libfabric endpoint do).
+class KeyedLink : public SilentLink {
+ public:
+  explicit KeyedLink(const void* key) : key_(key) {}
+  void Progress() override { ++progressed; }
+  const void* ProgressKey() const override { return key_; }
+  std::atomic<int> progressed{0};
+
+ private:
+  const void* key_;
+};
+
+// A step progresses each progress key once a round, not each host: four
+// hosts, two of whose links share a key, through both of a step's waits
+// (for the stream to post, then for the exchange), each until it times out.
+int ProxyProgress() {
+  bool ok = true;
+  auto expect = [&](bool c, const std::string& what) {
+    if (!c) std::printf("FAILED: %s\n", what.c_str());
+    std::fflush(stdout);
+    ok &= c;
+  };
+  for (bool posted : {false, true}) {
+    const std::string wait = posted ? "the exchange" : "the stream";
+    const smddp::NetLayout layout(4, 256);
+    std::vector<uint8_t> mailbox(layout.mailbox_bytes), signals(layout.signal_bytes);
+    int shared_key = 0, own_key = 0;
+    KeyedLink a(&shared_key), b(&shared_key), c(&own_key);
+    smddp::NetPort port;
+    smddp::NetworkProxy proxy(0.3);
+    port.hosts = 4;
+    port.layout = layout;
+    port.mailbox_stream = port.mailbox_proxy = mailbox.data();
+    port.signals_stream = port.signals_proxy = signals.data();
+    port.slots_stream = port.slots_proxy = mailbox.data() + layout.flag_bytes;
+    port.links = {nullptr, &a, &b, &c};
+    port.peer_process = {0, 1, 2, 3};
+    port.proxy = &proxy;
+    // The stream posted step 1 already: the step goes on to the exchange.
+    if (posted) __atomic_store_n(port.host_side<uint32_t>(layout.posted()), 1u, __ATOMIC_RELEASE);
+    proxy.Enqueue(&port, 1, 64);
+    expect(proxy.Shut(5, "done"), "the step did not end");
+    const std::string err = proxy.error().message();
+    expect(err.find(posted ? "exchanging with the other hosts" : "waiting for the GPU") !=
+               std::string::npos,
+           "waiting for " + wait + ": " + err);
+    const int pa = a.progressed.load(), pb = b.progressed.load(), pc = c.progressed.load();
+    expect(pa > 100 && pc > 100, "waiting for " + wait + ": a link was not progressed (" +
+                                     std::to_string(pa) + ", " + std::to_string(pc) + ")");
+    expect(pb == 0, "waiting for " + wait + ": a link whose key was progressed already was " +
+                        "progressed again, " + std::to_string(pb) + " times");
+    // Each key about once a round: the shared key as often as the lone one.
+    expect(pa <= pc + 1 && pc <= pa + 1, "waiting for " + wait + ": keys progressed unevenly (" +
+                                             std::to_string(pa) + ", " + std::to_string(pc) + ")");
+  }
+  if (ok) std::printf("all checks passed\n");
+  return ok ? 0 : 1;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -1111,13 +1171,14 @@ int main(int argc, char** argv) {
         "usage: %s collectives|dead_peer|closed|stalled|mismatch|two_per_process|"
         "direct|direct_dead_peer|direct_two_per_process|direct_in_process|direct_in_process_late|"
         "direct_map_fails|"
-        "direct_disagree|direct_timing|proxy_shut "
+        "direct_disagree|direct_timing|proxy_shut|proxy_progress "
         "device|host\n",
         argv[0]);
     return 2;
   }
   const std::string scenario = argv[1];
   if (scenario == "proxy_shut") return ProxyShut();
+  if (scenario == "proxy_progress") return ProxyProgress();
   if (scenario == "hosts" || scenario == "hosts_dead" || scenario == "hosts_2x2")
     return Hosts(scenario == "hosts_2x2" ? 2 : 1, std::string(argv[2]) == "rail",
                  scenario == "hosts_dead");

@@ -21,7 +21,7 @@ three processes, mapped once per peer allocation, medians printed); and
 a group across two simulated hosts, with its network slots staged or on an
 FI_HMEM rail, with and without a death, also with GDRCopy signals through a
 mock libgdrapi (tests/native/mock_gdrapi.cc); and the network proxy's
-exit wait. The real CUDA calls run in tests/gpu on
+exit wait and its progress (each endpoint once a round). The real CUDA calls run in tests/gpu on
 a GPU machine."""
 
 import glob
@@ -208,6 +208,15 @@ def test_network_proxy_shut(program):
   granted once it ended, immediate when idle; a step after it releases its
   flags without touching the links."""
   run = subprocess.run([program, "proxy_shut", "-"], capture_output=True, text=True, timeout=60)
+  assert run.returncode == 0 and "all checks passed" in run.stdout, run.stdout + run.stderr
+
+
+@pytest.mark.timeout(900)
+def test_network_proxy_progresses_each_endpoint_once(program):
+  """A network step progresses each libfabric endpoint once a round (Link::ProgressKey), not
+  once per host it serves, while it waits for the stream and while it exchanges."""
+  run = subprocess.run([program, "proxy_progress", "-"], capture_output=True, text=True,
+                       timeout=60)
   assert run.returncode == 0 and "all checks passed" in run.stdout, run.stdout + run.stderr
 
 

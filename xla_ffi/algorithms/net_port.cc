@@ -1,5 +1,6 @@
 #include "xla_ffi/algorithms/net_port.h"
 
+#include <algorithm>
 #include <chrono>
 #include <cstdio>
 #include <cstring>
@@ -135,12 +136,22 @@ Status NetworkProxy::Run(const Task& t) {
     if (k >= 0) st.SetPeers({}, {p.peer_process[k]});
     return st;
   };
+  p.progressed.clear();
+  for (Link* link : p.links) {
+    if (!link) continue;
+    const void* key = link->ProgressKey();
+    if (std::none_of(p.progressed.begin(), p.progressed.end(),
+                     [key](const Link* l) { return l->ProgressKey() == key; }))
+      p.progressed.push_back(link);
+  }
+  auto progress = [&p] {
+    for (Link* link : p.progressed) link->Progress();
+  };
   // Waits for a flag the stream raises, progressing links meanwhile.
   auto wait_stream = [&](size_t offset, uint32_t value) -> Status {
     const uint32_t* flag = p.host_side<uint32_t>(offset);
     for (int spins = 0; !FlagReached(__atomic_load_n(flag, __ATOMIC_ACQUIRE), value); ++spins) {
-      for (Link* link : p.links)
-        if (link) link->Progress();
+      progress();
       if ((spins & 255) == 255) {
         if (std::chrono::steady_clock::now() > deadline)
           return failure(-1, Status::Timeout(""),
@@ -193,9 +204,9 @@ Status NetworkProxy::Run(const Task& t) {
   }
   for (int spins = 0;; ++spins) {
     bool all = true, sent = true;
+    progress();
     for (int k = 0; k < p.hosts; ++k) {
       if (k == p.host) continue;
-      p.links[k]->Progress();
       if (p.recvs[k].done() && !(p.state[k] & kSignalled)) {
         if (!p.recvs[k].status().ok()) {
           cancel_all();
