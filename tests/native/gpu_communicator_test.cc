@@ -1011,26 +1011,48 @@ class SilentLink : public smddp::Link {
 // runs (here one whose stream never posts, until its 1.5 s deadline), then
 // goes idle once that step failed; after Shut, a step only releases its
 // flags and never touches the links.
-int ProxyShut() {
+// Checks that report every failure and remember whether any failed.
+struct Checks {
   bool ok = true;
-  auto expect = [&](bool c, const std::string& what) {
+  void operator()(bool c, const std::string& what) {
     if (!c) std::printf("FAILED: %s\n", what.c_str());
     std::fflush(stdout);
     ok &= c;
-  };
-  const smddp::NetLayout layout(2, 256);
-  std::vector<uint8_t> mailbox(layout.mailbox_bytes), signals(layout.signal_bytes);
+  }
+  int Exit() const {
+    if (ok) std::printf("all checks passed\n");
+    return ok ? 0 : 1;
+  }
+};
+
+// A network port in host memory whose host 0 is this one and host k > 0 is
+// reached over links[k] (its proxy still to be set).
+struct MockPort {
+  explicit MockPort(std::vector<smddp::Link*> links)
+      : layout(int(links.size()), 256),
+        mailbox(layout.mailbox_bytes),
+        signals(layout.signal_bytes) {
+    port.hosts = int(links.size());
+    port.layout = layout;
+    port.mailbox_stream = port.mailbox_proxy = mailbox.data();
+    port.signals_stream = port.signals_proxy = signals.data();
+    port.slots_stream = port.slots_proxy = mailbox.data() + layout.flag_bytes;
+    port.links = std::move(links);
+    for (int k = 0; k < port.hosts; ++k) port.peer_process.push_back(k);
+  }
+  const smddp::NetLayout layout;
+  std::vector<uint8_t> mailbox, signals;
+  smddp::NetPort port;
+};
+
+int ProxyShut() {
+  Checks expect;
   SilentLink silent;
-  smddp::NetPort port;  // outlives the proxy, whose thread may still hold it
+  MockPort mock({nullptr, &silent});  // outlives the proxy, whose thread may still hold it
+  smddp::NetPort& port = mock.port;
   smddp::NetworkProxy proxy(1.5);
-  port.hosts = 2;
-  port.layout = layout;
-  port.mailbox_stream = port.mailbox_proxy = mailbox.data();
-  port.signals_stream = port.signals_proxy = signals.data();
-  port.slots_stream = port.slots_proxy = mailbox.data() + layout.flag_bytes;
-  port.links = {nullptr, &silent};
-  port.peer_process = {0, 1};
   port.proxy = &proxy;
+  const smddp::NetLayout& layout = mock.layout;
   proxy.Enqueue(&port, 1, 64);
   std::this_thread::sleep_for(std::chrono::milliseconds(100));
   auto t0 = std::chrono::steady_clock::now();
@@ -1057,8 +1079,7 @@ int ProxyShut() {
          "shutting an idle proxy waited");
   expect(idle.failed() && idle.error().message() == "this process is exiting",
          "no error after Shut");
-  if (ok) std::printf("all checks passed\n");
-  return ok ? 0 : 1;
+  return expect.Exit();
 }
 
 int Hosts(int L, bool rail, bool die) {
@@ -1119,28 +1140,16 @@ class KeyedLink : public SilentLink {
 // hosts, two of whose links share a key, through both of a step's waits
 // (for the stream to post, then for the exchange), each until it times out.
 int ProxyProgress() {
-  bool ok = true;
-  auto expect = [&](bool c, const std::string& what) {
-    if (!c) std::printf("FAILED: %s\n", what.c_str());
-    std::fflush(stdout);
-    ok &= c;
-  };
+  Checks expect;
   for (bool posted : {false, true}) {
     const std::string wait = posted ? "the exchange" : "the stream";
-    const smddp::NetLayout layout(4, 256);
-    std::vector<uint8_t> mailbox(layout.mailbox_bytes), signals(layout.signal_bytes);
     int shared_key = 0, own_key = 0;
     KeyedLink a(&shared_key), b(&shared_key), c(&own_key);
-    smddp::NetPort port;
+    MockPort mock({nullptr, &a, &b, &c});  // outlives the proxy
+    smddp::NetPort& port = mock.port;
     smddp::NetworkProxy proxy(0.3);
-    port.hosts = 4;
-    port.layout = layout;
-    port.mailbox_stream = port.mailbox_proxy = mailbox.data();
-    port.signals_stream = port.signals_proxy = signals.data();
-    port.slots_stream = port.slots_proxy = mailbox.data() + layout.flag_bytes;
-    port.links = {nullptr, &a, &b, &c};
-    port.peer_process = {0, 1, 2, 3};
     port.proxy = &proxy;
+    const smddp::NetLayout& layout = mock.layout;
     // The stream posted step 1 already: the step goes on to the exchange.
     if (posted) __atomic_store_n(port.host_side<uint32_t>(layout.posted()), 1u, __ATOMIC_RELEASE);
     proxy.Enqueue(&port, 1, 64);
@@ -1158,8 +1167,7 @@ int ProxyProgress() {
     expect(pa <= pc + 1 && pc <= pa + 1, "waiting for " + wait + ": keys progressed unevenly (" +
                                              std::to_string(pa) + ", " + std::to_string(pc) + ")");
   }
-  if (ok) std::printf("all checks passed\n");
-  return ok ? 0 : 1;
+  return expect.Exit();
 }
 
 }  // namespace

@@ -178,11 +178,25 @@ std::vector<int> GatherOrder(const ProcessCall& c) {
   return order;
 }
 
-// recv_r[o, s, :] = send_s[o, :] for every rank s.
-class AllGatherBody final : public ProcessBody {
+// What the bodies that move [outer, inner] blocks share.
+class BlockBody : public ProcessBody {
  public:
-  AllGatherBody(const ProcessCall& c, size_t outer, size_t inner)
+  BlockBody(const ProcessCall& c, size_t outer, size_t inner)
       : c_(c), outer_(outer), inner_(inner), block_(outer * inner), m_(c) {}
+
+ protected:
+
+  const ProcessCall& c_;
+  const size_t outer_, inner_, block_;
+  bool stream_ = false;  // outputs written with streaming stores
+  Staging staging_;      // before m_: outlives the transfers into it
+  Messages m_;
+};
+
+// recv_r[o, s, :] = send_s[o, :] for every rank s.
+class AllGatherBody final : public BlockBody {
+ public:
+  using BlockBody::BlockBody;
 
   // Posts the receives and this process's blocks, and copies its own blocks
   // into its outputs while the links work.
@@ -248,11 +262,6 @@ class AllGatherBody final : public ProcessBody {
     Messages::Range range;
     char* dst;
   };
-  const ProcessCall& c_;
-  const size_t outer_, inner_, block_;
-  bool stream_ = false;
-  Staging staging_;  // before m_: outlives the transfers into it
-  Messages m_;
   std::vector<Incoming> incoming_;
 };
 
@@ -540,10 +549,9 @@ class AllReduceBody final : public ProcessBody {
 };
 
 // recv_r[o, s, :] = send_s[o, r, :].
-class AllToAllBody final : public ProcessBody {
+class AllToAllBody final : public BlockBody {
  public:
-  AllToAllBody(const ProcessCall& c, size_t outer, size_t inner)
-      : c_(c), outer_(outer), inner_(inner), block_(outer * inner), m_(c) {}
+  using BlockBody::BlockBody;
 
   // Posts the receives and sends, and copies this process's own blocks.
   void Start() override {
@@ -614,11 +622,6 @@ class AllToAllBody final : public ProcessBody {
     Messages::Range range;
     char* dst;
   };
-  const ProcessCall& c_;
-  const size_t outer_, inner_, block_;
-  bool stream_ = false;
-  Staging staging_;  // before m_: outlives the transfers into it
-  Messages m_;
   std::vector<Incoming> incoming_;
 };
 
