@@ -136,13 +136,18 @@ Status NetworkProxy::Run(const Task& t) {
     if (k >= 0) st.SetPeers({}, {p.peer_process[k]});
     return st;
   };
-  p.progressed.clear();
-  for (Link* link : p.links) {
-    if (!link) continue;
-    const void* key = link->ProgressKey();
-    if (std::none_of(p.progressed.begin(), p.progressed.end(),
-                     [key](const Link* l) { return l->ProgressKey() == key; }))
-      p.progressed.push_back(link);
+  if (int(p.recvs.size()) != p.hosts) {  // first step of this port
+    p.recvs = std::vector<Request>(p.hosts);
+    p.sends = std::vector<Request>(p.hosts);
+    p.state.assign(p.hosts, 0);
+    // The links are the port's for its life (closed only once no step runs).
+    for (Link* link : p.links) {
+      if (!link) continue;
+      const void* key = link->ProgressKey();
+      if (std::none_of(p.progressed.begin(), p.progressed.end(),
+                       [key](const Link* l) { return l->ProgressKey() == key; }))
+        p.progressed.push_back(link);
+    }
   }
   auto progress = [&p] {
     for (Link* link : p.progressed) link->Progress();
@@ -162,11 +167,6 @@ Status NetworkProxy::Run(const Task& t) {
     return Status::Ok();
   };
   const uint64_t tag = MixTag(MixTag(p.key, uint64_t(p.rail)), t.step);
-  if (int(p.recvs.size()) != p.hosts) {  // first step of this port
-    p.recvs = std::vector<Request>(p.hosts);
-    p.sends = std::vector<Request>(p.hosts);
-    p.state.assign(p.hosts, 0);
-  }
   enum : char { kRecvPosted = 1, kSendPosted = 2, kSignalled = 4 };
   for (int k = 0; k < p.hosts; ++k) {
     p.recvs[k].Reset();

@@ -92,8 +92,9 @@ struct NetPort {
   // per-step allocation; touched by the proxy thread only).
   std::vector<Request> recvs, sends;
   std::vector<char> state;
-  // The links a step progresses: one per progress key (Link::ProgressKey;
-  // one libfabric endpoint serves every host of a rail, read once a round).
+  // The links a step progresses, found at the port's first step: one per
+  // progress key (Link::ProgressKey; one libfabric endpoint serves every
+  // host of a rail, read once a round).
   std::vector<Link*> progressed;
 
   template <typename T = uint8_t>

@@ -6,6 +6,7 @@
 #include <memory>
 #include <mutex>
 #include <sstream>
+#include <variant>
 #include <vector>
 
 #include "xla_ffi/algorithms/messages.h"
@@ -153,6 +154,8 @@ Status ProcessRun::Agreement::Check() const {
   return Status::Ok();
 }
 
+namespace {
+
 // The body of a call: Start posts its messages and does whatever needs
 // nothing received (it never waits), Finish does the rest.
 class ProcessBody {
@@ -162,22 +165,6 @@ class ProcessBody {
   virtual Status Finish() = 0;
 };
 
-namespace {
-
-// Remote ranks in the order their blocks are awaited: those this process
-// relays first, so no process waits on a relay that waits on it.
-std::vector<int> GatherOrder(const ProcessCall& c) {
-  const Routes& rt = *c.routes;
-  std::vector<int> order;
-  for (int pass = 0; pass < 2; ++pass) {
-    for (int s = 0; s < c.size; ++s) {
-      if (rt.gather_source[s] < 0) continue;
-      if ((pass == 0) == !rt.gather_relay[s].empty()) order.push_back(s);
-    }
-  }
-  return order;
-}
-
 // What the bodies that move [outer, inner] blocks share.
 class BlockBody : public ProcessBody {
  public:
@@ -185,7 +172,6 @@ class BlockBody : public ProcessBody {
       : c_(c), outer_(outer), inner_(inner), block_(outer * inner), m_(c) {}
 
  protected:
-
   const ProcessCall& c_;
   const size_t outer_, inner_, block_;
   bool stream_ = false;  // outputs written with streaming stores
@@ -208,7 +194,7 @@ class AllGatherBody final : public BlockBody {
     char* first = static_cast<char*>(c_.recv[0]);
     // Remote ranks' blocks land in the first local rank's output when they
     // are contiguous there (outer == 1), else in staging.
-    const std::vector<int> order = GatherOrder(c_);
+    const std::vector<int>& order = rt.gather_order;
     char* stage = outer_ == 1 ? nullptr : staging_.Get(order.size() * block_);
     for (int s : order) {
       char* dst = outer_ == 1 ? first + s * inner_ : stage + incoming_.size() * block_;
@@ -264,30 +250,6 @@ class AllGatherBody final : public BlockBody {
   };
   std::vector<Incoming> incoming_;
 };
-
-// Ranks in the order reductions handle them: remote ranks that need nothing
-// received (this process's partial only), then remote ranks this process
-// combines for its host, then its own ranks; each stage waits only on
-// earlier stages of other processes, so none waits in a cycle.
-std::vector<int> ReduceOrder(const ProcessCall& c) {
-  const Routes& rt = *c.routes;
-  std::vector<int> order;
-  for (int pass = 0; pass < 3; ++pass) {
-    for (int r = 0; r < c.size; ++r) {
-      const bool local = rt.reduce_dest[r] < 0;
-      const bool combines = !rt.reduce_sources[r].empty();
-      const int stage = local ? 2 : (combines ? 1 : 0);
-      if (stage == pass) order.push_back(r);
-    }
-  }
-  return order;
-}
-
-// Whether rank r's reduction needs anything received: the ranks of the
-// first stage of ReduceOrder do not.
-bool Receives(const ProcessCall& c, int r) {
-  return c.routes->reduce_dest[r] < 0 || !c.routes->reduce_sources[r].empty();
-}
 
 // Reduces elements [j0, j1) of rank r's block ([outer, inner] rows taken from
 // row r of every local rank's [outer, n, inner] input) together with `extra`
@@ -350,18 +312,60 @@ struct Contributions {
   }
 };
 
+// What the reductions share: the contributions received into staging, and
+// the ranks handled in Routes::reduce_order, those that need nothing
+// received as the body starts, the others as it finishes.
+class ReductionBody : public ProcessBody {
+ public:
+  ReductionBody(const ProcessCall& c, DType dtype) : c_(c), esize_(ElementSize(dtype)), m_(c) {}
+
+ protected:
+  // Reduces rank r's part (with what was received for it) and sends it on,
+  // chunk by chunk, or completes it into the local outputs.
+  virtual Status Rank(int r) = 0;
+
+  // The ranks of the first stage of reduce_order: they wait for nothing.
+  void StartRanks() {
+    const std::vector<int>& order = c_.routes->reduce_order;
+    while (next_ < order.size() && c_.routes->reduce_dest[order[next_]] >= 0 &&
+           c_.routes->reduce_sources[order[next_]].empty()) {
+      const Status st = Rank(order[next_++]);  // waits for nothing: cannot fail
+      (void)st;
+    }
+  }
+  Status FinishRanks() {
+    const std::vector<int>& order = c_.routes->reduce_order;
+    while (next_ < order.size()) SMDDP_RETURN_IF_ERROR(Rank(order[next_++]));
+    return Status::Ok();
+  }
+  // The index among this process's ranks of r, one of them.
+  size_t LocalIndex(int r) const {
+    return size_t(std::lower_bound(c_.local.begin(), c_.local.end(), r) - c_.local.begin());
+  }
+  // The next of the staged partials of `bytes` each.
+  char* NextPartial(size_t bytes) { return partials_ + (next_partial_++) * bytes; }
+
+  const ProcessCall& c_;
+  const size_t esize_;
+  Staging staging_;  // before m_: outlives the transfers into it
+  Messages m_;
+  Contributions in_;
+  char* partials_ = nullptr;  // staging after the contributions (Contributions::Post)
+
+ private:
+  size_t next_ = 0, next_partial_ = 0;
+};
+
 // recv_r[o, :] = reduce over ranks s of send_s[o, r, :]. Each rank's block is
 // reduced once per process (its own ranks first), combined per host on the
 // way (hierarchical routes), and completed by the rank's own process.
-class ReduceScatterBody final : public ProcessBody {
+class ReduceScatterBody final : public ReductionBody {
  public:
   ReduceScatterBody(const ProcessCall& c, DType dtype, ReduceOp op, size_t outer, size_t inner)
-      : c_(c),
-        esize_(ElementSize(dtype)),
+      : ReductionBody(c, dtype),
         outer_(outer),
         bb_(outer * inner * ElementSize(dtype)),
-        reducer_(c, dtype, op, inner),
-        m_(c) {}
+        reducer_(c, dtype, op, inner) {}
 
   // Posts the receives and sends the ranks that need nothing received.
   void Start() override {
@@ -370,33 +374,26 @@ class ReduceScatterBody final : public ProcessBody {
     size_t outgoing = 0;
     for (int r = 0; r < c_.size; ++r) outgoing += rt.reduce_dest[r] >= 0 ? 1 : 0;
     partials_ = in_.Post(c_, m_, staging_, kData, [&](int) { return bb_; }, bb_, outgoing * bb_);
-    order_ = ReduceOrder(c_);
-    while (next_ < order_.size() && !Receives(c_, order_[next_])) {
-      const Status st = Rank(order_[next_++]);  // waits for nothing: cannot fail
-      (void)st;
-    }
+    StartRanks();
   }
 
   Status Finish() override {
     if (bb_ == 0) return Status::Ok();
-    while (next_ < order_.size()) SMDDP_RETURN_IF_ERROR(Rank(order_[next_++]));
+    SMDDP_RETURN_IF_ERROR(FinishRanks());
     return m_.WaitAll();
   }
 
  private:
-  // Reduces rank r's block (with what was received for it) and sends it on,
-  // chunk by chunk, or completes it into its local output.
-  Status Rank(int r) {
+  Status Rank(int r) override {
     const int dest = c_.routes->reduce_dest[r];
     const bool combines = !in_.buffers[r].empty();
     char* out;
     if (dest < 0) {
-      out = static_cast<char*>(
-          c_.recv[std::lower_bound(c_.local.begin(), c_.local.end(), r) - c_.local.begin()]);
+      out = static_cast<char*>(c_.recv[LocalIndex(r)]);
     } else if (!combines && c_.local.size() == 1 && outer_ == 1) {
       out = nullptr;  // the partial is the input itself
     } else {
-      out = partials_ + (next_partial_++) * bb_;
+      out = NextPartial(bb_);
     }
     const char* base = out ? out : static_cast<const char*>(c_.send[0]) + r * bb_;
     for (size_t k = 0; k < m_.Chunks(bb_); ++k) {
@@ -411,24 +408,17 @@ class ReduceScatterBody final : public ProcessBody {
     return Status::Ok();
   }
 
-  const ProcessCall& c_;
-  const size_t esize_, outer_, bb_;
+  const size_t outer_, bb_;
   BlockReducer reducer_;
-  Staging staging_;  // before m_: outlives the transfers into it
-  Messages m_;
-  Contributions in_;
-  char* partials_ = nullptr;
-  std::vector<int> order_;
-  size_t next_ = 0, next_partial_ = 0;
 };
 
 // recv = reduce over ranks of send, balanced: shard r (the r-th of `size`
 // equal parts) is reduced once, by rank r's process (combined per host on the
 // way), and its result spread to every process as a gather would.
-class AllReduceBody final : public ProcessBody {
+class AllReduceBody final : public ReductionBody {
  public:
   AllReduceBody(const ProcessCall& c, DType dtype, ReduceOp op, size_t count)
-      : c_(c), dtype_(dtype), op_(op), esize_(ElementSize(dtype)), count_(count), m_(c) {}
+      : ReductionBody(c, dtype), dtype_(dtype), op_(op), count_(count) {}
 
   // Posts the receives and sends the shards that need nothing received.
   void Start() override {
@@ -445,21 +435,17 @@ class AllReduceBody final : public ProcessBody {
         c_, m_, staging_, kData, [&](int r) { return Shard(r); }, max_shard_,
         outgoing * max_shard_);
     char* first = static_cast<char*>(c_.recv[0]);
-    for (int s : GatherOrder(c_))
+    for (int s : rt.gather_order)
       results_.push_back(
           {s, m_.Recv(rt.gather_source[s], Msg(kResult, s), first + Begin(s) * esize_, Shard(s))});
-    order_ = ReduceOrder(c_);
-    while (next_ < order_.size() && !Receives(c_, order_[next_])) {
-      const Status st = Rank(order_[next_++]);  // waits for nothing: cannot fail
-      (void)st;
-    }
+    StartRanks();
   }
 
   Status Finish() override {
     if (count_ == 0) return Status::Ok();
     const Routes& rt = *c_.routes;
     const size_t nl = c_.local.size();
-    while (next_ < order_.size()) SMDDP_RETURN_IF_ERROR(Rank(order_[next_++]));
+    SMDDP_RETURN_IF_ERROR(FinishRanks());
     char* first = static_cast<char*>(c_.recv[0]);
     for (const Result& res : results_) {
       const size_t sb = Shard(res.rank);
@@ -484,10 +470,9 @@ class AllReduceBody final : public ProcessBody {
     return (count_ * (r + 1) / c_.size - count_ * r / c_.size) * esize_;
   }
 
-  // Reduces shard r (with what was received for it) and sends it on, chunk
-  // by chunk; a shard of this process's is final: out to the other
-  // processes, and into the other local outputs.
-  Status Rank(int r) {
+  // A shard of this process's is final: out to the other processes, and
+  // into the other local outputs.
+  Status Rank(int r) override {
     const Routes& rt = *c_.routes;
     const size_t nl = c_.local.size(), sb = Shard(r);
     const int dest = rt.reduce_dest[r];
@@ -495,12 +480,12 @@ class AllReduceBody final : public ProcessBody {
     char* out;
     int li = -1;
     if (dest < 0) {
-      li = int(std::lower_bound(c_.local.begin(), c_.local.end(), r) - c_.local.begin());
+      li = int(LocalIndex(r));
       out = static_cast<char*>(c_.recv[li]) + Begin(r) * esize_;
     } else if (!combines && nl == 1) {
       out = nullptr;  // the partial is the input itself
     } else {
-      out = partials_ + (next_partial_++) * max_shard_;
+      out = NextPartial(max_shard_);
     }
     const char* base = out ? out : static_cast<const char*>(c_.send[0]) + Begin(r) * esize_;
     for (size_t k = 0; k < m_.Chunks(sb); ++k) {
@@ -532,19 +517,12 @@ class AllReduceBody final : public ProcessBody {
     int rank;
     Messages::Range range;
   };
-  const ProcessCall& c_;
   const DType dtype_;
   const ReduceOp op_;
-  const size_t esize_, count_;
+  const size_t count_;
   bool stream_ = false;
   size_t max_shard_ = 0;
-  Staging staging_;  // before m_: outlives the transfers into it
-  Messages m_;
-  Contributions in_;
-  char* partials_ = nullptr;
   std::vector<Result> results_;
-  std::vector<int> order_;
-  size_t next_ = 0, next_partial_ = 0;
   std::vector<const void*> srcs_;
 };
 
@@ -625,32 +603,46 @@ class AllToAllBody final : public BlockBody {
   std::vector<Incoming> incoming_;
 };
 
-std::unique_ptr<ProcessBody> MakeBody(const Plan& plan, const ProcessCall& call) {
-  switch (plan.kind) {
-    case Plan::Kind::kAllGather:
-      return std::make_unique<AllGatherBody>(call, plan.outer, plan.inner);
-    case Plan::Kind::kReduceScatter:
-      return std::make_unique<ReduceScatterBody>(call, plan.dtype, plan.op, plan.outer, plan.inner);
-    case Plan::Kind::kAllReduce:
-      return std::make_unique<AllReduceBody>(call, plan.dtype, plan.op, plan.count);
-    case Plan::Kind::kAllToAll:
-      return std::make_unique<AllToAllBody>(call, plan.outer, plan.inner);
-  }
-  return nullptr;
-}
-
 }  // namespace
 
+// A call's agreement check and body: one allocation per call.
+struct ProcessRun::Parts {
+  Parts(const Plan& plan, const ProcessCall& call) : agreement(call, plan) {
+    switch (plan.kind) {
+      case Plan::Kind::kAllGather:
+        body = &bodies.emplace<AllGatherBody>(call, plan.outer, plan.inner);
+        break;
+      case Plan::Kind::kReduceScatter:
+        body =
+            &bodies.emplace<ReduceScatterBody>(call, plan.dtype, plan.op, plan.outer, plan.inner);
+        break;
+      case Plan::Kind::kAllReduce:
+        body = &bodies.emplace<AllReduceBody>(call, plan.dtype, plan.op, plan.count);
+        break;
+      case Plan::Kind::kAllToAll:
+        body = &bodies.emplace<AllToAllBody>(call, plan.outer, plan.inner);
+        break;
+    }
+  }
+  // Withdraws what the body still has in flight.
+  void EndBody() {
+    bodies.emplace<std::monostate>();
+    body = nullptr;
+  }
+
+  Agreement agreement;
+  std::variant<std::monostate, AllGatherBody, ReduceScatterBody, AllReduceBody, AllToAllBody>
+      bodies;
+  ProcessBody* body = nullptr;  // the one in `bodies`
+};
+
 ProcessRun::ProcessRun(const Plan& plan, ProcessCall& call)
-    : call_(call),
-      start_(Clock::now()),
-      agreement_(std::make_unique<Agreement>(call, plan)),
-      body_(MakeBody(plan, call)) {
+    : call_(call), start_(Clock::now()), parts_(std::make_unique<Parts>(plan, call)) {
   // The body starts at once, without waiting for the peers' views: its
   // receives are posted and this process's data is on its way before the
   // calling thread decides who runs the rest, so peers that came earlier
   // are not kept waiting by that decision (or the hand-off to a worker).
-  body_->Start();
+  parts_->body->Start();
   started_ = Clock::now();
 }
 
@@ -658,7 +650,7 @@ ProcessRun::~ProcessRun() = default;
 
 bool ProcessRun::PeersArrived(Clock::time_point until) {
   // The peers' views only: this process's own may still be on its way.
-  return agreement_->m.PollRange({0, call_.peers.size()}, until);
+  return parts_->agreement.m.PollRange({0, call_.peers.size()}, until);
 }
 
 // A peer that runs another call is still reported as such, never as what
@@ -667,13 +659,13 @@ bool ProcessRun::PeersArrived(Clock::time_point until) {
 // a disagreement outranks the body's own failure (a message of the wrong
 // size, or a timeout waiting for one).
 Status ProcessRun::Finish() {
-  Agreement& a = *agreement_;
+  Agreement& a = parts_->agreement;
   const auto body_from = Clock::now();
   call_.watch = &a;
-  const Status body = body_->Finish();
+  const Status body = parts_->body->Finish();
   call_.watch = nullptr;
   // Withdraws what is still in flight (on failure) before the call ends.
-  body_.reset();
+  parts_->EndBody();
   const auto body_to = Clock::now();
   const Status st = body.ok() ? a.m.WaitAll() : Status::Ok();
   // What arrived is compared even when the rest did not.
@@ -684,7 +676,7 @@ Status ProcessRun::Finish() {
     a.m.PollAll(Clock::now() + std::chrono::seconds(1));
     agreed = a.Check();
   }
-  agreement_.reset();
+  parts_.reset();
   if (call_.phases) {
     const auto s = [](Clock::duration d) { return std::chrono::duration<double>(d).count(); };
     // The body's two parts; the rest (the wait for the peers' views, a

@@ -21,8 +21,6 @@
 
 namespace smddp {
 
-class ProcessBody;  // one call's data movement (process_algorithms.cc)
-
 // Runs `plan` for every rank of this process, in two parts so that the caller
 // may choose the thread of the second. Constructing it never waits: it posts
 // the agreement check (this process's view of the call: op, dtype, sizes,
@@ -49,10 +47,10 @@ class ProcessRun {
 
  private:
   struct Agreement;
+  struct Parts;
   ProcessCall& call_;
   Clock::time_point start_, started_;  // constructed; the body started
-  std::unique_ptr<Agreement> agreement_;
-  std::unique_ptr<ProcessBody> body_;
+  std::unique_ptr<Parts> parts_;
 };
 
 }  // namespace smddp

@@ -37,6 +37,14 @@ struct Routes {
   // combination to (-1 for its own ranks, which it completes).
   std::vector<std::vector<int>> reduce_sources;
   std::vector<int> reduce_dest;
+  // Remote ranks in the order gathers await their blocks: those this process
+  // relays first, so no process waits on a relay that waits on it.
+  std::vector<int> gather_order;
+  // Ranks in the order reductions handle them: remote ranks that need
+  // nothing received (this process's partial only), then remote ranks this
+  // process combines for its host, then its own ranks; each stage waits only
+  // on earlier stages of other processes, so none waits in a cycle.
+  std::vector<int> reduce_order;
 };
 
 // Routes for `process` in a group with `process_of_rank`, given each

@@ -76,6 +76,18 @@ Routes ComputeRoutes(const std::vector<int>& process_of_rank, int process,
       r.reduce_dest[t] = on_my_host(rail[q]);
     }
   }
+  for (int pass = 0; pass < 2; ++pass) {
+    for (int s = 0; s < n; ++s) {
+      if (r.gather_source[s] >= 0 && (pass == 0) == !r.gather_relay[s].empty())
+        r.gather_order.push_back(s);
+    }
+  }
+  for (int pass = 0; pass < 3; ++pass) {
+    for (int t = 0; t < n; ++t) {
+      const int stage = r.reduce_dest[t] < 0 ? 2 : (r.reduce_sources[t].empty() ? 0 : 1);
+      if (stage == pass) r.reduce_order.push_back(t);
+    }
+  }
   return r;
 }
 
