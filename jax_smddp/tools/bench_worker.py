@@ -105,7 +105,7 @@ def main(argv=None) -> int:
     results = []
     for op in args.ops:
       if pid == 0:
-        print(bench.table_header(op, n), flush=True)
+        print(bench.table_header(op, n, baseline=args.baseline), flush=True)
       results += bench.run_benchmark([op], sizes, dtype=args.dtype, iters=iters,
                                      warmup=warmup, devices=devices, report=report,
                                      mpi4jax=args.mpi4jax)

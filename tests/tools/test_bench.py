@@ -62,7 +62,9 @@ def test_bench_quick(tmp_path):
                             "devices_per_process": 4, "devices": 4, "backend": "cpu"}
   assert meta["memcpy_gbs"] > 0
   check_results(results, OPS)
+  assert meta["baseline"] == "lax"
   for r in results:  # every call, and the other load measured while timing
+    assert not r["baseline_engine"], r  # the baseline is JAX's own collective
     assert len(r["samples_us"]["smddp"]) == r["iters"] == len(r["samples_us"]["lax"])
     assert min(r["samples_us"]["smddp"]) == pytest.approx(r["smddp"]["min_us"], abs=0.1)
     assert r["other_load"]["cores"] >= 0 and r["other_load"]["seconds"] > 0
@@ -153,6 +155,22 @@ def test_bench_two_processes(tmp_path):
       assert aa["cpu_us"] > 0 and len(r["cpu_us"][impl]) == r["iters"], (impl, r)
       assert len(aa["samples_us"]) == r["iters"]
   assert "each call from the last process's start to the last one's end" in proc.stdout
+
+
+@pytest.mark.timeout(240)
+def test_bench_against_itself(tmp_path):
+  """--baseline self: the second column times a second compiled copy of jax_smddp's program
+  (it calls the plugin), in one process and, passed on to the workers, across processes."""
+  for layout in ("1x2", "2x1"):
+    proc, out = run_bench(tmp_path, "--layout", layout, "--ops", "all_gather,all_reduce",
+                          "--max-bytes", "16K", "--no-plot", "--baseline", "self", timeout=180)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    data = json.loads(out.read_text())
+    assert data["meta"]["baseline"] == "self"
+    check_results(data["results"], ("all_gather", "all_reduce"))
+    assert all(r["baseline_engine"] for r in data["results"]), data["results"]
+    assert " jax_smddp again " in proc.stdout and "again us" in proc.stdout, proc.stdout
+    assert "jax.lax (gloo)" not in proc.stdout and "lax us" not in proc.stdout, proc.stdout
 
 
 def test_slowest_process_takes_each_calls_slowest_then_the_median():

@@ -12,6 +12,9 @@ Usage::
     python -m jax_smddp.tools.bench --layout 2x2 --predict
                                                     # the cost model's prediction beside each
                                                     # measurement (jax_smddp.cost_model)
+    python -m jax_smddp.tools.bench --layout 2x1x1 --baseline self
+                                                    # jax_smddp against a second copy of
+                                                    # itself: the ratios noise alone gives
     python -m jax_smddp.tools.bench --compare A.json B.json
                                                     # runs nothing: B/A time ratios per op and
                                                     # size, and a comparison PNG
@@ -62,6 +65,11 @@ Definitions (as in nccl-tests; n = number of ranks, t = median time):
     - all_reduce:     size         (the buffer),           busbw = algbw x 2(n-1)/n
     - all_to_all:     size         (buffer of one rank),   busbw = algbw x (n-1)/n
 * speedup = lax time / smddp time (> 1: jax_smddp is faster).
+* ``--baseline self``: the second program is not jax.lax's but a second, separately
+  jitted copy of jax_smddp's (columns "again"; ``baseline_engine`` says whether a row's
+  baseline called jax_smddp). Its true speedup is 1.0, so how far its rows stray from
+  1.0, and its medians from their minimums, is what the machine's noise alone gives: the
+  yardstick for a difference read in a run against jax.lax on the same machine.
 * 90% range (``speedup_interval``): the speedup's 90 % bootstrap interval from the row's
   own calls (each implementation's resampled); one that contains 1.0 says those calls
   cannot tell the two apart. A line under each table counts the sizes above, below and

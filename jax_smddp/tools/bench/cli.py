@@ -14,8 +14,8 @@ import time
 from jax_smddp import config
 from jax_smddp.tools.bench import core
 from jax_smddp.tools.bench.compare import compare_main
-from jax_smddp.tools.bench.core import (BYTES_BUDGET, DEFAULT_OPS, MEMCPY_BYTES, OPS, TIMINGS,
-                                        Layout, annotate, format_size, memcpy_bandwidth,
+from jax_smddp.tools.bench.core import (BASELINES, BYTES_BUDGET, DEFAULT_OPS, MEMCPY_BYTES, OPS,
+                                        TIMINGS, Layout, annotate, format_size, memcpy_bandwidth,
                                         metadata, model_meta, parse_layout, parse_size,
                                         power_of_two_sizes, run_benchmark)
 from jax_smddp.tools.bench.output import (arrival_table, phases_table, speedup_verdict,
@@ -55,6 +55,11 @@ def parse_args(argv=None) -> argparse.Namespace:
                       "of one back to back, then 5 of the other, ...; barrier: alternating, "
                       "every process meeting at a barrier before each call; solo: all calls of one "
                       "back to back, then all of the other's (each alone, in its steady state)")
+  p.add_argument("--baseline", choices=sorted(BASELINES), default="lax",
+                 help="what jax_smddp is timed against: lax: JAX's own collective (gloo across "
+                      "processes); self: a second compiled copy of jax_smddp's program, "
+                      "alternating with the first, so that each row's speedup (truly 1.0) "
+                      "shows how far this machine's noise alone moves a ratio")
   p.add_argument("--json", default=os.path.join("bench_results", "bench.json"))
   p.add_argument("--plot", default=None,
                  help="PNG path (default bench_results/bench.png when matplotlib is importable)")
@@ -82,6 +87,7 @@ def parse_args(argv=None) -> argparse.Namespace:
   if args.compare:
     return args
   core._timing = args.timing
+  core._baseline = args.baseline
   args.ops = [op.strip() for op in args.ops.split(",") if op.strip()]
   bad = [op for op in args.ops if op not in OPS]
   if bad:
@@ -122,7 +128,8 @@ def worker_options(args) -> list[str]:
   """The options a multi-process worker (or the in-process comparison) runs with."""
   opts = ["--ops", ",".join(args.ops), "--min-bytes", str(args.min_bytes),
           "--max-bytes", str(args.max_bytes), "--iters", str(args.iters),
-          "--warmup", str(args.warmup), "--dtype", args.dtype, "--timing", args.timing]
+          "--warmup", str(args.warmup), "--dtype", args.dtype, "--timing", args.timing,
+          "--baseline", args.baseline]
   return opts + (["--quick"] if args.quick else []) + (["--mpi4jax"] if args.mpi4jax else [])
 
 
@@ -177,7 +184,8 @@ def print_preamble(meta: dict, iters: int, warmup: int) -> None:
     print(f"# across processes: jax_smddp shared memory to {len(topo.get('shared_memory_peers', []))} "
           f"and libfabric ({meta.get('fabric_provider') or 'none'}) to "
           f"{len(topo.get('network_peers', []))} peer processes of process 0; "
-          "jax.lax on gloo (TCP); times are "
+          + ("jax.lax on gloo (TCP)" if meta.get("baseline", "lax") == "lax" else
+             "the baseline is jax_smddp again") + "; times are "
           + ("the medians of each call's slowest process" if meta.get("statistic") == "slowest"
              else "process 0's medians"))
   if meta.get("link"):
@@ -193,6 +201,10 @@ def print_preamble(meta: dict, iters: int, warmup: int) -> None:
   print(f"# {config.format_non_default()}")  # meta["jax_smddp_settings"]
   print(f"# iters {iters} (capped to {format_size(BYTES_BUDGET)} moved per size), warmup {warmup}; "
         "speedup = lax time / smddp time; * = smddp fell back to jax.lax")
+  if meta.get("baseline", "lax") == "self":
+    print("# baseline self: 'again' is a second compiled copy of jax_smddp's program, timed "
+          "alternating with the first; its true speedup is 1.0, so each row's distance from 1.0 "
+          "is what this machine's noise alone gives")
 
 
 def write_outputs(args, meta: dict, results: list[dict]) -> None:
@@ -303,7 +315,8 @@ def run_multi_process(args) -> int:
   link_gbs = link["each_way_gbs"] if link else None
   for r in results:
     annotate(r, layout, predict=args.predict, memcpy_gbs=memcpy_gbs, link_gbs=link_gbs)
-  meta = metadata(layout, args.dtype, memcpy_gbs, topology=first.get("topology"))
+  meta = metadata(layout, args.dtype, memcpy_gbs, topology=first.get("topology"),
+                  baseline=args.baseline)
   meta["statistic"] = "slowest" if args.slowest else "process 0"
   if link:
     meta["link"] = link
@@ -322,13 +335,14 @@ def run_multi_process(args) -> int:
   for op in args.ops:
     print()
     print(table_header(op, layout.devices, ratio=in_process is not None, lax_note=" (gloo)",
-                       model=args.predict, mpi=args.mpi4jax, memcpy=True, link=link is not None))
+                       model=args.predict, mpi=args.mpi4jax, memcpy=True, link=link is not None,
+                       baseline=args.baseline))
     for r in results:
       if r["op"] == op:
         print(table_row(r))
     print(speedup_verdict(op, results))
     print()
-    print(arrival_table(op, results, cores=meta["cpu_count"]))
+    print(arrival_table(op, results, cores=meta["cpu_count"], baseline=args.baseline))
     if args.phases:
       print()
       print(phases_table(op, results))
@@ -358,7 +372,7 @@ def main(argv=None) -> int:
   sizes = selected_sizes(args)
 
   memcpy_gbs = memcpy_bandwidth()
-  meta = metadata(n, args.dtype, memcpy_gbs)
+  meta = metadata(n, args.dtype, memcpy_gbs, baseline=args.baseline)
   if args.predict:
     meta["model"] = model_meta()
   print_preamble(meta, iters, warmup)
@@ -371,7 +385,7 @@ def main(argv=None) -> int:
   results = []
   for op in args.ops:
     print()
-    print(table_header(op, n, model=args.predict, memcpy=True))
+    print(table_header(op, n, model=args.predict, memcpy=True, baseline=args.baseline))
     results += run_benchmark([op], sizes, dtype=args.dtype, iters=iters, warmup=warmup,
                              devices=devices, report=report)
     print(speedup_verdict(op, results))

@@ -163,8 +163,21 @@ def op_specs() -> dict[str, OpSpec]:
   }
 
 
-def build_programs(spec: OpSpec, mesh):
-  """The two jitted shard_map programs (smddp, lax) for one op over mesh axis "x"."""
+# What the second column times (--baseline): JAX's own collective, or a second
+# compiled copy of jax_smddp's program. Against itself a speedup's truth is 1.0,
+# so what the rows read beside it is what this machine's noise alone gives.
+BASELINES = {"lax": "jax.lax", "self": "jax_smddp again"}
+
+
+def baseline_short(baseline: str) -> str:
+  """The baseline's name in column headers ("lax us", "again us")."""
+  return "lax" if baseline == "lax" else "again"
+
+
+def build_programs(spec: OpSpec, mesh, baseline: str = "lax"):
+  """The two jitted shard_map programs (smddp, baseline) for one op over mesh axis "x";
+  the baseline is jax.lax's collective, or with `baseline` "self" a second, separately
+  jitted program of jax_smddp's."""
   import jax
   from jax.sharding import PartitionSpec as P
 
@@ -172,7 +185,7 @@ def build_programs(spec: OpSpec, mesh):
     body = lambda x: collective(x, "x")
     return jax.jit(jax.shard_map(body, mesh=mesh, in_specs=P("x"), out_specs=P("x")))
 
-  return program(spec.smddp), program(spec.lax)
+  return program(spec.smddp), program(spec.smddp if baseline == "self" else spec.lax)
 
 
 def build_mpi4jax_program(op: str, mesh):
@@ -418,6 +431,8 @@ TIMINGS = {"blocks": time_blocks, "alternating": time_alternating, "barrier": ti
 # run_benchmark's default timing; parse_args sets it from --timing (multi-process
 # workers parse the same options, so their run_benchmark follows it too).
 _timing = "alternating"
+# run_benchmark's default baseline; parse_args sets it from --baseline (as _timing).
+_baseline = "lax"
 
 
 def bandwidths(spec: OpSpec, nbytes: int, n: int, seconds: float) -> dict:
@@ -572,18 +587,21 @@ def _us(seconds: list[float]) -> list[float]:
 
 def run_benchmark(ops, sizes, *, dtype="float32", iters: int = 20, warmup: int = 3,
                   devices=None, report: Callable[[dict], None] | None = None,
-                  timing: str | None = None, mpi4jax: bool = False) -> list[dict]:
+                  timing: str | None = None, mpi4jax: bool = False,
+                  baseline: str | None = None) -> list[dict]:
   """Benchmarks `ops` at each per-rank size in `sizes` (bytes); returns one dict per
   (op, size) as in the JSON "results" list. `devices` defaults to all CPU devices.
   `report` is called with each result as it is ready (e.g. to print a row).
   `mpi4jax`: also time mpi4jax (the job runs under mpirun, one device per
   process), alternating with the others ("mpi4jax", "vs_mpi4jax").
+  `baseline` (BASELINES; default --baseline's): what the "lax" entries time.
 
   Raises AssertionError if a jax_smddp result differs from jax.lax's.
   """
   import jax
 
   timing = timing or _timing
+  baseline = baseline or _baseline
   devices = list(devices if devices is not None else jax.devices("cpu"))
   n = len(devices)
   mesh = jax.sharding.Mesh(np.array(devices), ("x",))
@@ -596,7 +614,7 @@ def run_benchmark(ops, sizes, *, dtype="float32", iters: int = 20, warmup: int =
   across = jax.process_count() > 1  # calls that cross processes: their phases are counted
   for op in ops:
     spec = specs[op]
-    smddp_fn, lax_fn = build_programs(spec, mesh)
+    smddp_fn, lax_fn = build_programs(spec, mesh, baseline)
     mpi_fn = build_mpi4jax_program(op, mesh) if mpi4jax else None
     fns = (smddp_fn, lax_fn) + ((mpi_fn,) if mpi_fn is not None else ())
     for nbytes in sizes:
@@ -612,6 +630,9 @@ def run_benchmark(ops, sizes, *, dtype="float32", iters: int = 20, warmup: int =
           raise AssertionError(f"mpi4jax {op} ({format_size(nbytes)}/rank) differs from numpy: "
                                + "; ".join(mpi_bad))
       lax_bad = wrong_shards(dtype, lax_fn(x), want)
+      if lax_bad and baseline == "self":
+        raise AssertionError(f"{where}, its second program, differs from numpy: "
+                             + "; ".join(lax_bad))
       if lax_bad:
         log.warning("jax.lax %s (%s/rank) differs from numpy (JAX's answer is wrong; jax_smddp's "
                     "is right): %s", op, format_size(nbytes), "; ".join(lax_bad))
@@ -628,6 +649,7 @@ def run_benchmark(ops, sizes, *, dtype="float32", iters: int = 20, warmup: int =
       result = {
           "op": op, "bytes_per_rank": nbytes, "iters": k, "warmup": warmup,
           "engine": uses_engine(smddp_fn, x, spec.target),
+          "baseline_engine": uses_engine(lax_fn, x, spec.target),
           "smddp": {**bandwidths(spec, nbytes, n, t_smddp), "min_us": min(samples[0]) * 1e6},
           "lax": {**bandwidths(spec, nbytes, n, t_lax), "min_us": min(samples[1]) * 1e6},
           "speedup": t_lax / t_smddp,
@@ -657,7 +679,7 @@ def run_benchmark(ops, sizes, *, dtype="float32", iters: int = 20, warmup: int =
 
 
 def metadata(layout: "Layout | int", dtype: str, memcpy_gbs: float,
-             topology: dict | None = None) -> dict:
+             topology: dict | None = None, baseline: str = "lax") -> dict:
   """Machine, software and layout of this run (`layout`: a Layout, or a device
   count for one process)."""
   import jax
@@ -671,6 +693,7 @@ def metadata(layout: "Layout | int", dtype: str, memcpy_gbs: float,
       "dtype": to_dtype(dtype).name,
       "timestamp": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
       "memcpy_gbs": memcpy_gbs,
+      "baseline": baseline,
       "jax_smddp_settings": config.non_default(),  # the JAX_SMDDP_* settings not at default
       "definitions": {
           "bytes_per_rank": "input buffer bytes of one rank",
@@ -679,7 +702,11 @@ def metadata(layout: "Layout | int", dtype: str, memcpy_gbs: float,
           "algbw_gbs": "S_total / time; S_total = n*bytes_per_rank for all_gather, "
                        "bytes_per_rank otherwise",
           "busbw_gbs": "algbw * (n-1)/n, or * 2(n-1)/n for all_reduce",
-          "speedup": "lax time / smddp time",
+          "baseline": "what the \"lax\" entries time: jax.lax's collective (gloo across "
+                      "processes), or \"self\": a second compiled copy of jax_smddp's program "
+                      "(its speedups show the noise alone)",
+          "baseline_engine": "whether the baseline's program calls jax_smddp",
+          "speedup": "lax (baseline) time / smddp time",
           "speedup_interval": "[low, high]: the 90 % bootstrap interval of the speedup, "
                               "resampling each implementation's calls (containing 1.0: these "
                               "calls cannot tell the two apart)",

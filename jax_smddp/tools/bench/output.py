@@ -6,7 +6,7 @@ from __future__ import annotations
 import json
 import os
 
-from jax_smddp.tools.bench.core import PHASES, format_size
+from jax_smddp.tools.bench.core import BASELINES, PHASES, baseline_short, format_size
 from jax_smddp.tools.bench.interval import undecided
 
 _COLUMNS = ("size", "smddp us", "algbw", "busbw", "lax us", "busbw", "speedup", "90% range")
@@ -17,24 +17,28 @@ _RATIO = ("vs 1p", 7)
 _MODEL = (("model us", 10), ("model/meas", 10), ("algorithm", 13))
 _MPI = (("mpi4jax us", 11), ("vs mpi", 7))
 _MEMCPY = (("memcpy us", 10), ("vs memcpy", 9))
-_LINK = (("link us", 10), ("vs link", 8), ("lax vs link", 11))
+_LINK = (("link us", 10), ("vs link", 8), ("lax vs link", 13))
 
 
 def table_header(op: str, n: int, ratio: bool = False, lax_note: str = "",
                  model: bool = False, mpi: bool = False, memcpy: bool = False,
-                 link: bool = False) -> str:
+                 link: bool = False, baseline: str = "lax") -> str:
+  short = baseline_short(baseline)
+  if baseline != "lax":
+    lax_note = ""
   title = (f"# {op}: {n} ranks; size = input bytes per rank; "
            "time = median us per call; bw in GB/s")
   span = lambda cols: sum(_WIDTHS[i] + 2 for i in cols) - 2
   groups = (f"{'':{_WIDTHS[0]}}  {' jax_smddp ':-^{span((1, 2, 3))}}  "
-            f"{f' jax.lax{lax_note} ':-^{span((4, 5))}}")
-  cols = "  ".join(f"{c:>{w}}" for c, w in zip(_COLUMNS, _WIDTHS))
+            f"{f' {BASELINES[baseline]}{lax_note} ':-^{span((4, 5))}}")
+  columns = tuple(f"{short} us" if c == "lax us" else c for c in _COLUMNS)
+  cols = "  ".join(f"{c:>{w}}" for c, w in zip(columns, _WIDTHS))
   if mpi:
     cols += "".join(f"  {c:>{w}}" for c, w in _MPI)
   if memcpy:
     cols += "".join(f"  {c:>{w}}" for c, w in _MEMCPY)
   if link:
-    cols += "".join(f"  {c:>{w}}" for c, w in _LINK)
+    cols += "".join(f"  {c.replace('lax', short):>{w}}" for c, w in _LINK)
   if ratio:
     cols += f"  {_RATIO[0]:>{_RATIO[1]}}"
   if model:
@@ -69,7 +73,7 @@ def table_row(r: dict) -> str:
     cells = (f"{pred['time_us']:.1f}", f"{pred['time_us'] / r['smddp']['time_us']:.2f}",
              pred["algorithm"])
     row += "".join(f"  {c:>{w}}" for c, (_, w) in zip(cells, _MODEL))
-  if r.get("lax_wrong"):
+  if r.get("lax_wrong"):  # only jax.lax's can be: a wrong jax_smddp answer stops the run
     row += "  (jax.lax answer wrong vs numpy)"
   return row
 
@@ -85,7 +89,8 @@ def speedup_verdict(op: str, results: list[dict]) -> str:
           f"1.0 in {undecided_rows} (those calls cannot tell the two apart)")
 
 
-def arrival_table(op: str, results: list[dict], cores: int | None = None) -> str:
+def arrival_table(op: str, results: list[dict], cores: int | None = None,
+                  baseline: str = "lax") -> str:
   """Multi-process layouts: `op`'s calls timed from the last process's start to the last
   process's end (core.after_arrival), how far apart the processes started, and the CPU time
   the processes used per call beside the machine's `cores`."""
@@ -96,7 +101,7 @@ def arrival_table(op: str, results: list[dict], cores: int | None = None) -> str
            f"included; {cores or '?'} cores here: near cores x us, a call ran the machine flat "
            "out, and which library wins is the scheduler's as much as theirs)",
            "    size     smddp us       lax us   speedup   90% range   smddp skew     lax skew"
-           "    smddp cpu      lax cpu"]
+           "    smddp cpu      lax cpu".replace("  lax", f"{baseline_short(baseline):>5}")]
   for r in results:
     aa = r.get("after_arrival")
     if r["op"] != op or not aa:
@@ -154,7 +159,7 @@ def write_plot(path: str, meta: dict, results: list[dict]) -> None:
     sizes = [r["bytes_per_rank"] for r in rows]
     for impl, style in (("smddp", "o-"), ("lax", "s--")):
       ax.plot(sizes, [r[impl]["busbw_gbs"] for r in rows], style,
-              label="jax_smddp" if impl == "smddp" else "jax.lax")
+              label="jax_smddp" if impl == "smddp" else BASELINES[meta.get("baseline", "lax")])
     if any(r.get("prediction") for r in rows):  # busbw scales as 1 / time
       pred = [(r["bytes_per_rank"], r["smddp"]["busbw_gbs"] * r["smddp"]["time_us"] /
                r["prediction"]["time_us"]) for r in rows if r.get("prediction")]
@@ -174,6 +179,8 @@ def write_plot(path: str, meta: dict, results: list[dict]) -> None:
   layout = meta["layout"]
   where = (f"layout {layout['spec']} ({layout['processes']} processes, "
            f"jax.lax across processes: gloo), " if layout.get("processes", 1) > 1 else "")
+  if meta.get("baseline", "lax") != "lax":
+    where = where.replace("jax.lax across processes: gloo", "against itself")
   fig.suptitle(f"{layout['devices']} CPU devices, {where}{meta['dtype']}, {meta['machine']}",
                fontsize=9)
   fig.tight_layout()
