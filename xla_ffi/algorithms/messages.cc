@@ -59,7 +59,7 @@ Messages::Messages(const ProcessCall& call)
       polls_(WaitPollsFor(call.world->oversubscribed())) {
   // One link per progress key: the peers over one libfabric endpoint share
   // its completion queue, read once per round.
-  for (int p : call.peers) {
+  for (int p : *call.peers) {
     Link* link = call.world->link(p);
     if (!link) continue;
     const void* key = link->ProgressKey();
@@ -141,7 +141,7 @@ void Messages::ProgressAll() {
 // if this call still waits on it once everything it sent before it went has
 // been read: a peer that finished its part and exited has failed nobody.
 Status Messages::CheckPeers() {
-  for (int p : call_.peers) {
+  for (int p : *call_.peers) {
     Link* link = call_.world->link(p);
     if (!link) continue;
     std::string why = link->PeerFailure();

@@ -126,10 +126,10 @@ std::string Describe(const Header& h) {
 // is transfer i of `m`: posted first, and one chunk (a chunk is >= 4 KiB).
 struct ProcessRun::Agreement final : CallWatch {
   Agreement(const ProcessCall& call, const Plan& plan)
-      : c(call), mine(MakeHeader(call, plan)), theirs(call.peers.size()), m(call) {
-    for (size_t i = 0; i < c.peers.size(); ++i)
-      m.Recv(c.peers[i], Msg(kHeader), &theirs[i], sizeof(Header));
-    for (int p : c.peers) m.Send(p, Msg(kHeader), &mine, sizeof(Header));
+      : c(call), mine(MakeHeader(call, plan)), theirs(call.peers->size()), m(call) {
+    for (size_t i = 0; i < c.peers->size(); ++i)
+      m.Recv((*c.peers)[i], Msg(kHeader), &theirs[i], sizeof(Header));
+    for (int p : *c.peers) m.Send(p, Msg(kHeader), &mine, sizeof(Header));
   }
   // Compares this process's view of the call with every peer's that arrived.
   Status Check() const override;
@@ -141,14 +141,15 @@ struct ProcessRun::Agreement final : CallWatch {
 };
 
 Status ProcessRun::Agreement::Check() const {
-  for (size_t i = 0; i < c.peers.size(); ++i) {
+  for (size_t i = 0; i < c.peers->size(); ++i) {
     if (m.Succeeded(i) && std::memcmp(&theirs[i], &mine, sizeof(Header)) != 0) {
       return c.Concerning(
-          c.peers[i], Status::Mismatch(
-                          c.where + ": processes disagree on the call: this process (process " +
-                          std::to_string(c.world->process()) + ") runs " + Describe(mine) +
-                          " but " + c.DescribeProcess(c.peers[i]) + " runs " + Describe(theirs[i]) +
-                          ". Every process must run the same program on same-shaped inputs."));
+          (*c.peers)[i],
+          Status::Mismatch(c.where + ": processes disagree on the call: this process (process " +
+                           std::to_string(c.world->process()) + ") runs " + Describe(mine) +
+                           " but " + c.DescribeProcess((*c.peers)[i]) + " runs " +
+                           Describe(theirs[i]) +
+                           ". Every process must run the same program on same-shaped inputs."));
     }
   }
   return Status::Ok();
@@ -188,7 +189,7 @@ class AllGatherBody final : public BlockBody {
   // into its outputs while the links work.
   void Start() override {
     const Routes& rt = *c_.routes;
-    const size_t n = c_.size, nl = c_.local.size();
+    const size_t n = c_.size, nl = c_.local->size();
     if (block_ == 0) return;
     stream_ = c_.StreamOutputs();
     char* first = static_cast<char*>(c_.recv[0]);
@@ -201,13 +202,14 @@ class AllGatherBody final : public BlockBody {
       incoming_.push_back({s, m_.Recv(rt.gather_source[s], Msg(kData, s), dst, block_), dst});
     }
     for (int q : rt.gather_targets) {
-      for (size_t li = 0; li < nl; ++li) m_.Send(q, Msg(kData, c_.local[li]), c_.send[li], block_);
+      for (size_t li = 0; li < nl; ++li)
+        m_.Send(q, Msg(kData, (*c_.local)[li]), c_.send[li], block_);
     }
     for (size_t d = 0; d < nl; ++d) {
       char* out = static_cast<char*>(c_.recv[d]);
       for (size_t o = 0; o < outer_; ++o) {
         for (size_t li = 0; li < nl; ++li) {
-          CopyBytes(out + (o * n + c_.local[li]) * inner_,
+          CopyBytes(out + (o * n + (*c_.local)[li]) * inner_,
                     static_cast<const char*>(c_.send[li]) + o * inner_, inner_, stream_);
         }
       }
@@ -216,7 +218,7 @@ class AllGatherBody final : public BlockBody {
 
   Status Finish() override {
     const Routes& rt = *c_.routes;
-    const size_t n = c_.size, nl = c_.local.size();
+    const size_t n = c_.size, nl = c_.local->size();
     for (const Incoming& in : incoming_) {
       // Chunk by chunk, as it arrives: relayed on, and copied into the other
       // local outputs.
@@ -260,7 +262,7 @@ class BlockReducer {
       : c_(c), dtype_(dtype), op_(op), esize_(ElementSize(dtype)), inner_(inner) {}
 
   void Run(int r, size_t j0, size_t j1, const std::vector<const char*>& extra, char* dst) {
-    const size_t n = c_.size, nl = c_.local.size();
+    const size_t n = c_.size, nl = c_.local->size();
     srcs_.resize(nl + extra.size());
     for (size_t j = j0; j < j1;) {
       const size_t o = j / inner_, i = j % inner_, len = std::min(j1 - j, inner_ - i);
@@ -340,7 +342,7 @@ class ReductionBody : public ProcessBody {
   }
   // The index among this process's ranks of r, one of them.
   size_t LocalIndex(int r) const {
-    return size_t(std::lower_bound(c_.local.begin(), c_.local.end(), r) - c_.local.begin());
+    return size_t(std::lower_bound(c_.local->begin(), c_.local->end(), r) - c_.local->begin());
   }
   // The next of the staged partials of `bytes` each.
   char* NextPartial(size_t bytes) { return partials_ + (next_partial_++) * bytes; }
@@ -390,7 +392,7 @@ class ReduceScatterBody final : public ReductionBody {
     char* out;
     if (dest < 0) {
       out = static_cast<char*>(c_.recv[LocalIndex(r)]);
-    } else if (!combines && c_.local.size() == 1 && outer_ == 1) {
+    } else if (!combines && c_.local->size() == 1 && outer_ == 1) {
       out = nullptr;  // the partial is the input itself
     } else {
       out = NextPartial(bb_);
@@ -444,7 +446,7 @@ class AllReduceBody final : public ReductionBody {
   Status Finish() override {
     if (count_ == 0) return Status::Ok();
     const Routes& rt = *c_.routes;
-    const size_t nl = c_.local.size();
+    const size_t nl = c_.local->size();
     SMDDP_RETURN_IF_ERROR(FinishRanks());
     char* first = static_cast<char*>(c_.recv[0]);
     for (const Result& res : results_) {
@@ -474,7 +476,7 @@ class AllReduceBody final : public ReductionBody {
   // into the other local outputs.
   Status Rank(int r) override {
     const Routes& rt = *c_.routes;
-    const size_t nl = c_.local.size(), sb = Shard(r);
+    const size_t nl = c_.local->size(), sb = Shard(r);
     const int dest = rt.reduce_dest[r];
     const bool combines = !in_.buffers[r].empty();
     char* out;
@@ -533,23 +535,23 @@ class AllToAllBody final : public BlockBody {
 
   // Posts the receives and sends, and copies this process's own blocks.
   void Start() override {
-    const size_t n = c_.size, nl = c_.local.size(), np = c_.peers.size();
+    const size_t n = c_.size, nl = c_.local->size(), np = c_.peers->size();
     if (block_ == 0) return;
     stream_ = c_.StreamOutputs();
     size_t remote = 0;
-    for (const auto& ranks : c_.peer_ranks) remote += ranks.size();
+    for (const auto& ranks : *c_.peer_ranks) remote += ranks.size();
     // With outer > 1 blocks are strided: packed and unpacked through staging.
     char* stage = outer_ == 1 ? nullptr : staging_.Get(2 * nl * remote * block_);
     char* unpacked = stage;
     char* packed = stage ? stage + nl * remote * block_ : nullptr;
     for (size_t li = 0; li < nl; ++li) {
-      const int r = c_.local[li];
+      const int r = (*c_.local)[li];
       for (size_t qi = 0; qi < np; ++qi) {
-        for (int s : c_.peer_ranks[qi]) {
+        for (int s : (*c_.peer_ranks)[qi]) {
           char* dst = outer_ == 1 ? static_cast<char*>(c_.recv[li]) + s * inner_
                                   : unpacked + incoming_.size() * block_;
           incoming_.push_back(
-              {int(li), s, m_.Recv(c_.peers[qi], Msg(kData, s, r), dst, block_), dst});
+              {int(li), s, m_.Recv((*c_.peers)[qi], Msg(kData, s, r), dst, block_), dst});
         }
       }
     }
@@ -557,7 +559,7 @@ class AllToAllBody final : public BlockBody {
     for (size_t li = 0; li < nl; ++li) {
       const char* send = static_cast<const char*>(c_.send[li]);
       for (size_t qi = 0; qi < np; ++qi) {
-        for (int r : c_.peer_ranks[qi]) {
+        for (int r : (*c_.peer_ranks)[qi]) {
           const char* src = send + r * inner_;
           if (outer_ != 1) {
             char* p = packed + (k++) * block_;
@@ -565,7 +567,7 @@ class AllToAllBody final : public BlockBody {
               std::memcpy(p + o * inner_, send + (o * n + r) * inner_, inner_);
             src = p;
           }
-          m_.Send(c_.peers[qi], Msg(kData, c_.local[li], r), src, block_);
+          m_.Send((*c_.peers)[qi], Msg(kData, (*c_.local)[li], r), src, block_);
         }
       }
     }
@@ -574,8 +576,8 @@ class AllToAllBody final : public BlockBody {
       for (size_t li = 0; li < nl; ++li) {
         const char* send = static_cast<const char*>(c_.send[li]);
         for (size_t o = 0; o < outer_; ++o)
-          CopyBytes(out + (o * n + c_.local[li]) * inner_, send + (o * n + c_.local[d]) * inner_,
-                    inner_, stream_);
+          CopyBytes(out + (o * n + (*c_.local)[li]) * inner_,
+                    send + (o * n + (*c_.local)[d]) * inner_, inner_, stream_);
       }
     }
   }
@@ -650,7 +652,7 @@ ProcessRun::~ProcessRun() = default;
 
 bool ProcessRun::PeersArrived(Clock::time_point until) {
   // The peers' views only: this process's own may still be on its way.
-  return parts_->agreement.m.PollRange({0, call_.peers.size()}, until);
+  return parts_->agreement.m.PollRange({0, call_.peers->size()}, until);
 }
 
 // A peer that runs another call is still reported as such, never as what

@@ -65,14 +65,16 @@ class CallWatch {
 
 struct ProcessCall {
   const World* world = nullptr;
-  int size = 0;                              // ranks in the group
-  const std::vector<int64_t>* members;       // device (partition) id per rank
-  const std::vector<int>* process_of_rank;   // process per rank
-  std::vector<int> local;                    // this process's ranks, ascending
-  std::vector<const void*> send;             // per local rank
-  std::vector<void*> recv;                   // per local rank
-  std::vector<int> peers;                    // the group's other processes, ascending
-  std::vector<std::vector<int>> peer_ranks;  // per peer, its ranks, ascending
+  int size = 0;                             // ranks in the group
+  const std::vector<int64_t>* members;      // device (partition) id per rank
+  const std::vector<int>* process_of_rank;  // process per rank
+  // The group's processes as this one sees them: fixed for a communicator,
+  // so a call points at its owner's (no per-call copies on XLA's thread).
+  const std::vector<int>* local = nullptr;  // this process's ranks, ascending
+  std::vector<const void*> send;            // per local rank
+  std::vector<void*> recv;                  // per local rank
+  const std::vector<int>* peers = nullptr;  // the group's other processes, ascending
+  const std::vector<std::vector<int>>* peer_ranks = nullptr;  // per peer, its ranks, ascending
   const Routes* routes = nullptr;
   size_t chunk_bytes = 0;  // message chunk; 0: the default
   uint64_t tag = 0;        // this call's; equal on every process
@@ -86,7 +88,7 @@ struct ProcessCall {
 
   // Whether the call's copies into outputs use non-temporal stores: by what
   // it writes in this process, all local outputs (streaming_copy.h).
-  bool StreamOutputs() const { return StreamStores(info.recv_bytes * local.size()); }
+  bool StreamOutputs() const { return StreamStores(info.recv_bytes * local->size()); }
   // "process 1 (devices [2 3])"
   std::string DescribeProcess(int process) const;
   // `process`'s ranks in the group, ascending (for a failure's peers).

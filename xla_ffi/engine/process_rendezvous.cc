@@ -235,13 +235,13 @@ void ProcessRendezvous::Begin(Slot& slot) {
     call.size = int(process_of_rank_.size());
     call.members = &members_;
     call.process_of_rank = &process_of_rank_;
-    call.local = local_;
+    call.local = &local_;
     for (auto& e : slot.entries) {
       call.send.push_back(e.send);
       call.recv.push_back(e.recv);
     }
-    call.peers = peers_;
-    call.peer_ranks = peer_ranks_;
+    call.peers = &peers_;
+    call.peer_ranks = &peer_ranks_;
     call.routes = slot.plan.routing == Plan::Routing::kFlat ? &flat_routes_ : &routes_;
     call.chunk_bytes = slot.plan.chunk_bytes;
     // Not the run id: it differs between different programs, and processes

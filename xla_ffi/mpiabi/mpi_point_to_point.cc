@@ -6,6 +6,7 @@
 #include <memory>
 #include <mutex>
 #include <tuple>
+#include <vector>
 
 #include "xla_ffi/algorithms/messages.h"
 #include "xla_ffi/algorithms/process_call.h"
@@ -28,12 +29,21 @@ struct Letter {
 
 using LetterKey = std::tuple<int, int, int, uint64_t>;  // source, destination, tag, sequence
 
+// Every other process of a world, and its ranks in the group: what a
+// transfer's call waits on. Made once per world, not per message.
+struct Peers {
+  std::shared_ptr<const World> world;  // held: no other world reuses its address
+  std::vector<int> processes;
+  std::vector<std::vector<int>> ranks;
+};
+
 }  // namespace
 
 struct Mailbox {
   std::mutex mu;
   std::condition_variable cv;
   std::map<LetterKey, std::shared_ptr<Letter>> pending;
+  std::shared_ptr<const Peers> peers;  // of the latest world seen (guarded by mu)
 };
 
 Group::Group() : mailbox(new Mailbox) {}
@@ -48,6 +58,7 @@ struct Transfer {
   LetterKey key;
   // Across processes:
   std::shared_ptr<const World> world;
+  std::shared_ptr<const Peers> peers;  // what `call` points at
   ProcessCall call;
   std::unique_ptr<Messages> messages;
   Messages::Range range;
@@ -120,11 +131,25 @@ Status Post(Rank& r, bool recv, int peer, int tag, const void* src, void* dst, s
   c.process_of_rank = &g.process_of_rank;
   // Every other process: waiting here moves whatever this process has posted
   // to any of them (another device's sends may be what its peer waits for).
-  for (int p = 0; p < world->processes(); ++p) {
-    if (p == world->process()) continue;
-    c.peers.push_back(p);
-    c.peer_ranks.push_back(c.RanksOf(p));
+  {
+    std::lock_guard<std::mutex> lock(g.mailbox->mu);
+    std::shared_ptr<const Peers>& cached = g.mailbox->peers;
+    if (!cached || cached->world != world) {
+      auto made = std::make_shared<Peers>();
+      made->world = world;
+      for (int p = 0; p < world->processes(); ++p) {
+        if (p == world->process()) continue;
+        made->processes.push_back(p);
+        made->ranks.push_back(c.RanksOf(p));
+      }
+      cached = std::move(made);
+    }
+    t->peers = cached;
   }
+  static const std::vector<int> kNoLocalRanks;  // a transfer runs no collective body
+  c.local = &kNoLocalRanks;
+  c.peers = &t->peers->processes;
+  c.peer_ranks = &t->peers->ranks;
   c.tag = MixTag(MixTag(MixTag(MixTag(MixTag(g.site, uint64_t(source)), uint64_t(dest)),
                                uint64_t(uint32_t(tag))),
                         sequence),
