@@ -146,6 +146,12 @@ def run_collectives(mesh, axis, label, sizes=(1, 3000)):
     y = smap(mesh, lambda v: smddp.all_gather(v, axis, axis=1, tiled=True), P(lead), P(lead))(xs)
     want = _blocks_apply(x, mesh, axis, lead, lambda blocks: [np.concatenate(blocks, 1)] * len(blocks))
     check(f"all_gather axis=1 {label} cols={cols}", y, want)
+    # all_to_all along dimension 1: strided blocks both ways ([outer, ranks, inner]).
+    x = values((m * n * 2, n * 2, cols), np.float32, seed=50 + k)
+    xs = global_array(mesh, P(lead), x)
+    y = smap(mesh, lambda v: smddp.all_to_all(v, axis, 1, 1, tiled=True), P(lead), P(lead))(xs)
+    check(f"all_to_all axis=1 {label} cols={cols}", y,
+          _blocks_apply(x, mesh, axis, lead, lambda bl: _exchange(bl, 1)))
 
 
 def _groups(mesh, axis, lead):
@@ -197,12 +203,15 @@ def _psum_reference(x, mesh, axis, lead, op=None):
   return _blocks_apply(x, mesh, axis, lead, fn)
 
 
+def _exchange(blocks, dim):
+  """all_to_all of a group's blocks along `dim`: r gets sender s's part r, in sender order."""
+  n = len(blocks)
+  parts = [np.split(b, n, dim) for b in blocks]  # parts[s][r]: sender s's part for r
+  return [np.concatenate([parts[s][r] for s in range(n)], dim) for r in range(n)]
+
+
 def _all_to_all_reference(x, mesh, axis, lead):
-  def fn(bl):
-    n = len(bl)
-    parts = [np.split(b, n, 0) for b in bl]  # parts[s][r]: sender s's block for r
-    return [np.concatenate([parts[s][r] for s in range(n)], 0) for r in range(n)]
-  return _blocks_apply(x, mesh, axis, lead, fn)
+  return _blocks_apply(x, mesh, axis, lead, lambda bl: _exchange(bl, 0))
 
 
 def scenario_collectives():

@@ -161,7 +161,7 @@ Status Messages::PeerFailed(int process, Link& link, const std::string& why) con
   return call_.Concerning(
       process,
       Status::WithCode(code,
-                       call_.where + ": " + call_.DescribeProcess(process) +
+                       call_.where() + ": " + call_.DescribeProcess(process) +
                            (code == StatusCode::kProtocol ? " sent what this process cannot parse ("
                                                           : " failed (") +
                            why + ", over " + link.Kind() + "); this collective cannot complete"));
@@ -207,7 +207,7 @@ Status Messages::Wait(size_t id) {
       Link* link = e.link;
       return call_.Concerning(
           e.process,
-          Status::Timeout(call_.where + ": timed out after " + Seconds(now - call_.start) +
+          Status::Timeout(call_.where() + ": timed out after " + Seconds(now - call_.start) +
                           " waiting for " + call_.DescribeProcess(e.process) +
                           (e.recv ? " to send its data" : " to take this process's data") +
                           " (over " + (link ? link->Kind() : std::string("no link")) +
@@ -228,7 +228,7 @@ Status Messages::Wait(size_t id) {
                                 : std::string();
     if (!why.empty()) return PeerFailed(e.process, *e.link, why);
     // The link's failure keeps its kind (a closed link: the peer failed).
-    return call_.Concerning(e.process, e.req.status().WithMessage(call_.where + ": " +
+    return call_.Concerning(e.process, e.req.status().WithMessage(call_.where() + ": " +
                                                                   call_.DescribeProcess(e.process) +
                                                                   ": " + e.req.status().message()));
   }

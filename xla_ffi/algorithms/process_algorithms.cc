@@ -145,7 +145,7 @@ Status ProcessRun::Agreement::Check() const {
     if (m.Succeeded(i) && std::memcmp(&theirs[i], &mine, sizeof(Header)) != 0) {
       return c.Concerning(
           (*c.peers)[i],
-          Status::Mismatch(c.where + ": processes disagree on the call: this process (process " +
+          Status::Mismatch(c.where() + ": processes disagree on the call: this process (process " +
                            std::to_string(c.world->process()) + ") runs " + Describe(mine) +
                            " but " + c.DescribeProcess((*c.peers)[i]) + " runs " +
                            Describe(theirs[i]) +
@@ -173,6 +173,14 @@ class BlockBody : public ProcessBody {
       : c_(c), outer_(outer), inner_(inner), block_(outer * inner), m_(c) {}
 
  protected:
+  // Rank `rank`'s [outer, inner] block, contiguous at `block`, into its
+  // strided place in an output: out[o, rank, :] = block[o, :].
+  void Unpack(void* out, size_t rank, const void* block) const {
+    for (size_t o = 0; o < outer_; ++o)
+      CopyBytes(static_cast<char*>(out) + (o * c_.size + rank) * inner_,
+                static_cast<const char*>(block) + o * inner_, inner_, stream_);
+  }
+
   const ProcessCall& c_;
   const size_t outer_, inner_, block_;
   bool stream_ = false;  // outputs written with streaming stores
@@ -189,7 +197,7 @@ class AllGatherBody final : public BlockBody {
   // into its outputs while the links work.
   void Start() override {
     const Routes& rt = *c_.routes;
-    const size_t n = c_.size, nl = c_.local->size();
+    const size_t nl = c_.local->size();
     if (block_ == 0) return;
     stream_ = c_.StreamOutputs();
     char* first = static_cast<char*>(c_.recv[0]);
@@ -206,19 +214,13 @@ class AllGatherBody final : public BlockBody {
         m_.Send(q, Msg(kData, (*c_.local)[li]), c_.send[li], block_);
     }
     for (size_t d = 0; d < nl; ++d) {
-      char* out = static_cast<char*>(c_.recv[d]);
-      for (size_t o = 0; o < outer_; ++o) {
-        for (size_t li = 0; li < nl; ++li) {
-          CopyBytes(out + (o * n + (*c_.local)[li]) * inner_,
-                    static_cast<const char*>(c_.send[li]) + o * inner_, inner_, stream_);
-        }
-      }
+      for (size_t li = 0; li < nl; ++li) Unpack(c_.recv[d], (*c_.local)[li], c_.send[li]);
     }
   }
 
   Status Finish() override {
     const Routes& rt = *c_.routes;
-    const size_t n = c_.size, nl = c_.local->size();
+    const size_t nl = c_.local->size();
     for (const Incoming& in : incoming_) {
       // Chunk by chunk, as it arrives: relayed on, and copied into the other
       // local outputs.
@@ -234,11 +236,7 @@ class AllGatherBody final : public BlockBody {
                     stream_);
       }
       if (outer_ != 1) {
-        for (size_t d = 0; d < nl; ++d) {
-          char* out = static_cast<char*>(c_.recv[d]);
-          for (size_t o = 0; o < outer_; ++o)
-            CopyBytes(out + (o * n + in.rank) * inner_, in.dst + o * inner_, inner_, stream_);
-        }
+        for (size_t d = 0; d < nl; ++d) Unpack(c_.recv[d], in.rank, in.dst);
       }
     }
     return m_.WaitAll();
@@ -583,14 +581,9 @@ class AllToAllBody final : public BlockBody {
   }
 
   Status Finish() override {
-    const size_t n = c_.size;
     for (const Incoming& in : incoming_) {
       SMDDP_RETURN_IF_ERROR(m_.WaitRange(in.range));
-      if (outer_ != 1) {
-        char* out = static_cast<char*>(c_.recv[in.to_local]);
-        for (size_t o = 0; o < outer_; ++o)
-          CopyBytes(out + (o * n + in.from) * inner_, in.dst + o * inner_, inner_, stream_);
-      }
+      if (outer_ != 1) Unpack(c_.recv[in.to_local], in.from, in.dst);
     }
     return m_.WaitAll();
   }

@@ -5,6 +5,7 @@
 #define JAX_SMDDP_ALGORITHMS_PROCESS_CALL_H_
 
 #include <cstdint>
+#include <functional>
 #include <string>
 #include <vector>
 
@@ -83,7 +84,9 @@ struct ProcessCall {
   // The agreement check, as the peers' views of the call arrive during the
   // body; none outside it.
   const CallWatch* watch = nullptr;
-  std::string where;  // "jax_smddp all_gather (op 3 of ...)"
+  // "jax_smddp all_gather (op 3 of ...)", for errors: made only when one is
+  // reported, not on every call (its owner's state, captured by pointer).
+  std::function<std::string()> where;
   CallInfo info;
 
   // Whether the call's copies into outputs use non-temporal stores: by what

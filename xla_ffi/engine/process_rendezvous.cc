@@ -249,7 +249,7 @@ void ProcessRendezvous::Begin(Slot& slot) {
     call.tag = MixTag(MixTag(MixTag(group_hash_, key.site), key.sequence), 0x736d646470ull);
     call.start = slot.start;
     call.deadline = slot.deadline;
-    call.where = CallWhere(slot.group, key, info.op);
+    call.where = [s = &slot] { return CallWhere(s->group, s->key, s->entries[0].info.op); };
     call.info = info;
     call.phases = &phases;
     slot.run.emplace(slot.plan, call);

@@ -156,7 +156,7 @@ Status Post(Rank& r, bool recv, int peer, int tag, const void* src, void* dst, s
                  0x7032707432ull);
   c.start = Clock::now();
   c.deadline = t->deadline;
-  c.where = t->where;
+  c.where = [where = &t->where] { return *where; };
   c.info = CallInfo{fn, DType::kUInt8, ReduceOp::kSum, bytes, bytes};
   t->messages = std::make_unique<Messages>(c);
   const int process = g.process_of_rank[peer];
