@@ -5,11 +5,6 @@ any ``import jax``. With ``JAX_SMDDP_COLLECTIVES=xla`` (or ``all``) it
   (``MPITRAMPOLINE_LIB``), which the trampoline looks up only once, when
   jaxlib loads (XLA's CPU collectives; see jax_smddp/xla_swap.py), unless the
   variable is already set;
-* adds ``--xla_gpu_enable_command_buffer=-COLLECTIVES`` to ``XLA_FLAGS``
-  (unless ``XLA_FLAGS`` already sets ``--xla_gpu_enable_command_buffer``): XLA
-  does not capture its GPU collectives into CUDA graphs, whose served form in
-  the NCCL API front end has run only on host threads so far
-  (jax_smddp/nccl_swap.py, docs/gpu_xla_swap.md);
 * loads that front end, ``libsmddp_nccl.so`` (soname ``libnccl.so.2``), when
   ``jax`` is first imported, before JAX's CUDA plugin loads the real NCCL,
   so that the plugin's ``dlopen("libnccl.so.2")`` gets the front end (XLA's GPU
@@ -19,6 +14,11 @@ any ``import jax``. With ``JAX_SMDDP_COLLECTIVES=xla`` (or ``all``) it
 
 It also holds the one parser of ``JAX_SMDDP_COLLECTIVES`` (:func:`parse_collectives`),
 which the swaps, the plugin's entry point and ``jax_smddp.use`` call.
+
+It never touches ``XLA_FLAGS``: the switch changes who runs the collectives,
+nothing else (a program's own ``os.environ.setdefault("XLA_FLAGS", ...)`` must
+still find the variable unset). The one XLA flag the GPU swap needs is added
+as JAX creates its CUDA client (jax_smddp/nccl_swap.py), never on a CPU-only run.
 
 Imports nothing but ``os``, ``sys`` and ``importlib.util`` at start-up
 (``ctypes`` when it loads the front end); does nothing without the variable.
@@ -31,8 +31,6 @@ import sys
 
 LIBRARY = "libsmddp_mpi.so"
 NCCL_LIBRARY = "libsmddp_nccl.so"
-# XLA's "+X/-X" form: the default command buffer types, less COLLECTIVES.
-COMMAND_BUFFER_FLAG = "--xla_gpu_enable_command_buffer=-COLLECTIVES"
 
 # ------------------------------------------------------------------ JAX_SMDDP_COLLECTIVES
 # The setting's registry entry (xla_ffi/common/settings.cc) states what it means; these are
@@ -189,9 +187,6 @@ def _set_up() -> None:
     return
   if "MPITRAMPOLINE_LIB" not in os.environ:
     os.environ["MPITRAMPOLINE_LIB"] = library_path()
-  flags = os.environ.get("XLA_FLAGS", "")
-  if "--xla_gpu_enable_command_buffer" not in flags:
-    os.environ["XLA_FLAGS"] = f"{flags} {COMMAND_BUFFER_FLAG}".strip()
   if "jax" not in sys.modules:
     sys.meta_path.insert(0, _LoadBeforeJax())
 

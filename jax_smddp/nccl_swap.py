@@ -17,17 +17,18 @@ hanging. docs/gpu_xla_swap.md says what it does and does not do.
 Selected by ``JAX_SMDDP_COLLECTIVES=xla`` (or ``all``) before Python starts,
 as the CPU swap (:mod:`jax_smddp.xla_swap`):
 
-1. At start-up ``jax_smddp.pth`` adds
-   ``--xla_gpu_enable_command_buffer=-COLLECTIVES`` to ``XLA_FLAGS`` (the
-   front end serves calls captured into CUDA graphs, but that has run only on
-   host threads so far) and, as ``jax`` is first
-   imported, loads the front end (``RTLD_LOCAL``), before JAX's CUDA plugin
-   loads the real NCCL (jax_smddp/_startup.py).
+1. At start-up ``jax_smddp.pth`` installs an import hook that, as ``jax`` is
+   first imported, loads the front end (``RTLD_LOCAL``), before JAX's CUDA
+   plugin loads the real NCCL (jax_smddp/_startup.py). It leaves ``XLA_FLAGS``
+   alone.
 2. When JAX creates its CUDA client, the plugin's wrapper of the client
-   factory (:func:`install`) connects jax_smddp's processes
-   (:func:`jax_smddp.initialize`, over the jax.distributed key-value store) and
-   hands the front end that world, this process's index and the real NCCL's
-   path (:func:`find_real_nccl`; ``JAX_SMDDP_NCCL_LIBRARY`` overrides it).
+   factory (:func:`install`) adds ``--xla_gpu_enable_command_buffer=-COLLECTIVES``
+   to ``XLA_FLAGS`` as the program left it (the front end serves calls captured
+   into CUDA graphs, but that has run only on host threads so far; the CUDA
+   plugin's XLA reads its flags as that client is made), connects jax_smddp's
+   processes (:func:`jax_smddp.initialize`, over the jax.distributed key-value
+   store) and hands the front end that world, this process's index and the real
+   NCCL's path (:func:`find_real_nccl`; ``JAX_SMDDP_NCCL_LIBRARY`` overrides it).
 
 Where it cannot take over (no front end in this build, or NCCL loaded before
 it), XLA's collectives stay on NCCL: logged once at WARNING, an error under
@@ -45,12 +46,14 @@ import os
 import sys
 
 from jax_smddp import _startup
-from jax_smddp._startup import COMMAND_BUFFER_FLAG, NCCL_LIBRARY
+from jax_smddp._startup import NCCL_LIBRARY
 
 log = logging.getLogger("jax_smddp")
 
 SONAME = "libnccl.so.2"
 REAL_ENV = "JAX_SMDDP_NCCL_LIBRARY"  # overrides find_real_nccl (read by the library itself)
+# XLA's "+X/-X" form: the default command buffer types, less COLLECTIVES.
+COMMAND_BUFFER_FLAG = "--xla_gpu_enable_command_buffer=-COLLECTIVES"
 
 _library = None      # the front end's ctypes handle, once set up (kept for the process's life)
 _active = False      # set up as JAX created its CUDA client
@@ -163,10 +166,11 @@ def _load() -> tuple[ctypes.CDLL | None, str]:
 
 
 def _ensure_flag() -> None:
-  """XLA must not capture collectives into CUDA graphs (the front end refuses
-  captured calls): jax_smddp.pth adds the flag at start-up; a program that
-  replaced XLA_FLAGS since gets it again here, before JAX's CUDA client reads
-  the flags (unless it chose its own command buffer types)."""
+  """XLA must not capture collectives into CUDA graphs (their served form has
+  run on host threads only): the flag is added here, as JAX creates its CUDA
+  client, to XLA_FLAGS as the program left it, and never at start-up, where it
+  would turn a program's ``os.environ.setdefault("XLA_FLAGS", ...)`` into a
+  no-op. A program that chose its own command buffer types keeps them."""
   flags = os.environ.get("XLA_FLAGS", "")
   if "--xla_gpu_enable_command_buffer" not in flags:
     os.environ["XLA_FLAGS"] = f"{flags} {COMMAND_BUFFER_FLAG}".strip()

@@ -85,8 +85,8 @@ def test_global_view_fsdp_step_across_two_processes_on_one_gpu_equals_one_proces
 @pytest.mark.timeout(80)
 def test_global_view_fsdp_step_with_collectives_captured_into_cuda_graphs():
   """The same step with XLA capturing collectives into its command buffers (CUDA graphs,
-  XLA's default, which the start-up hook turns off unless XLA_FLAGS sets the flag): the
-  front end serves the captured calls as replayable ones (stream_algorithms.h: staged, by
+  XLA's default, which the swap turns off as JAX makes its CUDA client unless XLA_FLAGS sets
+  the flag): the front end serves the captured calls as replayable ones (stream_algorithms.h: staged, by
   tokens) and the losses and gradients still equal one device's. Fails, rather than skips,
   where XLA captured none of them (what to look at next)."""
   flags = "--xla_gpu_enable_command_buffer=+COLLECTIVES --xla_gpu_graph_min_graph_size=1"
