@@ -13,23 +13,55 @@ import time
 
 from jax_smddp import config
 from jax_smddp.tools.bench import core
+from jax_smddp.tools.bench import nccl_tests
 from jax_smddp.tools.bench.compare import compare_main
 from jax_smddp.tools.bench.core import (BASELINES, BYTES_BUDGET, DEFAULT_OPS, MEMCPY_BYTES, OPS,
                                         TIMINGS, Layout, annotate, format_size, memcpy_bandwidth,
                                         metadata, model_meta, parse_layout, parse_size,
-                                        power_of_two_sizes, run_benchmark)
-from jax_smddp.tools.bench.output import (arrival_table, phases_table, speedup_verdict,
-                                          table_header, table_row, write_json, write_plot)
+                                        run_benchmark)
+from jax_smddp.tools.bench.output import (arrival_table, nccl_table, phases_table,
+                                          speedup_verdict, table_header, table_row, write_json,
+                                          write_plot)
+
+DEFAULT_DEVICES = 8  # one process's CPU devices
+_EPILOG = """\
+Sizes and columns follow nccl-tests (doc/PERFORMANCE.md): the sweep -b/-e/-f runs sizes S as
+nccl-tests defines them per op (all_gather: the whole output, n x one rank's input;
+reduce_scatter: the whole input, n x one rank's output; all_reduce: the buffer; all_to_all: one
+rank's buffer), so rows line up with nccl-tests' rows; count is nccl-tests' count column
+(all_gather: one rank's input elements; reduce_scatter: one rank's output elements; all_reduce:
+the buffer's; all_to_all: one rank's block for one peer). algbw = S / time; busbw = algbw x
+(n-1)/n (x 2(n-1)/n for all_reduce). #wrong counts the output elements that differ from numpy's
+answer (every process's shards); a wrong jax_smddp answer still stops the run. The in-place
+columns read N/A: in JAX an in-place collective is a donated input aliased to its output, which
+these programs do not do, so only out-of-place calls are timed (as nccl-tests prints N/A for
+what it does not run). Then the baseline (jax.lax: gloo across CPU processes, NCCL on GPUs) and
+speedup = baseline time / jax_smddp time.
+
+In a launched job (mpirun, srun, or JAX_COORDINATOR_ADDRESS + JAX_NUM_PROCESSES +
+JAX_PROCESS_ID: jax_smddp.job), e.g.
+    mpirun -n 2 python -m jax_smddp.tools.bench --ops all_gather,all_reduce -b 64K -e 1M
+    srun -n 16 python -m jax_smddp.tools.bench -b 1M -e 256M --csv bench.csv
+every process is a worker of that job (no --layout, no processes of its own); process 0
+prints the tables and writes --json/--csv. On CPU --devices is then the devices of each process
+(default 1: a process per device, as one process per GPU); on GPUs (JAX_PLATFORMS=cuda) each
+process benchmarks the one GPU its launcher gave it.
+"""
+
+
+class _Formatter(argparse.ArgumentDefaultsHelpFormatter, argparse.RawDescriptionHelpFormatter):
+  """Defaults in the help, and the epilog's lines as written."""
 
 
 def parse_args(argv=None) -> argparse.Namespace:
   p = argparse.ArgumentParser(prog="python -m jax_smddp.tools.bench",
                               description="nccl-tests-style benchmark: jax_smddp vs jax.lax.",
-                              formatter_class=argparse.ArgumentDefaultsHelpFormatter)
-  p.add_argument("--devices", type=int, default=8,
-                 help="CPU devices of the one-process layout (sets XLA_FLAGS "
-                      "--xla_force_host_platform_device_count unless already set); "
-                      "--layout overrides it")
+                              formatter_class=_Formatter, epilog=_EPILOG)
+  p.add_argument("--devices", type=int, default=None,
+                 help=f"CPU devices of the one-process layout (default {DEFAULT_DEVICES}; sets "
+                      "XLA_FLAGS --xla_force_host_platform_device_count unless already set); "
+                      "--layout overrides it. In a launched job: CPU devices per process "
+                      "(default 1)")
   p.add_argument("--layout", type=parse_layout, default=None,
                  help="N or 1xN: one process, N devices; PxD: P processes on this host x D "
                       "devices each (shared memory between processes); HxPxD: H simulated "
@@ -44,8 +76,12 @@ def parse_args(argv=None) -> argparse.Namespace:
                  help="seconds a multi-process job (or the in-process comparison) may take "
                       "before its processes are killed")
   p.add_argument("--ops", default=",".join(DEFAULT_OPS), help=f"comma list from {','.join(OPS)}")
-  p.add_argument("--min-bytes", type=parse_size, default="4K", help="smallest size per rank")
-  p.add_argument("--max-bytes", type=parse_size, default="16M", help="largest size per rank")
+  p.add_argument("-b", "--min-bytes", type=parse_size, default="4K",
+                 help="smallest size S (nccl-tests' -b: S as nccl-tests counts it per op)")
+  p.add_argument("-e", "--max-bytes", type=parse_size, default="16M",
+                 help="largest size S (nccl-tests' -e)")
+  p.add_argument("-f", "--step-factor", type=int, default=2,
+                 help="multiplicative step between sizes (nccl-tests' -f)")
   p.add_argument("--iters", type=int, default=20, help="timed calls per implementation "
                  f"(fewer for large sizes: at most {format_size(BYTES_BUDGET)} moved each)")
   p.add_argument("--warmup", type=int, default=3, help="untimed calls per implementation")
@@ -61,6 +97,13 @@ def parse_args(argv=None) -> argparse.Namespace:
                       "alternating with the first, so that each row's speedup (truly 1.0) "
                       "shows how far this machine's noise alone moves a ratio")
   p.add_argument("--json", default=os.path.join("bench_results", "bench.json"))
+  p.add_argument("--csv", default=None,
+                 help="also write one CSV line per op and size with every column "
+                      "(nccl-tests' names; nccl_tests.CSV_COLUMNS)")
+  p.add_argument("--nccl-tests", action="append", default=[], metavar="LOG",
+                 help="a saved nccl-tests output (e.g. of all_gather_perf -b 8 -e 128M -f 2 "
+                      "-g 1), or OP:LOG: its rows matched to ours by op and size S, with the "
+                      "ratios of busbw (ours / theirs) and time (ours / theirs); repeatable")
   p.add_argument("--plot", default=None,
                  help="PNG path (default bench_results/bench.png when matplotlib is importable)")
   p.add_argument("--no-plot", action="store_true", help="skip the plot")
@@ -94,10 +137,13 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.error(f"unknown ops {bad}; choose from {','.join(OPS)}")
   if args.min_bytes > args.max_bytes:
     p.error("--min-bytes is larger than --max-bytes")
-  if args.iters < 1 or args.warmup < 0 or args.devices < 1:
+  if args.iters < 1 or args.warmup < 0 or (args.devices is not None and args.devices < 1):
     p.error("--iters and --devices must be >= 1, --warmup >= 0")
+  if args.step_factor < 1:
+    p.error("--step-factor must be >= 1 (1: --min-bytes alone)")
+  args.layout_given = args.layout is not None
   if args.layout is None:
-    args.layout = Layout(1, 1, args.devices)
+    args.layout = Layout(1, 1, args.devices or DEFAULT_DEVICES)
   if args.compare_in_process and not args.layout.multi_process:
     p.error("--compare-in-process needs a multi-process layout (PxD or HxPxD)")
   if args.layout.hosts > 1:
@@ -127,7 +173,8 @@ def mpi4jax_unavailable(layout: "Layout") -> str | None:
 def worker_options(args) -> list[str]:
   """The options a multi-process worker (or the in-process comparison) runs with."""
   opts = ["--ops", ",".join(args.ops), "--min-bytes", str(args.min_bytes),
-          "--max-bytes", str(args.max_bytes), "--iters", str(args.iters),
+          "--max-bytes", str(args.max_bytes), "--step-factor", str(args.step_factor),
+          "--iters", str(args.iters),
           "--warmup", str(args.warmup), "--dtype", args.dtype, "--timing", args.timing,
           "--baseline", args.baseline]
   return opts + (["--quick"] if args.quick else []) + (["--mpi4jax"] if args.mpi4jax else [])
@@ -160,7 +207,7 @@ def set_device_count(n: int) -> None:
 
 
 def selected_sizes(args) -> list[int]:
-  sizes = power_of_two_sizes(args.min_bytes, args.max_bytes)
+  sizes = nccl_tests.sweep(args.min_bytes, args.max_bytes, args.step_factor)
   if args.quick:  # every 4th size, always including the largest
     sizes = sorted(set(sizes[::-4]))
   return sizes
@@ -207,9 +254,40 @@ def print_preamble(meta: dict, iters: int, warmup: int) -> None:
           "is what this machine's noise alone gives")
 
 
+def read_nccl_logs(args) -> list[dict]:
+  """The --nccl-tests logs, read before anything runs (a bad path fails at once)."""
+  return [nccl_tests.read_log(spec) for spec in args.nccl_tests]
+
+
+def print_nccl_comparison(args, meta: dict, results: list[dict], logs: list[dict]) -> None:
+  """Matches our rows to the --nccl-tests logs' (op, size S), prints the ratios per op and
+  keeps them in the JSON (meta["nccl_tests"]) and the CSV (the rows' nccl_tests_* fields)."""
+  if not logs:
+    return
+  pairs = nccl_tests.compare(results, logs)
+  meta["nccl_tests"] = {"logs": [{"path": g["path"], "op": g["op"], "ranks": g["ranks"],
+                                  "rows": len(g["rows"])} for g in logs],
+                        "comparison": pairs,
+                        "definition": "busbw_vs_nccl_tests = our busbw / theirs; "
+                                      "time_vs_nccl_tests = our time / theirs; matched by op "
+                                      "and size S"}
+  for op in args.ops:
+    table = nccl_tests.comparison_table(op, pairs)
+    if table:
+      print()
+      print(table)
+  unmatched = sorted({g["op"] for g in logs} - {p["op"] for p in pairs})
+  if unmatched:
+    print(f"\n# note: no size of {', '.join(unmatched)} in the nccl-tests logs matches this "
+          "run's sizes S; run the same -b/-e/-f as the log")
+
+
 def write_outputs(args, meta: dict, results: list[dict]) -> None:
   write_json(args.json, meta, results)
   print(f"\nwrote {args.json}")
+  if args.csv:
+    nccl_tests.write_csv(args.csv, results)
+    print(f"wrote {args.csv}")
   if not args.no_plot:
     plot = args.plot or os.path.join("bench_results", "bench.png")
     try:
@@ -252,12 +330,11 @@ def run_in_process_comparison(args, n: int) -> list[dict]:
       return json.load(f)["results"]
 
 
-def run_multi_process(args) -> int:
+def run_multi_process(args, logs: list[dict]) -> int:
   """Runs the benchmark as a jax.distributed job of args.layout; prints the tables."""
   from jax_smddp.tools import launch
 
   layout = args.layout
-  iters, warmup = iters_warmup(args)
   sizes = selected_sizes(args)
   memcpy_gbs = memcpy_bandwidth()  # before the workers start: an idle machine
   worker_args = worker_options(args)
@@ -292,11 +369,7 @@ def run_multi_process(args) -> int:
     return 1
   print(f"# job took {time.monotonic() - t0:.0f} s", flush=True)
   first = procs[0].result
-  results = first["results"]
   per_process = [p.result["results"] for p in procs]
-  if args.slowest:
-    results = core.slowest_process(per_process, layout.devices)
-  core.after_arrival(per_process, results)
 
   in_process = None
   if args.compare_in_process:
@@ -306,23 +379,39 @@ def run_multi_process(args) -> int:
     except RuntimeError as e:
       print(f"error: {e}", file=sys.stderr)
       return 1
-    ref = {(r["op"], r["bytes_per_rank"]): r for r in in_process}
-    for r in results:
-      other = ref.get((r["op"], r["bytes_per_rank"]))
-      r["in_process_smddp_time_us"] = other["smddp"]["time_us"] if other else None
-      r["vs_in_process"] = (r["smddp"]["time_us"] / other["smddp"]["time_us"]) if other else None
-
-  link_gbs = link["each_way_gbs"] if link else None
-  for r in results:
-    annotate(r, layout, predict=args.predict, memcpy_gbs=memcpy_gbs, link_gbs=link_gbs)
   meta = metadata(layout, args.dtype, memcpy_gbs, topology=first.get("topology"),
                   baseline=args.baseline)
-  meta["statistic"] = "slowest" if args.slowest else "process 0"
   if link:
     meta["link"] = link
   if args.mpi4jax:
     meta["mpi4jax"] = _mpi4jax_versions()
   meta["topologies"] = [p.result.get("topology") for p in procs]
+  report_multi_process(args, layout, per_process, meta, logs, in_process=in_process, link=link)
+  return 0
+
+
+def report_multi_process(args, layout: Layout, per_process: list[list[dict]], meta: dict,
+                         logs: list[dict], in_process: list[dict] | None = None,
+                         link: dict | None = None, lax_note: str = " (gloo)") -> list[dict]:
+  """Merges every process's rows (process 0's times, or --slowest's; each call after its last
+  arrival; #wrong summed over the processes), prints the tables and writes the outputs."""
+  iters, warmup = iters_warmup(args)
+  results = per_process[0]
+  if args.slowest:
+    results = core.slowest_process(per_process, layout.devices)
+  core.after_arrival(per_process, results)
+  core.sum_wrong(per_process, results)
+  if in_process is not None:
+    ref = {(r["op"], r["bytes_per_rank"]): r for r in in_process}
+    for r in results:
+      other = ref.get((r["op"], r["bytes_per_rank"]))
+      r["in_process_smddp_time_us"] = other["smddp"]["time_us"] if other else None
+      r["vs_in_process"] = (r["smddp"]["time_us"] / other["smddp"]["time_us"]) if other else None
+  link_gbs = link["each_way_gbs"] if link else None
+  for r in results:
+    annotate(r, layout, predict=args.predict, memcpy_gbs=meta["memcpy_gbs"], link_gbs=link_gbs)
+    core.nccl_row(r, layout.devices, args.dtype, layout.processes)
+  meta["statistic"] = "slowest" if args.slowest else "process 0"
   if args.predict:
     meta["model"] = model_meta()
   if in_process is not None:
@@ -334,7 +423,9 @@ def run_multi_process(args) -> int:
           "devices in one process (< 2: the target)")
   for op in args.ops:
     print()
-    print(table_header(op, layout.devices, ratio=in_process is not None, lax_note=" (gloo)",
+    print(nccl_table(op, results, args.baseline, lax_note))
+    print()
+    print(table_header(op, layout.devices, ratio=in_process is not None, lax_note=lax_note,
                        model=args.predict, mpi=args.mpi4jax, memcpy=True, link=link is not None,
                        baseline=args.baseline))
     for r in results:
@@ -346,20 +437,35 @@ def run_multi_process(args) -> int:
     if args.phases:
       print()
       print(phases_table(op, results))
+  print_nccl_comparison(args, meta, results, logs)
   write_outputs(args, meta, results)
-  return 0
+  return results
 
 
 def main(argv=None) -> int:
   args = parse_args(argv)
   if args.compare:
     return compare_main(args)
+  from jax_smddp import job as job_mod
+  try:
+    job = job_mod.detect()
+    logs = read_nccl_logs(args)
+  except (job_mod.JobError, nccl_tests.LogError) as e:
+    print(f"error: {e}", file=sys.stderr)
+    return 2
+  if job is not None and job.processes > 1:
+    from jax_smddp.tools.bench import in_job
+    why = in_job.unsupported(args, job)
+    if why:
+      print(f"error: {why}", file=sys.stderr)
+      return 2
+    return in_job.run(args, job, logs)
   why_not = mpi4jax_unavailable(args.layout) if args.mpi4jax else None
   if why_not:
     print(f"error: {why_not}", file=sys.stderr)
     return 2
   if args.layout.multi_process:
-    return run_multi_process(args)
+    return run_multi_process(args, logs)
   set_device_count(args.layout.devices)
   import jax  # after XLA_FLAGS is set
 
@@ -386,8 +492,14 @@ def main(argv=None) -> int:
   for op in args.ops:
     print()
     print(table_header(op, n, model=args.predict, memcpy=True, baseline=args.baseline))
-    results += run_benchmark([op], sizes, dtype=args.dtype, iters=iters, warmup=warmup,
-                             devices=devices, report=report)
+    rows = run_benchmark([op], sizes, dtype=args.dtype, iters=iters, warmup=warmup,
+                         devices=devices, report=report)
+    for r in rows:
+      core.nccl_row(r, n, args.dtype)
+    results += rows
     print(speedup_verdict(op, results))
+    print()
+    print(nccl_table(op, results, args.baseline))
+  print_nccl_comparison(args, meta, results, logs)
   write_outputs(args, meta, results)
   return 0

@@ -18,6 +18,7 @@ from typing import Callable
 import numpy as np
 
 from jax_smddp import calibration, config, cost_model
+from jax_smddp.tools.bench import nccl_tests
 from jax_smddp.tools.bench.interval import speedup_interval
 from jax_smddp.tools.bench.meter import CpuMeter
 
@@ -137,29 +138,34 @@ def op_specs() -> dict[str, OpSpec]:
   import jax
   import jax_smddp as smddp
 
-  ring = lambda n: (n - 1) / n
+  # S and busbw as nccl-tests defines them: one definition (nccl_tests.py), the GPU bench's too.
+  total = lambda op: (lambda n: nccl_tests.size_of(op, 1, n))
+  bus = lambda op: (lambda n: nccl_tests.bus_factor(op, n))
   return {
       "all_gather": OpSpec(
           "all_gather",
           lambda x, a: smddp.all_gather(x, a, tiled=True),
           lambda x, a: jax.lax.all_gather(x, a, tiled=True),
-          total_factor=lambda n: n, bus_factor=ring, target="smddp_all_gather"),
+          total_factor=total("all_gather"), bus_factor=bus("all_gather"),
+          target="smddp_all_gather"),
       "reduce_scatter": OpSpec(
           "reduce_scatter",
           lambda x, a: smddp.psum_scatter(x, a, tiled=True),
           lambda x, a: jax.lax.psum_scatter(x, a, tiled=True),
-          total_factor=lambda n: 1, bus_factor=ring, target="smddp_reduce_scatter"),
+          total_factor=total("reduce_scatter"), bus_factor=bus("reduce_scatter"),
+          target="smddp_reduce_scatter"),
       "all_reduce": OpSpec(
           "all_reduce",
           lambda x, a: smddp.psum(x, a),
           lambda x, a: jax.lax.psum(x, a),
-          total_factor=lambda n: 1, bus_factor=lambda n: 2 * (n - 1) / n,
+          total_factor=total("all_reduce"), bus_factor=bus("all_reduce"),
           target="smddp_all_reduce"),
       "all_to_all": OpSpec(
           "all_to_all",
           lambda x, a: smddp.all_to_all(x, a, 0, 0, tiled=True),
           lambda x, a: jax.lax.all_to_all(x, a, 0, 0, tiled=True),
-          total_factor=lambda n: 1, bus_factor=ring, target="smddp_all_to_all"),
+          total_factor=total("all_to_all"), bus_factor=bus("all_to_all"),
+          target="smddp_all_to_all"),
   }
 
 
@@ -289,6 +295,23 @@ def wrong_shards(dtype, got, want: np.ndarray) -> list[str]:
     except AssertionError as e:
       bad.append(str(e).strip().splitlines()[0] + " " + " ".join(str(e).split())[:300])
   return bad
+
+
+def count_wrong(dtype, got, want: np.ndarray) -> int:
+  """Elements of this process's shards of jax array `got` that differ from `want` (nccl-tests'
+  #wrong; floats within the tolerance of _check_arrays count as right)."""
+  wrong = 0
+  for shard in got.addressable_shards:
+    have, ref = np.asarray(shard.data), want[shard.index]
+    if have.shape != ref.shape:
+      wrong += ref.size
+    elif is_float(dtype):
+      rtol = 1e-5 if to_dtype(dtype).itemsize >= 4 else 1e-2
+      wrong += int(np.count_nonzero(~np.isclose(have.astype(np.float64), ref.astype(np.float64),
+                                                rtol=rtol, atol=rtol)))
+    else:
+      wrong += int(np.count_nonzero(have != ref))
+  return wrong
 
 
 def check_result(spec: OpSpec, dtype, got, want, nbytes: int) -> None:
@@ -436,9 +459,44 @@ _baseline = "lax"
 
 
 def bandwidths(spec: OpSpec, nbytes: int, n: int, seconds: float) -> dict:
-  """nccl-tests figures for one median time."""
-  algbw = spec.total_factor(n) * nbytes / seconds / 1e9
-  return {"time_us": seconds * 1e6, "algbw_gbs": algbw, "busbw_gbs": algbw * spec.bus_factor(n)}
+  """nccl-tests figures for one median time (`nbytes`: one rank's input)."""
+  f = nccl_tests.figures(spec.name, nccl_tests.size_of(spec.name, nbytes, n), n, seconds)
+  return {"time_us": f["time"], "algbw_gbs": f["algbw"], "busbw_gbs": f["busbw"]}
+
+
+IN_PLACE_NOTE = ("N/A: not run. In JAX in place means a donated input aliased to the output; "
+                 "jax_smddp's calls are timed out of place only")
+
+
+def nccl_row(r: dict, n: int, dtype, processes: int = 1) -> dict:
+  """Adds to result `r` nccl-tests' row fields under their names: size (S), count, type, redop,
+  root, then jax_smddp's out-of-place time (us), algbw, busbw (GB/s) and #wrong (summed over
+  the processes: "wrong"), in_place (N/A: IN_PLACE_NOTE), the baseline's time, algbw, busbw
+  and #wrong ("baseline_*"), speedup, ranks and processes. Call it on merged rows."""
+  op, itemsize = r["op"], to_dtype(dtype).itemsize
+  size = nccl_tests.size_of(op, r["bytes_per_rank"], n)
+  wrong = r.get("wrong") or {}
+  r.update(nccl_tests.row_head(op, size, n, to_dtype(dtype), itemsize))
+  r.update({"time": r["smddp"]["time_us"], "algbw": r["smddp"]["algbw_gbs"],
+            "busbw": r["smddp"]["busbw_gbs"], "#wrong": wrong.get("smddp", 0),
+            "min_time": r["smddp"].get("min_us"),
+            "in_place_time": None, "in_place_algbw": None, "in_place_busbw": None,
+            "in_place_#wrong": None, "in_place": {"time": None, "algbw": None, "busbw": None,
+                                                  "#wrong": None, "note": IN_PLACE_NOTE},
+            "baseline": BASELINES[r.get("baseline_name", "lax")],
+            "baseline_time": r["lax"]["time_us"], "baseline_algbw": r["lax"]["algbw_gbs"],
+            "baseline_busbw": r["lax"]["busbw_gbs"], "baseline_#wrong": wrong.get("lax", 0),
+            "ranks": n, "processes": processes})
+  r["smddp"]["#wrong"], r["lax"]["#wrong"] = r["#wrong"], r["baseline_#wrong"]
+  return r
+
+
+def sum_wrong(per_process: list[list[dict]], rows: list[dict]) -> list[dict]:
+  """Each of `rows` gets the wrong elements of every process's shards, summed ("wrong")."""
+  for r, prows in zip(rows, zip(*per_process)):
+    r["wrong"] = {impl: sum((q.get("wrong") or {}).get(impl, 0) for q in prows)
+                  for impl in ("smddp", "lax")}
+  return rows
 
 
 def slowest_process(per_process: list[list[dict]], n: int) -> list[dict]:
@@ -589,8 +647,10 @@ def run_benchmark(ops, sizes, *, dtype="float32", iters: int = 20, warmup: int =
                   devices=None, report: Callable[[dict], None] | None = None,
                   timing: str | None = None, mpi4jax: bool = False,
                   baseline: str | None = None) -> list[dict]:
-  """Benchmarks `ops` at each per-rank size in `sizes` (bytes); returns one dict per
-  (op, size) as in the JSON "results" list. `devices` defaults to all CPU devices.
+  """Benchmarks `ops` at each size in `sizes`: S as nccl-tests defines it per op
+  (nccl_tests.py: all_gather's whole output, the others' per-rank input), rounded down to what
+  the ranks split evenly; returns one dict per (op, size) as in the JSON "results" list
+  ("bytes_per_rank": one rank's input). `devices` defaults to all CPU devices.
   `report` is called with each result as it is ready (e.g. to print a row).
   `mpi4jax`: also time mpi4jax (the job runs under mpirun, one device per
   process), alternating with the others ("mpi4jax", "vs_mpi4jax").
@@ -617,19 +677,27 @@ def run_benchmark(ops, sizes, *, dtype="float32", iters: int = 20, warmup: int =
     smddp_fn, lax_fn = build_programs(spec, mesh, baseline)
     mpi_fn = build_mpi4jax_program(op, mesh) if mpi4jax else None
     fns = (smddp_fn, lax_fn) + ((mpi_fn,) if mpi_fn is not None else ())
-    for nbytes in sizes:
+    itemsize = to_dtype(dtype).itemsize
+    per_rank = [nccl_tests.input_bytes(op, nccl_tests.round_size(op, s, n, itemsize), n)
+                for s in sizes]
+    for nbytes in sorted(set(b for b in per_rank if b > 0)):
       x = make_input(nbytes, n, dtype, mesh)
       want = numpy_reference(op, host_input(nbytes, n, dtype), n)
       where = f"jax_smddp {op} ({format_size(nbytes)}/rank, {to_dtype(dtype).name})"
-      bad = wrong_shards(dtype, smddp_fn(x), want)
-      if bad:
-        raise AssertionError(f"{where} differs from numpy: " + "; ".join(bad))
+      got = smddp_fn(x)
+      wrong = count_wrong(dtype, got, want)  # nccl-tests' #wrong; a wrong answer still stops
+      if wrong:
+        bad = wrong_shards(dtype, got, want)
+        raise AssertionError(f"{where} differs from numpy in {wrong} elements of this "
+                             "process's shards: " + "; ".join(bad))
       if mpi_fn is not None:
         mpi_bad = wrong_shards(dtype, mpi_fn(x), want)
         if mpi_bad:
           raise AssertionError(f"mpi4jax {op} ({format_size(nbytes)}/rank) differs from numpy: "
                                + "; ".join(mpi_bad))
-      lax_bad = wrong_shards(dtype, lax_fn(x), want)
+      got_lax = lax_fn(x)
+      lax_wrong = count_wrong(dtype, got_lax, want)
+      lax_bad = wrong_shards(dtype, got_lax, want) if lax_wrong else []
       if lax_bad and baseline == "self":
         raise AssertionError(f"{where}, its second program, differs from numpy: "
                              + "; ".join(lax_bad))
@@ -654,6 +722,8 @@ def run_benchmark(ops, sizes, *, dtype="float32", iters: int = 20, warmup: int =
           "lax": {**bandwidths(spec, nbytes, n, t_lax), "min_us": min(samples[1]) * 1e6},
           "speedup": t_lax / t_smddp,
           "lax_wrong": bool(lax_bad),
+          "wrong": {"smddp": wrong, "lax": lax_wrong},  # this process's shards
+          "baseline_name": baseline,
           "timing": timing,
           "other_load": {"cores": round(CpuMeter.other_cores(before, after), 3),
                          "seconds": round(after[0] - before[0], 4)},

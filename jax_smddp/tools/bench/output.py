@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import os
 
+from jax_smddp.tools.bench import nccl_tests
 from jax_smddp.tools.bench.core import BASELINES, PHASES, baseline_short, format_size
 from jax_smddp.tools.bench.interval import undecided
 
@@ -44,6 +45,28 @@ def table_header(op: str, n: int, ratio: bool = False, lax_note: str = "",
   if model:
     cols += "".join(f"  {c:>{w}}" for c, w in _MODEL)
   return "\n".join((title, groups, cols))
+
+
+def nccl_table(op: str, results: list[dict], baseline: str = "lax", lax_note: str = "") -> str:
+  """`op`'s rows (core.nccl_row's fields) in nccl-tests' columns: size, count, type, redop,
+  root, jax_smddp's out-of-place time, algbw, busbw, #wrong, the in-place group (N/A: not run),
+  the baseline's four, and speedup = baseline time / jax_smddp time."""
+  rows = [r for r in results if r["op"] == op]
+  if not rows:
+    return ""
+  r0 = rows[0]
+  name = BASELINES[baseline] + (lax_note if baseline == "lax" else "")
+  lines = [f"# {op} ({nccl_tests.NAMES[op][0]}), nccl-tests' columns: {r0['ranks']} ranks in "
+           f"{r0['processes']} process{'es' if r0['processes'] > 1 else ''}; size = S as "
+           "nccl-tests counts it (bytes), count in elements; in-place N/A: not run (see --help)",
+           nccl_tests.header(["out-of-place", "in-place", name], [("speedup", "", 7)])]
+  for r in rows:
+    ours = {"time": r["time"], "algbw": r["algbw"], "busbw": r["busbw"], "#wrong": r["#wrong"]}
+    base = {"time": r["baseline_time"], "algbw": r["baseline_algbw"],
+            "busbw": r["baseline_busbw"], "#wrong": r["baseline_#wrong"]}
+    speedup = f"{r['speedup']:.2f}" + ("" if r.get("engine", True) else "*")
+    lines.append(nccl_tests.row(r, [ours, None, base], [(speedup, 7)]))
+  return "\n".join(lines)
 
 
 def _range(iv: list[float] | None) -> str:
