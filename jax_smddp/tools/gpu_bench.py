@@ -1,10 +1,25 @@
 """GPU benchmark of jax_smddp's all_gather, reduce_scatter and all_reduce (and
 all_to_all on request), nccl-tests style.
 
-    python -m jax_smddp.tools.gpu_bench [--processes N] [--sizes 1M,16M,256M]
+    python -m jax_smddp.tools.gpu_bench [--processes N] [--sizes 1M,16M,256M | -b 1M -e 256M -f 2]
                                   [--ops all_gather,reduce_scatter,all_reduce,all_to_all]
-                                  [--json FILE]
+                                  [--json FILE] [--csv FILE] [--nccl-tests LOG]
                                   [--hosts H [--fabric-hmem 0,auto]] [--direct-reads 0,1]
+    mpirun -n 8 python -m jax_smddp.tools.gpu_bench -b 1M -e 256M   # across a launched job
+    srun -n 16 python -m jax_smddp.tools.gpu_bench -b 1M -e 256M
+
+Every run first prints nccl-tests' table (jax_smddp.tools.bench.nccl_tests, the CPU
+benchmark's definitions): size S and count as nccl-tests prints them, the out-of-place time,
+algbw, busbw and #wrong (0: every answer was checked, and a wrong one stops the run), in-place
+N/A (not run: in JAX in place is a donated, aliased input), then XLA's (NCCL) time, algbw,
+busbw beside it where it ran (--processes 1, or a launched job with a GPU per process) and
+speedup = XLA time / jax_smddp time. ``-b/-e/-f`` sweep S as nccl-tests does (each rank's shard
+is S / n); ``--nccl-tests LOG`` (or OP:LOG) puts a saved nccl-tests output beside it, matched by
+op and S. Under a launcher (Open MPI's mpirun, Slurm's srun, or JAX_COORDINATOR_ADDRESS +
+JAX_NUM_PROCESSES + JAX_PROCESS_ID: :mod:`jax_smddp.job`) every process of the job benchmarks
+the GPU its launcher gave it, once, with the JAX_SMDDP_* settings it was started with (--modes,
+--fabric-hmem and --direct-reads start processes of their own and are refused there); process 0
+reports.
 
 Layouts: ``--processes 1`` uses every local GPU in one process and times
 JAX's default (XLA's NCCL) in the same run; ``--processes N`` (N > 1) starts N
@@ -54,6 +69,7 @@ import sys
 import time
 
 from jax_smddp.tools import launch
+from jax_smddp.tools.bench import nccl_tests
 
 OPS = ("all_gather", "reduce_scatter", "all_reduce", "all_to_all")
 DEFAULT_OPS = OPS[:3]
@@ -153,7 +169,10 @@ def worker(args) -> dict:
   from jax.sharding import NamedSharding, PartitionSpec as P
   import jax_smddp
   from jax_smddp import _native, config
-  if args.nprocs > 1:
+  if getattr(args, "job", None) is not None:
+    from jax_smddp import job as job_mod
+    job_mod.initialize(args.job)  # the GPU the launcher gave this process
+  elif args.nprocs > 1:
     jax.distributed.initialize(args.coordinator, args.nprocs, args.process, local_device_ids=[0])
   if args.hosts > 1:
     jax_smddp.initialize()  # the links between the simulated hosts
@@ -162,6 +181,8 @@ def worker(args) -> dict:
   sharding = NamedSharding(mesh, P("x"))
   ext = _native.cuda_engine() if jax.default_backend() == "gpu" else None
   rows = []
+  if args.sweep:  # nccl-tests' S: every op handles n shards of S / n per rank (float32)
+    args.sizes = sorted({s // n // 4 * 4 for s in args.sweep if s // n >= 4})
   for op in args.ops:
     ours_body, lax_body = _bodies(op)
     ours = jax.jit(jax.shard_map(ours_body, mesh=mesh, in_specs=P("x"), out_specs=P("x")))
@@ -175,18 +196,18 @@ def worker(args) -> dict:
       x = jax.make_array_from_callback(
           (n * local,), sharding,
           lambda idx, op=op, local=local: _input(op, (idx[0].start or 0) // local, n, count))
-      _check(op, ours(x), n, count)  # every local rank's output is back: its GPU is idle
+      wrong = _check(op, ours(x), n, count)  # every local rank's output is back: its GPU is idle
       copy_Bps = _copy_reference(ext, size * n, args, f"{op}/{size}")
       before = ext.counters()["direct_reads"] if ext else 0
       row = {"op": op, "bytes_per_rank": size, "ranks": n,
              "mode": config.value("JAX_SMDDP_GPU_COPIES"),
              "smddp_s": _time(ours, x, args.iters, PIPELINE),
-             "synced_s": _time(ours, x, args.iters), "copy_Bps": copy_Bps}
+             "synced_s": _time(ours, x, args.iters), "copy_Bps": copy_Bps, "#wrong": wrong}
       row["direct_calls"] = (ext.counters()["direct_reads"] - before) if ext else 0
       if op in ("reduce_scatter", "all_reduce"):
         row["max_blocks"] = ext.settings()["max_blocks"] if ext else None
         row["reduce_ref_s"] = _reduce_reference(ext, size, n, args, f"{op}/{size}")
-      if args.nprocs == 1:
+      if args.nprocs == 1 or getattr(args, "job", None) is not None:  # NCCL can run here
         row["xla_s"] = _time(lax, x, args.iters, PIPELINE)
       if args.hosts > 1:
         chosen = jax_smddp.gpu.groups_across_hosts().values() if ext else []
@@ -209,8 +230,9 @@ def _expected(op: str, rank: int, n: int, count: int):
   return np.full((count if op == "reduce_scatter" else n * count,), n * (n + 1) / 2, np.float32)
 
 
-def _check(op: str, y, n: int, count: int) -> None:
-  """The benchmark times right answers only: every local rank's output once."""
+def _check(op: str, y, n: int, count: int) -> int:
+  """The benchmark times right answers only: every local rank's output once. Returns the wrong
+  elements (nccl-tests' #wrong), 0 unless it raises."""
   import numpy as np
   for shard in y.addressable_shards:
     rank = shard.index[0].start or 0
@@ -219,12 +241,54 @@ def _check(op: str, y, n: int, count: int) -> None:
       bad = np.flatnonzero(got != want)
       raise AssertionError(f"{op}: rank {rank} output differs from the reference at {bad.size} "
                            f"of {want.size} elements (first {bad[:5]})")
+  return 0
 
 
 def _busbw(op: str, n: int, alg: float) -> float:
-  if n == 1:
-    return alg
-  return alg * (n - 1) / n * (2 if op == "all_reduce" else 1)
+  return alg * nccl_tests.bus_factor(op, n)
+
+
+def nccl_figures(r: dict, key: str = "smddp_s") -> dict:
+  """A row's size S, count, type, redop, root, time (us), algbw and busbw as nccl-tests
+  prints them (nccl_tests.py): each rank's input is its shard (all_gather) or n shards, so
+  S = n x shard for every op; `key` the time (smddp_s, or xla_s)."""
+  op, n = r.get("op", "all_gather"), r["ranks"]
+  inp = r["bytes_per_rank"] if op == "all_gather" else n * r["bytes_per_rank"]
+  size = nccl_tests.size_of(op, inp, n)
+  return {**nccl_tests.row_head(op, size, n, "float32", 4),
+          **nccl_tests.figures(op, size, n, r[key])}
+
+
+def nccl_rows(rows: list[dict], processes: int) -> list[dict]:
+  """The rows with nccl-tests' fields (nccl_tests.CSV_COLUMNS' names) added, for the table,
+  the JSON and the CSV."""
+  for r in rows:
+    r.update(nccl_figures(r))
+    r.update({"#wrong": r.get("#wrong", 0), "processes": processes, "min_time": None,
+              "in_place_time": None, "in_place_algbw": None, "in_place_busbw": None,
+              "in_place_#wrong": None})
+    if r.get("xla_s"):
+      base = nccl_figures(r, "xla_s")
+      r.update({"baseline": "XLA (NCCL)", "baseline_time": base["time"],
+                "baseline_algbw": base["algbw"], "baseline_busbw": base["busbw"],
+                "baseline_#wrong": None, "speedup": r["xla_s"] / r["smddp_s"]})
+  return rows
+
+
+def nccl_report(rows: list[dict], baseline: str = "XLA (NCCL)") -> str:
+  """nccl-tests' table of every op and mode: out of place, in place (N/A), XLA's."""
+  out = []
+  for key in dict.fromkeys((r.get("op", "all_gather"), r.get("mode")) for r in rows):
+    sel = [r for r in rows if (r.get("op", "all_gather"), r.get("mode")) == key]
+    out.append(f"# {key[0]} ({nccl_tests.NAMES[key[0]][0]}), mode {key[1]}: {sel[0]['ranks']} "
+               "ranks; nccl-tests' columns (in place N/A: not run)")
+    out.append(nccl_tests.header(["out-of-place", "in-place", baseline], [("speedup", "", 7)]))
+    for r in sel:
+      base = ({"time": r["baseline_time"], "algbw": r["baseline_algbw"],
+               "busbw": r["baseline_busbw"]} if r.get("baseline_time") else None)
+      speed = f"{r['speedup']:.2f}" if r.get("speedup") else "N/A"
+      out.append(nccl_tests.row(r, [r, None, base], [(speed, 7)]))
+  return "\n".join(out)
 
 
 def _slots(row: dict) -> str:
@@ -304,7 +368,19 @@ def report(rows: list[dict]) -> str:
 def main(argv=None) -> int:
   p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
   p.add_argument("--processes", type=int, default=2)
-  p.add_argument("--sizes", default="1M,4M,16M,64M,256M")
+  p.add_argument("--sizes", default="1M,4M,16M,64M,256M",
+                 help="each rank's shard (S = n x shard for every op); -b/-e replace it")
+  p.add_argument("-b", "--min-bytes", default=None,
+                 help="smallest size S as nccl-tests counts it (nccl-tests' -b)")
+  p.add_argument("-e", "--max-bytes", default=None, help="largest size S (nccl-tests' -e)")
+  p.add_argument("-f", "--step-factor", type=int, default=2,
+                 help="multiplicative step between sizes (nccl-tests' -f)")
+  p.add_argument("--csv", default=None,
+                 help="one CSV line per op, size and variant with nccl-tests' columns")
+  p.add_argument("--nccl-tests", action="append", default=[], metavar="LOG",
+                 help="a saved nccl-tests output (or OP:LOG) to match by op and size S: "
+                      "busbw and time ratios, ours / theirs; repeatable")
+  p.add_argument("--sweep", default=None, help=argparse.SUPPRESS)  # workers: the S list
   p.add_argument("--ops", default=",".join(DEFAULT_OPS))
   p.add_argument("--iters", type=int, default=20)
   p.add_argument("--modes", default="engine,kernel")
@@ -321,6 +397,14 @@ def main(argv=None) -> int:
   p.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
   args, rest = p.parse_known_args(argv)
   args.sizes = [parse_size(s) for s in args.sizes.split(",")]
+  if args.min_bytes or args.max_bytes:  # nccl-tests' sweep of S: the shards follow from n
+    lo = parse_size(args.min_bytes or args.max_bytes)
+    hi = parse_size(args.max_bytes or args.min_bytes)
+    if lo > hi or args.step_factor < 1:
+      p.error("-b must not exceed -e, and -f must be >= 1")
+    args.sweep = nccl_tests.sweep(lo, hi, args.step_factor)
+  elif args.sweep:
+    args.sweep = [int(v) for v in args.sweep.split(",")]
   args.ops = [o.strip() for o in args.ops.split(",")]
   unknown = [o for o in args.ops if o not in OPS]
   if unknown:
@@ -336,6 +420,15 @@ def main(argv=None) -> int:
       print("RESULT " + json.dumps({"ok": False, "error": traceback.format_exc()[-3000:]}), flush=True)
       return 1
     return 0
+  try:
+    logs = [nccl_tests.read_log(spec) for spec in args.nccl_tests]
+  except nccl_tests.LogError as e:
+    print(f"error: {e}", file=sys.stderr)
+    return 2
+  from jax_smddp import job as job_mod
+  job = job_mod.detect()
+  if job is not None and job.processes > 1:
+    return run_in_job(p, args, job, logs)
   rows = []
   hosts = [{"JAX_SMDDP_HOST_ID": f"bench-host{i * args.hosts // args.processes}"}
            for i in range(args.processes)] if args.hosts > 1 else None
@@ -353,6 +446,8 @@ def main(argv=None) -> int:
     forwarded = ["--worker", "--sizes", ",".join(str(s) for s in args.sizes), "--iters",
                  str(args.iters), "--ops", ",".join(args.ops), "--hosts", str(args.hosts),
                  "--processes", str(args.processes)]
+    if args.sweep:
+      forwarded += ["--sweep", ",".join(map(str, args.sweep))]
     procs = launch.run_job(forwarded, args.processes, 1, script=["-m", "jax_smddp.tools.gpu_bench"],
                            timeout=args.timeout, env=env, per_process_env=hosts)
     if not all(q.result and q.result.get("ok") for q in procs):
@@ -369,10 +464,75 @@ def main(argv=None) -> int:
     print(f"mode {label}: counters {procs[0].result['counters']}")
     if direct == "1" and procs[0].result.get("direct_staged_because"):
       print(f"  direct reads staged because: {procs[0].result['direct_staged_because']}")
+  finish(args, rows, args.processes, logs)
+  return 0
+
+
+def finish(args, rows: list[dict], processes: int, logs: list[dict], meta: dict | None = None):
+  """nccl-tests' table, the engine's table, the --nccl-tests comparison, the JSON and CSV."""
+  nccl_rows(rows, processes)
+  print(nccl_report(rows, "XLA (NCCL)" if args.platform == "cuda" else "XLA (CPU)"))
   print(report(rows))
+  pairs = nccl_tests.compare(rows, logs) if logs else []
+  for op in args.ops:
+    table = nccl_tests.comparison_table(op, pairs)
+    if table:
+      print(table)
+  # meta: run-wide facts (the job, versions) beside the rows
+  meta = dict(meta or {})
+  if pairs:
+    meta["nccl_tests"] = pairs
   if args.json:
     with open(args.json, "w") as f:
-      json.dump({"processes": args.processes, "hosts": args.hosts, "rows": rows}, f, indent=1)
+      json.dump({"processes": processes, "hosts": args.hosts, "meta": meta, "rows": rows}, f,
+                indent=1)
+  if args.csv:
+    nccl_tests.write_csv(args.csv, rows)
+
+
+def run_in_job(p, args, job, logs) -> int:
+  """This process's part of the benchmark across a launched job: the GPU its launcher gave it,
+  the settings it was started with; process 0 reports."""
+  import os
+  for flag, value, default in (("--modes", args.modes, "engine,kernel"),
+                               ("--fabric-hmem", args.fabric_hmem, "0"),
+                               ("--direct-reads", args.direct_reads, "1")):
+    if value != default:
+      p.error(f"{flag} starts processes of its own, but this process is one of a {job.launcher} "
+              f"job of {job.processes}: set the JAX_SMDDP_* variable in the job's environment "
+              "instead")
+  if args.hosts != 1:
+    p.error(f"--hosts lays out processes of its own; this {job.launcher} job has "
+            f"{job.processes} (--processes is ignored in a job)")
+  os.environ.setdefault("JAX_PLATFORMS", args.platform)
+  os.environ.setdefault("XLA_PYTHON_CLIENT_PREALLOCATE", "false")
+  if args.platform == "cpu" and "xla_force_host_platform_device_count" not in \
+      os.environ.get("XLA_FLAGS", ""):
+    from jax_smddp import job as job_mod
+    os.environ["XLA_FLAGS"] = (os.environ.get("XLA_FLAGS", "") + " "
+                               + job_mod.cpu_device_flag(job.processes, job)).strip()
+  args.job, args.process, args.nprocs, args.coordinator = job, job.process, job.processes, None
+  try:
+    result = worker(args)
+  except Exception as e:  # noqa: BLE001
+    import traceback
+    traceback.print_exc()
+    print(f"error: process {job.process} of the {job.launcher} job: {type(e).__name__}: {e}",
+          file=sys.stderr, flush=True)
+    os._exit(1)  # peers waiting in a collective: do not wait for jax.distributed's shutdown
+  if job.lead:
+    from jax_smddp import config
+    rows = result["rows"]
+    for row in rows:
+      row["direct_reads"] = config.value("JAX_SMDDP_GPU_DIRECT_READS")
+      row.update(metrics(row))
+    print(f"# {job.launcher} job: {job.processes} processes, process 0's times; counters "
+          f"{result['counters']}")
+    finish(args, rows, job.processes, logs,
+           {"job": {"launcher": job.launcher, "processes": job.processes,
+                    "local_size": job.local_size, "coordinator": job.coordinator}})
+  import jax
+  jax.distributed.shutdown()
   return 0
 
 

@@ -41,9 +41,10 @@ ROOT = -1  # none of these ops has a root
 
 
 def bus_factor(op: str, n: int) -> float:
-  """busbw / algbw for `op` over n ranks."""
-  if n <= 1:
-    return 1.0 if op != "all_reduce" else 0.0
+  """busbw / algbw for `op` over n ranks (0 for one rank: nothing crosses a bus, as
+  nccl-tests prints)."""
+  if n < 1:
+    raise ValueError(f"{n} ranks: a collective needs at least 1")
   if op == "all_reduce":
     return 2 * (n - 1) / n
   if op in ("all_gather", "reduce_scatter", "all_to_all"):
