@@ -19,6 +19,20 @@ Usage::
                                                     # runs nothing: B/A time ratios per op and
                                                     # size, and a comparison PNG
 
+Under a launcher (``mpirun -n 2 python -m jax_smddp.tools.bench ...``, ``srun``, or
+``JAX_COORDINATOR_ADDRESS`` + ``JAX_NUM_PROCESSES`` + ``JAX_PROCESS_ID``: :mod:`jax_smddp.job`)
+the benchmark runs across the job's processes instead (:mod:`~jax_smddp.tools.bench.in_job`): no
+layout (``--layout`` is refused), every process a worker, process 0 reporting; on CPU each
+process has ``--devices`` devices (default 1), on GPUs (``JAX_PLATFORMS=cuda``) the one its
+launcher gave it.
+
+Rows follow nccl-tests (:mod:`~jax_smddp.tools.bench.nccl_tests`, shared with
+:mod:`jax_smddp.tools.gpu_bench`): ``-b/-e/-f`` sweep nccl-tests' size S per op, and each op's
+table has nccl-tests' columns (size, count, type, redop, root, out-of-place time, algbw, busbw,
+#wrong; in-place N/A: not run), then the baseline's and the speedup. ``--csv`` writes every
+column; ``--nccl-tests LOG`` matches a saved nccl-tests output by op and S and prints busbw and
+time ratios.
+
 Layouts (``--layout``):
 
 * ``N`` or ``1xN``: one process, N CPU devices (the default, N = ``--devices``).
@@ -58,12 +72,13 @@ median is reported (process 0's, in multi-process layouts).
 
 Definitions (as in nccl-tests; n = number of ranks, t = median time):
 
-* size: bytes of the *input buffer of one rank* (all sizes are powers of 2).
-* algbw = S_total / t, in GB/s (1e9 bytes/s), where S_total is
-    - all_gather:     n x size     (the gathered output),  busbw = algbw x (n-1)/n
-    - reduce_scatter: size         (input of one rank),    busbw = algbw x (n-1)/n
-    - all_reduce:     size         (the buffer),           busbw = algbw x 2(n-1)/n
-    - all_to_all:     size         (buffer of one rank),   busbw = algbw x (n-1)/n
+* size S (``-b``/``-e``/``-f``, the nccl-tests tables' "size"), with ``bytes_per_rank`` one
+  rank's input (the detail tables' "size"):
+    - all_gather:     n x bytes_per_rank (the gathered output),  busbw = algbw x (n-1)/n
+    - reduce_scatter: bytes_per_rank     (input of one rank),    busbw = algbw x (n-1)/n
+    - all_reduce:     bytes_per_rank     (the buffer),           busbw = algbw x 2(n-1)/n
+    - all_to_all:     bytes_per_rank     (buffer of one rank),   busbw = algbw x (n-1)/n
+* algbw = S / t, in GB/s (1e9 bytes/s).
 * speedup = lax time / smddp time (> 1: jax_smddp is faster).
 * ``--baseline self``: the second program is not jax.lax's but a second, separately
   jitted copy of jax_smddp's (columns "again"; ``baseline_engine`` says whether a row's
@@ -115,7 +130,9 @@ around each call, kept per call as ``cpu_us``). Results go to a JSON file with
 the run's metadata and, when matplotlib is importable, to a busbw-vs-size plot.
 
 The benchmark functions are importable (:func:`run_benchmark`). The package's modules:
-``core`` (sizes, layouts, programs, timing, the driver), ``interval`` (the speedup's
+``core`` (sizes, layouts, programs, timing, the driver), ``nccl_tests`` (nccl-tests' size,
+count, busbw, table, CSV and log reader), ``in_job`` (the run across a launched job),
+``interval`` (the speedup's
 bootstrap interval), ``meter`` (the /proc meter of other load), ``output`` (table, JSON,
 plot), ``compare`` (``--compare``) and ``cli`` (the options and the one- and multi-process
 runs). This module

@@ -221,7 +221,8 @@ def print_preamble(meta: dict, iters: int, warmup: int) -> None:
   layout = meta["layout"]
   if layout["processes"] > 1:
     shape = Layout(layout["hosts"], layout["processes_per_host"], layout["devices_per_process"])
-    where = f"layout {layout['spec']} ({shape.describe()}), {layout['devices']} CPU devices"
+    kind = layout.get("backend", "cpu").upper()
+    where = f"layout {layout['spec']} ({shape.describe()}), {layout['devices']} {kind} devices"
   else:
     where = f"{layout['devices']} CPU devices, 1 process"
   print(f"# jax_smddp bench: {where}, {meta['dtype']}, "

@@ -769,9 +769,27 @@ def metadata(layout: "Layout | int", dtype: str, memcpy_gbs: float,
           "bytes_per_rank": "input buffer bytes of one rank",
           "time_us": "median wall time of one jitted call incl. block_until_ready "
                      "(process 0's, in multi-process layouts)",
-          "algbw_gbs": "S_total / time; S_total = n*bytes_per_rank for all_gather, "
-                       "bytes_per_rank otherwise",
+          "algbw_gbs": "S / time; S = n*bytes_per_rank for all_gather, bytes_per_rank "
+                       "otherwise (nccl-tests' size)",
           "busbw_gbs": "algbw * (n-1)/n, or * 2(n-1)/n for all_reduce",
+          "size": "nccl-tests' size S in bytes: all_gather's whole output (n x one rank's "
+                  "input), reduce_scatter's whole input (n x one rank's output), all_reduce's "
+                  "buffer, all_to_all's buffer of one rank (nccl_tests.py)",
+          "count": "nccl-tests' count: all_gather one rank's input elements, reduce_scatter one "
+                   "rank's output elements, all_reduce the buffer's, all_to_all one rank's "
+                   "block for one peer",
+          "type, redop, root": "nccl-tests' names: float/half/double/bfloat16/int32...; sum or "
+                               "none; -1",
+          "time, algbw, busbw": "jax_smddp's out-of-place time_us, algbw_gbs, busbw_gbs under "
+                                "nccl-tests' names",
+          "#wrong": "output elements of jax_smddp's answer (checked once against numpy, every "
+                    "process's shards summed) that differ; a wrong answer stops the run",
+          "in_place": "N/A (None): JAX's in place is a donated input aliased to the output; "
+                      "not run",
+          "baseline_time, baseline_algbw, baseline_busbw, baseline_#wrong": "the same of the "
+                                                                            "baseline",
+          "busbw_vs_nccl_tests, time_vs_nccl_tests": "with --nccl-tests: our busbw / theirs, "
+                                                     "our time / theirs (same op and S)",
           "baseline": "what the \"lax\" entries time: jax.lax's collective (gloo across "
                       "processes), or \"self\": a second compiled copy of jax_smddp's program "
                       "(its speedups show the noise alone)",
