@@ -18,6 +18,10 @@ gloo advertises the address its host name resolves to; in simulated hosts
 "host" cannot reach, so when the coordinator is not on loopback gloo is told to
 use the local address that routes to the coordinator instead (the same one
 jax_smddp binds its libfabric endpoint to).
+
+A job started by the user's launcher (mpirun, srun) runs no bench_worker: every process of it
+is ``python -m jax_smddp.tools.bench`` itself (:mod:`jax_smddp.tools.bench.in_job`), which
+selects gloo here (:func:`use_gloo`) and runs the same :func:`run_benchmark`.
 """
 
 from __future__ import annotations
@@ -44,7 +48,7 @@ def _route_address(host: str) -> str | None:
     return None
 
 
-def _use_gloo(coordinator: str) -> str | None:
+def use_gloo(coordinator: str) -> str | None:
   """JAX's gloo CPU collectives; bound to the coordinator-facing address when
   the coordinator is not on loopback. Returns that address (None: gloo's own
   choice)."""
@@ -86,7 +90,7 @@ def main(argv=None) -> int:
   args = bench.parse_args(argv[:-4])
 
   import jax
-  gloo_address = _use_gloo(coordinator)
+  gloo_address = use_gloo(coordinator)
   jax.distributed.initialize(coordinator, nprocs, pid)
   import jax_smddp as smddp
 

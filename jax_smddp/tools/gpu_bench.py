@@ -498,9 +498,9 @@ def run_in_job(p, args, job, logs) -> int:
                                ("--fabric-hmem", args.fabric_hmem, "0"),
                                ("--direct-reads", args.direct_reads, "1")):
     if value != default:
-      p.error(f"{flag} starts processes of its own, but this process is one of a {job.launcher} "
-              f"job of {job.processes}: set the JAX_SMDDP_* variable in the job's environment "
-              "instead")
+      p.error(f"{flag} starts processes of its own, but this process is one of the "
+              f"{job.processes} processes of a {job.launcher} job: set the JAX_SMDDP_* "
+              "variable in the job's environment instead")
   if args.hosts != 1:
     p.error(f"--hosts lays out processes of its own; this {job.launcher} job has "
             f"{job.processes} (--processes is ignored in a job)")

@@ -30,7 +30,7 @@ def on_gpu() -> bool:
 
 def unsupported(args, job) -> str | None:
   """Why these options cannot run across `job`; None if they can."""
-  where = f"this process is one of a {job.launcher} job of {job.processes} processes"
+  where = f"this process is one of the {job.processes} processes of a {job.launcher} job"
   if getattr(args, "layout_given", False):
     return (f"--layout {args.layout.spec} starts processes of its own, but {where}: drop "
             "--layout (the job's processes are the layout), or run without the launcher")
@@ -74,7 +74,7 @@ def run(args, job, logs: list[dict]) -> int:
     chosen = _set_cpu_devices(args, job)
   import jax
   if not gpu:
-    bench_worker._use_gloo(job.coordinator)  # the jax.lax baseline across CPU processes
+    bench_worker.use_gloo(job.coordinator)  # the jax.lax baseline across CPU processes
   job_mod.initialize(job)
   import jax_smddp as smddp
 
