@@ -43,7 +43,9 @@ JAX_PROCESS_ID: jax_smddp.job), e.g.
     mpirun -n 2 python -m jax_smddp.tools.bench --ops all_gather,all_reduce -b 64K -e 1M
     srun -n 16 python -m jax_smddp.tools.bench -b 1M -e 256M --csv bench.csv
 every process is a worker of that job (no --layout, no processes of its own); process 0
-prints the tables and writes --json/--csv. On CPU --devices is then the devices of each process
+prints the tables and writes --json/--csv. Times are medians over the calls, process 0's (or
+with --slowest each call's slowest process's); nccl-tests' own default (-a 1) is the mean over
+the iterations, averaged over the ranks. On CPU --devices is then the devices of each process
 (default 1: a process per device, as one process per GPU); on GPUs (JAX_PLATFORMS=cuda) each
 process benchmarks the one GPU its launcher gave it.
 """
