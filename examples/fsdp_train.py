@@ -10,6 +10,13 @@
     python examples/fsdp_train.py --style jit --processes 2   # global-view jit, 2 processes,
                                                    # XLA's collectives on jax_smddp
     python examples/fsdp_train.py --style jit --processes 2 --collectives xla   # ... on gloo
+    mpirun -n 2 python examples/fsdp_train.py --mesh 2   # one job of the launcher's processes
+    srun -n 16 python examples/fsdp_train.py --mesh 16 --platform cuda   # one process per GPU
+
+Started by a launcher (Slurm's srun, Open MPI's mpirun, or JAX_COORDINATOR_ADDRESS with
+JAX_NUM_PROCESSES and JAX_PROCESS_ID), every process joins that one job (jax_smddp.job); on
+CPU each makes its share of the mesh's devices. --processes N is a launcher of its own: N
+processes on this host.
 
 A decoder-only transformer (Flax; RMSNorm, rotary embeddings, causal attention, SwiGLU)
 learns to predict the bytes of Python's standard library. Parameters and AdamW state
@@ -67,11 +74,9 @@ def parse_args(argv=None) -> argparse.Namespace:
   a.add_argument("--style", default="shard_map", choices=["shard_map", "jit"],
                  help="shard_map: explicit per-layer collectives (fsdp_step.py); jit: "
                       "global-view jit, XLA inserts them (fsdp_jit_step.py)")
-  a.add_argument("--processes", type=int, default=1,
+  a.add_argument("--processes", type=int, default=0,
                  help="run as a jax.distributed job of this many local processes, the "
                       "mesh's devices split evenly between them")
-  a.add_argument("--process-id", type=int, default=None, help=argparse.SUPPRESS)
-  a.add_argument("--coordinator", default="", help=argparse.SUPPRESS)
   a.add_argument("--devices", type=int, default=0,
                  help="XLA CPU devices to create (default: as many as the mesh needs, at "
                       "least 8; with --processes, each process creates its share of the "
@@ -143,22 +148,25 @@ def parse_args(argv=None) -> argparse.Namespace:
   return p.parse_args(argv)
 
 
-def set_up_devices(args) -> None:
-  """JAX reads these when it is imported, so this runs before any jax import."""
+def set_up_platform(args) -> None:
+  """JAX reads JAX_PLATFORMS when it is imported, so this runs before any jax import."""
   os.environ.setdefault("JAX_PLATFORMS", args.platform)
   if args.collectives == "xla" and os.environ.pop("JAX_SMDDP_COLLECTIVES", ""):
     # That variable makes jax_smddp lower jax.lax's collectives too (README, drop-in use).
     print("--collectives xla: ignoring JAX_SMDDP_COLLECTIVES, so that XLA's own collectives run",
           file=sys.stderr)
+
+
+def set_up_devices(args, job) -> None:
+  """XLA reads its flags as JAX creates its first client: this runs before that."""
+  from jax_smddp import job as smddp_job
   flags = os.environ.get("XLA_FLAGS", "")
   if "xla_force_host_platform_device_count" not in flags:
     mesh_devices = math.prod(int(s) for s in args.mesh.lower().split("x") if s.isdigit())
-    count = max(args.devices or 8, mesh_devices)
-    if args.processes > 1:
-      count = max(mesh_devices // args.processes, 1)
-    flags = f"{flags} --xla_force_host_platform_device_count={count}"
+    count = max(args.devices or 8, mesh_devices) if job is None else mesh_devices
+    flags = f"{flags} {smddp_job.cpu_device_flag(count, job)}"
   if args.dump_hlo:
-    where = os.path.join(os.path.abspath(args.dump_hlo), f"process_{args.process_id or 0}")
+    where = os.path.join(os.path.abspath(args.dump_hlo), f"process_{job.process if job else 0}")
     flags = f"{flags} --xla_dump_to={where} --xla_dump_hlo_as_text"
     # A program found in JAX's persistent compilation cache is not compiled, so not dumped.
     os.environ["JAX_ENABLE_COMPILATION_CACHE"] = "false"
@@ -166,10 +174,12 @@ def set_up_devices(args) -> None:
 
 
 def launch_processes(args, argv) -> int:
-  """Runs this script as `args.processes` local processes of one jax.distributed job;
-  process 0 prints the progress and the result."""
+  """Runs this script as `args.processes` local processes of one jax.distributed job, told
+  the job in their environment as any launcher would (jax_smddp.job.local_env); process 0
+  prints the progress and the result."""
   import socket
   import subprocess
+  from jax_smddp import job as smddp_job
   with socket.socket() as s:
     s.bind(("127.0.0.1", 0))
     port = s.getsockname()[1]
@@ -178,9 +188,10 @@ def launch_processes(args, argv) -> int:
   if args.style == "jit" and args.collectives == "smddp":
     env["JAX_SMDDP_COLLECTIVES"] = "xla"  # read at start-up: XLA's collectives on jax_smddp
   argv = list(sys.argv[1:] if argv is None else argv)
-  procs = [subprocess.Popen([sys.executable, os.path.abspath(__file__), *argv,
-                             "--process-id", str(i), "--coordinator", f"127.0.0.1:{port}"],
-                            env=env, stdout=None if i == 0 else subprocess.DEVNULL)
+  procs = [subprocess.Popen([sys.executable, os.path.abspath(__file__), *argv],
+                            env={**env, **smddp_job.local_env(args.processes, i,
+                                                              f"127.0.0.1:{port}")},
+                            stdout=None if i == 0 else subprocess.DEVNULL)
            for i in range(args.processes)]
   codes = [p.wait() for p in procs]
   return next((c for c in codes if c), 0)
@@ -216,10 +227,11 @@ class Profile:
   and what jax_smddp.tools.trace_summary reads in it (printed by the reporting process)."""
 
   def __init__(self, args, start: int, stop: int, step_hlo: str, lead: bool, libraries):
+    import jax
     self.first = min(start + 2, stop - 1) if args.profile and stop > start else None
     self.last = None if self.first is None else min(self.first + max(args.profile_steps, 1),
                                                      stop) - 1
-    self.dir = os.path.join(args.profile, f"process_{args.process_id or 0}") if args.profile \
+    self.dir = os.path.join(args.profile, f"process_{jax.process_index()}") if args.profile \
         else ""
     self.lead = lead
     self.tracing = False
@@ -354,16 +366,22 @@ def compare_prefetch(args, make_run, data, cfg, plan) -> dict:
 
 def main(argv=None) -> dict:
   args = parse_args(argv)
-  if args.processes > 1 and args.process_id is None:
+  set_up_platform(args)
+  from jax_smddp import job as smddp_job
+  job = smddp_job.detect()  # the job a launcher (or --processes) started this process in
+  if job is None and args.processes > 1:
     raise SystemExit(launch_processes(args, argv))
-  set_up_devices(args)
+  if job is not None and args.processes and args.processes != job.processes:
+    raise SystemExit(f"--processes {args.processes}: this process was started by {job.launcher} "
+                     f"as one of {job.processes}; drop --processes under a launcher")
+  set_up_devices(args, job)
   sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
   import jax
-  lead = args.process_id in (None, 0)  # the process that reports
-  if args.process_id is not None:
-    jax.distributed.initialize(args.coordinator, args.processes, args.process_id)
-    if not lead:
-      args.no_progress, args.log_every = True, 10**9
+  smddp_job.initialize(job)
+  processes = job.processes if job else 1
+  lead = job is None or job.lead  # the process that reports
+  if not lead:
+    args.no_progress, args.log_every = True, 10**9
   if args.style == "jit":
     unsupported = [flag for flag, on in (("--prefetch", args.prefetch), ("--offload", args.offload),
                                          ("--remat", args.remat != "none"),
@@ -372,9 +390,10 @@ def main(argv=None) -> dict:
     if unsupported:
       raise SystemExit(f"--style jit does not take {', '.join(unsupported)} (shard_map style only)")
     from jax_smddp import xla_swap
-    if args.collectives == "smddp" and args.processes > 1 and not xla_swap.requested():
+    if args.collectives == "smddp" and processes > 1 and not xla_swap.requested() and lead:
       print("--style jit --collectives smddp: JAX_SMDDP_COLLECTIVES=xla is not set, so XLA's "
-            "cross-process collectives run on gloo (fsdp_train.py --processes N sets it)",
+            "cross-process collectives run on gloo (fsdp_train.py --processes N sets it; under "
+            "a launcher, set it for every process, e.g. mpirun -x JAX_SMDDP_COLLECTIVES=xla)",
             file=sys.stderr)
   import fsdp_model as fm
   from fsdp_data import VOCAB, ByteDataset
@@ -534,7 +553,8 @@ def main(argv=None) -> dict:
       "start_step": start,
       "collectives": args.collectives,
       "style": args.style,
-      "processes": args.processes,
+      "processes": processes,
+      "launcher": job.launcher if job else None,
       "mesh": str(plan),
       "devices": plan.num_devices,
       "step_time_s": step_s,

