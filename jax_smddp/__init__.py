@@ -14,6 +14,7 @@ handle, and other platforms, lower through jax.lax (logged at WARNING level).
 ``python -m jax_smddp.doctor`` says what the installation can do here.
 """
 
+from jax_smddp.capabilities import version
 from jax_smddp.all_gather import all_gather
 from jax_smddp.all_reduce import all_reduce, pmax, pmin, psum
 from jax_smddp.all_to_all import all_to_all
@@ -29,7 +30,7 @@ from jax_smddp import fsdp
 from jax_smddp import gpu
 from jax_smddp import errors
 
-__version__ = "0.1.0"
+__version__ = version()
 
 __all__ = [
     "all_gather", "psum_scatter", "reduce_scatter", "psum", "pmax", "pmin",

@@ -17,6 +17,17 @@ from jax_smddp import _native
 
 
 @functools.cache
+def version() -> str:
+  """jax_smddp's version, from the installed package's metadata (pyproject.toml's
+  ``version``, the one place it is written)."""
+  from importlib import metadata
+  try:
+    return metadata.version("jax_smddp")
+  except metadata.PackageNotFoundError:  # sources on sys.path, never installed
+    return "0+unknown"
+
+
+@functools.cache
 def build() -> dict:
   """What the extension was built against: jaxlib version and XLA FFI API."""
   return dict(_native.engine().build_info())

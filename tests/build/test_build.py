@@ -1,7 +1,7 @@
 """The build as a user meets it: libfabric found where it lives (a prefix laid
 out like AWS's /opt/amazon/efa), headers installed after a first build picked
-up by the next one in the same build directory, and a wheel that installs into
-a fresh virtual environment and runs a two-process collective."""
+up by the next one in the same build directory, and an sdist whose wheel installs
+into a fresh virtual environment and runs a two-process collective."""
 
 from __future__ import annotations
 
@@ -118,12 +118,24 @@ TWO_PROCESS_JOB = textwrap.dedent("""
 
 
 @pytest.mark.timeout(1500)
-def test_wheel_installs_into_a_fresh_venv_and_runs_two_processes(tmp_path):
-  """pip wheel, then a new virtual environment with only jax and the wheel."""
+def test_sdist_builds_a_wheel_that_installs_into_a_fresh_venv_and_runs_two_processes(tmp_path):
+  """The sdist (as PyPI would get it), a wheel built from it alone (CPU only, to bound the
+  time: the CUDA parts compile in the suite's own build), then a new virtual environment with
+  only jax and the wheel."""
   dist = tmp_path / "dist"
+  sdist = subprocess.run(
+      [sys.executable, "-c", "import sys, scikit_build_core.build as b; print(b.build_sdist(sys.argv[1]))",
+       str(dist)], cwd=REPO, capture_output=True, text=True, timeout=300)
+  assert sdist.returncode == 0, sdist.stdout[-3000:] + sdist.stderr[-3000:]
+  (archive,) = glob.glob(str(dist / "jax_smddp-*.tar.gz"))
+  shutil.unpack_archive(archive, tmp_path / "src")
+  (source,) = glob.glob(str(tmp_path / "src" / "jax_smddp-*"))
+  for needed in ("LICENSE", "CHANGELOG.md", "CMakeLists.txt", "pyproject.toml"):
+    assert os.path.exists(os.path.join(source, needed)), needed
   wheel = subprocess.run(
       [sys.executable, "-m", "pip", "wheel", "-q", "--no-build-isolation", "--no-deps",
-       "-w", str(dist), REPO], capture_output=True, text=True, timeout=1200)
+       "--config-settings=cmake.define.JAX_SMDDP_CUDA=OFF", "-w", str(dist), source],
+      capture_output=True, text=True, timeout=1200)
   assert wheel.returncode == 0, wheel.stdout[-3000:] + wheel.stderr[-3000:]
   (built,) = glob.glob(str(dist / "jax_smddp-*.whl"))
   venv = tmp_path / "venv"
