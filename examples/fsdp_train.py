@@ -400,7 +400,8 @@ def main(argv=None) -> dict:
   from fsdp_mesh import MeshPlan, collectives_module
   from fsdp_step import (FSDP, OFFLOAD_POLICY, collective_ops, make_optimizer,
                          make_schedule)
-  from jax_smddp import config as smddp_config, distributed as smddp_distributed
+  from jax_smddp import capabilities as smddp_capabilities, config as smddp_config
+  from jax_smddp import distributed as smddp_distributed
   from jax_smddp.tools import step_collectives
 
   plan = MeshPlan.parse(args.mesh)
@@ -578,6 +579,7 @@ def main(argv=None) -> dict:
       "compile_s": compile_s,
       "wall_s": time.perf_counter() - t_start,
       "jax": jax.__version__,
+      "jax_smddp": smddp_capabilities.version(),
       "backend": jax.default_backend(),
   }
   if profile.summary is not None:

@@ -28,7 +28,7 @@ import json
 import os
 import sys
 
-from jax_smddp import cost_model as cm
+from jax_smddp import capabilities, cost_model as cm
 
 RANKS_PER_NODE = (1, 2, 4, 8)
 NAME = "allgather_network_utilisation"
@@ -152,7 +152,7 @@ def main(argv=None) -> int:
   os.makedirs(args.out, exist_ok=True)
   jpath = os.path.join(args.out, NAME + ".json")
   with open(jpath, "w") as f:
-    json.dump({"figures": data}, f, indent=2)
+    json.dump({"jax_smddp": capabilities.version(), "figures": data}, f, indent=2)
     f.write("\n")
   print(f"wrote {jpath}")
   for d in data:

@@ -68,6 +68,7 @@ import statistics
 import sys
 import time
 
+from jax_smddp import capabilities
 from jax_smddp.tools import launch
 from jax_smddp.tools.bench import nccl_tests
 
@@ -479,7 +480,7 @@ def finish(args, rows: list[dict], processes: int, logs: list[dict], meta: dict 
     if table:
       print(table)
   # meta: run-wide facts (the job, versions) beside the rows
-  meta = dict(meta or {})
+  meta = {"jax_smddp": capabilities.version(), **(meta or {})}
   if pairs:
     meta["nccl_tests"] = pairs
   if args.json:

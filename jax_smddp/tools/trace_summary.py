@@ -39,6 +39,8 @@ import os
 import re
 import sys
 
+from jax_smddp import capabilities
+
 TRACE_NAME = "perfetto_trace.json.gz"
 
 # Canonical op for each spelling: HLO (all-gather), jax_smddp's targets (smddp_all_gather)
@@ -255,6 +257,7 @@ def main(argv=None) -> int:
       hlo_text = f.read()
   summary = summarize(load_events(path), hlo_text)
   summary["trace"] = path
+  summary["jax_smddp"] = capabilities.version()
   print(json.dumps(summary) if args.json else f"{path}\n{format_summary(summary)}")
   return 0
 

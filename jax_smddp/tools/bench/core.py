@@ -17,7 +17,7 @@ from typing import Callable
 
 import numpy as np
 
-from jax_smddp import calibration, config, cost_model
+from jax_smddp import calibration, capabilities, config, cost_model
 from jax_smddp.tools.bench import nccl_tests
 from jax_smddp.tools.bench.interval import speedup_interval
 from jax_smddp.tools.bench.meter import CpuMeter
@@ -759,6 +759,7 @@ def metadata(layout: "Layout | int", dtype: str, memcpy_gbs: float,
   meta = {
       "machine": platform.node(), "cpu_count": os.cpu_count(), "platform": platform.platform(),
       "python": platform.python_version(), "jax": jax.__version__, "jaxlib": jaxlib.__version__,
+      "jax_smddp": capabilities.version(),
       "layout": layout.as_dict(),
       "dtype": to_dtype(dtype).name,
       "timestamp": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
