@@ -93,6 +93,33 @@ def test_the_example_under_mpirun_and_srun_is_one_job_equal_to_its_own_launcher(
     assert got["step_collectives"], got
 
 
+@pytest.mark.timeout(400)
+def test_the_p4d_p5_job_script_runs_on_cpu_processes_of_a_local_slurm(tmp_path, slurm):
+  """examples/p4d_p5.sbatch in a real allocation of 2 tasks (salloc; the script's #SBATCH
+  header asks for p4d/p5 nodes this machine lacks), on CPU processes with the requirement
+  lifted: the doctor joins the job in each task, the benchmark runs across it and compares
+  with the shipped nccl-tests format sample, the example trains as one job of 2."""
+  out = tmp_path / "out"
+  log = os.path.join(REPO, "tests", "tools", "data", "nccl_tests_all_gather_2ranks.log")
+  env = _env(**slurm, PYTHON=sys.executable, JAX_SMDDP_REQUIRE="", NCCL_TESTS_LOG=log,
+             OUT=str(out), BENCH_ARGS="-b 64K -e 128K --iters 3 --warmup 1",
+             EXAMPLE_ARGS="--steps 4 --eval-batches 1 --log-every 1")
+  run = subprocess.run(["salloc", "-n", "2", "--overcommit", "bash",
+                        os.path.join(REPO, "examples", "p4d_p5.sbatch")],
+                       cwd=REPO, env=env, capture_output=True, text=True, timeout=360)
+  assert run.returncode == 0, run.stdout[-4000:] + run.stderr[-4000:]
+  for i in range(2):
+    assert f"process {i} of 2, 1 host(s)" in run.stdout, run.stdout[-4000:]
+  assert "all_gather vs nccl-tests" in run.stdout, run.stdout[-4000:]
+  bench = json.loads((out / "bench.json").read_text())
+  assert bench["meta"]["job"]["launcher"] == "slurm" and bench["meta"]["job"]["processes"] == 2
+  assert {p["size"] for p in bench["meta"]["nccl_tests"]["comparison"]} >= {65536, 131072}, \
+      bench["meta"]
+  assert (out / "bench.csv").exists() and (out / "metrics.jsonl").exists()
+  summary = _summary(run.stdout)
+  assert (summary["processes"], summary["launcher"], summary["steps"]) == (2, "slurm", 4), summary
+
+
 def _doctor_rows(stdout: str) -> dict:
   return {r["component"].strip(): r for r in json.loads(stdout)["rows"]}
 
