@@ -19,6 +19,9 @@ between allowed), with a reason:
   <!-- docs-test: usage (what is checked) -->               shell: a synopsis; its --help is run
                                                             and has each --option it shows
   <!-- docs-test: skip (why) -->                            shell: skipped, saying why
+
+A ```text block that follows a Python block (prose between allowed, no other code
+block) is what that block prints: its lines must be the block's standard output.
 """
 
 from __future__ import annotations
@@ -55,6 +58,7 @@ class Block:
   kind: str | None = None    # the marker's
   arg: str | None = None
   reason: str | None = None
+  prints: str | None = None  # a Python block's output, as the ```text block after it shows it
 
   @property
   def id(self) -> str:
@@ -119,6 +123,9 @@ def parse(doc: str) -> tuple[list[Block], list[str]]:
       blocks[-1].kind, blocks[-1].arg, blocks[-1].reason = marker[0]["kind"], marker[0]["arg"], marker[0]["reason"]
       marker = None
     prev = "code"
+  for block, after in zip(blocks, blocks[1:]):
+    if block.lang == "python" and after.lang == "text":
+      block.prints = after.code
   return blocks, problems
 
 
@@ -236,6 +243,9 @@ def _run_python(block: Block, cwd) -> None:
     args = [sys.executable, "-c", RUN, _source(block), block.doc]
     run = subprocess.run(args, cwd=cwd, env=env, capture_output=True, text=True, timeout=280)
     assert run.returncode == 0, f"{block.id} failed:\n{run.stdout[-3000:]}{run.stderr[-5000:]}"
+    if block.prints is not None:
+      assert run.stdout.strip().splitlines() == block.prints.strip().splitlines(), \
+          f"{block.id} prints, not what the text after it shows:\n{run.stdout}"
     return
   fixture = FIXTURES[block.arg]
   code = _source(block)
