@@ -189,12 +189,28 @@ size_t BufferIpc::mapped() {
 
 Status BufferIpc::Map(int ordinal, const BufferExchange::Handle& handle, uint8_t** base) {
   std::lock_guard<std::mutex> lock(mu_);
-  if (auto it = by_handle_.find(handle); it != by_handle_.end()) {
-    *base = it->second;
-    return Status::Ok();
+  auto it = by_handle_.find(handle);
+  if (it != by_handle_.end()) {
+    if (auto at = it->second.find(ordinal); at != it->second.end()) {
+      *base = at->second;
+      return Status::Ok();
+    }
+    if (handle[0] == kFileDescriptor) {  // mapped for another device: grant this one access
+      uint8_t* mapping = it->second.begin()->second;
+      for (const Range& r : mapped_) {
+        if (r.address != Ptr(uintptr_t(mapping))) continue;
+        DeviceScope scope(ordinal);
+        const AccessDesc access{kLocationDevice, ordinal, kProtReadWrite};
+        if (const int e = TheApi().set_access(r.address, r.bytes, &access, 1); e != 0)
+          return DriverError("cuMemSetAccess (device " + std::to_string(ordinal) + ")", e);
+        *base = it->second[ordinal] = mapping;
+        return Status::Ok();
+      }
+      return Status::Error("a mapped buffer lost its range; report this as a bug");
+    }
   }
   SMDDP_RETURN_IF_ERROR(MapOnce(ordinal, handle, base));
-  by_handle_[handle] = *base;
+  by_handle_[handle][ordinal] = *base;
   return Status::Ok();
 }
 

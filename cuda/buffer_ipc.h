@@ -57,10 +57,11 @@ class BufferIpc {
   // A handle of the allocation starting at `base` (FindAllocation's), for
   // the peers.
   Status Export(int ordinal, uintptr_t base, BufferExchange::Handle* handle);
-  // Maps a peer's allocation; its start here. Once per process, whichever
-  // local rank meets it first: CUDA lets a process open a handle in one
-  // context per device, and unified addressing makes the mapping usable from
-  // every local device.
+  // Maps a peer's allocation for device `ordinal` to read; its start here.
+  // Every device that reads it must be granted access: a cuMem allocation is
+  // mapped once per process and its access extended to each device that
+  // asks (cuMemSetAccess); a legacy CUDA IPC handle is opened once per device,
+  // in that device's context (CUDA allows one opening per device and process).
   Status Map(int ordinal, const BufferExchange::Handle& handle, uint8_t** base);
   // Peers' allocations mapped so far.
   size_t mapped();
@@ -74,11 +75,12 @@ class BufferIpc {
   Status MapOnce(int ordinal, const BufferExchange::Handle& handle, uint8_t** base);
 
   std::mutex mu_;  // this process's ranks export and map concurrently
-  std::map<BufferExchange::Handle, uint8_t*> by_handle_;  // every mapping, by its handle
-  std::vector<std::pair<int, uint8_t*>> legacy_;          // (ordinal, cudaIpcOpenMemHandle mapping)
-  std::vector<Range> mapped_;                             // cuMem mappings of peers' allocations
-  std::vector<int> exported_fds_;                         // kept open while peers may import them
-  std::string descriptors_refused_;  // set at set-up, before any call: read unlocked
+  // Every mapping, by its handle, then by the device it was granted to.
+  std::map<BufferExchange::Handle, std::map<int, uint8_t*>> by_handle_;
+  std::vector<std::pair<int, uint8_t*>> legacy_;  // (ordinal, cudaIpcOpenMemHandle mapping)
+  std::vector<Range> mapped_;                     // cuMem mappings of peers' allocations
+  std::vector<int> exported_fds_;                 // kept open while peers may import them
+  std::string descriptors_refused_;               // set at set-up, before any call: read unlocked
 };
 
 }  // namespace cuda

@@ -39,6 +39,7 @@ struct RankHandle {
   uint32_t direct_reads;  // JAX_SMDDP_GPU_DIRECT_READS
   int32_t
       descriptor_probe;  // with direct reads: a descriptor peers try to copy (cuda/buffer_ipc.h)
+  int32_t ordinal;       // its device, as its process numbers them (for messages)
   char block[60];        // its shared block's name (groups across processes)
 };
 
@@ -69,6 +70,17 @@ Status RegisterFlagBlock(const SharedBlock& block, std::vector<void*>* registere
   if (err != cudaSuccess) return CudaError("mapping a flag block", err);
   *device_flags = static_cast<uint8_t*>(device) + SharedBlock::kHeaderBytes;
   return Status::Ok();
+}
+
+// Why a group cannot run where two of its devices have no peer to peer
+// access: jax_smddp's GPU engine reads and signals peers' memory from each
+// device (there is no staging through host memory).
+Status NoPeerToPeer(const std::string& pair) {
+  return Status::Unsupported(
+      "jax_smddp (GPU): " + pair +
+      " have no peer to peer access (PCIe without P2P, or P2P turned off): jax_smddp's GPU "
+      "collectives need it between every two GPUs of a group on one host; run such jobs with "
+      "XLA's own collectives (jax.lax, and JAX_SMDDP_COLLECTIVES unset), or enable P2P");
 }
 
 std::string MembersText(const std::vector<int64_t>& members) {
@@ -174,7 +186,10 @@ GpuCommunicator::~GpuCommunicator() {
   MarkClosed();
   if (watch_) Unwatch(watch_.get());
   for (void* p : registered_) cudaHostUnregister(p);
-  for (uint8_t* p : opened_) cudaIpcCloseMemHandle(p);
+  for (const auto& [ordinal, p] : opened_) {
+    DeviceScope scope(ordinal);
+    cudaIpcCloseMemHandle(p);
+  }
   for (auto& l : local_) {
     if (l && l->own) {
       DeviceScope scope(l->ordinal);
@@ -258,6 +273,7 @@ Status GpuCommunicator::Prepare(const std::vector<std::pair<int, int>>& local, i
     handle.flag_memory = uint32_t(flag_memory_);
     handle.direct_reads = direct_reads_ ? 1 : 0;
     handle.descriptor_probe = direct_reads_ ? cuda::DescriptorProbe() : -1;
+    handle.ordinal = int32_t(local_[rank]->ordinal);
     if (local_[rank]->block) {
       const std::string& name = local_[rank]->block->name();
       if (name.size() >= sizeof(handle.block))
@@ -281,9 +297,14 @@ Status GpuCommunicator::Connect(const std::vector<std::pair<int, std::string>>& 
   }
   if (first_local < 0)
     return Status::Error("jax_smddp (GPU): no rank of this process was prepared");
-  // Other processes' regions: mapped once per process (unified addressing
-  // makes the mapping usable from every local device with peer access).
-  std::vector<uint8_t*> mapped(size(), nullptr);
+  // Other processes' regions: mapped once per local device, in its own
+  // context (a mapping opened on one device is not accessible from the
+  // others: their peer access to the owner, in another process, cannot be
+  // enabled from here).
+  std::map<int, std::vector<uint8_t*>> mapped;  // by local ordinal, then rank
+  for (const auto& l : local_) {
+    if (l) mapped[l->ordinal].assign(size(), nullptr);
+  }
   std::vector<uint8_t*> flags_device(size(), nullptr), blocks(size(), nullptr);
   std::vector<const SharedBlock*> block_of(size(), nullptr);
   std::map<int, std::pair<RankHandle, std::vector<int>>> peers;  // by process: a handle, its ranks
@@ -322,16 +343,26 @@ Status GpuCommunicator::Connect(const std::vector<std::pair<int, std::string>>& 
       if (!refused.empty())
         buffer_ipc_.RefuseDescriptors("this process cannot map them: " + refused);
     }
-    DeviceScope scope(local_[first_local]->ordinal);
-    void* p = nullptr;
-    const cudaError_t err = cudaIpcOpenMemHandle(&p, handle.region, cudaIpcMemLazyEnablePeerAccess);
-    if (err != cudaSuccess)
-      return CudaError("mapping rank " + std::to_string(rank) +
-                           "'s staging (CUDA IPC; the group "
-                           "must be on one node)",
-                       err);
-    mapped[rank] = static_cast<uint8_t*>(p);
-    opened_.push_back(mapped[rank]);
+    for (auto& [ordinal, regions] : mapped) {
+      DeviceScope scope(ordinal);
+      void* p = nullptr;
+      const cudaError_t err =
+          cudaIpcOpenMemHandle(&p, handle.region, cudaIpcMemLazyEnablePeerAccess);
+      if (err == cudaErrorPeerAccessUnsupported) {
+        cudaGetLastError();
+        return NoPeerToPeer(
+            "device " + std::to_string(ordinal) + " of process " + std::to_string(ProcessIndex()) +
+            " (here) and device " + std::to_string(handle.ordinal) + " of process " +
+            std::to_string(handle.process) + " (rank " + std::to_string(rank) + ")");
+      }
+      if (err != cudaSuccess)
+        return CudaError("mapping rank " + std::to_string(rank) +
+                             "'s staging (CUDA IPC; the group "
+                             "must be on one node)",
+                         err);
+      regions[rank] = static_cast<uint8_t*>(p);
+      opened_.emplace_back(ordinal, regions[rank]);
+    }
     process_of_[rank] = handle.process;
     auto& peer = peers[handle.process];
     peer.first = handle;
@@ -358,7 +389,7 @@ Status GpuCommunicator::Connect(const std::vector<std::pair<int, std::string>>& 
     }
   }
   for (int r = 0; r < size(); ++r) {
-    if (!local_[r] && !mapped[r])
+    if (!local_[r] && !mapped[local_[first_local]->ordinal][r])
       return Status::Error("jax_smddp (GPU): no staging handle for rank " + std::to_string(r));
   }
   for (auto& l : local_) {
@@ -371,16 +402,15 @@ Status GpuCommunicator::Connect(const std::vector<std::pair<int, std::string>>& 
           int can = 0;
           cudaDeviceCanAccessPeer(&can, l->ordinal, local_[q]->ordinal);
           if (!can)
-            return Status::Error("jax_smddp (GPU): device " + std::to_string(l->ordinal) +
-                                 " cannot access device " + std::to_string(local_[q]->ordinal) +
-                                 " (no peer access)");
+            return NoPeerToPeer("devices " + std::to_string(l->ordinal) + " and " +
+                                std::to_string(local_[q]->ordinal) + " of this process");
           const cudaError_t err = cudaDeviceEnablePeerAccess(local_[q]->ordinal, 0);
           if (err != cudaSuccess && err != cudaErrorPeerAccessAlreadyEnabled)
             return CudaError("enabling peer access", err);
           cudaGetLastError();
         }
       } else {
-        l->view.regions[q] = mapped[q];
+        l->view.regions[q] = mapped[l->ordinal][q];
       }
     }
   }

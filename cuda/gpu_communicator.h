@@ -168,7 +168,7 @@ class GpuCommunicator {
   std::vector<int64_t> members_;
   RegionLayout layout_;
   std::vector<std::unique_ptr<LocalRank>> local_;  // by rank; null for other processes'
-  std::vector<uint8_t*> opened_;                   // IPC mappings to close
+  std::vector<std::pair<int, uint8_t*>> opened_;   // IPC mappings to close (on their devices)
   cuda::BufferIpc buffer_ipc_;  // peers' XLA buffers mapped, this process's exported
   std::vector<std::unique_ptr<SharedBlock>> opened_blocks_;  // peers' shared blocks
   std::vector<int> process_of_;                              // by rank

@@ -31,6 +31,7 @@ enum : int {
   cudaSuccess = 0,
   cudaErrorInvalidValue = 1,
   cudaErrorMemoryAllocation = 2,
+  cudaErrorPeerAccessUnsupported = 217,
   cudaErrorPeerAccessAlreadyEnabled = 704,
 };
 typedef struct CUstream_st* cudaStream_t;

@@ -1,0 +1,315 @@
+// The layouts users run on a GPU node, on the mock node (tests/native/mock_node:
+// devices that fault on memory they were not granted, streams that run
+// concurrently and asynchronously), through the custom calls' GPU path below
+// XLA: each process sets its communicator up as jax_smddp/gpu.py does
+// (PrepareCommunicator, handles traded, ConnectCommunicator), then each of
+// its devices, on a thread of its own as XLA runs them, enqueues every
+// collective on its stream with the stream operations the handlers use
+// (cuda/cuda_stream_ops.cc over the mock's streams) and gpu::EnqueueCollective
+// (what xla_ffi/ffi/gpu_handlers.cc calls once it decoded a call). Inputs are
+// written to the device on the stream just before each call, as XLA's
+// producer would, and results read back after it; the stream is synchronized
+// only at the end.
+//
+//   gpu_node_test PxG direct|staged|schedule|refused OUTDIR
+//
+// PxG: P processes of G devices each (1x8, 8x1, 2x4; the group is all P*G
+// devices). direct|staged: JAX_SMDDP_GPU_DIRECT_READS=1|0; every collective,
+// float32 and int32, two calls each; each rank writes its inputs and outputs
+// to OUTDIR/rank<r>.bin for the test to check against numpy. schedule: two
+// direct all_gathers of 4 KiB per rank, then prints the most peer copies
+// each device had in flight at once and rank 0's copies of the second call.
+// refused: set-up must fail naming a pair of devices (JAX_SMDDP_MOCK_TOPOLOGY=pcie_nop2p).
+// Prints "all checks passed" and exits 0 on success.
+#include <signal.h>
+#include <sys/mman.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <atomic>
+#include <chrono>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <list>
+#include <string>
+#include <thread>
+#include <utility>
+#include <vector>
+
+#include <cuda_runtime_api.h>  // the mock node
+
+#include "cuda/cuda_stream_ops.h"
+#include "cuda/gpu_call.h"
+#include "cuda/gpu_communicator.h"
+#include "tests/native/check.h"
+#include "xla_ffi/algorithms/plan.h"
+#include "xla_ffi/common/timeout.h"
+
+namespace {
+
+using smddp::DType;
+using smddp::Plan;
+using smddp::Status;
+namespace gpu = smddp::gpu;
+
+// Shared by the forked processes: their handles and barriers.
+struct Board {
+  std::atomic<int> count[32];
+  struct Handle {
+    int32_t rank;
+    uint32_t len;
+    char bytes[1024];
+  } handles[16];
+};
+Board* board = nullptr;
+int barriers = 0;
+
+void Barrier(int processes) {
+  std::atomic<int>& c = board->count[barriers++];
+  c.fetch_add(1);
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(60);
+  while (c.load() < processes) {
+    CHECK(std::chrono::steady_clock::now() < deadline, "barrier %d timed out", barriers - 1);
+    std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  }
+}
+
+constexpr size_t kOuter = 3, kInner = 500, kCount = 3001;  // elements
+constexpr size_t kBufferBytes = 64 << 10;
+
+const char* OpName(Plan::Kind k) {
+  switch (k) {
+    case Plan::Kind::kAllGather:
+      return "all_gather";
+    case Plan::Kind::kReduceScatter:
+      return "reduce_scatter";
+    case Plan::Kind::kAllReduce:
+      return "all_reduce";
+    default:
+      return "all_to_all";
+  }
+}
+
+// One call's plan and its per-rank input and output sizes (elements).
+Plan MakePlan(Plan::Kind kind, DType dtype, int P, size_t inner, size_t* in, size_t* out) {
+  Plan p;
+  p.kind = kind;
+  p.dtype = dtype;
+  p.outer = kOuter;
+  switch (kind) {
+    case Plan::Kind::kAllGather:
+      p.inner = inner * 4;
+      *in = kOuter * inner;
+      *out = kOuter * P * inner;
+      break;
+    case Plan::Kind::kReduceScatter:
+      p.inner = inner;
+      *in = kOuter * P * inner;
+      *out = kOuter * inner;
+      break;
+    case Plan::Kind::kAllReduce:
+      p.count = kCount;
+      *in = *out = kCount;
+      break;
+    case Plan::Kind::kAllToAll:
+      p.inner = inner * 4;
+      *in = *out = kOuter * P * inner;
+      break;
+  }
+  return p;
+}
+
+// Small integers, exact in float32 sums; differ per rank, op, type and call.
+std::vector<uint32_t> Input(int rank, int op, int type, int call, size_t n) {
+  std::vector<uint32_t> v(n);
+  uint64_t x = 0x9e3779b97f4a7c15ull * uint64_t(1 + rank + 16 * (op + 4 * (type + 2 * call)));
+  for (size_t i = 0; i < n; ++i) {
+    x ^= x << 13;
+    x ^= x >> 7;
+    x ^= x << 17;
+    const int value = int(x % 41) - 20;
+    if (type == 0) {
+      const float f = float(value);
+      std::memcpy(&v[i], &f, 4);
+    } else {
+      v[i] = uint32_t(value);
+    }
+  }
+  return v;
+}
+
+struct Record {
+  uint32_t head[8];  // op, type, call, ranks, outer, inner, count, rank
+  std::vector<uint32_t> in, out;
+};
+
+bool Write(const std::string& path, const std::list<Record>& records) {
+  FILE* f = std::fopen(path.c_str(), "wb");
+  if (!f) return false;
+  for (const Record& r : records) {
+    const uint64_t sizes[2] = {r.in.size() * 4, r.out.size() * 4};
+    std::fwrite(r.head, 4, 8, f);
+    std::fwrite(sizes, 8, 2, f);
+    std::fwrite(r.in.data(), 4, r.in.size(), f);
+    std::fwrite(r.out.data(), 4, r.out.size(), f);
+  }
+  return std::fclose(f) == 0;
+}
+
+// Rank `rank` on local device `ordinal`: every call enqueued, one
+// synchronization at the end.
+void RunRank(const std::string& mode, const std::string& outdir, int P, int rank, int ordinal,
+             gpu::LocalRank* me) {
+  smddp_test::Who() = "rank " + std::to_string(rank);
+  CHECK(cudaSetDevice(ordinal) == cudaSuccess);
+  cudaStream_t stream;
+  CHECK(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking) == cudaSuccess);
+  void *send = nullptr, *recv = nullptr;
+  CHECK(cudaMalloc(&send, kBufferBytes) == cudaSuccess && cudaMalloc(&recv, kBufferBytes) == 0);
+  smddp::cuda::GpuSettings settings;  // copy engines, stream memory operations
+  settings.max_blocks = 8;
+  std::list<Record> records;  // their host memory stays put until the end
+  int64_t op_id = 0;
+  const bool schedule = mode == "schedule";
+  for (int op = 0; op < 4; ++op) {
+    for (int type = 0; type < 2; ++type) {
+      for (int call = 0; call < 2; ++call) {
+        const auto kind = Plan::Kind(op);
+        if (schedule && (kind != Plan::Kind::kAllGather || type != 0)) continue;
+        size_t in_n = 0, out_n = 0;
+        const size_t inner = schedule ? 1024 : kInner;
+        Plan plan =
+            MakePlan(kind, type == 0 ? DType::kFloat32 : DType::kInt32, P, inner, &in_n, &out_n);
+        if (schedule) plan.outer = 1, in_n = inner, out_n = P * inner;
+        Record& r = records.emplace_back();
+        const uint32_t head[8] = {uint32_t(op),     uint32_t(type),       uint32_t(call),
+                                  uint32_t(P),      uint32_t(plan.outer), uint32_t(inner),
+                                  uint32_t(kCount), uint32_t(rank)};
+        std::memcpy(r.head, head, sizeof(head));
+        r.in = Input(rank, op, type, call, in_n);
+        r.out.assign(out_n, 0xdeadbeef);
+        CHECK(in_n * 4 <= kBufferBytes && out_n * 4 <= kBufferBytes);
+        CHECK(cudaMemcpyAsync(send, r.in.data(), in_n * 4, cudaMemcpyHostToDevice, stream) ==
+              cudaSuccess);
+        smddp::cuda::CudaStreamOps ops(stream, settings);
+        const Status st =
+            gpu::EnqueueCollective(OpName(kind), op_id++, gpu::CallRank{me}, ops, send, recv, plan);
+        CHECK_MSG(st.ok(), std::string(OpName(kind)) + ": " + st.message());
+        CHECK(cudaMemcpyAsync(r.out.data(), recv, out_n * 4, cudaMemcpyDeviceToHost, stream) ==
+              cudaSuccess);
+      }
+    }
+  }
+  const cudaError_t err = cudaStreamSynchronize(stream);
+  CHECK_MSG(err == cudaSuccess, std::string("the stream failed: ") + cudaGetErrorString(err) +
+                                    ": " + mock_node::Fault(ordinal));
+  CHECK(Write(outdir + "/rank" + std::to_string(rank) + ".bin", records));
+  cudaStreamDestroy(stream);
+  cudaFree(send);
+  cudaFree(recv);
+}
+
+int RunProcess(int p, int P, int G, const std::string& mode, const std::string& outdir) {
+  smddp_test::Who() = "process " + std::to_string(p);
+  std::string devices;
+  for (int i = 0; i < G; ++i) devices += (i ? "," : "") + std::to_string(p * G + i);
+  setenv("JAX_SMDDP_MOCK_DEVICES", devices.c_str(), 1);
+  setenv("JAX_SMDDP_GPU_DIRECT_READS", mode == "staged" ? "0" : "1", 1);
+  gpu::SetProcessIndex(p);
+  smddp::SetTimeoutSeconds(20);
+  const int N = P * G;
+  std::vector<int64_t> members;
+  for (int r = 0; r < N; ++r) members.push_back(r);
+  std::vector<std::pair<int, int>> local;
+  for (int i = 0; i < G; ++i) local.emplace_back(p * G + i, i);
+  std::vector<std::pair<int, std::string>> handles;
+  Status st = gpu::PrepareCommunicator(members, 4096, local, P, &handles);
+  CHECK_MSG(st.ok(), "prepare: " + st.message());
+  for (const auto& [rank, h] : handles) {
+    CHECK(h.size() <= sizeof(board->handles[0].bytes));
+    board->handles[rank].rank = rank;
+    board->handles[rank].len = uint32_t(h.size());
+    std::memcpy(board->handles[rank].bytes, h.data(), h.size());
+  }
+  Barrier(P);
+  std::vector<std::pair<int, std::string>> remote;
+  for (int r = 0; r < N; ++r) {
+    if (r / G != p)
+      remote.emplace_back(r, std::string(board->handles[r].bytes, board->handles[r].len));
+  }
+  st = gpu::ConnectCommunicator(members, remote);
+  if (mode == "refused") {
+    CHECK_MSG(!st.ok(), "set-up went on without peer to peer");
+    std::printf("refused: %s\n", st.message().c_str());
+    std::fflush(stdout);
+    return 0;
+  }
+  CHECK_MSG(st.ok(), "connect: " + st.message());
+  Barrier(P);
+  gpu::GpuCommunicator* comm = gpu::FindCommunicator(gpu::GroupKey(members.data(), N));
+  CHECK(comm != nullptr);
+  std::vector<std::thread> threads;
+  for (int i = 0; i < G; ++i) {
+    gpu::LocalRank* me = comm->Local(p * G + i);
+    CHECK(me && me->ordinal == i);
+    threads.emplace_back(RunRank, mode, outdir, N, p * G + i, i, me);
+  }
+  for (auto& t : threads) t.join();
+  if (mode == "schedule") {
+    for (int i = 0; i < G; ++i) {
+      const int d = mock_node::NodeDevice(i);
+      std::printf("device %d: peer copies in flight at most %d\n", d,
+                  mock_node::MaxPeerCopiesInFlight(d));
+    }
+    if (p == 0) {  // rank 0's copies of its last call (the one P + 1 copies long)
+      std::vector<mock_node::CopyRecord> mine;
+      for (const auto& c : mock_node::Schedule())
+        if (c.device == 0 && c.bytes == 1024 * 4) mine.push_back(c);
+      const size_t n = mine.size(), from = n > size_t(N) ? n - size_t(N) : 0;
+      const double t0 = n ? mine[from].start_us : 0;
+      for (size_t k = from; k < n; ++k)
+        std::printf("copy: %s %.0f-%.0f us\n", mine[k].peer ? "peer" : "own ",
+                    mine[k].start_us - t0, mine[k].end_us - t0);
+    }
+  }
+  std::fflush(stdout);
+  Barrier(P);  // every rank is done before any group goes
+  gpu::ReleaseCommunicators();
+  return 0;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  if (argc != 4) {
+    std::fprintf(stderr, "usage: gpu_node_test PxG direct|staged|schedule|refused OUTDIR\n");
+    return 2;
+  }
+  int P = 0, G = 0;
+  CHECK(std::sscanf(argv[1], "%dx%d", &P, &G) == 2 && P > 0 && G > 0 && P * G <= 16);
+  const std::string mode = argv[2], outdir = argv[3];
+  board = static_cast<Board*>(
+      mmap(nullptr, sizeof(Board), PROT_READ | PROT_WRITE, MAP_SHARED | MAP_ANONYMOUS, -1, 0));
+  CHECK(board != MAP_FAILED);
+  std::fflush(stdout);
+  std::vector<pid_t> children;
+  for (int p = 0; p < P; ++p) {
+    const pid_t pid = fork();
+    if (pid == 0) _exit(RunProcess(p, P, G, mode, outdir));
+    children.push_back(pid);
+  }
+  bool ok = true;
+  for (size_t left = children.size(); left > 0; --left) {
+    int status = 0;
+    const pid_t pid = wait(&status);
+    if (!WIFEXITED(status) || WEXITSTATUS(status) != 0) {
+      std::fprintf(stderr, "process (pid %d) failed\n", int(pid));
+      ok = false;
+      for (pid_t c : children) kill(c, SIGKILL);
+    }
+  }
+  CHECK(ok, "a process failed");
+  smddp_test::Passed();
+  return 0;
+}

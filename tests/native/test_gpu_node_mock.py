@@ -1,0 +1,118 @@
+"""The layouts users run on a GPU node, on a mock node (tests/native/mock_node:
+devices that fault on memory they were not granted, streams that run
+asynchronously and concurrently, copies that take time): 1 process x 8 GPUs
+(JAX's single-host default), 8 processes x 1 GPU (a launcher's process per
+GPU) and 2 processes x 4 GPUs, through the custom calls' GPU path below XLA
+(tests/native/gpu_node_test.cc: the communicator's set-up as jax_smddp/gpu.py
+does it, the handlers' stream operations, gpu::EnqueueCollective), reading
+peers' buffers in place and staged, with the mock's legacy CUDA IPC memory
+and with cuMem memory as XLA's allocator hands out: every collective, float32
+and int32, two calls each, checked against numpy. Also: on PCIe without peer
+to peer, set-up refuses naming a pair of devices."""
+
+import os
+import re
+import subprocess
+
+import numpy as np
+import pytest
+
+from helpers import native_program
+
+LAYOUTS = {"node_1x8": "1x8", "node_8x1": "8x1", "node_2x4": "2x4"}
+OPS = ["all_gather", "reduce_scatter", "all_reduce", "all_to_all"]
+DTYPES = [np.float32, np.int32]
+
+
+@pytest.fixture(scope="module")
+def program():
+  return native_program("gpu_node_test")
+
+
+def _run(program, layout, mode, outdir, env=None):
+  run = subprocess.run([program, layout, mode, str(outdir)], capture_output=True, text=True,
+                       timeout=100, env={**os.environ, "JAX_SMDDP_MOCK_WAIT_S": "20", **(env or {})})
+  out = run.stdout + run.stderr
+  assert run.returncode == 0 and "all checks passed" in run.stdout, out
+  return run.stdout
+
+
+def _records(outdir, ranks):
+  """{(op, dtype index, call): {rank: (input, output)}} from the ranks' files."""
+  calls = {}
+  for r in range(ranks):
+    data = (outdir / f"rank{r}.bin").read_bytes()
+    at = 0
+    while at < len(data):
+      head = np.frombuffer(data, np.uint32, 8, at)
+      n_in, n_out = np.frombuffer(data, np.uint64, 2, at + 32)
+      at += 48
+      op, dtype, call, P, outer, inner, count, rank = (int(v) for v in head)
+      t = DTYPES[dtype]
+      x = np.frombuffer(data, t, int(n_in) // 4, at)
+      at += int(n_in)
+      y = np.frombuffer(data, t, int(n_out) // 4, at)
+      at += int(n_out)
+      assert rank == r and P == ranks
+      calls.setdefault((op, dtype, call), {})[r] = (x, y, outer, inner, count)
+  return calls
+
+
+def _check(outdir, ranks):
+  calls = _records(outdir, ranks)
+  assert calls
+  seen = set()
+  for (op, dtype, call), by_rank in calls.items():
+    assert sorted(by_rank) == list(range(ranks))
+    P = ranks
+    for r, (x, y, outer, inner, count) in by_rank.items():
+      xs = [by_rank[q][0] for q in range(P)]
+      if OPS[op] == "all_gather":
+        want = np.stack([v.reshape(outer, inner) for v in xs], axis=1)
+      elif OPS[op] == "reduce_scatter":
+        want = sum(v.reshape(outer, P, inner)[:, r, :].astype(np.int64) for v in xs)
+      elif OPS[op] == "all_reduce":
+        want = sum(v.astype(np.int64) for v in xs)
+      else:
+        want = np.stack([v.reshape(outer, P, inner)[:, r, :] for v in xs], axis=1)
+      want = np.asarray(want).astype(DTYPES[dtype]).ravel()
+      bad = np.flatnonzero(y != want)
+      assert bad.size == 0, (f"{OPS[op]} {DTYPES[dtype].__name__} call {call} rank {r}: "
+                             f"{bad.size} of {want.size} wrong, first at {bad[0]}: "
+                             f"{y[bad[0]]} (want {want[bad[0]]})")
+    seen.add((OPS[op], DTYPES[dtype]))
+  return seen
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize("mode,memory", [("direct", "legacy"), ("direct", "cumem"),
+                                         ("staged", "legacy")])
+@pytest.mark.parametrize("layout", list(LAYOUTS))
+def test_layout(program, layout, mode, memory, tmp_path):
+  """Every collective in both types, exact. cumem: peers' buffers are shared as
+  file descriptors (pidfd_getfd) and mapped with cuMemMap/cuMemSetAccess; where
+  this machine refuses pidfd_getfd, the engine stages those calls instead.
+  (Staged calls map no buffers: staged runs with legacy memory only.)"""
+  _run(program, LAYOUTS[layout], mode, tmp_path,
+       {"JAX_SMDDP_MOCK_CUMEM": "1" if memory == "cumem" else "0"})
+  P, G = (int(v) for v in LAYOUTS[layout].split("x"))
+  seen = _check(tmp_path, P * G)
+  assert len(seen) == len(OPS) * len(DTYPES), seen
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize("layout", ["node_1x8", "node_8x1", "node_2x4"])
+def test_pcie_without_p2p_refused(program, layout, tmp_path):
+  """PCIe without peer to peer (cudaDeviceCanAccessPeer = 0): set-up refuses,
+  naming a pair of devices that cannot reach each other and what to set."""
+  out = _run(program, LAYOUTS[layout], "refused", tmp_path,
+             {"JAX_SMDDP_MOCK_TOPOLOGY": "pcie_nop2p"})
+  assert re.search(r"refused: .*devices? \d+ .*and (device )?\d+ .*have no peer to peer access", out), out
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize("layout", ["node_2x4"])
+def test_layout_on_pcie(program, layout, tmp_path):
+  """PCIe with peer to peer: the same as NVLink, slower copies."""
+  _run(program, LAYOUTS[layout], "direct", tmp_path, {"JAX_SMDDP_MOCK_TOPOLOGY": "pcie"})
+  _check(tmp_path, 8)
