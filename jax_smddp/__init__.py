@@ -8,8 +8,10 @@ The API mirrors ``jax.lax`` so that switching is a rename::
 Collectives run on the plugin's engine on CPU: XLA CPU devices of one process,
 and across the processes and hosts of a ``jax.distributed`` job (shared memory
 within a host, libfabric between hosts; see ``jax_smddp.initialize``); on
-CUDA GPUs where the package was built with nvcc (``jax_smddp.gpu``; tested on
-one H100 shared by processes, see docs/gpu.md). Cases the engine does not
+CUDA GPUs where the package was built with nvcc (``jax_smddp.gpu``; run on one
+H100 and one H200, each shared by several processes; never on several GPUs or
+EFA: docs/status.md). A cluster job joins its launcher's job with
+``jax_smddp.job.initialize()``. Cases the engine does not
 handle, and other platforms, lower through jax.lax (logged at WARNING level).
 ``python -m jax_smddp.doctor`` says what the installation can do here.
 """

@@ -6,7 +6,7 @@ jax_smddp's engine, either by setting ``JAX_SMDDP_COLLECTIVES`` before the
 program starts (read by the ``jax_plugins`` entry point when JAX initialises its
 backends) or from code with :func:`use`.
 
-How: the CPU lowering of the lax primitives themselves is replaced by a rule
+How: the CPU and CUDA lowerings of the lax primitives themselves are replaced by a rule
 that asks the jax_smddp module of that collective to lower the call (the
 ``_lower_cpu`` functions take the lax primitive's parameters) and falls back to
 lax's original rule for any case jax_smddp does not take (the same cases as
