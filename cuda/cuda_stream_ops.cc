@@ -1,8 +1,11 @@
 #include "cuda/cuda_stream_ops.h"
 
 #include <cstdlib>
+#include <map>
+#include <memory>
 #include <mutex>
 #include <string>
+#include <utility>
 
 #include <cuda.h>
 
@@ -54,6 +57,76 @@ CudaStreamOps::CudaStreamOps(cudaStream_t stream, const GpuSettings& settings)
     : stream_(stream),
       settings_(settings),
       memops_(settings.flags == GpuSettings::Flags::kMemOps && HaveStreamMemOps()) {}
+
+struct CudaStreamOps::Lanes {
+  cudaEvent_t fork = nullptr;
+  cudaStream_t streams[kMaxLanes] = {};
+  cudaEvent_t done[kMaxLanes] = {};
+  std::unique_ptr<CudaStreamOps> ops[kMaxLanes];
+};
+
+namespace {
+
+// The lanes of `stream` (made on its device at first use, kept for the
+// process: XLA's streams live as long), or null if they cannot be made.
+CudaStreamOps::Lanes* LanesOf(cudaStream_t stream, const GpuSettings& settings) {
+  static std::mutex mu;
+  static auto* all =
+      new std::map<std::pair<cudaStream_t, int>, std::unique_ptr<CudaStreamOps::Lanes>>();
+  int device = -1;
+  if (cudaStreamGetDevice(stream, &device) != cudaSuccess) {
+    cudaGetLastError();
+    return nullptr;
+  }
+  std::lock_guard<std::mutex> lock(mu);
+  auto& lanes = (*all)[{stream, device}];
+  if (lanes) return lanes.get();
+  auto made = std::make_unique<CudaStreamOps::Lanes>();
+  DeviceScope scope(device);
+  cudaError_t err = cudaEventCreateWithFlags(&made->fork, cudaEventDisableTiming);
+  for (int i = 0; i < CudaStreamOps::kMaxLanes && err == cudaSuccess; ++i) {
+    err = cudaStreamCreateWithFlags(&made->streams[i], cudaStreamNonBlocking);
+    if (err == cudaSuccess) err = cudaEventCreateWithFlags(&made->done[i], cudaEventDisableTiming);
+    made->ops[i] = std::make_unique<CudaStreamOps>(made->streams[i], settings);
+  }
+  if (err != cudaSuccess) {
+    cudaGetLastError();
+    return nullptr;  // leaked: a failure to make streams is not worth more
+  }
+  lanes = std::move(made);
+  return lanes.get();
+}
+
+}  // namespace
+
+Status CudaStreamOps::Fork(int lanes) {
+  forked_ = 0;
+  if (lanes <= 1) return Status::Ok();
+  if (!lanes_) lanes_ = LanesOf(stream_, settings_);
+  if (!lanes_) return Status::Ok();  // no lanes: everything in order on the stream
+  const int n = lanes < kMaxLanes ? lanes : kMaxLanes;
+  cudaError_t err = cudaEventRecord(lanes_->fork, stream_);
+  for (int i = 0; i < n && err == cudaSuccess; ++i)
+    err = cudaStreamWaitEvent(lanes_->streams[i], lanes_->fork, 0);
+  if (err != cudaSuccess) return CudaError("forking lanes", err);
+  forked_ = n;
+  return Status::Ok();
+}
+
+StreamOps& CudaStreamOps::Lane(int i) {
+  if (forked_ == 0) return *this;
+  return *lanes_->ops[i % forked_];
+}
+
+Status CudaStreamOps::Join() {
+  cudaError_t err = cudaSuccess;
+  for (int i = 0; i < forked_ && err == cudaSuccess; ++i) {
+    err = cudaEventRecord(lanes_->done[i], lanes_->streams[i]);
+    if (err == cudaSuccess) err = cudaStreamWaitEvent(stream_, lanes_->done[i], 0);
+  }
+  forked_ = 0;
+  return err == cudaSuccess ? Status::Ok() : CudaError("joining lanes", err);
+}
 
 Status CudaStreamOps::Copy2D(void* dst, size_t dpitch, const void* src, size_t spitch, size_t width,
                              size_t rows) {

@@ -54,9 +54,19 @@ class CudaStreamOps : public StreamOps {
                 size_t count, size_t rows, DType dtype, ReduceOp op) override;
   Status WaitAtLeast(const uint32_t* flag, uint32_t value) override;
   Status Write(uint32_t* flag, uint32_t value) override;
+  // Lanes: up to kMaxLanes streams of the stream's device, made once per
+  // stream and kept; Fork records an event that they wait for, Join one per
+  // lane that the stream waits for. More lanes than that share them in turn.
+  static constexpr int kMaxLanes = 8;
+  Status Fork(int lanes) override;
+  StreamOps& Lane(int i) override;
+  Status Join() override;
+  struct Lanes;  // a stream's lanes (cuda_stream_ops.cc)
 
  private:
   cudaStream_t stream_;
+  Lanes* lanes_ = nullptr;
+  int forked_ = 0;  // lanes in use since Fork
   GpuSettings settings_;
   bool memops_;
 };

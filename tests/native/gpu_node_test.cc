@@ -26,6 +26,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <atomic>
 #include <chrono>
 #include <cstdio>
@@ -171,6 +172,7 @@ void RunRank(const std::string& mode, const std::string& outdir, int P, int rank
   settings.max_blocks = 8;
   std::list<Record> records;  // their host memory stays put until the end
   int64_t op_id = 0;
+  int in_place = 0;  // calls that read their peers' buffers in place
   const bool schedule = mode == "schedule";
   for (int op = 0; op < 4; ++op) {
     for (int type = 0; type < 2; ++type) {
@@ -196,6 +198,7 @@ void RunRank(const std::string& mode, const std::string& outdir, int P, int rank
         const Status st =
             gpu::EnqueueCollective(OpName(kind), op_id++, gpu::CallRank{me}, ops, send, recv, plan);
         CHECK_MSG(st.ok(), std::string(OpName(kind)) + ": " + st.message());
+        in_place += !me->view.inputs.empty();
         CHECK(cudaMemcpyAsync(r.out.data(), recv, out_n * 4, cudaMemcpyDeviceToHost, stream) ==
               cudaSuccess);
       }
@@ -205,6 +208,8 @@ void RunRank(const std::string& mode, const std::string& outdir, int P, int rank
   CHECK_MSG(err == cudaSuccess, std::string("the stream failed: ") + cudaGetErrorString(err) +
                                     ": " + mock_node::Fault(ordinal));
   CHECK(Write(outdir + "/rank" + std::to_string(rank) + ".bin", records));
+  std::printf("rank %d: %d of %d calls read in place\n", rank, in_place, int(op_id));
+  std::fflush(stdout);
   cudaStreamDestroy(stream);
   cudaFree(send);
   cudaFree(recv);
@@ -267,6 +272,8 @@ int RunProcess(int p, int P, int G, const std::string& mode, const std::string& 
       for (const auto& c : mock_node::Schedule())
         if (c.device == 0 && c.bytes == 1024 * 4) mine.push_back(c);
       const size_t n = mine.size(), from = n > size_t(N) ? n - size_t(N) : 0;
+      std::sort(mine.begin() + long(from), mine.end(),
+                [](const auto& a, const auto& b) { return a.start_us < b.start_us; });
       const double t0 = n ? mine[from].start_us : 0;
       for (size_t k = from; k < n; ++k)
         std::printf("copy: %s %.0f-%.0f us\n", mine[k].peer ? "peer" : "own ",

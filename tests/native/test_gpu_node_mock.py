@@ -7,8 +7,9 @@ GPU) and 2 processes x 4 GPUs, through the custom calls' GPU path below XLA
 does it, the handlers' stream operations, gpu::EnqueueCollective), reading
 peers' buffers in place and staged, with the mock's legacy CUDA IPC memory
 and with cuMem memory as XLA's allocator hands out: every collective, float32
-and int32, two calls each, checked against numpy. Also: on PCIe without peer
-to peer, set-up refuses naming a pair of devices."""
+and int32, two calls each, checked against numpy. Also: an 8-GPU all_gather's
+recorded schedule has 7 peer copies of one rank in flight at once; on PCIe
+without peer to peer, set-up refuses naming a pair of devices."""
 
 import os
 import re
@@ -18,6 +19,7 @@ import numpy as np
 import pytest
 
 from helpers import native_program
+from test_gpu_communicator_mock import _pidfd_getfd_refused
 
 LAYOUTS = {"node_1x8": "1x8", "node_8x1": "8x1", "node_2x4": "2x4"}
 OPS = ["all_gather", "reduce_scatter", "all_reduce", "all_to_all"]
@@ -93,11 +95,29 @@ def test_layout(program, layout, mode, memory, tmp_path):
   file descriptors (pidfd_getfd) and mapped with cuMemMap/cuMemSetAccess; where
   this machine refuses pidfd_getfd, the engine stages those calls instead.
   (Staged calls map no buffers: staged runs with legacy memory only.)"""
-  _run(program, LAYOUTS[layout], mode, tmp_path,
-       {"JAX_SMDDP_MOCK_CUMEM": "1" if memory == "cumem" else "0"})
+  out = _run(program, LAYOUTS[layout], mode, tmp_path,
+             {"JAX_SMDDP_MOCK_CUMEM": "1" if memory == "cumem" else "0"})
   P, G = (int(v) for v in LAYOUTS[layout].split("x"))
   seen = _check(tmp_path, P * G)
   assert len(seen) == len(OPS) * len(DTYPES), seen
+  in_place = re.findall(r"^rank \d+: (\d+) of (\d+) calls read in place$", out, re.M)
+  assert len(in_place) == P * G, out
+  staged_anyway = memory == "cumem" and P > 1 and _pidfd_getfd_refused()
+  want = "all" if mode == "direct" and not staged_anyway else "none"
+  assert all(int(n) == (int(m) if want == "all" else 0) for n, m in in_place), (want, out)
+
+
+@pytest.mark.timeout(120)
+def test_all_gather_schedule_node_1x8(program, tmp_path):
+  """An 8-GPU all_gather in one process: the peer copies of a rank run at once
+  (one lane per peer, joined back to its stream), read from the mock's
+  schedule (copies of 16 KiB taking ~2 ms each)."""
+  out = _run(program, "1x8", "schedule", tmp_path, {"JAX_SMDDP_MOCK_COPY_US": "2000"})
+  most = [int(n) for n in re.findall(r"peer copies in flight at most (\d+)", out)]
+  assert len(most) == 8, out
+  assert max(most) >= 7, out
+  _check(tmp_path, 8)
+  print(out)
 
 
 @pytest.mark.timeout(120)

@@ -5,6 +5,9 @@ namespace smddp {
 
 // The direct-read forms (stream_algorithms.h): `in[q]` is rank q's input.
 // Every rank posts first, so peers can start on its input while it copies its own part.
+// Each source has a lane of its own (StreamOps::Lane), joined back before the
+// end: a peer's copy waits for that peer alone, the copies of different peers
+// run at once, and the rank's own part waits for none.
 // recv[o, p, :] = in_p[o, :] (all_gather) or in_p[o, rank, :] (all_to_all).
 Status DirectAllGatherOrAllToAll(Steps& st, StreamOps& ops, const std::vector<const uint8_t*>& in,
                                  uint8_t* recv, size_t outer, size_t inner, bool all_to_all) {
@@ -13,13 +16,16 @@ Status DirectAllGatherOrAllToAll(Steps& st, StreamOps& ops, const std::vector<co
   const size_t pick = all_to_all ? me * inner : 0;  // this rank's block within a row
   st.BeginDirect();
   SMDDP_RETURN_IF_ERROR(st.Post());
+  SMDDP_RETURN_IF_ERROR(ops.Fork(P));
   for (int k = 0; k < P; ++k) {
     const int q = (me + k) % P;  // staggered so ranks do not all read one peer at once
-    SMDDP_RETURN_IF_ERROR(st.AwaitPosted(q));
+    StreamOps& lane = ops.Lane(k);
+    SMDDP_RETURN_IF_ERROR(st.AwaitPosted(q, lane));
     SMDDP_RETURN_IF_ERROR(
-        ops.Copy2D(recv + q * inner, P * inner, in[q] + pick, spitch, inner, outer));
-    SMDDP_RETURN_IF_ERROR(st.Release(q));
+        lane.Copy2D(recv + q * inner, P * inner, in[q] + pick, spitch, inner, outer));
+    SMDDP_RETURN_IF_ERROR(st.ReleaseDirect(q, lane));  // after its copy, on its lane
   }
+  SMDDP_RETURN_IF_ERROR(ops.Join());
   return st.AwaitConsumed();
 }
 
@@ -63,14 +69,17 @@ Status DirectAllReduce(Steps& st, StreamOps& ops, const std::vector<const uint8_
         ops.Reduce(out[me] + me * L * E, own * E, srcs, P, own * E, own, 1, dtype, op));
   for (int q = 0; q < P; ++q) SMDDP_RETURN_IF_ERROR(st.Release(q));
   st.BeginDirect();
-  SMDDP_RETURN_IF_ERROR(st.Post());  // the reduced shard is ready
+  SMDDP_RETURN_IF_ERROR(st.Post());        // the reduced shard is ready
+  SMDDP_RETURN_IF_ERROR(ops.Fork(P - 1));  // a lane per peer, as DirectAllGatherOrAllToAll
   for (int k = 1; k < P; ++k) {
     const int q = (me + k) % P;
-    SMDDP_RETURN_IF_ERROR(st.AwaitPosted(q));
+    StreamOps& lane = ops.Lane(k - 1);
+    SMDDP_RETURN_IF_ERROR(st.AwaitPosted(q, lane));
     if (const size_t n = shard(q))
-      SMDDP_RETURN_IF_ERROR(ops.Copy(out[me] + q * L * E, out[q] + q * L * E, n * E));
-    SMDDP_RETURN_IF_ERROR(st.Release(q));
+      SMDDP_RETURN_IF_ERROR(lane.Copy(out[me] + q * L * E, out[q] + q * L * E, n * E));
+    SMDDP_RETURN_IF_ERROR(st.ReleaseDirect(q, lane));
   }
+  SMDDP_RETURN_IF_ERROR(ops.Join());
   // Peers have read this rank's input (step one) and reduced shard (step
   // two): the counters only grow, so waiting for step two covers both.
   return st.AwaitConsumed();

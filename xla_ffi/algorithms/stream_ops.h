@@ -51,6 +51,21 @@ class StreamOps {
   // *flag = value once all earlier work is done and visible to peers.
   virtual Status Write(uint32_t* flag, uint32_t value) = 0;
 
+  // Work that may run at once (several copy engines): after Fork(lanes),
+  // Lane(i) for i < lanes is a stream of its own whose work starts once
+  // everything enqueued here before Fork is done and runs in its order;
+  // Join makes later work here wait for every lane. By default there is one
+  // stream and every lane is this one: the same order, nothing at once.
+  virtual Status Fork(int lanes) {
+    (void)lanes;
+    return Status::Ok();
+  }
+  virtual StreamOps& Lane(int i) {
+    (void)i;
+    return *this;
+  }
+  virtual Status Join() { return Status::Ok(); }
+
   Status Copy(void* dst, const void* src, size_t bytes) {
     return Copy2D(dst, bytes, src, bytes, bytes, 1);
   }

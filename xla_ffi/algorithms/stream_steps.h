@@ -113,8 +113,13 @@ class Steps {
 
   // Direct reads: the whole call is one step that uses no slot.
   void BeginDirect() { step_ = __atomic_add_fetch(&me_.step, 1, __ATOMIC_RELAXED); }
-  Status AwaitPosted(int q) {
-    return q == rank() ? Status::Ok() : ops_.WaitAtLeast(Posted(q), step_);
+  // On `on`: this call's ops, or one of its lanes (StreamOps::Lane).
+  Status AwaitPosted(int q) { return AwaitPosted(q, ops_); }
+  Status AwaitPosted(int q, StreamOps& on) {
+    return q == rank() ? Status::Ok() : on.WaitAtLeast(Posted(q), step_);
+  }
+  Status ReleaseDirect(int q, StreamOps& on) {
+    return q == rank() ? Status::Ok() : on.Write(Consumed(q, rank()), step_);
   }
   // Later work on this stream waits until every peer consumed this step.
   Status AwaitConsumed() {
