@@ -18,9 +18,10 @@ handle, and other platforms, lower through jax.lax (logged at WARNING level).
 
 from jax_smddp.capabilities import version
 from jax_smddp.all_gather import all_gather
-from jax_smddp.all_reduce import all_reduce, pmax, pmin, psum
+from jax_smddp.all_reduce import all_reduce, pmax, pmean, pmin, psum
 from jax_smddp.all_to_all import all_to_all
 from jax_smddp.config import set_timeout, settings, timeout
+from jax_smddp.ppermute import ppermute
 from jax_smddp.distributed import initialize, shutdown, topology, traffic
 from jax_smddp.reduce_scatter import psum_scatter, reduce_scatter
 from jax_smddp.reduced import all_gather_invariant, all_gather_reduced, unreduced_psum_scatter
@@ -35,7 +36,7 @@ from jax_smddp import errors
 __version__ = version()
 
 __all__ = [
-    "all_gather", "psum_scatter", "reduce_scatter", "psum", "pmax", "pmin",
+    "all_gather", "psum_scatter", "reduce_scatter", "psum", "pmax", "pmin", "pmean", "ppermute",
     "all_reduce", "all_to_all", "set_timeout", "timeout", "settings",
     "initialize", "shutdown", "topology", "traffic",
     "all_gather_invariant", "all_gather_reduced", "unreduced_psum_scatter",

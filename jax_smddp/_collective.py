@@ -79,12 +79,33 @@ def check_bound(api: str, axes: tuple) -> None:
           f"over a mesh that has an axis named {name!r}.")
 
 
-def group_size(axes: tuple) -> int:
+def group_size(axes: tuple, axis_index_groups=None) -> int:
+  """Ranks in each group of a collective over `axes` (in one of `axis_index_groups`)."""
+  if axis_index_groups is not None:
+    return len(axis_index_groups[0])
   env = core.get_axis_env()
   size = 1
   for name in axes:
     size *= env.axis_size(name)
   return size
+
+
+def index_groups(axis_index_groups) -> tuple | None:
+  """`axis_index_groups` as jax.lax keeps it in a primitive's parameters (tuples)."""
+  if axis_index_groups is None:
+    return None
+  return tuple(tuple(int(i) for i in g) for g in axis_index_groups)
+
+
+def replica_groups(axis_ctx, axes: tuple, axis_index_groups=None) -> np.ndarray:
+  """The device ids of each group of a collective over `axes`, in rank order: one row
+  per group. With `axis_index_groups` each group of the axes is split as jax.lax
+  splits it (its members at those indices along the axes, in that order)."""
+  base = pxla.axis_groups(axis_ctx, axes)
+  if axis_index_groups is None:
+    return np.asarray(base, dtype=np.int64)
+  return np.asarray([[row[i] for i in g] for row in base for g in axis_index_groups],
+                    dtype=np.int64)
 
 
 def vma_checked() -> bool:
@@ -254,8 +275,6 @@ def _log_fallback_once(name: str, why: str) -> None:
 
 def engine_unsupported(ctx, dtype, axes: tuple, axis_index_groups=None) -> str | None:
   """Why the engine cannot run this call (None when it can)."""
-  if axis_index_groups is not None:
-    return "axis_index_groups"
   axis_ctx = ctx.module_context.axis_context
   if not isinstance(axis_ctx, SPMDAxisContext):
     return f"not inside jax.shard_map under jit (axis context {type(axis_ctx).__name__})"
@@ -265,21 +284,31 @@ def engine_unsupported(ctx, dtype, axes: tuple, axis_index_groups=None) -> str |
     return f"axis {axes} is not a mesh axis (vmap or pmap axis)"
   if np.dtype(dtype) not in ENGINE_DTYPES:
     return f"element type {np.dtype(dtype).name} is not handled by the engine"
+  if axis_index_groups is not None:
+    size = group_size_of(ctx, axes)
+    members = sorted(i for g in axis_index_groups for i in g)
+    if members != list(range(size)) or len({len(g) for g in axis_index_groups}) != 1:
+      return (f"axis_index_groups {axis_index_groups} are not groups of one size covering "
+              f"the {size} indices of {axes} once")
   return None
 
 
-def emit_ffi_call(ctx, target: str, x, axes: tuple, x_aval, out_aval, **attrs):
+def emit_ffi_call(ctx, target: str, x, axes: tuple, x_aval, out_aval, *, axis_index_groups=None,
+                  **attrs):
   """Emits the plugin's custom call for one collective.
 
   Operands are the input and this device's partition id (the id XLA uses in
-  replica groups); attributes are the replica groups, the op's position in the
-  module (with the XLA run id, the rendezvous key) and per-op layout.
+  replica groups); attributes are the replica groups (split by
+  `axis_index_groups` as jax.lax splits them), the op's position in the module
+  (with the XLA run id, the rendezvous key) and per-op layout.
   """
   if getattr(_lowering, "platform", None) == "cuda":
+    if axis_index_groups is not None:
+      raise _Unsupported("axis_index_groups: the GPU backend takes whole mesh axes only")
     return _emit_cuda_call(ctx, target, x, axes, x_aval, out_aval, **attrs)
   _native.register_cpu_targets()
   axis_ctx = ctx.module_context.axis_context
-  groups = np.asarray(pxla.axis_groups(axis_ctx, axes), dtype=np.int64)
+  groups = replica_groups(axis_ctx, axes, axis_index_groups)
   processes = _processes_of(axis_ctx.mesh)
   cache = ctx.module_context.cached_primitive_lowerings
   op_ids = cache.setdefault(_OP_IDS, itertools.count())
@@ -421,7 +450,7 @@ def bind_gather(api: str, prim, x, axis_name, axis: int, tiled: bool, **extra):
   marks inputs varying as lax does, and binds `prim` on every leaf of `x`."""
   axes = axes_tuple(axis_name)
   check_bound(api, axes)
-  size = group_size(axes)
+  size = group_size(axes, extra.get("axis_index_groups"))
 
   def bind(leaf):
     ndim = np.ndim(leaf)
@@ -469,7 +498,10 @@ def prod(shape) -> int:
   return out
 
 
-def group_size_of(ctx, axes: tuple) -> int:
-  """Group size of a collective over `axes`, at lowering time."""
+def group_size_of(ctx, axes: tuple, axis_index_groups=None) -> int:
+  """Group size of a collective over `axes` (in one of `axis_index_groups`), at
+  lowering time."""
+  if axis_index_groups is not None:
+    return len(axis_index_groups[0])
   mesh = ctx.module_context.axis_context.mesh
   return prod(mesh.shape[name] for name in axes)

@@ -19,8 +19,10 @@ from jax._src.lax import parallel as lax_parallel
 from jax_smddp import _collective as c
 
 
-def all_reduce(x, axis_name, *, op: str = "sum"):
-  """Reduces `x` over `axis_name` with `op` ("sum", "max" or "min"); NCCL-style name."""
+def all_reduce(x, axis_name, *, op: str = "sum", axis_index_groups=None):
+  """Reduces `x` over `axis_name` with `op` ("sum", "max" or "min"); NCCL-style name.
+  `axis_index_groups` (as jax.lax takes them) splits the ranks into groups that each
+  reduce among themselves."""
   if op not in c.REDUCE_OPS:
     raise ValueError(f"jax_smddp.all_reduce: op must be one of {sorted(c.REDUCE_OPS)}, got {op!r}")
   api = {"sum": "psum", "max": "pmax", "min": "pmin"}[op]
@@ -31,12 +33,14 @@ def all_reduce(x, axis_name, *, op: str = "sum"):
   if not axes:
     return x
   c.check_bound(api, axes)
+  groups = c.index_groups(axis_index_groups)
+  lax_op = {"sum": jax.lax.psum, "max": jax.lax.pmax, "min": jax.lax.pmin}[op]
 
   def bind(leaf):
     if op == "sum" and _is_unreduced(leaf, axes):
-      return jax.lax.psum(leaf, axes)  # jax's unreduced-type protocol: lax owns it
+      return jax.lax.psum(leaf, axes, axis_index_groups=groups)  # jax's unreduced-type protocol
     if not isinstance(leaf, core.Tracer):  # a constant: same answer on every rank
-      return {"sum": jax.lax.psum, "max": jax.lax.pmax, "min": jax.lax.pmin}[op](leaf, axes)
+      return lax_op(leaf, axes, axis_index_groups=groups)
     if np.dtype(leaf.dtype) == np.bool_:
       if op != "sum":
         raise TypeError(f"jax_smddp.{api} does not reduce booleans: cast to an integer "
@@ -44,25 +48,39 @@ def all_reduce(x, axis_name, *, op: str = "sum"):
       leaf = leaf.astype(np.int32)  # as jax.lax.psum does
     invariant = c.vma_checked()
     if invariant and op == "sum":
+      if groups is not None:
+        raise NotImplementedError(
+            f"jax_smddp.{api}: axis_index_groups inside a shard_map whose types are checked "
+            "(jax.lax.psum does not take them there either): pass check_vma=False to "
+            "jax.shard_map")
       leaf = c.pvary_for(axes, leaf)
-    return all_reduce_p.bind(leaf, axes=axes, reduce=op, invariant=invariant)
+    return all_reduce_p.bind(leaf, axes=axes, reduce=op, invariant=invariant,
+                             axis_index_groups=groups)
 
   return tree_util.tree_map(bind, x)
 
 
-def psum(x, axis_name):
+def psum(x, axis_name, *, axis_index_groups=None):
   """All-reduce sum over `axis_name`, like :func:`jax.lax.psum`."""
-  return all_reduce(x, axis_name, op="sum")
+  return all_reduce(x, axis_name, op="sum", axis_index_groups=axis_index_groups)
 
 
-def pmax(x, axis_name):
+def pmax(x, axis_name, *, axis_index_groups=None):
   """All-reduce max over `axis_name`, like :func:`jax.lax.pmax`."""
-  return all_reduce(x, axis_name, op="max")
+  return all_reduce(x, axis_name, op="max", axis_index_groups=axis_index_groups)
 
 
-def pmin(x, axis_name):
+def pmin(x, axis_name, *, axis_index_groups=None):
   """All-reduce min over `axis_name`, like :func:`jax.lax.pmin`."""
-  return all_reduce(x, axis_name, op="min")
+  return all_reduce(x, axis_name, op="min", axis_index_groups=axis_index_groups)
+
+
+def pmean(x, axis_name, *, axis_index_groups=None):
+  """All-reduce mean over `axis_name`, like :func:`jax.lax.pmean`: the sum on
+  jax_smddp, divided by the group's size as jax.lax divides it."""
+  x = psum(x, axis_name, axis_index_groups=axis_index_groups)
+  n = jax.lax.psum(1, axis_name, axis_index_groups=c.index_groups(axis_index_groups))  # a constant
+  return tree_util.tree_map(lambda v: v / n, x)
 
 
 def _is_unreduced(leaf, axes) -> bool:
@@ -72,30 +90,31 @@ def _is_unreduced(leaf, axes) -> bool:
   return get_from(core.typeof(leaf), axes, "jax.lax.psum") == "unreduced"
 
 
-def _to_lax(*, axes, reduce, invariant):
+def _to_lax(*, axes, reduce, invariant, axis_index_groups=None):
   if reduce == "sum" and invariant:
     return lax_parallel.psum_invariant_p, {"axes": axes}
   prim = {"sum": lax_parallel.psum_p, "max": lax_parallel.pmax_p, "min": lax_parallel.pmin_p}[reduce]
-  return prim, {"axes": axes, "axis_index_groups": None}
+  return prim, {"axes": axes, "axis_index_groups": axis_index_groups}
 
 
-def _lower_cpu(ctx, x, *, axes, reduce, invariant):
+def _lower_cpu(ctx, x, *, axes, reduce, invariant, axis_index_groups=None):
   x_aval, = ctx.avals_in
   out_aval, = ctx.avals_out
-  why = c.engine_unsupported(ctx, x_aval.dtype, axes)
+  why = c.engine_unsupported(ctx, x_aval.dtype, axes, axis_index_groups)
   if why:
     return why
   return c.emit_ffi_call(ctx, "smddp_all_reduce", x, axes, x_aval, out_aval,
-                         reduce=c.REDUCE_OPS[reduce])
+                         axis_index_groups=axis_index_groups, reduce=c.REDUCE_OPS[reduce])
 
 
-def _transpose(ct, x, *, axes, reduce, invariant):
+def _transpose(ct, x, *, axes, reduce, invariant, axis_index_groups=None):
   assert reduce == "sum", "only psum is linear"
   if invariant:
     # varying -> invariant: the transpose marks the cotangent varying again.
     lax_prim, lax_params = _to_lax(axes=axes, reduce=reduce, invariant=invariant)
     return ad.primitive_transposes[lax_prim](ct, x, **lax_params)
-  return (all_reduce_p.bind(ct, axes=axes, reduce=reduce, invariant=False),)
+  return (all_reduce_p.bind(ct, axes=axes, reduce=reduce, invariant=False,
+                            axis_index_groups=axis_index_groups),)
 
 
 def _batcher(axis_data, vals_in, dims_in, **params):
@@ -105,15 +124,16 @@ def _batcher(axis_data, vals_in, dims_in, **params):
   return all_reduce_p.bind(x, **params), d  # element-wise: batch dim unchanged
 
 
-def _jvp(primals, tangents, *, axes, reduce, invariant):
+def _jvp(primals, tangents, *, axes, reduce, invariant, axis_index_groups=None):
   (x,), (t,) = primals, tangents
-  out = all_reduce_p.bind(x, axes=axes, reduce=reduce, invariant=invariant)
+  params = dict(axes=axes, reduce=reduce, invariant=invariant, axis_index_groups=axis_index_groups)
+  out = all_reduce_p.bind(x, **params)
   if reduce != "sum":
     raise NotImplementedError(
         f"jax_smddp: differentiating p{reduce} is not supported (jax.lax.p{reduce} is not "
         "differentiable either).")
   t = ad.instantiate_zeros(t)
-  return out, all_reduce_p.bind(t, axes=axes, reduce=reduce, invariant=invariant)
+  return out, all_reduce_p.bind(t, **params)
 
 
 all_reduce_p = c.make_primitive("all_reduce", _to_lax, _lower_cpu)

@@ -16,7 +16,8 @@ from jax._src.lib.mlir.dialects import hlo
 from jax_smddp import _collective as c
 
 
-def all_to_all(x, axis_name, split_axis: int, concat_axis: int, *, tiled: bool = False):
+def all_to_all(x, axis_name, split_axis: int, concat_axis: int, *, axis_index_groups=None,
+               tiled: bool = False):
   """Splits `x` along `split_axis` into one block per rank, sends block p to rank p
   and concatenates the received blocks along `concat_axis`, like :func:`jax.lax.all_to_all`.
 
@@ -25,7 +26,8 @@ def all_to_all(x, axis_name, split_axis: int, concat_axis: int, *, tiled: bool =
   """
   axes = c.axes_tuple(axis_name)
   c.check_bound("all_to_all", axes)
-  size = c.group_size(axes)
+  axis_index_groups = c.index_groups(axis_index_groups)
+  size = c.group_size(axes, axis_index_groups)
 
   def bind(leaf, split_axis=split_axis, concat_axis=concat_axis):
     ndim = np.ndim(leaf)
@@ -51,7 +53,7 @@ def all_to_all(x, axis_name, split_axis: int, concat_axis: int, *, tiled: bool =
         split_axis += 1
     leaf = c.pvary_for(axes, leaf)
     out = all_to_all_p.bind(leaf, split_axis=split_axis, concat_axis=concat_axis,
-                            axis_name=axes, axis_index_groups=None, tiled=tiled)
+                            axis_name=axes, axis_index_groups=axis_index_groups, tiled=tiled)
     if not tiled and split_axis != concat_axis:
       out = lax.squeeze(out, (split_axis,))
     return out
@@ -69,12 +71,12 @@ def _lower_cpu(ctx, x, *, split_axis, concat_axis, axis_name, axis_index_groups,
   why = c.engine_unsupported(ctx, x_aval.dtype, axis_name, axis_index_groups)
   if why:
     return why
-  n = c.group_size_of(ctx, axis_name)
+  n = c.group_size_of(ctx, axis_name, axis_index_groups)
   itemsize = np.dtype(x_aval.dtype).itemsize
   shape, s, k = tuple(x_aval.shape), split_axis, x_aval.ndim
   if s == concat_axis:  # [outer, ranks, inner] in and out: no transposes
     return c.emit_ffi_call(ctx, "smddp_all_to_all", x, axis_name, x_aval, out_aval,
-                           outer=c.prod(shape[:s]),
+                           axis_index_groups=axis_index_groups, outer=c.prod(shape[:s]),
                            inner_bytes=c.prod(shape[s:]) // n * itemsize)
   # Bring the split blocks to the front, exchange them, and move the received
   # blocks to the concat axis: rest is the shape of one block.
@@ -84,7 +86,8 @@ def _lower_cpu(ctx, x, *, split_axis, concat_axis, axis_name, axis_index_groups,
   front = (n,) + rest
   blocks = hlo.transpose(blocks, mlir.dense_int_array([s] + [i for i in range(k + 1) if i != s]))
   y, = c.emit_ffi_call(ctx, "smddp_all_to_all", blocks, axis_name, aval(front), aval(front),
-                       outer=1, inner_bytes=c.prod(rest) * itemsize)
+                       axis_index_groups=axis_index_groups, outer=1,
+                       inner_bytes=c.prod(rest) * itemsize)
   cc = concat_axis
   y = hlo.transpose(y, mlir.dense_int_array(list(range(1, cc + 1)) + [0] + list(range(cc + 1, k + 1))))
   return [mlir.reshape(ctx, y, out_aval)]

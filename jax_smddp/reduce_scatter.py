@@ -13,16 +13,19 @@ from jax._src.lax import parallel as lax_parallel
 from jax_smddp import _collective as c
 
 
-def psum_scatter(x, axis_name, *, scatter_dimension: int = 0, tiled: bool = False):
+def psum_scatter(x, axis_name, *, scatter_dimension: int = 0, axis_index_groups=None,
+                 tiled: bool = False):
   """Sums `x` over `axis_name` and scatters the result, like :func:`jax.lax.psum_scatter`.
 
   Untiled, ``x.shape[scatter_dimension]`` must equal the group size and that
   dimension is removed; tiled, it must be divisible by the group size and
-  each rank keeps its ``1/size`` slice.
+  each rank keeps its ``1/size`` slice. `axis_index_groups` (as jax.lax takes
+  them) splits the ranks into groups that each reduce among themselves.
   """
   axes = c.axes_tuple(axis_name)
   c.check_bound("psum_scatter", axes)
-  size = c.group_size(axes)
+  axis_index_groups = c.index_groups(axis_index_groups)
+  size = c.group_size(axes, axis_index_groups)
 
   def bind(leaf):
     shape = np.shape(leaf)
@@ -44,14 +47,17 @@ def psum_scatter(x, axis_name, *, scatter_dimension: int = 0, tiled: bool = Fals
                       "type first, e.g. x.astype(jnp.int32).")
     leaf = c.pvary_for(axes, leaf)
     return reduce_scatter_p.bind(leaf, scatter_dimension=dim, axis_name=axes,
-                                 axis_index_groups=None, axis_size=size, tiled=tiled)
+                                 axis_index_groups=axis_index_groups, axis_size=size,
+                                 tiled=tiled)
 
   return tree_util.tree_map(bind, x)
 
 
-def reduce_scatter(x, axis_name, *, scatter_dimension: int = 0, tiled: bool = False):
+def reduce_scatter(x, axis_name, *, scatter_dimension: int = 0, axis_index_groups=None,
+                   tiled: bool = False):
   """NCCL-style name for :func:`psum_scatter` (same signature and result)."""
-  return psum_scatter(x, axis_name, scatter_dimension=scatter_dimension, tiled=tiled)
+  return psum_scatter(x, axis_name, scatter_dimension=scatter_dimension,
+                      axis_index_groups=axis_index_groups, tiled=tiled)
 
 
 def _to_lax(**params):
@@ -67,14 +73,15 @@ def _lower_cpu(ctx, x, *, scatter_dimension, axis_name, axis_index_groups, axis_
   # Input viewed as [outer, ranks, inner]; this rank reduces block [:, rank, :].
   d = scatter_dimension
   return c.emit_ffi_call(ctx, "smddp_reduce_scatter", x, axis_name, x_aval, out_aval,
-                         reduce=c.REDUCE_OPS["sum"],
+                         axis_index_groups=axis_index_groups, reduce=c.REDUCE_OPS["sum"],
                          outer=c.prod(x_aval.shape[:d]),
                          inner=c.prod(x_aval.shape[d:]) // axis_size)
 
 
 def _transpose(cts, x, *, scatter_dimension, axis_name, axis_index_groups, axis_size, tiled):
   from jax_smddp.all_gather import all_gather
-  return (all_gather(cts, axis_name, axis=scatter_dimension, tiled=tiled),)
+  return (all_gather(cts, axis_name, axis_index_groups=axis_index_groups,
+                     axis=scatter_dimension, tiled=tiled),)
 
 
 def _batcher(axis_data, vals_in, dims_in, **params):

@@ -10,7 +10,7 @@ How: the CPU and CUDA lowerings of the lax primitives themselves are replaced by
 that asks the jax_smddp module of that collective to lower the call (the
 ``_lower_cpu`` functions take the lax primitive's parameters) and falls back to
 lax's original rule for any case jax_smddp does not take (the same cases as
-for the jax_smddp API: other dtypes, ``axis_index_groups``, partially manual
+for the jax_smddp API: other dtypes, ``axis_index_groups`` on GPUs, partially manual
 ``shard_map``, vmap/pmap axes, other platforms). Typing, batching and
 differentiation stay jax.lax's: only the emitted code changes. The original
 rules are kept and restored when a collective is swapped back.
@@ -92,9 +92,8 @@ def _scatter_no_groups(ctx, x, **params):  # unreduced_reduce_scatter_p
 
 def _reduce(op: str, invariant: bool):
   def lower(ctx, x, *, axes, axis_index_groups=None):
-    if axis_index_groups is not None:
-      return "axis_index_groups"
-    return _ar._lower_cpu(ctx, x, axes=tuple(axes), reduce=op, invariant=invariant)
+    return _ar._lower_cpu(ctx, x, axes=tuple(axes), reduce=op, invariant=invariant,
+                          axis_index_groups=axis_index_groups)
   return lower
 
 
