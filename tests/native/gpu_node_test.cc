@@ -11,7 +11,15 @@
 // producer would, and results read back after it; the stream is synchronized
 // only at the end.
 //
-//   gpu_node_test PxG direct|staged|schedule|refused OUTDIR
+//   gpu_node_test PxG direct|staged|schedule|refused|dead OUTDIR [ffi|nccl]
+//
+// nccl: the same through the NCCL API front end (cuda/ncclapi, its stream
+// backend cuda/ncclapi/nccl_library.cc: CudaStreamOps on the caller's
+// stream), as XLA drives it: the processes build jax_smddp's world (shared
+// memory links), process 0 makes the unique id, each device's thread
+// creates its rank's communicator with it current and calls ncclAllGather,
+// ncclReduceScatter, ncclAllReduce and ncclAlltoAll (blocks of 1500
+// elements) on its stream.
 //
 // PxG: P processes of G devices each (1x8, 8x1, 2x4; the group is all P*G
 // devices). direct|staged: JAX_SMDDP_GPU_DIRECT_READS=1|0; every collective,
@@ -20,7 +28,9 @@
 // direct all_gathers of 4 KiB per rank, then prints the most peer copies
 // each device had in flight at once and rank 0's copies of the second call.
 // refused: set-up must fail naming a pair of devices (JAX_SMDDP_MOCK_TOPOLOGY=pcie_nop2p).
+// dead: the last process dies after set-up; the others' calls fail naming it.
 // Prints "all checks passed" and exits 0 on success.
+#include <dirent.h>
 #include <signal.h>
 #include <sys/mman.h>
 #include <sys/wait.h>
@@ -43,9 +53,23 @@
 #include "cuda/cuda_stream_ops.h"
 #include "cuda/gpu_call.h"
 #include "cuda/gpu_communicator.h"
+#include "cuda/ncclapi/nccl_types.h"
 #include "tests/native/check.h"
 #include "xla_ffi/algorithms/plan.h"
 #include "xla_ffi/common/timeout.h"
+#include "xla_ffi/transports/world.h"
+
+extern "C" {
+ncclResult_t ncclGetUniqueId(ncclUniqueId*);
+ncclResult_t ncclCommInitRank(ncclComm_t*, int, ncclUniqueId, int);
+const char* ncclGetLastError(ncclComm_t);
+ncclResult_t ncclAllGather(const void*, void*, size_t, ncclDataType_t, ncclComm_t, void*);
+ncclResult_t ncclReduceScatter(const void*, void*, size_t, ncclDataType_t, ncclRedOp_t, ncclComm_t,
+                               void*);
+ncclResult_t ncclAllReduce(const void*, void*, size_t, ncclDataType_t, ncclRedOp_t, ncclComm_t,
+                           void*);
+ncclResult_t ncclAlltoAll(const void*, void*, size_t, ncclDataType_t, ncclComm_t, void*);
+}
 
 namespace {
 
@@ -62,6 +86,7 @@ struct Board {
     uint32_t len;
     char bytes[1024];
   } handles[16];
+  char relay[16][16][512];  // Relay: round, process
 };
 Board* board = nullptr;
 int barriers = 0;
@@ -74,6 +99,51 @@ void Barrier(int processes) {
     CHECK(std::chrono::steady_clock::now() < deadline, "barrier %d timed out", barriers - 1);
     std::this_thread::sleep_for(std::chrono::milliseconds(1));
   }
+}
+
+// What every process said, as the key-value store would relay it.
+int relays = 0;
+std::vector<std::string> Relay(int p, int P, const std::string& mine) {
+  CHECK(mine.size() < sizeof(board->relay[0][0]) && relays < 16);
+  std::memcpy(board->relay[relays][p], mine.c_str(), mine.size() + 1);
+  Barrier(P);
+  std::vector<std::string> all;
+  for (int q = 0; q < P; ++q) all.emplace_back(board->relay[relays][q]);
+  relays++;
+  return all;
+}
+
+void Check(const Status& st, const char* what) {
+  CHECK_MSG(st.ok(), std::string(what) + ": " + st.message());
+}
+
+// jax_smddp.initialize()'s world on one host: shared-memory links between
+// the processes.
+void BuildWorld(int me, int P) {
+  Check(smddp::WorldBegin(me, P), "WorldBegin");
+  const auto pids = Relay(me, P, std::to_string(getpid()));
+  for (int q = 0; q < P; ++q) Check(smddp::WorldSetPeer(q, std::stoi(pids[q]), "host"), "peer");
+  std::vector<std::string> created(P);
+  for (int q = 0; q < P; ++q) {  // one process's names at a time: they are long
+    std::string mine;
+    if (q == me) {
+      for (int r = me + 1; r < P; ++r) {
+        std::string name;
+        Check(smddp::WorldCreateShm(r, &name), "WorldCreateShm");
+        mine += std::to_string(r) + "=" + name + ";";
+      }
+    }
+    created[q] = Relay(me, P, mine)[q];
+  }
+  for (int q = 0; q < me; ++q) {
+    const std::string key = std::to_string(me) + "=";
+    const size_t at = created[q].find(key), end = created[q].find(';', at);
+    Check(smddp::WorldOpenShm(q, created[q].substr(at + key.size(), end - at - key.size())),
+          "WorldOpenShm");
+  }
+  Barrier(P);
+  for (int q = me + 1; q < P; ++q) Check(smddp::WorldUnlinkShm(q), "WorldUnlinkShm");
+  Check(smddp::WorldStart(), "WorldStart");
 }
 
 constexpr size_t kOuter = 3, kInner = 500, kCount = 3001;  // elements
@@ -161,9 +231,14 @@ bool Write(const std::string& path, const std::list<Record>& records) {
 // Rank `rank` on local device `ordinal`: every call enqueued, one
 // synchronization at the end.
 void RunRank(const std::string& mode, const std::string& outdir, int P, int rank, int ordinal,
-             gpu::LocalRank* me) {
+             gpu::LocalRank* me, const ncclUniqueId* id) {
   smddp_test::Who() = "rank " + std::to_string(rank);
   CHECK(cudaSetDevice(ordinal) == cudaSuccess);
+  ncclComm_t comm = nullptr;
+  if (id) {  // the NCCL front end: the communicator of this device's rank
+    CHECK_MSG(ncclCommInitRank(&comm, P, *id, rank) == ncclSuccess,
+              std::string("ncclCommInitRank: ") + ncclGetLastError(nullptr));
+  }
   cudaStream_t stream;
   CHECK(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking) == cudaSuccess);
   void *send = nullptr, *recv = nullptr;
@@ -184,9 +259,11 @@ void RunRank(const std::string& mode, const std::string& outdir, int P, int rank
         Plan plan =
             MakePlan(kind, type == 0 ? DType::kFloat32 : DType::kInt32, P, inner, &in_n, &out_n);
         if (schedule) plan.outer = 1, in_n = inner, out_n = P * inner;
+        if (comm && kind != Plan::Kind::kAllReduce) plan.outer = 1;  // NCCL's layouts: one row
+        const size_t row = plan.outer == 1 && !schedule ? kOuter * inner : inner;
         Record& r = records.emplace_back();
         const uint32_t head[8] = {uint32_t(op),     uint32_t(type),       uint32_t(call),
-                                  uint32_t(P),      uint32_t(plan.outer), uint32_t(inner),
+                                  uint32_t(P),      uint32_t(plan.outer), uint32_t(row),
                                   uint32_t(kCount), uint32_t(rank)};
         std::memcpy(r.head, head, sizeof(head));
         r.in = Input(rank, op, type, call, in_n);
@@ -194,11 +271,27 @@ void RunRank(const std::string& mode, const std::string& outdir, int P, int rank
         CHECK(in_n * 4 <= kBufferBytes && out_n * 4 <= kBufferBytes);
         CHECK(cudaMemcpyAsync(send, r.in.data(), in_n * 4, cudaMemcpyHostToDevice, stream) ==
               cudaSuccess);
-        smddp::cuda::CudaStreamOps ops(stream, settings);
-        const Status st =
-            gpu::EnqueueCollective(OpName(kind), op_id++, gpu::CallRank{me}, ops, send, recv, plan);
-        CHECK_MSG(st.ok(), std::string(OpName(kind)) + ": " + st.message());
-        in_place += !me->view.inputs.empty();
+        if (comm) {
+          const size_t n = kind == Plan::Kind::kAllReduce ? kCount : row;
+          const ncclDataType_t t = type == 0 ? ncclFloat32 : ncclInt32;
+          ncclResult_t rc;
+          if (kind == Plan::Kind::kAllGather)
+            rc = ncclAllGather(send, recv, n, t, comm, stream);
+          else if (kind == Plan::Kind::kReduceScatter)
+            rc = ncclReduceScatter(send, recv, n, t, ncclSum, comm, stream);
+          else if (kind == Plan::Kind::kAllReduce)
+            rc = ncclAllReduce(send, recv, n, t, ncclSum, comm, stream);
+          else
+            rc = ncclAlltoAll(send, recv, n, t, comm, stream);
+          op_id++;
+          CHECK_MSG(rc == ncclSuccess, std::string(OpName(kind)) + ": " + ncclGetLastError(comm));
+        } else {
+          smddp::cuda::CudaStreamOps ops(stream, settings);
+          const Status st = gpu::EnqueueCollective(OpName(kind), op_id++, gpu::CallRank{me}, ops,
+                                                   send, recv, plan);
+          CHECK_MSG(st.ok(), std::string(OpName(kind)) + ": " + st.message());
+          in_place += !me->view.inputs.empty();
+        }
         CHECK(cudaMemcpyAsync(r.out.data(), recv, out_n * 4, cudaMemcpyDeviceToHost, stream) ==
               cudaSuccess);
       }
@@ -208,14 +301,83 @@ void RunRank(const std::string& mode, const std::string& outdir, int P, int rank
   CHECK_MSG(err == cudaSuccess, std::string("the stream failed: ") + cudaGetErrorString(err) +
                                     ": " + mock_node::Fault(ordinal));
   CHECK(Write(outdir + "/rank" + std::to_string(rank) + ".bin", records));
-  std::printf("rank %d: %d of %d calls read in place\n", rank, in_place, int(op_id));
+  if (!comm) std::printf("rank %d: %d of %d calls read in place\n", rank, in_place, int(op_id));
   std::fflush(stdout);
   cudaStreamDestroy(stream);
   cudaFree(send);
   cudaFree(recv);
 }
 
-int RunProcess(int p, int P, int G, const std::string& mode, const std::string& outdir) {
+// The last process dies after set-up: every rank of the others fails its
+// next call within seconds (direct reads: its buffer exchange learns of the
+// death from the group's watch), naming the dead ranks.
+int DeadPeer(int p, int P, int G, gpu::GpuCommunicator* comm) {
+  const int N = P * G;
+  if (p == P - 1) raise(SIGKILL);
+  std::vector<std::thread> threads;
+  for (int i = 0; i < G; ++i) {
+    threads.emplace_back([&, i] {
+      const int rank = p * G + i;
+      smddp_test::Who() = "rank " + std::to_string(rank);
+      CHECK(cudaSetDevice(i) == cudaSuccess);
+      cudaStream_t stream;
+      CHECK(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking) == cudaSuccess);
+      void *send = nullptr, *recv = nullptr;
+      CHECK(cudaMalloc(&send, kBufferBytes) == 0 && cudaMalloc(&recv, kBufferBytes) == 0);
+      size_t in_n = 0, out_n = 0;
+      const Plan plan = MakePlan(Plan::Kind::kAllGather, DType::kFloat32, N, kInner, &in_n, &out_n);
+      smddp::cuda::GpuSettings settings;
+      settings.max_blocks = 8;
+      smddp::cuda::CudaStreamOps ops(stream, settings);
+      const auto t0 = std::chrono::steady_clock::now();
+      const Status st = gpu::EnqueueCollective("all_gather", 0, gpu::CallRank{comm->Local(rank)},
+                                               ops, send, recv, plan);
+      const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+      CHECK_MSG(!st.ok() && st.message().find("is gone") != std::string::npos,
+                "expected the call to fail naming the dead process, got: " + st.message());
+      std::printf("rank %d: failed after %.2f s: %s\n", rank, s, st.message().c_str());
+      std::fflush(stdout);
+      CHECK(s < 10, "the death was named after %.1f s", s);
+      CHECK(cudaStreamSynchronize(stream) == cudaSuccess, "%s", mock_node::Fault(i).c_str());
+      cudaStreamDestroy(stream);
+      cudaFree(send);
+      cudaFree(recv);
+    });
+  }
+  for (auto& t : threads) t.join();
+  gpu::ReleaseCommunicators();
+  return 0;
+}
+
+// The same calls through the NCCL API front end.
+int RunProcessNccl(int p, int P, int G, const std::string& mode, const std::string& outdir) {
+  const int N = P * G;
+  BuildWorld(p, P);
+  std::string id_bytes;
+  if (p == 0) {
+    ncclUniqueId id;
+    CHECK(ncclGetUniqueId(&id) == ncclSuccess);
+    for (size_t i = 0; i < sizeof(id.internal); ++i) {  // as hex: the relay carries text
+      char hex[3];
+      std::snprintf(hex, sizeof(hex), "%02x", unsigned(uint8_t(id.internal[i])));
+      id_bytes += hex;
+    }
+  }
+  const std::string hex = Relay(p, P, id_bytes)[0];
+  ncclUniqueId id;
+  for (size_t i = 0; i < sizeof(id.internal); ++i)
+    id.internal[i] = char(std::stoi(hex.substr(2 * i, 2), nullptr, 16));
+  std::vector<std::thread> threads;
+  for (int i = 0; i < G; ++i)
+    threads.emplace_back(RunRank, mode, outdir, N, p * G + i, i, nullptr, &id);
+  for (auto& t : threads) t.join();
+  Barrier(P);
+  CHECK(gpu::CloseCommunicatorsAtExit(), "the network proxy idle at exit");
+  smddp::WorldShutdown();
+  return 0;
+}
+
+int RunProcess(int p, int P, int G, const std::string& mode, const std::string& outdir, bool nccl) {
   smddp_test::Who() = "process " + std::to_string(p);
   std::string devices;
   for (int i = 0; i < G; ++i) devices += (i ? "," : "") + std::to_string(p * G + i);
@@ -223,6 +385,7 @@ int RunProcess(int p, int P, int G, const std::string& mode, const std::string& 
   setenv("JAX_SMDDP_GPU_DIRECT_READS", mode == "staged" ? "0" : "1", 1);
   gpu::SetProcessIndex(p);
   smddp::SetTimeoutSeconds(20);
+  if (nccl) return RunProcessNccl(p, P, G, mode, outdir);
   const int N = P * G;
   std::vector<int64_t> members;
   for (int r = 0; r < N; ++r) members.push_back(r);
@@ -248,17 +411,20 @@ int RunProcess(int p, int P, int G, const std::string& mode, const std::string& 
     CHECK_MSG(!st.ok(), "set-up went on without peer to peer");
     std::printf("refused: %s\n", st.message().c_str());
     std::fflush(stdout);
+    Barrier(P);  // the peers are done with this process's handles
+    gpu::ReleaseCommunicators();
     return 0;
   }
   CHECK_MSG(st.ok(), "connect: " + st.message());
   Barrier(P);
   gpu::GpuCommunicator* comm = gpu::FindCommunicator(gpu::GroupKey(members.data(), N));
   CHECK(comm != nullptr);
+  if (mode == "dead") return DeadPeer(p, P, G, comm);
   std::vector<std::thread> threads;
   for (int i = 0; i < G; ++i) {
     gpu::LocalRank* me = comm->Local(p * G + i);
     CHECK(me && me->ordinal == i);
-    threads.emplace_back(RunRank, mode, outdir, N, p * G + i, i, me);
+    threads.emplace_back(RunRank, mode, outdir, N, p * G + i, i, me, nullptr);
   }
   for (auto& t : threads) t.join();
   if (mode == "schedule") {
@@ -289,10 +455,12 @@ int RunProcess(int p, int P, int G, const std::string& mode, const std::string& 
 }  // namespace
 
 int main(int argc, char** argv) {
-  if (argc != 4) {
-    std::fprintf(stderr, "usage: gpu_node_test PxG direct|staged|schedule|refused OUTDIR\n");
+  if (argc != 4 && argc != 5) {
+    std::fprintf(stderr,
+                 "usage: gpu_node_test PxG direct|staged|schedule|refused OUTDIR [ffi|nccl]\n");
     return 2;
   }
+  const bool nccl = argc == 5 && std::string(argv[4]) == "nccl";
   int P = 0, G = 0;
   CHECK(std::sscanf(argv[1], "%dx%d", &P, &G) == 2 && P > 0 && G > 0 && P * G <= 16);
   const std::string mode = argv[2], outdir = argv[3];
@@ -303,18 +471,36 @@ int main(int argc, char** argv) {
   std::vector<pid_t> children;
   for (int p = 0; p < P; ++p) {
     const pid_t pid = fork();
-    if (pid == 0) _exit(RunProcess(p, P, G, mode, outdir));
+    if (pid == 0) {
+      const int rc = RunProcess(p, P, G, mode, outdir, nccl);
+      std::fflush(stdout);
+      _exit(rc);
+    }
     children.push_back(pid);
   }
   bool ok = true;
   for (size_t left = children.size(); left > 0; --left) {
     int status = 0;
     const pid_t pid = wait(&status);
-    if (!WIFEXITED(status) || WEXITSTATUS(status) != 0) {
+    const bool killed = mode == "dead" && pid == children.back();  // it kills itself
+    if (killed ? !(WIFSIGNALED(status) && WTERMSIG(status) == SIGKILL)
+               : (!WIFEXITED(status) || WEXITSTATUS(status) != 0)) {
       std::fprintf(stderr, "process (pid %d) failed\n", int(pid));
       ok = false;
       for (pid_t c : children) kill(c, SIGKILL);
     }
+  }
+  // The mock's device memory that processes left (killed, or the front end's
+  // communicators, which XLA never destroys either).
+  if (DIR* dir = opendir("/dev/shm")) {
+    while (dirent* e = readdir(dir)) {
+      for (pid_t c : children) {
+        const std::string prefix = "jax_smddp_node-" + std::to_string(c) + "-";
+        if (std::strncmp(e->d_name, prefix.c_str(), prefix.size()) == 0)
+          shm_unlink(("/" + std::string(e->d_name)).c_str());
+      }
+    }
+    closedir(dir);
   }
   CHECK(ok, "a process failed");
   smddp_test::Passed();

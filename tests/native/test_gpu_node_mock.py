@@ -4,13 +4,16 @@ asynchronously and concurrently, copies that take time): 1 process x 8 GPUs
 (JAX's single-host default), 8 processes x 1 GPU (a launcher's process per
 GPU) and 2 processes x 4 GPUs, through the custom calls' GPU path below XLA
 (tests/native/gpu_node_test.cc: the communicator's set-up as jax_smddp/gpu.py
-does it, the handlers' stream operations, gpu::EnqueueCollective), reading
+does it, the handlers' stream operations, gpu::EnqueueCollective; XLA cannot
+run on the mock) and through the NCCL API front end as XLA drives it, reading
 peers' buffers in place and staged, with the mock's legacy CUDA IPC memory
 and with cuMem memory as XLA's allocator hands out: every collective, float32
 and int32, two calls each, checked against numpy. Also: an 8-GPU all_gather's
 recorded schedule has 7 peer copies of one rank in flight at once; on PCIe
-without peer to peer, set-up refuses naming a pair of devices."""
+without peer to peer, set-up refuses naming a pair of devices; a process that
+dies is named by every rank of the others."""
 
+import glob
 import os
 import re
 import subprocess
@@ -31,11 +34,17 @@ def program():
   return native_program("gpu_node_test")
 
 
-def _run(program, layout, mode, outdir, env=None):
-  run = subprocess.run([program, layout, mode, str(outdir)], capture_output=True, text=True,
-                       timeout=100, env={**os.environ, "JAX_SMDDP_MOCK_WAIT_S": "20", **(env or {})})
+def _run(program, layout, mode, outdir, env=None, entry="ffi"):
+  base = {k: v for k, v in os.environ.items() if not k.startswith("JAX_SMDDP_")}
+  # The front end's real NCCL: a mock that records (nothing here is forwarded).
+  base["JAX_SMDDP_NCCL_LIBRARY"] = os.path.join(os.path.dirname(program), "mock_nccl", "libnccl.so.2")
+  before = set(glob.glob("/dev/shm/jax_smddp*"))
+  run = subprocess.run([program, layout, mode, str(outdir), entry], capture_output=True, text=True,
+                       timeout=100, env={**base, "JAX_SMDDP_MOCK_WAIT_S": "20", **(env or {})})
   out = run.stdout + run.stderr
   assert run.returncode == 0 and "all checks passed" in run.stdout, out
+  left = set(glob.glob("/dev/shm/jax_smddp*")) - before
+  assert not left, f"left behind in /dev/shm: {sorted(left)}"
   return run.stdout
 
 
@@ -89,17 +98,21 @@ def _check(outdir, ranks):
 @pytest.mark.timeout(120)
 @pytest.mark.parametrize("mode,memory", [("direct", "legacy"), ("direct", "cumem"),
                                          ("staged", "legacy")])
+@pytest.mark.parametrize("entry", ["ffi", "nccl"])
 @pytest.mark.parametrize("layout", list(LAYOUTS))
-def test_layout(program, layout, mode, memory, tmp_path):
-  """Every collective in both types, exact. cumem: peers' buffers are shared as
+def test_layout(program, layout, entry, mode, memory, tmp_path):
+  """Every collective in both types, exact, through the custom calls' path
+  (ffi) or the NCCL API front end (nccl). cumem: peers' buffers are shared as
   file descriptors (pidfd_getfd) and mapped with cuMemMap/cuMemSetAccess; where
   this machine refuses pidfd_getfd, the engine stages those calls instead.
   (Staged calls map no buffers: staged runs with legacy memory only.)"""
   out = _run(program, LAYOUTS[layout], mode, tmp_path,
-             {"JAX_SMDDP_MOCK_CUMEM": "1" if memory == "cumem" else "0"})
+             {"JAX_SMDDP_MOCK_CUMEM": "1" if memory == "cumem" else "0"}, entry)
   P, G = (int(v) for v in LAYOUTS[layout].split("x"))
   seen = _check(tmp_path, P * G)
   assert len(seen) == len(OPS) * len(DTYPES), seen
+  if entry == "nccl":
+    return
   in_place = re.findall(r"^rank \d+: (\d+) of (\d+) calls read in place$", out, re.M)
   assert len(in_place) == P * G, out
   staged_anyway = memory == "cumem" and P > 1 and _pidfd_getfd_refused()
@@ -128,6 +141,21 @@ def test_pcie_without_p2p_refused(program, layout, tmp_path):
   out = _run(program, LAYOUTS[layout], "refused", tmp_path,
              {"JAX_SMDDP_MOCK_TOPOLOGY": "pcie_nop2p"})
   assert re.search(r"refused: .*devices? \d+ .*and (device )?\d+ .*have no peer to peer access", out), out
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize("layout", ["node_8x1", "node_2x4"])
+def test_dead_process(program, layout, tmp_path):
+  """The last process dies after set-up: every rank of the others fails its next
+  call within the deadline (the program checks under 10 s; jax_smddp's timeout
+  is 20 s there), naming the dead process's ranks."""
+  out = _run(program, LAYOUTS[layout], "dead", tmp_path)
+  P, G = (int(v) for v in LAYOUTS[layout].split("x"))
+  named = re.findall(r"^rank (\d+): failed after [\d.]+ s: .*ranks? ([\d, ]+) \(process (\d+), pid \d+\)"
+                     r".*is gone", out, re.M)
+  assert sorted(int(n[0]) for n in named) == list(range((P - 1) * G)), out
+  dead = [r for r in range((P - 1) * G, P * G)]
+  assert all([int(r) for r in n[1].split(", ")] == dead and int(n[2]) == P - 1 for n in named), out
 
 
 @pytest.mark.timeout(120)

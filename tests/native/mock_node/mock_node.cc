@@ -650,6 +650,10 @@ cudaError_t cudaStreamGetDevice(cudaStream_t s, int* device) {
   *device = Of(s)->device;
   return cudaSuccess;
 }
+cudaError_t cudaStreamIsCapturing(cudaStream_t, cudaStreamCaptureStatus* status) {
+  *status = cudaStreamCaptureStatusNone;  // no graphs on the mock node
+  return cudaSuccess;
+}
 cudaError_t cudaEventCreateWithFlags(cudaEvent_t* e, unsigned) {
   *e = new CUevent_st;
   return cudaSuccess;
