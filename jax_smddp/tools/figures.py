@@ -29,6 +29,7 @@ import os
 import sys
 
 from jax_smddp import capabilities, cost_model as cm
+from jax_smddp.tools.sizes import format_size
 
 RANKS_PER_NODE = (1, 2, 4, 8)
 NAME = "allgather_network_utilisation"
@@ -40,14 +41,6 @@ def output_sizes(lo: int = 1 << 20, hi: int = 8 << 30) -> list[int]:
     sizes.append(s)
     s *= 2
   return sizes
-
-
-def _fmt(nbytes: float) -> str:
-  for unit, scale in (("G", 1 << 30), ("M", 1 << 20), ("K", 1 << 10)):
-    if nbytes >= scale:
-      v = nbytes / scale
-      return f"{v:.0f}{unit}" if v == int(v) else f"{v:.1f}{unit}"
-  return f"{nbytes:.0f}"
 
 
 def curves(machine: cm.Machine, nodes: int = 32, ranks_per_node=RANKS_PER_NODE,
@@ -96,7 +89,7 @@ def summary(rows: list[dict], usable: float) -> dict:
                  "output_at_90pct_of_peak": first(0.9 * peak),
                  "output_at_80pct_of_usable": first(0.8 * usable),
                  "output_at_90pct_of_usable": first(0.9 * usable),
-                 "utilisation_at": {_fmt(o): u for o, u in util
+                 "utilisation_at": {format_size(o, exact=False): u for o, u in util
                                     if o in (64 << 20, 256 << 20, 1 << 30, 4 << 30)}}
   a, b = res["ours"]["output_at_90pct_of_peak"], res["ring"]["output_at_90pct_of_peak"]
   res["ring_needs_x_larger_buffers"] = (b / a) if a and b else None
@@ -121,7 +114,7 @@ def plot(data_by_machine: list[dict], path: str) -> None:
               label=f"{k}/node ring (NCCL)")
     ax.set_xscale("log", base=2)
     ticks = x[::2]
-    ax.set_xticks(ticks, [_fmt(t) for t in ticks], rotation=45, fontsize=8)
+    ax.set_xticks(ticks, [format_size(t, exact=False) for t in ticks], rotation=45, fontsize=8)
     ax.set_ylim(0, 100)
     ax.set_xlabel("AllGather output size (bytes)")
     ax.set_ylabel("network utilisation (% of node NIC line rate)")
@@ -164,7 +157,8 @@ def main(argv=None) -> int:
         s = series["summary"][impl]
         at = s["utilisation_at"]
         o90 = s["output_at_90pct_of_peak"]
-        print(f"{k:>6}  {impl:>5}  {100 * s['peak_utilisation']:4.0f}%  {_fmt(o90) if o90 else '-':>14}  "
+        o90 = format_size(o90, exact=False) if o90 else "-"
+        print(f"{k:>6}  {impl:>5}  {100 * s['peak_utilisation']:4.0f}%  {o90:>14}  "
               + "  ".join(f"{100 * at.get(x, float('nan')):5.0f}%" for x in ("64M", "256M", "1G", "4G")))
   if not args.no_plot:
     ppath = os.path.join(args.out, NAME + ".png")

@@ -71,15 +71,10 @@ import time
 from jax_smddp import capabilities
 from jax_smddp.tools import launch
 from jax_smddp.tools.bench import nccl_tests
+from jax_smddp.tools.sizes import parse_size
 
 OPS = ("all_gather", "reduce_scatter", "all_reduce", "all_to_all")
 DEFAULT_OPS = OPS[:3]
-
-
-def parse_size(text: str) -> int:
-  text = text.strip().upper()
-  scale = {"K": 1 << 10, "M": 1 << 20, "G": 1 << 30}.get(text[-1:], 1)
-  return int(float(text[:-1] if text[-1:] in "KMG" else text) * scale)
 
 
 PIPELINE = 5  # calls in flight between syncs when timing back to back

@@ -37,6 +37,8 @@ from __future__ import annotations
 import collections
 import re
 
+from jax_smddp.tools.sizes import format_bytes
+
 # XLA's collective opcodes (async forms: OP-start, OP-done).
 XLA_OPS = ("all-gather", "reduce-scatter", "all-reduce", "all-to-all", "ragged-all-to-all",
            "collective-permute", "collective-broadcast", "send", "recv")
@@ -196,15 +198,6 @@ def report(ops: dict, before: dict, after: dict, runs: int, devices: int,
                "jax_smddp_calls": calls / per if counting else None,
                "jax_smddp_bytes": moved / per if counting else None}
   return out
-
-
-def format_bytes(n: float | None) -> str:
-  if n is None:
-    return "-"
-  for unit, scale in (("GiB", 1 << 30), ("MiB", 1 << 20), ("KiB", 1 << 10)):
-    if n >= scale:
-      return f"{n / scale:.2f} {unit}"
-  return f"{n:.0f} B"
 
 
 def format_report(rep: dict, what: str = "step") -> str:

@@ -19,6 +19,7 @@ import numpy as np
 
 from jax_smddp import calibration, capabilities, config, cost_model
 from jax_smddp.tools.bench import nccl_tests
+from jax_smddp.tools.sizes import format_size, parse_size  # noqa: F401 (the bench's names)
 from jax_smddp.tools.bench.interval import speedup_interval
 from jax_smddp.tools.bench.meter import CpuMeter
 
@@ -26,7 +27,6 @@ log = logging.getLogger("jax_smddp.tools.bench")
 
 OPS = ("all_gather", "reduce_scatter", "all_reduce", "all_to_all")
 DEFAULT_OPS = ("all_gather", "reduce_scatter", "all_reduce")
-_SUFFIXES = {"K": 1 << 10, "M": 1 << 20, "G": 1 << 30}
 
 # Large sizes run fewer iterations: a sample is cut when one implementation's
 # calls would move more than this many bytes in all (keeps the default run short
@@ -37,31 +37,6 @@ MEMCPY_BYTES = 64 << 20
 
 
 # --------------------------------------------------------------------------- sizes
-
-def parse_size(text: str) -> int:
-  """Parses ``"4K"``, ``"16M"``, ``"1GiB"``, ``"4096"`` (binary suffixes) into bytes."""
-  t = text.strip().upper()
-  for unit in ("IB", "B"):
-    if t.endswith(unit) and len(t) > len(unit):
-      t = t[:-len(unit)]
-      break
-  num, scale = (t[:-1], _SUFFIXES[t[-1]]) if t and t[-1] in _SUFFIXES else (t, 1)
-  try:
-    value = int(float(num) * scale)
-  except ValueError:
-    raise argparse.ArgumentTypeError(f"not a size: {text!r} (use e.g. 4096, 4K, 16M, 1G)") from None
-  if value <= 0:
-    raise argparse.ArgumentTypeError(f"size must be positive: {text!r}")
-  return value
-
-
-def format_size(nbytes: int) -> str:
-  """4096 -> '4K', 16777216 -> '16M'."""
-  for suffix in ("G", "M", "K"):
-    if nbytes >= _SUFFIXES[suffix] and nbytes % _SUFFIXES[suffix] == 0:
-      return f"{nbytes // _SUFFIXES[suffix]}{suffix}"
-  return str(nbytes)
-
 
 def power_of_two_sizes(min_bytes: int, max_bytes: int) -> list[int]:
   """Powers of two from the first >= min_bytes up to max_bytes."""
