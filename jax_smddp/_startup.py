@@ -36,7 +36,8 @@ NCCL_LIBRARY = "libsmddp_nccl.so"
 # The setting's registry entry (xla_ffi/common/settings.cc) states what it means; these are
 # the names it accepts, in any case, as a comma list.
 ENV_VAR = "JAX_SMDDP_COLLECTIVES"
-# The jax.lax collectives the shard_map swap (jax_smddp.swap) can lower through jax_smddp.
+# The collectives, in the engine's order (xla_ffi/algorithms/plan.h, Plan::Kind): Python's one
+# list of them (the swap, the cost model, the benchmarks), here because start-up imports nothing.
 COLLECTIVES = ("all_gather", "reduce_scatter", "all_reduce", "all_to_all")
 # Each accepted name of a collective (jax_smddp's and jax.lax's) -> its jax_smddp name.
 COLLECTIVE_NAMES = {

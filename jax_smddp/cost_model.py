@@ -117,7 +117,9 @@ import math
 from dataclasses import dataclass, field
 from typing import Sequence
 
-OPS = ("all_gather", "reduce_scatter", "all_reduce", "all_to_all")
+from jax_smddp._startup import COLLECTIVES
+
+OPS = COLLECTIVES
 ALGORITHMS = ("in_process", "flat", "hierarchical")
 NCCL_ALGORITHMS = ("ring", "tree")
 DEFAULT_CHUNK_BYTES = 1 << 20

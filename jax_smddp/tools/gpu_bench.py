@@ -69,11 +69,12 @@ import sys
 import time
 
 from jax_smddp import capabilities
+from jax_smddp._startup import COLLECTIVES
 from jax_smddp.tools import launch
 from jax_smddp.tools.bench import nccl_tests
 from jax_smddp.tools.sizes import parse_size
 
-OPS = ("all_gather", "reduce_scatter", "all_reduce", "all_to_all")
+OPS = COLLECTIVES
 DEFAULT_OPS = OPS[:3]
 
 

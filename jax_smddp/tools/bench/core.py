@@ -18,6 +18,7 @@ from typing import Callable
 import numpy as np
 
 from jax_smddp import calibration, capabilities, config, cost_model
+from jax_smddp._startup import COLLECTIVES
 from jax_smddp.tools.bench import nccl_tests
 from jax_smddp.tools.sizes import format_size, parse_size  # noqa: F401 (the bench's names)
 from jax_smddp.tools.bench.interval import speedup_interval
@@ -25,8 +26,8 @@ from jax_smddp.tools.bench.meter import CpuMeter
 
 log = logging.getLogger("jax_smddp.tools.bench")
 
-OPS = ("all_gather", "reduce_scatter", "all_reduce", "all_to_all")
-DEFAULT_OPS = ("all_gather", "reduce_scatter", "all_reduce")
+OPS = COLLECTIVES
+DEFAULT_OPS = OPS[:3]
 
 # Large sizes run fewer iterations: a sample is cut when one implementation's
 # calls would move more than this many bytes in all (keeps the default run short
