@@ -69,7 +69,7 @@ _summary: dict | None = None
 _hosts: list[str] | None = None  # host id of every process
 _atexit_registered = False
 
-_KV_TIMEOUT_MS = 300_000
+KV_TIMEOUT_MS = 300_000  # bootstrap waits on the key-value store (gpu.py too)
 _BUILDS_BARRIER_MS = 30_000  # processes of mismatched builds meet before they raise
 
 
@@ -249,7 +249,7 @@ def initialize() -> None:
     engine = _native.engine()
 
     def get(key: str) -> str:
-      return client.blocking_key_value_get(f"{prefix}/{key}", _KV_TIMEOUT_MS)
+      return client.blocking_key_value_get(f"{prefix}/{key}", KV_TIMEOUT_MS)
 
     def put(key: str, value: str) -> None:
       client.key_value_set(f"{prefix}/{key}", value)
@@ -326,7 +326,7 @@ def initialize() -> None:
       put("tuning", tuning.local_inputs())
     tuning.set_job_inputs(get("tuning") if me != 0 else tuning.local_inputs())
     # Nobody runs a collective until every process is connected.
-    client.wait_at_barrier(f"{prefix}/ready", _KV_TIMEOUT_MS)
+    client.wait_at_barrier(f"{prefix}/ready", KV_TIMEOUT_MS)
     _initialized = True
     _hosts = [info["host"] for info in procs]
     _summary = {"process": me, "processes": n, "host": host,

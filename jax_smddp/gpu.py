@@ -41,7 +41,6 @@ _exit_hook = False
 _rail_published = False
 _across_hosts: dict = {}  # groups across hosts set up here: what their set-up chose
 _why_staged: dict = {}  # groups across hosts whose network slots stage: why
-_KV_TIMEOUT_MS = 300_000
 
 
 def slot_bytes() -> int:
@@ -78,7 +77,7 @@ def _hosts() -> list[str]:
         raise RuntimeError("jax_smddp (GPU): multi-process job without jax.distributed; call "
                            "jax.distributed.initialize(...) first.")
       client.key_value_set(f"jax_smddp/gpu/host/{jax.process_index()}", distributed._host_id())
-      _host_ids = [client.blocking_key_value_get(f"jax_smddp/gpu/host/{p}", _KV_TIMEOUT_MS)
+      _host_ids = [client.blocking_key_value_get(f"jax_smddp/gpu/host/{p}", distributed.KV_TIMEOUT_MS)
                    for p in range(n)]
   return _host_ids
 
@@ -170,7 +169,7 @@ def _prepare_group(ext, members: tuple, devices, me: int) -> None:
       client.key_value_set(f"{prefix}/{rank}", base64.b64encode(handle).decode())
     for rank, i in enumerate(members):
       if devices[i].process_index != me:
-        value = client.blocking_key_value_get(f"{prefix}/{rank}", _KV_TIMEOUT_MS)
+        value = client.blocking_key_value_get(f"{prefix}/{rank}", distributed.KV_TIMEOUT_MS)
         remote.append((rank, base64.b64decode(value)))
   ext.connect(list(members), remote)
   _ready.add(members)
@@ -230,7 +229,7 @@ def _rail_addresses(ext, members: tuple, devices, me: int, ordinal: int) -> list
     client.key_value_set(f"jax_smddp/gpu/rail/{me}", entry)
     _rail_published = True
   processes = sorted({devices[i].process_index for i in members})
-  entries = {p: client.blocking_key_value_get(f"jax_smddp/gpu/rail/{p}", _KV_TIMEOUT_MS)
+  entries = {p: client.blocking_key_value_get(f"jax_smddp/gpu/rail/{p}", distributed.KV_TIMEOUT_MS)
              for p in processes}
   missing = {p: e[len("none:"):] for p, e in entries.items() if e.startswith("none:")}
   if missing:
