@@ -25,11 +25,11 @@
 // devices). direct|staged: JAX_SMDDP_GPU_DIRECT_READS=1|0; every collective,
 // float32 and int32, two calls each; each rank writes its inputs and outputs
 // to OUTDIR/rank<r>.bin for the test to check against numpy. schedule: two
-// direct all_gathers of 4 KiB per rank, then prints the most peer copies
-// each device had in flight at once and rank 0's copies of the second call.
-// refused: set-up must fail naming a pair of devices (JAX_SMDDP_MOCK_TOPOLOGY=pcie_nop2p).
-// dead: the last process dies after set-up; the others' calls fail naming it.
-// Prints "all checks passed" and exits 0 on success.
+// all_gathers of 4 KiB per rank (schedule_staged: through the 4 KiB slots), then prints the most
+// peer copies each device had in flight at once and rank 0's copies of the second call. refused:
+// set-up must fail naming a pair of devices (JAX_SMDDP_MOCK_TOPOLOGY=pcie_nop2p). dead: the last
+// process dies after set-up; the others' calls fail naming it. Prints "all checks passed" and exits
+// 0 on success.
 #include <dirent.h>
 #include <signal.h>
 #include <sys/mman.h>
@@ -248,7 +248,7 @@ void RunRank(const std::string& mode, const std::string& outdir, int P, int rank
   std::list<Record> records;  // their host memory stays put until the end
   int64_t op_id = 0;
   int in_place = 0;  // calls that read their peers' buffers in place
-  const bool schedule = mode == "schedule";
+  const bool schedule = mode.rfind("schedule", 0) == 0;
   for (int op = 0; op < 4; ++op) {
     for (int type = 0; type < 2; ++type) {
       for (int call = 0; call < 2; ++call) {
@@ -382,7 +382,8 @@ int RunProcess(int p, int P, int G, const std::string& mode, const std::string& 
   std::string devices;
   for (int i = 0; i < G; ++i) devices += (i ? "," : "") + std::to_string(p * G + i);
   setenv("JAX_SMDDP_MOCK_DEVICES", devices.c_str(), 1);
-  setenv("JAX_SMDDP_GPU_DIRECT_READS", mode == "staged" ? "0" : "1", 1);
+  const bool staged = mode == "staged" || mode == "schedule_staged";
+  setenv("JAX_SMDDP_GPU_DIRECT_READS", staged ? "0" : "1", 1);
   gpu::SetProcessIndex(p);
   smddp::SetTimeoutSeconds(20);
   if (nccl) return RunProcessNccl(p, P, G, mode, outdir);
@@ -427,7 +428,7 @@ int RunProcess(int p, int P, int G, const std::string& mode, const std::string& 
     threads.emplace_back(RunRank, mode, outdir, N, p * G + i, i, me, nullptr);
   }
   for (auto& t : threads) t.join();
-  if (mode == "schedule") {
+  if (mode.rfind("schedule", 0) == 0) {
     for (int i = 0; i < G; ++i) {
       const int d = mock_node::NodeDevice(i);
       std::printf("device %d: peer copies in flight at most %d\n", d,

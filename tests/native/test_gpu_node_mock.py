@@ -121,11 +121,13 @@ def test_layout(program, layout, entry, mode, memory, tmp_path):
 
 
 @pytest.mark.timeout(120)
-def test_all_gather_schedule_node_1x8(program, tmp_path):
-  """An 8-GPU all_gather in one process: the peer copies of a rank run at once
-  (one lane per peer, joined back to its stream), read from the mock's
-  schedule (copies of 16 KiB taking ~2 ms each)."""
-  out = _run(program, "1x8", "schedule", tmp_path, {"JAX_SMDDP_MOCK_COPY_US": "2000"})
+@pytest.mark.parametrize("mode", ["schedule", "schedule_staged"])
+def test_all_gather_schedule_node_1x8(program, mode, tmp_path):
+  """An 8-GPU all_gather in one process, reading in place or through the
+  slots: the peer copies of a rank run at once (one lane per peer, joined back
+  to its stream), read from the mock's schedule (copies of 4 KiB taking ~2 ms
+  each)."""
+  out = _run(program, "1x8", mode, tmp_path, {"JAX_SMDDP_MOCK_COPY_US": "2000"})
   most = [int(n) for n in re.findall(r"peer copies in flight at most (\d+)", out)]
   assert len(most) == 8, out
   assert max(most) >= 7, out

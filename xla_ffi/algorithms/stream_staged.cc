@@ -5,6 +5,10 @@
 
 namespace smddp {
 
+// In each step a rank reads its peers' slots on a lane per peer (Steps::ForkPeers),
+// joined back before the next step: a copy waits for its peer alone and the
+// copies of different peers run at once.
+
 // recv[o, p, :] = send_p[o, :]
 Status StagedAllGather(Steps& st, StreamOps& ops, const uint8_t* send, uint8_t* recv, size_t outer,
                        size_t inner) {
@@ -16,15 +20,17 @@ Status StagedAllGather(Steps& st, StreamOps& ops, const uint8_t* send, uint8_t* 
     SMDDP_RETURN_IF_ERROR(
         ops.Copy2D(mine, t.width, send + t.row * inner + t.col, inner, t.width, t.rows));
     SMDDP_RETURN_IF_ERROR(st.Post());
+    SMDDP_RETURN_IF_ERROR(st.ForkPeers(P - 1));
     for (int k = 1; k < P; ++k) {
       const int q = (me + k) % P;  // staggered so ranks do not all read one peer at once
+      StreamOps& lane = st.PeerLane(k - 1);
       const uint8_t* theirs;
-      SMDDP_RETURN_IF_ERROR(st.Await(q, &theirs));
-      SMDDP_RETURN_IF_ERROR(ops.Copy2D(recv + (t.row * P + q) * inner + t.col, P * inner, theirs,
-                                       t.width, t.width, t.rows));
-      SMDDP_RETURN_IF_ERROR(st.Release(q));
+      SMDDP_RETURN_IF_ERROR(st.Await(q, &theirs, lane));
+      SMDDP_RETURN_IF_ERROR(lane.Copy2D(recv + (t.row * P + q) * inner + t.col, P * inner, theirs,
+                                        t.width, t.width, t.rows));
+      SMDDP_RETURN_IF_ERROR(st.Release(q, lane));
     }
-    return Status::Ok();
+    return st.JoinPeers();
   });
 }
 
@@ -50,14 +56,17 @@ Status StagedAllToAll(Steps& st, StreamOps& ops, const uint8_t* send, uint8_t* r
       ops.Copy2D(recv + me * inner, P * inner, send + me * inner, P * inner, inner, outer));
   return ForEachTile(outer, inner, P, st.cap(), 1, [&](const Tile& t) -> Status {
     SMDDP_RETURN_IF_ERROR(PostBlocks(st, ops, send, inner, t));
+    SMDDP_RETURN_IF_ERROR(st.ForkPeers(P - 1));
     for (int k = 1; k < P; ++k) {
       const int q = (me + k) % P;
+      StreamOps& lane = st.PeerLane(k - 1);
       const uint8_t* theirs;
-      SMDDP_RETURN_IF_ERROR(st.Await(q, &theirs));
-      SMDDP_RETURN_IF_ERROR(ops.Copy2D(recv + (t.row * P + q) * inner + t.col, P * inner,
-                                       theirs + me * t.width, P * t.width, t.width, t.rows));
-      SMDDP_RETURN_IF_ERROR(st.Release(q));
+      SMDDP_RETURN_IF_ERROR(st.Await(q, &theirs, lane));
+      SMDDP_RETURN_IF_ERROR(lane.Copy2D(recv + (t.row * P + q) * inner + t.col, P * inner,
+                                        theirs + me * t.width, P * t.width, t.width, t.rows));
+      SMDDP_RETURN_IF_ERROR(st.Release(q, lane));
     }
+    SMDDP_RETURN_IF_ERROR(st.JoinPeers());
     return Status::Ok();
   });
 }
@@ -115,15 +124,17 @@ Status StagedAllReduce(Steps& st, StreamOps& ops, const uint8_t* send, uint8_t* 
     SMDDP_RETURN_IF_ERROR(st.Begin(&mine));
     if (own) SMDDP_RETURN_IF_ERROR(ops.Copy(mine, recv + (me * L + j) * E, own * E));
     SMDDP_RETURN_IF_ERROR(st.Post());
+    SMDDP_RETURN_IF_ERROR(st.ForkPeers(P - 1));
     for (int k = 1; k < P; ++k) {
       const int q = (me + k) % P;
+      StreamOps& lane = st.PeerLane(k - 1);
       const uint8_t* theirs;
-      SMDDP_RETURN_IF_ERROR(st.Await(q, &theirs));
+      SMDDP_RETURN_IF_ERROR(st.Await(q, &theirs, lane));
       const size_t n = valid(q, j, w);
-      if (n) SMDDP_RETURN_IF_ERROR(ops.Copy(recv + (q * L + j) * E, theirs, n * E));
-      SMDDP_RETURN_IF_ERROR(st.Release(q));
+      if (n) SMDDP_RETURN_IF_ERROR(lane.Copy(recv + (q * L + j) * E, theirs, n * E));
+      SMDDP_RETURN_IF_ERROR(st.Release(q, lane));
     }
-    return Status::Ok();
+    return st.JoinPeers();
   });
 }
 

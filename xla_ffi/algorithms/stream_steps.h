@@ -85,20 +85,29 @@ class Steps {
     }
     return Status::Ok();
   }
-  // Waits until peer q posted this step; returns its slot.
-  Status Await(int q, const uint8_t** slot) {
+  // Waits until peer q posted this step; returns its slot. (On `on`: this
+  // call's ops or one of its lanes, StreamOps::Lane.)
+  Status Await(int q, const uint8_t** slot) { return Await(q, slot, ops_); }
+  Status Await(int q, const uint8_t** slot, StreamOps& on) {
     *slot = Slot(q);
     if (q == rank()) return Status::Ok();
-    if (!replayable_) return ops_.WaitAtLeast(Posted(q), step_);
+    if (!replayable_) return on.WaitAtLeast(Posted(q), step_);
     uint32_t* token = PostedToken(rank(), SlotIndex(), q);
-    SMDDP_RETURN_IF_ERROR(ops_.WaitAtLeast(token, 1));
-    return ops_.Write(token, 0);  // q posts this slot again only after our Release
+    SMDDP_RETURN_IF_ERROR(on.WaitAtLeast(token, 1));
+    return on.Write(token, 0);  // q posts this slot again only after our Release
   }
-  Status Release(int q) {
+  Status Release(int q) { return Release(q, ops_); }
+  Status Release(int q, StreamOps& on) {
     if (q == rank()) return Status::Ok();
-    return replayable_ ? ops_.Write(ConsumedToken(q, SlotIndex(), rank()), 1)
-                       : ops_.Write(Consumed(q, rank()), step_);
+    return replayable_ ? on.Write(ConsumedToken(q, SlotIndex(), rank()), 1)
+                       : on.Write(Consumed(q, rank()), step_);
   }
+  // Lanes for reading `peers` peers' slots at once (StreamOps::Fork), or
+  // none: a replayable call stays on its one stream (a CUDA graph captures
+  // it as it was enqueued).
+  Status ForkPeers(int peers) { return replayable_ ? Status::Ok() : ops_.Fork(peers); }
+  StreamOps& PeerLane(int k) { return replayable_ ? ops_ : ops_.Lane(k); }
+  Status JoinPeers() { return replayable_ ? Status::Ok() : ops_.Join(); }
   // After a staged call (replayable, or StreamRank::drain_each_call): later
   // work on this stream waits until every peer consumed this call's steps,
   // so its slots are free for whatever call comes next.
@@ -118,9 +127,7 @@ class Steps {
   Status AwaitPosted(int q, StreamOps& on) {
     return q == rank() ? Status::Ok() : on.WaitAtLeast(Posted(q), step_);
   }
-  Status ReleaseDirect(int q, StreamOps& on) {
-    return q == rank() ? Status::Ok() : on.Write(Consumed(q, rank()), step_);
-  }
+  Status ReleaseDirect(int q, StreamOps& on) { return Release(q, on); }
   // Later work on this stream waits until every peer consumed this step.
   Status AwaitConsumed() {
     for (int q = 0; q < size(); ++q) {
