@@ -18,7 +18,6 @@ import functools
 import inspect
 import itertools
 import logging
-import threading
 from typing import Any, Callable
 
 import numpy as np
@@ -49,11 +48,10 @@ ENGINE_DTYPES = frozenset(np.dtype(t) for t in (
 # Reductions, numbered as the engine's ReduceOp (exported from C++).
 REDUCE_OPS = dict(_native.engine().reduce_ops())
 
-# Lowering platforms that have their own jax.lax rules we fall back to.
+# Lowering platforms with an engine (each its own rule), and the others, whose jax.lax
+# rules are the fallback.
+ENGINE_PLATFORMS = ("cpu", "cuda")
 _OTHER_PLATFORMS = ("rocm", "tpu")
-
-# The platform a lowering rule is emitting for (emit_ffi_call reads it).
-_lowering = threading.local()
 
 
 class _Unsupported(Exception):
@@ -117,14 +115,15 @@ def pvary_for(axes: tuple, x):
   return lax_parallel.insert_collective_pvary(axes, x)
 
 
-def make_primitive(name: str, to_lax: Callable[..., tuple[core.Primitive, dict]],
-                   lower_cpu: Callable[..., Any]) -> core.Primitive:
-  """A primitive typed like its lax twin, lowered by `lower_cpu` on CPU.
+def make_primitive(name: str, op: str, to_lax: Callable[..., tuple[core.Primitive, dict]],
+                   lower: Callable[..., Any]) -> core.Primitive:
+  """A primitive typed like its lax twin, lowered by `lower` on CPU and CUDA.
 
-  `to_lax(**params)` names the lax primitive (and its parameters) that this
-  call is equivalent to: used for typing and for every fallback lowering.
-  `lower_cpu(ctx, x, **params)` returns the lowered values, or a string saying
-  why the engine cannot take this case.
+  `op` is the collective it runs (one of _startup.COLLECTIVES). `to_lax(**params)`
+  names the lax primitive (and its parameters) that this call is equivalent to:
+  used for typing and for every fallback lowering. `lower(ctx, x, *, platform,
+  **params)` returns the lowered values for `platform` ("cpu" or "cuda"), or a
+  string saying why the engine cannot take this case.
   """
   p = core.Primitive(f"smddp_{name}")
 
@@ -151,27 +150,22 @@ def make_primitive(name: str, to_lax: Callable[..., tuple[core.Primitive, dict]]
       return fallback(platform)(ctx, x, **params)
     return rule
 
-  def cpu_rule(ctx, x, **params):
-    requirements.enforce()
-    out = lower_cpu(ctx, x, **params)
-    if isinstance(out, str):
-      _log_fallback_once(name, out)
-      return fallback("cpu")(ctx, x, **params)
-    return out
-
-  def cuda_rule(ctx, x, **params):
-    requirements.enforce()
-    out = lower_cuda(p, lower_cpu, ctx, x, params)
-    if isinstance(out, str):
-      _log_fallback_once(name, out)
-      return fallback("cuda")(ctx, x, **params)
-    return out
+  def engine_rule(platform):
+    def rule(ctx, x, **params):
+      requirements.enforce()
+      out = (lower_cuda(p, op, lower, ctx, x, params) if platform == "cuda"
+             else lower(ctx, x, platform=platform, **params))
+      if isinstance(out, str):
+        _log_fallback_once(name, out)
+        return fallback(platform)(ctx, x, **params)
+      return out
+    return rule
 
   mlir.register_lowering(p, other_platform_rule(None))
   for platform in _OTHER_PLATFORMS:
     mlir.register_lowering(p, other_platform_rule(platform), platform=platform)
-  mlir.register_lowering(p, cpu_rule, platform="cpu")
-  mlir.register_lowering(p, cuda_rule, platform="cuda")
+  for platform in ENGINE_PLATFORMS:
+    mlir.register_lowering(p, engine_rule(platform), platform=platform)
   return p
 
 
@@ -196,42 +190,35 @@ def collective_stream_enabled() -> bool:
   return config.value("JAX_SMDDP_GPU_STREAM") == "collective"
 
 
-def lower_cuda(prim, lower, ctx, x, params):
-  """The GPU backend's lowering of `prim` (bound with `params`), or a string
-  saying why it does not take the call. `lower(ctx, x, **params)` is the
-  collective's platform-independent lowering (it calls emit_ffi_call)."""
+def lower_cuda(prim, op: str, lower, ctx, x, params):
+  """The GPU backend's lowering of `prim` (bound with `params`; collective `op`),
+  or a string saying why it does not take the call. `lower(ctx, x, *, platform,
+  **params)` is the collective's lowering (it calls emit_ffi_call)."""
   if not _native.register_cuda_targets():
     return ("this jax_smddp was built without CUDA (nvcc was not found when it was installed): "
             "its collectives lower to XLA's own on GPUs")
-  annotated = _on_collective_stream(prim, ctx, x, params)
+  annotated = _on_collective_stream(prim, op, ctx, x, params)
   if annotated is not None:
     return annotated
-  _lowering.platform = "cuda"
   try:
-    return lower(ctx, x, **params)
+    return lower(ctx, x, platform="cuda", **params)
   except _Unsupported as e:
     return str(e)
-  finally:
-    _lowering.platform = None
 
 
-def _cuda_takes(ctx, params) -> bool:
-  """Whether the GPU backend will take this call (checked before annotating,
-  so a call that falls back to XLA's collective is never annotated)."""
+def _cuda_takes(ctx, op: str, params) -> bool:
+  """Whether the GPU backend will take this call of `op` (checked before
+  annotating, so a call that falls back to XLA's collective is never annotated)."""
   from jax_smddp import gpu
   axes = params.get("axis_name", params.get("axes"))
   if axes is None or params.get("axis_index_groups") is not None:
     return False
   axes = axes_tuple(axes)
   dtype = np.dtype(ctx.avals_in[0].dtype)
-  reduces = "axes" in params or "scatter_dimension" in params
+  reduces = op in ("reduce_scatter", "all_reduce")
   if engine_unsupported(ctx, dtype, axes) or (reduces and dtype == np.bool_):
     return False
   groups = pxla.axis_groups(ctx.module_context.axis_context, axes)
-  op = ("all_gather" if "all_gather_dimension" in params else
-        "reduce_scatter" if "scatter_dimension" in params else
-        "all_reduce" if "axes" in params else
-        "all_to_all" if "split_axis" in params else "other")
   return gpu.unsupported(ctx.module_context.axis_context.mesh, groups, op) is None
 
 
@@ -244,7 +231,7 @@ def _group_of_one(ctx, params) -> bool:
   return len(groups[0]) == 1
 
 
-def _on_collective_stream(p, ctx, x, params):
+def _on_collective_stream(p, op: str, ctx, x, params):
   """Lowers `p` inside JAX's stream annotation, so XLA wraps the custom call
   as an asynchronous start/done pair on its collective stream; None when
   already inside one, when disabled, when this jax has no annotation, when
@@ -255,7 +242,7 @@ def _on_collective_stream(p, ctx, x, params):
   if not collective_stream_enabled():
     return None
   annotate = _stream_annotator()
-  if annotate is None or not _cuda_takes(ctx, params) or _group_of_one(ctx, params):
+  if annotate is None or not _cuda_takes(ctx, op, params) or _group_of_one(ctx, params):
     return None
   body = annotate(lambda v: p.bind(v, **params), compute_type=COLLECTIVE_STREAM,
                   out_memory_spaces=core.MemorySpace.Device)
@@ -293,16 +280,16 @@ def engine_unsupported(ctx, dtype, axes: tuple, axis_index_groups=None) -> str |
   return None
 
 
-def emit_ffi_call(ctx, target: str, x, axes: tuple, x_aval, out_aval, *, axis_index_groups=None,
-                  **attrs):
-  """Emits the plugin's custom call for one collective.
+def emit_ffi_call(ctx, platform: str, target: str, x, axes: tuple, x_aval, out_aval, *,
+                  axis_index_groups=None, **attrs):
+  """Emits the plugin's custom call for one collective on `platform` ("cpu", "cuda").
 
   Operands are the input and this device's partition id (the id XLA uses in
   replica groups); attributes are the replica groups (split by
   `axis_index_groups` as jax.lax splits them), the op's position in the module
   (with the XLA run id, the rendezvous key) and per-op layout.
   """
-  if getattr(_lowering, "platform", None) == "cuda":
+  if platform == "cuda":
     if axis_index_groups is not None:
       raise _Unsupported("axis_index_groups: the GPU backend takes whole mesh axes only")
     return _emit_cuda_call(ctx, target, x, axes, x_aval, out_aval, **attrs)

@@ -49,7 +49,7 @@ def _to_lax(**params):
   return lax_parallel.all_gather_p, params
 
 
-def _lower_cpu(ctx, x, *, all_gather_dimension, axis_name, axis_index_groups, axis_size, tiled):
+def _lower(ctx, x, *, platform, all_gather_dimension, axis_name, axis_index_groups, axis_size, tiled):
   x_aval, = ctx.avals_in
   out_aval, = ctx.avals_out
   why = c.engine_unsupported(ctx, x_aval.dtype, axis_name, axis_index_groups)
@@ -58,7 +58,7 @@ def _lower_cpu(ctx, x, *, all_gather_dimension, axis_name, axis_index_groups, ax
   # Output viewed as [outer, ranks, inner]: rank p's input is block [:, p, :],
   # whether tiled (concatenated) or not (stacked).
   d = all_gather_dimension
-  return c.emit_ffi_call(ctx, "smddp_all_gather", x, axis_name, x_aval, out_aval,
+  return c.emit_ffi_call(ctx, platform, "smddp_all_gather", x, axis_name, x_aval, out_aval,
                          axis_index_groups=axis_index_groups,
                          outer=c.prod(x_aval.shape[:d]),
                          inner_bytes=c.prod(x_aval.shape[d:]) * np.dtype(x_aval.dtype).itemsize)
@@ -79,6 +79,6 @@ def _batcher(axis_data, vals_in, dims_in, **params):
   return c.bind_batched_gather(all_gather_p, x, d, params)
 
 
-all_gather_p = c.make_primitive("all_gather", _to_lax, _lower_cpu)
+all_gather_p = c.make_primitive("all_gather", "all_gather", _to_lax, _lower)
 ad.deflinear2(all_gather_p, _transpose)
 batching.fancy_primitive_batchers[all_gather_p] = _batcher

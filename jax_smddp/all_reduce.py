@@ -97,13 +97,13 @@ def _to_lax(*, axes, reduce, invariant, axis_index_groups=None):
   return prim, {"axes": axes, "axis_index_groups": axis_index_groups}
 
 
-def _lower_cpu(ctx, x, *, axes, reduce, invariant, axis_index_groups=None):
+def _lower(ctx, x, *, platform, axes, reduce, invariant, axis_index_groups=None):
   x_aval, = ctx.avals_in
   out_aval, = ctx.avals_out
   why = c.engine_unsupported(ctx, x_aval.dtype, axes, axis_index_groups)
   if why:
     return why
-  return c.emit_ffi_call(ctx, "smddp_all_reduce", x, axes, x_aval, out_aval,
+  return c.emit_ffi_call(ctx, platform, "smddp_all_reduce", x, axes, x_aval, out_aval,
                          axis_index_groups=axis_index_groups, reduce=c.REDUCE_OPS[reduce])
 
 
@@ -136,7 +136,7 @@ def _jvp(primals, tangents, *, axes, reduce, invariant, axis_index_groups=None):
   return out, all_reduce_p.bind(t, **params)
 
 
-all_reduce_p = c.make_primitive("all_reduce", _to_lax, _lower_cpu)
+all_reduce_p = c.make_primitive("all_reduce", "all_reduce", _to_lax, _lower)
 ad.primitive_jvps[all_reduce_p] = _jvp
 ad.primitive_transposes[all_reduce_p] = _transpose
 batching.fancy_primitive_batchers[all_reduce_p] = _batcher

@@ -65,7 +65,7 @@ def _to_lax(**params):
   return lax_parallel.all_to_all_p, params
 
 
-def _lower_cpu(ctx, x, *, split_axis, concat_axis, axis_name, axis_index_groups, tiled):
+def _lower(ctx, x, *, platform, split_axis, concat_axis, axis_name, axis_index_groups, tiled):
   x_aval, = ctx.avals_in
   out_aval, = ctx.avals_out
   why = c.engine_unsupported(ctx, x_aval.dtype, axis_name, axis_index_groups)
@@ -75,7 +75,7 @@ def _lower_cpu(ctx, x, *, split_axis, concat_axis, axis_name, axis_index_groups,
   itemsize = np.dtype(x_aval.dtype).itemsize
   shape, s, k = tuple(x_aval.shape), split_axis, x_aval.ndim
   if s == concat_axis:  # [outer, ranks, inner] in and out: no transposes
-    return c.emit_ffi_call(ctx, "smddp_all_to_all", x, axis_name, x_aval, out_aval,
+    return c.emit_ffi_call(ctx, platform, "smddp_all_to_all", x, axis_name, x_aval, out_aval,
                            axis_index_groups=axis_index_groups, outer=c.prod(shape[:s]),
                            inner_bytes=c.prod(shape[s:]) // n * itemsize)
   # Bring the split blocks to the front, exchange them, and move the received
@@ -85,8 +85,8 @@ def _lower_cpu(ctx, x, *, split_axis, concat_axis, axis_name, axis_index_groups,
   blocks = mlir.reshape(ctx, x, aval(shape[:s] + (n,) + rest[s:]))
   front = (n,) + rest
   blocks = hlo.transpose(blocks, mlir.dense_int_array([s] + [i for i in range(k + 1) if i != s]))
-  y, = c.emit_ffi_call(ctx, "smddp_all_to_all", blocks, axis_name, aval(front), aval(front),
-                       axis_index_groups=axis_index_groups, outer=1,
+  y, = c.emit_ffi_call(ctx, platform, "smddp_all_to_all", blocks, axis_name, aval(front),
+                       aval(front), axis_index_groups=axis_index_groups, outer=1,
                        inner_bytes=c.prod(rest) * itemsize)
   cc = concat_axis
   y = hlo.transpose(y, mlir.dense_int_array(list(range(1, cc + 1)) + [0] + list(range(cc + 1, k + 1))))
@@ -112,6 +112,6 @@ def _batcher(axis_data, vals_in, dims_in, **params):
                                  "concat_axis": cc + (d <= cc)}), d
 
 
-all_to_all_p = c.make_primitive("all_to_all", _to_lax, _lower_cpu)
+all_to_all_p = c.make_primitive("all_to_all", "all_to_all", _to_lax, _lower)
 ad.deflinear2(all_to_all_p, _transpose)
 batching.fancy_primitive_batchers[all_to_all_p] = _batcher

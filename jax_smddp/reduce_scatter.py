@@ -64,7 +64,7 @@ def _to_lax(**params):
   return lax_parallel.reduce_scatter_p, params
 
 
-def _lower_cpu(ctx, x, *, scatter_dimension, axis_name, axis_index_groups, axis_size, tiled):
+def _lower(ctx, x, *, platform, scatter_dimension, axis_name, axis_index_groups, axis_size, tiled):
   x_aval, = ctx.avals_in
   out_aval, = ctx.avals_out
   why = c.engine_unsupported(ctx, x_aval.dtype, axis_name, axis_index_groups)
@@ -72,7 +72,7 @@ def _lower_cpu(ctx, x, *, scatter_dimension, axis_name, axis_index_groups, axis_
     return why
   # Input viewed as [outer, ranks, inner]; this rank reduces block [:, rank, :].
   d = scatter_dimension
-  return c.emit_ffi_call(ctx, "smddp_reduce_scatter", x, axis_name, x_aval, out_aval,
+  return c.emit_ffi_call(ctx, platform, "smddp_reduce_scatter", x, axis_name, x_aval, out_aval,
                          axis_index_groups=axis_index_groups, reduce=c.REDUCE_OPS["sum"],
                          outer=c.prod(x_aval.shape[:d]),
                          inner=c.prod(x_aval.shape[d:]) // axis_size)
@@ -93,6 +93,6 @@ def _batcher(axis_data, vals_in, dims_in, **params):
   return c.bind_batched_scatter(reduce_scatter_p, x, d, params)
 
 
-reduce_scatter_p = c.make_primitive("reduce_scatter", _to_lax, _lower_cpu)
+reduce_scatter_p = c.make_primitive("reduce_scatter", "reduce_scatter", _to_lax, _lower)
 ad.deflinear2(reduce_scatter_p, _transpose)
 batching.fancy_primitive_batchers[reduce_scatter_p] = _batcher

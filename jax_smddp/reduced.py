@@ -30,8 +30,8 @@ from jax._src.lax import parallel as lax_parallel
 from jax._src.lax import slicing
 
 from jax_smddp import _collective as c
-from jax_smddp.all_gather import _lower_cpu as _gather_lower
-from jax_smddp.reduce_scatter import _lower_cpu as _scatter_lower
+from jax_smddp.all_gather import _lower as _gather_lower
+from jax_smddp.reduce_scatter import _lower as _scatter_lower
 
 
 def all_gather_reduced(x, axis_name, *, axis: int = 0, tiled: bool = False):
@@ -82,16 +82,18 @@ def _scatter_to_lax(**params):
   return lax_parallel.unreduced_reduce_scatter_p, params
 
 
-def _gather_lower_cpu(ctx, x, *, all_gather_dimension, axis_name, axis_size, tiled):
-  return _gather_lower(ctx, x, all_gather_dimension=all_gather_dimension, axis_name=axis_name,
-                       axis_index_groups=None, axis_size=axis_size, tiled=tiled)
+def _gather_lower_typed(ctx, x, *, platform, all_gather_dimension, axis_name, axis_size, tiled):
+  return _gather_lower(ctx, x, platform=platform, all_gather_dimension=all_gather_dimension,
+                       axis_name=axis_name, axis_index_groups=None, axis_size=axis_size,
+                       tiled=tiled)
 
 
-def _scatter_lower_cpu(ctx, x, *, axis_name, scatter_dimension, axis_size, tiled):
+def _scatter_lower_typed(ctx, x, *, platform, axis_name, scatter_dimension, axis_size, tiled):
   if np.dtype(ctx.avals_in[0].dtype) == np.bool_:
     return "reduction of booleans"
-  return _scatter_lower(ctx, x, scatter_dimension=scatter_dimension, axis_name=axis_name,
-                        axis_index_groups=None, axis_size=axis_size, tiled=tiled)
+  return _scatter_lower(ctx, x, platform=platform, scatter_dimension=scatter_dimension,
+                        axis_name=axis_name, axis_index_groups=None, axis_size=axis_size,
+                        tiled=tiled)
 
 
 def _gather_transpose(cts, x, *, all_gather_dimension, axis_name, axis_size, tiled):
@@ -126,18 +128,19 @@ def _scatter_batcher(axis_data, vals_in, dims_in, **params):
   return c.bind_batched_scatter(unreduced_reduce_scatter_p, x, d, params)
 
 
-all_gather_reduced_p = c.make_primitive("all_gather_reduced", _gather_to_lax, _gather_lower_cpu)
+all_gather_reduced_p = c.make_primitive("all_gather_reduced", "all_gather", _gather_to_lax,
+                                        _gather_lower_typed)
 ad.deflinear2(all_gather_reduced_p, _gather_transpose)
 batching.fancy_primitive_batchers[all_gather_reduced_p] = _gather_batcher(
     all_gather_reduced_p, _gather_to_lax)
 
-all_gather_invariant_p = c.make_primitive("all_gather_invariant", _invariant_to_lax,
-                                          _gather_lower_cpu)
+all_gather_invariant_p = c.make_primitive("all_gather_invariant", "all_gather", _invariant_to_lax,
+                                          _gather_lower_typed)
 ad.deflinear2(all_gather_invariant_p, _invariant_transpose)
 batching.fancy_primitive_batchers[all_gather_invariant_p] = _gather_batcher(
     all_gather_invariant_p, _invariant_to_lax)
 
-unreduced_reduce_scatter_p = c.make_primitive("unreduced_reduce_scatter", _scatter_to_lax,
-                                              _scatter_lower_cpu)
+unreduced_reduce_scatter_p = c.make_primitive("unreduced_reduce_scatter", "reduce_scatter",
+                                              _scatter_to_lax, _scatter_lower_typed)
 ad.deflinear2(unreduced_reduce_scatter_p, _scatter_transpose)
 batching.fancy_primitive_batchers[unreduced_reduce_scatter_p] = _scatter_batcher

@@ -8,7 +8,7 @@ backends) or from code with :func:`use`.
 
 How: the CPU and CUDA lowerings of the lax primitives themselves are replaced by a rule
 that asks the jax_smddp module of that collective to lower the call (the
-``_lower_cpu`` functions take the lax primitive's parameters) and falls back to
+``_lower`` functions take the platform and the lax primitive's parameters) and falls back to
 lax's original rule for any case jax_smddp does not take (the same cases as
 for the jax_smddp API: other dtypes, ``axis_index_groups`` on GPUs, partially manual
 ``shard_map``, vmap/pmap axes, other platforms). Typing, batching and
@@ -51,7 +51,6 @@ ENV_VAR = _startup.ENV_VAR
 # accepts: _startup.COLLECTIVE_NAMES).
 OPS = _startup.COLLECTIVES
 
-_PLATFORMS = ("cpu", "cuda")  # where jax_smddp has a backend
 
 Lowered = Any  # lowered values, or a string saying why jax_smddp does not take the call
 
@@ -64,12 +63,12 @@ def _single(fn: Callable[..., Lowered], *params: str) -> Callable[..., Lowered]:
   """
   known = frozenset(params)
 
-  def adapter(ctx, *args, **kw):
+  def adapter(ctx, *args, platform, **kw):
     if len(args) != 1:
       return f"{len(args)} operands in one call"
     if set(kw) != known:
       return f"unexpected parameters {sorted(set(kw) ^ known)}"
-    return fn(ctx, args[0], **kw)
+    return fn(ctx, args[0], platform=platform, **kw)
   return adapter
 
 
@@ -83,17 +82,17 @@ def _no_bool(fn):
 
 
 def _gather_no_groups(ctx, x, **params):  # all_gather_invariant_p, all_gather_reduced_p
-  return _ag._lower_cpu(ctx, x, axis_index_groups=None, **params)
+  return _ag._lower(ctx, x, axis_index_groups=None, **params)
 
 
 def _scatter_no_groups(ctx, x, **params):  # unreduced_reduce_scatter_p
-  return _rs._lower_cpu(ctx, x, axis_index_groups=None, **params)
+  return _rs._lower(ctx, x, axis_index_groups=None, **params)
 
 
 def _reduce(op: str, invariant: bool):
-  def lower(ctx, x, *, axes, axis_index_groups=None):
-    return _ar._lower_cpu(ctx, x, axes=tuple(axes), reduce=op, invariant=invariant,
-                          axis_index_groups=axis_index_groups)
+  def lower(ctx, x, *, platform, axes, axis_index_groups=None):
+    return _ar._lower(ctx, x, platform=platform, axes=tuple(axes), reduce=op,
+                      invariant=invariant, axis_index_groups=axis_index_groups)
   return lower
 
 
@@ -110,12 +109,12 @@ def _takeovers() -> dict[str, list[tuple[Any, Callable[..., Lowered]]]]:
   """
   table = {
       "all_gather": [
-          ("all_gather_p", _single(_ag._lower_cpu, "axis_index_groups", *_GATHER)),
+          ("all_gather_p", _single(_ag._lower, "axis_index_groups", *_GATHER)),
           ("all_gather_invariant_p", _single(_gather_no_groups, *_GATHER)),
           ("all_gather_reduced_p", _single(_gather_no_groups, *_GATHER))],
       "reduce_scatter": [
           ("reduce_scatter_p",
-           _single(_no_bool(_rs._lower_cpu), "axis_index_groups", *_SCATTER)),
+           _single(_no_bool(_rs._lower), "axis_index_groups", *_SCATTER)),
           ("unreduced_reduce_scatter_p", _single(_no_bool(_scatter_no_groups), *_SCATTER))],
       "all_reduce": [
           ("psum_p", _single(_reduce("sum", False), "axes", "axis_index_groups")),
@@ -124,7 +123,7 @@ def _takeovers() -> dict[str, list[tuple[Any, Callable[..., Lowered]]]]:
           ("pmax_p", _single(_no_bool(_reduce("max", False)), "axes", "axis_index_groups")),
           ("pmin_p", _single(_no_bool(_reduce("min", False)), "axes", "axis_index_groups"))],
       "all_to_all": [
-          ("all_to_all_p", _single(_a2a._lower_cpu, *_A2A))],
+          ("all_to_all_p", _single(_a2a._lower, *_A2A))],
   }
   return {op: [(getattr(lax_parallel, name), lower) for name, lower in rows
                if hasattr(lax_parallel, name)]
@@ -135,12 +134,12 @@ _active: set[str] = set()
 _saved: dict[Any, Any] = {}  # (lax primitive, platform) -> its original entry there (or None)
 
 
-def _install(prim, lower: Callable[..., Lowered]) -> None:
-  for platform in _PLATFORMS:
-    _install_for(prim, lower, platform)
+def _install(prim, op: str, lower: Callable[..., Lowered]) -> None:
+  for platform in c.ENGINE_PLATFORMS:
+    _install_for(prim, op, lower, platform)
 
 
-def _install_for(prim, lower: Callable[..., Lowered], platform: str) -> None:
+def _install_for(prim, op: str, lower: Callable[..., Lowered], platform: str) -> None:
   table = mlir._platform_specific_lowerings[platform]
   original = table.get(prim)
   _saved[(prim, platform)] = original
@@ -150,10 +149,10 @@ def _install_for(prim, lower: Callable[..., Lowered], platform: str) -> None:
   def rule(ctx, *args, **params):
     requirements.enforce()
     if platform == "cuda":
-      out = (c.lower_cuda(prim, lambda ctx, x, **kw: lower(ctx, x, **kw), ctx, args[0], params)
+      out = (c.lower_cuda(prim, op, lower, ctx, args[0], params)
              if len(args) == 1 else f"{len(args)} operands in one call")
     else:
-      out = lower(ctx, *args, **params)
+      out = lower(ctx, *args, platform=platform, **params)
     if isinstance(out, str):
       requirements.fallback(f"jax.lax {prim.name} keeps its own lowering here", out)
       return original_rule(ctx, *args, **params)
@@ -164,7 +163,7 @@ def _install_for(prim, lower: Callable[..., Lowered], platform: str) -> None:
 
 
 def _uninstall(prim) -> None:
-  for platform in _PLATFORMS:
+  for platform in c.ENGINE_PLATFORMS:
     table = mlir._platform_specific_lowerings[platform]
     original = _saved.pop((prim, platform))
     if original is None:
@@ -200,7 +199,7 @@ def _set(ops: frozenset[str], clear_caches: bool) -> None:
         _uninstall(prim)
     elif op in ops and op not in _active:
       for prim, lower in takeovers[op]:
-        _install(prim, lower)
+        _install(prim, op, lower)
   _active.clear()
   _active.update(ops)
   if clear_caches:
