@@ -7,7 +7,7 @@ the axis divides; replicated when none does), the batch over every device, and o
 SPMD partitioner inserts the all-gathers of the parameters and the reductions of the
 gradients. Which library runs those is XLA's choice of CPU collectives: gloo by
 default across processes, jax_smddp's engine with JAX_SMDDP_COLLECTIVES=xla set
-before Python starts (jax_smddp/xla_swap.py; fsdp_train.py sets it for the processes
+before Python starts (jax_smddp/swap/xla.py; fsdp_train.py sets it for the processes
 it launches with `--collectives smddp`). Within one process XLA's in-process
 collectives run either way.
 

@@ -389,7 +389,7 @@ def main(argv=None) -> dict:
                                          ("--checkpoint-dir", args.checkpoint_dir)) if on]
     if unsupported:
       raise SystemExit(f"--style jit does not take {', '.join(unsupported)} (shard_map style only)")
-    from jax_smddp import xla_swap
+    from jax_smddp.swap import xla as xla_swap
     if args.collectives == "smddp" and processes > 1 and not xla_swap.requested() and lead:
       print("--style jit --collectives smddp: JAX_SMDDP_COLLECTIVES=xla is not set, so XLA's "
             "cross-process collectives run on gloo (fsdp_train.py --processes N sets it; under "

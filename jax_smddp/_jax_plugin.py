@@ -6,8 +6,8 @@ any client. jax_smddp adds no PJRT backend: it only reads
 ``JAX_SMDDP_COLLECTIVES`` and, when it is set, lowers the named ``jax.lax``
 collectives through jax_smddp (see :mod:`jax_smddp.swap`) and, for ``xla`` or
 ``all``, has XLA's own cross-process CPU collectives served by jax_smddp (see
-:mod:`jax_smddp.xla_swap`) and, on GPUs, XLA's NCCL calls served by jax_smddp's
-NCCL API front end (see :mod:`jax_smddp.nccl_swap`), so an unmodified program
+:mod:`jax_smddp.swap.xla`) and, on GPUs, XLA's NCCL calls served by jax_smddp's
+NCCL API front end (see :mod:`jax_smddp.swap.nccl`), so an unmodified program
 uses the plugin. When the
 variable is unset nothing is imported: programs that do not ask for the
 plugin do not load it.
@@ -23,7 +23,8 @@ from jax_smddp import _startup  # no jax import: the variable's parser
 def initialize() -> None:
   if not os.environ.get(_startup.ENV_VAR, "").strip():
     return
-  from jax_smddp import swap, xla_swap
+  from jax_smddp import swap
+  from jax_smddp.swap import xla as xla_swap
   swap.use_from_env()
   if _startup.requested():
     xla_swap.install()

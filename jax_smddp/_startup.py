@@ -3,7 +3,7 @@ any ``import jax``. With ``JAX_SMDDP_COLLECTIVES=xla`` (or ``all``) it
 
 * points jaxlib's MPI trampoline at jax_smddp's MPI ABI library
   (``MPITRAMPOLINE_LIB``), which the trampoline looks up only once, when
-  jaxlib loads (XLA's CPU collectives; see jax_smddp/xla_swap.py), unless the
+  jaxlib loads (XLA's CPU collectives; see jax_smddp/swap/xla.py), unless the
   variable is already set;
 * loads that front end, ``libsmddp_nccl.so`` (soname ``libnccl.so.2``), when
   ``jax`` is first imported, before JAX's CUDA plugin loads the real NCCL,
@@ -18,7 +18,7 @@ which the swaps, the plugin's entry point and ``jax_smddp.use`` call.
 It never touches ``XLA_FLAGS``: the switch changes who runs the collectives,
 nothing else (a program's own ``os.environ.setdefault("XLA_FLAGS", ...)`` must
 still find the variable unset). The one XLA flag the GPU swap needs is added
-as JAX creates its CUDA client (jax_smddp/nccl_swap.py), never on a CPU-only run.
+as JAX creates its CUDA client (jax_smddp/swap/nccl.py), never on a CPU-only run.
 
 Imports nothing but ``os``, ``sys`` and ``importlib.util`` at start-up
 (``ctypes`` when it loads the front end); does nothing without the variable.
@@ -49,7 +49,7 @@ COLLECTIVE_NAMES = {
 }
 ALL_NAMES = ("all", "1", "true", "on", "yes")     # every collective (in the variable: and xla)
 NONE_NAMES = ("none", "0", "false", "off", "no")  # none
-XLA_NAME = "xla"                                  # XLA's own collectives (jax_smddp.xla_swap)
+XLA_NAME = "xla"                                  # XLA's own collectives (jax_smddp.swap.xla)
 
 
 class Collectives:
@@ -93,7 +93,7 @@ def parse_collectives(value: str, strict: bool = True) -> Collectives:
       raise ValueError(
           f"jax_smddp: unknown collective {name!r}; use a comma list of {', '.join(COLLECTIVES)} "
           f"(or their jax.lax names psum_scatter, psum, pmax, pmin), 'all' (or 1), 'xla' "
-          f"(XLA's cross-process collectives only, see jax_smddp.xla_swap) or 'none' (or 0).")
+          f"(XLA's cross-process collectives only, see jax_smddp.swap.xla) or 'none' (or 0).")
   return Collectives(ops, xla, every)
 
 

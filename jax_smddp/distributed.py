@@ -385,10 +385,10 @@ def traffic() -> dict:
 
 
 # The function through which XLA's own collectives reach jax_smddp under the XLA-level swap,
-# for each XLA collective. On CPU (jax_smddp.xla_swap), MPI: XLA's MPI communicator
+# for each XLA collective. On CPU (jax_smddp.swap.xla), MPI: XLA's MPI communicator
 # (xla/backends/cpu/collectives/mpi_communicator.cc) makes an all-to-all of MPI_Sendrecv
 # calls and a collective-permute of MPI_Irecv/MPI_Isend; the world counts the receiving side.
-# On GPUs (jax_smddp.nccl_swap), NCCL: the calls its front end serves.
+# On GPUs (jax_smddp.swap.nccl), NCCL: the calls its front end serves.
 _XLA_OP_OF_MPI = {"MPI_Allgather": "all-gather", "MPI_Reduce_scatter": "reduce-scatter",
                   "MPI_Allreduce": "all-reduce", "MPI_Sendrecv": "all-to-all",
                   "MPI_Irecv": "collective-permute"}
@@ -455,10 +455,10 @@ def xla_collectives() -> str:
   implementation across processes (``"gloo"``, ``"mpi"``), ``"in-process"`` in a
   one-process job on the CPU, and the platform's library elsewhere (``"nccl"`` on
   GPUs, ``"jax_smddp"`` there too when the NCCL API front end serves them:
-  jax_smddp.nccl_swap). Creates JAX's backend if it does not exist yet."""
+  jax_smddp.swap.nccl). Creates JAX's backend if it does not exist yet."""
   backend = jax.default_backend()
   if backend == "gpu":
-    from jax_smddp import nccl_swap
+    from jax_smddp.swap import nccl as nccl_swap
     front_end = nccl_swap.front_end()
     return "jax_smddp" if front_end and front_end["active"] else "nccl"
   if backend != "cpu":
@@ -466,7 +466,7 @@ def xla_collectives() -> str:
   if jax.process_count() == 1:
     return "in-process"
   impl = str(jax.config.jax_cpu_collectives_implementation or "gloo")
-  from jax_smddp import xla_swap
+  from jax_smddp.swap import xla as xla_swap
   if impl == "mpi" and os.environ.get("MPITRAMPOLINE_LIB") == xla_swap.library_path():
     return "jax_smddp"
   return impl

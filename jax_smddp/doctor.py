@@ -159,7 +159,7 @@ def _heap(rows: list[Row]) -> None:
 
 def _xla_swap(rows: list[Row]) -> None:
   """Whether XLA's own cross-process CPU collectives run on jax_smddp (xla_swap)."""
-  from jax_smddp import xla_swap
+  from jax_smddp.swap import xla as xla_swap
   if not xla_swap.requested():
     rows.append(Row("XLA collectives", INFO, "gloo across processes (JAX_SMDDP_COLLECTIVES=xla "
                     "before Python starts runs them, jit/pjit included, on jax_smddp)"))
@@ -175,7 +175,8 @@ def _xla_swap(rows: list[Row]) -> None:
 def _nccl_swap(rows: list[Row]) -> None:
   """Whether XLA's GPU collectives run on jax_smddp (the NCCL API front end, nccl_swap):
   loaded in this process or why not, the real NCCL it forwards to, what it forwarded."""
-  from jax_smddp import nccl_swap, requirements
+  from jax_smddp import requirements
+  from jax_smddp.swap import nccl as nccl_swap
   state, detail = nccl_swap.status()
   try:
     strict = "no-fallback" in (requirements.required() if os.environ.get(requirements.ENV) else ())

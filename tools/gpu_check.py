@@ -232,7 +232,7 @@ SWAP_TESTS = "tests/gpu/test_xla_swap_gpu.py"
 def nccl_front_end(py: str) -> str | None:
   """The NCCL API front end the build installed for `py` (libsmddp_nccl.so, built where nvcc
   is found), or None."""
-  probe = subprocess.run([py, "-c", "from jax_smddp import nccl_swap; import os; "
+  probe = subprocess.run([py, "-c", "from jax_smddp.swap import nccl as nccl_swap; import os; "
                           "p = nccl_swap.library_path(); print(p if os.path.exists(p) else '')"],
                          cwd=ROOT, capture_output=True, text=True, timeout=120)
   return (probe.stdout.strip() or None) if probe.returncode == 0 else None

@@ -18,7 +18,8 @@ import helpers
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 PROBE = """
 import os, jax_smddp
-from jax_smddp import _native, xla_swap
+from jax_smddp import _native
+from jax_smddp.swap import xla as xla_swap
 print(os.environ.get("MPITRAMPOLINE_LIB"))
 print(os.path.realpath(jax_smddp.__file__))
 print(os.path.realpath(_native.engine().__file__))

@@ -19,7 +19,8 @@ import jax.numpy as jnp
 from jax.sharding import NamedSharding, PartitionSpec as P
 
 import jax_smddp
-from jax_smddp import capabilities, requirements, xla_swap
+from jax_smddp import capabilities, requirements
+from jax_smddp.swap import xla as xla_swap
 from jax_smddp.tools import launch
 
 WORKER = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "multiprocess", "worker.py")
@@ -68,7 +69,7 @@ def test_doctor_reports_the_xla_level_swap(tmp_path):
 
 @pytest.mark.timeout(150)
 def test_doctor_reports_the_gpu_swap(tmp_path):
-  """The NCCL API front end's row (jax_smddp.nccl_swap): NCCL without the switch; with it,
+  """The NCCL API front end's row (jax_smddp.swap.nccl): NCCL without the switch; with it,
   whether the front end is loaded in this process and why not (a machine without a JAX CUDA
   plugin, JAX_PLATFORMS without CUDA), never a failure of a machine it does not apply to.
   tests/build/test_nccl_swap.py checks the row where it is loaded (a stand-in CUDA plugin)."""

@@ -11,7 +11,7 @@ import re
 
 import jaxlib
 
-from jax_smddp import xla_swap
+from jax_smddp.swap import xla as xla_swap
 
 
 def _trampoline_names() -> set[str]:

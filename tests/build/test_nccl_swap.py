@@ -1,4 +1,4 @@
-"""The XLA-level swap on GPUs (jax_smddp/nccl_swap.py) without a GPU: the NCCL API front
+"""The XLA-level swap on GPUs (jax_smddp/swap/nccl.py) without a GPU: the NCCL API front
 end (libsmddp_nccl.so) as a library (its soname, what it exports, that it loads and answers
 without a GPU, that it forwards to the real NCCL by path), XLA_FLAGS (left alone at start-up,
 the command buffer flag added as the CUDA client is made), the start-up hook's loading of the
@@ -18,7 +18,9 @@ import textwrap
 
 import pytest
 
-from jax_smddp import distributed, nccl_swap
+from jax_smddp import distributed
+
+from jax_smddp.swap import nccl as nccl_swap
 
 pytestmark = pytest.mark.timeout(180)
 
@@ -241,7 +243,7 @@ def test_the_real_nccl_is_found_where_the_nvidia_wheels_put_it(tmp_path):
     assert nccl_swap.find_real_nccl([str(linked), str(second)]) == \
         str(second / "nvidia" / "nccl" / "lib" / "libnccl.so.2")
   # As a process finds it: on PYTHONPATH, through the nvidia namespace package.
-  run = _python("from jax_smddp import nccl_swap; print(nccl_swap.find_real_nccl())", tmp_path,
+  run = _python("from jax_smddp.swap import nccl as nccl_swap; print(nccl_swap.find_real_nccl())", tmp_path,
                 PYTHONPATH=f"{empty}{os.pathsep}{first}")
   assert run.returncode == 0, run.stderr[-3000:]
   assert run.stdout.strip() == want, run.stdout
@@ -302,7 +304,8 @@ PLUGIN_PROBE = """
     import jax
     from jax._src import xla_bridge
     xla_bridge._discover_and_register_pjrt_plugins()  # JAX's plugins, as its first backend use does
-    from jax_smddp import doctor, nccl_swap
+    from jax_smddp import doctor
+    from jax_smddp.swap import nccl as nccl_swap
     out = {"before": nccl_swap.front_end(), "flags_before": os.environ.get("XLA_FLAGS")}
     registration = xla_bridge._backend_factories["cuda"]
     out["wrapped"] = bool(getattr(registration.factory, "_jax_smddp", False))

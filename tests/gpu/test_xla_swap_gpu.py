@@ -1,4 +1,4 @@
-"""The XLA-level swap on a real GPU (JAX_SMDDP_COLLECTIVES=xla; jax_smddp/nccl_swap.py): XLA's
+"""The XLA-level swap on a real GPU (JAX_SMDDP_COLLECTIVES=xla; jax_smddp/swap/nccl.py): XLA's
 own NCCL calls served by jax_smddp's NCCL API front end (libsmddp_nccl.so). Two processes
 share GPU 0, which XLA's own NCCL refuses ("Duplicate GPU detected"): a program across them
 runs only if every collective it emits is served, none forwarded. Skipped where there is no
@@ -18,7 +18,7 @@ import time
 
 import pytest
 
-from jax_smddp import nccl_swap
+from jax_smddp.swap import nccl as nccl_swap
 from jax_smddp.tools import launch
 
 HERE = os.path.dirname(os.path.abspath(__file__))

@@ -64,7 +64,8 @@ def main() -> None:
   if nprocs > 1:
     jax.distributed.initialize(coordinator, nprocs, process)
   from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
-  from jax_smddp import distributed, errors, nccl_swap
+  from jax_smddp import distributed, errors
+  from jax_smddp.swap import nccl as nccl_swap
 
   mesh = Mesh(np.array(jax.devices()), ("fsdp",))
   # Parameters sharded along their columns, the batch along its rows: XLA gathers the

@@ -1,6 +1,6 @@
 """The XLA-level swap (JAX_SMDDP_COLLECTIVES=xla): XLA's own cross-process CPU
 collectives, those its partitioner inserts into global-view jit programs
-included, served by jax_smddp's MPI ABI library (jax_smddp/xla_swap.py), in
+included, served by jax_smddp's MPI ABI library (jax_smddp/swap/xla.py), in
 real jax.distributed jobs, against gloo and against one device."""
 
 from __future__ import annotations

@@ -61,7 +61,7 @@ def test_stages_default_to_all_in_order_of_value_and_unknown_names_fail(gc):
 def test_the_swap_stage_plan_names_its_tests_and_the_front_end(tmp_path):
   """STAGES=swap --dry-run: the stage's limit, the GPU test file it runs (under 3 minutes)
   and the NCCL API front end this interpreter's build has (or that it has none)."""
-  from jax_smddp import nccl_swap
+  from jax_smddp.swap import nccl as nccl_swap
   run = dry_run({"PYTHON": sys.executable, "STAGES": "swap"})
   assert run.returncode == 0, run.stderr
   plan = json.loads(run.stdout)

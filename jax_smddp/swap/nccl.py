@@ -15,7 +15,7 @@ counted in ``jax_smddp.distributed.traffic_by_op()`` (as ``all-gather``,
 hanging. docs/gpu_xla_swap.md says what it does and does not do.
 
 Selected by ``JAX_SMDDP_COLLECTIVES=xla`` (or ``all``) before Python starts,
-as the CPU swap (:mod:`jax_smddp.xla_swap`):
+as the CPU swap (:mod:`jax_smddp.swap.xla`):
 
 1. At start-up ``jax_smddp.pth`` installs an import hook that, as ``jax`` is
    first imported, loads the front end (``RTLD_LOCAL``), before JAX's CUDA

@@ -1,7 +1,7 @@
 """The XLA-level swap: every collective XLA runs across processes goes to jax_smddp.
 
 This module is the CPU side; on GPUs the same switch loads jax_smddp's NCCL API
-front end (:mod:`jax_smddp.nccl_swap`), which :func:`install` sets up too.
+front end (:mod:`jax_smddp.swap.nccl`), which :func:`install` sets up too.
 
 JAX's CPU client can run its cross-process collectives through MPI
 (``jax_cpu_collectives_implementation='mpi'``): jaxlib links MPItrampoline,
@@ -98,11 +98,11 @@ def _set_up() -> None:
 def install() -> None:
   """Wraps JAX's CPU client factory so that it sets the swap up first, and
   JAX's CUDA client factory so that it sets up the NCCL API front end
-  (:func:`jax_smddp.nccl_swap.install`); called by the jax_plugins entry
+  (:func:`jax_smddp.swap.nccl.install`); called by the jax_plugins entry
   point, before any client exists. A failure raises where JAX creates the
   client: the program stops instead of running on another implementation."""
   from jax._src import xla_bridge
-  from jax_smddp import nccl_swap
+  from jax_smddp.swap import nccl as nccl_swap
   nccl_swap.install()
   registration = xla_bridge._backend_factories.get("cpu")
   if registration is None or getattr(registration.factory, "_jax_smddp", False):

@@ -220,7 +220,7 @@ class use:
   Names: ``all_gather``, ``reduce_scatter``, ``all_reduce``, ``all_to_all``, or
   the jax.lax names ``psum_scatter``, ``psum``/``pmax``/``pmin`` (all three are
   ``all_reduce``), ``all``, ``none``; comma lists are accepted. ``xla`` also has
-  XLA's own cross-process CPU collectives served by jax_smddp (jax_smddp.xla_swap),
+  XLA's own cross-process CPU collectives served by jax_smddp (jax_smddp.swap.xla),
   which can only be chosen before JAX creates its CPU client, in a process whose
   jaxlib was loaded with ``MPITRAMPOLINE_LIB`` set (``JAX_SMDDP_COLLECTIVES=xla``
   at start-up does both); leaving the context does not undo it.
@@ -235,7 +235,7 @@ class use:
     if any(_startup.parse_collectives(o, strict=False).xla for o in ops if isinstance(o, str)):
       # XLA's own collectives: only before JAX creates its CPU client, and only in a
       # process started with JAX_SMDDP_COLLECTIVES=xla or MPITRAMPOLINE_LIB set (raises).
-      from jax_smddp import xla_swap
+      from jax_smddp.swap import xla as xla_swap
       xla_swap.install()
     self._previous = active()
     self._clear = clear_caches
