@@ -53,3 +53,32 @@ def test_interhost_bytes_per_host():
   assert bench.interhost_bytes_per_host("all_to_all", size, two_by_two) == size
   # 1 ms at 1 GB/s: the link reference of a 1 MB all_gather between 2 hosts.
   assert bench.link_us("all_gather", 10**6, two_by_one, 1.0) == pytest.approx(1000.0)
+
+
+def _namespaces_here():
+  from jax_smddp.tools import netns
+  import shutil
+  why = netns.available() or (None if shutil.which("tc") else "tc (iproute2) is not installed")
+  if why:
+    pytest.skip(why)
+
+
+@pytest.mark.timeout(300)
+@pytest.mark.parametrize("count", [2, 3], ids=["veth pair", "bridge"])
+def test_a_capped_link_runs_at_its_cap(count):
+  """--link-rate: simulated hosts' links capped by tbf read at the cap both ways (the probe
+  sends both directions at once), well below what the uncapped veth carries here."""
+  from jax_smddp.tools import netns
+  _namespaces_here()
+  with netns.hosts(count, "200mbit") as (names, ips):
+    capped = link_probe.measure(names, ips, nbytes=4 << 20, rounds=3)
+  cap_gbs = 200e6 / 8 / 1e9
+  assert 0.6 * cap_gbs <= capped["each_way_gbs"] <= 1.1 * cap_gbs, capped
+
+
+def test_a_rate_tc_cannot_read_is_named():
+  from jax_smddp.tools import netns
+  _namespaces_here()
+  with pytest.raises(ValueError, match="cannot cap .* at 'fast'"):
+    with netns.hosts(2, "fast"):
+      pass

@@ -74,6 +74,10 @@ def parse_args(argv=None) -> argparse.Namespace:
                  help="multi-process layouts: also run the same device count in one process "
                       "(a subprocess) and add the column 'vs 1p' = multi-process smddp time / "
                       "in-process smddp time")
+  p.add_argument("--link-rate", default=None, metavar="RATE",
+                 help="HxPxD layouts: cap each simulated host's link at RATE each way (tc's "
+                      "notation: 1gbit, 500mbit; a token-bucket qdisc), so that the link, not "
+                      "this machine's cores, bounds what crosses it, as on a cluster")
   p.add_argument("--timeout", type=float, default=1800,
                  help="seconds a multi-process job (or the in-process comparison) may take "
                       "before its processes are killed")
@@ -153,6 +157,9 @@ def parse_args(argv=None) -> argparse.Namespace:
     why = netns.available()
     if why:
       p.error(f"layout {args.layout.spec} simulates hosts with network namespaces: {why}")
+  elif args.link_rate:
+    p.error(f"--link-rate caps the links between simulated hosts: give an HxPxD layout "
+            f"(not {args.layout.spec})")
   return args
 
 
@@ -240,7 +247,8 @@ def print_preamble(meta: dict, iters: int, warmup: int) -> None:
              else "process 0's medians"))
   if meta.get("link"):
     link = meta["link"]
-    print(f"# link between the hosts, measured raw in this run ({link['method']}, "
+    capped = f", capped at {meta['link_rate']} each way" if meta.get("link_rate") else ""
+    print(f"# link between the hosts{capped}, measured raw in this run ({link['method']}, "
           f"{format_size(link['bytes'])} each way per round): {link['each_way_gbs']:.3f} GB/s each "
           "way; link us = the bytes each host must receive from the others at that rate; vs link "
           "= link us / time (1: the call ran at the link's rate)")
@@ -348,7 +356,7 @@ def run_multi_process(args, logs: list[dict]) -> int:
   link = None
   if layout.hosts > 1:
     from jax_smddp.tools import link_probe, netns
-    with netns.hosts(layout.hosts) as (names, ips):
+    with netns.hosts(layout.hosts, args.link_rate) as (names, ips):
       # The link itself, before the workers start (an idle link).
       try:
         link = link_probe.measure(names, ips)
@@ -386,6 +394,8 @@ def run_multi_process(args, logs: list[dict]) -> int:
                   baseline=args.baseline)
   if link:
     meta["link"] = link
+  if args.link_rate:
+    meta["link_rate"] = args.link_rate
   if args.mpi4jax:
     meta["mpi4jax"] = _mpi4jax_versions()
   meta["topologies"] = [p.result.get("topology") for p in procs]
