@@ -1,6 +1,7 @@
 #include "cuda/gpu_hierarchy.h"
 
 #include <algorithm>
+#include <chrono>
 #include <cstring>
 #include <map>
 #include <mutex>
@@ -26,10 +27,25 @@ std::map<uint64_t, std::unique_ptr<GpuHierarchy>>& Hierarchies() {
   return *r;
 }
 
-// The process's network proxy, started with the first hierarchical group;
-// each step's deadline is the timeout current when it runs.
-NetworkProxy* Proxy() {
-  static NetworkProxy* proxy = new NetworkProxy();
+// The process's network proxies, one per rail (a rank's index on its host),
+// each started with the first hierarchical group that uses its rail; each
+// step's deadline is the timeout current when it runs. One per rail, not one
+// per process: a process with several GPUs serves several rails, and one
+// proxy running their steps one after another, in the order this process's
+// threads enqueued them, can wait on a peer process that runs the other
+// rail's step first, each for the other until both time out (found on the
+// mock node: 2 hosts x 1 process x 2 GPUs, tests/native/test_gpu_node_mock.py).
+// A rail's steps come in the same order everywhere (its ranks run the same
+// calls in the same order).
+std::mutex proxies_mu;
+std::map<int, NetworkProxy*>& Proxies() {
+  static auto* proxies = new std::map<int, NetworkProxy*>();
+  return *proxies;
+}
+NetworkProxy* Proxy(int rail) {
+  std::lock_guard<std::mutex> lock(proxies_mu);
+  NetworkProxy*& proxy = Proxies()[rail];
+  if (!proxy) proxy = new NetworkProxy();
   return proxy;
 }
 
@@ -96,10 +112,21 @@ bool CloseNetworkAtExit() {
   // Briefly: a process leaving on an error must not sit out a step's whole
   // deadline (its endpoints then stay open, as the OS would leave them).
   constexpr double kExitWaitSeconds = 10;
-  if (network && !Proxy()->Shut(std::min(TimeoutSeconds(), kExitWaitSeconds),
+  std::vector<NetworkProxy*> proxies;
+  {
+    std::lock_guard<std::mutex> lock(proxies_mu);
+    for (const auto& [rail, proxy] : Proxies()) proxies.push_back(proxy);
+  }
+  const auto until = std::chrono::steady_clock::now() +
+                     std::chrono::duration<double>(std::min(TimeoutSeconds(), kExitWaitSeconds));
+  for (NetworkProxy* proxy : proxies) {
+    const double left =
+        std::chrono::duration<double>(until - std::chrono::steady_clock::now()).count();
+    if (network && !proxy->Shut(std::max(left, 0.0),
                                 "jax_smddp (GPU): this process is exiting; its network links to "
                                 "other hosts are closed"))
-    return false;
+      return false;
+  }
   {
     std::lock_guard<std::mutex> lock(RegistryMutex());
     for (auto& [key, h] : Hierarchies()) h->CloseNetwork();
@@ -263,7 +290,7 @@ Status GpuHierarchy::Prepare(const std::vector<int>& host_of, const std::vector<
         rail_links_.push_back(std::move(link));
       }
     }
-    port->proxy = Proxy();
+    port->proxy = Proxy(port->rail);
     by_rank_[rank] = Member{lr, port.get()};
     ports_.push_back(std::move(port));
     memory_.push_back(std::move(mem));

@@ -22,14 +22,16 @@
 // elements) on its stream.
 //
 // PxG: P processes of G devices each (1x8, 8x1, 2x4; the group is all P*G
-// devices). direct|staged: JAX_SMDDP_GPU_DIRECT_READS=1|0; every collective,
-// float32 and int32, two calls each; each rank writes its inputs and outputs
-// to OUTDIR/rank<r>.bin for the test to check against numpy. schedule: two
-// all_gathers of 4 KiB per rank (schedule_staged: through the 4 KiB slots), then prints the most
-// peer copies each device had in flight at once and rank 0's copies of the second call. refused:
-// set-up must fail naming a pair of devices (JAX_SMDDP_MOCK_TOPOLOGY=pcie_nop2p). dead: the last
-// process dies after set-up; the others' calls fail naming it. Prints "all checks passed" and exits
-// 0 on success.
+// devices). HxPxG (nccl only): H simulated hosts of P processes of G devices
+// (the world's libfabric shm links between hosts; the front end's
+// hierarchical bodies; each host's devices are node devices of their own). direct|staged:
+// JAX_SMDDP_GPU_DIRECT_READS=1|0; every collective, float32 and int32, two calls each; each rank
+// writes its inputs and outputs to OUTDIR/rank<r>.bin for the test to check against numpy.
+// schedule: two all_gathers of 4 KiB per rank (schedule_staged: through the 4 KiB slots), then
+// prints the most peer copies each device had in flight at once and rank 0's copies of the second
+// call. refused: set-up must fail naming a pair of devices (JAX_SMDDP_MOCK_TOPOLOGY=pcie_nop2p).
+// dead: the last process dies after set-up; the others' calls fail naming it. Prints "all checks
+// passed" and exits 0 on success.
 #include <dirent.h>
 #include <signal.h>
 #include <sys/mman.h>
@@ -86,7 +88,10 @@ struct Board {
     uint32_t len;
     char bytes[1024];
   } handles[16];
-  char relay[16][16][512];  // Relay: round, process
+  struct Said {
+    uint32_t len;
+    char bytes[1020];
+  } relay[16][16];  // Relay: round, process
 };
 Board* board = nullptr;
 int barriers = 0;
@@ -104,11 +109,13 @@ void Barrier(int processes) {
 // What every process said, as the key-value store would relay it.
 int relays = 0;
 std::vector<std::string> Relay(int p, int P, const std::string& mine) {
-  CHECK(mine.size() < sizeof(board->relay[0][0]) && relays < 16);
-  std::memcpy(board->relay[relays][p], mine.c_str(), mine.size() + 1);
+  CHECK(mine.size() <= sizeof(board->relay[0][0].bytes) && relays < 16);
+  board->relay[relays][p].len = uint32_t(mine.size());
+  std::memcpy(board->relay[relays][p].bytes, mine.data(), mine.size());
   Barrier(P);
   std::vector<std::string> all;
-  for (int q = 0; q < P; ++q) all.emplace_back(board->relay[relays][q]);
+  for (int q = 0; q < P; ++q)
+    all.emplace_back(board->relay[relays][q].bytes, board->relay[relays][q].len);
   relays++;
   return all;
 }
@@ -119,15 +126,38 @@ void Check(const Status& st, const char* what) {
 
 // jax_smddp.initialize()'s world on one host: shared-memory links between
 // the processes.
+// With several simulated hosts (process q on host q / (P / hosts)):
+// libfabric's shm provider and a TCP watch between hosts.
+int hosts = 1;
+std::string HostOf(int q, int P) { return "host" + std::to_string(q / (P / hosts)); }
+
 void BuildWorld(int me, int P) {
   Check(smddp::WorldBegin(me, P), "WorldBegin");
   const auto pids = Relay(me, P, std::to_string(getpid()));
-  for (int q = 0; q < P; ++q) Check(smddp::WorldSetPeer(q, std::stoi(pids[q]), "host"), "peer");
+  for (int q = 0; q < P; ++q)
+    Check(smddp::WorldSetPeer(q, std::stoi(pids[q]), HostOf(q, P)), "peer");
+  if (hosts > 1) {
+    std::string address, provider, watch;
+    Check(smddp::WorldOpenFabric("shm", "", &address, &provider), "WorldOpenFabric");
+    Check(smddp::WorldWatchListen("127.0.0.1", &watch), "WorldWatchListen");
+    std::vector<std::string> addresses(P);
+    for (int q = 0; q < P; ++q) addresses[q] = Relay(me, P, q == me ? address : "")[q];
+    const auto watches = Relay(me, P, watch);
+    std::vector<int> higher;
+    for (int q = 0; q < P; ++q) {
+      if (HostOf(q, P) == HostOf(me, P)) continue;
+      Check(smddp::WorldConnectFabric(q, addresses[q]), "WorldConnectFabric");
+      if (q < me) Check(smddp::WorldWatchConnect(q, watches[q]), "WorldWatchConnect");
+      if (q > me) higher.push_back(q);
+    }
+    Check(smddp::WorldWatchAccept(higher), "WorldWatchAccept");
+  }
   std::vector<std::string> created(P);
   for (int q = 0; q < P; ++q) {  // one process's names at a time: they are long
     std::string mine;
     if (q == me) {
       for (int r = me + 1; r < P; ++r) {
+        if (HostOf(r, P) != HostOf(me, P)) continue;
         std::string name;
         Check(smddp::WorldCreateShm(r, &name), "WorldCreateShm");
         mine += std::to_string(r) + "=" + name + ";";
@@ -136,17 +166,22 @@ void BuildWorld(int me, int P) {
     created[q] = Relay(me, P, mine)[q];
   }
   for (int q = 0; q < me; ++q) {
+    if (HostOf(q, P) != HostOf(me, P)) continue;
     const std::string key = std::to_string(me) + "=";
     const size_t at = created[q].find(key), end = created[q].find(';', at);
     Check(smddp::WorldOpenShm(q, created[q].substr(at + key.size(), end - at - key.size())),
           "WorldOpenShm");
   }
   Barrier(P);
-  for (int q = me + 1; q < P; ++q) Check(smddp::WorldUnlinkShm(q), "WorldUnlinkShm");
+  for (int q = me + 1; q < P; ++q)
+    if (HostOf(q, P) == HostOf(me, P)) Check(smddp::WorldUnlinkShm(q), "WorldUnlinkShm");
   Check(smddp::WorldStart(), "WorldStart");
 }
 
-constexpr size_t kOuter = 3, kInner = 500, kCount = 3001;  // elements
+constexpr size_t kOuter = 3, kInner = 500;  // elements
+// all_reduce's: one that does not divide by the ranks, except across hosts
+// (where the front end forwards such a call to the real NCCL).
+size_t kCount = 3001;
 constexpr size_t kBufferBytes = 64 << 10;
 
 const char* OpName(Plan::Kind k) {
@@ -462,8 +497,16 @@ int main(int argc, char** argv) {
     return 2;
   }
   const bool nccl = argc == 5 && std::string(argv[4]) == "nccl";
-  int P = 0, G = 0;
-  CHECK(std::sscanf(argv[1], "%dx%d", &P, &G) == 2 && P > 0 && G > 0 && P * G <= 16);
+  int P = 0, G = 0, H = 0;
+  if (std::sscanf(argv[1], "%dx%dx%d", &H, &P, &G) == 3) {  // hosts x processes x GPUs
+    CHECK(nccl, "groups across hosts: through the NCCL front end only");
+    hosts = H;
+    P *= H;
+    kCount = 3000;
+  } else {
+    CHECK(std::sscanf(argv[1], "%dx%d", &P, &G) == 2);
+  }
+  CHECK(P > 0 && G > 0 && P * G <= 16);
   const std::string mode = argv[2], outdir = argv[3];
   board = static_cast<Board*>(
       mmap(nullptr, sizeof(Board), PROT_READ | PROT_WRITE, MAP_SHARED | MAP_ANONYMOUS, -1, 0));

@@ -11,7 +11,8 @@ and with cuMem memory as XLA's allocator hands out: every collective, float32
 and int32, two calls each, checked against numpy. Also: an 8-GPU all_gather's
 recorded schedule has 7 peer copies of one rank in flight at once; on PCIe
 without peer to peer, set-up refuses naming a pair of devices; a process that
-dies is named by every rank of the others."""
+dies is named by every rank of the others; 2 simulated hosts x 2 processes x
+2 GPUs run the hierarchical bodies."""
 
 import glob
 import os
@@ -143,6 +144,26 @@ def test_pcie_without_p2p_refused(program, layout, tmp_path):
   out = _run(program, LAYOUTS[layout], "refused", tmp_path,
              {"JAX_SMDDP_MOCK_TOPOLOGY": "pcie_nop2p"})
   assert re.search(r"refused: .*devices? \d+ .*and (device )?\d+ .*have no peer to peer access", out), out
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize("layout", ["node_2x2x2", "node_2x1x2"])
+def test_layout_across_hosts(program, layout, tmp_path):
+  """2 simulated hosts (libfabric's shm provider between them) of 2 processes x
+  2 GPUs (and of 1 process x 2 GPUs) through the NCCL front end: all_gather,
+  reduce_scatter and all_to_all on the hierarchical bodies, all_reduce as a
+  reduce_scatter and an all_gather, exact. With several GPUs per process, the
+  process's one network proxy ran its rails' steps in the order its threads
+  enqueued them and could wait on a peer running the other rail's step first
+  (both timed out after 20 s, the outputs poisoned): each rail has its own now."""
+  from test_gpu_communicator_mock import _rail_missing
+  if _rail_missing():
+    pytest.skip(_rail_missing())
+  H, P, G = (int(v) for v in layout.removeprefix("node_").split("x"))
+  out = _run(program, f"{H}x{P}x{G}", "staged", tmp_path, entry="nccl")
+  assert "timed out" not in out, out
+  seen = _check(tmp_path, H * P * G)
+  assert len(seen) == len(OPS) * len(DTYPES), seen
 
 
 @pytest.mark.timeout(120)
