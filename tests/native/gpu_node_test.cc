@@ -30,8 +30,13 @@
 // schedule: two all_gathers of 4 KiB per rank (schedule_staged: through the 4 KiB slots), then
 // prints the most peer copies each device had in flight at once and rank 0's copies of the second
 // call. refused: set-up must fail naming a pair of devices (JAX_SMDDP_MOCK_TOPOLOGY=pcie_nop2p).
-// dead: the last process dies after set-up; the others' calls fail naming it. Prints "all checks
-// passed" and exits 0 on success.
+// dead: the last process dies after set-up; the others' calls fail naming it.
+//
+//   gpu_node_test mock
+//
+// The mock node's own checks (MockSelfTest, below).
+//
+// Prints "all checks passed" and exits 0 on success.
 #include <dirent.h>
 #include <signal.h>
 #include <sys/mman.h>
@@ -490,10 +495,86 @@ int RunProcess(int p, int P, int G, const std::string& mode, const std::string& 
 
 }  // namespace
 
+// What the mock node enforces, on its own (run in the parent, 5 devices):
+// a device faults on another's memory until peer access from it is enabled,
+// and stays poisoned; a CUDA IPC mapping serves the device it was opened on;
+// a cuMem mapping serves the devices cuMemSetAccess named; a stream wait
+// blocks its stream (not others) until the value is written; events order
+// streams; a copy takes time in proportion to its size.
+int MockSelfTest() {
+  setenv("JAX_SMDDP_MOCK_DEVICES", "0,1,2,3,4", 1);
+  setenv("JAX_SMDDP_MOCK_COPY_US", "1000", 1);
+  void* mem[5];
+  cudaStream_t s[5];
+  for (int d = 0; d < 5; ++d) {
+    CHECK(cudaSetDevice(d) == cudaSuccess && cudaMalloc(&mem[d], 1 << 20) == cudaSuccess);
+    CHECK(cudaStreamCreateWithFlags(&s[d], cudaStreamNonBlocking) == cudaSuccess);
+  }
+  // Device 1 reads device 0's memory without peer access: a fault, for good.
+  CHECK(cudaMemcpyAsync(mem[1], mem[0], 64, cudaMemcpyDeviceToDevice, s[1]) == cudaSuccess);
+  CHECK(cudaStreamSynchronize(s[1]) == cudaErrorIllegalAddress);
+  CHECK(mock_node::Fault(1).find("no peer access") != std::string::npos, "%s",
+        mock_node::Fault(1).c_str());
+  CHECK(cudaMemsetAsync(mem[1], 0, 4, s[1]) == cudaErrorIllegalAddress, "not poisoned");
+  // Device 2 with peer access to device 0: the copy runs, and takes its time.
+  CHECK(cudaSetDevice(2) == cudaSuccess && cudaDeviceEnablePeerAccess(0, 0) == cudaSuccess);
+  std::memset(mem[0], 7, 1 << 20);
+  auto t0 = std::chrono::steady_clock::now();
+  CHECK(cudaMemcpyAsync(mem[2], mem[0], 1 << 20, cudaMemcpyDeviceToDevice, s[2]) == cudaSuccess);
+  CHECK(cudaStreamSynchronize(s[2]) == cudaSuccess, "%s", mock_node::Fault(2).c_str());
+  const double took = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  CHECK(static_cast<uint8_t*>(mem[2])[(1 << 20) - 1] == 7 && took > 1e-3 + 0.5e-3,
+        "1 MiB took %.4f s", took);  // 1 ms + 1 MiB at 2 GB/s
+  // An IPC mapping of device 0's memory opened on device 3 serves device 3,
+  // not device 4.
+  cudaIpcMemHandle_t h;
+  void* opened = nullptr;
+  CHECK(cudaIpcGetMemHandle(&h, mem[0]) == cudaSuccess);
+  CHECK(cudaSetDevice(3) == cudaSuccess && cudaIpcOpenMemHandle(&opened, h, 1) == cudaSuccess);
+  CHECK(cudaMemcpyAsync(mem[3], opened, 64, cudaMemcpyDeviceToDevice, s[3]) == cudaSuccess);
+  CHECK(cudaStreamSynchronize(s[3]) == cudaSuccess, "%s", mock_node::Fault(3).c_str());
+  CHECK(cudaMemcpyAsync(mem[4], opened, 64, cudaMemcpyDeviceToDevice, s[4]) == cudaSuccess);
+  CHECK(cudaStreamSynchronize(s[4]) == cudaErrorIllegalAddress &&
+            mock_node::Fault(4).find("IPC mapping opened on another device") != std::string::npos,
+        "device 4 read device 3's mapping: %s", mock_node::Fault(4).c_str());
+  // A stream wait blocks its stream until the value is written; an event
+  // orders another stream after it.
+  cudaStream_t waiter, other;
+  cudaEvent_t done;
+  CHECK(cudaSetDevice(3) == cudaSuccess);
+  CHECK(cudaStreamCreateWithFlags(&waiter, 1) == 0 && cudaStreamCreateWithFlags(&other, 1) == 0);
+  CHECK(cudaEventCreateWithFlags(&done, cudaEventDisableTiming) == cudaSuccess);
+  auto* flag = static_cast<uint32_t*>(mem[3]);
+  auto* out = static_cast<uint32_t*>(mem[3]) + 64;
+  flag[0] = 0;
+  out[0] = 0;
+  using Wait = int (*)(cudaStream_t, unsigned long long, uint32_t, unsigned);
+  void* fn = nullptr;
+  cudaDriverEntryPointQueryResult found;
+  CHECK(cudaGetDriverEntryPointByVersion("cuStreamWaitValue32", &fn, 12000, 0, &found) == 0 && fn);
+  CHECK(reinterpret_cast<Wait>(fn)(waiter, reinterpret_cast<uintptr_t>(flag), 5, 0) == 0);
+  CHECK(cudaMemsetAsync(out, 1, 4, waiter) == cudaSuccess);
+  CHECK(cudaEventRecord(done, waiter) == cudaSuccess);
+  CHECK(cudaStreamWaitEvent(other, done, 0) == cudaSuccess);
+  CHECK(cudaMemsetAsync(out, 2, 4, other) == cudaSuccess);  // after the waiter's, by the event
+  CHECK(cudaMemsetAsync(out + 1, 3, 4, s[3]) == cudaSuccess);
+  CHECK(cudaStreamSynchronize(s[3]) == cudaSuccess && out[1] == 0x03030303u, "a stream was held");
+  std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  CHECK(out[0] == 0, "the waiting stream went on before the value");
+  __atomic_store_n(flag, 5u, __ATOMIC_RELEASE);
+  CHECK(cudaStreamSynchronize(other) == cudaSuccess && out[0] == 0x02020202u,
+        "the event did not order the streams: %#x", out[0]);
+  std::printf("mock node: faults, peer access, IPC mappings, stream waits, events, copy times\n");
+  for (int d = 0; d < 5; ++d) cudaFree(mem[d]);
+  cudaIpcCloseMemHandle(opened);
+  smddp_test::Passed();
+  return 0;
+}
+
 int main(int argc, char** argv) {
+  if (argc == 2 && std::string(argv[1]) == "mock") return MockSelfTest();
   if (argc != 4 && argc != 5) {
-    std::fprintf(stderr,
-                 "usage: gpu_node_test PxG direct|staged|schedule|refused OUTDIR [ffi|nccl]\n");
+    std::fprintf(stderr, "usage: gpu_node_test [H]xPxG MODE OUTDIR [ffi|nccl], or mock\n");
     return 2;
   }
   const bool nccl = argc == 5 && std::string(argv[4]) == "nccl";

@@ -49,6 +49,18 @@ def _run(program, layout, mode, outdir, env=None, entry="ffi"):
   return run.stdout
 
 
+@pytest.mark.timeout(60)
+def test_mock_node_enforces(program):
+  """The mock itself (gpu_node_test mock): a device faults on another's memory
+  until peer access from it is enabled, and stays poisoned; an IPC mapping
+  serves the device it was opened on, not another; a stream wait holds its
+  stream alone until the value comes; an event orders another stream after
+  it; a copy takes time in proportion to its size."""
+  run = subprocess.run([program, "mock"], capture_output=True, text=True, timeout=50)
+  assert run.returncode == 0 and "all checks passed" in run.stdout, run.stdout + run.stderr
+  assert run.stderr.count("illegal address") == 2, run.stderr  # devices 1 and 4, once each
+
+
 def _records(outdir, ranks):
   """{(op, dtype index, call): {rank: (input, output)}} from the ranks' files."""
   calls = {}
