@@ -385,6 +385,7 @@ int DeadPeer(int p, int P, int G, gpu::GpuCommunicator* comm) {
     });
   }
   for (auto& t : threads) t.join();
+  Barrier(P - 1);  // no survivor leaves (and is named gone) before all have failed
   gpu::ReleaseCommunicators();
   return 0;
 }

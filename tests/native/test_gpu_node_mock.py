@@ -39,12 +39,15 @@ def _run(program, layout, mode, outdir, env=None, entry="ffi"):
   base = {k: v for k, v in os.environ.items() if not k.startswith("JAX_SMDDP_")}
   # The front end's real NCCL: a mock that records (nothing here is forwarded).
   base["JAX_SMDDP_NCCL_LIBRARY"] = os.path.join(os.path.dirname(program), "mock_nccl", "libnccl.so.2")
-  before = set(glob.glob("/dev/shm/jax_smddp*"))
+  # The mock's device memory (its processes' pids in the names): none left.
+  # (Shared blocks and links have random names that other tests on this host
+  # may be making at the same time: test_gpu_communicator_mock.py checks those.)
+  before = set(glob.glob("/dev/shm/jax_smddp_node-*"))
   run = subprocess.run([program, layout, mode, str(outdir), entry], capture_output=True, text=True,
                        timeout=100, env={**base, "JAX_SMDDP_MOCK_WAIT_S": "20", **(env or {})})
   out = run.stdout + run.stderr
   assert run.returncode == 0 and "all checks passed" in run.stdout, out
-  left = set(glob.glob("/dev/shm/jax_smddp*")) - before
+  left = set(glob.glob("/dev/shm/jax_smddp_node-*")) - before
   assert not left, f"left behind in /dev/shm: {sorted(left)}"
   return run.stdout
 
