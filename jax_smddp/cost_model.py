@@ -69,7 +69,12 @@ process 0 stands for all)::
 * R_nic = max(bytes out, bytes in) over the host's NICs / (eta B * usable NICs),
   usable NICs = min(nics, ranks_on_host * max(1, nics/gpus_per_host)) (ranks
   spread over the NICs); R_intra = max(bytes out, in) on the intra-host link /
-  (eta B) (NVLink; shared memory has no wire: its cost is the copies).
+  (eta B) (NVLink; shared memory has no wire: its cost is the copies). On GPUs this
+  takes a rank's peer copies to run at once, as they do since they run on lanes
+  (up to 8 streams per call, joined back with events: an 8-GPU all_gather has 7
+  peer copies of a rank in flight on the mock node, docs/gpu.md); before, they ran
+  one after another on XLA's stream, and the term was the copies' sum at one copy
+  engine's rate. Never measured on a node of several GPUs.
 
 Byte counts for uniform layouts (closed forms; the code counts by walking the
 routes, and the tests check both agree). Per process, Pt = P*H processes,
