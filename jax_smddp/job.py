@@ -115,6 +115,9 @@ def tasks_on_node(tasks_per_node: str, node: int) -> int:
 def _environment(environ) -> Job | None:
   if not environ.get("JAX_COORDINATOR_ADDRESS") or "JAX_NUM_PROCESSES" not in environ:
     return None
+  if "JAX_PROCESS_ID" not in environ:
+    raise JobError("jax_smddp.job: JAX_COORDINATOR_ADDRESS and JAX_NUM_PROCESSES are set but "
+                   "JAX_PROCESS_ID is not: give every process its index, 0 to N-1")
   processes = _int(environ, "JAX_NUM_PROCESSES")
   process = _int(environ, "JAX_PROCESS_ID")
   local_size = _int(environ, "JAX_LOCAL_SIZE") if "JAX_LOCAL_SIZE" in environ else processes

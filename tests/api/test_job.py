@@ -103,6 +103,7 @@ def test_the_environment_and_its_precedence():
     ({"JAX_COORDINATOR_ADDRESS": "h:1", "JAX_NUM_PROCESSES": "two", "JAX_PROCESS_ID": "0"},
      "JAX_NUM_PROCESSES='two' is not a number"),
     ({**SLURM, "SLURM_LOCALID": "8"}, "local rank 8 of 8"),
+    ({"JAX_COORDINATOR_ADDRESS": "h:1", "JAX_NUM_PROCESSES": "2"}, "JAX_PROCESS_ID is not"),
 ])
 def test_a_job_that_cannot_be_joined_says_why(env, match):
   with pytest.raises(job.JobError, match=match):
