@@ -78,9 +78,17 @@ CudaStreamOps::Lanes* LanesOf(cudaStream_t stream, const GpuSettings& settings) 
     cudaGetLastError();
     return nullptr;
   }
+  // A call's ops are made afresh on XLA's thread for its device, which calls on one stream:
+  // the last lanes this thread found serve it without the lock and the map.
+  thread_local std::pair<cudaStream_t, int> last_key{nullptr, -1};
+  thread_local CudaStreamOps::Lanes* last = nullptr;
+  if (last != nullptr && last_key == std::make_pair(stream, device)) return last;
   std::lock_guard<std::mutex> lock(mu);
   auto& lanes = (*all)[{stream, device}];
-  if (lanes) return lanes.get();
+  if (lanes) {
+    last_key = {stream, device};
+    return last = lanes.get();
+  }
   auto made = std::make_unique<CudaStreamOps::Lanes>();
   DeviceScope scope(device);
   cudaError_t err = cudaEventCreateWithFlags(&made->fork, cudaEventDisableTiming);
@@ -94,7 +102,8 @@ CudaStreamOps::Lanes* LanesOf(cudaStream_t stream, const GpuSettings& settings) 
     return nullptr;  // leaked: a failure to make streams is not worth more
   }
   lanes = std::move(made);
-  return lanes.get();
+  last_key = {stream, device};
+  return last = lanes.get();
 }
 
 }  // namespace
