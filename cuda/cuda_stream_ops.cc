@@ -164,6 +164,19 @@ Status CudaStreamOps::Reduce(void* dst, size_t dpitch, const void* const* srcs, 
   return err == cudaSuccess ? Status::Ok() : CudaError("reduction kernel failed", err);
 }
 
+Status CudaStreamOps::ReduceToEach(void* const* dsts, int nd, const void* const* srcs, int n,
+                                   size_t count, DType dtype, ReduceOp op) {
+  if (nd > kMaxSources) return StreamOps::ReduceToEach(dsts, nd, srcs, n, count, dtype, op);
+  Counters().reduce_kernels++;
+  const size_t bytes = count * ElementSize(dtype);
+  const cudaError_t err = LaunchReduceToEach(dsts, nd, bytes, srcs, n, bytes, count, 1, dtype, op,
+                                             settings_.max_blocks, stream_);
+  if (err == cudaErrorInvalidValue)
+    return Status::Unsupported(std::string("jax_smddp (GPU): cannot reduce ") + DTypeName(dtype) +
+                               " with " + ReduceOpName(op) + " in this layout");
+  return err == cudaSuccess ? Status::Ok() : CudaError("reduction kernel failed", err);
+}
+
 Status CudaStreamOps::WaitAtLeast(const uint32_t* flag, uint32_t value) {
   if (memops_) {
     Counters().flag_memops++;

@@ -25,89 +25,98 @@ __global__ void __launch_bounds__(kThreads)
                 dpitch, src, spitch, units_per_row, rows);
 }
 
-template <typename T, typename A, ReduceOp R, int V>
+template <typename T, typename A, ReduceOp R, int V, int U>
 __global__ void __launch_bounds__(kThreads)
-    ReduceKernel(char* dst, size_t dpitch, Sources srcs, int n, size_t spitch, size_t count,
-                 size_t rows) {
-  ReduceThread<T, A, R, V>(blockIdx.x * size_t(blockDim.x) + threadIdx.x,
-                           size_t(gridDim.x) * blockDim.x, dst, dpitch, srcs, n, spitch, count,
-                           rows);
+    ReduceKernel(Destinations dsts, int nd, size_t dpitch, Sources srcs, int n, size_t spitch,
+                 size_t count, size_t rows) {
+  ReduceThreadTo<T, A, R, V, U>(blockIdx.x * size_t(blockDim.x) + threadIdx.x,
+                                size_t(gridDim.x) * blockDim.x, dsts, nd, dpitch, srcs, n, spitch,
+                                count, rows);
 }
 
-// One launch of op over the sources, V elements per load where the layout
-// allows 16-byte vectors, else one (cuda/reduce_body.cuh).
+// One launch of op over the sources into each destination, V elements per
+// load where the layout allows 16-byte vectors, else one
+// (cuda/reduce_body.cuh). `unroll` 2: twice the vectors in flight per thread
+// (only where the accumulators still fit in registers; else as 1).
 template <typename T, typename A, ReduceOp R>
-void LaunchReduceOp(char* d, size_t dpitch, const Sources& s, int n, size_t spitch, size_t count,
-                    size_t rows, int max_blocks, cudaStream_t stream) {
+void LaunchReduceOp(const Destinations& d, int nd, size_t dpitch, const Sources& s, int n,
+                    size_t spitch, size_t count, size_t rows, int max_blocks, int unroll,
+                    cudaStream_t stream) {
   constexpr int kVector = sizeof(T) < 16 ? int(16 / sizeof(T)) : 1;
-  if (kVector > 1 && VectorWidth(d, dpitch, s, n, spitch, count, rows, sizeof(T)) == kVector) {
+  bool vector = kVector > 1;
+  for (int k = 0; vector && k < nd; ++k)
+    vector = VectorWidth(d.p[k], dpitch, s, n, spitch, count, rows, sizeof(T)) == kVector;
+  if (vector) {
+    constexpr int U = ReduceUnroll<kVector>();
     const size_t vectors = count / kVector * rows;
-    ReduceKernel<T, A, R, kVector>
-        <<<Blocks((vectors + ReduceUnroll<kVector>() - 1) / ReduceUnroll<kVector>(), max_blocks),
-           kThreads, 0, stream>>>(d, dpitch, s, n, spitch, count, rows);
+    if constexpr (U * kVector <= 16) {  // 4- and 8-byte elements
+      if (unroll == 2) {
+        ReduceKernel<T, A, R, kVector, 2 * U>
+            <<<Blocks((vectors + 2 * U - 1) / (2 * U), max_blocks), kThreads, 0, stream>>>(
+                d, nd, dpitch, s, n, spitch, count, rows);
+        return;
+      }
+    }
+    ReduceKernel<T, A, R, kVector, U>
+        <<<Blocks((vectors + U - 1) / U, max_blocks), kThreads, 0, stream>>>(d, nd, dpitch, s, n,
+                                                                             spitch, count, rows);
   } else {
-    ReduceKernel<T, A, R, 1>
-        <<<Blocks((count * rows + ReduceUnroll<1>() - 1) / ReduceUnroll<1>(), max_blocks), kThreads,
-           0, stream>>>(d, dpitch, s, n, spitch, count, rows);
+    constexpr int U = ReduceUnroll<1>();
+    ReduceKernel<T, A, R, 1, U>
+        <<<Blocks((count * rows + U - 1) / U, max_blocks), kThreads, 0, stream>>>(
+            d, nd, dpitch, s, n, spitch, count, rows);
   }
 }
 
 template <typename T, typename A>
-cudaError_t ReduceTyped(void* dst, size_t dpitch, const Sources& s, int n, size_t spitch,
-                        size_t count, size_t rows, ReduceOp op, int max_blocks,
-                        cudaStream_t stream) {
-  char* d = static_cast<char*>(dst);
+cudaError_t ReduceTyped(const Destinations& d, int nd, size_t dpitch, const Sources& s, int n,
+                        size_t spitch, size_t count, size_t rows, ReduceOp op, int max_blocks,
+                        int unroll, cudaStream_t stream) {
   switch (op) {
     case ReduceOp::kSum:
-      LaunchReduceOp<T, A, ReduceOp::kSum>(d, dpitch, s, n, spitch, count, rows, max_blocks,
-                                           stream);
+      LaunchReduceOp<T, A, ReduceOp::kSum>(d, nd, dpitch, s, n, spitch, count, rows, max_blocks,
+                                           unroll, stream);
       break;
     case ReduceOp::kMax:
-      LaunchReduceOp<T, A, ReduceOp::kMax>(d, dpitch, s, n, spitch, count, rows, max_blocks,
-                                           stream);
+      LaunchReduceOp<T, A, ReduceOp::kMax>(d, nd, dpitch, s, n, spitch, count, rows, max_blocks,
+                                           unroll, stream);
       break;
     case ReduceOp::kMin:
-      LaunchReduceOp<T, A, ReduceOp::kMin>(d, dpitch, s, n, spitch, count, rows, max_blocks,
-                                           stream);
+      LaunchReduceOp<T, A, ReduceOp::kMin>(d, nd, dpitch, s, n, spitch, count, rows, max_blocks,
+                                           unroll, stream);
       break;
   }
   return cudaGetLastError();
 }
 
-cudaError_t ReducePass(void* dst, size_t dpitch, const Sources& s, int n, size_t spitch,
-                       size_t count, size_t rows, DType type, ReduceOp op, int max_blocks,
-                       cudaStream_t stream) {
+cudaError_t ReducePass(const Destinations& d, int nd, size_t dpitch, const Sources& s, int n,
+                       size_t spitch, size_t count, size_t rows, DType type, ReduceOp op,
+                       int max_blocks, int unroll, cudaStream_t stream) {
+#define SMDDP_REDUCE_AS(T, A) \
+  ReduceTyped<T, A>(d, nd, dpitch, s, n, spitch, count, rows, op, max_blocks, unroll, stream)
   switch (type) {
     case DType::kInt8:
-      return ReduceTyped<int8_t, int32_t>(dst, dpitch, s, n, spitch, count, rows, op, max_blocks,
-                                          stream);
+      return SMDDP_REDUCE_AS(int8_t, int32_t);
     case DType::kUInt8:
-      return ReduceTyped<uint8_t, uint32_t>(dst, dpitch, s, n, spitch, count, rows, op, max_blocks,
-                                            stream);
+      return SMDDP_REDUCE_AS(uint8_t, uint32_t);
     case DType::kInt32:
-      return ReduceTyped<int32_t, int32_t>(dst, dpitch, s, n, spitch, count, rows, op, max_blocks,
-                                           stream);
+      return SMDDP_REDUCE_AS(int32_t, int32_t);
     case DType::kUInt32:
-      return ReduceTyped<uint32_t, uint32_t>(dst, dpitch, s, n, spitch, count, rows, op, max_blocks,
-                                             stream);
+      return SMDDP_REDUCE_AS(uint32_t, uint32_t);
     case DType::kInt64:
-      return ReduceTyped<int64_t, int64_t>(dst, dpitch, s, n, spitch, count, rows, op, max_blocks,
-                                           stream);
+      return SMDDP_REDUCE_AS(int64_t, int64_t);
     case DType::kFloat16:
-      return ReduceTyped<__half, float>(dst, dpitch, s, n, spitch, count, rows, op, max_blocks,
-                                        stream);
+      return SMDDP_REDUCE_AS(__half, float);
     case DType::kBFloat16:
-      return ReduceTyped<__nv_bfloat16, float>(dst, dpitch, s, n, spitch, count, rows, op,
-                                               max_blocks, stream);
+      return SMDDP_REDUCE_AS(__nv_bfloat16, float);
     case DType::kFloat32:
-      return ReduceTyped<float, float>(dst, dpitch, s, n, spitch, count, rows, op, max_blocks,
-                                       stream);
+      return SMDDP_REDUCE_AS(float, float);
     case DType::kFloat64:
-      return ReduceTyped<double, double>(dst, dpitch, s, n, spitch, count, rows, op, max_blocks,
-                                         stream);
+      return SMDDP_REDUCE_AS(double, double);
     case DType::kBool:
       break;
   }
+#undef SMDDP_REDUCE_AS
   return cudaErrorInvalidValue;
 }
 
@@ -143,24 +152,37 @@ cudaError_t LaunchCopy2D(void* dst, size_t dpitch, const void* src, size_t spitc
 
 cudaError_t LaunchReduce(void* dst, size_t dpitch, const void* const* srcs, int n, size_t spitch,
                          size_t count, size_t rows, DType type, ReduceOp op, int max_blocks,
-                         cudaStream_t stream) {
-  if (count == 0 || rows == 0) return cudaSuccess;
-  if (n <= 0) return cudaErrorInvalidValue;
-  // First pass: up to kMaxSources sources; later passes fold dst in first.
+                         cudaStream_t stream, int unroll) {
+  return LaunchReduceToEach(&dst, 1, dpitch, srcs, n, spitch, count, rows, type, op, max_blocks,
+                            stream, unroll);
+}
+
+cudaError_t LaunchReduceToEach(void* const* dsts, int nd, size_t dpitch, const void* const* srcs,
+                               int n, size_t spitch, size_t count, size_t rows, DType type,
+                               ReduceOp op, int max_blocks, cudaStream_t stream, int unroll) {
+  if (count == 0 || rows == 0 || nd == 0) return cudaSuccess;
+  if (n <= 0 || nd < 0 || nd > kMaxSources) return cudaErrorInvalidValue;
+  Destinations d{};
+  for (int k = 0; k < nd; ++k) d.p[k] = dsts[k];
+  // More sources than one pass reads: the earlier passes fold into the first
+  // destination alone, the last one writes them all.
+  Destinations first{};
+  first.p[0] = dsts[0];
   Sources s{};
   int used = std::min(n, kMaxSources);
   for (int k = 0; k < used; ++k) s.p[k] = srcs[k];
-  cudaError_t err =
-      ReducePass(dst, dpitch, s, used, spitch, count, rows, type, op, max_blocks, stream);
+  cudaError_t err = ReducePass(used == n ? d : first, used == n ? nd : 1, dpitch, s, used, spitch,
+                               count, rows, type, op, max_blocks, unroll, stream);
   while (err == cudaSuccess && used < n) {
     // dst has its own pitch: only row-contiguous layouts (rows == 1 or equal
     // pitches) can fold it in as a source.
     if (rows > 1 && dpitch != spitch) return cudaErrorInvalidValue;
     const int take = std::min(n - used, kMaxSources - 1);
-    s.p[0] = dst;
+    s.p[0] = dsts[0];
     for (int k = 0; k < take; ++k) s.p[1 + k] = srcs[used + k];
-    err = ReducePass(dst, dpitch, s, 1 + take, spitch, count, rows, type, op, max_blocks, stream);
     used += take;
+    err = ReducePass(used == n ? d : first, used == n ? nd : 1, dpitch, s, 1 + take, spitch, count,
+                     rows, type, op, max_blocks, unroll, stream);
   }
   return err;
 }

@@ -27,6 +27,12 @@ struct Sources {
   const void* p[kMaxSources];
 };
 
+// Where one reduction's result goes: every destination gets the same rows
+// (all_reduce in one round writes each rank's output at once).
+struct Destinations {
+  void* p[kMaxSources];
+};
+
 // 16-bit floats are loaded into f32 and rounded once when stored.
 template <typename T, typename A>
 struct Convert {
@@ -75,11 +81,12 @@ __host__ __device__ constexpr int ReduceUnroll() {
 // once: each source's loads are issued before any is combined,
 // so a thread keeps ReduceUnroll x (sources in the unrolled loop) loads in
 // flight instead of one per source (H200: 8 blocks reached 75 GB/s with one).
-template <typename T, typename A, ReduceOp R, int V>
-__host__ __device__ inline void ReduceThread(size_t t, size_t threads, char* dst, size_t dpitch,
-                                             const Sources& srcs, int n, size_t spitch,
-                                             size_t count, size_t rows) {
-  constexpr int U = ReduceUnroll<V>();
+// ReduceThreadTo writes the result into each of `nd` destinations of one
+// pitch (the loads are made once, the stores nd times).
+template <typename T, typename A, ReduceOp R, int V, int U = ReduceUnroll<V>()>
+__host__ __device__ inline void ReduceThreadTo(size_t t, size_t threads, const Destinations& dsts,
+                                               int nd, size_t dpitch, const Sources& srcs, int n,
+                                               size_t spitch, size_t count, size_t rows) {
   const size_t per_row = count / V;  // vectors per row
   const size_t total = per_row * rows;
   for (size_t base = t; base < total; base += U * threads) {
@@ -123,9 +130,19 @@ __host__ __device__ inline void ReduceThread(size_t t, size_t threads, char* dst
       Vec<T, V> out;
 #pragma unroll
       for (int j = 0; j < V; ++j) out.v[j] = Convert<T, A>::Store(acc[u][j]);
-      *reinterpret_cast<Vec<T, V>*>(dst + doff[u]) = out;
+      for (int d = 0; d < nd; ++d)
+        *reinterpret_cast<Vec<T, V>*>(static_cast<char*>(dsts.p[d]) + doff[u]) = out;
     }
   }
+}
+
+template <typename T, typename A, ReduceOp R, int V, int U = ReduceUnroll<V>()>
+__host__ __device__ inline void ReduceThread(size_t t, size_t threads, char* dst, size_t dpitch,
+                                             const Sources& srcs, int n, size_t spitch,
+                                             size_t count, size_t rows) {
+  Destinations one{};
+  one.p[0] = dst;
+  ReduceThreadTo<T, A, R, V, U>(t, threads, one, 1, dpitch, srcs, n, spitch, count, rows);
 }
 
 // The widest vector (in elements of `element_bytes`) that a reduction's

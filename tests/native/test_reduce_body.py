@@ -48,7 +48,10 @@ def reference(sources, op, dtype):
   return acc.astype(dtype)
 
 
-def run(program, tmp_path, name, op, n, count, rows, spitch, dpitch, misalign, threads, seed=0):
+def run(program, tmp_path, name, op, n, count, rows, spitch, dpitch, misalign, threads, seed=0,
+        dests=1, unroll=1):
+  """`dests`: the result stored into that many destinations (the program checks they agree);
+  `unroll` 2: twice the vectors per thread where the launcher allows it."""
   dtype = np.dtype(DTYPES[name])
   rng = np.random.default_rng(seed)
   shape = (n, rows, spitch)
@@ -62,7 +65,8 @@ def run(program, tmp_path, name, op, n, count, rows, spitch, dpitch, misalign, t
   (tmp_path / "in").write_bytes(data.tobytes())
   (tmp_path / "out").write_bytes(sentinel.tobytes())
   run = subprocess.run([program, name, op, str(n), str(count), str(rows), str(spitch), str(dpitch),
-                        str(misalign), str(threads), str(tmp_path / "in"), str(tmp_path / "out")],
+                        str(misalign), str(threads), str(tmp_path / "in"), str(tmp_path / "out"),
+                        str(dests), str(unroll)],
                        capture_output=True, text=True, timeout=60)
   assert run.returncode == 0, run.stdout + run.stderr
   got = np.frombuffer((tmp_path / "out").read_bytes(), dtype).reshape(rows, dpitch)
@@ -136,6 +140,21 @@ def test_vectors_around_each_threads_unrolled_batch(program, tmp_path, name, ext
               spitch=per16 * (per_row + 2), dpitch=per16 * (per_row + 1), misalign=0,
               threads=threads, seed=extra + 10)
   assert width == per16
+
+
+@pytest.mark.parametrize("name", ["f32", "bf16", "i32", "f64", "i8"])
+@pytest.mark.parametrize("dests", [1, 2, 8])
+@pytest.mark.parametrize("unroll", [1, 2])
+def test_one_reduction_into_several_destinations(program, tmp_path, name, dests, unroll):
+  """all_reduce in one round (LaunchReduceToEach): every destination holds the reduction;
+  with twice the vectors per thread (4- and 8-byte elements; others as once), vector counts
+  past a batch per thread, several rows, and a tail of single elements in the second case."""
+  per16 = 16 // np.dtype(DTYPES[name]).itemsize
+  for count, rows, threads in ((per16 * 83, 3, 7), (per16 * 83 + 1, 1, 64)):
+    width = run(program, tmp_path, name, "sum", n=3, count=count, rows=rows,
+                spitch=count + per16 * 2, dpitch=count + per16, misalign=0, threads=threads,
+                seed=dests * 10 + unroll, dests=dests, unroll=unroll)
+    assert width == (per16 if count % per16 == 0 else 1)
 
 
 def copy(copier, tmp_path, width, rows, spitch, dpitch, src_misalign, dst_misalign, threads):

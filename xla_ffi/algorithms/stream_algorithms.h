@@ -39,9 +39,9 @@
 // consumed its input (XLA may reuse that buffer next). Each rank copies n
 // shards instead of n + 1, and a call costs two hand-offs between ranks
 // instead of two per slot-sized step. all_reduce also needs every rank's
-// output (StreamRank::outputs) and runs two steps: rank r reduces shard r of
-// every input into its own output, then every rank copies each reduced shard
-// out of its owner's output.
+// output (StreamRank::outputs) and runs in one step too: rank r reduces shard
+// r of every input and stores it into every rank's output from one kernel
+// (StreamOps::ReduceToEach).
 //
 // The bodies: stream_staged.cc (through the slots), stream_direct.cc (direct
 // reads), stream_hierarchical.cc (across hosts); what they share (tiles, the

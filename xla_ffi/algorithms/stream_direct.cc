@@ -47,41 +47,29 @@ Status DirectReduceScatter(Steps& st, StreamOps& ops, const std::vector<const ui
   return st.AwaitConsumed();
 }
 
-// recv = reduce_p in_p, balanced as StagedAllReduce: rank r reduces shard r of
-// every input into its own output (out[r]), then copies every other shard
-// out of its owner's output.
+// recv = reduce_p in_p in one round: rank r reduces shard r of every input
+// and stores it into every rank's output (out[q], posted: XLA gave q's
+// stream that buffer for this call) from the one kernel. A rank's output is
+// whole once every peer released it, which AwaitConsumed waits for; that
+// also covers the peers' reads of its input.
 Status DirectAllReduce(Steps& st, StreamOps& ops, const std::vector<const uint8_t*>& in,
                        const std::vector<uint8_t*>& out, size_t count, DType dtype, ReduceOp op) {
   const int P = st.size(), me = st.rank();
   const size_t E = ElementSize(dtype);
   const size_t L = (count + P - 1) / P;
-  auto shard = [&](int q) { return ShardElements(count, L, q, 0, L); };
-  const void** srcs = st.Sources(P);
+  const size_t own = ShardElements(count, L, me, 0, L);
+  const void** srcs = st.Sources(2 * size_t(P));
+  void** dsts = const_cast<void**>(srcs + P);  // the rank's room holds both lists
   st.BeginDirect();
-  SMDDP_RETURN_IF_ERROR(st.Post());  // the input is ready
-  for (int q = 0; q < P; ++q) {
+  SMDDP_RETURN_IF_ERROR(st.Post());  // the input is ready and the output free
+  for (int k = 0; k < P; ++k) {
+    const int q = (me + k) % P;  // own output first: the peers' shards land after it
     SMDDP_RETURN_IF_ERROR(st.AwaitPosted(q));
     srcs[q] = in[q] + me * L * E;
+    dsts[k] = out[q] + me * L * E;
   }
-  const size_t own = shard(me);
-  if (own)
-    SMDDP_RETURN_IF_ERROR(
-        ops.Reduce(out[me] + me * L * E, own * E, srcs, P, own * E, own, 1, dtype, op));
+  if (own) SMDDP_RETURN_IF_ERROR(ops.ReduceToEach(dsts, P, srcs, P, own, dtype, op));
   for (int q = 0; q < P; ++q) SMDDP_RETURN_IF_ERROR(st.Release(q));
-  st.BeginDirect();
-  SMDDP_RETURN_IF_ERROR(st.Post());        // the reduced shard is ready
-  SMDDP_RETURN_IF_ERROR(ops.Fork(P - 1));  // a lane per peer, as DirectAllGatherOrAllToAll
-  for (int k = 1; k < P; ++k) {
-    const int q = (me + k) % P;
-    StreamOps& lane = ops.Lane(k - 1);
-    SMDDP_RETURN_IF_ERROR(st.AwaitPosted(q, lane));
-    if (const size_t n = shard(q))
-      SMDDP_RETURN_IF_ERROR(lane.Copy(out[me] + q * L * E, out[q] + q * L * E, n * E));
-    SMDDP_RETURN_IF_ERROR(st.ReleaseDirect(q, lane));
-  }
-  SMDDP_RETURN_IF_ERROR(ops.Join());
-  // Peers have read this rank's input (step one) and reduced shard (step
-  // two): the counters only grow, so waiting for step two covers both.
   return st.AwaitConsumed();
 }
 

@@ -45,6 +45,18 @@ class StreamOps {
   virtual Status Reduce(void* dst, size_t dpitch, const void* const* srcs, int n, size_t spitch,
                         size_t count, size_t rows, DType dtype, ReduceOp op) = 0;
 
+  // The same reduction of `count` contiguous elements stored into each of
+  // `nd` destinations (all_reduce in one round: a rank's reduced shard into
+  // every rank's output). By default one Reduce into dsts[0], then copies
+  // of it; a GPU stores into them all from the one kernel.
+  virtual Status ReduceToEach(void* const* dsts, int nd, const void* const* srcs, int n,
+                              size_t count, DType dtype, ReduceOp op) {
+    if (nd <= 0 || count == 0) return Status::Ok();
+    const size_t bytes = count * ElementSize(dtype);
+    SMDDP_RETURN_IF_ERROR(Reduce(dsts[0], bytes, srcs, n, bytes, count, 1, dtype, op));
+    for (int d = 1; d < nd; ++d) SMDDP_RETURN_IF_ERROR(Copy(dsts[d], dsts[0], bytes));
+    return Status::Ok();
+  }
   // Later work waits until FlagReached(*flag, value) (the flag may be a peer's).
   virtual Status WaitAtLeast(const uint32_t* flag, uint32_t value) = 0;
 

@@ -211,9 +211,8 @@ Status DirectAllGatherOrAllToAll(Steps& st, StreamOps& ops, const std::vector<co
 Status DirectReduceScatter(Steps& st, StreamOps& ops, const std::vector<const uint8_t*>& in,
                            uint8_t* recv, size_t outer, size_t inner, DType dtype, ReduceOp op);
 
-// recv = reduce_p in_p, balanced as StagedAllReduce: rank r reduces shard r of
-// every input into its own output (out[r]), then copies every other shard
-// out of its owner's output.
+// recv = reduce_p in_p in one step: rank r reduces shard r of every input
+// into every rank's output (out[q]).
 Status DirectAllReduce(Steps& st, StreamOps& ops, const std::vector<const uint8_t*>& in,
                        const std::vector<uint8_t*>& out, size_t count, DType dtype, ReduceOp op);
 

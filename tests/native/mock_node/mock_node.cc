@@ -744,21 +744,24 @@ cudaError_t LaunchCopy2D(void* dst, size_t dpitch, const void* src, size_t spitc
   return mock_node::Copy2D(dst, dpitch, src, spitch, width, rows, stream, "copy kernel");
 }
 
-cudaError_t LaunchReduce(void* dst, size_t dpitch, const void* const* srcs, int n, size_t spitch,
-                         size_t count, size_t rows, DType type, ReduceOp op, int,
-                         cudaStream_t stream) {
-  if (!SupportsReduce(type, op)) return cudaErrorInvalidValue;
-  if (count == 0 || rows == 0) return cudaSuccess;
+cudaError_t LaunchReduceToEach(void* const* dsts, int nd, size_t dpitch, const void* const* srcs,
+                               int n, size_t spitch, size_t count, size_t rows, DType type,
+                               ReduceOp op, int, cudaStream_t stream, int) {
+  if (!SupportsReduce(type, op) || n <= 0 || nd < 0) return cudaErrorInvalidValue;
+  if (count == 0 || rows == 0 || nd == 0) return cudaSuccess;
   const int dev = mock_node::Of(stream)->device;
-  std::vector<const void*> sources(srcs, srcs + n);  // the caller's array is not kept
+  std::vector<const void*> sources(srcs, srcs + n);  // the caller's arrays are not kept
+  std::vector<void*> targets(dsts, dsts + nd);
   return mock_node::Enqueue(stream, [=] {
     const size_t row_bytes = count * ElementSize(type);
     for (const void* s : sources) {
       if (!mock_node::Touch(dev, "reduction kernel", {{s, (rows - 1) * spitch + row_bytes}}, false))
         return;
     }
-    if (!mock_node::Touch(dev, "reduction kernel", {{dst, (rows - 1) * dpitch + row_bytes}}, false))
-      return;
+    for (void* d : targets) {
+      if (!mock_node::Touch(dev, "reduction kernel", {{d, (rows - 1) * dpitch + row_bytes}}, false))
+        return;
+    }
     const auto t0 = std::chrono::steady_clock::now();
     const double us = mock_node::Cfg().latency_us +
                       double(row_bytes * rows * size_t(n)) / mock_node::Cfg().bytes_per_us;
@@ -766,9 +769,19 @@ cudaError_t LaunchReduce(void* dst, size_t dpitch, const void* const* srcs, int 
     std::vector<const void*> row(sources.size());
     for (size_t i = 0; i < rows; ++i) {
       for (int k = 0; k < n; ++k) row[k] = static_cast<const char*>(sources[k]) + i * spitch;
-      smddp::Reduce(type, op, row.data(), n, static_cast<char*>(dst) + i * dpitch, count);
+      char* first = static_cast<char*>(targets[0]) + i * dpitch;
+      smddp::Reduce(type, op, row.data(), n, first, count);
+      for (size_t d = 1; d < targets.size(); ++d)
+        std::memcpy(static_cast<char*>(targets[d]) + i * dpitch, first, row_bytes);
     }
   });
+}
+
+cudaError_t LaunchReduce(void* dst, size_t dpitch, const void* const* srcs, int n, size_t spitch,
+                         size_t count, size_t rows, DType type, ReduceOp op, int blocks,
+                         cudaStream_t stream, int unroll) {
+  return LaunchReduceToEach(&dst, 1, dpitch, srcs, n, spitch, count, rows, type, op, blocks, stream,
+                            unroll);
 }
 
 cudaError_t LaunchWaitFlag(const uint32_t* flag, uint32_t value, cudaStream_t stream) {
