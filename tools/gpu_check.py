@@ -23,8 +23,9 @@ Stages (all = build kernels swap bench jax overlap blocks):
   overlap  the Flax example on the GPU: annotation cost, 2 processes under MPS, losses
   blocks   the reductions under MPS with 32 blocks
 Also on request: memory cpu slots64 hosts nccl jaxfull (the whole of test_gpu.py), staged
-(the whole of it with staging, not direct reads, as every mode's default) and phases (the kernel test's phase
-timings of a 64 MiB reduce_scatter and a 16 MiB all_gather, under MPS).
+(the whole of it with staging, not direct reads, as every mode's default), phases (the kernel test's phase
+timings, staged and reading in place, under MPS) and sweep (the bare reduction's read rate
+from 1 block to every SM, tools/gpu_block_sweep.py).
 
 Writes to OUT (default /tmp/jax_smddp_gpu_check): <stage>.log, the benchmarks'
 JSON, example_*.json(l), stages.json and summary.md (rewritten after every stage).
@@ -43,11 +44,11 @@ import time
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 ALL = ("build", "kernels", "swap", "bench", "jax", "overlap", "blocks")
-EXTRA = ("memory", "cpu", "slots64", "hosts", "nccl", "jaxfull", "staged", "phases")
+EXTRA = ("memory", "cpu", "slots64", "hosts", "nccl", "jaxfull", "staged", "phases", "sweep")
 # Each stage's own limit (seconds); the budget may give it less.
-LIMITS = {"build": 150, "kernels": 90, "swap": 170, "bench": 170, "jax": 120, "overlap": 200,
+LIMITS = {"build": 150, "kernels": 150, "swap": 170, "bench": 170, "jax": 120, "overlap": 200,
           "blocks": 60, "memory": 120, "cpu": 300, "slots64": 200, "hosts": 200, "nccl": 200,
-          "jaxfull": 500, "staged": 400, "phases": 90}
+          "jaxfull": 500, "staged": 400, "phases": 120, "sweep": 90}
 MIN_STAGE_S = 20   # a stage that would get less is skipped, not started
 RESERVE_S = 5      # kept back for the summary
 DEFAULT_BUDGET_S = 540
@@ -306,6 +307,10 @@ def stage_phases(st: Stage, py: str) -> None:
   (the kernels stage runs them with the processes time-slicing the GPU)."""
   with mps(st):
     _pytest(st, py, ["tests/gpu/test_kernels.py", "-k", "where_a"], report="-rsP")
+
+
+def stage_sweep(st: Stage, py: str) -> None:
+  st.run([py, "tools/gpu_block_sweep.py", os.path.join(st.out, "sweep.json")])
 
 
 def stage_memory(st: Stage, py: str) -> None:

@@ -79,9 +79,11 @@ def cases(size, seed=0):
 class Ranks:
   """`size` rank processes with their communicators connected."""
 
-  def __init__(self, size, flag_memory="device"):
+  def __init__(self, size, flag_memory="device", direct=False):
+    """`direct`: every call reads the peers' buffers in place (StreamRank::inputs and, for
+    all_reduce, outputs), each rank's send and receive buffers shared by CUDA IPC."""
     ctx = multiprocessing.get_context("spawn")
-    self.size = size
+    self.size, self.direct = size, direct
     self.members = {slot: [i * 64 + r for r in range(size)] for i, slot in enumerate(SLOTS)}
     self.conns, self.procs = [], []
     for r in range(size):
@@ -128,10 +130,17 @@ class Ranks:
     """`graph_replays`: xs[r] holds one input per launch (stacked) and wants[r] one output."""
     copies, flags, blocks = mode
     dtype = np.dtype(params["dtype"])
+    peers = []
+    if self.direct:  # every rank's buffers of this case's sizes, then their handles to all
+      if only is not None or graph_replays:
+        raise ValueError("direct reads need every rank and no graph replays")
+      for r, c in enumerate(self.conns):
+        c.send(("buffers", xs[r].nbytes, wants[r].nbytes))
+      peers = self._gather("direct-read buffers")
     for r, c in enumerate(self.conns):
       if only is not None and r not in only:
         continue
-      c.send(dict(members=self.members[params["slot"]], rank=r, kind=params["kind"],
+      c.send(dict(peers=peers,members=self.members[params["slot"]], rank=r, kind=params["kind"],
                   dtype=DTYPES[dtype], op=OPS[params["op"]], outer=params["outer"],
                   inner=params["inner"], count=params["count"], input=xs[r].tobytes(),
                   out_bytes=wants[r].nbytes, calls=calls, copies=copies, flags=flags,
@@ -153,6 +162,17 @@ class Ranks:
 @pytest.mark.parametrize("mode", MODES, ids=lambda m: f"{m[0]} copies, {m[1]} flags, {m[2]} blocks")
 def test_collectives(mode, size):
   check_collectives(Ranks(size), size, mode)
+
+
+@pytest.mark.parametrize("size", [2, 4])
+@pytest.mark.parametrize("mode", [MODES[0], MODES[2]],
+                         ids=lambda m: f"{m[0]} copies, {m[1]} flags, {m[2]} blocks")
+def test_collectives_reading_in_place(mode, size):
+  """Direct reads (the default for XLA's buffers): every case with each rank's input (and for
+  all_reduce its output) read or written in place by its peers: all_gather and all_to_all
+  copied on lanes, reduce_scatter in one kernel, all_reduce in one round (each rank's shard
+  reduced into every output)."""
+  check_collectives(Ranks(size, direct=True), size, mode)
 
 
 @pytest.mark.parametrize("mode", [MODES[0], MODES[2]],
@@ -285,6 +305,44 @@ def test_where_a_16mib_all_gather_spends_its_time():
         np.testing.assert_array_equal(got, want, err_msg=f"rank {r}, {blocks} blocks")
         assert phases["copy"][0] > 0, phases
         lines.append(phase_line(blocks, r, phases))
+  finally:
+    ranks.close()
+  print("\n".join(lines))
+
+
+def test_where_a_direct_call_spends_its_time():
+  """Direct reads, 2 ranks (processes sharing the GPU), copy engines and stream memory
+  operations: a 16 MiB all_gather (8 MiB per rank), a 64 MiB reduce_scatter and a 64 MiB
+  all_reduce of f32, at 8, 16 and 32 blocks; the last of 3 calls timed with CUDA events around
+  every operation (on one stream: the phase clock does not follow lanes). Checked against
+  numpy; prints each rank's copy, reduction, wait and signal time beside the bare kernel and
+  the copy rate: where the direct path's time goes, for docs/gpu.md."""
+  size = 2
+  xs_ag = inputs(size, (1, 2 << 20), np.float32, seed=7)
+  xs_rs = inputs(size, (1, size, 8 << 20), np.float32, seed=8)
+  xs_ar = inputs(size, (16 << 20,), np.float32, seed=9)
+  runs = [("all_gather 16 MiB", dict(kind=GATHER, dtype=np.float32, op="sum", outer=1,
+                                     inner=(2 << 20) * 4, count=0, slot=8 << 20),
+           xs_ag, [np.stack(xs_ag, axis=1)] * size, 0),
+          ("reduce_scatter 64 MiB", dict(kind=SCATTER, dtype=np.float32, op="sum", outer=1,
+                                         inner=8 << 20, count=0, slot=8 << 20),
+           xs_rs, [combine([x[:, r, :] for x in xs_rs], "sum", np.float32) for r in range(size)],
+           32 << 20),
+          ("all_reduce 64 MiB", dict(kind=ALL_REDUCE, dtype=np.float32, op="sum", outer=1,
+                                     inner=0, count=16 << 20, slot=8 << 20),
+           xs_ar, [combine(xs_ar, "sum", np.float32)] * size, 32 << 20)]
+  ranks = Ranks(size, direct=True)
+  lines = [f"copy rate {EXT.copy_bandwidth(0, 64 << 20) / 1e9:.0f} GB/s (64 MiB, alone)"]
+  try:
+    for name, params, xs, wants, reduced in runs:
+      for blocks in (8, 16, 32):
+        ranks.send(params, xs, wants, ("engine", "memops", blocks), calls=3, phases=True)
+        bare = EXT.reduce_seconds(0, reduced, size, blocks) if reduced else 0.0
+        for r, ((out, phases), _) in enumerate(ranks._gather(f"{name}, {blocks} blocks")):
+          got = np.frombuffer(out, np.float32).reshape(wants[r].shape)
+          np.testing.assert_array_equal(got, wants[r], err_msg=f"{name}, rank {r}, {blocks} blocks")
+          lines.append(f"{name} direct: " + phase_line(blocks, r, phases) +
+                       (f"; bare reduction {bare * 1e3:.3f} ms" if reduced else ""))
   finally:
     ranks.close()
   print("\n".join(lines))

@@ -4,6 +4,7 @@
 // counters. Built only where nvcc is found; imports without a GPU or driver.
 #include <algorithm>
 #include <cstdint>
+#include <cstring>
 #include <stdexcept>
 #include <string>
 #include <utility>
@@ -101,7 +102,9 @@ double CopyBandwidth(int ordinal, size_t bytes, int iters) {
 // `sources` buffers of `bytes` each into one, within `max_blocks` blocks, as
 // the stream algorithms launch it. The benchmark's reference for what the SM
 // budget allows the reductions, beside the copy rate (what the device allows).
-double ReduceSeconds(int ordinal, size_t bytes, int sources, int max_blocks, int iters) {
+// `unroll` 2: the kernel with twice the loads in flight per thread (kernels.h).
+double ReduceSeconds(int ordinal, size_t bytes, int sources, int max_blocks, int iters,
+                     int unroll) {
   if (sources < 1 || sources > smddp::cuda::kMaxSources)
     throw std::invalid_argument("reduce_seconds: sources must be 1.." +
                                 std::to_string(smddp::cuda::kMaxSources));
@@ -109,7 +112,7 @@ double ReduceSeconds(int ordinal, size_t bytes, int sources, int max_blocks, int
   return BestSeconds(ordinal, iters, [&](cudaStream_t stream) {
     CheckCuda(smddp::cuda::LaunchReduce(m.p[size_t(sources)], bytes, m.p.data(), sources, bytes,
                                         bytes / 4, 1, smddp::DType::kFloat32, smddp::ReduceOp::kSum,
-                                        max_blocks, stream),
+                                        max_blocks, stream, unroll),
               "reduction kernel");
   });
 }
@@ -133,10 +136,57 @@ double ReduceSeconds(int ordinal, size_t bytes, int sources, int max_blocks, int
 // API front end enqueues a call captured into a CUDA graph) is captured into
 // a graph, which is launched that many times, `input` holding one input per
 // launch and the result every launch's output, one after the other.
+// The kernel tests' buffers for direct reads (stream_run's `peers`): this
+// process's send and receive buffers, shared by legacy CUDA IPC, replaced
+// when the next case asks for others (after every rank finished the last).
+struct DirectBuffers {
+  void* send = nullptr;
+  void* recv = nullptr;
+  size_t in_bytes = 0, out_bytes = 0;
+};
+DirectBuffers& TheDirectBuffers() {
+  static DirectBuffers d;
+  return d;
+}
+
+nb::tuple StreamDirectBuffers(int ordinal, size_t in_bytes, size_t out_bytes) {
+  DirectBuffers& d = TheDirectBuffers();
+  CheckCuda(cudaSetDevice(ordinal), "cudaSetDevice");
+  cudaFree(d.send);
+  cudaFree(d.recv);
+  d = DirectBuffers{};
+  CheckCuda(cudaMalloc(&d.send, std::max<size_t>(in_bytes, 1)), "cudaMalloc");
+  CheckCuda(cudaMalloc(&d.recv, std::max<size_t>(out_bytes, 1)), "cudaMalloc");
+  d.in_bytes = in_bytes;
+  d.out_bytes = out_bytes;
+  cudaIpcMemHandle_t hs, hr;
+  CheckCuda(cudaIpcGetMemHandle(&hs, d.send), "cudaIpcGetMemHandle");
+  CheckCuda(cudaIpcGetMemHandle(&hr, d.recv), "cudaIpcGetMemHandle");
+  return nb::make_tuple(nb::bytes(&hs, sizeof(hs)), nb::bytes(&hr, sizeof(hr)));
+}
+
+// The peers' direct buffers opened for one stream_run, closed after it.
+struct OpenedPeers {
+  std::vector<void*> opened;
+  ~OpenedPeers() {
+    for (void* p : opened) cudaIpcCloseMemHandle(p);
+  }
+  void* Open(const nb::bytes& handle) {
+    cudaIpcMemHandle_t h;
+    if (handle.size() != sizeof(h)) throw std::invalid_argument("stream_run: not an IPC handle");
+    std::memcpy(&h, handle.c_str(), sizeof(h));
+    void* p = nullptr;
+    CheckCuda(cudaIpcOpenMemHandle(&p, h, cudaIpcMemLazyEnablePeerAccess), "cudaIpcOpenMemHandle");
+    opened.push_back(p);
+    return p;
+  }
+};
+
 nb::object StreamRun(std::vector<int64_t> members, int rank, int kind, int dtype, int op,
                      size_t outer, size_t inner, size_t count, nb::bytes input, size_t out_bytes,
                      int calls, const std::string& copies, const std::string& flags, int max_blocks,
-                     bool phases, int graph_replays) {
+                     bool phases, int graph_replays,
+                     std::vector<std::pair<nb::bytes, nb::bytes>> peers) {
   smddp::gpu::GpuCommunicator* comm =
       smddp::gpu::FindCommunicator(smddp::gpu::GroupKey(members.data(), int(members.size())));
   smddp::gpu::LocalRank* me = comm ? comm->Local(rank) : nullptr;
@@ -163,8 +213,30 @@ nb::object StreamRun(std::vector<int64_t> members, int rank, int kind, int dtype
   settings.max_blocks = max_blocks;
   CheckCuda(cudaSetDevice(me->ordinal), "cudaSetDevice");
   void *send = nullptr, *recv = nullptr;
-  CheckCuda(cudaMalloc(&send, std::max<size_t>(in_bytes, 1)), "cudaMalloc");
-  CheckCuda(cudaMalloc(&recv, std::max<size_t>(out_bytes, 1)), "cudaMalloc");
+  OpenedPeers opened;
+  const bool direct = !peers.empty();
+  if (direct) {  // every rank's buffers read in place (StreamRank::inputs, outputs)
+    const DirectBuffers& d = TheDirectBuffers();
+    if (graph_replays > 0 || int(peers.size()) != me->view.layout.size || d.in_bytes != in_bytes ||
+        d.out_bytes != out_bytes)
+      throw std::invalid_argument(
+          "stream_run: peers needs a handle pair per rank, stream_direct_buffers of this "
+          "call's sizes first, and no graph_replays");
+    send = d.send;
+    recv = d.recv;
+    const bool outputs = smddp::DirectReadsNeedOutputs(plan.kind);
+    me->view.inputs.assign(peers.size(), nullptr);
+    me->view.outputs.assign(outputs ? peers.size() : 0, nullptr);
+    for (size_t q = 0; q < peers.size(); ++q) {
+      const bool own = int(q) == rank;
+      me->view.inputs[q] = static_cast<const uint8_t*>(own ? send : opened.Open(peers[q].first));
+      if (outputs)
+        me->view.outputs[q] = static_cast<uint8_t*>(own ? recv : opened.Open(peers[q].second));
+    }
+  } else {
+    CheckCuda(cudaMalloc(&send, std::max<size_t>(in_bytes, 1)), "cudaMalloc");
+    CheckCuda(cudaMalloc(&recv, std::max<size_t>(out_bytes, 1)), "cudaMalloc");
+  }
   CheckCuda(cudaMemcpy(send, input.c_str(), in_bytes, cudaMemcpyHostToDevice), "cudaMemcpy");
   smddp::Status status;
   cudaError_t err = cudaSuccess;
@@ -214,8 +286,12 @@ nb::object StreamRun(std::vector<int64_t> members, int rank, int kind, int dtype
     }
     cudaStreamDestroy(stream);
   }
-  cudaFree(send);
-  cudaFree(recv);
+  me->view.inputs.clear();
+  me->view.outputs.clear();
+  if (!direct) {
+    cudaFree(send);
+    cudaFree(recv);
+  }
   Check(status);
   CheckCuda(err, "stream_run");
   nb::bytes output(host.data(), host.size());
@@ -367,18 +443,23 @@ NB_MODULE(_smddp_cuda, m) {
       nb::arg("ordinal"), nb::arg("bytes"), nb::arg("iters") = 10);
   m.def(
       "reduce_seconds",
-      [](int ordinal, size_t bytes, int sources, int max_blocks, int iters) {
+      [](int ordinal, size_t bytes, int sources, int max_blocks, int iters, int unroll) {
         nb::gil_scoped_release release;
-        return ReduceSeconds(ordinal, bytes, sources, max_blocks, iters);
+        return ReduceSeconds(ordinal, bytes, sources, max_blocks, iters, unroll);
       },
       nb::arg("ordinal"), nb::arg("bytes"), nb::arg("sources"), nb::arg("max_blocks"),
-      nb::arg("iters") = 10);
+      nb::arg("iters") = 10, nb::arg("unroll") = 1);
 #ifdef SMDDP_TESTING_ENTRIES
   m.def("stream_run", &StreamRun, nb::arg("members"), nb::arg("rank"), nb::arg("kind"),
         nb::arg("dtype"), nb::arg("op"), nb::arg("outer"), nb::arg("inner"), nb::arg("count"),
         nb::arg("input"), nb::arg("out_bytes"), nb::arg("calls") = 1, nb::arg("copies") = "engine",
         nb::arg("flags") = "memops", nb::arg("max_blocks") = 8, nb::arg("phases") = false,
-        nb::arg("graph_replays") = 0);
+        nb::arg("graph_replays") = 0,
+        nb::arg("peers") = std::vector<std::pair<nb::bytes, nb::bytes>>());
+  m.def("stream_direct_buffers", &StreamDirectBuffers, nb::arg("ordinal"), nb::arg("in_bytes"),
+        nb::arg("out_bytes"),
+        "This process's send and receive buffers for stream_run's direct reads (replacing the "
+        "last ones); returns their CUDA IPC handles.");
 #endif
   m.def("have_stream_memops", &smddp::cuda::HaveStreamMemOps);
   m.def("settings", [] {
