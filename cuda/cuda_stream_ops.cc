@@ -19,10 +19,12 @@ namespace {
 
 using WaitValueFn = CUresult (*)(CUstream, CUdeviceptr, cuuint32_t, unsigned int);
 using WriteValueFn = CUresult (*)(CUstream, CUdeviceptr, cuuint32_t, unsigned int);
+using BatchFn = CUresult (*)(CUstream, unsigned int, CUstreamBatchMemOpParams*, unsigned int);
 
 struct MemOps {
   WaitValueFn wait = nullptr;
   WriteValueFn write = nullptr;
+  BatchFn batch = nullptr;  // optional: several waits or writes as one operation
 };
 
 const MemOps& DriverMemOps() {
@@ -30,11 +32,15 @@ const MemOps& DriverMemOps() {
     MemOps m;
     m.wait = Driver<WaitValueFn>("cuStreamWaitValue32");
     m.write = Driver<WriteValueFn>("cuStreamWriteValue32");
+    m.batch = Driver<BatchFn>("cuStreamBatchMemOp");
     if (!m.wait || !m.write) m = MemOps();  // both or neither
     return m;
   }();
   return ops;
 }
+
+// Flags per batch of stream memory operations (more go in several).
+constexpr int kBatch = 32;
 
 }  // namespace
 
@@ -53,10 +59,24 @@ GpuCounters& Counters() {
 
 bool HaveStreamMemOps() { return DriverMemOps().wait != nullptr; }
 
+namespace {
+
+bool Capturing(cudaStream_t stream) {
+  cudaStreamCaptureStatus status = cudaStreamCaptureStatusNone;
+  if (cudaStreamIsCapturing(stream, &status) != cudaSuccess) {
+    cudaGetLastError();
+    return false;
+  }
+  return status != cudaStreamCaptureStatusNone;
+}
+
+}  // namespace
+
 CudaStreamOps::CudaStreamOps(cudaStream_t stream, const GpuSettings& settings)
     : stream_(stream),
       settings_(settings),
-      memops_(settings.flags == GpuSettings::Flags::kMemOps && HaveStreamMemOps()) {}
+      memops_(settings.flags == GpuSettings::Flags::kMemOps && HaveStreamMemOps()),
+      copy_engines_(settings.copies == GpuSettings::Copies::kEngine && !Capturing(stream)) {}
 
 struct CudaStreamOps::Lanes {
   cudaEvent_t fork = nullptr;
@@ -141,7 +161,7 @@ Status CudaStreamOps::Copy2D(void* dst, size_t dpitch, const void* src, size_t s
                              size_t rows) {
   if (width == 0 || rows == 0) return Status::Ok();
   cudaError_t err;
-  if (settings_.copies == GpuSettings::Copies::kEngine) {
+  if (copy_engines_) {
     Counters().engine_copies++;
     err = rows == 1 ? cudaMemcpyAsync(dst, src, width, cudaMemcpyDefault, stream_)
                     : cudaMemcpy2DAsync(dst, dpitch, src, spitch, width, rows, cudaMemcpyDefault,
@@ -206,6 +226,48 @@ Status CudaStreamOps::Write(uint32_t* flag, uint32_t value) {
   Counters().flag_kernels++;
   const cudaError_t err = LaunchWriteFlag(flag, value, stream_);
   return err == cudaSuccess ? Status::Ok() : CudaError("flag write kernel failed", err);
+}
+
+Status CudaStreamOps::WaitAllAtLeast(const uint32_t* const* flags, int n, uint32_t value) {
+  if (!memops_ || !DriverMemOps().batch || n < 2) return StreamOps::WaitAllAtLeast(flags, n, value);
+  for (int at = 0; at < n; at += kBatch) {
+    CUstreamBatchMemOpParams p[kBatch] = {};
+    const int m = n - at < kBatch ? n - at : kBatch;
+    for (int i = 0; i < m; ++i) {
+      p[i].waitValue.operation = CU_STREAM_MEM_OP_WAIT_VALUE_32;
+      p[i].waitValue.address = CUdeviceptr(flags[at + i]);
+      p[i].waitValue.value = value;
+      p[i].waitValue.flags = CU_STREAM_WAIT_VALUE_GEQ;
+    }
+    Counters().flag_memops++;
+    const CUresult r = DriverMemOps().batch(reinterpret_cast<CUstream>(stream_), unsigned(m), p, 0);
+    if (r != CUDA_SUCCESS)
+      return Status::Error("jax_smddp (GPU): cuStreamBatchMemOp (waits) failed (error " +
+                           std::to_string(int(r)) +
+                           "); set JAX_SMDDP_GPU_FLAGS=kernel to use flag kernels");
+  }
+  return Status::Ok();
+}
+
+Status CudaStreamOps::WriteAll(uint32_t* const* flags, int n, uint32_t value) {
+  if (!memops_ || !DriverMemOps().batch || n < 2) return StreamOps::WriteAll(flags, n, value);
+  for (int at = 0; at < n; at += kBatch) {
+    CUstreamBatchMemOpParams p[kBatch] = {};
+    const int m = n - at < kBatch ? n - at : kBatch;
+    for (int i = 0; i < m; ++i) {
+      p[i].writeValue.operation = CU_STREAM_MEM_OP_WRITE_VALUE_32;
+      p[i].writeValue.address = CUdeviceptr(flags[at + i]);
+      p[i].writeValue.value = value;
+      p[i].writeValue.flags = CU_STREAM_WRITE_VALUE_DEFAULT;  // after earlier work, as Write
+    }
+    Counters().flag_memops++;
+    const CUresult r = DriverMemOps().batch(reinterpret_cast<CUstream>(stream_), unsigned(m), p, 0);
+    if (r != CUDA_SUCCESS)
+      return Status::Error("jax_smddp (GPU): cuStreamBatchMemOp (writes) failed (error " +
+                           std::to_string(int(r)) +
+                           "); set JAX_SMDDP_GPU_FLAGS=kernel to use flag kernels");
+  }
+  return Status::Ok();
 }
 
 }  // namespace cuda

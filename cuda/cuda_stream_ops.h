@@ -1,6 +1,7 @@
 // StreamOps on CUDA streams: every call enqueues on the stream XLA gave the
 // handler and returns at once. Copies go to the copy engines
-// (cudaMemcpy2DAsync, no SMs) or to a kernel of at most `max_blocks` blocks;
+// (cudaMemcpy2DAsync, no SMs) or to a kernel of at most `max_blocks` blocks
+// (always while the stream is captured into a CUDA graph);
 // reductions always run as kernels within that budget; flags use the driver's
 // stream memory operations (cuStreamWaitValue32 / cuStreamWriteValue32, no
 // kernel) when the driver has them, else one-thread kernels.
@@ -38,6 +39,10 @@ struct GpuCounters {
   std::atomic<uint64_t> flag_kernels{0};
   std::atomic<uint64_t> flag_memops{0};
   std::atomic<uint64_t> direct_reads{0};  // calls that read their peers' inputs in place
+  // The custom calls' handlers on the host: calls, and nanoseconds from entry
+  // to return (the buffer exchange with the peers and every enqueue).
+  std::atomic<uint64_t> handler_calls{0};
+  std::atomic<uint64_t> handler_ns{0};
 };
 GpuCounters& Counters();
 
@@ -56,6 +61,9 @@ class CudaStreamOps : public StreamOps {
                       DType dtype, ReduceOp op) override;
   Status WaitAtLeast(const uint32_t* flag, uint32_t value) override;
   Status Write(uint32_t* flag, uint32_t value) override;
+  // One cuStreamBatchMemOp per 32 flags where the driver has it.
+  Status WaitAllAtLeast(const uint32_t* const* flags, int n, uint32_t value) override;
+  Status WriteAll(uint32_t* const* flags, int n, uint32_t value) override;
   // Lanes: up to kMaxLanes streams of the stream's device, made once per
   // stream and kept; Fork records an event that they wait for, Join one per
   // lane that the stream waits for. More lanes than that share them in turn.
@@ -71,6 +79,12 @@ class CudaStreamOps : public StreamOps {
   int forked_ = 0;  // lanes in use since Fork
   GpuSettings settings_;
   bool memops_;
+  // Copies on the copy engines unless the stream is being captured into a
+  // CUDA graph: XLA updates its command buffers' graphs when their buffers
+  // move, which a kernel node allows and a memcpy node between two of XLA's
+  // (cuMemMap'd) allocations does not (CUDA_ERROR_GRAPH_EXEC_UPDATE_FAILURE,
+  // seen on the H200), so captured copies run as kernels.
+  bool copy_engines_;
 };
 
 }  // namespace cuda

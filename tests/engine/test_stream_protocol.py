@@ -470,14 +470,15 @@ def phase_probe(xs, outer, inner, slot, direct, calls=1):
 @pytest.mark.parametrize("direct", [1, 0], ids=["direct", "staged"])
 def test_reduce_scatter_time_is_charged_to_its_phases(direct):
   """Every StreamOps call of a reduce_scatter of 3 ranks, timed on host threads and charged
-  to its phase. Direct reads, one call: 1 reduction; waits for each peer's post and each
-  peer's read (2 x 2); signals: its post and a release per peer (3). Staged through slots of
+  to its phase. Direct reads, one call: 1 reduction; waits for the peers' posts and for
+  their reads (2, each one batch for both peers); signals: its post and the peers'
+  releases (2: the releases one batch). Staged through slots of
   3 KiB, 4 tiles (steps) of [3 ranks x 1 KiB]: per step a copy into the slot, a reduction, a
   post and 2 releases, 2 waits for posts, and from step 3 on (2 slots) 2 waits for the slot.
   The phases' time adds up to no more than the call's."""
   xs = inputs(3, (4, 3, 256), np.float32, seed=5)
   phases = phase_probe(xs, outer=4, inner=256, slot=3 * 1024, direct=direct)
-  want = ({"copy": 0, "reduce": 1, "wait": 4, "signal": 3} if direct else
+  want = ({"copy": 0, "reduce": 1, "wait": 2, "signal": 2} if direct else
           {"copy": 4, "reduce": 4, "wait": 4 * 2 + 2 * 2, "signal": 4 * 3})
   for r, p in enumerate(phases):
     assert {k: p[k][0] for k in want} == want, (r, p)

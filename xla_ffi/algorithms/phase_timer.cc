@@ -64,6 +64,14 @@ Status PhaseTimedOps::Write(uint32_t* flag, uint32_t value) {
   return Timed(Phase::kSignal, [&] { return inner_.Write(flag, value); });
 }
 
+Status PhaseTimedOps::WaitAllAtLeast(const uint32_t* const* flags, int n, uint32_t value) {
+  return Timed(Phase::kWait, [&] { return inner_.WaitAllAtLeast(flags, n, value); });
+}
+
+Status PhaseTimedOps::WriteAll(uint32_t* const* flags, int n, uint32_t value) {
+  return Timed(Phase::kSignal, [&] { return inner_.WriteAll(flags, n, value); });
+}
+
 Status PhaseTimedOps::Totals(PhaseTotals* out) {
   *out = PhaseTotals{};
   if (spans_.empty()) return Status::Ok();

@@ -61,6 +61,8 @@ class PhaseTimedOps : public StreamOps {
                       DType dtype, ReduceOp op) override;
   Status WaitAtLeast(const uint32_t* flag, uint32_t value) override;
   Status Write(uint32_t* flag, uint32_t value) override;
+  Status WaitAllAtLeast(const uint32_t* const* flags, int n, uint32_t value) override;
+  Status WriteAll(uint32_t* const* flags, int n, uint32_t value) override;
 
   // Every call's phase and span so far, summed per phase (waits on a GPU
   // clock until the stream has passed the last mark).

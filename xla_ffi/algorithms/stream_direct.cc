@@ -37,13 +37,11 @@ Status DirectReduceScatter(Steps& st, StreamOps& ops, const std::vector<const ui
   const void** srcs = st.Sources(P);
   st.BeginDirect();
   SMDDP_RETURN_IF_ERROR(st.Post());
-  for (int q = 0; q < P; ++q) {
-    SMDDP_RETURN_IF_ERROR(st.AwaitPosted(q));
-    srcs[q] = in[q] + me * inner_b;
-  }
+  SMDDP_RETURN_IF_ERROR(st.AwaitAllPosted());
+  for (int q = 0; q < P; ++q) srcs[q] = in[q] + me * inner_b;
   if (outer && inner)
     SMDDP_RETURN_IF_ERROR(ops.Reduce(recv, inner_b, srcs, P, P * inner_b, inner, outer, dtype, op));
-  for (int q = 0; q < P; ++q) SMDDP_RETURN_IF_ERROR(st.Release(q));
+  SMDDP_RETURN_IF_ERROR(st.ReleaseAll());
   return st.AwaitConsumed();
 }
 
@@ -62,14 +60,14 @@ Status DirectAllReduce(Steps& st, StreamOps& ops, const std::vector<const uint8_
   void** dsts = const_cast<void**>(srcs + P);  // the rank's room holds both lists
   st.BeginDirect();
   SMDDP_RETURN_IF_ERROR(st.Post());  // the input is ready and the output free
+  SMDDP_RETURN_IF_ERROR(st.AwaitAllPosted());
   for (int k = 0; k < P; ++k) {
     const int q = (me + k) % P;  // own output first: the peers' shards land after it
-    SMDDP_RETURN_IF_ERROR(st.AwaitPosted(q));
     srcs[q] = in[q] + me * L * E;
     dsts[k] = out[q] + me * L * E;
   }
   if (own) SMDDP_RETURN_IF_ERROR(ops.ReduceToEach(dsts, P, srcs, P, own, dtype, op));
-  for (int q = 0; q < P; ++q) SMDDP_RETURN_IF_ERROR(st.Release(q));
+  SMDDP_RETURN_IF_ERROR(st.ReleaseAll());
   return st.AwaitConsumed();
 }
 

@@ -62,6 +62,16 @@ class StreamOps {
 
   // *flag = value once all earlier work is done and visible to peers.
   virtual Status Write(uint32_t* flag, uint32_t value) = 0;
+  // WaitAtLeast and Write of several flags at once, in that order (a GPU
+  // enqueues them as one batch of stream memory operations).
+  virtual Status WaitAllAtLeast(const uint32_t* const* flags, int n, uint32_t value) {
+    for (int i = 0; i < n; ++i) SMDDP_RETURN_IF_ERROR(WaitAtLeast(flags[i], value));
+    return Status::Ok();
+  }
+  virtual Status WriteAll(uint32_t* const* flags, int n, uint32_t value) {
+    for (int i = 0; i < n; ++i) SMDDP_RETURN_IF_ERROR(Write(flags[i], value));
+    return Status::Ok();
+  }
 
   // Work that may run at once (several copy engines): after Fork(lanes),
   // Lane(i) for i < lanes is a stream of its own whose work starts once

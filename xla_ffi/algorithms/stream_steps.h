@@ -130,13 +130,41 @@ class Steps {
   Status ReleaseDirect(int q, StreamOps& on) { return Release(q, on); }
   // Later work on this stream waits until every peer consumed this step.
   Status AwaitConsumed() {
-    for (int q = 0; q < size(); ++q) {
-      if (q != rank()) SMDDP_RETURN_IF_ERROR(ops_.WaitAtLeast(Consumed(rank(), q), step_));
-    }
-    return Status::Ok();
+    return Batched(
+        [&](int q) { return Consumed(rank(), q); },
+        [&](const uint32_t* const* f, int n) { return ops_.WaitAllAtLeast(f, n, step_); });
+  }
+  // Direct reads: waits until every peer posted this step (its buffers are
+  // ready), and tells every peer this rank is done with them.
+  Status AwaitAllPosted() {
+    return Batched(
+        [&](int q) { return Posted(q); },
+        [&](const uint32_t* const* f, int n) { return ops_.WaitAllAtLeast(f, n, step_); });
+  }
+  Status ReleaseAll() {
+    return Batched([&](int q) { return Consumed(q, rank()); },
+                   [&](uint32_t* const* f, int n) { return ops_.WriteAll(f, n, step_); });
   }
 
  private:
+  // `act` on the flags `flag(q)` of every peer q, in batches (StreamOps'
+  // WaitAllAtLeast and WriteAll).
+  template <typename Flag, typename Act>
+  Status Batched(Flag&& flag, Act&& act) {
+    constexpr int kAtOnce = 32;
+    using Pointer = decltype(flag(0));
+    Pointer flags[kAtOnce];
+    int n = 0;
+    for (int q = 0; q < size(); ++q) {
+      if (q == rank()) continue;
+      flags[n++] = flag(q);
+      if (n == kAtOnce) {
+        SMDDP_RETURN_IF_ERROR(act(flags, n));
+        n = 0;
+      }
+    }
+    return n ? act(flags, n) : Status::Ok();
+  }
   int SlotIndex() const { return int(step_ % RegionLayout::kSlots); }
   uint8_t* Slot(int q) const { return me_.regions[q] + layout_.slot_offset(SlotIndex()); }
   // Replayable: waits until every peer consumed this rank's `slot`, and

@@ -1,6 +1,7 @@
 // The mock node's CUDA runtime (cuda_runtime_api.h beside this file says
 // what it enforces), and the kernels of cuda/kernels.h as stream operations
 // that run on the host.
+#include "cuda.h"
 #include "cuda_runtime_api.h"
 
 #include <fcntl.h>
@@ -321,6 +322,18 @@ int StreamWaitValue32(CUstream_st* s, unsigned long long flag, uint32_t value, u
 }
 int StreamWriteValue32(CUstream_st* s, unsigned long long flag, uint32_t value, unsigned) {
   return WriteValue(s, reinterpret_cast<uint32_t*>(flag), value, "cuStreamWriteValue32");
+}
+// Its waits and writes in order, as the driver runs a batch.
+int StreamBatchMemOp(CUstream_st* s, unsigned count, CUstreamBatchMemOpParams* p, unsigned) {
+  for (unsigned i = 0; i < count; ++i) {
+    int r = 1;
+    if (p[i].operation == CU_STREAM_MEM_OP_WAIT_VALUE_32)
+      r = StreamWaitValue32(s, p[i].waitValue.address, p[i].waitValue.value, 0);
+    else if (p[i].operation == CU_STREAM_MEM_OP_WRITE_VALUE_32)
+      r = StreamWriteValue32(s, p[i].writeValue.address, p[i].writeValue.value, 0);
+    if (r != 0) return r;
+  }
+  return 0;
 }
 
 bool CuMemMode() {
@@ -716,6 +729,7 @@ cudaError_t cudaGetDriverEntryPointByVersion(const char* symbol, void** fn, unsi
   const std::pair<const char*, void*> entries[] = {
       {"cuStreamWaitValue32", reinterpret_cast<void*>(&StreamWaitValue32)},
       {"cuStreamWriteValue32", reinterpret_cast<void*>(&StreamWriteValue32)},
+      {"cuStreamBatchMemOp", reinterpret_cast<void*>(&StreamBatchMemOp)},
       {"cuPointerGetAttributes", reinterpret_cast<void*>(&PointerGetAttributes)},
       {"cuMemRetainAllocationHandle", reinterpret_cast<void*>(&RetainAllocationHandle)},
       {"cuMemExportToShareableHandle", reinterpret_cast<void*>(&ExportToShareableHandle)},
