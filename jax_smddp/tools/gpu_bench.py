@@ -45,7 +45,8 @@ exchanges n-shard buffers; so every op handles S = n x size bytes per rank, as
 nccl-tests counts them. Columns: time per call (median over groups of 5 calls
 issued back to back and waited for once, as nccl-tests times; "synced us" is the
 median of single calls each waited for, the latency a program that waits on
-every call sees), algbw = S / time, busbw = algbw x (n - 1) / n (x 2 for
+every call sees; "host us" is process 0's custom-call handler time per call on the host,
+its buffer exchange with the peers and its enqueues), algbw = S / time, busbw = algbw x (n - 1) / n (x 2 for
 all_reduce), and "moved" = n x busbw, bytes all ranks together received from
 peers per second: the figure to compare with one device's copy bandwidth when
 every rank shares that device's memory. "written/copy" counts instead the bytes
@@ -195,12 +196,17 @@ def worker(args) -> dict:
           lambda idx, op=op, local=local: _input(op, (idx[0].start or 0) // local, n, count))
       wrong = _check(op, ours(x), n, count)  # every local rank's output is back: its GPU is idle
       copy_Bps = _copy_reference(ext, size * n, args, f"{op}/{size}")
-      before = ext.counters()["direct_reads"] if ext else 0
+      before = dict(ext.counters()) if ext else {}
       row = {"op": op, "bytes_per_rank": size, "ranks": n,
              "mode": config.value("JAX_SMDDP_GPU_COPIES"),
              "smddp_s": _time(ours, x, args.iters, PIPELINE),
              "synced_s": _time(ours, x, args.iters), "copy_Bps": copy_Bps, "#wrong": wrong}
-      row["direct_calls"] = (ext.counters()["direct_reads"] - before) if ext else 0
+      after = dict(ext.counters()) if ext else {}
+      row["direct_calls"] = (after["direct_reads"] - before["direct_reads"]) if ext else 0
+      calls = after.get("handler_calls", 0) - before.get("handler_calls", 0)
+      # This process's handlers' host time per call (the exchange with the peers and the
+      # enqueues), over the timed calls of both timings.
+      row["host_s"] = (after["handler_ns"] - before["handler_ns"]) / calls / 1e9 if calls else None
       if op in ("reduce_scatter", "all_reduce"):
         row["max_blocks"] = ext.settings()["max_blocks"] if ext else None
         row["reduce_ref_s"] = _reduce_reference(ext, size, n, args, f"{op}/{size}")
@@ -340,7 +346,7 @@ def report(rows: list[dict]) -> str:
          f"{'busbw':>8} {'moved':>8} {'copy GB/s':>9} {'moved/copy':>10} {'written/copy':>12} "
          f"{'read/copy':>9} {'vs kernel':>9} {'blocks':>6} "
          f"{'XLA busbw':>9}"
-         f"{'hosts':>6} {'hmem:slots':>11} {'direct':>10} {'synced us':>9}"]
+         f"{'hosts':>6} {'hmem:slots':>11} {'direct':>10} {'synced us':>9} {'host us':>7}"]
   for r in rows:
     op, n, t = r.get("op", "all_gather"), r["ranks"], r["smddp_s"]
     alg = r["bytes_per_rank"] * n / t / 1e9
@@ -358,7 +364,8 @@ def report(rows: list[dict]) -> str:
                f"{_ratio(read):>9} {_ratio(vs_kernel):>9} {r.get('max_blocks') or '-':>6} "
                f"{xla:>9}"
                f"{r.get('hosts', 1):>6} {_slots(r):>11} {_direct(r):>10} "
-               f"{r['synced_s'] * 1e6 if r.get('synced_s') else 0:>9.1f}")
+               f"{r['synced_s'] * 1e6 if r.get('synced_s') else 0:>9.1f} "
+               f"{r['host_s'] * 1e6 if r.get('host_s') else 0:>7.1f}")
   return "\n".join(out)
 
 

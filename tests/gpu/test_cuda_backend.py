@@ -66,7 +66,7 @@ def test_extension_imports_without_a_gpu(monkeypatch):
   ext = _native.cuda_engine()
   if not os.path.exists("/dev/nvidiactl"):
     assert ext.device_count() == 0  # no driver here: reported, not raised
-  assert ext.settings() == {"copies": "engine", "flags": "memops", "max_blocks": 8,
+  assert ext.settings() == {"copies": "engine", "flags": "memops", "max_blocks": 16,
                             "flag_memory": "device", "direct_reads": True}
   monkeypatch.setenv("JAX_SMDDP_GPU_FLAG_MEMORY", "host")
   assert ext.settings()["flag_memory"] == "host"
@@ -82,7 +82,8 @@ def test_extension_imports_without_a_gpu(monkeypatch):
   with pytest.raises(RuntimeError, match="JAX_SMDDP_GPU_DIRECT_READS='yes' is not valid: it takes one of 0\\|1"):
     ext.settings()
   assert set(ext.counters()) == {"copy_kernels", "engine_copies", "reduce_kernels",
-                                 "flag_kernels", "flag_memops", "direct_reads"}
+                                 "flag_kernels", "flag_memops", "direct_reads", "handler_calls",
+                                 "handler_ns"}
   # The exit hook with no group set up: nothing to wait for, nothing to close.
   assert ext.close_at_exit() is True
 
@@ -437,13 +438,15 @@ def test_gpu_benchmark_arithmetic():
   assert line[11:14] == ["0.67", "0.50", "8"]
   assert gpu_bench.report([row]).splitlines()[1].split()[11:14] == ["-", "-", "-"]
   # The direct column: the setting, and whether the timed calls read in place.
-  assert gpu_bench.report([row]).splitlines()[1].split()[-2] == "0:staged"
+  assert gpu_bench.report([row]).splitlines()[1].split()[-3] == "0:staged"
   assert gpu_bench.report([{**row, "direct_reads": "1", "direct_calls": 21}]).splitlines()[1] \
-      .split()[-3:-1] == ["1:in", "place"]
+      .split()[-4:-2] == ["1:in", "place"]
   assert gpu_bench.report([{**row, "direct_reads": "1", "direct_calls": 0}]).splitlines()[1] \
-      .split()[-2] == "1:staged"
+      .split()[-3] == "1:staged"
+  # The host's handler time per call, last.
+  assert gpu_bench.report([{**row, "host_s": 41.5e-6}]).splitlines()[1].split()[-1] == "41.5"
   # The latency of one call waited for, beside the back-to-back time.
-  assert gpu_bench.report([{**row, "synced_s": 1.5e-3}]).splitlines()[1].split()[-1] == "1500.0"
+  assert gpu_bench.report([{**row, "synced_s": 1.5e-3}]).splitlines()[1].split()[-2] == "1500.0"
   # What the JSON keeps beside each row.
   assert gpu_bench.metrics(red) == pytest.approx(
       {"moved_per_copy": 3 * 67.108864e9 / 400e9, "written_per_copy": 67.108864e9 / 400e9,

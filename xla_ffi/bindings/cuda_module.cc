@@ -448,7 +448,7 @@ NB_MODULE(_smddp_cuda, m) {
         return ReduceSeconds(ordinal, bytes, sources, max_blocks, iters, unroll);
       },
       nb::arg("ordinal"), nb::arg("bytes"), nb::arg("sources"), nb::arg("max_blocks"),
-      nb::arg("iters") = 10, nb::arg("unroll") = 1);
+      nb::arg("iters") = 10, nb::arg("unroll") = 2);
 #ifdef SMDDP_TESTING_ENTRIES
   m.def("stream_run", &StreamRun, nb::arg("members"), nb::arg("rank"), nb::arg("kind"),
         nb::arg("dtype"), nb::arg("op"), nb::arg("outer"), nb::arg("inner"), nb::arg("count"),
@@ -486,6 +486,8 @@ NB_MODULE(_smddp_cuda, m) {
     d["flag_kernels"] = c.flag_kernels.load();
     d["flag_memops"] = c.flag_memops.load();
     d["direct_reads"] = c.direct_reads.load();
+    d["handler_calls"] = c.handler_calls.load();
+    d["handler_ns"] = c.handler_ns.load();
     return d;
   });
 }

@@ -1,5 +1,6 @@
 #include "xla_ffi/ffi/gpu_handlers.h"
 
+#include <chrono>
 #include <cstdint>
 #include <memory>
 #include <string>
@@ -112,11 +113,17 @@ Status EnqueueCall(const char* op, int64_t op_id, cudaStream_t stream, int32_t o
   if (ordinal < 0 || size_t(ordinal) >= site->by_ordinal.size() || !site->by_ordinal[ordinal].rank)
     return InvalidStatus(std::string(op) + " (op " + std::to_string(op_id) + "): device " +
                          std::to_string(ordinal) + " is in no replica group of this process");
+  const auto start = std::chrono::steady_clock::now();
   const GpuCallSite::Member& me = site->by_ordinal[ordinal];
   cuda::CudaStreamOps ops(stream, Settings());
   const Status st = gpu::EnqueueCollective(op, op_id, gpu::CallRank{me.rank, me.port, me.rank_of},
                                            ops, x.untyped_data(), out->untyped_data(), plan);
-  if (st.ok() && !me.port && !me.rank->view.inputs.empty()) cuda::Counters().direct_reads++;
+  cuda::GpuCounters& counters = cuda::Counters();
+  if (st.ok() && !me.port && !me.rank->view.inputs.empty()) counters.direct_reads++;
+  counters.handler_calls++;
+  counters.handler_ns += uint64_t(
+      std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::steady_clock::now() - start)
+          .count());
   return st;
 }
 
