@@ -24,18 +24,19 @@ cudaError_t LaunchCopy2D(void* dst, size_t dpitch, const void* src, size_t spitc
 // dst row i = op over srcs[k] row i (k in order), rows `count` elements long,
 // pitches in bytes. 16-bit floats are combined in f32 and rounded once (per
 // pass of kMaxSources). Returns cudaErrorInvalidValue for unsupported types.
-// `unroll` 2 (the kernel tests' and benchmark's sweep): twice the loads in
-// flight per thread for 4- and 8-byte elements; 1 (the default) otherwise.
+// `unroll` 2 (the default): twice the loads in flight per thread for 4- and
+// 8-byte elements, which the H200 read 1.15-1.35x faster within 4 to 32
+// blocks (tools/gpu_block_sweep.py, docs/gpu.md); 1: as 16-bit types always.
 cudaError_t LaunchReduce(void* dst, size_t dpitch, const void* const* srcs, int n, size_t spitch,
                          size_t count, size_t rows, DType type, ReduceOp op, int max_blocks,
-                         cudaStream_t stream, int unroll = 1);
+                         cudaStream_t stream, int unroll = 2);
 
 // The same reduction written into each of `nd` (<= kMaxSources) destinations
 // of one pitch: all_reduce in one round, each rank's reduced shard stored
 // into every rank's output by the kernel that reduces it.
 cudaError_t LaunchReduceToEach(void* const* dsts, int nd, size_t dpitch, const void* const* srcs,
                                int n, size_t spitch, size_t count, size_t rows, DType type,
-                               ReduceOp op, int max_blocks, cudaStream_t stream, int unroll = 1);
+                               ReduceOp op, int max_blocks, cudaStream_t stream, int unroll = 2);
 
 // One-thread kernels: later work waits for *flag >= value; *flag = value
 // after earlier work, with a system-wide fence. The fallback when the

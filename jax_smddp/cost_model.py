@@ -230,9 +230,11 @@ class Machine:
 # The GPU engine's phases, measured on an H200 (2026-11-26, tools/gpu_check.sh: gpu_bench's
 # bare reduction kernel, and tests/gpu/test_kernels.py's phase timing of a 64 MiB
 # reduce_scatter of 2 processes sharing the GPU; docs/gpu.md "Where a reduction's time goes").
-# Bytes read per second by one f32 reduction kernel of 2-4 sources within 8 blocks (the
-# default SM budget): 518-585 GB/s; with 32 blocks 1.72-1.87 TB/s, unbudgeted 2.5-2.7 TB/s.
-GPU_REDUCE_READ_8_BLOCKS = 560 * GB
+# Bytes read per second by one f32 reduction kernel of 2-4 sources within the default SM
+# budget (16 blocks, twice the loads in flight per thread; tools/gpu_block_sweep.py on an
+# H200, 2026-11-28): 995-1228 GB/s; 8 blocks 529-653 GB/s, 32 blocks 1.69-2.09 TB/s,
+# unbudgeted 2.5-3.2 TB/s.
+GPU_REDUCE_READ_DEFAULT_BLOCKS = 1100 * GB
 # One step's hand-off between ranks (a stream wait on a peer's flag, then a flag write),
 # processes sharing one GPU under MPS: 6 us + 5 us; without MPS the wait is ~95 us (the
 # processes' contexts time-slice the GPU).
@@ -245,9 +247,9 @@ P4D = Machine(
                 "4 x 100 Gbps EFA (two GPUs per NIC)",
     kind="gpu", cores=96, gpus_per_host=8,
     copy_bw=700 * GB, copy_bw_dram=700 * GB, cache_bytes=0, fault_bw=math.inf,
-    # Reductions run within the SM budget (JAX_SMDDP_GPU_MAX_BLOCKS, 8): as measured on an
-    # H200 (GPU_REDUCE_READ_8_BLOCKS), assumed here, not measured on an A100.
-    reduce_bw=GPU_REDUCE_READ_8_BLOCKS, reduce_bw_dram=GPU_REDUCE_READ_8_BLOCKS,
+    # Reductions run within the SM budget (JAX_SMDDP_GPU_MAX_BLOCKS, 16): as measured on an
+    # H200 (GPU_REDUCE_READ_DEFAULT_BLOCKS), assumed here, not measured on an A100.
+    reduce_bw=GPU_REDUCE_READ_DEFAULT_BLOCKS, reduce_bw_dram=GPU_REDUCE_READ_DEFAULT_BLOCKS,
     call_overhead_s=10e-6, call_overhead_per_device_s=0.0,
     in_process=Transport("device memory", 2e-6),
     intra_host=Transport("NVLink/IPC", 3e-6, bandwidth=300 * GB, efficiency=0.8,
@@ -263,8 +265,8 @@ P5 = Machine(
                 "32 x 100 Gbps EFA (four NICs per GPU)",
     kind="gpu", cores=192, gpus_per_host=8,
     copy_bw=1500 * GB, copy_bw_dram=1500 * GB, cache_bytes=0, fault_bw=math.inf,
-    # Within the 8-block budget, as measured on an H200 (same SMs as the H100).
-    reduce_bw=GPU_REDUCE_READ_8_BLOCKS, reduce_bw_dram=GPU_REDUCE_READ_8_BLOCKS,
+    # Within the default budget (16 blocks), as measured on an H200 (same SMs as the H100).
+    reduce_bw=GPU_REDUCE_READ_DEFAULT_BLOCKS, reduce_bw_dram=GPU_REDUCE_READ_DEFAULT_BLOCKS,
     call_overhead_s=8e-6, call_overhead_per_device_s=0.0,
     in_process=Transport("device memory", 2e-6),
     intra_host=Transport("NVLink/IPC", 3e-6, bandwidth=450 * GB, efficiency=0.8,
