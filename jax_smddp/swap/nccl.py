@@ -22,13 +22,13 @@ as the CPU swap (:mod:`jax_smddp.swap.xla`):
    plugin loads the real NCCL (jax_smddp/_startup.py). It leaves ``XLA_FLAGS``
    alone.
 2. When JAX creates its CUDA client, the plugin's wrapper of the client
-   factory (:func:`install`) adds ``--xla_gpu_enable_command_buffer=-COLLECTIVES``
-   to ``XLA_FLAGS`` as the program left it (the front end serves calls captured
-   into CUDA graphs, but that has run only on host threads so far; the CUDA
-   plugin's XLA reads its flags as that client is made), connects jax_smddp's
-   processes (:func:`jax_smddp.initialize`, over the jax.distributed key-value
-   store) and hands the front end that world, this process's index and the real
-   NCCL's path (:func:`find_real_nccl`; ``JAX_SMDDP_NCCL_LIBRARY`` overrides it).
+   factory (:func:`install`) connects jax_smddp's processes
+   (:func:`jax_smddp.initialize`, over the jax.distributed key-value store) and
+   hands the front end that world, this process's index and the real NCCL's
+   path (:func:`find_real_nccl`; ``JAX_SMDDP_NCCL_LIBRARY`` overrides it).
+   ``XLA_FLAGS`` stays as the program set it: XLA may capture collectives into
+   its command buffers (CUDA graphs), which the front end serves as replayable
+   calls (docs/gpu_xla_swap.md).
 
 Where it cannot take over (no front end in this build, or NCCL loaded before
 it), XLA's collectives stay on NCCL: logged once at WARNING, an error under
@@ -52,8 +52,6 @@ log = logging.getLogger("jax_smddp")
 
 SONAME = "libnccl.so.2"
 REAL_ENV = "JAX_SMDDP_NCCL_LIBRARY"  # overrides find_real_nccl (read by the library itself)
-# XLA's "+X/-X" form: the default command buffer types, less COLLECTIVES.
-COMMAND_BUFFER_FLAG = "--xla_gpu_enable_command_buffer=-COLLECTIVES"
 
 _library = None      # the front end's ctypes handle, once set up (kept for the process's life)
 _active = False      # set up as JAX created its CUDA client
@@ -165,17 +163,6 @@ def _load() -> tuple[ctypes.CDLL | None, str]:
   return lib, why or takes_over()
 
 
-def _ensure_flag() -> None:
-  """XLA must not capture collectives into CUDA graphs (their served form has
-  run on host threads only): the flag is added here, as JAX creates its CUDA
-  client, to XLA_FLAGS as the program left it, and never at start-up, where it
-  would turn a program's ``os.environ.setdefault("XLA_FLAGS", ...)`` into a
-  no-op. A program that chose its own command buffer types keeps them."""
-  flags = os.environ.get("XLA_FLAGS", "")
-  if "--xla_gpu_enable_command_buffer" not in flags:
-    os.environ["XLA_FLAGS"] = f"{flags} {COMMAND_BUFFER_FLAG}".strip()
-
-
 def _configure(lib: ctypes.CDLL, process: int) -> str | None:
   """Hands the front end jax_smddp's world, `process` and the real NCCL; the
   real library's path (None when none was found)."""
@@ -198,7 +185,6 @@ def set_up() -> None:
     requirements.fallback("XLA's GPU collectives (JAX_SMDDP_COLLECTIVES=xla)",
                           f"they stay on NCCL: {why}")
     return
-  _ensure_flag()
   from jax._src import distributed as jax_distributed
   state = jax_distributed.global_state
   process = int(state.process_id or 0) if state.client is not None else 0

@@ -60,16 +60,28 @@ def _two_process_step(scenario: str, env: dict) -> list[dict]:
   return [p.result for p in procs]
 
 
+# XLA's own command buffer types (the swap leaves XLA_FLAGS alone), and none of them with
+# collectives: the uncaptured calls read the peers' buffers in place (the front end's default).
+XLA_GRAPHS = {"xla_default": "", "uncaptured": "--xla_gpu_enable_command_buffer=-COLLECTIVES"}
+
+
 @pytest.mark.timeout(80)
+@pytest.mark.parametrize("graphs", list(XLA_GRAPHS))
 @pytest.mark.parametrize("scenario", ["step", "step_rows"])
-def test_global_view_fsdp_step_across_two_processes_on_one_gpu_equals_one_process(scenario):
+def test_global_view_fsdp_step_across_two_processes_on_one_gpu_equals_one_process(scenario,
+                                                                                  graphs):
   """Parameters sharded over both processes' devices, value_and_grad, no shard_map: it runs,
   its losses and gradients equal the same steps on one device (1e-5), every collective XLA
   ran was served by the front end (all-gathers, and reduce-scatters or all-reduces; with the
   parameters sharded along their rows an all-to-all too, as ncclAlltoAll or as a group of
-  sends and receives) and counted by traffic_by_op(), nothing was forwarded to NCCL."""
-  for r in _two_process_step(scenario, ENV):
-    assert "--xla_gpu_enable_command_buffer=-COLLECTIVES" in r["xla_flags"], r["xla_flags"]
+  sends and receives) and counted by traffic_by_op(), nothing was forwarded to NCCL. With
+  XLA's default flags (whatever it captures into CUDA graphs) and with collectives kept out
+  of its graphs."""
+  flags = XLA_GRAPHS[graphs]
+  for r in _two_process_step(scenario, {**ENV, **({"XLA_FLAGS": flags} if flags else {})}):
+    assert r["xla_flags"] == flags, r["xla_flags"]  # as the program set them
+    if graphs == "uncaptured":
+      assert r["captured"] == 0, r
     assert r["active"], r
     assert r["forwarded"] == {} and r["reasons"] == [], r
     served = r["served"]
@@ -84,11 +96,11 @@ def test_global_view_fsdp_step_across_two_processes_on_one_gpu_equals_one_proces
 
 @pytest.mark.timeout(80)
 def test_global_view_fsdp_step_with_collectives_captured_into_cuda_graphs():
-  """The same step with XLA capturing collectives into its command buffers (CUDA graphs,
-  XLA's default, which the swap turns off as JAX makes its CUDA client unless XLA_FLAGS sets
-  the flag): the front end serves the captured calls as replayable ones (stream_algorithms.h: staged, by
-  tokens) and the losses and gradients still equal one device's. Fails, rather than skips,
-  where XLA captured none of them (what to look at next)."""
+  """The same step with XLA capturing collectives into its command buffers (CUDA graphs),
+  every graph of one op or more: the front end serves the captured calls as replayable ones
+  (stream_algorithms.h: staged, by tokens, copies as kernels so that XLA can update the
+  graphs when its buffers move) and the losses and gradients still equal one device's.
+  Fails, rather than skips, where XLA captured none of them (what to look at next)."""
   flags = "--xla_gpu_enable_command_buffer=+COLLECTIVES --xla_gpu_graph_min_graph_size=1"
   for r in _two_process_step("step", {**ENV, "XLA_FLAGS": flags}):
     assert "-COLLECTIVES" not in r["xla_flags"], r["xla_flags"]

@@ -361,10 +361,12 @@ ncclResult_t AwaitAsyncError(ncclComm_t comm, std::chrono::steady_clock::time_po
 
 void Served() {
   ncclComm_t comm = Create(P, me, Config(22809, 0));
-  // The front end stages every call unless JAX_SMDDP_GPU_DIRECT_READS is given
-  // (gpu::Preferences), though reading in place is the custom calls' default.
+  // The front end reads in place unless a call is captured (gpu::Preferences),
+  // as the custom calls do; these host buffers cannot be shared, so its calls
+  // stage, saying why once.
   smddp::nccl::Comm* c = smddp::nccl::AsComm(comm);
-  Expect(c && c->local && !c->local->exchange, "the front end's communicator stages its calls");
+  Expect(c && c->local && c->local->exchange,
+         "the front end's communicator reads in place where it can");
   int n = 0, r = -1;
   Expect(ncclCommCount(comm, &n) == ncclSuccess && n == P, "ncclCommCount");
   Expect(ncclCommUserRank(comm, &r) == ncclSuccess && r == me, "ncclCommUserRank");
@@ -502,8 +504,8 @@ void Served() {
 // all_reduce captured into a "graph" (small slots: several steps per call;
 // process 0 captures them twice), which nothing runs until it is replayed,
 // three times, on fresh inputs in the same buffers, each replay after an
-// uncaptured all_gather (staged, or reading in place with
-// JAX_SMDDP_GPU_DIRECT_READS=1). Process 1 is late and
+// uncaptured all_gather (staged with JAX_SMDDP_GPU_DIRECT_READS=0, or reading
+// in place, the default). Process 1 is late and
 // reads slowly, so a replay that did not wait for its peer, or that reused a
 // slot the uncaptured call's peer still reads, gives wrong values.
 // An all_gather whose buffers are "device memory" (the mock's cudaMalloc)
@@ -1089,7 +1091,8 @@ int main(int argc, char** argv) {
   if (scenario == "across_hosts") hosts = 2;
   if (scenario == "captured" || scenario == "captured_direct")
     setenv("JAX_SMDDP_GPU_SLOT_BYTES", "4096", 1);
-  if (scenario == "captured_direct") setenv("JAX_SMDDP_GPU_DIRECT_READS", "1", 1);
+  // The front end reads in place by default: "captured" stages its uncaptured calls.
+  if (scenario == "captured") setenv("JAX_SMDDP_GPU_DIRECT_READS", "0", 1);
   if (scenario == "unknown_version") setenv("MOCK_NCCL_VERSION", "24100", 1);
   if (scenario == "id_full") setenv("MOCK_NCCL_ID_FULL", "1", 1);
   if (scenario == "no_fallback") setenv("JAX_SMDDP_REQUIRE", "no-fallback", 1);
