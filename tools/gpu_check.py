@@ -11,9 +11,11 @@ Run it through tools/gpu_check.sh, which resolves PYTHON (default python3) to
 an absolute interpreter: the build installs into that interpreter's
 environment, and tools/build_testing.sh needs its prefix.
 
-Stages (all = build kernels swap bench jax overlap blocks):
+Stages (all = build kernels phases sweep swap bench jax overlap blocks):
   build    the package (editable, with the test probes) and the native test programs
   kernels  tests/gpu/test_kernels.py: the stream algorithms on the GPU without JAX
+  phases   its phase timings (staged, and reading in place) under MPS
+  sweep    the bare reduction's read rate from 1 block to every SM (tools/gpu_block_sweep.py)
   swap     tests/gpu/test_xla_swap_gpu.py: XLA's own GPU collectives on jax_smddp's NCCL API
            front end (JAX_SMDDP_COLLECTIVES=xla), 2 processes sharing the GPU (skipped when the
            build has no libsmddp_nccl.so), with and without collectives in XLA's CUDA graphs
@@ -22,10 +24,8 @@ Stages (all = build kernels swap bench jax overlap blocks):
   jax      the quick selection of tests/gpu/test_gpu.py (JAX processes sharing the GPU)
   overlap  the Flax example on the GPU: annotation cost, 2 processes under MPS, losses
   blocks   the reductions under MPS with 32 blocks
-Also on request: memory cpu slots64 hosts nccl jaxfull (the whole of test_gpu.py), staged
-(the whole of it with staging, not direct reads, as every mode's default), phases (the kernel test's phase
-timings, staged and reading in place, under MPS) and sweep (the bare reduction's read rate
-from 1 block to every SM, tools/gpu_block_sweep.py).
+Also on request: memory cpu slots64 hosts nccl jaxfull (the whole of test_gpu.py) and staged
+(the whole of it with staging, not direct reads, as every mode's default).
 
 Writes to OUT (default /tmp/jax_smddp_gpu_check): <stage>.log, the benchmarks'
 JSON, example_*.json(l), stages.json and summary.md (rewritten after every stage).
@@ -43,8 +43,8 @@ import sys
 import time
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-ALL = ("build", "kernels", "swap", "bench", "jax", "overlap", "blocks")
-EXTRA = ("memory", "cpu", "slots64", "hosts", "nccl", "jaxfull", "staged", "phases", "sweep")
+ALL = ("build", "kernels", "phases", "sweep", "swap", "bench", "jax", "overlap", "blocks")
+EXTRA = ("memory", "cpu", "slots64", "hosts", "nccl", "jaxfull", "staged")
 # Each stage's own limit (seconds); the budget may give it less.
 LIMITS = {"build": 150, "kernels": 150, "swap": 170, "bench": 170, "jax": 120, "overlap": 200,
           "blocks": 60, "memory": 120, "cpu": 300, "slots64": 200, "hosts": 200, "nccl": 200,
@@ -223,8 +223,8 @@ def _pytest(st: Stage, py: str, args: list[str], env: dict | None = None, report
 
 
 def stage_kernels(st: Stage, py: str) -> None:
-  # -rsP: the phase-timing test prints where a 64 MiB reduce_scatter's time goes.
-  _pytest(st, py, ["tests/gpu/test_kernels.py"], report="-rsP")
+  # The phase timings (where_a) run in the stage phases, under MPS.
+  _pytest(st, py, ["tests/gpu/test_kernels.py", "-k", "not where_a"])
 
 
 SWAP_TESTS = "tests/gpu/test_xla_swap_gpu.py"
@@ -298,8 +298,8 @@ def stage_staged(st: Stage, py: str) -> None:
 
 
 def stage_phases(st: Stage, py: str) -> None:
-  """The kernel tests' phase timing (a 64 MiB reduce_scatter, a 16 MiB all_gather), under MPS
-  (the kernels stage runs them with the processes time-slicing the GPU)."""
+  """The kernel tests' phase timings (staged: a 64 MiB reduce_scatter, a 16 MiB all_gather;
+  reading in place: all_gather, reduce_scatter, all_reduce), under MPS."""
   with mps(st):
     _pytest(st, py, ["tests/gpu/test_kernels.py", "-k", "where_a"], report="-rsP")
 

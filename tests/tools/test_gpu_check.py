@@ -51,7 +51,7 @@ def test_python_is_resolved_to_an_absolute_interpreter(tmp_path):
 
 def test_stages_default_to_all_in_order_of_value_and_unknown_names_fail(gc):
   assert gc.parse_stages("") == gc.parse_stages("all") == \
-      ["build", "kernels", "swap", "bench", "jax", "overlap", "blocks"]
+      ["build", "kernels", "phases", "sweep", "swap", "bench", "jax", "overlap", "blocks"]
   assert gc.parse_stages("build,all,nccl") == list(gc.ALL) + ["nccl"]
   with pytest.raises(SystemExit, match="unknown stage 'benchmark'"):
     gc.parse_stages("build,benchmark")

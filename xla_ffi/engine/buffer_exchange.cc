@@ -154,24 +154,32 @@ Status BufferExchange::Exchange(uint64_t exchange, uint64_t call, const void* in
   (*inputs)[rank_] = static_cast<const uint8_t*>(input);
   if (output) (*outputs)[rank_] = static_cast<uint8_t*>(output);
   bool all = exported;
-  const auto deadline = std::chrono::steady_clock::now() +
-                        std::chrono::duration_cast<std::chrono::steady_clock::duration>(
-                            std::chrono::duration<double>(timeout_s));
+  const auto start = std::chrono::steady_clock::now();
+  const auto deadline = start + std::chrono::duration_cast<std::chrono::steady_clock::duration>(
+                                    std::chrono::duration<double>(timeout_s));
+  // Peers normally publish within the time a call takes: yield, never sleep,
+  // for that long (a 20 us sleep wakes late by as much again on a busy host).
+  const auto spin_until = start + std::chrono::milliseconds(2);
+  bool sleeping = false;
   for (int q = 0; q < size; ++q) {
     if (q == rank_) continue;
     Entry* e = Entries(tables_[q]) + exchange % kEntries;
     for (uint64_t spins = 0; e->w[0].load(std::memory_order_acquire) != exchange + 1; ++spins) {
       if (Status st = check_(); !st.ok()) return st;
-      if (spins % 256 == 255 && std::chrono::steady_clock::now() > deadline)
-        return Status::Timeout("jax_smddp (GPU): " + who_(q) + " did not enqueue call " +
-                               std::to_string(call) + " of the group within " +
-                               std::to_string(int(timeout_s)) +
-                               " s (its buffers are read in place, "
-                               "so every rank's host waits for the others' at each such call)");
-      if (spins < 1000) {
-        sched_yield();
-      } else {
+      if (spins % 256 == 255) {
+        const auto now = std::chrono::steady_clock::now();
+        sleeping = sleeping || now > spin_until;
+        if (now > deadline)
+          return Status::Timeout("jax_smddp (GPU): " + who_(q) + " did not enqueue call " +
+                                 std::to_string(call) + " of the group within " +
+                                 std::to_string(int(timeout_s)) +
+                                 " s (its buffers are read in place, "
+                                 "so every rank's host waits for the others' at each such call)");
+      }
+      if (sleeping) {
         std::this_thread::sleep_for(std::chrono::microseconds(20));
+      } else {
+        sched_yield();
       }
     }
     uint64_t w[8];
