@@ -116,7 +116,7 @@ def pcie_distance(a: list[str], b: list[str]) -> int:
 
 
 def efa_devices(sysfs: str = "/sys") -> list[dict]:
-  """The EFA devices (/sys/class/infiniband/* bound to the efa driver), sorted by name:
+  """The EFA devices (/sys/class/infiniband/* bound to the efa driver), in PCI order:
   [{"name": "rdmap16s27", "pci": "0000:10:1b.0", "domain": "rdmap16s27-rdm"}] (libfabric's efa
   provider names its RDM domain after the device)."""
   root = os.path.join(sysfs, "class", "infiniband")
@@ -132,7 +132,7 @@ def efa_devices(sysfs: str = "/sys") -> list[dict]:
       continue
     out.append({"name": name, "pci": os.path.basename(os.path.realpath(device)),
                 "domain": f"{name}-rdm"})
-  return out
+  return sorted(out, key=lambda d: d["pci"])
 
 
 def gpus(sysfs: str = "/sys") -> list[str]:

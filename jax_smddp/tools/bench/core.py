@@ -333,11 +333,21 @@ def iters_for(bytes_per_call: int, iters: int) -> int:
   return max(min(iters, MIN_ITERS), min(iters, BYTES_BUDGET // max(1, bytes_per_call)))
 
 
-def _timed_call(fn, x, samples: list, starts: list, cpu: list) -> None:
+def interface_tx() -> dict[str, int]:
+  """Bytes sent so far by each network interface of this process's namespace (loopback left
+  out), from the kernel's counters: what the simulated hosts' NICs carried."""
+  from jax_smddp.tools import netns
+  return {name: c["tx"] for name, c in netns.interface_bytes().items()}
+
+
+def _timed_call(fn, x, samples: list, starts: list, cpu: list, sent: dict | None = None) -> None:
   """One synced call of fn(x): its wall time into `samples`, its start into `starts`
   (time.perf_counter(): CLOCK_MONOTONIC on Linux, one clock for every process of the
   machine), and the CPU time this process used meanwhile into `cpu` (time.process_time():
-  every thread's, the kernel's work for them included; read outside the wall span)."""
+  every thread's, the kernel's work for them included; read outside the wall span). `sent`, if
+  given, adds what each interface of this host sent meanwhile (read outside the span too: the
+  host's other processes run the same calls, so this counts the host's traffic)."""
+  before = interface_tx() if sent is not None else None
   c0 = time.process_time()
   t0 = time.perf_counter()
   fn(x).block_until_ready()
@@ -345,6 +355,13 @@ def _timed_call(fn, x, samples: list, starts: list, cpu: list) -> None:
   cpu.append(time.process_time() - c0)
   samples.append(t1 - t0)
   starts.append(t0)
+  if before is not None:
+    for name, tx in interface_tx().items():
+      sent[name] = sent.get(name, 0) + tx - before.get(name, tx)
+
+
+def _sent_for(sent, k):
+  return sent[k] if sent is not None else None
 
 
 def _lists(given, fns) -> list[list[float]]:
@@ -353,31 +370,33 @@ def _lists(given, fns) -> list[list[float]]:
 
 def time_alternating(fns, x, iters: int, warmup: int, barrier=None,
                      starts: list[list[float]] | None = None,
-                     cpu: list[list[float]] | None = None) -> list[list[float]]:
+                     cpu: list[list[float]] | None = None,
+                     sent: list[dict] | None = None) -> list[list[float]]:
   """Seconds per call of each fn(x), calls interleaved (a, b, a, b, ...), each synced;
   `barrier()`, if given, runs before each timed call (outside its span). `starts` and
   `cpu`, if given (a list per fn), get each timed call's start and the process's CPU
-  seconds during it (_timed_call)."""
+  seconds during it; `sent` (a dict per fn) the bytes each interface sent (_timed_call)."""
   for _ in range(warmup):
     for fn in fns:
       fn(x).block_until_ready()
   samples = [[] for _ in fns]
   starts, cpu = _lists(starts, fns), _lists(cpu, fns)
   for _ in range(iters):
-    for fn, out, began, used in zip(fns, samples, starts, cpu):
+    for k, (fn, out, began, used) in enumerate(zip(fns, samples, starts, cpu)):
       if barrier:
         barrier()
-      _timed_call(fn, x, out, began, used)
+      _timed_call(fn, x, out, began, used, _sent_for(sent, k))
   return samples
 
 
 def time_blocks(fns, x, iters: int, warmup: int, block: int = 5,
                 starts: list[list[float]] | None = None,
-                cpu: list[list[float]] | None = None) -> list[list[float]]:
+                cpu: list[list[float]] | None = None,
+                sent: list[dict] | None = None) -> list[list[float]]:
   """Seconds per call of each fn(x), each synced, in blocks of `block` calls of one
   fn back to back (a x5, b x5, a x5, ...): a block is the steady state of one
   collective (every process in step), and the blocks' alternation spreads slow
-  periods of the machine over both. `starts`, `cpu`: as time_alternating's."""
+  periods of the machine over both. `starts`, `cpu`, `sent`: as time_alternating's."""
   for fn in fns:
     for _ in range(warmup):
       fn(x).block_until_ready()
@@ -385,9 +404,9 @@ def time_blocks(fns, x, iters: int, warmup: int, block: int = 5,
   starts, cpu = _lists(starts, fns), _lists(cpu, fns)
   while len(samples[0]) < iters:
     k = min(block, iters - len(samples[0]))
-    for fn, out, began, used in zip(fns, samples, starts, cpu):
+    for j, (fn, out, began, used) in enumerate(zip(fns, samples, starts, cpu)):
       for _ in range(k):
-        _timed_call(fn, x, out, began, used)
+        _timed_call(fn, x, out, began, used, _sent_for(sent, j))
   return samples
 
 
@@ -408,21 +427,25 @@ def process_barrier() -> None:
 
 def time_barrier(fns, x, iters: int, warmup: int, barrier=process_barrier,
                  starts: list[list[float]] | None = None,
-                 cpu: list[list[float]] | None = None) -> list[list[float]]:
+                 cpu: list[list[float]] | None = None,
+                 sent: list[dict] | None = None) -> list[list[float]]:
   """As time_alternating, with every process meeting at a barrier before each timed call
   (outside its span): every call starts together, as a harness that synchronises its
   processes before each call times it; a call then waits for no late peer."""
-  return time_alternating(fns, x, iters, warmup, barrier=barrier, starts=starts, cpu=cpu)
+  return time_alternating(fns, x, iters, warmup, barrier=barrier, starts=starts, cpu=cpu,
+                          sent=sent)
 
 
 def time_solo(fns, x, iters: int, warmup: int,
               starts: list[list[float]] | None = None,
-              cpu: list[list[float]] | None = None) -> list[list[float]]:
+              cpu: list[list[float]] | None = None,
+              sent: list[dict] | None = None) -> list[list[float]]:
   """As time_blocks with one block per implementation: all of one fn's calls back to
   back, then all of the next's. Each library alone in its steady state, its threads
   still awake from the previous call; the other timings measure calls that follow
   another library's (docs/performance_model.md: cold and back-to-back calls)."""
-  return time_blocks(fns, x, iters, warmup, block=max(1, iters), starts=starts, cpu=cpu)
+  return time_blocks(fns, x, iters, warmup, block=max(1, iters), starts=starts, cpu=cpu,
+                     sent=sent)
 
 
 TIMINGS = {"blocks": time_blocks, "alternating": time_alternating, "barrier": time_barrier,
@@ -622,7 +645,7 @@ def _us(seconds: list[float]) -> list[float]:
 def run_benchmark(ops, sizes, *, dtype="float32", iters: int = 20, warmup: int = 3,
                   devices=None, report: Callable[[dict], None] | None = None,
                   timing: str | None = None, mpi4jax: bool = False,
-                  baseline: str | None = None) -> list[dict]:
+                  baseline: str | None = None, interfaces: bool = False) -> list[dict]:
   """Benchmarks `ops` at each size in `sizes`: S as nccl-tests defines it per op
   (nccl_tests.py: all_gather's whole output, the others' per-rank input), rounded down to what
   the ranks split evenly; returns one dict per (op, size) as in the JSON "results" list
@@ -631,6 +654,9 @@ def run_benchmark(ops, sizes, *, dtype="float32", iters: int = 20, warmup: int =
   `mpi4jax`: also time mpi4jax (the job runs under mpirun, one device per
   process), alternating with the others ("mpi4jax", "vs_mpi4jax").
   `baseline` (BASELINES; default --baseline's): what the "lax" entries time.
+  `interfaces`: count the bytes each network interface of this process's namespace sent
+  during each implementation's timed calls ("sent_per_call": {impl: {interface: bytes per
+  call}}; the host's, as its other processes run the same calls meanwhile).
 
   Raises AssertionError if a jax_smddp result differs from jax.lax's.
   """
@@ -687,7 +713,8 @@ def run_benchmark(ops, sizes, *, dtype="float32", iters: int = 20, warmup: int =
       before = meter.read()
       phases = call_phases(op) if across else None
       starts, cpu = [[] for _ in fns], [[] for _ in fns]
-      samples = TIMINGS[timing](fns, x, k, 0, starts=starts, cpu=cpu)
+      sent = [{} for _ in fns] if interfaces else None
+      samples = TIMINGS[timing](fns, x, k, 0, starts=starts, cpu=cpu, sent=sent)
       after = meter.read()
       t_smddp, t_lax = (statistics.median(s) for s in samples[:2])
       result = {
@@ -707,6 +734,10 @@ def run_benchmark(ops, sizes, *, dtype="float32", iters: int = 20, warmup: int =
           "starts_us": {"smddp": _us(starts[0]), "lax": _us(starts[1])},
           "cpu_us": {"smddp": _us(cpu[0]), "lax": _us(cpu[1])},
       }
+      if sent is not None:
+        names = ("smddp", "lax", "mpi4jax")
+        result["sent_per_call"] = {names[j]: {i: round(b / k) for i, b in sorted(d.items())}
+                                   for j, d in enumerate(sent)}
       if phases is not None:  # the timed calls'; process 0's when printed
         result["smddp_phases"] = phase_means(phases, call_phases(op))
         result["smddp"]["mean_us"] = statistics.mean(samples[0]) * 1e6
