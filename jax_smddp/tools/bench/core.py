@@ -340,24 +340,54 @@ def interface_tx() -> dict[str, int]:
   return {name: c["tx"] for name, c in netns.interface_bytes().items()}
 
 
+def settled_interface_tx(quiet_s: float = 0.02, limit_s: float = 2.0) -> dict[str, int]:
+  """interface_tx() once the counters stopped moving for `quiet_s` (at most `limit_s`): a call
+  returns once its sends are in the kernel's socket buffers, which drain onto a capped link
+  after it; read this way, a window of calls counts its own bytes, not the previous window's
+  tail."""
+  last = interface_tx()
+  deadline = time.monotonic() + limit_s
+  while time.monotonic() < deadline:
+    time.sleep(quiet_s)
+    now = interface_tx()
+    if now == last:
+      break
+    last = now
+  return last
+
+
+class _Sent:
+  """Adds what each interface sent during a window of calls into `into` (a dict per fn);
+  the counters read settled, outside the calls' spans."""
+
+  def __init__(self, into: dict | None):
+    self.into = into
+
+  def __enter__(self):
+    self.before = settled_interface_tx() if self.into is not None else None
+    return self
+
+  def __exit__(self, *exc):
+    if self.into is not None:
+      for name, tx in settled_interface_tx().items():
+        self.into[name] = self.into.get(name, 0) + tx - self.before.get(name, tx)
+
+
 def _timed_call(fn, x, samples: list, starts: list, cpu: list, sent: dict | None = None) -> None:
   """One synced call of fn(x): its wall time into `samples`, its start into `starts`
   (time.perf_counter(): CLOCK_MONOTONIC on Linux, one clock for every process of the
   machine), and the CPU time this process used meanwhile into `cpu` (time.process_time():
   every thread's, the kernel's work for them included; read outside the wall span). `sent`, if
-  given, adds what each interface of this host sent meanwhile (read outside the span too: the
-  host's other processes run the same calls, so this counts the host's traffic)."""
-  before = interface_tx() if sent is not None else None
-  c0 = time.process_time()
-  t0 = time.perf_counter()
-  fn(x).block_until_ready()
-  t1 = time.perf_counter()
-  cpu.append(time.process_time() - c0)
+  given, adds what each interface of this host sent meanwhile (_Sent: the host's other
+  processes run the same calls, so this counts the host's traffic)."""
+  with _Sent(sent):
+    c0 = time.process_time()
+    t0 = time.perf_counter()
+    fn(x).block_until_ready()
+    t1 = time.perf_counter()
+    cpu.append(time.process_time() - c0)
   samples.append(t1 - t0)
   starts.append(t0)
-  if before is not None:
-    for name, tx in interface_tx().items():
-      sent[name] = sent.get(name, 0) + tx - before.get(name, tx)
 
 
 def _sent_for(sent, k):
@@ -405,8 +435,9 @@ def time_blocks(fns, x, iters: int, warmup: int, block: int = 5,
   while len(samples[0]) < iters:
     k = min(block, iters - len(samples[0]))
     for j, (fn, out, began, used) in enumerate(zip(fns, samples, starts, cpu)):
-      for _ in range(k):
-        _timed_call(fn, x, out, began, used, _sent_for(sent, j))
+      with _Sent(_sent_for(sent, j)):  # a block's bytes, counted around the block
+        for _ in range(k):
+          _timed_call(fn, x, out, began, used)
   return samples
 
 
