@@ -374,10 +374,10 @@ def host_of_process() -> list[str] | None:
 def topology() -> dict | None:
   """What initialize() found: this process, its shared-memory and network
   peers, the libfabric provider, this process's NICs (``nics``: name and the node its endpoint
-  opened on; ``nics_chosen_by``: JAX_SMDDP_NICS or the topology), whether the job's processes on this machine outnumber its
-  cores (``oversubscribed``) and the polls a waiting call makes before it yields and before it
-  sleeps (``wait_polls``: JAX_SMDDP_SPIN and JAX_SMDDP_YIELD, or their defaults for this
-  machine). None before initialize()."""
+  opened on; ``nics_chosen_by``: JAX_SMDDP_NICS or the topology), whether the job's processes on
+  this machine outnumber its cores (``oversubscribed``) and the polls a waiting call makes
+  before it yields and before it sleeps (``wait_polls``: JAX_SMDDP_SPIN and JAX_SMDDP_YIELD, or
+  their defaults for this machine). None before initialize()."""
   return dict(_summary) if _summary else None
 
 

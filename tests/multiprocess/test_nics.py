@@ -58,3 +58,29 @@ def test_peer_killed_mid_transfer_over_striped_nics_is_named():
   assert survivor.result is not None and not survivor.result["ok"], launch.describe(procs)
   assert "process 1 (devices" in survivor.result["error"], survivor.result["error"]
   assert survivor.result["seconds"] < 30, survivor.result
+
+
+@pytest.mark.timeout(300)
+def test_doctor_job_shows_each_processes_nics():
+  """`python -m jax_smddp.doctor --job` in each process of 2 hosts x 2 processes with two NICs
+  per host: each process names the NIC its local rank took."""
+  import json
+  import subprocess
+  import sys
+  need_netns()
+  with netns.two_hosts(None, nics=2) as (names, ips):
+    env = {**os.environ, "JAX_PLATFORMS": "cpu", "JAX_SMDDP_NICS": "eth0,eth1",
+           "JAX_SMDDP_FABRIC_PROVIDER": "tcp;ofi_rxm"}
+    port = 29000 + os.getpid() % 1000
+    procs = [subprocess.Popen(["ip", "netns", "exec", names[i // 2], sys.executable, "-m",
+                               "jax_smddp.doctor", "--job", "--coordinator", f"{ips[0]}:{port}",
+                               "--num-processes", "4", "--process-id", str(i), "--json"],
+                              env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+             for i in range(4)]
+    outs = [p.communicate(timeout=200) for p in procs]
+  for i, (p, (out, err)) in enumerate(zip(procs, outs)):
+    assert p.returncode == 0, out + err
+    rows = {r["component"].strip(): r for r in json.loads(out)["rows"]}
+    ip = netns.nic_ips(ips, i % 2)[i // 2]
+    assert rows["nics"]["detail"].startswith(f"process {i}: eth{i % 2} ({ip}), chosen by "
+                                             "JAX_SMDDP_NICS"), rows["nics"]

@@ -141,7 +141,7 @@ int GetRdmInfo(const FabricApi& a, const std::string& provider, const std::strin
   const std::string kDomain = "domain:";
   const bool by_domain = node.compare(0, kDomain.size(), kDomain) == 0;
   const std::string domain = by_domain ? node.substr(kDomain.size()) : std::string();
-  const char* where = provider == "shm"  ? shm_name.c_str()
+  const char* where = provider == "shm"           ? shm_name.c_str()
                       : node.empty() || by_domain ? nullptr
                                                   : node.c_str();
   int ret = -FI_ENODATA;

@@ -5,9 +5,9 @@
 #include <map>
 #include <mutex>
 
+#include "xla_ffi/common/settings.h"
 #include "xla_ffi/transports/fabric_link.h"
 #include "xla_ffi/transports/peer_watch.h"
-#include "xla_ffi/common/settings.h"
 #include "xla_ffi/transports/shm_link.h"
 #include "xla_ffi/transports/striped_link.h"
 
@@ -175,8 +175,8 @@ Status WorldOpenFabric(const std::string& provider, const std::vector<std::strin
 Status WorldOpenFabric(const std::string& provider, const std::string& node, std::string* address,
                        std::string* chosen_provider) {
   std::vector<std::string> addresses;
-  SMDDP_RETURN_IF_ERROR(WorldOpenFabric(provider, std::vector<std::string>{node}, &addresses,
-                                        chosen_provider));
+  SMDDP_RETURN_IF_ERROR(
+      WorldOpenFabric(provider, std::vector<std::string>{node}, &addresses, chosen_provider));
   *address = addresses[0];
   return Status::Ok();
 }

@@ -358,17 +358,24 @@ def settled_interface_tx(quiet_s: float = 0.02, limit_s: float = 2.0) -> dict[st
 
 class _Sent:
   """Adds what each interface sent during a window of calls into `into` (a dict per fn);
-  the counters read settled, outside the calls' spans."""
+  the counters read settled, outside the calls' spans. `barrier`: every process meets before
+  each reading, so that no process of the host sends its part of the window's first call
+  before the window opens (eager sends need no receiver) or its last after it closed."""
 
-  def __init__(self, into: dict | None):
+  def __init__(self, into: dict | None, barrier=None):
     self.into = into
+    self.barrier = barrier
 
   def __enter__(self):
+    if self.into is not None and self.barrier:
+      self.barrier()
     self.before = settled_interface_tx() if self.into is not None else None
     return self
 
   def __exit__(self, *exc):
     if self.into is not None:
+      if self.barrier:
+        self.barrier()
       for name, tx in settled_interface_tx().items():
         self.into[name] = self.into.get(name, 0) + tx - self.before.get(name, tx)
 
@@ -435,7 +442,8 @@ def time_blocks(fns, x, iters: int, warmup: int, block: int = 5,
   while len(samples[0]) < iters:
     k = min(block, iters - len(samples[0]))
     for j, (fn, out, began, used) in enumerate(zip(fns, samples, starts, cpu)):
-      with _Sent(_sent_for(sent, j)):  # a block's bytes, counted around the block
+      # A block's bytes, counted around the block, every process in it.
+      with _Sent(_sent_for(sent, j), barrier=process_barrier):
         for _ in range(k):
           _timed_call(fn, x, out, began, used)
   return samples
