@@ -370,6 +370,8 @@ class _Sent:
     if self.into is not None and self.barrier:
       self.barrier()
     self.before = settled_interface_tx() if self.into is not None else None
+    if self.into is not None and self.barrier:
+      self.barrier()  # no process starts before every host's counters are read
     return self
 
   def __exit__(self, *exc):
