@@ -58,6 +58,7 @@ from jax_smddp import _native
 from jax_smddp import capabilities
 from jax_smddp import config
 from jax_smddp import errors
+from jax_smddp import nics
 from jax_smddp import requirements
 
 log = logging.getLogger("jax_smddp")
@@ -294,22 +295,32 @@ def initialize() -> None:
           get(f"shm_mapped/{me}/{q}")
           engine.world_unlink_shm(q)
       provider = ""
+      my_nics, nics_how = [], None
       if remote:
         node = _local_address()
         requested = config.get("JAX_SMDDP_FABRIC_PROVIDER") or ""
-        address, provider = engine.world_open_fabric(requested, node)
+        local = [q for q in range(n) if procs[q]["host"] == host]
+        my_nics, nics_how = nics.choose(config.get("JAX_SMDDP_NICS"), local.index(me),
+                                        len(local), node, provider=requested)
+        addresses, provider = engine.world_open_fabric(requested,
+                                                       [nic["node"] for nic in my_nics])
         if not requested and provider != "efa":
           requirements.warn_once(
               f"the network between hosts uses libfabric's {provider} provider",
               "no efa provider here (set JAX_SMDDP_FABRIC_PROVIDER to choose one, "
               "JAX_SMDDP_REQUIRE=efa to fail instead)")
-        put(f"fabric/{me}", json.dumps({"provider": provider, "address": address.hex()}))
+        put(f"fabric/{me}", json.dumps({
+            "provider": provider, "addresses": [a.hex() for a in addresses],
+            "nics": [{"name": nic["name"], "network": nic["network"]} for nic in my_nics]}))
         put(f"watch/{me}", engine.world_watch_listen(node))
         endpoints = {q: json.loads(get(f"fabric/{q}")) for q in remote}
         check_fabric_providers(me, provider, {q: e["provider"] for q, e in endpoints.items()},
                                [info["host"] for info in procs])
         for q in remote:
-          engine.world_connect_fabric(q, bytes.fromhex(endpoints[q]["address"]))
+          theirs = endpoints[q]
+          engine.world_connect_fabric(
+              q, [(i, bytes.fromhex(theirs["addresses"][j]))
+                  for i, j in nics.pairs(my_nics, theirs["nics"], me, q)])
         for q in remote:
           if q < me:
             engine.world_watch_connect(q, get(f"watch/{q}"))
@@ -331,7 +342,9 @@ def initialize() -> None:
     _hosts = [info["host"] for info in procs]
     _summary = {"process": me, "processes": n, "host": host,
                 "shared_memory_peers": same, "network_peers": remote,
-                "fabric_provider": provider or None, "oversubscribed": crowded,
+                "fabric_provider": provider or None,
+                "nics": [{"name": nic["name"], "node": nic["node"]} for nic in my_nics],
+                "nics_chosen_by": nics_how, "oversubscribed": crowded,
                 "wait_polls": dict(zip(("spin", "yield"), engine.wait_polls(crowded)))}
     log.info("jax_smddp initialized: %s", _summary)
     if not _atexit_registered:
@@ -360,10 +373,11 @@ def host_of_process() -> list[str] | None:
 
 def topology() -> dict | None:
   """What initialize() found: this process, its shared-memory and network
-  peers, the libfabric provider, whether the job's processes on this machine outnumber its
-  cores (``oversubscribed``) and the polls a waiting call makes before it yields and before it
-  sleeps (``wait_polls``: JAX_SMDDP_SPIN and JAX_SMDDP_YIELD, or their defaults for this
-  machine). None before initialize()."""
+  peers, the libfabric provider, this process's NICs (``nics``: name and the node its endpoint
+  opened on; ``nics_chosen_by``: JAX_SMDDP_NICS or the topology), whether the job's processes on
+  this machine outnumber its cores (``oversubscribed``) and the polls a waiting call makes
+  before it yields and before it sleeps (``wait_polls``: JAX_SMDDP_SPIN and JAX_SMDDP_YIELD, or
+  their defaults for this machine). None before initialize()."""
   return dict(_summary) if _summary else None
 
 

@@ -243,6 +243,12 @@ def _job(rows: list[Row]) -> None:
   links = [f"{q}: shared memory" for q in topo["shared_memory_peers"]]
   links += [f"{q}: libfabric {topo['fabric_provider']}" for q in topo["network_peers"]]
   rows.append(Row("  links", INFO, f"process {me} -> " + (", ".join(links) or "none")))
+  if topo.get("nics"):
+    named = ", ".join(f"{n['name']} ({n['node']})" for n in topo["nics"])
+    striped = (f"; its messages to other hosts striped over {len(topo['nics'])} "
+               "(JAX_SMDDP_FABRIC_STRIPE_BYTES)" if len(topo["nics"]) > 1 else "")
+    rows.append(Row("  nics", INFO, f"process {me}: {named}, chosen by "
+                    f"{topo['nics_chosen_by']} (JAX_SMDDP_NICS){striped}"))
   polls = topo["wait_polls"]
   rows.append(Row("  waiting", INFO,
                   ("oversubscribed: more of the job's processes on this machine than cores, "

@@ -171,16 +171,22 @@ void BindWorld(nb::module_& m) {
   m.def("world_open_shm",
         [](int peer, const std::string& name) { Check(smddp::WorldOpenShm(peer, name)); });
   m.def("world_unlink_shm", [](int peer) { Check(smddp::WorldUnlinkShm(peer)); });
-  m.def("world_open_fabric", [](const std::string& provider, const std::string& node) {
-    std::string address, chosen;
+  m.def("world_open_fabric", [](const std::string& provider, std::vector<std::string> nodes) {
+    std::vector<std::string> addresses;
+    std::string chosen;
     {
       nb::gil_scoped_release release;
-      Check(smddp::WorldOpenFabric(provider, node, &address, &chosen));
+      Check(smddp::WorldOpenFabric(provider, nodes, &addresses, &chosen));
     }
-    return std::make_pair(nb::bytes(address.data(), address.size()), chosen);
+    nb::list out;
+    for (const std::string& a : addresses) out.append(nb::bytes(a.data(), a.size()));
+    return std::make_pair(out, chosen);
   });
-  m.def("world_connect_fabric", [](int peer, nb::bytes address) {
-    Check(smddp::WorldConnectFabric(peer, std::string(address.c_str(), address.size())));
+  m.def("world_connect_fabric", [](int peer, std::vector<std::pair<int, nb::bytes>> stripes) {
+    std::vector<std::pair<int, std::string>> pairs;
+    for (auto& [nic, address] : stripes)
+      pairs.emplace_back(nic, std::string(address.c_str(), address.size()));
+    Check(smddp::WorldConnectFabric(peer, pairs));
   });
   m.def("world_watch_listen", [](const std::string& node) {
     std::string address;

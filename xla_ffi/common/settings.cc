@@ -56,6 +56,17 @@ const std::vector<SettingSpec> kSettings = {
      0, "", "runtime", true, "libfabric provider between hosts"},
     {"JAX_SMDDP_FABRIC_NODE", kText, "the address that reaches the coordinator", 0, 0, "",
      "runtime", false, "local address of the libfabric endpoint"},
+    {"JAX_SMDDP_NICS", kText, "auto", 0, 0, "", "runtime", false,
+     "the NICs this process's traffic to other hosts leaves by: auto (EFA: the host's EFA "
+     "devices nearest this process's GPU by PCIe distance, else split evenly by local rank; "
+     "other providers: the interface that reaches the coordinator), or a comma list of "
+     "interface names, IP addresses or domain:<libfabric domain> naming the host's NICs, split "
+     "between the host's processes evenly by local rank (list one per process to pin it); a "
+     "process with several stripes its messages over them (JAX_SMDDP_FABRIC_STRIPE_BYTES)"},
+    {"JAX_SMDDP_FABRIC_STRIPE_BYTES", kBytes, "256K", 64, kNoMax, "", "runtime", true,
+     "smallest message to a process on another host that is cut into one stripe per NIC pair "
+     "when either process has several NICs (JAX_SMDDP_NICS); smaller ones go whole over one "
+     "NIC pair, chosen by their tag"},
     {"JAX_SMDDP_FABRIC_CHUNK_BYTES", kBytes, "256K", 64, 1 << 30, "", "runtime", true,
      "libfabric bounce-buffer chunk"},
     {"JAX_SMDDP_FABRIC_BUFFERS", kInt, "32", 1, 4096, "", "runtime", false,

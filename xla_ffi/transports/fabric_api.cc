@@ -136,7 +136,14 @@ int GetRdmInfo(const FabricApi& a, const std::string& provider, const std::strin
     std::snprintf(word, sizeof(word), "%d-%08x", int(getpid()), unsigned(random()));
     shm_name = word;
   }
-  const char* where = provider == "shm" ? shm_name.c_str() : node.empty() ? nullptr : node.c_str();
+  // "domain:<name>": a libfabric domain (one per EFA device, i.e. per NIC) instead of an
+  // address: the endpoint opens on that NIC (JAX_SMDDP_NICS, jax_smddp/nics.py).
+  const std::string kDomain = "domain:";
+  const bool by_domain = node.compare(0, kDomain.size(), kDomain) == 0;
+  const std::string domain = by_domain ? node.substr(kDomain.size()) : std::string();
+  const char* where = provider == "shm"           ? shm_name.c_str()
+                      : node.empty() || by_domain ? nullptr
+                                                  : node.c_str();
   int ret = -FI_ENODATA;
   *out = nullptr;
   for (int attempt = 0; attempt < 3 && ret == -FI_ENODATA; ++attempt) {
@@ -150,6 +157,7 @@ int GetRdmInfo(const FabricApi& a, const std::string& provider, const std::strin
     if (attempt < 2) hints->domain_attr->data_progress = FI_PROGRESS_MANUAL;
     if (attempt < 1) hints->domain_attr->control_progress = FI_PROGRESS_MANUAL;
     hints->fabric_attr->prov_name = strdup(provider.c_str());
+    if (by_domain) hints->domain_attr->name = strdup(domain.c_str());
     ret = a.getinfo(a.RequestedVersion(), where, nullptr, where ? FI_SOURCE : 0, hints, out);
     a.freeinfo(hints);
   }

@@ -5,9 +5,11 @@
 #include <map>
 #include <mutex>
 
+#include "xla_ffi/common/settings.h"
 #include "xla_ffi/transports/fabric_link.h"
 #include "xla_ffi/transports/peer_watch.h"
 #include "xla_ffi/transports/shm_link.h"
+#include "xla_ffi/transports/striped_link.h"
 
 namespace smddp {
 
@@ -24,8 +26,9 @@ struct Pending {
     bool unlinked = false;
   };
   std::map<int, Shm> shm;
-  std::shared_ptr<FabricEndpoint> fabric;
-  std::string fabric_node;
+  // One endpoint per NIC (WorldOpenFabric's nodes, in order); shared with the world.
+  std::shared_ptr<std::vector<std::unique_ptr<FabricEndpoint>>> fabric;
+  std::string fabric_provider, fabric_node;
   std::unique_ptr<PeerWatch> watch;
   bool oversubscribed = false;
 };
@@ -138,8 +141,8 @@ Status WorldUnlinkShm(int peer) {
   return UnlinkShmSegment(it->second.name);
 }
 
-Status WorldOpenFabric(const std::string& provider, const std::string& node, std::string* address,
-                       std::string* chosen_provider) {
+Status WorldOpenFabric(const std::string& provider, const std::vector<std::string>& nodes,
+                       std::vector<std::string>* addresses, std::string* chosen_provider) {
   std::lock_guard<std::mutex> lock(g_mu);
   if (!g_pending) return NotBegun();
   std::string why;
@@ -148,27 +151,63 @@ Status WorldOpenFabric(const std::string& provider, const std::string& node, std
         "jax_smddp: processes on other hosts need libfabric, which is not usable "
         "here: " +
         why);
-  std::unique_ptr<FabricEndpoint> ep;
+  if (nodes.empty()) return Status::InvalidArgument("jax_smddp: WorldOpenFabric with no NIC");
+  auto endpoints = std::make_shared<std::vector<std::unique_ptr<FabricEndpoint>>>();
   const std::string chosen = ChooseFabricProvider(provider);
-  SMDDP_RETURN_IF_ERROR(FabricEndpoint::Open(chosen, node, &ep));
-  *address = ep->Address();
-  *chosen_provider = ep->Provider();
-  g_pending->fabric = std::move(ep);
-  g_pending->fabric_node = node;
+  addresses->clear();
+  for (const std::string& node : nodes) {
+    std::unique_ptr<FabricEndpoint> ep;
+    Status st = FabricEndpoint::Open(chosen, node, &ep);
+    if (!st.ok())
+      return Status::WithCode(st.code(), "jax_smddp: the libfabric endpoint of NIC " +
+                                             std::to_string(endpoints->size()) + " (" + node +
+                                             "): " + st.message());
+    addresses->push_back(ep->Address());
+    endpoints->push_back(std::move(ep));
+  }
+  *chosen_provider = (*endpoints)[0]->Provider();
+  g_pending->fabric = std::move(endpoints);
+  g_pending->fabric_provider = *chosen_provider;
+  g_pending->fabric_node = nodes[0];
   return Status::Ok();
 }
 
-Status WorldConnectFabric(int peer, const std::string& address) {
+Status WorldOpenFabric(const std::string& provider, const std::string& node, std::string* address,
+                       std::string* chosen_provider) {
+  std::vector<std::string> addresses;
+  SMDDP_RETURN_IF_ERROR(
+      WorldOpenFabric(provider, std::vector<std::string>{node}, &addresses, chosen_provider));
+  *address = addresses[0];
+  return Status::Ok();
+}
+
+Status WorldConnectFabric(int peer, const std::vector<std::pair<int, std::string>>& stripes) {
   std::lock_guard<std::mutex> lock(g_mu);
   if (!g_pending) return NotBegun();
   SMDDP_RETURN_IF_ERROR(CheckPeer(*g_pending, peer));
   if (!g_pending->fabric)
     return Status::Error("jax_smddp: no libfabric endpoint open (WorldOpenFabric first)");
-  std::unique_ptr<Link> link;
-  SMDDP_RETURN_IF_ERROR(
-      g_pending->fabric->Connect(address, "process " + std::to_string(peer), &link));
-  g_pending->peers[peer].link = std::move(link);
+  if (stripes.empty())
+    return Status::InvalidArgument("jax_smddp: no NIC pair to reach process " +
+                                   std::to_string(peer));
+  std::vector<std::unique_ptr<Link>> links;
+  for (const auto& [nic, address] : stripes) {
+    if (nic < 0 || nic >= int(g_pending->fabric->size()))
+      return Status::InvalidArgument("jax_smddp: NIC " + std::to_string(nic) +
+                                     " of this process does not exist (it opened " +
+                                     std::to_string(g_pending->fabric->size()) + ")");
+    std::unique_ptr<Link> link;
+    SMDDP_RETURN_IF_ERROR(
+        (*g_pending->fabric)[nic]->Connect(address, "process " + std::to_string(peer), &link));
+    links.push_back(std::move(link));
+  }
+  g_pending->peers[peer].link =
+      StripedLink(std::move(links), size_t(IntSetting("JAX_SMDDP_FABRIC_STRIPE_BYTES")));
   return Status::Ok();
+}
+
+Status WorldConnectFabric(int peer, const std::string& address) {
+  return WorldConnectFabric(peer, std::vector<std::pair<int, std::string>>{{0, address}});
 }
 
 Status WorldWatchListen(const std::string& node, std::string* address) {
@@ -228,7 +267,7 @@ Status WorldStart() {
   }
   auto world = std::make_shared<World>(g_pending->process, std::move(g_pending->peers),
                                        std::shared_ptr<void>(g_pending->fabric));
-  if (g_pending->fabric) world->set_fabric(g_pending->fabric->Provider(), g_pending->fabric_node);
+  if (g_pending->fabric) world->set_fabric(g_pending->fabric_provider, g_pending->fabric_node);
   world->set_oversubscribed(g_pending->oversubscribed);
   g_world = std::move(world);
   g_pending.reset();

@@ -13,6 +13,7 @@
 #include <cstdint>
 #include <memory>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "xla_ffi/common/status.h"
@@ -144,10 +145,20 @@ Status WorldSetOversubscribed(bool oversubscribed);
 Status WorldCreateShm(int peer, std::string* name);
 Status WorldOpenShm(int peer, const std::string& name);
 Status WorldUnlinkShm(int peer);
-// Other hosts: one libfabric endpoint per process; its address is published.
+// Other hosts: one libfabric endpoint per NIC of this process (`nodes`: each
+// NIC's local address, or "domain:<name>" for a libfabric domain such as an
+// EFA device; "" = the provider's default); their addresses, in that order,
+// are published.
+Status WorldOpenFabric(const std::string& provider, const std::vector<std::string>& nodes,
+                       std::vector<std::string>* addresses, std::string* chosen_provider);
 Status WorldOpenFabric(const std::string& provider, const std::string& node, std::string* address,
-                       std::string* chosen_provider);
-Status WorldConnectFabric(int peer, const std::string& address);
+                       std::string* chosen_provider);  // one NIC
+// The link to `peer` over the NIC pairs `stripes`: {this process's NIC (an
+// index into WorldOpenFabric's nodes), the peer NIC's published address}.
+// Several pairs make a striped link (striped_link.h); both processes must
+// list the same pairs in the same order.
+Status WorldConnectFabric(int peer, const std::vector<std::pair<int, std::string>>& stripes);
+Status WorldConnectFabric(int peer, const std::string& address);  // NIC 0 to one address
 // Other hosts: a TCP connection per pair, idle, to notice a peer's exit at
 // once (peer_watch.h). Higher-numbered processes connect to lower ones.
 Status WorldWatchListen(const std::string& node, std::string* address);

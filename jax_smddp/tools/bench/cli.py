@@ -78,6 +78,13 @@ def parse_args(argv=None) -> argparse.Namespace:
                  help="HxPxD layouts: cap each simulated host's link at RATE each way (tc's "
                       "notation: 1gbit, 500mbit; a token-bucket qdisc), so that the link, not "
                       "this machine's cores, bounds what crosses it, as on a cluster")
+  p.add_argument("--nics", type=int, default=1, metavar="N",
+                 help="HxPxD layouts: N interfaces per simulated host (eth0..eth<N-1>, each its "
+                      "own veth pair and subnet, each capped by --link-rate), split between "
+                      "the host's processes by JAX_SMDDP_NICS=eth0,..; a process with several "
+                      "stripes its traffic over them. The tables then show the bytes each "
+                      "interface sent per call, for jax_smddp and for gloo")
+  p.add_argument("--interface-bytes", action="store_true", help=argparse.SUPPRESS)
   p.add_argument("--timeout", type=float, default=1800,
                  help="seconds a multi-process job (or the in-process comparison) may take "
                       "before its processes are killed")
@@ -160,6 +167,11 @@ def parse_args(argv=None) -> argparse.Namespace:
   elif args.link_rate:
     p.error(f"--link-rate caps the links between simulated hosts: give an HxPxD layout "
             f"(not {args.layout.spec})")
+  elif args.nics != 1:
+    p.error(f"--nics gives simulated hosts several interfaces: give an HxPxD layout "
+            f"(not {args.layout.spec})")
+  if not 1 <= args.nics <= 8:
+    p.error("--nics must be 1 to 8")
   return args
 
 
@@ -252,6 +264,10 @@ def print_preamble(meta: dict, iters: int, warmup: int) -> None:
           f"{format_size(link['bytes'])} each way per round): {link['each_way_gbs']:.3f} GB/s each "
           "way; link us = the bytes each host must receive from the others at that rate; vs link "
           "= link us / time (1: the call ran at the link's rate)")
+    if meta.get("nics", 1) > 1:
+      print(f"# {meta['nics']} NICs per host (eth0..eth{meta['nics'] - 1}), each capped alike and "
+            f"probed on eth0: link us is at {meta['nics']} x that rate; the baseline (gloo) "
+            "binds to one")
   print(f"# memcpy reference (np.copyto, {format_size(MEMCPY_BYTES)}, one thread): "
         f"{meta['memcpy_gbs']:.2f} GB/s; memcpy us = a process's output bytes at that rate")
   print("# vs memcpy = memcpy us / jax_smddp's time: a reference, not a limit (above 1: "
@@ -356,16 +372,18 @@ def run_multi_process(args, logs: list[dict]) -> int:
   link = None
   if layout.hosts > 1:
     from jax_smddp.tools import link_probe, netns
-    with netns.hosts(layout.hosts, args.link_rate) as (names, ips):
+    nics_env = ({"JAX_SMDDP_NICS": ",".join(f"eth{i}" for i in range(args.nics))}
+                if args.nics > 1 else None)
+    with netns.hosts(layout.hosts, args.link_rate, args.nics) as (names, ips):
       # The link itself, before the workers start (an idle link).
       try:
         link = link_probe.measure(names, ips)
       except (RuntimeError, OSError, subprocess.TimeoutExpired) as e:
         print(f"# the link could not be measured ({e}); rows have no link column", flush=True)
       spaces = [names[h] for h in range(layout.hosts) for _ in range(layout.processes_per_host)]
-      procs = launch.run_job(worker_args, layout.processes, layout.devices_per_process,
-                             script=script, timeout=args.timeout,
-                             namespaces=spaces, coordinator_ip=ips[0])
+      procs = launch.run_job(worker_args + ["--interface-bytes"], layout.processes,
+                             layout.devices_per_process, script=script, timeout=args.timeout,
+                             namespaces=spaces, coordinator_ip=ips[0], env=nics_env)
   elif args.mpi4jax:
     procs = launch.run_mpi_job(worker_args, layout.processes, layout.devices_per_process,
                                script=script, timeout=args.timeout)
@@ -396,6 +414,11 @@ def run_multi_process(args, logs: list[dict]) -> int:
     meta["link"] = link
   if args.link_rate:
     meta["link_rate"] = args.link_rate
+  if layout.hosts > 1:
+    meta["nics"] = args.nics
+    hosts_first = [h * layout.processes_per_host for h in range(layout.hosts)]
+    for j, r in enumerate(per_process[0]):
+      r["sent_per_call_by_host"] = [per_process[q][j].get("sent_per_call") for q in hosts_first]
   if args.mpi4jax:
     meta["mpi4jax"] = _mpi4jax_versions()
   meta["topologies"] = [p.result.get("topology") for p in procs]
@@ -420,7 +443,8 @@ def report_multi_process(args, layout: Layout, per_process: list[list[dict]], me
       other = ref.get((r["op"], r["bytes_per_rank"]))
       r["in_process_smddp_time_us"] = other["smddp"]["time_us"] if other else None
       r["vs_in_process"] = (r["smddp"]["time_us"] / other["smddp"]["time_us"]) if other else None
-  link_gbs = link["each_way_gbs"] if link else None
+  # With several NICs per host every one is capped alike: the hosts' link is their sum.
+  link_gbs = link["each_way_gbs"] * meta.get("nics", 1) if link else None
   for r in results:
     annotate(r, layout, predict=args.predict, memcpy_gbs=meta["memcpy_gbs"], link_gbs=link_gbs)
     core.nccl_row(r, layout.devices, args.dtype, layout.processes)
@@ -447,12 +471,40 @@ def report_multi_process(args, layout: Layout, per_process: list[list[dict]], me
     print(speedup_verdict(op, results))
     print()
     print(arrival_table(op, results, cores=meta["cpu_count"], baseline=args.baseline))
+    if any(r.get("sent_per_call_by_host") for r in results if r["op"] == op):
+      print()
+      print(interface_table(op, results, lax_note))
     if args.phases:
       print()
       print(phases_table(op, results))
   print_nccl_comparison(args, meta, results, logs)
   write_outputs(args, meta, results)
   return results
+
+
+def interface_table(op: str, results: list[dict], lax_note: str = "") -> str:
+  """The bytes each simulated host's interfaces sent per call, for jax_smddp and the baseline
+  (the kernel's counters in each host's namespace, read around the timed calls), and how far
+  apart the host's interfaces are (max/min - 1: the NICs' balance)."""
+  lines = [f"# {op}: bytes sent per call by each host's interfaces (kernel counters), "
+           f"jax_smddp | baseline{lax_note}; spread = busiest/idlest - 1"]
+  for r in results:
+    if r["op"] != op or not r.get("sent_per_call_by_host"):
+      continue
+    cells = []
+    for h, sent in enumerate(r["sent_per_call_by_host"]):
+      if not sent:
+        continue
+      for impl in ("smddp", "lax"):
+        counts = sent.get(impl, {})
+        vals = [v for v in counts.values()]
+        spread = (max(vals) / min(vals) - 1) if vals and min(vals) > 0 else float("inf")
+        named = " ".join(f"{i}={format_size(v)}" for i, v in counts.items())
+        cells.append(f"h{h} {'smddp' if impl == 'smddp' else 'base'}: {named} "
+                     f"(spread {spread:.0%})" if len(vals) > 1 else
+                     f"h{h} {'smddp' if impl == 'smddp' else 'base'}: {named}")
+    lines.append(f"{format_size(r['bytes_per_rank']):>8}/rank  " + " | ".join(cells))
+  return "\n".join(lines)
 
 
 def main(argv=None) -> int:

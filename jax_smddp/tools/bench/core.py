@@ -333,18 +333,74 @@ def iters_for(bytes_per_call: int, iters: int) -> int:
   return max(min(iters, MIN_ITERS), min(iters, BYTES_BUDGET // max(1, bytes_per_call)))
 
 
-def _timed_call(fn, x, samples: list, starts: list, cpu: list) -> None:
+def interface_tx() -> dict[str, int]:
+  """Bytes sent so far by each network interface of this process's namespace (loopback left
+  out), from the kernel's counters: what the simulated hosts' NICs carried."""
+  from jax_smddp.tools import netns
+  return {name: c["tx"] for name, c in netns.interface_bytes().items()}
+
+
+def settled_interface_tx(quiet_s: float = 0.02, limit_s: float = 2.0) -> dict[str, int]:
+  """interface_tx() once the counters stopped moving for `quiet_s` (at most `limit_s`): a call
+  returns once its sends are in the kernel's socket buffers, which drain onto a capped link
+  after it; read this way, a window of calls counts its own bytes, not the previous window's
+  tail."""
+  last = interface_tx()
+  deadline = time.monotonic() + limit_s
+  while time.monotonic() < deadline:
+    time.sleep(quiet_s)
+    now = interface_tx()
+    if now == last:
+      break
+    last = now
+  return last
+
+
+class _Sent:
+  """Adds what each interface sent during a window of calls into `into` (a dict per fn);
+  the counters read settled, outside the calls' spans. `barrier`: every process meets before
+  each reading, so that no process of the host sends its part of the window's first call
+  before the window opens (eager sends need no receiver) or its last after it closed."""
+
+  def __init__(self, into: dict | None, barrier=None):
+    self.into = into
+    self.barrier = barrier
+
+  def __enter__(self):
+    if self.into is not None and self.barrier:
+      self.barrier()
+    self.before = settled_interface_tx() if self.into is not None else None
+    if self.into is not None and self.barrier:
+      self.barrier()  # no process starts before every host's counters are read
+    return self
+
+  def __exit__(self, *exc):
+    if self.into is not None:
+      if self.barrier:
+        self.barrier()
+      for name, tx in settled_interface_tx().items():
+        self.into[name] = self.into.get(name, 0) + tx - self.before.get(name, tx)
+
+
+def _timed_call(fn, x, samples: list, starts: list, cpu: list, sent: dict | None = None) -> None:
   """One synced call of fn(x): its wall time into `samples`, its start into `starts`
   (time.perf_counter(): CLOCK_MONOTONIC on Linux, one clock for every process of the
   machine), and the CPU time this process used meanwhile into `cpu` (time.process_time():
-  every thread's, the kernel's work for them included; read outside the wall span)."""
-  c0 = time.process_time()
-  t0 = time.perf_counter()
-  fn(x).block_until_ready()
-  t1 = time.perf_counter()
-  cpu.append(time.process_time() - c0)
+  every thread's, the kernel's work for them included; read outside the wall span). `sent`, if
+  given, adds what each interface of this host sent meanwhile (_Sent: the host's other
+  processes run the same calls, so this counts the host's traffic)."""
+  with _Sent(sent):
+    c0 = time.process_time()
+    t0 = time.perf_counter()
+    fn(x).block_until_ready()
+    t1 = time.perf_counter()
+    cpu.append(time.process_time() - c0)
   samples.append(t1 - t0)
   starts.append(t0)
+
+
+def _sent_for(sent, k):
+  return sent[k] if sent is not None else None
 
 
 def _lists(given, fns) -> list[list[float]]:
@@ -353,31 +409,33 @@ def _lists(given, fns) -> list[list[float]]:
 
 def time_alternating(fns, x, iters: int, warmup: int, barrier=None,
                      starts: list[list[float]] | None = None,
-                     cpu: list[list[float]] | None = None) -> list[list[float]]:
+                     cpu: list[list[float]] | None = None,
+                     sent: list[dict] | None = None) -> list[list[float]]:
   """Seconds per call of each fn(x), calls interleaved (a, b, a, b, ...), each synced;
   `barrier()`, if given, runs before each timed call (outside its span). `starts` and
   `cpu`, if given (a list per fn), get each timed call's start and the process's CPU
-  seconds during it (_timed_call)."""
+  seconds during it; `sent` (a dict per fn) the bytes each interface sent (_timed_call)."""
   for _ in range(warmup):
     for fn in fns:
       fn(x).block_until_ready()
   samples = [[] for _ in fns]
   starts, cpu = _lists(starts, fns), _lists(cpu, fns)
   for _ in range(iters):
-    for fn, out, began, used in zip(fns, samples, starts, cpu):
+    for k, (fn, out, began, used) in enumerate(zip(fns, samples, starts, cpu)):
       if barrier:
         barrier()
-      _timed_call(fn, x, out, began, used)
+      _timed_call(fn, x, out, began, used, _sent_for(sent, k))
   return samples
 
 
 def time_blocks(fns, x, iters: int, warmup: int, block: int = 5,
                 starts: list[list[float]] | None = None,
-                cpu: list[list[float]] | None = None) -> list[list[float]]:
+                cpu: list[list[float]] | None = None,
+                sent: list[dict] | None = None) -> list[list[float]]:
   """Seconds per call of each fn(x), each synced, in blocks of `block` calls of one
   fn back to back (a x5, b x5, a x5, ...): a block is the steady state of one
   collective (every process in step), and the blocks' alternation spreads slow
-  periods of the machine over both. `starts`, `cpu`: as time_alternating's."""
+  periods of the machine over both. `starts`, `cpu`, `sent`: as time_alternating's."""
   for fn in fns:
     for _ in range(warmup):
       fn(x).block_until_ready()
@@ -385,9 +443,11 @@ def time_blocks(fns, x, iters: int, warmup: int, block: int = 5,
   starts, cpu = _lists(starts, fns), _lists(cpu, fns)
   while len(samples[0]) < iters:
     k = min(block, iters - len(samples[0]))
-    for fn, out, began, used in zip(fns, samples, starts, cpu):
-      for _ in range(k):
-        _timed_call(fn, x, out, began, used)
+    for j, (fn, out, began, used) in enumerate(zip(fns, samples, starts, cpu)):
+      # A block's bytes, counted around the block, every process in it.
+      with _Sent(_sent_for(sent, j), barrier=process_barrier):
+        for _ in range(k):
+          _timed_call(fn, x, out, began, used)
   return samples
 
 
@@ -408,21 +468,25 @@ def process_barrier() -> None:
 
 def time_barrier(fns, x, iters: int, warmup: int, barrier=process_barrier,
                  starts: list[list[float]] | None = None,
-                 cpu: list[list[float]] | None = None) -> list[list[float]]:
+                 cpu: list[list[float]] | None = None,
+                 sent: list[dict] | None = None) -> list[list[float]]:
   """As time_alternating, with every process meeting at a barrier before each timed call
   (outside its span): every call starts together, as a harness that synchronises its
   processes before each call times it; a call then waits for no late peer."""
-  return time_alternating(fns, x, iters, warmup, barrier=barrier, starts=starts, cpu=cpu)
+  return time_alternating(fns, x, iters, warmup, barrier=barrier, starts=starts, cpu=cpu,
+                          sent=sent)
 
 
 def time_solo(fns, x, iters: int, warmup: int,
               starts: list[list[float]] | None = None,
-              cpu: list[list[float]] | None = None) -> list[list[float]]:
+              cpu: list[list[float]] | None = None,
+              sent: list[dict] | None = None) -> list[list[float]]:
   """As time_blocks with one block per implementation: all of one fn's calls back to
   back, then all of the next's. Each library alone in its steady state, its threads
   still awake from the previous call; the other timings measure calls that follow
   another library's (docs/performance_model.md: cold and back-to-back calls)."""
-  return time_blocks(fns, x, iters, warmup, block=max(1, iters), starts=starts, cpu=cpu)
+  return time_blocks(fns, x, iters, warmup, block=max(1, iters), starts=starts, cpu=cpu,
+                     sent=sent)
 
 
 TIMINGS = {"blocks": time_blocks, "alternating": time_alternating, "barrier": time_barrier,
@@ -622,7 +686,7 @@ def _us(seconds: list[float]) -> list[float]:
 def run_benchmark(ops, sizes, *, dtype="float32", iters: int = 20, warmup: int = 3,
                   devices=None, report: Callable[[dict], None] | None = None,
                   timing: str | None = None, mpi4jax: bool = False,
-                  baseline: str | None = None) -> list[dict]:
+                  baseline: str | None = None, interfaces: bool = False) -> list[dict]:
   """Benchmarks `ops` at each size in `sizes`: S as nccl-tests defines it per op
   (nccl_tests.py: all_gather's whole output, the others' per-rank input), rounded down to what
   the ranks split evenly; returns one dict per (op, size) as in the JSON "results" list
@@ -631,6 +695,9 @@ def run_benchmark(ops, sizes, *, dtype="float32", iters: int = 20, warmup: int =
   `mpi4jax`: also time mpi4jax (the job runs under mpirun, one device per
   process), alternating with the others ("mpi4jax", "vs_mpi4jax").
   `baseline` (BASELINES; default --baseline's): what the "lax" entries time.
+  `interfaces`: count the bytes each network interface of this process's namespace sent
+  during each implementation's timed calls ("sent_per_call": {impl: {interface: bytes per
+  call}}; the host's, as its other processes run the same calls meanwhile).
 
   Raises AssertionError if a jax_smddp result differs from jax.lax's.
   """
@@ -687,7 +754,8 @@ def run_benchmark(ops, sizes, *, dtype="float32", iters: int = 20, warmup: int =
       before = meter.read()
       phases = call_phases(op) if across else None
       starts, cpu = [[] for _ in fns], [[] for _ in fns]
-      samples = TIMINGS[timing](fns, x, k, 0, starts=starts, cpu=cpu)
+      sent = [{} for _ in fns] if interfaces else None
+      samples = TIMINGS[timing](fns, x, k, 0, starts=starts, cpu=cpu, sent=sent)
       after = meter.read()
       t_smddp, t_lax = (statistics.median(s) for s in samples[:2])
       result = {
@@ -707,6 +775,10 @@ def run_benchmark(ops, sizes, *, dtype="float32", iters: int = 20, warmup: int =
           "starts_us": {"smddp": _us(starts[0]), "lax": _us(starts[1])},
           "cpu_us": {"smddp": _us(cpu[0]), "lax": _us(cpu[1])},
       }
+      if sent is not None:
+        names = ("smddp", "lax", "mpi4jax")
+        result["sent_per_call"] = {names[j]: {i: round(b / k) for i, b in sorted(d.items())}
+                                   for j, d in enumerate(sent)}
       if phases is not None:  # the timed calls'; process 0's when printed
         result["smddp_phases"] = phase_means(phases, call_phases(op))
         result["smddp"]["mean_us"] = statistics.mean(samples[0]) * 1e6
