@@ -179,6 +179,10 @@ class RecordingOps : public smddp::StreamOps {
     });
     return Status::Ok();
   }
+  Status Zero(void* dst, size_t bytes) override {
+    graph.push_back([=](smddp::StreamOps& o) { return o.Zero(dst, bytes); });
+    return Status::Ok();
+  }
   Status WaitAtLeast(const uint32_t* flag, uint32_t value) override {
     graph.push_back([=](smddp::StreamOps& o) { return o.WaitAtLeast(flag, value); });
     return Status::Ok();

@@ -44,6 +44,10 @@ Status PhaseTimedOps::Copy2D(void* dst, size_t dpitch, const void* src, size_t s
   return Timed(Phase::kCopy, [&] { return inner_.Copy2D(dst, dpitch, src, spitch, width, rows); });
 }
 
+Status PhaseTimedOps::Zero(void* dst, size_t bytes) {
+  return Timed(Phase::kCopy, [&] { return inner_.Zero(dst, bytes); });
+}
+
 Status PhaseTimedOps::Reduce(void* dst, size_t dpitch, const void* const* srcs, int n,
                              size_t spitch, size_t count, size_t rows, DType dtype, ReduceOp op) {
   return Timed(Phase::kReduce,

@@ -45,6 +45,9 @@ class StreamOps {
   virtual Status Reduce(void* dst, size_t dpitch, const void* const* srcs, int n, size_t spitch,
                         size_t count, size_t rows, DType dtype, ReduceOp op) = 0;
 
+  // `bytes` zero bytes at `dst` (a rank that receives nothing in a permute).
+  virtual Status Zero(void* dst, size_t bytes) = 0;
+
   // Later work waits until FlagReached(*flag, value) (the flag may be a peer's).
   virtual Status WaitAtLeast(const uint32_t* flag, uint32_t value) = 0;
 
