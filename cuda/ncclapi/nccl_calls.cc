@@ -10,6 +10,7 @@
 
 #include "cuda/gpu_call.h"
 #include "cuda/ncclapi/real_nccl.h"
+#include "xla_ffi/algorithms/stream_algorithms.h"
 #include "xla_ffi/common/dtype.h"
 #include "xla_ffi/common/settings.h"
 
@@ -34,8 +35,12 @@ constexpr CollectiveNames kNames[] = {
 constexpr int kCollectives = sizeof(kNames) / sizeof(kNames[0]);
 const CollectiveNames& NamesOf(Collective kind) { return kNames[int(kind)]; }
 
+// A group of sends and receives served as a permutation (PermutationOf).
+constexpr const char* kPermuteFunction = "ncclSend/ncclRecv";
+
 struct Tally {
   std::atomic<uint64_t> served[kCollectives] = {};  // per call: no lock
+  std::atomic<uint64_t> permutes{0};                // groups served as permutations
   std::atomic<uint64_t> captured{0};  // of those, captured into CUDA graphs (once each)
   std::mutex mu;                      // the rest: forwarding only
   std::map<std::string, uint64_t> forwarded;
@@ -343,6 +348,89 @@ bool AllToAllOf(const std::vector<Pending>& calls, PointToPoint* a2a, char** rec
   return true;
 }
 
+// A group of sends and receives that forms (this rank's part of) a
+// permutation on a served communicator inside one host: at most one send and
+// one receive, one count, type and stream, the peer of each in the group (a
+// send to itself only with a receive from itself). The ranks of the
+// permutation are all that take part: a rank that neither sends nor
+// receives makes no call (XLA's collective-permute), so it is served
+// pairwise (RunStreamPairPermute), never as a collective of the group.
+struct Permutation {
+  Comm* comm = nullptr;
+  void* stream = nullptr;
+  char* send = nullptr;
+  char* recv = nullptr;
+  size_t bytes = 0;
+  int target = -1, source = -1;
+};
+
+bool PermutationOf(const std::vector<Pending>& calls, Permutation* out) {
+  if (calls.empty() || calls.size() > 2 || !calls[0].point_to_point) return false;
+  const PointToPoint& first = calls[0].p2p;
+  Comm* comm = first.comm;
+  if (!comm || !comm->served || !comm->local || comm->port || TypeBytes(first.type) == 0 ||
+      first.count == 0 || (backend.capturing && backend.capturing(first.stream)))
+    return false;
+  Permutation p;
+  p.comm = comm;
+  p.stream = first.stream;
+  p.bytes = first.count * TypeBytes(first.type);
+  for (const Pending& c : calls) {
+    const PointToPoint& q = c.p2p;
+    if (!c.point_to_point || q.comm != comm || q.stream != first.stream || q.type != first.type ||
+        q.count != first.count || q.peer < 0 || q.peer >= comm->nranks || q.buffer == nullptr)
+      return false;
+    int& peer = q.send ? p.target : p.source;
+    if (peer >= 0) return false;  // two sends or two receives
+    peer = q.peer;
+    (q.send ? p.send : p.recv) = q.buffer;
+  }
+  if ((p.target == comm->rank) != (p.source == comm->rank)) return false;
+  *out = p;
+  return true;
+}
+
+ncclResult_t ServePermutation(const Permutation& p) {
+  Comm& comm = *p.comm;
+  if (comm.failed.load(std::memory_order_acquire)) {
+    Status earlier;
+    {
+      std::lock_guard<std::mutex> lock(comm.error_mu);
+      earlier = comm.async_error;
+    }
+    return Fail(&comm, earlier);
+  }
+  Status st = gpu::GroupFailure(*comm.local);
+  if (st.ok()) {
+    st = backend.run(
+        p.stream,
+        [](StreamOps& ops, void* context) {
+          const Permutation& q = *static_cast<const Permutation*>(context);
+          return RunStreamPairPermute(q.comm->local->view, ops, q.send, q.recv, q.bytes, q.target,
+                                      q.source);
+        },
+        const_cast<Permutation*>(&p));
+  }
+  if (!st.ok()) {
+    const Status located = st.WithMessage(
+        "jax_smddp collective_permute: " + st.message() + " [XLA's collective-permute through " +
+        kPermuteFunction + ", rank " + std::to_string(comm.rank) + " of " +
+        std::to_string(comm.nranks) + ", to rank " + std::to_string(p.target) + ", from rank " +
+        std::to_string(p.source) + "]");
+    if (st.code() == StatusCode::kPeerFailed || st.code() == StatusCode::kTimeout ||
+        st.code() == StatusCode::kMismatch) {
+      std::lock_guard<std::mutex> lock(comm.error_mu);
+      if (comm.async_error.ok()) comm.async_error = located;
+      comm.failed.store(true, std::memory_order_release);
+    }
+    return Fail(&comm, located);
+  }
+  if (auto world = comm.world.lock())
+    world->CountCall(World::Caller::kNcclPermute, p.source >= 0 ? p.bytes : 0);
+  Tallies().permutes.fetch_add(1, std::memory_order_relaxed);
+  return ncclSuccess;
+}
+
 }  // namespace
 
 // The closure that runs `call` on `comm`'s real communicator (made now if it
@@ -404,6 +492,7 @@ std::string Describe() {
   for (int k = 0; k < kCollectives; ++k)
     if (const uint64_t n = t.served[k].load(std::memory_order_relaxed))
       served[kNames[k].function] = n;
+  if (const uint64_t n = t.permutes.load(std::memory_order_relaxed)) served[kPermuteFunction] = n;
   std::string out = "{\"served\": {";
   bool first = true;
   for (const auto& [f, n] : served) {
@@ -565,12 +654,19 @@ ncclResult_t GroupEnd() {
     return Serve(Collective::kAllToAll, a2a.buffer, a2a_recv, a2a.count, MovedType(a2a.type),
                  ReduceOp::kSum, *a2a.comm, a2a.stream);
   }
+  Permutation permutation;
+  if (PermutationOf(calls, &permutation)) {
+    calls.clear();
+    group_calls.swap(calls);
+    return ServePermutation(permutation);
+  }
   for (Pending& c : calls) {
     if (!c.point_to_point) continue;
     const char* name = c.p2p.send ? "ncclSend" : "ncclRecv";
     c.run = [comm = c.p2p.comm, name, call = RealSendRecv(c.p2p)]() {
       const std::string why =
-          "the GPU engine serves sends and receives only as a group that forms an all-to-all";
+          "the GPU engine serves sends and receives only as a group that forms an all-to-all or "
+          "(one send and one receive at most, inside one host, not captured) a permutation";
       return NoFallback() ? RefuseForwarding(comm, name, why) : Forwarding(comm, name, why, call)();
     };
   }

@@ -297,9 +297,14 @@ void Forwarded() {
   Expect(
       ncclAllReduce(x.data(), y.data(), 100, ncclFloat32, ncclProd, comm, nullptr) == ncclSuccess,
       "all_reduce prod");
+  // Two sends and receives each way: neither an all-to-all nor a permutation.
   Expect(ncclGroupStart() == ncclSuccess, "group start");
-  Expect(ncclSend(x.data(), 10, ncclFloat32, 1 - me, comm, nullptr) == ncclSuccess, "send");
-  Expect(ncclRecv(y.data(), 10, ncclFloat32, 1 - me, comm, nullptr) == ncclSuccess, "recv");
+  for (int half = 0; half < 2; ++half) {
+    Expect(ncclSend(x.data() + 5 * half, 5, ncclFloat32, 1 - me, comm, nullptr) == ncclSuccess,
+           "send");
+    Expect(ncclRecv(y.data() + 5 * half, 5, ncclFloat32, 1 - me, comm, nullptr) == ncclSuccess,
+           "recv");
+  }
   Expect(ncclGroupEnd() == ncclSuccess, "group end");
   CheckAllGather(comm, P, me, 256, "all_gather beside forwarded calls");
   const std::string who = "rank=" + std::to_string(me) + "/" + std::to_string(P);
@@ -309,8 +314,10 @@ void Forwarded() {
       "ncclBroadcast " + who + " count=100 root=0",
       "ncclAllReduce " + who + " count=100 type=7 op=1",
       "ncclGroupStart",
-      "ncclSend " + who + " count=10 peer=" + std::to_string(1 - me),
-      "ncclRecv " + who + " count=10 peer=" + std::to_string(1 - me),
+      "ncclSend " + who + " count=5 peer=" + std::to_string(1 - me),
+      "ncclRecv " + who + " count=5 peer=" + std::to_string(1 - me),
+      "ncclSend " + who + " count=5 peer=" + std::to_string(1 - me),
+      "ncclRecv " + who + " count=5 peer=" + std::to_string(1 - me),
       "ncclGroupEnd",
       "SERVED"};
   std::vector<std::string> got = Lines(Record());
@@ -318,7 +325,7 @@ void Forwarded() {
   Expect(got == want,
          "the forwarded calls, in order, with the real communicator; got:\n" + Record());
   const std::string described = smddp::nccl::Describe();
-  Expect(Has(described, "\"ncclBroadcast\": 1") && Has(described, "\"ncclSend\": 1") &&
+  Expect(Has(described, "\"ncclBroadcast\": 1") && Has(described, "\"ncclSend\": 2") &&
              Has(described, "does not serve ncclBroadcast"),
          "describe: " + described);
   Expect(ncclCommDestroy(comm) == ncclSuccess, "destroy");
@@ -414,8 +421,9 @@ void NoFallback() {
   Expect(!Has(Record(), "ncclBroadcast") && !Has(Record(), "ncclCommInitRankConfig"),
          "nothing reached NCCL: " + Record());
   CheckAllGather(comm, P, me, 64, "served calls still run");
-  // Sends and receives: an all-to-all group is served; a permutation would
-  // be forwarded, so its group fails at ncclGroupEnd.
+  // Sends and receives: an all-to-all group and a permutation are served;
+  // two sends and receives each way would be forwarded, so that group fails
+  // at ncclGroupEnd.
   std::vector<float> a(8 * P, 1.f), b(8 * P);
   Expect(ncclGroupStart() == ncclSuccess, "group start");
   for (int q = 0; q < P; ++q) {
@@ -426,8 +434,14 @@ void NoFallback() {
   Expect(ncclGroupStart() == ncclSuccess, "group start");
   ncclSend(a.data(), 8, ncclFloat32, 1 - me, comm, nullptr);
   ncclRecv(b.data(), 8, ncclFloat32, 1 - me, comm, nullptr);
+  Expect(ncclGroupEnd() == ncclSuccess, "a permutation is served");
+  Expect(ncclGroupStart() == ncclSuccess, "group start");
+  for (int half = 0; half < 2; ++half) {
+    ncclSend(a.data() + 4 * half, 4, ncclFloat32, 1 - me, comm, nullptr);
+    ncclRecv(b.data() + 4 * half, 4, ncclFloat32, 1 - me, comm, nullptr);
+  }
   Expect(ncclGroupEnd() == ncclInvalidUsage && Has(ncclGetLastError(comm), "no-fallback"),
-         std::string("a permutation refused: ") + ncclGetLastError(comm));
+         std::string("two sends each way refused: ") + ncclGetLastError(comm));
   Expect(!Has(Record(), "ncclSend") && !Has(Record(), "ncclRecv"),
          "nothing reached NCCL: " + Record());
 }
@@ -511,17 +525,18 @@ void SendRecvGroups() {
   Expect(!Has(Record(), "ncclSend") && !Has(Record(), "ncclRecv") &&
              Has(smddp::nccl::Describe(), "\"ncclAlltoAll\": 1"),
          "served as one all_to_all; the mock saw:\n" + Record() + smddp::nccl::Describe());
-  // A permutation (one peer each way) is not an all-to-all: forwarded, in
-  // one real group.
+  // A permutation (one peer each way) is not an all-to-all: served as one
+  // collective_permute (nccl_permute_test.cc tests them).
   Expect(ncclGroupStart() == ncclSuccess, "group start");
   Expect(ncclSend(x.data(), count, ncclFloat32, 1 - me, comm, nullptr) == ncclSuccess, "send");
   Expect(ncclRecv(y.data(), count, ncclFloat32, 1 - me, comm, nullptr) == ncclSuccess, "recv");
   Expect(ncclGroupEnd() == ncclSuccess, "group end");
   const std::string who = "rank=" + std::to_string(me) + "/" + std::to_string(P);
-  Expect(Has(Record(), "ncclGroupStart\nncclSend " + who +
-                           " count=300 peer=" + std::to_string(1 - me) + "\nncclRecv " + who +
-                           " count=300 peer=" + std::to_string(1 - me) + "\nncclGroupEnd"),
-         "the permutation forwarded as one group: " + Record());
+  ok = true;
+  for (size_t i = 0; i < count; ++i) ok = ok && y[i] == Value(1 - me, i);
+  Expect(
+      ok && !Has(Record(), "ncclSend") && Has(smddp::nccl::Describe(), "\"ncclSend/ncclRecv\": 1"),
+      "the permutation served: " + Record() + smddp::nccl::Describe());
   // Blocks out of rank order: forwarded too.
   Expect(ncclGroupStart() == ncclSuccess, "group start");
   for (int q = 0; q < P; ++q) {

@@ -35,6 +35,10 @@ std::vector<uint32_t*> AllTokens(const RegionLayout& layout, const std::vector<u
             reinterpret_cast<uint32_t*>(block + layout.consumed_token_offset(slot, q)));
       }
     }
+    for (int q = 0; q < layout.size; ++q) {
+      tokens.push_back(reinterpret_cast<uint32_t*>(block + layout.pair_posted_offset(q)));
+      tokens.push_back(reinterpret_cast<uint32_t*>(block + layout.pair_consumed_offset(q)));
+    }
   }
   return tokens;
 }

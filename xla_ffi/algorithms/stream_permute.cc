@@ -1,7 +1,8 @@
 // collective_permute's stream bodies (stream_algorithms.h): rank r's output is
 // the input of rank sources[r] (zeros where it is -1). Every rank of the group
 // runs every step, as in the other bodies, so the flags and step counters stay
-// alike across ranks; only the copy from the source moves data.
+// alike across ranks; only the copy from the source moves data. And
+// RunStreamPairPermute, where only the pairs take part (the NCCL front end).
 #include "xla_ffi/algorithms/stream_steps.h"
 
 namespace smddp {
@@ -54,6 +55,56 @@ Status StagedCollectivePermute(Steps& st, StreamOps& ops, const uint8_t* send, u
     }
     return Status::Ok();
   });
+}
+
+Status RunStreamPairPermute(StreamRank& me, StreamOps& ops, const void* send_v, void* recv_v,
+                            size_t bytes, int target, int source) {
+  const auto* send = static_cast<const uint8_t*>(send_v);
+  auto* recv = static_cast<uint8_t*>(recv_v);
+  const RegionLayout& layout = me.layout;
+  const int P = layout.size, r = me.rank;
+  if (int(me.regions.size()) != P || r < 0 || r >= P ||
+      !(me.flags.empty() || int(me.flags.size()) == P))
+    return Status::Error("jax_smddp: stream communicator is not set up for this rank");
+  if (target < -1 || target >= P || source < -1 || source >= P || (target == r) != (source == r))
+    return Status::InvalidArgument("jax_smddp: collective_permute's peers are not a permutation");
+  if (target == r) return bytes ? ops.Copy(recv, send, bytes) : Status::Ok();
+  if (me.pair_sent.size() != size_t(P)) me.pair_sent.assign(P, 0);
+  if (me.pair_received.size() != size_t(P)) me.pair_received.assign(P, 0);
+  auto flag = [&](int owner, size_t offset) {
+    return reinterpret_cast<uint32_t*>((me.flags.empty() ? me.regions[owner] : me.flags[owner]) +
+                                       offset);
+  };
+  constexpr int kSlots = RegionLayout::kSlots;
+  if (target >= 0 && me.step > 0) {
+    // The group's last step may still be read out of this rank's slots.
+    for (int q = 0; q < P; ++q) {
+      if (q != r)
+        SMDDP_RETURN_IF_ERROR(ops.WaitAtLeast(flag(r, layout.consumed_offset(q)), me.step));
+    }
+  }
+  SMDDP_RETURN_IF_ERROR(ForEachTile(1, bytes, 1, layout.slot_bytes, 1, [&](const Tile& t) {
+    if (target >= 0) {  // post the tile into slot (count % kSlots), once the target freed it
+      const uint32_t c = ++me.pair_sent[target];
+      if (c > uint32_t(kSlots))
+        SMDDP_RETURN_IF_ERROR(
+            ops.WaitAtLeast(flag(r, layout.pair_consumed_offset(target)), c - kSlots));
+      SMDDP_RETURN_IF_ERROR(
+          ops.Copy(me.regions[r] + layout.slot_offset(int(c % kSlots)), send + t.col, t.width));
+      SMDDP_RETURN_IF_ERROR(ops.Write(flag(target, layout.pair_posted_offset(r)), c));
+    }
+    if (source >= 0) {  // take the source's tile once it is posted
+      const uint32_t c = ++me.pair_received[source];
+      SMDDP_RETURN_IF_ERROR(ops.WaitAtLeast(flag(r, layout.pair_posted_offset(source)), c));
+      SMDDP_RETURN_IF_ERROR(ops.Copy(
+          recv + t.col, me.regions[source] + layout.slot_offset(int(c % kSlots)), t.width));
+      SMDDP_RETURN_IF_ERROR(ops.Write(flag(source, layout.pair_consumed_offset(r)), c));
+    }
+    return Status::Ok();
+  }));
+  if (target >= 0 && me.pair_sent[target] > 0)
+    return ops.WaitAtLeast(flag(r, layout.pair_consumed_offset(target)), me.pair_sent[target]);
+  return Status::Ok();
 }
 
 }  // namespace smddp

@@ -99,11 +99,10 @@ class World {
   // "all_gather", ..., "MPI_Allgather", ...: as traffic_by_op() names them.
   static const char* CallerName(Caller c) {
     static const char* const kNames[] = {
-        "all_gather",    "reduce_scatter",     "all_reduce",
-        "all_to_all",    "collective_permute", "MPI_Allgather",
-        "MPI_Allreduce", "MPI_Reduce_scatter", "MPI_Sendrecv",
-        "MPI_Irecv",     "ncclAllGather",      "ncclReduceScatter",
-        "ncclAllReduce", "ncclAlltoAll",       "ncclSend/ncclRecv permutation"};
+        "all_gather",         "reduce_scatter", "all_reduce",       "all_to_all",
+        "collective_permute", "MPI_Allgather",  "MPI_Allreduce",    "MPI_Reduce_scatter",
+        "MPI_Sendrecv",       "MPI_Irecv",      "ncclAllGather",    "ncclReduceScatter",
+        "ncclAllReduce",      "ncclAlltoAll",   "ncclSend/ncclRecv"};
     static_assert(sizeof(kNames) / sizeof(kNames[0]) == size_t(Caller::kCount), "a name each");
     return kNames[int(c)];
   }
