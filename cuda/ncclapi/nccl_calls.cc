@@ -1,5 +1,6 @@
 #include "cuda/ncclapi/nccl_calls.h"
 
+#include <algorithm>
 #include <atomic>
 #include <cstdio>
 #include <map>
@@ -349,43 +350,62 @@ bool AllToAllOf(const std::vector<Pending>& calls, PointToPoint* a2a, char** rec
 }
 
 // A group of sends and receives that forms (this rank's part of) a
-// permutation on a served communicator inside one host: at most one send and
-// one receive, one count, type and stream, the peer of each in the group (a
-// send to itself only with a receive from itself). The ranks of the
-// permutation are all that take part: a rank that neither sends nor
-// receives makes no call (XLA's collective-permute), so it is served
-// pairwise (RunStreamPairPermute), never as a collective of the group.
+// permutation on a served communicator inside one host, as XLA's
+// collective-permute issues it: sends to one peer (the target) and receives
+// from one peer (the source), either side possibly absent, one stream, a
+// send to itself only with a receive from itself; with several operands (a
+// combined permute) the i-th send and the i-th receive carry the same
+// operand (one count and type). The ranks of the permutation are all that
+// take part: a rank that neither sends nor receives makes no call, so it is
+// served pairwise (RunStreamPairPermute), never as a collective of the group.
 struct Permutation {
+  struct Part {
+    char* send = nullptr;
+    char* recv = nullptr;
+    size_t bytes = 0;
+  };
   Comm* comm = nullptr;
   void* stream = nullptr;
-  char* send = nullptr;
-  char* recv = nullptr;
-  size_t bytes = 0;
   int target = -1, source = -1;
+  const std::vector<Part>* parts = nullptr;
 };
 
 bool PermutationOf(const std::vector<Pending>& calls, Permutation* out) {
-  if (calls.empty() || calls.size() > 2 || !calls[0].point_to_point) return false;
+  if (calls.empty() || !calls[0].point_to_point) return false;
   const PointToPoint& first = calls[0].p2p;
   Comm* comm = first.comm;
-  if (!comm || !comm->served || !comm->local || comm->port || TypeBytes(first.type) == 0 ||
-      first.count == 0 || (backend.capturing && backend.capturing(first.stream)))
+  if (!comm || !comm->served || !comm->local || comm->port ||
+      (backend.capturing && backend.capturing(first.stream)))
     return false;
+  // Kept per thread: a group served this way allocates nothing once warm.
+  thread_local std::vector<const PointToPoint*> sends, recvs;
+  thread_local std::vector<Permutation::Part> parts;
+  sends.clear();
+  recvs.clear();
   Permutation p;
-  p.comm = comm;
-  p.stream = first.stream;
-  p.bytes = first.count * TypeBytes(first.type);
   for (const Pending& c : calls) {
     const PointToPoint& q = c.p2p;
-    if (!c.point_to_point || q.comm != comm || q.stream != first.stream || q.type != first.type ||
-        q.count != first.count || q.peer < 0 || q.peer >= comm->nranks || q.buffer == nullptr)
+    if (!c.point_to_point || q.comm != comm || q.stream != first.stream || q.count == 0 ||
+        TypeBytes(q.type) == 0 || q.peer < 0 || q.peer >= comm->nranks || q.buffer == nullptr)
       return false;
     int& peer = q.send ? p.target : p.source;
-    if (peer >= 0) return false;  // two sends or two receives
+    if (peer >= 0 && peer != q.peer) return false;  // two peers one way: not a permutation
     peer = q.peer;
-    (q.send ? p.send : p.recv) = q.buffer;
+    (q.send ? sends : recvs).push_back(&q);
   }
   if ((p.target == comm->rank) != (p.source == comm->rank)) return false;
+  if (!sends.empty() && !recvs.empty() && sends.size() != recvs.size()) return false;
+  parts.assign(std::max(sends.size(), recvs.size()), {});
+  for (size_t i = 0; i < parts.size(); ++i) {
+    const PointToPoint* s = sends.empty() ? nullptr : sends[i];
+    const PointToPoint* r = recvs.empty() ? nullptr : recvs[i];
+    if (s && r && (s->type != r->type || s->count != r->count)) return false;
+    const PointToPoint& any = s ? *s : *r;
+    parts[i] = {s ? s->buffer : nullptr, r ? r->buffer : nullptr, any.count * TypeBytes(any.type)};
+  }
+  p.comm = comm;
+  p.stream = first.stream;
+  p.parts = &parts;
   *out = p;
   return true;
 }
@@ -406,8 +426,10 @@ ncclResult_t ServePermutation(const Permutation& p) {
         p.stream,
         [](StreamOps& ops, void* context) {
           const Permutation& q = *static_cast<const Permutation*>(context);
-          return RunStreamPairPermute(q.comm->local->view, ops, q.send, q.recv, q.bytes, q.target,
-                                      q.source);
+          for (const Permutation::Part& part : *q.parts)
+            SMDDP_RETURN_IF_ERROR(RunStreamPairPermute(q.comm->local->view, ops, part.send,
+                                                       part.recv, part.bytes, q.target, q.source));
+          return Status::Ok();
         },
         const_cast<Permutation*>(&p));
   }
@@ -425,8 +447,9 @@ ncclResult_t ServePermutation(const Permutation& p) {
     }
     return Fail(&comm, located);
   }
-  if (auto world = comm.world.lock())
-    world->CountCall(World::Caller::kNcclPermute, p.source >= 0 ? p.bytes : 0);
+  size_t received = 0;
+  for (const Permutation::Part& part : *p.parts) received += p.source >= 0 ? part.bytes : 0;
+  if (auto world = comm.world.lock()) world->CountCall(World::Caller::kNcclPermute, received);
   Tallies().permutes.fetch_add(1, std::memory_order_relaxed);
   return ncclSuccess;
 }
@@ -666,7 +689,7 @@ ncclResult_t GroupEnd() {
     c.run = [comm = c.p2p.comm, name, call = RealSendRecv(c.p2p)]() {
       const std::string why =
           "the GPU engine serves sends and receives only as a group that forms an all-to-all or "
-          "(one send and one receive at most, inside one host, not captured) a permutation";
+          "(sends to one peer, receives from one, inside one host, not captured) a permutation";
       return NoFallback() ? RefuseForwarding(comm, name, why) : Forwarding(comm, name, why, call)();
     };
   }

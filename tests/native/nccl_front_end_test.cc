@@ -297,13 +297,15 @@ void Forwarded() {
   Expect(
       ncclAllReduce(x.data(), y.data(), 100, ncclFloat32, ncclProd, comm, nullptr) == ncclSuccess,
       "all_reduce prod");
-  // Two sends and receives each way: neither an all-to-all nor a permutation.
+  // To the peer and to itself, the blocks apart: neither an all-to-all nor a permutation.
   Expect(ncclGroupStart() == ncclSuccess, "group start");
-  for (int half = 0; half < 2; ++half) {
-    Expect(ncclSend(x.data() + 5 * half, 5, ncclFloat32, 1 - me, comm, nullptr) == ncclSuccess,
-           "send");
-    Expect(ncclRecv(y.data() + 5 * half, 5, ncclFloat32, 1 - me, comm, nullptr) == ncclSuccess,
-           "recv");
+  for (int peer : {1 - me, me}) {
+    Expect(
+        ncclSend(x.data() + 50 * (peer == me), 5, ncclFloat32, peer, comm, nullptr) == ncclSuccess,
+        "send");
+    Expect(
+        ncclRecv(y.data() + 50 * (peer == me), 5, ncclFloat32, peer, comm, nullptr) == ncclSuccess,
+        "recv");
   }
   Expect(ncclGroupEnd() == ncclSuccess, "group end");
   CheckAllGather(comm, P, me, 256, "all_gather beside forwarded calls");
@@ -316,8 +318,8 @@ void Forwarded() {
       "ncclGroupStart",
       "ncclSend " + who + " count=5 peer=" + std::to_string(1 - me),
       "ncclRecv " + who + " count=5 peer=" + std::to_string(1 - me),
-      "ncclSend " + who + " count=5 peer=" + std::to_string(1 - me),
-      "ncclRecv " + who + " count=5 peer=" + std::to_string(1 - me),
+      "ncclSend " + who + " count=5 peer=" + std::to_string(me),
+      "ncclRecv " + who + " count=5 peer=" + std::to_string(me),
       "ncclGroupEnd",
       "SERVED"};
   std::vector<std::string> got = Lines(Record());
@@ -422,8 +424,8 @@ void NoFallback() {
          "nothing reached NCCL: " + Record());
   CheckAllGather(comm, P, me, 64, "served calls still run");
   // Sends and receives: an all-to-all group and a permutation are served;
-  // two sends and receives each way would be forwarded, so that group fails
-  // at ncclGroupEnd.
+  // one to the peer and one to itself, blocks apart, would be forwarded, so
+  // that group fails at ncclGroupEnd.
   std::vector<float> a(8 * P, 1.f), b(8 * P);
   Expect(ncclGroupStart() == ncclSuccess, "group start");
   for (int q = 0; q < P; ++q) {
@@ -436,12 +438,12 @@ void NoFallback() {
   ncclRecv(b.data(), 8, ncclFloat32, 1 - me, comm, nullptr);
   Expect(ncclGroupEnd() == ncclSuccess, "a permutation is served");
   Expect(ncclGroupStart() == ncclSuccess, "group start");
-  for (int half = 0; half < 2; ++half) {
-    ncclSend(a.data() + 4 * half, 4, ncclFloat32, 1 - me, comm, nullptr);
-    ncclRecv(b.data() + 4 * half, 4, ncclFloat32, 1 - me, comm, nullptr);
+  for (int peer : {1 - me, me}) {
+    ncclSend(a.data() + 8 * (peer == me), 4, ncclFloat32, peer, comm, nullptr);
+    ncclRecv(b.data() + 8 * (peer == me), 4, ncclFloat32, peer, comm, nullptr);
   }
   Expect(ncclGroupEnd() == ncclInvalidUsage && Has(ncclGetLastError(comm), "no-fallback"),
-         std::string("two sends each way refused: ") + ncclGetLastError(comm));
+         std::string("neither refused: ") + ncclGetLastError(comm));
   Expect(!Has(Record(), "ncclSend") && !Has(Record(), "ncclRecv"),
          "nothing reached NCCL: " + Record());
 }

@@ -8,8 +8,9 @@
 //
 // ring: P=3, a ring (every rank sends and receives) in f32, bf16 and int32,
 //   small and over many slot-sized tiles (4 KiB slots), between served
-//   all_gathers, and a swap onto itself (a rank its own source); a group
-//   being captured into a CUDA graph is forwarded.
+//   all_gathers, a swap onto itself (a rank its own source), a combined
+//   permute (two operands, one group); a group being captured into a CUDA
+//   graph is forwarded.
 // partial: P=4, (0 -> 3), (3 -> 1): rank 0 only sends, rank 1 only receives,
 //   rank 3 both, rank 2 makes no call (an empty group, as XLA issues it);
 //   its output is left alone where nothing comes (XLA zero-fills it); then
@@ -90,6 +91,24 @@ void Ring() {
   permutes++;
   Permute(comm, ncclInt32, 2000, (me + 2) % P, (me + 1) % P, "the other way round");
   permutes++;
+  {  // A combined permute (two operands in one group): the i-th send is the i-th receive's.
+    std::vector<float> a(6000), ra(6000, -1.f);
+    std::vector<int32_t> b(300), rb(300, -1);
+    for (size_t i = 0; i < a.size(); ++i) a[i] = float(Element(me, i));
+    for (size_t i = 0; i < b.size(); ++i) b[i] = -Element(me, i);
+    Expect(ncclGroupStart() == ncclSuccess, "group start");
+    Expect(ncclSend(a.data(), a.size(), ncclFloat32, target, comm, nullptr) == ncclSuccess &&
+               ncclRecv(ra.data(), ra.size(), ncclFloat32, source, comm, nullptr) == ncclSuccess &&
+               ncclRecv(rb.data(), rb.size(), ncclInt32, source, comm, nullptr) == ncclSuccess &&
+               ncclSend(b.data(), b.size(), ncclInt32, target, comm, nullptr) == ncclSuccess,
+           "combined: issued");
+    Expect(ncclGroupEnd() == ncclSuccess, std::string("combined: ") + ncclGetLastError(comm));
+    bool ok = true;
+    for (size_t i = 0; i < a.size(); ++i) ok = ok && ra[i] == float(Element(source, i));
+    for (size_t i = 0; i < b.size(); ++i) ok = ok && rb[i] == -Element(source, i);
+    Expect(ok, "combined: wrong values");
+    permutes++;
+  }
   const std::string record = Record();
   Expect(!Has(record, "ncclSend") && !Has(record, "ncclRecv") &&
              !Has(record, "ncclCommInitRankConfig"),
