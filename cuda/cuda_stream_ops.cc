@@ -173,6 +173,12 @@ Status CudaStreamOps::Copy2D(void* dst, size_t dpitch, const void* src, size_t s
   return err == cudaSuccess ? Status::Ok() : CudaError("copy failed", err);
 }
 
+Status CudaStreamOps::Zero(void* dst, size_t bytes) {
+  if (bytes == 0) return Status::Ok();
+  const cudaError_t err = cudaMemsetAsync(dst, 0, bytes, stream_);
+  return err == cudaSuccess ? Status::Ok() : CudaError("memset failed", err);
+}
+
 Status CudaStreamOps::Reduce(void* dst, size_t dpitch, const void* const* srcs, int n,
                              size_t spitch, size_t count, size_t rows, DType dtype, ReduceOp op) {
   Counters().reduce_kernels++;

@@ -315,7 +315,12 @@ def emit_ffi_call(ctx, platform: str, target: str, x, axes: tuple, x_aval, out_a
       site_uid=np.int64((cache[_MODULE_UID] * 1_000_003 + op_id) & 0x7FFF_FFFF_FFFF_FFFF),
       routing=np.int64(routing),
       chunk_bytes=np.int64(chunk_bytes),
-      **{k: np.int64(v) for k, v in attrs.items()})
+      **{k: _attribute(v) for k, v in attrs.items()})
+
+
+def _attribute(v):
+  """A per-op attribute as the handlers bind it: an int64, or an int64 array."""
+  return np.asarray(v, np.int64) if isinstance(v, (np.ndarray, list, tuple)) else np.int64(v)
 
 
 def _emit_cuda_call(ctx, target: str, x, axes: tuple, x_aval, out_aval, **attrs):
@@ -346,7 +351,7 @@ def _emit_cuda_call(ctx, target: str, x, axes: tuple, x_aval, out_aval, **attrs)
       group_size=np.int64(groups.shape[1]),
       processes=processes,
       ordinals=ordinals,
-      **{k: np.int64(v) for k, v in attrs.items()})
+      **{k: _attribute(v) for k, v in attrs.items()})
 
 
 def _cuda_all_reduce_across_hosts(ctx, x, axes, x_aval, out_aval, n: int, reduce: int):
@@ -390,8 +395,8 @@ def _cross_process_choice(target: str, x_aval, groups: np.ndarray, processes: np
   defaults) for groups inside one process."""
   group = groups[0]
   procs = processes[group]
-  if len(set(procs.tolist())) == 1:
-    return 0, 0
+  if len(set(procs.tolist())) == 1 or target == "smddp_collective_permute":
+    return 0, 0  # a permute sends each block straight to its rank: no routes to choose
   from jax_smddp import distributed
   try:
     from jax_smddp import tuning

@@ -46,7 +46,8 @@ except ImportError as e:
   raise ImportError(_how_to_build(e)) from e
 
 # Names of the FFI targets, by collective; the same names on every platform.
-TARGETS = ("smddp_all_gather", "smddp_reduce_scatter", "smddp_all_reduce", "smddp_all_to_all")
+TARGETS = ("smddp_all_gather", "smddp_reduce_scatter", "smddp_all_reduce", "smddp_all_to_all",
+           "smddp_collective_permute")
 
 
 @functools.cache

@@ -407,7 +407,8 @@ _XLA_OP_OF_MPI = {"MPI_Allgather": "all-gather", "MPI_Reduce_scatter": "reduce-s
                   "MPI_Allreduce": "all-reduce", "MPI_Sendrecv": "all-to-all",
                   "MPI_Irecv": "collective-permute"}
 _XLA_OP_OF_NCCL = {"ncclAllGather": "all-gather", "ncclReduceScatter": "reduce-scatter",
-                   "ncclAllReduce": "all-reduce", "ncclAlltoAll": "all-to-all"}
+                   "ncclAllReduce": "all-reduce", "ncclAlltoAll": "all-to-all",
+                   "ncclSend/ncclRecv": "collective-permute"}
 
 
 def traffic_by_op() -> dict:
@@ -416,7 +417,8 @@ def traffic_by_op() -> dict:
   (``smddp_all_gather``, ...) and, under the XLA-level swap (JAX_SMDDP_COLLECTIVES=xla),
   XLA's own collectives (``all-gather``, ``reduce-scatter``, ``all-reduce``, ``all-to-all``,
   ``collective-permute`` on CPU, through the MPI ABI library; ``all-gather``,
-  ``reduce-scatter``, ``all-reduce`` on GPUs, the calls the NCCL API front end served):
+  ``reduce-scatter``, ``all-reduce``, ``all-to-all``, ``collective-permute`` on GPUs, the
+  calls the NCCL API front end served):
   {op: {"calls": .., "bytes": ..}}, summed over the process's devices. ``bytes``: what the
   calls delivered into their outputs (for XLA's all-to-all and collective-permute, what the
   devices received from other devices: XLA copies a device's own block itself). Ops that

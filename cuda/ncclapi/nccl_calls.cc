@@ -1,5 +1,6 @@
 #include "cuda/ncclapi/nccl_calls.h"
 
+#include <algorithm>
 #include <atomic>
 #include <cstdio>
 #include <map>
@@ -10,6 +11,7 @@
 
 #include "cuda/gpu_call.h"
 #include "cuda/ncclapi/real_nccl.h"
+#include "xla_ffi/algorithms/stream_algorithms.h"
 #include "xla_ffi/common/dtype.h"
 #include "xla_ffi/common/settings.h"
 
@@ -34,8 +36,12 @@ constexpr CollectiveNames kNames[] = {
 constexpr int kCollectives = sizeof(kNames) / sizeof(kNames[0]);
 const CollectiveNames& NamesOf(Collective kind) { return kNames[int(kind)]; }
 
+// A group of sends and receives served as a permutation (PermutationOf).
+constexpr const char* kPermuteFunction = "ncclSend/ncclRecv";
+
 struct Tally {
   std::atomic<uint64_t> served[kCollectives] = {};  // per call: no lock
+  std::atomic<uint64_t> permutes{0};                // groups served as permutations
   std::atomic<uint64_t> captured{0};  // of those, captured into CUDA graphs (once each)
   std::mutex mu;                      // the rest: forwarding only
   std::map<std::string, uint64_t> forwarded;
@@ -343,6 +349,111 @@ bool AllToAllOf(const std::vector<Pending>& calls, PointToPoint* a2a, char** rec
   return true;
 }
 
+// A group of sends and receives that forms (this rank's part of) a
+// permutation on a served communicator inside one host, as XLA's
+// collective-permute issues it: sends to one peer (the target) and receives
+// from one peer (the source), either side possibly absent, one stream, a
+// send to itself only with a receive from itself; with several operands (a
+// combined permute) the i-th send and the i-th receive carry the same
+// operand (one count and type). The ranks of the permutation are all that
+// take part: a rank that neither sends nor receives makes no call, so it is
+// served pairwise (RunStreamPairPermute), never as a collective of the group.
+struct Permutation {
+  struct Part {
+    char* send = nullptr;
+    char* recv = nullptr;
+    size_t bytes = 0;
+  };
+  Comm* comm = nullptr;
+  void* stream = nullptr;
+  int target = -1, source = -1;
+  const std::vector<Part>* parts = nullptr;
+};
+
+bool PermutationOf(const std::vector<Pending>& calls, Permutation* out) {
+  if (calls.empty() || !calls[0].point_to_point) return false;
+  const PointToPoint& first = calls[0].p2p;
+  Comm* comm = first.comm;
+  if (!comm || !comm->served || !comm->local || comm->port ||
+      (backend.capturing && backend.capturing(first.stream)))
+    return false;
+  // Kept per thread: a group served this way allocates nothing once warm.
+  thread_local std::vector<const PointToPoint*> sends, recvs;
+  thread_local std::vector<Permutation::Part> parts;
+  sends.clear();
+  recvs.clear();
+  Permutation p;
+  for (const Pending& c : calls) {
+    const PointToPoint& q = c.p2p;
+    if (!c.point_to_point || q.comm != comm || q.stream != first.stream || q.count == 0 ||
+        TypeBytes(q.type) == 0 || q.peer < 0 || q.peer >= comm->nranks || q.buffer == nullptr)
+      return false;
+    int& peer = q.send ? p.target : p.source;
+    if (peer >= 0 && peer != q.peer) return false;  // two peers one way: not a permutation
+    peer = q.peer;
+    (q.send ? sends : recvs).push_back(&q);
+  }
+  if ((p.target == comm->rank) != (p.source == comm->rank)) return false;
+  if (!sends.empty() && !recvs.empty() && sends.size() != recvs.size()) return false;
+  parts.assign(std::max(sends.size(), recvs.size()), {});
+  for (size_t i = 0; i < parts.size(); ++i) {
+    const PointToPoint* s = sends.empty() ? nullptr : sends[i];
+    const PointToPoint* r = recvs.empty() ? nullptr : recvs[i];
+    if (s && r && (s->type != r->type || s->count != r->count)) return false;
+    const PointToPoint& any = s ? *s : *r;
+    parts[i] = {s ? s->buffer : nullptr, r ? r->buffer : nullptr, any.count * TypeBytes(any.type)};
+  }
+  p.comm = comm;
+  p.stream = first.stream;
+  p.parts = &parts;
+  *out = p;
+  return true;
+}
+
+ncclResult_t ServePermutation(const Permutation& p) {
+  Comm& comm = *p.comm;
+  if (comm.failed.load(std::memory_order_acquire)) {
+    Status earlier;
+    {
+      std::lock_guard<std::mutex> lock(comm.error_mu);
+      earlier = comm.async_error;
+    }
+    return Fail(&comm, earlier);
+  }
+  Status st = gpu::GroupFailure(*comm.local);
+  if (st.ok()) {
+    st = backend.run(
+        p.stream,
+        [](StreamOps& ops, void* context) {
+          const Permutation& q = *static_cast<const Permutation*>(context);
+          for (const Permutation::Part& part : *q.parts)
+            SMDDP_RETURN_IF_ERROR(RunStreamPairPermute(q.comm->local->view, ops, part.send,
+                                                       part.recv, part.bytes, q.target, q.source));
+          return Status::Ok();
+        },
+        const_cast<Permutation*>(&p));
+  }
+  if (!st.ok()) {
+    const Status located = st.WithMessage(
+        "jax_smddp collective_permute: " + st.message() + " [XLA's collective-permute through " +
+        kPermuteFunction + ", rank " + std::to_string(comm.rank) + " of " +
+        std::to_string(comm.nranks) + ", to rank " + std::to_string(p.target) + ", from rank " +
+        std::to_string(p.source) + "]");
+    if (st.code() == StatusCode::kPeerFailed || st.code() == StatusCode::kTimeout ||
+        st.code() == StatusCode::kMismatch) {
+      std::lock_guard<std::mutex> lock(comm.error_mu);
+      if (comm.async_error.ok()) comm.async_error = located;
+      comm.failed.store(true, std::memory_order_release);
+    }
+    return Fail(&comm, located);
+  }
+  size_t received = 0;
+  for (const Permutation::Part& part : *p.parts) received += p.source >= 0 ? part.bytes : 0;
+  if (auto world = comm.world.lock()) world->CountCall(World::Caller::kNcclPermute, received);
+  Tallies().permutes.fetch_add(1, std::memory_order_relaxed);
+  return ncclSuccess;
+}
+
 }  // namespace
 
 // The closure that runs `call` on `comm`'s real communicator (made now if it
@@ -404,6 +515,7 @@ std::string Describe() {
   for (int k = 0; k < kCollectives; ++k)
     if (const uint64_t n = t.served[k].load(std::memory_order_relaxed))
       served[kNames[k].function] = n;
+  if (const uint64_t n = t.permutes.load(std::memory_order_relaxed)) served[kPermuteFunction] = n;
   std::string out = "{\"served\": {";
   bool first = true;
   for (const auto& [f, n] : served) {
@@ -565,12 +677,19 @@ ncclResult_t GroupEnd() {
     return Serve(Collective::kAllToAll, a2a.buffer, a2a_recv, a2a.count, MovedType(a2a.type),
                  ReduceOp::kSum, *a2a.comm, a2a.stream);
   }
+  Permutation permutation;
+  if (PermutationOf(calls, &permutation)) {
+    calls.clear();
+    group_calls.swap(calls);
+    return ServePermutation(permutation);
+  }
   for (Pending& c : calls) {
     if (!c.point_to_point) continue;
     const char* name = c.p2p.send ? "ncclSend" : "ncclRecv";
     c.run = [comm = c.p2p.comm, name, call = RealSendRecv(c.p2p)]() {
       const std::string why =
-          "the GPU engine serves sends and receives only as a group that forms an all-to-all";
+          "the GPU engine serves sends and receives only as a group that forms an all-to-all or "
+          "(sends to one peer, receives from one, inside one host, not captured) a permutation";
       return NoFallback() ? RefuseForwarding(comm, name, why) : Forwarding(comm, name, why, call)();
     };
   }

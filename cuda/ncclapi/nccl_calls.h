@@ -62,7 +62,11 @@ ncclResult_t Forward(const char* function, ncclComm_t comm,
 // all-to-all on one served communicator, as XLA's all-to-all issues it: a
 // send to and a receive from every rank (itself included), one count, type
 // and stream, each side's blocks contiguous in rank order. Such a group is
-// served as one ncclAlltoAll.
+// served as one ncclAlltoAll. A group of sends to one peer and receives from
+// one peer (XLA's collective-permute: to the rank's target, from its source;
+// one of each per operand) on a served communicator inside one host is
+// served as jax_smddp's collective_permute, between the pairs only
+// (RunStreamPairPermute), unless it is being captured into a CUDA graph.
 ncclResult_t SendRecv(bool send, void* buffer, size_t count, ncclDataType_t type, int peer,
                       ncclComm_t comm, void* stream);
 

@@ -1,13 +1,12 @@
 """jax_smddp's functions against the installed jax's jax.lax: the same parameters with the
 same defaults, and the same answers (exact on integers) on 8 CPU devices, axis_index_groups
 (two groups of four, in order and shuffled) included, each compiled program calling
-jax_smddp's custom call instead of XLA's collective. ppermute lowers through jax.lax (the
-engine has no collective-permute yet): its answers are checked, and that it says so."""
+jax_smddp's custom call instead of XLA's collective; ppermute (ring and partial permutations)
+likewise, to the engine's collective_permute."""
 
 from __future__ import annotations
 
 import inspect
-import logging
 import re
 
 import numpy as np
@@ -37,6 +36,9 @@ CALLS = {
     "all_to_all": (lambda m, x, g: m.all_to_all(x, "x", 0, 1, axis_index_groups=g, tiled=True),
                    "smddp_all_to_all"),
 }
+XLA_OPS = {"smddp_all_gather": "all-gather", "smddp_reduce_scatter": "reduce-scatter",
+           "smddp_all_reduce": "all-reduce", "smddp_all_to_all": "all-to-all",
+           "smddp_collective_permute": "collective-permute"}
 
 
 def _params(fn) -> list[tuple]:
@@ -77,8 +79,7 @@ def test_answers_are_jax_laxs_on_the_engine(name, dtype, groups):
   else:
     np.testing.assert_array_equal(got, want)
   assert re.search(rf'custom_call_target="{target}"', text), text[-3000:]
-  xla_op = {"smddp_all_gather": "all-gather", "smddp_reduce_scatter": "reduce-scatter",
-            "smddp_all_reduce": "all-reduce", "smddp_all_to_all": "all-to-all"}[target]
+  xla_op = XLA_OPS[target]
   assert not re.search(rf" {xla_op}(-start)?\(", text), text[-3000:]
   assert re.search(rf" {xla_op}(-start)?\(", lax_text), "the reference must be XLA's"
 
@@ -97,14 +98,15 @@ def test_groups_reach_the_engine_as_lax_forms_them():
 
 @pytest.mark.parametrize("perm", [[(i, (i + 1) % 8) for i in range(8)], [(0, 3), (5, 1)]],
                          ids=["ring", "partial"])
-def test_ppermute_is_jax_laxs_and_says_it_falls_back(perm, caplog):
+def test_ppermute_is_jax_laxs_on_the_engine(perm):
   call = lambda m, b, g: m.ppermute(b, "x", perm)
   x = _data(np.int32)
-  want, _ = _run(jax.lax, call, x, None)
-  with caplog.at_level(logging.WARNING, logger="jax_smddp"):
-    got, text = _run(smddp, call, x, None)
+  want, lax_text = _run(jax.lax, call, x, None)
+  got, text = _run(smddp, call, x, None)
   np.testing.assert_array_equal(got, want)
-  assert "collective-permute" in text
+  assert 'custom_call_target="smddp_collective_permute"' in text, text[-3000:]
+  assert not re.search(r" collective-permute(-start)?\(", text), text[-3000:]
+  assert re.search(r" collective-permute(-start)?\(", lax_text), "the reference must be XLA's"
   blocks = x.reshape(8, 8, 6)
   expect = np.zeros_like(blocks)
   for src, dst in perm:

@@ -109,6 +109,21 @@ def test_global_view_fsdp_step_with_collectives_captured_into_cuda_graphs():
     assert r["checked"] >= 4, r
 
 
+@pytest.mark.timeout(80)
+def test_permutes_across_two_processes_on_one_gpu():
+  """One jit program of permutes (ring and partial; a rank of the partial one makes no call)
+  across 2 processes sharing GPU 0: jax.lax.ppermute's collective-permutes reach the front end
+  as send/recv groups, served as jax_smddp's collective_permute (ncclSend/ncclRecv in its
+  counts), none forwarded; jax_smddp.ppermute runs its own custom call; every answer is
+  numpy's."""
+  for r in _two_process_step("permute", ENV):
+    assert "collective-permute" in r["kinds"] and r["custom_call"], r
+    assert r["forwarded"] == {} and r["reasons"] == [], r
+    assert r["served"].get("ncclSend/ncclRecv", 0) > 0, r["served"]
+    assert r["by_op"].get("collective-permute", {}).get("calls", 0) > 0, r["by_op"]
+    assert r["checked"] == 12, r
+
+
 def _example(platform: str, metrics: str, out: str) -> subprocess.Popen:
   env = {k: v for k, v in os.environ.items()
          if k not in ("XLA_FLAGS", "JAX_PLATFORMS") and not k.startswith("JAX_SMDDP_")}

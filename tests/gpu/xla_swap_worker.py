@@ -12,6 +12,10 @@ step_rows  the same with the parameters sharded along their rows, for which XLA 
            all-to-all (ncclAlltoAll, or a group of sends and receives forming one)
 peer_dies  after a good step the last process kills itself (SIGKILL); the others' next
            steps must raise within 30 s naming it
+permute    one jit program of permutes over a 1-D mesh of every device: jax.lax.ppermute
+           (XLA's collective-permute: send/recv groups the front end serves as jax_smddp's
+           collective_permute) and jax_smddp.ppermute (its custom call), a ring and a partial
+           permutation each, f32 and int32, against numpy
 
 Prints ``RESULT {"ok": ..., ...}``.
 """
@@ -88,6 +92,9 @@ def main() -> None:
   if scenario == "peer_dies":
     peer_dies(process, nprocs, f, sharded, xs, errors)
     return
+  if scenario == "permute":
+    permute(mesh, nprocs, distributed, nccl_swap)
+    return
   losses = []
   state = sharded
   for _ in range(3):
@@ -121,6 +128,52 @@ def main() -> None:
   if nprocs > 1:  # leave together (a barrier of the key-value store, not a collective)
     from jax._src import distributed as jax_distributed
     jax_distributed.global_state.client.wait_at_barrier("xla_swap_worker_done", 60_000)
+
+
+def permute(mesh, nprocs: int, distributed, nccl_swap) -> None:
+  import numpy as np
+  import jax
+  import jax_smddp
+  from jax.sharding import NamedSharding, PartitionSpec as P
+  n = mesh.size
+  ring = [(i, (i + 1) % n) for i in range(n)]
+  partial = [(0, n - 1)]  # rank 0 only sends, rank n-1 only receives, the rest do nothing
+
+  def body(a, b):
+    return (jax.lax.ppermute(a, "fsdp", ring), jax.lax.ppermute(b, "fsdp", partial),
+            jax_smddp.ppermute(a, "fsdp", ring), jax_smddp.ppermute(b, "fsdp", partial))
+
+  spec = P("fsdp")
+  f = jax.jit(jax.shard_map(body, mesh=mesh, in_specs=(spec, spec), out_specs=(spec,) * 4))
+  rng = np.random.default_rng(3)
+  A = rng.standard_normal((n * 1000, 3)).astype(np.float32)
+  B = rng.integers(-1000, 1000, size=(n * 70000,)).astype(np.int32)  # 280 KB per rank
+  arrays = [jax.make_array_from_callback(v.shape, NamedSharding(mesh, spec), lambda i, v=v: v[i])
+            for v in (A, B)]
+  hlo = f.lower(*arrays).compile().as_text()
+  kinds = sorted(set(re.findall(r"\b(collective-permute|all-gather|all-reduce)(?:-start)?\(", hlo)))
+
+  def moved(x, perm):
+    blocks = np.split(x, n)
+    out = [np.zeros_like(blocks[0]) for _ in range(n)]
+    for s, d in perm:
+      out[d] = blocks[s]
+    return np.concatenate(out)
+
+  wants = [moved(A, ring), moved(B, partial), moved(A, ring), moved(B, partial)]
+  checked = 0
+  for _ in range(3):  # flags, counters and slots reused across calls
+    for got, want in zip(f(*arrays), wants):
+      for shard in got.addressable_shards:
+        np.testing.assert_array_equal(np.asarray(shard.data), want[shard.index])
+        checked += 1
+  front = nccl_swap.front_end() or {}
+  result(ok=True, checked=checked, kinds=kinds, custom_call="smddp_collective_permute" in hlo,
+         served=front.get("served"), forwarded=front.get("forwarded"), reasons=front.get("reasons"),
+         by_op=distributed.traffic_by_op(), xla_flags=os.environ.get("XLA_FLAGS", ""))
+  if nprocs > 1:
+    from jax._src import distributed as jax_distributed
+    jax_distributed.global_state.client.wait_at_barrier("xla_swap_worker_permute_done", 60_000)
 
 
 def peer_dies(process: int, nprocs: int, f, sharded, xs, errors) -> None:

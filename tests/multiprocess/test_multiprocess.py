@@ -118,6 +118,13 @@ def test_single_copy_forbidden_falls_back_to_the_ring():
 
 
 @pytest.mark.timeout(300)
+@pytest.mark.parametrize("nprocs,devices", [(2, 1), (2, 2)])
+def test_permutes_across_processes(nprocs, devices):
+  """jax_smddp.ppermute on the engine's cross-process body: ring and partial, three dtypes."""
+  assert_all_ok(run_job(["permute"], nprocs, devices, timeout=240))
+
+
+@pytest.mark.timeout(300)
 def test_gradients_match_jax_lax():
   assert_all_ok(run_job(["grad"], 2, 2, timeout=240))
 
@@ -394,7 +401,7 @@ def test_hierarchical_routes_cross_the_network_once_per_host(hierarchical):
                        "JAX_SMDDP_ALGORITHM": "hierarchical" if hierarchical == "1" else "flat"},
                   per_process_env=[{"JAX_SMDDP_HOST_ID": h} for h in "aabb"])
   assert_all_ok(procs)
-  header = 104  # the per-call agreement check (process_algorithms.cc Header), to every peer
+  header = 112  # the per-call agreement check (process_algorithms.cc Header), to every peer
   for p in procs:
     per_rank, traffic = p.result["per_rank"], p.result["traffic"]
     net = sum(v["sent"] - header for v in traffic.values() if v["link"].startswith("libfabric"))

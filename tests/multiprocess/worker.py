@@ -782,6 +782,40 @@ def scenario_xla_peer_dies():
   _last_process_dies(f, xs, failed)
 
 
+def scenario_permute():
+  """ppermute on the engine across processes: a ring and a partial permutation (ranks that
+  receive nothing get zeros) on a 1-D mesh and on one whose ranks alternate between
+  processes, against numpy; its gradient against jax.lax's."""
+  devs = np.array(jax.devices())
+  n = devs.size
+  meshes = [Mesh(devs, ("x",)), Mesh(devs.reshape(nprocs, ndev).T.reshape(-1), ("x",))]
+  perms = {"ring": [(i, (i + 1) % n) for i in range(n)],
+           "partial": [(0, n - 1), (n - 1, 1)] if n > 2 else [(1, 0)]}
+  for mesh in meshes:
+    for pname, perm in perms.items():
+      for dtype in (np.float32, jnp.bfloat16, np.int32):
+        x = values((n * 3, 5), dtype, 4)
+        f = smap(mesh, lambda v, perm=perm: smddp.ppermute(v, "x", perm), P("x"), P("x"))
+        xs = global_array(mesh, P("x"), x)
+        assert "smddp_collective_permute" in f.lower(xs).as_text(), "ppermute fell back to lax"
+        blocks = np.split(x, n)
+        want = [np.zeros_like(blocks[0]) for _ in range(n)]
+        for src, dst in perm:
+          want[dst] = blocks[src]
+        check(f"ppermute {pname} {np.dtype(dtype).name}", f(xs), np.concatenate(want))
+  mesh = meshes[0]
+  w = global_array(mesh, P("x"), values((n * 2, 3), np.float32, 5) / 10)
+
+  def grad(permute):
+    body = lambda v: jax.lax.psum(jnp.sum(jnp.tanh(permute(v * v, "x", perms["partial"])) *
+                                          jnp.arange(3.0)), "x")
+    return jax.jit(jax.grad(jax.shard_map(body, mesh=mesh, in_specs=P("x"), out_specs=P())))(w)
+
+  for a, b in zip(grad(smddp.ppermute).addressable_shards, grad(jax.lax.ppermute).addressable_shards):
+    np.testing.assert_allclose(np.asarray(a.data), np.asarray(b.data), rtol=1e-5, atol=1e-6)
+  result(ok=True, traffic=smddp.traffic())
+
+
 SCENARIOS = {name[len("scenario_"):]: fn for name, fn in globals().items() if name.startswith("scenario_")}
 
 if __name__ == "__main__":

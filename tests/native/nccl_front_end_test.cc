@@ -41,10 +41,9 @@
 // join_timeout: 2 processes create a communicator of 3 ranks: the deadline
 //   names the missing rank.
 // Prints "all checks passed" and exits 0 on success.
-#include <dlfcn.h>
+//
+// The harness (processes, relay, world, the mock's record) is nccl_harness.h.
 #include <signal.h>
-#include <sys/mman.h>
-#include <sys/wait.h>
 #include <unistd.h>
 
 #include <chrono>
@@ -52,310 +51,14 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
-#include <functional>
-#include <memory>
 #include <string>
 #include <vector>
 
-#include <cuda_runtime_api.h>  // the mock (tests/native/mock_cuda)
-
-#include "cuda/gpu_communicator.h"
-#include "cuda/ncclapi/nccl_calls.h"
-#include "cuda/ncclapi/nccl_types.h"
-#include "xla_ffi/algorithms/host_stream_ops.h"
-#include "xla_ffi/common/timeout.h"
-#include "xla_ffi/transports/world.h"
-
-extern "C" {
-ncclResult_t ncclGetUniqueId(ncclUniqueId*);
-ncclResult_t ncclCommInitRankConfig(ncclComm_t*, int, ncclUniqueId, int, ncclConfig_t*);
-ncclResult_t ncclCommSplit(ncclComm_t, int, int, ncclComm_t*, ncclConfig_t*);
-ncclResult_t ncclCommDestroy(ncclComm_t);
-ncclResult_t ncclCommCount(const ncclComm_t, int*);
-ncclResult_t ncclCommUserRank(const ncclComm_t, int*);
-ncclResult_t ncclCommGetAsyncError(ncclComm_t, ncclResult_t*);
-const char* ncclGetLastError(ncclComm_t);
-ncclResult_t ncclGroupStart();
-ncclResult_t ncclGroupEnd();
-ncclResult_t ncclAllGather(const void*, void*, size_t, ncclDataType_t, ncclComm_t, void*);
-ncclResult_t ncclReduceScatter(const void*, void*, size_t, ncclDataType_t, ncclRedOp_t, ncclComm_t,
-                               void*);
-ncclResult_t ncclAllReduce(const void*, void*, size_t, ncclDataType_t, ncclRedOp_t, ncclComm_t,
-                           void*);
-ncclResult_t ncclBroadcast(const void*, void*, size_t, ncclDataType_t, int, ncclComm_t, void*);
-ncclResult_t ncclSend(const void*, size_t, ncclDataType_t, int, ncclComm_t, void*);
-ncclResult_t ncclRecv(void*, size_t, ncclDataType_t, int, ncclComm_t, void*);
-ncclResult_t ncclAlltoAll(const void*, void*, size_t, ncclDataType_t, ncclComm_t, void*);
-ncclResult_t ncclCommAbort(ncclComm_t);
-}
+#include "tests/native/nccl_harness.h"
 
 namespace {
 
-using smddp::Status;
-
-int failures = 0;
-int me = -1;
-
-void Expect(bool ok, const std::string& what) {
-  if (!ok) {
-    std::fprintf(stderr, "process %d: FAILED: %s\n", me, what.c_str());
-    failures++;
-  }
-}
-
-// --- The mock's record --------------------------------------------------------
-
-void* Mock() {
-  static void* handle = [] {
-    const char* path = std::getenv("JAX_SMDDP_NCCL_LIBRARY");
-    return path ? dlopen(path, RTLD_NOW | RTLD_LOCAL) : nullptr;  // the front end's handle
-  }();
-  return handle;
-}
-
-std::string Record() {
-  auto fn = reinterpret_cast<const char* (*)()>(dlsym(Mock(), "mock_nccl_calls"));
-  return fn ? fn() : "";
-}
-
-std::string LastInitId() {
-  auto fn = reinterpret_cast<const char* (*)()>(dlsym(Mock(), "mock_nccl_last_init_id"));
-  return fn ? fn() : "";
-}
-
-void Note(const std::string& line) {
-  auto fn = reinterpret_cast<void (*)(const char*)>(dlsym(Mock(), "mock_nccl_note"));
-  if (fn) fn(line.c_str());
-}
-
-std::vector<std::string> Lines(const std::string& text) {
-  std::vector<std::string> out;
-  size_t at = 0;
-  while (at < text.size()) {
-    const size_t nl = text.find('\n', at);
-    out.push_back(text.substr(at, nl - at));
-    at = nl == std::string::npos ? text.size() : nl + 1;
-  }
-  return out;
-}
-
-bool Has(const std::string& text, const std::string& part) {
-  return text.find(part) != std::string::npos;
-}
-
-// Served calls mark the record, so the tests see their order among forwarded ones.
-// Their waits outlast the deadline, as a GPU stream's do: what ends a wait on
-// a dead or stalled peer is the watchdog's release, as on a GPU.
-int slow_copy_us = 0;  // a slow reader: each copy waits this long first
-class MarkedOps : public smddp::HostStreamOps {
- public:
-  MarkedOps() : HostStreamOps(3 * smddp::TimeoutSeconds()) { Note("SERVED"); }
-  Status Copy2D(void* dst, size_t dpitch, const void* src, size_t spitch, size_t width,
-                size_t rows) override {
-    if (slow_copy_us) usleep(slow_copy_us);
-    return HostStreamOps::Copy2D(dst, dpitch, src, spitch, width, rows);
-  }
-};
-
-// A CUDA graph's capture, as the stream operations see it: while `capturing`,
-// served calls only record what they enqueue (arguments fixed, as a graph's
-// nodes); Replay runs the record on host threads, as launching the graph runs
-// it on the GPU.
-bool capturing = false;
-std::vector<std::function<Status(smddp::StreamOps&)>> graph;
-class RecordingOps : public smddp::StreamOps {
- public:
-  Status Copy2D(void* dst, size_t dpitch, const void* src, size_t spitch, size_t width,
-                size_t rows) override {
-    graph.push_back(
-        [=](smddp::StreamOps& o) { return o.Copy2D(dst, dpitch, src, spitch, width, rows); });
-    return Status::Ok();
-  }
-  Status Reduce(void* dst, size_t dpitch, const void* const* srcs, int n, size_t spitch,
-                size_t count, size_t rows, smddp::DType dtype, smddp::ReduceOp op) override {
-    std::vector<const void*> s(srcs, srcs + n);  // a kernel's arguments, by value
-    graph.push_back([=](smddp::StreamOps& o) {
-      return o.Reduce(dst, dpitch, s.data(), n, spitch, count, rows, dtype, op);
-    });
-    return Status::Ok();
-  }
-  Status WaitAtLeast(const uint32_t* flag, uint32_t value) override {
-    graph.push_back([=](smddp::StreamOps& o) { return o.WaitAtLeast(flag, value); });
-    return Status::Ok();
-  }
-  Status Write(uint32_t* flag, uint32_t value) override {
-    graph.push_back([=](smddp::StreamOps& o) { return o.Write(flag, value); });
-    return Status::Ok();
-  }
-};
-Status Replay() {
-  MarkedOps ops;
-  for (auto& node : graph) SMDDP_RETURN_IF_ERROR(node(ops));
-  return Status::Ok();
-}
-
-// --- Processes, relay, world ----------------------------------------------------
-
-bool WriteAll(int fd, const void* p, size_t n) {
-  const char* c = static_cast<const char*>(p);
-  while (n) {
-    const ssize_t w = write(fd, c, n);
-    if (w <= 0) return false;
-    c += w;
-    n -= size_t(w);
-  }
-  return true;
-}
-bool ReadAll(int fd, void* p, size_t n) {
-  char* c = static_cast<char*>(p);
-  while (n) {
-    const ssize_t r = read(fd, c, n);
-    if (r <= 0) return false;
-    c += r;
-    n -= size_t(r);
-  }
-  return true;
-}
-bool WriteBytes(int fd, const std::string& s) {
-  const uint64_t n = s.size();
-  return WriteAll(fd, &n, 8) && WriteAll(fd, s.data(), n);
-}
-bool ReadBytes(int fd, std::string* s) {
-  uint64_t n;
-  if (!ReadAll(fd, &n, 8) || n > (1u << 20)) return false;
-  s->resize(n);
-  return ReadAll(fd, s->data(), n);
-}
-
-int up_fd = -1, down_fd = -1, P = 0;
-
-// What every process said (through the parent, as a key-value store would).
-std::vector<std::string> Relay(const std::string& mine) {
-  std::vector<std::string> all(P);
-  if (!WriteBytes(up_fd, mine)) return all;
-  for (auto& s : all) ReadBytes(down_fd, &s);
-  return all;
-}
-
-void Check(const Status& st, const std::string& what) {
-  Expect(st.ok(), what + ": " + st.message());
-}
-
-int hosts = 1;  // process p is on "host<p % hosts>"
-std::string HostOf(int p) { return "host" + std::to_string(p % hosts); }
-
-// The world of jax_smddp.initialize(): shared-memory links to the processes
-// of this "host", libfabric (its shm provider) and a TCP watch to the others.
-void BuildWorld() {
-  Check(smddp::WorldBegin(me, P), "WorldBegin");
-  const auto pids = Relay(std::to_string(getpid()));
-  for (int q = 0; q < P; ++q)
-    Check(smddp::WorldSetPeer(q, std::stoi(pids[q]), HostOf(q)), "WorldSetPeer");
-  if (hosts > 1) {
-    std::string address, provider, watch;
-    Check(smddp::WorldOpenFabric("shm", "", &address, &provider), "WorldOpenFabric");
-    Check(smddp::WorldWatchListen("127.0.0.1", &watch), "WorldWatchListen");
-    const auto addresses = Relay(address);
-    const auto watches = Relay(watch);
-    std::vector<int> higher;
-    for (int q = 0; q < P; ++q) {
-      if (q == me || HostOf(q) == HostOf(me)) continue;
-      Check(smddp::WorldConnectFabric(q, addresses[q]), "WorldConnectFabric");
-      if (q < me) Check(smddp::WorldWatchConnect(q, watches[q]), "WorldWatchConnect");
-      if (q > me) higher.push_back(q);
-    }
-    Check(smddp::WorldWatchAccept(higher), "WorldWatchAccept");
-  }
-  std::vector<std::string> names(P);
-  std::string mine;
-  for (int q = me + 1; q < P; ++q) {
-    if (HostOf(q) != HostOf(me)) continue;
-    std::string name;
-    Check(smddp::WorldCreateShm(q, &name), "WorldCreateShm");
-    mine += std::to_string(q) + "=" + name + ";";
-  }
-  const auto created = Relay(mine);
-  for (int q = 0; q < me; ++q) {
-    if (HostOf(q) != HostOf(me)) continue;
-    const std::string& list = created[q];
-    const std::string key = std::to_string(me) + "=";
-    const size_t at = list.find(key);
-    const size_t end = list.find(';', at);
-    Check(smddp::WorldOpenShm(q, list.substr(at + key.size(), end - at - key.size())),
-          "WorldOpenShm");
-  }
-  Relay("mapped");
-  for (int q = me + 1; q < P; ++q)
-    if (HostOf(q) == HostOf(me)) Check(smddp::WorldUnlinkShm(q), "WorldUnlinkShm");
-  Check(smddp::WorldStart(), "WorldStart");
-}
-
-ncclConfig_t* Config(unsigned version, int blocking) {
-  // As NCCL_CONFIG_INITIALIZER lays it out: the head, then fields the front
-  // end passes on untouched.
-  static unsigned char storage[256];
-  std::memset(storage, 0x5a, sizeof(storage));
-  auto* c = reinterpret_cast<ncclConfig_t*>(storage);
-  c->size = 120;
-  c->magic = smddp::nccl::kConfigMagic;
-  c->version = version;
-  c->blocking = blocking;
-  return c;
-}
-
-// The communicator of `nranks` ranks (this process's rank `rank`), its id
-// made by process 0 and relayed, as XLA's key-value store would.
-ncclComm_t Create(int nranks, int rank, ncclConfig_t* config, ncclResult_t* rc = nullptr) {
-  std::string id_bytes;
-  if (me == 0) {
-    ncclUniqueId id;
-    Expect(ncclGetUniqueId(&id) == ncclSuccess, "ncclGetUniqueId");
-    id_bytes.assign(id.internal, sizeof(id.internal));
-  }
-  const auto all = Relay(id_bytes);
-  ncclUniqueId id;
-  std::memcpy(id.internal, all[0].data(), sizeof(id.internal));
-  ncclComm_t comm = nullptr;
-  const ncclResult_t r = ncclCommInitRankConfig(&comm, nranks, id, rank, config);
-  if (rc)
-    *rc = r;
-  else
-    Expect(r == ncclSuccess, std::string("ncclCommInitRankConfig: ") + ncclGetLastError(nullptr));
-  return comm;
-}
-
-float Value(int rank, size_t i) { return float(rank * 1000 + int(i % 997)) * 0.5f; }
-
-// An all_gather of `count` floats per rank from `send` into `recv` (nranks * count).
-void CheckAllGatherIn(ncclComm_t comm, int nranks, int rank, float* send, float* recv, size_t count,
-                      const std::string& what) {
-  for (size_t i = 0; i < count; ++i) send[i] = Value(rank, i);
-  Expect(ncclAllGather(send, recv, count, ncclFloat32, comm, nullptr) == ncclSuccess,
-         what + ": " + ncclGetLastError(comm));
-  bool ok = true;
-  for (int r = 0; r < nranks; ++r)
-    for (size_t i = 0; i < count; ++i) ok = ok && recv[r * count + i] == Value(r, i);
-  Expect(ok, what + ": wrong values");
-}
-
-void CheckAllGather(ncclComm_t comm, int nranks, int rank, size_t count, const std::string& what) {
-  std::vector<float> send(count), recv(count * nranks, -1.f);
-  CheckAllGatherIn(comm, nranks, rank, send.data(), recv.data(), count, what);
-}
-
-// Polls ncclCommGetAsyncError, as XLA does, until it reports an error or
-// `limit_s` passed since `start`; the error, and in *seconds when it came.
-ncclResult_t AwaitAsyncError(ncclComm_t comm, std::chrono::steady_clock::time_point start,
-                             double limit_s, double* seconds) {
-  ncclResult_t async = ncclSuccess;
-  *seconds = 0;
-  while (async == ncclSuccess && *seconds < limit_s) {
-    Expect(ncclCommGetAsyncError(comm, &async) == ncclSuccess, "ncclCommGetAsyncError");
-    usleep(20000);
-    *seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
-  }
-  return async;
-}
+using namespace nccl_test;  // NOLINT: the harness is this test's vocabulary
 
 // --- Scenarios -----------------------------------------------------------------------
 
@@ -596,9 +299,16 @@ void Forwarded() {
   Expect(
       ncclAllReduce(x.data(), y.data(), 100, ncclFloat32, ncclProd, comm, nullptr) == ncclSuccess,
       "all_reduce prod");
+  // To the peer and to itself, the blocks apart: neither an all-to-all nor a permutation.
   Expect(ncclGroupStart() == ncclSuccess, "group start");
-  Expect(ncclSend(x.data(), 10, ncclFloat32, 1 - me, comm, nullptr) == ncclSuccess, "send");
-  Expect(ncclRecv(y.data(), 10, ncclFloat32, 1 - me, comm, nullptr) == ncclSuccess, "recv");
+  for (int peer : {1 - me, me}) {
+    Expect(
+        ncclSend(x.data() + 50 * (peer == me), 5, ncclFloat32, peer, comm, nullptr) == ncclSuccess,
+        "send");
+    Expect(
+        ncclRecv(y.data() + 50 * (peer == me), 5, ncclFloat32, peer, comm, nullptr) == ncclSuccess,
+        "recv");
+  }
   Expect(ncclGroupEnd() == ncclSuccess, "group end");
   CheckAllGather(comm, P, me, 256, "all_gather beside forwarded calls");
   const std::string who = "rank=" + std::to_string(me) + "/" + std::to_string(P);
@@ -608,8 +318,10 @@ void Forwarded() {
       "ncclBroadcast " + who + " count=100 root=0",
       "ncclAllReduce " + who + " count=100 type=7 op=1",
       "ncclGroupStart",
-      "ncclSend " + who + " count=10 peer=" + std::to_string(1 - me),
-      "ncclRecv " + who + " count=10 peer=" + std::to_string(1 - me),
+      "ncclSend " + who + " count=5 peer=" + std::to_string(1 - me),
+      "ncclRecv " + who + " count=5 peer=" + std::to_string(1 - me),
+      "ncclSend " + who + " count=5 peer=" + std::to_string(me),
+      "ncclRecv " + who + " count=5 peer=" + std::to_string(me),
       "ncclGroupEnd",
       "SERVED"};
   std::vector<std::string> got = Lines(Record());
@@ -617,7 +329,7 @@ void Forwarded() {
   Expect(got == want,
          "the forwarded calls, in order, with the real communicator; got:\n" + Record());
   const std::string described = smddp::nccl::Describe();
-  Expect(Has(described, "\"ncclBroadcast\": 1") && Has(described, "\"ncclSend\": 1") &&
+  Expect(Has(described, "\"ncclBroadcast\": 1") && Has(described, "\"ncclSend\": 2") &&
              Has(described, "does not serve ncclBroadcast"),
          "describe: " + described);
   Expect(ncclCommDestroy(comm) == ncclSuccess, "destroy");
@@ -713,8 +425,9 @@ void NoFallback() {
   Expect(!Has(Record(), "ncclBroadcast") && !Has(Record(), "ncclCommInitRankConfig"),
          "nothing reached NCCL: " + Record());
   CheckAllGather(comm, P, me, 64, "served calls still run");
-  // Sends and receives: an all-to-all group is served; a permutation would
-  // be forwarded, so its group fails at ncclGroupEnd.
+  // Sends and receives: an all-to-all group and a permutation are served;
+  // one to the peer and one to itself, blocks apart, would be forwarded, so
+  // that group fails at ncclGroupEnd.
   std::vector<float> a(8 * P, 1.f), b(8 * P);
   Expect(ncclGroupStart() == ncclSuccess, "group start");
   for (int q = 0; q < P; ++q) {
@@ -725,8 +438,14 @@ void NoFallback() {
   Expect(ncclGroupStart() == ncclSuccess, "group start");
   ncclSend(a.data(), 8, ncclFloat32, 1 - me, comm, nullptr);
   ncclRecv(b.data(), 8, ncclFloat32, 1 - me, comm, nullptr);
+  Expect(ncclGroupEnd() == ncclSuccess, "a permutation is served");
+  Expect(ncclGroupStart() == ncclSuccess, "group start");
+  for (int peer : {1 - me, me}) {
+    ncclSend(a.data() + 8 * (peer == me), 4, ncclFloat32, peer, comm, nullptr);
+    ncclRecv(b.data() + 8 * (peer == me), 4, ncclFloat32, peer, comm, nullptr);
+  }
   Expect(ncclGroupEnd() == ncclInvalidUsage && Has(ncclGetLastError(comm), "no-fallback"),
-         std::string("a permutation refused: ") + ncclGetLastError(comm));
+         std::string("neither refused: ") + ncclGetLastError(comm));
   Expect(!Has(Record(), "ncclSend") && !Has(Record(), "ncclRecv"),
          "nothing reached NCCL: " + Record());
 }
@@ -810,17 +529,18 @@ void SendRecvGroups() {
   Expect(!Has(Record(), "ncclSend") && !Has(Record(), "ncclRecv") &&
              Has(smddp::nccl::Describe(), "\"ncclAlltoAll\": 1"),
          "served as one all_to_all; the mock saw:\n" + Record() + smddp::nccl::Describe());
-  // A permutation (one peer each way) is not an all-to-all: forwarded, in
-  // one real group.
+  // A permutation (one peer each way) is not an all-to-all: served as one
+  // collective_permute (nccl_permute_test.cc tests them).
   Expect(ncclGroupStart() == ncclSuccess, "group start");
   Expect(ncclSend(x.data(), count, ncclFloat32, 1 - me, comm, nullptr) == ncclSuccess, "send");
   Expect(ncclRecv(y.data(), count, ncclFloat32, 1 - me, comm, nullptr) == ncclSuccess, "recv");
   Expect(ncclGroupEnd() == ncclSuccess, "group end");
   const std::string who = "rank=" + std::to_string(me) + "/" + std::to_string(P);
-  Expect(Has(Record(), "ncclGroupStart\nncclSend " + who +
-                           " count=300 peer=" + std::to_string(1 - me) + "\nncclRecv " + who +
-                           " count=300 peer=" + std::to_string(1 - me) + "\nncclGroupEnd"),
-         "the permutation forwarded as one group: " + Record());
+  ok = true;
+  for (size_t i = 0; i < count; ++i) ok = ok && y[i] == Value(1 - me, i);
+  Expect(
+      ok && !Has(Record(), "ncclSend") && Has(smddp::nccl::Describe(), "\"ncclSend/ncclRecv\": 1"),
+      "the permutation served: " + Record() + smddp::nccl::Describe());
   // Blocks out of rank order: forwarded too.
   Expect(ncclGroupStart() == ncclSuccess, "group start");
   for (int q = 0; q < P; ++q) {
@@ -1016,19 +736,9 @@ void JoinTimeout() {
 }
 
 int RunProcess(const std::string& scenario) {
-  smddp::SetTimeoutSeconds(
-      scenario == "stalled" || scenario == "join_timeout" || scenario == "partial_forward" ? 2.0
-                                                                                           : 10.0);
-  smddp::nccl::SetStreamBackend({[](void*, smddp::nccl::StreamBackend::Body body, void* context) {
-                                   if (capturing) {
-                                     RecordingOps ops;
-                                     return body(ops, context);
-                                   }
-                                   MarkedOps ops;
-                                   return body(ops, context);
-                                 },
-                                 [](void*) { return capturing; }});
-  BuildWorld();
+  StartProcess(scenario == "stalled" || scenario == "join_timeout" || scenario == "partial_forward"
+                   ? 2.0
+                   : 10.0);
   if (failures) return 1;
   if (scenario == "served")
     Served();
@@ -1068,15 +778,7 @@ int RunProcess(const std::string& scenario) {
     std::fprintf(stderr, "unknown scenario %s\n", scenario.c_str());
     return 2;
   }
-  // As jax_smddp's exit hook does: no process leaves before the others are
-  // done, and each tells its peers it ended in order (not a death).
-  Relay("end");
-  // As libsmddp_nccl.so's exit hook (smddp_nccl_close_at_exit), then
-  // jax_smddp's shutdown: the world's libfabric endpoint closes, unlinking
-  // its shm region, though communicators are left undestroyed (as XLA may).
-  Expect(smddp::gpu::CloseCommunicatorsAtExit(), "the network proxy idle at exit");
-  smddp::WorldShutdown();
-  return failures ? 1 : 0;
+  return EndProcess();
 }
 
 }  // namespace
@@ -1087,8 +789,10 @@ int main(int argc, char** argv) {
     return 2;
   }
   const std::string scenario = argv[1];
-  P = scenario == "served" || scenario == "split" ? 3 : scenario == "across_hosts" ? 4 : 2;
-  if (scenario == "across_hosts") hosts = 2;
+  const int processes = scenario == "served" || scenario == "split" ? 3
+                        : scenario == "across_hosts"                ? 4
+                                                                    : 2;
+  if (scenario == "across_hosts") nccl_test::hosts = 2;
   if (scenario == "captured" || scenario == "captured_direct")
     setenv("JAX_SMDDP_GPU_SLOT_BYTES", "4096", 1);
   // The front end reads in place by default: "captured" stages its uncaptured calls.
@@ -1097,67 +801,5 @@ int main(int argc, char** argv) {
   if (scenario == "id_full") setenv("MOCK_NCCL_ID_FULL", "1", 1);
   if (scenario == "no_fallback") setenv("JAX_SMDDP_REQUIRE", "no-fallback", 1);
   if (scenario == "forward_fails") setenv("MOCK_NCCL_FAIL_BROADCAST", "1", 1);
-  if (!std::getenv("JAX_SMDDP_NCCL_LIBRARY")) {
-    std::fprintf(stderr, "set JAX_SMDDP_NCCL_LIBRARY to the mock libnccl.so.2\n");
-    return 2;
-  }
-  std::vector<pid_t> pids;
-  std::vector<int> ups, downs;
-  for (int p = 0; p < P; ++p) {
-    int up[2], down[2];
-    if (pipe(up) != 0 || pipe(down) != 0) return 2;
-    const pid_t pid = fork();
-    if (pid == 0) {
-      close(up[0]);
-      close(down[1]);
-      me = p;
-      up_fd = up[1];
-      down_fd = down[0];
-      const int rc = RunProcess(scenario);
-      std::fflush(stdout);
-      std::fflush(stderr);
-      _exit(rc);
-    }
-    close(up[1]);
-    close(down[0]);
-    pids.push_back(pid);
-    ups.push_back(up[0]);
-    downs.push_back(down[1]);
-  }
-  alarm(60);
-  // The relay: one message from every live process, then all of them to each.
-  std::vector<bool> live(P, true);
-  while (true) {
-    std::vector<std::string> round(P);
-    int got = 0;
-    for (int p = 0; p < P; ++p) {
-      if (!live[p]) continue;
-      if (ReadBytes(ups[p], &round[p]))
-        got++;
-      else
-        live[p] = false;
-    }
-    if (got == 0) break;
-    for (int p = 0; p < P; ++p) {
-      if (!live[p]) continue;
-      for (const std::string& s : round) WriteBytes(downs[p], s);
-    }
-  }
-  bool ok = true;
-  for (int p = 0; p < P; ++p) {
-    int status = 0;
-    waitpid(pids[p], &status, 0);
-    const bool killed = scenario == "dead_peer" && p == 1;
-    const bool fine = killed ? (WIFSIGNALED(status) && WTERMSIG(status) == SIGKILL)
-                             : (WIFEXITED(status) && WEXITSTATUS(status) == 0);
-    if (!fine) {
-      std::fprintf(stderr, "process %d ended badly (status %d)\n", p, status);
-      ok = false;
-    }
-  }
-  for (pid_t pid : pids)
-    for (int i = 0; i < 32; ++i)
-      shm_unlink(("/jax_smddp_mock-" + std::to_string(pid) + "-" + std::to_string(i)).c_str());
-  if (ok) std::printf("all checks passed\n");
-  return ok ? 0 : 1;
+  return nccl_test::RunMain(scenario, processes, scenario == "dead_peer" ? 1 : -1, RunProcess);
 }

@@ -8,7 +8,9 @@ would): every collective the engine takes is served with the right values
 and nothing reaches NCCL; broadcast, product reductions and send/recv are
 forwarded with the real communicator (created once, blocking); a group of
 sends and receives that forms an all-to-all is served as one, others are
-forwarded; a group mixing both keeps its order; an unknown config or library version forwards
+forwarded; a group of one send and one receive at most (XLA's collective-permute, ring or
+partial, a rank that makes no call) is served as jax_smddp's collective_permute between the
+pairs (nccl_permute_test.cc); a group mixing both keeps its order; an unknown config or library version forwards
 everything; an id the real library's does not fit in fails forwarded calls
 saying why; JAX_SMDDP_REQUIRE=no-fallback refuses forwarding; splits; a
 killed peer, or one that aborts the communicator, becomes the communicator's
@@ -57,3 +59,17 @@ def test_front_end(program, scenario):
   assert set(glob.glob(regions)) <= before, out
   if scenario == "dead_peer":
     assert "dead peer reported after" in proc.stdout, out
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize("scenario", ["ring", "partial"])
+def test_permutations(scenario):
+  """XLA's collective-permute (send/recv groups) served by jax_smddp, nothing forwarded."""
+  program = native_program("nccl_permute_test")
+  mock = os.path.join(os.path.dirname(program), "mock_nccl", "libnccl.so.2")
+  env = {k: v for k, v in os.environ.items()
+         if not k.startswith("JAX_SMDDP_") and not k.startswith("MOCK_NCCL")}
+  env["JAX_SMDDP_NCCL_LIBRARY"] = mock
+  proc = subprocess.run([program, scenario], env=env, capture_output=True, text=True, timeout=100)
+  out = proc.stdout + proc.stderr
+  assert proc.returncode == 0 and "all checks passed" in proc.stdout, out

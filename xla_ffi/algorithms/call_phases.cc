@@ -5,7 +5,7 @@
 namespace smddp {
 namespace {
 
-constexpr int kKinds = 4;  // Plan::Kind
+constexpr int kKinds = kPlanKinds;
 std::mutex totals_mu;
 CallPhaseTotals totals[kKinds];
 

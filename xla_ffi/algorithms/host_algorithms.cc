@@ -1,6 +1,7 @@
 #include "xla_ffi/algorithms/host_algorithms.h"
 
 #include <algorithm>
+#include <cstring>
 #include <vector>
 
 #include "xla_ffi/algorithms/reduce.h"
@@ -107,6 +108,16 @@ Status AllToAll(Exchange& ex, size_t outer, size_t inner_bytes) {
   return Status::Ok();
 }
 
+Status CollectivePermute(Exchange& ex, const int64_t* sources, size_t bytes) {
+  if (!sources) return Status::Error("jax_smddp: collective_permute without its permutation");
+  const int64_t s = sources[ex.rank()];
+  if (s < 0) {
+    if (bytes) std::memset(ex.Recv(), 0, bytes);
+    return Status::Ok();
+  }
+  return ex.Get(int(s), 0, ex.Recv(), bytes);
+}
+
 Status RunHostPlan(const Plan& plan, Exchange& ex) {
   switch (plan.kind) {
     case Plan::Kind::kAllGather:
@@ -117,6 +128,8 @@ Status RunHostPlan(const Plan& plan, Exchange& ex) {
       return AllReduce(ex, plan.dtype, plan.op, plan.count);
     case Plan::Kind::kAllToAll:
       return AllToAll(ex, plan.outer, plan.inner);
+    case Plan::Kind::kCollectivePermute:
+      return CollectivePermute(ex, plan.sources, plan.outer * plan.inner);
   }
   return Status::Error("jax_smddp: unknown collective plan");
 }

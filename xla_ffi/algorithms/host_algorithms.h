@@ -32,6 +32,9 @@ Status AllReduce(Exchange& ex, DType dtype, ReduceOp op, size_t count);
 // recv[o, p, :] = send_p[o, rank, :]; blocks of `inner_bytes`.
 Status AllToAll(Exchange& ex, size_t outer, size_t inner_bytes);
 
+// recv = send_s where s = sources[rank] (zeros where it is -1); `bytes` each.
+Status CollectivePermute(Exchange& ex, const int64_t* sources, size_t bytes);
+
 }  // namespace smddp
 
 #endif  // JAX_SMDDP_ALGORITHMS_HOST_ALGORITHMS_H_

@@ -18,6 +18,11 @@ Status HostStreamOps::Copy2D(void* dst, size_t dpitch, const void* src, size_t s
   return Status::Ok();
 }
 
+Status HostStreamOps::Zero(void* dst, size_t bytes) {
+  if (bytes) std::memset(dst, 0, bytes);
+  return Status::Ok();
+}
+
 Status HostStreamOps::Reduce(void* dst, size_t dpitch, const void* const* srcs, int n,
                              size_t spitch, size_t count, size_t rows, DType dtype, ReduceOp op) {
   std::vector<const void*> row(n);

@@ -15,6 +15,7 @@ class HostStreamOps : public StreamOps {
                 size_t rows) override;
   Status Reduce(void* dst, size_t dpitch, const void* const* srcs, int n, size_t spitch,
                 size_t count, size_t rows, DType dtype, ReduceOp op) override;
+  Status Zero(void* dst, size_t bytes) override;
   Status WaitAtLeast(const uint32_t* flag, uint32_t value) override;
   Status Write(uint32_t* flag, uint32_t value) override;
 

@@ -50,6 +50,10 @@ Status PhaseTimedOps::ReduceToEach(void* const* dsts, int nd, const void* const*
                [&] { return inner_.ReduceToEach(dsts, nd, srcs, n, count, dtype, op); });
 }
 
+Status PhaseTimedOps::Zero(void* dst, size_t bytes) {
+  return Timed(Phase::kCopy, [&] { return inner_.Zero(dst, bytes); });
+}
+
 Status PhaseTimedOps::Reduce(void* dst, size_t dpitch, const void* const* srcs, int n,
                              size_t spitch, size_t count, size_t rows, DType dtype, ReduceOp op) {
   return Timed(Phase::kReduce,

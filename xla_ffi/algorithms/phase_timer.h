@@ -59,6 +59,7 @@ class PhaseTimedOps : public StreamOps {
                 size_t count, size_t rows, DType dtype, ReduceOp op) override;
   Status ReduceToEach(void* const* dsts, int nd, const void* const* srcs, int n, size_t count,
                       DType dtype, ReduceOp op) override;
+  Status Zero(void* dst, size_t bytes) override;
   Status WaitAtLeast(const uint32_t* flag, uint32_t value) override;
   Status Write(uint32_t* flag, uint32_t value) override;
   Status WaitAllAtLeast(const uint32_t* const* flags, int n, uint32_t value) override;

@@ -16,18 +16,37 @@ namespace smddp {
 // One collective call's algorithm and its parameters (equal on every rank):
 // what the engine's rendezvous needs to run any rank's body, on any thread.
 struct Plan {
-  enum class Kind : uint8_t { kAllGather, kReduceScatter, kAllReduce, kAllToAll };
+  enum class Kind : uint8_t {
+    kAllGather,
+    kReduceScatter,
+    kAllReduce,
+    kAllToAll,
+    kCollectivePermute,  // jax.lax.ppermute, XLA's collective-permute
+  };
   Kind kind = Kind::kAllGather;
   DType dtype = DType::kFloat32;
   ReduceOp op = ReduceOp::kSum;
   size_t outer = 1;
-  size_t inner = 0;  // bytes for gathers and all_to_all, elements for reductions
+  size_t inner = 0;  // bytes for gathers, all_to_all and permutes, elements for reductions
   size_t count = 0;  // elements, for all_reduce
+  // collective_permute: for each rank r of the group, the rank whose input r
+  // receives (-1: none, r's output is zeros); `inner` bytes each. Memory that
+  // outlives the call (the call site's).
+  const int64_t* sources = nullptr;
   // Across processes (chosen per call by jax_smddp.tuning at lowering):
   enum class Routing : uint8_t { kAuto, kFlat, kHierarchical };
   Routing routing = Routing::kAuto;  // kAuto: hierarchical where the hosts allow
   size_t chunk_bytes = 0;            // message chunk; 0: JAX_SMDDP_CHUNK_BYTES
 };
+
+// How many kinds there are, and each one's name (as ops are named in messages
+// and counts: "all_gather", ..., "collective_permute").
+inline constexpr int kPlanKinds = 5;
+inline const char* PlanKindName(Plan::Kind kind) {
+  static const char* const kNames[kPlanKinds] = {"all_gather", "reduce_scatter", "all_reduce",
+                                                 "all_to_all", "collective_permute"};
+  return int(kind) < kPlanKinds ? kNames[int(kind)] : "?";
+}
 
 }  // namespace smddp
 

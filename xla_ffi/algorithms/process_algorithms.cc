@@ -83,6 +83,7 @@ struct Header {
   char op[16];
   uint64_t dtype, reduce, send_bytes, recv_bytes, size, kind, outer, inner, count;
   uint64_t hierarchical, chunk_bytes;  // how the call moves data: must agree too
+  uint64_t permutation;                // collective_permute's sources, hashed (0 otherwise)
 };
 
 static_assert(sizeof(Header) < 4096, "a header is one chunk (chunks are 4 KiB or more)");
@@ -102,6 +103,11 @@ Header MakeHeader(const ProcessCall& c, const Plan& p) {
   h.count = p.count;
   h.hierarchical = c.routes->hierarchical ? 1 : 0;
   h.chunk_bytes = c.chunk_bytes;
+  if (p.kind == Plan::Kind::kCollectivePermute && p.sources) {
+    uint64_t digest = 1469598103934665603ull;
+    for (int r = 0; r < c.size; ++r) digest = MixTag(digest, uint64_t(p.sources[r] + 1));
+    h.permutation = digest;
+  }
   return h;
 }
 
@@ -110,11 +116,13 @@ std::string Describe(const Header& h) {
   std::string op(h.op, strnlen(h.op, sizeof(h.op)));
   os << op << " of " << (h.dtype < 16 ? DTypeName(DType(h.dtype)) : "?") << " (" << h.send_bytes
      << " bytes in, " << h.recv_bytes << " bytes out per device";
-  if (op != "all_gather" && op != "all_to_all")
+  if (op != "all_gather" && op != "all_to_all" && op != "collective_permute")
     os << ", " << (h.reduce < 3 ? ReduceOpName(ReduceOp(h.reduce)) : "?");
   os << ", " << h.size << " devices; " << (h.hierarchical ? "hierarchical" : "flat") << " routes, "
      << (h.chunk_bytes ? std::to_string(h.chunk_bytes) + "-byte" : std::string("default"))
-     << " chunks)";
+     << " chunks";
+  if (h.permutation) os << "; permutation " << std::hex << h.permutation << std::dec;
+  os << ")";
   return os.str();
 }
 
@@ -598,6 +606,64 @@ class AllToAllBody final : public BlockBody {
   std::vector<Incoming> incoming_;
 };
 
+// recv_t = send_s for each pair (s, t) of the permutation (sources[t] = s),
+// zeros for the ranks that receive nothing: a rank's block goes straight to
+// its target's process, or is copied when both are this process's.
+class CollectivePermuteBody final : public ProcessBody {
+ public:
+  CollectivePermuteBody(const ProcessCall& c, const int64_t* sources, size_t bytes)
+      : c_(c), sources_(sources), bytes_(bytes), m_(c) {}
+
+  void Start() override {
+    const std::vector<int>& local = *c_.local;
+    const int me = c_.world->process();
+    if (bytes_ == 0 || !sources_) return;
+    stream_ = c_.StreamOutputs();
+    auto local_index = [&](int64_t r) {
+      return size_t(std::lower_bound(local.begin(), local.end(), int(r)) - local.begin());
+    };
+    for (size_t li = 0; li < local.size(); ++li) {
+      const int t = local[li];
+      const int64_t s = sources_[t];
+      if (s < 0 || s >= c_.size) continue;
+      const int from = (*c_.process_of_rank)[s];
+      if (from != me)
+        incoming_.push_back(
+            m_.Recv(from, Msg(kData, uint64_t(s), uint64_t(t)), c_.recv[li], bytes_));
+    }
+    for (int t = 0; t < c_.size; ++t) {
+      const int64_t s = sources_[t];
+      if (s < 0 || s >= c_.size || (*c_.process_of_rank)[s] != me) continue;
+      const void* src = c_.send[local_index(s)];
+      const int to = (*c_.process_of_rank)[t];
+      if (to != me) m_.Send(to, Msg(kData, uint64_t(s), uint64_t(t)), src, bytes_);
+    }
+    for (size_t li = 0; li < local.size(); ++li) {
+      const int64_t s = sources_[local[li]];
+      if (s < 0 || s >= c_.size) {
+        std::memset(c_.recv[li], 0, bytes_);
+      } else if ((*c_.process_of_rank)[s] == me) {
+        CopyBytes(c_.recv[li], c_.send[local_index(s)], bytes_, stream_);
+      }
+    }
+  }
+
+  Status Finish() override {
+    if (bytes_ && !sources_)
+      return Status::Error("jax_smddp: collective_permute without its permutation");
+    for (const Messages::Range& in : incoming_) SMDDP_RETURN_IF_ERROR(m_.WaitRange(in));
+    return m_.WaitAll();
+  }
+
+ private:
+  const ProcessCall& c_;
+  const int64_t* sources_;
+  const size_t bytes_;
+  bool stream_ = false;
+  Messages m_;
+  std::vector<Messages::Range> incoming_;
+};
+
 }  // namespace
 
 // A call's agreement check and body: one allocation per call.
@@ -617,6 +683,9 @@ struct ProcessRun::Parts {
       case Plan::Kind::kAllToAll:
         body = &bodies.emplace<AllToAllBody>(call, plan.outer, plan.inner);
         break;
+      case Plan::Kind::kCollectivePermute:
+        body = &bodies.emplace<CollectivePermuteBody>(call, plan.sources, plan.outer * plan.inner);
+        break;
     }
   }
   // Withdraws what the body still has in flight.
@@ -626,7 +695,8 @@ struct ProcessRun::Parts {
   }
 
   Agreement agreement;
-  std::variant<std::monostate, AllGatherBody, ReduceScatterBody, AllReduceBody, AllToAllBody>
+  std::variant<std::monostate, AllGatherBody, ReduceScatterBody, AllReduceBody, AllToAllBody,
+               CollectivePermuteBody>
       bodies;
   ProcessBody* body = nullptr;  // the one in `bodies`
 };

@@ -35,6 +35,10 @@ std::vector<uint32_t*> AllTokens(const RegionLayout& layout, const std::vector<u
             reinterpret_cast<uint32_t*>(block + layout.consumed_token_offset(slot, q)));
       }
     }
+    for (int q = 0; q < layout.size; ++q) {
+      tokens.push_back(reinterpret_cast<uint32_t*>(block + layout.pair_posted_offset(q)));
+      tokens.push_back(reinterpret_cast<uint32_t*>(block + layout.pair_consumed_offset(q)));
+    }
   }
   return tokens;
 }
@@ -68,7 +72,16 @@ Status RunStreamPlan(const Plan& plan, StreamRank& me, StreamOps& ops, const voi
   if (int(me.regions.size()) != me.layout.size || me.rank < 0 || me.rank >= me.layout.size ||
       !(me.flags.empty() || int(me.flags.size()) == me.layout.size))
     return Status::Error("jax_smddp: stream communicator is not set up for this rank");
+  const bool permute = plan.kind == Plan::Kind::kCollectivePermute;
+  if (permute && !plan.sources)
+    return Status::Error("jax_smddp: collective_permute without its permutation");
+  // collective_permute: where this rank's output comes from, and whether its input goes anywhere.
+  const int64_t source = permute ? plan.sources[me.rank] : -1;
+  bool sends = false;
+  for (int r = 0; permute && r < me.layout.size; ++r)
+    sends |= r != me.rank && plan.sources[r] == me.rank;
   if (me.layout.size == 1) {  // a group of one: the output is the input, one copy, no staging
+    if (permute && source < 0) return ops.Zero(recv, plan.outer * plan.inner);
     const size_t bytes =
         plan.kind == Plan::Kind::kAllReduce
             ? plan.count * ElementSize(plan.dtype)
@@ -93,6 +106,9 @@ Status RunStreamPlan(const Plan& plan, StreamRank& me, StreamOps& ops, const voi
                                    plan.op);
       case Plan::Kind::kAllReduce:
         return DirectAllReduce(steps, ops, me.inputs, me.outputs, plan.count, plan.dtype, plan.op);
+      case Plan::Kind::kCollectivePermute:
+        return DirectCollectivePermute(steps, ops, me.inputs, recv, plan.outer * plan.inner,
+                                       source);
     }
   }
   Status st = Status::Error("jax_smddp: unknown collective kind");
@@ -108,6 +124,9 @@ Status RunStreamPlan(const Plan& plan, StreamRank& me, StreamOps& ops, const voi
       break;
     case Plan::Kind::kAllReduce:
       st = StagedAllReduce(steps, ops, send, recv, plan.count, plan.dtype, plan.op);
+      break;
+    case Plan::Kind::kCollectivePermute:
+      st = StagedCollectivePermute(steps, ops, send, recv, plan.outer * plan.inner, source, sends);
       break;
   }
   SMDDP_RETURN_IF_ERROR(st);

@@ -75,8 +75,16 @@ struct RegionLayout {
   size_t consumed_token_offset(int slot, int reader) const {
     return kFlagStride * (1 + size_t(size) * (1 + kSlots + size_t(slot)) + size_t(reader));
   }
+  // Pairwise permutes' counters (RunStreamPairPermute): in the reader's flags,
+  // the tiles `writer` posted to it; in the writer's flags, those `reader` consumed.
+  size_t pair_posted_offset(int writer) const {
+    return kFlagStride * (1 + size_t(size) * (1 + 2 * kSlots) + size_t(writer));
+  }
+  size_t pair_consumed_offset(int reader) const {
+    return kFlagStride * (1 + size_t(size) * (2 + 2 * kSlots) + size_t(reader));
+  }
   size_t slot_offset(int slot) const { return slots_offset + size_t(slot) * slot_bytes; }
-  size_t flag_bytes() const { return kFlagStride * (1 + size_t(size) * (1 + 2 * kSlots)); }
+  size_t flag_bytes() const { return kFlagStride * (1 + size_t(size) * (3 + 2 * kSlots)); }
 
   int size;
   size_t slot_bytes;    // a multiple of 256
@@ -100,11 +108,15 @@ struct StreamRank {
   // empty: stage through the slots.
   std::vector<const uint8_t*> inputs;
   std::vector<uint8_t*> outputs;
+  // Per peer: the tiles this rank posted to it and took from it in pairwise
+  // permutes (host side; RunStreamPairPermute).
+  std::vector<uint32_t> pair_sent, pair_received;
 };
 
 struct NetPort;
 
-// Every step flag (AllFlags) and every token (AllTokens) of every rank's flag
+// Every step flag (AllFlags) and every token (AllTokens, with the pairwise
+// permutes' counters, small counts like them) of every rank's flag
 // block (or region), as some process addresses them (null blocks skipped):
 // what a failed group releases so that no stream waits on it
 // (stream_watchdog.h; ReleasedFlag and kReleasedToken, stream_ops.h).
@@ -155,6 +167,18 @@ Status ReleaseEveryoneWaitingOn(const StreamRank& me, StreamOps& ops);
 // Whether direct reads of `kind` need every rank's output as well as its
 // input (all_reduce).
 bool DirectReadsNeedOutputs(Plan::Kind kind);
+
+// collective_permute where only the ranks of its pairs take part (the NCCL
+// front end: a rank that neither sends nor receives makes no call): this
+// rank's input goes to `target` and its output comes from `source` (-1:
+// none; the output is then left alone, as NCCL leaves it), `bytes` each, on
+// the pairs' own counters, through the sender's staging slots, tile by tile.
+// The sender first waits until its peers consumed the group's last step (its
+// slots are free) and at the end until the target consumed every tile (they
+// are free again for whatever call comes next). Not replayable (a CUDA graph
+// cannot number the pairs' tiles).
+Status RunStreamPairPermute(StreamRank& me, StreamOps& ops, const void* send, void* recv,
+                            size_t bytes, int target, int source);
 
 // Runs one collective of `plan` (kinds and layouts as in plan.h) on
 // `ops`: recv of the same shapes as the host algorithms. With `me.inputs`

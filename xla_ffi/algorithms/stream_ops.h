@@ -57,6 +57,9 @@ class StreamOps {
     for (int d = 1; d < nd; ++d) SMDDP_RETURN_IF_ERROR(Copy(dsts[d], dsts[0], bytes));
     return Status::Ok();
   }
+  // `bytes` zero bytes at `dst` (a rank that receives nothing in a permute).
+  virtual Status Zero(void* dst, size_t bytes) = 0;
+
   // Later work waits until FlagReached(*flag, value) (the flag may be a peer's).
   virtual Status WaitAtLeast(const uint32_t* flag, uint32_t value) = 0;
 

@@ -244,6 +244,15 @@ Status DirectReduceScatter(Steps& st, StreamOps& ops, const std::vector<const ui
 Status DirectAllReduce(Steps& st, StreamOps& ops, const std::vector<const uint8_t*>& in,
                        const std::vector<uint8_t*>& out, size_t count, DType dtype, ReduceOp op);
 
+// collective_permute (stream_permute.cc): recv = the input of rank `source`
+// (zeros where it is -1), `bytes` of it; every rank runs the call's steps.
+// Direct: `in[q]` is rank q's input. Staged: `sends` says whether some other
+// rank's source is this one (its step slots then carry its input).
+Status DirectCollectivePermute(Steps& st, StreamOps& ops, const std::vector<const uint8_t*>& in,
+                               uint8_t* recv, size_t bytes, int64_t source);
+Status StagedCollectivePermute(Steps& st, StreamOps& ops, const uint8_t* send, uint8_t* recv,
+                               size_t bytes, int64_t source, bool sends);
+
 }  // namespace smddp
 
 #endif  // JAX_SMDDP_ALGORITHMS_STREAM_STEPS_H_

@@ -236,7 +236,7 @@ void BindWorld(nb::module_& m) {
     // Per collective with cross-process calls (call_phases.h): its calls and
     // each phase's seconds summed over them, and the sleeps.
     std::vector<std::pair<std::string, std::map<std::string, double>>> out;
-    for (int k = 0; k < 4; ++k) {
+    for (int k = 0; k < smddp::kPlanKinds; ++k) {
       const smddp::CallPhaseTotals t = smddp::CallPhaseTotal(smddp::Plan::Kind(k));
       if (!t.calls) continue;
       out.emplace_back(smddp::KindName(k),
@@ -268,7 +268,8 @@ NB_MODULE(_smddp_cpu, m) {
   });
   m.def("registrations", [] {
     return smddp::TargetRegistrations(SmddpInstantiateCpu, SmddpAllGatherCpu, SmddpReduceScatterCpu,
-                                      SmddpAllReduceCpu, SmddpAllToAllCpu);
+                                      SmddpAllReduceCpu, SmddpAllToAllCpu,
+                                      SmddpCollectivePermuteCpu);
   });
   m.def("set_timeout", &smddp::SetTimeoutSeconds, nb::arg("seconds"));
   m.def("timeout", &smddp::TimeoutSeconds);

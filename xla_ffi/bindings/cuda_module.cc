@@ -310,8 +310,8 @@ NB_MODULE(_smddp_cuda, m) {
   });
   m.def("registrations", [] {
     return smddp::TargetRegistrations(SmddpInstantiateCuda, SmddpAllGatherCuda,
-                                      SmddpReduceScatterCuda, SmddpAllReduceCuda,
-                                      SmddpAllToAllCuda);
+                                      SmddpReduceScatterCuda, SmddpAllReduceCuda, SmddpAllToAllCuda,
+                                      SmddpCollectivePermuteCuda);
   });
   m.def(
       "prepare",

@@ -26,8 +26,7 @@ inline Plan PlanOf(int kind, int dtype, int op, size_t outer, size_t inner, size
 
 // The op name of a test entry's kind (as the handlers name their calls).
 inline const char* KindName(int kind) {
-  static const char* const kNames[] = {"all_gather", "reduce_scatter", "all_reduce", "all_to_all"};
-  return kind >= 0 && kind < 4 ? kNames[kind] : "?";
+  return kind >= 0 && kind < kPlanKinds ? PlanKindName(Plan::Kind(kind)) : "?";
 }
 
 }  // namespace smddp
@@ -63,6 +62,7 @@ inline void BindEnums(nanobind::module_& m) {
     d["reduce_scatter"] = int(K::kReduceScatter);
     d["all_reduce"] = int(K::kAllReduce);
     d["all_to_all"] = int(K::kAllToAll);
+    d["collective_permute"] = int(K::kCollectivePermute);
     return d;
   });
 }

@@ -30,7 +30,7 @@ inline nanobind::dict TypeRegistrations(const char* name, XLA_FFI_TypeId* id,
 template <typename Handler>
 nanobind::dict TargetRegistrations(Handler* instantiate, Handler* all_gather,
                                    Handler* reduce_scatter, Handler* all_reduce,
-                                   Handler* all_to_all) {
+                                   Handler* all_to_all, Handler* collective_permute) {
   nanobind::dict d;
   auto stages = [&](Handler* execute) {
     nanobind::dict s;
@@ -42,6 +42,7 @@ nanobind::dict TargetRegistrations(Handler* instantiate, Handler* all_gather,
   d["smddp_reduce_scatter"] = stages(reduce_scatter);
   d["smddp_all_reduce"] = stages(all_reduce);
   d["smddp_all_to_all"] = stages(all_to_all);
+  d["smddp_collective_permute"] = stages(collective_permute);
   return d;
 }
 

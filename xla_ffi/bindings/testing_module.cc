@@ -278,14 +278,20 @@ std::vector<nb::bytes> Bytes(const std::vector<std::string>& buffers) {
 // `replayable` 1: every call as one captured into a CUDA graph (each is the
 // same sequence of operations a replay runs), 2: every other call, the rest
 // staged or direct as `direct` says, the group draining each call.
+// `sources`: collective_permute's (Plan::sources), one per rank.
 // Returns each rank's output (every call's with `vary`), or raises the first
 // rank's error. Tests the protocol (slots, flags, tiling) without a GPU.
 std::vector<nb::bytes> StreamProbe(int kind, int dtype, int op, size_t outer, size_t inner,
                                    size_t count, size_t slot_bytes, std::vector<nb::bytes> inputs,
                                    size_t out_bytes, int calls, double timeout_s, bool flag_blocks,
-                                   int direct, bool vary, uint32_t first_step, int replayable) {
+                                   int direct, bool vary, uint32_t first_step, int replayable,
+                                   std::vector<int64_t> sources) {
   const int size = vary ? int(inputs.size()) / std::max(calls, 1) : int(inputs.size());
-  const smddp::Plan plan = smddp::PlanOf(kind, dtype, op, outer, inner, count);
+  smddp::Plan plan = smddp::PlanOf(kind, dtype, op, outer, inner, count);
+  if (!sources.empty()) {
+    if (int(sources.size()) != size) throw std::invalid_argument("one source per rank");
+    plan.sources = sources.data();
+  }
   smddp::RegionLayout layout(size, slot_bytes);
   HostBlocks regions(size, layout.total_bytes), flags(flag_blocks ? size : 0, layout.flag_bytes());
   std::vector<std::string> recv(size, std::string(out_bytes * (vary ? calls : 1), '\0'));
@@ -634,7 +640,8 @@ NB_MODULE(_smddp_testing, m) {
         nb::arg("outer"), nb::arg("inner"), nb::arg("count"), nb::arg("slot_bytes"),
         nb::arg("inputs"), nb::arg("out_bytes"), nb::arg("calls") = 1, nb::arg("timeout_s") = 20.0,
         nb::arg("flag_blocks") = false, nb::arg("direct") = 0, nb::arg("vary") = false,
-        nb::arg("first_step") = 0, nb::arg("replayable") = 0);
+        nb::arg("first_step") = 0, nb::arg("replayable") = 0,
+        nb::arg("sources") = std::vector<int64_t>());
   m.def("stream_phase_probe", &StreamPhaseProbe, nb::arg("kind"), nb::arg("dtype"), nb::arg("op"),
         nb::arg("outer"), nb::arg("inner"), nb::arg("count"), nb::arg("slot_bytes"),
         nb::arg("inputs"), nb::arg("out_bytes"), nb::arg("calls") = 1, nb::arg("direct") = 0);

@@ -33,6 +33,9 @@ inline void CountCustomCall(const World* world, Plan::Kind kind, uint64_t out_by
     case Plan::Kind::kAllToAll:
       caller = World::Caller::kAllToAll;
       break;
+    case Plan::Kind::kCollectivePermute:
+      caller = World::Caller::kCollectivePermute;
+      break;
   }
   world->CountCall(caller, out_bytes);
 }

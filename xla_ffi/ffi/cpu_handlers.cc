@@ -39,6 +39,7 @@ struct CallSite {
   int64_t instance = 0;
   uint64_t site = 0;  // names this instruction alike in every process
   std::vector<Member> by_partition;
+  std::vector<int64_t> sources;        // collective_permute's, per rank (Plan::sources)
   std::shared_ptr<const World> world;  // where its calls are counted (call_counts.h)
 };
 ffi::TypeId CallSite::id = {};
@@ -92,6 +93,12 @@ ffi::ErrorOr<std::unique_ptr<CallSite>> Instantiate(ffi::Dictionary attrs) {
       site->by_partition[id] =
           CallSite::Member{comm, int(r), std::make_unique<InvocationCounter>()};
     }
+  }
+  if (auto sources = attrs.get<ffi::Span<const int64_t>>("sources"); sources.has_value()) {
+    if (int64_t(sources->size()) != n)
+      return ffi::Unexpected(ToFfiError(
+          Status::InvalidArgument("jax_smddp: a permutation's sources are not one per rank")));
+    site->sources.assign(sources->begin(), sources->end());
   }
   site->world = CurrentWorld();
   return site;
@@ -207,6 +214,22 @@ ffi::Future AllReduceImpl(ffi::RunId run, CallSite* site, ffi::AnyBuffer x,
                    plan);
 }
 
+// collective_permute: `inner_bytes` from rank sources[r] to each rank r (the
+// sources are read at instantiation, into the call site).
+ffi::Future CollectivePermuteImpl(ffi::RunId run, CallSite* site, ffi::AnyBuffer x,
+                                  ffi::Buffer<ffi::U32> pid, ffi::Result<ffi::AnyBuffer> out,
+                                  int64_t op_id, ffi::Span<const int64_t> /*groups*/,
+                                  int64_t /*group_size*/, ffi::Span<const int64_t> /*processes*/,
+                                  int64_t /*site_uid*/, int64_t routing, int64_t chunk_bytes,
+                                  ffi::Span<const int64_t> /*sources*/, int64_t inner_bytes) {
+  Plan plan = CrossProcessChoice(routing, chunk_bytes);
+  plan.kind = Plan::Kind::kCollectivePermute;
+  plan.inner = size_t(inner_bytes);
+  plan.sources = site->sources.empty() ? nullptr : site->sources.data();
+  return StartCall(Common{"collective_permute", op_id, site}, run.run_id, pid.typed_data()[0], x,
+                   out, plan);
+}
+
 }  // namespace
 }  // namespace smddp
 
@@ -236,6 +259,10 @@ XLA_FFI_DEFINE_HANDLER_SYMBOL(SmddpAllReduceCpu, smddp::AllReduceImpl,
 XLA_FFI_DEFINE_HANDLER_SYMBOL(
     SmddpAllToAllCpu, smddp::BlocksImpl<smddp::Plan::Kind::kAllToAll>,
     SMDDP_COMMON_BINDING().Attr<int64_t>("outer").Attr<int64_t>("inner_bytes"));
+
+XLA_FFI_DEFINE_HANDLER_SYMBOL(
+    SmddpCollectivePermuteCpu, smddp::CollectivePermuteImpl,
+    SMDDP_COMMON_BINDING().Attr<ffi::Span<const int64_t>>("sources").Attr<int64_t>("inner_bytes"));
 
 XLA_FFI_DEFINE_HANDLER_SYMBOL(SmddpInstantiateCpu, smddp::Instantiate,
                               ffi::Ffi::BindInstantiate().Attrs());

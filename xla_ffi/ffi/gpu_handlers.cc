@@ -181,6 +181,19 @@ ffi::Error AllReduceImpl(cudaStream_t stream, int32_t ordinal, GpuCallSite* site
   return Enqueue("all_reduce", op_id, stream, ordinal, site, x, out, plan);
 }
 
+// collective_permute: `inner_bytes` from rank sources[r] to each rank r. The
+// call only enqueues: the attribute's memory outlives it.
+ffi::Error CollectivePermuteImpl(cudaStream_t stream, int32_t ordinal, GpuCallSite* site,
+                                 ffi::AnyBuffer x, ffi::Result<ffi::AnyBuffer> out, int64_t op_id,
+                                 Ids /*groups*/, int64_t /*group_size*/, Ids /*processes*/,
+                                 Ids /*ordinals*/, Ids sources, int64_t inner_bytes) {
+  Plan plan;
+  plan.kind = Plan::Kind::kCollectivePermute;
+  plan.inner = size_t(inner_bytes);
+  plan.sources = sources.begin();
+  return Enqueue("collective_permute", op_id, stream, ordinal, site, x, out, plan);
+}
+
 }  // namespace
 }  // namespace smddp
 
@@ -210,6 +223,9 @@ XLA_FFI_DEFINE_HANDLER_SYMBOL(SmddpAllReduceCuda, smddp::AllReduceImpl,
 XLA_FFI_DEFINE_HANDLER_SYMBOL(
     SmddpAllToAllCuda, smddp::BlocksImpl<smddp::Plan::Kind::kAllToAll>,
     SMDDP_GPU_BINDING().Attr<int64_t>("outer").Attr<int64_t>("inner_bytes"));
+XLA_FFI_DEFINE_HANDLER_SYMBOL(
+    SmddpCollectivePermuteCuda, smddp::CollectivePermuteImpl,
+    SMDDP_GPU_BINDING().Attr<ffi::Span<const int64_t>>("sources").Attr<int64_t>("inner_bytes"));
 XLA_FFI_DEFINE_HANDLER_SYMBOL(SmddpInstantiateCuda, smddp::Instantiate,
                               ffi::Ffi::BindInstantiate().Attrs());
 

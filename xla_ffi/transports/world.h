@@ -84,6 +84,7 @@ class World {
     kReduceScatter,
     kAllReduce,
     kAllToAll,  // custom calls
+    kCollectivePermute,
     kMpiAllgather,
     kMpiAllreduce,
     kMpiReduceScatter,
@@ -93,14 +94,16 @@ class World {
     kNcclReduceScatter,
     kNcclAllReduce,
     kNcclAlltoAll,
+    kNcclPermute,  // a group of ncclSend/ncclRecv that forms a permutation
     kCount
   };
   // "all_gather", ..., "MPI_Allgather", ...: as traffic_by_op() names them.
   static const char* CallerName(Caller c) {
     static const char* const kNames[] = {
-        "all_gather",        "reduce_scatter",     "all_reduce",   "all_to_all", "MPI_Allgather",
-        "MPI_Allreduce",     "MPI_Reduce_scatter", "MPI_Sendrecv", "MPI_Irecv",  "ncclAllGather",
-        "ncclReduceScatter", "ncclAllReduce",      "ncclAlltoAll"};
+        "all_gather",         "reduce_scatter", "all_reduce",       "all_to_all",
+        "collective_permute", "MPI_Allgather",  "MPI_Allreduce",    "MPI_Reduce_scatter",
+        "MPI_Sendrecv",       "MPI_Irecv",      "ncclAllGather",    "ncclReduceScatter",
+        "ncclAllReduce",      "ncclAlltoAll",   "ncclSend/ncclRecv"};
     static_assert(sizeof(kNames) / sizeof(kNames[0]) == size_t(Caller::kCount), "a name each");
     return kNames[int(c)];
   }
