@@ -33,14 +33,14 @@ Status EnqueueCollective(const char* op, int64_t op_id, const CallRank& me, Stre
   }
   Status st;
   if (me.port) {
-    if (plan.kind == Plan::Kind::kAllGather) {
+    if (plan.kind == Collective::kAllGather) {
       st = RunStreamHierarchicalAllGather(plan.outer, plan.inner, me.rank->view, *me.port,
                                           *me.rank_of, ops, send, recv);
-    } else if (plan.kind == Plan::Kind::kReduceScatter) {
+    } else if (plan.kind == Collective::kReduceScatter) {
       st =
           RunStreamHierarchicalReduceScatter(plan.outer, plan.inner, plan.dtype, plan.op,
                                              me.rank->view, *me.port, *me.rank_of, ops, send, recv);
-    } else if (plan.kind == Plan::Kind::kAllToAll) {
+    } else if (plan.kind == Collective::kAllToAll) {
       st = RunStreamHierarchicalAllToAll(plan.outer, plan.inner, me.rank->view, *me.port,
                                          *me.rank_of, ops, send, recv);
     } else {

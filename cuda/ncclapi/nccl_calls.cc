@@ -21,29 +21,31 @@ namespace {
 
 StreamBackend backend;
 
-// What each collective is called where it shows.
+// What each served collective is called where it shows (the engine's
+// messages name it CollectiveName).
 struct CollectiveNames {
   const char* function;  // NCCL's (ncclAllGather)
-  const char* op;        // the engine's messages' (all_gather)
   World::Caller caller;  // the world's per-op counts (traffic_by_op)
 };
 constexpr CollectiveNames kNames[] = {
-    {"ncclAllGather", "all_gather", World::Caller::kNcclAllGather},
-    {"ncclReduceScatter", "reduce_scatter", World::Caller::kNcclReduceScatter},
-    {"ncclAllReduce", "all_reduce", World::Caller::kNcclAllReduce},
-    {"ncclAlltoAll", "all_to_all", World::Caller::kNcclAlltoAll},
+    {"ncclAllGather", World::Caller::kNcclAllGather},
+    {"ncclReduceScatter", World::Caller::kNcclReduceScatter},
+    {"ncclAllReduce", World::Caller::kNcclAllReduce},
+    {"ncclAlltoAll", World::Caller::kNcclAlltoAll},
 };
-constexpr int kCollectives = sizeof(kNames) / sizeof(kNames[0]);
+constexpr int kFunctions = sizeof(kNames) / sizeof(kNames[0]);
+static_assert(int(Collective::kAllToAll) + 1 == kFunctions,
+              "a name for each collective NCCL has a function of");
 const CollectiveNames& NamesOf(Collective kind) { return kNames[int(kind)]; }
 
 // A group of sends and receives served as a permutation (PermutationOf).
 constexpr const char* kPermuteFunction = "ncclSend/ncclRecv";
 
 struct Tally {
-  std::atomic<uint64_t> served[kCollectives] = {};  // per call: no lock
-  std::atomic<uint64_t> permutes{0};                // groups served as permutations
-  std::atomic<uint64_t> captured{0};  // of those, captured into CUDA graphs (once each)
-  std::mutex mu;                      // the rest: forwarding only
+  std::atomic<uint64_t> served[kFunctions] = {};  // per call: no lock
+  std::atomic<uint64_t> permutes{0};              // groups served as permutations
+  std::atomic<uint64_t> captured{0};              // of those, captured into CUDA graphs (once each)
+  std::mutex mu;                                  // the rest: forwarding only
   std::map<std::string, uint64_t> forwarded;
   std::set<std::string> reasons;  // told once each
 };
@@ -185,10 +187,10 @@ Status Enqueue(Collective kind, const void* send, void* recv, size_t count, DTyp
     const size_t shard = count / size_t(comm.nranks);
     auto* own = static_cast<uint8_t*>(recv) + size_t(comm.rank) * shard * ElementSize(dtype);
     Plan scatter = plan;
-    scatter.kind = Plan::Kind::kReduceScatter;
+    scatter.kind = Collective::kReduceScatter;
     scatter.inner = shard;
     Plan gather = plan;
-    gather.kind = Plan::Kind::kAllGather;
+    gather.kind = Collective::kAllGather;
     gather.dtype = DType::kUInt8;
     gather.inner = shard * ElementSize(dtype);
     SMDDP_RETURN_IF_ERROR(gpu::EnqueueCollective("all_reduce (reduce_scatter part)",
@@ -197,8 +199,8 @@ Status Enqueue(Collective kind, const void* send, void* recv, size_t count, DTyp
     return gpu::EnqueueCollective("all_reduce (all_gather part)", int64_t(comm.calls++), me, ops,
                                   own, recv, gather, captured);
   }
-  return gpu::EnqueueCollective(NamesOf(kind).op, int64_t(comm.calls++), me, ops, send, recv, plan,
-                                captured);
+  return gpu::EnqueueCollective(CollectiveName(kind), int64_t(comm.calls++), me, ops, send, recv,
+                                plan, captured);
 }
 
 ncclResult_t Serve(Collective kind, const void* send, void* recv, size_t count, DType dtype,
@@ -220,23 +222,23 @@ ncclResult_t Serve(Collective kind, const void* send, void* recv, size_t count, 
   size_t recv_bytes = 0;
   switch (kind) {
     case Collective::kAllGather:
-      plan.kind = Plan::Kind::kAllGather;
+      plan.kind = Collective::kAllGather;
       plan.dtype = DType::kUInt8;
       plan.inner = count * ElementSize(dtype);
       recv_bytes = plan.inner * size_t(comm.nranks);
       break;
     case Collective::kReduceScatter:
-      plan.kind = Plan::Kind::kReduceScatter;
+      plan.kind = Collective::kReduceScatter;
       plan.inner = count;
       recv_bytes = count * ElementSize(dtype);
       break;
     case Collective::kAllReduce:
-      plan.kind = Plan::Kind::kAllReduce;
+      plan.kind = Collective::kAllReduce;
       plan.count = count;
       recv_bytes = count * ElementSize(dtype);
       break;
     case Collective::kAllToAll:
-      plan.kind = Plan::Kind::kAllToAll;
+      plan.kind = Collective::kAllToAll;
       plan.dtype = DType::kUInt8;
       plan.inner = count * ElementSize(dtype);
       recv_bytes = plan.inner * size_t(comm.nranks);
@@ -512,7 +514,7 @@ std::string Describe() {
   Tally& t = Tallies();
   std::lock_guard<std::mutex> lock(t.mu);
   std::map<std::string, uint64_t> served;  // by name, as the forwarded ones
-  for (int k = 0; k < kCollectives; ++k)
+  for (int k = 0; k < kFunctions; ++k)
     if (const uint64_t n = t.served[k].load(std::memory_order_relaxed))
       served[kNames[k].function] = n;
   if (const uint64_t n = t.permutes.load(std::memory_order_relaxed)) served[kPermuteFunction] = n;

@@ -25,6 +25,7 @@
 #include "cuda/ncclapi/nccl_comm.h"
 #include "cuda/ncclapi/nccl_types.h"
 #include "xla_ffi/algorithms/stream_ops.h"
+#include "xla_ffi/common/collective.h"
 #include "xla_ffi/common/status.h"
 
 namespace smddp {
@@ -42,8 +43,9 @@ struct StreamBackend {
 };
 void SetStreamBackend(StreamBackend backend);
 
-enum class Collective { kAllGather, kReduceScatter, kAllReduce, kAllToAll };
-
+// The engine's collectives (xla_ffi/common/collective.h) the front end
+// serves as NCCL's functions: all but collective_permute, which comes as a
+// group of sends and receives.
 // A collective (count: NCCL's: per rank for all_gather's input,
 // reduce_scatter's output and all_to_all's blocks, the whole buffer for
 // all_reduce).

@@ -16,6 +16,7 @@
 
 namespace {
 
+using smddp::Collective;
 using smddp::Status;
 using namespace smddp::nccl;
 

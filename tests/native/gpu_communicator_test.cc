@@ -68,6 +68,7 @@
 
 namespace {
 
+using smddp::Collective;
 using smddp::Plan;
 using smddp::Status;
 namespace gpu = smddp::gpu;
@@ -119,7 +120,7 @@ bool ReadBytes(int fd, std::string* s) {
 // Rank q's input element i: small integers, exact in float sums.
 float Input(int q, size_t i) { return float((q + 1) * 1000 + int(i % 997)); }
 
-Plan MakePlan(Plan::Kind kind, size_t outer, size_t inner, size_t count) {
+Plan MakePlan(Collective kind, size_t outer, size_t inner, size_t count) {
   Plan p;
   p.kind = kind;
   p.dtype = smddp::DType::kFloat32;
@@ -129,15 +130,15 @@ Plan MakePlan(Plan::Kind kind, size_t outer, size_t inner, size_t count) {
   return p;
 }
 
-const char* Name(Plan::Kind k) {
+const char* Name(Collective k) {
   switch (k) {
-    case Plan::Kind::kAllGather:
+    case Collective::kAllGather:
       return "all_gather";
-    case Plan::Kind::kReduceScatter:
+    case Collective::kReduceScatter:
       return "reduce_scatter";
-    case Plan::Kind::kAllReduce:
+    case Collective::kAllReduce:
       return "all_reduce";
-    case Plan::Kind::kAllToAll:
+    case Collective::kAllToAll:
       return "all_to_all";
   }
   return "?";
@@ -233,7 +234,7 @@ void Collectives(int r, gpu::LocalRank* me, int P = kRanks) {
       const size_t outer = 2, n = 300;
       std::vector<float> send(outer * n), recv(outer * P * n);
       for (size_t i = 0; i < send.size(); ++i) send[i] = Input(r, i + call);
-      Status st = Run(me, MakePlan(Plan::Kind::kAllGather, outer, n * 4, 0), send, &recv, 20);
+      Status st = Run(me, MakePlan(Collective::kAllGather, outer, n * 4, 0), send, &recv, 20);
       Expect(r, st.ok(), "all_gather: " + st.message());
       for (size_t o = 0; o < outer; ++o)
         for (int q = 0; q < P; ++q)
@@ -245,7 +246,7 @@ void Collectives(int r, gpu::LocalRank* me, int P = kRanks) {
       const size_t n = 500;
       std::vector<float> send(P * n), recv(n);
       for (size_t i = 0; i < send.size(); ++i) send[i] = Input(r, i + call);
-      Status st = Run(me, MakePlan(Plan::Kind::kReduceScatter, 1, n, 0), send, &recv, 20);
+      Status st = Run(me, MakePlan(Collective::kReduceScatter, 1, n, 0), send, &recv, 20);
       Expect(r, st.ok(), "reduce_scatter: " + st.message());
       for (size_t i = 0; i < n; ++i) {
         float want = 0;
@@ -258,7 +259,7 @@ void Collectives(int r, gpu::LocalRank* me, int P = kRanks) {
       const size_t n = 1001;
       std::vector<float> send(n), recv(n);
       for (size_t i = 0; i < n; ++i) send[i] = Input(r, i + call);
-      Status st = Run(me, MakePlan(Plan::Kind::kAllReduce, 1, 0, n), send, &recv, 20);
+      Status st = Run(me, MakePlan(Collective::kAllReduce, 1, 0, n), send, &recv, 20);
       Expect(r, st.ok(), "all_reduce: " + st.message());
       for (size_t i = 0; i < n; ++i) {
         float want = 0;
@@ -271,7 +272,7 @@ void Collectives(int r, gpu::LocalRank* me, int P = kRanks) {
       const size_t n = 200;
       std::vector<float> send(P * n), recv(P * n);
       for (size_t i = 0; i < send.size(); ++i) send[i] = Input(r, i + call);
-      Status st = Run(me, MakePlan(Plan::Kind::kAllToAll, 1, n * 4, 0), send, &recv, 20);
+      Status st = Run(me, MakePlan(Collective::kAllToAll, 1, n * 4, 0), send, &recv, 20);
       Expect(r, st.ok(), "all_to_all: " + st.message());
       for (int q = 0; q < P; ++q)
         for (size_t i = 0; i < n; ++i)
@@ -283,7 +284,7 @@ void Collectives(int r, gpu::LocalRank* me, int P = kRanks) {
 // Polls CheckCall until it fails (at most `seconds`); returns its message.
 std::string FirstError(gpu::LocalRank* me, double seconds) {
   const auto end = std::chrono::steady_clock::now() + std::chrono::duration<double>(seconds);
-  const Plan plan = MakePlan(Plan::Kind::kAllGather, 1, 4, 0);
+  const Plan plan = MakePlan(Collective::kAllGather, 1, 4, 0);
   while (std::chrono::steady_clock::now() < end) {
     if (me->watch && me->watch->failed()) return me->watch->error().message();
     std::this_thread::sleep_for(std::chrono::milliseconds(10));
@@ -297,11 +298,11 @@ std::string FirstError(gpu::LocalRank* me, double seconds) {
 void Survive(int r, gpu::LocalRank* me, bool host, const std::string& expect) {
   const auto t0 = std::chrono::steady_clock::now();
   if (!host) {  // logs call #0 (or already fails)
-    gpu::CheckCall(*me, "all_gather", MakePlan(Plan::Kind::kAllGather, 1, 400, 0));
+    gpu::CheckCall(*me, "all_gather", MakePlan(Collective::kAllGather, 1, 400, 0));
   } else {
     std::vector<float> send(100, 1.0f), recv(100 * kRanks);
     // May start before the watchdog noticed: then it waits on the peer's flags until released.
-    Status st = Run(me, MakePlan(Plan::Kind::kAllGather, 1, 400, 0), send, &recv, 20);
+    Status st = Run(me, MakePlan(Collective::kAllGather, 1, 400, 0), send, &recv, 20);
     Expect(r, st.ok() || st.message().find(expect) != std::string::npos,
            "a call waiting on the gone peer was not released: " + st.message());
   }
@@ -313,16 +314,16 @@ void Survive(int r, gpu::LocalRank* me, bool host, const std::string& expect) {
              why.find("GPU group [10, 11, 12]") != std::string::npos,
          "the error does not name rank 2 and the group: " + why);
   Expect(r, s < 8, "took " + std::to_string(s) + " s");
-  const Status again = gpu::CheckCall(*me, "all_gather", MakePlan(Plan::Kind::kAllGather, 1, 4, 0));
+  const Status again = gpu::CheckCall(*me, "all_gather", MakePlan(Collective::kAllGather, 1, 4, 0));
   Expect(r, !again.ok(), "a later call did not fail");
 }
 
 void Mismatch(int r, gpu::LocalRank* me) {
-  const Plan same = MakePlan(Plan::Kind::kAllGather, 1, 400, 0);
+  const Plan same = MakePlan(Collective::kAllGather, 1, 400, 0);
   Status st = gpu::CheckCall(*me, "all_gather", same);
   Expect(r, st.ok(), "call #0: " + st.message());
   std::this_thread::sleep_for(std::chrono::milliseconds(300 * r));  // rank 0 first, then 1, then 2
-  const Plan second = MakePlan(Plan::Kind::kAllGather, 1, r == 1 ? 800 : 400, 0);
+  const Plan second = MakePlan(Collective::kAllGather, 1, r == 1 ? 800 : 400, 0);
   st = gpu::CheckCall(*me, "all_gather", second);
   if (r == 0) {
     Expect(r, st.ok(), "rank 0 logged first and must not fail: " + st.message());
@@ -429,7 +430,7 @@ int RunRank(int r, const std::string& scenario, bool host, int up, int down) {
         const size_t n = 700;
         std::vector<float> send(n), recv(n * kRanks);
         for (size_t i = 0; i < n; ++i) send[i] = Input(r, i + 7 * call);
-        Status st = Run(me, MakePlan(Plan::Kind::kAllGather, 1, n * 4, 0), send, &recv, 20);
+        Status st = Run(me, MakePlan(Collective::kAllGather, 1, n * 4, 0), send, &recv, 20);
         Expect(r, st.ok(), "all_gather: " + st.message());
         Expect(r, me->view.inputs.empty() == (call == 0), "staged only the call with a heap input");
         // The process says why (gpu.direct_reads_staged_because()): rank 1 itself, or its peers.
@@ -458,7 +459,7 @@ int RunRank(int r, const std::string& scenario, bool host, int up, int down) {
         const size_t n = 500;
         std::vector<float> send(n), recv(n * kRanks);
         for (size_t i = 0; i < n; ++i) send[i] = Input(r, i + 11 * call + 3);
-        Status st = Run(me, MakePlan(Plan::Kind::kAllGather, 1, n * 4, 0), send, &recv, 20);
+        Status st = Run(me, MakePlan(Collective::kAllGather, 1, n * 4, 0), send, &recv, 20);
         Expect(r, st.ok() && !me->view.inputs.empty(),
                "all_gather after reallocating: " + st.message());
         for (int q = 0; q < kRanks; ++q)
@@ -475,7 +476,7 @@ int RunRank(int r, const std::string& scenario, bool host, int up, int down) {
     // GPU's side is not here): the call-log check and the buffer exchange,
     // a rendezvous with every peer's host. The exchanges keep the ranks in
     // step, so the median is the exchange itself, not a wait for a late peer.
-    const Plan plan = MakePlan(Plan::Kind::kAllGather, 1, 4096, 0);
+    const Plan plan = MakePlan(Collective::kAllGather, 1, 4096, 0);
     void* in = nullptr;
     void* out = nullptr;
     Expect(r, cudaMalloc(&in, 1 << 16) == cudaSuccess && cudaMalloc(&out, 1 << 16) == cudaSuccess,
@@ -532,7 +533,7 @@ int RunRank(int r, const std::string& scenario, bool host, int up, int down) {
     smddp::SetTimeoutSeconds(30);
     const auto t0 = std::chrono::steady_clock::now();
     std::vector<float> send(300, float(r)), recv(300 * kRanks);
-    const Status st = Run(me, MakePlan(Plan::Kind::kAllGather, 1, 1200, 0), send, &recv, 30);
+    const Status st = Run(me, MakePlan(Collective::kAllGather, 1, 1200, 0), send, &recv, 30);
     const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
     if (r == 2) {
       Expect(
@@ -561,7 +562,7 @@ int RunRank(int r, const std::string& scenario, bool host, int up, int down) {
     if (r == kRanks - 1) raise(SIGKILL);
     const auto t0 = std::chrono::steady_clock::now();
     std::vector<float> send(100, 1.0f), recv(100 * kRanks);
-    const Status st = Run(me, MakePlan(Plan::Kind::kAllGather, 1, 400, 0), send, &recv, 30);
+    const Status st = Run(me, MakePlan(Collective::kAllGather, 1, 400, 0), send, &recv, 30);
     const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
     Expect(r,
            !st.ok() && st.message().find("rank 2 (process 2, pid ") != std::string::npos &&
@@ -644,7 +645,7 @@ int RunTwoPerProcess(int p, bool host, int up, int down) {
   on_both([&](int r, gpu::LocalRank* me) {
     if (host) {  // waits on ranks 2 and 3 until the watchdog releases it
       std::vector<float> send(100, 1.0f), recv(400);
-      const Status run = Run(me, MakePlan(Plan::Kind::kAllGather, 1, 400, 0), send, &recv, 20);
+      const Status run = Run(me, MakePlan(Collective::kAllGather, 1, 400, 0), send, &recv, 20);
       Expect(r, run.ok() || run.message().find("is gone") != std::string::npos,
              "not released: " + run.message());
     }
@@ -711,7 +712,7 @@ int InProcessLate() {
   for (int r = 0; r < 3; ++r) {
     threads.emplace_back([&, r] {
       gpu::LocalRank* me = comm->Local(r);
-      const Plan plan = MakePlan(Plan::Kind::kAllGather, 1, 400, 0);
+      const Plan plan = MakePlan(Collective::kAllGather, 1, 400, 0);
       std::vector<float> send(100, float(r)), recv(300);
       Status first = Run(me, plan, send, &recv, 20);
       Expect(r, first.ok(), "first call: " + first.message());

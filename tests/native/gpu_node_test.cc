@@ -80,6 +80,7 @@ ncclResult_t ncclAlltoAll(const void*, void*, size_t, ncclDataType_t, ncclComm_t
 
 namespace {
 
+using smddp::Collective;
 using smddp::DType;
 using smddp::Plan;
 using smddp::Status;
@@ -189,13 +190,13 @@ constexpr size_t kOuter = 3, kInner = 500;  // elements
 size_t kCount = 3001;
 constexpr size_t kBufferBytes = 64 << 10;
 
-const char* OpName(Plan::Kind k) {
+const char* OpName(Collective k) {
   switch (k) {
-    case Plan::Kind::kAllGather:
+    case Collective::kAllGather:
       return "all_gather";
-    case Plan::Kind::kReduceScatter:
+    case Collective::kReduceScatter:
       return "reduce_scatter";
-    case Plan::Kind::kAllReduce:
+    case Collective::kAllReduce:
       return "all_reduce";
     default:
       return "all_to_all";
@@ -203,27 +204,27 @@ const char* OpName(Plan::Kind k) {
 }
 
 // One call's plan and its per-rank input and output sizes (elements).
-Plan MakePlan(Plan::Kind kind, DType dtype, int P, size_t inner, size_t* in, size_t* out) {
+Plan MakePlan(Collective kind, DType dtype, int P, size_t inner, size_t* in, size_t* out) {
   Plan p;
   p.kind = kind;
   p.dtype = dtype;
   p.outer = kOuter;
   switch (kind) {
-    case Plan::Kind::kAllGather:
+    case Collective::kAllGather:
       p.inner = inner * 4;
       *in = kOuter * inner;
       *out = kOuter * P * inner;
       break;
-    case Plan::Kind::kReduceScatter:
+    case Collective::kReduceScatter:
       p.inner = inner;
       *in = kOuter * P * inner;
       *out = kOuter * inner;
       break;
-    case Plan::Kind::kAllReduce:
+    case Collective::kAllReduce:
       p.count = kCount;
       *in = *out = kCount;
       break;
-    case Plan::Kind::kAllToAll:
+    case Collective::kAllToAll:
       p.inner = inner * 4;
       *in = *out = kOuter * P * inner;
       break;
@@ -292,14 +293,14 @@ void RunRank(const std::string& mode, const std::string& outdir, int P, int rank
   for (int op = 0; op < 4; ++op) {
     for (int type = 0; type < 2; ++type) {
       for (int call = 0; call < 2; ++call) {
-        const auto kind = Plan::Kind(op);
-        if (schedule && (kind != Plan::Kind::kAllGather || type != 0)) continue;
+        const auto kind = Collective(op);
+        if (schedule && (kind != Collective::kAllGather || type != 0)) continue;
         size_t in_n = 0, out_n = 0;
         const size_t inner = schedule ? 1024 : kInner;
         Plan plan =
             MakePlan(kind, type == 0 ? DType::kFloat32 : DType::kInt32, P, inner, &in_n, &out_n);
         if (schedule) plan.outer = 1, in_n = inner, out_n = P * inner;
-        if (comm && kind != Plan::Kind::kAllReduce) plan.outer = 1;  // NCCL's layouts: one row
+        if (comm && kind != Collective::kAllReduce) plan.outer = 1;  // NCCL's layouts: one row
         const size_t row = plan.outer == 1 && !schedule ? kOuter * inner : inner;
         Record& r = records.emplace_back();
         const uint32_t head[8] = {uint32_t(op),     uint32_t(type),       uint32_t(call),
@@ -312,14 +313,14 @@ void RunRank(const std::string& mode, const std::string& outdir, int P, int rank
         CHECK(cudaMemcpyAsync(send, r.in.data(), in_n * 4, cudaMemcpyHostToDevice, stream) ==
               cudaSuccess);
         if (comm) {
-          const size_t n = kind == Plan::Kind::kAllReduce ? kCount : row;
+          const size_t n = kind == Collective::kAllReduce ? kCount : row;
           const ncclDataType_t t = type == 0 ? ncclFloat32 : ncclInt32;
           ncclResult_t rc;
-          if (kind == Plan::Kind::kAllGather)
+          if (kind == Collective::kAllGather)
             rc = ncclAllGather(send, recv, n, t, comm, stream);
-          else if (kind == Plan::Kind::kReduceScatter)
+          else if (kind == Collective::kReduceScatter)
             rc = ncclReduceScatter(send, recv, n, t, ncclSum, comm, stream);
-          else if (kind == Plan::Kind::kAllReduce)
+          else if (kind == Collective::kAllReduce)
             rc = ncclAllReduce(send, recv, n, t, ncclSum, comm, stream);
           else
             rc = ncclAlltoAll(send, recv, n, t, comm, stream);
@@ -365,7 +366,7 @@ int DeadPeer(int p, int P, int G, gpu::GpuCommunicator* comm) {
       void *send = nullptr, *recv = nullptr;
       CHECK(cudaMalloc(&send, kBufferBytes) == 0 && cudaMalloc(&recv, kBufferBytes) == 0);
       size_t in_n = 0, out_n = 0;
-      const Plan plan = MakePlan(Plan::Kind::kAllGather, DType::kFloat32, N, kInner, &in_n, &out_n);
+      const Plan plan = MakePlan(Collective::kAllGather, DType::kFloat32, N, kInner, &in_n, &out_n);
       smddp::cuda::GpuSettings settings;
       settings.max_blocks = 8;
       smddp::cuda::CudaStreamOps ops(stream, settings);

@@ -5,7 +5,7 @@
 namespace smddp {
 namespace {
 
-constexpr int kKinds = kPlanKinds;
+constexpr int kKinds = kCollectives;
 std::mutex totals_mu;
 CallPhaseTotals totals[kKinds];
 
@@ -23,14 +23,14 @@ CallPhases& CallPhases::operator+=(const CallPhases& o) {
   return *this;
 }
 
-void TallyCallPhases(Plan::Kind kind, const CallPhases& call) {
+void TallyCallPhases(Collective kind, const CallPhases& call) {
   std::lock_guard<std::mutex> lock(totals_mu);  // once per call, after its work
   CallPhaseTotals& t = totals[int(kind)];
   t.calls++;
   t.sum += call;
 }
 
-CallPhaseTotals CallPhaseTotal(Plan::Kind kind) {
+CallPhaseTotals CallPhaseTotal(Collective kind) {
   std::lock_guard<std::mutex> lock(totals_mu);
   return totals[int(kind)];
 }

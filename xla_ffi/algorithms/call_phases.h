@@ -31,14 +31,14 @@ struct CallPhases {
 };
 
 // Adds a completed call of `kind` to this process's totals.
-void TallyCallPhases(Plan::Kind kind, const CallPhases& call);
+void TallyCallPhases(Collective kind, const CallPhases& call);
 
 // The calls of `kind` tallied so far, and their phases summed.
 struct CallPhaseTotals {
   uint64_t calls = 0;
   CallPhases sum;
 };
-CallPhaseTotals CallPhaseTotal(Plan::Kind kind);
+CallPhaseTotals CallPhaseTotal(Collective kind);
 
 }  // namespace smddp
 

@@ -120,15 +120,15 @@ Status CollectivePermute(Exchange& ex, const int64_t* sources, size_t bytes) {
 
 Status RunHostPlan(const Plan& plan, Exchange& ex) {
   switch (plan.kind) {
-    case Plan::Kind::kAllGather:
+    case Collective::kAllGather:
       return AllGather(ex, plan.outer, plan.inner);
-    case Plan::Kind::kReduceScatter:
+    case Collective::kReduceScatter:
       return ReduceScatter(ex, plan.dtype, plan.op, plan.outer, plan.inner);
-    case Plan::Kind::kAllReduce:
+    case Collective::kAllReduce:
       return AllReduce(ex, plan.dtype, plan.op, plan.count);
-    case Plan::Kind::kAllToAll:
+    case Collective::kAllToAll:
       return AllToAll(ex, plan.outer, plan.inner);
-    case Plan::Kind::kCollectivePermute:
+    case Collective::kCollectivePermute:
       return CollectivePermute(ex, plan.sources, plan.outer * plan.inner);
   }
   return Status::Error("jax_smddp: unknown collective plan");

@@ -9,6 +9,7 @@
 #include <cstddef>
 #include <cstdint>
 
+#include "xla_ffi/common/collective.h"
 #include "xla_ffi/common/dtype.h"
 
 namespace smddp {
@@ -16,14 +17,7 @@ namespace smddp {
 // One collective call's algorithm and its parameters (equal on every rank):
 // what the engine's rendezvous needs to run any rank's body, on any thread.
 struct Plan {
-  enum class Kind : uint8_t {
-    kAllGather,
-    kReduceScatter,
-    kAllReduce,
-    kAllToAll,
-    kCollectivePermute,  // jax.lax.ppermute, XLA's collective-permute
-  };
-  Kind kind = Kind::kAllGather;
+  Collective kind = Collective::kAllGather;  // xla_ffi/common/collective.h
   DType dtype = DType::kFloat32;
   ReduceOp op = ReduceOp::kSum;
   size_t outer = 1;
@@ -38,15 +32,6 @@ struct Plan {
   Routing routing = Routing::kAuto;  // kAuto: hierarchical where the hosts allow
   size_t chunk_bytes = 0;            // message chunk; 0: JAX_SMDDP_CHUNK_BYTES
 };
-
-// How many kinds there are, and each one's name (as ops are named in messages
-// and counts: "all_gather", ..., "collective_permute").
-inline constexpr int kPlanKinds = 5;
-inline const char* PlanKindName(Plan::Kind kind) {
-  static const char* const kNames[kPlanKinds] = {"all_gather", "reduce_scatter", "all_reduce",
-                                                 "all_to_all", "collective_permute"};
-  return int(kind) < kPlanKinds ? kNames[int(kind)] : "?";
-}
 
 }  // namespace smddp
 

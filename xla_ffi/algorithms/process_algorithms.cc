@@ -103,7 +103,7 @@ Header MakeHeader(const ProcessCall& c, const Plan& p) {
   h.count = p.count;
   h.hierarchical = c.routes->hierarchical ? 1 : 0;
   h.chunk_bytes = c.chunk_bytes;
-  if (p.kind == Plan::Kind::kCollectivePermute && p.sources) {
+  if (p.kind == Collective::kCollectivePermute && p.sources) {
     uint64_t digest = 1469598103934665603ull;
     for (int r = 0; r < c.size; ++r) digest = MixTag(digest, uint64_t(p.sources[r] + 1));
     h.permutation = digest;
@@ -116,7 +116,8 @@ std::string Describe(const Header& h) {
   std::string op(h.op, strnlen(h.op, sizeof(h.op)));
   os << op << " of " << (h.dtype < 16 ? DTypeName(DType(h.dtype)) : "?") << " (" << h.send_bytes
      << " bytes in, " << h.recv_bytes << " bytes out per device";
-  if (op != "all_gather" && op != "all_to_all" && op != "collective_permute")
+  Collective kind;
+  if (CollectiveNamed(op.c_str(), &kind) && Reduces(kind))
     os << ", " << (h.reduce < 3 ? ReduceOpName(ReduceOp(h.reduce)) : "?");
   os << ", " << h.size << " devices; " << (h.hierarchical ? "hierarchical" : "flat") << " routes, "
      << (h.chunk_bytes ? std::to_string(h.chunk_bytes) + "-byte" : std::string("default"))
@@ -670,20 +671,20 @@ class CollectivePermuteBody final : public ProcessBody {
 struct ProcessRun::Parts {
   Parts(const Plan& plan, const ProcessCall& call) : agreement(call, plan) {
     switch (plan.kind) {
-      case Plan::Kind::kAllGather:
+      case Collective::kAllGather:
         body = &bodies.emplace<AllGatherBody>(call, plan.outer, plan.inner);
         break;
-      case Plan::Kind::kReduceScatter:
+      case Collective::kReduceScatter:
         body =
             &bodies.emplace<ReduceScatterBody>(call, plan.dtype, plan.op, plan.outer, plan.inner);
         break;
-      case Plan::Kind::kAllReduce:
+      case Collective::kAllReduce:
         body = &bodies.emplace<AllReduceBody>(call, plan.dtype, plan.op, plan.count);
         break;
-      case Plan::Kind::kAllToAll:
+      case Collective::kAllToAll:
         body = &bodies.emplace<AllToAllBody>(call, plan.outer, plan.inner);
         break;
-      case Plan::Kind::kCollectivePermute:
+      case Collective::kCollectivePermute:
         body = &bodies.emplace<CollectivePermuteBody>(call, plan.sources, plan.outer * plan.inner);
         break;
     }

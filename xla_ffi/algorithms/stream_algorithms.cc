@@ -43,7 +43,7 @@ std::vector<uint32_t*> AllTokens(const RegionLayout& layout, const std::vector<u
   return tokens;
 }
 
-bool DirectReadsNeedOutputs(Plan::Kind kind) { return kind == Plan::Kind::kAllReduce; }
+bool DirectReadsNeedOutputs(Collective kind) { return kind == Collective::kAllReduce; }
 
 Status ReleaseEveryoneWaitingOn(const StreamRank& me, StreamOps& ops) {
   const RegionLayout& layout = me.layout;
@@ -72,7 +72,7 @@ Status RunStreamPlan(const Plan& plan, StreamRank& me, StreamOps& ops, const voi
   if (int(me.regions.size()) != me.layout.size || me.rank < 0 || me.rank >= me.layout.size ||
       !(me.flags.empty() || int(me.flags.size()) == me.layout.size))
     return Status::Error("jax_smddp: stream communicator is not set up for this rank");
-  const bool permute = plan.kind == Plan::Kind::kCollectivePermute;
+  const bool permute = plan.kind == Collective::kCollectivePermute;
   if (permute && !plan.sources)
     return Status::Error("jax_smddp: collective_permute without its permutation");
   // collective_permute: where this rank's output comes from, and whether its input goes anywhere.
@@ -83,10 +83,10 @@ Status RunStreamPlan(const Plan& plan, StreamRank& me, StreamOps& ops, const voi
   if (me.layout.size == 1) {  // a group of one: the output is the input, one copy, no staging
     if (permute && source < 0) return ops.Zero(recv, plan.outer * plan.inner);
     const size_t bytes =
-        plan.kind == Plan::Kind::kAllReduce
+        plan.kind == Collective::kAllReduce
             ? plan.count * ElementSize(plan.dtype)
             : plan.outer * plan.inner *
-                  (plan.kind == Plan::Kind::kReduceScatter ? ElementSize(plan.dtype) : 1);
+                  (plan.kind == Collective::kReduceScatter ? ElementSize(plan.dtype) : 1);
     return bytes ? ops.Copy(recv, send, bytes) : Status::Ok();
   }
   Steps steps(me, ops, replayable);
@@ -97,35 +97,35 @@ Status RunStreamPlan(const Plan& plan, StreamRank& me, StreamOps& ops, const voi
          (me.outputs.size() != P || me.outputs[me.rank] != recv)))
       return Status::Error("jax_smddp: direct reads need every rank's buffers of this call");
     switch (plan.kind) {
-      case Plan::Kind::kAllGather:
-      case Plan::Kind::kAllToAll:
+      case Collective::kAllGather:
+      case Collective::kAllToAll:
         return DirectAllGatherOrAllToAll(steps, ops, me.inputs, recv, plan.outer, plan.inner,
-                                         plan.kind == Plan::Kind::kAllToAll);
-      case Plan::Kind::kReduceScatter:
+                                         plan.kind == Collective::kAllToAll);
+      case Collective::kReduceScatter:
         return DirectReduceScatter(steps, ops, me.inputs, recv, plan.outer, plan.inner, plan.dtype,
                                    plan.op);
-      case Plan::Kind::kAllReduce:
+      case Collective::kAllReduce:
         return DirectAllReduce(steps, ops, me.inputs, me.outputs, plan.count, plan.dtype, plan.op);
-      case Plan::Kind::kCollectivePermute:
+      case Collective::kCollectivePermute:
         return DirectCollectivePermute(steps, ops, me.inputs, recv, plan.outer * plan.inner,
                                        source);
     }
   }
   Status st = Status::Error("jax_smddp: unknown collective kind");
   switch (plan.kind) {
-    case Plan::Kind::kAllGather:
+    case Collective::kAllGather:
       st = StagedAllGather(steps, ops, send, recv, plan.outer, plan.inner);
       break;
-    case Plan::Kind::kAllToAll:
+    case Collective::kAllToAll:
       st = StagedAllToAll(steps, ops, send, recv, plan.outer, plan.inner);
       break;
-    case Plan::Kind::kReduceScatter:
+    case Collective::kReduceScatter:
       st = StagedReduceScatter(steps, ops, send, recv, plan.outer, plan.inner, plan.dtype, plan.op);
       break;
-    case Plan::Kind::kAllReduce:
+    case Collective::kAllReduce:
       st = StagedAllReduce(steps, ops, send, recv, plan.count, plan.dtype, plan.op);
       break;
-    case Plan::Kind::kCollectivePermute:
+    case Collective::kCollectivePermute:
       st = StagedCollectivePermute(steps, ops, send, recv, plan.outer * plan.inner, source, sends);
       break;
   }

@@ -166,7 +166,7 @@ Status ReleaseEveryoneWaitingOn(const StreamRank& me, StreamOps& ops);
 
 // Whether direct reads of `kind` need every rank's output as well as its
 // input (all_reduce).
-bool DirectReadsNeedOutputs(Plan::Kind kind);
+bool DirectReadsNeedOutputs(Collective kind);
 
 // collective_permute where only the ranks of its pairs take part (the NCCL
 // front end: a rank that neither sends nor receives makes no call): this

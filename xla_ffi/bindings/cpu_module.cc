@@ -236,8 +236,8 @@ void BindWorld(nb::module_& m) {
     // Per collective with cross-process calls (call_phases.h): its calls and
     // each phase's seconds summed over them, and the sleeps.
     std::vector<std::pair<std::string, std::map<std::string, double>>> out;
-    for (int k = 0; k < smddp::kPlanKinds; ++k) {
-      const smddp::CallPhaseTotals t = smddp::CallPhaseTotal(smddp::Plan::Kind(k));
+    for (int k = 0; k < smddp::kCollectives; ++k) {
+      const smddp::CallPhaseTotals t = smddp::CallPhaseTotal(smddp::Collective(k));
       if (!t.calls) continue;
       out.emplace_back(smddp::KindName(k),
                        std::map<std::string, double>{{"calls", double(t.calls)},

@@ -15,7 +15,7 @@ namespace smddp {
 // 1 reduce_scatter, 2 all_reduce, 3 all_to_all; engine dtype and op codes).
 inline Plan PlanOf(int kind, int dtype, int op, size_t outer, size_t inner, size_t count) {
   Plan plan;
-  plan.kind = Plan::Kind(kind);
+  plan.kind = Collective(kind);
   plan.dtype = DType(dtype);
   plan.op = ReduceOp(op);
   plan.outer = outer;
@@ -26,7 +26,7 @@ inline Plan PlanOf(int kind, int dtype, int op, size_t outer, size_t inner, size
 
 // The op name of a test entry's kind (as the handlers name their calls).
 inline const char* KindName(int kind) {
-  return kind >= 0 && kind < kPlanKinds ? PlanKindName(Plan::Kind(kind)) : "?";
+  return kind >= 0 && kind < kCollectives ? CollectiveName(Collective(kind)) : "?";
 }
 
 }  // namespace smddp
@@ -56,13 +56,9 @@ inline void BindEnums(nanobind::module_& m) {
     return d;
   });
   m.def("plan_kinds", [] {
-    using K = smddp::Plan::Kind;
     nb::dict d;
-    d["all_gather"] = int(K::kAllGather);
-    d["reduce_scatter"] = int(K::kReduceScatter);
-    d["all_reduce"] = int(K::kAllReduce);
-    d["all_to_all"] = int(K::kAllToAll);
-    d["collective_permute"] = int(K::kCollectivePermute);
+    for (int k = 0; k < smddp::kCollectives; ++k)
+      d[smddp::CollectiveName(smddp::Collective(k))] = k;
     return d;
   });
 }

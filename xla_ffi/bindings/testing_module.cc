@@ -147,7 +147,7 @@ std::vector<std::pair<int, std::string>> RendezvousProbe(int size, std::vector<i
         smddp::CallInfo info{"all_reduce", smddp::DType::kFloat32, smddp::ReduceOp::kSum, bytes,
                              bytes};
         smddp::Plan plan;
-        plan.kind = smddp::Plan::Kind::kAllReduce;
+        plan.kind = smddp::Collective::kAllReduce;
         plan.count = send[i].size();
         std::promise<smddp::Status> finished;
         comm->Start(run_id, 0, 0, 0, 0, 0, present[i], send[i].data(), recv[i].data(), info, plan,

@@ -26,7 +26,7 @@ Fields Make(const char* op, const Plan& p) {
 std::string DescribeFields(const Fields& f) {
   char name[25] = {};
   std::memcpy(name, &f.w[4], 24);
-  const auto kind = Plan::Kind(f.w[0] & 0xff);
+  const auto kind = Collective(f.w[0] & 0xff);
   const auto dtype = DType((f.w[0] >> 8) & 0xff);
   const auto op = ReduceOp((f.w[0] >> 16) & 0xff);
   // Plain strings, not a stream: the text is built inside XLA's execution of
@@ -34,9 +34,9 @@ std::string DescribeFields(const Fields& f) {
   // an H100 with jax 0.11.2; the same code runs on CPU).
   auto text = [](const char* s) { return std::string(s ? s : "?"); };
   std::string out = std::string(name) + " of " + text(DTypeName(dtype)) + " (";
-  if (kind == Plan::Kind::kAllReduce) {
+  if (kind == Collective::kAllReduce) {
     out += std::to_string(f.w[3]) + " elements, " + text(ReduceOpName(op));
-  } else if (kind == Plan::Kind::kReduceScatter) {
+  } else if (kind == Collective::kReduceScatter) {
     out += std::to_string(f.w[1]) + " x " + std::to_string(f.w[2]) + " elements per rank out, " +
            text(ReduceOpName(op));
   } else {

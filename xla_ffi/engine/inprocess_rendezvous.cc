@@ -55,9 +55,8 @@ std::string Describe(const CallInfo& i) {
   std::ostringstream os;
   os << i.op << " of " << DTypeName(i.dtype) << " (" << i.send_bytes << " bytes in, "
      << i.recv_bytes << " bytes out";
-  if (std::strcmp(i.op, "all_gather") != 0 && std::strcmp(i.op, "all_to_all") != 0 &&
-      std::strcmp(i.op, "collective_permute") != 0)
-    os << ", " << ReduceOpName(i.reduce);
+  Collective kind;
+  if (CollectiveNamed(i.op, &kind) && Reduces(kind)) os << ", " << ReduceOpName(i.reduce);
   os << ")";
   return os.str();
 }

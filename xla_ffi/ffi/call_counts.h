@@ -17,27 +17,8 @@ namespace smddp {
 // count). The call site holds it so that no call looks the world up: a world
 // made anew later (shutdown, initialize) counts the programs instantiated
 // after it.
-inline void CountCustomCall(const World* world, Plan::Kind kind, uint64_t out_bytes) {
-  if (!world) return;
-  World::Caller caller = World::Caller::kAllGather;
-  switch (kind) {
-    case Plan::Kind::kAllGather:
-      caller = World::Caller::kAllGather;
-      break;
-    case Plan::Kind::kReduceScatter:
-      caller = World::Caller::kReduceScatter;
-      break;
-    case Plan::Kind::kAllReduce:
-      caller = World::Caller::kAllReduce;
-      break;
-    case Plan::Kind::kAllToAll:
-      caller = World::Caller::kAllToAll;
-      break;
-    case Plan::Kind::kCollectivePermute:
-      caller = World::Caller::kCollectivePermute;
-      break;
-  }
-  world->CountCall(caller, out_bytes);
+inline void CountCustomCall(const World* world, Collective kind, uint64_t out_bytes) {
+  if (world) world->CountCall(World::CustomCall(kind), out_bytes);
 }
 
 }  // namespace smddp

@@ -172,7 +172,7 @@ ffi::Future StartCall(const Common& c, int64_t run_id, uint32_t partition_id, ff
 }
 
 // all_gather and all_to_all: blocks of `inner_bytes` in an [outer, ranks, inner] layout.
-template <Plan::Kind kKind>
+template <Collective kKind>
 ffi::Future BlocksImpl(ffi::RunId run, CallSite* site, ffi::AnyBuffer x, ffi::Buffer<ffi::U32> pid,
                        ffi::Result<ffi::AnyBuffer> out, int64_t op_id,
                        ffi::Span<const int64_t> /*groups*/, int64_t /*group_size*/,
@@ -182,7 +182,7 @@ ffi::Future BlocksImpl(ffi::RunId run, CallSite* site, ffi::AnyBuffer x, ffi::Bu
   plan.kind = kKind;
   plan.outer = size_t(outer);
   plan.inner = size_t(inner_bytes);
-  const char* op = kKind == Plan::Kind::kAllGather ? "all_gather" : "all_to_all";
+  const char* op = CollectiveName(kKind);
   return StartCall(Common{op, op_id, site}, run.run_id, pid.typed_data()[0], x, out, plan);
 }
 
@@ -193,12 +193,12 @@ ffi::Future ReduceScatterImpl(ffi::RunId run, CallSite* site, ffi::AnyBuffer x,
                               int64_t /*site_uid*/, int64_t routing, int64_t chunk_bytes,
                               int64_t reduce, int64_t outer, int64_t inner) {
   Plan plan = CrossProcessChoice(routing, chunk_bytes);
-  plan.kind = Plan::Kind::kReduceScatter;
+  plan.kind = Collective::kReduceScatter;
   plan.op = ReduceOp(reduce);
   plan.outer = size_t(outer);
   plan.inner = size_t(inner);
-  return StartCall(Common{"reduce_scatter", op_id, site}, run.run_id, pid.typed_data()[0], x, out,
-                   plan);
+  return StartCall(Common{CollectiveName(plan.kind), op_id, site}, run.run_id, pid.typed_data()[0],
+                   x, out, plan);
 }
 
 ffi::Future AllReduceImpl(ffi::RunId run, CallSite* site, ffi::AnyBuffer x,
@@ -207,11 +207,11 @@ ffi::Future AllReduceImpl(ffi::RunId run, CallSite* site, ffi::AnyBuffer x,
                           ffi::Span<const int64_t> /*processes*/, int64_t /*site_uid*/,
                           int64_t routing, int64_t chunk_bytes, int64_t reduce) {
   Plan plan = CrossProcessChoice(routing, chunk_bytes);
-  plan.kind = Plan::Kind::kAllReduce;
+  plan.kind = Collective::kAllReduce;
   plan.op = ReduceOp(reduce);
   plan.count = x.element_count();
-  return StartCall(Common{"all_reduce", op_id, site}, run.run_id, pid.typed_data()[0], x, out,
-                   plan);
+  return StartCall(Common{CollectiveName(plan.kind), op_id, site}, run.run_id, pid.typed_data()[0],
+                   x, out, plan);
 }
 
 // collective_permute: `inner_bytes` from rank sources[r] to each rank r (the
@@ -223,11 +223,11 @@ ffi::Future CollectivePermuteImpl(ffi::RunId run, CallSite* site, ffi::AnyBuffer
                                   int64_t /*site_uid*/, int64_t routing, int64_t chunk_bytes,
                                   ffi::Span<const int64_t> /*sources*/, int64_t inner_bytes) {
   Plan plan = CrossProcessChoice(routing, chunk_bytes);
-  plan.kind = Plan::Kind::kCollectivePermute;
+  plan.kind = Collective::kCollectivePermute;
   plan.inner = size_t(inner_bytes);
   plan.sources = site->sources.empty() ? nullptr : site->sources.data();
-  return StartCall(Common{"collective_permute", op_id, site}, run.run_id, pid.typed_data()[0], x,
-                   out, plan);
+  return StartCall(Common{CollectiveName(plan.kind), op_id, site}, run.run_id, pid.typed_data()[0],
+                   x, out, plan);
 }
 
 }  // namespace
@@ -249,7 +249,7 @@ ffi::Future CollectivePermuteImpl(ffi::RunId run, CallSite* site, ffi::AnyBuffer
       .Attr<int64_t>("chunk_bytes")
 
 XLA_FFI_DEFINE_HANDLER_SYMBOL(
-    SmddpAllGatherCpu, smddp::BlocksImpl<smddp::Plan::Kind::kAllGather>,
+    SmddpAllGatherCpu, smddp::BlocksImpl<smddp::Collective::kAllGather>,
     SMDDP_COMMON_BINDING().Attr<int64_t>("outer").Attr<int64_t>("inner_bytes"));
 XLA_FFI_DEFINE_HANDLER_SYMBOL(
     SmddpReduceScatterCpu, smddp::ReduceScatterImpl,
@@ -257,7 +257,7 @@ XLA_FFI_DEFINE_HANDLER_SYMBOL(
 XLA_FFI_DEFINE_HANDLER_SYMBOL(SmddpAllReduceCpu, smddp::AllReduceImpl,
                               SMDDP_COMMON_BINDING().Attr<int64_t>("reduce"));
 XLA_FFI_DEFINE_HANDLER_SYMBOL(
-    SmddpAllToAllCpu, smddp::BlocksImpl<smddp::Plan::Kind::kAllToAll>,
+    SmddpAllToAllCpu, smddp::BlocksImpl<smddp::Collective::kAllToAll>,
     SMDDP_COMMON_BINDING().Attr<int64_t>("outer").Attr<int64_t>("inner_bytes"));
 
 XLA_FFI_DEFINE_HANDLER_SYMBOL(

@@ -145,7 +145,7 @@ ffi::Error Enqueue(const char* op, int64_t op_id, cudaStream_t stream, int32_t o
 using Ids = ffi::Span<const int64_t>;
 
 // all_gather and all_to_all: blocks of `inner_bytes` in an [outer, ranks, inner] layout.
-template <Plan::Kind kKind>
+template <Collective kKind>
 ffi::Error BlocksImpl(cudaStream_t stream, int32_t ordinal, GpuCallSite* site, ffi::AnyBuffer x,
                       ffi::Result<ffi::AnyBuffer> out, int64_t op_id, Ids /*groups*/,
                       int64_t /*group_size*/, Ids /*processes*/, Ids /*ordinals*/, int64_t outer,
@@ -154,8 +154,7 @@ ffi::Error BlocksImpl(cudaStream_t stream, int32_t ordinal, GpuCallSite* site, f
   plan.kind = kKind;
   plan.outer = size_t(outer);
   plan.inner = size_t(inner_bytes);
-  return Enqueue(kKind == Plan::Kind::kAllGather ? "all_gather" : "all_to_all", op_id, stream,
-                 ordinal, site, x, out, plan);
+  return Enqueue(CollectiveName(kKind), op_id, stream, ordinal, site, x, out, plan);
 }
 
 ffi::Error ReduceScatterImpl(cudaStream_t stream, int32_t ordinal, GpuCallSite* site,
@@ -163,11 +162,11 @@ ffi::Error ReduceScatterImpl(cudaStream_t stream, int32_t ordinal, GpuCallSite* 
                              Ids /*groups*/, int64_t /*group_size*/, Ids /*processes*/,
                              Ids /*ordinals*/, int64_t reduce, int64_t outer, int64_t inner) {
   Plan plan;
-  plan.kind = Plan::Kind::kReduceScatter;
+  plan.kind = Collective::kReduceScatter;
   plan.op = ReduceOp(reduce);
   plan.outer = size_t(outer);
   plan.inner = size_t(inner);
-  return Enqueue("reduce_scatter", op_id, stream, ordinal, site, x, out, plan);
+  return Enqueue(CollectiveName(plan.kind), op_id, stream, ordinal, site, x, out, plan);
 }
 
 ffi::Error AllReduceImpl(cudaStream_t stream, int32_t ordinal, GpuCallSite* site, ffi::AnyBuffer x,
@@ -175,10 +174,10 @@ ffi::Error AllReduceImpl(cudaStream_t stream, int32_t ordinal, GpuCallSite* site
                          int64_t /*group_size*/, Ids /*processes*/, Ids /*ordinals*/,
                          int64_t reduce) {
   Plan plan;
-  plan.kind = Plan::Kind::kAllReduce;
+  plan.kind = Collective::kAllReduce;
   plan.op = ReduceOp(reduce);
   plan.count = x.element_count();
-  return Enqueue("all_reduce", op_id, stream, ordinal, site, x, out, plan);
+  return Enqueue(CollectiveName(plan.kind), op_id, stream, ordinal, site, x, out, plan);
 }
 
 // collective_permute: `inner_bytes` from rank sources[r] to each rank r. The
@@ -188,10 +187,10 @@ ffi::Error CollectivePermuteImpl(cudaStream_t stream, int32_t ordinal, GpuCallSi
                                  Ids /*groups*/, int64_t /*group_size*/, Ids /*processes*/,
                                  Ids /*ordinals*/, Ids sources, int64_t inner_bytes) {
   Plan plan;
-  plan.kind = Plan::Kind::kCollectivePermute;
+  plan.kind = Collective::kCollectivePermute;
   plan.inner = size_t(inner_bytes);
   plan.sources = sources.begin();
-  return Enqueue("collective_permute", op_id, stream, ordinal, site, x, out, plan);
+  return Enqueue(CollectiveName(plan.kind), op_id, stream, ordinal, site, x, out, plan);
 }
 
 }  // namespace
@@ -213,7 +212,7 @@ ffi::Error CollectivePermuteImpl(cudaStream_t stream, int32_t ordinal, GpuCallSi
       .Attr<ffi::Span<const int64_t>>("ordinals")
 
 XLA_FFI_DEFINE_HANDLER_SYMBOL(
-    SmddpAllGatherCuda, smddp::BlocksImpl<smddp::Plan::Kind::kAllGather>,
+    SmddpAllGatherCuda, smddp::BlocksImpl<smddp::Collective::kAllGather>,
     SMDDP_GPU_BINDING().Attr<int64_t>("outer").Attr<int64_t>("inner_bytes"));
 XLA_FFI_DEFINE_HANDLER_SYMBOL(
     SmddpReduceScatterCuda, smddp::ReduceScatterImpl,
@@ -221,7 +220,7 @@ XLA_FFI_DEFINE_HANDLER_SYMBOL(
 XLA_FFI_DEFINE_HANDLER_SYMBOL(SmddpAllReduceCuda, smddp::AllReduceImpl,
                               SMDDP_GPU_BINDING().Attr<int64_t>("reduce"));
 XLA_FFI_DEFINE_HANDLER_SYMBOL(
-    SmddpAllToAllCuda, smddp::BlocksImpl<smddp::Plan::Kind::kAllToAll>,
+    SmddpAllToAllCuda, smddp::BlocksImpl<smddp::Collective::kAllToAll>,
     SMDDP_GPU_BINDING().Attr<int64_t>("outer").Attr<int64_t>("inner_bytes"));
 XLA_FFI_DEFINE_HANDLER_SYMBOL(
     SmddpCollectivePermuteCuda, smddp::CollectivePermuteImpl,

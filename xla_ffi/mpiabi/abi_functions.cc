@@ -270,12 +270,13 @@ SMDDP_MPI_EXPORT int MPIABI_Allgather(const void* send, int send_count, MPIABI_D
     }
   }
   Plan plan;
-  plan.kind = Plan::Kind::kAllGather;
+  plan.kind = Collective::kAllGather;
   plan.dtype = DType::kUInt8;
   plan.outer = 1;
   plan.inner = block;
-  CallInfo info{"all_gather", DType::kUInt8, ReduceOp::kSum, block, block * n};
-  return Check(Collective(*r, "MPI_Allgather", plan, info, send, recv));
+  CallInfo info{CollectiveName(Collective::kAllGather), DType::kUInt8, ReduceOp::kSum, block,
+                block * n};
+  return Check(RunCollective(*r, "MPI_Allgather", plan, info, send, recv));
 }
 
 SMDDP_MPI_EXPORT int MPIABI_Allreduce(const void* send, void* recv, int count, MPIABI_Datatype type,
@@ -294,12 +295,12 @@ SMDDP_MPI_EXPORT int MPIABI_Allreduce(const void* send, void* recv, int count, M
     send = copy.data();
   }
   Plan plan;
-  plan.kind = Plan::Kind::kAllReduce;
+  plan.kind = Collective::kAllReduce;
   plan.dtype = t.dtype;
   plan.op = reduce;
   plan.count = size_t(count) * t.lanes;
-  CallInfo info{"all_reduce", t.dtype, reduce, bytes, bytes};
-  return Check(Collective(*r, "MPI_Allreduce", plan, info, send, recv));
+  CallInfo info{CollectiveName(Collective::kAllReduce), t.dtype, reduce, bytes, bytes};
+  return Check(RunCollective(*r, "MPI_Allreduce", plan, info, send, recv));
 }
 
 static int ReduceScatter(const char* fn, const void* send, void* recv, int count,
@@ -319,13 +320,13 @@ static int ReduceScatter(const char* fn, const void* send, void* recv, int count
     send = copy.data();
   }
   Plan plan;
-  plan.kind = Plan::Kind::kReduceScatter;
+  plan.kind = Collective::kReduceScatter;
   plan.dtype = t.dtype;
   plan.op = reduce;
   plan.outer = 1;
   plan.inner = size_t(count) * t.lanes;
   CallInfo info{"reduce_scatter", t.dtype, reduce, block * n, block};
-  return Check(Collective(*r, fn, plan, info, send, recv));
+  return Check(RunCollective(*r, fn, plan, info, send, recv));
 }
 
 SMDDP_MPI_EXPORT int MPIABI_Reduce_scatter(const void* send, void* recv, const int* counts,

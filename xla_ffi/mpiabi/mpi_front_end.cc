@@ -196,7 +196,7 @@ Status Exchange(Epoch& epoch) {
   std::vector<Record> all(n);
   Communicator* control = Control(*world);
   Plan plan;
-  plan.kind = Plan::Kind::kAllGather;
+  plan.kind = Collective::kAllGather;
   plan.dtype = DType::kUInt8;
   plan.outer = 1;
   plan.inner = sizeof(Record);
@@ -332,14 +332,14 @@ void CountCall(const Rank& r, World::Caller caller, uint64_t bytes) {
   if (r.group->world) r.group->world->CountCall(caller, bytes);
 }
 
-Status Collective(Rank& r, const char* mpi_name, const Plan& plan, const CallInfo& info,
-                  const void* send, void* recv) {
+Status RunCollective(Rank& r, const char* mpi_name, const Plan& plan, const CallInfo& info,
+                     const void* send, void* recv) {
   const uint64_t n = r.calls++;
   Status st = RunAndWait(*r.group->comm, r.group->site, n, r.rank, send, recv, info, plan);
   if (st.ok()) {
     CountCall(r,
-              plan.kind == Plan::Kind::kAllGather       ? World::Caller::kMpiAllgather
-              : plan.kind == Plan::Kind::kReduceScatter ? World::Caller::kMpiReduceScatter
+              plan.kind == Collective::kAllGather       ? World::Caller::kMpiAllgather
+              : plan.kind == Collective::kReduceScatter ? World::Caller::kMpiReduceScatter
                                                         : World::Caller::kMpiAllreduce,
               info.recv_bytes);
     return st;

@@ -85,8 +85,8 @@ int Size(const Rank& r);
 
 // One collective call of `r`'s device; blocks until it is over for it.
 // Counted in the world's calls (World::CountCall) once it succeeded.
-Status Collective(Rank& r, const char* mpi_name, const Plan& plan, const CallInfo& info,
-                  const void* send, void* recv);
+Status RunCollective(Rank& r, const char* mpi_name, const Plan& plan, const CallInfo& info,
+                     const void* send, void* recv);
 
 // Counts one call of `caller` of `r`'s device delivering `bytes` in the
 // calls of the world its clique was split in (none without one).

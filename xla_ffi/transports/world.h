@@ -16,6 +16,7 @@
 #include <utility>
 #include <vector>
 
+#include "xla_ffi/common/collective.h"
 #include "xla_ffi/common/status.h"
 #include "xla_ffi/transports/link.h"
 
@@ -80,12 +81,10 @@ class World {
   // buffer). What jax_smddp.distributed.traffic_by_op() reads: which library moved each
   // collective's bytes.
   enum class Caller : int {
-    kAllGather,
-    kReduceScatter,
-    kAllReduce,
-    kAllToAll,  // custom calls
-    kCollectivePermute,
-    kMpiAllgather,
+    // kCustomCalls + k: jax_smddp's custom calls of Collective k
+    // (xla_ffi/common/collective.h; CustomCall).
+    kCustomCalls = 0,
+    kMpiAllgather = kCollectives,
     kMpiAllreduce,
     kMpiReduceScatter,
     kMpiSendrecv,
@@ -97,15 +96,17 @@ class World {
     kNcclPermute,  // a group of ncclSend/ncclRecv that forms a permutation
     kCount
   };
+  static Caller CustomCall(Collective c) { return Caller(int(Caller::kCustomCalls) + int(c)); }
   // "all_gather", ..., "MPI_Allgather", ...: as traffic_by_op() names them.
   static const char* CallerName(Caller c) {
-    static const char* const kNames[] = {
-        "all_gather",         "reduce_scatter", "all_reduce",       "all_to_all",
-        "collective_permute", "MPI_Allgather",  "MPI_Allreduce",    "MPI_Reduce_scatter",
-        "MPI_Sendrecv",       "MPI_Irecv",      "ncclAllGather",    "ncclReduceScatter",
-        "ncclAllReduce",      "ncclAlltoAll",   "ncclSend/ncclRecv"};
-    static_assert(sizeof(kNames) / sizeof(kNames[0]) == size_t(Caller::kCount), "a name each");
-    return kNames[int(c)];
+    if (int(c) < kCollectives) return CollectiveName(Collective(int(c)));
+    static const char* const kNames[] = {"MPI_Allgather",     "MPI_Allreduce", "MPI_Reduce_scatter",
+                                         "MPI_Sendrecv",      "MPI_Irecv",     "ncclAllGather",
+                                         "ncclReduceScatter", "ncclAllReduce", "ncclAlltoAll",
+                                         "ncclSend/ncclRecv"};
+    static_assert(sizeof(kNames) / sizeof(kNames[0]) + kCollectives == size_t(Caller::kCount),
+                  "a name each");
+    return kNames[int(c) - kCollectives];
   }
   void CountCall(Caller c, uint64_t bytes) const {
     calls_[int(c)].fetch_add(1, std::memory_order_relaxed);
