@@ -43,11 +43,13 @@ Status EnqueueCollective(const char* op, int64_t op_id, const CallRank& me, Stre
     } else if (plan.kind == Collective::kAllToAll) {
       st = RunStreamHierarchicalAllToAll(plan.outer, plan.inner, me.rank->view, *me.port,
                                          *me.rank_of, ops, send, recv);
+    } else if (plan.kind == Collective::kAllReduce) {
+      st = RunStreamHierarchicalAllReduce(plan.count, plan.dtype, plan.op, me.rank->view, *me.port,
+                                          *me.rank_of, ops, send, recv);
     } else {
-      return Status::Unsupported(
-          "jax_smddp (GPU): " + std::string(op) +
-          " across hosts is not supported on GPUs (all_gather, "
-          "reduce_scatter and all_to_all are; all_reduce is lowered as two of them)");
+      return Status::Unsupported("jax_smddp (GPU): " + std::string(op) +
+                                 " across hosts is not supported on GPUs (all_gather, "
+                                 "reduce_scatter, all_reduce and all_to_all are)");
     }
   } else {
     st = RunStreamPlan(plan, me.rank->view, ops, send, recv);

@@ -334,7 +334,8 @@ def _emit_cuda_call(ctx, target: str, x, axes: tuple, x_aval, out_aval, **attrs)
   why = gpu.unsupported(mesh, groups, target[len("smddp_"):])
   if why:
     raise _Unsupported(why)
-  if target == "smddp_all_reduce" and gpu.spans_hosts(mesh, groups):
+  if target == "smddp_all_reduce" and gpu.spans_hosts(mesh, groups) and \
+      prod(x_aval.shape) % groups.shape[1]:
     return _cuda_all_reduce_across_hosts(ctx, x, axes, x_aval, out_aval, groups.shape[1],
                                          attrs["reduce"])
   gpu.prepare(mesh, groups)
@@ -355,25 +356,24 @@ def _emit_cuda_call(ctx, target: str, x, axes: tuple, x_aval, out_aval, **attrs)
 
 
 def _cuda_all_reduce_across_hosts(ctx, x, axes, x_aval, out_aval, n: int, reduce: int):
-  """all_reduce over hosts on GPUs, balanced: the input padded to n equal
-  shards, reduce-scattered (hierarchically) and all-gathered back, then the
-  padding sliced off. Padding only meets padding, so any reduction works."""
+  """all_reduce over hosts on GPUs of a count that does not divide by the n
+  ranks: the input padded to n equal shards for the engine's hierarchical
+  all_reduce (a reduce_scatter and an all_gather,
+  RunStreamHierarchicalAllReduce, which takes divisible counts as they are),
+  then the padding sliced off. Padding only meets padding, so any reduction
+  works."""
   count = prod(x_aval.shape)
   shard = -(-count // n)
   dtype = x_aval.dtype
   aval = lambda *shape: core.ShapedArray(shape, dtype)
   flat = mlir.reshape(ctx, x, aval(count))
-  if n * shard != count:
-    zero = mlir.ir_constant(np.zeros((), dtype))
-    flat = hlo.pad(flat, zero, mlir.dense_int_array([0]), mlir.dense_int_array([n * shard - count]),
-                   mlir.dense_int_array([0]))
-  mine, = _emit_cuda_call(ctx, "smddp_reduce_scatter", flat, axes, aval(n * shard), aval(shard),
-                          reduce=reduce, outer=1, inner=shard)
-  full, = _emit_cuda_call(ctx, "smddp_all_gather", mine, axes, aval(shard), aval(n * shard),
-                          outer=1, inner_bytes=shard * np.dtype(dtype).itemsize)
-  if n * shard != count:
-    full = hlo.slice(full, mlir.dense_int_array([0]), mlir.dense_int_array([count]),
-                     mlir.dense_int_array([1]))
+  zero = mlir.ir_constant(np.zeros((), dtype))
+  flat = hlo.pad(flat, zero, mlir.dense_int_array([0]), mlir.dense_int_array([n * shard - count]),
+                 mlir.dense_int_array([0]))
+  full, = _emit_cuda_call(ctx, "smddp_all_reduce", flat, axes, aval(n * shard), aval(n * shard),
+                          reduce=reduce)
+  full = hlo.slice(full, mlir.dense_int_array([0]), mlir.dense_int_array([count]),
+                   mlir.dense_int_array([1]))
   return [mlir.reshape(ctx, full, out_aval)]
 
 

@@ -15,8 +15,8 @@ world's links (libfabric between hosts; jax_smddp.initialize() sets them
 up). With JAX_SMDDP_FABRIC_HMEM=auto or 1 the port's slots stay in device
 memory, registered with a libfabric endpoint that moves it itself (FI_HMEM,
 e.g. EFA with GPUDirect RDMA), instead of staging through host memory.
-all_reduce there is lowered as two of them (balanced: reduce-scatter of
-padded shards, then all-gather).
+all_reduce there is the engine's one hierarchical body (a reduce-scatter
+into the rank's shard, then an all-gather), on a count padded to equal shards.
 """
 
 from __future__ import annotations

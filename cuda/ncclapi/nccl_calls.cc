@@ -178,27 +178,9 @@ ncclResult_t Code(const Status& st) {
 }
 
 // The engine's part of a served call, on `ops` (`captured`: into a CUDA graph).
-Status Enqueue(Collective kind, const void* send, void* recv, size_t count, DType dtype,
-               const Plan& plan, Comm& comm, StreamOps& ops, bool captured) {
+Status Enqueue(Collective kind, const void* send, void* recv, const Plan& plan, Comm& comm,
+               StreamOps& ops, bool captured) {
   const gpu::CallRank me{comm.local, comm.port, comm.rank_of};
-  if (comm.port && kind == Collective::kAllReduce) {
-    // Across hosts: reduce_scatter into this rank's shard of the output, then
-    // all_gather the shards in place (both as NCCL allows in place).
-    const size_t shard = count / size_t(comm.nranks);
-    auto* own = static_cast<uint8_t*>(recv) + size_t(comm.rank) * shard * ElementSize(dtype);
-    Plan scatter = plan;
-    scatter.kind = Collective::kReduceScatter;
-    scatter.inner = shard;
-    Plan gather = plan;
-    gather.kind = Collective::kAllGather;
-    gather.dtype = DType::kUInt8;
-    gather.inner = shard * ElementSize(dtype);
-    SMDDP_RETURN_IF_ERROR(gpu::EnqueueCollective("all_reduce (reduce_scatter part)",
-                                                 int64_t(comm.calls++), me, ops, send, own, scatter,
-                                                 captured));
-    return gpu::EnqueueCollective("all_reduce (all_gather part)", int64_t(comm.calls++), me, ops,
-                                  own, recv, gather, captured);
-  }
   return gpu::EnqueueCollective(CollectiveName(kind), int64_t(comm.calls++), me, ops, send, recv,
                                 plan, captured);
 }
@@ -249,17 +231,15 @@ ncclResult_t Serve(Collective kind, const void* send, void* recv, size_t count, 
     Collective kind;
     const void* send;
     void* recv;
-    size_t count;
-    DType dtype;
     const Plan& plan;
     Comm& comm;
     bool captured;
-  } call{kind, send, recv, count, dtype, plan, comm, captured};
+  } call{kind, send, recv, plan, comm, captured};
   const Status st = backend.run(
       stream,
       [](StreamOps& ops, void* context) {
         const Call& c = *static_cast<const Call*>(context);
-        return Enqueue(c.kind, c.send, c.recv, c.count, c.dtype, c.plan, c.comm, ops, c.captured);
+        return Enqueue(c.kind, c.send, c.recv, c.plan, c.comm, ops, c.captured);
       },
       &call);
   if (!st.ok()) {

@@ -505,15 +505,16 @@ def test_gpu_benchmark_across_simulated_hosts_on_cpu_processes(tmp_path, capsys)
 
 @needs_cuda_ext
 @pytest.mark.parametrize("count", [64, 61])
-def test_all_reduce_across_hosts_lowers_to_scatter_then_gather(monkeypatch, count):
-  """Over hosts, psum on GPUs is the hierarchical reduce-scatter of n padded
-  shards and the all-gather of the result, padding sliced off."""
+def test_all_reduce_across_hosts_lowers_to_the_engines_one_body(monkeypatch, count):
+  """Over hosts, psum on GPUs is one all_reduce custom call (the engine runs it as its
+  hierarchical reduce-scatter and all-gather, RunStreamHierarchicalAllReduce), on n equal
+  shards: a count that does not divide by the ranks is padded and the padding sliced off."""
   monkeypatch.setattr(gpu, "spans_hosts", lambda mesh, groups: True)
   monkeypatch.setattr(gpu, "prepare", lambda mesh, groups: None)
   text = lower_cuda(lambda x: jax_smddp.psum(x, "x"), shape=(8 * count,))  # count per rank
-  assert plugin_calls(text) == ["smddp_reduce_scatter", "smddp_all_gather"], text[:2000]
-  assert annotated_calls(text) == 1  # one annotated call holds both
-  shard = -(-count // 8)
-  assert f"inner = {shard} : i64" in text and f"inner_bytes = {shard * 4} : i64" in text
+  assert plugin_calls(text) == ["smddp_all_reduce"], text[:2000]
+  assert annotated_calls(text) == 1
+  padded = -(-count // 8) * 8
+  assert f"tensor<{padded}xf32>" in text, text[:2000]
   assert ("stablehlo.pad" in text) == (count % 8 != 0)
   assert ("stablehlo.slice" in text) == (count % 8 != 0)

@@ -145,6 +145,13 @@ Status RunStreamHierarchicalReduceScatter(size_t outer, size_t inner, DType dtyp
                                           const std::vector<int>& rank_of, StreamOps& ops,
                                           const void* send, void* recv);
 
+// all_reduce over hosts: reduce_scatter into this rank's shard of recv, then
+// all_gather the shards in place; `count` must divide by the ranks (the
+// custom calls pad, the NCCL front end forwards other counts).
+Status RunStreamHierarchicalAllReduce(size_t count, DType dtype, ReduceOp op, StreamRank& local,
+                                      NetPort& port, const std::vector<int>& rank_of,
+                                      StreamOps& ops, const void* send, void* recv);
+
 // all_to_all over hosts: recv[o, q, :] = send_q[o, rank, :]. Per tile, rank
 // i of host h collects through the staging slots, from every rank j of its
 // host, the blocks that rank j sends to rail i of each other host g

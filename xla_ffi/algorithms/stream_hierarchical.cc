@@ -244,6 +244,25 @@ Status RunStreamHierarchicalReduceScatter(size_t outer, size_t inner, DType dtyp
   return call.ReduceScatter(outer, inner, dtype, op);
 }
 
+Status RunStreamHierarchicalAllReduce(size_t count, DType dtype, ReduceOp op, StreamRank& local,
+                                      NetPort& port, const std::vector<int>& rank_of,
+                                      StreamOps& ops, const void* send, void* recv) {
+  const size_t ranks = rank_of.size();
+  if (ranks == 0 || count % ranks != 0)
+    return Status::Unsupported(
+        "jax_smddp (GPU): an all_reduce across hosts runs as reduce_scatter + all_gather, which "
+        "needs a count divisible by the ranks (" +
+        std::to_string(count) + " over " + std::to_string(ranks) + ")");
+  const size_t shard = count / ranks, shard_bytes = shard * ElementSize(dtype);
+  const int me = rank_of[size_t(port.host) * size_t(local.layout.size) + size_t(local.rank)];
+  // This rank's shard of the output, reduced, then every shard gathered in
+  // place around it.
+  uint8_t* own = static_cast<uint8_t*>(recv) + size_t(me) * shard_bytes;
+  SMDDP_RETURN_IF_ERROR(RunStreamHierarchicalReduceScatter(1, shard, dtype, op, local, port,
+                                                           rank_of, ops, send, own));
+  return RunStreamHierarchicalAllGather(1, shard_bytes, local, port, rank_of, ops, own, recv);
+}
+
 Status RunStreamHierarchicalAllToAll(size_t outer, size_t inner, StreamRank& local, NetPort& port,
                                      const std::vector<int>& rank_of, StreamOps& ops,
                                      const void* send, void* recv) {
