@@ -84,3 +84,18 @@ def test_doctor_job_shows_each_processes_nics():
     ip = netns.nic_ips(ips, i % 2)[i // 2]
     assert rows["nics"]["detail"].startswith(f"process {i}: eth{i % 2} ({ip}), chosen by "
                                              "JAX_SMDDP_NICS"), rows["nics"]
+
+
+@pytest.mark.timeout(300)
+def test_direct_exchange_over_a_capped_link():
+  """Two hosts exchanging 4 MiB each way over a 1 Gbit/s link by direct transfers (the default
+  above 512 KiB, each side's clear-to-send sent ahead of its own bytes), started together and
+  right against numpy; the cap held (the link was the bound)."""
+  need_netns()
+  with netns.two_hosts("1gbit") as (names, ips):
+    procs = launch.run_job(["capped_exchange"], 2, 1, script=WORKER, timeout=240,
+                           namespaces=names, coordinator_ip=ips[0],
+                           env={"JAX_SMDDP_FABRIC_DIRECT_BYTES": "512K"})
+  _ok(procs)
+  for p in procs:
+    assert min(p.result["walls"]) > 0.9 * (4 << 20) / 125e6, p.result["walls"]

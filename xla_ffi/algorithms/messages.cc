@@ -172,8 +172,12 @@ Status Messages::Wait(size_t id) {
   // Spin briefly (shared-memory latency is microseconds), then yield the
   // core, then sleep until the link signals activity (or sleep_us passed):
   // many calls may wait at once on few cores (wait_polls.h).
-  const unsigned yield_after = polls_.yield_after, sleep_after = polls_.sleep_after;
+  // A link that wakes its sleepers on arrival is polled little (wait_polls.h).
   static const unsigned sleep_us = unsigned(IntSetting("JAX_SMDDP_SLEEP_US"));
+  const bool on_arrival = e.link && e.link->SleepsOnArrival();
+  const WaitPolls polls = on_arrival ? WaitPollsOnArrival(polls_) : polls_;
+  const unsigned yield_after = polls.yield_after, sleep_after = polls.sleep_after;
+  const unsigned sleep_for = on_arrival ? std::max(sleep_us, kArrivalSleepUs) : sleep_us;
   CallPhases* phases = call_.phases;
   const auto waited_from = phases && !e.req.done() ? Clock::now() : Clock::time_point();
   for (unsigned spins = 0; !e.req.done(); ++spins) {
@@ -185,7 +189,7 @@ Status Messages::Wait(size_t id) {
     if (sleeps) {
       const auto slept_from = phases ? Clock::now() : Clock::time_point();
       if (e.link) {
-        e.link->AwaitActivity(seen, sleep_us);
+        e.link->AwaitActivity(seen, sleep_for);
       } else {
         usleep(sleep_us);
       }

@@ -1,5 +1,6 @@
 #include "xla_ffi/algorithms/wait_polls.h"
 
+#include <algorithm>
 #include <cstdint>
 
 #include "xla_ffi/common/settings.h"
@@ -21,6 +22,12 @@ int64_t GivenOr(const char* name) {
 }
 
 }  // namespace
+
+WaitPolls WaitPollsOnArrival(WaitPolls polls) {
+  constexpr WaitPolls kMost{1, 2};
+  return {std::min(polls.yield_after, kMost.yield_after),
+          std::min(polls.sleep_after, kMost.sleep_after)};
+}
 
 WaitPolls WaitPollsFor(bool oversubscribed) {
   static const int64_t spin = GivenOr("JAX_SMDDP_SPIN");

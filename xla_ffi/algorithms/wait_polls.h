@@ -19,6 +19,16 @@ struct WaitPolls {
 // The polls of a waiting call on a machine that is, or is not, oversubscribed.
 WaitPolls WaitPollsFor(bool oversubscribed);
 
+// The polls of a wait on a link that wakes its sleepers when data arrives
+// (Link::SleepsOnArrival): at most `polls`' own, and few, since each poll
+// of such a link is a system call and sleeping on it loses no time (measured
+// on capped links: docs/performance_model.md, "Waiting on a slow link").
+WaitPolls WaitPollsOnArrival(WaitPolls polls);
+// And the longest such a wait sleeps at a time (at least JAX_SMDDP_SLEEP_US):
+// the descriptor wakes it when anything arrives, so the bound only matters
+// where another thread read the completion it waits for.
+constexpr unsigned kArrivalSleepUs = 1000;
+
 }  // namespace smddp
 
 #endif  // JAX_SMDDP_ALGORITHMS_WAIT_POLLS_H_

@@ -218,6 +218,23 @@ void FabricEndpoint::Impl::StartDirectSend(Peer* p, uint64_t seq) {
   Retire(out.track);
 }
 
+// Posts the pieces of the direct sends cleared in this Poll, once the
+// completion queue is drained and the control chunks it called for (Pump,
+// FlushSends) were handed to libfabric: on
+// a stream transport (tcp;ofi_rxm) a control chunk posted after a message's
+// bytes reaches the peer only after them, and a kCts that waits there holds
+// the peer's own bytes back by that long (every other call of a bidirectional
+// exchange ran at half the link's rate).
+void FabricEndpoint::Impl::StartClearedSends() {
+  if (cleared_.empty()) return;
+  std::vector<std::pair<Peer*, uint64_t>> cleared;
+  cleared.swap(cleared_);
+  for (auto& [p, seq] : cleared) {
+    if (p->awaiting_cts.count(seq)) StartDirectSend(p, seq);
+  }
+  FlushDirect();
+}
+
 // Cuts a direct message into its tagged pieces (the same cut on both ends)
 // and posts each, counted in the send's track `t` or the receive `in`.
 void FabricEndpoint::Impl::PostPieces(Peer* p, char* buf, uint64_t total, uint64_t seq,
@@ -235,8 +252,13 @@ void FabricEndpoint::Impl::PostPieces(Peer* p, char* buf, uint64_t total, uint64
 
 void FabricEndpoint::Impl::QueueControl(Peer* p, uint32_t kind, uint64_t seq, uint64_t tag,
                                         uint64_t total, uint64_t offset) {
-  // First in line: a control chunk never waits behind bulk chunks.
-  p->sendq.push_front(OutMsg{nullptr, nullptr, kind, tag, total, seq, offset});
+  // A control chunk never waits behind bulk chunks; a kCts goes after the
+  // kRts queued at the front (see Send).
+  auto at = p->sendq.begin();
+  if (kind == kCts) {
+    while (at != p->sendq.end() && at->kind == kRts) ++at;
+  }
+  p->sendq.insert(at, OutMsg{nullptr, nullptr, kind, tag, total, seq, offset});
 }
 
 // Withdraws a bound direct message's pieces: none writes into the caller's

@@ -76,9 +76,15 @@ void FabricEndpoint::Impl::Send(Peer* p, uint64_t tag, const void* src, size_t b
   p->sending[req] = t;
   const uint64_t seq = p->next_send_seq++;
   const bool direct = direct_min_ != 0 && bytes >= direct_min_ && FitsDirect(bytes);
-  if (direct) p->awaiting_cts[seq] = DirectOut{t, static_cast<const char*>(src), tag, bytes};
-  p->sendq.push_back(OutMsg{t, static_cast<const char*>(src), direct ? uint32_t(kRts) : kData, tag,
-                            bytes, seq, 0});
+  if (direct) {
+    p->awaiting_cts[seq] = DirectOut{t, static_cast<const char*>(src), tag, bytes};
+    // Ahead of everything queued (the receiver passes messages in sequence
+    // order whatever order they arrive in): the peer learns of it before it
+    // reads this process's kCts and posts its own bytes (StartClearedSends).
+    p->sendq.push_front(OutMsg{t, static_cast<const char*>(src), kRts, tag, bytes, seq, 0});
+  } else {
+    p->sendq.push_back(OutMsg{t, static_cast<const char*>(src), kData, tag, bytes, seq, 0});
+  }
   Pump();
   FlushSends();
 }
@@ -94,9 +100,11 @@ void FabricEndpoint::Impl::Recv(Peer* p, uint64_t tag, void* dst, size_t bytes, 
     if (u->second.empty()) p->unexpected.erase(u);
     auto it = p->incoming.find(seq);
     if (it != p->incoming.end()) {
+      // A direct message's kCts waits for the next Progress (or Send): a
+      // Send posted right after this Recv puts its kRts ahead of it, so the
+      // peer reads of this process's message before it may post its own
+      // bytes (StartClearedSends).
       Bind(p, it, r);
-      Pump();  // a direct message's kCts
-      FlushSends();
       return;
     }
   }
@@ -374,6 +382,7 @@ void FabricEndpoint::Impl::Poll() {
     FlushSends();
     if (n <= 0 && n != -FI_EAVAIL) break;
   }
+  StartClearedSends();
 }
 
 void FabricEndpoint::Impl::ReadError() {
@@ -483,7 +492,11 @@ void FabricEndpoint::Impl::HandleChunk(Slot& slot, size_t len) {
       return;
     }
     if (h.offset == 1) {
-      StartDirectSend(p, h.seq);
+      // Not yet: a kCts this round answers (a peer's kRts read in the same
+      // round) must go out ahead of this message's bytes, or it waits behind
+      // them on the wire and the peer's bytes follow ours instead of flowing
+      // alongside (StartClearedSends).
+      cleared_.emplace_back(p, h.seq);
     } else {  // refused: the receiver reported why; the bytes are not wanted
       SendTrack* t = a->second.track;
       p->awaiting_cts.erase(a);

@@ -44,6 +44,7 @@ class FabricLink : public Link {
   const void* ProgressKey() const override { return ep_.get(); }
   uint32_t Activity() const override { return ep_->Activity(); }
   void AwaitActivity(uint32_t seen, unsigned max_us) override { ep_->AwaitActivity(seen, max_us); }
+  bool SleepsOnArrival() const override { return std::string(ep_->wait_kind()) == "fd"; }
   void Cancel(Request* req) override { ep_->Cancel(peer_, req); }
   std::string PeerFailure() override { return ep_->Failure(peer_); }
   StatusCode PeerFailureCode() override { return ep_->FailureCode(peer_); }

@@ -284,6 +284,7 @@ class FabricEndpoint::Impl {
   void FinishDirectIn(Peer* p, DirectIn* in);
   void BindDirect(Peer* p, uint64_t seq, const InMsg& m, const PostedRecv& r);
   void StartDirectSend(Peer* p, uint64_t seq);
+  void StartClearedSends();
   void QueueControl(Peer* p, uint32_t kind, uint64_t seq, uint64_t tag, uint64_t total,
                     uint64_t offset);
   void CancelDirectIn(Peer* p, DirectIn* in, bool drain);
@@ -328,6 +329,9 @@ class FabricEndpoint::Impl {
   std::vector<DirectOp*> free_ops_;
   uint64_t next_op_id_ = 1;
   std::deque<DirectOp*> pending_direct_;  // to post (-FI_EAGAIN)
+  // Direct sends whose kCts came in this round of Poll: their pieces are
+  // posted once the round's own control chunks went out (StartClearedSends).
+  std::vector<std::pair<Peer*, uint64_t>> cleared_;
 };
 
 }  // namespace smddp

@@ -97,6 +97,12 @@ class Link {
   // Links without such a signal just sleep max_us.
   virtual uint32_t Activity() const { return 0; }
   virtual void AwaitActivity(uint32_t /*seen*/, unsigned max_us) { ::usleep(max_us); }
+  // True where AwaitActivity sleeps on a descriptor that the transport
+  // signals as soon as data arrives or room frees (libfabric's completion
+  // queue), and where a poll costs system calls: a waiter gains nothing by
+  // polling such a link and sleeps after a poll or two (wait_polls.h). On a
+  // capped link between hosts, polling cost 3-4x gloo's CPU time per call.
+  virtual bool SleepsOnArrival() const { return false; }
 
   // Bytes received from the peer without an intermediate copy (shared
   // memory: read in place from the peer's memory; libfabric: tagged straight

@@ -86,6 +86,7 @@ class WatchedLink : public Link {
   void AwaitActivity(uint32_t seen, unsigned max_us) override {
     inner_->AwaitActivity(seen, max_us);
   }
+  bool SleepsOnArrival() const override { return inner_->SleepsOnArrival(); }
   StatusCode PeerFailureCode() override {
     return inner_->PeerFailure().empty() ? StatusCode::kPeerFailed : inner_->PeerFailureCode();
   }

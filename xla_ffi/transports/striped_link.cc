@@ -106,6 +106,12 @@ class Striped : public Link {
     wait_on->AwaitActivity(wait_on->Activity(), max_us);
   }
 
+  bool SleepsOnArrival() const override {
+    for (auto& l : links_)
+      if (!l->SleepsOnArrival()) return false;
+    return true;
+  }
+
   uint64_t SingleCopyBytes() const override {
     uint64_t sum = 0;
     for (auto& l : links_) sum += l->SingleCopyBytes();

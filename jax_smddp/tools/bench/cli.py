@@ -504,7 +504,34 @@ def interface_table(op: str, results: list[dict], lax_note: str = "") -> str:
                      f"(spread {spread:.0%})" if len(vals) > 1 else
                      f"h{h} {'smddp' if impl == 'smddp' else 'base'}: {named}")
     lines.append(f"{format_size(r['bytes_per_rank']):>8}/rank  " + " | ".join(cells))
+  lines.extend(predicted_lines(op, results))
   return "\n".join(lines)
+
+
+def predicted_lines(op: str, results: list[dict]) -> list[str]:
+  """The busiest host's bytes per call against the model's (docs/performance_model.md, "Bytes
+  on the wire": jax_smddp's algorithms, gloo's ring), and the speedup the model's bytes predict
+  on a capped link (gloo's / jax_smddp's)."""
+  lines = []
+  for r in results:
+    pred, hosts = r.get("predicted_sent"), r.get("sent_per_call_by_host")
+    if r["op"] != op or not pred or not hosts or not all(hosts):
+      continue
+    cells = []
+    for impl, name in (("smddp", "smddp"), ("lax", "base")):
+      busiest = max(sum(h.get(impl, {}).values()) for h in hosts)
+      want = pred.get(impl)
+      cells.append(f"{name} {format_size(busiest)} / {format_size(want)} = {busiest / want:.2f}"
+                   if want else f"{name} {format_size(busiest)} / -")
+    lead = (f"; bytes predict {pred['lax'] / pred['smddp']:.2f}x"
+            if pred.get("lax") and pred.get("smddp") else "")
+    lines.append(f"{format_size(r['bytes_per_rank']):>8}/rank  busiest host, measured / "
+                 f"predicted: " + ", ".join(cells) + lead)
+  if lines:
+    lines.insert(0, f"# {op}: the busiest host's bytes per call against the model's "
+                 "(docs/performance_model.md, 'Bytes on the wire'); the speedup they predict "
+                 "on a capped link = gloo's / jax_smddp's")
+  return lines
 
 
 def main(argv=None) -> int:

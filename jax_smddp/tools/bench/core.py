@@ -632,6 +632,21 @@ def interhost_bytes_per_host(op: str, nbytes: int, layout: "Layout") -> int:
           "all_to_all": local * nbytes * (hosts - 1) // hosts}[op]
 
 
+def ring_bytes_per_host(op: str, nbytes: int, layout: "Layout") -> int | None:
+  """Bytes the busiest host sends for one call of a ring over all n ranks in rank order (gloo's
+  algorithm under jax.lax on CPU; a host's ranks are consecutive, so one ring edge leaves each
+  host): all_gather n - 1 blocks of nbytes, reduce_scatter n - 1 of nbytes / n, all_reduce
+  both. None where gloo's algorithm is not a ring (all_to_all) or one host holds every rank.
+  Measured exceptions (docs/performance_model.md, "Bytes on the wire"): gloo's reduce_scatter
+  over 4 one-process hosts sends nbytes, not 3/4 of it, from two of the hosts."""
+  n = layout.devices
+  if layout.hosts < 2:
+    return None
+  return {"all_gather": (n - 1) * nbytes,
+          "reduce_scatter": (n - 1) * nbytes // n,
+          "all_reduce": 2 * (n - 1) * nbytes // n}.get(op)
+
+
 def link_us(op: str, nbytes: int, layout: "Layout", link_gbs: float) -> float:
   """The link reference of one call between hosts: interhost_bytes_per_host at
   the link's measured rate each way (jax_smddp.tools.link_probe)."""
@@ -894,7 +909,9 @@ def annotate(r: dict, layout: "Layout", predict: bool = False, machine=None,
   jax_smddp.tuning.choose answers for this op, size and layout), with
   `memcpy_gbs` the memcpy reference ("memcpy_us"; smddp "vs_memcpy" = memcpy_us /
   time), with `link_gbs` (layouts of several hosts) the link reference
-  ("link_us"; "vs_link" = link_us / time, for jax_smddp and jax.lax), the speedup's
+  ("link_us"; "vs_link" = link_us / time, for jax_smddp and jax.lax), the
+  bytes the busiest host sends by the model, for jax_smddp's algorithms and gloo's ring
+  ("predicted_sent": {"smddp", "lax"}, layouts of several hosts), the speedup's
   bootstrap interval from the row's calls ("speedup_interval", interval.py) and, with
   `predict`, the cost model's prediction ("prediction"; smddp "predicted_us")."""
   from jax_smddp import tuning
@@ -904,6 +921,9 @@ def annotate(r: dict, layout: "Layout", predict: bool = False, machine=None,
   if memcpy_gbs:
     r["memcpy_us"] = memcpy_us(r["op"], r["bytes_per_rank"], layout, memcpy_gbs)
     r["smddp"]["vs_memcpy"] = r["memcpy_us"] / r["smddp"]["time_us"]
+  if layout.hosts > 1:
+    r["predicted_sent"] = {"smddp": interhost_bytes_per_host(r["op"], r["bytes_per_rank"], layout),
+                           "lax": ring_bytes_per_host(r["op"], r["bytes_per_rank"], layout)}
   if link_gbs and layout.hosts > 1:
     r["link_us"] = link_us(r["op"], r["bytes_per_rank"], layout, link_gbs)
     r["smddp"]["vs_link"] = r["link_us"] / r["smddp"]["time_us"]
