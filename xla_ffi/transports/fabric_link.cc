@@ -21,7 +21,6 @@
 #include <vector>
 
 #include "xla_ffi/common/protocol.h"
-#include "xla_ffi/common/settings.h"
 #include "xla_ffi/transports/fabric_link_impl.h"
 
 #ifdef SMDDP_HAVE_LIBFABRIC
@@ -87,12 +86,6 @@ bool Offers(const Api& a, const char* name) {
 }
 
 }  // namespace
-
-std::string ChooseFabricProvider(const std::string& requested) {
-  if (!requested.empty()) return requested;
-  std::string env = TextSetting("JAX_SMDDP_FABRIC_PROVIDER");
-  return env.empty() ? DefaultFabricProvider() : env;
-}
 
 std::string DefaultFabricProvider() {
   const Api& a = GetApi();
