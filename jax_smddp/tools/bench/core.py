@@ -484,7 +484,7 @@ def time_solo(fns, x, iters: int, warmup: int,
   """As time_blocks with one block per implementation: all of one fn's calls back to
   back, then all of the next's. Each library alone in its steady state, its threads
   still awake from the previous call; the other timings measure calls that follow
-  another library's (docs/performance_model.md: cold and back-to-back calls)."""
+  another library's (docs/cpu_floor.md: cold and back-to-back calls)."""
   return time_blocks(fns, x, iters, warmup, block=max(1, iters), starts=starts, cpu=cpu,
                      sent=sent)
 
