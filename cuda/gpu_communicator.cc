@@ -143,27 +143,28 @@ Status ExchangeBuffers(LocalRank& rank, const Plan& plan, const void* send, void
 }
 
 Status DirectReadsFromEnvironment(bool* out) {
-  return DirectReadsFromEnvironment(Preferences{}.direct_reads, out);
+  return DirectReadsFromEnvironment(std::nullopt, out);
 }
 
-Status DirectReadsFromEnvironment(bool preferred, bool* out, bool* set) {
+// (ReadSetting gives the registry's default when the setting is unset.)
+Status DirectReadsFromEnvironment(std::optional<bool> preferred, bool* out, bool* set) {
   std::string v;
   bool given = false;
   SMDDP_RETURN_IF_ERROR(ReadSetting("JAX_SMDDP_GPU_DIRECT_READS", &v, &given));
-  *out = given ? v == "1" : preferred;
+  *out = !given && preferred ? *preferred : v == "1";
   if (set) *set = given;
   return Status::Ok();
 }
 
 Status FlagMemoryFromEnvironment(FlagMemory* out) {
-  return FlagMemoryFromEnvironment(FlagMemory::kDevice, out);
+  return FlagMemoryFromEnvironment(std::nullopt, out);
 }
 
-Status FlagMemoryFromEnvironment(FlagMemory preferred, FlagMemory* out) {
+Status FlagMemoryFromEnvironment(std::optional<FlagMemory> preferred, FlagMemory* out) {
   std::string v;
   bool set = false;
   SMDDP_RETURN_IF_ERROR(ReadSetting("JAX_SMDDP_GPU_FLAG_MEMORY", &v, &set));
-  *out = !set ? preferred : v == "host" ? FlagMemory::kHost : FlagMemory::kDevice;
+  *out = !set && preferred ? *preferred : v == "host" ? FlagMemory::kHost : FlagMemory::kDevice;
   return Status::Ok();
 }
 

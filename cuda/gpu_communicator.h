@@ -23,6 +23,7 @@
 #include <map>
 #include <memory>
 #include <mutex>
+#include <optional>
 #include <string>
 #include <utility>
 #include <vector>
@@ -107,28 +108,40 @@ Status GroupFailure(const LocalRank& rank);
 Status ExchangeBuffers(LocalRank& rank, const Plan& plan, const void* send, void* recv);
 
 // Whether groups read peers' buffers in place (JAX_SMDDP_GPU_DIRECT_READS:
-// 1, the default: yes, groups inside one host; 0: they stage). `preferred`
-// where the setting is unset; `set`, if given, says whether it was.
+// 1: yes, groups inside one host; 0: they stage). `preferred`, if given,
+// where the setting is unset (else the registry's default); `set`, if given,
+// says whether it was.
 Status DirectReadsFromEnvironment(bool* out);
-Status DirectReadsFromEnvironment(bool preferred, bool* out, bool* set = nullptr);
+Status DirectReadsFromEnvironment(std::optional<bool> preferred, bool* out, bool* set = nullptr);
 
 // Where a communicator's step flags live (JAX_SMDDP_GPU_FLAG_MEMORY).
 enum class FlagMemory : uint32_t { kDevice = 0, kHost = 1 };
 Status FlagMemoryFromEnvironment(FlagMemory* out);
-// The same, with `preferred` where the setting is unset.
-Status FlagMemoryFromEnvironment(FlagMemory preferred, FlagMemory* out);
+// The same, with `preferred`, if given, where the setting is unset.
+Status FlagMemoryFromEnvironment(std::optional<FlagMemory> preferred, FlagMemory* out);
 
-// What a communicator uses where the settings are unset. The custom calls
-// take the registry's defaults; the NCCL API front end prefers host flags
-// (XLA cannot be told a stream waits on a dead peer: the watchdog must be
-// able to release it) and staging (its calls have not run reading in place
-// on a GPU yet), and its calls may be captured into CUDA graphs.
+// What a communicator uses where the settings are unset: left empty, the
+// registry's defaults (JAX_SMDDP_GPU_FLAG_MEMORY, JAX_SMDDP_GPU_DIRECT_READS,
+// declared in xla_ffi/common/settings.cc), as the custom calls take them.
+// A front end that prefers otherwise says so here, in one place:
+// NcclFrontEndPreferences().
 struct Preferences {
-  FlagMemory flags = FlagMemory::kDevice;
-  bool direct_reads = true;
+  std::optional<FlagMemory> flags;
+  std::optional<bool> direct_reads;
   // Calls may be captured into CUDA graphs (StreamRank::drain_each_call).
   bool capturable = false;
 };
+
+// The NCCL API front end's: host flags unless the user chose (XLA cannot be
+// told a stream waits on a dead peer: the watchdog must be able to release
+// it), reading in place as the custom calls do, and calls that CUDA graphs may
+// capture (those stage, replayable). All three ran on the H200, 2026-11-28.
+inline Preferences NcclFrontEndPreferences() {
+  Preferences p;
+  p.flags = FlagMemory::kHost;
+  p.capturable = true;
+  return p;
+}
 
 class GpuCommunicator {
  public:

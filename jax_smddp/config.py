@@ -87,7 +87,7 @@ def settings() -> dict[str, dict]:
 def non_default() -> dict[str, str]:
   """The settings of this process that differ from their defaults: {name: value}, the
   environment's text for each JAX_SMDDP_* setting set to something other than its
-  default (a value equal to a numeric or choice default, e.g. JAX_SMDDP_TIMEOUT_S=300, is
+  default (a value equal to a numeric or choice default, e.g. JAX_SMDDP_HIERARCHICAL=1, is
   left out), and the deadline where jax_smddp.set_timeout() changed it. What a run's
   summary prints, so that its figures say under which settings they were measured."""
   out = {}

@@ -127,7 +127,9 @@ from jax_smddp._startup import COLLECTIVES
 OPS = COLLECTIVES
 ALGORITHMS = ("in_process", "flat", "hierarchical")
 NCCL_ALGORITHMS = ("ring", "tree")
-DEFAULT_CHUNK_BYTES = 1 << 20
+# The engine's defaults the model assumes, copied here so that the model needs no native module
+# (tests/api/test_settings.py checks each equals the registry's).
+DEFAULT_CHUNK_BYTES = 1 << 20     # JAX_SMDDP_CHUNK_BYTES
 HELPER_MIN_BYTES = 256 << 10      # JAX_SMDDP_CPU_HELPER_MIN_BYTES
 MMAP_THRESHOLD_MAX = 32 << 20     # glibc DEFAULT_MMAP_THRESHOLD_MAX on 64-bit
 GB = 1e9
@@ -247,7 +249,7 @@ P4D = Machine(
                 "4 x 100 Gbps EFA (two GPUs per NIC)",
     kind="gpu", cores=96, gpus_per_host=8,
     copy_bw=700 * GB, copy_bw_dram=700 * GB, cache_bytes=0, fault_bw=math.inf,
-    # Reductions run within the SM budget (JAX_SMDDP_GPU_MAX_BLOCKS, 16): as measured on an
+    # Reductions run within the SM budget (JAX_SMDDP_GPU_MAX_BLOCKS's default): as measured on an
     # H200 (GPU_REDUCE_READ_DEFAULT_BLOCKS), assumed here, not measured on an A100.
     reduce_bw=GPU_REDUCE_READ_DEFAULT_BLOCKS, reduce_bw_dram=GPU_REDUCE_READ_DEFAULT_BLOCKS,
     call_overhead_s=10e-6, call_overhead_per_device_s=0.0,

@@ -378,13 +378,9 @@ Status SetUpGpu(const uint64_t nonce[2], const std::vector<int64_t>& members,
   }
   const auto deadline = Clock::now() + Timeout();
   std::vector<std::pair<int, std::string>> handles, remote;
-  // Host flag memory (the watchdog releases a dead peer's flags) unless the
-  // user chose, calls that CUDA graphs may capture (those stage, replayable),
-  // and the others reading in place, as the JAX path (gpu::Preferences; all
-  // three ran on the H200, 2026-11-28).
-  Status st = gpu::PrepareCommunicator(members, size_t(IntSetting("JAX_SMDDP_GPU_SLOT_BYTES")),
-                                       local, int(processes.size()), &handles,
-                                       gpu::Preferences{gpu::FlagMemory::kHost, true, true});
+  Status st =
+      gpu::PrepareCommunicator(members, size_t(IntSetting("JAX_SMDDP_GPU_SLOT_BYTES")), local,
+                               int(processes.size()), &handles, gpu::NcclFrontEndPreferences());
   if (st.ok() && processes.size() > 1) {
     std::string payload;
     for (const auto& [rank, bytes] : handles) {

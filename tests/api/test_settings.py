@@ -42,7 +42,8 @@ def test_every_setting_the_code_names_is_declared():
   assert not missing, f"not in the registry (xla_ffi/common/settings.cc): {missing}"
 
 
-TYPED_READ = re.compile(r'\b(IntSetting|SecondsSetting|IntSettingIfSet)\(\s*"(JAX_SMDDP_[A-Z0-9_]+)"\s*([,)])')
+TYPED_READ = re.compile(r'\b(IntSetting|SecondsSetting|DeclaredDefault|IntSettingIfSet|TextSetting)'
+                        r'\(\s*"(JAX_SMDDP_[A-Z0-9_]+)"\s*([,)])')
 
 
 def typed_reads() -> list[tuple[str, str, str, str]]:
@@ -59,16 +60,27 @@ def typed_reads() -> list[tuple[str, str, str, str]]:
 
 
 def test_typed_reads_take_the_registry_default():
-  # Each default is stated once, in the registry: IntSetting and SecondsSetting
-  # return the declared default, so what they read must declare a value (a
-  # setting whose default is worked out at run time, "cores - 1", is read with
-  # IntSettingIfSet), and no read passes a second default of its own.
+  # Each default is stated once, in the registry: IntSetting, SecondsSetting
+  # and DeclaredDefault return the declared default, so what they read must
+  # declare a value; a setting whose default is worked out at run time
+  # ("cores - 1") is read with IntSettingIfSet, and one whose default is a
+  # value never is (its caller would state the default again); TextSetting
+  # reads choice, list and text settings. No read passes a default of its own.
   specs = {s["name"]: s for s in config.specs()}
   reads = typed_reads()
-  assert len(reads) >= 15, reads  # the check sees the code
+  assert len(reads) >= 25, reads  # the check sees the code
+  assert {fn for _, fn, _, _ in reads} >= {"IntSetting", "IntSettingIfSet", "TextSetting",
+                                           "DeclaredDefault"}, reads
   wrong = []
   for path, fn, name, after in reads:
     if fn == "IntSettingIfSet":
+      if _declares_a_value(specs[name]):
+        wrong.append(f"{path}: IntSettingIfSet(\"{name}\") and a default of the caller's, "
+                     f"although the registry declares one ({specs[name]['default']}): IntSetting")
+      continue
+    if fn == "TextSetting":
+      if specs[name]["kind"] not in ("choice", "list", "text"):
+        wrong.append(f"{path}: TextSetting(\"{name}\") reads a {specs[name]['kind']} setting")
       continue
     if after == ",":
       wrong.append(f"{path}: {fn}(\"{name}\", ...) states a default beside the registry's")
@@ -82,6 +94,13 @@ def test_typed_reads_take_the_registry_default():
     if not isinstance(value, (int, float)):
       wrong.append(f"{path}: {fn}(\"{name}\"): not a numeric setting")
   assert not wrong, "\n".join(wrong)
+
+
+def _declares_a_value(spec: dict) -> bool:
+  try:
+    return config.default(spec["name"]) is not None
+  except ValueError:  # a description ("cores - 1")
+    return False
 
 
 PY_SECOND_DEFAULT = re.compile(r'config\.get\(\s*"(JAX_SMDDP_[A-Z0-9_]+)"\s*\)\s*or\s*([^\s),]+)')
@@ -203,3 +222,153 @@ def test_non_default_lists_what_differs_from_the_registry_defaults(monkeypatch):
     assert config.non_default()["JAX_SMDDP_TIMEOUT_S"] == "42 (jax_smddp.set_timeout)"
   finally:
     jax_smddp.set_timeout(old)
+
+
+# --- Each default once: what the code may not restate, and the copies it keeps on purpose ---
+
+# Python constants that mirror a setting's default, each checked here against the
+# registry: (module, constant) -> setting. Lines that define them may name their setting
+# beside its value; nothing else may.
+CHECKED_COPIES = {
+    ("jax_smddp.cost_model", "DEFAULT_CHUNK_BYTES"): "JAX_SMDDP_CHUNK_BYTES",
+    ("jax_smddp.cost_model", "HELPER_MIN_BYTES"): "JAX_SMDDP_CPU_HELPER_MIN_BYTES",
+}
+
+_UNITS = {"K": 1 << 10, "KIB": 1 << 10, "M": 1 << 20, "MIB": 1 << 20, "G": 1 << 30, "GIB": 1 << 30}
+_NUM = r"\d(?:'?\d)*"  # C++ digit separators too (300'000)
+
+
+def _literals(line: str) -> set[float]:
+  """The numbers a line of code or comment writes: plain, shifted (1 << 20),
+  multiplied (256 * 1024) or with a unit (256 KiB, 8M)."""
+  found = set()
+  for a, k in re.findall(rf"({_NUM})\s*<<\s*(\d+)", line):
+    found.add(float(int(a.replace("'", "")) << int(k)))
+  for product in re.findall(rf"{_NUM}(?:\s*\*\s*{_NUM})+", line):
+    v = 1
+    for factor in re.split(r"\s*\*\s*", product):
+      v *= int(factor.replace("'", ""))
+    found.add(float(v))
+  for n, unit in re.findall(rf"\b({_NUM}(?:\.\d+)?)\s*(KiB|MiB|GiB|K|M|G)\b", line):
+    found.add(float(n.replace("'", "")) * _UNITS[unit.upper()])
+  for n in re.findall(rf"(?<![\w.]){_NUM}(?:\.\d+)?(?![\w.])", line):
+    found.add(float(n.replace("'", "")))
+  return found
+
+
+def restated_defaults(repo: str) -> list[str]:
+  """Lines of the native code and the package that write a numeric setting's declared
+  default beside the setting's name (on its line, the one before or the one after)."""
+  specs = {s["name"]: s for s in config.specs()}
+  defaults = {}
+  for name, s in specs.items():
+    if s["kind"] in ("int", "bytes", "seconds") and _declares_a_value(s):
+      value = float(config.default(name))
+      defaults[name] = {value, value * 1000} if s["kind"] == "seconds" else {value}  # ms too
+  copies = {(m.rsplit(".", 1)[-1] + ".py", c) for m, c in CHECKED_COPIES}
+  found = []
+  for top in ("xla_ffi", "cuda", "jax_smddp"):
+    for root, _, files in os.walk(os.path.join(repo, top)):
+      for f in files:
+        if not f.endswith((".cc", ".h", ".cu", ".cuh", ".py")) or f == "settings.cc":
+          continue
+        path = os.path.join(root, f)
+        with open(path, errors="ignore") as fh:
+          lines = fh.read().split("\n")
+        for i, line in enumerate(lines):
+          if any(f == file and re.match(rf"\s*{c}\s*=", line) for file, c in copies):
+            continue
+          for name in set(re.findall(r"JAX_SMDDP_[A-Z0-9_]*[A-Z0-9]", line)) & set(defaults):
+            for near in lines[max(0, i - 1):i + 2]:
+              if _literals(near) & defaults[name]:
+                found.append(f"{os.path.relpath(path, repo)}:{i + 1}: {name} beside its default "
+                             f"({specs[name]['default']}): {near.strip()}")
+  return found
+
+
+def test_no_code_restates_a_default_beside_the_registry():
+  found = restated_defaults(REPO)
+  assert not found, "defaults stated again (the registry, xla_ffi/common/settings.cc, states " \
+                    "each once; read it, or name it without its value):\n" + "\n".join(found)
+
+
+def test_the_check_finds_a_planted_default(tmp_path):
+  # A copy of the tree with one literal default planted where timeout.cc reads the
+  # registry: the check above must name it.
+  for top in ("xla_ffi", "cuda", "jax_smddp"):
+    os.symlink(os.path.join(REPO, top), tmp_path / top)
+  assert restated_defaults(str(tmp_path)) == []
+  planted = tmp_path / "cuda" / "planted.cc"
+  (tmp_path / "cuda").unlink()
+  (tmp_path / "cuda").mkdir()
+  planted.write_text("// JAX_SMDDP_TIMEOUT_S\nstd::atomic<int64_t> g_timeout_ms{300'000};\n"
+                     "const size_t ring = 8 << 20;  // JAX_SMDDP_SHM_RING_BYTES\n")
+  found = restated_defaults(str(tmp_path))
+  assert len(found) == 2 and "JAX_SMDDP_TIMEOUT_S" in found[0] and \
+      "JAX_SMDDP_SHM_RING_BYTES" in found[1], found
+
+
+def test_python_copies_of_defaults_equal_the_registry():
+  import importlib
+  for (module, constant), name in CHECKED_COPIES.items():
+    assert getattr(importlib.import_module(module), constant) == config.default(name), \
+        f"{module}.{constant} differs from {name}'s declared default"
+
+
+@pytest.mark.engine
+def test_typed_reads_in_the_engine(monkeypatch):
+  # IntSetting, SecondsSetting, IntSettingIfSet and TextSetting as the engine calls them:
+  # unset, the registry's default (IntSettingIfSet: not set; TextSetting: a choice's declared
+  # default, "" for a default that is a description); set, the value parsed as Python parses it.
+  from helpers import engine_probes
+  probes = engine_probes()
+  for name in [k for k in os.environ if k.startswith("JAX_SMDDP_")]:
+    monkeypatch.delenv(name)
+  checked = 0
+  for s in config.specs():
+    name, kind = s["name"], s["kind"]
+    if kind in ("int", "bytes", "seconds"):
+      assert probes.typed_setting("int_if_set", name) is None, name
+      if _declares_a_value(s):
+        how = "seconds" if kind == "seconds" else "int"
+        assert probes.typed_setting(how, name) == config.default(name), name
+        assert probes.typed_setting("declared", name) == config.default(name), name
+        checked += 1
+    elif kind == "choice":
+      spec_default = s["default"]
+      want = spec_default if spec_default in s["choices"].split("|") else ""
+      assert probes.typed_setting("text", name) == want, name
+      checked += 1
+    else:
+      assert probes.typed_setting("text", name) == "", name
+  assert checked >= 30
+  monkeypatch.setenv("JAX_SMDDP_CPU_HELPER_MIN_BYTES", "64K")
+  assert probes.typed_setting("int_if_set", "JAX_SMDDP_CPU_HELPER_MIN_BYTES") == 65536
+  assert probes.typed_setting("int", "JAX_SMDDP_CPU_HELPER_MIN_BYTES") == 65536
+  assert probes.typed_setting("declared", "JAX_SMDDP_CPU_HELPER_MIN_BYTES") == 256 << 10
+  monkeypatch.setenv("JAX_SMDDP_CPU_HELPER_MIN_BYTES", "lots")  # invalid: as unset
+  assert probes.typed_setting("int_if_set", "JAX_SMDDP_CPU_HELPER_MIN_BYTES") is None
+  assert probes.typed_setting("int", "JAX_SMDDP_CPU_HELPER_MIN_BYTES") == 256 << 10
+  monkeypatch.setenv("JAX_SMDDP_TIMEOUT_S", "2.5")
+  assert probes.typed_setting("seconds", "JAX_SMDDP_TIMEOUT_S") == 2.5
+  monkeypatch.setenv("JAX_SMDDP_FABRIC_WAIT", " Sleep ")
+  assert probes.typed_setting("text", "JAX_SMDDP_FABRIC_WAIT") == "sleep"
+  monkeypatch.setenv("JAX_SMDDP_FABRIC_WAIT", "never")  # invalid: the declared default
+  assert probes.typed_setting("text", "JAX_SMDDP_FABRIC_WAIT") == "fd"
+  # The computed default of JAX_SMDDP_CPU_HELPERS, from its one hook.
+  assert probes.cpu_helpers() == probes.cores_available() - 1
+  monkeypatch.setenv("JAX_SMDDP_CPU_HELPERS", "3")
+  assert probes.cpu_helpers() == 3
+
+
+@pytest.mark.engine
+@pytest.mark.timeout(60)
+def test_the_engine_deadline_starts_at_the_registry_default(tmp_path):
+  # Before anyone calls set_timeout (a front end loaded without jax_smddp's Python), the
+  # deadline is the declared default, whatever the environment says.
+  env = {k: v for k, v in os.environ.items() if not k.startswith("JAX_SMDDP_")}
+  env["JAX_SMDDP_TIMEOUT_S"] = "7"
+  run = subprocess.run([sys.executable, "-c", "import _smddp_testing as t; print(t.timeout_seconds())"],
+                       cwd=tmp_path, env=env, capture_output=True, text=True, timeout=50)
+  assert run.returncode == 0, run.stderr
+  assert float(run.stdout) == config.default("JAX_SMDDP_TIMEOUT_S")

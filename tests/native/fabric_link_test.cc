@@ -544,7 +544,7 @@ void Throughput(Link* link, int me, const std::string& provider) {
 // the benchmark finds the engine slower than gloo between hosts: median and
 // minimum of 40 rounds, waiting by spinning on Progress, and by sleeping on
 // the link's activity (AwaitActivity, as the engine's calls wait once their
-// spin is over). Printed for docs/performance_model.md; checked for the data
+// spin is over). Printed for docs/cpu_floor.md; checked for the data
 // only. What the transport alone costs, without XLA or the engine.
 void Latency(Link* link, int me) {
   const int kRounds = 40;

@@ -64,7 +64,7 @@ using namespace nccl_test;  // NOLINT: the harness is this test's vocabulary
 
 void Served() {
   ncclComm_t comm = Create(P, me, Config(22809, 0));
-  // The front end reads in place unless a call is captured (gpu::Preferences),
+  // The front end reads in place unless a call is captured (gpu::NcclFrontEndPreferences),
   // as the custom calls do; these host buffers cannot be shared, so its calls
   // stage, saying why once.
   smddp::nccl::Comm* c = smddp::nccl::AsComm(comm);

@@ -4,239 +4,27 @@
 // the same script of transfers, kept in step by one-byte messages over pipes.
 // Exit code 0 on success; on failure a message and exit code 1 (the other
 // process is killed). Every wait has a deadline, so a bug fails, never hangs.
+// The ring's defences against a corrupt peer: shm_corruption_test.cc.
 //
 // Build (from the repository root):
 //   c++ -std=c++17 -O2 -I. xla_ffi/transports/shm_{segment,ring,single_copy,link}.cc \
 //       xla_ffi/transports/shm_file.cc xla_ffi/transports/process_liveness.cc \
 //       xla_ffi/common/settings.cc xla_ffi/common/protocol.cc tests/native/shm_link_test.cc \
 //       -o t -lpthread -lrt
-#include "xla_ffi/transports/shm_link.h"
-#include "tests/native/check.h"
+#include "tests/native/shm_harness.h"
 
-#include <dirent.h>
-#include <fcntl.h>
-#include <linux/filter.h>
-#include <linux/seccomp.h>
-#include <poll.h>
-#include <sched.h>
-#include <signal.h>
-#include <stddef.h>
-#include <sys/mman.h>
 #include <sys/prctl.h>
-#include <sys/stat.h>
-#include <sys/syscall.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
-#include <atomic>
-#include <chrono>
-#include <cstdint>
 #include <cstdio>
-#include <cstdlib>
 #include <cstring>
-#include <memory>
-#include <random>
 #include <string>
 #include <thread>
-#include <vector>
 
-using smddp::Link;
-using smddp::Request;
-using smddp::ShmSegment;
-using smddp::Status;
-using Clock = std::chrono::steady_clock;
+using namespace shm_test;  // NOLINT: the harness is this test's vocabulary
 
 namespace {
-
-// A failure in either process: the shared check (tests/native/check.h).
-[[noreturn]] void Die(const char* file, int line, const std::string& msg) {
-  smddp_test::Fail(file, line, msg);
-}
-
-#define CHECK_OK(expr)                                                               \
-  do {                                                                               \
-    Status _s = (expr);                                                              \
-    if (!_s.ok()) Die(__FILE__, __LINE__, #expr + std::string(": ") + _s.message()); \
-  } while (0)
-
-const size_t kMiB = size_t(1) << 20;
-
-// Whether large messages are read in place (JAX_SMDDP_SHM_SINGLE_COPY_BYTES;
-// the script runs with it on and off).
-bool SingleCopy() { return smddp::SingleCopyMinBytes() > 0 && smddp::SingleCopyMinBytes() <= kMiB; }
-
-double Seconds(Clock::time_point a, Clock::time_point b) {
-  return std::chrono::duration<double>(b - a).count();
-}
-
-// ---- data patterns: each 8-byte word depends on tag, direction, offset ----
-
-uint64_t Mix64(uint64_t x) {
-  x ^= x >> 30;
-  x *= 0xbf58476d1ce4e5b9ull;
-  x ^= x >> 27;
-  x *= 0x94d049bb133111ebull;
-  x ^= x >> 31;
-  return x;
-}
-
-uint64_t Seed(uint64_t tag, int dir) {
-  return Mix64(tag * 0x9e3779b97f4a7c15ull + uint64_t(dir) + 1);
-}
-
-void Fill(uint8_t* p, size_t n, uint64_t tag, int dir) {
-  const uint64_t seed = Seed(tag, dir);
-  size_t words = n / 8;
-  for (size_t k = 0; k < words; ++k) {
-    uint64_t w = Mix64(seed ^ k);
-    std::memcpy(p + 8 * k, &w, 8);
-  }
-  if (n % 8) {
-    uint64_t w = Mix64(seed ^ words);
-    std::memcpy(p + 8 * words, &w, n % 8);
-  }
-}
-
-// First wrong offset, or -1.
-long long Verify(const uint8_t* p, size_t n, uint64_t tag, int dir) {
-  const uint64_t seed = Seed(tag, dir);
-  size_t words = n / 8;
-  for (size_t k = 0; k < words; ++k) {
-    uint64_t w = Mix64(seed ^ k);
-    if (std::memcmp(p + 8 * k, &w, 8) != 0) {
-      for (size_t b = 0; b < 8; ++b) {
-        if (p[8 * k + b] != reinterpret_cast<const uint8_t*>(&w)[b]) return (long long)(8 * k + b);
-      }
-    }
-  }
-  if (n % 8) {
-    uint64_t w = Mix64(seed ^ words);
-    for (size_t b = 0; b < n % 8; ++b) {
-      if (p[8 * words + b] != reinterpret_cast<const uint8_t*>(&w)[b])
-        return (long long)(8 * words + b);
-    }
-  }
-  return -1;
-}
-
-// ---- pipes between the two processes ----
-
-int g_in = -1, g_out = -1;  // read from / write to the other process
-
-void Put(char c) {
-  ssize_t n;
-  do {
-    n = ::write(g_out, &c, 1);
-  } while (n < 0 && errno == EINTR);
-  CHECK_MSG(n == 1, "pipe write failed");
-}
-
-// Whether a byte is ready within `ms` (0: just look).
-bool Ready(int ms) {
-  pollfd p{g_in, POLLIN, 0};
-  int r;
-  do {
-    r = ::poll(&p, 1, ms);
-  } while (r < 0 && errno == EINTR);
-  return r > 0;
-}
-
-char Get(const char* what, int ms = 60000) {
-  if (!Ready(ms))
-    Die(__FILE__, __LINE__, std::string("timed out waiting for the other process: ") + what);
-  char c;
-  ssize_t n;
-  do {
-    n = ::read(g_in, &c, 1);
-  } while (n < 0 && errno == EINTR);
-  if (n != 1) Die(__FILE__, __LINE__, std::string("the other process went away: ") + what);
-  return c;
-}
-
-void Expect(char want, const char* what) {
-  char c = Get(what);
-  CHECK_MSG(c == want, std::string(what) + ": got '" + c + "', expected '" + want + "'");
-}
-
-void Barrier(const char* what) {
-  Put('b');
-  Expect('b', what);
-}
-
-// ---- waiting on requests ----
-
-void Wait(Link* link, const std::vector<Request*>& reqs, const char* what, double seconds = 60) {
-  const auto deadline = Clock::now() + std::chrono::duration<double>(seconds);
-  for (;;) {
-    bool all = true;
-    for (Request* r : reqs) all = all && r->done();
-    if (all) return;
-    link->Progress();
-    std::string f = link->PeerFailure();
-    if (!f.empty()) Die(__FILE__, __LINE__, std::string(what) + ": peer failure: " + f);
-    if (Clock::now() > deadline) Die(__FILE__, __LINE__, std::string("timed out: ") + what);
-    sched_yield();
-  }
-}
-
-void Wait1(Link* link, Request* r, const char* what, double seconds = 60) {
-  Wait(link, {r}, what, seconds);
-}
-
-// Drives the link for `ms` milliseconds.
-void Spin(Link* link, int ms) {
-  const auto end = Clock::now() + std::chrono::milliseconds(ms);
-  while (Clock::now() < end) {
-    link->Progress();
-    sched_yield();
-  }
-}
-
-struct Msg {
-  uint64_t tag;
-  size_t n;
-  std::vector<uint8_t> buf;
-  Request req;
-  Msg(uint64_t t, size_t size) : tag(t), n(size), buf(size) {}
-};
-using Msgs = std::vector<std::unique_ptr<Msg>>;
-
-std::vector<Request*> Reqs(const Msgs& ms) {
-  std::vector<Request*> r;
-  for (auto& m : ms) r.push_back(&m->req);
-  return r;
-}
-
-void PostSend(Link* l, Msg* m, int dir) {
-  Fill(m->buf.data(), m->n, m->tag, dir);
-  l->Send(m->tag, m->buf.data(), m->n, &m->req);
-}
-
-void CheckRecv(Msg* m, int dir, const char* what) {
-  CHECK_MSG(m->req.done(), what);
-  CHECK_MSG(m->req.status().ok(), std::string(what) + " tag " + std::to_string(m->tag) + ": " +
-                                      m->req.status().message());
-  long long bad = Verify(m->buf.data(), m->n, m->tag, dir);
-  CHECK_MSG(bad < 0, std::string(what) + ": tag " + std::to_string(m->tag) + " (" +
-                         std::to_string(m->n) + " bytes) wrong at offset " + std::to_string(bad));
-}
-
-void CheckSent(Msg* m, const char* what) {
-  CHECK_MSG(m->req.done() && m->req.status().ok(),
-            std::string(what) + " send tag " + std::to_string(m->tag) + ": " +
-                (m->req.done() ? m->req.status().message() : std::string("not done")));
-}
-
-bool Contains(const std::string& s, const std::string& part) {
-  return s.find(part) != std::string::npos;
-}
-
-bool ShmExists(const std::string& name) {
-  struct stat st;
-  return ::stat(("/dev/shm" + name).c_str(), &st) == 0;
-}
-
-const std::vector<size_t> kSizes = {0, 1, 7, 4096, kMiB + 3, 64 * kMiB};
 
 // ---- the script; `me` is 0 in the parent (creator), 1 in the child ----
 
@@ -847,78 +635,10 @@ void RunScript(Link* l, Link* small, int me) {
   Barrier("script done");
 }
 
-// Single-process checks that the reader survives nonsense in the ring. The
-// raw offsets are those of the layout in shm_link_impl.h: ring 0's head counter
-// at 192, tail at 320, ring 0's data at 4096.
-void TestCorruption() {
-  constexpr size_t kHead0 = 192, kTail0 = 320, kData = 4096;
-  for (int kind = 0; kind < 3; ++kind) {
-    std::string name;
-    std::shared_ptr<ShmSegment> seg_a, seg_b;
-    CHECK_OK(smddp::CreateShmSegment(16 << 10, &name, &seg_a));
-    CHECK_OK(smddp::OpenShmSegment(name, &seg_b));
-    int fd = ::shm_open(name.c_str(), O_RDWR, 0);
-    CHECK(fd >= 0);
-    struct stat st;
-    CHECK(::fstat(fd, &st) == 0);
-    auto* raw = static_cast<uint8_t*>(
-        ::mmap(nullptr, size_t(st.st_size), PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0));
-    ::close(fd);
-    CHECK(raw != MAP_FAILED);
-    CHECK_OK(smddp::UnlinkShmSegment(name));
-    auto a = smddp::MakeShmLink(seg_a, true, ::getpid());
-    auto b = smddp::MakeShmLink(seg_b, false, ::getpid());
-    // A message goes through first.
-    Msg m(1, 100), r(1, 100);
-    b->Recv(1, r.buf.data(), 100, &r.req);
-    PostSend(a.get(), &m, 0);
-    Wait(b.get(), {&r.req}, "corruption: sane message");
-    CheckRecv(&r, 0, "corruption: sane message");
-    auto* head0 = reinterpret_cast<std::atomic<uint64_t>*>(raw + kHead0);
-    auto* tail0 = reinterpret_cast<std::atomic<uint64_t>*>(raw + kTail0);
-    Msg victim(2, 64);
-    b->Recv(2, victim.buf.data(), 64, &victim.req);
-    Link* failing = b.get();
-    if (kind == 0) {  // garbage chunk header
-      uint64_t h = head0->load();
-      std::memset(raw + kData + h % (16 << 10), 0xab, 64);
-      head0->store(h + 64);
-    } else if (kind == 1) {  // write position far past the ring
-      head0->store(head0->load() + (uint64_t(1) << 30));
-    } else {  // the reader's position, as the writer sees it, is nonsense
-      tail0->store(12345);
-      failing = a.get();
-      Msg s(3, 10);
-      PostSend(a.get(), &s, 0);
-      CHECK(s.req.done() && !s.req.status().ok());
-    }
-    failing->Progress();
-    std::string why = failing->PeerFailure();
-    CHECK_MSG(Contains(why, "corrupt"),
-              "corruption kind " + std::to_string(kind) + ": '" + why + "'");
-    if (failing == b.get()) {
-      CHECK(victim.req.done() && !victim.req.status().ok());
-    } else {
-      b->Cancel(&victim.req);
-    }
-    Msg after(4, 8);
-    failing->Recv(4, after.buf.data(), 8, &after.req);
-    CHECK(after.req.done() && !after.req.status().ok());
-    ::munmap(raw, size_t(st.st_size));
-  }
-  // Segment-level checks.
-  std::shared_ptr<ShmSegment> seg;
-  CHECK(!smddp::OpenShmSegment("/jax_smddp-0123456789abcdef0123456789abcdef", &seg).ok());
-  CHECK(!smddp::OpenShmSegment("/etc/passwd", &seg).ok());
-  std::printf("corruption checks passed\n");
-}
-
 }  // namespace
 
 int main() {
   std::setvbuf(stdout, nullptr, _IOLBF, 0);
-  TestCorruption();
-
   std::string name, small_name;
   std::shared_ptr<ShmSegment> seg, small_seg;
   CHECK_OK(smddp::CreateShmSegment(smddp::DefaultShmRingBytes(), &name, &seg));

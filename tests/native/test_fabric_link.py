@@ -163,7 +163,8 @@ int main() {
          "xla_ffi/transports/fabric_api.cc", "xla_ffi/transports/fabric_endpoint.cc",
          "xla_ffi/transports/fabric_eager.cc", "xla_ffi/transports/fabric_direct.cc",
          "xla_ffi/transports/fabric_link.cc", "xla_ffi/transports/fabric_link_stub.cc",
-         "xla_ffi/transports/fabric_rail.cc", "xla_ffi/common/hashing.cc",
+         "xla_ffi/transports/fabric_rail.cc", "xla_ffi/transports/fabric_info.cc",
+         "xla_ffi/common/hashing.cc",
          "xla_ffi/common/settings.cc", str(main), "-o", out]
   proc = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=240)
   assert proc.returncode == 0, proc.stderr

@@ -1,6 +1,7 @@
 """The GPU communicators' set-up and per-call checks
 (cuda/gpu_communicator.cc, cuda/gpu_hierarchy.cc) without a GPU: a standalone C++ program
-(tests/native/gpu_communicator_test.cc) built against a mock CUDA runtime
+(tests/native/gpu_communicator_test.cc; groups across hosts and the network proxy:
+tests/native/gpu_hosts_test.cc, on tests/native/gpu_communicator_harness.h) built against a mock CUDA runtime
 (tests/native/mock_cuda: "device memory" in POSIX shared memory) forks three
 rank processes that prepare, trade handles, connect, and run the stream
 protocol over the communicator's own views, in both flag memories: every
@@ -42,6 +43,13 @@ def program():
   """tests/native/gpu_communicator_test.cc with cuda/'s host code against the
   mock CUDA runtime, built by CMake (target gpu_communicator_test)."""
   return native_program("gpu_communicator_test")
+
+
+@pytest.fixture(scope="module")
+def hosts_program():
+  """tests/native/gpu_hosts_test.cc (groups across hosts, the network proxy) on the same
+  mock, built by CMake (target gpu_hosts_test)."""
+  return native_program("gpu_hosts_test")
 
 
 @pytest.mark.timeout(300)
@@ -125,7 +133,7 @@ def _run_scenario(program, scenario, flag_memory, env=None):
 @pytest.mark.timeout(900)
 @pytest.mark.parametrize("slots", ["staging", "rail"])
 @pytest.mark.parametrize("scenario", ["hosts", "hosts_dead", "hosts_2x2"])
-def test_gpu_group_across_hosts(program, scenario, slots):
+def test_gpu_group_across_hosts(hosts_program, scenario, slots):
   """Two hosts of one process each (hosts_2x2: two each, the host's ranks in
   one GPU communicator across its processes), over the world's real
   bootstrap (libfabric shm links and a TCP watch): PrepareHierarchy, then the
@@ -142,7 +150,7 @@ def test_gpu_group_across_hosts(program, scenario, slots):
   if _rail_missing():
     pytest.skip(_rail_missing())
   before = set(os.listdir("/dev/shm"))
-  run = subprocess.run([program, scenario, slots], capture_output=True, text=True, timeout=120)
+  run = subprocess.run([hosts_program, scenario, slots], capture_output=True, text=True, timeout=120)
   out = run.stdout + run.stderr
   assert run.returncode == 0 and "all checks passed" in run.stdout, out
   if scenario == "hosts_dead":
@@ -161,7 +169,7 @@ def mock_gdrapi():
 @pytest.mark.timeout(900)
 @pytest.mark.parametrize("scenario,slots", [("hosts", "staging"), ("hosts_2x2", "rail"),
                                             ("hosts_dead", "staging")])
-def test_gpu_group_across_hosts_with_gdrcopy(program, mock_gdrapi, scenario, slots):
+def test_gpu_group_across_hosts_with_gdrcopy(hosts_program, mock_gdrapi, scenario, slots):
   """The same, with a mock libgdrapi on the library path: the network signals
   are (mock) device memory on a 64 KiB page, pinned and mapped a second time
   through cuda/gdrcopy.cc, and the proxy raises every flag through that
@@ -172,7 +180,7 @@ def test_gpu_group_across_hosts_with_gdrcopy(program, mock_gdrapi, scenario, slo
   env = dict(os.environ, LD_LIBRARY_PATH=mock_gdrapi + os.pathsep + os.environ.get("LD_LIBRARY_PATH", ""),
              JAX_SMDDP_TEST_EXPECT_GDRCOPY="1")
   before = set(os.listdir("/dev/shm"))
-  run = subprocess.run([program, scenario, slots], capture_output=True, text=True, timeout=120,
+  run = subprocess.run([hosts_program, scenario, slots], capture_output=True, text=True, timeout=120,
                        env=env)
   out = run.stdout + run.stderr
   assert run.returncode == 0 and "all checks passed" in run.stdout, out
@@ -203,19 +211,19 @@ def test_cuda_module_finds_gdrcopy(mock_gdrapi, setting, want):
 
 
 @pytest.mark.timeout(900)
-def test_network_proxy_shut(program):
+def test_network_proxy_shut(hosts_program):
   """The exit hook's wait (NetworkProxy::Shut): refused while a step runs,
   granted once it ended, immediate when idle; a step after it releases its
   flags without touching the links."""
-  run = subprocess.run([program, "proxy_shut", "-"], capture_output=True, text=True, timeout=60)
+  run = subprocess.run([hosts_program, "proxy_shut", "-"], capture_output=True, text=True, timeout=60)
   assert run.returncode == 0 and "all checks passed" in run.stdout, run.stdout + run.stderr
 
 
 @pytest.mark.timeout(900)
-def test_network_proxy_progresses_each_endpoint_once(program):
+def test_network_proxy_progresses_each_endpoint_once(hosts_program):
   """A network step progresses each libfabric endpoint once a round (Link::ProgressKey), not
   once per host it serves, while it waits for the stream and while it exchanges."""
-  run = subprocess.run([program, "proxy_progress", "-"], capture_output=True, text=True,
+  run = subprocess.run([hosts_program, "proxy_progress", "-"], capture_output=True, text=True,
                        timeout=60)
   assert run.returncode == 0 and "all checks passed" in run.stdout, run.stdout + run.stderr
 

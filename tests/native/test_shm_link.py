@@ -2,7 +2,9 @@
 C++ program (tests/native/shm_link_test.cc, CMake target shm_link_test) that
 forks a peer process: no jax. The script runs with single copy on (messages
 from 64 KiB read in place; then refused by a seccomp filter) and off
-(everything through the ring)."""
+(everything through the ring). The ring's defences against a corrupt peer, in one
+process: tests/native/shm_corruption_test.cc (target shm_corruption_test); both programs
+on tests/native/shm_harness.h."""
 
 import os
 import subprocess
@@ -23,3 +25,12 @@ def test_shm_link(single_copy_bytes):
     assert "all checks passed" in run.stdout
     refused = "child single copy: off: this process may not read" in run.stdout
     assert refused == (single_copy_bytes != "0"), run.stdout
+
+
+@pytest.mark.timeout(300)
+def test_shm_ring_refuses_corruption():
+    run = subprocess.run([native_program("shm_corruption_test")], capture_output=True, text=True,
+                         timeout=120)
+    print(run.stdout + run.stderr)
+    assert run.returncode == 0, run.stdout + run.stderr
+    assert "corruption checks passed" in run.stdout and "all checks passed" in run.stdout

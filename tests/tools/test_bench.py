@@ -437,7 +437,7 @@ _MEASURED_SENT = {
 
 
 def test_bytes_on_the_wire_match_the_interfaces_counters():
-  """The bytes per host that docs/performance_model.md states (core.interhost_bytes_per_host for
+  """The bytes per host that docs/between_hosts.md states (core.interhost_bytes_per_host for
   jax_smddp's algorithms, core.ring_bytes_per_host for gloo's ring) are what the interfaces
   counted, within 2 % (headers)."""
   from jax_smddp.tools.bench import core

@@ -44,11 +44,12 @@ std::vector<int> ProcessCall::RanksOf(int process) const {
 
 size_t ChunkBytes() {
   static const size_t bytes = [] {
-    int64_t v = 0;  // unset: 1 MiB (jax_smddp.tuning chooses per call otherwise)
-    IntSettingIfSet("JAX_SMDDP_CHUNK_BYTES", &v);
-    // Whole cache lines, so chunk boundaries never split an element; at least
-    // 4 KiB, as jax_smddp.tuning rounds it.
-    return v > 0 ? std::max<size_t>(4096, (size_t(v) + 63) / 64 * 64) : size_t(1) << 20;
+    // A call's own chunk (jax_smddp.tuning's) comes with the call; this is the
+    // setting, or its declared default. Whole cache lines, so chunk
+    // boundaries never split an element; at least 4 KiB, as jax_smddp.tuning
+    // rounds it.
+    const int64_t v = IntSetting("JAX_SMDDP_CHUNK_BYTES");
+    return std::max<size_t>(4096, (size_t(v) + 63) / 64 * 64);
   }();
   return bytes;
 }

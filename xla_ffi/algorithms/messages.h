@@ -18,7 +18,7 @@
 
 namespace smddp {
 
-// Default bytes per chunk (JAX_SMDDP_CHUNK_BYTES, default 1 MiB); a call may
+// Default bytes per chunk (JAX_SMDDP_CHUNK_BYTES, or its declared default); a call may
 // choose its own (ProcessCall::chunk_bytes).
 size_t ChunkBytes();
 

@@ -10,7 +10,7 @@ namespace {
 
 // The defaults the registry describes: {spin, yield} polls with cores to
 // spare, and where they are oversubscribed (measured on a 2-core VM, 4
-// processes: docs/performance_model.md, "Waiting on an oversubscribed
+// processes: docs/cpu_floor.md, "Waiting on an oversubscribed
 // machine").
 constexpr WaitPolls kSpareCores{256, 4096};
 constexpr WaitPolls kOversubscribed{16, 32};

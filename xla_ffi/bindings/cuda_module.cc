@@ -1,10 +1,10 @@
 // Python bindings of the GPU backend (_smddp_cuda): FFI targets for platform
 // CUDA, communicator set-up (regions and CUDA IPC handles, exchanged by
 // jax_smddp/gpu.py over the jax.distributed key-value store), settings and
-// counters. Built only where nvcc is found; imports without a GPU or driver.
-#include <algorithm>
+// counters, and the GPU's own rates (cuda/microbenchmarks.h); with
+// -DJAX_SMDDP_TESTING=ON the kernel tests' driver (cuda/stream_driver.h). Built
+// only where nvcc is found; imports without a GPU or driver.
 #include <cstdint>
-#include <cstring>
 #include <stdexcept>
 #include <string>
 #include <utility>
@@ -14,16 +14,17 @@
 
 #include "cuda/cuda_stream_ops.h"
 #include "cuda/device_scope.h"
-#include "cuda/event_clock.h"
 #include "cuda/gdrcopy.h"
 #include "cuda/gpu_communicator.h"
 #include "cuda/gpu_hierarchy.h"
-#include "cuda/kernels.h"
+#include "cuda/microbenchmarks.h"
+#ifdef SMDDP_TESTING_ENTRIES
+#include "cuda/stream_driver.h"
+#endif
 #include "nanobind/nanobind.h"
 #include "nanobind/stl/pair.h"
 #include "nanobind/stl/string.h"
 #include "nanobind/stl/vector.h"
-#include "xla_ffi/algorithms/stream_algorithms.h"
 #include "xla_ffi/bindings/enums.h"
 #include "xla_ffi/bindings/failures.h"
 #include "xla_ffi/bindings/phase_dict.h"
@@ -46,257 +47,52 @@ void CheckCuda(cudaError_t err, const char* what) {
     throw std::runtime_error(std::string(what) + ": " + cudaGetErrorString(err));
 }
 
-// Best seconds of `iters` runs (after two warm-ups) of what `enqueue(stream)`
-// puts on a stream of its own on device `ordinal`, timed by CUDA events.
-template <typename F>
-double BestSeconds(int ordinal, int iters, F&& enqueue) {
-  CheckCuda(cudaSetDevice(ordinal), "cudaSetDevice");
-  cudaStream_t s;
-  cudaEvent_t start, stop;
-  CheckCuda(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking), "cudaStreamCreate");
-  CheckCuda(cudaEventCreate(&start), "cudaEventCreate");
-  CheckCuda(cudaEventCreate(&stop), "cudaEventCreate");
-  float best_ms = 0;
-  for (int i = 0; i < iters + 2; ++i) {
-    CheckCuda(cudaEventRecord(start, s), "cudaEventRecord");
-    enqueue(s);
-    CheckCuda(cudaEventRecord(stop, s), "cudaEventRecord");
-    CheckCuda(cudaEventSynchronize(stop), "cudaEventSynchronize");
-    float ms = 0;
-    CheckCuda(cudaEventElapsedTime(&ms, start, stop), "cudaEventElapsedTime");
-    if (i >= 2 && (best_ms == 0 || ms < best_ms)) best_ms = ms;
-  }
-  cudaEventDestroy(start);
-  cudaEventDestroy(stop);
-  cudaStreamDestroy(s);
-  return best_ms * 1e-3;
-}
-
-// `count` zeroed buffers of `bytes` each on `ordinal`, the current device
-// while they live (the caller's again after).
-struct DeviceBuffers {
-  DeviceBuffers(int ordinal, int count, size_t bytes) : scope(ordinal), p(size_t(count), nullptr) {
-    CheckCuda(cudaSetDevice(ordinal), "cudaSetDevice");
-    for (void*& b : p) CheckCuda(cudaMalloc(&b, bytes), "cudaMalloc");
-    for (void* b : p) CheckCuda(cudaMemset(b, 0, bytes), "cudaMemset");
-  }
-  ~DeviceBuffers() {
-    for (void* b : p) cudaFree(b);
-  }
-  smddp::cuda::DeviceScope scope;
-  std::vector<void*> p;
-};
-
-// Device-to-device copy bandwidth on `ordinal` (bytes copied per second by
-// cudaMemcpyAsync of `bytes`, best of `iters`): the benchmark's reference.
-double CopyBandwidth(int ordinal, size_t bytes, int iters) {
-  DeviceBuffers m(ordinal, 2, bytes);
-  const double s = BestSeconds(ordinal, iters, [&](cudaStream_t stream) {
-    CheckCuda(cudaMemcpyAsync(m.p[1], m.p[0], bytes, cudaMemcpyDeviceToDevice, stream),
-              "cudaMemcpyAsync");
-  });
-  return s > 0 ? double(bytes) / s : 0.0;
-}
-
-// Seconds one bare reduction kernel takes (best of `iters`): f32 sum of
-// `sources` buffers of `bytes` each into one, within `max_blocks` blocks, as
-// the stream algorithms launch it. The benchmark's reference for what the SM
-// budget allows the reductions, beside the copy rate (what the device allows).
-// `unroll` 2: the kernel with twice the loads in flight per thread (kernels.h).
-double ReduceSeconds(int ordinal, size_t bytes, int sources, int max_blocks, int iters,
-                     int unroll) {
-  if (sources < 1 || sources > smddp::cuda::kMaxSources)
-    throw std::invalid_argument("reduce_seconds: sources must be 1.." +
-                                std::to_string(smddp::cuda::kMaxSources));
-  DeviceBuffers m(ordinal, sources + 1, bytes);  // the sources, then the destination
-  return BestSeconds(ordinal, iters, [&](cudaStream_t stream) {
-    CheckCuda(smddp::cuda::LaunchReduce(m.p[size_t(sources)], bytes, m.p.data(), sources, bytes,
-                                        bytes / 4, 1, smddp::DType::kFloat32, smddp::ReduceOp::kSum,
-                                        max_blocks, stream, unroll),
-              "reduction kernel");
-  });
+// A failure of the GPU code as Python sees it: ValueError for bad arguments,
+// RuntimeError otherwise.
+void Raise(const smddp::Status& st) {
+  if (st.ok()) return;
+  if (st.code() == smddp::StatusCode::kInvalidArgument) throw std::invalid_argument(st.message());
+  throw std::runtime_error(st.message());
 }
 
 #ifdef SMDDP_TESTING_ENTRIES
-// The GPU kernel tests' entry (tests/gpu/test_kernels.py), compiled in only
-// with -DJAX_SMDDP_TESTING=ON (tools/gpu_check.sh builds so): the installed
-// module exposes no test probe.
-// Runs `calls` calls of one collective (kinds as in the host probe) as `rank`
-// of the prepared and connected communicator of `members`, on a stream of its
-// own, with CudaStreamOps; returns the output. Checks the kernels, copy modes
-// and flag operations on a GPU without JAX or XLA. Each rank must be in a
-// process of its own (tests/gpu/test_kernels.py): ranks on streams of one CUDA
-// context wait on each other through flags the CUDA scheduler does not see,
-// and it may serialise a waiting stream ahead of the one that would release it
-// (seen on an H100: each of 4 runs of the kernel tests as threads hung at a
-// 4-rank case, in memops and flag-kernel modes alike).
-// With `phases`, the last call runs through PhaseTimedOps on CUDA events and
-// the result is (output, {phase: (calls, seconds), "total": seconds}).
-// With `graph_replays` (instead of `calls`), one replayable call (as the NCCL
-// API front end enqueues a call captured into a CUDA graph) is captured into
-// a graph, which is launched that many times, `input` holding one input per
-// launch and the result every launch's output, one after the other.
-// The kernel tests' buffers for direct reads (stream_run's `peers`): this
-// process's send and receive buffers, shared by legacy CUDA IPC, replaced
-// when the next case asks for others (after every rank finished the last).
-struct DirectBuffers {
-  void* send = nullptr;
-  void* recv = nullptr;
-  size_t in_bytes = 0, out_bytes = 0;
-};
-DirectBuffers& TheDirectBuffers() {
-  static DirectBuffers d;
-  return d;
-}
-
-nb::tuple StreamDirectBuffers(int ordinal, size_t in_bytes, size_t out_bytes) {
-  DirectBuffers& d = TheDirectBuffers();
-  CheckCuda(cudaSetDevice(ordinal), "cudaSetDevice");
-  cudaFree(d.send);
-  cudaFree(d.recv);
-  d = DirectBuffers{};
-  CheckCuda(cudaMalloc(&d.send, std::max<size_t>(in_bytes, 1)), "cudaMalloc");
-  CheckCuda(cudaMalloc(&d.recv, std::max<size_t>(out_bytes, 1)), "cudaMalloc");
-  d.in_bytes = in_bytes;
-  d.out_bytes = out_bytes;
-  cudaIpcMemHandle_t hs, hr;
-  CheckCuda(cudaIpcGetMemHandle(&hs, d.send), "cudaIpcGetMemHandle");
-  CheckCuda(cudaIpcGetMemHandle(&hr, d.recv), "cudaIpcGetMemHandle");
-  return nb::make_tuple(nb::bytes(&hs, sizeof(hs)), nb::bytes(&hr, sizeof(hr)));
-}
-
-// The peers' direct buffers opened for one stream_run, closed after it.
-struct OpenedPeers {
-  std::vector<void*> opened;
-  ~OpenedPeers() {
-    for (void* p : opened) cudaIpcCloseMemHandle(p);
-  }
-  void* Open(const nb::bytes& handle) {
-    cudaIpcMemHandle_t h;
-    if (handle.size() != sizeof(h)) throw std::invalid_argument("stream_run: not an IPC handle");
-    std::memcpy(&h, handle.c_str(), sizeof(h));
-    void* p = nullptr;
-    CheckCuda(cudaIpcOpenMemHandle(&p, h, cudaIpcMemLazyEnablePeerAccess), "cudaIpcOpenMemHandle");
-    opened.push_back(p);
-    return p;
-  }
-};
-
+// cuda/stream_driver.h's StreamRun for Python: bytes in, bytes out (with
+// `phases`, (output, {phase: (calls, seconds), "total": seconds})).
 nb::object StreamRun(std::vector<int64_t> members, int rank, int kind, int dtype, int op,
                      size_t outer, size_t inner, size_t count, nb::bytes input, size_t out_bytes,
                      int calls, const std::string& copies, const std::string& flags, int max_blocks,
                      bool phases, int graph_replays,
                      std::vector<std::pair<nb::bytes, nb::bytes>> peers) {
-  smddp::gpu::GpuCommunicator* comm =
-      smddp::gpu::FindCommunicator(smddp::gpu::GroupKey(members.data(), int(members.size())));
-  smddp::gpu::LocalRank* me = comm ? comm->Local(rank) : nullptr;
-  if (!comm || !comm->connected() || !me)
-    throw std::runtime_error("stream_run: rank " + std::to_string(rank) +
-                             " is not a rank of a connected communicator in this process "
-                             "(prepare and connect first)");
   const smddp::Plan plan = smddp::PlanOf(kind, dtype, op, outer, inner, count);
-  if (graph_replays > 0) {
-    if (phases || input.size() % size_t(graph_replays) != 0)
-      throw std::invalid_argument(
-          "stream_run: graph_replays needs one input per launch, no phases");
-    Check(smddp::gpu::GroupFailure(*me));
-  } else {
-    Check(smddp::gpu::CheckCall(*me, smddp::KindName(kind), plan));
-  }
-  const size_t launches = graph_replays > 0 ? size_t(graph_replays) : 1;
-  const size_t in_bytes = input.size() / launches;
   smddp::cuda::GpuSettings settings;
   settings.copies = copies == "kernel" ? smddp::cuda::GpuSettings::Copies::kKernel
                                        : smddp::cuda::GpuSettings::Copies::kEngine;
   settings.flags = flags == "kernel" ? smddp::cuda::GpuSettings::Flags::kKernel
                                      : smddp::cuda::GpuSettings::Flags::kMemOps;
   settings.max_blocks = max_blocks;
-  CheckCuda(cudaSetDevice(me->ordinal), "cudaSetDevice");
-  void *send = nullptr, *recv = nullptr;
-  OpenedPeers opened;
-  const bool direct = !peers.empty();
-  if (direct) {  // every rank's buffers read in place (StreamRank::inputs, outputs)
-    const DirectBuffers& d = TheDirectBuffers();
-    if (graph_replays > 0 || int(peers.size()) != me->view.layout.size || d.in_bytes != in_bytes ||
-        d.out_bytes != out_bytes)
-      throw std::invalid_argument(
-          "stream_run: peers needs a handle pair per rank, stream_direct_buffers of this "
-          "call's sizes first, and no graph_replays");
-    send = d.send;
-    recv = d.recv;
-    const bool outputs = smddp::DirectReadsNeedOutputs(plan.kind);
-    me->view.inputs.assign(peers.size(), nullptr);
-    me->view.outputs.assign(outputs ? peers.size() : 0, nullptr);
-    for (size_t q = 0; q < peers.size(); ++q) {
-      const bool own = int(q) == rank;
-      me->view.inputs[q] = static_cast<const uint8_t*>(own ? send : opened.Open(peers[q].first));
-      if (outputs)
-        me->view.outputs[q] = static_cast<uint8_t*>(own ? recv : opened.Open(peers[q].second));
-    }
-  } else {
-    CheckCuda(cudaMalloc(&send, std::max<size_t>(in_bytes, 1)), "cudaMalloc");
-    CheckCuda(cudaMalloc(&recv, std::max<size_t>(out_bytes, 1)), "cudaMalloc");
-  }
-  CheckCuda(cudaMemcpy(send, input.c_str(), in_bytes, cudaMemcpyHostToDevice), "cudaMemcpy");
-  smddp::Status status;
-  cudaError_t err = cudaSuccess;
+  std::vector<std::pair<std::string, std::string>> handles;
+  for (const auto& [send, recv] : peers)
+    handles.emplace_back(std::string(send.c_str(), send.size()),
+                         std::string(recv.c_str(), recv.size()));
+  std::string output;
   smddp::PhaseTotals totals;
-  std::string host(out_bytes * launches, '\0');
+  smddp::Status st;
   {
     nb::gil_scoped_release release;
-    cudaStream_t stream;
-    CheckCuda(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking), "cudaStreamCreate");
-    smddp::cuda::CudaStreamOps ops(stream, settings);
-    if (graph_replays > 0) {
-      // One replayable call captured, the graph launched on each input in turn.
-      cudaGraph_t graph = nullptr;
-      cudaGraphExec_t exec = nullptr;
-      err = cudaStreamBeginCapture(stream, cudaStreamCaptureModeThreadLocal);
-      if (err == cudaSuccess) {
-        status = smddp::RunStreamPlan(plan, me->view, ops, send, recv, /*replayable=*/true);
-        err = cudaStreamEndCapture(stream, &graph);
-      }
-      if (status.ok() && err == cudaSuccess) err = cudaGraphInstantiate(&exec, graph, 0);
-      for (size_t r = 0; r < launches && status.ok() && err == cudaSuccess; ++r) {
-        // A fresh input in the same buffer, and an output that shows what the launch did not write.
-        err = cudaMemcpyAsync(send, input.c_str() + r * in_bytes, in_bytes, cudaMemcpyHostToDevice,
-                              stream);
-        if (err == cudaSuccess) err = cudaMemsetAsync(recv, 0xA5, out_bytes, stream);
-        if (err == cudaSuccess) err = cudaGraphLaunch(exec, stream);
-        if (err == cudaSuccess)
-          err = cudaMemcpyAsync(host.data() + r * out_bytes, recv, out_bytes,
-                                cudaMemcpyDeviceToHost, stream);
-        if (err == cudaSuccess) err = cudaStreamSynchronize(stream);
-      }
-      if (exec) cudaGraphExecDestroy(exec);
-      if (graph) cudaGraphDestroy(graph);
-    } else {
-      const int untimed = phases ? calls - 1 : calls;
-      for (int c = 0; c < untimed && status.ok(); ++c)
-        status = smddp::RunStreamPlan(plan, me->view, ops, send, recv);
-      if (phases && status.ok()) {
-        smddp::cuda::EventClock clock(stream);
-        smddp::PhaseTimedOps timed(ops, clock);
-        status = smddp::RunStreamPlan(plan, me->view, timed, send, recv);
-        if (status.ok()) status = timed.Totals(&totals);
-      }
-      err = cudaStreamSynchronize(stream);
-      if (status.ok() && err == cudaSuccess)
-        err = cudaMemcpy(host.data(), recv, out_bytes, cudaMemcpyDeviceToHost);
-    }
-    cudaStreamDestroy(stream);
+    st = smddp::cuda::StreamRun(members, rank, plan, smddp::KindName(kind), input.c_str(),
+                                input.size(), out_bytes, calls, settings, phases, graph_replays,
+                                handles, &output, &totals);
   }
-  me->view.inputs.clear();
-  me->view.outputs.clear();
-  if (!direct) {
-    cudaFree(send);
-    cudaFree(recv);
-  }
-  Check(status);
-  CheckCuda(err, "stream_run");
-  nb::bytes output(host.data(), host.size());
-  if (!phases) return output;
-  return nb::make_tuple(output, smddp::PhaseDict(totals));
+  Raise(st);
+  nb::bytes out(output.data(), output.size());
+  if (!phases) return out;
+  return nb::make_tuple(out, smddp::PhaseDict(totals));
+}
+
+nb::tuple StreamDirectBuffers(int ordinal, size_t in_bytes, size_t out_bytes) {
+  std::string send, recv;
+  Raise(smddp::cuda::StreamDirectBuffers(ordinal, in_bytes, out_bytes, &send, &recv));
+  return nb::make_tuple(nb::bytes(send.data(), send.size()), nb::bytes(recv.data(), recv.size()));
 }
 #endif  // SMDDP_TESTING_ENTRIES
 
@@ -437,15 +233,28 @@ NB_MODULE(_smddp_cuda, m) {
   m.def(
       "copy_bandwidth",
       [](int ordinal, size_t bytes, int iters) {
-        nb::gil_scoped_release release;
-        return CopyBandwidth(ordinal, bytes, iters);
+        double rate = 0;
+        smddp::Status st;
+        {
+          nb::gil_scoped_release release;
+          st = smddp::cuda::CopyBandwidth(ordinal, bytes, iters, &rate);
+        }
+        Raise(st);
+        return rate;
       },
       nb::arg("ordinal"), nb::arg("bytes"), nb::arg("iters") = 10);
   m.def(
       "reduce_seconds",
       [](int ordinal, size_t bytes, int sources, int max_blocks, int iters, int unroll) {
-        nb::gil_scoped_release release;
-        return ReduceSeconds(ordinal, bytes, sources, max_blocks, iters, unroll);
+        double seconds = 0;
+        smddp::Status st;
+        {
+          nb::gil_scoped_release release;
+          st = smddp::cuda::ReduceSeconds(ordinal, bytes, sources, max_blocks, iters, unroll,
+                                          &seconds);
+        }
+        Raise(st);
+        return seconds;
       },
       nb::arg("ordinal"), nb::arg("bytes"), nb::arg("sources"), nb::arg("max_blocks"),
       nb::arg("iters") = 10, nb::arg("unroll") = 2);

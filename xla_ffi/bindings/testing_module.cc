@@ -39,9 +39,11 @@
 #include "xla_ffi/bindings/failures.h"
 #include "xla_ffi/bindings/phase_dict.h"
 #include "xla_ffi/common/protocol.h"
+#include "xla_ffi/common/settings.h"
 #include "xla_ffi/common/streaming_copy.h"
 #include "xla_ffi/engine/call_log.h"
 #include "xla_ffi/engine/communicator.h"
+#include "xla_ffi/engine/inprocess_rendezvous.h"
 #include "xla_ffi/engine/last_failure.h"
 #include "xla_ffi/engine/scheduler.h"
 #include "xla_ffi/engine/stream_watchdog.h"
@@ -734,6 +736,28 @@ NB_MODULE(_smddp_testing, m) {
   m.def("fabric_chunk_probe", &FabricChunkProbe, nb::arg("chunks"), nb::arg("capacity"),
         nb::arg("version"), nb::arg("group"));
   m.def("wire_protocol_version", [] { return smddp::kWireProtocolVersion; });
+  // The typed reads of the settings registry (common/settings.h) as the engine
+  // makes them: `how` is int, seconds, int_if_set (None when it returns
+  // false), text or declared (DeclaredDefault).
+  m.def(
+      "typed_setting",
+      [](const std::string& how, const std::string& name) -> nb::object {
+        const char* n = name.c_str();
+        if (how == "int") return nb::int_(smddp::IntSetting(n));
+        if (how == "seconds") return nb::float_(smddp::SecondsSetting(n));
+        if (how == "declared") return nb::float_(smddp::DeclaredDefault(n));
+        if (how == "text") return nb::str(smddp::TextSetting(n).c_str());
+        if (how == "int_if_set") {
+          int64_t v = 0;
+          return smddp::IntSettingIfSet(n, &v) ? nb::object(nb::int_(v)) : nb::none();
+        }
+        throw std::invalid_argument("typed_setting: no typed read " + how);
+      },
+      nb::arg("how"), nb::arg("name"));
+  // The engine's computed defaults, each from its one hook.
+  m.def("cpu_helpers", &smddp::CpuHelpers);
+  m.def("cores_available", &smddp::CoresAvailable);
+  m.def("timeout_seconds", &smddp::TimeoutSeconds);
   m.def("rail_probe", [](const std::string& provider) {
     // Whether `provider` can carry rail links here ("" when it can, else why not).
     std::unique_ptr<smddp::FabricRail> rail;

@@ -22,7 +22,7 @@ struct HeapReusePolicy {
 };
 
 // What ApplyHeapReuse would do in this process: JAX_SMDDP_HEAP_REUSE_BYTES
-// (default 64M), unless it is 0, the user tuned glibc's malloc through its own
+// (or its declared default), unless it is 0, the user tuned glibc's malloc through its own
 // environment (MALLOC_MMAP_THRESHOLD_, MALLOC_TRIM_THRESHOLD_, MALLOC_TOP_PAD_,
 // glibc.malloc tunables), or the C library is not glibc.
 HeapReusePolicy HeapReuse();

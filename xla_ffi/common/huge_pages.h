@@ -14,7 +14,7 @@
 namespace smddp {
 
 // Advises huge pages for the whole 2 MiB pages inside [p, p + bytes) when
-// bytes >= JAX_SMDDP_HUGE_PAGE_BYTES (default 4M; 0: never). Advice only:
+// bytes >= JAX_SMDDP_HUGE_PAGE_BYTES (0: never). Advice only:
 // pages already there stay, and where THP is off this does nothing.
 void AdviseHugePages(void* p, size_t bytes);
 

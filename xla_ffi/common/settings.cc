@@ -104,10 +104,10 @@ const std::vector<SettingSpec> kSettings = {
      "non-temporal stores, which bypass the caches (no read of each destination line before "
      "it is overwritten; inputs stay cached); smaller ones use memcpy, whose output is still "
      "in cache for the next op; 0 turns that off. x86-64 only"},
-    {"JAX_SMDDP_CHUNK_BYTES", kBytes, "chosen by jax_smddp.tuning (1M without it)", 1, 1 << 30, "",
-     "runtime", true,
+    {"JAX_SMDDP_CHUNK_BYTES", kBytes, "1M", 1, 1 << 30, "", "runtime", true,
      "chunk of cross-process messages (pipelining); rounded up to a multiple of 64 bytes and "
-     "at least 4K; process 0's is used"},
+     "at least 4K; process 0's is used. Unset, jax_smddp.tuning chooses each call's chunk, and "
+     "calls it does not choose for take this default"},
     {"JAX_SMDDP_ALGORITHM", kChoice, "chosen by jax_smddp.tuning", 0, 0, "flat|hierarchical",
      "runtime", true, "force the cross-process routes; process 0's is used"},
     {"JAX_SMDDP_HIERARCHICAL", kChoice, "1", 0, 0, "0|1", "runtime", true,
@@ -361,17 +361,13 @@ bool NumberSetting(const char* name, double* out) {
 
 }  // namespace
 
-namespace {
-
-// The declared default of the numeric setting `name` (0 when it has none
-// that is a value: a caller's mistake, which tests/api/test_settings.py rules out).
+// 0 when the declared default is not a value: a caller's mistake, which
+// tests/api/test_settings.py rules out.
 double DeclaredDefault(const char* name) {
   const SettingSpec* s = FindSetting(name);
   double v = 0;
   return s != nullptr && ParseNumber(*s, s->default_text, &v) ? v : 0;
 }
-
-}  // namespace
 
 int64_t IntSetting(const char* name) {
   double v = 0;
@@ -392,9 +388,12 @@ bool IntSettingIfSet(const char* name, int64_t* value) {
 
 std::string TextSetting(const char* name) {
   const SettingSpec* s = FindSetting(name);
+  if (s == nullptr) return std::string();
   const char* v = Env(name);
-  if (s == nullptr || v == nullptr || !Validate(*s, v).ok()) return std::string();
-  return Normalize(*s, v);
+  if (v != nullptr && Validate(*s, v).ok()) return Normalize(*s, v);
+  if (s->kind == SettingKind::kChoice && InChoices(s->default_text, s->choices))
+    return s->default_text;
+  return std::string();
 }
 
 Status CheckSettings(std::vector<std::string>* unknown) {

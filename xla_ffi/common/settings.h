@@ -65,9 +65,16 @@ std::vector<std::string> SettingItems(const std::string& value);
 // ("cores - 1") is read with IntSettingIfSet.
 int64_t IntSetting(const char* name);
 double SecondsSetting(const char* name);
-// Text and choice settings: the value when set and valid, else "" (their
-// declared defaults are often descriptions, "efa if present, ...", so the
-// caller applies what "" means).
+// The declared default of a numeric setting, whatever the environment says
+// (for a value that the program, not the environment, sets: the timeout,
+// which jax_smddp.set_timeout changes). Only for settings whose declared
+// default is a value, as IntSetting.
+double DeclaredDefault(const char* name);
+// Choice and text settings: the value when set and valid; else a choice
+// setting's declared default when that is one of its choices
+// (JAX_SMDDP_FABRIC_WAIT: "fd"), and "" where the declared default is not a
+// value ("unset", or a description: "efa if present, ...", "chosen by
+// jax_smddp.tuning"), so the caller applies what "" means.
 std::string TextSetting(const char* name);
 // True, with `*value`, when `name` is set and valid; false (`*value` left
 // alone) when the caller's run-time default applies.

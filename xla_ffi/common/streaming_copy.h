@@ -20,7 +20,7 @@ namespace smddp {
 
 // Whether a call that writes `bytes` in all (every output of this process)
 // should stream its stores: bytes >= JAX_SMDDP_STREAMING_STORE_BYTES
-// (default 16M; 0: never), on a CPU with non-temporal stores (x86-64).
+// (0: never), on a CPU with non-temporal stores (x86-64).
 bool StreamStores(uint64_t bytes);
 
 // memcpy of `bytes` from `src` to `dst` (not overlapping); with `stream`,

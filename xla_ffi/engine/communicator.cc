@@ -1,18 +1,13 @@
 #include "xla_ffi/engine/communicator.h"
 
-#include <sched.h>
-
 #include <algorithm>
 #include <atomic>
 #include <cstdlib>
 #include <map>
 #include <sstream>
-#include <thread>
 
-#include "xla_ffi/common/settings.h"
 #include "xla_ffi/engine/inprocess_rendezvous.h"
 #include "xla_ffi/engine/process_rendezvous.h"
-#include "xla_ffi/engine/scheduler.h"
 #include "xla_ffi/transports/world.h"
 
 namespace smddp {
@@ -25,18 +20,6 @@ std::string DescribeMembers(const std::vector<int64_t>& members) {
   for (size_t i = 0; i < members.size(); ++i) os << (i ? " " : "") << members[i];
   os << "]";
   return os.str();
-}
-
-// Engine workers that run collective bodies beside the rank that arrives
-// last: the cores this process may use, less one (JAX_SMDDP_CPU_HELPERS
-// overrides).
-int InProcessHelpers() {
-  cpu_set_t set;
-  int cores = sched_getaffinity(0, sizeof(set), &set) == 0 ? CPU_COUNT(&set) : 0;
-  if (cores <= 0) cores = int(std::thread::hardware_concurrency());
-  int64_t helpers = std::min(std::max(cores, 1) - 1, WorkerCount());
-  IntSettingIfSet("JAX_SMDDP_CPU_HELPERS", &helpers);
-  return int(helpers);
 }
 
 }  // namespace
@@ -64,7 +47,7 @@ Communicator* FindOrCreateCommunicator(const int64_t* members, const int64_t* pr
   // Keyed by members and their processes: one device id names different
   // devices under different device assignments.
   static auto* table = new std::map<std::vector<int64_t>, std::unique_ptr<Communicator>>();
-  static auto* in_process = new InProcessRendezvous(InProcessHelpers());
+  static auto* in_process = new InProcessRendezvous(CpuHelpers());
   std::vector<int64_t> ids(members, members + size);
   std::vector<int64_t> key = ids;
   bool spans = false;

@@ -108,6 +108,12 @@ uint64_t HelperMinBytes() {
 
 }  // namespace
 
+int CpuHelpers() {
+  int64_t helpers = CoresAvailable() - 1;
+  IntSettingIfSet("JAX_SMDDP_CPU_HELPERS", &helpers);
+  return int(helpers);
+}
+
 InProcessRendezvous::InProcessRendezvous(int helpers) : helpers_(std::max(0, helpers)) {}
 
 std::shared_ptr<InProcessRendezvous::Slot> InProcessRendezvous::GetOrCreate(const CallKey& key,

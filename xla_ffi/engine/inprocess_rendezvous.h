@@ -19,6 +19,11 @@
 
 namespace smddp {
 
+// Engine workers that run collective bodies beside the last arrival:
+// JAX_SMDDP_CPU_HELPERS, else its computed default, the cores this process may
+// use less one (the one place that default is worked out).
+int CpuHelpers();
+
 class InProcessRendezvous : public Rendezvous {
  public:
   struct Slot;

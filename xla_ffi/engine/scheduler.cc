@@ -12,14 +12,14 @@
 
 namespace smddp {
 
-namespace {
-
 int CoresAvailable() {
   cpu_set_t set;
   int cores = sched_getaffinity(0, sizeof(set), &set) == 0 ? CPU_COUNT(&set) : 0;
   if (cores <= 0) cores = int(std::thread::hardware_concurrency());
   return std::max(cores, 1);
 }
+
+namespace {
 
 class Scheduler {
  public:

@@ -35,6 +35,9 @@ struct Timer {
 Timer PostAt(std::chrono::steady_clock::time_point deadline, Task task);
 void Cancel(const Timer& timer);
 
+// The cores this process may use (its affinity mask; at least 1).
+int CoresAvailable();
+
 // Worker threads the engine keeps (the cores this process may use, at least
 // 2); it starts more while all are busy.
 int WorkerCount();

@@ -1,20 +1,16 @@
 #include "xla_ffi/mpiabi/mpi_front_end.h"
 
-#include <sched.h>
-
 #include <algorithm>
 #include <atomic>
 #include <condition_variable>
 #include <cstring>
 #include <mutex>
 #include <sstream>
-#include <thread>
 #include <tuple>
 #include <vector>
 
 #include "xla_ffi/common/hashing.h"
 #include "xla_ffi/common/huge_pages.h"
-#include "xla_ffi/common/settings.h"
 #include "xla_ffi/common/timeout.h"
 #include "xla_ffi/engine/communicator.h"
 #include "xla_ffi/engine/inprocess_rendezvous.h"
@@ -35,14 +31,7 @@ thread_local std::string last_message;
 
 // Engine workers for cliques within this process: as the CPU module's.
 InProcessRendezvous* InProcess() {
-  static InProcessRendezvous* rendezvous = [] {
-    cpu_set_t set;
-    int cores = sched_getaffinity(0, sizeof(set), &set) == 0 ? CPU_COUNT(&set) : 0;
-    if (cores <= 0) cores = int(std::thread::hardware_concurrency());
-    int64_t helpers = std::max(cores, 1) - 1;
-    IntSettingIfSet("JAX_SMDDP_CPU_HELPERS", &helpers);
-    return new InProcessRendezvous(int(helpers));
-  }();
+  static InProcessRendezvous* rendezvous = new InProcessRendezvous(CpuHelpers());
   return rendezvous;
 }
 

@@ -4,10 +4,18 @@
 #include <cstdlib>
 #include <cstring>
 
+#include "xla_ffi/common/settings.h"
 #include "xla_ffi/transports/fabric_api.h"
 #include "xla_ffi/transports/fabric_link.h"
 
 namespace smddp {
+
+// With or without libfabric's headers (DefaultFabricProvider is the build's).
+std::string ChooseFabricProvider(const std::string& requested) {
+  if (!requested.empty()) return requested;
+  std::string env = TextSetting("JAX_SMDDP_FABRIC_PROVIDER");
+  return env.empty() ? DefaultFabricProvider() : env;
+}
 
 FabricInfo DescribeFabric() {
   FabricInfo info;

@@ -21,7 +21,6 @@
 #include <vector>
 
 #include "xla_ffi/common/protocol.h"
-#include "xla_ffi/common/settings.h"
 #include "xla_ffi/transports/fabric_link_impl.h"
 
 #ifdef SMDDP_HAVE_LIBFABRIC
@@ -89,19 +88,13 @@ bool Offers(const Api& a, const char* name) {
 
 }  // namespace
 
-std::string ChooseFabricProvider(const std::string& requested) {
-  if (!requested.empty()) return requested;
-  std::string env = TextSetting("JAX_SMDDP_FABRIC_PROVIDER");
-  return env.empty() ? DefaultFabricProvider() : env;
-}
-
 std::string DefaultFabricProvider() {
   const Api& a = GetApi();
   if (!a.error.empty()) return kDefaultProvider;
   // net: libfabric 1.17's TCP provider with its own reliable datagrams (1.18
   // renamed it tcp), which carries small messages in half the time of
   // tcp;ofi_rxm here and wakes a sleeping waiter as fast as a polling one
-  // (docs/performance_model.md, "The net provider").
+  // (docs/cpu_floor.md, "The net provider").
   for (const char* name : {"efa", "net"}) {
     if (Offers(a, name)) return name;
   }

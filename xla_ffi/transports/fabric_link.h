@@ -44,10 +44,11 @@ std::string ChooseFabricProvider(const std::string& requested);
 // What an unset JAX_SMDDP_FABRIC_PROVIDER picks.
 std::string DefaultFabricProvider();
 
-// Environment knobs, read at Open (both ends must agree on the chunk size):
-//   JAX_SMDDP_FABRIC_CHUNK_BYTES  bytes per chunk, header included (default 256 KiB)
-//   JAX_SMDDP_FABRIC_BUFFERS      receive buffers, and send buffers (default 32 each)
-//   JAX_SMDDP_FABRIC_DIRECT_BYTES smallest message sent direct (default 512 KiB; 0 = none)
+// Environment knobs, read at Open (both ends must agree on the chunk size;
+// defaults in the registry, xla_ffi/common/settings.cc):
+//   JAX_SMDDP_FABRIC_CHUNK_BYTES  bytes per chunk, header included
+//   JAX_SMDDP_FABRIC_BUFFERS      receive buffers, and send buffers (as many of each)
+//   JAX_SMDDP_FABRIC_DIRECT_BYTES smallest message sent direct (0 = none)
 //   JAX_SMDDP_FABRIC_TEST_REORDER if set, chunks are sent out of order (tests only)
 //   JAX_SMDDP_FABRIC_TEST_REGISTER if set, direct buffers are registered even
 //                                 where the provider does not ask (tests only)

@@ -6,7 +6,6 @@
 #include <string>
 #include <utility>
 
-#include "xla_ffi/common/settings.h"
 #include "xla_ffi/transports/fabric_api.h"
 #include "xla_ffi/transports/fabric_link_impl.h"
 
@@ -21,12 +20,6 @@ class FabricEndpoint::Impl {};
 bool FabricAvailable(std::string* why) {
   if (why) *why = kFabricNoHeaders;
   return false;
-}
-
-std::string ChooseFabricProvider(const std::string& requested) {
-  if (!requested.empty()) return requested;
-  std::string env = TextSetting("JAX_SMDDP_FABRIC_PROVIDER");
-  return env.empty() ? DefaultFabricProvider() : env;
 }
 
 std::string DefaultFabricProvider() { return kDefaultProvider; }

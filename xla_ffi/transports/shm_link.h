@@ -69,11 +69,11 @@ Status UnlinkShmSegment(const std::string& name);
 std::unique_ptr<Link> MakeShmLink(std::shared_ptr<ShmSegment> segment, bool creator, int peer_pid);
 
 // Messages of this many bytes or more are read in place (single copy):
-// JAX_SMDDP_SHM_SINGLE_COPY_BYTES, default 64 KiB; 0 = never.
+// JAX_SMDDP_SHM_SINGLE_COPY_BYTES (0 = never), or its declared default.
 size_t SingleCopyMinBytes();
 
 // Default ring size: JAX_SMDDP_SHM_RING_BYTES if set (a byte count), else
-// 8 MiB.
+// its declared default.
 size_t DefaultShmRingBytes();
 
 }  // namespace smddp

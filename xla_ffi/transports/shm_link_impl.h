@@ -96,7 +96,7 @@ constexpr uint64_t kControlFlags = kFlagAbort | kFlagAck | kFlagNack;  // header
 // before the reader copies them into its unexpected store
 // (ReadInPlaceMessagesLocked). Below it they are copied there at once:
 // at 64-256 KiB on a 2-core VM, waiting for the receive cost each call about
-// 50 us more than the second copy (docs/performance_model.md).
+// 50 us more than the second copy (docs/cpu_floor.md).
 constexpr uint64_t kWaitForReceiveBytes = 512 << 10;
 constexpr std::chrono::milliseconds kUnclaimedReadAfter{2};
 struct RemoteRef {

@@ -90,7 +90,7 @@ int ShmLink::PeerPidLocked() {
 // store meant two copies, and a reader that met a 16 MiB message while still
 // waiting for the call's first small one spent the first copy's milliseconds
 // before it could post the receive, while the writer waited for its data
-// (docs/performance_model.md, "Calls that start together"). One that no
+// (docs/cpu_floor.md, "Calls that start together"). One that no
 // receive claims within kUnclaimedReadAfter is read into the store after all
 // (ReadInPlaceMessagesLocked), so a writer whose receive is posted only once
 // its send is done is never stuck on this side. Smaller messages are read

@@ -97,7 +97,7 @@ point was timed, measured from /proc (machine CPU time minus this job's);
 ``--timing blocks`` times 5 calls of one implementation back to back instead of
 alternating call by call (docs/performance_model.md: which statistic the model
 predicts, and why), ``--timing solo`` all of one implementation's calls, then all
-of the next's (each in its steady state: docs/performance_model.md, "Calls that
+of the next's (each in its steady state: docs/cpu_floor.md, "Calls that
 follow another library's call"), and ``--timing barrier`` alternates with every
 process meeting at a barrier before each call. Every row records the tuner's choice for the
 call (``choice``: :func:`jax_smddp.tuning.choose`, what the engine runs across

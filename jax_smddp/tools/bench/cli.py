@@ -529,7 +529,7 @@ def predicted_lines(op: str, results: list[dict]) -> list[str]:
                  f"predicted: " + ", ".join(cells) + lead)
   if lines:
     lines.insert(0, f"# {op}: the busiest host's bytes per call against the model's "
-                 "(docs/performance_model.md, 'Bytes on the wire'); the speedup they predict "
+                 "(docs/between_hosts.md, 'Bytes on the wire'); the speedup they predict "
                  "on a capped link = gloo's / jax_smddp's")
   return lines
 

@@ -484,7 +484,7 @@ def time_solo(fns, x, iters: int, warmup: int,
   """As time_blocks with one block per implementation: all of one fn's calls back to
   back, then all of the next's. Each library alone in its steady state, its threads
   still awake from the previous call; the other timings measure calls that follow
-  another library's (docs/performance_model.md: cold and back-to-back calls)."""
+  another library's (docs/cpu_floor.md: cold and back-to-back calls)."""
   return time_blocks(fns, x, iters, warmup, block=max(1, iters), starts=starts, cpu=cpu,
                      sent=sent)
 
@@ -637,7 +637,7 @@ def ring_bytes_per_host(op: str, nbytes: int, layout: "Layout") -> int | None:
   algorithm under jax.lax on CPU; a host's ranks are consecutive, so one ring edge leaves each
   host): all_gather n - 1 blocks of nbytes, reduce_scatter n - 1 of nbytes / n, all_reduce
   both. None where gloo's algorithm is not a ring (all_to_all) or one host holds every rank.
-  Measured exceptions (docs/performance_model.md, "Bytes on the wire"): gloo's reduce_scatter
+  Measured exceptions (docs/between_hosts.md, "Bytes on the wire"): gloo's reduce_scatter
   over 4 one-process hosts sends nbytes, not 3/4 of it, from two of the hosts."""
   n = layout.devices
   if layout.hosts < 2:

@@ -2,7 +2,7 @@
 implementations' medians, from the row's own calls.
 
 On a shared or small machine a median of 20 calls moves by 10-20 % from one run to the next
-for either library alone (docs/performance_model.md, "What one row can tell"), so a speedup of
+for either library alone (docs/cpu_floor.md, "What one row can tell"), so a speedup of
 0.9 or 1.1 may say nothing. The interval resamples each implementation's calls (with
 replacement, each independently of the other: any timing, paired or not) and takes the
 quantiles of lax median / smddp median over the resamples. An interval that contains 1.0 says
