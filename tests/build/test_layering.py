@@ -51,6 +51,8 @@ EXTERNAL = {
     "xla/": {"xla_ffi/ffi", "xla_ffi/bindings"},
 }
 GENERATED = {"smddp_source_hash.h": {"xla_ffi/bindings"}}  # cmake/source_hash.cmake
+# Test code (tests/native: test doubles) may be included by the test-only module alone.
+TEST_ONLY = {"xla_ffi/bindings/testing_module.cc"}
 
 
 def layer_of(path: str) -> str | None:
@@ -89,6 +91,12 @@ def violations(root: str) -> list[str]:
         allowed = EXTERNAL[external] if external else GENERATED[inc]
         if layer not in allowed:
           found.append(f"{where} (only in {', '.join(sorted(allowed))})")
+        continue
+      if inc.startswith("tests/"):
+        if path not in TEST_ONLY:
+          found.append(f"{where} (test code: only in {', '.join(sorted(TEST_ONLY))})")
+        elif not os.path.exists(os.path.join(root, inc)):
+          found.append(f"{where} (no such file)")
         continue
       target = layer_of(inc)
       if target is None:
@@ -131,6 +139,10 @@ def test_the_check_fails_on_a_planted_violation(tmp_path):
   write("xla_ffi/algorithms/plan.h", '#include "xla_ffi/engine/rendezvous.h"\n')
   write("xla_ffi/ffi/handler.cc", '#include "xla_ffi/mpiabi/abi.h"\n')
   write("xla_ffi/transports/link.h", '#include "nanobind/nanobind.h"\n#include "link_impl.h"\n')
+  # A test double included by a library file, and by the test-only module (allowed).
+  write("tests/native/double.h", "")
+  write("xla_ffi/engine/uses_double.cc", '#include "tests/native/double.h"\n')
+  write("xla_ffi/bindings/testing_module.cc", '#include "tests/native/double.h"\n')
   for folder in LAYERS:
     (tmp_path / folder).mkdir(parents=True, exist_ok=True)
   found = violations(str(tmp_path))
@@ -138,4 +150,5 @@ def test_the_check_fails_on_a_planted_violation(tmp_path):
   assert any("handler.cc" in v and "beside" in v for v in found), found
   assert any("nanobind" in v and "link.h" in v for v in found), found
   assert any("link_impl.h" in v for v in found), found
-  assert len(found) == 4, found
+  assert any("uses_double.cc" in v and "test code" in v for v in found), found
+  assert len(found) == 5, found

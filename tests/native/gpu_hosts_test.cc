@@ -40,7 +40,7 @@
 #include "tests/native/check.h"
 #include "tests/native/fabric_regions.h"
 #include "tests/native/gpu_communicator_harness.h"
-#include "xla_ffi/algorithms/host_stream_ops.h"
+#include "tests/native/host_stream_ops.h"
 #include "xla_ffi/algorithms/net_port.h"
 #include "xla_ffi/algorithms/stream_algorithms.h"
 #include "xla_ffi/engine/buffer_exchange.h"

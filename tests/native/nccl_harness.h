@@ -32,7 +32,7 @@
 #include "cuda/gpu_communicator.h"
 #include "cuda/ncclapi/nccl_calls.h"
 #include "cuda/ncclapi/nccl_types.h"
-#include "xla_ffi/algorithms/host_stream_ops.h"
+#include "tests/native/host_stream_ops.h"
 #include "xla_ffi/common/timeout.h"
 #include "xla_ffi/transports/world.h"
 

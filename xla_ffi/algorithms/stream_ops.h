@@ -1,7 +1,7 @@
 // What a stream-ordered collective asks of the memory it runs on: copies,
 // reductions and 32-bit flags that peers can read and write. On a GPU every
 // call only enqueues work on the caller's stream and returns
-// (cuda/cuda_stream_ops.h); the host implementation (host_stream_ops.h) runs
+// (cuda/cuda_stream_ops.h); the host implementation (tests/native/host_stream_ops.h) runs
 // each call at once, so the same algorithms (stream_algorithms.h) are tested
 // on CPU threads.
 #ifndef JAX_SMDDP_ALGORITHMS_STREAM_OPS_H_

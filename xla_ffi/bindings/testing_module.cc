@@ -27,7 +27,7 @@
 #include "nanobind/stl/tuple.h"
 #include "nanobind/stl/unique_ptr.h"
 #include "nanobind/stl/vector.h"
-#include "xla_ffi/algorithms/host_stream_ops.h"
+#include "tests/native/host_stream_ops.h"
 #include "xla_ffi/algorithms/net_port.h"
 #include "xla_ffi/algorithms/phase_timer.h"
 #include "xla_ffi/algorithms/plan.h"

@@ -1,8 +1,9 @@
 // StreamOps on host memory that run each operation at once: the stream
-// algorithms on CPU threads, for tests of the protocol without a GPU. Waits
+// algorithms on CPU threads, for tests of the protocol without a GPU (a test
+// double: built into the test programs and the _smddp_testing module only). Waits
 // spin with the engine's deadline, so a missing peer is an error, not a hang.
-#ifndef JAX_SMDDP_ALGORITHMS_HOST_STREAM_OPS_H_
-#define JAX_SMDDP_ALGORITHMS_HOST_STREAM_OPS_H_
+#ifndef JAX_SMDDP_TESTS_NATIVE_HOST_STREAM_OPS_H_
+#define JAX_SMDDP_TESTS_NATIVE_HOST_STREAM_OPS_H_
 
 #include "xla_ffi/algorithms/stream_ops.h"
 
@@ -25,4 +26,4 @@ class HostStreamOps : public StreamOps {
 
 }  // namespace smddp
 
-#endif  // JAX_SMDDP_ALGORITHMS_HOST_STREAM_OPS_H_
+#endif  // JAX_SMDDP_TESTS_NATIVE_HOST_STREAM_OPS_H_

@@ -1,4 +1,4 @@
-#include "xla_ffi/algorithms/host_stream_ops.h"
+#include "tests/native/host_stream_ops.h"
 
 #include <chrono>
 #include <cstring>
