@@ -234,46 +234,51 @@ Status CudaStreamOps::Write(uint32_t* flag, uint32_t value) {
   return err == cudaSuccess ? Status::Ok() : CudaError("flag write kernel failed", err);
 }
 
-Status CudaStreamOps::WaitAllAtLeast(const uint32_t* const* flags, int n, uint32_t value) {
-  if (!memops_ || !DriverMemOps().batch || n < 2) return StreamOps::WaitAllAtLeast(flags, n, value);
+namespace {
+
+// `n` waits (kWait) or writes of `value` to `flags` as batches of stream
+// memory operations, kBatch at a time.
+enum class BatchOp { kWait, kWrite };
+Status EnqueueBatches(cudaStream_t stream, BatchOp op, const uint32_t* const* flags, int n,
+                      uint32_t value) {
   for (int at = 0; at < n; at += kBatch) {
     CUstreamBatchMemOpParams p[kBatch] = {};
     const int m = n - at < kBatch ? n - at : kBatch;
     for (int i = 0; i < m; ++i) {
-      p[i].waitValue.operation = CU_STREAM_MEM_OP_WAIT_VALUE_32;
-      p[i].waitValue.address = CUdeviceptr(flags[at + i]);
-      p[i].waitValue.value = value;
-      p[i].waitValue.flags = CU_STREAM_WAIT_VALUE_GEQ;
+      const CUdeviceptr address = CUdeviceptr(flags[at + i]);
+      if (op == BatchOp::kWait) {  // GEQ, as WaitAtLeast
+        p[i].waitValue.operation = CU_STREAM_MEM_OP_WAIT_VALUE_32;
+        p[i].waitValue.address = address;
+        p[i].waitValue.value = value;
+        p[i].waitValue.flags = CU_STREAM_WAIT_VALUE_GEQ;
+      } else {  // the default write orders after earlier work, as Write
+        p[i].writeValue.operation = CU_STREAM_MEM_OP_WRITE_VALUE_32;
+        p[i].writeValue.address = address;
+        p[i].writeValue.value = value;
+        p[i].writeValue.flags = CU_STREAM_WRITE_VALUE_DEFAULT;
+      }
     }
     Counters().flag_memops++;
-    const CUresult r = DriverMemOps().batch(reinterpret_cast<CUstream>(stream_), unsigned(m), p, 0);
+    const CUresult r = DriverMemOps().batch(reinterpret_cast<CUstream>(stream), unsigned(m), p, 0);
     if (r != CUDA_SUCCESS)
-      return Status::Error("jax_smddp (GPU): cuStreamBatchMemOp (waits) failed (error " +
+      return Status::Error(std::string("jax_smddp (GPU): cuStreamBatchMemOp (") +
+                           (op == BatchOp::kWait ? "waits" : "writes") + ") failed (error " +
                            std::to_string(int(r)) +
                            "); set JAX_SMDDP_GPU_FLAGS=kernel to use flag kernels");
   }
   return Status::Ok();
 }
 
+}  // namespace
+
+Status CudaStreamOps::WaitAllAtLeast(const uint32_t* const* flags, int n, uint32_t value) {
+  if (!memops_ || !DriverMemOps().batch || n < 2) return StreamOps::WaitAllAtLeast(flags, n, value);
+  return EnqueueBatches(stream_, BatchOp::kWait, flags, n, value);
+}
+
 Status CudaStreamOps::WriteAll(uint32_t* const* flags, int n, uint32_t value) {
   if (!memops_ || !DriverMemOps().batch || n < 2) return StreamOps::WriteAll(flags, n, value);
-  for (int at = 0; at < n; at += kBatch) {
-    CUstreamBatchMemOpParams p[kBatch] = {};
-    const int m = n - at < kBatch ? n - at : kBatch;
-    for (int i = 0; i < m; ++i) {
-      p[i].writeValue.operation = CU_STREAM_MEM_OP_WRITE_VALUE_32;
-      p[i].writeValue.address = CUdeviceptr(flags[at + i]);
-      p[i].writeValue.value = value;
-      p[i].writeValue.flags = CU_STREAM_WRITE_VALUE_DEFAULT;  // after earlier work, as Write
-    }
-    Counters().flag_memops++;
-    const CUresult r = DriverMemOps().batch(reinterpret_cast<CUstream>(stream_), unsigned(m), p, 0);
-    if (r != CUDA_SUCCESS)
-      return Status::Error("jax_smddp (GPU): cuStreamBatchMemOp (writes) failed (error " +
-                           std::to_string(int(r)) +
-                           "); set JAX_SMDDP_GPU_FLAGS=kernel to use flag kernels");
-  }
-  return Status::Ok();
+  return EnqueueBatches(stream_, BatchOp::kWrite, flags, n, value);
 }
 
 }  // namespace cuda

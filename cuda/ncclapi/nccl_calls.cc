@@ -177,6 +177,18 @@ ncclResult_t Code(const Status& st) {
   }
 }
 
+// A served call's failure: a dead or late peer or a disagreement fails the
+// communicator for good (every later call reports it); then as Fail.
+ncclResult_t FailServed(Comm& comm, StatusCode code, const Status& located) {
+  if (code == StatusCode::kPeerFailed || code == StatusCode::kTimeout ||
+      code == StatusCode::kMismatch) {
+    std::lock_guard<std::mutex> lock(comm.error_mu);
+    if (comm.async_error.ok()) comm.async_error = located;
+    comm.failed.store(true, std::memory_order_release);
+  }
+  return Fail(&comm, located);
+}
+
 // The engine's part of a served call, on `ops` (`captured`: into a CUDA graph).
 Status Enqueue(Collective kind, const void* send, void* recv, const Plan& plan, Comm& comm,
                StreamOps& ops, bool captured) {
@@ -246,13 +258,7 @@ ncclResult_t Serve(Collective kind, const void* send, void* recv, size_t count, 
     const Status located = st.WithMessage(
         "jax_smddp " + st.message() + " [XLA's collective through " + NamesOf(kind).function +
         ", rank " + std::to_string(comm.rank) + " of " + std::to_string(comm.nranks) + "]");
-    if (st.code() == StatusCode::kPeerFailed || st.code() == StatusCode::kTimeout ||
-        st.code() == StatusCode::kMismatch) {
-      std::lock_guard<std::mutex> lock(comm.error_mu);
-      if (comm.async_error.ok()) comm.async_error = located;
-      comm.failed.store(true, std::memory_order_release);
-    }
-    return Fail(&comm, located);
+    return FailServed(comm, st.code(), located);
   }
   if (auto world = comm.world.lock()) world->CountCall(NamesOf(kind).caller, recv_bytes);
   Tallies().served[int(kind)].fetch_add(1, std::memory_order_relaxed);
@@ -421,13 +427,7 @@ ncclResult_t ServePermutation(const Permutation& p) {
         kPermuteFunction + ", rank " + std::to_string(comm.rank) + " of " +
         std::to_string(comm.nranks) + ", to rank " + std::to_string(p.target) + ", from rank " +
         std::to_string(p.source) + "]");
-    if (st.code() == StatusCode::kPeerFailed || st.code() == StatusCode::kTimeout ||
-        st.code() == StatusCode::kMismatch) {
-      std::lock_guard<std::mutex> lock(comm.error_mu);
-      if (comm.async_error.ok()) comm.async_error = located;
-      comm.failed.store(true, std::memory_order_release);
-    }
-    return Fail(&comm, located);
+    return FailServed(comm, st.code(), located);
   }
   size_t received = 0;
   for (const Permutation::Part& part : *p.parts) received += p.source >= 0 ? part.bytes : 0;
