@@ -407,6 +407,75 @@ void Cancels(Link* link, int me) {
   }
 }
 
+// Announced sends (Link::Announce): the handshake of a direct message goes
+// out before its bytes exist; the bytes move once handed over, whether the
+// peer's clear-to-send came first or not; later messages are not held back
+// by an announced one; one cancelled before its bytes came fails the peer's
+// receive; a message that does not go direct is not announced.
+void Announced(Link* link, int me) {
+  const int peer = 1 - me;
+  const size_t big = 2 * kMiB + 64, small = 4096;
+  Request probe;
+  const bool probed = link->Announce(609, small, &probe);
+  if (probed) link->Cancel(&probe);
+  CHECK(probed == Direct(link, small), "Announce of %zu bytes returned %d where direct transfers are %s",
+        small, int(probed), link->SingleCopy().c_str());
+  if (!Direct(link, big)) {
+    Request s;
+    CHECK(!link->Announce(610, big, &s), "Announce returned true with direct transfers %s",
+          link->SingleCopy().c_str());
+    Log("announced sends: not announced (direct transfers %s)", link->SingleCopy().c_str());
+    return;
+  }
+  // (a) Bytes handed over after the clear-to-send came, and (b) at once;
+  // a small message sent after (a)'s announce arrives before (a)'s bytes.
+  std::vector<char> out_a(big), out_b(big), out_c(small), in_a(big, '\xEE'), in_b(big, '\xEE'),
+      in_c(small, '\xEE');
+  Fill(out_a, 610, me);
+  Fill(out_b, 611, me);
+  Fill(out_c, 612, me);
+  Request sa, sb, sc, ra, rb, rc;
+  link->Recv(610, in_a.data(), in_a.size(), &ra);
+  link->Recv(611, in_b.data(), in_b.size(), &rb);
+  link->Recv(612, in_c.data(), in_c.size(), &rc);
+  Barrier();
+  CHECK(link->Announce(610, big, &sa), "a direct message of %zu bytes was not announced", big);
+  link->Send(612, out_c.data(), out_c.size(), &sc);
+  CHECK(link->Announce(611, big, &sb), "a direct message of %zu bytes was not announced", big);
+  link->SendAnnounced(&sb, out_b.data());
+  Wait(link, {&rc, &sc, &rb, &sb}, 30, "messages around an announced one");
+  ProgressFor(link, 0.2);
+  CHECK(!sa.done() && !ra.done(), "an announced send completed before its bytes were given");
+  CHECK(AllBytes(in_a, '\xEE'), "an announced message's receive was written before its bytes came");
+  link->SendAnnounced(&sa, out_a.data());
+  Wait(link, {&sa, &ra}, 30, "an announced send, bytes after the clear-to-send");
+  for (auto* r : {&sa, &sb, &sc, &ra, &rb, &rc}) CheckOk(*r, "announced sends");
+  CHECK(Verify(in_a, 610, peer) < 0, "wrong data: announced, bytes given late");
+  CHECK(Verify(in_b, 611, peer) < 0, "wrong data: announced, bytes given at once");
+  CHECK(Verify(in_c, 612, peer) < 0, "wrong data: sent after an announced message");
+  Barrier();
+  // (c) Cancelled before its bytes came: the peer's receive fails, saying so.
+  std::vector<char> in_d(big, '\xEE'), out_e(77), in_e(77);
+  Fill(out_e, 614, me);
+  Request sd, rd, se, re;
+  link->Recv(613, in_d.data(), in_d.size(), &rd);
+  Barrier();
+  CHECK(link->Announce(613, big, &sd), "not announced");
+  ProgressFor(link, 0.1);
+  link->Cancel(&sd);
+  Wait(link, {&rd}, 30, "receive of a cancelled announced send");
+  CHECK(!rd.status().ok() && rd.status().message().find("cancelled") != std::string::npos,
+        "receive of a cancelled announced send: %s",
+        rd.status().ok() ? "succeeded" : rd.status().message().c_str());
+  CHECK(AllBytes(in_d, '\xEE'), "a cancelled announced send wrote into the peer's buffer");
+  link->Send(614, out_e.data(), out_e.size(), &se);
+  link->Recv(614, in_e.data(), in_e.size(), &re);
+  Wait(link, {&se, &re}, 30, "messages after a cancelled announced send");
+  CHECK(Verify(in_e, 614, peer) < 0, "wrong data after a cancelled announced send");
+  Log("announced sends: ok (bytes late, at once, cancelled: \"%s\")",
+      rd.status().message().c_str());
+}
+
 // Several threads send, receive and progress the same link at once.
 void Threads(Link* link, int me) {
   const int peer = 1 - me;
@@ -818,6 +887,8 @@ int Run(int me, const std::string& provider, const std::string& node, pid_t chil
   TagOrder(link.get(), me);
   SizeMismatch(link.get(), me);
   Cancels(link.get(), me);
+  Barrier();
+  Announced(link.get(), me);
   Barrier();
   Threads(link.get(), me);
   Wakes(link.get(), me, *ep);

@@ -116,11 +116,39 @@ Messages::Range Messages::Send(int process, uint64_t msg, const void* src, size_
   return r;
 }
 
+void Messages::Announce(int process, uint64_t msg, size_t total) {
+  Link* link = call_.world->link(process);
+  if (!link) return;  // SendChunk reports it
+  const uint64_t base = MixTag(call_.tag, msg);
+  for (size_t i = 0; i < Chunks(total); ++i) {
+    size_t off, n;
+    Chunk(total, i, &off, &n);
+    entries_.emplace_back();
+    Entry& e = entries_.back();
+    e.process = process;
+    e.recv = false;
+    e.link = link;
+    if (!link->Announce(MixTag(base, i), n, &e.req)) {
+      entries_.pop_back();  // nothing to start: SendChunk posts it
+      continue;
+    }
+    call_.world->CountSent(process, n);
+    announced_[{process, MixTag(base, i)}] = entries_.size() - 1;
+  }
+}
+
 size_t Messages::SendChunk(int process, uint64_t msg, size_t total, size_t i, const void* base) {
   size_t off, n;
   Chunk(total, i, &off, &n);
-  return Post(process, MixTag(MixTag(call_.tag, msg), i), static_cast<const char*>(base) + off,
-              nullptr, n, false);
+  const uint64_t tag = MixTag(MixTag(call_.tag, msg), i);
+  auto a = announced_.find({process, tag});
+  if (a != announced_.end()) {
+    const size_t id = a->second;
+    announced_.erase(a);
+    entries_[id].link->SendAnnounced(&entries_[id].req, static_cast<const char*>(base) + off);
+    return id;
+  }
+  return Post(process, tag, static_cast<const char*>(base) + off, nullptr, n, false);
 }
 
 Messages::Range Messages::Recv(int process, uint64_t msg, void* dst, size_t bytes) {

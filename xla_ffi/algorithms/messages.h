@@ -9,6 +9,8 @@
 #include <cstddef>
 #include <cstdint>
 #include <deque>
+#include <map>
+#include <utility>
 #include <vector>
 
 #include "xla_ffi/algorithms/process_call.h"
@@ -41,6 +43,13 @@ class Messages {
   // Posts only chunk `i` of message `msg`, a `total`-byte message whose bytes
   // start at `base` (to send each chunk as soon as it is computed).
   size_t SendChunk(int process, uint64_t msg, size_t total, size_t i, const void* base);
+
+  // Announces message `msg` of `total` bytes to `process`, whose chunks are
+  // sent later, each by SendChunk as it is computed: where the link has a
+  // handshake to do (libfabric's direct transfers), it happens now, at the
+  // call's start, not behind the bytes already on the wire when the chunk is
+  // ready. SendChunk then hands over the bytes of an announced chunk.
+  void Announce(int process, uint64_t msg, size_t total);
 
   // How many chunks a `total`-byte message has.
   size_t Chunks(size_t total) const { return (total + chunk_ - 1) / chunk_; }
@@ -83,6 +92,8 @@ class Messages {
   WaitPolls polls_;           // how long a wait polls, yields, then sleeps
   std::vector<Link*> links_;  // for progress: one per progress key of the peers
   std::deque<Entry> entries_;
+  // Announced chunks, by (process, tag): their entries, until SendChunk.
+  std::map<std::pair<int, uint64_t>, size_t> announced_;
   Clock::time_point next_check_;
 };
 

@@ -384,6 +384,11 @@ class ReduceScatterBody final : public ReductionBody {
     for (int r = 0; r < c_.size; ++r) outgoing += rt.reduce_dest[r] >= 0 ? 1 : 0;
     partials_ = in_.Post(c_, m_, staging_, kData, [&](int) { return bb_; }, bb_, outgoing * bb_);
     StartRanks();
+    // What Finish sends once combined: its handshakes now, on quiet links.
+    for (int r = 0; r < c_.size; ++r) {
+      if (rt.reduce_dest[r] >= 0 && !in_.buffers[r].empty())
+        m_.Announce(rt.reduce_dest[r], Msg(kData, r), bb_);
+    }
   }
 
   Status Finish() override {
@@ -448,6 +453,15 @@ class AllReduceBody final : public ReductionBody {
       results_.push_back(
           {s, m_.Recv(rt.gather_source[s], Msg(kResult, s), first + Begin(s) * esize_, Shard(s))});
     StartRanks();
+    // What Finish sends once reduced (combined shards, this process's
+    // results): its handshakes now, on quiet links.
+    for (size_t r = 0; r < n; ++r) {
+      const int dest = rt.reduce_dest[r];
+      if (dest >= 0 && !in_.buffers[r].empty()) m_.Announce(dest, Msg(kData, r), Shard(r));
+      if (dest < 0) {
+        for (int t : rt.gather_targets) m_.Announce(t, Msg(kResult, r), Shard(r));
+      }
+    }
   }
 
   Status Finish() override {

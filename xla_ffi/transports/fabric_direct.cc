@@ -210,6 +210,10 @@ void FabricEndpoint::Impl::BindDirect(Peer* p, uint64_t seq, const InMsg& m, con
 // The receiver posted message `seq`'s pieces: post ours.
 void FabricEndpoint::Impl::StartDirectSend(Peer* p, uint64_t seq) {
   auto a = p->awaiting_cts.find(seq);
+  if (a->second.src == nullptr) {  // announced, its bytes not handed over yet
+    a->second.cleared = true;
+    return;
+  }
   DirectOut out = a->second;
   p->awaiting_cts.erase(a);
   // Not `copied` until every piece is posted: a failed post cannot retire it early.

@@ -74,19 +74,60 @@ void FabricEndpoint::Impl::Send(Peer* p, uint64_t tag, const void* src, size_t b
   SendTrack* t = new SendTrack{req, p, 0, false, std::string()};
   tracks_.insert(t);
   p->sending[req] = t;
-  const uint64_t seq = p->next_send_seq++;
-  const bool direct = direct_min_ != 0 && bytes >= direct_min_ && FitsDirect(bytes);
-  if (direct) {
-    p->awaiting_cts[seq] = DirectOut{t, static_cast<const char*>(src), tag, bytes};
-    // Ahead of everything queued (the receiver passes messages in sequence
-    // order whatever order they arrive in): the peer learns of it before it
-    // reads this process's kCts and posts its own bytes (StartClearedSends).
-    p->sendq.push_front(OutMsg{t, static_cast<const char*>(src), kRts, tag, bytes, seq, 0});
+  if (GoesDirect(bytes)) {
+    StartDirect(p, t, static_cast<const char*>(src), tag, bytes);
   } else {
+    const uint64_t seq = p->next_send_seq++;
     p->sendq.push_back(OutMsg{t, static_cast<const char*>(src), kData, tag, bytes, seq, 0});
   }
   Pump();
   FlushSends();
+}
+
+void FabricEndpoint::Impl::StartDirect(Peer* p, SendTrack* t, const char* src, uint64_t tag,
+                                       uint64_t bytes) {
+  const uint64_t seq = p->next_send_seq++;
+  p->awaiting_cts[seq] = DirectOut{t, src, tag, bytes};
+  // Ahead of everything queued (the receiver passes messages in sequence
+  // order whatever order they arrive in): the peer learns of it before it
+  // reads this process's kCts and posts its own bytes (StartClearedSends).
+  p->sendq.push_front(OutMsg{t, src, kRts, tag, bytes, seq, 0});
+}
+
+bool FabricEndpoint::Impl::Announce(Peer* p, uint64_t tag, size_t bytes, Request* req) {
+  // Only a direct message has a handshake to start; a chunked one announced
+  // early would hold back every later message of the channel (the receiver
+  // passes them in sequence order) until its bytes came.
+  if (!GoesDirect(bytes)) return false;
+  std::lock_guard<std::mutex> lock(mu_);
+  req->Reset();
+  if (!p->failure.empty()) {
+    req->Complete(
+        FailedOn(p, "cannot send " + TagText(tag) + " to " + p->name + ": " + p->failure));
+    return true;
+  }
+  SendTrack* t = new SendTrack{req, p, 0, false, std::string()};
+  tracks_.insert(t);
+  p->sending[req] = t;
+  StartDirect(p, t, nullptr, tag, bytes);
+  Pump();
+  FlushSends();
+  return true;
+}
+
+void FabricEndpoint::Impl::SendAnnounced(Peer* p, Request* req, const void* src) {
+  std::lock_guard<std::mutex> lock(mu_);
+  auto st = p->sending.find(req);
+  if (st == p->sending.end()) return;  // done already: refused, failed or cancelled
+  for (auto& [seq, out] : p->awaiting_cts) {
+    if (out.track != st->second) continue;
+    out.src = static_cast<const char*>(src);
+    if (out.cleared) {
+      StartDirectSend(p, seq);
+      FlushDirect();
+    }
+    return;
+  }
 }
 
 void FabricEndpoint::Impl::Recv(Peer* p, uint64_t tag, void* dst, size_t bytes, Request* req) {

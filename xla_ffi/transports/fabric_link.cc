@@ -39,6 +39,12 @@ class FabricLink : public Link {
   void Recv(uint64_t tag, void* dst, size_t bytes, Request* req) override {
     ep_->Recv(peer_, tag, dst, bytes, req);
   }
+  bool Announce(uint64_t tag, size_t bytes, Request* req) override {
+    return ep_->Announce(peer_, tag, bytes, req);
+  }
+  void SendAnnounced(Request* req, const void* src) override {
+    ep_->SendAnnounced(peer_, req, src);
+  }
   void Progress() override { ep_->Progress(); }
   const void* ProgressKey() const override { return ep_.get(); }
   uint32_t Activity() const override { return ep_->Activity(); }

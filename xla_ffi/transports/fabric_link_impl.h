@@ -112,12 +112,15 @@ struct DirectIn {
   std::string error;
 };
 
-// A direct message whose header went out, waiting for the receiver's kCts.
+// A direct message whose header went out, waiting for the receiver's kCts;
+// an announced one (Announce) also for its bytes: `src` null until
+// SendAnnounced, `cleared` once a kCts came first.
 struct DirectOut {
   SendTrack* track;
   const char* src;
   uint64_t tag;
   uint64_t total;
+  bool cleared = false;
 };
 
 // One bounce buffer. `ctx` first: libfabric gets &ctx as operation context
@@ -225,6 +228,10 @@ class FabricEndpoint::Impl {
 
   void Send(Peer* p, uint64_t tag, const void* src, size_t bytes, Request* req);
   void Recv(Peer* p, uint64_t tag, void* dst, size_t bytes, Request* req);
+  // Link::Announce / SendAnnounced: a direct send whose kRts goes out now and
+  // whose pieces are posted once both the kCts and its bytes are here.
+  bool Announce(Peer* p, uint64_t tag, size_t bytes, Request* req);
+  void SendAnnounced(Peer* p, Request* req, const void* src);
   void Progress();
   // Link::Activity / AwaitActivity: changes when a Poll read completions; a
   // waiter sleeps on the completion queue's descriptor where there is one.
@@ -267,6 +274,11 @@ class FabricEndpoint::Impl {
   bool FitsDirect(uint64_t bytes) const {
     return (bytes + piece_bytes_ - 1) / piece_bytes_ <= kMaxDirectPieces;
   }
+  bool GoesDirect(uint64_t bytes) const {
+    return direct_min_ != 0 && bytes >= direct_min_ && FitsDirect(bytes);
+  }
+  // Queues a direct message's kRts (Send, Announce); `src` null: announced.
+  void StartDirect(Peer* p, SendTrack* t, const char* src, uint64_t tag, uint64_t bytes);
   uint64_t PieceTag(uint64_t seq, uint64_t piece) const { return (seq << 16) | piece; }
   DirectOp* NewOp(Peer* p, bool recv, char* buf, uint64_t bytes, uint64_t ftag);
   DirectOp* OpOf(void* context);

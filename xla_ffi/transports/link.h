@@ -57,6 +57,21 @@ class Link {
   // other size (a peer running a different program).
   virtual void Recv(uint64_t tag, void* dst, size_t bytes, Request* req) = 0;
 
+  // Announces a Send whose bytes are not ready yet (a result still being
+  // computed): the link may start now what sending `bytes` as message `tag`
+  // needs from the peer, so that the bytes move as soon as SendAnnounced
+  // hands them over. On libfabric a direct transfer's announce and the
+  // peer's clear-to-send then cross the network at the call's start, while
+  // the links are quiet, instead of behind a link's worth of bulk bytes.
+  // Returns false where the link has nothing to start (the caller then posts
+  // an ordinary Send later). Once true, `req` is that send's: it completes as
+  // Send's does, after SendAnnounced (or earlier where the peer refused the
+  // message); Cancel withdraws it.
+  virtual bool Announce(uint64_t /*tag*/, size_t /*bytes*/, Request* /*req*/) { return false; }
+  // The bytes of an announced send (Announce returned true for `req`);
+  // `src` stays valid until `req` completes.
+  virtual void SendAnnounced(Request* /*req*/, const void* /*src*/) {}
+
   // Moves whatever data can move now without blocking. Thread-safe; returns
   // quickly when another thread is already progressing this link.
   virtual void Progress() = 0;

@@ -70,6 +70,10 @@ class WatchedLink : public Link {
   void Recv(uint64_t tag, void* dst, size_t bytes, Request* req) override {
     inner_->Recv(tag, dst, bytes, req);
   }
+  bool Announce(uint64_t tag, size_t bytes, Request* req) override {
+    return inner_->Announce(tag, bytes, req);
+  }
+  void SendAnnounced(Request* req, const void* src) override { inner_->SendAnnounced(req, src); }
   void Progress() override { inner_->Progress(); }
   const void* ProgressKey() const override { return inner_->ProgressKey(); }
   void Cancel(Request* req) override {

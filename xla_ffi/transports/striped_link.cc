@@ -48,6 +48,60 @@ class Striped : public Link {
     Post(tag, dst, bytes, req, true);
   }
 
+  // Each stripe announced on its own link; a stripe whose link has nothing
+  // to start is sent whole by SendAnnounced.
+  bool Announce(uint64_t tag, size_t bytes, Request* req) override {
+    Transfer t = Split(tag, bytes);
+    const int stripes = int(t.link.size());
+    t.announced.assign(stripes, false);
+    t.tag = tag;
+    t.bytes = bytes;
+    Request* subs = t.subs.get();
+    const std::vector<int> link = t.link;
+    std::vector<bool> announced(stripes, false);
+    for (int k = 0; k < stripes; ++k) {
+      size_t off = 0, len = bytes;
+      if (stripes > 1) StripeOf(bytes, stripes, k, &off, &len);
+      // Not yet registered: a sub-request a link completes at once (a failed
+      // peer) is seen by Settle once the transfer is.
+      announced[k] = links_[link[k]]->Announce(tag, len, &subs[k]);
+    }
+    if (std::none_of(announced.begin(), announced.end(), [](bool a) { return a; })) return false;
+    t.announced = announced;
+    std::lock_guard<std::mutex> lock(mu_);
+    pending_[req] = std::move(t);
+    return true;
+  }
+
+  void SendAnnounced(Request* req, const void* src) override {
+    Request* subs = nullptr;
+    std::vector<int> link;
+    std::vector<bool> announced;
+    uint64_t tag = 0;
+    size_t bytes = 0;
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      auto it = pending_.find(req);
+      if (it == pending_.end()) return;  // done already (failed, or cancelled)
+      subs = it->second.subs.get();
+      link = it->second.link;
+      announced = it->second.announced;
+      tag = it->second.tag;
+      bytes = it->second.bytes;
+    }
+    const int stripes = int(link.size());
+    for (int k = 0; k < stripes; ++k) {
+      size_t off = 0, len = bytes;
+      if (stripes > 1) StripeOf(bytes, stripes, k, &off, &len);
+      const char* at = static_cast<const char*>(src) + off;
+      if (announced[k]) {
+        links_[link[k]]->SendAnnounced(&subs[k], at);
+      } else {
+        links_[link[k]]->Send(tag, at, len, &subs[k]);
+      }
+    }
+  }
+
   void Progress() override {
     for (Link* l : progress_) l->Progress();
     Settle();
@@ -123,18 +177,29 @@ class Striped : public Link {
   struct Transfer {
     std::unique_ptr<Request[]> subs;  // fixed in place: the sub-links hold their addresses
     std::vector<int> link;            // the link of each stripe
+    // An announced send's: which stripes their link announced, and the message.
+    std::vector<bool> announced;
+    uint64_t tag = 0;
+    size_t bytes = 0;
   };
+
+  // The stripes of a message of `bytes` under `tag`: how many, and their links.
+  Transfer Split(uint64_t tag, size_t bytes) const {
+    const int n = int(links_.size());
+    const int stripes = bytes >= stripe_bytes_ ? n : 1;
+    Transfer t;
+    t.subs.reset(new Request[stripes]);
+    for (int k = 0; k < stripes; ++k) t.link.push_back(stripes == 1 ? LinkOfTag(tag, n) : k);
+    return t;
+  }
 
   void Withdraw(Transfer& t) {
     for (size_t k = 0; k < t.link.size(); ++k) links_[t.link[k]]->Cancel(&t.subs[k]);
   }
 
   void Post(uint64_t tag, void* buf, size_t bytes, Request* req, bool recv) {
-    const int n = int(links_.size());
-    const int stripes = bytes >= stripe_bytes_ ? n : 1;
-    Transfer t;
-    t.subs.reset(new Request[stripes]);
-    for (int k = 0; k < stripes; ++k) t.link.push_back(stripes == 1 ? LinkOfTag(tag, n) : k);
+    Transfer t = Split(tag, bytes);
+    const int stripes = int(t.link.size());
     Request* subs = t.subs.get();
     const std::vector<int> link = t.link;
     {
