@@ -306,6 +306,10 @@ def test_malformed_chunks_are_dropped_naming_the_sender(corrupt, detail):
     ("aabb", 1, {"JAX_SMDDP_HIERARCHICAL": "0"}),  # the engine's veto: flat routes
     ("aaab", 1, {}),  # uneven hosts: flat routes whatever the tuner says
     ("aabbcc", 1, {"JAX_SMDDP_ALGORITHM": "hierarchical", "JAX_SMDDP_CHUNK_BYTES": "65536"}),
+    # every chunk direct, in several chunks: the combined partials and results are announced at
+    # the call's start and their bytes handed over chunk by chunk (Messages::Announce)
+    ("aabb", 1, {"JAX_SMDDP_ALGORITHM": "hierarchical", "JAX_SMDDP_CHUNK_BYTES": "4096",
+                 "JAX_SMDDP_FABRIC_DIRECT_BYTES": "1"}),
 ])
 def test_hosts_by_host_id(hosts, devices, env):
   """Hosts told apart by JAX_SMDDP_HOST_ID: libfabric (tcp on loopback)
