@@ -647,10 +647,15 @@ def ring_bytes_per_host(op: str, nbytes: int, layout: "Layout") -> int | None:
           "all_reduce": 2 * (n - 1) * nbytes // n}.get(op)
 
 
-def link_us(op: str, nbytes: int, layout: "Layout", link_gbs: float) -> float:
+def link_us(op: str, nbytes: int, layout: "Layout", link_gbs: float,
+            burst_bytes: int = 0) -> float:
   """The link reference of one call between hosts: interhost_bytes_per_host at
-  the link's measured rate each way (jax_smddp.tools.link_probe)."""
-  return interhost_bytes_per_host(op, nbytes, layout) / (link_gbs * 1e9) * 1e6
+  the link's measured rate each way (jax_smddp.tools.link_probe), less the `burst_bytes` a
+  capped link's full token buckets pass at the interface's own speed (netns.BURST_BYTES per
+  NIC; 0 uncapped). A bucket is full only after the link idled, so this is the least time a
+  call can take, and calls back to back may read below 1."""
+  sent = interhost_bytes_per_host(op, nbytes, layout)
+  return max(sent - burst_bytes, 0) / (link_gbs * 1e9) * 1e6
 
 
 def memcpy_bandwidth(nbytes: int = MEMCPY_BYTES, repeats: int = 5) -> float:
@@ -904,7 +909,8 @@ def model_layout(layout: "Layout"):
 
 
 def annotate(r: dict, layout: "Layout", predict: bool = False, machine=None,
-             memcpy_gbs: float | None = None, link_gbs: float | None = None) -> dict:
+             memcpy_gbs: float | None = None, link_gbs: float | None = None,
+             burst_bytes: int = 0) -> dict:
   """Adds the tuner's choice for this call ("choice": what
   jax_smddp.tuning.choose answers for this op, size and layout), with
   `memcpy_gbs` the memcpy reference ("memcpy_us"; smddp "vs_memcpy" = memcpy_us /
@@ -925,7 +931,7 @@ def annotate(r: dict, layout: "Layout", predict: bool = False, machine=None,
     r["predicted_sent"] = {"smddp": interhost_bytes_per_host(r["op"], r["bytes_per_rank"], layout),
                            "lax": ring_bytes_per_host(r["op"], r["bytes_per_rank"], layout)}
   if link_gbs and layout.hosts > 1:
-    r["link_us"] = link_us(r["op"], r["bytes_per_rank"], layout, link_gbs)
+    r["link_us"] = link_us(r["op"], r["bytes_per_rank"], layout, link_gbs, burst_bytes)
     r["smddp"]["vs_link"] = r["link_us"] / r["smddp"]["time_us"]
     r["lax"]["vs_link"] = r["link_us"] / r["lax"]["time_us"]
   lay = model_layout(layout)
