@@ -17,7 +17,9 @@
 // messages go direct: the sender sends a header in the message's place, and
 // once the receiver has matched it to a Recv and posted tagged receives into
 // that Recv's buffer, the sender posts tagged sends from its own buffer: no
-// copy on either side. Cancel is safe on both paths: once it returns,
+// copy on either side. An announced send (Link::Announce) sends its header
+// at once and posts its pieces once both the receiver's answer and its
+// bytes (SendAnnounced) are there. Cancel is safe on both paths: once it returns,
 // nothing writes to or reads from the caller's buffer. Progress is manual:
 // waiting callers poll the CQ. A Send completes once the provider reports all
 // its chunks or pieces sent, so a caller that waits for its Sends keeps them
