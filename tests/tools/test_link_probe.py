@@ -53,7 +53,7 @@ def test_interhost_bytes_per_host():
   assert bench.interhost_bytes_per_host("all_to_all", size, two_by_two) == size
   # 1 ms at 1 GB/s: the link reference of a 1 MB all_gather between 2 hosts.
   assert bench.link_us("all_gather", 10**6, two_by_one, 1.0) == pytest.approx(1000.0)
-  # A capped link's full bucket passes its burst at once: left out, never below nothing.
+  # The floor: a capped link's full bucket passes its burst at once (never below nothing).
   assert bench.link_us("all_gather", 10**6, two_by_one, 1.0, burst_bytes=10**5) == \
       pytest.approx(900.0)
   assert bench.link_us("reduce_scatter", 10**5, two_by_one, 1.0, burst_bytes=10**5) == 0.0

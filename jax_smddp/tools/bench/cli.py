@@ -262,10 +262,11 @@ def print_preamble(meta: dict, iters: int, warmup: int) -> None:
     capped = f", capped at {meta['link_rate']} each way" if meta.get("link_rate") else ""
     print(f"# link between the hosts{capped}, measured raw in this run ({link['method']}, "
           f"{format_size(link['bytes'])} each way per round): {link['each_way_gbs']:.3f} GB/s each "
-          "way; link us = the bytes each host must receive from the others at that rate"
-          + (f", less the {format_size(meta['link_burst_bytes'])} its full token buckets pass "
-             "at once" if meta.get("link_burst_bytes") else "")
-          + "; vs link = link us / time (1: the call ran at the link's rate)")
+          "way; link us = the bytes each host must receive from the others at that rate; vs link "
+          "= link us / time (1: the call ran at the link's rate)"
+          + (f"; b: above 1 by no more than the {format_size(meta['link_burst_bytes'])} a full "
+             "token bucket passes at once (it refills while the link idles between calls)"
+             if meta.get("link_burst_bytes") else ""))
     if meta.get("nics", 1) > 1:
       print(f"# {meta['nics']} NICs per host (eth0..eth{meta['nics'] - 1}), each capped alike and "
             f"probed on eth0: link us is at {meta['nics']} x that rate; the baseline (gloo) "
