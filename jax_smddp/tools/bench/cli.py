@@ -448,7 +448,7 @@ def report_multi_process(args, layout: Layout, per_process: list[list[dict]], me
       r["vs_in_process"] = (r["smddp"]["time_us"] / other["smddp"]["time_us"]) if other else None
   # With several NICs per host every one is capped alike: the hosts' link is their sum.
   link_gbs = link["each_way_gbs"] * meta.get("nics", 1) if link else None
-  # What a capped link's full buckets pass uncapped (one per NIC), left out of the reference.
+  # What a capped link's full buckets pass uncapped (one per NIC): the floor of the reference.
   from jax_smddp.tools import netns
   burst = netns.BURST_BYTES * meta.get("nics", 1) if meta.get("link_rate") else 0
   meta["link_burst_bytes"] = burst
