@@ -44,7 +44,8 @@ def _ip(*args: str) -> None:
 # starved by drops at these rates. A full bucket passes BURST_BYTES at the interface's own
 # speed, so a call's first BURST_BYTES can beat the cap: the benchmark bounds that
 # (link_floor_us; with 256 KiB, rows of 256 KiB per host read up to 1.8x "the link").
-# 64 KiB, one GSO packet, cost the kernel a core's time per capped link here (2x2x1 --nics 2: 100 ms of CPU per 4 MiB all_gather against 24 ms at 128 KiB).
+# 64 KiB, one GSO packet, cost the kernel a core's time per capped link here (2x2x1
+# --nics 2: 100 ms of CPU per 4 MiB all_gather against 24 ms at 128 KiB).
 BURST_BYTES = 128 << 10
 TBF = ("burst", f"{BURST_BYTES >> 10}kb", "latency", "200ms")
 
