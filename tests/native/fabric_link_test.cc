@@ -447,6 +447,7 @@ void Announced(Link* link, int me) {
   ProgressFor(link, 0.2);
   CHECK(!sa.done() && !ra.done(), "an announced send completed before its bytes were given");
   CHECK(AllBytes(in_a, '\xEE'), "an announced message's receive was written before its bytes came");
+  Barrier();  // the peer checked its own before either hands its bytes over
   link->SendAnnounced(&sa, out_a.data());
   Wait(link, {&sa, &ra}, 30, "an announced send, bytes after the clear-to-send");
   for (auto* r : {&sa, &sb, &sc, &ra, &rb, &rc}) CheckOk(*r, "announced sends");
