@@ -418,8 +418,9 @@ void Announced(Link* link, int me) {
   Request probe;
   const bool probed = link->Announce(609, small, &probe);
   if (probed) link->Cancel(&probe);
-  CHECK(probed == Direct(link, small), "Announce of %zu bytes returned %d where direct transfers are %s",
-        small, int(probed), link->SingleCopy().c_str());
+  CHECK(probed == Direct(link, small),
+        "Announce of %zu bytes returned %d where direct transfers are %s", small, int(probed),
+        link->SingleCopy().c_str());
   if (!Direct(link, big)) {
     Request s;
     CHECK(!link->Announce(610, big, &s), "Announce returned true with direct transfers %s",
