@@ -83,13 +83,18 @@ void Messages::Chunk(size_t total, size_t i, size_t* offset, size_t* bytes) cons
   *bytes = std::min(c, total - *offset);
 }
 
-size_t Messages::Post(int process, uint64_t tag, const void* src, void* dst, size_t bytes,
-                      bool recv) {
+Messages::Entry& Messages::NewEntry(int process, Link* link, bool recv) {
   entries_.emplace_back();
   Entry& e = entries_.back();
   e.process = process;
   e.recv = recv;
-  e.link = call_.world->link(process);
+  e.link = link;
+  return e;
+}
+
+size_t Messages::Post(int process, uint64_t tag, const void* src, void* dst, size_t bytes,
+                      bool recv) {
+  Entry& e = NewEntry(process, call_.world->link(process), recv);
   if (!e.link) {
     e.req.Complete(call_.Concerning(
         process,
@@ -123,17 +128,13 @@ void Messages::Announce(int process, uint64_t msg, size_t total) {
   for (size_t i = 0; i < Chunks(total); ++i) {
     size_t off, n;
     Chunk(total, i, &off, &n);
-    entries_.emplace_back();
-    Entry& e = entries_.back();
-    e.process = process;
-    e.recv = false;
-    e.link = link;
+    Entry& e = NewEntry(process, link, false);
     if (!link->Announce(MixTag(base, i), n, &e.req)) {
       entries_.pop_back();  // nothing to start: SendChunk posts it
       continue;
     }
     call_.world->CountSent(process, n);
-    announced_[{process, MixTag(base, i)}] = entries_.size() - 1;
+    announced_.push_back({process, MixTag(base, i), entries_.size() - 1});
   }
 }
 
@@ -141,10 +142,11 @@ size_t Messages::SendChunk(int process, uint64_t msg, size_t total, size_t i, co
   size_t off, n;
   Chunk(total, i, &off, &n);
   const uint64_t tag = MixTag(MixTag(call_.tag, msg), i);
-  auto a = announced_.find({process, tag});
-  if (a != announced_.end()) {
-    const size_t id = a->second;
-    announced_.erase(a);
+  for (Announced& a : announced_) {
+    if (a.process != process || a.tag != tag) continue;
+    const size_t id = a.entry;
+    a = announced_.back();
+    announced_.pop_back();
     entries_[id].link->SendAnnounced(&entries_[id].req, static_cast<const char*>(base) + off);
     return id;
   }

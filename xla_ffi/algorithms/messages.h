@@ -9,8 +9,6 @@
 #include <cstddef>
 #include <cstdint>
 #include <deque>
-#include <map>
-#include <utility>
 #include <vector>
 
 #include "xla_ffi/algorithms/process_call.h"
@@ -81,6 +79,8 @@ class Messages {
     bool settled = false;  // done, or cancelled
   };
   size_t Post(int process, uint64_t tag, const void* src, void* dst, size_t bytes, bool recv);
+  // A new entry for a transfer to or from `process` over `link`.
+  Entry& NewEntry(int process, Link* link, bool recv);
   void ProgressAll();
   Status CheckPeers();
   // The failure of the link to `process` (`why`: its PeerFailure()), in the
@@ -92,8 +92,13 @@ class Messages {
   WaitPolls polls_;           // how long a wait polls, yields, then sleeps
   std::vector<Link*> links_;  // for progress: one per progress key of the peers
   std::deque<Entry> entries_;
-  // Announced chunks, by (process, tag): their entries, until SendChunk.
-  std::map<std::pair<int, uint64_t>, size_t> announced_;
+  // Announced chunks not yet handed over by SendChunk: a handful per call.
+  struct Announced {
+    int process;
+    uint64_t tag;
+    size_t entry;
+  };
+  std::vector<Announced> announced_;
   Clock::time_point next_check_;
 };
 

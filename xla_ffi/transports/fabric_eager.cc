@@ -65,28 +65,34 @@ namespace smddp {
 void FabricEndpoint::Impl::Send(Peer* p, uint64_t tag, const void* src, size_t bytes,
                                 Request* req) {
   std::lock_guard<std::mutex> lock(mu_);
-  req->Reset();
-  if (!p->failure.empty()) {
-    req->Complete(
-        FailedOn(p, "cannot send " + TagText(tag) + " to " + p->name + ": " + p->failure));
-    return;
-  }
-  SendTrack* t = new SendTrack{req, p, 0, false, std::string()};
-  tracks_.insert(t);
-  p->sending[req] = t;
+  SendTrack* t = StartTrack(p, tag, req);
+  if (t == nullptr) return;
   if (GoesDirect(bytes)) {
     StartDirect(p, t, static_cast<const char*>(src), tag, bytes);
   } else {
-    const uint64_t seq = p->next_send_seq++;
-    p->sendq.push_back(OutMsg{t, static_cast<const char*>(src), kData, tag, bytes, seq, 0});
+    t->seq = p->next_send_seq++;
+    p->sendq.push_back(OutMsg{t, static_cast<const char*>(src), kData, tag, bytes, t->seq, 0});
   }
   Pump();
   FlushSends();
 }
 
+SendTrack* FabricEndpoint::Impl::StartTrack(Peer* p, uint64_t tag, Request* req) {
+  req->Reset();
+  if (!p->failure.empty()) {
+    req->Complete(
+        FailedOn(p, "cannot send " + TagText(tag) + " to " + p->name + ": " + p->failure));
+    return nullptr;
+  }
+  SendTrack* t = new SendTrack{req, p, 0, false, std::string()};
+  tracks_.insert(t);
+  p->sending[req] = t;
+  return t;
+}
+
 void FabricEndpoint::Impl::StartDirect(Peer* p, SendTrack* t, const char* src, uint64_t tag,
                                        uint64_t bytes) {
-  const uint64_t seq = p->next_send_seq++;
+  const uint64_t seq = t->seq = p->next_send_seq++;
   p->awaiting_cts[seq] = DirectOut{t, src, tag, bytes};
   // Ahead of everything queued (the receiver passes messages in sequence
   // order whatever order they arrive in): the peer learns of it before it
@@ -100,15 +106,8 @@ bool FabricEndpoint::Impl::Announce(Peer* p, uint64_t tag, size_t bytes, Request
   // passes them in sequence order) until its bytes came.
   if (!GoesDirect(bytes)) return false;
   std::lock_guard<std::mutex> lock(mu_);
-  req->Reset();
-  if (!p->failure.empty()) {
-    req->Complete(
-        FailedOn(p, "cannot send " + TagText(tag) + " to " + p->name + ": " + p->failure));
-    return true;
-  }
-  SendTrack* t = new SendTrack{req, p, 0, false, std::string()};
-  tracks_.insert(t);
-  p->sending[req] = t;
+  SendTrack* t = StartTrack(p, tag, req);
+  if (t == nullptr) return true;  // failed at once, as a Send would
   StartDirect(p, t, nullptr, tag, bytes);
   Pump();
   FlushSends();
@@ -119,14 +118,13 @@ void FabricEndpoint::Impl::SendAnnounced(Peer* p, Request* req, const void* src)
   std::lock_guard<std::mutex> lock(mu_);
   auto st = p->sending.find(req);
   if (st == p->sending.end()) return;  // done already: refused, failed or cancelled
-  for (auto& [seq, out] : p->awaiting_cts) {
-    if (out.track != st->second) continue;
-    out.src = static_cast<const char*>(src);
-    if (out.cleared) {
-      StartDirectSend(p, seq);
-      FlushDirect();
-    }
-    return;
+  const uint64_t seq = st->second->seq;
+  auto a = p->awaiting_cts.find(seq);
+  if (a == p->awaiting_cts.end()) return;  // cancelled: its abort went out
+  a->second.src = static_cast<const char*>(src);
+  if (a->second.cleared) {
+    StartDirectSend(p, seq);
+    FlushDirect();
   }
 }
 

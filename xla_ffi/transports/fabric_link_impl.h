@@ -79,6 +79,7 @@ struct SendTrack {
   uint64_t inflight = 0;  // chunks and direct pieces posted, not yet completed
   bool copied = false;    // every chunk is in a send buffer / every piece posted
   std::string error;
+  uint64_t seq = 0;  // its message's sequence number (SendAnnounced finds it by this)
 };
 
 // One tagged send or receive of a caller's buffer (a piece of a direct
@@ -277,6 +278,9 @@ class FabricEndpoint::Impl {
   bool GoesDirect(uint64_t bytes) const {
     return direct_min_ != 0 && bytes >= direct_min_ && FitsDirect(bytes);
   }
+  // A Send's (or Announce's) track, or null once `req` failed at once on a
+  // failed link; mu_ held.
+  SendTrack* StartTrack(Peer* p, uint64_t tag, Request* req);
   // Queues a direct message's kRts (Send, Announce); `src` null: announced.
   void StartDirect(Peer* p, SendTrack* t, const char* src, uint64_t tag, uint64_t bytes);
   uint64_t PieceTag(uint64_t seq, uint64_t piece) const { return (seq << 16) | piece; }

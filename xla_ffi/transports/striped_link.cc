@@ -53,21 +53,18 @@ class Striped : public Link {
   bool Announce(uint64_t tag, size_t bytes, Request* req) override {
     Transfer t = Split(tag, bytes);
     const int stripes = int(t.link.size());
-    t.announced.assign(stripes, false);
     t.tag = tag;
     t.bytes = bytes;
-    Request* subs = t.subs.get();
-    const std::vector<int> link = t.link;
-    std::vector<bool> announced(stripes, false);
+    bool any = false;
     for (int k = 0; k < stripes; ++k) {
-      size_t off = 0, len = bytes;
-      if (stripes > 1) StripeOf(bytes, stripes, k, &off, &len);
+      size_t off, len;
+      StripeOf(bytes, stripes, k, &off, &len);
       // Not yet registered: a sub-request a link completes at once (a failed
       // peer) is seen by Settle once the transfer is.
-      announced[k] = links_[link[k]]->Announce(tag, len, &subs[k]);
+      t.announced.push_back(links_[t.link[k]]->Announce(tag, len, &t.subs[k]));
+      any = any || t.announced.back();
     }
-    if (std::none_of(announced.begin(), announced.end(), [](bool a) { return a; })) return false;
-    t.announced = announced;
+    if (!any) return false;
     std::lock_guard<std::mutex> lock(mu_);
     pending_[req] = std::move(t);
     return true;
@@ -91,8 +88,8 @@ class Striped : public Link {
     }
     const int stripes = int(link.size());
     for (int k = 0; k < stripes; ++k) {
-      size_t off = 0, len = bytes;
-      if (stripes > 1) StripeOf(bytes, stripes, k, &off, &len);
+      size_t off, len;
+      StripeOf(bytes, stripes, k, &off, &len);
       const char* at = static_cast<const char*>(src) + off;
       if (announced[k]) {
         links_[link[k]]->SendAnnounced(&subs[k], at);
