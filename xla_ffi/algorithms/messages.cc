@@ -111,7 +111,7 @@ Messages::Range Messages::Send(int process, uint64_t msg, const void* src, size_
   for (size_t i = 0; i < r.count; ++i) {
     size_t off, n;
     Chunk(bytes, i, &off, &n);
-    Post(process, MixTag(base, i), static_cast<const char*>(src) + off, nullptr, n, false);
+    Out(process, MixTag(base, i), static_cast<const char*>(src) + off, n);
   }
   return r;
 }
@@ -123,6 +123,7 @@ void Messages::Announce(int process, uint64_t msg, size_t total) {
   for (size_t i = 0; i < Chunks(total); ++i) {
     size_t off, n;
     Chunk(total, i, &off, &n);
+    if (announced_.count({process, MixTag(base, i)})) continue;  // announced already
     entries_.emplace_back();
     Entry& e = entries_.back();
     e.process = process;
@@ -137,18 +138,60 @@ void Messages::Announce(int process, uint64_t msg, size_t total) {
   }
 }
 
-size_t Messages::SendChunk(int process, uint64_t msg, size_t total, size_t i, const void* base) {
+void Messages::SendChunk(int process, uint64_t msg, size_t total, size_t i, const void* base) {
   size_t off, n;
   Chunk(total, i, &off, &n);
-  const uint64_t tag = MixTag(MixTag(call_.tag, msg), i);
+  Out(process, MixTag(MixTag(call_.tag, msg), i), static_cast<const char*>(base) + off, n);
+}
+
+void Messages::Out(int process, uint64_t tag, const char* src, size_t n) {
+  auto g = gates_.find({process, tag});
+  if (g != gates_.end()) {
+    const size_t gate = g->second;
+    gates_.erase(g);
+    if (!entries_[gate].req.done()) {
+      held_.push_back({gate, process, tag, src, n});
+      return;
+    }
+  }
+  Hand(process, tag, src, n);
+}
+
+void Messages::Hand(int process, uint64_t tag, const char* src, size_t n) {
   auto a = announced_.find({process, tag});
   if (a != announced_.end()) {
     const size_t id = a->second;
     announced_.erase(a);
-    entries_[id].link->SendAnnounced(&entries_[id].req, static_cast<const char*>(base) + off);
-    return id;
+    entries_[id].link->SendAnnounced(&entries_[id].req, src);
+    return;
   }
-  return Post(process, tag, static_cast<const char*>(base) + off, nullptr, n, false);
+  Post(process, tag, src, nullptr, n, false);
+}
+
+void Messages::Hold(int process, const std::vector<std::pair<uint64_t, size_t>>& msgs,
+                    const std::vector<size_t>& after) {
+  size_t total = 0;
+  for (const auto& [msg, bytes] : msgs) total += Chunks(bytes);
+  if (after.empty() || total == 0) return;
+  size_t j = 0;
+  for (const auto& [msg, bytes] : msgs) {
+    const uint64_t base = MixTag(call_.tag, msg);
+    Announce(process, msg, bytes);  // its handshake now
+    for (size_t i = 0; i < Chunks(bytes); ++i, ++j)
+      gates_[{process, MixTag(base, i)}] = after[j * after.size() / total];
+  }
+}
+
+void Messages::Release() {
+  for (size_t i = 0; i < held_.size();) {
+    if (!entries_[held_[i].gate].req.done()) {
+      ++i;
+      continue;
+    }
+    const Held h = held_[i];
+    held_.erase(held_.begin() + i);
+    Hand(h.process, h.tag, h.src, h.bytes);
+  }
 }
 
 Messages::Range Messages::Recv(int process, uint64_t msg, void* dst, size_t bytes) {
@@ -164,6 +207,7 @@ Messages::Range Messages::Recv(int process, uint64_t msg, void* dst, size_t byte
 
 void Messages::ProgressAll() {
   for (Link* link : links_) link->Progress();
+  if (!held_.empty()) Release();
 }
 
 // A peer that is gone fails the call at once (not at the deadline), but only
@@ -289,6 +333,12 @@ Status Messages::WaitRange(const Range& r) {
 }
 
 Status Messages::WaitAll() {
+  // A held chunk's gate is an earlier transfer: waiting for it releases the
+  // chunk, whose entry comes after it (or was announced).
+  for (size_t i = 0; i < entries_.size(); ++i) {
+    if (!entries_[i].settled) SMDDP_RETURN_IF_ERROR(Wait(i));
+  }
+  Release();
   for (size_t i = 0; i < entries_.size(); ++i) {
     if (!entries_[i].settled) SMDDP_RETURN_IF_ERROR(Wait(i));
   }

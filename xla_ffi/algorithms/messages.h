@@ -42,7 +42,15 @@ class Messages {
   Range Recv(int process, uint64_t msg, void* dst, size_t bytes);
   // Posts only chunk `i` of message `msg`, a `total`-byte message whose bytes
   // start at `base` (to send each chunk as soon as it is computed).
-  size_t SendChunk(int process, uint64_t msg, size_t total, size_t i, const void* base);
+  void SendChunk(int process, uint64_t msg, size_t total, size_t i, const void* base);
+
+  // Holds back messages `msgs` ({id, bytes}, in order) to `process`: the
+  // j-th of their S chunks, once Send or SendChunk hands it over, goes out
+  // only when transfer after[j * G / S] of the G `after` is done (released
+  // as the links progress; WaitAll releases the rest). Direct ones are
+  // announced now. For staggered rounds between hosts (Routes::stagger_to).
+  void Hold(int process, const std::vector<std::pair<uint64_t, size_t>>& msgs,
+            const std::vector<size_t>& after);
 
   // Announces message `msg` of `total` bytes to `process`, whose chunks are
   // sent later, each by SendChunk as it is computed: where the link has a
@@ -81,6 +89,11 @@ class Messages {
     bool settled = false;  // done, or cancelled
   };
   size_t Post(int process, uint64_t tag, const void* src, void* dst, size_t bytes, bool recv);
+  // Sends chunk `tag` of `n` bytes from `src`: announced, held or posted now.
+  void Out(int process, uint64_t tag, const char* src, size_t n);
+  void Hand(int process, uint64_t tag, const char* src, size_t n);
+  // Sends the held chunks whose gate is done.
+  void Release();
   void ProgressAll();
   Status CheckPeers();
   // The failure of the link to `process` (`why`: its PeerFailure()), in the
@@ -94,6 +107,16 @@ class Messages {
   std::deque<Entry> entries_;
   // Announced chunks, by (process, tag): their entries, until SendChunk.
   std::map<std::pair<int, uint64_t>, size_t> announced_;
+  // Held chunks, by (process, tag): the transfer each waits for.
+  std::map<std::pair<int, uint64_t>, size_t> gates_;
+  struct Held {
+    size_t gate;
+    int process;
+    uint64_t tag;
+    const char* src;
+    size_t bytes;
+  };
+  std::vector<Held> held_;  // handed over, gate not yet done
   Clock::time_point next_check_;
 };
 
