@@ -310,6 +310,13 @@ def test_malformed_chunks_are_dropped_naming_the_sender(corrupt, detail):
     # the call's start and their bytes handed over chunk by chunk (Messages::Announce)
     ("aabb", 1, {"JAX_SMDDP_ALGORITHM": "hierarchical", "JAX_SMDDP_CHUNK_BYTES": "4096",
                  "JAX_SMDDP_FABRIC_DIRECT_BYTES": "1"}),
+    # more than 2 hosts: staggered rounds between them (Routes::stagger_to), each chunk held
+    # until the previous round's arrived; several chunks per message, direct (announced) and
+    # not, two devices per process (two messages per round); on rails with relays
+    ("abcd", 2, {"JAX_SMDDP_CHUNK_BYTES": "4096", "JAX_SMDDP_FABRIC_DIRECT_BYTES": "1"}),
+    ("abc", 1, {"JAX_SMDDP_CHUNK_BYTES": "4096", "JAX_SMDDP_FABRIC_DIRECT_BYTES": "0"}),
+    ("aabbcc", 1, {"JAX_SMDDP_ALGORITHM": "hierarchical", "JAX_SMDDP_CHUNK_BYTES": "4096",
+                   "JAX_SMDDP_FABRIC_DIRECT_BYTES": "1"}),
 ])
 def test_hosts_by_host_id(hosts, devices, env):
   """Hosts told apart by JAX_SMDDP_HOST_ID: libfabric (tcp on loopback)

@@ -116,7 +116,7 @@ Messages::Range Messages::Send(int process, uint64_t msg, const void* src, size_
   for (size_t i = 0; i < r.count; ++i) {
     size_t off, n;
     Chunk(bytes, i, &off, &n);
-    Post(process, MixTag(base, i), static_cast<const char*>(src) + off, nullptr, n, false);
+    Out(process, MixTag(base, i), static_cast<const char*>(src) + off, n);
   }
   return r;
 }
@@ -128,6 +128,7 @@ void Messages::Announce(int process, uint64_t msg, size_t total) {
   for (size_t i = 0; i < Chunks(total); ++i) {
     size_t off, n;
     Chunk(total, i, &off, &n);
+    if (FindAnnounced(process, MixTag(base, i)) != kNone) continue;  // announced already
     Entry& e = NewEntry(process, link, false);
     if (!link->Announce(MixTag(base, i), n, &e.req)) {
       entries_.pop_back();  // nothing to start: SendChunk posts it
@@ -138,19 +139,69 @@ void Messages::Announce(int process, uint64_t msg, size_t total) {
   }
 }
 
-size_t Messages::SendChunk(int process, uint64_t msg, size_t total, size_t i, const void* base) {
+void Messages::SendChunk(int process, uint64_t msg, size_t total, size_t i, const void* base) {
   size_t off, n;
   Chunk(total, i, &off, &n);
-  const uint64_t tag = MixTag(MixTag(call_.tag, msg), i);
-  for (Announced& a : announced_) {
-    if (a.process != process || a.tag != tag) continue;
-    const size_t id = a.entry;
-    a = announced_.back();
-    announced_.pop_back();
-    entries_[id].link->SendAnnounced(&entries_[id].req, static_cast<const char*>(base) + off);
-    return id;
+  Out(process, MixTag(MixTag(call_.tag, msg), i), static_cast<const char*>(base) + off, n);
+}
+
+void Messages::Out(int process, uint64_t tag, const char* src, size_t n) {
+  for (Gate& g : gates_) {
+    if (g.process != process || g.tag != tag) continue;
+    const size_t after = g.after;
+    g = gates_.back();
+    gates_.pop_back();
+    if (!entries_[after].req.done()) {
+      held_.push_back({after, process, tag, src, n});
+      return;
+    }
+    break;
   }
-  return Post(process, tag, static_cast<const char*>(base) + off, nullptr, n, false);
+  Hand(process, tag, src, n);
+}
+
+size_t Messages::FindAnnounced(int process, uint64_t tag) const {
+  for (size_t k = 0; k < announced_.size(); ++k)
+    if (announced_[k].process == process && announced_[k].tag == tag) return k;
+  return kNone;
+}
+
+void Messages::Hand(int process, uint64_t tag, const char* src, size_t n) {
+  const size_t k = FindAnnounced(process, tag);
+  if (k != kNone) {
+    const size_t id = announced_[k].entry;
+    announced_[k] = announced_.back();
+    announced_.pop_back();
+    entries_[id].link->SendAnnounced(&entries_[id].req, src);
+    return;
+  }
+  Post(process, tag, src, nullptr, n, false);
+}
+
+void Messages::Hold(int process, const std::vector<std::pair<uint64_t, size_t>>& msgs,
+                    const std::vector<size_t>& after) {
+  size_t total = 0;
+  for (const auto& [msg, bytes] : msgs) total += Chunks(bytes);
+  if (after.empty() || total == 0) return;
+  size_t j = 0;
+  for (const auto& [msg, bytes] : msgs) {
+    const uint64_t base = MixTag(call_.tag, msg);
+    Announce(process, msg, bytes);  // its handshake now
+    for (size_t i = 0; i < Chunks(bytes); ++i, ++j)
+      gates_.push_back({process, MixTag(base, i), after[j * after.size() / total]});
+  }
+}
+
+void Messages::Release() {
+  for (size_t i = 0; i < held_.size();) {
+    if (!entries_[held_[i].after].req.done()) {
+      ++i;
+      continue;
+    }
+    const Held h = held_[i];
+    held_.erase(held_.begin() + i);
+    Hand(h.process, h.tag, h.src, h.bytes);
+  }
 }
 
 Messages::Range Messages::Recv(int process, uint64_t msg, void* dst, size_t bytes) {
@@ -166,6 +217,7 @@ Messages::Range Messages::Recv(int process, uint64_t msg, void* dst, size_t byte
 
 void Messages::ProgressAll() {
   for (Link* link : links_) link->Progress();
+  if (!held_.empty()) Release();
 }
 
 // A peer that is gone fails the call at once (not at the deadline), but only
@@ -291,6 +343,12 @@ Status Messages::WaitRange(const Range& r) {
 }
 
 Status Messages::WaitAll() {
+  // A held chunk's gate is an earlier transfer: waiting for it releases the
+  // chunk, whose entry comes after it (or was announced).
+  for (size_t i = 0; i < entries_.size(); ++i) {
+    if (!entries_[i].settled) SMDDP_RETURN_IF_ERROR(Wait(i));
+  }
+  Release();
   for (size_t i = 0; i < entries_.size(); ++i) {
     if (!entries_[i].settled) SMDDP_RETURN_IF_ERROR(Wait(i));
   }

@@ -9,6 +9,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <deque>
+#include <utility>
 #include <vector>
 
 #include "xla_ffi/algorithms/process_call.h"
@@ -40,7 +41,15 @@ class Messages {
   Range Recv(int process, uint64_t msg, void* dst, size_t bytes);
   // Posts only chunk `i` of message `msg`, a `total`-byte message whose bytes
   // start at `base` (to send each chunk as soon as it is computed).
-  size_t SendChunk(int process, uint64_t msg, size_t total, size_t i, const void* base);
+  void SendChunk(int process, uint64_t msg, size_t total, size_t i, const void* base);
+
+  // Holds back messages `msgs` ({id, bytes}, in order) to `process`: the
+  // j-th of their S chunks, once Send or SendChunk hands it over, goes out
+  // only when transfer after[j * G / S] of the G `after` is done (released
+  // as the links progress; WaitAll releases the rest). Direct ones are
+  // announced now. For staggered rounds between hosts (Routes::stagger_to).
+  void Hold(int process, const std::vector<std::pair<uint64_t, size_t>>& msgs,
+            const std::vector<size_t>& after);
 
   // Announces message `msg` of `total` bytes to `process`, whose chunks are
   // sent later, each by SendChunk as it is computed: where the link has a
@@ -81,6 +90,15 @@ class Messages {
   size_t Post(int process, uint64_t tag, const void* src, void* dst, size_t bytes, bool recv);
   // A new entry for a transfer to or from `process` over `link`.
   Entry& NewEntry(int process, Link* link, bool recv);
+  // Sends chunk `tag` of `n` bytes from `src`: announced, held or posted now.
+  void Out(int process, uint64_t tag, const char* src, size_t n);
+  // Hands an announced chunk's bytes over, or posts it.
+  void Hand(int process, uint64_t tag, const char* src, size_t n);
+  // Sends the held chunks whose gate is done.
+  void Release();
+  static constexpr size_t kNone = ~size_t(0);
+  // The index in announced_ of chunk `tag` to `process`, or kNone.
+  size_t FindAnnounced(int process, uint64_t tag) const;
   void ProgressAll();
   Status CheckPeers();
   // The failure of the link to `process` (`why`: its PeerFailure()), in the
@@ -92,13 +110,30 @@ class Messages {
   WaitPolls polls_;           // how long a wait polls, yields, then sleeps
   std::vector<Link*> links_;  // for progress: one per progress key of the peers
   std::deque<Entry> entries_;
-  // Announced chunks not yet handed over by SendChunk: a handful per call.
+  // Announced chunks not yet handed over by SendChunk: tens per call at most
+  // (found by a scan).
   struct Announced {
     int process;
     uint64_t tag;
     size_t entry;
   };
   std::vector<Announced> announced_;
+  // Held messages' chunks not yet handed over: the transfer each waits for.
+  struct Gate {
+    int process;
+    uint64_t tag;
+    size_t after;
+  };
+  std::vector<Gate> gates_;
+  // Chunks handed over whose transfer `after` is not yet done.
+  struct Held {
+    size_t after;
+    int process;
+    uint64_t tag;
+    const char* src;
+    size_t bytes;
+  };
+  std::vector<Held> held_;
   Clock::time_point next_check_;
 };
 

@@ -24,6 +24,24 @@ uint64_t Msg(uint64_t round, uint64_t a = 0, uint64_t b = 0) {
   return (round << 56) ^ (a << 28) ^ b;
 }
 
+// Holds each staggered round's messages to its process, `msgs(process)`
+// ({id, bytes}), until the previous round's from its source arrive,
+// `received(process)` (transfer ids, in order), chunk by chunk
+// (Routes::stagger_to). Round 1 goes at once: each round waits only on an
+// earlier round of another process, so none waits in a cycle.
+template <typename Msgs, typename Received>
+void HoldRounds(const Routes& rt, Messages& m, Msgs msgs, Received received) {
+  for (size_t k = 1; k < rt.stagger_to.size(); ++k)
+    m.Hold(rt.stagger_to[k], msgs(rt.stagger_to[k]), received(rt.stagger_from[k - 1]));
+}
+
+using MsgList = std::vector<std::pair<uint64_t, size_t>>;
+
+// Appends the ids of the transfers of `r`, in order.
+void AppendIds(const Messages::Range& r, std::vector<size_t>* ids) {
+  for (size_t i = 0; i < r.count; ++i) ids->push_back(r.first + i);
+}
+
 // Staging memory, reused across calls: a call holds one buffer from its
 // start to its end, whichever threads run it (its start on XLA's thread, its
 // rest perhaps on a worker while that thread starts another call), and gives
@@ -218,6 +236,19 @@ class AllGatherBody final : public BlockBody {
       char* dst = outer_ == 1 ? first + s * inner_ : stage + incoming_.size() * block_;
       incoming_.push_back({s, m_.Recv(rt.gather_source[s], Msg(kData, s), dst, block_), dst});
     }
+    HoldRounds(
+        rt, m_,
+        [&](int) {
+          MsgList msgs;
+          for (size_t li = 0; li < nl; ++li) msgs.push_back({Msg(kData, (*c_.local)[li]), block_});
+          return msgs;
+        },
+        [&](int q) {
+          std::vector<size_t> ids;
+          for (const Incoming& in : incoming_)
+            if (rt.gather_source[in.rank] == q) AppendIds(in.range, &ids);
+          return ids;
+        });
     for (int q : rt.gather_targets) {
       for (size_t li = 0; li < nl; ++li)
         m_.Send(q, Msg(kData, (*c_.local)[li]), c_.send[li], block_);
@@ -315,6 +346,16 @@ struct Contributions {
     return stage + slots * slot_bytes;  // the extra bytes
   }
 
+  // The transfers of the contributions from process `q`, by rank.
+  std::vector<size_t> From(const Routes& rt, int q) const {
+    std::vector<size_t> ids;
+    for (size_t r = 0; r < ranges.size(); ++r) {
+      for (size_t i = 0; i < ranges[r].size(); ++i)
+        if (rt.reduce_sources[r][i] == q) AppendIds(ranges[r][i], &ids);
+    }
+    return ids;
+  }
+
   Status WaitChunk(Messages& m, int r, size_t k) {
     for (const auto& range : ranges[r]) SMDDP_RETURN_IF_ERROR(m.Wait(range.first + k));
     return Status::Ok();
@@ -346,6 +387,14 @@ class ReductionBody : public ProcessBody {
     const std::vector<int>& order = c_.routes->reduce_order;
     while (next_ < order.size()) SMDDP_RETURN_IF_ERROR(Rank(order[next_++]));
     return Status::Ok();
+  }
+  // The partials sent to process `q`, rank r's of bytes(r).
+  template <typename Bytes>
+  MsgList PartialsTo(int q, Bytes bytes) const {
+    MsgList msgs;
+    for (int r = 0; r < c_.size; ++r)
+      if (c_.routes->reduce_dest[r] == q) msgs.push_back({Msg(kData, r), bytes(r)});
+    return msgs;
   }
   // The index among this process's ranks of r, one of them.
   size_t LocalIndex(int r) const {
@@ -383,6 +432,9 @@ class ReduceScatterBody final : public ReductionBody {
     size_t outgoing = 0;
     for (int r = 0; r < c_.size; ++r) outgoing += rt.reduce_dest[r] >= 0 ? 1 : 0;
     partials_ = in_.Post(c_, m_, staging_, kData, [&](int) { return bb_; }, bb_, outgoing * bb_);
+    HoldRounds(
+        rt, m_, [&](int q) { return PartialsTo(q, [&](int) { return bb_; }); },
+        [&](int q) { return in_.From(rt, q); });
     StartRanks();
     // What Finish sends once combined: its handshakes now, on quiet links.
     for (int r = 0; r < c_.size; ++r) {
@@ -452,6 +504,24 @@ class AllReduceBody final : public ReductionBody {
     for (int s : rt.gather_order)
       results_.push_back(
           {s, m_.Recv(rt.gather_source[s], Msg(kResult, s), first + Begin(s) * esize_, Shard(s))});
+    // Both exchanges in rounds: the shards to reduce, then the results.
+    HoldRounds(
+        rt, m_, [&](int q) { return PartialsTo(q, [&](int r) { return Shard(r); }); },
+        [&](int q) { return in_.From(rt, q); });
+    HoldRounds(
+        rt, m_,
+        [&](int) {
+          MsgList msgs;
+          for (size_t r = 0; r < n; ++r)
+            if (rt.reduce_dest[r] < 0) msgs.push_back({Msg(kResult, r), Shard(r)});
+          return msgs;
+        },
+        [&](int q) {
+          std::vector<size_t> ids;
+          for (const Result& res : results_)
+            if (rt.gather_source[res.rank] == q) AppendIds(res.range, &ids);
+          return ids;
+        });
     StartRanks();
     // What Finish sends once reduced (combined shards, this process's
     // results): its handshakes now, on quiet links.

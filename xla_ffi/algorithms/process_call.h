@@ -46,13 +46,24 @@ struct Routes {
   // process combines for its host, then its own ranks; each stage waits only
   // on earlier stages of other processes, so none waits in a cycle.
   std::vector<int> reduce_order;
+  // Staggered rounds between hosts (more than 2 hosts, this process
+  // exchanging with one process on each other host): in round k = 1..H-1
+  // it sends to stagger_to[k-1], on host (h+k) mod H, and receives from
+  // stagger_from[k-1], on host (h-k) mod H, so that each host's link carries
+  // one flow at a time, as a ring's does; all at once, TCP flows share a
+  // capped link unevenly and the call waits for the slowest. A round's sends
+  // wait for the previous round's receive, chunk by chunk (Messages::Hold).
+  // Empty: no rounds.
+  std::vector<int> stagger_to, stagger_from;
 };
 
 // Routes for `process` in a group with `process_of_rank`, given each
 // process's host (any ids; equal = same host). `allow_hierarchy`: false
-// forces flat routes (JAX_SMDDP_HIERARCHICAL=0).
+// forces flat routes (JAX_SMDDP_HIERARCHICAL=0); `stagger`: whether to
+// stagger rounds between hosts (JAX_SMDDP_STAGGER_CHUNK_BYTES).
 Routes ComputeRoutes(const std::vector<int>& process_of_rank, int process,
-                     const std::vector<std::string>& host_of_process, bool allow_hierarchy);
+                     const std::vector<std::string>& host_of_process, bool allow_hierarchy,
+                     bool stagger = false);
 
 // What a call checks while its messages are waited for, beside the peers'
 // liveness: a failure it returns fails the call.

@@ -6,7 +6,8 @@
 namespace smddp {
 
 Routes ComputeRoutes(const std::vector<int>& process_of_rank, int process,
-                     const std::vector<std::string>& host_of_process, bool allow_hierarchy) {
+                     const std::vector<std::string>& host_of_process, bool allow_hierarchy,
+                     bool stagger) {
   const int n = int(process_of_rank.size());
   // The group's processes, by host, in process order: a process's rail is
   // its position on its host.
@@ -86,6 +87,24 @@ Routes ComputeRoutes(const std::vector<int>& process_of_rank, int process,
     for (int t = 0; t < n; ++t) {
       const int stage = r.reduce_dest[t] < 0 ? 2 : (r.reduce_sources[t].empty() ? 0 : 1);
       if (stage == pass) r.reduce_order.push_back(t);
+    }
+  }
+  // The peers on other hosts this process sends its own data to: one per
+  // host, or no rounds.
+  std::map<std::string, int> across;
+  bool one_each = true;
+  for (int q : r.gather_targets) {
+    if (host(q) == my_host) continue;
+    one_each &= across.emplace(host(q), q).second;
+  }
+  const size_t hosts = by_host.size();
+  if (stagger && hosts > 2 && one_each && across.size() == hosts - 1) {
+    std::vector<std::string> names;
+    for (auto& [h, ps] : by_host) names.push_back(h);
+    const size_t me = size_t(std::find(names.begin(), names.end(), my_host) - names.begin());
+    for (size_t k = 1; k < hosts; ++k) {
+      r.stagger_to.push_back(across[names[(me + k) % hosts]]);
+      r.stagger_from.push_back(across[names[(me + hosts - k) % hosts]]);
     }
   }
   return r;

@@ -36,6 +36,12 @@ namespace {
 // JAX_SMDDP_HIERARCHICAL=0 sends every byte directly between processes
 // (flat), even across hosts; for comparisons and tests.
 bool HierarchyAllowed() { return TextSetting("JAX_SMDDP_HIERARCHICAL") != "0"; }
+// The largest chunk of a call staggered between hosts (0: no rounds).
+size_t StaggerChunk() {
+  static const size_t bytes = size_t(IntSetting("JAX_SMDDP_STAGGER_CHUNK_BYTES"));
+  return bytes;
+}
+bool Staggered() { return StaggerChunk() != 0; }
 
 // Calls whose outputs in this process are smaller than this run on the
 // thread of the last local device to arrive once the peers are in the call
@@ -57,8 +63,9 @@ ProcessRendezvous::ProcessRendezvous(std::vector<int64_t> members, std::vector<i
     : members_(std::move(members)),
       process_of_rank_(std::move(process_of_rank)),
       process_(process) {
-  routes_ = ComputeRoutes(process_of_rank_, process_, host_of_process, HierarchyAllowed());
-  flat_routes_ = ComputeRoutes(process_of_rank_, process_, host_of_process, false);
+  routes_ =
+      ComputeRoutes(process_of_rank_, process_, host_of_process, HierarchyAllowed(), Staggered());
+  flat_routes_ = ComputeRoutes(process_of_rank_, process_, host_of_process, false, Staggered());
   const int n = int(process_of_rank_.size());
   local_index_.assign(n, -1);
   for (int r = 0; r < n; ++r) {
@@ -244,6 +251,12 @@ void ProcessRendezvous::Begin(Slot& slot) {
     call.peer_ranks = &peer_ranks_;
     call.routes = slot.plan.routing == Plan::Routing::kFlat ? &flat_routes_ : &routes_;
     call.chunk_bytes = slot.plan.chunk_bytes;
+    if (!call.routes->stagger_to.empty()) {
+      // Rounds overlap chunk by chunk: whole messages in turn leave the links
+      // idle between rounds (measured: below flat's all at once).
+      const size_t chunk = call.chunk_bytes ? call.chunk_bytes : ChunkBytes();
+      call.chunk_bytes = std::max<size_t>(4096, std::min(chunk, StaggerChunk()) / 64 * 64);
+    }
     // Not the run id: it differs between different programs, and processes
     // that run different programs must meet to report it.
     call.tag = MixTag(MixTag(MixTag(group_hash_, key.site), key.sequence), 0x736d646470ull);
