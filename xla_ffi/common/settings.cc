@@ -112,7 +112,7 @@ const std::vector<SettingSpec> kSettings = {
      "runtime", true, "force the cross-process routes; process 0's is used"},
     {"JAX_SMDDP_HIERARCHICAL", kChoice, "1", 0, 0, "0|1", "runtime", true,
      "0: direct routes between all processes, even across hosts"},
-    {"JAX_SMDDP_STAGGER_CHUNK_BYTES", kBytes, "256K", 0, 1 << 30, "", "runtime", true,
+    {"JAX_SMDDP_STAGGER_CHUNK_BYTES", kBytes, "128K", 0, 1 << 30, "", "runtime", true,
      "with more than 2 hosts, a process exchanging with one process on each other host sends "
      "to them in rounds, as a ring does: in round k to the host k after its own, each chunk once "
      "the same chunk of the previous round (from the host k-1 before it) arrived, so that each "
