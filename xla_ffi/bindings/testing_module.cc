@@ -569,9 +569,9 @@ NB_MODULE(_smddp_testing, m) {
   m.def(
       "routes",
       [](std::vector<int> process_of_rank, int process, std::vector<std::string> host_of_process,
-         bool allow_hierarchy) {
-        const smddp::Routes r =
-            smddp::ComputeRoutes(process_of_rank, process, host_of_process, allow_hierarchy);
+         bool allow_hierarchy, bool stagger) {
+        const smddp::Routes r = smddp::ComputeRoutes(process_of_rank, process, host_of_process,
+                                                     allow_hierarchy, stagger);
         nb::dict d;
         d["hierarchical"] = r.hierarchical;
         d["gather_source"] = r.gather_source;
@@ -579,10 +579,12 @@ NB_MODULE(_smddp_testing, m) {
         d["gather_targets"] = r.gather_targets;
         d["reduce_sources"] = r.reduce_sources;
         d["reduce_dest"] = r.reduce_dest;
+        d["stagger_to"] = r.stagger_to;
+        d["stagger_from"] = r.stagger_from;
         return d;
       },
       nb::arg("process_of_rank"), nb::arg("process"), nb::arg("host_of_process"),
-      nb::arg("allow_hierarchy") = true);
+      nb::arg("allow_hierarchy") = true, nb::arg("stagger") = false);
   // The failures this module's engine copy recorded (its probes' calls).
   BindFailures(m);
   // CopyBytes (streaming_copy.h): `src` copied to byte `dst_offset` of a
