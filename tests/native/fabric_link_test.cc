@@ -474,7 +474,30 @@ void Announced(Link* link, int me) {
   link->Recv(614, in_e.data(), in_e.size(), &re);
   Wait(link, {&se, &re}, 30, "messages after a cancelled announced send");
   CHECK(Verify(in_e, 614, peer) < 0, "wrong data after a cancelled announced send");
-  Log("announced sends: ok (bytes late, at once, cancelled: \"%s\")",
+  Barrier();
+  // (d) Both sides cancel at once, the sender its announced send and the
+  // receiver its receive, whose pieces are posted: the receiver's cancel
+  // reads the sender's abort while it withdraws them (a call failing on both
+  // sides of a link); each side's receive ends once, and the link still
+  // carries later messages.
+  std::vector<char> in_f(big, '\xEE'), out_g(77), in_g(77);
+  Fill(out_g, 616, me);
+  Request sf, rf, sg, rg;
+  link->Recv(615, in_f.data(), in_f.size(), &rf);
+  Barrier();
+  CHECK(link->Announce(615, big, &sf), "not announced");
+  ProgressFor(link, 0.2);  // the handshake: the receivers' pieces posted
+  link->Cancel(&sf);
+  Barrier();
+  usleep(50000);  // the peer's abort is in (not read: nothing progresses)
+  link->Cancel(&rf);
+  CHECK(!rf.done() || !rf.status().ok(), "a receive cancelled before any bytes succeeded");
+  CHECK(AllBytes(in_f, '\xEE'), "a receive cancelled on both sides was written");
+  link->Send(616, out_g.data(), out_g.size(), &sg);
+  link->Recv(616, in_g.data(), in_g.size(), &rg);
+  Wait(link, {&sg, &rg}, 30, "messages after a transfer cancelled on both sides");
+  CHECK(Verify(in_g, 616, peer) < 0, "wrong data after a transfer cancelled on both sides");
+  Log("announced sends: ok (bytes late, at once, cancelled: \"%s\", on both sides)",
       rd.status().message().c_str());
 }
 

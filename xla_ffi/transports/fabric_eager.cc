@@ -517,6 +517,12 @@ void FabricEndpoint::Impl::HandleChunk(Slot& slot, size_t len) {
                                              " before any of its bytes went out"));
         in->req = nullptr;
       }
+      if (in->cancelling) {
+        // This side's cancel owns it (read while it withdraws the pieces, up
+        // the stack): it deletes it; none of the sender's pieces will come.
+        in->drain = false;
+        return;
+      }
       CancelDirectIn(p, in, /*drain=*/false);
       return;
     }
