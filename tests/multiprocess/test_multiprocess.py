@@ -330,6 +330,30 @@ def test_hosts_by_host_id(hosts, devices, env):
     assert len(topo["network_peers"]) == sum(1 for g in hosts if g != h), topo
 
 
+@pytest.mark.timeout(300)
+def test_peer_killed_during_staggered_rounds_is_named():
+  """Four hosts (by JAX_SMDDP_HOST_ID), one process each: psum runs in
+  staggered rounds, chunks held until the previous round's arrived (bounce
+  chunks here: 128 KiB). The last process is killed mid-call: the others raise
+  within seconds, not at the timeout, naming it or a survivor that failed
+  first; a chunk held on a receive from the dead process goes once that
+  receive failed."""
+  procs = run_job(["peer_killed_midway"], 4, 1, timeout=240,
+                  env={"JAX_SMDDP_FABRIC_PROVIDER": "tcp;ofi_rxm", "JAX_SMDDP_TIMEOUT_S": "120"},
+                  per_process_env=[{"JAX_SMDDP_HOST_ID": h} for h in "abcd"])
+  assert procs[3].returncode == -9, launch.describe(procs)
+  named = []
+  for p in procs[:3]:
+    assert p.result is not None and not p.result["ok"], launch.describe(procs)
+    assert p.result["seconds"] < 15, p.result
+    typed = p.result["typed"]
+    assert typed["class"] == "PeerFailedError" and typed["op"] == "all_reduce", p.result
+    assert len(typed["peer_processes"]) == 1, p.result
+    named.append(typed["peer_processes"][0])
+    assert f"process {named[-1]} (devices" in p.result["error"], p.result["error"]
+  assert 3 in named, named
+
+
 @pytest.mark.timeout(400)
 @pytest.mark.parametrize("direct_bytes", ["1", "0"])
 def test_direct_transfers_between_hosts(direct_bytes):
