@@ -154,6 +154,19 @@ void CheckOk(const Request& r, const char* what) {
   CHECK(r.status().ok(), "%s: %s", what, r.status().message().c_str());
 }
 
+// A message of `bytes` each way, tag `tag`, arrives whole after `what`: the
+// link still works.
+void StillFlows(Link* link, int me, uint64_t tag, size_t bytes, const char* what) {
+  std::vector<char> out(bytes), in(bytes);
+  Fill(out, tag, me);
+  Request s, r;
+  link->Send(tag, out.data(), out.size(), &s);
+  link->Recv(tag, in.data(), in.size(), &r);
+  Wait(link, {&s, &r}, 30, what);
+  CheckOk(r, what);
+  CHECK(Verify(in, tag, 1 - me) < 0, "wrong data %s", what);
+}
+
 const size_t kMiB = 1 << 20;
 
 // Whether a message of `bytes` goes direct (tagged between the callers'
@@ -283,11 +296,9 @@ void TagOrder(Link* link, int me) {
 
 // A receive of the wrong size fails with a message; the link still works.
 void SizeMismatch(Link* link, int me) {
-  const int peer = 1 - me;
-  std::vector<char> out(100), in(64, '\xEE'), out2(50), in2(50);
+  std::vector<char> out(100), in(64, '\xEE');
   Fill(out, 400, me);
-  Fill(out2, 401, me);
-  Request s, r, s2, r2;
+  Request s, r;
   link->Recv(400, in.data(), in.size(), &r);
   Barrier();
   link->Send(400, out.data(), out.size(), &s);
@@ -298,11 +309,7 @@ void SizeMismatch(Link* link, int me) {
   CHECK(m.find("100") != std::string::npos && m.find("64") != std::string::npos,
         "unclear size mismatch message: %s", m.c_str());
   CHECK(AllBytes(in, '\xEE'), "a failed receive wrote into its buffer");
-  link->Send(401, out2.data(), out2.size(), &s2);
-  link->Recv(401, in2.data(), in2.size(), &r2);
-  Wait(link, {&s2, &r2}, 30, "after a size mismatch");
-  CheckOk(r2, "receive after a size mismatch");
-  CHECK(Verify(in2, 401, peer) < 0, "wrong data after a size mismatch");
+  StillFlows(link, me, 401, 50, "after a size mismatch");
   Log("size mismatch: ok (\"%s\")", m.c_str());
 }
 
@@ -361,14 +368,7 @@ void Cancels(Link* link, int me) {
       CHECK(!r.done(), "a cancelled receive completed");
       CHECK(AllBytes(in, 0x5A), "the link wrote into a receive buffer after Cancel");
     }
-    std::vector<char> o2(5000), i2(5000);
-    Fill(o2, 502, me);
-    Request s2, r2;
-    link->Send(502, o2.data(), o2.size(), &s2);
-    link->Recv(502, i2.data(), i2.size(), &r2);
-    Wait(link, {&s2, &r2}, 30, "messages after a cancel mid-transfer");
-    CheckOk(r2, "receive after a cancel mid-transfer");
-    CHECK(Verify(i2, 502, peer) < 0, "wrong data after a cancel mid-transfer");
+    StillFlows(link, me, 502, 5000, "after a cancel mid-transfer");
     Log("cancel of a receive mid-transfer: ok (%s)",
         was_done ? "it had completed already" : "cancelled");
   }
@@ -393,14 +393,7 @@ void Cancels(Link* link, int me) {
       CHECK(r.status().message().find("cancelled") != std::string::npos, "unclear: %s",
             r.status().message().c_str());
     }
-    std::vector<char> o2(7), i2(7);
-    Fill(o2, 504, me);
-    Request s2, r2;
-    link->Send(504, o2.data(), o2.size(), &s2);
-    link->Recv(504, i2.data(), i2.size(), &r2);
-    Wait(link, {&s2, &r2}, 30, "messages after a cancelled send");
-    CheckOk(r2, "receive after a cancelled send");
-    CHECK(Verify(i2, 504, peer) < 0, "wrong data after a cancelled send");
+    StillFlows(link, me, 504, 7, "after a cancelled send");
     Log("cancel of a send: ok (%s; the peer's receive: %s)",
         sent ? "it had been copied" : "cancelled",
         r.status().ok() ? "ok" : r.status().message().c_str());
@@ -457,9 +450,8 @@ void Announced(Link* link, int me) {
   CHECK(Verify(in_c, 612, peer) < 0, "wrong data: sent after an announced message");
   Barrier();
   // (c) Cancelled before its bytes came: the peer's receive fails, saying so.
-  std::vector<char> in_d(big, '\xEE'), out_e(77), in_e(77);
-  Fill(out_e, 614, me);
-  Request sd, rd, se, re;
+  std::vector<char> in_d(big, '\xEE');
+  Request sd, rd;
   link->Recv(613, in_d.data(), in_d.size(), &rd);
   Barrier();
   CHECK(link->Announce(613, big, &sd), "not announced");
@@ -470,19 +462,12 @@ void Announced(Link* link, int me) {
         "receive of a cancelled announced send: %s",
         rd.status().ok() ? "succeeded" : rd.status().message().c_str());
   CHECK(AllBytes(in_d, '\xEE'), "a cancelled announced send wrote into the peer's buffer");
-  link->Send(614, out_e.data(), out_e.size(), &se);
-  link->Recv(614, in_e.data(), in_e.size(), &re);
-  Wait(link, {&se, &re}, 30, "messages after a cancelled announced send");
-  CHECK(Verify(in_e, 614, peer) < 0, "wrong data after a cancelled announced send");
+  StillFlows(link, me, 614, 77, "after a cancelled announced send");
   Barrier();
-  // (d) Both sides cancel at once, the sender its announced send and the
-  // receiver its receive, whose pieces are posted: the receiver's cancel
-  // reads the sender's abort while it withdraws them (a call failing on both
-  // sides of a link); each side's receive ends once, and the link still
-  // carries later messages.
-  std::vector<char> in_f(big, '\xEE'), out_g(77), in_g(77);
-  Fill(out_g, 616, me);
-  Request sf, rf, sg, rg;
+  // (d) Both sides cancel at once (a call failing on both): the receiver's
+  // cancel reads the sender's abort while it withdraws its posted pieces.
+  std::vector<char> in_f(big, '\xEE');
+  Request sf, rf;
   link->Recv(615, in_f.data(), in_f.size(), &rf);
   Barrier();
   CHECK(link->Announce(615, big, &sf), "not announced");
@@ -493,10 +478,7 @@ void Announced(Link* link, int me) {
   link->Cancel(&rf);
   CHECK(!rf.done() || !rf.status().ok(), "a receive cancelled before any bytes succeeded");
   CHECK(AllBytes(in_f, '\xEE'), "a receive cancelled on both sides was written");
-  link->Send(616, out_g.data(), out_g.size(), &sg);
-  link->Recv(616, in_g.data(), in_g.size(), &rg);
-  Wait(link, {&sg, &rg}, 30, "messages after a transfer cancelled on both sides");
-  CHECK(Verify(in_g, 616, peer) < 0, "wrong data after a transfer cancelled on both sides");
+  StillFlows(link, me, 616, 77, "after a transfer cancelled on both sides");
   Log("announced sends: ok (bytes late, at once, cancelled: \"%s\", on both sides)",
       rd.status().message().c_str());
 }

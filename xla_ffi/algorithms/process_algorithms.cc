@@ -42,6 +42,16 @@ void AppendIds(const Messages::Range& r, std::vector<size_t>* ids) {
   for (size_t i = 0; i < r.count; ++i) ids->push_back(r.first + i);
 }
 
+// The transfers of `arrivals` (each a rank's block and its range) that come
+// from process `q`, in order.
+template <typename Arrival>
+std::vector<size_t> ArrivalsFrom(const Routes& rt, const std::vector<Arrival>& arrivals, int q) {
+  std::vector<size_t> ids;
+  for (const Arrival& a : arrivals)
+    if (rt.gather_source[a.rank] == q) AppendIds(a.range, &ids);
+  return ids;
+}
+
 // Staging memory, reused across calls: a call holds one buffer from its
 // start to its end, whichever threads run it (its start on XLA's thread, its
 // rest perhaps on a worker while that thread starts another call), and gives
@@ -243,12 +253,7 @@ class AllGatherBody final : public BlockBody {
           for (size_t li = 0; li < nl; ++li) msgs.push_back({Msg(kData, (*c_.local)[li]), block_});
           return msgs;
         },
-        [&](int q) {
-          std::vector<size_t> ids;
-          for (const Incoming& in : incoming_)
-            if (rt.gather_source[in.rank] == q) AppendIds(in.range, &ids);
-          return ids;
-        });
+        [&](int q) { return ArrivalsFrom(rt, incoming_, q); });
     for (int q : rt.gather_targets) {
       for (size_t li = 0; li < nl; ++li)
         m_.Send(q, Msg(kData, (*c_.local)[li]), c_.send[li], block_);
@@ -516,12 +521,7 @@ class AllReduceBody final : public ReductionBody {
             if (rt.reduce_dest[r] < 0) msgs.push_back({Msg(kResult, r), Shard(r)});
           return msgs;
         },
-        [&](int q) {
-          std::vector<size_t> ids;
-          for (const Result& res : results_)
-            if (rt.gather_source[res.rank] == q) AppendIds(res.range, &ids);
-          return ids;
-        });
+        [&](int q) { return ArrivalsFrom(rt, results_, q); });
     StartRanks();
     // What Finish sends once reduced (combined shards, this process's
     // results): its handshakes now, on quiet links.
