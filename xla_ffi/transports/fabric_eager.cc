@@ -609,6 +609,9 @@ void FabricEndpoint::Impl::HandleChunk(Slot& slot, size_t len) {
       ProtocolError(p, TagText(h.tag) + ": more bytes than announced");
       return;
     }
+    // Its turn has come: bound first (its Recv is usually posted), its bytes go straight to the
+    // Recv, not through the heap and a second copy. (h.len > 0: Advance then cannot retire it.)
+    if (!m.passed && h.seq == p->cursor && h.len > 0) Advance(p);
     m.received += h.len;
     const char* src = slot.buf + kHeaderBytes;
     if (m.dst != nullptr) {
