@@ -23,6 +23,7 @@
 #include <vector>
 
 #include "tests/native/check.h"
+#include "tests/native/fabric_data.h"
 #include "tests/native/fabric_regions.h"
 #include "xla_ffi/common/settings.h"
 #include "xla_ffi/transports/fabric_link.h"
@@ -33,6 +34,9 @@ using smddp::Link;
 using smddp::Request;
 using smddp::Status;
 using Clock = std::chrono::steady_clock;
+using fabric_data::AllBytes;
+using fabric_data::Fill;
+using fabric_data::Verify;
 
 namespace {
 
@@ -75,55 +79,6 @@ void Barrier() {
   WriteAll(&b, 1);
   ReadAll(&b, 1);
   CHECK(b == 'b', "barrier out of step");
-}
-
-// Bytes that depend on the tag, the offset and the sender, in 8-byte words.
-uint64_t Mix(uint64_t x) {
-  x ^= x >> 31;
-  x *= 0x7fb5d329728ea185ull;
-  x ^= x >> 27;
-  x *= 0x81dadef4bc2dd44dull;
-  x ^= x >> 33;
-  return x;
-}
-uint64_t Word(uint64_t tag, int from, uint64_t w) {
-  return Mix(w * 0x9e3779b97f4a7c15ull + (tag << 20) + static_cast<uint64_t>(from) * 0x51ed27);
-}
-void Fill(std::vector<char>& buf, uint64_t tag, int from) {
-  size_t n = buf.size(), w = 0;
-  for (; (w + 1) * 8 <= n; ++w) {
-    uint64_t v = Word(tag, from, w);
-    std::memcpy(buf.data() + w * 8, &v, 8);
-  }
-  uint64_t v = Word(tag, from, w);
-  if (n > w * 8) std::memcpy(buf.data() + w * 8, &v, n - w * 8);
-}
-// Offset of the first wrong byte, or -1.
-long long Verify(const std::vector<char>& buf, uint64_t tag, int from) {
-  size_t n = buf.size(), w = 0;
-  for (; (w + 1) * 8 <= n; ++w) {
-    uint64_t v = Word(tag, from, w);
-    if (std::memcmp(buf.data() + w * 8, &v, 8) != 0) {
-      for (size_t i = 0; i < 8; ++i) {
-        if (buf[w * 8 + i] != reinterpret_cast<const char*>(&v)[i]) {
-          return static_cast<long long>(w * 8 + i);
-        }
-      }
-    }
-  }
-  uint64_t v = Word(tag, from, w);
-  for (size_t i = 0; w * 8 + i < n; ++i) {
-    if (buf[w * 8 + i] != reinterpret_cast<const char*>(&v)[i]) {
-      return static_cast<long long>(w * 8 + i);
-    }
-  }
-  return -1;
-}
-bool AllBytes(const std::vector<char>& buf, char c) {
-  for (char x : buf) {
-    if (x != c) return false;
-  }
-  return true;
 }
 
 // Drives progress until every request is done; fails the test on the
@@ -882,6 +837,34 @@ void RailTests(Link* control, int me, const std::string& provider, const std::st
   Log("rail tests passed");
 }
 
+// A direct receive cancelled mid-transfer, whose process then stops progressing (its call
+// failed and it left): the sender's pieces still land, in drain buffers the endpoint's drainer
+// progresses, so the sender's send completes while the receiver's caller is away.
+void DrainedWithoutCaller(Link* link, int me) {
+  const size_t big = 64 * kMiB;
+  if (!Direct(link, big)) return;
+  std::vector<char> out(big, 1), in(big);
+  Request s, r;
+  if (me == 0) link->Recv(505, in.data(), in.size(), &r);
+  Barrier();
+  char b = 'c';
+  if (me == 0) {
+    const uint64_t before = link->SingleCopyBytes();
+    while (!r.done() && link->SingleCopyBytes() == before) link->Progress();  // a piece landed
+    link->Cancel(&r);
+    const bool mid = !r.done();
+    WriteAll(&b, 1);
+    ::usleep(2500000);  // away, as a process back in Python after its call failed
+    Log("drains: %s", mid ? "cancelled mid-transfer" : "it had completed already");
+  } else {
+    link->Send(505, out.data(), out.size(), &s);
+    for (struct pollfd pfd = {g_rd, POLLIN, 0}; poll(&pfd, 1, 0) == 0;) link->Progress();
+    ReadAll(&b, 1);
+    Wait(link, {&s}, 2.0, "a send whose receive was cancelled while its receiver is away");
+  }
+  Barrier();
+}
+
 int Run(int me, const std::string& provider, const std::string& node, pid_t child) {
   std::unique_ptr<FabricEndpoint> ep = OpenEndpoint(provider, node);
   std::unique_ptr<Link> link = Handshake(ep.get(), me == 0 ? "the child" : "the parent");
@@ -896,6 +879,7 @@ int Run(int me, const std::string& provider, const std::string& node, pid_t chil
   Barrier();
   Announced(link.get(), me);
   Barrier();
+  DrainedWithoutCaller(link.get(), me);
   Threads(link.get(), me);
   Wakes(link.get(), me, *ep);
   Throughput(link.get(), me, provider);

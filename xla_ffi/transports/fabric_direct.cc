@@ -14,7 +14,9 @@
 // already posted, and Cancel stays safe: a sender cancelled before kCts sends
 // an abort as for chunks; a cancelled receive withdraws its posted pieces
 // (fi_cancel), waits for those already matched, and reposts the withdrawn
-// ones into drain buffers so that the sender's pieces still complete; a
+// ones into drain buffers so that the sender's pieces still complete (a
+// thread of the endpoint, the drainer, progresses it while drains are left:
+// the process may have left its failed call, and progress is manual); a
 // cancelled send whose pieces are posted waits for them (the receiver's are
 // posted, so they complete unless the connection fails, which fails them).
 #include <algorithm>
@@ -150,6 +152,7 @@ void FabricEndpoint::Impl::DirectDone(DirectOp* op, const std::string& error, bo
     if (drain->drain) {
       drain->buf = drain->drain.get();
       PostDirect(drain);
+      KeepDraining();
     } else {
       DeleteOp(drain);
     }
@@ -315,6 +318,32 @@ bool FabricEndpoint::Impl::AwaitOps(const std::vector<uint64_t>& ids) {
     if (live_peer == 0 || std::chrono::steady_clock::now() > until) return false;
     Poll();
     ::usleep(20);
+  }
+}
+
+void FabricEndpoint::Impl::KeepDraining() {
+  if (draining_) return;
+  // A drainer that finished cleared draining_ holding mu_, which this caller holds now: it is
+  // past its last use of the endpoint.
+  if (drainer_.joinable()) drainer_.join();
+  draining_ = true;
+  drainer_ = std::thread([this] { Drain(); });
+}
+
+void FabricEndpoint::Impl::Drain() {
+  const auto until =
+      std::chrono::steady_clock::now() + std::chrono::duration<double>(kCancelWaitSeconds);
+  while (!closing_.load(std::memory_order_acquire)) {
+    ::usleep(1000);
+    std::unique_lock<std::mutex> lock(mu_, std::try_to_lock);
+    if (!lock.owns_lock()) continue;  // a caller is progressing it
+    bool left = false;
+    ForLiveOps([&](DirectOp* op) { left |= op->drain != nullptr && op->peer->failure.empty(); });
+    if (!left || std::chrono::steady_clock::now() > until) {
+      draining_ = false;  // under mu_: a drain posted from now on starts a new drainer
+      return;
+    }
+    Poll();
   }
 }
 

@@ -127,6 +127,8 @@ Status FabricEndpoint::Impl::Init(const std::string& provider, const std::string
 }
 
 FabricEndpoint::Impl::~Impl() {
+  closing_.store(true, std::memory_order_release);
+  if (drainer_.joinable()) drainer_.join();
   // The endpoint first: closing it retires every posted operation, so the
   // bounce buffers are free afterwards.
   if (o_.ep) fi_close(&o_.ep->fid);

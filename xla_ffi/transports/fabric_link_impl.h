@@ -21,6 +21,7 @@
 #include <mutex>
 #include <new>
 #include <string>
+#include <thread>
 #include <unordered_map>
 #include <unordered_set>
 #include <utility>
@@ -305,6 +306,12 @@ class FabricEndpoint::Impl {
                     uint64_t offset);
   void CancelDirectIn(Peer* p, DirectIn* in, bool drain);
   bool AwaitOps(const std::vector<uint64_t>& ids);
+  // Drain receives (a cancelled receive's withdrawn pieces, reposted) complete only while
+  // this endpoint progresses: the drainer thread progresses it until none of a live peer
+  // is left (or kCancelWaitSeconds passed), so that the sender's cancel does not wait on
+  // a process that left its failed call. KeepDraining (mu_ held) starts it.
+  void KeepDraining();
+  void Drain();
 
   const Api& api_;
   std::mutex mu_;
@@ -348,6 +355,9 @@ class FabricEndpoint::Impl {
   // Direct sends whose kCts came in this round of Poll: their pieces are
   // posted once the round's own control chunks went out (StartClearedSends).
   std::vector<std::pair<Peer*, uint64_t>> cleared_;
+  std::thread drainer_;
+  bool draining_ = false;  // mu_: the drainer runs
+  std::atomic<bool> closing_{false};
 };
 
 }  // namespace smddp
