@@ -254,10 +254,13 @@ bool MaySleep(const RdmObjects& o) {
   return fi_trywait(o.fabric, fids, 1) == FI_SUCCESS;
 }
 
-void SleepOnCompletions(const RdmObjects& o, unsigned max_us) {
-  struct pollfd p = {o.wait_fd, POLLIN, 0};
+void SleepOnCompletions(const RdmObjects& o, int kick_fd, unsigned max_us) {
+  struct pollfd p[2] = {{o.wait_fd, POLLIN, 0}, {kick_fd, POLLIN, 0}};  // fd -1: ignored
   struct timespec t = {time_t(max_us / 1000000), long(max_us % 1000000) * 1000};
-  ::ppoll(&p, 1, &t, nullptr);
+  if (::ppoll(p, 2, &t, nullptr) > 0 && (p[1].revents & POLLIN)) {
+    uint64_t count;
+    (void)!::read(kick_fd, &count, sizeof(count));
+  }
 }
 
 void CloseRdmObjects(RdmObjects* o) {

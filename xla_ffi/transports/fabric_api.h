@@ -118,9 +118,12 @@ Status OpenRdmObjects(const FabricApi& a, struct fi_info* info, const std::strin
 // left: it clears the set's signal and checks what it watches. fi_trywait
 // alone is not enough there: the net provider's returns success without
 // clearing the signal, which then stays up after the first completion and
-// turns every sleep into a poll.
+// turns every sleep into a poll. `kick_fd` (an eventfd in semaphore mode, or
+// -1) wakes the sleeper too, and one count of it is taken: another thread
+// that progressed the endpoint and read what the descriptor announced kicks
+// it, or the sleeper would sleep `max_us` past its own completion.
 bool MaySleep(const RdmObjects& o);
-void SleepOnCompletions(const RdmObjects& o, unsigned max_us);
+void SleepOnCompletions(const RdmObjects& o, int kick_fd, unsigned max_us);
 // Closes what is open, the endpoint first (which retires its operations).
 // Registrations of the domain must be closed after the endpoint and before
 // this, or closed by a caller that closed the endpoint itself.

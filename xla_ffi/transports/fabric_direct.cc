@@ -19,6 +19,8 @@
 // the process may have left its failed call, and progress is manual); a
 // cancelled send whose pieces are posted waits for them (the receiver's are
 // posted, so they complete unless the connection fails, which fails them).
+// Drains of a message whose sender then aborts (it posted no pieces: both
+// sides cancelled) are withdrawn when its abort arrives.
 #include <algorithm>
 #include <atomic>
 #include <chrono>
@@ -319,6 +321,30 @@ bool FabricEndpoint::Impl::AwaitOps(const std::vector<uint64_t>& ids) {
     Poll();
     ::usleep(20);
   }
+}
+
+void FabricEndpoint::Impl::WithdrawDrains(Peer* p, uint64_t seq) {
+  std::vector<DirectOp*> unposted;
+  ForLiveOps([&](DirectOp* op) {
+    if (!op->drain || op->peer != p || PieceSeq(op->ftag) != seq) return;
+    if (op->posted) {
+      fi_cancel(&o_.ep->fid, &op->ctx);  // its FI_ECANCELED completion frees it (DirectDone)
+    } else {
+      unposted.push_back(op);
+    }
+  });
+  for (DirectOp* op : unposted) {
+    pending_direct_.erase(std::remove(pending_direct_.begin(), pending_direct_.end(), op),
+                          pending_direct_.end());
+    DeleteOp(op);
+  }
+}
+
+size_t FabricEndpoint::Impl::DrainBytes() {
+  std::lock_guard<std::mutex> lock(mu_);
+  size_t bytes = 0;
+  ForLiveOps([&](DirectOp* op) { bytes += op->drain ? op->bytes : 0; });
+  return bytes;
 }
 
 void FabricEndpoint::Impl::KeepDraining() {

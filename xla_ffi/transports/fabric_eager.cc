@@ -380,15 +380,27 @@ void FabricEndpoint::Impl::AwaitActivity(uint32_t seen, unsigned max_us) {
     if (activity_.load(std::memory_order_acquire) != seen || !pending_send_.empty() ||
         !pending_recv_.empty() || !pending_direct_.empty() || !MaySleep(o_))
       return;
+    sleepers_.fetch_add(1, std::memory_order_acq_rel);  // before mu_ is released: Signal sees it
   }
-  SleepOnCompletions(o_, max_us);
+  SleepOnCompletions(o_, kick_fd_, max_us);
+  sleepers_.fetch_sub(1, std::memory_order_acq_rel);
+}
+
+void FabricEndpoint::Impl::Signal() {
+  activity_.fetch_add(1, std::memory_order_acq_rel);
+  const int sleepers = sleepers_.load(std::memory_order_acquire);
+  if (sleepers > 0 && kick_fd_ >= 0) {
+    const uint64_t count = uint64_t(sleepers);
+    (void)!::write(kick_fd_, &count, sizeof(count));
+  }
 }
 
 void FabricEndpoint::Impl::Poll() {
+  bool active = false;
   for (int round = 0; round < 16; ++round) {
     struct fi_cq_msg_entry entries[16];
     ssize_t n = fi_cq_read(o_.cq, entries, 16);
-    if (n > 0) activity_.fetch_add(1, std::memory_order_acq_rel);
+    active |= n > 0 || n == -FI_EAVAIL;
     if (n == -FI_EAVAIL) {
       ReadError();
     } else if (n < 0 && n != -FI_EAGAIN) {
@@ -422,6 +434,7 @@ void FabricEndpoint::Impl::Poll() {
     if (n <= 0 && n != -FI_EAVAIL) break;
   }
   StartClearedSends();
+  if (active) Signal();
 }
 
 void FabricEndpoint::Impl::ReadError() {
@@ -508,6 +521,7 @@ void FabricEndpoint::Impl::HandleChunk(Slot& slot, size_t len) {
   }
   Peer* p = peers_.at(h.sender).get();
   if (h.kind == kAbort) {
+    WithdrawDrains(p, h.seq);  // its sender posts none of its pieces
     auto d = p->direct_in.find(h.seq);
     if (d != p->direct_in.end()) {
       // Cancelled after this side posted its pieces: it will send none.

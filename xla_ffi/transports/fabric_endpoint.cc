@@ -1,5 +1,8 @@
 // The libfabric endpoint (fabric_link.h): opening it (provider, queues,
 // buffers, settings), closing it, and connecting peers.
+#include <sys/eventfd.h>
+#include <unistd.h>
+
 #include <algorithm>
 #include <atomic>
 #include <chrono>
@@ -84,6 +87,7 @@ Status FabricEndpoint::Impl::Init(const std::string& provider, const std::string
                                        FI_CQ_FORMAT_MSG, nrecv + nsend + 64, &o_,
                                        TextSetting("JAX_SMDDP_FABRIC_WAIT") != "sleep"));
   address_ = o_.address;
+  if (o_.wait_fd >= 0) kick_fd_ = ::eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK | EFD_SEMAPHORE);
   self_id_ = Fnv1a(address_);
   if (TextSetting("JAX_SMDDP_FABRIC_TEST_REORDER") == "1") {
     shuffle_ = 0x9e3779b97f4a7c15ull ^ (self_id_ | 1);
@@ -142,6 +146,7 @@ FabricEndpoint::Impl::~Impl() {
   if (mr_) fi_close(&mr_->fid);
   CloseRdmObjects(&o_);
   std::free(pool_);
+  if (kick_fd_ >= 0) ::close(kick_fd_);
   if (info_) api_.freeinfo(info_);
   for (SendTrack* t : tracks_) delete t;
 }

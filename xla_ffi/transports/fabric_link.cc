@@ -126,6 +126,7 @@ FabricEndpoint::~FabricEndpoint() = default;
 std::string FabricEndpoint::Address() const { return impl_->address(); }
 std::string FabricEndpoint::Provider() const { return impl_->provider(); }
 std::string FabricEndpoint::WaitKind() const { return impl_->wait_kind(); }
+size_t FabricEndpoint::DrainBytes() const { return impl_->DrainBytes(); }
 
 Status FabricEndpoint::Connect(const std::string& peer_address, const std::string& peer_name,
                                std::unique_ptr<Link>* out) {

@@ -78,6 +78,10 @@ class FabricEndpoint {
   // polling: "fd" (on the completion queue's descriptor, woken when data
   // arrives) or "sleep" (JAX_SMDDP_SLEEP_US at a time; JAX_SMDDP_FABRIC_WAIT).
   std::string WaitKind() const;
+  // Bytes of drain receives posted now: a cancelled direct receive's withdrawn
+  // pieces, reposted so that the sender's posted pieces complete
+  // (fabric_direct.cc). Zero once those landed or the sender aborted. Tests.
+  size_t DrainBytes() const;
 
   // A Link to the peer whose Address() is `peer_address`. `peer_name` names
   // it in messages (e.g. "process 3"). Connecting twice to one peer gives

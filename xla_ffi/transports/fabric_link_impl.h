@@ -235,12 +235,15 @@ class FabricEndpoint::Impl {
   bool Announce(Peer* p, uint64_t tag, size_t bytes, Request* req);
   void SendAnnounced(Peer* p, Request* req, const void* src);
   void Progress();
-  // Link::Activity / AwaitActivity: changes when a Poll read completions; a
-  // waiter sleeps on the completion queue's descriptor where there is one.
+  // Link::Activity / AwaitActivity: changes when a Poll handled completions
+  // (after handling them: a waiter that read it while another thread polls
+  // either sees it change or finds its request done); a waiter sleeps on the
+  // completion queue's descriptor where there is one, and on kick_fd_.
   uint32_t Activity() const { return activity_.load(std::memory_order_acquire); }
   void AwaitActivity(uint32_t seen, unsigned max_us);
   // "fd" when waiters sleep on the completion queue's descriptor, else "sleep".
   const char* wait_kind() const { return o_.wait_fd >= 0 ? "fd" : "sleep"; }
+  size_t DrainBytes();  // FabricEndpoint::DrainBytes
   void Cancel(Peer* p, Request* req);
   std::string Failure(Peer* p);
   StatusCode FailureCode(Peer* p);
@@ -285,6 +288,7 @@ class FabricEndpoint::Impl {
   // Queues a direct message's kRts (Send, Announce); `src` null: announced.
   void StartDirect(Peer* p, SendTrack* t, const char* src, uint64_t tag, uint64_t bytes);
   uint64_t PieceTag(uint64_t seq, uint64_t piece) const { return (seq << 16) | piece; }
+  uint64_t PieceSeq(uint64_t ftag) const { return ftag >> 16; }
   DirectOp* NewOp(Peer* p, bool recv, char* buf, uint64_t bytes, uint64_t ftag);
   DirectOp* OpOf(void* context);
   void DeleteOp(DirectOp* op);
@@ -312,10 +316,20 @@ class FabricEndpoint::Impl {
   // a process that left its failed call. KeepDraining (mu_ held) starts it.
   void KeepDraining();
   void Drain();
+  // Drains of message `seq` from `p` whose sender will post no pieces (its abort came):
+  // withdrawn, their buffers freed.
+  void WithdrawDrains(Peer* p, uint64_t seq);
+  // Poll handled completions: counts it in activity_ and wakes the sleepers.
+  void Signal();
 
   const Api& api_;
   std::mutex mu_;
   std::atomic<uint32_t> activity_{0};
+  // Waiters asleep in AwaitActivity, and an eventfd (semaphore mode) that Signal writes one
+  // count per sleeper to: a Poll of another thread (a concurrent call, the drainer) may read
+  // the completions the sleeper's descriptor announced, and its own with them.
+  std::atomic<int> sleepers_{0};
+  int kick_fd_ = -1;
   struct fi_info* info_ = nullptr;
   RdmObjects o_;
   struct fid_mr* mr_ = nullptr;

@@ -36,6 +36,7 @@ FabricEndpoint::~FabricEndpoint() = default;
 std::string FabricEndpoint::Address() const { return std::string(); }
 std::string FabricEndpoint::Provider() const { return std::string(); }
 std::string FabricEndpoint::WaitKind() const { return std::string(); }
+size_t FabricEndpoint::DrainBytes() const { return 0; }
 Status FabricEndpoint::Connect(const std::string&, const std::string&, std::unique_ptr<Link>*) {
   return Status::Unsupported("jax_smddp was built without libfabric headers");
 }
