@@ -95,11 +95,24 @@ def faults_to_refill(nbytes: int) -> int:
   return taken
 
 
+def ran_in_first_suite(what: str) -> None:
+  """Skips, in tools/test.sh's second suite (SMDDP_FIRST_SUITE_RAN=1), a test of `what` that
+  is the same whatever the Python and jax (C++ programs, CMake, the formatters): the first
+  suite ran it."""
+  import os
+  if os.environ.get("SMDDP_FIRST_SUITE_RAN") == "1":
+    import pytest
+    pytest.skip(f"{what}: the same whatever the Python and jax, run by the first suite "
+                "(tools/test.sh)")
+
+
 def native_program(name: str) -> str:
   """A native test program (tests/native) built by tools/build_testing.sh
-  into build/testing-<python tag>/ (CMake target smddp_tests)."""
+  into build/testing-<python tag>/ (CMake target smddp_tests); skipped in the second suite
+  (ran_in_first_suite)."""
   import os
   import sys
+  ran_in_first_suite("the native test programs")
   root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
   tag = f"cp{sys.version_info[0]}{sys.version_info[1]}"
   path = os.path.join(root, "build", f"testing-{tag}", name)

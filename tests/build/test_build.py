@@ -21,6 +21,8 @@ import jaxlib.version
 from jax_smddp import capabilities
 from jax_smddp.tools import launch
 
+from helpers import ran_in_first_suite
+
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 IN_CI = os.environ.get("CI") == "true"
 
@@ -62,6 +64,7 @@ def _module_fabric_info(build_dir):
 
 @pytest.mark.timeout(1200)
 def test_libfabric_under_a_non_default_prefix_and_installed_after_a_first_build(tmp_path):
+  ran_in_first_suite("CMake's libfabric discovery")
   found = _system_libfabric()
   if found is None:
     assert not IN_CI, "CI must have libfabric-dev (tools/system_packages.sh installs it)"

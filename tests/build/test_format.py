@@ -12,6 +12,8 @@ import sys
 
 import pytest
 
+from helpers import ran_in_first_suite
+
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 IN_CI = os.environ.get("CI") == "true"
 NATIVE = ("*.cc", "*.h", "*.cu", "*.cuh")
@@ -65,6 +67,7 @@ def unformatted(clang_format: str, files: list[str], cwd: str = REPO) -> list[st
 
 @pytest.mark.timeout(300)
 def test_native_sources_are_formatted():
+  ran_in_first_suite("clang-format")
   clang_format = _tool("clang-format")
   files = _tracked(*NATIVE)
   assert len(files) > 50, files
@@ -89,6 +92,7 @@ def test_a_planted_stray_is_caught(tmp_path):
 
 @pytest.mark.timeout(300)
 def test_python_passes_ruff():
+  ran_in_first_suite("ruff")
   ruff = _tool("ruff")
   run = subprocess.run([ruff, "check", "--no-cache", "--output-format", "concise"], cwd=REPO,
                        capture_output=True, text=True)

@@ -82,9 +82,6 @@ def test_libfabric_not_linked(binary):
         "shm-all-direct", "tcp-registered", "tcp-sleep", "net", "net-all-direct-reordered",
         "net-prefetch"])
 def test_fabric_link(binary, provider, node, settings):
-  if settings and os.environ.get("SMDDP_LINK_VARIANTS_RAN") == "1":
-    # tools/test.sh's second suite: the same C++ ran every variant in the first.
-    pytest.skip("the link's setting variants ran in the first suite (tools/test.sh)")
   env = dict(os.environ)
   for name in ("JAX_SMDDP_FABRIC_PROVIDER", "JAX_SMDDP_FABRIC_DIRECT_BYTES",
                "JAX_SMDDP_FABRIC_TEST_REORDER", "JAX_SMDDP_FABRIC_TEST_REGISTER",
