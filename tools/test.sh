@@ -35,7 +35,8 @@ run_suite() {  # name python venv jax_spec
   "$venv/bin/pytest" -q -p no:cacheprovider tests || status=1
   # The native test programs, CMake's libfabric discovery and the formatters are the same
   # whichever Python builds or runs them: the second suite skips them (tests/helpers.py:
-  # ran_in_first_suite), about 2 minutes less.
+  # ran_in_first_suite) and builds no native program (tools/build_testing.sh), about 2.5
+  # minutes less.
   export SMDDP_FIRST_SUITE_RAN=1
 }
 
