@@ -252,7 +252,7 @@ void Cancels(Link* link, int me) {
       // A direct send completes if the peer's receive was cancelled after
       // its pieces were posted (they are drained); if it was cancelled
       // before the message reached it, nothing takes the message: cancel.
-      ProgressFor(link, 2.0);
+      ProgressFor(link, 1.0);
       if (!s.done()) link->Cancel(&s);
     } else {
       Wait(link, {&s}, 60, "send of a message whose receive is cancelled");
@@ -815,13 +815,13 @@ void DrainedWithoutCaller(Link* link, int me) {
     link->Cancel(&r);
     const bool mid = !r.done();
     WriteAll(&b, 1);
-    ::usleep(2500000);  // away, as a process back in Python after its call failed
+    ::usleep(1200000);  // away, as a process back in Python after its call failed
     Log("drains: %s", mid ? "cancelled mid-transfer" : "it had completed already");
   } else {
     link->Send(505, out.data(), out.size(), &s);
     for (struct pollfd pfd = {g_rd, POLLIN, 0}; poll(&pfd, 1, 0) == 0;) link->Progress();
     ReadAll(&b, 1);
-    Wait(link, {&s}, 2.0, "a send whose receive was cancelled while its receiver is away");
+    Wait(link, {&s}, 1.0, "a send whose receive was cancelled while its receiver is away");
   }
   Barrier();
 }
@@ -857,7 +857,7 @@ int Run(int me, const std::string& provider, const std::string& node, pid_t chil
   Latency(link.get(), me);
   RailTests(link.get(), me, provider, node);
 
-  // The child is killed mid-run: the parent must see its failure (or hit its own 3 s deadline:
+  // The child is killed mid-run: the parent must see its failure (or hit its own 1.5 s deadline:
   // the providers here report none, the engine's peer watch does) without crashing, cancel, and
   // close cleanly.
   Barrier();
@@ -879,7 +879,7 @@ int Run(int me, const std::string& provider, const std::string& node, pid_t chil
   Request s2;
   bool s2_posted = false;
   uint64_t tag = 802;
-  for (; Clock::now() - t0 < std::chrono::seconds(3);) {
+  for (; Clock::now() - t0 < std::chrono::milliseconds(1500);) {
     link->Progress();
     failure = link->PeerFailure();
     if (!failure.empty()) break;
