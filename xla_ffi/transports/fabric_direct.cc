@@ -305,19 +305,37 @@ void FabricEndpoint::Impl::CancelDirectIn(Peer* p, DirectIn* in, bool drain) {
 // Progresses (mu_ held) until none of the ops `ids` is left, or only ops
 // with failed peers are (a dead peer finishes nothing it started, and reads
 // or writes nothing more: its ops are abandoned to the endpoint's close), or
-// kCancelWaitSeconds passed. Returns whether all completed.
+// kCancelWaitSeconds passed. Returns whether all completed. A wait past
+// kCancelWarnSeconds says so on stderr, once: the process is stuck outside any
+// call's deadline, on a peer that does not finish what it matched.
 bool FabricEndpoint::Impl::AwaitOps(const std::vector<uint64_t>& ids) {
-  const auto until =
-      std::chrono::steady_clock::now() + std::chrono::duration<double>(kCancelWaitSeconds);
+  const auto start = std::chrono::steady_clock::now();
+  const auto until = start + std::chrono::duration<double>(kCancelWaitSeconds);
+  const auto warn_at = start + std::chrono::duration<double>(kCancelWarnSeconds);
+  bool warned = false;
   for (;;) {
-    size_t left = 0, live_peer = 0;
+    size_t left = 0, live_peer = 0, sends = 0;
+    std::string peers;
     ForLiveOps([&](DirectOp* op) {
       if (std::find(ids.begin(), ids.end(), op->id) == ids.end()) return;
       ++left;
-      live_peer += op->peer->failure.empty();
+      if (!op->peer->failure.empty()) return;
+      ++live_peer;
+      sends += !op->recv;
+      if (peers.find(op->peer->name) == std::string::npos)
+        peers += (peers.empty() ? "" : ", ") + op->peer->name;
     });
     if (left == 0) return true;
-    if (live_peer == 0 || std::chrono::steady_clock::now() > until) return false;
+    const auto now = std::chrono::steady_clock::now();
+    if (live_peer == 0 || now > until) return false;
+    if (!warned && now > warn_at) {
+      warned = true;
+      std::fprintf(stderr,
+                   "jax_smddp: a cancelled libfabric transfer still waits, after %.0f s, for %zu "
+                   "direct pieces (%zu sends) with %s to finish before libfabric lets go of the "
+                   "buffer (at most %.0f s)\n",
+                   kCancelWarnSeconds, live_peer, sends, peers.c_str(), kCancelWaitSeconds);
+    }
     Poll();
     ::usleep(20);
   }

@@ -68,6 +68,8 @@ constexpr uint64_t kMaxDirectPieces = 1ull << 16;
 // How long a cancelled direct transfer may wait for libfabric to give back a
 // buffer it is already writing or reading.
 constexpr double kCancelWaitSeconds = 30.0;
+// A cancel still waiting after this long says so (AwaitOps).
+constexpr double kCancelWarnSeconds = 2.0;
 
 struct Peer;
 struct DirectIn;
@@ -203,6 +205,7 @@ using fabric::GetApi;
 using fabric::InMsg;
 using fabric::kAbort;
 using fabric::kCancelWaitSeconds;
+using fabric::kCancelWarnSeconds;
 using fabric::kCts;
 using fabric::kData;
 using fabric::kDefaultProvider;
