@@ -277,24 +277,7 @@ void FabricEndpoint::Impl::QueueControl(Peer* p, uint32_t kind, uint64_t seq, ui
 void FabricEndpoint::Impl::CancelDirectIn(Peer* p, DirectIn* in, bool drain) {
   in->cancelling = true;
   in->drain = drain;
-  std::vector<uint64_t> ids;
-  std::vector<DirectOp*> unposted;
-  ForLiveOps([&](DirectOp* op) {
-    if (op->in != in) return;
-    ids.push_back(op->id);
-    if (op->posted) {
-      fi_cancel(&o_.ep->fid, &op->ctx);  // completes it with FI_ECANCELED unless matched
-    } else {
-      unposted.push_back(op);
-    }
-  });
-  for (DirectOp* op : unposted) {
-    // Never posted (waiting behind -FI_EAGAIN): withdrawn here.
-    pending_direct_.erase(std::remove(pending_direct_.begin(), pending_direct_.end(), op),
-                          pending_direct_.end());
-    DirectDone(op, "cancelled", true);
-  }
-  AwaitOps(ids);
+  AwaitOps(WithdrawOps([in](const DirectOp* op) { return op->in == in; }));
   ForLiveOps([&](DirectOp* op) {
     if (op->in == in) op->in = nullptr;  // still held by libfabric: detached
   });
@@ -314,22 +297,26 @@ bool FabricEndpoint::Impl::AwaitOps(const std::vector<uint64_t>& ids) {
   const auto warn_at = start + std::chrono::duration<double>(kCancelWarnSeconds);
   bool warned = false;
   for (;;) {
-    size_t left = 0, live_peer = 0, sends = 0;
-    std::string peers;
+    size_t left = 0, live_peer = 0;
     ForLiveOps([&](DirectOp* op) {
       if (std::find(ids.begin(), ids.end(), op->id) == ids.end()) return;
       ++left;
-      if (!op->peer->failure.empty()) return;
-      ++live_peer;
-      sends += !op->recv;
-      if (peers.find(op->peer->name) == std::string::npos)
-        peers += (peers.empty() ? "" : ", ") + op->peer->name;
+      live_peer += op->peer->failure.empty();
     });
     if (left == 0) return true;
     const auto now = std::chrono::steady_clock::now();
     if (live_peer == 0 || now > until) return false;
     if (!warned && now > warn_at) {
       warned = true;
+      size_t sends = 0;
+      std::string peers;
+      ForLiveOps([&](DirectOp* op) {
+        if (std::find(ids.begin(), ids.end(), op->id) == ids.end()) return;
+        if (!op->peer->failure.empty()) return;
+        sends += !op->recv;
+        if (peers.find(op->peer->name) == std::string::npos)
+          peers += (peers.empty() ? "" : ", ") + op->peer->name;
+      });
       std::fprintf(stderr,
                    "jax_smddp: a cancelled libfabric transfer still waits, after %.0f s, for %zu "
                    "direct pieces (%zu sends) with %s to finish before libfabric lets go of the "
@@ -342,20 +329,9 @@ bool FabricEndpoint::Impl::AwaitOps(const std::vector<uint64_t>& ids) {
 }
 
 void FabricEndpoint::Impl::WithdrawDrains(Peer* p, uint64_t seq) {
-  std::vector<DirectOp*> unposted;
-  ForLiveOps([&](DirectOp* op) {
-    if (!op->drain || op->peer != p || PieceSeq(op->ftag) != seq) return;
-    if (op->posted) {
-      fi_cancel(&o_.ep->fid, &op->ctx);  // its FI_ECANCELED completion frees it (DirectDone)
-    } else {
-      unposted.push_back(op);
-    }
-  });
-  for (DirectOp* op : unposted) {
-    pending_direct_.erase(std::remove(pending_direct_.begin(), pending_direct_.end(), op),
-                          pending_direct_.end());
-    DeleteOp(op);
-  }
+  // Their FI_ECANCELED completions free them (DirectDone); nothing waits for those.
+  WithdrawOps(
+      [&](const DirectOp* op) { return op->drain && op->peer == p && PieceSeq(op->ftag) == seq; });
 }
 
 size_t FabricEndpoint::Impl::DrainBytes() {

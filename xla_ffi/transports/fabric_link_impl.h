@@ -301,6 +301,29 @@ class FabricEndpoint::Impl {
       if (op->live) f(op.get());
     }
   }
+  // Withdraws the receive ops `match` picks: posted ones are cancelled (FI_ECANCELED
+  // completes them unless matched), ones never posted (behind -FI_EAGAIN) are done here,
+  // as cancelled. Returns the ids of those it cancelled in libfabric.
+  template <typename F>
+  std::vector<uint64_t> WithdrawOps(F match) {
+    std::vector<uint64_t> ids;
+    std::vector<DirectOp*> unposted;
+    ForLiveOps([&](DirectOp* op) {
+      if (!match(op)) return;
+      if (op->posted) {
+        ids.push_back(op->id);
+        fi_cancel(&o_.ep->fid, &op->ctx);
+      } else {
+        unposted.push_back(op);
+      }
+    });
+    for (DirectOp* op : unposted) {
+      pending_direct_.erase(std::remove(pending_direct_.begin(), pending_direct_.end(), op),
+                            pending_direct_.end());
+      DirectDone(op, "cancelled", true);
+    }
+    return ids;
+  }
   void PostDirect(DirectOp* op);
   void PostPieces(Peer* p, char* buf, uint64_t total, uint64_t seq, SendTrack* t, DirectIn* in);
   void FlushDirect();
