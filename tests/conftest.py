@@ -31,3 +31,21 @@ def pytest_collection_modifyitems(config, items):
       item.add_marker(getattr(pytest.mark, layer))
     if layer in _SLOW_LAYERS or item.path.name in _SLOW_FILES:
       item.add_marker(pytest.mark.slow)
+  _check_every_layer_collected(config, items)
+
+
+def _check_every_layer_collected(config, items):
+  """A run of the whole tree (`pytest tests`, or no path) that collected nothing from one of
+  the layers' folders fails, before -m/-k select: a collection rule had dropped a whole layer
+  (pytest's default norecursedirs holds "build": tests/build never ran)."""
+  import pytest
+  here = os.path.dirname(os.path.abspath(__file__))
+  if [os.path.abspath(str(a)) for a in config.args] != [here]:
+    return
+  found = {next((p for p in reversed(item.path.parts[:-1]) if p in _LAYERS), None)
+           for item in items}
+  missing = [layer for layer in _LAYERS if layer not in found]
+  if missing:
+    raise pytest.UsageError(f"pytest collected no test from tests/{', tests/'.join(missing)}: "
+                            "a collection rule (norecursedirs, --ignore, conftest) drops them")
+

@@ -96,14 +96,16 @@ def faults_to_refill(nbytes: int) -> int:
 
 
 def ran_in_first_suite(what: str) -> None:
-  """Skips, in tools/test.sh's second suite (SMDDP_FIRST_SUITE_RAN=1), a test of `what` that
-  is the same whatever the Python and jax (C++ programs, CMake, the formatters): the first
-  suite ran it."""
+  """Skips, in tools/test.sh's second suite (SMDDP_FIRST_SUITE_RAN=1), a test of `what` whose
+  subject is the same whatever the Python and jax (C++ programs, the engine through its
+  probes, the transports between hosts, CMake, the sdist, the formatters): the first suite ran
+  it. The second suite runs what depends on them (the API, the examples, jobs' set-up and
+  faults as Python sees them). Called in a test, or at a module's top for all of its tests."""
   import os
   if os.environ.get("SMDDP_FIRST_SUITE_RAN") == "1":
     import pytest
     pytest.skip(f"{what}: the same whatever the Python and jax, run by the first suite "
-                "(tools/test.sh)")
+                "(tools/test.sh)", allow_module_level=True)
 
 
 def native_program(name: str) -> str:

@@ -62,6 +62,7 @@ def _module_fabric_info(build_dir):
   return json.loads(run.stdout)
 
 
+@pytest.mark.compiles
 @pytest.mark.timeout(1200)
 def test_libfabric_under_a_non_default_prefix_and_installed_after_a_first_build(tmp_path):
   ran_in_first_suite("CMake's libfabric discovery")
@@ -120,11 +121,14 @@ TWO_PROCESS_JOB = textwrap.dedent("""
     """)
 
 
+@pytest.mark.compiles
 @pytest.mark.timeout(1500)
 def test_sdist_builds_a_wheel_that_installs_into_a_fresh_venv_and_runs_two_processes(tmp_path):
   """The sdist (as PyPI would get it), a wheel built from it alone (CPU only, to bound the
   time: the CUDA parts compile in the suite's own build), then a new virtual environment with
   only jax and the wheel."""
+  # The second suite's own environment is a build from this source for its Python too.
+  ran_in_first_suite("the sdist and a wheel built from it")
   dist = tmp_path / "dist"
   sdist = subprocess.run(
       [sys.executable, "-c", "import sys, scikit_build_core.build as b; print(b.build_sdist(sys.argv[1]))",

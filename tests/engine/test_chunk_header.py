@@ -19,7 +19,9 @@ import sys
 
 import pytest
 
-from helpers import engine_probes
+from helpers import engine_probes, ran_in_first_suite
+
+ran_in_first_suite("the engine's C++, through its probes")
 
 _testing = engine_probes()
 

@@ -7,7 +7,9 @@ sources."""
 import numpy as np
 import pytest
 
-from helpers import engine_probes
+from helpers import engine_probes, ran_in_first_suite
+
+ran_in_first_suite("the engine's C++, through its probes")
 
 _testing = engine_probes()
 ml_dtypes = pytest.importorskip("ml_dtypes")

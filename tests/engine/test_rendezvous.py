@@ -10,7 +10,9 @@ import time
 
 import pytest
 
-from helpers import engine_probes
+from helpers import engine_probes, ran_in_first_suite
+
+ran_in_first_suite("the engine's C++, through its probes")
 
 
 @pytest.mark.timeout(60)

@@ -9,7 +9,9 @@ import itertools
 import pytest
 
 from jax_smddp import cost_model
-from helpers import engine_probes
+from helpers import engine_probes, ran_in_first_suite
+
+ran_in_first_suite("the engine's C++, through its probes")
 
 LAYOUTS = [cost_model.Layout(h, p, d) for h, p, d in itertools.product((1, 2, 3), (1, 2, 4), (1, 2))
            if h * p > 1]

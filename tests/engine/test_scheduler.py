@@ -9,7 +9,9 @@ fire, and a burst of add-and-cancel leaves later deadlines on time.
 
 import pytest
 
-from helpers import engine_probes
+from helpers import engine_probes, ran_in_first_suite
+
+ran_in_first_suite("the engine's C++, through its probes")
 
 _testing = engine_probes()
 

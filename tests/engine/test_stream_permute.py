@@ -9,7 +9,9 @@ import ml_dtypes
 import numpy as np
 import pytest
 
-from helpers import engine_probes
+from helpers import engine_probes, ran_in_first_suite
+
+ran_in_first_suite("the engine's C++, through its probes")
 
 ENGINE = engine_probes()
 DTYPES = {np.dtype(name if name != "bfloat16" else ml_dtypes.bfloat16): code

@@ -12,7 +12,9 @@ import ml_dtypes
 import numpy as np
 import pytest
 
-from helpers import engine_probes
+from helpers import engine_probes, ran_in_first_suite
+
+ran_in_first_suite("the engine's C++, through its probes")
 
 ENGINE = engine_probes()
 # The engine's own numbering (exported from C++, never mirrored by hand).

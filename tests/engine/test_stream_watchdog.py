@@ -16,7 +16,9 @@ import time
 import numpy as np
 import pytest
 
-from helpers import engine_probes
+from helpers import engine_probes, ran_in_first_suite
+
+ran_in_first_suite("the engine's C++, through its probes")
 
 ENGINE = engine_probes()
 GATHER, SCATTER, ALL_REDUCE = (ENGINE.plan_kinds()[k] for k in (

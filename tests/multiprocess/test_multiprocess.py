@@ -13,8 +13,12 @@ import re
 
 import pytest
 
-from helpers import need_netns
+from helpers import need_netns, ran_in_first_suite
 from jax_smddp.tools import launch, netns
+
+# The second suite (tools/test.sh) leaves these to the first: their subject is the C++
+# transports and routes between processes, which Python and jax do not change.
+BETWEEN_HOSTS = "the transports and routes between processes"
 
 WORKER = os.path.join(os.path.dirname(os.path.abspath(__file__)), "worker.py")
 
@@ -69,6 +73,7 @@ def test_staged_collectives_of_changing_sizes(nprocs, devices):
 def test_small_chunks_and_rings():
   """Messages far larger than the chunk and the ring: chunking and ring wrap-around
   (single copy off: every byte through the ring)."""
+  ran_in_first_suite(BETWEEN_HOSTS)
   procs = run_job(["collectives"], 2, 2, timeout=240,
                   env={"JAX_SMDDP_CHUNK_BYTES": "192", "JAX_SMDDP_SHM_RING_BYTES": "4096",
                        "JAX_SMDDP_SHM_SINGLE_COPY_BYTES": "0"})
@@ -83,6 +88,7 @@ def test_small_chunks_and_rings():
 def test_single_copy_every_op_and_dtype(nprocs, devices):
   """Every collective and dtype against numpy with every message read in place
   from the sender's memory (process_vm_readv), as large messages are by default."""
+  ran_in_first_suite(BETWEEN_HOSTS)
   procs = run_job(["collectives"], nprocs, devices, timeout=240,
                   env={"JAX_SMDDP_SHM_SINGLE_COPY_BYTES": "1", "JAX_SMDDP_CHUNK_BYTES": "4096"})
   assert_all_ok(procs)
@@ -98,6 +104,7 @@ def test_streaming_stores_every_op_and_dtype():
   """Every collective and dtype against numpy with every output written by
   non-temporal stores (JAX_SMDDP_STREAMING_STORE_BYTES=1): own blocks and the
   copies into the other local devices' outputs."""
+  ran_in_first_suite(BETWEEN_HOSTS)
   assert_all_ok(run_job(["collectives"], 2, 2, timeout=240,
                         env={"JAX_SMDDP_STREAMING_STORE_BYTES": "1"}))
 
@@ -107,6 +114,7 @@ def test_single_copy_forbidden_falls_back_to_the_ring():
   """Processes that may not read each other's memory (no CAP_SYS_PTRACE, not
   dumpable): every collective still right, through the ring, and traffic()
   says why single copy is off."""
+  ran_in_first_suite(BETWEEN_HOSTS)
   procs = run_job(["collectives"], 2, 2, timeout=240,
                   env={"JAX_SMDDP_SHM_SINGLE_COPY_BYTES": "1", "SMDDP_TEST_FORBID_PTRACE": "1"})
   assert_all_ok(procs)
@@ -282,6 +290,7 @@ def test_malformed_chunks_are_dropped_naming_the_sender(corrupt, detail):
   process 0 drops them unread and its all_gather fails at once with a
   ProtocolError (DATA_LOSS) naming process 1 and what was wrong, not with a
   timeout or a dead peer's error. Process 1 finishes too (its peer left)."""
+  ran_in_first_suite(BETWEEN_HOSTS)
   version = _protocol_version()
   procs = run_job(["malformed_chunks"], 2, 1, timeout=240,
                   env={"JAX_SMDDP_FABRIC_PROVIDER": "tcp;ofi_rxm", "JAX_SMDDP_TIMEOUT_S": "60"},
@@ -321,6 +330,7 @@ def test_malformed_chunks_are_dropped_naming_the_sender(corrupt, detail):
 def test_hosts_by_host_id(hosts, devices, env):
   """Hosts told apart by JAX_SMDDP_HOST_ID: libfabric (tcp on loopback)
   between them, shared memory within, without network namespaces."""
+  ran_in_first_suite(BETWEEN_HOSTS)
   procs = run_job(["collectives"], len(hosts), devices, timeout=300,
                   env={"JAX_SMDDP_FABRIC_PROVIDER": "tcp;ofi_rxm", **env},
                   per_process_env=[{"JAX_SMDDP_HOST_ID": h} for h in hosts])
@@ -338,6 +348,7 @@ def test_peer_killed_during_staggered_rounds_is_named():
   within seconds, not at the timeout, naming it or a survivor that failed
   first; a chunk held on a receive from the dead process goes once that
   receive failed."""
+  ran_in_first_suite(BETWEEN_HOSTS)
   procs = run_job(["peer_killed_midway"], 4, 1, timeout=240,
                   env={"JAX_SMDDP_FABRIC_PROVIDER": "tcp;ofi_rxm", "JAX_SMDDP_TIMEOUT_S": "120"},
                   per_process_env=[{"JAX_SMDDP_HOST_ID": h} for h in "abcd"])
@@ -361,6 +372,7 @@ def test_direct_transfers_between_hosts(direct_bytes):
   every collective against numpy with every non-empty network message sent
   direct (tagged between the callers' buffers), or with none; traffic() says
   which path the received bytes took."""
+  ran_in_first_suite(BETWEEN_HOSTS)
   procs = run_job(["collectives"], 2, 2, timeout=300,
                   env={"JAX_SMDDP_FABRIC_PROVIDER": "tcp;ofi_rxm",
                        "JAX_SMDDP_FABRIC_DIRECT_BYTES": direct_bytes},
@@ -431,6 +443,7 @@ def test_hierarchical_routes_cross_the_network_once_per_host(hierarchical):
   """2 hosts x 2 processes, one all_gather: with rails each process sends its
   block over the network once (to its rail partner) and relays the partner's
   over shared memory; flat, it sends it to both processes of the other host."""
+  ran_in_first_suite(BETWEEN_HOSTS)
   procs = run_job(["traffic"], 4, 1, timeout=240,
                   env={"JAX_SMDDP_FABRIC_PROVIDER": "tcp;ofi_rxm",
                        "JAX_SMDDP_ALGORITHM": "hierarchical" if hierarchical == "1" else "flat"},
@@ -459,6 +472,7 @@ def test_two_hosts_over_libfabric_tcp(devices, provider):
   """2 simulated hosts x 2 processes: shared memory within, libfabric tcp between
   (tcp;ofi_rxm, or the default when JAX_SMDDP_FABRIC_PROVIDER is unset: net where
   libfabric 1.17 offers it)."""
+  ran_in_first_suite(BETWEEN_HOSTS)
   need_netns()
   before = shm_names()
   with netns.two_hosts() as (names, ips):
@@ -479,6 +493,7 @@ def test_two_hosts_over_libfabric_tcp(devices, provider):
 def test_four_hosts_over_libfabric_tcp(provider):
   """4 simulated hosts x 1 process on one bridge (netns.hosts): every
   collective against numpy, every process's peers all over libfabric."""
+  ran_in_first_suite(BETWEEN_HOSTS)
   need_netns()
   with netns.hosts(4) as (names, ips):
     procs = run_job(["collectives"], 4, 1, timeout=300, namespaces=names, coordinator_ip=ips[0],
@@ -542,6 +557,7 @@ def test_oversubscribed_counts_this_machines_processes_against_its_cores():
 
 @pytest.mark.timeout(300)
 def test_wait_polls_given_in_the_environment_hold_either_way():
+  ran_in_first_suite(BETWEEN_HOSTS)
   procs = run_job(["collectives"], 3, 1, timeout=240, env={"JAX_SMDDP_YIELD": "77"})
   assert_all_ok(procs)
   crowded = oversubscribed_here(3)

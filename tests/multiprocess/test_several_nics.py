@@ -9,8 +9,12 @@ import os
 
 import pytest
 
-from helpers import need_netns
+from helpers import need_netns, ran_in_first_suite
 from jax_smddp.tools import launch, netns
+
+# The second suite (tools/test.sh) leaves these to the first: their subject is the C++
+# transports and routes between processes, which Python and jax do not change.
+BETWEEN_HOSTS = "the transports and routes between processes"
 
 WORKER = os.path.join(os.path.dirname(os.path.abspath(__file__)), "worker.py")
 # Small stripes, so that the test's small messages are cut over both NICs too.
@@ -25,6 +29,7 @@ def _ok(procs):
 @pytest.mark.timeout(300)
 @pytest.mark.parametrize("per_host", [1, 2], ids=["one process striping", "processes split"])
 def test_collectives_over_two_capped_nics(per_host):
+  ran_in_first_suite(BETWEEN_HOSTS)
   need_netns()
   with netns.two_hosts("1gbit", nics=2) as (names, ips):
     before = netns.interface_bytes(names[0])
@@ -47,6 +52,7 @@ def test_collectives_over_two_capped_nics(per_host):
 
 @pytest.mark.timeout(300)
 def test_peer_killed_mid_transfer_over_striped_nics_is_named():
+  ran_in_first_suite(BETWEEN_HOSTS)
   need_netns()
   with netns.two_hosts("1gbit", nics=2) as (names, ips):
     procs = launch.run_job(["peer_killed_midway"], 2, 1, script=WORKER, timeout=240,
@@ -64,6 +70,7 @@ def test_peer_killed_mid_transfer_over_striped_nics_is_named():
 def test_doctor_job_shows_each_processes_nics():
   """`python -m jax_smddp.doctor --job` in each process of 2 hosts x 2 processes with two NICs
   per host: each process names the NIC its local rank took."""
+  ran_in_first_suite(BETWEEN_HOSTS)
   import json
   import subprocess
   import sys
@@ -91,6 +98,7 @@ def test_direct_exchange_over_a_capped_link():
   """Two hosts exchanging 4 MiB each way over a 1 Gbit/s link by direct transfers (the default
   above 512 KiB, each side's clear-to-send sent ahead of its own bytes), started together and
   right against numpy; the cap held (the link was the bound)."""
+  ran_in_first_suite(BETWEEN_HOSTS)
   need_netns()
   with netns.two_hosts("1gbit") as (names, ips):
     procs = launch.run_job(["capped_exchange"], 2, 1, script=WORKER, timeout=240,

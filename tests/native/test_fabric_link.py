@@ -11,7 +11,7 @@ import sys
 
 import pytest
 
-from helpers import native_program
+from helpers import native_program, ran_in_first_suite
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 IN_CI = os.environ.get("CI") == "true"
@@ -135,6 +135,7 @@ def test_net_prefetch_buffer_default_reaches_the_provider(user_value):
 @pytest.mark.timeout(300)
 def test_builds_without_libfabric_headers(tmp_path):
   # The package must build, and fail clearly at run time, where the headers are absent.
+  ran_in_first_suite("a build without libfabric's headers")
   cxx = _compiler()
   if cxx is None:
     pytest.skip("no C++ compiler (c++) on PATH")
