@@ -85,6 +85,13 @@ inline void ProgressFor(Link* link, double seconds) {
   while (Clock::now() < until) link->Progress();
 }
 
+// Progresses until `r` is done or `seconds` passed; whether it is done.
+inline bool ProgressUntil(Link* link, const Request& r, double seconds) {
+  auto until = Clock::now() + std::chrono::duration<double>(seconds);
+  while (!r.done() && Clock::now() < until) link->Progress();
+  return r.done();
+}
+
 inline void CheckOk(const Request& r, const char* what) {
   CHECK(r.done(), "%s: not done", what);
   CHECK(r.status().ok(), "%s: %s", what, r.status().message().c_str());

@@ -7,6 +7,7 @@
 //   fabric_link_test <provider> [node]      e.g. "tcp;ofi_rxm" 127.0.0.1, or shm
 #include <poll.h>
 #include <signal.h>
+#include <sys/socket.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -30,6 +31,7 @@
 #include "xla_ffi/common/settings.h"
 #include "xla_ffi/transports/fabric_link.h"
 #include "xla_ffi/transports/fabric_rail.h"
+#include "xla_ffi/transports/peer_watch.h"
 
 using smddp::FabricEndpoint;
 using smddp::Link;
@@ -45,11 +47,14 @@ using fabric_harness::g_rd;
 using fabric_harness::g_wr;
 using fabric_harness::Log;
 using fabric_harness::ProgressFor;
+using fabric_harness::ProgressUntil;
 using fabric_harness::ReadAll;
 using fabric_harness::Wait;
 using fabric_harness::WriteAll;
 
 namespace {
+
+int g_watch_fd = -1;  // the parent's end of a connection the child's exit closes (WatchLink)
 
 // A message of `bytes` each way, tag `tag`, arrives whole after `what`: the
 // link still works.
@@ -252,12 +257,11 @@ void Cancels(Link* link, int me) {
       // A direct send completes if the peer's receive was cancelled after
       // its pieces were posted (they are drained); if it was cancelled
       // before the message reached it, nothing takes the message: cancel.
-      ProgressFor(link, 1.0);
-      if (!s.done()) link->Cancel(&s);
+      if (!ProgressUntil(link, s, 1.0)) link->Cancel(&s);
     } else {
       Wait(link, {&s}, 60, "send of a message whose receive is cancelled");
     }
-    ProgressFor(link, 0.5);
+    ProgressFor(link, 0.3);
     if (was_done) {
       CheckOk(r, "receive that completed before its Cancel");
       CHECK(Verify(in, 501, peer) < 0, "wrong data");
@@ -857,49 +861,52 @@ int Run(int me, const std::string& provider, const std::string& node, pid_t chil
   Latency(link.get(), me);
   RailTests(link.get(), me, provider, node);
 
-  // The child is killed mid-run: the parent must see its failure (or hit its own 1.5 s deadline:
-  // the providers here report none, the engine's peer watch does) without crashing, cancel, and
-  // close cleanly.
+  // The child is killed during the parent's Cancel of a direct send: the child's receive took
+  // the pieces (posted), then the child stopped progressing. The Cancel must return soon after
+  // the kill (the link's own watch, Link::WatchPeer: the providers here report no dead peer,
+  // and it waited kCancelWaitSeconds) and the link name the failure; then close cleanly.
   Barrier();
   if (me == 1) {
-    for (;;) link->Progress();  // until killed
+    std::vector<char> in(64 * kMiB, 0);
+    Request r;
+    link->Recv(801, in.data(), in.size(), &r);
+    while (in[0] == 0 && !r.done()) link->Progress();  // its first bytes landed
+    WriteAll("s", 1);
+    for (;;) pause();  // until killed, progressing nothing more
   }
+  std::unique_ptr<Link> watched = smddp::WatchLink(std::move(link), g_watch_fd, "the child");
   std::vector<char> out(64 * kMiB, 7), in(4096);
   Request s, r;
-  link->Recv(800, in.data(), in.size(), &r);
-  link->Send(801, out.data(), out.size(), &s);
-  ProgressFor(link.get(), 0.05);
-  CHECK(kill(child, SIGKILL) == 0, "kill");
+  watched->Recv(800, in.data(), in.size(), &r);
+  watched->Send(801, out.data(), out.size(), &s);
+  for (pollfd pfd{g_rd, POLLIN, 0}; poll(&pfd, 1, 0) == 0;) watched->Progress();
+  char stalled;
+  ReadAll(&stalled, 1);
+  const bool waits = !s.done();  // else the provider finished it without the child's progress
+  std::thread killer([&] {
+    std::this_thread::sleep_for(std::chrono::milliseconds(300));
+    kill(child, SIGKILL);
+  });
+  const auto t0 = Clock::now();
+  watched->Cancel(&s);
+  const double cancel_s = std::chrono::duration<double>(Clock::now() - t0).count();
+  killer.join();
   int status = 0;
   waitpid(child, &status, 0);
   RemoveFabricRegionsOf(child);
   smddp_test::Peer() = 0;
-  auto t0 = Clock::now();
-  std::string failure;
-  Request s2;
-  bool s2_posted = false;
-  uint64_t tag = 802;
-  for (; Clock::now() - t0 < std::chrono::milliseconds(1500);) {
-    link->Progress();
-    failure = link->PeerFailure();
-    if (!failure.empty()) break;
-    if (s.done() && (!s2_posted || s2.done())) {  // keep sending: a broken connection shows
-      link->Send(tag++, out.data(), 4096, &s2);
-      s2_posted = true;
-    }
-  }
-  double waited = std::chrono::duration<double>(Clock::now() - t0).count();
-  link->Cancel(&r);
-  link->Cancel(&s);
-  link->Cancel(&s2);
+  CHECK(cancel_s < 2.0,
+        "cancelling a direct send took %.1f s: its peer, killed 0.3 s into the wait, went "
+        "unnoticed",
+        cancel_s);
+  const std::string failure = watched->PeerFailure();
+  CHECK(!failure.empty(), "the link reports no failure of a killed peer");
+  watched->Cancel(&r);
   CHECK(!r.done(), "a receive from a killed process completed");
-  if (failure.empty()) {
-    Log("killed child: no failure reported within %.1f s (the caller's deadline catches it)",
-        waited);
-  } else {
-    Log("killed child: PeerFailure after %.2f s: %s", waited, failure.c_str());
-  }
-  link.reset();
+  Log("killed child: %s after %.2f s; PeerFailure: %s",
+      waits ? "a cancel waiting on its pieces returned" : "(send done before) cancel", cancel_s,
+      failure.c_str());
+  watched.reset();
   ep.reset();
 
   // Errors name the problem and the way out.
@@ -933,8 +940,9 @@ int main(int argc, char** argv) {
   std::string provider = argv[1];
   std::string node = argc > 2 ? argv[2] : "";
   std::setvbuf(stdout, nullptr, _IOLBF, 0);
-  int p2c[2], c2p[2];
+  int p2c[2], c2p[2], watch[2];
   CHECK(pipe(p2c) == 0 && pipe(c2p) == 0, "pipe");
+  CHECK(socketpair(AF_UNIX, SOCK_STREAM, 0, watch) == 0, "socketpair");
   pid_t child = fork();
   CHECK(child >= 0, "fork");
   if (child == 0) {
@@ -943,6 +951,7 @@ int main(int argc, char** argv) {
     g_wr = c2p[1];
     close(p2c[1]);
     close(c2p[0]);
+    close(watch[0]);
     return Run(1, provider, node, 0);
   }
   smddp_test::Peer() = child;
@@ -950,6 +959,8 @@ int main(int argc, char** argv) {
   g_wr = p2c[1];
   close(p2c[0]);
   close(c2p[1]);
+  close(watch[1]);
+  g_watch_fd = watch[0];
   int rc = Run(0, provider, node, child);
   return rc;
 }

@@ -18,7 +18,8 @@
 // thread of the endpoint, the drainer, progresses it while drains are left:
 // the process may have left its failed call, and progress is manual); a
 // cancelled send whose pieces are posted waits for them (the receiver's are
-// posted, so they complete unless the connection fails, which fails them).
+// posted, so they complete unless the peer dies: the providers here report
+// no dead peer, so these waits ask the link's watch, Link::WatchPeer).
 // Drains of a message whose sender then aborts (it posted no pieces: both
 // sides cancelled) are withdrawn when its abort arrives.
 #include <algorithm>
@@ -288,23 +289,38 @@ void FabricEndpoint::Impl::CancelDirectIn(Peer* p, DirectIn* in, bool drain) {
 // Progresses (mu_ held) until none of the ops `ids` is left, or only ops
 // with failed peers are (a dead peer finishes nothing it started, and reads
 // or writes nothing more: its ops are abandoned to the endpoint's close), or
-// kCancelWaitSeconds passed. Returns whether all completed. A wait past
+// kCancelWaitSeconds passed. Returns whether all completed. A peer that dies
+// during the wait is seen through its watch (Link::WatchPeer), asked every
+// kWatchEvery: the providers here report no dead peer, and a survivor's
+// cancel waited out kCancelWaitSeconds on one that exited mid-wait. A wait past
 // kCancelWarnSeconds says so on stderr, once: the process is stuck outside any
 // call's deadline, on a peer that does not finish what it matched.
 bool FabricEndpoint::Impl::AwaitOps(const std::vector<uint64_t>& ids) {
+  constexpr auto kWatchEvery = std::chrono::milliseconds(2);
   const auto start = std::chrono::steady_clock::now();
   const auto until = start + std::chrono::duration<double>(kCancelWaitSeconds);
   const auto warn_at = start + std::chrono::duration<double>(kCancelWarnSeconds);
+  auto watch_at = start;
   bool warned = false;
+  std::vector<Peer*> watched;
   for (;;) {
+    const auto now = std::chrono::steady_clock::now();
+    const bool watch = now >= watch_at;
+    if (watch) watch_at = now + kWatchEvery;
+    watched.clear();
     size_t left = 0, live_peer = 0;
     ForLiveOps([&](DirectOp* op) {
       if (std::find(ids.begin(), ids.end(), op->id) == ids.end()) return;
       ++left;
-      live_peer += op->peer->failure.empty();
+      Peer* p = op->peer;
+      if (watch && p->failure.empty() && p->watch &&
+          std::find(watched.begin(), watched.end(), p) == watched.end()) {
+        watched.push_back(p);
+        p->failure = p->watch();
+      }
+      live_peer += p->failure.empty();
     });
     if (left == 0) return true;
-    const auto now = std::chrono::steady_clock::now();
     if (live_peer == 0 || now > until) return false;
     if (!warned && now > warn_at) {
       warned = true;

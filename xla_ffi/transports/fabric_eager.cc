@@ -229,6 +229,11 @@ void FabricEndpoint::Impl::SetFailure(Peer* p, const std::string& why) {
   if (p->failure.empty()) p->failure = why;
 }
 
+void FabricEndpoint::Impl::SetWatch(Peer* p, std::function<std::string()> watch) {
+  std::lock_guard<std::mutex> lock(mu_);
+  p->watch = std::move(watch);
+}
+
 std::string FabricEndpoint::Impl::Failure(Peer* p) {
   std::lock_guard<std::mutex> lock(mu_);
   return p->failure.empty() ? endpoint_error_ : p->failure;

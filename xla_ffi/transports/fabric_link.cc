@@ -54,6 +54,9 @@ class FabricLink : public Link {
   std::string PeerFailure() override { return ep_->Failure(peer_); }
   StatusCode PeerFailureCode() override { return ep_->FailureCode(peer_); }
   void SetPeerFailure(const std::string& why) override { ep_->SetFailure(peer_, why); }
+  void WatchPeer(std::function<std::string()> failure) override {
+    ep_->SetWatch(peer_, std::move(failure));
+  }
   std::string Kind() const override { return kind_; }
   uint64_t SingleCopyBytes() const override {
     return peer_->direct_received.load(std::memory_order_relaxed);

@@ -16,6 +16,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <deque>
+#include <functional>
 #include <map>
 #include <memory>
 #include <mutex>
@@ -177,6 +178,7 @@ struct Peer {
   std::string name;
   std::string failure;
   StatusCode failure_code = StatusCode::kPeerFailed;  // kProtocol: it sent a malformed chunk
+  std::function<std::string()> watch;  // Link::WatchPeer's: AwaitOps asks it while it waits
   // Sending.
   uint64_t next_send_seq = 0;
   std::deque<OutMsg> sendq;                              // not yet all copied
@@ -251,6 +253,7 @@ class FabricEndpoint::Impl {
   std::string Failure(Peer* p);
   StatusCode FailureCode(Peer* p);
   void SetFailure(Peer* p, const std::string& why);
+  void SetWatch(Peer* p, std::function<std::string()> watch);
 
   const std::string& address() const { return address_; }
   const std::string& provider() const { return provider_; }

@@ -16,6 +16,7 @@
 #include <atomic>
 #include <cstddef>
 #include <cstdint>
+#include <functional>
 #include <string>
 
 #include "xla_ffi/common/status.h"
@@ -99,6 +100,12 @@ class Link {
   // link whose Cancel may wait for the peer (libfabric direct transfers)
   // then stops waiting on it.
   virtual void SetPeerFailure(const std::string& /*why*/) {}
+
+  // A watch of the peer for the link's own waits, which no caller's watch
+  // covers (a libfabric Cancel waiting for direct pieces already posted):
+  // `failure` returns why the peer is gone, or "" while it looks alive;
+  // cheap, called from any thread under the link's lock. Null removes it.
+  virtual void WatchPeer(std::function<std::string()> /*failure*/) {}
 
   // What carries this link, for messages: "shared memory",
   // "libfabric tcp;ofi_rxm".

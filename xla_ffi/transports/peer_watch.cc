@@ -10,6 +10,8 @@
 
 #include <chrono>
 #include <cstring>
+#include <functional>
+#include <string>
 
 namespace smddp {
 
@@ -56,11 +58,30 @@ bool ReadFull(int fd, void* buf, size_t n, int timeout_ms) {
   return true;
 }
 
+// Why the peer named `name` is gone, once its end of the connection `fd`
+// closed (its process exited or was killed); "" while it is open.
+std::string Closed(int fd, const std::string& name) {
+  pollfd pfd{fd, POLLIN | POLLRDHUP, 0};
+  if (poll(&pfd, 1, 0) > 0) {
+    char c;
+    const ssize_t got = recv(fd, &c, 1, MSG_PEEK | MSG_DONTWAIT);
+    if (got == 0 || (pfd.revents & (POLLHUP | POLLERR | POLLRDHUP)) ||
+        (got < 0 && errno != EAGAIN && errno != EWOULDBLOCK)) {
+      return name + " closed its connection (the process exited or was killed)";
+    }
+  }
+  return "";
+}
+
 class WatchedLink : public Link {
  public:
   WatchedLink(std::unique_ptr<Link> inner, int fd, std::string name)
-      : inner_(std::move(inner)), fd_(fd), name_(std::move(name)) {}
+      : inner_(std::move(inner)), fd_(fd), name_(std::move(name)) {
+    // The link's own waits watch the connection too (a Cancel waiting on the peer's pieces).
+    if (fd_ >= 0) inner_->WatchPeer([fd = fd_, name = name_] { return Closed(fd, name); });
+  }
   ~WatchedLink() override {
+    if (fd_ >= 0) inner_->WatchPeer(nullptr);  // before the descriptor it reads closes
     inner_.reset();
     if (fd_ >= 0) close(fd_);
   }
@@ -83,6 +104,9 @@ class WatchedLink : public Link {
     inner_->Cancel(req);
   }
   void SetPeerFailure(const std::string& why) override { inner_->SetPeerFailure(why); }
+  void WatchPeer(std::function<std::string()> failure) override {
+    inner_->WatchPeer(std::move(failure));
+  }
   std::string Kind() const override { return inner_->Kind(); }
   uint64_t SingleCopyBytes() const override { return inner_->SingleCopyBytes(); }
   std::string SingleCopy() const override { return inner_->SingleCopy(); }
@@ -97,16 +121,7 @@ class WatchedLink : public Link {
   std::string PeerFailure() override {
     std::string why = inner_->PeerFailure();
     if (!why.empty() || fd_ < 0) return why;
-    pollfd pfd{fd_, POLLIN | POLLRDHUP, 0};
-    if (poll(&pfd, 1, 0) > 0) {
-      char c;
-      const ssize_t got = recv(fd_, &c, 1, MSG_PEEK | MSG_DONTWAIT);
-      if (got == 0 || (pfd.revents & (POLLHUP | POLLERR | POLLRDHUP)) ||
-          (got < 0 && errno != EAGAIN && errno != EWOULDBLOCK)) {
-        return name_ + " closed its connection (the process exited or was killed)";
-      }
-    }
-    return "";
+    return Closed(fd_, name_);
   }
 
  private:

@@ -129,6 +129,9 @@ class Striped : public Link {
   void SetPeerFailure(const std::string& why) override {
     for (auto& l : links_) l->SetPeerFailure(why);
   }
+  void WatchPeer(std::function<std::string()> failure) override {
+    for (auto& l : links_) l->WatchPeer(failure);
+  }
   std::string Kind() const override {
     return links_[0]->Kind() + " striped over " + std::to_string(links_.size()) + " NIC pairs";
   }
