@@ -15,6 +15,8 @@ import sys
 
 import pytest
 
+from helpers import ran_in_first_suite
+
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 IN_CI = os.environ.get("CI") == "true"
 MPIRUN = os.path.join(os.path.dirname(sys.executable), "mpirun")
@@ -51,6 +53,9 @@ def _mpirun_command(n: int, *command: str) -> list[str]:
 def slurm():
   """A one-node Slurm cluster on this machine (tools/slurm_local.sh, root with apt), stopped
   after the module's tests; the environment srun needs (SLURM_CONF)."""
+  # The job script and Slurm; a job joined from its launcher's variables, under mpirun and
+  # Slurm's, stays in both suites (the tests below).
+  ran_in_first_suite("the p4d/p5 job script in a local Slurm")
   if os.geteuid() != 0 and not IN_CI:
     pytest.skip("a local Slurm cluster needs root (tools/slurm_local.sh)")
   script = os.path.join(REPO, "tools", "slurm_local.sh")

@@ -12,6 +12,10 @@ import sys
 
 import pytest
 
+from helpers import ran_in_first_suite
+
+ran_in_first_suite("tools/gpu_check.sh's plan, budget and summary (shell and Python, no jax)")
+
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 pytestmark = pytest.mark.timeout(120)
 
