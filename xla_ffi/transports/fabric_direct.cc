@@ -313,10 +313,9 @@ bool FabricEndpoint::Impl::AwaitOps(const std::vector<uint64_t>& ids) {
       if (std::find(ids.begin(), ids.end(), op->id) == ids.end()) return;
       ++left;
       Peer* p = op->peer;
-      if (watch && p->failure.empty() && p->watch &&
-          std::find(watched.begin(), watched.end(), p) == watched.end()) {
+      if (watch && std::find(watched.begin(), watched.end(), p) == watched.end()) {
         watched.push_back(p);
-        p->failure = p->watch();
+        AskWatch(p);
       }
       live_peer += p->failure.empty();
     });

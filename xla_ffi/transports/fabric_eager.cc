@@ -158,6 +158,7 @@ void FabricEndpoint::Impl::Recv(Peer* p, uint64_t tag, void* dst, size_t bytes, 
 void FabricEndpoint::Impl::Cancel(Peer* p, Request* req) {
   std::lock_guard<std::mutex> lock(mu_);
   if (req->done()) return;
+  AskWatch(p);
   for (auto it = p->posted.begin(); it != p->posted.end();) {
     auto& q = it->second;
     q.erase(std::remove_if(q.begin(), q.end(), [&](const PostedRecv& r) { return r.req == req; }),
@@ -222,11 +223,6 @@ void FabricEndpoint::Impl::Cancel(Peer* p, Request* req) {
   }
   Pump();
   FlushSends();
-}
-
-void FabricEndpoint::Impl::SetFailure(Peer* p, const std::string& why) {
-  std::lock_guard<std::mutex> lock(mu_);
-  if (p->failure.empty()) p->failure = why;
 }
 
 void FabricEndpoint::Impl::SetWatch(Peer* p, std::function<std::string()> watch) {

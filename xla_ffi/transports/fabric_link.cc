@@ -53,7 +53,6 @@ class FabricLink : public Link {
   void Cancel(Request* req) override { ep_->Cancel(peer_, req); }
   std::string PeerFailure() override { return ep_->Failure(peer_); }
   StatusCode PeerFailureCode() override { return ep_->FailureCode(peer_); }
-  void SetPeerFailure(const std::string& why) override { ep_->SetFailure(peer_, why); }
   void WatchPeer(std::function<std::string()> failure) override {
     ep_->SetWatch(peer_, std::move(failure));
   }

@@ -252,7 +252,6 @@ class FabricEndpoint::Impl {
   void Cancel(Peer* p, Request* req);
   std::string Failure(Peer* p);
   StatusCode FailureCode(Peer* p);
-  void SetFailure(Peer* p, const std::string& why);
   void SetWatch(Peer* p, std::function<std::string()> watch);
 
   const std::string& address() const { return address_; }
@@ -339,6 +338,12 @@ class FabricEndpoint::Impl {
                     uint64_t offset);
   void CancelDirectIn(Peer* p, DirectIn* in, bool drain);
   bool AwaitOps(const std::vector<uint64_t>& ids);
+  // Asks `p`'s watch (Link::WatchPeer), if any, whether it is gone, unless it is known to
+  // be; marks it failed if so. Cancels ask first (a dead peer finishes nothing: nothing
+  // waits on it, no drain is posted for it) and AwaitOps while it waits (mu_ held).
+  void AskWatch(Peer* p) {
+    if (p->failure.empty() && p->watch) p->failure = p->watch();
+  }
   // Drain receives (a cancelled receive's withdrawn pieces, reposted) complete only while
   // this endpoint progresses: the drainer thread progresses it until none of a live peer
   // is left (or kCancelWaitSeconds passed), so that the sender's cancel does not wait on

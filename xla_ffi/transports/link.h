@@ -96,15 +96,12 @@ class Link {
   // this process cannot parse: another jax_smddp build, or corruption).
   virtual StatusCode PeerFailureCode() { return StatusCode::kPeerFailed; }
 
-  // Tells the link what another watch found: the peer is gone (`why`). A
-  // link whose Cancel may wait for the peer (libfabric direct transfers)
-  // then stops waiting on it.
-  virtual void SetPeerFailure(const std::string& /*why*/) {}
-
-  // A watch of the peer for the link's own waits, which no caller's watch
-  // covers (a libfabric Cancel waiting for direct pieces already posted):
-  // `failure` returns why the peer is gone, or "" while it looks alive;
-  // cheap, called from any thread under the link's lock. Null removes it.
+  // Hands the link another watch of the peer (the engine's connection to it,
+  // peer_watch.h), for the link's own waits that no caller watches: a
+  // libfabric Cancel asks it first, and while it waits for direct pieces
+  // already posted, and stops waiting on a peer that is gone. `failure`
+  // returns why the peer is gone, or "" while it looks alive; cheap, called
+  // from any thread under the link's lock. Null removes it.
   virtual void WatchPeer(std::function<std::string()> /*failure*/) {}
 
   // What carries this link, for messages: "shared memory",

@@ -97,13 +97,9 @@ class WatchedLink : public Link {
   void SendAnnounced(Request* req, const void* src) override { inner_->SendAnnounced(req, src); }
   void Progress() override { inner_->Progress(); }
   const void* ProgressKey() const override { return inner_->ProgressKey(); }
-  void Cancel(Request* req) override {
-    // A dead peer never finishes what it had started: the link must not wait for it.
-    std::string why = PeerFailure();
-    if (!why.empty()) inner_->SetPeerFailure(why);
-    inner_->Cancel(req);
-  }
-  void SetPeerFailure(const std::string& why) override { inner_->SetPeerFailure(why); }
+  // A dead peer never finishes what it had started: the link's Cancel asks the watch handed
+  // to it (WatchPeer) before and while it waits.
+  void Cancel(Request* req) override { inner_->Cancel(req); }
   void WatchPeer(std::function<std::string()> failure) override {
     inner_->WatchPeer(std::move(failure));
   }

@@ -126,9 +126,6 @@ class Striped : public Link {
       if (!l->PeerFailure().empty()) return l->PeerFailureCode();
     return StatusCode::kPeerFailed;
   }
-  void SetPeerFailure(const std::string& why) override {
-    for (auto& l : links_) l->SetPeerFailure(why);
-  }
   void WatchPeer(std::function<std::string()> failure) override {
     for (auto& l : links_) l->WatchPeer(failure);
   }
