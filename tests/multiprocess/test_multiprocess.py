@@ -319,9 +319,11 @@ def test_malformed_chunks_are_dropped_naming_the_sender(corrupt, detail):
     # the call's start and their bytes handed over chunk by chunk (Messages::Announce)
     ("aabb", 1, {"JAX_SMDDP_ALGORITHM": "hierarchical", "JAX_SMDDP_CHUNK_BYTES": "4096",
                  "JAX_SMDDP_FABRIC_DIRECT_BYTES": "1"}),
-    # more than 2 hosts: staggered rounds between them (Routes::stagger_to), each chunk held
-    # until the previous round's arrived; several chunks per message, direct (announced) and
-    # not, two devices per process (two messages per round); on rails with relays
+    # more than 2 hosts, one process each: a ring of the hosts (Routes::ring), every block
+    # relayed and every partial combined hop by hop, chunk by chunk; several chunks per message,
+    # direct (announced) and not, two devices per process (two blocks per hop). On rails
+    # (aabbcc): staggered rounds (Routes::stagger_to), each chunk held until the previous
+    # round's arrived
     ("abcd", 2, {"JAX_SMDDP_CHUNK_BYTES": "4096", "JAX_SMDDP_FABRIC_DIRECT_BYTES": "1"}),
     ("abc", 1, {"JAX_SMDDP_CHUNK_BYTES": "4096", "JAX_SMDDP_FABRIC_DIRECT_BYTES": "0"}),
     ("aabbcc", 1, {"JAX_SMDDP_ALGORITHM": "hierarchical", "JAX_SMDDP_CHUNK_BYTES": "4096",
@@ -341,13 +343,13 @@ def test_hosts_by_host_id(hosts, devices, env):
 
 
 @pytest.mark.timeout(300)
-def test_peer_killed_during_staggered_rounds_is_named():
-  """Four hosts (by JAX_SMDDP_HOST_ID), one process each: psum runs in
-  staggered rounds, chunks held until the previous round's arrived (bounce
+def test_peer_killed_during_a_ring_is_named():
+  """Four hosts (by JAX_SMDDP_HOST_ID), one process each: psum runs round a
+  ring of the hosts, each hop relaying and combining chunk by chunk (bounce
   chunks here: 128 KiB). The last process is killed mid-call: the others raise
   within seconds, not at the timeout, naming it or a survivor that failed
-  first; a chunk held on a receive from the dead process goes once that
-  receive failed."""
+  first, though only one of them receives from it: the others wait on their
+  previous hop, which fails and exits."""
   ran_in_first_suite(BETWEEN_HOSTS)
   procs = run_job(["peer_killed_midway"], 4, 1, timeout=240,
                   env={"JAX_SMDDP_FABRIC_PROVIDER": "tcp;ofi_rxm", "JAX_SMDDP_TIMEOUT_S": "120"},

@@ -96,9 +96,11 @@ def check(name, y, want):
 
 
 def values(shape, dtype, seed):
-  """Distinct small integers (exact in every dtype and every summation order)."""
+  """Small integers, exact in every dtype and every summation order for up to 8 ranks: every
+  partial sum stays within bfloat16's exact integers (|s| <= 256), so a ring that rounds its
+  partials at each hop (Routes::ring) must still match numpy bit for bit."""
   rng = np.random.default_rng(seed)
-  return rng.integers(-50, 50, size=shape).astype(dtype)
+  return rng.integers(-32, 32, size=shape).astype(dtype)
 
 
 def smap(mesh, body, in_spec, out_spec, check_vma=False):

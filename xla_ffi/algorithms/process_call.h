@@ -55,12 +55,24 @@ struct Routes {
   // wait for the previous round's receive, chunk by chunk (Messages::Hold).
   // Empty: no rounds.
   std::vector<int> stagger_to, stagger_from;
+  // One process on each of more than 2 hosts (and rounds allowed): the
+  // hosts form a ring instead (in the rounds' host order), and every byte
+  // between them goes round it, relayed and combined chunk by chunk: each
+  // link carries one flow, and every process sends to one peer and receives
+  // from one, whichever process is ahead; rounds lose ~5 % of a capped link
+  // to their gates (issue #50). The gather and reduce routes above say so
+  // (one target, the ring's next; every source its previous), and
+  // gather_order and reduce_order follow the ring's distance. A reduction's
+  // partial is rounded to the dtype at every hop, as in NCCL's and gloo's
+  // rings (the all-to-all sums every host's part at once at its end).
+  bool ring = false;
 };
 
 // Routes for `process` in a group with `process_of_rank`, given each
 // process's host (any ids; equal = same host). `allow_hierarchy`: false
 // forces flat routes (JAX_SMDDP_HIERARCHICAL=0); `stagger`: whether to
-// stagger rounds between hosts (JAX_SMDDP_STAGGER_CHUNK_BYTES).
+// stagger rounds between hosts, or run a ring where a ring applies
+// (JAX_SMDDP_STAGGER_CHUNK_BYTES).
 Routes ComputeRoutes(const std::vector<int>& process_of_rank, int process,
                      const std::vector<std::string>& host_of_process, bool allow_hierarchy,
                      bool stagger = false);

@@ -5,6 +5,49 @@
 
 namespace smddp {
 
+namespace {
+
+// Routes::ring for `process`, the group's processes in ring order `ring`
+// (one per host).
+void RingRoutes(const std::vector<int>& process_of_rank, int process, const std::vector<int>& ring,
+                Routes* r) {
+  const int n = int(process_of_rank.size()), hosts = int(ring.size());
+  std::map<int, int> pos;
+  for (int i = 0; i < hosts; ++i) pos[ring[size_t(i)]] = i;
+  const int me = pos[process], next = ring[size_t((me + 1) % hosts)],
+            prev = ring[size_t((me + hosts - 1) % hosts)];
+  r->ring = true;
+  r->gather_targets = {next};
+  // How far round the ring a rank's block has come when it reaches this
+  // process (gathers: 1 from the previous), and how far its reduction has
+  // (0: it starts here, at the process after the rank's own).
+  std::vector<int> gathered(size_t(n), 0), reduced(size_t(n), 0);
+  for (int s = 0; s < n; ++s) {
+    const int owner = pos[process_of_rank[size_t(s)]];
+    gathered[size_t(s)] = (me - owner + hosts) % hosts;
+    reduced[size_t(s)] = (me - owner - 1 + 2 * hosts) % hosts;
+    r->reduce_sources[size_t(s)] = reduced[size_t(s)] == 0 ? std::vector<int>{} : std::vector{prev};
+    if (owner == me) continue;  // completed here: gather_source and reduce_dest stay -1
+    r->reduce_dest[size_t(s)] = next;
+    r->gather_source[size_t(s)] = prev;
+    if ((me + 1) % hosts != owner) r->gather_relay[size_t(s)] = {next};
+  }
+  // Each process waits for what comes round first first, so none waits on
+  // one that waits on it.
+  auto by = [](const std::vector<int>& key) {
+    std::vector<int> order(key.size());
+    for (size_t s = 0; s < order.size(); ++s) order[s] = int(s);
+    std::stable_sort(order.begin(), order.end(),
+                     [&](int a, int b) { return key[size_t(a)] < key[size_t(b)]; });
+    return order;
+  };
+  for (int s : by(gathered))
+    if (gathered[size_t(s)] != 0) r->gather_order.push_back(s);
+  r->reduce_order = by(reduced);
+}
+
+}  // namespace
+
 Routes ComputeRoutes(const std::vector<int>& process_of_rank, int process,
                      const std::vector<std::string>& host_of_process, bool allow_hierarchy,
                      bool stagger) {
@@ -31,6 +74,12 @@ Routes ComputeRoutes(const std::vector<int>& process_of_rank, int process,
   r.gather_relay.assign(n, {});
   r.reduce_sources.assign(n, {});
   r.reduce_dest.assign(n, -1);
+  if (stagger && by_host.size() > 2 && per_host == 1 && uniform) {
+    std::vector<int> ring;
+    for (auto& [h, ps] : by_host) ring.push_back(ps[0]);
+    RingRoutes(process_of_rank, process, ring, &r);
+    return r;
+  }
   const std::string& my_host = host(process);
   const int my_rail = rail.count(process) ? rail[process] : -1;
   // This host's process of rail `i`.

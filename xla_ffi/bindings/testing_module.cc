@@ -581,6 +581,9 @@ NB_MODULE(_smddp_testing, m) {
         d["reduce_dest"] = r.reduce_dest;
         d["stagger_to"] = r.stagger_to;
         d["stagger_from"] = r.stagger_from;
+        d["ring"] = r.ring;
+        d["gather_order"] = r.gather_order;
+        d["reduce_order"] = r.reduce_order;
         return d;
       },
       nb::arg("process_of_rank"), nb::arg("process"), nb::arg("host_of_process"),

@@ -113,12 +113,14 @@ const std::vector<SettingSpec> kSettings = {
     {"JAX_SMDDP_HIERARCHICAL", kChoice, "1", 0, 0, "0|1", "runtime", true,
      "0: direct routes between all processes, even across hosts"},
     {"JAX_SMDDP_STAGGER_CHUNK_BYTES", kBytes, "128K", 0, 1 << 30, "", "runtime", true,
-     "with more than 2 hosts, a process exchanging with one process on each other host sends "
-     "to them in rounds, as a ring does: in round k to the host k after its own, each chunk once "
-     "the same chunk of the previous round (from the host k-1 before it) arrived, so that each "
-     "host's link carries one flow at a time (several at once share a capped link unevenly, and "
-     "the call waits for the last); such calls' chunks are at most this large, so the rounds "
-     "overlap; 0: no rounds, every host at once"},
+     "with more than 2 hosts, one process on each: the hosts form a ring, and every byte "
+     "between them goes round it, relayed and combined chunk by chunk; with several processes "
+     "per host, a process exchanging with one process on each other host (its rail) sends to "
+     "them in rounds: in round k to the host k after its own, each chunk once the same chunk of "
+     "the previous round (from the host k-1 before it) arrived. Either way each host's link "
+     "carries one flow at a time (several at once share a capped link unevenly, and the call "
+     "waits for the last); such calls' chunks are at most this large, so the hops or rounds "
+     "overlap; 0: no ring and no rounds, every host at once"},
     {"JAX_SMDDP_CALIBRATION", kText, "~/.cache/jax_smddp/calibration.json", 0, 0, "", "runtime",
      false, "the cost model's calibration of this machine (the tuner uses process 0's)"},
     {"JAX_SMDDP_SPIN", kInt, "256; 16 where oversubscribed", 0, 1e9, "", "runtime", false,

@@ -251,9 +251,10 @@ void ProcessRendezvous::Begin(Slot& slot) {
     call.peer_ranks = &peer_ranks_;
     call.routes = slot.plan.routing == Plan::Routing::kFlat ? &flat_routes_ : &routes_;
     call.chunk_bytes = slot.plan.chunk_bytes;
-    if (!call.routes->stagger_to.empty()) {
+    if (call.routes->ring || !call.routes->stagger_to.empty()) {
       // Rounds overlap chunk by chunk: whole messages in turn leave the links
-      // idle between rounds (measured: below flat's all at once).
+      // idle between rounds (measured: below flat's all at once); a ring's
+      // relays wait for a chunk, not a message, at each hop.
       const size_t chunk = call.chunk_bytes ? call.chunk_bytes : ChunkBytes();
       call.chunk_bytes = std::max<size_t>(4096, std::min(chunk, StaggerChunk()) / 64 * 64);
     }
