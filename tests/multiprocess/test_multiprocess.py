@@ -237,6 +237,22 @@ def test_stalled_peer_times_out_naming_it():
   assert "timed out" in procs[0].result["error"]
 
 
+@pytest.mark.timeout(300)
+def test_stalled_peer_in_a_ring_is_named_by_every_process():
+  """Four hosts (by JAX_SMDDP_HOST_ID), one process each: a ring, where only
+  the next process receives from the stalled one and the others wait on a
+  live neighbour. Every survivor times out naming the stalled process, whose
+  view of the call never came, not the neighbour it waited on."""
+  ran_in_first_suite(BETWEEN_HOSTS)
+  procs = run_job(["peer_stalls"], 4, 1, timeout=240,
+                  env={"JAX_SMDDP_FABRIC_PROVIDER": "tcp;ofi_rxm"},
+                  per_process_env=[{"JAX_SMDDP_HOST_ID": h} for h in "abcd"])
+  _check_peer_failure(procs, dead=3, within_s=20, cls="PeerTimeoutError",
+                      status="DEADLINE_EXCEEDED", op="all_gather")
+  for p in procs[:3]:
+    assert "process 3 (devices [3]) never reached this collective" in p.result["error"], p.result
+
+
 def _protocol_version() -> int:
   from jax_smddp import capabilities
   return int(capabilities.build()["protocol_built"])
@@ -346,10 +362,10 @@ def test_hosts_by_host_id(hosts, devices, env):
 def test_peer_killed_during_a_ring_is_named():
   """Four hosts (by JAX_SMDDP_HOST_ID), one process each: psum runs round a
   ring of the hosts, each hop relaying and combining chunk by chunk (bounce
-  chunks here: 128 KiB). The last process is killed mid-call: the others raise
-  within seconds, not at the timeout, naming it or a survivor that failed
-  first, though only one of them receives from it: the others wait on their
-  previous hop, which fails and exits."""
+  chunks here: 128 KiB). The last process is killed mid-call: every survivor
+  raises within seconds, not at the timeout, naming it, though only the next
+  one receives from it (the others wait on a live previous hop, which does
+  not exit for 2 s after its own failure)."""
   ran_in_first_suite(BETWEEN_HOSTS)
   procs = run_job(["peer_killed_midway"], 4, 1, timeout=240,
                   env={"JAX_SMDDP_FABRIC_PROVIDER": "tcp;ofi_rxm", "JAX_SMDDP_TIMEOUT_S": "120"},
@@ -364,7 +380,7 @@ def test_peer_killed_during_a_ring_is_named():
     assert len(typed["peer_processes"]) == 1, p.result
     named.append(typed["peer_processes"][0])
     assert f"process {named[-1]} (devices" in p.result["error"], p.result["error"]
-  assert 3 in named, named
+  assert named == [3, 3, 3], named
 
 
 @pytest.mark.timeout(400)

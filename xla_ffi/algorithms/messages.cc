@@ -222,8 +222,12 @@ void Messages::ProgressAll() {
 
 // A peer that is gone fails the call at once (not at the deadline), but only
 // if this call still waits on it once everything it sent before it went has
-// been read: a peer that finished its part and exited has failed nobody.
+// been read: a peer that finished its part and exited has failed nobody. In a
+// ring (Routes::ring) every block and partial passes every process, so a dead
+// one fails any call still waiting, though it sends this process nothing
+// directly: its neighbours' failures would reach the rest only as each exits.
 Status Messages::CheckPeers() {
+  const bool ring = call_.routes && call_.routes->ring;
   for (int p : *call_.peers) {
     Link* link = call_.world->link(p);
     if (!link) continue;
@@ -232,7 +236,7 @@ Status Messages::CheckPeers() {
     link->Progress();
     link->Progress();
     for (const Entry& e : entries_) {
-      if (e.process != p || e.settled || e.req.done()) continue;
+      if ((e.process != p && !ring) || e.settled || e.req.done()) continue;
       return PeerFailed(p, *link, why);
     }
   }

@@ -826,6 +826,7 @@ Status ProcessRun::Finish() {
     a.m.PollAll(Clock::now() + std::chrono::seconds(1));
     agreed = a.Check();
   }
+  const Status late = body.code() == StatusCode::kTimeout ? NeverArrived(body) : Status::Ok();
   parts_.reset();
   if (call_.phases) {
     const auto s = [](Clock::duration d) { return std::chrono::duration<double>(d).count(); };
@@ -835,8 +836,26 @@ Status ProcessRun::Finish() {
     call_.phases->agree_s = s(body_from - started_) + s(Clock::now() - body_to);
   }
   if (!agreed.ok()) return agreed;
+  if (!late.ok()) return late;
   if (!body.ok()) return body;
   return st;
+}
+
+// A peer whose view of the call never came is the one that never reached it:
+// name it rather than the process the body waited on, which may be waiting on
+// it too (a ring's previous hop, a relay).
+Status ProcessRun::NeverArrived(const Status& timeout) {
+  Agreement& a = parts_->agreement;
+  a.m.PollAll(Clock::now());
+  for (size_t i = 0; i < call_.peers->size(); ++i) {
+    if (a.m.Succeeded(i)) continue;
+    const int q = (*call_.peers)[i];
+    return call_.Concerning(
+        q, Status::Timeout(timeout.message() + " " + call_.DescribeProcess(q) +
+                           " never reached this collective (its view of the call never came): "
+                           "it is the process that is stalled, late or running another program."));
+  }
+  return Status::Ok();
 }
 
 }  // namespace smddp

@@ -48,6 +48,8 @@ class ProcessRun {
  private:
   struct Agreement;
   struct Parts;
+  // The body's `timeout` told of a peer that never reached the call, or Ok.
+  Status NeverArrived(const Status& timeout);
   ProcessCall& call_;
   Clock::time_point start_, started_;  // constructed; the body started
   std::unique_ptr<Parts> parts_;
