@@ -845,8 +845,8 @@ Status ProcessRun::Finish() {
 // name it rather than the process the body waited on, which may be waiting on
 // it too (a ring's previous hop, a relay).
 Status ProcessRun::NeverArrived(const Status& timeout) {
+  // The headers share the body's links, whose progress completed those that came.
   Agreement& a = parts_->agreement;
-  a.m.PollAll(Clock::now());
   for (size_t i = 0; i < call_.peers->size(); ++i) {
     if (a.m.Succeeded(i)) continue;
     const int q = (*call_.peers)[i];
