@@ -380,7 +380,7 @@ def run_multi_process(args, logs: list[dict]) -> int:
     with netns.hosts(layout.hosts, args.link_rate, args.nics) as (names, ips):
       # The link itself, before the workers start (an idle link).
       try:
-        link = link_probe.measure(names, ips)
+        link = link_probe.measure(names, ips, capped=bool(args.link_rate))
       except (RuntimeError, OSError, subprocess.TimeoutExpired) as e:
         print(f"# the link could not be measured ({e}); rows have no link column", flush=True)
       spaces = [names[h] for h in range(layout.hosts) for _ in range(layout.processes_per_host)]
