@@ -42,7 +42,8 @@ process 0 stands for all)::
 * hops: links in sequence on the critical path. Flat routes: 1 (all_reduce: 2,
   contribution then result). Hierarchical: all_gather 2 (network, then shared
   memory relay), reduce_scatter 2 (shared-memory combine, network),
-  all_reduce 4.
+  all_reduce 4. A ring (one process on each of H > 2 hosts): H - 1 network
+  hops (all_reduce 2 (H - 1)), with c the rounds' chunk (RING_CHUNK_BYTES).
 * fill: the first chunk crossing the hops after the first, sum over those hops
   of min(c, block) * (1/(eta B) + 2 copies/copy_bw + 2/kernel_bw).
 * R_thread: the process's engine thread (one per process runs the whole
@@ -130,6 +131,7 @@ NCCL_ALGORITHMS = ("ring", "tree")
 # The engine's defaults the model assumes, copied here so that the model needs no native module
 # (tests/api/test_settings.py checks each equals the registry's).
 DEFAULT_CHUNK_BYTES = 1 << 20     # JAX_SMDDP_CHUNK_BYTES
+RING_CHUNK_BYTES = 128 << 10      # JAX_SMDDP_STAGGER_CHUNK_BYTES
 HELPER_MIN_BYTES = 256 << 10      # JAX_SMDDP_CPU_HELPER_MIN_BYTES
 MMAP_THRESHOLD_MAX = 32 << 20     # glibc DEFAULT_MMAP_THRESHOLD_MAX on 64-bit
 GB = 1e9
@@ -362,6 +364,7 @@ class Traffic:
   output_per_rank: int = 0
   host_net_out: int = 0      # bytes leaving the host over the network
   host_net_in: int = 0
+  ring: bool = False         # Routes::ring: chunks of at most RING_CHUNK_BYTES, every op
 
   def messages(self, kind: str, chunk_bytes: int) -> int:
     """Chunks posted on links of `kind` (sends and receives) with this chunk size."""
@@ -379,11 +382,20 @@ class _Routes:
   """A port of ComputeRoutes (routes.cc) for a uniform layout; processes are
   numbered host-major (process = host * P + rail), ranks process-major."""
 
-  def __init__(self, layout: Layout, hierarchical: bool):
+  def __init__(self, layout: Layout, hierarchical: bool, rounds: bool = True):
     self.H, self.P, self.D = layout.hosts, layout.processes_per_host, layout.devices_per_process
     self.Pt = self.H * self.P
     self.n = self.Pt * self.D
     self.hier = hierarchical and hierarchical_valid(layout)
+    # Routes::ring: one process on each of more than two hosts, rounds allowed
+    # (JAX_SMDDP_STAGGER_CHUNK_BYTES != 0). Processes are hosts here, in ring order.
+    self.ring = rounds and self.H > 2 and self.P == 1
+
+  def next(self, p):
+    return (p + 1) % self.Pt
+
+  def prev(self, p):
+    return (p - 1) % self.Pt
 
   def host(self, q):
     return q // self.P
@@ -408,22 +420,30 @@ class _Routes:
     return [self.on_host(h, i) for i in range(self.P) if self.on_host(h, i) != p]
 
   def gather_targets(self, p):
+    if self.ring:
+      return [self.next(p)]
     return [q for q in range(self.Pt) if q != p and (not self.hier or self.near(p, q))]
 
   def gather_source(self, p, s):
     q = self.proc(s)
     if q == p:
       return -1
+    if self.ring:
+      return self.prev(p)
     return q if (not self.hier or self.near(p, q)) else self.on_host(self.host(p), self.rail(q))
 
   def gather_relay(self, p, s):
     q = self.proc(s)
+    if self.ring:
+      return [] if q == p or self.next(p) == q else [self.next(p)]
     if self.hier and self.host(q) != self.host(p) and self.rail(q) == self.rail(p):
       return self.host_mates(p)
     return []
 
   def reduce_sources(self, p, t):
     q = self.proc(t)
+    if self.ring:  # starts at the process after the owner, each hop adding its own
+      return [] if self.prev(p) == q else [self.prev(p)]
     if not self.hier:
       return [r for r in range(self.Pt) if r != p] if q == p else []
     if q == p:
@@ -436,6 +456,8 @@ class _Routes:
     q = self.proc(t)
     if q == p:
       return -1
+    if self.ring:
+      return self.next(p)
     if not self.hier or self.host(q) == self.host(p) or self.rail(q) == self.rail(p):
       return q
     return self.on_host(self.host(p), self.rail(q))
@@ -528,6 +550,9 @@ def traffic(op: str, bytes_per_rank: int, layout: Layout, algorithm: str) -> Tra
         recv(q, block, nl * rt.D)
     t.local_copy += nl * nl * block
     t.hops = ("net" if rt.H > 1 else "intra",)
+  t.ring = rt.ring
+  if rt.ring and op != "all_to_all":  # each block or partial goes round, a hop per host
+    t.hops = ("net",) * ((rt.H - 1) * (2 if op == "all_reduce" else 1))
   # Host totals: every process of a host alike.
   t.host_net_out = t.out["net"] * layout.processes_per_host
   t.host_net_in = t.inn["net"] * layout.processes_per_host
@@ -610,8 +635,10 @@ def _predict(op: str, bytes_per_rank: int, layout: Layout, machine: Machine,
     algorithm = "flat"
   if layout.processes == 1:
     algorithm = "in_process"
-  chunk = int(chunk_bytes or DEFAULT_CHUNK_BYTES)
   tr = traffic(op, int(bytes_per_rank), layout, algorithm)
+  chunk = int(chunk_bytes or DEFAULT_CHUNK_BYTES)
+  if tr.ring:  # process_rendezvous.cc: a ring's relays wait for a chunk at each hop
+    chunk = min(chunk, RING_CHUNK_BYTES)
   m = machine
   D = layout.devices_per_process
   terms = {"call": m.call_overhead_s + m.call_overhead_per_device_s * D}

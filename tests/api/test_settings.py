@@ -231,6 +231,7 @@ def test_non_default_lists_what_differs_from_the_registry_defaults(monkeypatch):
 # beside its value; nothing else may.
 CHECKED_COPIES = {
     ("jax_smddp.cost_model", "DEFAULT_CHUNK_BYTES"): "JAX_SMDDP_CHUNK_BYTES",
+    ("jax_smddp.cost_model", "RING_CHUNK_BYTES"): "JAX_SMDDP_STAGGER_CHUNK_BYTES",
     ("jax_smddp.cost_model", "HELPER_MIN_BYTES"): "JAX_SMDDP_CPU_HELPER_MIN_BYTES",
 }
 

@@ -1,6 +1,7 @@
 """The cost model's routes (cost_model._Routes, which it counts traffic along)
 are the engine's (ComputeRoutes in xla_ffi/algorithms/routes.cc): every
-field, for every process of every layout below, flat and hierarchical."""
+field, for every process of every layout below, flat and hierarchical, with
+rounds (and so rings) allowed and not."""
 
 from __future__ import annotations
 
@@ -19,15 +20,17 @@ LAYOUTS = [cost_model.Layout(h, p, d) for h, p, d in itertools.product((1, 2, 3)
 
 @pytest.mark.parametrize("layout", LAYOUTS, ids=lambda l: l.spec)
 @pytest.mark.parametrize("hierarchical", [True, False])
-def test_cost_model_routes_are_the_engines(layout, hierarchical):
+@pytest.mark.parametrize("rounds", [True, False], ids=["rounds", "no_rounds"])
+def test_cost_model_routes_are_the_engines(layout, hierarchical, rounds):
   engine = engine_probes()
-  model = cost_model._Routes(layout, hierarchical)
+  model = cost_model._Routes(layout, hierarchical, rounds)
   process_of_rank = [model.proc(s) for s in range(model.n)]
   hosts = [f"host{model.host(q)}" for q in range(model.Pt)]
   for p in range(model.Pt):
-    r = engine.routes(process_of_rank, p, hosts, hierarchical)
-    where = f"process {p} of {layout.spec}, hierarchical={hierarchical}"
+    r = engine.routes(process_of_rank, p, hosts, hierarchical, rounds)
+    where = f"process {p} of {layout.spec}, hierarchical={hierarchical}, rounds={rounds}"
     assert r["hierarchical"] == model.hier, where
+    assert r["ring"] == model.ring, where
     assert sorted(r["gather_targets"]) == sorted(model.gather_targets(p)), where
     for s in range(model.n):
       assert r["gather_source"][s] == model.gather_source(p, s), (where, "rank", s)

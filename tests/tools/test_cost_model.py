@@ -159,6 +159,35 @@ def test_hierarchical_time_by_hand():
 
 
 @pytest.mark.timeout(30)
+def test_ring_by_hand():
+  """One process on each of 4 hosts: a ring (Routes::ring). Each host sends the
+  all-to-all's bytes, but to its next host only, in the rounds' chunks, over
+  3 network hops in a row (all_reduce: 6)."""
+  S, K = MiB, cm.RING_CHUNK_BYTES
+  lay = L(4, 1, 1)
+  ag = cm.traffic("all_gather", S, lay, "flat")
+  assert ag.ring and ag.hops == ("net",) * 3
+  # its own block to the next host, two blocks relayed on; three in from the previous
+  assert ag.out == ag.inn == {"net": 3 * S, "intra": 0} and ag.sizes["net"] == {S: 6}
+  rs = cm.traffic("reduce_scatter", 4 * S, lay, "flat")
+  assert rs.out["net"] == rs.inn["net"] == 3 * S and rs.hops == ("net",) * 3
+  # it starts one reduction (its part sent as it is) and adds its part to the partial that
+  # came in for the other three, its own shard's included
+  assert rs.reduce_read == 3 * 2 * S
+  ar = cm.traffic("all_reduce", 4 * S, lay, "flat")
+  assert ar.out["net"] == ar.inn["net"] == 6 * S and ar.hops == ("net",) * 6
+  assert not cm.traffic("all_gather", S, L(2, 1, 1), "flat").ring    # two hosts: no ring
+  assert not cm.traffic("all_gather", S, L(4, 2, 1), "hierarchical").ring
+  p = cm.predict("all_gather", S, lay, TOY, "flat", chunk_bytes=MiB)
+  assert p.chunk_bytes == K
+  assert p.terms["hops"] == pytest.approx(3 * 100e-6)
+  # the first chunk crosses the two hops after the first: the wire and a copy at each end
+  assert p.terms["fill"] == pytest.approx(2 * (K / 1e9 + 2 * K / 1e9))
+  # copies: own block + 6 S through the links; 6 S / K chunks at 2 us
+  assert p.terms["data"] == pytest.approx(7 * S / 1e9 + 6 * (S // K) * 2e-6)
+
+
+@pytest.mark.timeout(30)
 def test_contention_by_hand():
   """Other load (measured CPUs busy with other work) slows CPU-bound calls by
   the share of the cores they lose: (busy + other) / cores, once that exceeds 1."""
