@@ -250,7 +250,12 @@ def test_stalled_peer_in_a_ring_is_named_by_every_process():
   _check_peer_failure(procs, dead=3, within_s=20, cls="PeerTimeoutError",
                       status="DEADLINE_EXCEEDED", op="all_gather")
   for p in procs[:3]:
-    assert "process 3 (devices [3]) never reached this collective" in p.result["error"], p.result
+    err = p.result["error"]
+    assert "process 3 (devices [3]) never reached this collective" in err, p.result
+    # not the neighbour's wait as the cause: "waiting for process 0 ... to send its data"
+    assert "to send its data" not in err, p.result
+  for p in procs[1:3]:  # they waited on a live neighbour (process 0, then 1)
+    assert f"the wait that timed out was for process {p.index - 1} (devices" in p.result["error"]
 
 
 def _protocol_version() -> int:

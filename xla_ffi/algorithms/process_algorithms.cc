@@ -850,10 +850,18 @@ Status ProcessRun::NeverArrived(const Status& timeout) {
   for (size_t i = 0; i < call_.peers->size(); ++i) {
     if (a.m.Succeeded(i)) continue;
     const int q = (*call_.peers)[i];
-    return call_.Concerning(
-        q, Status::Timeout(timeout.message() + " " + call_.DescribeProcess(q) +
-                           " never reached this collective (its view of the call never came): "
-                           "it is the process that is stalled, late or running another program."));
+    std::ostringstream os;
+    os.precision(3);
+    os << call_.where() << ": timed out after "
+       << std::chrono::duration<double>(Clock::now() - call_.start).count()
+       << " s: " << call_.DescribeProcess(q)
+       << " never reached this collective (its view of the call never came)";
+    const std::vector<int>& waited = timeout.peer_processes();
+    if (!waited.empty() && waited[0] != q)
+      os << "; the wait that timed out was for " << call_.DescribeProcess(waited[0]);
+    os << ". It is stalled, late or running another program; if it is only slow, raise "
+          "JAX_SMDDP_TIMEOUT_S (or jax_smddp.set_timeout).";
+    return call_.Concerning(q, Status::Timeout(os.str()));
   }
   return Status::Ok();
 }
