@@ -8,7 +8,7 @@ folder; tracebacks name the Markdown file and its line. Shell commands (lines
 indented by 4 spaces, or ```bash blocks) run with bash from the checkout's root,
 with this environment's bin/ first on PATH (as an activated environment);
 `.venv/py311/bin/python` is this interpreter (so the Python 3.12 suite checks its
-own environment).
+own environment; commands under mpirun it leaves to the first suite).
 
 A block that cannot run as it stands says so on the line before it (blank lines
 between allowed), with a reason:
@@ -328,6 +328,13 @@ def test_shell_command(block):
     assert not missing, f"{block.id}: {command} does not list {missing}"
     return
   assert block.kind is None, f"{block.id}: {block.kind} is not for shell commands"
+  if re.search(r"\bmpirun\b", block.code):
+    # A job of several processes, 25-35 s each: the second suite's own tests run the same
+    # programs under mpirun on its jax (tests/multiprocess/test_launchers.py,
+    # tests/tools/test_bench_nccl_tests.py).
+    if os.environ.get("SMDDP_FIRST_SUITE_RAN") == "1":
+      pytest.skip(f"{block.id}: a command under mpirun, run as written by the first suite; this "
+                  "suite runs its programs under mpirun in their own tests")
   env.update(MPIRUN_AS_ANYONE)
   script = "set -euo pipefail\n" + _as_user_types(block.code)
   run = subprocess.run(["bash", "-c", script], cwd=REPO, env=env, capture_output=True, text=True, timeout=280)
