@@ -44,7 +44,10 @@ process 0 stands for all)::
   memory relay), reduce_scatter 2 (shared-memory combine, network),
   all_reduce 4. A ring (one process on each of H > 2 hosts): H - 1 network
   hops (all_reduce 2 (H - 1)), with c the rounds' chunk (RING_CHUNK_BYTES).
-* fill: the first chunk crossing the hops after the first, sum over those hops
+* fill (not for a ring, whose hosts all send from the start: measured, 4x1x1
+  all_reduce on 1 Gbit/s links from 512 KiB per rank, the time is R_nic's within
+  3 %; the oversubscribed rounds below still add 4 ms there that the runs do not
+  show): the first chunk crossing the hops after the first, sum over those hops
   of min(c, block) * (1/(eta B) + 2 copies/copy_bw + 2/kernel_bw).
 * R_thread: the process's engine thread (one per process runs the whole
   cross-process part; in one process, min(cores, n) threads share the bodies
@@ -676,7 +679,9 @@ def _predict(op: str, bytes_per_rank: int, layout: Layout, machine: Machine,
     terms["oversubscribed"] = net_rounds * m.oversubscribed_round_s
   first = min(chunk, tr.first_block)
   fill = 0.0
-  for k in tr.hops[1:]:
+  # A ring has no fill: every host sends from the call's start (its own block, or the
+  # reduction it starts), and each hop's chunk comes in while it sends the one before.
+  for k in () if tr.ring else tr.hops[1:]:
     tp = _transport(m, k)
     fill += first / tp.rate + first * 2 * tp.copies / rate + first * 2 / tp.kernel_bw
   terms["fill"] = fill

@@ -181,8 +181,10 @@ def test_ring_by_hand():
   p = cm.predict("all_gather", S, lay, TOY, "flat", chunk_bytes=MiB)
   assert p.chunk_bytes == K
   assert p.terms["hops"] == pytest.approx(3 * 100e-6)
-  # the first chunk crosses the two hops after the first: the wire and a copy at each end
-  assert p.terms["fill"] == pytest.approx(2 * (K / 1e9 + 2 * K / 1e9))
+  # no fill: every host sends from the start, each hop's chunk arriving while it sends
+  assert p.terms["fill"] == 0
+  assert cm.predict("all_gather", S, L(2, 1, 1), TOY, "flat").terms["fill"] == 0  # one hop
+  assert cm.predict("all_gather", S, L(2, 2, 1), TOY, "hierarchical").terms["fill"] > 0
   # copies: own block + 6 S through the links; 6 S / K chunks at 2 us
   assert p.terms["data"] == pytest.approx(7 * S / 1e9 + 6 * (S // K) * 2e-6)
 
