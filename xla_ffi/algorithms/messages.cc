@@ -1,5 +1,6 @@
 #include "xla_ffi/algorithms/messages.h"
 #include "xla_ffi/common/settings.h"
+#include "xla_ffi/common/timeout.h"
 
 #include <sched.h>
 #include <unistd.h>
@@ -10,17 +11,6 @@
 #include <sstream>
 
 namespace smddp {
-
-namespace {
-
-std::string Seconds(Clock::duration d) {
-  std::ostringstream os;
-  os.precision(3);
-  os << std::chrono::duration<double>(d).count() << " s";
-  return os.str();
-}
-
-}  // namespace
 
 std::string ProcessCall::DescribeProcess(int process) const {
   std::ostringstream os;
@@ -303,8 +293,8 @@ Status Messages::Wait(size_t id) {
                           (e.recv ? " to send its data" : " to take this process's data") +
                           " (over " + (link ? link->Kind() : std::string("no link")) +
                           "). That process never reached this collective, or is stalled or much "
-                          "slower; if it is "
-                          "only slow, raise JAX_SMDDP_TIMEOUT_S (or jax_smddp.set_timeout)."));
+                          "slower; " +
+                          kIfOnlySlow));
     }
   }
   if (phases && waited_from != Clock::time_point())

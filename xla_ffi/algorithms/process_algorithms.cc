@@ -12,6 +12,7 @@
 #include "xla_ffi/algorithms/messages.h"
 #include "xla_ffi/algorithms/reduce.h"
 #include "xla_ffi/common/streaming_copy.h"  // CopyBytes
+#include "xla_ffi/common/timeout.h"
 
 namespace smddp {
 
@@ -850,18 +851,15 @@ Status ProcessRun::NeverArrived(const Status& timeout) {
   for (size_t i = 0; i < call_.peers->size(); ++i) {
     if (a.m.Succeeded(i)) continue;
     const int q = (*call_.peers)[i];
-    std::ostringstream os;
-    os.precision(3);
-    os << call_.where() << ": timed out after "
-       << std::chrono::duration<double>(Clock::now() - call_.start).count()
-       << " s: " << call_.DescribeProcess(q)
-       << " never reached this collective (its view of the call never came)";
+    std::string why = call_.where() + ": timed out after " + Seconds(Clock::now() - call_.start) +
+                      ": " + call_.DescribeProcess(q) +
+                      " never reached this collective (its view of the call never came)";
     const std::vector<int>& waited = timeout.peer_processes();
     if (!waited.empty() && waited[0] != q)
-      os << "; the wait that timed out was for " << call_.DescribeProcess(waited[0]);
-    os << ". It is stalled, late or running another program; if it is only slow, raise "
-          "JAX_SMDDP_TIMEOUT_S (or jax_smddp.set_timeout).";
-    return call_.Concerning(q, Status::Timeout(os.str()));
+      why += "; the wait that timed out was for " + call_.DescribeProcess(waited[0]);
+    return call_.Concerning(
+        q,
+        Status::Timeout(why + ". It is stalled, late or running another program; " + kIfOnlySlow));
   }
   return Status::Ok();
 }

@@ -2,6 +2,7 @@
 
 #include <atomic>
 #include <cstdint>
+#include <sstream>
 
 #include "xla_ffi/common/settings.h"
 
@@ -28,5 +29,12 @@ int64_t TimeoutMs() {
 void SetTimeoutSeconds(double seconds) { g_timeout_ms = int64_t(seconds * 1000.0); }
 double TimeoutSeconds() { return double(TimeoutMs()) / 1000.0; }
 std::chrono::milliseconds Timeout() { return std::chrono::milliseconds(TimeoutMs()); }
+
+std::string Seconds(std::chrono::steady_clock::duration d) {
+  std::ostringstream os;
+  os.precision(3);
+  os << std::chrono::duration<double>(d).count() << " s";
+  return os.str();
+}
 
 }  // namespace smddp

@@ -11,6 +11,7 @@
 #include "xla_ffi/algorithms/host_algorithms.h"
 #include "xla_ffi/common/settings.h"
 #include "xla_ffi/common/streaming_copy.h"
+#include "xla_ffi/common/timeout.h"
 #include "xla_ffi/engine/rendezvous_slot.h"
 #include "xla_ffi/engine/scheduler.h"
 
@@ -25,13 +26,6 @@ struct InProcessRendezvous::Slot : RendezvousSlot {
 };
 
 namespace {
-
-std::string Seconds(Clock::duration d) {
-  std::ostringstream os;
-  os.precision(3);
-  os << std::chrono::duration<double>(d).count() << " s";
-  return os.str();
-}
 
 std::vector<int> MissingRankList(const InProcessRendezvous::Slot& slot) {
   std::vector<int> missing;
@@ -163,8 +157,8 @@ void InProcessRendezvous::Expire(const std::shared_ptr<Slot>& slot, Clock::time_
       CallWhere(slot->group, slot->key, op) + ": timed out after " + Seconds(Clock::now() - start) +
       " waiting for rank(s) " + MissingRanks(*slot) +
       " to reach this collective. A rank that never arrives usually means the devices run "
-      "different programs or one failed earlier; if it is only slow, raise JAX_SMDDP_TIMEOUT_S "
-      "(or jax_smddp.set_timeout). No rank touched a peer's buffers.");
+      "different programs or one failed earlier; " +
+      kIfOnlySlow + " No rank touched a peer's buffers.");
   slot->status.SetPeers(MissingRankList(*slot), {});
   CompleteArrived(*slot, kKeepNone);
   // The slot stays in the table: a rank arriving late finds it over and fails at once.

@@ -12,6 +12,7 @@
 #include "xla_ffi/algorithms/process_algorithms.h"
 #include "xla_ffi/algorithms/process_call.h"
 #include "xla_ffi/common/settings.h"
+#include "xla_ffi/common/timeout.h"
 #include "xla_ffi/engine/rendezvous_slot.h"
 #include "xla_ffi/engine/scheduler.h"
 #include "xla_ffi/transports/world.h"
@@ -122,8 +123,8 @@ void ProcessRendezvous::Expire(const std::shared_ptr<Slot>& slot) {
         CallWhere(slot->group, slot->key, op) + ": timed out waiting for device(s) [" +
         missing.str() +
         "] of this process to reach this collective. A device that never arrives usually means the "
-        "devices run different programs or one failed earlier; if it is only slow, raise "
-        "JAX_SMDDP_TIMEOUT_S (or jax_smddp.set_timeout).");
+        "devices run different programs or one failed earlier; " +
+        kIfOnlySlow);
     slot->status.SetPeers(std::move(missing_ranks), {process_});
     inline_done = CompleteArrived(*slot, kKeepLast);  // on the timer's worker
   }
