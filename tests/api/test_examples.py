@@ -56,13 +56,17 @@ def _env() -> dict:
   return env
 
 
-def train(tmp_path, *extra: str, name: str = "run") -> tuple[dict, list[float]]:
-  """Runs the example; returns its final JSON summary and the loss of every step."""
+def train(tmp_path, *extra: str, name: str = "run", cache: dict | None = None
+          ) -> tuple[dict, list[float]]:
+  """Runs the example; returns its final JSON summary and the loss of every step. `cache`:
+  the session's compilation cache (conftest.example_compile_cache), for runs that dump no
+  HLO."""
+  assert not (cache and any(a.startswith("--dump-hlo") for a in extra)), "a cached run dumps nothing"
   metrics = tmp_path / f"{name}.jsonl"
   cmd = [sys.executable, TRAIN, *_cli(TINY), "--eval-batches=1", "--no-progress",
          f"--metrics={metrics}", *extra]
-  proc = subprocess.run(cmd, cwd=tmp_path, env=_env(), capture_output=True, text=True,
-                        timeout=170)
+  proc = subprocess.run(cmd, cwd=tmp_path, env={**_env(), **(cache or {})}, capture_output=True,
+                        text=True, timeout=170)
   assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
   summary = json.loads(proc.stdout.strip().splitlines()[-1])
   losses = [json.loads(line)["loss"] for line in metrics.read_text().splitlines()]
@@ -72,9 +76,10 @@ def train(tmp_path, *extra: str, name: str = "run") -> tuple[dict, list[float]]:
 # Runs that several tests compare against, made once per session.
 
 @pytest.fixture(scope="session")
-def fsdp8(tmp_path_factory):
+def fsdp8(tmp_path_factory, example_compile_cache):
   """The default configuration: --mesh 8 --collectives smddp."""
-  return train(tmp_path_factory.mktemp("fsdp8"), "--mesh=8", "--collectives=smddp")
+  return train(tmp_path_factory.mktemp("fsdp8"), "--mesh=8", "--collectives=smddp",
+               cache=example_compile_cache)
 
 
 @pytest.fixture(scope="session")
@@ -180,9 +185,9 @@ def xla_collectives_per_step(hlo: str) -> dict:
 
 
 @pytest.mark.timeout(300)
-def test_fsdp_8_smddp_equals_xla_and_unsharded(tmp_path, fsdp8, unsharded):
+def test_fsdp_8_smddp_equals_xla_and_unsharded(tmp_path, fsdp8, unsharded, example_compile_cache):
   smddp, smddp_losses = fsdp8
-  xla, xla_losses = train(tmp_path, "--mesh=8", "--collectives=xla")
+  xla, xla_losses = train(tmp_path, "--mesh=8", "--collectives=xla", cache=example_compile_cache)
   check_summary(smddp, "smddp", "8")
   check_summary(xla, "xla", "8")
   assert_close(smddp_losses, xla_losses, "smddp vs xla")
@@ -192,9 +197,10 @@ def test_fsdp_8_smddp_equals_xla_and_unsharded(tmp_path, fsdp8, unsharded):
 
 
 @pytest.mark.timeout(300)
-def test_hybrid_2x4_smddp_equals_xla_and_unsharded(tmp_path, unsharded):
-  smddp, smddp_losses = train(tmp_path, "--mesh=2x4", "--collectives=smddp", name="smddp")
-  xla, xla_losses = train(tmp_path, "--mesh=2x4", "--collectives=xla", name="xla")
+def test_hybrid_2x4_smddp_equals_xla_and_unsharded(tmp_path, unsharded, example_compile_cache):
+  cache = example_compile_cache
+  smddp, smddp_losses = train(tmp_path, "--mesh=2x4", "--collectives=smddp", name="smddp", cache=cache)
+  xla, xla_losses = train(tmp_path, "--mesh=2x4", "--collectives=xla", name="xla", cache=cache)
   check_summary(smddp, "smddp", "2x4")
   check_summary(xla, "xla", "2x4")
   assert_close(smddp_losses, xla_losses, "smddp vs xla")
@@ -316,10 +322,11 @@ def test_two_processes_traced_run_only_jax_smddp_collectives(tmp_path, fsdp8):
 
 
 @pytest.mark.timeout(300)
-def test_remat_and_offload_do_not_change_training(tmp_path, fsdp8):
+def test_remat_and_offload_do_not_change_training(tmp_path, fsdp8, example_compile_cache):
   _, plain = fsdp8
-  remat, remat_losses = train(tmp_path, "--mesh=8", "--remat=full", name="remat")
-  offload, offload_losses = train(tmp_path, "--mesh=8", "--offload", name="offload")
+  cache = example_compile_cache
+  remat, remat_losses = train(tmp_path, "--mesh=8", "--remat=full", name="remat", cache=cache)
+  offload, offload_losses = train(tmp_path, "--mesh=8", "--offload", name="offload", cache=cache)
   assert remat["remat"] == "full" and offload["remat"] == "offload_dots_no_batch"
   # Recomputed layers gather their parameters again in the backward pass.
   assert remat["gathers_per_layer"] == offload["gathers_per_layer"] == 2
@@ -330,19 +337,19 @@ def test_remat_and_offload_do_not_change_training(tmp_path, fsdp8):
 
 
 @pytest.mark.timeout(300)
-def test_checkpoint_resume_continues_the_same_run(tmp_path, fsdp8):
+def test_checkpoint_resume_continues_the_same_run(tmp_path, fsdp8, example_compile_cache):
   _, whole = fsdp8
-  ckpt = f"--checkpoint-dir={tmp_path / 'ckpt'}"
-  first, first_losses = train(tmp_path, ckpt, "--stop-at=10", name="first")
+  ckpt, cache = f"--checkpoint-dir={tmp_path / 'ckpt'}", example_compile_cache
+  first, first_losses = train(tmp_path, ckpt, "--stop-at=10", name="first", cache=cache)
   assert first["steps"] == 10 and first_losses == whole[:10]
-  second, second_losses = train(tmp_path, ckpt, "--resume", name="second")
+  second, second_losses = train(tmp_path, ckpt, "--resume", name="second", cache=cache)
   assert second["start_step"] == 10 and second["steps"] == 20
   # Same parameters, optimizer state, schedule position and batches: the same numbers.
   assert second_losses == whole[10:]
   # A checkpoint from another configuration is refused, not loaded into the wrong layout.
   cmd = [sys.executable, TRAIN, *_cli(TINY), "--mesh=2x4", ckpt, "--resume", "--no-progress"]
-  proc = subprocess.run(cmd, cwd=tmp_path, env=_env(), capture_output=True, text=True,
-                        timeout=170)
+  proc = subprocess.run(cmd, cwd=tmp_path, env={**_env(), **cache}, capture_output=True,
+                        text=True, timeout=170)
   assert proc.returncode != 0 and "other settings" in proc.stderr, proc.stderr[-2000:]
 
 
@@ -359,11 +366,11 @@ def compare_prefetch(tmp_path, *extra: str, name: str = "compare") -> dict:
 
 
 @pytest.mark.timeout(300)
-def test_other_prefetch_setting_trains_alike(tmp_path, fsdp8, unsharded):
+def test_other_prefetch_setting_trains_alike(tmp_path, fsdp8, unsharded, example_compile_cache):
   """The non-default --prefetch/--no-prefetch equals the default run and unsharded training."""
   default, default_losses = fsdp8
   flag = "--no-prefetch" if default["prefetch"] else "--prefetch"
-  other, other_losses = train(tmp_path, "--mesh=8", flag, name="other")
+  other, other_losses = train(tmp_path, "--mesh=8", flag, name="other", cache=example_compile_cache)
   assert other["prefetch"] is not default["prefetch"]
   check_summary(other, "smddp", "8")
   assert_close(other_losses, default_losses, f"{flag} vs default")

@@ -75,11 +75,14 @@ def _summary(stdout: str) -> dict:
 
 
 @pytest.mark.timeout(400)
-def test_the_example_under_mpirun_is_one_job_equal_to_its_own_launcher(tmp_path):
+def test_the_example_under_mpirun_is_one_job_equal_to_its_own_launcher(tmp_path,
+                                                                       example_compile_cache):
   """`mpirun -n 2 python examples/fsdp_train.py --mesh 2 ...` is one 2-process job (each
   process one of the mesh's 2 CPU devices), whose losses equal `--processes 2`'s. (Under
-  srun: the p4d/p5 script's test below.)"""
-  env = _env(PATH=os.path.dirname(sys.executable) + os.pathsep + os.environ.get("PATH", ""))
+  srun: the p4d/p5 script's test below.) The second run loads the programs the first
+  compiled (the session's compilation cache)."""
+  env = _env(PATH=os.path.dirname(sys.executable) + os.pathsep + os.environ.get("PATH", ""),
+             **example_compile_cache)
   runs = {}
   for launcher, command in (
       ("openmpi", _mpirun_command(2, sys.executable, *EXAMPLE)),
@@ -97,17 +100,19 @@ def test_the_example_under_mpirun_is_one_job_equal_to_its_own_launcher(tmp_path)
 
 
 @pytest.mark.timeout(400)
-def test_the_p4d_p5_job_script_runs_on_cpu_processes_of_a_local_slurm(tmp_path, slurm):
+def test_the_p4d_p5_job_script_runs_on_cpu_processes_of_a_local_slurm(tmp_path, slurm,
+                                                                      example_compile_cache):
   """examples/p4d_p5.sbatch in a real allocation of 2 tasks (salloc; the script's #SBATCH
   header asks for p4d/p5 nodes this machine lacks), on CPU processes with the requirement
   lifted: the doctor joins the job in each task, the benchmark runs across it and compares
   with the shipped nccl-tests format sample, the example trains as one job of 2 whose losses
-  equal its own launcher's (--processes 2, the same arguments)."""
+  equal its own launcher's (--processes 2, the same arguments; it loads the programs the
+  job compiled)."""
   out = tmp_path / "out"
   log = os.path.join(REPO, "tests", "tools", "data", "nccl_tests_all_gather_2ranks.log")
   env = _env(**slurm, PYTHON=sys.executable, JAX_SMDDP_REQUIRE="", NCCL_TESTS_LOG=log,
              OUT=str(out), BENCH_ARGS="-b 64K -e 128K --iters 3 --warmup 1",
-             EXAMPLE_ARGS="--steps 4 --eval-batches 1 --log-every 1")
+             EXAMPLE_ARGS="--steps 4 --eval-batches 1 --log-every 1", **example_compile_cache)
   run = subprocess.run(["salloc", "-n", "2", "--overcommit", "bash",
                         os.path.join(REPO, "examples", "p4d_p5.sbatch")],
                        cwd=REPO, env=env, capture_output=True, text=True, timeout=360)
@@ -124,8 +129,8 @@ def test_the_p4d_p5_job_script_runs_on_cpu_processes_of_a_local_slurm(tmp_path, 
   assert (summary["processes"], summary["launcher"], summary["steps"]) == (2, "slurm", 4), summary
   own = subprocess.run([sys.executable, "examples/fsdp_train.py", "--mesh", "2", "--batch", "4",
                         "--no-progress", "--steps", "4", "--eval-batches", "1", "--log-every", "1",
-                        "--processes", "2"], cwd=REPO, env=_env(), capture_output=True, text=True,
-                       timeout=200)
+                        "--processes", "2"], cwd=REPO, env=_env(**example_compile_cache),
+                       capture_output=True, text=True, timeout=200)
   assert own.returncode == 0, own.stdout[-3000:] + own.stderr[-3000:]
   assert summary["final_loss"] == _summary(own.stdout)["final_loss"], (summary, own.stdout[-2000:])
 
