@@ -50,7 +50,6 @@ def _check_every_layer_collected(config, items):
                             "a collection rule (norecursedirs, --ignore, conftest) drops them")
 
 
-
 @pytest.fixture(scope="session")
 def example_compile_cache(tmp_path_factory) -> dict:
   """The environment for the example's runs in this session: JAX's persistent compilation
