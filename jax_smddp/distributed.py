@@ -50,6 +50,7 @@ import json
 import logging
 import os
 import socket
+import sys
 import threading
 
 import jax
@@ -348,18 +349,41 @@ def initialize() -> None:
                 "wait_polls": dict(zip(("spin", "yield"), engine.wait_polls(crowded)))}
     log.info("jax_smddp initialized: %s", _summary)
     if not _atexit_registered:
-      atexit.register(shutdown)
+      atexit.register(_shutdown_at_exit)
       _atexit_registered = True
 
 
 def shutdown() -> None:
   """Releases the links to other processes (idempotent). Collectives already
-  running finish first; later multi-process collectives need initialize()."""
+  running finish first; later multi-process collectives need initialize().
+
+  Every process of the job calls it (at exit it runs by itself). Before it
+  closes its links to other hosts, a process waits until each process there
+  has called it too or exited, at most JAX_SMDDP_TIMEOUT_S: what it sent last
+  may still be on its way to a peer finishing its collectives, and closing
+  the links would drop it."""
+  _shutdown(farewell=True)
+
+
+def _shutdown_at_exit() -> None:
+  # A program ending on an uncaught exception does not wait: its peers, maybe
+  # waiting on it in a collective, learn at once that it is gone.
+  _shutdown(farewell=not hasattr(sys, "last_value"))
+
+
+def _shutdown(farewell: bool) -> None:
   global _initialized, _summary
   with _lock:
     if not _initialized:
       return
-    _native.engine().world_shutdown()
+    engine = _native.engine()
+    if farewell:
+      silent = engine.world_farewell()
+      if silent:
+        log.warning("jax_smddp.shutdown: processes %s on other hosts neither shut down nor exited "
+                    "within JAX_SMDDP_TIMEOUT_S (%g s); closing the links to them anyway",
+                    silent, config.timeout())
+    engine.world_shutdown()
     from jax_smddp import tuning
     tuning.set_job_inputs(None)
     _initialized = False

@@ -388,6 +388,28 @@ def test_peer_killed_during_a_ring_is_named():
   assert named == [3, 3, 3], named
 
 
+@pytest.mark.timeout(300)
+def test_shutdown_waits_for_peers_on_other_hosts():
+  """Two hosts (by JAX_SMDDP_HOST_ID), one process each. A process's shutdown() returns only
+  once its peers on other hosts shut down too: its last bytes may still be on their way to a
+  peer finishing its collectives (closing the links then failed the peer's collective, now and
+  then, in CI). A process that shuts down while its peer runs a collective without it waits at
+  most the timeout (1 s here), and the peer's error names it and says it shut down."""
+  ran_in_first_suite(BETWEEN_HOSTS)
+  procs = run_job(["farewell"], 2, 1, timeout=240,
+                  env={"JAX_SMDDP_FABRIC_PROVIDER": "tcp;ofi_rxm"},
+                  per_process_env=[{"JAX_SMDDP_HOST_ID": h} for h in "ab"])
+  assert all(p.result and p.result.get("ok") for p in procs), launch.describe(procs)
+  first, last = procs[0].result, procs[1].result
+  assert first["waited"] > 1.0, first  # the last process slept 1.5 s before its shutdown()
+  assert 0.9 < last["alone"] < 10, last
+  error = first["error"]
+  assert error is not None and error["class"] == "PeerFailedError", first
+  assert error["peer_processes"] == [1], first
+  assert "process 1 shut jax_smddp down" in error["text"], error["text"]
+  assert first["seconds"] < 30, first
+
+
 @pytest.mark.timeout(400)
 @pytest.mark.parametrize("direct_bytes", ["1", "0"])
 def test_direct_transfers_between_hosts(direct_bytes):

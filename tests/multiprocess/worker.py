@@ -423,14 +423,18 @@ def scenario_inline():
          output_bytes=int(big.nbytes * jax.local_device_count()))
 
 
-def scenario_reinitialize():
-  """initialize() is idempotent; after shutdown() and initialize() the same
-  compiled programs run again over the new links."""
+def _psum_over_every_device():
+  """A psum over every device of the job: the compiled program, its input, numpy's result."""
   mesh = Mesh(np.array(jax.devices()), ("x",))
   x = values((mesh.size * 2, 7), np.float32, 3)
   f = smap(mesh, lambda v: smddp.psum(v, "x"), P("x"), P("x"))
-  xs = global_array(mesh, P("x"), x)
-  want = _psum_reference(x, mesh, "x", "x")
+  return f, global_array(mesh, P("x"), x), _psum_reference(x, mesh, "x", "x")
+
+
+def scenario_reinitialize():
+  """initialize() is idempotent; after shutdown() and initialize() the same
+  compiled programs run again over the new links."""
+  f, xs, want = _psum_over_every_device()
   check("psum before", f(xs), want)
   smddp.initialize()
   smddp.initialize()
@@ -614,6 +618,38 @@ def scenario_peer_killed_midway():
       time.sleep(2)  # process 0's exit ends the others (jax.distributed): let them report
     os._exit(0)
   result(ok=True, seconds=time.monotonic() - t0)
+  os._exit(0)
+
+
+def scenario_farewell():
+  """Shutting down between hosts: a process's shutdown() waits until its peers there shut down
+  too (their collectives may still be reading what it sent), and a peer left alone in a
+  collective by a process that shut down names it."""
+  f, xs, want = _psum_over_every_device()
+  check("psum", f(xs), want)
+  last = pid == nprocs - 1
+  if last:
+    time.sleep(1.5)  # late to shut down
+  t0 = time.monotonic()
+  smddp.shutdown()
+  waited = time.monotonic() - t0
+  smddp.initialize()
+  check("psum after re-initialize", f(xs), want)
+  if last:  # shuts down (waiting 1 s for the others) while they run a psum without it
+    smddp.set_timeout(1.0)
+    t0 = time.monotonic()
+    smddp.shutdown()
+    result(ok=True, waited=waited, alone=time.monotonic() - t0)
+    os._exit(0)
+  t0 = time.monotonic()
+  try:
+    jax.block_until_ready(f(xs))
+    error = None
+  except Exception as e:  # noqa: BLE001
+    err = smddp.errors.classify(e)
+    error = {"text": str(e), "class": type(err).__name__,
+             "peer_processes": list(err.peers.processes) if err else None}
+  result(ok=True, waited=waited, error=error, seconds=time.monotonic() - t0)
   os._exit(0)
 
 

@@ -26,6 +26,7 @@
 
 #include "tests/native/check.h"
 #include "tests/native/fabric_data.h"
+#include "tests/native/fabric_farewell.h"
 #include "tests/native/fabric_harness.h"
 #include "tests/native/fabric_regions.h"
 #include "xla_ffi/common/settings.h"
@@ -54,7 +55,8 @@ using fabric_harness::WriteAll;
 
 namespace {
 
-int g_watch_fd = -1;  // the parent's end of a connection the child's exit closes (WatchLink)
+int g_watch_fd = -1;     // the parent's end of a connection the child's exit closes (WatchLink)
+int g_farewell_fd = -1;  // this process's end of a second one (fabric_farewell.h)
 
 // A message of `bytes` each way, tag `tag`, arrives whole after `what`: the
 // link still works.
@@ -860,6 +862,9 @@ int Run(int me, const std::string& provider, const std::string& node, pid_t chil
   Throughput(link.get(), me, provider);
   Latency(link.get(), me);
   RailTests(link.get(), me, provider, node);
+  Barrier();
+  link = smddp::WatchLink(std::move(link), g_farewell_fd, me == 0 ? "the child" : "the parent");
+  fabric_farewell::Farewells(link.get(), me, g_farewell_fd);
 
   // The child is killed during the parent's Cancel of a direct send: the child's receive took
   // the pieces (posted), then the child stopped progressing. The Cancel must return soon after
@@ -940,9 +945,11 @@ int main(int argc, char** argv) {
   std::string provider = argv[1];
   std::string node = argc > 2 ? argv[2] : "";
   std::setvbuf(stdout, nullptr, _IOLBF, 0);
-  int p2c[2], c2p[2], watch[2];
+  int p2c[2], c2p[2], watch[2], farewell[2];
   CHECK(pipe(p2c) == 0 && pipe(c2p) == 0, "pipe");
-  CHECK(socketpair(AF_UNIX, SOCK_STREAM, 0, watch) == 0, "socketpair");
+  CHECK(socketpair(AF_UNIX, SOCK_STREAM, 0, watch) == 0 &&
+            socketpair(AF_UNIX, SOCK_STREAM, 0, farewell) == 0,
+        "socketpair");
   pid_t child = fork();
   CHECK(child >= 0, "fork");
   if (child == 0) {
@@ -952,6 +959,8 @@ int main(int argc, char** argv) {
     close(p2c[1]);
     close(c2p[0]);
     close(watch[0]);
+    close(farewell[0]);
+    g_farewell_fd = farewell[1];
     return Run(1, provider, node, 0);
   }
   smddp_test::Peer() = child;
@@ -960,7 +969,9 @@ int main(int argc, char** argv) {
   close(p2c[0]);
   close(c2p[1]);
   close(watch[1]);
+  close(farewell[1]);
   g_watch_fd = watch[0];
+  g_farewell_fd = farewell[0];
   int rc = Run(0, provider, node, child);
   return rc;
 }

@@ -202,6 +202,10 @@ void BindWorld(nb::module_& m) {
     Check(smddp::WorldWatchAccept(peers));
   });
   m.def("world_start", [] { Check(smddp::WorldStart()); });
+  m.def("world_farewell", [] {
+    nb::gil_scoped_release release;
+    return smddp::WorldFarewell();
+  });
   m.def("world_shutdown", [] {
     nb::gil_scoped_release release;
     smddp::WorldShutdown();

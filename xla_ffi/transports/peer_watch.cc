@@ -58,15 +58,25 @@ bool ReadFull(int fd, void* buf, size_t n, int timeout_ms) {
   return true;
 }
 
+// The one byte a process sends over each connection when it shuts down (Farewell); nothing
+// else is ever sent after the connection's set-up.
+constexpr char kFarewell = 'F';
+
 // Why the peer named `name` is gone, once its end of the connection `fd`
-// closed (its process exited or was killed); "" while it is open.
+// closed; "" while it is open (its farewell alone does not end it: what it
+// sent before may still be on the way).
 std::string Closed(int fd, const std::string& name) {
   pollfd pfd{fd, POLLIN | POLLRDHUP, 0};
   if (poll(&pfd, 1, 0) > 0) {
-    char c;
+    char c = 0;
     const ssize_t got = recv(fd, &c, 1, MSG_PEEK | MSG_DONTWAIT);
     if (got == 0 || (pfd.revents & (POLLHUP | POLLERR | POLLRDHUP)) ||
         (got < 0 && errno != EAGAIN && errno != EWOULDBLOCK)) {
+      if (got == 1 && c == kFarewell)
+        return name +
+               " shut jax_smddp down (its program ended) and closed its connection after "
+               "waiting for this process to shut down too: do all processes run the same "
+               "collectives?";
       return name + " closed its connection (the process exited or was killed)";
     }
   }
@@ -234,6 +244,36 @@ int PeerWatch::TakeFd(int peer) {
   const int fd = it->second;
   fds_.erase(it);
   return fd;
+}
+
+std::vector<int> Farewell(const std::map<int, int>& fds, std::chrono::milliseconds timeout) {
+  std::vector<pollfd> waiting;
+  std::vector<int> peers;
+  for (const auto& [peer, fd] : fds) {
+    // A peer that is gone cannot be told (MSG_NOSIGNAL: no SIGPIPE); its end reads as closed.
+    (void)send(fd, &kFarewell, 1, MSG_NOSIGNAL | MSG_DONTWAIT);
+    waiting.push_back(pollfd{fd, POLLIN | POLLRDHUP, 0});
+    peers.push_back(peer);
+  }
+  const auto deadline = std::chrono::steady_clock::now() + timeout;
+  while (!waiting.empty()) {
+    const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(
+        deadline - std::chrono::steady_clock::now());
+    if (left.count() <= 0) break;
+    const int ready = poll(waiting.data(), waiting.size(), int(left.count()));
+    if (ready < 0 && errno == EINTR) continue;
+    if (ready <= 0) break;
+    for (size_t i = waiting.size(); i-- > 0;) {
+      if (waiting[i].revents == 0) continue;
+      // The peer's farewell (taken: the connection reads as before), or its end closed: either
+      // way it reads nothing more from here.
+      char c;
+      (void)recv(waiting[i].fd, &c, 1, MSG_DONTWAIT);
+      waiting.erase(waiting.begin() + long(i));
+      peers.erase(peers.begin() + long(i));
+    }
+  }
+  return peers;
 }
 
 std::unique_ptr<Link> WatchLink(std::unique_ptr<Link> inner, int fd, std::string peer_name) {

@@ -8,6 +8,7 @@
 #ifndef JAX_SMDDP_TRANSPORTS_PEER_WATCH_H_
 #define JAX_SMDDP_TRANSPORTS_PEER_WATCH_H_
 
+#include <chrono>
 #include <map>
 #include <memory>
 #include <string>
@@ -38,6 +39,13 @@ class PeerWatch {
   std::string address_;
   std::map<int, int> fds_;
 };
+
+// Says farewell over each connection of `fds` (peer -> its watch connection) and waits until
+// every peer has said it too or exited, at most `timeout`; returns the peers that did neither.
+// A process that ends its program closes its links only after this: its peers on other hosts
+// may still be finishing collectives that read what it sent (its last bytes can still be in
+// the network, and a connection closed with data unread is reset, which drops them).
+std::vector<int> Farewell(const std::map<int, int>& fds, std::chrono::milliseconds timeout);
 
 // `inner`, with PeerFailure() also reporting when the connection `fd` to the
 // peer closes. Owns `fd`.

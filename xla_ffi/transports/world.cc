@@ -6,6 +6,7 @@
 #include <mutex>
 
 #include "xla_ffi/common/settings.h"
+#include "xla_ffi/common/timeout.h"
 #include "xla_ffi/transports/fabric_link.h"
 #include "xla_ffi/transports/peer_watch.h"
 #include "xla_ffi/transports/shm_link.h"
@@ -38,6 +39,14 @@ constexpr double kConnectTimeoutS = 300;
 std::mutex g_mu;
 std::shared_ptr<const World> g_world;
 std::unique_ptr<Pending> g_pending;
+// The current world's watch connections (peer -> a duplicate of the descriptor its link
+// watches), for WorldFarewell.
+std::map<int, int> g_farewell_fds;
+
+void CloseFarewellFdsLocked() {
+  for (auto& [peer, fd] : g_farewell_fds) close(fd);
+  g_farewell_fds.clear();
+}
 
 Status NotBegun() {
   return Status::InvalidArgument(
@@ -246,6 +255,7 @@ Status WorldWatchAccept(const std::vector<int>& peers) {
 Status WorldStart() {
   std::lock_guard<std::mutex> lock(g_mu);
   if (!g_pending) return NotBegun();
+  CloseFarewellFdsLocked();  // a previous world's, if it was never shut down
   if (g_pending->watch) {
     for (int p = 0; p < int(g_pending->peers.size()); ++p) {
       const int fd = g_pending->watch->TakeFd(p);
@@ -255,6 +265,8 @@ Status WorldStart() {
         close(fd);
         continue;
       }
+      const int farewell_fd = dup(fd);
+      if (farewell_fd >= 0) g_farewell_fds[p] = farewell_fd;
       link = WatchLink(std::move(link), fd, "process " + std::to_string(p));
     }
     g_pending->watch.reset();
@@ -274,6 +286,17 @@ Status WorldStart() {
   return Status::Ok();
 }
 
+std::vector<int> WorldFarewell() {
+  std::map<int, int> fds;
+  {
+    std::lock_guard<std::mutex> lock(g_mu);
+    fds.swap(g_farewell_fds);
+  }
+  std::vector<int> silent = Farewell(fds, Timeout());
+  for (auto& [peer, fd] : fds) close(fd);
+  return silent;
+}
+
 void WorldShutdown() {
   std::lock_guard<std::mutex> lock(g_mu);
   if (g_pending) {
@@ -281,6 +304,7 @@ void WorldShutdown() {
       if (shm.creator && !shm.unlinked) UnlinkShmSegment(shm.name);
     g_pending.reset();
   }
+  CloseFarewellFdsLocked();
   g_world.reset();
 }
 

@@ -170,6 +170,11 @@ Status WorldWatchConnect(int peer, const std::string& address);
 Status WorldWatchAccept(const std::vector<int>& peers);
 // Makes the world current.
 Status WorldStart();
+// Before WorldShutdown when this process's program ends normally: says farewell to every
+// process on another host and waits until each has said it too or exited, at most the
+// collective timeout (peer_watch.h's Farewell), so that no peer still finishing a collective
+// loses what this process sent. Returns the processes that did neither in time.
+std::vector<int> WorldFarewell();
 // Drops the current world (and any half-built one): links close once no call uses them.
 void WorldShutdown();
 
