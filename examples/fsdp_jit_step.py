@@ -71,9 +71,13 @@ class JitFSDP:
     return jax.tree.map(lambda s: NamedSharding(self.mesh, s), specs,
                         is_leaf=lambda x: isinstance(x, P))
 
+  @functools.cached_property
+  def _init_params(self):  # one compiled program for every init_state (and collectives_only_step)
+    return jax.jit(functools.partial(fm.init_params, self.cfg),
+                   out_shardings=self.shardings(self.param_specs))
+
   def init_state(self, seed: int):
-    params = jax.jit(functools.partial(fm.init_params, self.cfg),
-                     out_shardings=self.shardings(self.param_specs))(jax.random.key(seed))
+    params = self._init_params(jax.random.key(seed))
     opt_state = jax.jit(self.optimizer.init, out_shardings=self.shardings(self.opt_specs))(params)
     return params, opt_state
 
@@ -109,7 +113,7 @@ class JitFSDP:
   def collectives_only_step(self):
     """The parameters' all-gathers alone (sharded in, replicated out): the part of the
     step's collectives that does not depend on XLA's choices for the gradients."""
-    params, _ = self.init_state(0)
+    params = self._init_params(jax.random.key(0))
 
     def gather_params(p):  # named: its compiled program is jit_gather_params (--dump-hlo)
       return p
