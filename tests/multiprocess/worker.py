@@ -629,7 +629,7 @@ def scenario_farewell():
   check("psum", f(xs), want)
   last = pid == nprocs - 1
   if last:
-    time.sleep(1.5)  # late to shut down
+    time.sleep(3.0)  # late to shut down
   t0 = time.monotonic()
   smddp.shutdown()
   waited = time.monotonic() - t0
