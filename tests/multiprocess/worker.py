@@ -644,12 +644,10 @@ def scenario_farewell():
   t0 = time.monotonic()
   try:
     jax.block_until_ready(f(xs))
-    error = None
   except Exception as e:  # noqa: BLE001
-    err = smddp.errors.classify(e)
-    error = {"text": str(e), "class": type(err).__name__,
-             "peer_processes": list(err.peers.processes) if err else None}
-  result(ok=True, waited=waited, error=error, seconds=time.monotonic() - t0)
+    failed(e, waited=waited, seconds=time.monotonic() - t0)
+    os._exit(0)
+  result(ok=True, waited=waited, seconds=time.monotonic() - t0)
   os._exit(0)
 
 
