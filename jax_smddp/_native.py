@@ -25,6 +25,9 @@ def _how_to_build(error: ImportError) -> str:
                    f"sources: {python} -m pip install --no-build-isolation --force-reinstall "
                    "--no-deps <jax_smddp source folder>.")
   text += f"jax_smddp was imported from the source checkout {root}. "
+  if missing:  # jax_smddp/__init__.py hands over to an installed one of this version
+    text += ("No installed jax_smddp is on sys.path after it (one of this version would "
+             "have been used instead). ")
   built = [os.path.join(root, v, "bin", "python") for v in (".venv/py311", ".venv/py312")
            if glob.glob(os.path.join(root, v, "lib", "python3*", "site-packages", "jax_smddp",
                                      "_smddp_cpu*"))
