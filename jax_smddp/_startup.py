@@ -117,6 +117,12 @@ def library_path(library: str = LIBRARY) -> str:
     path = os.path.join(folder, library)
     if os.path.exists(path):
       return path
+  # Sources (a checkout's root, the current directory) before an installed package: that
+  # package's, which `import jax_smddp` runs in their place (jax_smddp/__init__.py).
+  for entry in sys.path:
+    path = os.path.join(entry or os.curdir, "jax_smddp", library) if isinstance(entry, str) else ""
+    if path and os.path.exists(path):
+      return os.path.abspath(path)
   return os.path.join(folders[0], library)
 
 

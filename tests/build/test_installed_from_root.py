@@ -183,3 +183,25 @@ def test_from_the_root_another_version_fails_at_once_and_python_p_runs_it(tmp_pa
                   extra_env=env)
     assert run.returncode == 0, run.stderr[-3000:]
     assert run.stdout.strip() == str(stub / "__init__.py"), run.stdout
+
+
+@pytest.mark.timeout(60)
+def test_from_the_root_the_native_libraries_are_the_installed_packages(tmp_path):
+  """jax_smddp/_startup.py finds the MPI ABI and NCCL front-end libraries without importing
+  jax_smddp (as `import jax` loads the front end, before any import of jax_smddp): from the
+  root, the installed package's, not the sources' (which have none)."""
+  site = tmp_path / "site"
+  stub = _install_stub(site, VERSION)
+  for library in ("libsmddp_mpi.so", "libsmddp_nccl.so"):
+    (stub / library).write_text("")
+  probe = ("import importlib.util, sys\n"
+           f"spec = importlib.util.spec_from_file_location('startup', {os.path.join(REPO, 'jax_smddp', '_startup.py')!r})\n"
+           "startup = importlib.util.module_from_spec(spec)\n"
+           "spec.loader.exec_module(startup)\n"
+           "print(startup.library_path(), startup.library_path(startup.NCCL_LIBRARY))\n"
+           "print(importlib.util.find_spec('jax_smddp').origin, 'jax_smddp' in sys.modules)\n")
+  run = _python("-c", probe, pythonpath=site)
+  assert run.returncode == 0, run.stderr[-3000:]
+  libraries, found = run.stdout.splitlines()
+  assert libraries.split() == [str(stub / "libsmddp_mpi.so"), str(stub / "libsmddp_nccl.so")], libraries
+  assert found == f"{os.path.join(REPO, 'jax_smddp', '__init__.py')} False", found  # the sources first
