@@ -112,7 +112,8 @@ def main(argv=None) -> int:
         print(bench.table_header(op, n, baseline=args.baseline), flush=True)
       results += bench.run_benchmark([op], sizes, dtype=args.dtype, iters=iters,
                                      warmup=warmup, devices=devices, report=report,
-                                     mpi4jax=args.mpi4jax, interfaces=args.interface_bytes)
+                                     mpi4jax=args.mpi4jax, interfaces=args.interface_bytes,
+                                     check=args.check > 0)
     topology = smddp.topology()
     if topology is not None:
       topology["gloo_address"] = gloo_address

@@ -13,7 +13,7 @@ import time
 
 from jax_smddp import config
 from jax_smddp.tools.bench import core
-from jax_smddp.tools.bench import nccl_tests
+from jax_smddp.tools.bench import nccl_flags, nccl_tests
 from jax_smddp.tools.bench.compare import compare_main
 from jax_smddp.tools.bench.core import (BASELINES, BYTES_BUDGET, DEFAULT_OPS, MEMCPY_BYTES, OPS,
                                         TIMINGS, Layout, annotate, format_size, memcpy_bandwidth,
@@ -85,20 +85,23 @@ def parse_args(argv=None) -> argparse.Namespace:
                       "stripes its traffic over them. The tables then show the bytes each "
                       "interface sent per call, for jax_smddp and for gloo")
   p.add_argument("--interface-bytes", action="store_true", help=argparse.SUPPRESS)
-  p.add_argument("--timeout", type=float, default=1800,
+  p.add_argument("-T", "--timeout", type=float, default=1800,
                  help="seconds a multi-process job (or the in-process comparison) may take "
                       "before its processes are killed")
   p.add_argument("--ops", default=",".join(DEFAULT_OPS), help=f"comma list from {','.join(OPS)}")
-  p.add_argument("-b", "--min-bytes", type=parse_size, default="4K",
+  p.add_argument("-b", "--min-bytes", "--minbytes", type=parse_size, default="4K",
                  help="smallest size S (nccl-tests' -b: S as nccl-tests counts it per op)")
-  p.add_argument("-e", "--max-bytes", type=parse_size, default="16M",
+  p.add_argument("-e", "--max-bytes", "--maxbytes", type=parse_size, default="16M",
                  help="largest size S (nccl-tests' -e)")
-  p.add_argument("-f", "--step-factor", type=int, default=2,
-                 help="multiplicative step between sizes (nccl-tests' -f)")
-  p.add_argument("--iters", type=int, default=20, help="timed calls per implementation "
+  p.add_argument("-f", "--step-factor", "--stepfactor", type=int, default=2,
+                 help="multiplicative step between sizes (nccl-tests' -f; 1: steps of -i)")
+  p.add_argument("-n", "--iters", type=int, default=20, help="timed calls per implementation "
                  f"(fewer for large sizes: at most {format_size(BYTES_BUDGET)} moved each)")
-  p.add_argument("--warmup", type=int, default=3, help="untimed calls per implementation")
-  p.add_argument("--dtype", default="float32")
+  p.add_argument("-w", "--warmup", "--warmup_iters", type=int, default=3,
+                 help="untimed calls per implementation")
+  p.add_argument("-d", "--dtype", "--datatype", type=nccl_flags.dtype, default="float32",
+                 help="element type: nccl-tests' names (float, half, bfloat16, double, int8, "
+                      "uint8, int32, uint32, int64) or numpy's")
   p.add_argument("--timing", choices=sorted(TIMINGS), default="alternating",
                  help="alternating: one call of each implementation in turn; blocks: 5 calls "
                       "of one back to back, then 5 of the other, ...; barrier: alternating, "
@@ -139,9 +142,11 @@ def parse_args(argv=None) -> argparse.Namespace:
   p.add_argument("--compare", nargs=2, metavar=("A.json", "B.json"), default=None,
                  help="run nothing: compare two result files (B time / A time per op and size) "
                       "and write a comparison PNG (--plot, default bench_results/compare.png)")
+  nccl_flags.add_arguments(p)
   args = p.parse_args(argv)
   if args.compare:
     return args
+  nccl_flags.check(p, args)
   core._timing = args.timing
   core._baseline = args.baseline
   args.ops = [op.strip() for op in args.ops.split(",") if op.strip()]
@@ -153,7 +158,7 @@ def parse_args(argv=None) -> argparse.Namespace:
   if args.iters < 1 or args.warmup < 0 or (args.devices is not None and args.devices < 1):
     p.error("--iters and --devices must be >= 1, --warmup >= 0")
   if args.step_factor < 1:
-    p.error("--step-factor must be >= 1 (1: --min-bytes alone)")
+    p.error("--step-factor must be >= 1 (1: steps of -i/--stepbytes)")
   args.layout_given = args.layout is not None
   if args.layout is None:
     args.layout = Layout(1, 1, args.devices or DEFAULT_DEVICES)
@@ -195,7 +200,7 @@ def worker_options(args) -> list[str]:
   """The options a multi-process worker (or the in-process comparison) runs with."""
   opts = ["--ops", ",".join(args.ops), "--min-bytes", str(args.min_bytes),
           "--max-bytes", str(args.max_bytes), "--step-factor", str(args.step_factor),
-          "--iters", str(args.iters),
+          "--stepbytes", str(args.stepbytes), "--check", str(args.check), "--iters", str(args.iters),
           "--warmup", str(args.warmup), "--dtype", args.dtype, "--timing", args.timing,
           "--baseline", args.baseline]
   return opts + (["--quick"] if args.quick else []) + (["--mpi4jax"] if args.mpi4jax else [])
@@ -228,7 +233,7 @@ def set_device_count(n: int) -> None:
 
 
 def selected_sizes(args) -> list[int]:
-  sizes = nccl_tests.sweep(args.min_bytes, args.max_bytes, args.step_factor)
+  sizes = nccl_tests.sweep(args.min_bytes, args.max_bytes, args.step_factor, args.stepbytes)
   if args.quick:  # every 4th size, always including the largest
     sizes = sorted(set(sizes[::-4]))
   return sizes
@@ -255,8 +260,7 @@ def print_preamble(meta: dict, iters: int, warmup: int) -> None:
           f"{len(topo.get('network_peers', []))} peer processes of process 0; "
           + ("jax.lax on gloo (TCP)" if meta.get("baseline", "lax") == "lax" else
              "the baseline is jax_smddp again") + "; times are "
-          + ("the medians of each call's slowest process" if meta.get("statistic") == "slowest"
-             else "process 0's medians"))
+          + meta.get("statistic", "process 0's medians"))
   if meta.get("link"):
     link = meta["link"]
     capped = f", capped at {meta['link_rate']} each way" if meta.get("link_rate") else ""
@@ -282,6 +286,15 @@ def print_preamble(meta: dict, iters: int, warmup: int) -> None:
     print("# baseline self: 'again' is a second compiled copy of jax_smddp's program, timed "
           "alternating with the first; its true speedup is 1.0, so each row's distance from 1.0 "
           "is what this machine's noise alone gives")
+
+
+def statistic(args, processes: int) -> str:
+  """What a multi-process row's time is (the tables' headers, JSON meta.statistic)."""
+  if args.slowest:
+    return "the median of each call's slowest process (--slowest)"
+  default = ", nccl-tests' default" if args.average == 1 else ""
+  return (f"{nccl_flags.AVERAGE[args.average]} median per call, of {processes} processes "
+          f"(-a {args.average}{default})")
 
 
 def read_nccl_logs(args) -> list[dict]:
@@ -432,12 +445,14 @@ def run_multi_process(args, logs: list[dict]) -> int:
 def report_multi_process(args, layout: Layout, per_process: list[list[dict]], meta: dict,
                          logs: list[dict], in_process: list[dict] | None = None,
                          link: dict | None = None, lax_note: str = " (gloo)") -> list[dict]:
-  """Merges every process's rows (process 0's times, or --slowest's; each call after its last
-  arrival; #wrong summed over the processes), prints the tables and writes the outputs."""
+  """Merges every process's rows (times taken over the processes as -a says, or --slowest's;
+  each call after its last arrival; #wrong summed over the processes), prints the tables and
+  writes the outputs."""
   iters, warmup = iters_warmup(args)
-  results = per_process[0]
   if args.slowest:
     results = core.slowest_process(per_process, layout.devices)
+  else:
+    results = nccl_flags.over_processes(per_process, layout.devices, args.average)
   core.after_arrival(per_process, results)
   core.sum_wrong(per_process, results)
   if in_process is not None:
@@ -456,7 +471,7 @@ def report_multi_process(args, layout: Layout, per_process: list[list[dict]], me
     annotate(r, layout, predict=args.predict, memcpy_gbs=meta["memcpy_gbs"], link_gbs=link_gbs,
              burst_bytes=burst)
     core.nccl_row(r, layout.devices, args.dtype, layout.processes)
-  meta["statistic"] = "slowest" if args.slowest else "process 0"
+  meta["statistic"] = statistic(args, layout.processes)
   if args.predict:
     meta["model"] = model_meta()
   if in_process is not None:
@@ -468,11 +483,11 @@ def report_multi_process(args, layout: Layout, per_process: list[list[dict]], me
           "devices in one process (< 2: the target)")
   for op in args.ops:
     print()
-    print(nccl_table(op, results, args.baseline, lax_note))
+    print(nccl_table(op, results, args.baseline, lax_note, meta["statistic"]))
     print()
     print(table_header(op, layout.devices, ratio=in_process is not None, lax_note=lax_note,
                        model=args.predict, mpi=args.mpi4jax, memcpy=True, link=link is not None,
-                       baseline=args.baseline))
+                       baseline=args.baseline, statistic=meta["statistic"]))
     for r in results:
       if r["op"] == op:
         print(table_row(r))
@@ -593,7 +608,7 @@ def main(argv=None) -> int:
     print()
     print(table_header(op, n, model=args.predict, memcpy=True, baseline=args.baseline))
     rows = run_benchmark([op], sizes, dtype=args.dtype, iters=iters, warmup=warmup,
-                         devices=devices, report=report)
+                         devices=devices, report=report, check=args.check > 0)
     for r in rows:
       core.nccl_row(r, n, args.dtype)
     results += rows

@@ -228,9 +228,9 @@ def host_input(nbytes: int, n: int, dtype, seed: int = 0) -> np.ndarray:
   """The host data of make_input: n blocks of nbytes, distinct values."""
   dtype = to_dtype(dtype)
   count = nbytes // dtype.itemsize
-  if count == 0 or count * dtype.itemsize != nbytes or count % n:
-    raise ValueError(f"{nbytes} bytes per rank is not a whole number of {n} blocks of "
-                     f"{dtype.name}; choose sizes that are multiples of {n * dtype.itemsize}.")
+  if count * dtype.itemsize != nbytes:
+    raise ValueError(f"{nbytes} bytes per rank is no whole number of {dtype.name} elements "
+                     f"({dtype.itemsize} bytes each)")
   rng = np.random.default_rng(seed)
   if is_float(dtype):
     host = rng.standard_normal(n * count, dtype=np.float32).astype(dtype)
@@ -256,6 +256,9 @@ def numpy_reference(op: str, host: np.ndarray, n: int) -> np.ndarray:
     total = blocks.astype(wide).sum(0).astype(host.dtype) if host.dtype != np.bool_ else blocks.any(0)
     return np.tile(total, n)
   if op == "all_to_all":
+    if blocks.shape[1] % n:
+      raise ValueError(f"all_to_all: {blocks.shape[1]} elements per rank do not split into "
+                       f"{n} blocks (nccl-tests' sizes always do: nccl_tests.round_size)")
     parts = blocks.reshape(n, n, -1)  # [sender, receiver, :]
     return parts.transpose(1, 0, 2).reshape(-1)
   raise ValueError(op)
@@ -534,8 +537,9 @@ def nccl_row(r: dict, n: int, dtype, processes: int = 1) -> dict:
 def sum_wrong(per_process: list[list[dict]], rows: list[dict]) -> list[dict]:
   """Each of `rows` gets the wrong elements of every process's shards, summed ("wrong")."""
   for r, prows in zip(rows, zip(*per_process)):
-    r["wrong"] = {impl: sum((q.get("wrong") or {}).get(impl, 0) for q in prows)
-                  for impl in ("smddp", "lax")}
+    counts = {impl: [(q.get("wrong") or {}).get(impl, 0) for q in prows]
+              for impl in ("smddp", "lax")}
+    r["wrong"] = {impl: None if None in c else sum(c) for impl, c in counts.items()}  # -c 0
   return rows
 
 
@@ -555,11 +559,13 @@ def slowest_process(per_process: list[list[dict]], n: int) -> list[dict]:
     for impl in r["samples_us"]:
       calls = [max(row["samples_us"][impl][k] for row in rows)
                for k in range(min(len(row["samples_us"][impl]) for row in rows))]
+      if not calls:  # a baseline not run (0 bytes)
+        continue
       t = statistics.median(calls) / 1e6
       r[impl] = {**r[impl], **bandwidths(spec, r["bytes_per_rank"], n, t), "min_us": min(calls)}
       r["samples_us"][impl] = calls
       r["process_medians_us"][impl] = [row[impl]["time_us"] for row in rows]
-    r["speedup"] = r["lax"]["time_us"] / r["smddp"]["time_us"]
+    r["speedup"] = r["lax"]["time_us"] / r["smddp"]["time_us"] if r["lax"]["time_us"] else None
     if "mpi4jax" in r:
       r["vs_mpi4jax"] = r["mpi4jax"]["time_us"] / r["smddp"]["time_us"]
     r["statistic"] = "slowest process per call"
@@ -581,8 +587,8 @@ def after_arrival(per_process: list[list[dict]], rows: list[dict]) -> list[dict]
   peer that came late, which the previous call (of either library) and the scheduler decide,
   and keeps all that the library does once every process is in it."""
   for r, prows in zip(rows, zip(*per_process)):
-    if not all("starts_us" in q for q in prows):
-      continue
+    if not all("starts_us" in q for q in prows) or not all(r["samples_us"].values()):
+      continue  # a baseline not run (0 bytes) has no calls
     aa = {}
     for impl in r["samples_us"]:
       spans, skews = [], []
@@ -707,11 +713,14 @@ def _us(seconds: list[float]) -> list[float]:
 def run_benchmark(ops, sizes, *, dtype="float32", iters: int = 20, warmup: int = 3,
                   devices=None, report: Callable[[dict], None] | None = None,
                   timing: str | None = None, mpi4jax: bool = False,
-                  baseline: str | None = None, interfaces: bool = False) -> list[dict]:
-  """Benchmarks `ops` at each size in `sizes`: S as nccl-tests defines it per op
-  (nccl_tests.py: all_gather's whole output, the others' per-rank input), rounded down to what
-  the ranks split evenly; returns one dict per (op, size) as in the JSON "results" list
-  ("bytes_per_rank": one rank's input). `devices` defaults to all CPU devices.
+                  baseline: str | None = None, interfaces: bool = False,
+                  check: bool = True) -> list[dict]:
+  """Benchmarks `ops` at each size in `sizes` (nccl-tests' -b/-e/-f/-i sweep): one row per size,
+  of the size S nccl-tests prints for it (nccl_tests.round_size: all_gather's whole output,
+  the others' per-rank input, each op's blocks rounded as nccl-tests rounds them; a size
+  rounded to one already run runs again, as nccl-tests does); returns one dict per row as in
+  the JSON "results" list ("bytes_per_rank": one rank's input). `check` False (-c 0) skips the
+  answers' check ("wrong" None). `devices` defaults to all CPU devices.
   `report` is called with each result as it is ready (e.g. to print a row).
   `mpi4jax`: also time mpi4jax (the job runs under mpirun, one device per
   process), alternating with the others ("mpi4jax", "vs_mpi4jax").
@@ -742,25 +751,29 @@ def run_benchmark(ops, sizes, *, dtype="float32", iters: int = 20, warmup: int =
     mpi_fn = build_mpi4jax_program(op, mesh) if mpi4jax else None
     fns = (smddp_fn, lax_fn) + ((mpi_fn,) if mpi_fn is not None else ())
     itemsize = to_dtype(dtype).itemsize
-    per_rank = [nccl_tests.input_bytes(op, nccl_tests.round_size(op, s, n, itemsize), n)
-                for s in sizes]
-    for nbytes in sorted(set(b for b in per_rank if b > 0)):
+    per_rank = [nccl_tests.input_bytes(op, size, n)
+                for size in nccl_tests.row_sizes(op, sizes, n, itemsize)]
+    for nbytes in per_rank:
       x = make_input(nbytes, n, dtype, mesh)
-      want = numpy_reference(op, host_input(nbytes, n, dtype), n)
+      want = numpy_reference(op, host_input(nbytes, n, dtype), n) if check else None
       where = f"jax_smddp {op} ({format_size(nbytes)}/rank, {to_dtype(dtype).name})"
       got = smddp_fn(x)
-      wrong = count_wrong(dtype, got, want)  # nccl-tests' #wrong; a wrong answer still stops
+      # nccl-tests' #wrong (None: not checked, -c 0); a wrong answer still stops
+      wrong = count_wrong(dtype, got, want) if check else None
       if wrong:
         bad = wrong_shards(dtype, got, want)
         raise AssertionError(f"{where} differs from numpy in {wrong} elements of this "
                              "process's shards: " + "; ".join(bad))
-      if mpi_fn is not None:
+      if mpi_fn is not None and check:
         mpi_bad = wrong_shards(dtype, mpi_fn(x), want)
         if mpi_bad:
           raise AssertionError(f"mpi4jax {op} ({format_size(nbytes)}/rank) differs from numpy: "
                                + "; ".join(mpi_bad))
-      got_lax = lax_fn(x)
-      lax_wrong = count_wrong(dtype, got_lax, want)
+      # nccl-tests' rounding can leave a row 0 bytes, which jax.lax's all_gather and
+      # reduce_scatter cannot lower: the row's baseline is then not run (N/A).
+      run = [fn for fn in fns if fn is smddp_fn or nbytes or _lowers(fn, x)]
+      got_lax = lax_fn(x) if lax_fn in run else None
+      lax_wrong = count_wrong(dtype, got_lax, want) if check and got_lax is not None else None
       lax_bad = wrong_shards(dtype, got_lax, want) if lax_wrong else []
       if lax_bad and baseline == "self":
         raise AssertionError(f"{where}, its second program, differs from numpy: "
@@ -770,22 +783,27 @@ def run_benchmark(ops, sizes, *, dtype="float32", iters: int = 20, warmup: int =
                     "is right): %s", op, format_size(nbytes), "; ".join(lax_bad))
       k = iters_for(n * nbytes * spec.total_factor(n), iters)
       for _ in range(warmup):  # here, so that the phases count the timed calls alone
-        for fn in fns:
+        for fn in run:
           fn(x).block_until_ready()
       before = meter.read()
       phases = call_phases(op) if across else None
-      starts, cpu = [[] for _ in fns], [[] for _ in fns]
-      sent = [{} for _ in fns] if interfaces else None
-      samples = TIMINGS[timing](fns, x, k, 0, starts=starts, cpu=cpu, sent=sent)
+      starts, cpu = [[] for _ in run], [[] for _ in run]
+      sent = [{} for _ in run] if interfaces else None
+      samples = TIMINGS[timing](run, x, k, 0, starts=starts, cpu=cpu, sent=sent)
       after = meter.read()
-      t_smddp, t_lax = (statistics.median(s) for s in samples[:2])
+      if lax_fn not in run:  # N/A: no samples
+        for lists, empty in ((samples, []), (starts, []), (cpu, []), (sent, {})):
+          if lists is not None:
+            lists.insert(1, empty)
+      t_smddp, t_lax = (statistics.median(s) if s else None for s in samples[:2])
       result = {
           "op": op, "bytes_per_rank": nbytes, "iters": k, "warmup": warmup,
           "engine": uses_engine(smddp_fn, x, spec.target),
-          "baseline_engine": uses_engine(lax_fn, x, spec.target),
+          "baseline_engine": uses_engine(lax_fn, x, spec.target) if t_lax else None,
           "smddp": {**bandwidths(spec, nbytes, n, t_smddp), "min_us": min(samples[0]) * 1e6},
-          "lax": {**bandwidths(spec, nbytes, n, t_lax), "min_us": min(samples[1]) * 1e6},
-          "speedup": t_lax / t_smddp,
+          "lax": {**bandwidths(spec, nbytes, n, t_lax), "min_us": min(samples[1]) * 1e6}
+                 if t_lax else {"time_us": None, "algbw_gbs": None, "busbw_gbs": None},
+          "speedup": t_lax / t_smddp if t_lax else None,
           "lax_wrong": bool(lax_bad),
           "wrong": {"smddp": wrong, "lax": lax_wrong},  # this process's shards
           "baseline_name": baseline,
@@ -803,7 +821,7 @@ def run_benchmark(ops, sizes, *, dtype="float32", iters: int = 20, warmup: int =
       if phases is not None:  # the timed calls'; process 0's when printed
         result["smddp_phases"] = phase_means(phases, call_phases(op))
         result["smddp"]["mean_us"] = statistics.mean(samples[0]) * 1e6
-      if mpi_fn is not None:
+      if mpi_fn is not None and mpi_fn in run:
         t_mpi = statistics.median(samples[2])
         result["mpi4jax"] = {**bandwidths(spec, nbytes, n, t_mpi), "min_us": min(samples[2]) * 1e6}
         result["vs_mpi4jax"] = t_mpi / t_smddp
@@ -815,6 +833,14 @@ def run_benchmark(ops, sizes, *, dtype="float32", iters: int = 20, warmup: int =
         report(result)
       del x
   return results
+
+
+def _lowers(fn, x) -> bool:
+  try:
+    fn.lower(x)
+    return True
+  except Exception:  # noqa: BLE001 (a lowering error of any kind; mpi4jax's has no lower)
+    return False
 
 
 def metadata(layout: "Layout | int", dtype: str, memcpy_gbs: float,
@@ -925,7 +951,7 @@ def annotate(r: dict, layout: "Layout", predict: bool = False, machine=None,
   `predict`, the cost model's prediction ("prediction"; smddp "predicted_us")."""
   from jax_smddp import tuning
   samples = r.get("samples_us") or {}
-  if "smddp" in samples and "lax" in samples:
+  if samples.get("smddp") and samples.get("lax"):
     r["speedup_interval"] = speedup_interval(samples["smddp"], samples["lax"])
   if memcpy_gbs:
     r["memcpy_us"] = memcpy_us(r["op"], r["bytes_per_rank"], layout, memcpy_gbs)
@@ -938,7 +964,7 @@ def annotate(r: dict, layout: "Layout", predict: bool = False, machine=None,
     if burst_bytes:
       r["link_floor_us"] = link_us(r["op"], r["bytes_per_rank"], layout, link_gbs, burst_bytes)
     r["smddp"]["vs_link"] = r["link_us"] / r["smddp"]["time_us"]
-    r["lax"]["vs_link"] = r["link_us"] / r["lax"]["time_us"]
+    r["lax"]["vs_link"] = r["link_us"] / r["lax"]["time_us"] if r["lax"]["time_us"] else None
   lay = model_layout(layout)
   choice = tuning.choose(r["op"], r["bytes_per_rank"], lay)
   r["choice"] = {"algorithm": choice.algorithm, "chunk_bytes": choice.chunk_bytes,

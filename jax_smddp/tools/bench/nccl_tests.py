@@ -62,6 +62,23 @@ def size_of(op: str, input_bytes_per_rank: int, n: int) -> int:
   return n * input_bytes_per_rank if op == "all_gather" else input_bytes_per_rank
 
 
+def coll_counts(op: str, nbytes: int, n: int, itemsize: int) -> tuple[int, int, int]:
+  """nccl-tests' GetCollByteCount for a -b/-e/-f/-i size of `nbytes`: (sendcount, recvcount,
+  paramcount) in elements, from count = nbytes // itemsize. AllReduce takes count as given;
+  AllGather, ReduceScatter and AlltoAll split it into n blocks of `base` elements, base =
+  count // n rounded down to whole 16 bytes (src/all_gather.cu, reduce_scatter.cu,
+  alltoall.cu since December 2024; from 2022 to then base was rounded to 4 elements, the same
+  for 4-byte types)."""
+  total = nbytes // itemsize
+  if op == "all_reduce":
+    return total, total, total
+  if op not in NAMES:
+    raise ValueError(f"unknown op {op!r}; choose from {', '.join(NAMES)}")
+  base = (total // n) & ~(max(1, 16 // itemsize) - 1)
+  return {"all_gather": (base, n * base, base), "reduce_scatter": (n * base, base, base),
+          "all_to_all": (n * base, n * base, base)}[op]
+
+
 def count(op: str, size: int, n: int, itemsize: int) -> int:
   """nccl-tests' count column for a row of size S (B) of `itemsize`-byte elements."""
   elements = size // itemsize
@@ -69,22 +86,30 @@ def count(op: str, size: int, n: int, itemsize: int) -> int:
 
 
 def round_size(op: str, size: int, n: int, itemsize: int) -> int:
-  """The largest S <= size that n ranks can split evenly, every rank's input a whole number of
-  n blocks of elements (what the benchmark's answer check needs; nccl-tests also rounds down)."""
-  per_rank = input_bytes(op, size, n) // (n * itemsize) * (n * itemsize)
-  return size_of(op, per_rank, n)
+  """The size S nccl-tests prints for a -b/-e/-f/-i size: max(sendcount, recvcount) x
+  itemsize (src/common.cu, TimeTest); 0 where a rank's block rounds to nothing, as nccl-tests
+  prints then too."""
+  send, recv, _ = coll_counts(op, size, n, itemsize)
+  return max(send, recv) * itemsize
 
 
-def sweep(min_bytes: int, max_bytes: int, factor: int = 2) -> list[int]:
-  """nccl-tests' -b/-e/-f sizes: min_bytes, then x factor while <= max_bytes (factor 1 or less:
-  min_bytes alone, as nccl-tests' -f does not step)."""
+def sweep(min_bytes: int, max_bytes: int, factor: int = 2, step: int = 1 << 20) -> list[int]:
+  """nccl-tests' -b/-e/-f/-i sizes (src/common.cu, TimeTest): min_bytes, then x factor (factor
+  above 1) or + step (factor 1 or less, nccl-tests' default; step 1M as its -i) while <=
+  max_bytes."""
+  if factor <= 1 and step < 1:
+    raise ValueError("a step (-i) of at least 1 byte is needed when -f is 1")
   sizes, size = [], max(1, min_bytes)
   while size <= max_bytes:
     sizes.append(size)
-    if factor <= 1:
-      break
-    size *= factor
+    size = size * factor if factor > 1 else size + step
   return sizes
+
+
+def row_sizes(op: str, sizes: list[int], n: int, itemsize: int) -> list[int]:
+  """The sizes S of nccl-tests' rows for the sweep `sizes`: one per size, in order, a size
+  repeated where rounding makes two equal (nccl-tests prints and times each)."""
+  return [round_size(op, s, n, itemsize) for s in sizes]
 
 
 def figures(op: str, size: int, n: int, seconds: float) -> dict:

@@ -23,12 +23,13 @@ _LINK = (("link us", 10), ("vs link", 8), ("lax vs link", 13))
 
 def table_header(op: str, n: int, ratio: bool = False, lax_note: str = "",
                  model: bool = False, mpi: bool = False, memcpy: bool = False,
-                 link: bool = False, baseline: str = "lax") -> str:
+                 link: bool = False, baseline: str = "lax", statistic: str | None = None) -> str:
+  """The table's three header lines; `statistic`: what a multi-process row's time is."""
   short = baseline_short(baseline)
   if baseline != "lax":
     lax_note = ""
   title = (f"# {op}: {n} ranks; size = input bytes per rank; "
-           "time = median us per call; bw in GB/s")
+           f"time = {statistic or 'median'} us per call; bw in GB/s")
   span = lambda cols: sum(_WIDTHS[i] + 2 for i in cols) - 2
   groups = (f"{'':{_WIDTHS[0]}}  {' jax_smddp ':-^{span((1, 2, 3))}}  "
             f"{f' {BASELINES[baseline]}{lax_note} ':-^{span((4, 5))}}")
@@ -47,10 +48,12 @@ def table_header(op: str, n: int, ratio: bool = False, lax_note: str = "",
   return "\n".join((title, groups, cols))
 
 
-def nccl_table(op: str, results: list[dict], baseline: str = "lax", lax_note: str = "") -> str:
+def nccl_table(op: str, results: list[dict], baseline: str = "lax", lax_note: str = "",
+               statistic: str | None = None) -> str:
   """`op`'s rows (core.nccl_row's fields) in nccl-tests' columns: size, count, type, redop,
   root, jax_smddp's out-of-place time, algbw, busbw, #wrong, the in-place group (N/A: not run),
-  the baseline's four, and speedup = baseline time / jax_smddp time."""
+  the baseline's four, and speedup = baseline time / jax_smddp time. `statistic`: what a
+  multi-process row's time is (cli.statistic), said in the title."""
   rows = [r for r in results if r["op"] == op]
   if not rows:
     return ""
@@ -58,15 +61,21 @@ def nccl_table(op: str, results: list[dict], baseline: str = "lax", lax_note: st
   name = BASELINES[baseline] + (lax_note if baseline == "lax" else "")
   lines = [f"# {op} ({nccl_tests.NAMES[op][0]}), nccl-tests' columns: {r0['ranks']} ranks in "
            f"{r0['processes']} process{'es' if r0['processes'] > 1 else ''}; size = S as "
-           "nccl-tests counts it (bytes), count in elements; in-place N/A: not run (see --help)",
+           "nccl-tests counts it (bytes), count in elements; in-place N/A: not run (see --help)"
+           + (f"; time = {statistic} (us)" if statistic else ""),
            nccl_tests.header(["out-of-place", "in-place", name], [("speedup", "", 7)])]
   for r in rows:
     ours = {"time": r["time"], "algbw": r["algbw"], "busbw": r["busbw"], "#wrong": r["#wrong"]}
     base = {"time": r["baseline_time"], "algbw": r["baseline_algbw"],
             "busbw": r["baseline_busbw"], "#wrong": r["baseline_#wrong"]}
-    speedup = f"{r['speedup']:.2f}" + ("" if r.get("engine", True) else "*")
+    speedup = _ratio(r["speedup"]) + ("" if r.get("engine", True) else "*")
     lines.append(nccl_tests.row(r, [ours, None, base], [(speedup, 7)]))
   return "\n".join(lines)
+
+
+def _ratio(v: float | None, digits: int = 2) -> str:
+  """A figure, or N/A where it was not measured (a 0-byte row's baseline)."""
+  return "N/A" if v is None else f"{v:.{digits}f}"
 
 
 def _range(iv: list[float] | None) -> str:
@@ -76,8 +85,8 @@ def _range(iv: list[float] | None) -> str:
 def table_row(r: dict) -> str:
   s, l = r["smddp"], r["lax"]
   cells = (format_size(r["bytes_per_rank"]), f"{s['time_us']:.1f}", f"{s['algbw_gbs']:.3f}",
-           f"{s['busbw_gbs']:.3f}", f"{l['time_us']:.1f}", f"{l['busbw_gbs']:.3f}",
-           f"{r['speedup']:.2f}" + ("" if r["engine"] else "*"), _range(r.get("speedup_interval")))
+           f"{s['busbw_gbs']:.3f}", _ratio(l["time_us"], 1), _ratio(l["busbw_gbs"], 3),
+           _ratio(r["speedup"]) + ("" if r["engine"] else "*"), _range(r.get("speedup_interval")))
   row = "  ".join(f"{c:>{w}}" for c, w in zip(cells, _WIDTHS))
   if "mpi4jax" in r:
     cells = (f"{r['mpi4jax']['time_us']:.1f}", f"{r['vs_mpi4jax']:.2f}")
@@ -87,10 +96,10 @@ def table_row(r: dict) -> str:
     row += "".join(f"  {c:>{w}}" for c, (_, w) in zip(cells, _MEMCPY))
   if "link_us" in r:
     # b: faster than the link, but no faster than a full token bucket allows (link_floor_us).
-    marks = ["b" if v["vs_link"] > 1.0 and v["time_us"] >= r.get("link_floor_us", r["link_us"])
-             else "" for v in (s, l)]
+    marks = ["b" if v["vs_link"] and v["vs_link"] > 1.0
+             and v["time_us"] >= r.get("link_floor_us", r["link_us"]) else "" for v in (s, l)]
     cells = (f"{r['link_us']:.1f}", f"{s['vs_link']:.2f}{marks[0]}",
-             f"{l['vs_link']:.2f}{marks[1]}")
+             f"{_ratio(l['vs_link'])}{marks[1]}")
     row += "".join(f"  {c:>{w}}" for c, (_, w) in zip(cells, _LINK))
   if "vs_in_process" in r:
     ratio = r["vs_in_process"]
@@ -185,7 +194,7 @@ def write_plot(path: str, meta: dict, results: list[dict]) -> None:
     rows = [r for r in results if r["op"] == op]
     sizes = [r["bytes_per_rank"] for r in rows]
     for impl, style in (("smddp", "o-"), ("lax", "s--")):
-      ax.plot(sizes, [r[impl]["busbw_gbs"] for r in rows], style,
+      ax.plot(sizes, [r[impl]["busbw_gbs"] or float("nan") for r in rows], style,
               label="jax_smddp" if impl == "smddp" else BASELINES[meta.get("baseline", "lax")])
     if any(r.get("prediction") for r in rows):  # busbw scales as 1 / time
       pred = [(r["bytes_per_rank"], r["smddp"]["busbw_gbs"] * r["smddp"]["time_us"] /
