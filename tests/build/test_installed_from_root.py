@@ -23,7 +23,7 @@ REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)
 with open(os.path.join(REPO, "pyproject.toml"), "rb") as _f:
   VERSION = tomllib.load(_f)["project"]["version"]
 
-# The stub's submodule: what `python -m jax_smddp.probe` runs, and what a spawned
+# The stub's submodule `probe`: what `python -m` runs below, and what a spawned
 # multiprocessing worker imports again (its __main__).
 PROBE = textwrap.dedent("""
     import multiprocessing, sys
