@@ -25,10 +25,12 @@ from jax_smddp.tools.bench.output import (arrival_table, nccl_table, phases_tabl
 
 DEFAULT_DEVICES = 8  # one process's CPU devices
 _EPILOG = """\
-Sizes and columns follow nccl-tests (doc/PERFORMANCE.md): the sweep -b/-e/-f runs sizes S as
-nccl-tests defines them per op (all_gather: the whole output, n x one rank's input;
-reduce_scatter: the whole input, n x one rank's output; all_reduce: the buffer; all_to_all: one
-rank's buffer), so rows line up with nccl-tests' rows; count is nccl-tests' count column
+Sizes and columns follow nccl-tests (doc/PERFORMANCE.md): the sweep -b/-e/-f/-i gives the rows
+nccl-tests prints, one per size, of the size S it prints for it (all_gather: the whole output,
+n x one rank's input; reduce_scatter: the whole input, n x one rank's output; all_reduce: the
+buffer; all_to_all: one rank's buffer), its blocks rounded as nccl-tests rounds them (each
+rank's block a whole 16 bytes; all_reduce's buffer as given: a row may be 0 bytes, or repeat
+one, as nccl-tests' do), so rows line up with nccl-tests' rows; count is nccl-tests' count column
 (all_gather: one rank's input elements; reduce_scatter: one rank's output elements; all_reduce:
 the buffer's; all_to_all: one rank's block for one peer). algbw = S / time; busbw = algbw x
 (n-1)/n (x 2(n-1)/n for all_reduce). #wrong counts the output elements that differ from numpy's
@@ -43,9 +45,12 @@ JAX_PROCESS_ID: jax_smddp.job), e.g.
     mpirun -n 2 python -m jax_smddp.tools.bench --ops all_gather,all_reduce -b 64K -e 1M
     srun -n 16 python -m jax_smddp.tools.bench -b 1M -e 256M --csv bench.csv
 every process is a worker of that job (no --layout, no processes of its own); process 0
-prints the tables and writes --json/--csv. Times are medians over the calls, process 0's (or
-with --slowest each call's slowest process's); nccl-tests' own default (-a 1) is the mean over
-the iterations, averaged over the ranks. On CPU --devices is then the devices of each process
+prints the tables and writes --json/--csv. A row's time is each process's median over the calls,
+averaged over the processes as nccl-tests' default -a 1 averages its ranks' (-a 0: process
+0's, -a 2: the least, -a 3: the largest; --slowest: the median of each call's slowest
+process); nccl-tests' own per-rank figure is the mean over the iterations. Every flag of
+nccl-tests is read: honoured (-b -e -f -i -n -w -c -d -o sum -a -T -r -C, -g 1 and -t 1) or
+refused with the reason. On CPU --devices is then the devices of each process
 (default 1: a process per device, as one process per GPU); on GPUs (JAX_PLATFORMS=cuda) each
 process benchmarks the one GPU its launcher gave it.
 """
