@@ -298,7 +298,7 @@ def statistic(args, processes: int) -> str:
   if args.slowest:
     return "the median of each call's slowest process (--slowest)"
   default = ", nccl-tests' default" if args.average == 1 else ""
-  return (f"{nccl_flags.AVERAGE[args.average]} median per call, of {processes} processes "
+  return (f"{nccl_flags.AVERAGE[args.average]} per call, of {processes} processes "
           f"(-a {args.average}{default})")
 
 

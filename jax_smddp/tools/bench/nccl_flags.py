@@ -28,8 +28,8 @@ _NO_DTYPE = {
 _FLOAT8 = "jax_smddp's engine has no 8-bit float types (nccl-tests' f8e4m3, f8e5m2)"
 
 # -a / --average: nccl-tests' Allreduce of each rank's time (src/common.cu, BenchTime).
-AVERAGE = {0: "process 0's", 1: "the mean over the processes", 2: "the least of the processes'",
-           3: "the largest of the processes'"}
+AVERAGE = {0: "process 0's median", 1: "the mean of the processes' medians",
+           2: "the least of the processes' medians", 3: "the largest of the processes' medians"}
 
 HONOURED = ("-b/--minbytes", "-e/--maxbytes", "-f/--stepfactor", "-i/--stepbytes", "-n/--iters",
             "-w/--warmup_iters", "-c/--check", "-d/--datatype", "-o/--op", "-a/--average",
@@ -182,6 +182,6 @@ def over_processes(per_process: list[list[dict]], n: int, average: int) -> list[
     r["speedup"] = r["lax"]["time_us"] / r["smddp"]["time_us"] if r["lax"]["time_us"] else None
     if "mpi4jax" in r:
       r["vs_mpi4jax"] = r["mpi4jax"]["time_us"] / r["smddp"]["time_us"]
-    r["statistic"] = f"-a {average}: {AVERAGE[average]} median per call"
+    r["statistic"] = f"-a {average}: {AVERAGE[average]} per call"
     out.append(r)
   return out

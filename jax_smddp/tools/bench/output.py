@@ -29,7 +29,7 @@ def table_header(op: str, n: int, ratio: bool = False, lax_note: str = "",
   if baseline != "lax":
     lax_note = ""
   title = (f"# {op}: {n} ranks; size = input bytes per rank; "
-           f"time = {statistic or 'median'} us per call; bw in GB/s")
+           f"time = {statistic or 'the median per call'} (us); bw in GB/s")
   span = lambda cols: sum(_WIDTHS[i] + 2 for i in cols) - 2
   groups = (f"{'':{_WIDTHS[0]}}  {' jax_smddp ':-^{span((1, 2, 3))}}  "
             f"{f' {BASELINES[baseline]}{lax_note} ':-^{span((4, 5))}}")
