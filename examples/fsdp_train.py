@@ -144,7 +144,7 @@ def parse_args(argv=None) -> argparse.Namespace:
                       "*after_optimizations.txt); jax_smddp's collectives show there as "
                       "custom calls smddp_*, XLA's own as all-gather, all-reduce, ...")
   c.add_argument("--no-progress", action="store_true", help="print lines instead of a bar")
-  c.add_argument("--log-every", type=int, default=25, help="steps between lines (no bar)")
+  c.add_argument("--log-every", type=int, default=25, help="steps between lines (no bar; 0: none)")
   return p.parse_args(argv)
 
 
@@ -214,7 +214,7 @@ class Progress:
     if self.bar is not None:
       self.bar.set_postfix_str("  ".join(f"{k} {v}" for k, v in fields.items()), refresh=False)
       self.bar.update(1)
-    elif step % self.every == 0 or step == 1:
+    elif self.every and (step % self.every == 0 or step == 1):
       print(f"step {step:5d}  " + "  ".join(f"{k} {v}" for k, v in fields.items()), flush=True)
 
   def close(self) -> None:
@@ -380,8 +380,8 @@ def main(argv=None) -> dict:
   smddp_job.initialize(job)
   processes = job.processes if job else 1
   lead = job is None or job.lead  # the process that reports
-  if not lead:
-    args.no_progress, args.log_every = True, 10**9
+  if not lead:  # no bar and no step lines (0: none, not even step 1's)
+    args.no_progress, args.log_every = True, 0
   if args.style == "jit":
     unsupported = [flag for flag, on in (("--prefetch", args.prefetch), ("--offload", args.offload),
                                          ("--remat", args.remat != "none"),

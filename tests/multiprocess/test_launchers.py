@@ -90,6 +90,9 @@ def test_the_example_under_mpirun_is_one_job_equal_to_its_own_launcher(tmp_path,
     run = subprocess.run(command, cwd=tmp_path, env=env, capture_output=True, text=True,
                          timeout=120)
     assert run.returncode == 0, f"{launcher}: {run.stdout[-3000:]}{run.stderr[-3000:]}"
+    # Only the lead process prints step lines (--log-every 1: one per step, 6 in all).
+    steps = [l for l in run.stdout.splitlines() if l.startswith("step ")]
+    assert len(steps) == 6, (launcher, steps)
     runs[launcher] = _summary(run.stdout)
   own = runs["environment"]
   for launcher, got in runs.items():
