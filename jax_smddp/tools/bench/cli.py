@@ -303,8 +303,9 @@ def statistic(args, processes: int) -> str:
 
 
 def read_nccl_logs(args) -> list[dict]:
-  """The --nccl-tests logs, read before anything runs (a bad path fails at once)."""
-  return [nccl_tests.read_log(spec) for spec in args.nccl_tests]
+  """The --nccl-tests logs' tables (one per collective and rank count in each log), read before
+  anything runs (a bad path fails at once)."""
+  return [table for spec in args.nccl_tests for table in nccl_tests.read_logs(spec)]
 
 
 def print_nccl_comparison(args, meta: dict, results: list[dict], logs: list[dict]) -> None:
@@ -313,8 +314,9 @@ def print_nccl_comparison(args, meta: dict, results: list[dict], logs: list[dict
   if not logs:
     return
   pairs = nccl_tests.compare(results, logs)
-  meta["nccl_tests"] = {"logs": [{"path": g["path"], "op": g["op"], "ranks": g["ranks"],
-                                  "rows": len(g["rows"])} for g in logs],
+  meta["nccl_tests"] = {"logs": [{"path": g["path"], "line": g["line"], "op": g["op"],
+                                  "ranks": g["ranks"], "rows": len(g["rows"]), "runs": g["runs"]}
+                                 for g in logs],
                         "comparison": pairs,
                         "definition": "busbw_vs_nccl_tests = our busbw / theirs; "
                                       "time_vs_nccl_tests = our time / theirs; matched by op "

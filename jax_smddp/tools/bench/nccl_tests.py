@@ -202,7 +202,26 @@ def write_csv(path: str, rows: list[dict]) -> None:
 # --------------------------------------------------------------------------- nccl-tests' logs
 
 _OP_OF_BINARY = {binary: op for op, (_, binary) in NAMES.items()}
-_OP_OF_NAME = {name.lower(): op for op, (name, _) in NAMES.items()}
+# Every nccl-tests binary (src/*.cu), so that a log of one we do not compare is named as such.
+# "all_reduce_perf_mpi" and the like: packaged builds add a suffix.
+_BINARY = re.compile(r"\b(all_gather|all_reduce|alltoallv?|broadcast|reduce_scatter|reduce|gather|"
+                     r"scatter|sendrecv|hypercube)_perf\w*")
+_STARTING = re.compile(r"#\s*Collective test starting:\s*(\S+)")
+# Lines that open a run: nccl-tests 2.17+ prints its version and the binary, every release the
+# "# nThread ..." line (nccl-tests' src/common.cu, src/util.cu).
+_MARKERS = (("version", re.compile(r"#\s*nccl-tests version\b")), ("starting", _STARTING),
+            ("nthread", re.compile(r"#\s*nThread\s+\d")))
+# Launchers' per-line prefixes, and the task each names: Open MPI's --tag-output
+# ("[1,0]<stdout>:", Open MPI 5 adds a space; tag-detailed "[1,0][host:pid]<stdout>: ",
+# tag-fullname "[prterun-host-1@1,0]<stdout>: "), its --timestamp-output (a date, bracketed in
+# Open MPI 5), srun --label ("0: ", padded to the widest task number: " 0: "), MPICH's and Intel
+# MPI's -l ("[0] "), and an ISO time stamp (kubectl logs --timestamps, ts).
+_OMPI = re.compile(r"(?:\[?[A-Z][a-z]{2} [A-Z][a-z]{2} [ \d]\d \d\d:\d\d:\d\d \d{4}\]?)?"
+                   r"((?:\[[^\]\s]*\])*)<std(?:out|err|diag)>: ?")
+_OMPI_TASK = re.compile(r"\[(?:[^\]@]*@)?\d+,(\d+)\]")
+_SRUN = re.compile(r"\s*(\d+): ")
+_MPICH = re.compile(r"\[(\d+)\] ")
+_STAMP = re.compile(r"\[?\d{4}-\d\d-\d\d[T ]\d\d:\d\d:\d\d(?:[.,]\d+)?(?:Z|[+-]\d\d:?\d\d)?\]?:? ")
 
 
 class LogError(ValueError):
@@ -218,74 +237,217 @@ def _number(text: str):
     return math.nan
 
 
-def _op_of(text: str, path: str | None) -> str | None:
-  """The collective a log is of: its "Collective test starting" line or command line (the
-  binary's name), else its file name."""
-  for pattern in (r"Collective test starting:\s*(\w+)", r"\b(\w+_perf)\b"):
-    m = re.search(pattern, text)
-    if m and m.group(1) in _OP_OF_BINARY:
-      return _OP_OF_BINARY[m.group(1)]
-  if path:
-    base = os.path.basename(path).lower()
-    for binary, op in _OP_OF_BINARY.items():
-      if base.startswith(binary) or base.startswith(op):
-        return op
-  return None
+def _op_of_binary(name: str) -> str:
+  """Our op for an nccl-tests binary's name, or the binary's collective when we have no such op."""
+  base = _BINARY.match(name)
+  collective = base.group(1) if base else name
+  return _OP_OF_BINARY.get(collective + "_perf", collective)
 
 
-def parse_log(text: str, path: str | None = None, op: str | None = None) -> dict:
-  """nccl-tests' output as {"op", "ranks", "rows": [{size, count, type, redop, root, time,
-  algbw, busbw, #wrong, in_place: {time, algbw, busbw, #wrong}}]} (None for N/A; ranks from
-  its "#  Rank" lines, None if it has none). `op` overrides what the log says it is."""
-  op = op or _op_of(text, path)
-  if op not in NAMES:
-    raise LogError(f"{path or 'the log'}: cannot tell which collective it measured (no "
-                   "'Collective test starting: <op>_perf' line, command line or file name "
-                   f"naming one); give it as OP:PATH with OP one of {', '.join(NAMES)}")
-  columns = None
-  ranks = 0
-  rows = []
+def _op_of_path(path: str | None) -> str | None:
+  """The collective a file name names (all_gather_perf.log, allreduce-2.7.8.txt, ...), or None."""
+  base = re.sub(r"[^a-z]", "", os.path.basename(path or "").lower())
+  ops = {op for op in NAMES if op.replace("_", "") in base}
+  return ops.pop() if len(ops) == 1 else None
+
+
+def _strip(line: str) -> tuple[int | None, str]:
+  """(the launcher's task number or None, the line without its launcher's prefixes)."""
+  task = None
+  for _ in range(4):  # a time stamp and a tag, in either order
+    m = _OMPI.match(line)
+    if m:
+      t = _OMPI_TASK.search(m.group(1))
+      task = int(t.group(1)) if t and task is None else task
+    else:
+      m = _SRUN.match(line) or _MPICH.match(line)
+      if m:
+        task = int(m.group(1)) if task is None else task
+      else:
+        m = _STAMP.match(line)
+    if not m:
+      break
+    line = line[m.end():]
+  return task, line
+
+
+def _streams(text: str) -> list[list[tuple[int, str]]]:
+  """The log's lines as each task of a launcher printed them ((line number, text) each, without
+  prefixes), the lowest task first; an unprefixed log is one stream."""
+  streams: dict = {}
   for number, line in enumerate(text.splitlines(), 1):
+    task, line = _strip(line)
+    streams.setdefault(task, []).append((number, line))
+  return [streams[k] for k in sorted(streams, key=lambda t: (t is None, t or 0))]
+
+
+def _row(fields: list[str], columns: list[str]) -> dict | None:
+  """One result row read by its header's column names, or None if it is not one."""
+  try:
+    size, count_ = int(fields[0]), int(fields[1])
+  except (ValueError, IndexError):
+    return None
+  values = fields[3:]
+  # The names before the first time column (redop, root where printed), then a group per time
+  # column: time (or cputime), algbw, busbw, #wrong (or error) and, with -I, i_min .. i_cv%.
+  head, groups = [], []
+  for c in columns[3:]:
+    if c in ("time", "cputime"):
+      groups.append([])
+    (groups[-1] if groups else head).append(c)
+  got = {}
+  for name in head:
+    if name == "redop" and values and not math.isnan(_number(values[0]) or 0):
+      continue  # old AlltoAll logs: a redop header over an empty name
+    if values:
+      got[name] = values.pop(0)
+  quads = []
+  for group in groups:
+    if len(values) < 4:
+      break
+    q = dict(zip(group, values))
+    values = values[len(group):]
+    quads.append({"time": _number(q.get("time", q.get("cputime"))), "algbw": _number(q["algbw"]),
+                  "busbw": _number(q["busbw"]),
+                  "#wrong": _number(q.get("#wrong", q.get("error", "N/A")))})
+  try:
+    root = int(got.get("root", ROOT))
+  except ValueError:
+    return None  # a row cut by another process's line
+  if not quads or quads[0]["time"] is None or math.isnan(quads[0]["time"]):
+    return None
+  return {"size": size, "count": count_, "type": fields[2], "redop": got.get("redop"),
+          "root": root, **quads[0], "in_place": quads[1] if len(quads) > 1 else None}
+
+
+def _runs(stream: list[tuple[int, str]]) -> tuple[list[dict], int | None]:
+  """One stream's runs of an nccl-tests binary: {"op" (as the run names it, or None), "ranks"
+  (the distinct ranks of its "#  Rank N ..." lines), "rows", "line"}; and the line number of a
+  row printed before any column header (None if none)."""
+  runs, run, pending, orphan = [], None, None, None
+
+  def start(number):
+    nonlocal run, pending
+    # A run's start printed again before its rows: processes' copies of one run, their lines
+    # interleaved; each row then comes once per process, and the first is kept.
+    copies = bool(run and not run["rows"] and run["columns"] is None)
+    if run and run["rows"]:
+      runs.append(run)
+    elif copies and pending is None:
+      pending = run["op"]
+    run = {"op": pending, "ranks": set(), "rows": [], "line": number, "columns": None,
+           "markers": set(), "copies": copies}
+    pending = None
+
+  for number, line in stream:
     fields = line.split()
     if not fields:
       continue
-    if fields[0] == "#":
-      if len(fields) > 2 and fields[1] == "size" and fields[2] == "count":
-        columns = fields[1:]
-      elif len(fields) > 2 and fields[1] == "Rank":
-        ranks += 1
+    if fields[0].startswith("#"):
+      marker = next((k for k, pattern in _MARKERS if pattern.match(line)), None)
+      header = len(fields) > 2 and fields[1] == "size" and fields[2] == "count"
+      if marker and (run is None or run["columns"] or marker in run["markers"]):
+        start(number)
+      elif header and (run is None or run["rows"]):
+        start(number)
+      if marker:
+        run["markers"].add(marker)
+      if header:
+        run["columns"] = fields[1:]
+      elif len(fields) > 2 and fields[1] == "Rank" and fields[2].isdigit():
+        if run is None:
+          start(number)
+        run["ranks"].add(int(fields[2]))
+      m = _STARTING.match(line)
+      if m:
+        run["op"] = _op_of_binary(m.group(1))
       continue
-    if fields[0].startswith("#") or not fields[0].isdigit():
-      continue  # nccl-tests' other messages ("Avg bus bandwidth", warnings, ...)
-    if columns is None:
-      raise LogError(f"{path or 'the log'}, line {number}: a row before the column header "
-                     "('#  size  count  type ...'): is this nccl-tests output, complete?")
-    names = [c for c in columns if c not in ("size", "count", "type")]
-    values = fields[3:]
-    if "redop" in names and not math.isnan(_number(values[names.index("redop")]) or 0):
-      names.remove("redop")  # old AlltoAll logs: a redop header over an empty name
-    # The header names 'redop'/'root' where the rows have them; a time column follows.
-    if len(values) < len(names):
-      raise LogError(f"{path or 'the log'}, line {number}: {len(fields)} fields where the header "
-                     f"names {len(columns)}: {line.strip()!r}")
-    got = dict(zip(names, values))
-    head = {"size": int(fields[0]), "count": int(fields[1]), "type": fields[2],
-            "redop": got.get("redop", REDOPS[op]), "root": int(got.get("root", ROOT))}
-    # Two groups of time, algbw, busbw and #wrong (or error): out of place, then in place.
-    rest = [v for c, v in zip(names, values) if c not in ("redop", "root")]
-    quad = lambda vals: {"time": _number(vals[0]), "algbw": _number(vals[1]),
-                         "busbw": _number(vals[2]), "#wrong": _number(vals[3])}
-    entry = {**head, **quad(rest[0:4])}
-    entry["in_place"] = quad(rest[4:8]) if len(rest) >= 8 else None
-    rows.append(entry)
-  if not rows:
-    raise LogError(f"{path or 'the log'}: no result rows (nccl-tests prints one per size after "
-                   "its '#  size  count  type ...' header)")
-  return {"op": op, "ranks": ranks or None, "rows": rows, "path": path}
+    named = [m.group(0) for m in _BINARY.finditer(line)]
+    if named:  # a command line: the run it starts, or the next one
+      if run is None or run["rows"]:
+        pending = _op_of_binary(named[-1])
+      elif run["op"] is None:
+        run["op"] = _op_of_binary(named[-1])
+      continue
+    if not fields[0].isdigit():
+      continue  # nccl-tests' other messages, NCCL's, the launcher's
+    if run is None or run["columns"] is None:
+      if len(fields) > 2 and fields[1].isdigit() and orphan is None:
+        orphan = number
+      continue
+    row = _row(fields, run["columns"])
+    key = row and (row["size"], row["type"], row["redop"], row["root"])
+    if row and not (run["copies"] and key in {(r["size"], r["type"], r["redop"], r["root"])
+                                              for r in run["rows"]}):
+      run["rows"].append(row)
+  if run and run["rows"]:
+    runs.append(run)
+  return runs, orphan
 
 
-def read_log(spec: str) -> dict:
-  """A --nccl-tests argument: PATH, or OP:PATH naming the collective."""
+def parse_logs(text: str, path: str | None = None, op: str | None = None) -> list[dict]:
+  """nccl-tests' output as its tables, one per collective and rank count: [{"op", "ranks",
+  "rows": [{size, count, type, redop, root, time, algbw, busbw, #wrong, in_place: {time, algbw,
+  busbw, #wrong}}], "path", "line" (where its first run starts), "runs" (how many runs it
+  merges), "label"}] (None for N/A; ranks from the "#  Rank N" lines, each rank once, None if
+  none). Launchers' prefixes (mpirun --tag-output, srun --label, ...) are read; several binaries
+  run one after another each give a table; the same run printed by several processes (a launch
+  without MPI) gives one. `op` names the collective of runs that do not name theirs."""
+  where = path or "the log"
+  runs, orphan = [], None
+  for stream in _streams(text):
+    got, first = _runs(stream)
+    runs += got
+    orphan = orphan or first
+  if not runs:
+    if orphan:
+      raise LogError(f"{where}, line {orphan}: a row before the column header ('#  size  count  "
+                     "type ...'): is this nccl-tests output, complete?")
+    raise LogError(f"{where}: no result rows (nccl-tests prints one per size after its '#  size  "
+                   "count  type ...' header)")
+  from_name = _op_of_path(path)
+  tables: dict = {}
+  for run in runs:  # the lowest task's first: its copy of a run is the one kept
+    if run["op"] in NAMES and op and run["op"] != op:
+      raise LogError(f"{where}, line {run['line']}: nccl-tests says this run is {run['op']}, not "
+                     f"{op}: give the log as PATH")
+    name = run["op"] or op or from_name
+    if name is None:
+      raise LogError(f"{where}, line {run['line']}: cannot tell which collective it measured (no "
+                     "'Collective test starting: <op>_perf' line, command line or file name "
+                     f"naming one); give it as OP:PATH with OP one of {', '.join(NAMES)}")
+    ranks = len(run["ranks"]) or None
+    table = tables.setdefault((name, ranks), {"op": name, "ranks": ranks, "rows": [],
+                                              "path": path, "line": run["line"], "runs": 0})
+    seen = {(r["size"], r["type"], r["redop"], r["root"]) for r in table["rows"]}
+    for r in run["rows"]:  # a copy of a run another process printed adds nothing
+      r = {**r, "redop": r["redop"] or REDOPS.get(name, "none")}
+      if (r["size"], r["type"], r["redop"], r["root"]) not in seen:
+        table["rows"].append(r)
+    table["runs"] += 1
+  ours = [t for t in tables.values() if t["op"] in NAMES]
+  if not ours:
+    others = sorted({t["op"] for t in tables.values()})
+    raise LogError(f"{where}: nccl-tests' {', '.join(o + '_perf' for o in others)} output; "
+                   f"the benchmarks compare {', '.join(NAMES)} only")
+  for t in ours:
+    t["label"] = (f"{where}" + (f", line {t['line']}" if len(ours) > 1 else "")
+                  + (f", {t['ranks']} rank{'s' * (t['ranks'] != 1)}" if t["ranks"] else ""))
+  return ours
+
+
+def parse_log(text: str, path: str | None = None, op: str | None = None) -> dict:
+  """The one table of a log of one collective (:func:`parse_logs`; LogError if it holds more)."""
+  tables = parse_logs(text, path, op)
+  if len(tables) > 1:
+    raise LogError(f"{path or 'the log'}: holds {len(tables)} tables (" + ", ".join(
+        t["label"] for t in tables) + "); read it with parse_logs")
+  return tables[0]
+
+
+def read_logs(spec: str) -> list[dict]:
+  """A --nccl-tests argument, PATH or OP:PATH naming the collective, as its tables
+  (:func:`parse_logs`)."""
   op, path = None, spec
   head, sep, tail = spec.partition(":")
   if sep and head in NAMES:
@@ -295,56 +457,68 @@ def read_log(spec: str) -> dict:
       text = f.read()
   except OSError as e:
     raise LogError(f"cannot read the nccl-tests log {path}: {e}") from None
-  return parse_log(text, path, op)
+  return parse_logs(text, path, op)
+
+
+def read_log(spec: str) -> dict:
+  """The one table of a --nccl-tests argument (:func:`read_logs`)."""
+  tables = read_logs(spec)
+  if len(tables) > 1:
+    raise LogError(f"{spec}: holds {len(tables)} tables; read it with read_logs")
+  return tables[0]
 
 
 def compare(rows: list[dict], logs: list[dict]) -> list[dict]:
-  """Our rows (with op, size, time, busbw) matched to nccl-tests' rows by op and size S:
-  busbw_vs_nccl_tests = our busbw / theirs (above 1: ours moves more), time_vs_nccl_tests =
-  our time / theirs (below 1: ours is faster). Sets those fields on our rows too; returns the
-  matched pairs."""
-  theirs = {}
-  for log in logs:
-    for t in log["rows"]:
-      theirs.setdefault((log["op"], t["size"]), (log, t))
+  """Our rows (with op, size, time, busbw) matched to each nccl-tests table's rows by op and size
+  S (of our type where the table has several): busbw_vs_nccl_tests = our busbw / theirs (above
+  1: ours moves more), time_vs_nccl_tests = our time / theirs (below 1: ours is faster). Sets
+  those fields on our rows too, from the first table that has the size; returns the matched
+  pairs, one per our row and table."""
   out = []
   for r in rows:
-    hit = theirs.get((r["op"], r["size"]))
-    if hit is None:
-      continue
-    log, t = hit
-    busbw = r["busbw"] / t["busbw"] if t.get("busbw") else None
-    time = r["time"] / t["time"] if t.get("time") else None
-    r.update({"nccl_tests_time": t["time"], "nccl_tests_busbw": t["busbw"],
-              "busbw_vs_nccl_tests": busbw, "time_vs_nccl_tests": time})
-    out.append({"op": r["op"], "size": r["size"], "ranks": r.get("ranks"),
-                "nccl_tests_ranks": log["ranks"], "nccl_tests_log": log["path"],
-                "time": r["time"], "busbw": r["busbw"], "nccl_tests_time": t["time"],
-                "nccl_tests_busbw": t["busbw"], "busbw_vs_nccl_tests": busbw,
-                "time_vs_nccl_tests": time})
+    first = True
+    for log in logs:
+      same = [t for t in log["rows"] if t["size"] == r["size"]] if log["op"] == r["op"] else []
+      if not same:
+        continue
+      t = next((t for t in same if t["type"] == r.get("type")), same[0])
+      busbw = r["busbw"] / t["busbw"] if t.get("busbw") else None
+      time = r["time"] / t["time"] if t.get("time") else None
+      if first:
+        r.update({"nccl_tests_time": t["time"], "nccl_tests_busbw": t["busbw"],
+                  "busbw_vs_nccl_tests": busbw, "time_vs_nccl_tests": time})
+        first = False
+      out.append({"op": r["op"], "size": r["size"], "ranks": r.get("ranks"),
+                  "nccl_tests_ranks": log["ranks"], "nccl_tests_log": log["path"],
+                  "nccl_tests_table": log.get("label") or log["path"],
+                  "time": r["time"], "busbw": r["busbw"], "nccl_tests_time": t["time"],
+                  "nccl_tests_busbw": t["busbw"], "busbw_vs_nccl_tests": busbw,
+                  "time_vs_nccl_tests": time})
   return out
 
 
 def comparison_table(op: str, pairs: list[dict]) -> str:
-  """Per size of `op`: nccl-tests' time and busbw beside ours, and the ratios."""
-  mine = [p for p in pairs if p["op"] == op]
-  if not mine:
-    return ""
-  ranks = {p["nccl_tests_ranks"] for p in mine} - {None}
-  lines = [f"# {op} vs nccl-tests ({mine[0]['nccl_tests_log']}"
-           + (f", {', '.join(map(str, sorted(ranks)))} ranks" if ranks else "")
-           + "): busbw ratio = ours / theirs (above 1: ours moves more), time ratio = ours / "
-           "theirs (below 1: ours is faster)",
-           f"{'size':>12}  {'nccl time':>10}  {'nccl busbw':>10}  {'our time':>10}  "
-           f"{'our busbw':>10}  {'busbw ratio':>11}  {'time ratio':>10}"]
+  """Per nccl-tests table of `op` (its log, where in it, its ranks), per size: its time and
+  busbw beside ours, and the ratios."""
+  blocks = {}
+  for p in pairs:
+    if p["op"] == op:
+      blocks.setdefault(p.get("nccl_tests_table") or p["nccl_tests_log"], []).append(p)
   ratio = lambda v: "-" if v is None else f"{v:.2f}"
-  for p in mine:
-    lines.append(f"{p['size']:>12}  {_time(p['nccl_tests_time']):>10}  "
-                 f"{_bw(p['nccl_tests_busbw']):>10}  {_time(p['time']):>10}  "
-                 f"{_bw(p['busbw']):>10}  {ratio(p['busbw_vs_nccl_tests']):>11}  "
-                 f"{ratio(p['time_vs_nccl_tests']):>10}")
-  if any(p["ranks"] and p["nccl_tests_ranks"] and p["ranks"] != p["nccl_tests_ranks"]
-         for p in mine):
-    lines.append("# note: the log ran a different number of ranks; busbw compares across rank "
-                 "counts, time does not")
-  return "\n".join(lines)
+  out = []
+  for label, mine in blocks.items():
+    lines = [f"# {op} vs nccl-tests ({label}): busbw ratio = ours / theirs (above 1: ours moves "
+             "more), time ratio = ours / theirs (below 1: ours is faster)",
+             f"{'size':>12}  {'nccl time':>10}  {'nccl busbw':>10}  {'our time':>10}  "
+             f"{'our busbw':>10}  {'busbw ratio':>11}  {'time ratio':>10}"]
+    for p in mine:
+      lines.append(f"{p['size']:>12}  {_time(p['nccl_tests_time']):>10}  "
+                   f"{_bw(p['nccl_tests_busbw']):>10}  {_time(p['time']):>10}  "
+                   f"{_bw(p['busbw']):>10}  {ratio(p['busbw_vs_nccl_tests']):>11}  "
+                   f"{ratio(p['time_vs_nccl_tests']):>10}")
+    if any(p["ranks"] and p["nccl_tests_ranks"] and p["ranks"] != p["nccl_tests_ranks"]
+           for p in mine):
+      lines.append("# note: the log ran a different number of ranks; busbw compares across rank "
+                   "counts, time does not")
+    out.append("\n".join(lines))
+  return "\n\n".join(out)
