@@ -13,13 +13,14 @@ benchmark's definitions): size S and count as nccl-tests prints them, the out-of
 algbw, busbw and #wrong (0: every answer was checked, and a wrong one stops the run), in-place
 N/A (not run: in JAX in place is a donated, aliased input), then XLA's (NCCL) time, algbw,
 busbw beside it where it ran (--processes 1, or a launched job with a GPU per process) and
-speedup = XLA time / jax_smddp time. ``-b/-e/-f`` sweep S as nccl-tests does (each rank's shard
-is S / n); ``--nccl-tests LOG`` (or OP:LOG) puts a saved nccl-tests output beside it, matched by
-op and S. Under a launcher (Open MPI's mpirun, Slurm's srun, or JAX_COORDINATOR_ADDRESS +
-JAX_NUM_PROCESSES + JAX_PROCESS_ID: :mod:`jax_smddp.job`) every process of the job benchmarks
-the GPU its launcher gave it, once, with the JAX_SMDDP_* settings it was started with (--modes,
---fabric-hmem and --direct-reads start processes of their own and are refused there); process 0
-reports.
+speedup = XLA time / jax_smddp time. ``-b/-e/-f/-i`` give nccl-tests' rows for each op, of the
+size S it prints (nccl_tests.round_size: a rank's block a whole 16 bytes, all_reduce's buffer as
+given; a row nccl-tests prints at 0 bytes is left out here); ``--nccl-tests LOG`` (or OP:LOG)
+puts a saved nccl-tests output beside it, matched by op and S. Under a launcher (Open MPI's
+mpirun, Slurm's srun, or JAX_COORDINATOR_ADDRESS + JAX_NUM_PROCESSES + JAX_PROCESS_ID:
+:mod:`jax_smddp.job`) every process of the job benchmarks the GPU its launcher gave it, once,
+with the JAX_SMDDP_* settings it was started with (--modes, --fabric-hmem and --direct-reads
+start processes of their own and are refused there); process 0 reports.
 
 Layouts: ``--processes 1`` uses every local GPU in one process and times
 JAX's default (XLA's NCCL) in the same run; ``--processes N`` (N > 1) starts N
@@ -118,16 +119,25 @@ def _bodies(op: str):
   return (lambda v: jax_smddp.psum(v, "x")[None], lambda v: jax.lax.psum(v, "x")[None])
 
 
-def _input(op: str, rank: int, n: int, count: int):
-  """Rank `rank`'s input: r + 1 everywhere, or for all_to_all block k (for
+def _input(op: str, rank: int, n: int, local: int):
+  """Rank `rank`'s input of `local` elements: r + 1 everywhere, or for all_to_all block k (for
   rank k) holds 1000 (k + 1) + r + 1, so a block from the wrong rank or for
   the wrong rank shows."""
   import numpy as np
-  if op == "all_gather":
-    return np.full((count,), rank + 1, np.float32)
   if op == "all_to_all":
-    return np.repeat(1000 * np.arange(1, n + 1, dtype=np.float32) + rank + 1, count)
-  return np.full((n * count,), rank + 1, np.float32)
+    return np.repeat(1000 * np.arange(1, n + 1, dtype=np.float32) + rank + 1, local // n)
+  return np.full((local,), rank + 1, np.float32)
+
+
+def _rows(op: str, args, n: int) -> list[tuple[int, int]]:
+  """(a rank's input elements, nccl-tests' size S) of each row of `op`: with -b/-e/-f/-i
+  nccl-tests' rows (nccl_tests.round_size; 0-byte rows left out: XLA cannot lower a collective
+  of nothing), else each --sizes shard (all_gather's input; n of them the others')."""
+  if args.sweep:
+    sizes = [s for s in nccl_tests.row_sizes(op, args.sweep, n, 4) if s]
+    return [(nccl_tests.input_bytes(op, s, n) // 4, s) for s in sizes]
+  local = [shard // 4 * (1 if op == "all_gather" else n) for shard in args.sizes]
+  return [(c, nccl_tests.size_of(op, 4 * c, n)) for c in local]
 
 
 def _alone(args, tag: str, measure):
@@ -179,25 +189,22 @@ def worker(args) -> dict:
   sharding = NamedSharding(mesh, P("x"))
   ext = _native.cuda_engine() if jax.default_backend() == "gpu" else None
   rows = []
-  if args.sweep:  # nccl-tests' S: every op handles n shards of S / n per rank (float32)
-    args.sizes = sorted({s // n // 4 * 4 for s in args.sweep if s // n >= 4})
   for op in args.ops:
     ours_body, lax_body = _bodies(op)
     ours = jax.jit(jax.shard_map(ours_body, mesh=mesh, in_specs=P("x"), out_specs=P("x")))
     lax = jax.jit(jax.shard_map(lax_body, mesh=mesh, in_specs=P("x"), out_specs=P("x")))
-    for size in args.sizes:
-      count = size // 4
-      local = count if op == "all_gather" else n * count  # a rank's input, in elements
+    for local, nccl_size in _rows(op, args, n):  # a rank's input in elements, nccl-tests' S
+      size = 4 * local // (1 if op == "all_gather" else n)  # "size": one shard of it (bytes)
       # Built shard by shard: a device_put of a global value would check it
       # across processes with XLA's collectives, which cannot run two ranks on one GPU.
       # Rank r's input is r + 1 everywhere: a misplaced block or a missing rank shows.
       x = jax.make_array_from_callback(
           (n * local,), sharding,
-          lambda idx, op=op, local=local: _input(op, (idx[0].start or 0) // local, n, count))
-      wrong = _check(op, ours(x), n, count)  # every local rank's output is back: its GPU is idle
+          lambda idx, op=op, local=local: _input(op, (idx[0].start or 0) // local, n, local))
+      wrong = _check(op, ours(x), n, local)  # every local rank's output is back: its GPU is idle
       copy_Bps = _copy_reference(ext, size * n, args, f"{op}/{size}")
       before = dict(ext.counters()) if ext else {}
-      row = {"op": op, "bytes_per_rank": size, "ranks": n,
+      row = {"op": op, "bytes_per_rank": size, "size": nccl_size, "ranks": n,
              "mode": config.value("JAX_SMDDP_GPU_COPIES"),
              "smddp_s": _time(ours, x, args.iters, PIPELINE),
              "synced_s": _time(ours, x, args.iters), "copy_Bps": copy_Bps, "#wrong": wrong}
@@ -223,23 +230,23 @@ def worker(args) -> dict:
           "direct_staged_because": jax_smddp.gpu.direct_reads_staged_because() if ext else ""}
 
 
-def _expected(op: str, rank: int, n: int, count: int):
-  """Rank `rank`'s output for the inputs of _input."""
+def _expected(op: str, rank: int, n: int, local: int):
+  """Rank `rank`'s output for the inputs of _input (`local` elements each)."""
   import numpy as np
   if op == "all_gather":
-    return np.repeat(np.arange(1, n + 1, dtype=np.float32), count)
+    return np.repeat(np.arange(1, n + 1, dtype=np.float32), local)
   if op == "all_to_all":  # block q came from rank q, which filled it for this rank
-    return np.repeat(1000 * (rank + 1) + np.arange(1, n + 1, dtype=np.float32), count)
-  return np.full((count if op == "reduce_scatter" else n * count,), n * (n + 1) / 2, np.float32)
+    return np.repeat(1000 * (rank + 1) + np.arange(1, n + 1, dtype=np.float32), local // n)
+  return np.full((local // n if op == "reduce_scatter" else local,), n * (n + 1) / 2, np.float32)
 
 
-def _check(op: str, y, n: int, count: int) -> int:
+def _check(op: str, y, n: int, local: int) -> int:
   """The benchmark times right answers only: every local rank's output once. Returns the wrong
   elements (nccl-tests' #wrong), 0 unless it raises."""
   import numpy as np
   for shard in y.addressable_shards:
     rank = shard.index[0].start or 0
-    got, want = np.asarray(shard.data)[0], _expected(op, rank, n, count)
+    got, want = np.asarray(shard.data)[0], _expected(op, rank, n, local)
     if not np.array_equal(got, want):
       bad = np.flatnonzero(got != want)
       raise AssertionError(f"{op}: rank {rank} output differs from the reference at {bad.size} "
@@ -257,7 +264,7 @@ def nccl_figures(r: dict, key: str = "smddp_s") -> dict:
   S = n x shard for every op; `key` the time (smddp_s, or xla_s)."""
   op, n = r.get("op", "all_gather"), r["ranks"]
   inp = r["bytes_per_rank"] if op == "all_gather" else n * r["bytes_per_rank"]
-  size = nccl_tests.size_of(op, inp, n)
+  size = r.get("size") or nccl_tests.size_of(op, inp, n)  # the worker's: nccl-tests' S
   return {**nccl_tests.row_head(op, size, n, "float32", 4),
           **nccl_tests.figures(op, size, n, r[key])}
 
@@ -378,7 +385,9 @@ def main(argv=None) -> int:
                  help="smallest size S as nccl-tests counts it (nccl-tests' -b)")
   p.add_argument("-e", "--max-bytes", default=None, help="largest size S (nccl-tests' -e)")
   p.add_argument("-f", "--step-factor", type=int, default=2,
-                 help="multiplicative step between sizes (nccl-tests' -f)")
+                 help="multiplicative step between sizes (nccl-tests' -f; 1: steps of -i)")
+  p.add_argument("-i", "--stepbytes", type=parse_size, default=1 << 20,
+                 help="the step between sizes when -f is 1 (nccl-tests' -i)")
   p.add_argument("--csv", default=None,
                  help="one CSV line per op, size and variant with nccl-tests' columns")
   p.add_argument("--nccl-tests", action="append", default=[], metavar="LOG",
@@ -406,7 +415,7 @@ def main(argv=None) -> int:
     hi = parse_size(args.max_bytes or args.min_bytes)
     if lo > hi or args.step_factor < 1:
       p.error("-b must not exceed -e, and -f must be >= 1")
-    args.sweep = nccl_tests.sweep(lo, hi, args.step_factor)
+    args.sweep = nccl_tests.sweep(lo, hi, args.step_factor, args.stepbytes)
   elif args.sweep:
     args.sweep = [int(v) for v in args.sweep.split(",")]
   args.ops = [o.strip() for o in args.ops.split(",")]
@@ -425,7 +434,7 @@ def main(argv=None) -> int:
       return 1
     return 0
   try:
-    logs = [table for spec in args.nccl_tests for table in nccl_tests.read_logs(spec)]
+    logs = [nccl_tests.read_log(spec) for spec in args.nccl_tests]
   except nccl_tests.LogError as e:
     print(f"error: {e}", file=sys.stderr)
     return 2

@@ -212,3 +212,37 @@ def test_a_run_prints_nccl_tests_rows_zero_bytes_included(tmp_path):
   printed = [ln for ln in lines if len(ln) > 5 and ln[2] == "float" and ln[3] == "none"]
   assert [ln[:2] for ln in printed] == [["0", "0"]] * 3 + [["48", "4"]]
   assert printed[0][-2:] == ["N/A", "N/A"] and printed[-1][8] == "N/A"  # speedup; #wrong
+
+
+@pytest.mark.parametrize("op", OPS)
+def test_the_gpu_benchmark_runs_nccl_tests_rows(op):
+  """gpu_bench -b/-e/-f/-i: each op's rows are nccl-tests' (float; its 0-byte rows left out),
+  and each row's inputs and expected outputs are a real collective's (numpy, every rank)."""
+  import argparse
+
+  import numpy as np
+
+  from jax_smddp.tools import gpu_bench
+  for n in (1, 2, 3, 5, 8, 64):
+    for b, e, f, i in SWEEPS:
+      sweep = nccl_tests.sweep(parse_size(b), parse_size(e), int(f), parse_size(i))
+      rows = gpu_bench._rows(op, argparse.Namespace(sweep=sweep, sizes=[]), n)
+      want = [r for r in nccl_tests_rows(op, parse_size(b), parse_size(e), int(f),
+                                         parse_size(i), n, 4) if r[0]]
+      got = [(gpu_bench.nccl_figures({"op": op, "bytes_per_rank": 4 * local // n, "size": size,
+                                      "ranks": n, "smddp_s": 1e-3})["size"],
+              nccl_tests.count(op, size, n, 4)) for local, size in rows]
+      assert got == want, (op, n, b, e, f, i)
+  for n in (2, 3, 5):
+    for local, _ in gpu_bench._rows(op, argparse.Namespace(sweep=[12, 64, 1000], sizes=[]), n):
+      inputs = [gpu_bench._input(op, r, n, local) for r in range(n)]
+      if op == "all_gather":
+        outputs = [np.concatenate(inputs)] * n
+      elif op == "all_reduce":
+        outputs = [np.sum(inputs, axis=0)] * n
+      elif op == "reduce_scatter":
+        outputs = np.split(np.sum(inputs, axis=0), n)
+      else:  # rank r receives block r of every rank, in rank order
+        outputs = [np.concatenate([np.split(x, n)[r] for x in inputs]) for r in range(n)]
+      for r in range(n):
+        np.testing.assert_array_equal(outputs[r], gpu_bench._expected(op, r, n, local))
