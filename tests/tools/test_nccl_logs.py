@@ -240,3 +240,35 @@ def test_columns_are_read_by_their_header_names():
   cpu = head.replace(" time", "cputime").split("    i_min")[0] + "\n"
   got = nccl_tests.parse_log("all_reduce_perf -C 1\n" + cpu + row.split("    60.01")[0] + "\n")
   assert got["rows"][0]["time"] == 67.93 and got["rows"][0]["in_place"] is None
+
+
+@pytest.mark.timeout(120)
+def test_the_benchmark_compares_with_each_table_of_each_log(tmp_path):
+  """`--nccl-tests` given twice, the first a log of two binaries kept by mpirun --tag-output:
+  one comparison per table of the ops run, each named; the JSON lists every table."""
+  import json
+  import subprocess
+  import sys
+  prefixed = "".join(f"[1,0]<stdout>: {line}\n"
+                     for line in _text("nccl-2.31.2_all_reduce_2ranks.log").splitlines())
+  sweep = tmp_path / "sweep.log"
+  sweep.write_text(prefixed + _text("nccl-2.30.4_alltoall_4ranks.log"))
+  second = os.path.join(DATA, "nccl-2.31.2_all_reduce_2ranks.log")
+  env = {k: v for k, v in os.environ.items() if k != "XLA_FLAGS" and not k.startswith(
+      ("JAX_SMDDP_", "OMPI_", "PMIX_", "SLURM_", "JAX_COORDINATOR", "JAX_NUM_PROC", "JAX_PROCESS"))}
+  proc = subprocess.run([sys.executable, "-m", "jax_smddp.tools.bench", "--quick", "--devices", "2",
+                         "--ops", "all_reduce", "-b", "8K", "-e", "8K", "--no-plot", "--json",
+                         str(tmp_path / "b.json"), "--nccl-tests", str(sweep), "--nccl-tests",
+                         second], cwd=tmp_path, env=env, capture_output=True, text=True,
+                        timeout=110)
+  assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+  titles = [line.split(":")[0] for line in proc.stdout.splitlines()
+            if line.startswith("# all_reduce vs nccl-tests")]
+  assert titles == [f"# all_reduce vs nccl-tests ({sweep}, line 1, 2 ranks)",
+                    f"# all_reduce vs nccl-tests ({second}, 2 ranks)"], proc.stdout[-3000:]
+  assert "also hold all_to_all, which this run did not time" in proc.stdout
+  meta = json.loads((tmp_path / "b.json").read_text())["meta"]["nccl_tests"]
+  assert [(g["path"], g["op"], g["ranks"], g["rows"], g["line"]) for g in meta["logs"]] == [
+      (str(sweep), "all_reduce", 2, 4, 1), (str(sweep), "all_to_all", 4, 1, 18),
+      (second, "all_reduce", 2, 4, 1)]
+  assert [p["nccl_tests_busbw"] for p in meta["comparison"]] == [0.23, 0.23]

@@ -326,10 +326,14 @@ def print_nccl_comparison(args, meta: dict, results: list[dict], logs: list[dict
     if table:
       print()
       print(table)
-  unmatched = sorted({g["op"] for g in logs} - {p["op"] for p in pairs})
+  unmatched = sorted({g["op"] for g in logs if g["op"] in args.ops} - {p["op"] for p in pairs})
   if unmatched:
     print(f"\n# note: no size of {', '.join(unmatched)} in the nccl-tests logs matches this "
           "run's sizes S; run the same -b/-e/-f as the log")
+  not_run = sorted({g["op"] for g in logs} - set(args.ops))
+  if not_run:
+    print(f"\n# note: the nccl-tests logs also hold {', '.join(not_run)}, which this run did not "
+          "time (--ops)")
 
 
 def write_outputs(args, meta: dict, results: list[dict]) -> None:
