@@ -246,3 +246,26 @@ def test_the_gpu_benchmark_runs_nccl_tests_rows(op):
         outputs = [np.concatenate([np.split(x, n)[r] for x in inputs]) for r in range(n)]
       for r in range(n):
         np.testing.assert_array_equal(outputs[r], gpu_bench._expected(op, r, n, local))
+
+
+@pytest.mark.timeout(200)
+@pytest.mark.parametrize("average,take", [("3", max), (None, lambda v: sum(v) / len(v))])
+def test_two_processes_take_the_time_as_a_says(tmp_path, average, take):
+  """--layout 2x1: a row's time is the processes' medians taken as -a says (default: mean)."""
+  out = tmp_path / "bench.json"
+  env = {**os.environ, "JAX_PLATFORMS": "cpu"}
+  env.pop("XLA_FLAGS", None)
+  proc = subprocess.run(
+      [sys.executable, "-m", "jax_smddp.tools.bench", "--layout", "2x1", "--ops", "all_reduce",
+       "-b", "64", "-e", "128", "-n", "5", "-w", "1", "--no-plot", "--json", str(out)]
+      + (["-a", average] if average else []), capture_output=True, text=True, env=env,
+      timeout=180)
+  assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+  data = json.loads(out.read_text())
+  assert data["meta"]["statistic"] == ("max" if average else "mean")
+  assert data["meta"]["time_is"] in proc.stdout
+  for r in data["results"]:
+    for impl in ("smddp", "lax"):
+      medians = r["process_medians_us"][impl]
+      assert len(medians) == 2
+      assert r[impl]["time_us"] == pytest.approx(take(medians))

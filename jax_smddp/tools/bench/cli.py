@@ -265,7 +265,7 @@ def print_preamble(meta: dict, iters: int, warmup: int) -> None:
           f"{len(topo.get('network_peers', []))} peer processes of process 0; "
           + ("jax.lax on gloo (TCP)" if meta.get("baseline", "lax") == "lax" else
              "the baseline is jax_smddp again") + "; times are "
-          + meta.get("statistic", "process 0's medians"))
+          + meta.get("time_is", "process 0's medians"))
   if meta.get("link"):
     link = meta["link"]
     capped = f", capped at {meta['link_rate']} each way" if meta.get("link_rate") else ""
@@ -482,7 +482,9 @@ def report_multi_process(args, layout: Layout, per_process: list[list[dict]], me
     annotate(r, layout, predict=args.predict, memcpy_gbs=meta["memcpy_gbs"], link_gbs=link_gbs,
              burst_bytes=burst)
     core.nccl_row(r, layout.devices, args.dtype, layout.processes)
-  meta["statistic"] = statistic(args, layout.processes)
+  # statistic: slowest, or -a's process 0 / mean / min / max; time_is: the sentence
+  meta["statistic"] = "slowest" if args.slowest else nccl_flags.STATISTIC[args.average]
+  meta["time_is"] = statistic(args, layout.processes)
   if args.predict:
     meta["model"] = model_meta()
   if in_process is not None:
@@ -494,11 +496,11 @@ def report_multi_process(args, layout: Layout, per_process: list[list[dict]], me
           "devices in one process (< 2: the target)")
   for op in args.ops:
     print()
-    print(nccl_table(op, results, args.baseline, lax_note, meta["statistic"]))
+    print(nccl_table(op, results, args.baseline, lax_note, meta["time_is"]))
     print()
     print(table_header(op, layout.devices, ratio=in_process is not None, lax_note=lax_note,
                        model=args.predict, mpi=args.mpi4jax, memcpy=True, link=link is not None,
-                       baseline=args.baseline, statistic=meta["statistic"]))
+                       baseline=args.baseline, statistic=meta["time_is"]))
     for r in results:
       if r["op"] == op:
         print(table_row(r))

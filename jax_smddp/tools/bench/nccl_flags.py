@@ -30,6 +30,7 @@ _FLOAT8 = "jax_smddp's engine has no 8-bit float types (nccl-tests' f8e4m3, f8e5
 # -a / --average: nccl-tests' Allreduce of each rank's time (src/common.cu, BenchTime).
 AVERAGE = {0: "process 0's median", 1: "the mean of the processes' medians",
            2: "the least of the processes' medians", 3: "the largest of the processes' medians"}
+STATISTIC = {0: "process 0", 1: "mean", 2: "min", 3: "max"}  # JSON meta.statistic
 
 HONOURED = ("-b/--minbytes", "-e/--maxbytes", "-f/--stepfactor", "-i/--stepbytes", "-n/--iters",
             "-w/--warmup_iters", "-c/--check", "-d/--datatype", "-o/--op", "-a/--average",
