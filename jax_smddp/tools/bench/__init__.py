@@ -27,7 +27,8 @@ process has ``--devices`` devices (default 1), on GPUs (``JAX_PLATFORMS=cuda``) 
 launcher gave it.
 
 Rows follow nccl-tests (:mod:`~jax_smddp.tools.bench.nccl_tests`, shared with
-:mod:`jax_smddp.tools.gpu_bench`): ``-b/-e/-f`` sweep nccl-tests' size S per op, and each op's
+:mod:`jax_smddp.tools.gpu_bench`): ``-b/-e/-f/-i`` sweep nccl-tests' rows per op (its sizes and
+counts, row for row, for any rank count), and each op's
 table has nccl-tests' columns (size, count, type, redop, root, out-of-place time, algbw, busbw,
 #wrong; in-place N/A: not run), then the baseline's and the speedup. ``--csv`` writes every
 column; ``--nccl-tests LOG`` matches a saved nccl-tests output by op and S and prints busbw and
@@ -46,8 +47,9 @@ Layouts (``--layout``):
 Multi-process layouts are run by :mod:`jax_smddp.tools.launch`: every worker
 (:mod:`jax_smddp.tools.bench_worker`) benchmarks the same programs over a 1-D mesh of
 all global devices, so the jax.lax baseline runs on JAX's default CPU
-collectives across processes (gloo over TCP); process 0 reports the times, or with
-``--slowest`` every process does and each call counts as long as its slowest process took
+collectives across processes (gloo over TCP); process 0 reports the times: by default the mean
+of the processes' medians, as nccl-tests' ``-a 1`` (``-a 0`` process 0's, ``2`` the least,
+``3`` the greatest), or with ``--slowest`` each call counts as long as its slowest process took
 (:func:`slowest_process`; each process's own median is kept in ``process_medians_us``).
 ``--compare-in-process`` also runs the same total device count in one process
 (a subprocess) and adds the column ``vs 1p`` = multi-process jax_smddp time /
@@ -68,7 +70,7 @@ jitted call followed by ``block_until_ready`` (every call is synchronised: XLA's
 CPU runtime can hang with many multi-device executions in flight; across
 processes the collective itself keeps the processes in step); the two
 implementations alternate call by call so that noise hits both alike, and the
-median is reported (process 0's, in multi-process layouts).
+median is reported (in multi-process layouts, the processes' medians combined as ``-a`` says).
 
 Definitions (as in nccl-tests; n = number of ranks, t = median time):
 

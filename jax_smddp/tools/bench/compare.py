@@ -22,7 +22,7 @@ def compare_results(a: dict, b: dict) -> list[dict]:
   rows = []
   for rb in b["results"]:
     ra = index.get((rb["op"], rb["bytes_per_rank"]))
-    if ra is None:
+    if ra is None or not rb["bytes_per_rank"]:  # a 0-byte row has no baseline time
       continue
     row = {"op": rb["op"], "bytes_per_rank": rb["bytes_per_rank"]}
     for impl in ("smddp", "lax"):
