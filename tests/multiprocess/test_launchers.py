@@ -24,6 +24,7 @@ LAUNCHERS = ("SLURM_", "OMPI_", "PMIX_", "PRTE_")
 JOB_VARIABLES = ("JAX_COORDINATOR_ADDRESS", "JAX_NUM_PROCESSES", "JAX_PROCESS_ID",
                  "JAX_LOCAL_RANK", "JAX_LOCAL_SIZE", "XLA_FLAGS", "JAX_SMDDP_COLLECTIVES")
 
+SAMPLE_LOG = os.path.join(REPO, "tests", "tools", "data", "nccl_tests_all_gather_2ranks.log")
 EXAMPLE = [os.path.join(REPO, "examples", "fsdp_train.py"), "--mesh", "2", "--steps", "6",
            "--no-progress", "--eval-batches", "1", "--log-every", "1"]
 
@@ -102,40 +103,103 @@ def test_the_example_under_mpirun_is_one_job_equal_to_its_own_launcher(tmp_path,
     assert got["step_collectives"], got
 
 
+def _fake_nccl_tests(folder) -> str:
+  """A folder holding a stand-in for nccl-tests' all_gather_perf: rank 0 prints the shipped
+  nccl-tests format sample, every rank writes the line aws-ofi-nccl logs on EFA where
+  NCCL_DEBUG_FILE says (%h host, %p pid), as NCCL does with NCCL_DEBUG=INFO."""
+  fake = os.path.join(folder, "all_gather_perf")
+  with open(fake, "w") as f:
+    f.write("#!/bin/bash\n"
+            'file=${NCCL_DEBUG_FILE//%h/$(hostname)}\n'
+            'echo "$(hostname):$$:$$ [0] NCCL INFO NET/OFI Selected provider is efa, fabric is '
+            'efa-direct (found 4 nics)" >"${file//%p/$$}"\n'
+            f'[ "${{SLURM_PROCID:-${{OMPI_COMM_WORLD_RANK:-0}}}}" = 0 ] && cat {SAMPLE_LOG}\n'
+            "exit 0\n")
+  os.chmod(fake, 0o755)
+  return folder
+
+
+def _job_script_env(tmp_path, **extra) -> dict:
+  """What the job script's tests give it: CPU processes, the requirement lifted, small
+  benchmark and example runs, the stand-in nccl-tests first on PATH."""
+  bin_dir = tmp_path / "bin"
+  bin_dir.mkdir()
+  path = _fake_nccl_tests(str(bin_dir)) + os.pathsep + os.environ.get("PATH", "")
+  return _env(PATH=path, PYTHON=sys.executable, JAX_SMDDP_REQUIRE="", OUT=str(tmp_path / "out"),
+              BENCH_ARGS="-b 64K -e 128K --iters 3 --warmup 1",
+              EXAMPLE_ARGS="--steps 4 --eval-batches 1 --log-every 1", **extra)
+
+
+def _check_job_script_run(run, out, launcher: str) -> dict:
+  """The script ran every step as one job of 2 processes: the doctor in each, nccl-tests (the
+  stand-in) with NCCL's INFO log per process showing EFA, the benchmark compared with its log,
+  the example; the example's summary."""
+  assert run.returncode == 0, run.stdout[-4000:] + run.stderr[-4000:]
+  for i in range(2):
+    assert f"process {i} of 2, 1 host(s)" in run.stdout, run.stdout[-4000:]
+  assert "nccl-tests ran over EFA (nccl-tests on this job)" in run.stdout, run.stdout[-4000:]
+  assert len(list((out / "nccl_debug").glob("*.log"))) == 2, list((out / "nccl_debug").iterdir())
+  assert "all_gather vs nccl-tests" in run.stdout, run.stdout[-4000:]
+  bench = json.loads((out / "bench.json").read_text())
+  assert bench["meta"]["job"]["launcher"] == launcher and bench["meta"]["job"]["processes"] == 2
+  assert {p["size"] for p in bench["meta"]["nccl_tests"]["comparison"]} >= {65536, 131072}, \
+      bench["meta"]
+  assert (out / "bench.csv").exists() and (out / "metrics.jsonl").exists()
+  summary = _summary(run.stdout)
+  assert (summary["processes"], summary["launcher"], summary["steps"]) == (2, launcher, 4), summary
+  return summary
+
+
+def _srun_mpi(slurm: dict) -> str:
+  """pmix where this Slurm's srun --mpi=pmix starts a task (its plugin loads libpmix.so:
+  libpmix-dev, tools/system_packages.sh), else none (a failure under CI)."""
+  probe = subprocess.run(["salloc", "-n", "1", "srun", "--mpi=pmix", "true"],
+                         env=_env(**slurm), capture_output=True, text=True, timeout=60)
+  if probe.returncode == 0:
+    return "pmix"
+  assert not IN_CI, f"srun --mpi=pmix fails (apt-get install libpmix-dev): {probe.stderr[-2000:]}"
+  return "none"
+
+
 @pytest.mark.timeout(400)
 def test_the_p4d_p5_job_script_runs_on_cpu_processes_of_a_local_slurm(tmp_path, slurm,
                                                                       example_compile_cache):
   """examples/p4d_p5.sbatch in a real allocation of 2 tasks (salloc; the script's #SBATCH
   header asks for p4d/p5 nodes this machine lacks), on CPU processes with the requirement
-  lifted: the doctor joins the job in each task, the benchmark runs across it and compares
-  with the shipped nccl-tests format sample, the example trains as one job of 2 whose losses
-  equal its own launcher's (--processes 2, the same arguments; it loads the programs the
-  job compiled)."""
+  lifted and its default srun binding (without task/affinity srun binds nothing): the doctor
+  joins the job in each task, nccl-tests (a stand-in) runs under srun --mpi=pmix and its NCCL
+  log shows EFA, the benchmark runs across the job and compares with nccl-tests' log, the
+  example trains as one job of 2 whose losses equal its own launcher's (--processes 2, the
+  same arguments; it loads the programs the job compiled)."""
   out = tmp_path / "out"
-  log = os.path.join(REPO, "tests", "tools", "data", "nccl_tests_all_gather_2ranks.log")
-  env = _env(**slurm, PYTHON=sys.executable, JAX_SMDDP_REQUIRE="", NCCL_TESTS_LOG=log,
-             OUT=str(out), BENCH_ARGS="-b 64K -e 128K --iters 3 --warmup 1",
-             EXAMPLE_ARGS="--steps 4 --eval-batches 1 --log-every 1", **example_compile_cache)
+  env = _job_script_env(tmp_path, **slurm, NCCL_TESTS_MPI=_srun_mpi(slurm),
+                        **example_compile_cache)
   run = subprocess.run(["salloc", "-n", "2", "--overcommit", "bash",
                         os.path.join(REPO, "examples", "p4d_p5.sbatch")],
                        cwd=REPO, env=env, capture_output=True, text=True, timeout=360)
-  assert run.returncode == 0, run.stdout[-4000:] + run.stderr[-4000:]
-  for i in range(2):
-    assert f"process {i} of 2, 1 host(s)" in run.stdout, run.stdout[-4000:]
-  assert "all_gather vs nccl-tests" in run.stdout, run.stdout[-4000:]
-  bench = json.loads((out / "bench.json").read_text())
-  assert bench["meta"]["job"]["launcher"] == "slurm" and bench["meta"]["job"]["processes"] == 2
-  assert {p["size"] for p in bench["meta"]["nccl_tests"]["comparison"]} >= {65536, 131072}, \
-      bench["meta"]
-  assert (out / "bench.csv").exists() and (out / "metrics.jsonl").exists()
-  summary = _summary(run.stdout)
-  assert (summary["processes"], summary["launcher"], summary["steps"]) == (2, "slurm", 4), summary
+  summary = _check_job_script_run(run, out, "slurm")
   own = subprocess.run([sys.executable, "examples/fsdp_train.py", "--mesh", "2", "--batch", "4",
                         "--no-progress", "--steps", "4", "--eval-batches", "1", "--log-every", "1",
                         "--processes", "2"], cwd=REPO, env=_env(**example_compile_cache),
                        capture_output=True, text=True, timeout=200)
   assert own.returncode == 0, own.stdout[-3000:] + own.stderr[-3000:]
   assert summary["final_loss"] == _summary(own.stdout)["final_loss"], (summary, own.stdout[-2000:])
+
+
+@pytest.mark.timeout(400)
+def test_the_p4d_p5_job_script_runs_under_mpirun_over_a_hostfile(tmp_path, example_compile_cache):
+  """The job script without Slurm (HOSTFILE): every step under Open MPI's real mpirun over a
+  hostfile of this host, 2 tasks bound to its NUMA node, the settings passed on with -x; the
+  same steps and checks as under Slurm."""
+  hosts = tmp_path / "hosts"
+  hosts.write_text("localhost slots=2\n")
+  # As root Open MPI needs --allow-run-as-root; this host has one NUMA node (p4d/p5: 2 of 4).
+  env = _job_script_env(tmp_path, HOSTFILE=str(hosts), TASKS_PER_NODE="2", MPIRUN=_mpirun(),
+                        MPIRUN_ARGS="--allow-run-as-root",
+                        MPIRUN_BIND="--map-by ppr:2:numa --bind-to numa", **example_compile_cache)
+  run = subprocess.run(["bash", os.path.join(REPO, "examples", "p4d_p5.sbatch")], cwd=REPO,
+                       env=env, capture_output=True, text=True, timeout=360)
+  _check_job_script_run(run, tmp_path / "out", "openmpi")
 
 
 def _doctor_rows(stdout: str) -> dict:
