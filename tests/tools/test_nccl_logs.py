@@ -139,6 +139,27 @@ def test_concatenated_runs_of_a_launch_without_mpi_count_each_rank_once():
   assert nccl_tests.parse_log(_text("nccl-2.30.4_alltoall_4ranks.log"))["ranks"] == 4
 
 
+@pytest.mark.timeout(30)
+@pytest.mark.parametrize("prefix", ["", "[0] "])
+def test_rows_cut_by_nccl_debug_lines(prefix):
+  """With NCCL_DEBUG=INFO, what NCCL prints while nccl-tests times a row lands after the row's
+  head and after its out-of-place group, on the row's own line (the launcher's prefix, if any,
+  before it: NVIDIA/nccl issue 1453's log): the row's pieces are joined."""
+  name = "nccl-2.31.2_all_reduce_2ranks.log"
+  info = "gpu-node-1:4711:4711 [0] NCCL INFO {} Bytes -> Algo 1 proto 2 time 35.1"
+  out = []
+  for line in _text(name).splitlines():
+    f = line.split()
+    if not f or not f[0].isdigit():
+      out.append(prefix + line)
+      continue
+    glued = prefix + info.format(f[0])
+    out += [prefix + "  ".join(f[:5]) + glued, glued, prefix + "  ".join(f[5:9]) + glued,
+            prefix + "  ".join(f[9:])]
+  got = nccl_tests.parse_log("\n".join(out), name)
+  assert _summary(got) == _summary(nccl_tests.parse_log(_text(name), name))
+
+
 BROADCAST = """# Collective test starting: broadcast_perf
 #       size         count      type   redop    root     time   algbw   busbw #wrong     time   algbw   busbw #wrong
         1024           256     float    none       0    10.00    0.10    0.10      0    10.00    0.10    0.10      0

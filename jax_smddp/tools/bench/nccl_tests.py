@@ -320,6 +320,55 @@ def _row(fields: list[str], columns: list[str]) -> dict | None:
           "root": root, **quads[0], "in_place": quads[1] if len(quads) > 1 else None}
 
 
+_VALUE = re.compile(r"N/A|-?\d+(?:\.\d+)?(?:e[+-]?\d+)?")
+
+
+def _values(fields: list[str], start: bool) -> list[str]:
+  """A row's line, or a piece of one, up to where another line's text was glued on: at a row's
+  start size, count and type and a redop's name, then numbers and N/A; a value with text glued
+  to it is kept."""
+  out = []
+  for i, f in enumerate(fields):
+    word = re.match(r"[A-Za-z]\w*$", f) if start and i in (2, 3) else None
+    m = word if start and i == 2 else word or _VALUE.match(f)
+    if not m:
+      break
+    out.append(m.group(0))
+    if m.end() < len(f):
+      break
+  return out
+
+
+def _take(run: dict, fields: list[str]) -> None:
+  """A row's line, or a piece of one: what NCCL prints while nccl-tests times a row (with
+  NCCL_DEBUG=INFO) lands after the row's head and after each group, on the row's line (NVIDIA/nccl
+  issue 1453's log); the pieces are joined until the row has every group its header names."""
+  start = len(fields) > 2 and fields[0].isdigit() and fields[1].isdigit() and fields[2][:1].isalpha()
+  values = _values(fields, start)
+  if start:
+    _flush(run)
+    run["piece"] = values
+  elif run["piece"] is not None and len(values) >= 4:  # a group: time, algbw, busbw, #wrong
+    run["piece"] += values
+  else:
+    return
+  row = _row(run["piece"], run["columns"])
+  groups = sum(c in ("time", "cputime") for c in run["columns"])
+  if row is not None and 1 + (row["in_place"] is not None) >= groups:
+    _flush(run)
+
+
+def _flush(run: dict) -> None:
+  """The row whose pieces were being joined, as far as it got (a copy of one a run already has,
+  in a run of interleaved copies, is dropped)."""
+  row = _row(run["piece"], run["columns"]) if run["piece"] else None
+  run["piece"] = None
+  key = row and (row["size"], row["type"], row["redop"], row["root"])
+  if row and not (run["copies"] and key in {(r["size"], r["type"], r["redop"], r["root"])
+                                            for r in run["rows"]}):
+    run["rows"].append(row)
+
+
 def _runs(stream: list[tuple[int, str]]) -> tuple[list[dict], int | None]:
   """One stream's runs of an nccl-tests binary: {"op" (as the run names it, or None), "ranks"
   (the distinct ranks of its "#  Rank N ..." lines), "rows", "line"}; and the line number of a
@@ -331,12 +380,14 @@ def _runs(stream: list[tuple[int, str]]) -> tuple[list[dict], int | None]:
     # A run's start printed again before its rows: processes' copies of one run, their lines
     # interleaved; each row then comes once per process, and the first is kept.
     copies = bool(run and not run["rows"] and run["columns"] is None)
+    if run:
+      _flush(run)
     if run and run["rows"]:
       runs.append(run)
     elif copies and pending is None:
       pending = run["op"]
     run = {"op": pending, "ranks": set(), "rows": [], "line": number, "columns": None,
-           "markers": set(), "copies": copies}
+           "markers": set(), "copies": copies, "piece": None}
     pending = None
 
   for number, line in stream:
@@ -369,17 +420,15 @@ def _runs(stream: list[tuple[int, str]]) -> tuple[list[dict], int | None]:
       elif run["op"] is None:
         run["op"] = _op_of_binary(named[-1])
       continue
-    if not fields[0].isdigit():
+    if not _VALUE.match(fields[0]):
       continue  # nccl-tests' other messages, NCCL's, the launcher's
     if run is None or run["columns"] is None:
       if len(fields) > 2 and fields[1].isdigit() and orphan is None:
         orphan = number
       continue
-    row = _row(fields, run["columns"])
-    key = row and (row["size"], row["type"], row["redop"], row["root"])
-    if row and not (run["copies"] and key in {(r["size"], r["type"], r["redop"], r["root"])
-                                              for r in run["rows"]}):
-      run["rows"].append(row)
+    _take(run, fields)
+  if run:
+    _flush(run)
   if run and run["rows"]:
     runs.append(run)
   return runs, orphan
