@@ -229,3 +229,14 @@ def test_without_slurm_mpirun_runs_every_step_over_the_hostfile_with_the_environ
       {a for a in steps["nccl-tests"]["args"]}, steps["nccl-tests"]
   example = steps["example"]["args"]
   assert example[example.index("--mesh") + 1] == "16", example
+
+
+@pytest.mark.timeout(60)
+def test_a_hostfile_without_hosts_is_named(tmp_path):
+  hosts = tmp_path / "hosts"
+  hosts.write_text("# nodes to come\n\n")
+  env = {k: v for k, v in os.environ.items() if not k.startswith("SLURM_")}
+  run = subprocess.run(["bash", JOB_SCRIPT], cwd=REPO, env={**env, "HOSTFILE": str(hosts)},
+                       capture_output=True, text=True, timeout=30)
+  assert run.returncode == 2 and f"no tasks: HOSTFILE={hosts} names no host" in run.stderr, \
+      (run.returncode, run.stderr)
