@@ -122,6 +122,11 @@ def test_launchers_prefixes_read_as_the_plain_log(launcher):
   own = _text("nccl-tests-2.13.6_all_gather_1rank.log")
   got = nccl_tests.parse_log(_prefixed(own, prefix, own, tasks), "log")
   assert _summary(got) == _summary(nccl_tests.parse_log(own)) and got["runs"] == tasks
+  # A log that names its collective only on the command typed before the launcher's lines.
+  old = _text("alltoall_perf_64ranks_2021.log")
+  typed = "$ mpirun -n 64 --tag-output ./build/alltoall_perf -b 256M -e 512M\n"
+  got = nccl_tests.parse_log(typed + _prefixed(old, prefix, nccl_info, tasks), "saved.txt")
+  assert _summary(got) == _summary(nccl_tests.parse_log(old, "alltoall_perf_64ranks_2021.log"))
 
 
 @pytest.mark.timeout(30)
@@ -236,8 +241,15 @@ def test_which_collective_a_log_is(tmp_path):
   own = _text("nccl-2.30.4_alltoall_4ranks.log")
   (tmp_path / "all_gather_perf.log").write_text(own)
   assert nccl_tests.read_log(str(tmp_path / "all_gather_perf.log"))["op"] == "all_to_all"
-  with pytest.raises(nccl_tests.LogError, match="this run is all_to_all, not all_reduce"):
+  with pytest.raises(nccl_tests.LogError, match="says it ran all_to_all, not all_reduce"):
     nccl_tests.read_log("all_reduce:" + str(tmp_path / "all_gather_perf.log"))
+  # In a log of several runs, OP: names those that name nothing.
+  mixed = tmp_path / "mixed.txt"
+  mixed.write_text(_text("nccl-2.31.2_all_reduce_2ranks.log") + text)
+  with pytest.raises(nccl_tests.LogError, match="line 18: cannot tell which collective"):
+    nccl_tests.read_logs(str(mixed))
+  assert [t["op"] for t in nccl_tests.read_logs(f"all_to_all:{mixed}")] == \
+      ["all_reduce", "all_to_all"]
   # A packaged build's binary name (srun --mpi=pmix all_reduce_perf_mpi ...).
   plain = _text("nccl-2.8.4_all_reduce_256ranks.log").replace("all_reduce_perf", "all_gather_perf_mpi")
   assert nccl_tests.parse_log(plain)["op"] == "all_gather"

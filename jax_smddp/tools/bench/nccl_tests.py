@@ -313,7 +313,7 @@ def _row(fields: list[str], columns: list[str]) -> dict | None:
   try:
     root = int(got.get("root", ROOT))
   except ValueError:
-    return None  # a row cut by another process's line
+    return None  # what is left of a row cut short
   if not quads or quads[0]["time"] is None or math.isnan(quads[0]["time"]):
     return None
   return {"size": size, "count": count_, "type": fields[2], "redop": got.get("redop"),
@@ -386,14 +386,17 @@ def _runs(stream: list[tuple[int, str]]) -> tuple[list[dict], int | None]:
       runs.append(run)
     elif copies and pending is None:
       pending = run["op"]
-    run = {"op": pending, "ranks": set(), "rows": [], "line": number, "columns": None,
-           "markers": set(), "copies": copies, "piece": None}
+    run = {"op": pending, "ranks": set(), "rows": [], "line": number, "end": number,
+           "after": runs[-1]["end"] if runs else 0, "columns": None, "markers": set(),
+           "copies": copies, "piece": None}
     pending = None
 
   for number, line in stream:
     fields = line.split()
     if not fields:
       continue
+    if run:
+      run["end"] = number
     if fields[0].startswith("#"):
       marker = next((k for k, pattern in _MARKERS if pattern.match(line)), None)
       header = len(fields) > 2 and fields[1] == "size" and fields[2] == "count"
@@ -455,12 +458,18 @@ def parse_logs(text: str, path: str | None = None, op: str | None = None) -> lis
     raise LogError(f"{where}: no result rows (nccl-tests prints one per size after its '#  size  "
                    "count  type ...' header)")
   from_name = _op_of_path(path)
+  # Binaries named anywhere, by line: the command typed before a launcher's tagged lines is not
+  # in the stream of the task that printed the run (those after the stream's run before).
+  named = [(number, _op_of_binary(m.group(0))) for number, line in
+           enumerate(text.splitlines(), 1) for m in _BINARY.finditer(line)]
+  says = {run["op"] for run in runs}
+  if op and None not in says and op not in says:
+    raise LogError(f"{where}: nccl-tests says it ran {', '.join(sorted(says))}, not {op}: give the "
+                   "log as PATH (OP:PATH names the collective of runs a log does not name)")
   tables: dict = {}
   for run in runs:  # the lowest task's first: its copy of a run is the one kept
-    if run["op"] in NAMES and op and run["op"] != op:
-      raise LogError(f"{where}, line {run['line']}: nccl-tests says this run is {run['op']}, not "
-                     f"{op}: give the log as PATH")
-    name = run["op"] or op or from_name
+    before = [o for number, o in named if run["after"] < number < run["line"]]
+    name = run["op"] or op or (before[-1] if before else from_name)
     if name is None:
       raise LogError(f"{where}, line {run['line']}: cannot tell which collective it measured (no "
                      "'Collective test starting: <op>_perf' line, command line or file name "
