@@ -434,7 +434,7 @@ def main(argv=None) -> int:
       return 1
     return 0
   try:
-    logs = [nccl_tests.read_log(spec) for spec in args.nccl_tests]
+    logs = [table for spec in args.nccl_tests for table in nccl_tests.read_logs(spec)]
   except nccl_tests.LogError as e:
     print(f"error: {e}", file=sys.stderr)
     return 2
