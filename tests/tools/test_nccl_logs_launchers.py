@@ -14,7 +14,11 @@ import sys
 
 import pytest
 
+from helpers import ran_in_first_suite
 from jax_smddp.tools.bench import nccl_tests
+
+# The launchers' output and the reader are the same whatever the Python and jax.
+ran_in_first_suite("the nccl-tests log reader on output of real launchers")
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 DATA = os.path.join(os.path.dirname(__file__), "data")
