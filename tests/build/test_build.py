@@ -1,7 +1,8 @@
 """The build as a user meets it: libfabric found where it lives (a prefix laid
 out like AWS's /opt/amazon/efa), headers installed after a first build picked
 up by the next one in the same build directory, and an sdist whose wheel installs
-into a fresh virtual environment and runs a two-process collective."""
+into a fresh virtual environment and runs a two-process collective, and runs from
+the repository's root too (where the checkout's sources come first on sys.path)."""
 
 from __future__ import annotations
 
@@ -121,14 +122,14 @@ TWO_PROCESS_JOB = textwrap.dedent("""
     """)
 
 
-@pytest.mark.compiles
-@pytest.mark.timeout(1500)
-def test_sdist_builds_a_wheel_that_installs_into_a_fresh_venv_and_runs_two_processes(tmp_path):
+@pytest.fixture(scope="module")
+def installed_venv(tmp_path_factory):
   """The sdist (as PyPI would get it), a wheel built from it alone (CPU only, to bound the
   time: the CUDA parts compile in the suite's own build), then a new virtual environment with
-  only jax and the wheel."""
+  only jax and the wheel (not editable): its folder. Built once for this module's tests."""
   # The second suite's own environment is a build from this source for its Python too.
   ran_in_first_suite("the sdist and a wheel built from it")
+  tmp_path = tmp_path_factory.mktemp("sdist")
   dist = tmp_path / "dist"
   sdist = subprocess.run(
       [sys.executable, "-c", "import sys, scikit_build_core.build as b; print(b.build_sdist(sys.argv[1]))",
@@ -153,9 +154,60 @@ def test_sdist_builds_a_wheel_that_installs_into_a_fresh_venv_and_runs_two_proce
        f"jax=={jax.__version__}", f"jaxlib=={jaxlib.version.__version__}", built],
       capture_output=True, text=True, timeout=900)
   assert install.returncode == 0, install.stdout[-3000:] + install.stderr[-3000:]
+  return venv
+
+
+@pytest.mark.compiles
+@pytest.mark.timeout(1500)
+def test_sdist_builds_a_wheel_that_installs_into_a_fresh_venv_and_runs_two_processes(installed_venv,
+                                                                                     tmp_path):
+  venv = installed_venv
+  python = str(venv / "bin" / "python")
   script = tmp_path / "job.py"
   script.write_text(TWO_PROCESS_JOB)
   procs = launch.run_job([], 2, 2, script=str(script), timeout=300, python=python)
   for p in procs:
     assert p.result and p.result["ok"], launch.describe(procs)
     assert p.result["file"].startswith(str(venv)), p.result  # the wheel's, not the source's
+
+
+ONE_PROCESS_PSUM = textwrap.dedent("""
+    import os
+    os.environ["XLA_FLAGS"] = "--xla_force_host_platform_device_count=2"
+    import numpy as np, jax
+    from jax.sharding import NamedSharding, PartitionSpec as P
+    import jax_smddp
+    from jax_smddp import _native
+    mesh = jax.make_mesh((2,), ("x",))
+    x = np.arange(2 * 3, dtype=np.float32).reshape(2, 3)
+    f = jax.jit(jax.shard_map(lambda v: jax_smddp.psum(v, "x"), mesh=mesh, in_specs=P("x"),
+                              out_specs=P(), check_vma=False))
+    got = np.asarray(f(jax.device_put(x, NamedSharding(mesh, P("x")))))
+    assert np.array_equal(got, x.sum(0, keepdims=True)), got
+    print(jax_smddp.__file__, _native.engine().__file__, jax_smddp.__version__)
+    """)
+
+
+@pytest.mark.compiles
+@pytest.mark.timeout(1500)  # the fixture's build when this test runs alone
+def test_the_installed_package_runs_from_the_repository_root(installed_venv):
+  """From the root python -m and -c import the checkout's jax_smddp/ first (the current
+  directory leads sys.path); it has no native extension, and hands over to the install."""
+  python = str(installed_venv / "bin" / "python")
+  env = {k: v for k, v in os.environ.items() if k != "XLA_FLAGS" and not k.startswith("JAX_SMDDP_")}
+  env.pop("PYTHONSAFEPATH", None)
+
+  def run(*args, **extra):
+    done = subprocess.run([python, *args], cwd=REPO, env=dict(env, **extra), capture_output=True,
+                          text=True, timeout=240)
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    return done.stdout
+
+  package, engine, version = run("-c", ONE_PROCESS_PSUM).split()
+  assert package.startswith(str(installed_venv)) and engine.startswith(str(installed_venv)), package
+  assert version == capabilities.version(), version
+  assert f"jax_smddp {version}" in run("-m", "jax_smddp.doctor")
+  assert "usage:" in run("-m", "jax_smddp.tools.bench", "--help")
+  # The start-up hook (jax_smddp.pth, run before the current directory joins sys.path).
+  trampoline = run("-c", "import os; print(os.environ['MPITRAMPOLINE_LIB'])", JAX_SMDDP_COLLECTIVES="xla")
+  assert trampoline.strip().startswith(str(installed_venv)), trampoline
