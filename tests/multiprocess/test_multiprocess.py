@@ -61,6 +61,18 @@ def test_collectives_across_processes(nprocs, devices):
 
 
 @pytest.mark.timeout(300)
+def test_cpu_helpers_are_the_hosts_share():
+  """Two processes on this host: each gets the helpers of its half of the cores it may use
+  (JAX_SMDDP_CPU_HELPERS' default), not every core less one."""
+  procs = run_job(["cpu_helpers"], 2, 2, timeout=240)
+  assert_all_ok(procs)
+  for p in procs:
+    cores = len(os.sched_getaffinity(0))
+    assert p.result["cores"] == cores and p.result["local_processes"] == 2, p.result
+    assert p.result["helpers"] == max(cores // 2 - 1, 0), p.result
+
+
+@pytest.mark.timeout(300)
 @pytest.mark.parametrize("nprocs,devices", [(2, 1), (2, 2)])
 def test_staged_collectives_of_changing_sizes(nprocs, devices):
   """Independent collectives in one program, each begun on XLA's thread and perhaps finished

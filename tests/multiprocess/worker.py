@@ -882,6 +882,17 @@ def scenario_permute():
   result(ok=True, traffic=smddp.traffic())
 
 
+def scenario_cpu_helpers():
+  """What the engine's helpers' default (JAX_SMDDP_CPU_HELPERS unset) sees once jax_smddp has
+  started this job's world: the job's processes on this host and the helpers of each."""
+  import _smddp_testing as probes
+  os.environ.pop("JAX_SMDDP_CPU_HELPERS", None)
+  smddp.initialize()
+  probes.use_world_of(_native.engine().world_source())
+  result(ok=True, local_processes=probes.local_processes(), helpers=probes.cpu_helpers(),
+         cores=probes.cores_available())
+
+
 SCENARIOS = {name[len("scenario_"):]: fn for name, fn in globals().items() if name.startswith("scenario_")}
 
 if __name__ == "__main__":

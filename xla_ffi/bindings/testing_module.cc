@@ -761,6 +761,13 @@ NB_MODULE(_smddp_testing, m) {
       nb::arg("how"), nb::arg("name"));
   // The engine's computed defaults, each from its one hook.
   m.def("cpu_helpers", &smddp::CpuHelpers);
+  m.def("default_cpu_helpers", &smddp::DefaultCpuHelpers, nb::arg("cores"),
+        nb::arg("local_processes"));
+  m.def("local_processes", &smddp::LocalProcesses);
+  // Reads the world of the module that built it (_smddp_cpu's world_source()) from now on,
+  // as the CUDA module does: what cpu_helpers() and local_processes() see in a job.
+  m.def("use_world_of",
+        [](uintptr_t source) { smddp::UseWorldOf(reinterpret_cast<smddp::WorldSource>(source)); });
   m.def("cores_available", &smddp::CoresAvailable);
   m.def("timeout_seconds", &smddp::TimeoutSeconds);
   m.def("rail_probe", [](const std::string& provider) {

@@ -47,7 +47,7 @@ Communicator* FindOrCreateCommunicator(const int64_t* members, const int64_t* pr
   // Keyed by members and their processes: one device id names different
   // devices under different device assignments.
   static auto* table = new std::map<std::vector<int64_t>, std::unique_ptr<Communicator>>();
-  static auto* in_process = new InProcessRendezvous(CpuHelpers());
+  static auto* in_process = new InProcessRendezvous();
   std::vector<int64_t> ids(members, members + size);
   std::vector<int64_t> key = ids;
   bool spans = false;

@@ -14,6 +14,7 @@
 #include "xla_ffi/common/timeout.h"
 #include "xla_ffi/engine/rendezvous_slot.h"
 #include "xla_ffi/engine/scheduler.h"
+#include "xla_ffi/transports/world.h"
 
 namespace smddp {
 
@@ -102,13 +103,20 @@ uint64_t HelperMinBytes() {
 
 }  // namespace
 
-int CpuHelpers() {
-  int64_t helpers = CoresAvailable() - 1;
-  IntSettingIfSet("JAX_SMDDP_CPU_HELPERS", &helpers);
-  return int(helpers);
+int DefaultCpuHelpers(int cores, int local_processes) {
+  return std::max(0, std::max(cores, 1) / std::max(local_processes, 1) - 1);
 }
 
-InProcessRendezvous::InProcessRendezvous(int helpers) : helpers_(std::max(0, helpers)) {}
+int LocalProcesses() {
+  std::shared_ptr<const World> world = CurrentWorld();
+  return world ? world->local_processes() : 1;
+}
+
+int CpuHelpers() {
+  int64_t helpers = 0;
+  if (IntSettingIfSet("JAX_SMDDP_CPU_HELPERS", &helpers)) return int(helpers);
+  return DefaultCpuHelpers(CoresAvailable(), LocalProcesses());
+}
 
 std::shared_ptr<InProcessRendezvous::Slot> InProcessRendezvous::GetOrCreate(const CallKey& key,
                                                                             int size,
@@ -218,7 +226,7 @@ void InProcessRendezvous::Start(const GroupInfo& group, int size, const CallKey&
   slot->plan = plan;
   slot->stream = StreamStores(info.recv_bytes * uint64_t(size));
   const uint64_t moved = std::max(info.send_bytes, info.recv_bytes) * uint64_t(size);
-  const int helpers = moved >= HelperMinBytes() ? std::min(helpers_, size - 1) : 0;
+  const int helpers = moved >= HelperMinBytes() ? std::clamp(CpuHelpers(), 0, size - 1) : 0;
   lock.unlock();
   for (int i = 0; i < helpers; ++i) Post([this, slot] { RunBodies(slot, kKeepNone); });
   if (Task mine = RunBodies(slot, rank)) mine();

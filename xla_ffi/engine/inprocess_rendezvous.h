@@ -3,10 +3,11 @@
 // data moves with memcpy (or is read in place by the algorithm).
 //
 // No rank waits: each rank's handler registers its buffers and returns. The
-// last rank to arrive runs the bodies of every rank, with as many engine
-// workers helping as there are spare cores (none for small calls), and the
-// last body to finish completes every rank. A timer fails the call on every
-// arrived rank if a peer has not arrived by the deadline.
+// last rank to arrive runs the bodies of every rank, with engine workers
+// helping as this process's share of the host's cores allows (CpuHelpers;
+// none for small calls), and the last body to finish completes every rank. A
+// timer fails the call on every arrived rank if a peer has not arrived by the
+// deadline.
 #ifndef JAX_SMDDP_ENGINE_INPROCESS_RENDEZVOUS_H_
 #define JAX_SMDDP_ENGINE_INPROCESS_RENDEZVOUS_H_
 
@@ -19,17 +20,29 @@
 
 namespace smddp {
 
+// The default of JAX_SMDDP_CPU_HELPERS (the one place it is worked out): the
+// cores this process may use shared among the job's `local_processes` on its
+// host (each runs its own XLA device threads and helpers on them), less the
+// one the last arrival's XLA thread runs bodies on; at least 0. The ranks
+// that arrived earlier have returned (no rank waits), so their XLA threads
+// take no core meanwhile. Measured: docs/cpu_floor.md, "Helper threads".
+int DefaultCpuHelpers(int cores, int local_processes);
+
+// The job's processes on this process's host, itself included (World::local_processes);
+// 1 with no world (before jax_smddp.initialize(), or in a one-process job).
+int LocalProcesses();
+
 // Engine workers that run collective bodies beside the last arrival:
-// JAX_SMDDP_CPU_HELPERS, else its computed default, the cores this process may
-// use less one (the one place that default is worked out).
+// JAX_SMDDP_CPU_HELPERS, else DefaultCpuHelpers(CoresAvailable(), LocalProcesses()).
 int CpuHelpers();
 
 class InProcessRendezvous : public Rendezvous {
  public:
   struct Slot;
 
-  // `helpers`: engine workers that run bodies beside the last arrival.
-  explicit InProcessRendezvous(int helpers);
+  // The helpers of each large call are CpuHelpers() at that call: the world, and so the
+  // processes sharing the host, may start after the rendezvous is built.
+  InProcessRendezvous() = default;
 
   void Start(const GroupInfo& group, int size, const CallKey& key, int rank, const void* send,
              void* recv, const CallInfo& info, Clock::time_point deadline, const Plan& plan,
@@ -41,7 +54,6 @@ class InProcessRendezvous : public Rendezvous {
   Task RunBodies(const std::shared_ptr<Slot>& slot, int mine);
   void Expire(const std::shared_ptr<Slot>& slot, Clock::time_point start);
 
-  int helpers_;
   std::mutex mu_;
   std::unordered_map<CallKey, std::shared_ptr<Slot>, CallKeyHash> slots_;
 };

@@ -31,7 +31,7 @@ thread_local std::string last_message;
 
 // Engine workers for cliques within this process: as the CPU module's.
 InProcessRendezvous* InProcess() {
-  static InProcessRendezvous* rendezvous = new InProcessRendezvous(CpuHelpers());
+  static InProcessRendezvous* rendezvous = new InProcessRendezvous();
   return rendezvous;
 }
 

@@ -9,6 +9,7 @@
 #ifndef JAX_SMDDP_TRANSPORTS_WORLD_H_
 #define JAX_SMDDP_TRANSPORTS_WORLD_H_
 
+#include <algorithm>
 #include <atomic>
 #include <cstdint>
 #include <memory>
@@ -37,10 +38,16 @@ class World {
         process_(process),
         peers_(std::move(peers)),
         sent_(new std::atomic<uint64_t>[peers_.size()]()),
-        received_(new std::atomic<uint64_t>[peers_.size()]()) {}
+        received_(new std::atomic<uint64_t>[peers_.size()]()) {
+    if (process_ >= 0 && process_ < processes())
+      for (const Peer& p : peers_) local_processes_ += p.host == peers_[process_].host;
+  }
 
   int process() const { return process_; }
   int processes() const { return int(peers_.size()); }
+  // The job's processes on this process's host (equal host ids, JAX_SMDDP_HOST_ID), itself
+  // included: those that share its cores (the engine's helpers' default, CpuHelpers).
+  int local_processes() const { return std::max(local_processes_, 1); }
   // The link to `process`, or null (itself, or a process it has no link to).
   Link* link(int process) const {
     return process >= 0 && process < processes() ? peers_[process].link.get() : nullptr;
@@ -126,6 +133,7 @@ class World {
   mutable std::atomic<uint64_t> call_bytes_[int(Caller::kCount)] = {};
   std::string fabric_provider_, fabric_node_;
   bool oversubscribed_ = false;
+  int local_processes_ = 0;
 };
 
 // The current world; null before initialize() and after shutdown().
