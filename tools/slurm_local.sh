@@ -72,7 +72,8 @@ install_slurm() {
   command -v slurmctld >/dev/null && command -v slurmd >/dev/null && command -v srun >/dev/null && return 0
   [[ "$(id -u)" == 0 ]] || die "slurm is not installed and we are not root (need: apt-get install slurmctld slurmd slurm-client)"
   command -v apt-get >/dev/null || die "slurm is not installed and apt-get is not available"
-  local pkgs=(slurmctld slurmd slurm-client) t0=$SECONDS
+  # libpmix-dev: srun --mpi=pmix (installed before slurmd starts, which loads it)
+  local pkgs=(slurmctld slurmd slurm-client libpmix-dev) t0=$SECONDS
   log "installing ${pkgs[*]} with apt-get"
   export DEBIAN_FRONTEND=noninteractive
   if ! apt-get install -y -q -o DPkg::Lock::Timeout=120 --no-install-recommends "${pkgs[@]}" >"/tmp/jax_smddp_slurm_apt.log" 2>&1; then
