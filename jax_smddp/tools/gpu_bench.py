@@ -391,8 +391,9 @@ def main(argv=None) -> int:
   p.add_argument("--csv", default=None,
                  help="one CSV line per op, size and variant with nccl-tests' columns")
   p.add_argument("--nccl-tests", action="append", default=[], metavar="LOG",
-                 help="a saved nccl-tests output (or OP:LOG) to match by op and size S: "
-                      "busbw and time ratios, ours / theirs; repeatable")
+                 help="a saved nccl-tests output (or OP:LOG), as run or as a launcher kept it "
+                      "(mpirun --tag-output, srun --label), to match by op and size S: busbw "
+                      "and time ratios, ours / theirs; repeatable")
   p.add_argument("--sweep", default=None, help=argparse.SUPPRESS)  # workers: the S list
   p.add_argument("--ops", default=",".join(DEFAULT_OPS))
   p.add_argument("--iters", type=int, default=20)

@@ -123,8 +123,10 @@ def parse_args(argv=None) -> argparse.Namespace:
                       "(nccl-tests' names; nccl_tests.CSV_COLUMNS)")
   p.add_argument("--nccl-tests", action="append", default=[], metavar="LOG",
                  help="a saved nccl-tests output (e.g. of all_gather_perf -b 8 -e 128M -f 2 "
-                      "-g 1), or OP:LOG: its rows matched to ours by op and size S, with the "
-                      "ratios of busbw (ours / theirs) and time (ours / theirs); repeatable")
+                      "-g 1), as run or as a launcher kept it (mpirun --tag-output, srun "
+                      "--label), one binary or several in turn; OP:LOG names the collective of "
+                      "runs that name none. Its rows are matched to ours by op and size S, with "
+                      "the ratios of busbw (ours / theirs) and time (ours / theirs); repeatable")
   p.add_argument("--plot", default=None,
                  help="PNG path (default bench_results/bench.png when matplotlib is importable)")
   p.add_argument("--no-plot", action="store_true", help="skip the plot")
