@@ -67,6 +67,8 @@ def test_bench_quick(tmp_path):
     assert not r["baseline_engine"], r  # the baseline is JAX's own collective
     assert len(r["samples_us"]["smddp"]) == r["iters"] == len(r["samples_us"]["lax"])
     assert min(r["samples_us"]["smddp"]) == pytest.approx(r["smddp"]["min_us"], abs=0.1)
+    for impl in ("smddp", "lax"):  # each p90 beside its median, from the same calls
+      assert r[impl]["p90_us"] == pytest.approx(np.percentile(r["samples_us"][impl], 90), abs=0.1)
     assert r["other_load"]["cores"] >= 0 and r["other_load"]["seconds"] > 0
   for op in OPS:  # one table per op in the terminal output
     assert f"# {op}: 4 ranks" in proc.stdout
@@ -149,6 +151,8 @@ def test_bench_two_processes(tmp_path):
       medians = r["process_medians_us"][impl]
       # (samples_us are rounded to 0.1 us)
       assert len(medians) == 2 and r[impl]["time_us"] >= max(medians) - 0.1, (impl, r)
+      # The p90 of the same calls: each call's slowest process.
+      assert r[impl]["p90_us"] == pytest.approx(np.percentile(r["samples_us"][impl], 90), abs=0.1)
       # From the last start to the last end: never longer than the call's slowest process.
       aa = r["after_arrival"][impl]
       assert 0 < aa["time_us"] <= r[impl]["time_us"] + 0.2 and aa["skew_us"] >= 0, (impl, r)

@@ -91,6 +91,9 @@ Definitions (as in nccl-tests; n = number of ranks, t = median time):
   own calls (each implementation's resampled); one that contains 1.0 says those calls
   cannot tell the two apart. A line under each table counts the sizes above, below and
   containing 1.0.
+* p90 (``p90_us``): the 90th percentile of each implementation's calls, beside its median
+  (taken over the processes as the median is); ``!`` marks one above 1.5x the median
+  (``interval.spread``): the calls' times spread, and the median moves more between runs.
 
 Each implementation's fastest call is kept too (``min_us``: the least disturbed
 by other load on a shared machine), and every call (``samples_us``). ``other_load``

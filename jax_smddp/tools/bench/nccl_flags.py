@@ -162,9 +162,9 @@ def over_processes(per_process: list[list[dict]], n: int, average: int) -> list[
   """Rows whose time is each process's time of a call (its median over the calls) taken over
   the processes as nccl-tests' -a takes each rank's: 0 process 0's, 1 their mean, 2 the least,
   3 the largest (src/common.cu: BenchTime's Allreduce of deltaSec). algbw, busbw and speedup
-  follow; each process's median is kept ("process_medians_us"); min_us is the fastest call of
-  any process (of process 0 with -a 0). `per_process`: every process's rows, the same ops and
-  sizes in the same order."""
+  follow, and each process's p90_us is taken alike; each process's median is kept
+  ("process_medians_us"); min_us is the fastest call of any process (of process 0 with -a 0).
+  `per_process`: every process's rows, the same ops and sizes in the same order."""
   take = {0: lambda v: v[0], 1: statistics.fmean, 2: min, 3: max}[average]
   out = []
   for rows in zip(*per_process):
@@ -180,6 +180,9 @@ def over_processes(per_process: list[list[dict]], n: int, average: int) -> list[
       if average:
         r[impl]["min_us"] = min(q[impl].get("min_us", q[impl]["time_us"]) for q in rows)
       r["process_medians_us"][impl] = times
+      p90s = [q[impl].get("p90_us") for q in rows]
+      if None not in p90s:  # taken over the processes as the medians are
+        r[impl]["p90_us"] = round(take(p90s), 1)
     r["speedup"] = r["lax"]["time_us"] / r["smddp"]["time_us"] if r["lax"]["time_us"] else None
     if "mpi4jax" in r:
       r["vs_mpi4jax"] = r["mpi4jax"]["time_us"] / r["smddp"]["time_us"]

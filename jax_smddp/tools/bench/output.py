@@ -8,10 +8,11 @@ import os
 
 from jax_smddp.tools.bench import nccl_tests
 from jax_smddp.tools.bench.core import BASELINES, PHASES, baseline_short, format_size
-from jax_smddp.tools.bench.interval import undecided
+from jax_smddp.tools.bench.interval import P90_MARK, spread, undecided
 
-_COLUMNS = ("size", "smddp us", "algbw", "busbw", "lax us", "busbw", "speedup", "90% range")
-_WIDTHS = (8, 11, 8, 8, 11, 8, 8, 10)
+_COLUMNS = ("size", "smddp us", "p90", "algbw", "busbw", "lax us", "p90", "busbw", "speedup",
+            "90% range")
+_WIDTHS = (8, 11, 10, 8, 8, 11, 10, 8, 8, 10)
 _RATIO = ("vs 1p", 7)
 
 
@@ -24,15 +25,19 @@ _LINK = (("link us", 10), ("vs link", 8), ("lax vs link", 13))
 def table_header(op: str, n: int, ratio: bool = False, lax_note: str = "",
                  model: bool = False, mpi: bool = False, memcpy: bool = False,
                  link: bool = False, baseline: str = "lax", statistic: str | None = None) -> str:
-  """The table's three header lines; `statistic`: what a multi-process row's time is."""
+  """The table's four header lines (the title, the p90 mark's legend, the groups and the
+  columns); `statistic`: what a multi-process row's time is."""
   short = baseline_short(baseline)
   if baseline != "lax":
     lax_note = ""
   title = (f"# {op}: {n} ranks; size = input bytes per rank; "
            f"time = {statistic or 'the median per call'} (us); bw in GB/s")
+  legend = (f"# p90: the calls' 90th percentile (us; over the processes as the time); ! = p90 "
+            f"above {P90_MARK:g}x the median (the calls spread: other load, or more busy threads "
+            "than cores)")
   span = lambda cols: sum(_WIDTHS[i] + 2 for i in cols) - 2
-  groups = (f"{'':{_WIDTHS[0]}}  {' jax_smddp ':-^{span((1, 2, 3))}}  "
-            f"{f' {BASELINES[baseline]}{lax_note} ':-^{span((4, 5))}}")
+  groups = (f"{'':{_WIDTHS[0]}}  {' jax_smddp ':-^{span((1, 2, 3, 4))}}  "
+            f"{f' {BASELINES[baseline]}{lax_note} ':-^{span((5, 6, 7))}}")
   columns = tuple(f"{short} us" if c == "lax us" else c for c in _COLUMNS)
   cols = "  ".join(f"{c:>{w}}" for c, w in zip(columns, _WIDTHS))
   if mpi:
@@ -45,7 +50,7 @@ def table_header(op: str, n: int, ratio: bool = False, lax_note: str = "",
     cols += f"  {_RATIO[0]:>{_RATIO[1]}}"
   if model:
     cols += "".join(f"  {c:>{w}}" for c, w in _MODEL)
-  return "\n".join((title, groups, cols))
+  return "\n".join((title, legend, groups, cols))
 
 
 def nccl_table(op: str, results: list[dict], baseline: str = "lax", lax_note: str = "",
@@ -82,11 +87,18 @@ def _range(iv: list[float] | None) -> str:
   return f"{iv[0]:.2f}-{iv[1]:.2f}" if iv else "-"
 
 
+def _p90(entry: dict) -> str:
+  """An implementation's p90 cell: marked ! where it exceeds P90_MARK x the median."""
+  p = entry.get("p90_us")
+  return "- " if p is None else f"{p:.1f}" + ("!" if spread(entry) else " ")
+
+
 def table_row(r: dict) -> str:
   s, l = r["smddp"], r["lax"]
-  cells = (format_size(r["bytes_per_rank"]), f"{s['time_us']:.1f}", f"{s['algbw_gbs']:.3f}",
-           f"{s['busbw_gbs']:.3f}", _ratio(l["time_us"], 1), _ratio(l["busbw_gbs"], 3),
-           _ratio(r["speedup"]) + ("" if r["engine"] else "*"), _range(r.get("speedup_interval")))
+  cells = (format_size(r["bytes_per_rank"]), f"{s['time_us']:.1f}", _p90(s),
+           f"{s['algbw_gbs']:.3f}", f"{s['busbw_gbs']:.3f}", _ratio(l["time_us"], 1), _p90(l),
+           _ratio(l["busbw_gbs"], 3), _ratio(r["speedup"]) + ("" if r["engine"] else "*"),
+           _range(r.get("speedup_interval")))
   row = "  ".join(f"{c:>{w}}" for c, w in zip(cells, _WIDTHS))
   if "mpi4jax" in r:
     cells = (f"{r['mpi4jax']['time_us']:.1f}", f"{r['vs_mpi4jax']:.2f}")
