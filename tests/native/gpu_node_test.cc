@@ -11,7 +11,7 @@
 // producer would, and results read back after it; the stream is synchronized
 // only at the end.
 //
-//   gpu_node_test PxG direct|staged|schedule|refused|dead OUTDIR [ffi|nccl]
+//   gpu_node_test PxG direct|staged|schedule|refused|dead|steady OUTDIR [ffi|nccl]
 //
 // nccl: the same through the NCCL API front end (cuda/ncclapi, its stream
 // backend cuda/ncclapi/nccl_library.cc: CudaStreamOps on the caller's
@@ -30,7 +30,8 @@
 // schedule: two all_gathers of 4 KiB per rank (schedule_staged: through the 4 KiB slots), then
 // prints the most peer copies each device had in flight at once and rank 0's copies of the second
 // call. refused: set-up must fail naming a pair of devices (JAX_SMDDP_MOCK_TOPOLOGY=pcie_nop2p).
-// dead: the last process dies after set-up; the others' calls fail naming it.
+// dead: the last process dies after set-up; the others' calls fail naming it. steady: what
+// calls cost the host once their buffers are known (gpu_node_steady.h; direct reads).
 //
 //   gpu_node_test mock
 //
@@ -46,10 +47,12 @@
 #include <algorithm>
 #include <atomic>
 #include <chrono>
+#include <condition_variable>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
 #include <list>
+#include <mutex>
 #include <string>
 #include <thread>
 #include <utility>
@@ -62,6 +65,7 @@
 #include "cuda/gpu_communicator.h"
 #include "cuda/ncclapi/nccl_types.h"
 #include "tests/native/check.h"
+#include "tests/native/gpu_node_steady.h"
 #include "xla_ffi/algorithms/plan.h"
 #include "xla_ffi/common/timeout.h"
 #include "xla_ffi/transports/world.h"
@@ -88,7 +92,7 @@ namespace gpu = smddp::gpu;
 
 // Shared by the forked processes: their handles and barriers.
 struct Board {
-  std::atomic<int> count[32];
+  std::atomic<int> count[64];
   struct Handle {
     int32_t rank;
     uint32_t len;
@@ -103,6 +107,7 @@ Board* board = nullptr;
 int barriers = 0;
 
 void Barrier(int processes) {
+  CHECK(barriers < 64, "more than 64 barriers");
   std::atomic<int>& c = board->count[barriers++];
   c.fetch_add(1);
   const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(60);
@@ -110,6 +115,25 @@ void Barrier(int processes) {
     CHECK(std::chrono::steady_clock::now() < deadline, "barrier %d timed out", barriers - 1);
     std::this_thread::sleep_for(std::chrono::milliseconds(1));
   }
+}
+
+// Every rank of the job (each process's G threads, then the processes).
+int ranks_per_process = 1, job_processes = 1;
+std::mutex job_mu;
+std::condition_variable job_cv;
+int job_arrived = 0;
+uint64_t job_generation = 0;
+void JobBarrier() {
+  std::unique_lock<std::mutex> lock(job_mu);
+  const uint64_t generation = job_generation;
+  if (++job_arrived < ranks_per_process) {
+    job_cv.wait(lock, [&] { return job_generation != generation; });
+    return;
+  }
+  Barrier(job_processes);  // the last thread of this process, for all of them
+  job_arrived = 0;
+  ++job_generation;
+  job_cv.notify_all();
 }
 
 // What every process said, as the key-value store would relay it.
@@ -280,6 +304,19 @@ void RunRank(const std::string& mode, const std::string& outdir, int P, int rank
     CHECK_MSG(ncclCommInitRank(&comm, P, *id, rank) == ncclSuccess,
               std::string("ncclCommInitRank: ") + ncclGetLastError(nullptr));
   }
+  if (mode == "steady") {
+    smddp_test::SteadyRank s;
+    s.ranks = P;
+    s.rank = rank;
+    s.process = rank / ranks_per_process;
+    s.first_of_process = rank % ranks_per_process == 0;
+    s.me = me;
+    s.comm = comm;
+    s.barrier = [] { JobBarrier(); };
+    s.permutes = hosts == 1;
+    smddp_test::RunSteady(s);
+    return;
+  }
   cudaStream_t stream;
   CHECK(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking) == cudaSuccess);
   void *send = nullptr, *recv = nullptr;
@@ -421,6 +458,8 @@ int RunProcessNccl(int p, int P, int G, const std::string& mode, const std::stri
 
 int RunProcess(int p, int P, int G, const std::string& mode, const std::string& outdir, bool nccl) {
   smddp_test::Who() = "process " + std::to_string(p);
+  ranks_per_process = G;
+  job_processes = P;
   std::string devices;
   for (int i = 0; i < G; ++i) devices += (i ? "," : "") + std::to_string(p * G + i);
   setenv("JAX_SMDDP_MOCK_DEVICES", devices.c_str(), 1);

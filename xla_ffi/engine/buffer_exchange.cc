@@ -33,6 +33,8 @@ HandleSlot* Handles(uint8_t* table) {
   return reinterpret_cast<HandleSlot*>(table + BufferExchange::kEntries * sizeof(Entry));
 }
 
+std::atomic<uint64_t> host_meetings{0}, host_waits{0};  // BufferExchange::HostWaitCounts
+
 std::mutex staged_mu;
 std::string staged_because;  // BufferExchange::StagedBecause
 
@@ -46,6 +48,11 @@ void NoteStaged(const std::string& why) {
 std::string BufferExchange::StagedBecause() {
   std::lock_guard<std::mutex> lock(staged_mu);
   return staged_because;
+}
+
+BufferExchange::HostWaits BufferExchange::HostWaitCounts() {
+  return {host_meetings.load(std::memory_order_relaxed),
+          host_waits.load(std::memory_order_relaxed)};
 }
 
 size_t BufferExchange::Bytes() {
@@ -164,6 +171,9 @@ Status BufferExchange::Exchange(uint64_t exchange, uint64_t call, const void* in
   for (int q = 0; q < size; ++q) {
     if (q == rank_) continue;
     Entry* e = Entries(tables_[q]) + exchange % kEntries;
+    host_meetings.fetch_add(1, std::memory_order_relaxed);
+    if (e->w[0].load(std::memory_order_acquire) != exchange + 1)
+      host_waits.fetch_add(1, std::memory_order_relaxed);
     for (uint64_t spins = 0; e->w[0].load(std::memory_order_acquire) != exchange + 1; ++spins) {
       if (Status st = check_(); !st.ok()) return st;
       if (spins % 256 == 255) {

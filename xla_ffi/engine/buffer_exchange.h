@@ -82,6 +82,16 @@ class BufferExchange {
   static std::string StagedBecause();
   size_t mapped() const { return mapped_.size(); }
 
+  // This process's host meetings with peers so far, for the steady-state
+  // test (issue 65: a steady call should meet no peer on the host):
+  // `meetings`, peers' entries an exchange awaited (whether or not they were
+  // there yet); `waits`, those it had to spin for (not there at first look).
+  struct HostWaits {
+    uint64_t meetings;
+    uint64_t waits;
+  };
+  static HostWaits HostWaitCounts();
+
  private:
   // Exports the allocation holding `p` (publishing its handle the first
   // time); its id + 1 and `p`'s offset in it, or 0 and why not.

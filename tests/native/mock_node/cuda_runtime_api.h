@@ -158,6 +158,18 @@ int MaxPeerCopiesInFlight(int node_device);
 std::string Fault(int ordinal);
 // The node device id of local ordinal `ordinal`.
 int NodeDevice(int ordinal);
+// What this process asked of the runtime so far (the steady-state test reads
+// how many of each one call costs once its buffers are known).
+struct Counters {
+  uint64_t ipc_exports;        // cudaIpcGetMemHandle
+  uint64_t ipc_opens;          // cudaIpcOpenMemHandle
+  uint64_t cumem_exports;      // cuMemExportToShareableHandle
+  uint64_t imports;            // cuMemImportFromShareableHandle
+  uint64_t maps;               // cuMemMap
+  uint64_t grants;             // cuMemSetAccess
+  uint64_t attribute_queries;  // cuPointerGetAttributes
+};
+Counters Count();
 }  // namespace mock_node
 
 #endif  // JAX_SMDDP_TESTS_MOCK_NODE_CUDA_RUNTIME_API_H_

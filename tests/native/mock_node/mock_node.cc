@@ -97,6 +97,10 @@ std::string faults[kMaxDevices];
 std::vector<CopyRecord> schedule;
 unsigned long long next_id = 1;
 int allocations = 0;
+// Count(): what the code under test asked (atomics: asked from any thread).
+std::atomic<uint64_t> n_ipc_exports{0}, n_ipc_opens{0}, n_cumem_exports{0}, n_imports{0}, n_maps{0},
+    n_grants{0}, n_attribute_queries{0};
+void Bump(std::atomic<uint64_t>& n) { n.fetch_add(1, std::memory_order_relaxed); }
 thread_local int current = 0;
 
 // The allocation holding [p, p + n), or null.
@@ -354,6 +358,7 @@ int HomeOfName(const char* name) {
 }
 
 int PointerGetAttributes(unsigned count, const int* which, void** data, unsigned long long ptr) {
+  Bump(n_attribute_queries);
   std::lock_guard<std::mutex> lock(mu);
   uintptr_t base = 0;
   const Alloc* a = Find(uintptr_t(ptr), 1, &base);
@@ -388,6 +393,7 @@ int RetainAllocationHandle(unsigned long long* h, void* addr) {
   return 0;
 }
 int ExportToShareableHandle(void* out, unsigned long long h, int type, unsigned long long) {
+  Bump(n_cumem_exports);
   std::lock_guard<std::mutex> lock(mu);
   for (const auto& [at, a] : allocs) {
     if (a.kind == Kind::kDevice && a.id == h && type == 1) {
@@ -400,6 +406,7 @@ int ExportToShareableHandle(void* out, unsigned long long h, int type, unsigned 
   return 1;
 }
 int ImportFromShareableHandle(unsigned long long* h, void* fd, int type) {
+  Bump(n_imports);
   const int copy = type == 1 ? dup(int(reinterpret_cast<uintptr_t>(fd))) : -1;
   if (copy < 0) return 1;
   std::lock_guard<std::mutex> lock(mu);
@@ -426,6 +433,7 @@ int AddressFree(unsigned long long p, size_t bytes) {
   return munmap(reinterpret_cast<void*>(p), bytes) == 0 ? 0 : 1;
 }
 int MemMap(unsigned long long p, size_t bytes, size_t, unsigned long long h, unsigned long long) {
+  Bump(n_maps);
   std::lock_guard<std::mutex> lock(mu);
   auto it = imported.find(h);
   if (it == imported.end()) return 1;
@@ -450,6 +458,7 @@ struct AccessDesc {
   int flags;
 };
 int SetAccess(unsigned long long p, size_t, const AccessDesc* desc, size_t count) {
+  Bump(n_grants);
   std::lock_guard<std::mutex> lock(mu);
   auto it = allocs.find(uintptr_t(p));
   if (it == allocs.end() || it->second.kind != Kind::kCuMem) return 1;
@@ -491,6 +500,11 @@ std::string Fault(int ordinal) {
 }
 int NodeDevice(int ordinal) {
   return ordinal >= 0 && ordinal < int(Cfg().devices.size()) ? Cfg().devices[ordinal] : -1;
+}
+Counters Count() {
+  auto n = [](const std::atomic<uint64_t>& c) { return c.load(std::memory_order_relaxed); };
+  return Counters{n(n_ipc_exports), n(n_ipc_opens), n(n_cumem_exports),    n(n_imports),
+                  n(n_maps),        n(n_grants),    n(n_attribute_queries)};
 }
 
 }  // namespace mock_node
@@ -697,6 +711,7 @@ cudaError_t cudaEventDestroy(cudaEvent_t e) {
 
 // A handle: the shared memory's name (which ends with its node device).
 cudaError_t cudaIpcGetMemHandle(cudaIpcMemHandle_t* h, void* p) {
+  Bump(n_ipc_exports);
   std::lock_guard<std::mutex> lock(mu);
   auto it = allocs.find(uintptr_t(p));
   if (it == allocs.end() || it->second.kind != Kind::kDevice) return cudaErrorInvalidValue;
@@ -707,6 +722,7 @@ cudaError_t cudaIpcGetMemHandle(cudaIpcMemHandle_t* h, void* p) {
 // Opened in the current device's context; the owner must be reachable
 // peer to peer (the lazy flag enables that access for this device only).
 cudaError_t cudaIpcOpenMemHandle(void** p, cudaIpcMemHandle_t h, unsigned) {
+  Bump(n_ipc_opens);
   h.reserved[sizeof(h.reserved) - 1] = '\0';
   const int home = HomeOfName(h.reserved);
   if (!Cfg().p2p && home != NodeDevice(current)) return cudaErrorPeerAccessUnsupported;

@@ -1,0 +1,40 @@
+// The steady-state scenario of the mock node's layouts test (gpu_node_test.cc,
+// mode "steady"; issue 65): what a call costs the host once its buffers are
+// known. Each rank runs, per collective (all_gather, reduce_scatter,
+// all_reduce, all_to_all, collective-permute to rank r + 1), one warm-up call,
+// then 50 calls on the same buffers with new data each, every answer checked
+// here; around the 50 every process reads the mock's counters (IPC exports,
+// opens, cuMem exports, imports, maps, grants, pointer-attribute queries:
+// mock_node::Count) and the buffer exchange's host meetings with its peers
+// (BufferExchange::HostWaitCounts) and prints what the 50 cost it:
+//   steady <op> process <p>: meetings M waits W ipc_exports .. ipc_opens ..
+//   cumem_exports .. imports .. maps .. grants .. attribute_queries ..
+#ifndef JAX_SMDDP_TESTS_NATIVE_GPU_NODE_STEADY_H_
+#define JAX_SMDDP_TESTS_NATIVE_GPU_NODE_STEADY_H_
+
+#include <functional>
+
+#include "cuda/gpu_communicator.h"
+#include "cuda/ncclapi/nccl_types.h"
+
+namespace smddp_test {
+
+struct SteadyRank {
+  int ranks = 0;                        // in the group
+  int rank = 0;                         // this one's
+  int process = 0;                      // this rank's process
+  bool first_of_process = false;        // prints the process's counters
+  smddp::gpu::LocalRank* me = nullptr;  // the custom calls' path, or
+  ncclComm_t comm = nullptr;            // the NCCL API front end
+  std::function<void()> barrier;        // every rank of the job
+  // Groups across hosts: the front end forwards permutes to the real NCCL
+  // (here a mock that moves no data), so they are left out.
+  bool permutes = true;
+};
+
+// Runs the scenario on the current device; a failed check exits the process.
+void RunSteady(const SteadyRank& s);
+
+}  // namespace smddp_test
+
+#endif  // JAX_SMDDP_TESTS_NATIVE_GPU_NODE_STEADY_H_
