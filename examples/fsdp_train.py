@@ -497,7 +497,8 @@ def main(argv=None) -> dict:
   def collectives_report(steps: int) -> dict:
     return step_collectives.report(step_ops, counted_before, smddp_distributed.traffic_by_op(),
                                    steps, jax.local_device_count(), xla_collectives,
-                                   counting=smddp_distributed.is_initialized())
+                                   # one process counts without a world (CountingWorld)
+                                   counting=processes == 1 or smddp_distributed.is_initialized())
 
   def xla_libraries() -> dict:  # for the trace's reading: XLA's ops by what ran them
     return {op.replace("-", "_"): o["library"] for op, o in collectives_report(1).items()

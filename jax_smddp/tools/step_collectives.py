@@ -23,8 +23,8 @@ device, for one run of the program:
   in-process, nccl);
 * ``jax_smddp_calls``, ``jax_smddp_bytes``: what jax_smddp's engine counted for that op
   (:func:`jax_smddp.distributed.traffic_by_op`, per device: the process's count over its
-  devices), None where it counts nothing (a one-process job). For jax_smddp's custom calls
-  and XLA's all-gather, reduce-scatter and all-reduce the bytes equal ``bytes`` when every
+  devices; a one-process job counts too), None where told it counts nothing. For jax_smddp's
+  custom calls and XLA's all-gather, reduce-scatter and all-reduce the bytes equal ``bytes`` when every
   call went through jax_smddp (XLA's calls may be more: it makes one MPI call per operand
   of an instruction that reduces several arrays at once); XLA's all-to-all and
   collective-permute reach it as point-to-point messages (a call per block from another
@@ -186,8 +186,8 @@ def report(ops: dict, before: dict, after: dict, runs: int, devices: int,
   """Per op of `ops` (in_hlo of the program), for one run and one device: the program's
   figures, the library that ran it and what jax_smddp counted of it between the
   traffic_by_op() readings `before` and `after`, over `runs` runs on this process's
-  `devices` devices. `counting`: whether jax_smddp counts here (a multi-process job);
-  otherwise its figures are None."""
+  `devices` devices. `counting`: whether jax_smddp counts here (on CPU it does, in one
+  process or several); otherwise its figures are None."""
   out = {}
   for op, o in ops.items():
     b, a = before.get(op, {}), after.get(op, {})

@@ -139,13 +139,15 @@ def check_summary(summary, collectives, mesh):
     assert set(ops) == {"smddp_all_gather", "smddp_reduce_scatter", "smddp_all_reduce"}, ops
   else:
     assert set(ops) == {"all-gather", "reduce-scatter", "all-reduce"}, ops
-  # Which library ran each: the custom calls' own, or XLA's in-process collectives (one
-  # process: jax_smddp counts nothing, as there is no job to count in).
+  # Which library ran each: the custom calls' own, or XLA's in-process collectives; one
+  # process counts jax_smddp's calls too: all of the program's, or none.
   found = summary["step_collectives"]
   assert set(found) == set(ops), found
   for op, o in found.items():
     assert o["library"] == ("jax_smddp" if collectives == "smddp" else "xla (in-process)"), o
-    assert o["instructions"] == ops[op] and o["bytes"] > 0 and o["jax_smddp_bytes"] is None, o
+    assert o["instructions"] == ops[op] and o["bytes"] > 0, o
+    want = (o["calls"], o["bytes"]) if collectives == "smddp" else (0, 0)
+    assert (o["jax_smddp_calls"], o["jax_smddp_bytes"]) == want, o
 
 
 def xla_collectives_per_step(hlo: str) -> dict:

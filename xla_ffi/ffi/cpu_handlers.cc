@@ -100,7 +100,7 @@ ffi::ErrorOr<std::unique_ptr<CallSite>> Instantiate(ffi::Dictionary attrs) {
           Status::InvalidArgument("jax_smddp: a permutation's sources are not one per rank")));
     site->sources.assign(sources->begin(), sources->end());
   }
-  site->world = CurrentWorld();
+  site->world = CountingWorld();
   return site;
 }
 

@@ -138,6 +138,11 @@ class World {
 
 // The current world; null before initialize() and after shutdown().
 std::shared_ptr<const World> CurrentWorld();
+// Where a call counts itself (CountCall): the current world, or where there is none (a
+// one-process job, before initialize()) this engine copy's world of this process alone,
+// which is never current and has no links: it only counts, so that traffic_by_op() reads
+// a one-process job's calls as a multi-process job's.
+std::shared_ptr<const World> CountingWorld();
 
 // Each extension module (_smddp_cpu, _smddp_cuda) links its own copy of the
 // engine. The world is built by _smddp_cpu's copy; the CUDA module reads it
