@@ -39,6 +39,8 @@ ENV_VAR = "JAX_SMDDP_COLLECTIVES"
 # The collectives, in the engine's order (xla_ffi/algorithms/plan.h, Plan::Kind): Python's one
 # list of them (the swap, the cost model, the benchmarks), here because start-up imports nothing.
 COLLECTIVES = ("all_gather", "reduce_scatter", "all_reduce", "all_to_all")
+# What the lax swap can take (jax.lax.ppermute too: the engine's fifth, collective_permute).
+SWAPPABLE = COLLECTIVES + ("collective_permute",)
 # Each accepted name of a collective (jax_smddp's and jax.lax's) -> its jax_smddp name.
 COLLECTIVE_NAMES = {
     "all_gather": "all_gather", "all_gather_invariant": "all_gather",
@@ -46,6 +48,7 @@ COLLECTIVE_NAMES = {
     "all_reduce": "all_reduce", "psum": "all_reduce", "pmax": "all_reduce",
     "pmin": "all_reduce",
     "all_to_all": "all_to_all",
+    "collective_permute": "collective_permute", "ppermute": "collective_permute",
 }
 ALL_NAMES = ("all", "1", "true", "on", "yes")     # every collective (in the variable: and xla)
 NONE_NAMES = ("none", "0", "false", "off", "no")  # none
@@ -86,13 +89,13 @@ def parse_collectives(value: str, strict: bool = True) -> Collectives:
       xla = True
     elif name in ALL_NAMES:
       every = True
-      ops.update(COLLECTIVES)
+      ops.update(SWAPPABLE)
     elif name in COLLECTIVE_NAMES:
       ops.add(COLLECTIVE_NAMES[name])
     elif strict:
       raise ValueError(
-          f"jax_smddp: unknown collective {name!r}; use a comma list of {', '.join(COLLECTIVES)} "
-          f"(or their jax.lax names psum_scatter, psum, pmax, pmin), 'all' (or 1), 'xla' "
+          f"jax_smddp: unknown collective {name!r}; use a comma list of {', '.join(SWAPPABLE)} "
+          f"(or their jax.lax names psum_scatter, psum, pmax, pmin, ppermute), 'all' (or 1), 'xla' "
           f"(XLA's cross-process collectives only, see jax_smddp.swap.xla) or 'none' (or 0).")
   return Collectives(ops, xla, every)
 

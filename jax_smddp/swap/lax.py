@@ -1,7 +1,7 @@
 """Drop-in backend swap: lower ``jax.lax`` collectives through jax_smddp.
 
 An unmodified program that calls ``jax.lax.all_gather``, ``psum_scatter``,
-``psum``/``pmax``/``pmin`` or ``all_to_all`` inside ``jax.shard_map`` can run on
+``psum``/``pmax``/``pmin``, ``all_to_all`` or ``ppermute`` inside ``jax.shard_map`` can run on
 jax_smddp's engine, either by setting ``JAX_SMDDP_COLLECTIVES`` before the
 program starts (read by the ``jax_plugins`` entry point when JAX initialises its
 backends) or from code with :func:`use`.
@@ -42,6 +42,7 @@ _ag = importlib.import_module("jax_smddp.all_gather")
 _ar = importlib.import_module("jax_smddp.all_reduce")
 _a2a = importlib.import_module("jax_smddp.all_to_all")
 _rs = importlib.import_module("jax_smddp.reduce_scatter")
+_pp = importlib.import_module("jax_smddp.ppermute")
 
 log = logging.getLogger("jax_smddp")
 
@@ -49,7 +50,7 @@ ENV_VAR = _startup.ENV_VAR
 
 # The collectives that can be swapped, by their jax_smddp name (the names each
 # accepts: _startup.COLLECTIVE_NAMES).
-OPS = _startup.COLLECTIVES
+OPS = _startup.SWAPPABLE
 
 
 Lowered = Any  # lowered values, or a string saying why jax_smddp does not take the call
@@ -89,6 +90,10 @@ def _scatter_no_groups(ctx, x, **params):  # unreduced_reduce_scatter_p
   return _rs._lower(ctx, x, axis_index_groups=None, **params)
 
 
+def _permute(ctx, x, *, platform, axis_name, perm):  # lax names one axis as it was given
+  return _pp._lower(ctx, x, platform=platform, axis_name=c.axes_tuple(axis_name), perm=perm)
+
+
 def _reduce(op: str, invariant: bool):
   def lower(ctx, x, *, platform, axes, axis_index_groups=None):
     return _ar._lower(ctx, x, platform=platform, axes=tuple(axes), reduce=op,
@@ -124,6 +129,8 @@ def _takeovers() -> dict[str, list[tuple[Any, Callable[..., Lowered]]]]:
           ("pmin_p", _single(_no_bool(_reduce("min", False)), "axes", "axis_index_groups"))],
       "all_to_all": [
           ("all_to_all_p", _single(_a2a._lower, *_A2A))],
+      "collective_permute": [
+          ("ppermute_p", _single(_permute, "axis_name", "perm"))],
   }
   return {op: [(getattr(lax_parallel, name), lower) for name, lower in rows
                if hasattr(lax_parallel, name)]
@@ -217,9 +224,9 @@ class use:
       with jax_smddp.use("all"):
         y = f(x)            # jax.lax collectives in f run on jax_smddp
 
-  Names: ``all_gather``, ``reduce_scatter``, ``all_reduce``, ``all_to_all``, or
-  the jax.lax names ``psum_scatter``, ``psum``/``pmax``/``pmin`` (all three are
-  ``all_reduce``), ``all``, ``none``; comma lists are accepted. ``xla`` also has
+  Names: ``all_gather``, ``reduce_scatter``, ``all_reduce``, ``all_to_all``,
+  ``collective_permute``, or the jax.lax names ``psum_scatter``, ``psum``/``pmax``/``pmin``
+  (all three are ``all_reduce``), ``ppermute``, ``all``, ``none``; comma lists are accepted. ``xla`` also has
   XLA's own cross-process CPU collectives served by jax_smddp (jax_smddp.swap.xla),
   which can only be chosen before JAX creates its CPU client, in a process whose
   jaxlib was loaded with ``MPITRAMPOLINE_LIB`` set (``JAX_SMDDP_COLLECTIVES=xla``

@@ -240,7 +240,8 @@ def test_env_var_swaps_unmodified_lax_program(tmp_path):
   names = ["fsdp_layer", "reductions", "exchanges", "hybrid_2d"]
   out, arrays, _ = _child(tmp_path, "all", names)
   assert out["plugin_loaded"], "the jax_plugins entry point did not run at backend init"
-  assert out["active"] == ["all_gather", "all_reduce", "all_to_all", "reduce_scatter"]
+  assert out["active"] == ["all_gather", "all_reduce", "all_to_all", "collective_permute",
+                           "reduce_scatter"]
   for name in names:
     text = out["texts"][name]
     assert plugin_calls_in(text) == sorted(PROGRAMS[name]["calls"]), name
