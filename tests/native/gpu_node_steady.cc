@@ -1,9 +1,11 @@
 #include "tests/native/gpu_node_steady.h"
 
+#include <chrono>
 #include <cstdint>
 #include <cstdio>
 #include <cstring>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include <cuda_runtime_api.h>  // the mock node
@@ -122,92 +124,149 @@ void Print(const char* what, int process, const Snapshot& before, const Snapshot
   std::fflush(stdout);
 }
 
+// One rank's buffers and stream, and its calls on them.
+class Caller {
+ public:
+  explicit Caller(const SteadyRank& s) : s_(s), N_(s.ranks), sources_(static_cast<size_t>(N_)) {
+    CHECK(cudaGetDevice(&ordinal_) == cudaSuccess);
+    CHECK(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking) == cudaSuccess);
+    const size_t bytes = size_t(N_) * kRow * 4;
+    CHECK(cudaMalloc(&send_, bytes) == cudaSuccess && cudaMalloc(&recv_, bytes) == cudaSuccess);
+    settings_.max_blocks = 8;  // copy engines, stream memory operations
+    for (int q = 0; q < N_; ++q) sources_[size_t(q)] = (q + N_ - 1) % N_;
+  }
+  ~Caller() {
+    cudaStreamDestroy(stream_);
+    cudaFree(send_);
+    cudaFree(recv_);
+  }
+
+  // Starts `calls` calls of `op`: their inputs and outputs live here until Check.
+  void Begin(int op, int calls) {
+    op_ = op;
+    Sizes(op, size_t(N_), &in_n_, &out_n_);
+    ins_.assign(size_t(calls), {});
+    outs_.assign(size_t(calls), {});
+  }
+  // Call `c` of the op: its input written on the stream, the call enqueued,
+  // its output read back on the stream; returns how long the enqueue took (s).
+  double Call(int c) {
+    const int r = s_.rank, N = N_;
+    ins_[size_t(c)] = Data(r, op_, c, in_n_);
+    outs_[size_t(c)].assign(out_n_, -12345);
+    CHECK(cudaMemcpyAsync(send_, ins_[size_t(c)].data(), in_n_ * 4, cudaMemcpyHostToDevice,
+                          stream_) == cudaSuccess);
+    const auto kind = Collective(op_);
+    const auto t0 = std::chrono::steady_clock::now();
+    if (s_.comm) {
+      ncclResult_t rc;
+      if (kind == Collective::kAllGather)
+        rc = ncclAllGather(send_, recv_, kRow, ncclInt32, s_.comm, stream_);
+      else if (kind == Collective::kReduceScatter)
+        rc = ncclReduceScatter(send_, recv_, kRow, ncclInt32, ncclSum, s_.comm, stream_);
+      else if (kind == Collective::kAllReduce)
+        rc = ncclAllReduce(send_, recv_, in_n_, ncclInt32, ncclSum, s_.comm, stream_);
+      else if (kind == Collective::kAllToAll)
+        rc = ncclAlltoAll(send_, recv_, kRow, ncclInt32, s_.comm, stream_);
+      else {
+        rc = ncclGroupStart();
+        if (rc == ncclSuccess) rc = ncclSend(send_, kRow, ncclInt32, (r + 1) % N, s_.comm, stream_);
+        if (rc == ncclSuccess)
+          rc = ncclRecv(recv_, kRow, ncclInt32, (r + N - 1) % N, s_.comm, stream_);
+        const ncclResult_t end = ncclGroupEnd();
+        if (rc == ncclSuccess) rc = end;
+      }
+      CHECK_MSG(rc == ncclSuccess, std::string(kNames[op_]) + ": " + ncclGetLastError(s_.comm));
+    } else {
+      smddp::Plan plan;
+      plan.kind = kind;
+      plan.dtype = smddp::DType::kInt32;
+      plan.outer = 1;
+      plan.inner = kind == Collective::kReduceScatter ? kRow : kRow * 4;
+      plan.count = kind == Collective::kAllReduce ? in_n_ : 0;
+      plan.sources = sources_.data();
+      smddp::cuda::CudaStreamOps ops(stream_, settings_);
+      const smddp::Status st = smddp::gpu::EnqueueCollective(
+          kNames[op_], op_id_++, smddp::gpu::CallRank{s_.me}, ops, send_, recv_, plan);
+      CHECK_MSG(st.ok(), std::string(kNames[op_]) + ": " + st.message());
+    }
+    const double took =
+        std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    CHECK(cudaMemcpyAsync(outs_[size_t(c)].data(), recv_, out_n_ * 4, cudaMemcpyDeviceToHost,
+                          stream_) == cudaSuccess);
+    return took;
+  }
+  void Synchronize() {
+    CHECK(cudaStreamSynchronize(stream_) == cudaSuccess, "%s", mock_node::Fault(ordinal_).c_str());
+  }
+  // Every call begun, against its answer (after Synchronize).
+  void Check() {
+    for (size_t c = 0; c < outs_.size(); ++c) {
+      const std::vector<int32_t> want = Want(op_, N_, s_.rank, int(c));
+      for (size_t i = 0; i < out_n_; ++i)
+        CHECK(outs_[c][i] == want[i], "%s call %zu: element %zu is %d, want %d", kNames[op_], c, i,
+              outs_[c][i], want[i]);
+    }
+  }
+
+ private:
+  const SteadyRank& s_;
+  const int N_;
+  int ordinal_ = 0;
+  cudaStream_t stream_;
+  void *send_ = nullptr, *recv_ = nullptr;
+  smddp::cuda::GpuSettings settings_;
+  std::vector<int64_t> sources_;
+  int64_t op_id_ = 0;
+  int op_ = 0;
+  size_t in_n_ = 0, out_n_ = 0;
+  std::vector<std::vector<int32_t>> ins_, outs_;  // host copies: alive until the stream ran
+};
+
 }  // namespace
 
 void RunSteady(const SteadyRank& s) {
-  const int N = s.ranks, r = s.rank;
-  int ordinal = 0;
-  CHECK(cudaGetDevice(&ordinal) == cudaSuccess);
-  cudaStream_t stream;
-  CHECK(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking) == cudaSuccess);
-  void *send = nullptr, *recv = nullptr;
-  const size_t bytes = size_t(N) * kRow * 4;
-  CHECK(cudaMalloc(&send, bytes) == cudaSuccess && cudaMalloc(&recv, bytes) == cudaSuccess);
-  smddp::cuda::GpuSettings settings;  // copy engines, stream memory operations
-  settings.max_blocks = 8;
-  std::vector<int64_t> sources(static_cast<size_t>(N));
-  for (int q = 0; q < N; ++q) sources[size_t(q)] = (q + N - 1) % N;
-  int64_t op_id = 0;
+  Caller caller(s);
   const Snapshot start = Take();
   for (int op = 0; op < (s.permutes ? 5 : 4); ++op) {
-    size_t in_n = 0, out_n = 0;
-    Sizes(op, size_t(N), &in_n, &out_n);
-    // Host copies of every call's input and output: alive until the stream ran.
-    std::vector<std::vector<int32_t>> ins(kCalls + 1), outs(kCalls + 1);
-    auto call = [&](int c) {
-      ins[size_t(c)] = Data(r, op, c, in_n);
-      outs[size_t(c)].assign(out_n, -12345);
-      CHECK(cudaMemcpyAsync(send, ins[size_t(c)].data(), in_n * 4, cudaMemcpyHostToDevice,
-                            stream) == cudaSuccess);
-      const auto kind = Collective(op);
-      if (s.comm) {
-        ncclResult_t rc;
-        if (kind == Collective::kAllGather)
-          rc = ncclAllGather(send, recv, kRow, ncclInt32, s.comm, stream);
-        else if (kind == Collective::kReduceScatter)
-          rc = ncclReduceScatter(send, recv, kRow, ncclInt32, ncclSum, s.comm, stream);
-        else if (kind == Collective::kAllReduce)
-          rc = ncclAllReduce(send, recv, in_n, ncclInt32, ncclSum, s.comm, stream);
-        else if (kind == Collective::kAllToAll)
-          rc = ncclAlltoAll(send, recv, kRow, ncclInt32, s.comm, stream);
-        else {
-          rc = ncclGroupStart();
-          if (rc == ncclSuccess) rc = ncclSend(send, kRow, ncclInt32, (r + 1) % N, s.comm, stream);
-          if (rc == ncclSuccess)
-            rc = ncclRecv(recv, kRow, ncclInt32, (r + N - 1) % N, s.comm, stream);
-          const ncclResult_t end = ncclGroupEnd();
-          if (rc == ncclSuccess) rc = end;
-        }
-        CHECK_MSG(rc == ncclSuccess, std::string(kNames[op]) + ": " + ncclGetLastError(s.comm));
-      } else {
-        smddp::Plan plan;
-        plan.kind = kind;
-        plan.dtype = smddp::DType::kInt32;
-        plan.outer = 1;
-        plan.inner = kind == Collective::kReduceScatter ? kRow : kRow * 4;
-        plan.count = kind == Collective::kAllReduce ? in_n : 0;
-        plan.sources = sources.data();
-        smddp::cuda::CudaStreamOps ops(stream, settings);
-        const smddp::Status st = smddp::gpu::EnqueueCollective(
-            kNames[op], op_id++, smddp::gpu::CallRank{s.me}, ops, send, recv, plan);
-        CHECK_MSG(st.ok(), std::string(kNames[op]) + ": " + st.message());
-      }
-      CHECK(cudaMemcpyAsync(outs[size_t(c)].data(), recv, out_n * 4, cudaMemcpyDeviceToHost,
-                            stream) == cudaSuccess);
-    };
-    call(0);  // the warm-up: this op's buffers exported and mapped
-    CHECK(cudaStreamSynchronize(stream) == cudaSuccess, "%s", mock_node::Fault(ordinal).c_str());
+    caller.Begin(op, kCalls + 1);
+    caller.Call(0);  // the warm-up: this op's buffers exported and mapped
+    caller.Synchronize();
     s.barrier();
     const Snapshot before = Take();
     s.barrier();
-    for (int c = 1; c <= kCalls; ++c) call(c);
-    CHECK(cudaStreamSynchronize(stream) == cudaSuccess, "%s", mock_node::Fault(ordinal).c_str());
+    for (int c = 1; c <= kCalls; ++c) caller.Call(c);
+    caller.Synchronize();
     s.barrier();
     const Snapshot after = Take();
-    for (int c = 0; c <= kCalls; ++c) {
-      const std::vector<int32_t> want = Want(op, N, r, c);
-      for (size_t i = 0; i < out_n; ++i)
-        CHECK(outs[size_t(c)][i] == want[i], "%s call %d: element %zu is %d, want %d", kNames[op],
-              c, i, outs[size_t(c)][i], want[i]);
-    }
+    caller.Check();
     if (s.first_of_process) Print(kNames[op], s.process, before, after);
     s.barrier();  // every process printed before the next op's calls count
   }
   // The whole run, warm-ups included (where the buffers were exported and mapped).
   if (s.first_of_process) Print("total", s.process, start, Take());
-  cudaStreamDestroy(stream);
-  cudaFree(send);
-  cudaFree(recv);
+}
+
+void RunLatePeer(const SteadyRank& s, bool late) {
+  constexpr int kLateCalls = 20;
+  Caller caller(s);
+  for (int op = 0; op < 2; ++op) {  // all_gather, reduce_scatter
+    caller.Begin(op, kLateCalls + 1);
+    caller.Call(0);  // the warm-up
+    caller.Synchronize();
+    s.barrier();
+    double enqueue_s = 0;
+    for (int c = 1; c <= kLateCalls; ++c) {
+      if (late) std::this_thread::sleep_for(std::chrono::milliseconds(300));
+      enqueue_s += caller.Call(c);
+    }
+    caller.Synchronize();
+    caller.Check();
+    std::printf("late_peer %s rank %d%s: %d enqueues took %.1f ms in all\n", kNames[op], s.rank,
+                late ? " (late)" : "", kLateCalls, enqueue_s * 1e3);
+    std::fflush(stdout);
+    s.barrier();
+  }
 }
 
 }  // namespace smddp_test

@@ -35,6 +35,13 @@ struct SteadyRank {
 // Runs the scenario on the current device; a failed check exits the process.
 void RunSteady(const SteadyRank& s);
 
+// The late peer (mode "late_peer"): after a warm-up call, 20 calls of
+// all_gather, then of reduce_scatter, where the `late` ranks (the last
+// process's) sleep 300 ms before each; every rank prints how long its 20
+// enqueues took in all, and checks every answer:
+//   late_peer <op> rank <r>[ (late)]: 20 enqueues took X ms in all
+void RunLatePeer(const SteadyRank& s, bool late);
+
 }  // namespace smddp_test
 
 #endif  // JAX_SMDDP_TESTS_NATIVE_GPU_NODE_STEADY_H_

@@ -11,7 +11,7 @@
 // producer would, and results read back after it; the stream is synchronized
 // only at the end.
 //
-//   gpu_node_test PxG direct|staged|schedule|refused|dead|steady OUTDIR [ffi|nccl]
+//   gpu_node_test PxG direct|staged|schedule|refused|dead|steady|late_peer OUTDIR [ffi|nccl]
 //
 // nccl: the same through the NCCL API front end (cuda/ncclapi, its stream
 // backend cuda/ncclapi/nccl_library.cc: CudaStreamOps on the caller's
@@ -31,7 +31,8 @@
 // prints the most peer copies each device had in flight at once and rank 0's copies of the second
 // call. refused: set-up must fail naming a pair of devices (JAX_SMDDP_MOCK_TOPOLOGY=pcie_nop2p).
 // dead: the last process dies after set-up; the others' calls fail naming it. steady: what
-// calls cost the host once their buffers are known (gpu_node_steady.h; direct reads).
+// calls cost the host once their buffers are known (gpu_node_steady.h; direct reads); late_peer:
+// the last process comes 300 ms late to each call (the same file).
 //
 //   gpu_node_test mock
 //
@@ -304,7 +305,7 @@ void RunRank(const std::string& mode, const std::string& outdir, int P, int rank
     CHECK_MSG(ncclCommInitRank(&comm, P, *id, rank) == ncclSuccess,
               std::string("ncclCommInitRank: ") + ncclGetLastError(nullptr));
   }
-  if (mode == "steady") {
+  if (mode == "steady" || mode == "late_peer") {
     smddp_test::SteadyRank s;
     s.ranks = P;
     s.rank = rank;
@@ -314,7 +315,10 @@ void RunRank(const std::string& mode, const std::string& outdir, int P, int rank
     s.comm = comm;
     s.barrier = [] { JobBarrier(); };
     s.permutes = hosts == 1;
-    smddp_test::RunSteady(s);
+    if (mode == "steady")
+      smddp_test::RunSteady(s);
+    else
+      smddp_test::RunLatePeer(s, s.process == job_processes - 1);
     return;
   }
   cudaStream_t stream;

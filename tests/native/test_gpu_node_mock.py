@@ -282,3 +282,27 @@ def test_steady_host_waits(program, layout, entry, memory, tmp_path):
   met = {k: (v["meetings"], v["waits"]) for k, v in rows.items()
          if k[0] != "total" and (v["meetings"] or v["waits"])}
   assert not met, f"host meetings, waits per (op, process): {met}"
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize("layout,entry", [
+    pytest.param(layout, entry, marks=pytest.mark.xfail(
+        strict=True, reason="issue 65: each direct call's enqueue waits on the host for the "
+        "late process's buffer entry (BufferExchange::Exchange)"))
+    for layout in ["node_8x1", "node_2x4"] for entry in ["ffi", "nccl"]] + [("node_2x2x2", "nccl")])
+def test_late_peer(program, layout, entry, tmp_path):
+  """The last process sleeps 300 ms before each of 20 calls (all_gather, then reduce_scatter,
+  after a warm-up call): every other rank's 20 enqueues return in under 20 ms in all, and every
+  answer is exact once the late one arrives (gpu_node_steady.h)."""
+  spec = LAYOUTS.get(layout) or layout.removeprefix("node_")
+  if spec.count("x") == 2:
+    from test_gpu_communicator_mock import _rail_missing
+    if _rail_missing():
+      pytest.skip(_rail_missing())
+  out = _run(program, spec, "late_peer", tmp_path, entry=entry)
+  took = re.findall(r"^late_peer (\w+) rank (\d+)( \(late\))?: 20 enqueues took ([\d.]+) ms", out,
+                    re.M)
+  dims = [int(v) for v in spec.split("x")]
+  assert len(took) == 2 * np.prod(dims), out
+  slow = {(op, int(r)): float(ms) for op, r, late, ms in took if not late and float(ms) >= 20}
+  assert not slow, f"punctual ranks' 20 enqueues (ms): {slow}"
