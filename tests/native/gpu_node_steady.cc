@@ -196,6 +196,21 @@ class Caller {
                           stream_) == cudaSuccess);
     return took;
   }
+  // Frees the input buffer and allocates it again at the same start (as
+  // XLA's allocator does): a new allocation at a known base.
+  void ReallocateSend() {
+    const size_t bytes = size_t(N_) * kRow * 4;
+    void* was = send_;
+    CHECK(cudaFree(send_) == cudaSuccess);
+    std::vector<void*> misses;
+    for (int k = 0; k < 8; ++k) {
+      CHECK(cudaMalloc(&send_, bytes) == cudaSuccess);
+      if (send_ == was) break;
+      misses.push_back(send_);
+    }
+    for (void* m : misses) cudaFree(m);
+    CHECK(send_ == was, "the reallocation did not land at the same start");
+  }
   void Synchronize() {
     CHECK(cudaStreamSynchronize(stream_) == cudaSuccess, "%s", mock_node::Fault(ordinal_).c_str());
   }
@@ -245,6 +260,26 @@ void RunSteady(const SteadyRank& s) {
   }
   // The whole run, warm-ups included (where the buffers were exported and mapped).
   if (s.first_of_process) Print("total", s.process, start, Take());
+}
+
+void RunRealloc(const SteadyRank& s) {
+  Caller caller(s);
+  caller.Begin(0, 3);  // all_gather: the peers read the input in place
+  caller.Call(0);      // the warm-up
+  caller.Call(1);
+  caller.Synchronize();
+  s.barrier();
+  const Snapshot before = Take();
+  s.barrier();
+  if (s.rank == 0) caller.ReallocateSend();
+  s.barrier();
+  caller.Call(2);
+  caller.Synchronize();
+  s.barrier();
+  const Snapshot after = Take();
+  caller.Check();
+  if (s.first_of_process) Print("realloc", s.process, before, after);
+  s.barrier();
 }
 
 void RunLatePeer(const SteadyRank& s, bool late) {

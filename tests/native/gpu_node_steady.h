@@ -35,6 +35,12 @@ struct SteadyRank {
 // Runs the scenario on the current device; a failed check exits the process.
 void RunSteady(const SteadyRank& s);
 
+// Reallocation (mode "realloc"): after a warm-up call and one more of
+// all_gather, rank 0 frees its input and allocates it again at the same
+// start, and every rank makes one more call; every answer checked, and what
+// that call cost each process printed as "steady realloc process <p>: ...".
+void RunRealloc(const SteadyRank& s);
+
 // The late peer (mode "late_peer"): after a warm-up call, 20 calls of
 // all_gather, then of reduce_scatter, where the `late` ranks (the last
 // process's) sleep 300 ms before each; every rank prints how long its 20

@@ -11,7 +11,8 @@
 // producer would, and results read back after it; the stream is synchronized
 // only at the end.
 //
-//   gpu_node_test PxG direct|staged|schedule|refused|dead|steady|late_peer OUTDIR [ffi|nccl]
+//   gpu_node_test PxG direct|staged|schedule|refused|dead|steady|late_peer|realloc OUTDIR
+//   [ffi|nccl]
 //
 // nccl: the same through the NCCL API front end (cuda/ncclapi, its stream
 // backend cuda/ncclapi/nccl_library.cc: CudaStreamOps on the caller's
@@ -32,7 +33,8 @@
 // call. refused: set-up must fail naming a pair of devices (JAX_SMDDP_MOCK_TOPOLOGY=pcie_nop2p).
 // dead: the last process dies after set-up; the others' calls fail naming it. steady: what
 // calls cost the host once their buffers are known (gpu_node_steady.h; direct reads); late_peer:
-// the last process comes 300 ms late to each call (the same file).
+// the last process comes 300 ms late to each call; realloc: rank 0's input allocated anew at
+// the same start (the same file).
 //
 //   gpu_node_test mock
 //
@@ -305,7 +307,7 @@ void RunRank(const std::string& mode, const std::string& outdir, int P, int rank
     CHECK_MSG(ncclCommInitRank(&comm, P, *id, rank) == ncclSuccess,
               std::string("ncclCommInitRank: ") + ncclGetLastError(nullptr));
   }
-  if (mode == "steady" || mode == "late_peer") {
+  if (mode == "steady" || mode == "late_peer" || mode == "realloc") {
     smddp_test::SteadyRank s;
     s.ranks = P;
     s.rank = rank;
@@ -317,6 +319,8 @@ void RunRank(const std::string& mode, const std::string& outdir, int P, int rank
     s.permutes = hosts == 1;
     if (mode == "steady")
       smddp_test::RunSteady(s);
+    else if (mode == "realloc")
+      smddp_test::RunRealloc(s);
     else
       smddp_test::RunLatePeer(s, s.process == job_processes - 1);
     return;

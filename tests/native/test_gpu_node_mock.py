@@ -306,3 +306,32 @@ def test_late_peer(program, layout, entry, tmp_path):
   assert len(took) == 2 * np.prod(dims), out
   slow = {(op, int(r)): float(ms) for op, r, late, ms in took if not late and float(ms) >= 20}
   assert not slow, f"punctual ranks' 20 enqueues (ms): {slow}"
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize("memory", ["legacy", "cumem"])
+@pytest.mark.parametrize("entry", ["ffi", "nccl"])
+@pytest.mark.parametrize("layout", ["node_8x1", "node_2x4"])
+def test_realloc(program, layout, entry, memory, tmp_path):
+  """Rank 0 frees its input after two all_gathers and allocates it again at the same start: the
+  next call is exact (no peer reads through its mapping of the freed allocation), and costs
+  exactly one new export (in rank 0's process) and one new mapping in each other process (legacy
+  CUDA IPC: opened once per device there; cuMem: imported and mapped once, granted per device)."""
+  if memory == "cumem" and _pidfd_getfd_refused():
+    pytest.skip("this machine refuses pidfd_getfd: cuMem buffers stage")
+  out = _run(program, LAYOUTS[layout], "realloc", tmp_path,
+             {"JAX_SMDDP_MOCK_CUMEM": "1" if memory == "cumem" else "0"}, entry)
+  P, G = (int(v) for v in LAYOUTS[layout].split("x"))
+  rows = {}
+  for p, rest in re.findall(r"^steady realloc process (\d+): (.*)$", out, re.M):
+    words = rest.split()
+    rows[int(p)] = {words[i]: int(words[i + 1]) for i in range(0, len(words), 2)}
+  assert sorted(rows) == list(range(P)), out
+  export = "ipc_exports" if memory == "legacy" else "cumem_exports"
+  for p, c in rows.items():
+    if memory == "legacy":
+      want = {export: 1} if p == 0 else {"ipc_opens": G}
+    else:
+      want = {export: 1} if p == 0 else {"imports": 1, "maps": 1, "grants": G}
+    got = {k: n for k, n in c.items() if n and k not in ("meetings", "waits", "attribute_queries")}
+    assert got == want, (p, c)
