@@ -36,6 +36,7 @@ from jax_smddp import _collective as c
 from jax_smddp import _startup
 from jax_smddp import config
 from jax_smddp import requirements
+from jax_smddp.swap import combine
 
 # The modules, not the functions of the same name that jax_smddp exports.
 _ag = importlib.import_module("jax_smddp.all_gather")
@@ -209,6 +210,10 @@ def _set(ops: frozenset[str], clear_caches: bool) -> None:
         _install(prim, op, lower)
   _active.clear()
   _active.update(ops)
+  if _active & set(combine.KINDS):
+    combine.install(active)
+  else:
+    combine.uninstall()
   if clear_caches:
     jax.clear_caches()
 
