@@ -28,8 +28,13 @@ const std::vector<SettingSpec> kSettings = {
      "included: on CPU through the MPI ABI, on GPUs through the NCCL API front end; set before "
      "Python starts), all (xla and every jax.lax "
      "collective in shard_map), none, or a comma list of all_gather, reduce_scatter, all_reduce, "
-     "all_to_all (jax.lax names accepted) and xla; any case; 1/true/on/yes mean all, "
-     "0/false/off/no none"},
+     "all_to_all, collective_permute (jax.lax names accepted) and xla; any case; 1/true/on/yes "
+     "mean all, 0/false/off/no none"},
+    {"JAX_SMDDP_COMBINE_BYTES", kBytes, "30M", 0, kNoMax, "", "runtime", true,
+     "under the lax swap, independent psums, all_gathers and psum_scatters of one shard_map body "
+     "with one kind, axes and element type are merged into engine calls of at most this many "
+     "bytes each, as XLA's combiners merge its own (30M: XLA's GPU combine threshold); 0 turns "
+     "combining off"},
     {"JAX_SMDDP_TIMEOUT_S", kSeconds, "300", 0.001, 1e9, "", "runtime", false,
      "deadline of every wait inside a collective, in seconds (also jax_smddp.set_timeout)"},
     {"JAX_SMDDP_REQUIRE", kList, "unset", 0, 0, "libfabric|efa|cuda|gdrcopy|mps|no-fallback",
