@@ -1,5 +1,7 @@
 #include "tests/native/gpu_node_steady.h"
 
+#include <signal.h>
+
 #include <chrono>
 #include <cstdint>
 #include <cstdio>
@@ -150,7 +152,8 @@ class Caller {
   }
   // Call `c` of the op: its input written on the stream, the call enqueued,
   // its output read back on the stream; returns how long the enqueue took (s).
-  double Call(int c) {
+  // A failure fails the test, or with `error` is said there (and returns -1).
+  double Call(int c, std::string* error = nullptr) {
     const int r = s_.rank, N = N_;
     ins_[size_t(c)] = Data(r, op_, c, in_n_);
     outs_[size_t(c)].assign(out_n_, -12345);
@@ -176,6 +179,10 @@ class Caller {
         const ncclResult_t end = ncclGroupEnd();
         if (rc == ncclSuccess) rc = end;
       }
+      if (rc != ncclSuccess && error) {
+        *error = ncclGetLastError(s_.comm);
+        return -1;
+      }
       CHECK_MSG(rc == ncclSuccess, std::string(kNames[op_]) + ": " + ncclGetLastError(s_.comm));
     } else {
       smddp::Plan plan;
@@ -188,6 +195,10 @@ class Caller {
       smddp::cuda::CudaStreamOps ops(stream_, settings_);
       const smddp::Status st = smddp::gpu::EnqueueCollective(
           kNames[op_], op_id_++, smddp::gpu::CallRank{s_.me}, ops, send_, recv_, plan);
+      if (!st.ok() && error) {
+        *error = st.message();
+        return -1;
+      }
       CHECK_MSG(st.ok(), std::string(kNames[op_]) + ": " + st.message());
     }
     const double took =
@@ -211,6 +222,7 @@ class Caller {
     for (void* m : misses) cudaFree(m);
     CHECK(send_ == was, "the reallocation did not land at the same start");
   }
+  cudaError_t TrySynchronize() { return cudaStreamSynchronize(stream_); }
   void Synchronize() {
     CHECK(cudaStreamSynchronize(stream_) == cudaSuccess, "%s", mock_node::Fault(ordinal_).c_str());
   }
@@ -280,6 +292,38 @@ void RunRealloc(const SteadyRank& s) {
   caller.Check();
   if (s.first_of_process) Print("realloc", s.process, before, after);
   s.barrier();
+}
+
+void RunDeadAfterWarmUp(const SteadyRank& s, bool dies) {
+  Caller caller(s);
+  caller.Begin(0, 1000);  // all_gather
+  caller.Call(0);         // the warm-up, and one more
+  caller.Call(1);
+  caller.Synchronize();
+  s.barrier();
+  if (dies) {
+    std::fflush(stdout);
+    raise(SIGKILL);
+  }
+  const auto t0 = std::chrono::steady_clock::now();
+  auto since = [&] {
+    return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  };
+  std::string error;
+  // Paced: a call that waits for no peer returns at once, and the death takes a moment to see.
+  for (int c = 2; c < 1000 && error.empty() && since() < 10; ++c) {
+    if (c > 2) std::this_thread::sleep_for(std::chrono::milliseconds(10));
+    caller.Call(c, &error);
+  }
+  const double failed = since();
+  CHECK_MSG(!error.empty(), "no call failed in 10 s after the peer died");
+  std::printf("rank %d: failed after %.2f s: %s\n", s.rank, failed, error.c_str());
+  std::fflush(stdout);
+  // What was enqueued before the failure ends (released or poisoned), never hangs.
+  const cudaError_t err = caller.TrySynchronize();
+  std::printf("rank %d: synchronized after %.2f s (%s)\n", s.rank, since(),
+              cudaGetErrorString(err));
+  std::fflush(stdout);
 }
 
 void RunLatePeer(const SteadyRank& s, bool late) {

@@ -41,6 +41,14 @@ void RunSteady(const SteadyRank& s);
 // that call cost each process printed as "steady realloc process <p>: ...".
 void RunRealloc(const SteadyRank& s);
 
+// A peer dies after the warm-up (mode "dead_warm"): after two all_gathers
+// the `dies` ranks' process kills itself; every other rank calls until a call
+// fails (at most 10 s) and prints
+//   rank <r>: failed after X s: <message>
+//   rank <r>: synchronized after Y s (<error>)
+// then its stream is synchronized (what it enqueued ends, never hangs).
+void RunDeadAfterWarmUp(const SteadyRank& s, bool dies);
+
 // The late peer (mode "late_peer"): after a warm-up call, 20 calls of
 // all_gather, then of reduce_scatter, where the `late` ranks (the last
 // process's) sleep 300 ms before each; every rank prints how long its 20

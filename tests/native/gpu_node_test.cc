@@ -11,7 +11,7 @@
 // producer would, and results read back after it; the stream is synchronized
 // only at the end.
 //
-//   gpu_node_test PxG direct|staged|schedule|refused|dead|steady|late_peer|realloc OUTDIR
+//   gpu_node_test PxG direct|staged|schedule|refused|dead|steady|late_peer|realloc|dead_warm OUTDIR
 //   [ffi|nccl]
 //
 // nccl: the same through the NCCL API front end (cuda/ncclapi, its stream
@@ -34,7 +34,7 @@
 // dead: the last process dies after set-up; the others' calls fail naming it. steady: what
 // calls cost the host once their buffers are known (gpu_node_steady.h; direct reads); late_peer:
 // the last process comes 300 ms late to each call; realloc: rank 0's input allocated anew at
-// the same start (the same file).
+// the same start; dead_warm: the last process dies after the warm-up (the same file).
 //
 //   gpu_node_test mock
 //
@@ -137,6 +137,14 @@ void JobBarrier() {
   job_arrived = 0;
   ++job_generation;
   job_cv.notify_all();
+}
+
+// dead_warm: a survivor leaves once every survivor is done (one that left
+// earlier would be named gone too), without closing its groups.
+[[noreturn]] void SurvivorExit(int P) {
+  Barrier(P - 1);
+  std::fflush(stdout);
+  _exit(0);
 }
 
 // What every process said, as the key-value store would relay it.
@@ -307,7 +315,7 @@ void RunRank(const std::string& mode, const std::string& outdir, int P, int rank
     CHECK_MSG(ncclCommInitRank(&comm, P, *id, rank) == ncclSuccess,
               std::string("ncclCommInitRank: ") + ncclGetLastError(nullptr));
   }
-  if (mode == "steady" || mode == "late_peer" || mode == "realloc") {
+  if (mode == "steady" || mode == "late_peer" || mode == "realloc" || mode == "dead_warm") {
     smddp_test::SteadyRank s;
     s.ranks = P;
     s.rank = rank;
@@ -321,6 +329,8 @@ void RunRank(const std::string& mode, const std::string& outdir, int P, int rank
       smddp_test::RunSteady(s);
     else if (mode == "realloc")
       smddp_test::RunRealloc(s);
+    else if (mode == "dead_warm")
+      smddp_test::RunDeadAfterWarmUp(s, s.process == job_processes - 1);
     else
       smddp_test::RunLatePeer(s, s.process == job_processes - 1);
     return;
@@ -458,6 +468,7 @@ int RunProcessNccl(int p, int P, int G, const std::string& mode, const std::stri
   for (int i = 0; i < G; ++i)
     threads.emplace_back(RunRank, mode, outdir, N, p * G + i, i, nullptr, &id);
   for (auto& t : threads) t.join();
+  if (mode == "dead_warm") SurvivorExit(P);
   Barrier(P);
   CHECK(gpu::CloseCommunicatorsAtExit(), "the network proxy idle at exit");
   smddp::WorldShutdown();
@@ -517,6 +528,7 @@ int RunProcess(int p, int P, int G, const std::string& mode, const std::string& 
     threads.emplace_back(RunRank, mode, outdir, N, p * G + i, i, me, nullptr);
   }
   for (auto& t : threads) t.join();
+  if (mode == "dead_warm") SurvivorExit(P);
   if (mode.rfind("schedule", 0) == 0) {
     for (int i = 0; i < G; ++i) {
       const int d = mock_node::NodeDevice(i);
@@ -656,7 +668,8 @@ int main(int argc, char** argv) {
   for (size_t left = children.size(); left > 0; --left) {
     int status = 0;
     const pid_t pid = wait(&status);
-    const bool killed = mode == "dead" && pid == children.back();  // it kills itself
+    const bool killed =
+        (mode == "dead" || mode == "dead_warm") && pid == children.back();  // it kills itself
     if (killed ? !(WIFSIGNALED(status) && WTERMSIG(status) == SIGKILL)
                : (!WIFEXITED(status) || WEXITSTATUS(status) != 0)) {
       std::fprintf(stderr, "process (pid %d) failed\n", int(pid));
