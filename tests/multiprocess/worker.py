@@ -461,6 +461,18 @@ def scenario_swap():
   check("swapped psum_scatter", s(xs), _scatter_reference(x, mesh, "x", "x"))
   p = smap(mesh, lambda v: jax.lax.psum(v, "x"), P("x"), P("x"))
   check("swapped psum", p(xs), _psum_reference(x, mesh, "x", "x"))
+  n = mesh.size  # a ring shift, and two independent psums combined into one engine call
+  r = smap(mesh, lambda v: jax.lax.ppermute(v, "x", [(i, (i + 1) % n) for i in range(n)]),
+           P("x"), P("x"))
+  text = r.lower(xs).compile().as_text()
+  assert "smddp_collective_permute" in text and "collective-permute" not in text, text
+  check("swapped ppermute", r(xs), np.roll(x.reshape(n, -1, 5), 1, axis=0).reshape(x.shape))
+  two = smap(mesh, lambda v: (jax.lax.psum(v, "x"), jax.lax.psum(2 * v, "x")), P("x"),
+             (P("x"), P("x")))
+  assert two.lower(xs).as_text().count("custom_call @smddp_all_reduce") == 1, "not combined"
+  a, b = two(xs)
+  check("combined psum", a, _psum_reference(x, mesh, "x", "x"))
+  check("combined psum of 2x", b, _psum_reference(2 * x, mesh, "x", "x"))
   result(ok=True)
 
 
