@@ -154,11 +154,26 @@ class Caller {
   // its output read back on the stream; returns how long the enqueue took (s).
   // A failure fails the test, or with `error` is said there (and returns -1).
   double Call(int c, std::string* error = nullptr) {
-    const int r = s_.rank, N = N_;
-    ins_[size_t(c)] = Data(r, op_, c, in_n_);
+    Write(c);
+    const double took = Enqueue(error);
+    if (took >= 0) Read(c);
+    return took;
+  }
+  // Call `c`'s input, written on the stream.
+  void Write(int c) {
+    ins_[size_t(c)] = Data(s_.rank, op_, c, in_n_);
     outs_[size_t(c)].assign(out_n_, -12345);
     CHECK(cudaMemcpyAsync(send_, ins_[size_t(c)].data(), in_n_ * 4, cudaMemcpyHostToDevice,
                           stream_) == cudaSuccess);
+  }
+  // Call `c`'s output, read back on the stream.
+  void Read(int c) {
+    CHECK(cudaMemcpyAsync(outs_[size_t(c)].data(), recv_, out_n_ * 4, cudaMemcpyDeviceToHost,
+                          stream_) == cudaSuccess);
+  }
+  // The collective alone: how long its enqueue took (s), or -1 with `error`.
+  double Enqueue(std::string* error = nullptr) {
+    const int r = s_.rank, N = N_;
     const auto kind = Collective(op_);
     const auto t0 = std::chrono::steady_clock::now();
     if (s_.comm) {
@@ -201,12 +216,20 @@ class Caller {
       }
       CHECK_MSG(st.ok(), std::string(kNames[op_]) + ": " + st.message());
     }
-    const double took =
-        std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-    CHECK(cudaMemcpyAsync(outs_[size_t(c)].data(), recv_, out_n_ * 4, cudaMemcpyDeviceToHost,
-                          stream_) == cudaSuccess);
-    return took;
+    return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   }
+  // Records the collective alone into a graph (the stream captured meanwhile).
+  cudaGraphExec_t Capture() {
+    cudaGraph_t graph = nullptr;
+    cudaGraphExec_t exec = nullptr;
+    CHECK(cudaStreamBeginCapture(stream_, cudaStreamCaptureModeThreadLocal) == cudaSuccess);
+    Enqueue();
+    CHECK(cudaStreamEndCapture(stream_, &graph) == cudaSuccess);
+    CHECK(cudaGraphInstantiate(&exec, graph, 0) == cudaSuccess);
+    cudaGraphDestroy(graph);
+    return exec;
+  }
+  void Launch(cudaGraphExec_t exec) { CHECK(cudaGraphLaunch(exec, stream_) == cudaSuccess); }
   // Frees the input buffer and allocates it again at the same start (as
   // XLA's allocator does): a new allocation at a known base.
   void ReallocateSend() {
@@ -324,6 +347,30 @@ void RunDeadAfterWarmUp(const SteadyRank& s, bool dies) {
   std::printf("rank %d: synchronized after %.2f s (%s)\n", s.rank, since(),
               cudaGetErrorString(err));
   std::fflush(stdout);
+}
+
+void RunReplay(const SteadyRank& s) {
+  constexpr int kReplays = 10;
+  Caller caller(s);
+  for (int op = 0; op < 4; ++op) {  // collective-permute: the front end forwards captured ones
+    caller.Begin(op, kReplays + 1);
+    caller.Call(0);  // uncaptured first, as XLA's first run before it records
+    caller.Synchronize();
+    s.barrier();
+    cudaGraphExec_t graph = caller.Capture();
+    for (int c = 1; c <= kReplays; ++c) {
+      caller.Write(c);
+      caller.Launch(graph);
+      caller.Read(c);
+    }
+    caller.Synchronize();
+    cudaGraphExecDestroy(graph);
+    caller.Check();
+    if (s.first_of_process)
+      std::printf("replay %s process %d: %d replays exact\n", kNames[op], s.process, kReplays);
+    std::fflush(stdout);
+    s.barrier();
+  }
 }
 
 void RunLatePeer(const SteadyRank& s, bool late) {

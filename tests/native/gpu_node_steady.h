@@ -49,6 +49,13 @@ void RunRealloc(const SteadyRank& s);
 // then its stream is synchronized (what it enqueued ends, never hangs).
 void RunDeadAfterWarmUp(const SteadyRank& s, bool dies);
 
+// Capture (mode "replay", NCCL API front end): per collective but the
+// permute, one uncaptured call, then the call captured into a graph (the mock
+// records it) and the graph launched 10 times, each on new input written to
+// the same buffer; every answer checked; prints
+//   replay <op> process <p>: 10 replays exact
+void RunReplay(const SteadyRank& s);
+
 // The late peer (mode "late_peer"): after a warm-up call, 20 calls of
 // all_gather, then of reduce_scatter, where the `late` ranks (the last
 // process's) sleep 300 ms before each; every rank prints how long its 20

@@ -11,8 +11,8 @@
 // producer would, and results read back after it; the stream is synchronized
 // only at the end.
 //
-//   gpu_node_test PxG direct|staged|schedule|refused|dead|steady|late_peer|realloc|dead_warm OUTDIR
-//   [ffi|nccl]
+//   gpu_node_test PxG direct|staged|schedule|refused|dead|steady|late_peer|realloc|dead_warm|replay
+//   OUTDIR [ffi|nccl]
 //
 // nccl: the same through the NCCL API front end (cuda/ncclapi, its stream
 // backend cuda/ncclapi/nccl_library.cc: CudaStreamOps on the caller's
@@ -34,7 +34,8 @@
 // dead: the last process dies after set-up; the others' calls fail naming it. steady: what
 // calls cost the host once their buffers are known (gpu_node_steady.h; direct reads); late_peer:
 // the last process comes 300 ms late to each call; realloc: rank 0's input allocated anew at
-// the same start; dead_warm: the last process dies after the warm-up (the same file).
+// the same start; dead_warm: the last process dies after the warm-up; replay: calls captured into
+// graphs of the mock and replayed (nccl only) (the same file).
 //
 //   gpu_node_test mock
 //
@@ -315,7 +316,8 @@ void RunRank(const std::string& mode, const std::string& outdir, int P, int rank
     CHECK_MSG(ncclCommInitRank(&comm, P, *id, rank) == ncclSuccess,
               std::string("ncclCommInitRank: ") + ncclGetLastError(nullptr));
   }
-  if (mode == "steady" || mode == "late_peer" || mode == "realloc" || mode == "dead_warm") {
+  if (mode == "steady" || mode == "late_peer" || mode == "realloc" || mode == "dead_warm" ||
+      mode == "replay") {
     smddp_test::SteadyRank s;
     s.ranks = P;
     s.rank = rank;
@@ -329,6 +331,8 @@ void RunRank(const std::string& mode, const std::string& outdir, int P, int rank
       smddp_test::RunSteady(s);
     else if (mode == "realloc")
       smddp_test::RunRealloc(s);
+    else if (mode == "replay")
+      smddp_test::RunReplay(s);
     else if (mode == "dead_warm")
       smddp_test::RunDeadAfterWarmUp(s, s.process == job_processes - 1);
     else

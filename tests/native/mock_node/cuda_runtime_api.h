@@ -33,7 +33,8 @@
 //    block their stream until the value is reached (a deadline of
 //    JAX_SMDDP_MOCK_WAIT_S, default 30, poisons the context instead of
 //    hanging); events order streams. The mock records when each copy ran
-//    (mock_node::Schedule).
+//    (mock_node::Schedule). Streams can be captured into graphs and the
+//    graphs launched (recorded operations run again as recorded).
 #ifndef JAX_SMDDP_TESTS_MOCK_NODE_CUDA_RUNTIME_API_H_
 #define JAX_SMDDP_TESTS_MOCK_NODE_CUDA_RUNTIME_API_H_
 
@@ -127,6 +128,22 @@ cudaError_t cudaStreamDestroy(cudaStream_t s);
 cudaError_t cudaStreamGetDevice(cudaStream_t s, int* device);
 enum cudaStreamCaptureStatus { cudaStreamCaptureStatusNone = 0, cudaStreamCaptureStatusActive = 1 };
 cudaError_t cudaStreamIsCapturing(cudaStream_t s, cudaStreamCaptureStatus* status);
+// Record and replay: while a stream is captured its operations are recorded,
+// not run (cudaStreamIsCapturing says so); a launch of the graph enqueues
+// them again, in order, with the values they were recorded with.
+typedef struct CUgraph_st* cudaGraph_t;
+typedef struct CUgraph_st* cudaGraphExec_t;
+enum cudaStreamCaptureMode {
+  cudaStreamCaptureModeGlobal = 0,
+  cudaStreamCaptureModeThreadLocal = 1
+};
+cudaError_t cudaStreamBeginCapture(cudaStream_t s, cudaStreamCaptureMode mode);
+cudaError_t cudaStreamEndCapture(cudaStream_t s, cudaGraph_t* graph);
+cudaError_t cudaGraphInstantiate(cudaGraphExec_t* exec, cudaGraph_t graph,
+                                 unsigned long long flags);
+cudaError_t cudaGraphLaunch(cudaGraphExec_t exec, cudaStream_t s);
+cudaError_t cudaGraphExecDestroy(cudaGraphExec_t exec);
+cudaError_t cudaGraphDestroy(cudaGraph_t graph);
 cudaError_t cudaEventCreateWithFlags(cudaEvent_t* e, unsigned flags);
 cudaError_t cudaEventRecord(cudaEvent_t e, cudaStream_t s);
 cudaError_t cudaStreamWaitEvent(cudaStream_t s, cudaEvent_t e, unsigned flags);

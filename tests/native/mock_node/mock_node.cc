@@ -198,6 +198,8 @@ double Now() { return std::chrono::duration<double, std::micro>(Clock::now() - k
 
 struct CUstream_st {
   int device;
+  bool capturing = false;                       // set and read by the capturing thread
+  std::vector<std::function<void()>> captured;  // what a capture recorded
   std::mutex m;
   std::condition_variable cv, idle;
   std::deque<std::function<void()>> q;
@@ -249,6 +251,10 @@ CUstream_st* Of(cudaStream_t s) { return s ? s : DefaultStream(current); }
 cudaError_t Enqueue(cudaStream_t stream, std::function<void()> op) {
   CUstream_st* s = Of(stream);
   if (Faulted(s->device)) return cudaErrorIllegalAddress;
+  if (s->capturing) {
+    s->captured.push_back(std::move(op));
+    return cudaSuccess;
+  }
   std::lock_guard<std::mutex> lock(s->m);
   s->q.push_back(std::move(op));
   s->cv.notify_one();
@@ -677,8 +683,42 @@ cudaError_t cudaStreamGetDevice(cudaStream_t s, int* device) {
   *device = Of(s)->device;
   return cudaSuccess;
 }
-cudaError_t cudaStreamIsCapturing(cudaStream_t, cudaStreamCaptureStatus* status) {
-  *status = cudaStreamCaptureStatusNone;  // no graphs on the mock node
+cudaError_t cudaStreamIsCapturing(cudaStream_t s, cudaStreamCaptureStatus* status) {
+  *status = Of(s)->capturing ? cudaStreamCaptureStatusActive : cudaStreamCaptureStatusNone;
+  return cudaSuccess;
+}
+struct CUgraph_st {
+  std::vector<std::function<void()>> ops;
+};
+cudaError_t cudaStreamBeginCapture(cudaStream_t s, cudaStreamCaptureMode) {
+  if (!s || s->capturing) return cudaErrorInvalidValue;
+  s->captured.clear();
+  s->capturing = true;
+  return cudaSuccess;
+}
+cudaError_t cudaStreamEndCapture(cudaStream_t s, cudaGraph_t* graph) {
+  if (!s || !s->capturing) return cudaErrorInvalidValue;
+  s->capturing = false;
+  *graph = new CUgraph_st{std::move(s->captured)};
+  s->captured.clear();
+  return cudaSuccess;
+}
+cudaError_t cudaGraphInstantiate(cudaGraphExec_t* exec, cudaGraph_t graph, unsigned long long) {
+  *exec = new CUgraph_st{graph->ops};
+  return cudaSuccess;
+}
+cudaError_t cudaGraphLaunch(cudaGraphExec_t exec, cudaStream_t s) {
+  for (const auto& op : exec->ops) {
+    if (const cudaError_t err = Enqueue(s, op); err != cudaSuccess) return err;
+  }
+  return cudaSuccess;
+}
+cudaError_t cudaGraphExecDestroy(cudaGraphExec_t exec) {
+  delete exec;
+  return cudaSuccess;
+}
+cudaError_t cudaGraphDestroy(cudaGraph_t graph) {
+  delete graph;
   return cudaSuccess;
 }
 cudaError_t cudaEventCreateWithFlags(cudaEvent_t* e, unsigned) {
