@@ -153,10 +153,11 @@ def bench_rows():
   """2 processes sharing a GPU whose copy rate is 1 TB/s, with the ratios gpu_bench stores."""
   from jax_smddp.tools import gpu_bench
   rows = [
-      {"op": "all_gather", "bytes_per_rank": 16 << 20, "ranks": 2, "smddp_s": 80e-6, "copy_Bps": 1e12},
+      {"op": "all_gather", "bytes_per_rank": 16 << 20, "ranks": 2, "smddp_s": 80e-6, "copy_Bps": 1e12,
+       "host_s": 12e-6},
       {"op": "all_gather", "bytes_per_rank": 64 << 20, "ranks": 2, "smddp_s": 200e-6, "copy_Bps": 1e12},
       {"op": "reduce_scatter", "bytes_per_rank": 64 << 20, "ranks": 2, "smddp_s": 1e-3,
-       "copy_Bps": 1e12, "reduce_ref_s": 0.95e-3, "max_blocks": 16},
+       "copy_Bps": 1e12, "reduce_ref_s": 0.95e-3, "max_blocks": 16, "host_s": 40e-6},
   ]
   return [{**r, **gpu_bench.metrics(r)} for r in rows]
 
@@ -214,6 +215,9 @@ def test_a_run_cut_by_its_budget_leaves_every_result_and_the_summary(gc, tmp_pat
       in summary
   assert "| reduce_scatter vs bare kernel, same blocks (default) | 2p 64M 0.95 | >= 0.9 from 64M | met |" in summary
   assert "| all_reduce time / (reduce_scatter + all_gather) | not run |" in summary
+  assert "| host time per call, 2 processes, MPS, direct | reduce_scatter 64M 40.0 us (worst of 2) " \
+      "| <= 15 us | NOT met |" in summary  # rows without the host time are left out
+  assert "| host time per call, 4 processes, MPS, direct | not run |" in summary
   assert "| all_gather written/copy, 4 processes, MPS, direct | not run |" in summary
   assert "| 1-process example step, jax_smddp / XLA | not run |" in summary
 
