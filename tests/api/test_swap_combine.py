@@ -184,3 +184,32 @@ def test_threshold_splits_calls(monkeypatch):
   assert _calls(text) == {"smddp_all_reduce": 3}, _calls(text)
   for k, g in enumerate(got):
     np.testing.assert_array_equal(g, np.full((1, 16), 8 * k, np.float32))
+
+
+@pytest.mark.timeout(200)
+def test_the_psums_autodiff_inserts_are_combined_too():
+  """With check_vma, jax.grad of replicated parameters inserts psums itself (psum_invariant):
+  the rewrite runs after differentiation, so they are combined like the program's own."""
+  mesh = mesh_1d()
+  rng = np.random.default_rng(6)
+  params = [rng.standard_normal(s).astype(np.float32) for s in ((6, 5), (5,), (5, 3), (3,))]
+  x = rng.standard_normal((mesh.size * 4, 6)).astype(np.float32)
+
+  def loss(ps, x):
+    h = x
+    for w, b in zip(ps[0::2], ps[1::2]):
+      h = jnp.tanh(h @ w + b)
+    return jnp.sum(h ** 2)
+
+  def body(ps, x):
+    value, grads = jax.value_and_grad(loss)(ps, x)
+    return jax.lax.psum(value, "x"), grads
+
+  f = jax.jit(jax.shard_map(body, mesh=mesh, in_specs=([P()] * 4, P("x")),
+                            out_specs=(P(), [P()] * 4)))
+  args = ([shard(p, mesh, P()) for p in params], shard(x, mesh, P("x")))
+  want = jax.tree_util.tree_map(np.asarray, f(*args))
+  got, text, counted = _run(f, args)
+  assert _calls(text) == {"smddp_all_reduce": 1}, _calls(text)
+  assert counted == {"smddp_all_reduce": mesh.size}, counted
+  _same(got, want)
