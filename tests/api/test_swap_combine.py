@@ -213,3 +213,24 @@ def test_the_psums_autodiff_inserts_are_combined_too():
   assert _calls(text) == {"smddp_all_reduce": 1}, _calls(text)
   assert counted == {"smddp_all_reduce": mesh.size}, counted
   _same(got, want)
+
+
+@pytest.mark.timeout(200)
+def test_psum_of_a_pytree_runs_on_the_engine():
+  """jax.lax.psum of a pytree is one psum with several operands, which the swap alone leaves to
+  XLA: combining splits it by element type into engine calls."""
+  mesh = mesh_1d()
+  tree = {"a": np.arange(16, dtype=np.float32).reshape(8, 2),
+          "b": np.ones((8, 3), np.float32), "i": np.arange(8, dtype=np.int32).reshape(8, 1)}
+
+  def body(t):
+    return jax.lax.psum(t, "x")
+
+  specs = {k: P("x") for k in tree}
+  f = jax.jit(jax.shard_map(body, mesh=mesh, in_specs=(specs,), out_specs={k: P() for k in tree}))
+  args = ({k: shard(v, mesh, P("x")) for k, v in tree.items()},)
+  want = jax.tree_util.tree_map(np.asarray, f(*args))
+  got, text, _ = _run(f, args)
+  assert _calls(text) == {"smddp_all_reduce": 2} and "all-reduce" not in text, _calls(text)
+  _same(got, want)
+  np.testing.assert_array_equal(got["i"], [[28]])  # independent: 0 + 1 + ... + 7
