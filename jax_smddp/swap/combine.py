@@ -91,20 +91,9 @@ def _key(eqn, kinds: dict, active: frozenset, mesh_axes: set) -> tuple | None:
   if dtype not in c.ENGINE_DTYPES or (dtype == np.bool_ and kind != "all_gather"):
     return None
   axes = _axes(params)
-  if not set(axes) <= mesh_axes or (kind != "all_reduce" and len(eqn.invars) != 1):
+  if not set(axes) <= mesh_axes or len(eqn.invars) != 1:
     return None
   return (eqn.primitive, axes, dtype)
-
-
-def _split(eqns: list) -> list:
-  """Multi-operand reductions (lax.psum of a pytree) as one equation per operand."""
-  out = []
-  for e in eqns:
-    if e.primitive in _candidates() and len(e.invars) > 1:
-      out += [e.replace(invars=[x], outvars=[y]) for x, y in zip(e.invars, e.outvars)]
-    else:
-      out.append(e)
-  return out
 
 
 def _toposort(nodes: list, order: list[int]) -> list:
@@ -194,11 +183,11 @@ def combine(jaxpr: core.Jaxpr, active: frozenset, mesh_axes: set) -> core.Jaxpr:
   kinds = _candidates()
   if not any(e.primitive in kinds for e in jaxpr.eqns):
     return jaxpr
-  eqns = _split(list(jaxpr.eqns))
+  eqns = list(jaxpr.eqns)
   keys = [_key(e, kinds, active, mesh_axes) for e in eqns]
   seen = list(dict.fromkeys(k for k in keys if k is not None))
   if not any(keys.count(k) > 1 for k in seen):
-    return jaxpr if len(eqns) == len(jaxpr.eqns) else jaxpr.replace(eqns=eqns)
+    return jaxpr
   for key in seen:
     keys = [_key(e, kinds, active, mesh_axes) if e.primitive is not combined_p else None
             for e in eqns]
