@@ -234,3 +234,29 @@ def test_psum_of_a_pytree_is_combined_by_element_type():
   assert _calls(text) == {"smddp_all_reduce": 2} and "all-reduce" not in text, _calls(text)
   _same(got, want)
   np.testing.assert_array_equal(got["i"], [[28]])  # independent: 0 + 1 + ... + 7
+
+
+@pytest.mark.timeout(200)
+def test_a_bucket_the_engine_turns_down_lowers_call_by_call(monkeypatch, caplog):
+  import logging
+
+  from jax_smddp import requirements
+  from jax_smddp.swap import combine
+  monkeypatch.setattr(requirements, "_warned", set())
+  monkeypatch.setattr(combine._ar, "_lower", lambda *a, **k: "refused for this test")
+  mesh = mesh_1d()
+  a, b = np.arange(16, dtype=np.float32).reshape(8, 2), np.ones((8, 3), np.float32)
+
+  def body(a, b):
+    return jax.lax.psum(a, "x"), jax.lax.psum(b, "x")
+
+  f = jax.jit(jax.shard_map(body, mesh=mesh, in_specs=(P("x"), P("x")), out_specs=(P(), P())))
+  args = shard(a, mesh, P("x")), shard(b, mesh, P("x"))
+  want = jax.tree_util.tree_map(np.asarray, f(*args))
+  with caplog.at_level(logging.WARNING, logger="jax_smddp"):
+    got, text, _ = _run(f, args)
+  _same(got, want)
+  assert "smddp_all_reduce" not in text and text.count("all-reduce(") >= 1, text
+  messages = [r.getMessage() for r in caplog.records]
+  assert any("combined all_reduce lowers call by call" in m and "refused for this test" in m
+             for m in messages), messages
