@@ -54,7 +54,12 @@ Status EnqueueCollective(const char* op, int64_t op_id, const CallRank& me, Stre
   } else {
     st = RunStreamPlan(plan, me.rank->view, ops, send, recv);
   }
-  if (!st.ok()) return located(st);
+  if (!st.ok()) {
+    // A failed network step (a process on another host gone) ends this host's group too: its
+    // local peers' calls would go on, waiting on a rank that no longer joins them.
+    if (me.port && me.rank->watch && !me.rank->watch->failed()) me.rank->watch->Fail(st);
+    return located(st);
+  }
   return Status::Ok();
 }
 

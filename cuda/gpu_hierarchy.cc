@@ -291,6 +291,8 @@ Status GpuHierarchy::Prepare(const std::vector<int>& host_of, const std::vector<
       }
     }
     port->proxy = Proxy(port->rail);
+    // The host group is connected (watched, if it spans processes) before its ports exist.
+    port->abandoned = [watch = lr->watch] { return watch && watch->failed(); };
     by_rank_[rank] = Member{lr, port.get()};
     ports_.push_back(std::move(port));
     memory_.push_back(std::move(mem));

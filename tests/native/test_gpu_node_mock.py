@@ -339,15 +339,14 @@ def test_realloc(program, layout, entry, memory, tmp_path):
 
 @pytest.mark.timeout(120)
 @pytest.mark.parametrize("layout,entry", [(layout, entry) for layout in ["node_8x1", "node_2x4"]
-                                          for entry in ["ffi", "nccl"]] + [pytest.param(
-    "node_2x2x2", "nccl", marks=pytest.mark.xfail(
-        strict=True, reason="issue 65 item 4: across hosts, after process 3 (host 1) dies, "
-        "process 0's calls go on being enqueued with no error for 10 s, and process 1's stream "
-        "does not synchronize after its call failed (seen 2026-12-02)"))])
+                                          for entry in ["ffi", "nccl"]] + [("node_2x2x2", "nccl")])
 def test_dead_peer_after_warm_up(program, layout, entry, tmp_path):
   """The last process dies after two all_gathers: every rank of the others has a call fail within
   10 s naming the dead process (with no host meeting, that may be a later call than the first),
-  and its stream then synchronizes within those 10 s (nothing it enqueued hangs)."""
+  and its stream then synchronizes within those 10 s (nothing it enqueued hangs). Across hosts
+  (2x2x2) the process whose network step failed fails its host's group too, and a failed host
+  group's proxy gives up its pending steps: before, the other process of host 0 went on
+  enqueuing with no error, and the failed one's stream waited out the 20 s step timeout."""
   spec = LAYOUTS.get(layout) or layout.removeprefix("node_")
   dims = [int(v) for v in spec.split("x")]
   if len(dims) == 3:

@@ -123,6 +123,9 @@ void NetworkProxy::Release(const Task& t) {
   RaiseSignal(p.host_side<uint32_t>(p.layout.done(), true), t.step);
 }
 
+// Why a step of a port whose host group failed was given up (NetPort::abandoned).
+constexpr char kAbandoned[] = "given up: this host's group of the collective failed";
+
 Status NetworkProxy::Run(const Task& t) {
   NetPort& p = *t.port;
   const auto deadline =
@@ -158,6 +161,8 @@ Status NetworkProxy::Run(const Task& t) {
     for (int spins = 0; !FlagReached(__atomic_load_n(flag, __ATOMIC_ACQUIRE), value); ++spins) {
       progress();
       if ((spins & 255) == 255) {
+        if (p.abandoned && p.abandoned())
+          return failure(-1, Status::WithCode(StatusCode::kPeerFailed, ""), kAbandoned);
         if (std::chrono::steady_clock::now() > deadline)
           return failure(-1, Status::Timeout(""),
                          "timed out waiting for the GPU to reach step " + std::to_string(value));
@@ -239,6 +244,10 @@ Status NetworkProxy::Run(const Task& t) {
           cancel_all();
           return failure(k, Status::WithCode(p.links[k]->PeerFailureCode(), ""), dead);
         }
+      }
+      if (p.abandoned && p.abandoned()) {
+        cancel_all();
+        return failure(-1, Status::WithCode(StatusCode::kPeerFailed, ""), kAbandoned);
       }
       if (std::chrono::steady_clock::now() > deadline) {
         cancel_all();

@@ -83,6 +83,10 @@ struct NetPort {
   // Run by the proxy between a receive's completion and its `arrived` flag,
   // e.g. to make the NIC's writes to device memory visible to the GPU.
   std::function<Status()> after_receive;
+  // Whether this host's group of the port failed (a local peer saw a death):
+  // the proxy then gives up the port's steps at once, since their peers on
+  // the other hosts may never come (else each waits out the timeout). Unset: never.
+  std::function<bool()> abandoned;
   std::vector<Link*> links;       // by host; null for this rank's own
   std::vector<int> peer_process;  // by host, for messages
   const World* world = nullptr;   // counts the bytes moved (jax_smddp.traffic()), if set
