@@ -446,11 +446,14 @@ def traffic_by_op() -> dict:
   {op: {"calls": .., "bytes": ..}}, summed over the process's devices. ``bytes``: what the
   calls delivered into their outputs (for XLA's all-to-all and collective-permute, what the
   devices received from other devices: XLA copies a device's own block itself). Ops that
-  never ran here are left out; empty before initialize() (a one-process job has no such
-  count). Read it before and after a step for what the step's collectives moved and which
+  never ran here are left out. A one-process job counts its calls too, from the engine's first
+  call. Read it before and after a step for what the step's collectives moved and which
   library moved them: an op absent here ran on another library."""
   out = {}
-  for name, calls, nbytes in _native.engine().world_calls():
+  cuda = _native.cuda_engine()
+  # The CUDA engine counts a one-process job's GPU calls apart (no world to share).
+  alone = cuda.alone_calls() if cuda is not None else []
+  for name, calls, nbytes in [*_native.engine().world_calls(), *alone]:
     op = _XLA_OP_OF_MPI.get(name) or _XLA_OP_OF_NCCL.get(name) or f"smddp_{name}"
     counted = out.setdefault(op, {"calls": 0, "bytes": 0})  # a process with both backends
     counted["calls"] += calls

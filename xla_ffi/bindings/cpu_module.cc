@@ -225,15 +225,7 @@ void BindWorld(nb::module_& m) {
   });
   m.def("world_calls", [] {
     // Per caller with calls (World::Caller): (name, calls, bytes delivered).
-    std::vector<std::tuple<std::string, uint64_t, uint64_t>> out;
-    auto world = smddp::CountingWorld();  // a one-process job's own counts too
-    for (int c = 0; c < int(smddp::World::Caller::kCount); ++c) {
-      const auto caller = smddp::World::Caller(c);
-      if (world->calls(caller))
-        out.emplace_back(smddp::World::CallerName(caller), world->calls(caller),
-                         world->call_bytes(caller));
-    }
-    return out;
+    return smddp::CallCounts(*smddp::CountingWorld());  // a one-process job's own counts too
   });
   m.def("call_phases", [] {
     // Per collective with cross-process calls (call_phases.h): its calls and

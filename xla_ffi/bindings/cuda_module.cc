@@ -24,6 +24,7 @@
 #include "nanobind/nanobind.h"
 #include "nanobind/stl/pair.h"
 #include "nanobind/stl/string.h"
+#include "nanobind/stl/tuple.h"
 #include "nanobind/stl/vector.h"
 #include "xla_ffi/bindings/enums.h"
 #include "xla_ffi/bindings/failures.h"
@@ -168,6 +169,12 @@ NB_MODULE(_smddp_cuda, m) {
   m.def("set_process", &smddp::gpu::SetProcessIndex);
   m.def("use_world_of", [](uintptr_t source) {  // _smddp_cpu.world_source(): one world
     smddp::UseWorldOf(reinterpret_cast<smddp::WorldSource>(source));
+  });
+  m.def("alone_calls", [] {
+    // A one-process job's GPU calls, counted in this engine copy's world of the process alone
+    // (CountingWorld); none where a world exists (_smddp_cpu's world_calls reads that one).
+    if (smddp::CurrentWorld()) return std::vector<std::tuple<std::string, uint64_t, uint64_t>>();
+    return smddp::CallCounts(*smddp::CountingWorld());
   });
   m.def("world_processes", [] {  // the world as this module sees it (0: none)
     auto world = smddp::CurrentWorld();

@@ -93,7 +93,7 @@ ffi::ErrorOr<std::unique_ptr<GpuCallSite>> Instantiate(ffi::Dictionary attrs) {
       site->by_ordinal[ordinal] = GpuCallSite::Member{rank, nullptr, nullptr};
     }
   }
-  site->world = CurrentWorld();
+  site->world = CountingWorld();  // a one-process job's calls count too
   return site;
 }
 

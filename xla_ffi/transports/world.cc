@@ -84,6 +84,16 @@ std::shared_ptr<const World> CountingWorld() {
   return *alone;
 }
 
+std::vector<std::tuple<std::string, uint64_t, uint64_t>> CallCounts(const World& world) {
+  std::vector<std::tuple<std::string, uint64_t, uint64_t>> out;
+  for (int c = 0; c < int(World::Caller::kCount); ++c) {
+    const auto caller = World::Caller(c);
+    if (world.calls(caller))
+      out.emplace_back(World::CallerName(caller), world.calls(caller), world.call_bytes(caller));
+  }
+  return out;
+}
+
 void CopyCurrentWorld(std::shared_ptr<const World>* out) { *out = CurrentWorld(); }
 
 void UseWorldOf(WorldSource source) {

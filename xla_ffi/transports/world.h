@@ -14,6 +14,7 @@
 #include <cstdint>
 #include <memory>
 #include <string>
+#include <tuple>
 #include <utility>
 #include <vector>
 
@@ -143,6 +144,9 @@ std::shared_ptr<const World> CurrentWorld();
 // which is never current and has no links: it only counts, so that traffic_by_op() reads
 // a one-process job's calls as a multi-process job's.
 std::shared_ptr<const World> CountingWorld();
+// `world`'s counted calls, per caller that made any: (CallerName, calls, bytes delivered), as
+// the modules' world_calls hand them to traffic_by_op().
+std::vector<std::tuple<std::string, uint64_t, uint64_t>> CallCounts(const World& world);
 
 // Each extension module (_smddp_cpu, _smddp_cuda) links its own copy of the
 // engine. The world is built by _smddp_cpu's copy; the CUDA module reads it
