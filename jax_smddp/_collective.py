@@ -456,6 +456,40 @@ def bind_gather(api: str, prim, x, axis_name, axis: int, tiled: bool, **extra):
   return tree_util.tree_map(bind, x)
 
 
+def bind_scatter(api: str, prim, x, axis_name, scatter_dimension: int, tiled: bool,
+                 axis_index_groups=None):
+  """The front end of a summing scatter: checks the axis names, the scatter
+  dimension against the group size and the dtype, marks inputs varying as lax
+  does, and binds `prim` on every leaf of `x`."""
+  axes = axes_tuple(axis_name)
+  check_bound(api, axes)
+  axis_index_groups = index_groups(axis_index_groups)
+  size = group_size(axes, axis_index_groups)
+
+  def bind(leaf):
+    shape = np.shape(leaf)
+    if not -len(shape) <= scatter_dimension < max(len(shape), 1):
+      raise ValueError(f"jax_smddp.{api}: scatter_dimension={scatter_dimension} is out "
+                       f"of range for an input of shape {shape}.")
+    dim = scatter_dimension % len(shape)
+    if tiled and shape[dim] % size:
+      raise ValueError(
+          f"jax_smddp.{api}: tiled scatter dimension {dim} has size {shape[dim]}, "
+          f"which is not divisible by the {size} ranks of axis {axis_name!r}; pad that "
+          f"dimension to a multiple of {size}.")
+    if not tiled and shape[dim] != size:
+      raise ValueError(
+          f"jax_smddp.{api}: untiled scatter dimension {dim} has size {shape[dim]} "
+          f"but axis {axis_name!r} has {size} ranks; they must be equal (or pass tiled=True).")
+    if np.dtype(leaf.dtype) == np.bool_:
+      raise TypeError(f"jax_smddp.{api} cannot sum booleans: cast to an integer "
+                      "type first, e.g. x.astype(jnp.int32).")
+    return prim.bind(pvary_for(axes, leaf), scatter_dimension=dim, axis_name=axes,
+                     axis_index_groups=axis_index_groups, axis_size=size, tiled=tiled)
+
+  return tree_util.tree_map(bind, x)
+
+
 def lax_batcher(to_lax, axis_data, vals_in, dims_in, params):
   """vmap over the collective's own axis name: jax.lax's rule (no communication)."""
   lax_prim, lax_params = to_lax(**params)

@@ -24,7 +24,7 @@ def initialize() -> None:
   if not os.environ.get(_startup.ENV_VAR, "").strip():
     return
   from jax_smddp import swap
-  from jax_smddp.swap import xla as xla_swap
+  from jax_smddp.swap import clients
   swap.use_from_env()
   if _startup.requested():
-    xla_swap.install()
+    clients.install()

@@ -56,6 +56,7 @@ import threading
 import jax
 
 from jax_smddp import _native
+from jax_smddp import _startup
 from jax_smddp import capabilities
 from jax_smddp import config
 from jax_smddp import errors
@@ -509,8 +510,7 @@ def xla_collectives() -> str:
   if jax.process_count() == 1:
     return "in-process"
   impl = str(jax.config.jax_cpu_collectives_implementation or "gloo")
-  from jax_smddp.swap import xla as xla_swap
-  if impl == "mpi" and os.environ.get("MPITRAMPOLINE_LIB") == xla_swap.library_path():
+  if impl == "mpi" and os.environ.get("MPITRAMPOLINE_LIB") == _startup.library_path():
     return "jax_smddp"
   return impl
 

@@ -30,8 +30,8 @@ from jax._src.lax import parallel as lax_parallel
 from jax._src.lax import slicing
 
 from jax_smddp import _collective as c
-from jax_smddp.all_gather import _lower as _gather_lower
-from jax_smddp.reduce_scatter import _lower as _scatter_lower
+from jax_smddp._gather_scatter import lower_gather as _gather_lower
+from jax_smddp._gather_scatter import lower_scatter as _scatter_lower
 
 
 def all_gather_reduced(x, axis_name, *, axis: int = 0, tiled: bool = False):

@@ -39,12 +39,11 @@ from jax._src.lax import parallel as lax_parallel
 from jax._src.lib.mlir.dialects import hlo
 
 from jax_smddp import _collective as c
+from jax_smddp import _gather_scatter as _gs
 from jax_smddp import config
 from jax_smddp import requirements
 
-_ag = importlib.import_module("jax_smddp.all_gather")
 _ar = importlib.import_module("jax_smddp.all_reduce")
-_rs = importlib.import_module("jax_smddp.reduce_scatter")
 
 ENV = "JAX_SMDDP_COMBINE_BYTES"
 KINDS = ("all_reduce", "all_gather", "reduce_scatter")  # what combining merges
@@ -241,10 +240,10 @@ def _lower(ctx, *xs, platform, kind, reduce, invariant, axes, prim, members):
   if kind == "all_gather":
     flat = [_reshape(ctx, x, (c.prod(a.shape),), dtype) for x, a in zip(xs, avals_in)]
     total = sum(c.prod(a.shape) for a in avals_in)
-    out = _ag._lower(ctx.replace(avals_in=[_aval((total,), dtype)],
-                                 avals_out=[_aval((n, total), dtype)]), _concat(flat, 0),
-                     platform=platform, all_gather_dimension=0, axis_name=axes,
-                     axis_index_groups=None, axis_size=n, tiled=False)
+    out = _gs.lower_gather(ctx.replace(avals_in=[_aval((total,), dtype)],
+                                       avals_out=[_aval((n, total), dtype)]), _concat(flat, 0),
+                           platform=platform, all_gather_dimension=0, axis_name=axes,
+                           axis_index_groups=None, axis_size=n, tiled=False)
     if isinstance(out, str):
       return out
     res, off = [], 0
@@ -269,10 +268,10 @@ def _lower(ctx, *xs, platform, kind, reduce, invariant, axes, prim, members):
     parts.append(_reshape(ctx, y, (n, c.prod(front) // n), dtype))
     fronts.append((perm, front))
   total = sum(c.prod(a.shape) // n for a in avals_in)
-  out = _rs._lower(ctx.replace(avals_in=[_aval((n, total), dtype)],
-                               avals_out=[_aval((total,), dtype)]), _concat(parts, 1),
-                   platform=platform, scatter_dimension=0, axis_name=axes,
-                   axis_index_groups=None, axis_size=n, tiled=False)
+  out = _gs.lower_scatter(ctx.replace(avals_in=[_aval((n, total), dtype)],
+                                      avals_out=[_aval((total,), dtype)]), _concat(parts, 1),
+                          platform=platform, scatter_dimension=0, axis_name=axes,
+                          axis_index_groups=None, axis_size=n, tiled=False)
   if isinstance(out, str):
     return out
   res, off = [], 0

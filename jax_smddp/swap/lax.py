@@ -33,16 +33,15 @@ from jax._src.interpreters import mlir
 from jax._src.lax import parallel as lax_parallel
 
 from jax_smddp import _collective as c
+from jax_smddp import _gather_scatter as _gs
 from jax_smddp import _startup
 from jax_smddp import config
 from jax_smddp import requirements
 from jax_smddp.swap import combine
 
 # The modules, not the functions of the same name that jax_smddp exports.
-_ag = importlib.import_module("jax_smddp.all_gather")
 _ar = importlib.import_module("jax_smddp.all_reduce")
 _a2a = importlib.import_module("jax_smddp.all_to_all")
-_rs = importlib.import_module("jax_smddp.reduce_scatter")
 _pp = importlib.import_module("jax_smddp.ppermute")
 
 log = logging.getLogger("jax_smddp")
@@ -84,11 +83,11 @@ def _no_bool(fn):
 
 
 def _gather_no_groups(ctx, x, **params):  # all_gather_invariant_p, all_gather_reduced_p
-  return _ag._lower(ctx, x, axis_index_groups=None, **params)
+  return _gs.lower_gather(ctx, x, axis_index_groups=None, **params)
 
 
 def _scatter_no_groups(ctx, x, **params):  # unreduced_reduce_scatter_p
-  return _rs._lower(ctx, x, axis_index_groups=None, **params)
+  return _gs.lower_scatter(ctx, x, axis_index_groups=None, **params)
 
 
 def _permute(ctx, x, *, platform, axis_name, perm):  # lax names one axis as it was given
@@ -115,12 +114,12 @@ def _takeovers() -> dict[str, list[tuple[Any, Callable[..., Lowered]]]]:
   """
   table = {
       "all_gather": [
-          ("all_gather_p", _single(_ag._lower, "axis_index_groups", *_GATHER)),
+          ("all_gather_p", _single(_gs.lower_gather, "axis_index_groups", *_GATHER)),
           ("all_gather_invariant_p", _single(_gather_no_groups, *_GATHER)),
           ("all_gather_reduced_p", _single(_gather_no_groups, *_GATHER))],
       "reduce_scatter": [
           ("reduce_scatter_p",
-           _single(_no_bool(_rs._lower), "axis_index_groups", *_SCATTER)),
+           _single(_no_bool(_gs.lower_scatter), "axis_index_groups", *_SCATTER)),
           ("unreduced_reduce_scatter_p", _single(_no_bool(_scatter_no_groups), *_SCATTER))],
       "all_reduce": [
           ("psum_p", _single(_reduce("sum", False), "axes", "axis_index_groups")),
@@ -247,8 +246,8 @@ class use:
     if any(_startup.parse_collectives(o, strict=False).xla for o in ops if isinstance(o, str)):
       # XLA's own collectives: only before JAX creates its CPU client, and only in a
       # process started with JAX_SMDDP_COLLECTIVES=xla or MPITRAMPOLINE_LIB set (raises).
-      from jax_smddp.swap import xla as xla_swap
-      xla_swap.install()
+      from jax_smddp.swap import clients
+      clients.install()
     self._previous = active()
     self._clear = clear_caches
     _set(parse(ops), clear_caches)

@@ -22,7 +22,7 @@ as the CPU swap (:mod:`jax_smddp.swap.xla`):
    plugin loads the real NCCL (jax_smddp/_startup.py). It leaves ``XLA_FLAGS``
    alone.
 2. When JAX creates its CUDA client, the plugin's wrapper of the client
-   factory (:func:`install`) connects jax_smddp's processes
+   factory (:func:`jax_smddp.swap.clients.install`) connects jax_smddp's processes
    (:func:`jax_smddp.initialize`, over the jax.distributed key-value store) and
    hands the front end that world, this process's index and the real NCCL's
    path (:func:`find_real_nccl`; ``JAX_SMDDP_NCCL_LIBRARY`` overrides it).
@@ -39,13 +39,13 @@ served and forwarded; ``python -m jax_smddp.doctor`` shows it.
 from __future__ import annotations
 
 import ctypes
-import dataclasses
 import json
 import logging
 import os
 import sys
 
 from jax_smddp import _startup
+from jax_smddp import requirements
 from jax_smddp._startup import NCCL_LIBRARY
 
 log = logging.getLogger("jax_smddp")
@@ -173,24 +173,24 @@ def _configure(lib: ctypes.CDLL, process: int) -> str | None:
   return real
 
 
-def set_up() -> None:
-  """Runs as JAX creates its CUDA client: the world, then the front end's
-  configuration. Where the front end cannot serve, XLA's GPU collectives stay
-  on NCCL (logged once; raises under JAX_SMDDP_REQUIRE=no-fallback)."""
-  global _library, _active, _not_active
-  from jax_smddp import requirements
+def load_for_client() -> ctypes.CDLL | None:
+  """Runs as JAX creates its CUDA client (jax_smddp.swap.clients), before the world
+  connects: the front end, or None where it cannot serve; then XLA's GPU collectives
+  stay on NCCL (logged once; raises under JAX_SMDDP_REQUIRE=no-fallback)."""
+  global _not_active
   lib, why = _load()
   if lib is None or why:
     _not_active = why
     requirements.fallback("XLA's GPU collectives (JAX_SMDDP_COLLECTIVES=xla)",
                           f"they stay on NCCL: {why}")
-    return
-  from jax._src import distributed as jax_distributed
-  state = jax_distributed.global_state
-  process = int(state.process_id or 0) if state.client is not None else 0
-  if state.client is not None:
-    from jax_smddp import distributed
-    distributed.initialize()
+    return None
+  return lib
+
+
+def serve(lib: ctypes.CDLL, process: int) -> None:
+  """Then, with the world connected: hands the front end jax_smddp's world, `process`
+  and the real NCCL; from here on it serves XLA's GPU collectives."""
+  global _library, _active, _not_active
   real = _configure(lib, process)
   if not real and not os.environ.get(REAL_ENV):
     requirements.warn_once(
@@ -203,44 +203,6 @@ def set_up() -> None:
   _library, _active, _not_active = lib, True, ""
   log.info("jax_smddp: XLA's GPU collectives run on jax_smddp (%s; forwarding to %s)",
            library_path(), os.environ.get(REAL_ENV) or real)
-
-
-def install() -> None:
-  """Wraps JAX's CUDA client factory so that it sets the front end up first
-  (called by xla_swap.install, before any client exists). JAX's CUDA plugin
-  may register its factory after jax_smddp's plugin runs (JAX initializes
-  plugins in no fixed order): a factory registered later is wrapped as it is
-  registered, and again once every plugin is (both idempotent)."""
-  from jax._src import xla_bridge
-
-  def wrap(**_):
-    registration = xla_bridge._backend_factories.get("cuda")
-    if registration is None or getattr(registration.factory, "_jax_smddp", False):
-      return
-    make_client = registration.factory
-
-    def factory(*args, **kwargs):
-      set_up()
-      return make_client(*args, **kwargs)
-
-    factory._jax_smddp = True
-    xla_bridge._backend_factories["cuda"] = dataclasses.replace(registration, factory=factory)
-
-  if "cuda" in xla_bridge._backends:
-    raise RuntimeError(
-        "jax_smddp: JAX's CUDA client already exists, so its collectives cannot change; set "
-        "JAX_SMDDP_COLLECTIVES=xla before Python starts.")
-  wrap()
-  register = xla_bridge.register_backend_factory
-  if not getattr(register, "_jax_smddp", False):
-    def register_backend_factory(name, *args, **kwargs):
-      register(name, *args, **kwargs)
-      if name == "cuda":
-        wrap()
-
-    register_backend_factory._jax_smddp = True
-    xla_bridge.register_backend_factory = register_backend_factory
-  xla_bridge.register_plugin_callbacks(wrap)
 
 
 def describe() -> dict | None:

@@ -1,7 +1,7 @@
 """The XLA-level swap: every collective XLA runs across processes goes to jax_smddp.
 
 This module is the CPU side; on GPUs the same switch loads jax_smddp's NCCL API
-front end (:mod:`jax_smddp.swap.nccl`), which :func:`install` sets up too.
+front end (:mod:`jax_smddp.swap.nccl`); :mod:`jax_smddp.swap.clients` sets up both.
 
 JAX's CPU client can run its cross-process collectives through MPI
 (``jax_cpu_collectives_implementation='mpi'``): jaxlib links MPItrampoline,
@@ -20,7 +20,7 @@ Selected by ``JAX_SMDDP_COLLECTIVES=xla`` (only this) or ``all`` (this and the
    sets ``MPITRAMPOLINE_LIB`` to the library. MPItrampoline reads it once,
    when jaxlib is loaded (``import jax``).
 2. When JAX creates its CPU client, the plugin's wrapper of the client factory
-   (:func:`install`) sets ``jax_cpu_collectives_implementation='mpi'``,
+   (:func:`jax_smddp.swap.clients.install`) sets ``jax_cpu_collectives_implementation='mpi'``,
    connects jax_smddp's processes (:func:`jax_smddp.initialize`, over the
    jax.distributed key-value store) and hands that world to the library.
 
@@ -39,13 +39,13 @@ give a wrong answer.
 from __future__ import annotations
 
 import ctypes
-import dataclasses
 import logging
 import os
 import re
 
 import jax
 
+from jax_smddp import _native
 from jax_smddp._startup import library_path  # the library the start-up hook points at
 from jax_smddp._startup import requested  # noqa: F401  (whether JAX_SMDDP_COLLECTIVES asks for it)
 
@@ -80,42 +80,19 @@ def _check_library() -> str:
   return lib
 
 
-def _set_up() -> None:
-  """Runs as JAX creates its CPU client: the collectives, the world, the library."""
-  from jax._src import distributed as jax_distributed
+def check_for_client() -> str:
+  """Runs as JAX creates its CPU client (jax_smddp.swap.clients), before the world
+  connects: the library's path (raises where it cannot serve), and XLA's CPU
+  collectives set to MPI."""
   lib = _check_library()
   jax.config.update("jax_cpu_collectives_implementation", "mpi")
-  if jax_distributed.global_state.client is None:
-    return  # one process: JAX runs no cross-process collective
-  from jax_smddp import _native, distributed
-  distributed.initialize()
+  return lib
+
+
+def serve(lib: str) -> None:
+  """Then, with the world connected: hands the library jax_smddp's world and this
+  process's devices; from here on it serves XLA's cross-process CPU collectives."""
   library = ctypes.CDLL(lib)
   library.smddp_mpi_configure.argtypes = [ctypes.c_size_t, ctypes.c_int]
   library.smddp_mpi_configure(_native.engine().world_source(), local_devices())
   log.info("jax_smddp: XLA's cross-process CPU collectives run on jax_smddp (%s)", lib)
-
-
-def install() -> None:
-  """Wraps JAX's CPU client factory so that it sets the swap up first, and
-  JAX's CUDA client factory so that it sets up the NCCL API front end
-  (:func:`jax_smddp.swap.nccl.install`); called by the jax_plugins entry
-  point, before any client exists. A failure raises where JAX creates the
-  client: the program stops instead of running on another implementation."""
-  from jax._src import xla_bridge
-  from jax_smddp.swap import nccl as nccl_swap
-  nccl_swap.install()
-  registration = xla_bridge._backend_factories.get("cpu")
-  if registration is None or getattr(registration.factory, "_jax_smddp", False):
-    return
-  if "cpu" in xla_bridge._backends:
-    raise RuntimeError(
-        "jax_smddp: JAX's CPU client already exists, so its collectives cannot change; set "
-        "JAX_SMDDP_COLLECTIVES=xla before Python starts.")
-  make_client = registration.factory
-
-  def factory(*args, **kwargs):
-    _set_up()
-    return make_client(*args, **kwargs)
-
-  factory._jax_smddp = True
-  xla_bridge._backend_factories["cpu"] = dataclasses.replace(registration, factory=factory)
