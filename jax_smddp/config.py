@@ -5,6 +5,9 @@ Each setting is declared once, in the native registry
 meaning), and parsed by one strict parser that the engine and this module
 share. ``jax_smddp.settings()`` lists them with their values here;
 ``python -m jax_smddp.doctor --settings`` prints the table of docs/settings.md.
+The test-only settings (fault injection, the mock CUDA runtime, the GPU test
+harness) are a registry of their own (``xla_ffi/common/test_settings.cc``,
+test_specs()), left out of both and read, validated and defaulted as the rest.
 
 Every ``JAX_SMDDP_*`` variable of the environment is checked (validate()) at
 import, by ``python -m jax_smddp.doctor``, and again when a collective is
@@ -27,13 +30,24 @@ log = logging.getLogger("jax_smddp")
 
 
 def specs() -> list[dict]:
-  """Every declaration: name, kind, default, min, max, choices, scope, agree, meaning."""
+  """Every declaration a user may set: name, kind, default, min, max, choices, scope,
+  agree, meaning."""
   return [dict(s) for s in _specs()]
+
+
+def test_specs() -> list[dict]:
+  """The test-only declarations, as specs(): what tests and test probes set, never a user."""
+  return [dict(s) for s in _test_specs()]
 
 
 @functools.cache
 def _specs() -> tuple:
   return tuple(_native.engine().setting_specs())
+
+
+@functools.cache
+def _test_specs() -> tuple:
+  return tuple(_native.engine().setting_specs(tests=True))
 
 
 def parse(name: str, text: str | None):
@@ -56,7 +70,7 @@ def default(name: str):
   default is stated (xla_ffi/common/settings.cc). None where the registry says
   "unset"; a default stated as a description ("cores - 1") raises ValueError, and a
   text setting's default is the registry's text."""
-  spec = next((s for s in _specs() if s["name"] == name), None)
+  spec = next((s for s in _specs() + _test_specs() if s["name"] == name), None)
   if spec is None:
     raise ValueError(f"jax_smddp: {name} is not a setting")
   if spec["default"].startswith("unset"):
@@ -72,8 +86,8 @@ def value(name: str):
 
 
 def settings() -> dict[str, dict]:
-  """Every setting: its value here (None: unset), default, kind, accepted
-  values and meaning."""
+  """Every setting a user may set (not the test-only ones): its value here (None:
+  unset), default, kind, accepted values and meaning."""
   out = {}
   for s in specs():
     try:
@@ -88,10 +102,11 @@ def non_default() -> dict[str, str]:
   """The settings of this process that differ from their defaults: {name: value}, the
   environment's text for each JAX_SMDDP_* setting set to something other than its
   default (a value equal to a numeric or choice default, e.g. JAX_SMDDP_HIERARCHICAL=1, is
-  left out), and the deadline where jax_smddp.set_timeout() changed it. What a run's
-  summary prints, so that its figures say under which settings they were measured."""
+  left out), and the deadline where jax_smddp.set_timeout() changed it; test-only settings
+  too (a mock node's copy rate changes the figures). What a run's summary prints, so that
+  its figures say under which settings they were measured."""
   out = {}
-  for s in specs():
+  for s in specs() + test_specs():
     text = os.environ.get(s["name"])
     if text is None or text.strip() == "":
       continue
@@ -120,7 +135,7 @@ def validate() -> None:
   """Raises ValueError for the first invalid JAX_SMDDP_* value; warns once
   about each name that is not a setting."""
   unknown, error = _native.engine().check_settings()
-  names = [s["name"] for s in _specs()]
+  names = [s["name"] for s in _specs() + _test_specs()]
   for name in unknown:
     if name in _warned_unknown:
       continue
@@ -146,10 +161,11 @@ def _accepts(s: dict) -> str:
   return "text"
 
 
-def markdown() -> str:
-  """The settings table of docs/settings.md, generated from the registry."""
+def markdown(tests: bool = False) -> str:
+  """The settings table of docs/settings.md, generated from the registry; tests=True:
+  the test-only registry's, for the tests section of docs/architecture.md."""
   lines = ["| setting | default | accepts | read by | meaning |", "|---|---|---|---|---|"]
-  for s in specs():
+  for s in test_specs() if tests else specs():
     agree = " Must be equal in every process." if s["agree"] else ""
     lines.append(f"| `{s['name']}` | {s['default']} | {_accepts(s)} | {s['scope']} | "
                  f"{s['meaning']}.{agree} |")

@@ -312,10 +312,13 @@ def main(argv: list[str] | None = None) -> int:
   parser.add_argument("--settings", action="store_true",
                       help="print every setting as the docs' table (docs/settings.md), generated "
                            "from the registry, and exit")
+  parser.add_argument("--test-settings", action="store_true",
+                      help="print the test-only settings' table (docs/architecture.md, Tests) "
+                           "and exit")
   args = parser.parse_args(argv)
-  if args.settings:
+  if args.settings or args.test_settings:
     from jax_smddp import config
-    sys.stdout.write(config.markdown())
+    sys.stdout.write(config.markdown(tests=args.test_settings))
     return 0
   if args.job:
     from jax_smddp import job

@@ -1,6 +1,7 @@
-"""The settings registry: every JAX_SMDDP_* name the code reads is declared
-once, the docs table is the registry's, and a bad value is an error naming
-the setting and what it accepts, from C++ and Python alike."""
+"""The settings registries: every JAX_SMDDP_* name the code reads is declared
+once, in the user's registry or the test-only one, the docs tables are the
+registries', and a bad value is an error naming the setting and what it
+accepts, from C++ and Python alike."""
 
 from __future__ import annotations
 
@@ -21,7 +22,8 @@ READ_BY_CODE = ("jax_smddp", "xla_ffi", "cuda", "tests", "tools", "examples")
 NOT_SETTINGS = {"JAX_SMDDP_CUDA", "JAX_SMDDP_LIBFABRIC", "JAX_SMDDP_TESTING"}
 
 
-def names_in_code() -> dict[str, str]:
+def names_in_code() -> dict[str, list[str]]:
+  """Every JAX_SMDDP_ name the code names: the files naming it."""
   found = {}
   for top in READ_BY_CODE:
     for root, _, files in os.walk(os.path.join(REPO, top)):
@@ -32,12 +34,17 @@ def names_in_code() -> dict[str, str]:
         with open(path, errors="ignore") as fh:
           for name in re.findall(r"JAX_SMDDP_[A-Z0-9_]*[A-Z0-9]", fh.read()):
             if not name.endswith(("_H", "_CUH")) and name not in NOT_SETTINGS:
-              found.setdefault(name, os.path.relpath(path, REPO))
+              found.setdefault(name, []).append(os.path.relpath(path, REPO))
   return found
 
 
+def all_specs() -> list[dict]:
+  """Both registries: the user's and the test-only one."""
+  return config.specs() + config.test_specs()
+
+
 def test_every_setting_the_code_names_is_declared():
-  declared = {s["name"] for s in config.specs()}
+  declared = {s["name"] for s in all_specs()}
   missing = {n: where for n, where in names_in_code().items() if n not in declared}
   assert not missing, f"not in the registry (xla_ffi/common/settings.cc): {missing}"
 
@@ -66,7 +73,7 @@ def test_typed_reads_take_the_registry_default():
   # ("cores - 1") is read with IntSettingIfSet, and one whose default is a
   # value never is (its caller would state the default again); TextSetting
   # reads choice, list and text settings. No read passes a default of its own.
-  specs = {s["name"]: s for s in config.specs()}
+  specs = {s["name"]: s for s in all_specs()}
   reads = typed_reads()
   assert len(reads) >= 25, reads  # the check sees the code
   assert {fn for _, fn, _, _ in reads} >= {"IntSetting", "IntSettingIfSet", "TextSetting",
@@ -109,9 +116,9 @@ PY_SECOND_DEFAULT = re.compile(r'config\.get\(\s*"(JAX_SMDDP_[A-Z0-9_]+)"\s*\)\s
 def test_python_reads_take_the_registry_default(monkeypatch):
   # config.value: the environment's value, else the registry's default (never a second literal).
   for name in ("JAX_SMDDP_GPU_SLOT_BYTES", "JAX_SMDDP_TIMEOUT_S", "JAX_SMDDP_GPU_STREAM",
-               "JAX_SMDDP_FABRIC_HMEM", "JAX_SMDDP_REQUIRE"):
+               "JAX_SMDDP_FABRIC_HMEM", "JAX_SMDDP_REQUIRE", "JAX_SMDDP_MOCK_WAIT_S"):
     monkeypatch.delenv(name, raising=False)
-    spec = next(s for s in config.specs() if s["name"] == name)
+    spec = next(s for s in all_specs() if s["name"] == name)
     want = None if spec["default"].startswith("unset") else config.parse(name, spec["default"])
     assert config.default(name) == want and config.value(name) == want, name
   monkeypatch.setenv("JAX_SMDDP_GPU_SLOT_BYTES", "1M")
@@ -139,6 +146,57 @@ def test_the_docs_table_is_generated_from_the_registry():
                                     "python -m jax_smddp.doctor --settings"
 
 
+def test_the_test_settings_table_is_generated_from_their_registry():
+  with open(os.path.join(REPO, "docs", "architecture.md")) as f:
+    docs = f.read()
+  assert config.markdown(tests=True) in docs, "docs/architecture.md's test-only settings are " \
+      "stale: regenerate the table with python -m jax_smddp.doctor --test-settings"
+
+
+# A setting is for tests only when its name says so (a TEST or MOCK word) or when only
+# tests/ name it (the registries' declarations aside): the rule the registries must follow.
+TEST_ONLY_NAME = re.compile(r"^JAX_SMDDP_(?:[A-Z0-9]+_)*(?:TEST|MOCK)(?:_|$)")
+REGISTRIES = (os.path.join("xla_ffi", "common", "settings.cc"),
+              os.path.join("xla_ffi", "common", "test_settings.cc"))
+
+
+def test_only_test_settings_are_in_the_test_registry_and_out_of_the_users_docs():
+  named = {n: [w for w in where if w not in REGISTRIES] for n, where in names_in_code().items()}
+  by_code = {n for n, where in named.items()
+             if TEST_ONLY_NAME.match(n) or (where and all(w.startswith("tests" + os.sep)
+                                                          for w in where))}
+  users = {s["name"] for s in config.specs()}
+  tests = {s["name"] for s in config.test_specs()}
+  assert len(tests) >= 15 and len(by_code) >= 15, (tests, by_code)  # the check sees them
+  assert not by_code & users, "settings only tests set, in the user's registry: move them " \
+      f"to xla_ffi/common/test_settings.cc: {sorted(by_code & users)}"
+  hidden = {n: named.get(n) for n in tests - by_code}
+  assert not hidden, "in the test-only registry but named by code outside tests/ and without " \
+      f"TEST or MOCK in its name (a user's setting?): {hidden}"
+  assert not set(jax_smddp.settings()) & tests, "jax_smddp.settings() lists test-only settings"
+  with open(os.path.join(REPO, "docs", "settings.md")) as f:
+    docs = f.read()
+  in_docs = sorted(n for n in tests if n in docs)
+  assert not in_docs, f"docs/settings.md names test-only settings: {in_docs}"
+
+
+DECLARATION = re.compile(r'^\s*\{"(JAX_SMDDP_[A-Z0-9_]+)",', re.M)
+
+
+def test_no_setting_is_declared_twice():
+  # Across both registries: the engine's lookup would take the first, silently.
+  names = [s["name"] for s in all_specs()]
+  twice = sorted({n for n in names if names.count(n) > 1})
+  assert not twice, f"declared twice (xla_ffi/common/settings.cc, test_settings.cc): {twice}"
+  # The registries' sources declare what the engine lists, each name once.
+  declared = []
+  for path in REGISTRIES:
+    with open(os.path.join(REPO, path)) as f:
+      declared += DECLARATION.findall(f.read())
+  assert sorted(declared) == sorted(names), "rebuild: the engine's registries differ from " \
+      f"their sources: {sorted(set(declared) ^ set(names)) or 'a name declared twice'}"
+
+
 def test_settings_lists_every_declared_setting_with_its_value(monkeypatch):
   monkeypatch.setenv("JAX_SMDDP_CHUNK_BYTES", "64K")
   monkeypatch.setenv("JAX_SMDDP_GPU_STREAM", " Compute ")
@@ -156,6 +214,7 @@ def test_settings_lists_every_declared_setting_with_its_value(monkeypatch):
     ("JAX_SMDDP_CPU_HELPERS", "2x", "an integer from 0 to 1024"),
     ("JAX_SMDDP_HIERARCHICAL", "yes", "one of 0|1"),
     ("JAX_SMDDP_REQUIRE", "efa,gpus", "a comma list of libfabric|efa|cuda|gdrcopy|mps|no-fallback"),
+    ("JAX_SMDDP_MOCK_TOPOLOGY", "ring", "one of nvlink|pcie|pcie_nop2p"),  # a test-only one
 ])
 def test_a_bad_value_is_an_error_naming_the_setting(monkeypatch, name, bad, accepts):
   monkeypatch.setenv(name, bad)
@@ -260,7 +319,7 @@ def _literals(line: str) -> set[float]:
 def restated_defaults(repo: str) -> list[str]:
   """Lines of the native code and the package that write a numeric setting's declared
   default beside the setting's name (on its line, the one before or the one after)."""
-  specs = {s["name"]: s for s in config.specs()}
+  specs = {s["name"]: s for s in all_specs()}
   defaults = {}
   for name, s in specs.items():
     if s["kind"] in ("int", "bytes", "seconds") and _declares_a_value(s):
@@ -271,7 +330,8 @@ def restated_defaults(repo: str) -> list[str]:
   for top in ("xla_ffi", "cuda", "jax_smddp"):
     for root, _, files in os.walk(os.path.join(repo, top)):
       for f in files:
-        if not f.endswith((".cc", ".h", ".cu", ".cuh", ".py")) or f == "settings.cc":
+        if not f.endswith((".cc", ".h", ".cu", ".cuh", ".py")) or \
+            f in ("settings.cc", "test_settings.cc"):  # the registries
           continue
         path = os.path.join(root, f)
         with open(path, errors="ignore") as fh:
@@ -326,7 +386,7 @@ def test_typed_reads_in_the_engine(monkeypatch):
   for name in [k for k in os.environ if k.startswith("JAX_SMDDP_")]:
     monkeypatch.delenv(name)
   checked = 0
-  for s in config.specs():
+  for s in all_specs():
     name, kind = s["name"], s["kind"]
     if kind in ("int", "bytes", "seconds"):
       assert probes.typed_setting("int_if_set", name) is None, name

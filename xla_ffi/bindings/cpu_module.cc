@@ -69,29 +69,34 @@ void BindBuildInfo(nb::module_& m) {
     d["protocol_built"] = smddp::kWireProtocolVersion;
     return d;
   });
-  // The settings registry (common/settings.h), for jax_smddp.config.
-  m.def("setting_specs", [] {
-    nb::list out;
-    for (const smddp::SettingSpec& spec : smddp::AllSettings()) {
-      nb::dict d;
-      d["name"] = spec.name;
-      d["kind"] = spec.kind == smddp::SettingKind::kInt       ? "int"
-                  : spec.kind == smddp::SettingKind::kBytes   ? "bytes"
-                  : spec.kind == smddp::SettingKind::kSeconds ? "seconds"
-                  : spec.kind == smddp::SettingKind::kChoice  ? "choice"
-                  : spec.kind == smddp::SettingKind::kList    ? "list"
-                                                              : "text";
-      d["default"] = spec.default_text;
-      d["min"] = spec.min;
-      d["max"] = spec.max;
-      d["choices"] = spec.choices;
-      d["scope"] = spec.scope;
-      d["agree"] = spec.agree;
-      d["meaning"] = spec.meaning;
-      out.append(d);
-    }
-    return out;
-  });
+  // The settings registries (common/settings.h), for jax_smddp.config: the
+  // user's, or the test-only one.
+  m.def(
+      "setting_specs",
+      [](bool tests) {
+        nb::list out;
+        for (const smddp::SettingSpec& spec :
+             tests ? smddp::TestSettings() : smddp::AllSettings()) {
+          nb::dict d;
+          d["name"] = spec.name;
+          d["kind"] = spec.kind == smddp::SettingKind::kInt       ? "int"
+                      : spec.kind == smddp::SettingKind::kBytes   ? "bytes"
+                      : spec.kind == smddp::SettingKind::kSeconds ? "seconds"
+                      : spec.kind == smddp::SettingKind::kChoice  ? "choice"
+                      : spec.kind == smddp::SettingKind::kList    ? "list"
+                                                                  : "text";
+          d["default"] = spec.default_text;
+          d["min"] = spec.min;
+          d["max"] = spec.max;
+          d["choices"] = spec.choices;
+          d["scope"] = spec.scope;
+          d["agree"] = spec.agree;
+          d["meaning"] = spec.meaning;
+          out.append(d);
+        }
+        return out;
+      },
+      nb::arg("tests") = false);
   m.def("parse_setting", [](const std::string& name, const std::string& value) -> nb::object {
     // `value` typed as the engine reads it: int (counts, bytes), float
     // (seconds), list of str (lists), str; a ValueError naming the setting.

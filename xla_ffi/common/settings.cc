@@ -180,42 +180,6 @@ const std::vector<SettingSpec> kSettings = {
      "build", false, "prefix holding libfabric's include/ and lib/ (also LIBFABRIC_ROOT)"},
     {"JAX_SMDDP_LAUNCH_WRAPPER", kText, "unset", 0, 0, "", "tools", false,
      "command put before every process of jax_smddp.tools.launch's jobs (e.g. a debugger)"},
-    {"JAX_SMDDP_FABRIC_TEST_REORDER", kChoice, "unset", 0, 0, "0|1", "tests", false,
-     "1: libfabric chunks are sent out of order"},
-    {"JAX_SMDDP_FABRIC_TEST_REGISTER", kChoice, "unset", 0, 0, "0|1", "tests", false,
-     "1: libfabric direct transfers register the callers' buffers even where the provider does "
-     "not ask for it (the FI_MR_LOCAL path, as on efa)"},
-    {"JAX_SMDDP_FABRIC_TEST_CORRUPT", kChoice, "unset", 0, 0, "magic|version|sender|length|short",
-     "tests", false,
-     "every libfabric chunk this process sends is malformed so: a wrong magic, another protocol "
-     "version, an unknown sender, a length past the chunk's end, or cut short of its header "
-     "(its receivers must drop it with an error naming this process)"},
-    {"JAX_SMDDP_TEST_PROTOCOL_VERSION", kInt, "unset (the build's)", 1, 4294967295.0, "", "tests",
-     false,
-     "this process poses as a build of another wire protocol version: it announces this one at "
-     "jax_smddp.initialize() and writes it into its links' headers"},
-    {"JAX_SMDDP_MOCK_IPC_OPEN_FAILS", kChoice, "unset", 0, 0, "0|1", "tests", false,
-     "the mock CUDA runtime fails to open IPC handles"},
-    {"JAX_SMDDP_MOCK_CUMEM", kChoice, "unset", 0, 0, "0|1", "tests", false,
-     "the mock CUDA runtime allocates as cuMemCreate"},
-    {"JAX_SMDDP_MOCK_GDR_OPEN_FAILS", kChoice, "unset", 0, 0, "0|1", "tests", false,
-     "the mock GDRCopy fails gdr_open"},
-    {"JAX_SMDDP_MOCK_DEVICES", kText, "0", 0, 0, "", "tests", false,
-     "the mock CUDA node's devices this process sees (node device ids, comma separated)"},
-    {"JAX_SMDDP_MOCK_TOPOLOGY", kChoice, "nvlink", 0, 0, "nvlink|pcie|pcie_nop2p", "tests", false,
-     "the mock CUDA node's links: NVLink all to all, PCIe with peer access, PCIe without it"},
-    {"JAX_SMDDP_MOCK_COPY_US", kInt, "20", 0, 1e9, "", "tests", false,
-     "microseconds every mock copy takes before its bytes (the mock node's copy latency)"},
-    {"JAX_SMDDP_MOCK_COPY_GBPS", kText, "2", 0, 0, "", "tests", false,
-     "GB/s of the mock node's copies over NVLink (a third of it over PCIe)"},
-    {"JAX_SMDDP_MOCK_WAIT_S", kSeconds, "30", 0.001, 1e9, "", "tests", false,
-     "seconds a mock stream wait may block before it poisons its context"},
-    {"JAX_SMDDP_TEST_EXPECT_GDRCOPY", kChoice, "unset", 0, 0, "0|1", "tests", false,
-     "the GPU communicator test expects GDRCopy to be used"},
-    {"JAX_SMDDP_GPU_TEST_TIMEOUT", kInt, "600", 1, 1e6, "", "tests", false,
-     "seconds a GPU test may take before it counts as hung"},
-    {"JAX_SMDDP_WORKER_STACKS_AFTER_S", kSeconds, "unset", 0.001, 1e9, "", "tests", false,
-     "GPU test workers dump every thread's stack after this many seconds"},
 };
 
 std::string Accepts(const SettingSpec& s) {
@@ -341,8 +305,9 @@ std::vector<std::string> SettingItems(const std::string& value) {
 }
 
 const SettingSpec* FindSetting(const std::string& name) {
-  for (const SettingSpec& s : kSettings)
-    if (name == s.name) return &s;
+  for (const std::vector<SettingSpec>* registry : {&kSettings, &TestSettings()})
+    for (const SettingSpec& s : *registry)
+      if (name == s.name) return &s;
   return nullptr;
 }
 

@@ -1,5 +1,6 @@
-// Every JAX_SMDDP_* environment setting, declared once (settings.cc): name,
-// kind, default, accepted range or choices, meaning, who reads it. One strict
+// Every JAX_SMDDP_* environment setting, declared once (settings.cc; the
+// test-only ones in test_settings.cc): name, kind, default, accepted range or
+// choices, meaning, who reads it. One strict
 // parser serves C++ and Python (jax_smddp.config reads through the bindings),
 // and the docs table is generated from the same declarations
 // (python -m jax_smddp.doctor --settings).
@@ -35,9 +36,14 @@ struct SettingSpec {
   const char* meaning;
 };
 
-// Every declaration, in the docs' order.
+// Every setting a user may set, in the docs' order (docs/settings.md).
 const std::vector<SettingSpec>& AllSettings();
-// The declaration of `name`, or nullptr.
+// The test-only settings (test_settings.cc): what tests, the mock CUDA runtime
+// and the GPU test harness set, never a user; kept out of docs/settings.md and
+// jax_smddp.settings(). No name is in both registries.
+const std::vector<SettingSpec>& TestSettings();
+// The declaration of `name` in either registry, or nullptr: every function
+// below takes a test-only setting as it takes a user's.
 const SettingSpec* FindSetting(const std::string& name);
 
 // The value of `name` from the environment, checked against its declaration:
