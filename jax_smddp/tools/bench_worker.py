@@ -7,7 +7,7 @@ Started by :func:`jax_smddp.tools.launch.run_job` from :mod:`jax_smddp.tools.ben
 PROCESS_ID is "mpi" when Open MPI's mpirun started the job (``--mpi4jax``): the
 index is then OMPI_COMM_WORLD_RANK. Each worker asks XLA for DEVICES CPU devices, selects JAX's default CPU
 collectives across processes (gloo, the baseline), joins the jax.distributed
-job and runs :func:`jax_smddp.tools.bench.run_benchmark` over a 1-D mesh of all global
+job and runs :func:`jax_smddp.tools.bench.core.run_benchmark` over a 1-D mesh of all global
 devices: every process checks its shards of jax_smddp's result against
 jax.lax's, then times the alternating calls. It prints one line ``RESULT
 <json>``: ``{"ok": true, "topology": ..., "results": [...]}`` (results from
@@ -86,8 +86,8 @@ def main(argv=None) -> int:
   os.environ["XLA_FLAGS"] = f"--xla_force_host_platform_device_count={ndev}"
   os.environ.setdefault("JAX_PLATFORMS", "cpu")
 
-  from jax_smddp.tools import bench
-  args = bench.parse_args(argv[:-4])
+  from jax_smddp.tools.bench import core, options, output
+  args = options.parse_args(argv[:-4])
 
   import jax
   gloo_address = use_gloo(coordinator)
@@ -99,21 +99,21 @@ def main(argv=None) -> int:
     n = len(devices)
     if n != nprocs * ndev:
       raise RuntimeError(f"expected {nprocs} x {ndev} devices, jax has {n}")
-    iters, warmup = bench.iters_warmup(args)
-    sizes = bench.selected_sizes(args)
+    iters, warmup = options.iters_warmup(args)
+    sizes = options.selected_sizes(args)
 
     def report(r):
       if pid == 0:
-        print(bench.table_row(r), flush=True)
+        print(output.table_row(r), flush=True)
 
     results = []
     for op in args.ops:
       if pid == 0:
-        print(bench.table_header(op, n, baseline=args.baseline), flush=True)
-      results += bench.run_benchmark([op], sizes, dtype=args.dtype, iters=iters,
-                                     warmup=warmup, devices=devices, report=report,
-                                     mpi4jax=args.mpi4jax, interfaces=args.interface_bytes,
-                                     check=args.check > 0)
+        print(output.table_header(op, n, baseline=args.baseline), flush=True)
+      results += core.run_benchmark([op], sizes, dtype=args.dtype, iters=iters,
+                                    warmup=warmup, devices=devices, report=report,
+                                    mpi4jax=args.mpi4jax, interfaces=args.interface_bytes,
+                                    check=args.check > 0)
     topology = smddp.topology()
     if topology is not None:
       topology["gloo_address"] = gloo_address

@@ -11,7 +11,7 @@ import sys
 import pytest
 
 from jax_smddp.tools.bench import core, nccl_flags, nccl_tests
-from jax_smddp.tools.bench.cli import parse_args, selected_sizes
+from jax_smddp.tools.bench.options import parse_args, selected_sizes
 from jax_smddp.tools.sizes import parse_size
 
 OPS = ("all_gather", "reduce_scatter", "all_reduce", "all_to_all")

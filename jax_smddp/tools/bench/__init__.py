@@ -139,8 +139,8 @@ The benchmark functions are importable (:func:`run_benchmark`). The package's mo
 count, busbw, table, CSV and log reader), ``in_job`` (the run across a launched job),
 ``interval`` (the speedup's
 bootstrap interval), ``meter`` (the /proc meter of other load), ``output`` (table, JSON,
-plot), ``compare`` (``--compare``) and ``cli`` (the options and the one- and multi-process
-runs). This module
+plot), ``compare`` (``--compare``), ``options`` (the command line's options), ``report`` (what
+a run prints and writes) and ``cli`` (the one- and multi-process runs). This module
 imports jax lazily; ``import jax_smddp`` imports jax but does not start its
 backends, so ``--devices`` can still set ``XLA_FLAGS`` in :func:`main`.
 """
@@ -150,4 +150,6 @@ from jax_smddp.tools.bench.interval import *  # noqa: F401,F403
 from jax_smddp.tools.bench.meter import *  # noqa: F401,F403
 from jax_smddp.tools.bench.output import *  # noqa: F401,F403
 from jax_smddp.tools.bench.compare import *  # noqa: F401,F403
+from jax_smddp.tools.bench.options import *  # noqa: F401,F403
+from jax_smddp.tools.bench.report import *  # noqa: F401,F403
 from jax_smddp.tools.bench.cli import *  # noqa: F401,F403

@@ -17,7 +17,10 @@ import re
 import sys
 import traceback
 
+from jax_smddp.tools import bench_worker
 from jax_smddp.tools.bench import core
+from jax_smddp.tools.bench.options import iters_warmup, selected_sizes
+from jax_smddp.tools.bench.report import report_multi_process
 
 _KEY = "jax_smddp/bench/results/{}"
 _WAIT_MS = 3_600_000  # process 0 waits for the others' rows as long as they run
@@ -66,7 +69,6 @@ def run(args, job, logs: list[dict]) -> int:
   """This process's part of the benchmark across `job`; process 0 reports. Returns the exit
   status (a process that fails exits at once: its peers may be waiting in a collective)."""
   from jax_smddp import job as job_mod
-  from jax_smddp.tools import bench_worker
 
   gpu = on_gpu()
   if not gpu:
@@ -87,8 +89,8 @@ def run(args, job, logs: list[dict]) -> int:
                          f"devices in all, {len(local)} here): give every process the same "
                          "--devices (or XLA_FLAGS device count, or GPUs)")
     layout = _layout(job, len(local))
-    iters, warmup = core_iters(args)
-    sizes = _sizes(args)
+    iters, warmup = iters_warmup(args)
+    sizes = selected_sizes(args)
     memcpy_gbs = core.memcpy_bandwidth() if lead else 0.0
     if lead:
       kind = "GPU" if gpu else "CPU"
@@ -120,18 +122,7 @@ def run(args, job, logs: list[dict]) -> int:
   return 0
 
 
-def core_iters(args) -> tuple[int, int]:
-  from jax_smddp.tools.bench.cli import iters_warmup
-  return iters_warmup(args)
-
-
-def _sizes(args) -> list[int]:
-  from jax_smddp.tools.bench.cli import selected_sizes
-  return selected_sizes(args)
-
-
 def _report(args, job, layout, per_process, memcpy_gbs, topology, logs, gpu) -> None:
-  from jax_smddp.tools.bench.cli import report_multi_process
   meta = core.metadata(layout, args.dtype, memcpy_gbs, topology=topology, baseline=args.baseline)
   meta["layout"]["backend"] = "gpu" if gpu else "cpu"
   meta["job"] = {"launcher": job.launcher, "processes": job.processes,
