@@ -48,11 +48,6 @@ try:
 except ImportError as e:
   raise ImportError(_how_to_build(e)) from e
 
-# Names of the FFI targets, by collective; the same names on every platform.
-TARGETS = ("smddp_all_gather", "smddp_reduce_scatter", "smddp_all_reduce", "smddp_all_to_all",
-           "smddp_collective_permute")
-
-
 @functools.cache
 def register_cpu_targets() -> None:
   # Types before the handlers that use them.

@@ -29,9 +29,14 @@ import threading
 import jax
 
 from jax_smddp import _native
+from jax_smddp import _startup
 from jax_smddp import config
 
 log = logging.getLogger("jax_smddp")
+
+# The collectives a group that spans hosts runs: every one of the list (collective_permute,
+# which is not in it, stays within a host).
+ACROSS_HOSTS = _startup.COLLECTIVES
 
 _lock = threading.Lock()
 _ready: set = set()  # groups (partition ids) set up in this process
@@ -96,9 +101,9 @@ def unsupported(mesh, groups, op: str) -> str | None:
       host = hosts[devices[int(i)].process_index]
       per_host[host] = per_host.get(host, 0) + 1
     if len(per_host) > 1:
-      if op not in ("all_gather", "reduce_scatter", "all_reduce", "all_to_all"):
-        return (f"{op} over a group that spans hosts (on GPUs all_gather, reduce_scatter, "
-                "all_reduce and all_to_all cross hosts)")
+      if op not in ACROSS_HOSTS:
+        return (f"{op} over a group that spans hosts (on GPUs {', '.join(ACROSS_HOSTS[:-1])} "
+                f"and {ACROSS_HOSTS[-1]} cross hosts)")
       if len(set(per_host.values())) > 1:
         return "the group has different numbers of ranks on its hosts"
   return None

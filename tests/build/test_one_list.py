@@ -2,15 +2,16 @@
 enumerates and names the collectives once (xla_ffi/common/collective.h: the plan's kind, the
 world's custom-call counts, the NCCL front end's served functions all use it), its names in
 the enumeration's order begin with Python's four (collective_permute after them), no other
-C++ file declares its own enumeration of them, and every Python module that lists them takes
-that list."""
+C++ file declares its own enumeration of them, every Python module that lists them takes
+that list, and no other Python file spells the list out again (as names or as FFI targets)."""
 
 from __future__ import annotations
 
+import ast
 import os
 import re
 
-from jax_smddp import _startup, cost_model, swap
+from jax_smddp import _startup, cost_model, gpu, swap
 from jax_smddp.tools import gpu_bench
 from jax_smddp.tools.bench import core
 
@@ -48,5 +49,49 @@ def test_no_other_enumeration_of_the_collectives():
 
 
 def test_every_python_list_is_the_one_list():
-  for ops in (swap.OPS, cost_model.OPS, core.OPS, gpu_bench.OPS):
+  for ops in (cost_model.OPS, core.OPS, gpu_bench.OPS, gpu.ACROSS_HOSTS):
     assert ops is _startup.COLLECTIVES
+  # The swap's list is the one list and the permute (jax.lax.ppermute's).
+  assert swap.OPS is _startup.SWAPPABLE
+  assert _startup.SWAPPABLE == _startup.COLLECTIVES + ("collective_permute",)
+
+
+def restated_lists(root: str) -> list[str]:
+  """Every tuple, list or set written in the package (outside _startup.py, and __all__) that
+  names every collective of the one list, by name or by FFI target ("smddp_<name>")."""
+  want = set(_startup.COLLECTIVES)
+  found = []
+  for dirpath, _, files in os.walk(os.path.join(root, "jax_smddp")):
+    for f in sorted(files):
+      path = os.path.join(dirpath, f)
+      rel = os.path.relpath(path, root)
+      if not f.endswith(".py") or rel == os.path.join("jax_smddp", "_startup.py"):
+        continue
+      tree = ast.parse(open(path).read(), path)
+      exported = {id(node.value) for node in ast.walk(tree) if isinstance(node, ast.Assign)
+                  and any(isinstance(t, ast.Name) and t.id == "__all__" for t in node.targets)}
+      for node in ast.walk(tree):
+        if isinstance(node, (ast.Tuple, ast.List, ast.Set)) and id(node) not in exported:
+          names = {e.value.removeprefix("smddp_") for e in node.elts
+                   if isinstance(e, ast.Constant) and isinstance(e.value, str)}
+          if want <= names:
+            found.append(f"{rel}:{node.lineno}")
+  return found
+
+
+def test_no_python_file_restates_the_list():
+  found = restated_lists(REPO)
+  assert not found, ("the collectives listed again (take jax_smddp._startup.COLLECTIVES, or "
+                     "SWAPPABLE with collective_permute): " + ", ".join(found))
+
+
+def test_the_check_finds_a_restated_list(tmp_path):
+  names = ", ".join(repr(n) for n in _startup.COLLECTIVES)
+  targets = ", ".join(repr("smddp_" + n) for n in _startup.COLLECTIVES)
+  (tmp_path / "jax_smddp").mkdir()
+  (tmp_path / "jax_smddp" / "a.py").write_text(
+      f"__all__ = [{names}]\nSUBSET = ({names.rsplit(', ', 1)[0]})\n"
+      f"def f(op):\n  return op in ({names})\n")
+  (tmp_path / "jax_smddp" / "b.py").write_text(f"TARGETS = [{targets}, 'smddp_other']\n")
+  (tmp_path / "jax_smddp" / "_startup.py").write_text(f"COLLECTIVES = ({names})\n")
+  assert restated_lists(str(tmp_path)) == ["jax_smddp/a.py:4", "jax_smddp/b.py:1"]
