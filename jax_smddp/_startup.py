@@ -22,8 +22,8 @@ as JAX creates its CUDA client (jax_smddp/swap/nccl.py), never on a CPU-only run
 
 Imports nothing but ``os``, ``sys`` and ``importlib.util`` at start-up
 (``ctypes`` when it loads the front end); does nothing without the variable.
-Imported as a module (by swap, xla_swap, nccl_swap and the plugin's entry
-point), it only defines functions.
+Imported as a module (by swap, xla_swap, nccl_swap, distributed, gpu and the
+plugin's entry point), it only defines functions.
 """
 
 import os

@@ -7,6 +7,8 @@
   through the MPI ABI XLA loads (``JAX_SMDDP_COLLECTIVES=xla``).
 * :mod:`jax_smddp.swap.nccl`: XLA's own collectives on GPUs, served by the NCCL
   API front end (``JAX_SMDDP_COLLECTIVES=xla``).
+* :mod:`jax_smddp.swap.clients`: those two set up as JAX creates its CPU and
+  CUDA clients.
 
 ``jax_smddp.swap.use``, ``active``, ``parse`` and ``OPS`` are the lax swap's.
 """
