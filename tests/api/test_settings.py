@@ -34,7 +34,9 @@ def names_in_code() -> dict[str, list[str]]:
         with open(path, errors="ignore") as fh:
           for name in re.findall(r"JAX_SMDDP_[A-Z0-9_]*[A-Z0-9]", fh.read()):
             if not name.endswith(("_H", "_CUH")) and name not in NOT_SETTINGS:
-              found.setdefault(name, []).append(os.path.relpath(path, REPO))
+              where = found.setdefault(name, [])
+              if os.path.relpath(path, REPO) not in where:
+                where.append(os.path.relpath(path, REPO))
   return found
 
 
