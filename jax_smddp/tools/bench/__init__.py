@@ -135,7 +135,9 @@ around each call, kept per call as ``cpu_us``). Results go to a JSON file with
 the run's metadata and, when matplotlib is importable, to a busbw-vs-size plot.
 
 The benchmark functions are importable (:func:`run_benchmark`). The package's modules:
-``core`` (sizes, layouts, programs, timing, the driver), ``nccl_tests`` (nccl-tests' size,
+``core`` (sizes, layouts, programs, the driver), ``checks`` (inputs and numpy's answers),
+``timing`` (the timing loops), ``model`` (the layout, the memcpy and link references, the
+model's annotation), ``nccl_tests`` (nccl-tests' size,
 count, busbw, table, CSV and log reader), ``in_job`` (the run across a launched job),
 ``interval`` (the speedup's
 bootstrap interval), ``meter`` (the /proc meter of other load), ``output`` (table, JSON,

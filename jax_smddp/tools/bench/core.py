@@ -1,6 +1,8 @@
-"""The benchmark's core (:mod:`jax_smddp.tools.bench`): sizes, layouts, the
-programs of each op, their inputs and checks, the timing loops, the driver
-(:func:`run_benchmark`), the run's metadata and each row's model annotation."""
+"""The benchmark's core (:mod:`jax_smddp.tools.bench`): sizes, layouts, the programs of each
+op, the driver (:func:`run_benchmark`), the rows' merging and the run's metadata. Its
+neighbours: checks.py (inputs and numpy's answers), timing.py (the timing loops), model.py
+(the layout, each row's memcpy and link references and the model's annotation); their names
+are this module's too (the bench's names)."""
 
 from __future__ import annotations
 
@@ -11,18 +13,26 @@ import logging
 import os
 import platform
 import statistics
-import time
 from dataclasses import dataclass
 from typing import Callable
 
 import numpy as np
 
-from jax_smddp import calibration, capabilities, config, cost_model
+from jax_smddp import capabilities, config
 from jax_smddp._startup import COLLECTIVES
 from jax_smddp.tools.bench import nccl_tests
 from jax_smddp.tools.sizes import format_size, parse_size  # noqa: F401 (the bench's names)
 from jax_smddp.tools.bench.interval import add_p90, speedup_interval
 from jax_smddp.tools.bench.meter import CpuMeter
+from jax_smddp.tools.bench.checks import (  # noqa: F401 (the bench's names)
+    check_result, count_wrong, host_input, is_float, make_input, numpy_reference, to_dtype,
+    wrong_shards)
+from jax_smddp.tools.bench.model import (  # noqa: F401 (the bench's names)
+    MEMCPY_BYTES, Layout, annotate, interhost_bytes_per_host, link_us, memcpy_bandwidth, memcpy_us,
+    model_layout, model_meta, output_bytes_per_process, ring_bytes_per_host)
+from jax_smddp.tools.bench.timing import (  # noqa: F401 (the bench's names)
+    TIMINGS, interface_tx, process_barrier, settled_interface_tx, time_alternating, time_barrier,
+    time_blocks, time_solo)
 
 log = logging.getLogger("jax_smddp.tools.bench")
 
@@ -34,7 +44,6 @@ DEFAULT_OPS = OPS[:3]
 # on small machines); never fewer than MIN_ITERS samples.
 BYTES_BUDGET = 2 << 30
 MIN_ITERS = 3
-MEMCPY_BYTES = 64 << 20
 
 
 # --------------------------------------------------------------------------- sizes
@@ -50,31 +59,6 @@ def power_of_two_sizes(min_bytes: int, max_bytes: int) -> list[int]:
 
 
 # --------------------------------------------------------------------------- layouts
-
-@dataclass(frozen=True)
-class Layout(cost_model.Layout):
-  """The model's layout (hosts x processes per host x devices per process),
-  with what the benchmark prints and records."""
-
-  @property
-  def devices(self) -> int:
-    return self.ranks
-
-  @property
-  def multi_process(self) -> bool:
-    return self.processes > 1
-
-  def describe(self) -> str:
-    p, d = self.processes_per_host, self.devices_per_process
-    host = f"{self.hosts} simulated hosts x " if self.hosts > 1 else ""
-    return f"{host}{p} process{'es' if p > 1 else ''} x {d} device{'s' if d > 1 else ''}"
-
-  def as_dict(self) -> dict:
-    return {"spec": self.spec, "hosts": self.hosts, "processes": self.processes,
-            "processes_per_host": self.processes_per_host,
-            "devices_per_process": self.devices_per_process, "devices": self.devices,
-            "backend": "cpu"}
-
 
 def parse_layout(text: str) -> Layout:
   """``"N"`` / ``"1xN"`` (one process), ``"PxD"`` (processes x devices on this
@@ -202,128 +186,6 @@ def build_mpi4jax_program(op: str, mesh):
   return run
 
 
-def to_dtype(dtype) -> np.dtype:
-  """np.dtype, also for names numpy alone does not know ("bfloat16")."""
-  import jax.numpy as jnp
-  return jnp.dtype(dtype)
-
-
-def is_float(dtype) -> bool:
-  import jax.numpy as jnp
-  return bool(jnp.issubdtype(to_dtype(dtype), jnp.floating))
-
-
-def make_input(nbytes: int, n: int, dtype, mesh, seed: int = 0):
-  """A global 1-D array of n x nbytes, sharded so each rank holds nbytes (every
-  process builds the same host data and places its own shards)."""
-  import jax
-  from jax.sharding import NamedSharding, PartitionSpec as P
-
-  host = host_input(nbytes, n, dtype, seed)
-  return jax.make_array_from_callback(host.shape, NamedSharding(mesh, P("x")),
-                                     lambda index: host[index])
-
-
-def host_input(nbytes: int, n: int, dtype, seed: int = 0) -> np.ndarray:
-  """The host data of make_input: n blocks of nbytes, distinct values."""
-  dtype = to_dtype(dtype)
-  count = nbytes // dtype.itemsize
-  if count * dtype.itemsize != nbytes:
-    raise ValueError(f"{nbytes} bytes per rank is no whole number of {dtype.name} elements "
-                     f"({dtype.itemsize} bytes each)")
-  rng = np.random.default_rng(seed)
-  if is_float(dtype):
-    host = rng.standard_normal(n * count, dtype=np.float32).astype(dtype)
-  elif dtype == np.bool_:
-    host = rng.integers(0, 2, n * count).astype(dtype)
-  else:
-    host = rng.integers(-4 if np.issubdtype(dtype, np.signedinteger) else 0, 8,
-                        n * count).astype(dtype)
-  return host
-
-
-def numpy_reference(op: str, host: np.ndarray, n: int) -> np.ndarray:
-  """The global output (out_specs P("x")) of `op` on make_input's data,
-  computed by numpy: the independent reference (jax.lax's answer is checked
-  against it too: JAX's gloo path can be wrong, see the README)."""
-  blocks = host.reshape(n, -1)
-  wide = np.float64 if is_float(host.dtype) else np.int64
-  if op == "all_gather":
-    return np.tile(host, n)
-  if op == "reduce_scatter":
-    return blocks.astype(wide).sum(0).astype(host.dtype) if host.dtype != np.bool_ else blocks.any(0)
-  if op == "all_reduce":
-    total = blocks.astype(wide).sum(0).astype(host.dtype) if host.dtype != np.bool_ else blocks.any(0)
-    return np.tile(total, n)
-  if op == "all_to_all":
-    if blocks.shape[1] % n:
-      raise ValueError(f"all_to_all: {blocks.shape[1]} elements per rank do not split into "
-                       f"{n} blocks (nccl-tests' sizes always do: nccl_tests.round_size)")
-    parts = blocks.reshape(n, n, -1)  # [sender, receiver, :]
-    return parts.transpose(1, 0, 2).reshape(-1)
-  raise ValueError(op)
-
-
-def wrong_shards(dtype, got, want: np.ndarray) -> list[str]:
-  """Shards of jax array `got` (this process's) that differ from `want`."""
-  bad = []
-  for shard in got.addressable_shards:
-    try:
-      _check_arrays(dtype, np.asarray(shard.data), want[shard.index],
-                    f"shard {shard.index} on device {shard.device.id}")
-    except AssertionError as e:
-      bad.append(str(e).strip().splitlines()[0] + " " + " ".join(str(e).split())[:300])
-  return bad
-
-
-def count_wrong(dtype, got, want: np.ndarray) -> int:
-  """Elements of this process's shards of jax array `got` that differ from `want` (nccl-tests'
-  #wrong; floats within the tolerance of _check_arrays count as right)."""
-  wrong = 0
-  for shard in got.addressable_shards:
-    have, ref = np.asarray(shard.data), want[shard.index]
-    if have.shape != ref.shape:
-      wrong += ref.size
-    elif is_float(dtype):
-      rtol = 1e-5 if to_dtype(dtype).itemsize >= 4 else 1e-2
-      wrong += int(np.count_nonzero(~np.isclose(have.astype(np.float64), ref.astype(np.float64),
-                                                rtol=rtol, atol=rtol)))
-    else:
-      wrong += int(np.count_nonzero(have != ref))
-  return wrong
-
-
-def check_result(spec: OpSpec, dtype, got, want, nbytes: int) -> None:
-  """Raises AssertionError unless jax_smddp's answer matches jax.lax's: jax
-  arrays are compared shard by shard on this process's devices (all of them in
-  one process; its own in a multi-process job), anything else as a whole."""
-  where = f"jax_smddp {spec.name} ({format_size(nbytes)}/rank, {to_dtype(dtype).name})"
-  if hasattr(got, "addressable_shards") and hasattr(want, "addressable_shards"):
-    if got.shape != want.shape:
-      raise AssertionError(f"{where}: shape {got.shape} != jax.lax shape {want.shape}")
-    wanted = {s.device: s for s in want.addressable_shards}
-    for shard in got.addressable_shards:
-      ref = wanted.get(shard.device)
-      if ref is None:
-        raise AssertionError(f"{where}: jax.lax has no shard on {shard.device}")
-      _check_arrays(dtype, np.asarray(shard.data), np.asarray(ref.data),
-                    f"{where}, shard {shard.index} on device {shard.device.id}")
-    return
-  _check_arrays(dtype, np.asarray(got), np.asarray(want), where)
-
-
-def _check_arrays(dtype, got: np.ndarray, want: np.ndarray, where: str) -> None:
-  if got.shape != want.shape:
-    raise AssertionError(f"{where}: shape {got.shape} != jax.lax shape {want.shape}")
-  if is_float(dtype):
-    # float32/64: rtol 1e-5. Half-precision sums may round differently by order.
-    rtol = 1e-5 if to_dtype(dtype).itemsize >= 4 else 1e-2
-    np.testing.assert_allclose(got.astype(np.float64), want.astype(np.float64), rtol=rtol,
-                               atol=rtol, err_msg=where)
-  else:
-    np.testing.assert_array_equal(got, want, err_msg=where)
-
-
 def uses_engine(program, x, target: str) -> bool:
   """True if the lowered program calls the plugin (not a jax.lax fallback)."""
   return target in program.lower(x).as_text()
@@ -336,164 +198,6 @@ def iters_for(bytes_per_call: int, iters: int) -> int:
   return max(min(iters, MIN_ITERS), min(iters, BYTES_BUDGET // max(1, bytes_per_call)))
 
 
-def interface_tx() -> dict[str, int]:
-  """Bytes sent so far by each network interface of this process's namespace (loopback left
-  out), from the kernel's counters: what the simulated hosts' NICs carried."""
-  from jax_smddp.tools import netns
-  return {name: c["tx"] for name, c in netns.interface_bytes().items()}
-
-
-def settled_interface_tx(quiet_s: float = 0.02, limit_s: float = 2.0) -> dict[str, int]:
-  """interface_tx() once the counters stopped moving for `quiet_s` (at most `limit_s`): a call
-  returns once its sends are in the kernel's socket buffers, which drain onto a capped link
-  after it; read this way, a window of calls counts its own bytes, not the previous window's
-  tail."""
-  last = interface_tx()
-  deadline = time.monotonic() + limit_s
-  while time.monotonic() < deadline:
-    time.sleep(quiet_s)
-    now = interface_tx()
-    if now == last:
-      break
-    last = now
-  return last
-
-
-class _Sent:
-  """Adds what each interface sent during a window of calls into `into` (a dict per fn);
-  the counters read settled, outside the calls' spans. `barrier`: every process meets before
-  each reading, so that no process of the host sends its part of the window's first call
-  before the window opens (eager sends need no receiver) or its last after it closed."""
-
-  def __init__(self, into: dict | None, barrier=None):
-    self.into = into
-    self.barrier = barrier
-
-  def __enter__(self):
-    if self.into is not None and self.barrier:
-      self.barrier()
-    self.before = settled_interface_tx() if self.into is not None else None
-    if self.into is not None and self.barrier:
-      self.barrier()  # no process starts before every host's counters are read
-    return self
-
-  def __exit__(self, *exc):
-    if self.into is not None:
-      if self.barrier:
-        self.barrier()
-      for name, tx in settled_interface_tx().items():
-        self.into[name] = self.into.get(name, 0) + tx - self.before.get(name, tx)
-
-
-def _timed_call(fn, x, samples: list, starts: list, cpu: list, sent: dict | None = None) -> None:
-  """One synced call of fn(x): its wall time into `samples`, its start into `starts`
-  (time.perf_counter(): CLOCK_MONOTONIC on Linux, one clock for every process of the
-  machine), and the CPU time this process used meanwhile into `cpu` (time.process_time():
-  every thread's, the kernel's work for them included; read outside the wall span). `sent`, if
-  given, adds what each interface of this host sent meanwhile (_Sent: the host's other
-  processes run the same calls, so this counts the host's traffic)."""
-  with _Sent(sent):
-    c0 = time.process_time()
-    t0 = time.perf_counter()
-    fn(x).block_until_ready()
-    t1 = time.perf_counter()
-    cpu.append(time.process_time() - c0)
-  samples.append(t1 - t0)
-  starts.append(t0)
-
-
-def _sent_for(sent, k):
-  return sent[k] if sent is not None else None
-
-
-def _lists(given, fns) -> list[list[float]]:
-  return given if given is not None else [[] for _ in fns]
-
-
-def time_alternating(fns, x, iters: int, warmup: int, barrier=None,
-                     starts: list[list[float]] | None = None,
-                     cpu: list[list[float]] | None = None,
-                     sent: list[dict] | None = None) -> list[list[float]]:
-  """Seconds per call of each fn(x), calls interleaved (a, b, a, b, ...), each synced;
-  `barrier()`, if given, runs before each timed call (outside its span). `starts` and
-  `cpu`, if given (a list per fn), get each timed call's start and the process's CPU
-  seconds during it; `sent` (a dict per fn) the bytes each interface sent (_timed_call)."""
-  for _ in range(warmup):
-    for fn in fns:
-      fn(x).block_until_ready()
-  samples = [[] for _ in fns]
-  starts, cpu = _lists(starts, fns), _lists(cpu, fns)
-  for _ in range(iters):
-    for k, (fn, out, began, used) in enumerate(zip(fns, samples, starts, cpu)):
-      if barrier:
-        barrier()
-      _timed_call(fn, x, out, began, used, _sent_for(sent, k))
-  return samples
-
-
-def time_blocks(fns, x, iters: int, warmup: int, block: int = 5,
-                starts: list[list[float]] | None = None,
-                cpu: list[list[float]] | None = None,
-                sent: list[dict] | None = None) -> list[list[float]]:
-  """Seconds per call of each fn(x), each synced, in blocks of `block` calls of one
-  fn back to back (a x5, b x5, a x5, ...): a block is the steady state of one
-  collective (every process in step), and the blocks' alternation spreads slow
-  periods of the machine over both. `starts`, `cpu`, `sent`: as time_alternating's."""
-  for fn in fns:
-    for _ in range(warmup):
-      fn(x).block_until_ready()
-  samples = [[] for _ in fns]
-  starts, cpu = _lists(starts, fns), _lists(cpu, fns)
-  while len(samples[0]) < iters:
-    k = min(block, iters - len(samples[0]))
-    for j, (fn, out, began, used) in enumerate(zip(fns, samples, starts, cpu)):
-      # A block's bytes, counted around the block, every process in it.
-      with _Sent(_sent_for(sent, j), barrier=process_barrier):
-        for _ in range(k):
-          _timed_call(fn, x, out, began, used)
-  return samples
-
-
-_barriers = 0
-
-
-def process_barrier() -> None:
-  """Every process of the jax.distributed job meets here (its key-value store's barrier, not a
-  collective of any library under test); nothing in a single process."""
-  global _barriers
-  from jax._src import distributed
-  client = distributed.global_state.client
-  if client is None:
-    return
-  _barriers += 1
-  client.wait_at_barrier(f"jax_smddp_bench_{_barriers}", 60_000)
-
-
-def time_barrier(fns, x, iters: int, warmup: int, barrier=process_barrier,
-                 starts: list[list[float]] | None = None,
-                 cpu: list[list[float]] | None = None,
-                 sent: list[dict] | None = None) -> list[list[float]]:
-  """As time_alternating, with every process meeting at a barrier before each timed call
-  (outside its span): every call starts together, as a harness that synchronises its
-  processes before each call times it; a call then waits for no late peer."""
-  return time_alternating(fns, x, iters, warmup, barrier=barrier, starts=starts, cpu=cpu,
-                          sent=sent)
-
-
-def time_solo(fns, x, iters: int, warmup: int,
-              starts: list[list[float]] | None = None,
-              cpu: list[list[float]] | None = None,
-              sent: list[dict] | None = None) -> list[list[float]]:
-  """As time_blocks with one block per implementation: all of one fn's calls back to
-  back, then all of the next's. Each library alone in its steady state, its threads
-  still awake from the previous call; the other timings measure calls that follow
-  another library's (docs/cpu_floor.md: cold and back-to-back calls)."""
-  return time_blocks(fns, x, iters, warmup, block=max(1, iters), starts=starts, cpu=cpu,
-                     sent=sent)
-
-
-TIMINGS = {"blocks": time_blocks, "alternating": time_alternating, "barrier": time_barrier,
-           "solo": time_solo}
 # run_benchmark's default timing; parse_args sets it from --timing (multi-process
 # workers parse the same options, so their run_benchmark follows it too).
 _timing = "alternating"
@@ -608,74 +312,6 @@ def after_arrival(per_process: list[list[dict]], rows: list[dict]) -> list[dict]
     r["after_arrival_interval"] = speedup_interval(aa["smddp"]["samples_us"],
                                                    aa["lax"]["samples_us"])
   return rows
-
-
-def output_bytes_per_process(op: str, nbytes: int, layout: "Layout") -> int:
-  """Bytes one process must write for one call: its devices' outputs."""
-  n = layout.devices
-  per_rank = {"all_gather": n * nbytes, "reduce_scatter": nbytes // n}.get(op, nbytes)
-  return layout.devices_per_process * per_rank
-
-
-def memcpy_us(op: str, nbytes: int, layout: "Layout", memcpy_gbs: float) -> float:
-  """The memcpy reference of one call: the time the bytes each process must write take
-  at this machine's measured single-thread np.copyto bandwidth (not a floor: streaming
-  stores and several threads write faster)."""
-  return output_bytes_per_process(op, nbytes, layout) / (memcpy_gbs * 1e9) * 1e6
-
-
-def interhost_bytes_per_host(op: str, nbytes: int, layout: "Layout") -> int:
-  """Bytes each host must receive from the other hosts for one call, at
-  least, where every host combines its own ranks' data first (n ranks, H
-  hosts, nbytes per rank's input): all_gather the other hosts' shards,
-  reduce_scatter and all_to_all the other hosts' parts of its ranks' outputs,
-  all_reduce a reduce_scatter and an all_gather of the host-summed vector."""
-  n, hosts = layout.devices, layout.hosts
-  local = n // hosts
-  return {"all_gather": (n - local) * nbytes,
-          "reduce_scatter": (hosts - 1) * nbytes // hosts,
-          "all_reduce": 2 * (hosts - 1) * nbytes // hosts,
-          "all_to_all": local * nbytes * (hosts - 1) // hosts}[op]
-
-
-def ring_bytes_per_host(op: str, nbytes: int, layout: "Layout") -> int | None:
-  """Bytes the busiest host sends for one call of a ring over all n ranks in rank order (gloo's
-  algorithm under jax.lax on CPU; a host's ranks are consecutive, so one ring edge leaves each
-  host): all_gather n - 1 blocks of nbytes, reduce_scatter n - 1 of nbytes / n, all_reduce
-  both. None where gloo's algorithm is not a ring (all_to_all) or one host holds every rank.
-  Measured exceptions (docs/between_hosts.md, "Bytes on the wire"): gloo's reduce_scatter
-  over 4 one-process hosts sends nbytes, not 3/4 of it, from two of the hosts."""
-  n = layout.devices
-  if layout.hosts < 2:
-    return None
-  return {"all_gather": (n - 1) * nbytes,
-          "reduce_scatter": (n - 1) * nbytes // n,
-          "all_reduce": 2 * (n - 1) * nbytes // n}.get(op)
-
-
-def link_us(op: str, nbytes: int, layout: "Layout", link_gbs: float,
-            burst_bytes: int = 0) -> float:
-  """The link reference of one call between hosts: interhost_bytes_per_host at
-  the link's measured rate each way (jax_smddp.tools.link_probe). With `burst_bytes` (what a
-  capped link's full token buckets pass at the interface's own speed: netns.BURST_BYTES per
-  NIC) the least time a call can take, less those bytes: a bucket refills while the link idles
-  between calls, so a call of a few buckets' bytes may beat the plain reference by that much
-  (calls back to back of 1 MiB and more per host ran at the plain reference, 0.98-1.03)."""
-  sent = interhost_bytes_per_host(op, nbytes, layout)
-  return max(sent - burst_bytes, 0) / (link_gbs * 1e9) * 1e6
-
-
-def memcpy_bandwidth(nbytes: int = MEMCPY_BYTES, repeats: int = 5) -> float:
-  """Median single-threaded numpy copy bandwidth in GB/s (bytes copied / time)."""
-  src = np.ones(nbytes, np.uint8)
-  dst = np.empty_like(src)
-  np.copyto(dst, src)  # fault the pages in
-  times = []
-  for _ in range(repeats):
-    t0 = time.perf_counter()
-    np.copyto(dst, src)
-    times.append(time.perf_counter() - t0)
-  return nbytes / statistics.median(times) / 1e9
 
 
 # --------------------------------------------------------------------------- driver
@@ -930,63 +566,3 @@ def metadata(layout: "Layout | int", dtype: str, memcpy_gbs: float,
     meta["fabric_provider"] = (topology or {}).get("fabric_provider")
     meta["topology"] = topology
   return meta
-
-
-# --------------------------------------------------------------------------- model
-
-def model_layout(layout: "Layout"):
-  """The plain model layout (the tuner caches choices by it)."""
-  return cost_model.Layout(layout.hosts, layout.processes_per_host, layout.devices_per_process)
-
-
-def annotate(r: dict, layout: "Layout", predict: bool = False, machine=None,
-             memcpy_gbs: float | None = None, link_gbs: float | None = None,
-             burst_bytes: int = 0) -> dict:
-  """Adds the tuner's choice for this call ("choice": what
-  jax_smddp.tuning.choose answers for this op, size and layout), with
-  `memcpy_gbs` the memcpy reference ("memcpy_us"; smddp "vs_memcpy" = memcpy_us /
-  time), with `link_gbs` (layouts of several hosts) the link reference
-  ("link_us"; "vs_link" = link_us / time, for jax_smddp and jax.lax), the
-  bytes the busiest host sends by the model, for jax_smddp's algorithms and gloo's ring
-  ("predicted_sent": {"smddp", "lax"}, layouts of several hosts), the speedup's
-  bootstrap interval from the row's calls ("speedup_interval", interval.py) and, with
-  `predict`, the cost model's prediction ("prediction"; smddp "predicted_us")."""
-  from jax_smddp import tuning
-  samples = r.get("samples_us") or {}
-  if samples.get("smddp") and samples.get("lax"):
-    r["speedup_interval"] = speedup_interval(samples["smddp"], samples["lax"])
-  if memcpy_gbs:
-    r["memcpy_us"] = memcpy_us(r["op"], r["bytes_per_rank"], layout, memcpy_gbs)
-    r["smddp"]["vs_memcpy"] = r["memcpy_us"] / r["smddp"]["time_us"]
-  if layout.hosts > 1:
-    r["predicted_sent"] = {"smddp": interhost_bytes_per_host(r["op"], r["bytes_per_rank"], layout),
-                           "lax": ring_bytes_per_host(r["op"], r["bytes_per_rank"], layout)}
-  if link_gbs and layout.hosts > 1:
-    r["link_us"] = link_us(r["op"], r["bytes_per_rank"], layout, link_gbs)
-    if burst_bytes:
-      r["link_floor_us"] = link_us(r["op"], r["bytes_per_rank"], layout, link_gbs, burst_bytes)
-    r["smddp"]["vs_link"] = r["link_us"] / r["smddp"]["time_us"]
-    r["lax"]["vs_link"] = r["link_us"] / r["lax"]["time_us"] if r["lax"]["time_us"] else None
-  lay = model_layout(layout)
-  choice = tuning.choose(r["op"], r["bytes_per_rank"], lay)
-  r["choice"] = {"algorithm": choice.algorithm, "chunk_bytes": choice.chunk_bytes,
-                 "reason": choice.reason}
-  if predict:
-    machine = machine or calibration.local_machine()
-    algo = choice.algorithm if layout.multi_process else "in_process"
-    other = float((r.get("other_load") or {}).get("cores", 0.0))
-    p = cost_model.predict(r["op"], r["bytes_per_rank"], lay, machine, algo, choice.chunk_bytes,
-                           other_load=other)
-    r["prediction"] = {"time_us": p.time_us, "algorithm": p.algorithm,
-                       "chunk_bytes": p.chunk_bytes, "bottleneck": p.bottleneck,
-                       "machine": machine.name, "terms_us": {k: v * 1e6 for k, v in p.terms.items()}}
-    r["smddp"]["predicted_us"] = p.time_us
-  return r
-
-
-def model_meta(machine=None) -> dict:
-  machine = machine or calibration.local_machine()
-  return {"machine": machine.name, "source": machine.source,
-          "calibration": calibration.calibration_path(),
-          "definition": "prediction = jax_smddp.cost_model.predict for the tuner's choice; "
-                        "model/meas = predicted time / measured median"}
