@@ -97,6 +97,18 @@ inline void CheckOk(const Request& r, const char* what) {
   CHECK(r.status().ok(), "%s: %s", what, r.status().message().c_str());
 }
 
+// Sends this process's address (or any string) and returns the other's.
+inline std::string SwapStrings(const std::string& mine) {
+  uint32_t n = static_cast<uint32_t>(mine.size());
+  WriteAll(&n, 4);
+  WriteAll(mine.data(), n);
+  ReadAll(&n, 4);
+  CHECK(n > 0 && n < 4096, "bad address length %u", n);
+  std::string theirs(n, '\0');
+  ReadAll(&theirs[0], n);
+  return theirs;
+}
+
 }  // namespace fabric_harness
 
 #endif  // JAX_SMDDP_TESTS_NATIVE_FABRIC_HARNESS_H_
