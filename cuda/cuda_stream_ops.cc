@@ -173,6 +173,41 @@ Status CudaStreamOps::Copy2D(void* dst, size_t dpitch, const void* src, size_t s
   return err == cudaSuccess ? Status::Ok() : CudaError("copy failed", err);
 }
 
+Status CudaStreamOps::WriteWords(uint64_t* dst, const uint64_t* values, int n) {
+  const cudaError_t err = LaunchWriteWords(dst, values, n, stream_);
+  return err == cudaSuccess ? Status::Ok() : CudaError("mailbox write failed", err);
+}
+
+Status CudaStreamOps::Resolve(uint64_t* out, const uint64_t* entry, uint64_t stamp, int which,
+                              const uint64_t* table, const uint32_t* released,
+                              const uint32_t* posted) {
+  const cudaError_t err = LaunchResolve(out, entry, stamp, which, table, released, posted, stream_);
+  return err == cudaSuccess ? Status::Ok() : CudaError("address resolution failed", err);
+}
+
+Status CudaStreamOps::Copy2DFrom(void* dst, size_t dpitch, const uint64_t* src_at, size_t src_add,
+                                 size_t spitch, size_t width, size_t rows) {
+  if (width == 0 || rows == 0) return Status::Ok();
+  Counters().copy_kernels++;
+  const cudaError_t err = LaunchCopy2DFrom(dst, dpitch, src_at, src_add, spitch, width, rows,
+                                           settings_.max_blocks, stream_);
+  return err == cudaSuccess ? Status::Ok() : CudaError("copy failed", err);
+}
+
+Status CudaStreamOps::ReduceFrom(const uint64_t* dsts_at, int nd, size_t dst_add, size_t dpitch,
+                                 const uint64_t* srcs_at, int n, size_t src_add, size_t spitch,
+                                 size_t count, size_t rows, DType dtype, ReduceOp op) {
+  Counters().reduce_kernels++;
+  const cudaError_t err =
+      LaunchReduceFrom(dsts_at, nd, dst_add, dpitch, srcs_at, n, src_add, spitch, count, rows,
+                       dtype, op, settings_.max_blocks, stream_);
+  if (err == cudaErrorInvalidValue)
+    return Status::Unsupported(std::string("jax_smddp (GPU): cannot reduce ") + DTypeName(dtype) +
+                               " with " + ReduceOpName(op) + " from " + std::to_string(n) +
+                               " sources into " + std::to_string(nd));
+  return err == cudaSuccess ? Status::Ok() : CudaError("reduction kernel failed", err);
+}
+
 Status CudaStreamOps::Zero(void* dst, size_t bytes) {
   if (bytes == 0) return Status::Ok();
   const cudaError_t err = cudaMemsetAsync(dst, 0, bytes, stream_);

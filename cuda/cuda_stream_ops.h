@@ -65,6 +65,15 @@ class CudaStreamOps : public StreamOps {
   // One cuStreamBatchMemOp per 32 flags where the driver has it.
   Status WaitAllAtLeast(const uint32_t* const* flags, int n, uint32_t value) override;
   Status WriteAll(uint32_t* const* flags, int n, uint32_t value) override;
+  // The device exchange's: kernels (cuda/kernels.h).
+  Status WriteWords(uint64_t* dst, const uint64_t* values, int n) override;
+  Status Resolve(uint64_t* out, const uint64_t* entry, uint64_t stamp, int which,
+                 const uint64_t* table, const uint32_t* released, const uint32_t* posted) override;
+  Status Copy2DFrom(void* dst, size_t dpitch, const uint64_t* src_at, size_t src_add, size_t spitch,
+                    size_t width, size_t rows) override;
+  Status ReduceFrom(const uint64_t* dsts_at, int nd, size_t dst_add, size_t dpitch,
+                    const uint64_t* srcs_at, int n, size_t src_add, size_t spitch, size_t count,
+                    size_t rows, DType dtype, ReduceOp op) override;
   // Lanes: up to kMaxLanes streams of the stream's device, made once per
   // stream and kept; Fork records an event that they wait for, Join one per
   // lane that the stream waits for. More lanes than that share them in turn.

@@ -24,8 +24,13 @@ Status EnqueueCollective(const char* op, int64_t op_id, const CallRank& me, Stre
     return st.ok() ? st : located(st);
   }
   if (const Status st = CheckCall(*me.rank, op, plan); !st.ok()) return located(st);
+  void* out = recv;  // where the body writes (staging memory, if recv cannot be shared)
+  size_t copy_back = 0;
   if (!me.port) {
-    if (const Status st = ExchangeBuffers(*me.rank, plan, send, recv); !st.ok()) {
+    const Status st = me.rank->device_exchange
+                          ? PublishBuffers(*me.rank, plan, ops, &send, &out, &copy_back)
+                          : ExchangeBuffers(*me.rank, plan, send, recv);
+    if (!st.ok()) {
       // Peers may have seen this rank's buffers and enqueued reads of them.
       ReleaseEveryoneWaitingOn(me.rank->view, ops);
       return located(st);
@@ -52,7 +57,8 @@ Status EnqueueCollective(const char* op, int64_t op_id, const CallRank& me, Stre
                                  "reduce_scatter, all_reduce and all_to_all are)");
     }
   } else {
-    st = RunStreamPlan(plan, me.rank->view, ops, send, recv);
+    st = RunStreamPlan(plan, me.rank->view, ops, send, out);
+    if (st.ok() && copy_back) st = ops.Copy(recv, out, copy_back);
   }
   if (!st.ok()) {
     // A failed network step (a process on another host gone) ends this host's group too: its

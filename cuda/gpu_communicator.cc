@@ -2,6 +2,8 @@
 
 #include <unistd.h>
 
+#include <algorithm>
+#include <chrono>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
@@ -184,6 +186,8 @@ GpuCommunicator::GpuCommunicator(std::vector<int64_t> members, size_t slot_bytes
       local_(members_.size()) {}
 
 GpuCommunicator::~GpuCommunicator() {
+  stop_mapper_.store(true, std::memory_order_release);
+  if (mapper_.joinable()) mapper_.join();
   MarkClosed();
   if (watch_) Unwatch(watch_.get());
   for (void* p : registered_) cudaHostUnregister(p);
@@ -196,7 +200,12 @@ GpuCommunicator::~GpuCommunicator() {
       DeviceScope scope(l->ordinal);
       cudaFree(l->own);
     }
+    if (l) {
+      DeviceScope scope(l->ordinal);
+      for (uint8_t* b : l->bounces) cudaFree(b);
+    }
   }
+  if (device_tables_) cudaFreeHost(device_tables_);
 }
 
 Status GpuCommunicator::Prepare(const std::vector<std::pair<int, int>>& local, int processes,
@@ -464,7 +473,11 @@ Status GpuCommunicator::Connect(const std::vector<std::pair<int, std::string>>& 
     }
     watch_->SetOwnBlocks(std::move(own_blocks));
     if (host_flags) {
-      watch_->SetAllFlags(AllFlags(layout_, blocks), AllTokens(layout_, blocks), [this] {
+      std::vector<uint32_t*> flags = AllFlags(layout_, blocks);
+      // The device exchange's released word first: a stream that passes a
+      // released flag then skips what it would have read (StreamOps::Resolve).
+      if (released_) flags.insert(flags.begin(), released_);
+      watch_->SetAllFlags(std::move(flags), AllTokens(layout_, blocks), [this] {
         uint32_t reached = 0;  // the furthest step: steps wrap, so compared cyclically
         bool any = false;
         for (const auto& l : local_) {
@@ -536,6 +549,179 @@ Status GpuCommunicator::StartDirectReads(bool logs, const std::vector<uint8_t*>&
     rank->exchange = std::make_unique<BufferExchange>(rank->view.rank, tables, local,
                                                       std::move(memory), who, check);
   }
+  handle_tables_ = tables;
+  // Streams that wait on a dead peer must be releasable (the watchdog writes
+  // host flags only): between processes, the device exchange needs host flags.
+  if (!remote || flag_memory_ == FlagMemory::kHost)
+    SMDDP_RETURN_IF_ERROR(StartDeviceExchange(tables));
+  return Status::Ok();
+}
+
+// Per local rank r and peer q, r's table of q's allocations starts at
+// ((r * P + q) * kMaxAllocations) * 2 words; the released word follows them all.
+Status GpuCommunicator::StartDeviceExchange(const std::vector<uint8_t*>& handle_tables) {
+  const int P = size();
+  bool remote = false;
+  for (int q = 0; q < P; ++q) remote |= !local_[q];
+  const size_t per = BufferExchange::kMaxAllocations * 2;
+  uint64_t* device = nullptr;
+  uint32_t* released = nullptr;
+  if (remote) {
+    const size_t words = size_t(P) * P * per;
+    void* host = nullptr;
+    cudaError_t err =
+        cudaHostAlloc(&host, words * 8 + 64, cudaHostAllocMapped | cudaHostAllocPortable);
+    void* mapped = nullptr;
+    if (err == cudaSuccess) err = cudaHostGetDevicePointer(&mapped, host, 0);
+    if (err != cudaSuccess)
+      return Status::Error(std::string("jax_smddp (GPU): allocating the peer tables: ") +
+                           cudaGetErrorString(err));
+    std::memset(host, 0, words * 8 + 64);
+    device_tables_ = static_cast<uint64_t*>(host);
+    released_ = reinterpret_cast<uint32_t*>(device_tables_ + words);
+    device = static_cast<uint64_t*>(mapped);
+    released = reinterpret_cast<uint32_t*>(device + words);
+  }
+  for (auto& l : local_) {
+    if (!l) continue;
+    l->device_exchange = true;
+    l->view.device.tables.assign(P, nullptr);
+    for (int q = 0; q < P; ++q) {
+      if (!local_[q]) l->view.device.tables[q] = device + (size_t(l->view.rank) * P + q) * per;
+    }
+    l->view.device.released = released;
+    // Started by the first call that goes by it (the group is watched by then).
+    if (remote)
+      l->start_mapper = [this] {
+        std::call_once(mapper_once_, [this] { mapper_ = std::thread([this] { MapperLoop(); }); });
+      };
+  }
+  (void)handle_tables;  // the mapper thread starts once the group is watched (Connect)
+  return Status::Ok();
+}
+
+// Maps each peer's allocations in the order it published them, for every
+// device of this process that reads them, and fills the tables; once the
+// group failed, sets the released word (streams resolving stop waiting).
+void GpuCommunicator::MapperLoop() {
+  const int P = size();
+  const size_t per = BufferExchange::kMaxAllocations * 2;
+  std::vector<uint64_t> next(P, 0);
+  int idle = 0;
+  while (!stop_mapper_.load(std::memory_order_acquire)) {
+    if ((watch_ && watch_->failed()) || exchange_failure_->failed())
+      __atomic_store_n(released_, 1u, __ATOMIC_RELEASE);
+    bool any = false;
+    for (int q = 0; q < P; ++q) {
+      if (local_[q]) continue;
+      BufferExchange::Handle handle;
+      while (next[q] < BufferExchange::kMaxAllocations &&
+             BufferExchange::ReadHandle(handle_tables_[q], next[q], &handle)) {
+        const uint64_t id = next[q]++;
+        any = true;
+        for (auto& l : local_) {
+          if (!l) continue;
+          uint8_t* base = nullptr;
+          const Status st = buffer_ipc_.Map(l->ordinal, handle, &base);
+          if (!st.ok()) {
+            const Status failure = exchange_failure_->Set(
+                Status::Error("jax_smddp (GPU): mapping rank " + std::to_string(q) + " (process " +
+                              std::to_string(process_of_[q]) + ")'s buffer: " + st.message() +
+                              "; later calls of this group fail too"));
+            if (watch_) watch_->Fail(failure);
+            __atomic_store_n(released_, 1u, __ATOMIC_RELEASE);
+            continue;
+          }
+          uint64_t* slot = device_tables_ + (size_t(l->view.rank) * P + q) * per + 2 * id;
+          slot[1] = uint64_t(reinterpret_cast<uintptr_t>(base));
+          __atomic_store_n(slot, id + 1, __ATOMIC_RELEASE);  // the "mapped" flag, after the base
+        }
+      }
+    }
+    if (any) {
+      idle = 0;
+    } else if (++idle > 64) {
+      std::this_thread::sleep_for(std::chrono::microseconds(50));
+    } else {
+      std::this_thread::yield();
+    }
+  }
+}
+
+namespace {
+
+// One rank's input and output bytes of a call of `plan` in a group of `P`.
+void CallBytes(const Plan& p, int P, size_t* in, size_t* out) {
+  const size_t E = ElementSize(p.dtype), row = p.outer * p.inner;
+  switch (p.kind) {
+    case Collective::kAllGather:
+      *in = row, *out = row * P;
+      break;
+    case Collective::kReduceScatter:
+      *in = row * P * E, *out = row * E;
+      break;
+    case Collective::kAllReduce:
+      *in = *out = p.count * E;
+      break;
+    case Collective::kAllToAll:
+      *in = *out = row * P;
+      break;
+    case Collective::kCollectivePermute:
+      *in = *out = row;
+      break;
+  }
+}
+
+}  // namespace
+
+Status PublishBuffers(LocalRank& rank, const Plan& plan, StreamOps& ops, const void** send,
+                      void** recv, size_t* copy_back) {
+  *copy_back = 0;
+  rank.view.inputs.clear();
+  rank.view.outputs.clear();
+  rank.view.device.active = false;
+  if (rank.exchange_failure->failed()) return rank.exchange_failure->error();
+  if (rank.start_mapper) rank.start_mapper();
+  const bool outputs = DirectReadsNeedOutputs(plan.kind);
+  Status st = rank.exchange->Publish(*send, outputs ? *recv : nullptr, rank.view.device.entry);
+  if (!st.ok()) {  // staged in this rank's own memory that can be shared, decided here alone
+    size_t in = 0, out = 0;
+    CallBytes(plan, rank.view.layout.size, &in, &out);
+    const size_t in_room = (in + 255) / 256 * 256, need = in_room + (outputs ? out : 0);
+    if (rank.bounce_bytes < need) {
+      DeviceScope scope(rank.ordinal);
+      void* p = nullptr;
+      const size_t bytes = std::max<size_t>(need, size_t(1) << 20);
+      const cudaError_t err = cudaMalloc(&p, bytes);
+      if (err != cudaSuccess)
+        return Status::Error(std::string("jax_smddp (GPU): allocating staging memory: ") +
+                             cudaGetErrorString(err));
+      rank.bounces.push_back(static_cast<uint8_t*>(p));
+      rank.bounce = static_cast<uint8_t*>(p);
+      rank.bounce_bytes = bytes;
+    }
+    uint8_t* b_in = rank.bounce;
+    uint8_t* b_out = rank.bounce + in_room;
+    const Status again =
+        rank.exchange->Publish(b_in, outputs ? b_out : nullptr, rank.view.device.entry);
+    if (!again.ok()) {
+      const Status failure = rank.exchange_failure->Set(Status::Error(
+          "jax_smddp (GPU): rank " + std::to_string(rank.view.rank) +
+          " can share neither its buffers (" + st.message() + ") nor staging memory (" +
+          again.message() +
+          ") with its peers; run with JAX_SMDDP_GPU_DIRECT_READS=0. Later calls of this group "
+          "fail too"));
+      if (rank.watch) rank.watch->Fail(failure);
+      return failure;
+    }
+    if (in) SMDDP_RETURN_IF_ERROR(ops.Copy(b_in, *send, in));
+    *send = b_in;
+    if (outputs) {
+      *recv = b_out;
+      *copy_back = out;
+    }
+  }
+  rank.view.device.active = true;
   return Status::Ok();
 }
 

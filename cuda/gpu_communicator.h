@@ -20,11 +20,13 @@
 
 #include <atomic>
 #include <cstdint>
+#include <functional>
 #include <map>
 #include <memory>
 #include <mutex>
 #include <optional>
 #include <string>
+#include <thread>
 #include <utility>
 #include <vector>
 
@@ -82,6 +84,15 @@ struct LocalRank {
   // each call are (null: this group stages every call).
   std::unique_ptr<BufferExchange> exchange;
   uint64_t exchanges = 0;  // exchanges so far
+  // Direct reads by the device exchange (stream_algorithms.h: DeviceExchange;
+  // its tables in view.device): no host waits for a peer. `bounce`: device
+  // memory of this rank that can be shared, where a call whose buffers cannot
+  // be is staged (grown as needed; earlier ones kept: peers may map them).
+  bool device_exchange = false;
+  std::function<void()> start_mapper;  // at the first such call of the process (idempotent)
+  uint8_t* bounce = nullptr;
+  size_t bounce_bytes = 0;
+  std::vector<uint8_t*> bounces;
   // Why an exchange of the group failed in this process: every later call fails.
   std::shared_ptr<ExchangeFailure> exchange_failure = std::make_shared<ExchangeFailure>();
 };
@@ -106,6 +117,16 @@ Status GroupFailure(const LocalRank& rank);
 // good; the caller then releases whoever waits on this rank
 // (ReleaseEveryoneWaitingOn): its peers may already read in place.
 Status ExchangeBuffers(LocalRank& rank, const Plan& plan, const void* send, void* recv);
+
+// Instead of ExchangeBuffers where the rank's group reads in place by the
+// device exchange: publishes this call's buffers (exporting new allocations;
+// no peer is waited for) and sets rank.view.device. A buffer that cannot be
+// shared is staged: `*send` (and for all_reduce `*recv`) then point into the
+// rank's bounce memory, the input's copy there is enqueued on `ops`, and
+// `*copy_back` is the output bytes the caller copies from `*recv` to the
+// real output after the call (0: none). Returns at once otherwise.
+Status PublishBuffers(LocalRank& rank, const Plan& plan, StreamOps& ops, const void** send,
+                      void** recv, size_t* copy_back);
 
 // Whether groups read peers' buffers in place (JAX_SMDDP_GPU_DIRECT_READS:
 // 1: yes, groups inside one host; 0: they stage). `preferred`, if given,
@@ -176,6 +197,10 @@ class GpuCommunicator {
 
  private:
   Status StartDirectReads(bool logs, const std::vector<uint8_t*>& blocks);
+  // The device exchange's tables (mapped host memory) and mapper thread,
+  // which maps the peers' allocations as their handles appear.
+  Status StartDeviceExchange(const std::vector<uint8_t*>& handle_tables);
+  void MapperLoop();
 
   uint64_t key_;
   std::vector<int64_t> members_;
@@ -193,6 +218,15 @@ class GpuCommunicator {
   std::vector<std::unique_ptr<uint64_t[]>>
       heap_tables_;  // buffer tables of a group inside one process
   bool connected_ = false;
+  // The device exchange: every rank's handle table; per local rank and peer,
+  // its table of that peer's allocations (id + 1, base) and the released word
+  // after them; the thread that fills them.
+  std::vector<uint8_t*> handle_tables_;
+  uint64_t* device_tables_ = nullptr;
+  uint32_t* released_ = nullptr;
+  std::thread mapper_;
+  std::once_flag mapper_once_;
+  std::atomic<bool> stop_mapper_{false};
 };
 
 // Names a group of devices (partition ids in rank order) alike everywhere.

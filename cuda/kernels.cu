@@ -120,6 +120,113 @@ cudaError_t ReducePass(const Destinations& d, int nd, size_t dpitch, const Sourc
   return cudaErrorInvalidValue;
 }
 
+// The device exchange's kernels (kernels.h: LaunchWriteWords, ...).
+struct Words {
+  uint64_t w[8];
+};
+
+__global__ void WriteWordsKernel(volatile uint64_t* dst, Words v, int n) {
+  for (int i = 0; i < n; ++i) dst[i] = v.w[i];
+  __threadfence_system();  // before the post that follows on the stream
+}
+
+__global__ void ResolveKernel(volatile uint64_t* out, const volatile uint64_t* entry,
+                              uint64_t stamp, int which, const volatile uint64_t* table,
+                              const volatile uint32_t* released, const volatile uint32_t* posted) {
+  if (entry[0] != stamp) {
+    // The group failed: a watchdog released the peer's flags.
+    if ((released && *released) ||
+        (posted && int32_t(*posted - uint32_t(stamp)) >= int32_t(1u << 29))) {
+      *out = 0;
+      return;
+    }
+    __trap();  // another call's entry: never read a stale address
+  }
+  const uint64_t id1 = entry[1 + 3 * which], offset = entry[2 + 3 * which];
+  if (!table || id1 == 0) {
+    *out = entry[3 + 3 * which];
+    return;
+  }
+  const volatile uint64_t* slot = table + 2 * (id1 - 1);
+  while (*slot != id1) {  // the mapper thread maps it, or the group failed
+    if ((released && *released) ||
+        (posted && int32_t(*posted - uint32_t(stamp)) >= int32_t(1u << 29))) {
+      *out = 0;
+      return;
+    }
+    __nanosleep(500);
+  }
+  __threadfence_system();
+  *out = slot[1] + offset;
+}
+
+// The unit chosen per launch from the address read (the same for every thread).
+__global__ void __launch_bounds__(kThreads)
+    Copy2DFromKernel(char* dst, size_t dpitch, const uint64_t* src_at, size_t src_add,
+                     size_t spitch, size_t width, size_t rows) {
+  const uint64_t at = *src_at;
+  if (at == 0) return;  // released
+  const char* src = reinterpret_cast<const char*>(at + src_add);
+  const size_t t = blockIdx.x * size_t(blockDim.x) + threadIdx.x;
+  const size_t threads = size_t(gridDim.x) * blockDim.x;
+  const uintptr_t all = uintptr_t(dst) | uintptr_t(src) | dpitch | spitch | width;
+  if (all % 16 == 0) {
+    CopyThread<uint4>(t, threads, dst, dpitch, src, spitch, width / 16, rows);
+  } else if (all % 4 == 0) {
+    CopyThread<uint32_t>(t, threads, dst, dpitch, src, spitch, width / 4, rows);
+  } else {
+    CopyThread<uint8_t>(t, threads, dst, dpitch, src, spitch, width, rows);
+  }
+}
+
+template <typename T, typename A, ReduceOp R>
+__global__ void __launch_bounds__(kThreads)
+    ReduceFromKernel(const uint64_t* dsts_at, int nd, size_t dst_add, size_t dpitch,
+                     const uint64_t* srcs_at, int n, size_t src_add, size_t spitch, size_t count,
+                     size_t rows) {
+  Sources s;
+  Destinations d;
+  for (int k = 0; k < n; ++k) {
+    if (srcs_at[k] == 0) return;  // released
+    s.p[k] = reinterpret_cast<const void*>(srcs_at[k] + src_add);
+  }
+  if (!dsts_at) {
+    d.p[0] = reinterpret_cast<void*>(dst_add);
+    nd = 1;
+  }
+  for (int k = 0; dsts_at && k < nd; ++k) {
+    if (dsts_at[k] == 0) return;
+    d.p[k] = reinterpret_cast<void*>(dsts_at[k] + dst_add);
+  }
+  ReduceThreadTo<T, A, R, 1, 1>(blockIdx.x * size_t(blockDim.x) + threadIdx.x,
+                                size_t(gridDim.x) * blockDim.x, d, nd, dpitch, s, n, spitch, count,
+                                rows);
+}
+
+template <typename T, typename A>
+cudaError_t ReduceFromTyped(const uint64_t* dsts_at, int nd, size_t dst_add, size_t dpitch,
+                            const uint64_t* srcs_at, int n, size_t src_add, size_t spitch,
+                            size_t count, size_t rows, ReduceOp op, int max_blocks,
+                            cudaStream_t stream) {
+  const int blocks = Blocks(count * rows, max_blocks);
+#define SMDDP_REDUCE_FROM(R)                                  \
+  ReduceFromKernel<T, A, R><<<blocks, kThreads, 0, stream>>>( \
+      dsts_at, nd, dst_add, dpitch, srcs_at, n, src_add, spitch, count, rows)
+  switch (op) {
+    case ReduceOp::kSum:
+      SMDDP_REDUCE_FROM(ReduceOp::kSum);
+      break;
+    case ReduceOp::kMax:
+      SMDDP_REDUCE_FROM(ReduceOp::kMax);
+      break;
+    case ReduceOp::kMin:
+      SMDDP_REDUCE_FROM(ReduceOp::kMin);
+      break;
+  }
+#undef SMDDP_REDUCE_FROM
+  return cudaGetLastError();
+}
+
 __global__ void WaitFlagKernel(const volatile uint32_t* flag, uint32_t value) {
   while (int32_t(*flag - value) < 0) __nanosleep(200);  // as CU_STREAM_WAIT_VALUE_GEQ: cyclic
   __threadfence_system();  // later reads see what the flag's writer published
@@ -185,6 +292,66 @@ cudaError_t LaunchReduceToEach(void* const* dsts, int nd, size_t dpitch, const v
                      rows, type, op, max_blocks, unroll, stream);
   }
   return err;
+}
+
+cudaError_t LaunchWriteWords(uint64_t* dst, const uint64_t* values, int n, cudaStream_t stream) {
+  if (n < 0 || n > 8) return cudaErrorInvalidValue;
+  Words v{};
+  for (int i = 0; i < n; ++i) v.w[i] = values[i];
+  WriteWordsKernel<<<1, 1, 0, stream>>>(dst, v, n);
+  return cudaGetLastError();
+}
+
+cudaError_t LaunchResolve(uint64_t* out, const uint64_t* entry, uint64_t stamp, int which,
+                          const uint64_t* table, const uint32_t* released, const uint32_t* posted,
+                          cudaStream_t stream) {
+  ResolveKernel<<<1, 1, 0, stream>>>(out, entry, stamp, which, table, released, posted);
+  return cudaGetLastError();
+}
+
+cudaError_t LaunchCopy2DFrom(void* dst, size_t dpitch, const uint64_t* src_at, size_t src_add,
+                             size_t spitch, size_t width, size_t rows, int max_blocks,
+                             cudaStream_t stream) {
+  if (width == 0 || rows == 0) return cudaSuccess;
+  const int blocks = Blocks((width / 16 * rows + kCopyUnroll - 1) / kCopyUnroll, max_blocks);
+  Copy2DFromKernel<<<blocks, kThreads, 0, stream>>>(static_cast<char*>(dst), dpitch, src_at,
+                                                    src_add, spitch, width, rows);
+  return cudaGetLastError();
+}
+
+cudaError_t LaunchReduceFrom(const uint64_t* dsts_at, int nd, size_t dst_add, size_t dpitch,
+                             const uint64_t* srcs_at, int n, size_t src_add, size_t spitch,
+                             size_t count, size_t rows, DType type, ReduceOp op, int max_blocks,
+                             cudaStream_t stream) {
+  if (count == 0 || rows == 0) return cudaSuccess;
+  if (n <= 0 || n > kMaxSources || nd <= 0 || nd > kMaxSources) return cudaErrorInvalidValue;
+#define SMDDP_REDUCE_FROM_AS(T, A)                                                              \
+  ReduceFromTyped<T, A>(dsts_at, nd, dst_add, dpitch, srcs_at, n, src_add, spitch, count, rows, \
+                        op, max_blocks, stream)
+  switch (type) {
+    case DType::kInt8:
+      return SMDDP_REDUCE_FROM_AS(int8_t, int32_t);
+    case DType::kUInt8:
+      return SMDDP_REDUCE_FROM_AS(uint8_t, uint32_t);
+    case DType::kInt32:
+      return SMDDP_REDUCE_FROM_AS(int32_t, int32_t);
+    case DType::kUInt32:
+      return SMDDP_REDUCE_FROM_AS(uint32_t, uint32_t);
+    case DType::kInt64:
+      return SMDDP_REDUCE_FROM_AS(int64_t, int64_t);
+    case DType::kFloat16:
+      return SMDDP_REDUCE_FROM_AS(__half, float);
+    case DType::kBFloat16:
+      return SMDDP_REDUCE_FROM_AS(__nv_bfloat16, float);
+    case DType::kFloat32:
+      return SMDDP_REDUCE_FROM_AS(float, float);
+    case DType::kFloat64:
+      return SMDDP_REDUCE_FROM_AS(double, double);
+    case DType::kBool:
+      break;
+  }
+#undef SMDDP_REDUCE_FROM_AS
+  return cudaErrorInvalidValue;
 }
 
 cudaError_t LaunchWaitFlag(const uint32_t* flag, uint32_t value, cudaStream_t stream) {

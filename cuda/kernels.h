@@ -38,6 +38,20 @@ cudaError_t LaunchReduceToEach(void* const* dsts, int nd, size_t dpitch, const v
                                int n, size_t spitch, size_t count, size_t rows, DType type,
                                ReduceOp op, int max_blocks, cudaStream_t stream, int unroll = 2);
 
+// Addresses read on the device (StreamOps::WriteWords, Resolve, Copy2DFrom,
+// ReduceFrom, xla_ffi/algorithms/stream_ops.h; the same meanings).
+cudaError_t LaunchWriteWords(uint64_t* dst, const uint64_t* values, int n, cudaStream_t stream);
+cudaError_t LaunchResolve(uint64_t* out, const uint64_t* entry, uint64_t stamp, int which,
+                          const uint64_t* table, const uint32_t* released, const uint32_t* posted,
+                          cudaStream_t stream);
+cudaError_t LaunchCopy2DFrom(void* dst, size_t dpitch, const uint64_t* src_at, size_t src_add,
+                             size_t spitch, size_t width, size_t rows, int max_blocks,
+                             cudaStream_t stream);
+cudaError_t LaunchReduceFrom(const uint64_t* dsts_at, int nd, size_t dst_add, size_t dpitch,
+                             const uint64_t* srcs_at, int n, size_t src_add, size_t spitch,
+                             size_t count, size_t rows, DType type, ReduceOp op, int max_blocks,
+                             cudaStream_t stream);
+
 // One-thread kernels: later work waits for *flag >= value; *flag = value
 // after earlier work, with a system-wide fence. The fallback when the
 // driver's stream memory operations are unavailable.

@@ -2,6 +2,7 @@
 
 #include <signal.h>
 
+#include <algorithm>
 #include <chrono>
 #include <cstdint>
 #include <cstdio>
@@ -381,15 +382,18 @@ void RunLatePeer(const SteadyRank& s, bool late) {
     caller.Call(0);  // the warm-up
     caller.Synchronize();
     s.barrier();
-    double enqueue_s = 0;
+    double enqueue_s = 0, longest_s = 0;
     for (int c = 1; c <= kLateCalls; ++c) {
       if (late) std::this_thread::sleep_for(std::chrono::milliseconds(300));
-      enqueue_s += caller.Call(c);
+      const double took = caller.Call(c);
+      enqueue_s += took;
+      longest_s = std::max(longest_s, took);
     }
     caller.Synchronize();
     caller.Check();
-    std::printf("late_peer %s rank %d%s: %d enqueues took %.1f ms in all\n", kNames[op], s.rank,
-                late ? " (late)" : "", kLateCalls, enqueue_s * 1e3);
+    std::printf("late_peer %s rank %d%s: %d enqueues took %.1f ms in all (the longest %.1f)\n",
+                kNames[op], s.rank, late ? " (late)" : "", kLateCalls, enqueue_s * 1e3,
+                longest_s * 1e3);
     std::fflush(stdout);
     s.barrier();
   }

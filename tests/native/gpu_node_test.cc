@@ -390,7 +390,7 @@ void RunRank(const std::string& mode, const std::string& outdir, int P, int rank
           const Status st = gpu::EnqueueCollective(OpName(kind), op_id++, gpu::CallRank{me}, ops,
                                                    send, recv, plan);
           CHECK_MSG(st.ok(), std::string(OpName(kind)) + ": " + st.message());
-          in_place += !me->view.inputs.empty();
+          in_place += !me->view.inputs.empty() || me->view.device.active;
         }
         CHECK(cudaMemcpyAsync(r.out.data(), recv, out_n * 4, cudaMemcpyDeviceToHost, stream) ==
               cudaSuccess);

@@ -19,6 +19,14 @@ class HostStreamOps : public StreamOps {
   Status Zero(void* dst, size_t bytes) override;
   Status WaitAtLeast(const uint32_t* flag, uint32_t value) override;
   Status Write(uint32_t* flag, uint32_t value) override;
+  Status WriteWords(uint64_t* dst, const uint64_t* values, int n) override;
+  Status Resolve(uint64_t* out, const uint64_t* entry, uint64_t stamp, int which,
+                 const uint64_t* table, const uint32_t* released, const uint32_t* posted) override;
+  Status Copy2DFrom(void* dst, size_t dpitch, const uint64_t* src_at, size_t src_add, size_t spitch,
+                    size_t width, size_t rows) override;
+  Status ReduceFrom(const uint64_t* dsts_at, int nd, size_t dst_add, size_t dpitch,
+                    const uint64_t* srcs_at, int n, size_t src_add, size_t spitch, size_t count,
+                    size_t rows, DType dtype, ReduceOp op) override;
 
  private:
   double timeout_s_;

@@ -211,6 +211,14 @@ STEADY_OPS = ["all_gather", "reduce_scatter", "all_reduce", "all_to_all", "colle
 _steady_runs = {}
 
 
+def _entry(entry):
+  """(gpu_node_test's entry point, settings): ffi_host_flags is the custom calls' path with
+  JAX_SMDDP_GPU_FLAG_MEMORY=host (the NCCL front end's preference)."""
+  if entry == "ffi_host_flags":
+    return "ffi", {"JAX_SMDDP_GPU_FLAG_MEMORY": "host"}
+  return entry, {}
+
+
 def _steady(program, layout, entry, memory, tmp_path):
   """{(op, process): {counter: count}} of one steady run (cached per parameters)."""
   key = (layout, entry, memory)
@@ -220,8 +228,10 @@ def _steady(program, layout, entry, memory, tmp_path):
       from test_gpu_communicator_mock import _rail_missing
       if _rail_missing():
         pytest.skip(_rail_missing())
+    program_entry, settings = _entry(entry)
     out = _run(program, spec, "steady", tmp_path,
-               {"JAX_SMDDP_MOCK_CUMEM": "1" if memory == "cumem" else "0"}, entry)
+               {"JAX_SMDDP_MOCK_CUMEM": "1" if memory == "cumem" else "0", **settings},
+               program_entry)
     rows = {}
     for op, p, rest in re.findall(r"^steady (\w+) process (\d+): (.*)$", out, re.M):
       words = rest.split()
@@ -237,19 +247,23 @@ def _steady(program, layout, entry, memory, tmp_path):
 
 def _steady_params():
   for layout in STEADY_LAYOUTS:
-    for entry in ["ffi", "nccl"]:
-      if layout == "node_2x2x2" and entry == "ffi":
+    for entry in ["ffi", "ffi_host_flags", "nccl"]:
+      if layout == "node_2x2x2" and entry != "nccl":
         continue  # groups across hosts: through the NCCL front end (gpu_node_test)
       for memory in ["legacy", "cumem"]:
         yield layout, entry, memory
 
 
+# Between processes, the device exchange needs flags the watchdog can release (host flag
+# memory); with the custom calls' default (device flags) a direct call still meets its peers on
+# the host (BufferExchange::Exchange).
+HOST_MEETS = "issue 65: with device flag memory (the custom calls' default) a direct call " \
+    "between processes still waits on the host for every peer's buffer entry"
+
+
 def _host_waits_param(layout, entry, memory):
-  # Groups inside one host meet on the host at each direct call today (BufferExchange::Exchange);
-  # across hosts the hierarchical bodies stage and exchange no buffers.
-  marks = [] if layout == "node_2x2x2" else [pytest.mark.xfail(
-      strict=True, reason="issue 65: a direct call still waits on the host for every peer's "
-      "buffer entry (BufferExchange::Exchange); the device mailbox is not built yet")]
+  meets = entry == "ffi" and layout in ("node_8x1", "node_2x4")
+  marks = [pytest.mark.xfail(strict=True, reason=HOST_MEETS)] if meets else []
   return pytest.param(layout, entry, memory, marks=marks)
 
 
@@ -286,25 +300,30 @@ def test_steady_host_waits(program, layout, entry, memory, tmp_path):
 
 @pytest.mark.timeout(120)
 @pytest.mark.parametrize("layout,entry", [
-    pytest.param(layout, entry, marks=pytest.mark.xfail(
-        strict=True, reason="issue 65: each direct call's enqueue waits on the host for the "
-        "late process's buffer entry (BufferExchange::Exchange)"))
-    for layout in ["node_8x1", "node_2x4"] for entry in ["ffi", "nccl"]] + [("node_2x2x2", "nccl")])
+    pytest.param(layout, entry, marks=[pytest.mark.xfail(strict=True, reason=HOST_MEETS)]
+                 if entry == "ffi" else [])
+    for layout in ["node_8x1", "node_2x4"] for entry in ["ffi", "ffi_host_flags", "nccl"]] +
+    [("node_2x2x2", "nccl")])
 def test_late_peer(program, layout, entry, tmp_path):
   """The last process sleeps 300 ms before each of 20 calls (all_gather, then reduce_scatter,
-  after a warm-up call): every other rank's 20 enqueues return in under 20 ms in all, and every
-  answer is exact once the late one arrives (gpu_node_steady.h)."""
+  after a warm-up call): no other rank's enqueue waits for it, and every answer is exact once the
+  late one arrives (gpu_node_steady.h). Waiting for the late process even once costs ~300 ms
+  (today's host meeting: 6.0-6.1 s for the 20); the bound here is 200 ms for the 20, as a
+  2-core machine running ~100 mock stream threads stalled single enqueues for up to 16 ms (the
+  issue's 20 ms is a GPU host's)."""
   spec = LAYOUTS.get(layout) or layout.removeprefix("node_")
   if spec.count("x") == 2:
     from test_gpu_communicator_mock import _rail_missing
     if _rail_missing():
       pytest.skip(_rail_missing())
-  out = _run(program, spec, "late_peer", tmp_path, entry=entry)
+  program_entry, settings = _entry(entry)
+  out = _run(program, spec, "late_peer", tmp_path, settings, entry=program_entry)
   took = re.findall(r"^late_peer (\w+) rank (\d+)( \(late\))?: 20 enqueues took ([\d.]+) ms", out,
                     re.M)
   dims = [int(v) for v in spec.split("x")]
   assert len(took) == 2 * np.prod(dims), out
-  slow = {(op, int(r)): float(ms) for op, r, late, ms in took if not late and float(ms) >= 20}
+  print("\n".join(line for line in out.splitlines() if line.startswith("late_peer")))
+  slow = {(op, int(r)): float(ms) for op, r, late, ms in took if not late and float(ms) >= 200}
   assert not slow, f"punctual ranks' 20 enqueues (ms): {slow}"
 
 

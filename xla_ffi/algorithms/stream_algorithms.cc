@@ -9,7 +9,8 @@ namespace smddp {
 
 RegionLayout::RegionLayout(int size_, size_t slot_bytes_) : size(size_) {
   slot_bytes = std::max<size_t>((slot_bytes_ + 255) / 256 * 256, 256);
-  slots_offset = (flag_bytes() + 4095) / 4096 * 4096;
+  mailbox_base = (flag_bytes() + 63) / 64 * 64;
+  slots_offset = (resolved_offset() + 2 * size_t(size) * 8 + 4095) / 4096 * 4096;
   total_bytes = slots_offset + kSlots * slot_bytes;
 }
 
@@ -90,6 +91,20 @@ Status RunStreamPlan(const Plan& plan, StreamRank& me, StreamOps& ops, const voi
     return bytes ? ops.Copy(recv, send, bytes) : Status::Ok();
   }
   Steps steps(me, ops, replayable);
+  if (me.device.active && !replayable) {
+    switch (plan.kind) {
+      case Collective::kAllGather:
+      case Collective::kAllToAll:
+        return DeviceAllGatherOrAllToAll(steps, ops, send, recv, plan.outer, plan.inner,
+                                         plan.kind == Collective::kAllToAll);
+      case Collective::kReduceScatter:
+        return DeviceReduceScatter(steps, ops, recv, plan.outer, plan.inner, plan.dtype, plan.op);
+      case Collective::kAllReduce:
+        return DeviceAllReduce(steps, ops, plan.count, plan.dtype, plan.op);
+      case Collective::kCollectivePermute:
+        return DeviceCollectivePermute(steps, ops, send, recv, plan.outer * plan.inner, source);
+    }
+  }
   if (!me.inputs.empty() && !replayable) {
     const size_t P = size_t(me.layout.size);
     if (me.inputs.size() != P || me.inputs[me.rank] != send ||

@@ -85,11 +85,35 @@ struct RegionLayout {
   }
   size_t slot_offset(int slot) const { return slots_offset + size_t(slot) * slot_bytes; }
   size_t flag_bytes() const { return kFlagStride * (1 + size_t(size) * (3 + 2 * kSlots)); }
+  // The device exchange (DeviceExchange, below), always in the region: the
+  // rank's mailbox entries (kMailboxSlots, by step), then where this call's
+  // buffers of every rank are as this rank addresses them (2 x size words:
+  // inputs, then outputs).
+  static constexpr int kMailboxSlots = 2;
+  size_t mailbox_offset(uint32_t step) const {
+    return mailbox_base + size_t(step % kMailboxSlots) * kMailboxWords * 8;
+  }
+  size_t resolved_offset() const { return mailbox_base + kMailboxSlots * kMailboxWords * 8; }
 
   int size;
   size_t slot_bytes;    // a multiple of 256
+  size_t mailbox_base;  // after the flags
   size_t slots_offset;  // page aligned
   size_t total_bytes;   // what to allocate (zeroed) per rank
+};
+
+// Calls whose peers' buffers are not known on the host (issue 65): each
+// rank writes its call's mailbox entry (MailboxEntry words, stream_ops.h) on
+// its stream before it posts, and its peers resolve the addresses on theirs
+// (StreamOps::Resolve) once it posted: through `tables[q]` (peer q's
+// allocations as mapped here, filled by the process's mapper thread;
+// null: q is in this process and its addresses are used as they are).
+// Nothing on the host waits for a peer.
+struct DeviceExchange {
+  bool active = false;                 // this call goes by it (set per call)
+  uint64_t entry[kMailboxWords] = {};  // this call's entry (words 1-6; the stamp is the step)
+  std::vector<const uint64_t*> tables;
+  const uint32_t* released = nullptr;  // nonzero once the group failed
 };
 
 // One rank's view of a communicator's regions.
@@ -108,6 +132,8 @@ struct StreamRank {
   // empty: stage through the slots.
   std::vector<const uint8_t*> inputs;
   std::vector<uint8_t*> outputs;
+  // Or direct reads by the device exchange (inputs and outputs then empty).
+  DeviceExchange device;
   // Per peer: the tiles this rank posted to it and took from it in pairwise
   // permutes (host side; RunStreamPairPermute).
   std::vector<uint32_t> pair_sent, pair_received;

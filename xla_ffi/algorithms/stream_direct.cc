@@ -71,4 +71,95 @@ Status DirectAllReduce(Steps& st, StreamOps& ops, const std::vector<const uint8_
   return st.AwaitConsumed();
 }
 
+// The device exchange (stream_algorithms.h: DeviceExchange). The entry is
+// written before the post on the same stream: a peer that saw the post reads
+// this call's entry (Resolve faults on another call's).
+Status DevicePost(Steps& st, StreamOps& ops) {
+  StreamRank& me = st.me();
+  me.device.entry[0] = st.step();
+  auto* mailbox =
+      reinterpret_cast<uint64_t*>(me.regions[me.rank] + me.layout.mailbox_offset(st.step()));
+  SMDDP_RETURN_IF_ERROR(ops.WriteWords(mailbox, me.device.entry, kMailboxWords));
+  return st.Post();
+}
+
+uint64_t* DeviceResolved(Steps& st, int q, int which) {
+  StreamRank& me = st.me();
+  return reinterpret_cast<uint64_t*>(me.regions[me.rank] + me.layout.resolved_offset()) +
+         size_t(which) * me.layout.size + q;
+}
+
+Status DeviceResolve(Steps& st, StreamOps& on, int q, int which) {
+  StreamRank& me = st.me();
+  const auto* entry =
+      reinterpret_cast<const uint64_t*>(me.regions[q] + me.layout.mailbox_offset(st.step()));
+  const uint64_t* table = q == me.rank ? nullptr : me.device.tables[q];
+  const uint8_t* flags = me.flags.empty() ? me.regions[q] : me.flags[q];
+  const auto* posted = reinterpret_cast<const uint32_t*>(flags + me.layout.posted_offset());
+  return on.Resolve(DeviceResolved(st, q, which), entry, st.step(), which, table,
+                    me.device.released, posted);
+}
+
+Status DeviceAllGatherOrAllToAll(Steps& st, StreamOps& ops, const uint8_t* send, uint8_t* recv,
+                                 size_t outer, size_t inner, bool all_to_all) {
+  const int P = st.size(), me = st.rank();
+  const size_t spitch = all_to_all ? P * inner : inner;
+  const size_t pick = all_to_all ? me * inner : 0;
+  st.BeginDirect();
+  SMDDP_RETURN_IF_ERROR(DevicePost(st, ops));
+  SMDDP_RETURN_IF_ERROR(ops.Fork(P));
+  for (int k = 0; k < P; ++k) {
+    const int q = (me + k) % P;
+    StreamOps& lane = ops.Lane(k);
+    if (q == me) {
+      SMDDP_RETURN_IF_ERROR(
+          lane.Copy2D(recv + q * inner, P * inner, send + pick, spitch, inner, outer));
+      continue;
+    }
+    SMDDP_RETURN_IF_ERROR(st.AwaitPosted(q, lane));
+    SMDDP_RETURN_IF_ERROR(DeviceResolve(st, lane, q, 0));
+    SMDDP_RETURN_IF_ERROR(lane.Copy2DFrom(recv + q * inner, P * inner, DeviceResolved(st, q, 0),
+                                          pick, spitch, inner, outer));
+    SMDDP_RETURN_IF_ERROR(st.ReleaseDirect(q, lane));
+  }
+  SMDDP_RETURN_IF_ERROR(ops.Join());
+  return st.AwaitConsumed();
+}
+
+Status DeviceReduceScatter(Steps& st, StreamOps& ops, uint8_t* recv, size_t outer, size_t inner,
+                           DType dtype, ReduceOp op) {
+  const int P = st.size(), me = st.rank();
+  const size_t inner_b = inner * ElementSize(dtype);
+  st.BeginDirect();
+  SMDDP_RETURN_IF_ERROR(DevicePost(st, ops));
+  SMDDP_RETURN_IF_ERROR(st.AwaitAllPosted());
+  for (int q = 0; q < P; ++q) SMDDP_RETURN_IF_ERROR(DeviceResolve(st, ops, q, 0));
+  if (outer && inner)
+    SMDDP_RETURN_IF_ERROR(ops.ReduceFrom(nullptr, 1, size_t(recv), inner_b,
+                                         DeviceResolved(st, 0, 0), P, me * inner_b, P * inner_b,
+                                         inner, outer, dtype, op));
+  SMDDP_RETURN_IF_ERROR(st.ReleaseAll());
+  return st.AwaitConsumed();
+}
+
+Status DeviceAllReduce(Steps& st, StreamOps& ops, size_t count, DType dtype, ReduceOp op) {
+  const int P = st.size(), me = st.rank();
+  const size_t E = ElementSize(dtype);
+  const size_t L = (count + P - 1) / P;
+  const size_t own = ShardElements(count, L, me, 0, L);
+  st.BeginDirect();
+  SMDDP_RETURN_IF_ERROR(DevicePost(st, ops));  // the input is ready and the output free
+  SMDDP_RETURN_IF_ERROR(st.AwaitAllPosted());
+  for (int q = 0; q < P; ++q) {
+    SMDDP_RETURN_IF_ERROR(DeviceResolve(st, ops, q, 0));
+    SMDDP_RETURN_IF_ERROR(DeviceResolve(st, ops, q, 1));
+  }
+  if (own)
+    SMDDP_RETURN_IF_ERROR(ops.ReduceFrom(DeviceResolved(st, 0, 1), P, me * L * E, own * E,
+                                         DeviceResolved(st, 0, 0), P, me * L * E, own * E, own, 1,
+                                         dtype, op));
+  SMDDP_RETURN_IF_ERROR(st.ReleaseAll());
+  return st.AwaitConsumed();
+}
+
 }  // namespace smddp

@@ -9,6 +9,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <string>
 
 #include "xla_ffi/common/dtype.h"
 #include "xla_ffi/common/status.h"
@@ -27,6 +28,11 @@ inline uint32_t ReleasedFlag(uint32_t step_reached) { return step_reached + kRel
 // Tokens (0 or 1, waited for as >= 1: stream_algorithms.h) are released to
 // this, reached from 0 and 1 alike whatever steps the group reached.
 constexpr uint32_t kReleasedToken = kReleaseDistance;
+// Whether a step flag was released past `step` (a watchdog of any process of
+// the group moved it kReleaseDistance ahead), not merely reached.
+inline bool ReleasedPast(uint32_t flag, uint32_t step) {
+  return int32_t(flag - step) >= int32_t(kReleaseDistance / 2);
+}
 
 class StreamOps {
  public:
@@ -94,7 +100,58 @@ class StreamOps {
   Status Copy(void* dst, const void* src, size_t bytes) {
     return Copy2D(dst, bytes, src, bytes, bytes, 1);
   }
+
+  // Addresses that travel on the device (stream_algorithms.h: calls whose
+  // peers' buffers are not known on the host). By default unsupported.
+  //
+  // Writes `n` (<= kMailboxWords) 64-bit `values`, taken now, to `dst` once
+  // earlier work is done (a kernel's arguments, so a captured graph's update
+  // can change them).
+  virtual Status WriteWords(uint64_t* dst, const uint64_t* values, int n) {
+    (void)dst, (void)values, (void)n;
+    return Unsupported("WriteWords");
+  }
+  // *out = where a peer's buffer `which` (0: input, 1: output) of this call
+  // is, from the peer's mailbox entry `entry` (MailboxEntry, below), which
+  // must be of call `stamp` (else the device faults: a stale entry is never
+  // read; unless the group failed: `*released` set, or the peer's `posted`
+  // flag released, ReleasedPast: then *out = 0). With `table` null
+  // (a peer of this process) the entry's address as it is; else table[2 id + 1] + offset once
+  // table[2 id] == id + 1 (the peer's allocation `id` is mapped here), or 0 if `*released` becomes
+  // nonzero first (the group failed: the copies below then skip).
+  virtual Status Resolve(uint64_t* out, const uint64_t* entry, uint64_t stamp, int which,
+                         const uint64_t* table, const uint32_t* released, const uint32_t* posted) {
+    (void)out, (void)entry, (void)stamp, (void)which, (void)table, (void)released, (void)posted;
+    return Unsupported("Resolve");
+  }
+  // Copy2D from *src_at + src_add (read when the copy runs; 0: skipped).
+  virtual Status Copy2DFrom(void* dst, size_t dpitch, const uint64_t* src_at, size_t src_add,
+                            size_t spitch, size_t width, size_t rows) {
+    (void)dst, (void)dpitch, (void)src_at, (void)src_add, (void)spitch, (void)width, (void)rows;
+    return Unsupported("Copy2DFrom");
+  }
+  // ReduceToEach of `count` elements from srcs_at[k] + src_add (k < n) into
+  // dsts_at[d] + dst_add (d < nd), the addresses read when it runs (any 0:
+  // skipped); `rows` rows of pitches `spitch` and `dpitch` as Reduce's.
+  virtual Status ReduceFrom(const uint64_t* dsts_at, int nd, size_t dst_add, size_t dpitch,
+                            const uint64_t* srcs_at, int n, size_t src_add, size_t spitch,
+                            size_t count, size_t rows, DType dtype, ReduceOp op) {
+    (void)dsts_at, (void)nd, (void)dst_add, (void)dpitch, (void)srcs_at, (void)n, (void)src_add;
+    (void)spitch, (void)count, (void)rows, (void)dtype, (void)op;
+    return Unsupported("ReduceFrom");
+  }
+
+ private:
+  static Status Unsupported(const char* what) {
+    return Status::Unsupported(std::string("jax_smddp: these stream operations have no ") + what);
+  }
 };
+
+// A rank's mailbox entry for one call (StreamOps::Resolve; words): the
+// call's stamp, then per buffer (input at 1, output at 4) its allocation's
+// id + 1 (0: an address of the owner's process, for peers in it), its offset
+// in the allocation, and its address in the owner's process.
+constexpr int kMailboxWords = 8;
 
 }  // namespace smddp
 

@@ -35,6 +35,23 @@ Status DirectCollectivePermute(Steps& st, StreamOps& ops, const std::vector<cons
   return st.AwaitConsumed();
 }
 
+Status DeviceCollectivePermute(Steps& st, StreamOps& ops, const uint8_t* send, uint8_t* recv,
+                               size_t bytes, int64_t source) {
+  const int P = st.size(), me = st.rank();
+  st.BeginDirect();
+  SMDDP_RETURN_IF_ERROR(DevicePost(st, ops));  // the input is ready for the rank it goes to
+  SMDDP_RETURN_IF_ERROR(LocalPart(ops, send, recv, bytes, source, me));
+  if (source >= 0 && source != me) {
+    SMDDP_RETURN_IF_ERROR(st.AwaitPosted(int(source)));
+    SMDDP_RETURN_IF_ERROR(DeviceResolve(st, ops, int(source), 0));
+    if (bytes)
+      SMDDP_RETURN_IF_ERROR(
+          ops.Copy2DFrom(recv, bytes, DeviceResolved(st, int(source), 0), 0, bytes, bytes, 1));
+  }
+  for (int q = 0; q < P; ++q) SMDDP_RETURN_IF_ERROR(st.Release(q));
+  return st.AwaitConsumed();
+}
+
 Status StagedCollectivePermute(Steps& st, StreamOps& ops, const uint8_t* send, uint8_t* recv,
                                size_t bytes, int64_t source, bool sends) {
   const int P = st.size(), me = st.rank();

@@ -57,6 +57,8 @@ class Steps {
 
   int size() const { return layout_.size; }
   int rank() const { return me_.rank; }
+  uint32_t step() const { return step_; }
+  StreamRank& me() { return me_; }
   size_t cap() const { return layout_.slot_bytes; }
   // Room for `n` reduction sources, kept by the rank across calls.
   const void** Sources(size_t n) { return SourcesOf(me_, n); }
@@ -243,6 +245,22 @@ Status DirectReduceScatter(Steps& st, StreamOps& ops, const std::vector<const ui
 // into every rank's output (out[q]).
 Status DirectAllReduce(Steps& st, StreamOps& ops, const std::vector<const uint8_t*>& in,
                        const std::vector<uint8_t*>& out, size_t count, DType dtype, ReduceOp op);
+
+// The same by the device exchange (stream_direct.cc; stream_algorithms.h:
+// DeviceExchange): the peers' buffers resolved on the device.
+Status DeviceAllGatherOrAllToAll(Steps& st, StreamOps& ops, const uint8_t* send, uint8_t* recv,
+                                 size_t outer, size_t inner, bool all_to_all);
+Status DeviceReduceScatter(Steps& st, StreamOps& ops, uint8_t* recv, size_t outer, size_t inner,
+                           DType dtype, ReduceOp op);
+Status DeviceAllReduce(Steps& st, StreamOps& ops, size_t count, DType dtype, ReduceOp op);
+Status DeviceCollectivePermute(Steps& st, StreamOps& ops, const uint8_t* send, uint8_t* recv,
+                               size_t bytes, int64_t source);
+// The device exchange's parts: writes this rank's entry for this step, then
+// posts; where rank q's buffer `which` of this call is resolved to (this
+// rank's resolved words); resolves it there on `on`.
+Status DevicePost(Steps& st, StreamOps& ops);
+uint64_t* DeviceResolved(Steps& st, int q, int which);
+Status DeviceResolve(Steps& st, StreamOps& on, int q, int which);
 
 // collective_permute (stream_permute.cc): recv = the input of rank `source`
 // (zeros where it is -1), `bytes` of it; every rank runs the call's steps.

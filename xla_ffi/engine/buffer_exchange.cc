@@ -99,6 +99,28 @@ uint64_t BufferExchange::Export(const void* p, uint64_t* offset, Status* why) {
   return id + 1;
 }
 
+Status BufferExchange::Publish(const void* input, void* output, uint64_t* entry) {
+  const void* buffers[2] = {input, output};
+  for (int b = 0; b < 2; ++b) {
+    uint64_t* w = entry + 1 + 3 * b;
+    w[0] = w[1] = 0;
+    w[2] = uint64_t(reinterpret_cast<uintptr_t>(buffers[b]));
+    if (!buffers[b] || !remote_peers_) continue;  // peers in this process use the address
+    Status why;
+    w[0] = Export(buffers[b], &w[1], &why);
+    if (!w[0]) return why;
+  }
+  return Status::Ok();
+}
+
+bool BufferExchange::ReadHandle(const uint8_t* table, uint64_t id, Handle* handle) {
+  const HandleSlot* slot = Handles(const_cast<uint8_t*>(table)) + id % kHandleSlots;
+  if (slot->stamp.load(std::memory_order_acquire) != id + 1) return false;
+  std::memcpy(handle->data(), slot->handle, kHandleBytes);
+  std::atomic_thread_fence(std::memory_order_acquire);
+  return slot->stamp.load(std::memory_order_acquire) == id + 1;
+}
+
 Status BufferExchange::Locate(int q, uint64_t id_plus_one, uint64_t offset, uint64_t address,
                               uint8_t** out) {
   if (local_[q]) {

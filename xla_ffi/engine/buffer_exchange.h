@@ -37,11 +37,11 @@ class BufferExchange {
       72;  // a kind, then a CUDA IPC handle or a descriptor's (cuda/buffer_ipc.h)
   using Handle = std::array<unsigned char, kHandleBytes>;  // fixed size: nothing allocated per call
   static constexpr size_t kEntries = 4;  // exchanges in flight (a peer is at most one ahead)
-  // A handle is read in the exchange that publishes it, and a rank publishes
-  // at most two per exchange (input, output) while a peer is one exchange behind.
-  static constexpr size_t kHandleSlots = 8;
   static constexpr size_t kMaxAllocations =
-      256;                // exported per rank; beyond, calls stage (mappings are kept)
+      256;  // exported per rank; beyond, calls stage (mappings are kept)
+  // One per allocation id, never reused: a mapper reads a handle whenever it
+  // gets to it (Publish: no peer waits for another).
+  static constexpr size_t kHandleSlots = kMaxAllocations;
   static size_t Bytes();  // one rank's table (zeroed before use)
 
   // How this process shares and maps memory (CUDA IPC on GPUs).
@@ -73,6 +73,16 @@ class BufferExchange {
   Status Exchange(uint64_t exchange, uint64_t call, const void* input, void* output,
                   double timeout_s, std::vector<const uint8_t*>* inputs,
                   std::vector<uint8_t*>* outputs);
+
+  // The device exchange (stream_algorithms.h: DeviceExchange): exports this
+  // rank's `input` and `output` (null: none) where they are new, publishing
+  // their handles, and sets words 1-6 of its mailbox entry (MailboxEntry,
+  // stream_ops.h); waits for no peer. An error says why a buffer cannot be
+  // shared (the caller then stages it in memory that can).
+  Status Publish(const void* input, void* output, uint64_t* entry);
+  // Rank q's published handle of its allocation `id` from its table, if
+  // published yet (the process's mapper thread).
+  static bool ReadHandle(const uint8_t* table, uint64_t id, Handle* handle);
 
   // Allocations this rank exported, and peers' allocations it located (each
   // mapped once per process by Memory::map_allocation).
