@@ -166,7 +166,7 @@ int main() {
          "xla_ffi/transports/fabric_link.cc", "xla_ffi/transports/fabric_link_stub.cc",
          "xla_ffi/transports/fabric_rail.cc", "xla_ffi/transports/fabric_info.cc",
          "xla_ffi/common/hashing.cc",
-         "xla_ffi/common/settings.cc", str(main), "-o", out]
+         "xla_ffi/common/settings.cc", "xla_ffi/common/test_settings.cc", str(main), "-o", out]
   proc = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=240)
   assert proc.returncode == 0, proc.stderr
   run = subprocess.run([out], capture_output=True, text=True, timeout=60)
