@@ -24,15 +24,12 @@ import numpy as np
 
 import jax
 import jax.numpy as jnp
-from jax._src import config as jax_config
-from jax._src import core
-from jax._src import tree_util
-from jax._src.interpreters import batching
-from jax._src.interpreters import mlir
-from jax._src.interpreters import pxla
-from jax._src.lax import parallel as lax_parallel
-from jax._src.lib.mlir.dialects import hlo
-from jax._src.sharding_impls import SPMDAxisContext
+from jax import tree_util
+from jax.interpreters import batching
+
+from jax_smddp._jax_internals import SPMDAxisContext, hlo, lax_parallel, mlir, pxla
+from jax_smddp._jax_internals import jax_config
+from jax_smddp._jax_internals import jax_core as core
 
 from jax_smddp import _native
 from jax_smddp import config
@@ -176,7 +173,7 @@ COLLECTIVE_STREAM = "gpu_stream:collective"
 def _stream_annotator():
   """JAX's function-form stream annotation: compute_on2 in jax 0.10.1-0.11.0,
   compute_on from 0.12 (None before 0.10.1: no annotation)."""
-  from jax._src import compute_on as co
+  from jax_smddp._jax_internals import compute_on as co
   for name in ("compute_on2", "compute_on"):
     fn = getattr(co, name, None)
     if fn is not None and "out_memory_spaces" in inspect.signature(fn).parameters:

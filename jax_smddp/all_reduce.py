@@ -10,11 +10,10 @@ from __future__ import annotations
 import numpy as np
 
 import jax
-from jax._src import core
-from jax._src import tree_util
-from jax._src.interpreters import ad
-from jax._src.interpreters import batching
-from jax._src.lax import parallel as lax_parallel
+from jax import core, tree_util
+from jax.interpreters import ad, batching
+
+from jax_smddp._jax_internals import lax_parallel
 
 from jax_smddp import _collective as c
 
@@ -87,7 +86,7 @@ def _is_unreduced(leaf, axes) -> bool:
   get_from = getattr(lax_parallel, "_get_from", None)
   if get_from is None or not isinstance(leaf, core.Tracer):
     return False
-  return get_from(core.typeof(leaf), axes, "jax.lax.psum") == "unreduced"
+  return get_from(jax.typeof(leaf), axes, "jax.lax.psum") == "unreduced"
 
 
 def _to_lax(*, axes, reduce, invariant, axis_index_groups=None):

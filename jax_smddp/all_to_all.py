@@ -4,14 +4,10 @@ from __future__ import annotations
 
 import numpy as np
 
-from jax._src import core
-from jax._src import tree_util
-from jax._src.interpreters import ad
-from jax._src.interpreters import batching
-from jax._src.interpreters import mlir
-from jax._src.lax import lax
-from jax._src.lax import parallel as lax_parallel
-from jax._src.lib.mlir.dialects import hlo
+from jax import core, lax, tree_util
+from jax.interpreters import ad, batching
+
+from jax_smddp._jax_internals import hlo, lax_parallel, mlir
 
 from jax_smddp import _collective as c
 

@@ -18,7 +18,7 @@ from typing import Any
 import numpy as np
 
 import jax.numpy as jnp
-from jax._src import tree_util
+from jax import tree_util
 
 from jax_smddp import _collective as c
 from jax_smddp.all_gather import all_gather

@@ -77,14 +77,14 @@ _BUILDS_BARRIER_MS = 30_000  # processes of mismatched builds meet before they r
 
 
 def _client():
-  from jax._src import distributed as jax_distributed
+  from jax_smddp._jax_internals import jax_distributed
   return jax_distributed.global_state.client
 
 
 def _job() -> tuple[int, int]:
   """(this process, processes) of the job, without creating JAX's backends
   (so the plugin can connect the world before JAX's CPU client exists)."""
-  from jax._src import distributed as jax_distributed
+  from jax_smddp._jax_internals import jax_distributed
   state = jax_distributed.global_state
   if state.client is not None and state.num_processes:
     return int(state.process_id), int(state.num_processes)
@@ -125,7 +125,7 @@ def oversubscribed(procs: list, me: int) -> bool:
 
 
 def _coordinator_host() -> str | None:
-  from jax._src import distributed as jax_distributed
+  from jax_smddp._jax_internals import jax_distributed
   address = jax_distributed.global_state.coordinator_address
   if not address:
     return None

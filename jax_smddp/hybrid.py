@@ -29,8 +29,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from jax._src import core
-from jax._src import tree_util
+import jax
+from jax import tree_util
 
 from jax_smddp import _collective as c
 from jax_smddp.batched import all_gather_batched, psum_batched, psum_scatter_batched
@@ -107,7 +107,7 @@ def _sum_over_replicas(tree: Any, replica_axis) -> Any:
 def _still_varying(leaf, axes: tuple) -> tuple:
   if not c.vma_checked():
     return axes  # no types to go by: every leaf is a per-device value
-  varying = getattr(getattr(core.typeof(leaf), "mat", None), "varying", None)
+  varying = getattr(getattr(jax.typeof(leaf), "mat", None), "varying", None)
   if varying is None:
     return axes
   return tuple(a for a in axes if a in varying)

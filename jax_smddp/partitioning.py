@@ -38,8 +38,9 @@ from functools import partial
 import numpy as np
 
 import jax
-from jax._src import core
-from jax._src import tree_util
+from jax import tree_util
+
+from jax_smddp._jax_internals import jax_core as core
 from jax.experimental.custom_partitioning import custom_partitioning
 from jax.sharding import AxisType, NamedSharding, PartitionSpec as P
 

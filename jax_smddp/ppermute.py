@@ -13,10 +13,10 @@ from __future__ import annotations
 
 import numpy as np
 
-from jax._src import tree_util
-from jax._src.interpreters import ad
-from jax._src.interpreters import batching
-from jax._src.lax import parallel as lax_parallel
+from jax import tree_util
+from jax.interpreters import ad, batching
+
+from jax_smddp._jax_internals import lax_parallel
 
 from jax_smddp import _collective as c
 

@@ -22,12 +22,11 @@ from __future__ import annotations
 
 import numpy as np
 
-from jax._src import tree_util
-from jax._src.interpreters import ad
-from jax._src.interpreters import batching
-from jax._src.lax import lax
-from jax._src.lax import parallel as lax_parallel
-from jax._src.lax import slicing
+from jax import tree_util
+from jax import lax
+from jax.interpreters import ad, batching
+
+from jax_smddp._jax_internals import lax_parallel
 
 from jax_smddp import _collective as c
 from jax_smddp._gather_scatter import lower_gather as _gather_lower
@@ -104,7 +103,7 @@ def _gather_transpose(cts, x, *, all_gather_dimension, axis_name, axis_size, til
 def _invariant_transpose(cts, x, *, all_gather_dimension, axis_name, axis_size, tiled):
   d = all_gather_dimension
   block = cts.shape[d] // axis_size
-  out = slicing.dynamic_slice_in_dim(cts, lax_parallel.axis_index(axis_name) * block, block, d)
+  out = lax.dynamic_slice_in_dim(cts, lax.axis_index(axis_name) * block, block, d)
   return (out if tiled else lax.squeeze(out, [d]),)
 
 

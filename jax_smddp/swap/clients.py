@@ -2,9 +2,10 @@
 or ``all``).
 
 JAX creates a platform's client through the factory registered for it
-(``jax._src.xla_bridge``). :func:`install` wraps the CPU and the CUDA factories, with one
-wrapper, so that before the client exists each checks its library (the MPI ABI library,
-:mod:`jax_smddp.swap.xla`; the NCCL API front end, :mod:`jax_smddp.swap.nccl`), connects
+(``jax._src.xla_bridge``, reached through :mod:`jax_smddp._jax_internals`). :func:`install`
+wraps the CPU and the CUDA factories, with one wrapper, so that before the client exists each
+checks its library (the MPI ABI library, :mod:`jax_smddp.swap.xla`; the NCCL API front end,
+:mod:`jax_smddp.swap.nccl`), connects
 jax_smddp's processes (:func:`jax_smddp.initialize`, over the jax.distributed key-value store)
 and hands the library that world. A failure raises where JAX creates the client: the program
 stops instead of running on another implementation.
@@ -17,8 +18,8 @@ from __future__ import annotations
 
 import dataclasses
 
-from jax._src import distributed as jax_distributed
-from jax._src import xla_bridge
+
+from jax_smddp._jax_internals import jax_distributed, xla_bridge
 
 from jax_smddp import distributed
 from jax_smddp.swap import nccl as nccl_swap

@@ -33,10 +33,9 @@ from typing import Any
 
 import numpy as np
 
-from jax._src import core
-from jax._src.interpreters import mlir
-from jax._src.lax import parallel as lax_parallel
-from jax._src.lib.mlir.dialects import hlo
+
+from jax_smddp._jax_internals import hlo, lax_parallel, mlir
+from jax_smddp._jax_internals import jax_core as core
 
 from jax_smddp import _collective as c
 from jax_smddp import _gather_scatter as _gs
@@ -334,8 +333,7 @@ _saved: dict[str, Any] = {}  # platform -> shard_map's own entry there (or None)
 
 def install(active) -> None:
   """Combines in shard_map bodies lowered on CPU from now on; `active()`: the swapped set."""
-  from jax._src import shard_map as shard_map_mod
-  prim = shard_map_mod.shard_map_p
+  from jax_smddp._jax_internals import shard_map_p as prim
   if "cpu" in _saved:
     return
   table = mlir._platform_specific_lowerings["cpu"]
@@ -353,12 +351,12 @@ def install(active) -> None:
 
 
 def uninstall() -> None:
-  from jax._src import shard_map as shard_map_mod
+  from jax_smddp._jax_internals import shard_map_p
   if "cpu" not in _saved:
     return
   original = _saved.pop("cpu")
   table = mlir._platform_specific_lowerings["cpu"]
   if original is None:
-    table.pop(shard_map_mod.shard_map_p, None)
+    table.pop(shard_map_p, None)
   else:
-    table[shard_map_mod.shard_map_p] = original
+    table[shard_map_p] = original

@@ -29,8 +29,8 @@ from typing import Any, Callable, Iterable
 import numpy as np
 
 import jax
-from jax._src.interpreters import mlir
-from jax._src.lax import parallel as lax_parallel
+
+from jax_smddp._jax_internals import lax_parallel, mlir
 
 from jax_smddp import _collective as c
 from jax_smddp import _gather_scatter as _gs

@@ -257,7 +257,7 @@ def status() -> tuple[str, str]:
       return "blocked", why or "the front end does not load"
   if not f["library"] and f["real"]:
     # Tell it the real NCCL now, as JAX's CUDA client would (its version comes from there).
-    from jax._src import distributed as jax_distributed
+    from jax_smddp._jax_internals import jax_distributed
     _configure(_open()[0], int(jax_distributed.global_state.process_id or 0))
     f = front_end()
   real = f["real"] or "none found (the calls it does not serve would fail)"

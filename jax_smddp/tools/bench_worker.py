@@ -61,10 +61,10 @@ def use_gloo(coordinator: str) -> str | None:
   if not address:
     return None
   try:  # private API (jax 0.4.3x - 0.12): the CPU backend factory, gloo with a hostname
-    from jax._src import distributed, xla_bridge
-    from jax._src.lib import _jax
-    make_gloo = _jax.make_gloo_tcp_collectives
-  except (ImportError, AttributeError):
+    from jax_smddp._jax_internals import jax_distributed as distributed
+    from jax_smddp._jax_internals import jaxlib_jax, xla_bridge
+    make_gloo = jaxlib_jax.make_gloo_tcp_collectives
+  except ImportError:  # _jax_internals.JaxInternalMoved: no gloo with a hostname here
     return None
 
   def make_cpu_client():

@@ -43,8 +43,7 @@ def _child(out_path: str, script: str, args: list[str]) -> None:
   """Runs `script` here, recording every compiled program's executions; writes `out_path`."""
   import runpy
 
-  from jax._src import pjit
-  from jax._src.interpreters import pxla
+  from jax_smddp._jax_internals import pjit, pxla
 
   runs: dict[int, dict] = {}
   executables = {}

@@ -68,7 +68,7 @@ def set_device_count(n: int) -> None:
   ``import jax``, which ``import jax_smddp`` does), so this only works before.
   """
   if "jax" in sys.modules:
-    from jax._src import xla_bridge
+    from jax_smddp._jax_internals import xla_bridge
     if xla_bridge.backends_are_initialized():
       return
   flags = os.environ.get("XLA_FLAGS", "")

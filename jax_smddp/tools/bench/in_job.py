@@ -102,7 +102,7 @@ def run(args, job, logs: list[dict]) -> int:
             f"{len(devices)} ranks; {len(args.ops)} ops x {len(sizes)} sizes ...", flush=True)
     rows = core.run_benchmark(args.ops, sizes, dtype=args.dtype, iters=iters, warmup=warmup,
                               devices=devices, check=args.check > 0)
-    from jax._src import distributed
+    from jax_smddp._jax_internals import jax_distributed as distributed
     client = distributed.global_state.client
     client.key_value_set(_KEY.format(job.process), json.dumps(rows))
     topology = smddp.topology()

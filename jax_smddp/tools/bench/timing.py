@@ -132,7 +132,7 @@ def process_barrier() -> None:
   """Every process of the jax.distributed job meets here (its key-value store's barrier, not a
   collective of any library under test); nothing in a single process."""
   global _barriers
-  from jax._src import distributed
+  from jax_smddp._jax_internals import jax_distributed as distributed
   client = distributed.global_state.client
   if client is None:
     return
