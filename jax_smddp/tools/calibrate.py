@@ -173,14 +173,15 @@ def fit(records: Sequence[dict], machine: Machine, params: Sequence[str] = FIT_P
   return replace(with_params(machine, **current), source="fitted")
 
 
-def _median_time(fn, repeats=5):
+def _fastest_time(fn, repeats=5):
+  # The fastest repeat is what the memory can do; a slower one shared the cores with other
+  # work (in the test suite, the second environment's build runs beside it).
   times = []
   for _ in range(repeats):
     t0 = time.perf_counter()
     fn()
     times.append(time.perf_counter() - t0)
-  times.sort()
-  return times[len(times) // 2]
+  return min(times)
 
 
 def microbenchmarks(quick: bool = False) -> dict:
@@ -191,10 +192,10 @@ def microbenchmarks(quick: bool = False) -> dict:
   out = {}
   a, b = np.ones(small, np.uint8), np.empty(small, np.uint8)
   reps = 64
-  out["copy_bw"] = small * reps / _median_time(lambda: [np.copyto(b, a) for _ in range(reps)])
+  out["copy_bw"] = small * reps / _fastest_time(lambda: [np.copyto(b, a) for _ in range(reps)])
   A, B = np.ones(big, np.uint8), np.empty(big, np.uint8)
   np.copyto(B, A)
-  out["copy_bw_dram"] = big / _median_time(lambda: np.copyto(B, A))
+  out["copy_bw_dram"] = big / _fastest_time(lambda: np.copyto(B, A))
   A = B = None  # both big arrays freed before the next measurement
   x = [np.ones(small // 4, np.float32) for _ in range(3)]
   y = np.empty(small // 4, np.float32)
@@ -203,14 +204,14 @@ def microbenchmarks(quick: bool = False) -> dict:
     for _ in range(reps):
       np.add(x[0], x[1], out=y)
       np.add(y, x[2], out=y)
-  out["reduce_bw"] = 3 * small * reps / _median_time(red)
+  out["reduce_bw"] = 3 * small * reps / _fastest_time(red)
   X = [np.ones(big // 16, np.float32) for _ in range(3)]
   Y = np.empty(big // 16, np.float32)
 
   def red_big():
     np.add(X[0], X[1], out=Y)
     np.add(Y, X[2], out=Y)
-  out["reduce_bw_dram"] = 3 * (big // 4) / _median_time(red_big)
+  out["reduce_bw_dram"] = 3 * (big // 4) / _fastest_time(red_big)
   out["cores"] = os.cpu_count() or 1
   return out
 

@@ -485,11 +485,13 @@ def test_choose_is_fast_cached_and_logged(clean_tuning, caplog):
   t0 = time.perf_counter()
   first = tuning.choose("all_gather", 4 * MiB, lay)
   cold = time.perf_counter() - t0
-  t0 = time.perf_counter()
-  for _ in range(1000):
-    assert tuning.choose("all_gather", 4 * MiB, lay) == first
-  warm = (time.perf_counter() - t0) / 1000
-  assert cold < 2.0 and warm < 1e-4, (cold, warm)
+  warm = []  # the fastest of 5 batches: a batch that shared the cores with other work is slower
+  for _ in range(5):
+    t0 = time.perf_counter()
+    for _ in range(200):
+      assert tuning.choose("all_gather", 4 * MiB, lay) == first
+    warm.append((time.perf_counter() - t0) / 200)
+  assert cold < 2.0 and min(warm) < 1e-4, (cold, warm)
   with caplog.at_level(logging.DEBUG, logger="jax_smddp"):
     tuning.choose("reduce_scatter", 12345 * 64, tuning.Layout(2, 2, 1))
   assert any("jax_smddp tuning: reduce_scatter" in r.getMessage() for r in caplog.records)
