@@ -112,11 +112,25 @@ int LocalProcesses() {
   return world ? world->local_processes() : 1;
 }
 
-int CpuHelpers() {
-  int64_t helpers = 0;
-  if (IntSettingIfSet("JAX_SMDDP_CPU_HELPERS", &helpers)) return int(helpers);
-  return DefaultCpuHelpers(CoresAvailable(), LocalProcesses());
+namespace {
+
+// JAX_SMDDP_CPU_HELPERS, or -1 when unset.
+int64_t HelpersSetting() {
+  int64_t helpers = -1;
+  IntSettingIfSet("JAX_SMDDP_CPU_HELPERS", &helpers);
+  return helpers;
 }
+
+int Helpers(int64_t setting, int cores) {
+  return setting >= 0 ? int(setting) : DefaultCpuHelpers(cores, LocalProcesses());
+}
+
+}  // namespace
+
+int CpuHelpers() { return Helpers(HelpersSetting(), CoresAvailable()); }
+
+InProcessRendezvous::InProcessRendezvous()
+    : helpers_setting_(HelpersSetting()), cores_(CoresAvailable()) {}
 
 std::shared_ptr<InProcessRendezvous::Slot> InProcessRendezvous::GetOrCreate(const CallKey& key,
                                                                             int size,
@@ -226,7 +240,8 @@ void InProcessRendezvous::Start(const GroupInfo& group, int size, const CallKey&
   slot->plan = plan;
   slot->stream = StreamStores(info.recv_bytes * uint64_t(size));
   const uint64_t moved = std::max(info.send_bytes, info.recv_bytes) * uint64_t(size);
-  const int helpers = moved >= HelperMinBytes() ? std::clamp(CpuHelpers(), 0, size - 1) : 0;
+  const int helpers =
+      moved >= HelperMinBytes() ? std::clamp(Helpers(helpers_setting_, cores_), 0, size - 1) : 0;
   lock.unlock();
   for (int i = 0; i < helpers; ++i) Post([this, slot] { RunBodies(slot, kKeepNone); });
   if (Task mine = RunBodies(slot, rank)) mine();

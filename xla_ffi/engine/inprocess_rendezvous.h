@@ -11,6 +11,7 @@
 #ifndef JAX_SMDDP_ENGINE_INPROCESS_RENDEZVOUS_H_
 #define JAX_SMDDP_ENGINE_INPROCESS_RENDEZVOUS_H_
 
+#include <cstdint>
 #include <memory>
 #include <mutex>
 #include <unordered_map>
@@ -40,9 +41,10 @@ class InProcessRendezvous : public Rendezvous {
  public:
   struct Slot;
 
-  // The helpers of each large call are CpuHelpers() at that call: the world, and so the
-  // processes sharing the host, may start after the rendezvous is built.
-  InProcessRendezvous() = default;
+  // The helpers of each large call are CpuHelpers()'s: the setting and the cores are read
+  // here, once; the processes sharing the host at each large call (the world may start after
+  // the rendezvous is built).
+  InProcessRendezvous();
 
   void Start(const GroupInfo& group, int size, const CallKey& key, int rank, const void* send,
              void* recv, const CallInfo& info, Clock::time_point deadline, const Plan& plan,
@@ -54,6 +56,8 @@ class InProcessRendezvous : public Rendezvous {
   Task RunBodies(const std::shared_ptr<Slot>& slot, int mine);
   void Expire(const std::shared_ptr<Slot>& slot, Clock::time_point start);
 
+  const int64_t helpers_setting_;  // JAX_SMDDP_CPU_HELPERS, -1 when unset
+  const int cores_;                // CoresAvailable()
   std::mutex mu_;
   std::unordered_map<CallKey, std::shared_ptr<Slot>, CallKeyHash> slots_;
 };
