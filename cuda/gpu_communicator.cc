@@ -648,32 +648,6 @@ void GpuCommunicator::MapperLoop() {
   }
 }
 
-namespace {
-
-// One rank's input and output bytes of a call of `plan` in a group of `P`.
-void CallBytes(const Plan& p, int P, size_t* in, size_t* out) {
-  const size_t E = ElementSize(p.dtype), row = p.outer * p.inner;
-  switch (p.kind) {
-    case Collective::kAllGather:
-      *in = row, *out = row * P;
-      break;
-    case Collective::kReduceScatter:
-      *in = row * P * E, *out = row * E;
-      break;
-    case Collective::kAllReduce:
-      *in = *out = p.count * E;
-      break;
-    case Collective::kAllToAll:
-      *in = *out = row * P;
-      break;
-    case Collective::kCollectivePermute:
-      *in = *out = row;
-      break;
-  }
-}
-
-}  // namespace
-
 Status PublishBuffers(LocalRank& rank, const Plan& plan, StreamOps& ops, const void** send,
                       void** recv, size_t* copy_back) {
   *copy_back = 0;

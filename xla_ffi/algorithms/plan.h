@@ -33,6 +33,28 @@ struct Plan {
   size_t chunk_bytes = 0;            // message chunk; 0: JAX_SMDDP_CHUNK_BYTES
 };
 
+// One rank's input and output bytes of a call of `p` in a group of `ranks`.
+inline void CallBytes(const Plan& p, int ranks, size_t* in, size_t* out) {
+  const size_t E = ElementSize(p.dtype), row = p.outer * p.inner, n = size_t(ranks);
+  switch (p.kind) {
+    case Collective::kAllGather:
+      *in = row, *out = row * n;
+      break;
+    case Collective::kReduceScatter:
+      *in = row * n * E, *out = row * E;
+      break;
+    case Collective::kAllReduce:
+      *in = *out = p.count * E;
+      break;
+    case Collective::kAllToAll:
+      *in = *out = row * n;
+      break;
+    case Collective::kCollectivePermute:
+      *in = *out = row;
+      break;
+  }
+}
+
 }  // namespace smddp
 
 #endif  // JAX_SMDDP_ALGORITHMS_PLAN_H_

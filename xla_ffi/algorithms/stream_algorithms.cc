@@ -83,11 +83,8 @@ Status RunStreamPlan(const Plan& plan, StreamRank& me, StreamOps& ops, const voi
     sends |= r != me.rank && plan.sources[r] == me.rank;
   if (me.layout.size == 1) {  // a group of one: the output is the input, one copy, no staging
     if (permute && source < 0) return ops.Zero(recv, plan.outer * plan.inner);
-    const size_t bytes =
-        plan.kind == Collective::kAllReduce
-            ? plan.count * ElementSize(plan.dtype)
-            : plan.outer * plan.inner *
-                  (plan.kind == Collective::kReduceScatter ? ElementSize(plan.dtype) : 1);
+    size_t in = 0, bytes = 0;
+    CallBytes(plan, 1, &in, &bytes);
     return bytes ? ops.Copy(recv, send, bytes) : Status::Ok();
   }
   Steps steps(me, ops, replayable);
