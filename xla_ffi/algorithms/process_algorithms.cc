@@ -4,12 +4,12 @@
 #include <chrono>
 #include <cstring>
 #include <memory>
-#include <mutex>
-#include <sstream>
 #include <variant>
 #include <vector>
 
 #include "xla_ffi/algorithms/messages.h"
+#include "xla_ffi/algorithms/process_agreement.h"
+#include "xla_ffi/algorithms/process_staging.h"
 #include "xla_ffi/algorithms/reduce.h"
 #include "xla_ffi/common/streaming_copy.h"  // CopyBytes
 #include "xla_ffi/common/timeout.h"
@@ -17,13 +17,6 @@
 namespace smddp {
 
 namespace {
-
-enum Round : uint64_t { kHeader = 1, kData = 2, kResult = 3 };
-
-// A message id, unique within a call.
-uint64_t Msg(uint64_t round, uint64_t a = 0, uint64_t b = 0) {
-  return (round << 56) ^ (a << 28) ^ b;
-}
 
 // Holds each staggered round's messages to its process, `msgs(process)`
 // ({id, bytes}), until the previous round's from its source arrive,
@@ -52,148 +45,6 @@ std::vector<size_t> ArrivalsFrom(const Routes& rt, const std::vector<Arrival>& a
     if (rt.gather_source[a.rank] == q) AppendIds(a.range, &ids);
   return ids;
 }
-
-// Staging memory, reused across calls: a call holds one buffer from its
-// start to its end, whichever threads run it (its start on XLA's thread, its
-// rest perhaps on a worker while that thread starts another call), and gives
-// it back for the next; calls allocate nothing in the steady state.
-class Staging {
- public:
-  Staging() = default;
-  Staging(const Staging&) = delete;
-  Staging& operator=(const Staging&) = delete;
-  ~Staging() {
-    if (!buffer_) return;
-    std::lock_guard<std::mutex> lock(Free().mu);
-    Free().buffers.push_back({std::move(buffer_), capacity_});
-  }
-
-  // At least `bytes`, valid until this is destroyed. Called once.
-  char* Get(size_t bytes) {
-    {
-      // The largest free buffer: calls of one size reuse theirs.
-      Pool& pool = Free();
-      std::lock_guard<std::mutex> lock(pool.mu);
-      auto best =
-          std::max_element(pool.buffers.begin(), pool.buffers.end(),
-                           [](const Held& a, const Held& b) { return a.capacity < b.capacity; });
-      if (best != pool.buffers.end()) {
-        buffer_ = std::move(best->buffer);
-        capacity_ = best->capacity;
-        pool.buffers.erase(best);
-      }
-    }
-    if (bytes > capacity_) {
-      buffer_.reset(new char[bytes]);
-      capacity_ = bytes;
-    }
-    return buffer_.get();
-  }
-
- private:
-  struct Held {
-    std::unique_ptr<char[]> buffer;
-    size_t capacity;
-  };
-  struct Pool {
-    std::mutex mu;
-    std::vector<Held> buffers;
-  };
-  static Pool& Free() {
-    static Pool* pool = new Pool;  // never destroyed: calls may end during exit
-    return *pool;
-  }
-  std::unique_ptr<char[]> buffer_;
-  size_t capacity_ = 0;
-};
-
-// What every process must agree on, sent to every peer ahead of the call's data.
-struct Header {
-  char op[16];
-  uint64_t dtype, reduce, send_bytes, recv_bytes, size, kind, outer, inner, count;
-  uint64_t hierarchical, chunk_bytes;  // how the call moves data: must agree too
-  uint64_t permutation;                // collective_permute's sources, hashed (0 otherwise)
-};
-
-static_assert(sizeof(Header) < 4096, "a header is one chunk (chunks are 4 KiB or more)");
-
-Header MakeHeader(const ProcessCall& c, const Plan& p) {
-  Header h;
-  std::memset(&h, 0, sizeof(h));
-  std::strncpy(h.op, c.info.op, sizeof(h.op) - 1);
-  h.dtype = uint64_t(c.info.dtype);
-  h.reduce = uint64_t(c.info.reduce);
-  h.send_bytes = c.info.send_bytes;
-  h.recv_bytes = c.info.recv_bytes;
-  h.size = uint64_t(c.size);
-  h.kind = uint64_t(p.kind);
-  h.outer = p.outer;
-  h.inner = p.inner;
-  h.count = p.count;
-  h.hierarchical = c.routes->hierarchical ? 1 : 0;
-  h.chunk_bytes = c.chunk_bytes;
-  if (p.kind == Collective::kCollectivePermute && p.sources) {
-    uint64_t digest = 1469598103934665603ull;
-    for (int r = 0; r < c.size; ++r) digest = MixTag(digest, uint64_t(p.sources[r] + 1));
-    h.permutation = digest;
-  }
-  return h;
-}
-
-std::string Describe(const Header& h) {
-  std::ostringstream os;
-  std::string op(h.op, strnlen(h.op, sizeof(h.op)));
-  os << op << " of " << (h.dtype < 16 ? DTypeName(DType(h.dtype)) : "?") << " (" << h.send_bytes
-     << " bytes in, " << h.recv_bytes << " bytes out per device";
-  Collective kind;
-  if (CollectiveNamed(op.c_str(), &kind) && Reduces(kind))
-    os << ", " << (h.reduce < 3 ? ReduceOpName(ReduceOp(h.reduce)) : "?");
-  os << ", " << h.size << " devices; " << (h.hierarchical ? "hierarchical" : "flat") << " routes, "
-     << (h.chunk_bytes ? std::to_string(h.chunk_bytes) + "-byte" : std::string("default"))
-     << " chunks";
-  if (h.permutation) os << "; permutation " << std::hex << h.permutation << std::dec;
-  os << ")";
-  return os.str();
-}
-
-}  // namespace
-
-// The agreement check's messages: this process's header, posted to every
-// peer, and the receives of theirs (declared last: destroyed first, it
-// withdraws what is still in flight before the headers go). Peer i's header
-// is transfer i of `m`: posted first, and one chunk (a chunk is >= 4 KiB).
-struct ProcessRun::Agreement final : CallWatch {
-  Agreement(const ProcessCall& call, const Plan& plan)
-      : c(call), mine(MakeHeader(call, plan)), theirs(call.peers->size()), m(call) {
-    for (size_t i = 0; i < c.peers->size(); ++i)
-      m.Recv((*c.peers)[i], Msg(kHeader), &theirs[i], sizeof(Header));
-    for (int p : *c.peers) m.Send(p, Msg(kHeader), &mine, sizeof(Header));
-  }
-  // Compares this process's view of the call with every peer's that arrived.
-  Status Check() const override;
-
-  const ProcessCall& c;
-  const Header mine;
-  std::vector<Header> theirs;
-  Messages m;
-};
-
-Status ProcessRun::Agreement::Check() const {
-  for (size_t i = 0; i < c.peers->size(); ++i) {
-    if (m.Succeeded(i) && std::memcmp(&theirs[i], &mine, sizeof(Header)) != 0) {
-      return c.Concerning(
-          (*c.peers)[i],
-          Status::Mismatch(c.where() + ": processes disagree on the call: this process (process " +
-                           std::to_string(c.world->process()) + ") runs " + Describe(mine) +
-                           " but " + c.DescribeProcess((*c.peers)[i]) + " runs " +
-                           Describe(theirs[i]) +
-                           ". Every process must run the same program on same-shaped inputs."));
-    }
-  }
-  return Status::Ok();
-}
-
-namespace {
 
 // The body of a call: Start posts its messages and does whatever needs
 // nothing received (it never waits), Finish does the rest.
@@ -780,7 +631,7 @@ struct ProcessRun::Parts {
     body = nullptr;
   }
 
-  Agreement agreement;
+  ProcessAgreement agreement;
   std::variant<std::monostate, AllGatherBody, ReduceScatterBody, AllReduceBody, AllToAllBody,
                CollectivePermuteBody>
       bodies;
@@ -810,7 +661,7 @@ bool ProcessRun::PeersArrived(Clock::time_point until) {
 // a disagreement outranks the body's own failure (a message of the wrong
 // size, or a timeout waiting for one).
 Status ProcessRun::Finish() {
-  Agreement& a = parts_->agreement;
+  ProcessAgreement& a = parts_->agreement;
   const auto body_from = Clock::now();
   call_.watch = &a;
   const Status body = parts_->body->Finish();
@@ -847,7 +698,7 @@ Status ProcessRun::Finish() {
 // it too (a ring's previous hop, a relay).
 Status ProcessRun::NeverArrived(const Status& timeout) {
   // The headers share the body's links, whose progress completed those that came.
-  Agreement& a = parts_->agreement;
+  ProcessAgreement& a = parts_->agreement;
   for (size_t i = 0; i < call_.peers->size(); ++i) {
     if (a.m.Succeeded(i)) continue;
     const int q = (*call_.peers)[i];

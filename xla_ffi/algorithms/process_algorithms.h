@@ -46,7 +46,6 @@ class ProcessRun {
   Status Finish();
 
  private:
-  struct Agreement;
   struct Parts;
   // The body's `timeout` told of a peer that never reached the call, or Ok.
   Status NeverArrived(const Status& timeout);
