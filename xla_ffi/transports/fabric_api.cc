@@ -56,8 +56,8 @@ std::string LoadedPath(void* lib, const std::string& fallback) {
 // net (libfabric 1.17's TCP provider with reliable datagrams) reads each
 // message's header through a 9000-byte prefetch buffer by default; with it the
 // large all_gathers between two hosts ran at about 0.6 of the link, reading
-// straight from the socket at about 0.8 (docs/cpu_floor.md, "The net
-// provider's prefetch buffer").
+// straight from the socket at about 0.8 (docs/cpu_floor_between_hosts.md,
+// "The net provider's prefetch buffer").
 const FabricEnvDefault kFabricEnvDefaults[] = {
     {"FI_NET_PREFETCH_RBUF_SIZE", "0"},
 };

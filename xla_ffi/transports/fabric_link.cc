@@ -102,7 +102,7 @@ std::string DefaultFabricProvider() {
   // net: libfabric 1.17's TCP provider with its own reliable datagrams (1.18
   // renamed it tcp), which carries small messages in half the time of
   // tcp;ofi_rxm here and wakes a sleeping waiter as fast as a polling one
-  // (docs/cpu_floor.md, "The net provider").
+  // (docs/cpu_floor_between_hosts.md, "The net provider").
   for (const char* name : {"efa", "net"}) {
     if (Offers(a, name)) return name;
   }
