@@ -144,29 +144,20 @@ Status ExchangeBuffers(LocalRank& rank, const Plan& plan, const void* send, void
   return failure;
 }
 
-Status DirectReadsFromEnvironment(bool* out) {
-  return DirectReadsFromEnvironment(std::nullopt, out);
-}
-
 // (ReadSetting gives the registry's default when the setting is unset.)
-Status DirectReadsFromEnvironment(std::optional<bool> preferred, bool* out, bool* set) {
+Status DirectReadsFromEnvironment(bool* out, bool* set) {
   std::string v;
   bool given = false;
   SMDDP_RETURN_IF_ERROR(ReadSetting("JAX_SMDDP_GPU_DIRECT_READS", &v, &given));
-  *out = !given && preferred ? *preferred : v == "1";
+  *out = v == "1";
   if (set) *set = given;
   return Status::Ok();
 }
 
 Status FlagMemoryFromEnvironment(FlagMemory* out) {
-  return FlagMemoryFromEnvironment(std::nullopt, out);
-}
-
-Status FlagMemoryFromEnvironment(std::optional<FlagMemory> preferred, FlagMemory* out) {
   std::string v;
-  bool set = false;
-  SMDDP_RETURN_IF_ERROR(ReadSetting("JAX_SMDDP_GPU_FLAG_MEMORY", &v, &set));
-  *out = !set && preferred ? *preferred : v == "host" ? FlagMemory::kHost : FlagMemory::kDevice;
+  SMDDP_RETURN_IF_ERROR(ReadSetting("JAX_SMDDP_GPU_FLAG_MEMORY", &v));
+  *out = v == "host" ? FlagMemory::kHost : FlagMemory::kDevice;
   return Status::Ok();
 }
 
@@ -211,9 +202,9 @@ GpuCommunicator::~GpuCommunicator() {
 Status GpuCommunicator::Prepare(const std::vector<std::pair<int, int>>& local, int processes,
                                 std::vector<std::pair<int, std::string>>* handles,
                                 Preferences preferred) {
-  SMDDP_RETURN_IF_ERROR(FlagMemoryFromEnvironment(preferred.flags, &flag_memory_));
+  SMDDP_RETURN_IF_ERROR(FlagMemoryFromEnvironment(&flag_memory_));
   bool asked = false;
-  SMDDP_RETURN_IF_ERROR(DirectReadsFromEnvironment(preferred.direct_reads, &direct_reads_, &asked));
+  SMDDP_RETURN_IF_ERROR(DirectReadsFromEnvironment(&direct_reads_, &asked));
   // Peers keep XLA's allocations mapped, and CUDA leaves freeing an exported
   // allocation that is still mapped undefined: only an allocator that keeps
   // its regions (XLA's BFC, the default) is safe.
@@ -551,7 +542,8 @@ Status GpuCommunicator::StartDirectReads(bool logs, const std::vector<uint8_t*>&
   }
   handle_tables_ = tables;
   // Streams that wait on a dead peer must be releasable (the watchdog writes
-  // host flags only): between processes, the device exchange needs host flags.
+  // host flags only): between processes, the device exchange needs host flags
+  // (the default); with device flags each call meets its peers on the host.
   if (!remote || flag_memory_ == FlagMemory::kHost)
     SMDDP_RETURN_IF_ERROR(StartDeviceExchange(tables));
   return Status::Ok();

@@ -8,11 +8,12 @@
 // when a peer process exits, every later call fails naming it; and each
 // rank's calls are logged where its peers check them (call_log.h). Where the
 // step flags live decides whether the streams waiting on it are released
-// too: JAX_SMDDP_GPU_FLAG_MEMORY=device (default) keeps them in the regions
-// (device memory: fastest to poll, but the host cannot write them, so those
-// streams stay blocked); =host puts each rank's flags in a shared-memory
-// block of its host that every GPU of the group addresses (cudaHostRegister),
-// which the watchdog releases.
+// too: JAX_SMDDP_GPU_FLAG_MEMORY=host (default) puts each rank's flags in a
+// shared-memory block of its host that every GPU of the group addresses
+// (cudaHostRegister), which the watchdog releases; =device keeps them in the
+// regions (device memory: fastest to poll, but the host cannot write them, so
+// those streams stay blocked, and direct calls between processes meet their
+// peers on the host instead of through the device exchange).
 //
 // Groups that span hosts are built on these (cuda/gpu_hierarchy.h).
 #ifndef JAX_SMDDP_CUDA_GPU_COMMUNICATOR_H_
@@ -24,7 +25,6 @@
 #include <map>
 #include <memory>
 #include <mutex>
-#include <optional>
 #include <string>
 #include <thread>
 #include <utility>
@@ -129,37 +129,25 @@ Status PublishBuffers(LocalRank& rank, const Plan& plan, StreamOps& ops, const v
                       void** recv, size_t* copy_back);
 
 // Whether groups read peers' buffers in place (JAX_SMDDP_GPU_DIRECT_READS:
-// 1: yes, groups inside one host; 0: they stage). `preferred`, if given,
-// where the setting is unset (else the registry's default); `set`, if given,
-// says whether it was.
-Status DirectReadsFromEnvironment(bool* out);
-Status DirectReadsFromEnvironment(std::optional<bool> preferred, bool* out, bool* set = nullptr);
+// 1: yes, groups inside one host; 0: they stage); `set`, if given, says
+// whether the setting was (else the registry's default).
+Status DirectReadsFromEnvironment(bool* out, bool* set = nullptr);
 
 // Where a communicator's step flags live (JAX_SMDDP_GPU_FLAG_MEMORY).
 enum class FlagMemory : uint32_t { kDevice = 0, kHost = 1 };
 Status FlagMemoryFromEnvironment(FlagMemory* out);
-// The same, with `preferred`, if given, where the setting is unset.
-Status FlagMemoryFromEnvironment(std::optional<FlagMemory> preferred, FlagMemory* out);
 
-// What a communicator uses where the settings are unset: left empty, the
-// registry's defaults (JAX_SMDDP_GPU_FLAG_MEMORY, JAX_SMDDP_GPU_DIRECT_READS,
-// declared in xla_ffi/common/settings.cc), as the custom calls take them.
-// A front end that prefers otherwise says so here, in one place:
-// NcclFrontEndPreferences().
+// How a front end's communicators differ from the custom calls' (both take
+// JAX_SMDDP_GPU_FLAG_MEMORY and JAX_SMDDP_GPU_DIRECT_READS from the registry).
 struct Preferences {
-  std::optional<FlagMemory> flags;
-  std::optional<bool> direct_reads;
   // Calls may be captured into CUDA graphs (StreamRank::drain_each_call).
   bool capturable = false;
 };
 
-// The NCCL API front end's: host flags unless the user chose (XLA cannot be
-// told a stream waits on a dead peer: the watchdog must be able to release
-// it), reading in place as the custom calls do, and calls that CUDA graphs may
-// capture (those stage, replayable). All three ran on the H200, 2026-11-28.
+// The NCCL API front end's: calls that CUDA graphs may capture (those stage,
+// replayable; ran on the H200, 2026-11-28).
 inline Preferences NcclFrontEndPreferences() {
   Preferences p;
-  p.flags = FlagMemory::kHost;
   p.capturable = true;
   return p;
 }

@@ -24,8 +24,10 @@ Stages (all = build kernels phases sweep swap bench jax overlap blocks):
   jax      the quick selection of tests/gpu/test_gpu.py (JAX processes sharing the GPU)
   overlap  the Flax example on the GPU: annotation cost, 2 processes under MPS, losses
   blocks   the reductions under MPS with 32 blocks
-Also on request: memory cpu slots64 hosts nccl jaxfull (the whole of test_gpu.py) and staged
-(the whole of it with staging, not direct reads, as every mode's default).
+Also on request: memory cpu slots64 hosts nccl jaxfull (the whole of test_gpu.py), staged
+(the whole of it with staging, not direct reads, as every mode's default) and flagmem (the bench's
+2 processes with step flags in device memory, JAX_SMDDP_GPU_FLAG_MEMORY=device: what the
+default host flags cost against them).
 
 Writes to OUT (default /tmp/jax_smddp_gpu_check): <stage>.log, the benchmarks'
 JSON, example_*.json(l), stages.json and summary.md (rewritten after every stage).
@@ -44,11 +46,11 @@ import time
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 ALL = ("build", "kernels", "phases", "sweep", "swap", "bench", "jax", "overlap", "blocks")
-EXTRA = ("memory", "cpu", "slots64", "hosts", "nccl", "jaxfull", "staged")
+EXTRA = ("memory", "cpu", "slots64", "hosts", "nccl", "jaxfull", "staged", "flagmem")
 # Each stage's own limit (seconds); the budget may give it less.
 LIMITS = {"build": 150, "kernels": 150, "swap": 170, "bench": 170, "jax": 120, "overlap": 200,
           "blocks": 60, "memory": 120, "cpu": 300, "slots64": 200, "hosts": 200, "nccl": 200,
-          "jaxfull": 500, "staged": 400, "phases": 120, "sweep": 90}
+          "jaxfull": 500, "staged": 400, "phases": 120, "sweep": 90, "flagmem": 90}
 MIN_STAGE_S = 20   # a stage that would get less is skipped, not started
 RESERVE_S = 5      # kept back for the summary
 DEFAULT_BUDGET_S = 540
@@ -272,6 +274,16 @@ def stage_bench(st: Stage, py: str) -> None:
                                         "--modes", "engine", "--direct-reads", "1", "--iters", "10",
                                         "--timeout", "140"])
     _reductions(st, py, 1024)
+
+
+def stage_flagmem(st: Stage, py: str) -> None:
+  """The bench stage's 2 processes with step flags in device memory (each call then meets its
+  peers on the host): against bench_2proc, what polling host flags costs."""
+  with mps(st):
+    _bench(st, py, "bench_2proc_device_flags", ["--processes", "2", "--sizes", "16M,64M",
+                                                "--modes", "engine", "--direct-reads", "1",
+                                                "--iters", "10", "--timeout", "80"],
+           {"JAX_SMDDP_GPU_FLAG_MEMORY": "device"})
 
 
 def stage_blocks(st: Stage, py: str) -> None:

@@ -67,9 +67,9 @@ def test_extension_imports_without_a_gpu(monkeypatch):
   if not os.path.exists("/dev/nvidiactl"):
     assert ext.device_count() == 0  # no driver here: reported, not raised
   assert ext.settings() == {"copies": "engine", "flags": "memops", "max_blocks": 16,
-                            "flag_memory": "device", "direct_reads": True}
-  monkeypatch.setenv("JAX_SMDDP_GPU_FLAG_MEMORY", "host")
-  assert ext.settings()["flag_memory"] == "host"
+                            "flag_memory": "host", "direct_reads": True}
+  monkeypatch.setenv("JAX_SMDDP_GPU_FLAG_MEMORY", "device")
+  assert ext.settings()["flag_memory"] == "device"
   monkeypatch.setenv("JAX_SMDDP_GPU_FLAG_MEMORY", "pinned")
   with pytest.raises(RuntimeError, match="JAX_SMDDP_GPU_FLAG_MEMORY='pinned' is not valid: it takes one of device\\|host"):
     ext.settings()

@@ -382,18 +382,21 @@ void RunLatePeer(const SteadyRank& s, bool late) {
     caller.Call(0);  // the warm-up
     caller.Synchronize();
     s.barrier();
-    double enqueue_s = 0, longest_s = 0;
+    std::vector<double> took;
     for (int c = 1; c <= kLateCalls; ++c) {
       if (late) std::this_thread::sleep_for(std::chrono::milliseconds(300));
-      const double took = caller.Call(c);
-      enqueue_s += took;
-      longest_s = std::max(longest_s, took);
+      took.push_back(caller.Call(c));
     }
     caller.Synchronize();
     caller.Check();
-    std::printf("late_peer %s rank %d%s: %d enqueues took %.1f ms in all (the longest %.1f)\n",
-                kNames[op], s.rank, late ? " (late)" : "", kLateCalls, enqueue_s * 1e3,
-                longest_s * 1e3);
+    double enqueue_s = 0;
+    for (double t : took) enqueue_s += t;
+    std::sort(took.begin(), took.end());
+    std::printf(
+        "late_peer %s rank %d%s: %d enqueues took %.1f ms in all (the median %.2f, the longest "
+        "%.1f)\n",
+        kNames[op], s.rank, late ? " (late)" : "", kLateCalls, enqueue_s * 1e3,
+        took[kLateCalls / 2] * 1e3, took.back() * 1e3);
     std::fflush(stdout);
     s.barrier();
   }

@@ -165,9 +165,11 @@ const std::vector<SettingSpec> kSettings = {
     {"JAX_SMDDP_GPU_MAX_BLOCKS", kInt, "16", 1, 1024, "", "gpu", false,
      "thread blocks (SMs) a GPU copy or reduction kernel may use (16 of an H200's 132 read "
      "0.57-0.70 of its copy rate, 8 read 0.30-0.37: docs/gpu.md)"},
-    {"JAX_SMDDP_GPU_FLAG_MEMORY", kChoice, "device", 0, 0, "device|host", "gpu", true,
-     "where GPU step flags live (host: a dead peer's waiting streams are released); unset, the "
-     "NCCL API front end's communicators use host"},
+    {"JAX_SMDDP_GPU_FLAG_MEMORY", kChoice, "host", 0, 0, "device|host", "gpu", true,
+     "where the step flags of GPU groups across processes live: host (shared memory every GPU "
+     "of the group addresses: a dead peer's waiting streams are released, and direct calls meet "
+     "their peers on the device) or device (polled in device memory, but a direct call then "
+     "waits on the host for every peer and a dead peer's waiting streams stay blocked)"},
     {"JAX_SMDDP_GPU_DIRECT_READS", kChoice, "1", 0, 0, "0|1", "gpu", true,
      "1: ranks on one host read each other's XLA buffers in place (0: through the staging "
      "slots); the NCCL API front end's calls captured into CUDA graphs always stage"},

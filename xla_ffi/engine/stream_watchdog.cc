@@ -34,7 +34,8 @@ void WatchedGroup::FailBecauseOf(const std::string& cause, StatusCode code, bool
   const std::string text =
       "jax_smddp: " + cause + "; this group's collectives cannot complete: " +
       (all_flags_.empty() ? "streams waiting on it stay blocked (its flags are in device "
-                            "memory; JAX_SMDDP_GPU_FLAG_MEMORY=host lets jax_smddp release them)"
+                            "memory, JAX_SMDDP_GPU_FLAG_MEMORY=device; the default, host, lets "
+                            "jax_smddp release them)"
                           : "the calls in flight were released with undefined output") +
       ", and every later call fails. Restart the job.";
   Fail(Status::WithCode(code, text), root.empty() ? cause : root, quiet);

@@ -119,7 +119,9 @@ Status EnqueueCall(const char* op, int64_t op_id, cudaStream_t stream, int32_t o
   const Status st = gpu::EnqueueCollective(op, op_id, gpu::CallRank{me.rank, me.port, me.rank_of},
                                            ops, x.untyped_data(), out->untyped_data(), plan);
   cuda::GpuCounters& counters = cuda::Counters();
-  if (st.ok() && !me.port && !me.rank->view.inputs.empty()) counters.direct_reads++;
+  // Read in place: by addresses the host exchanged, or by the device exchange.
+  if (st.ok() && !me.port && (!me.rank->view.inputs.empty() || me.rank->view.device.active))
+    counters.direct_reads++;
   counters.handler_calls++;
   counters.handler_ns += uint64_t(
       std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::steady_clock::now() - start)
