@@ -53,8 +53,8 @@ Status EnqueueCollective(const char* op, int64_t op_id, const CallRank& me, Stre
                                           *me.rank_of, ops, send, recv);
     } else {
       return Status::Unsupported("jax_smddp (GPU): " + std::string(op) +
-                                 " across hosts is not supported on GPUs (all_gather, "
-                                 "reduce_scatter, all_reduce and all_to_all are)");
+                                 " across hosts is not supported on GPUs (" +
+                                 CollectivesServedBy(kGpuAcrossHosts) + " are)");
     }
   } else {
     st = RunStreamPlan(plan, me.rank->view, ops, send, out);

@@ -31,6 +31,7 @@ from jax_smddp._jax_internals import SPMDAxisContext, hlo, lax_parallel, mlir, p
 from jax_smddp._jax_internals import jax_config
 from jax_smddp._jax_internals import jax_core as core
 
+from jax_smddp import _collectives
 from jax_smddp import _native
 from jax_smddp import config
 from jax_smddp import requirements
@@ -116,7 +117,7 @@ def make_primitive(name: str, op: str, to_lax: Callable[..., tuple[core.Primitiv
                    lower: Callable[..., Any]) -> core.Primitive:
   """A primitive typed like its lax twin, lowered by `lower` on CPU and CUDA.
 
-  `op` is the collective it runs (one of _startup.COLLECTIVES). `to_lax(**params)`
+  `op` is the collective it runs (one of _collectives.NAMES). `to_lax(**params)`
   names the lax primitive (and its parameters) that this call is equivalent to:
   used for typing and for every fallback lowering. `lower(ctx, x, *, platform,
   **params)` returns the lowered values for `platform` ("cpu" or "cuda"), or a
@@ -212,8 +213,7 @@ def _cuda_takes(ctx, op: str, params) -> bool:
     return False
   axes = axes_tuple(axes)
   dtype = np.dtype(ctx.avals_in[0].dtype)
-  reduces = op in ("reduce_scatter", "all_reduce")
-  if engine_unsupported(ctx, dtype, axes) or (reduces and dtype == np.bool_):
+  if engine_unsupported(ctx, dtype, axes) or (_collectives.reduces(op) and dtype == np.bool_):
     return False
   groups = pxla.axis_groups(ctx.module_context.axis_context, axes)
   return gpu.unsupported(ctx.module_context.axis_context.mesh, groups, op) is None

@@ -36,10 +36,11 @@ NCCL_LIBRARY = "libsmddp_nccl.so"
 # The setting's registry entry (xla_ffi/common/settings.cc) states what it means; these are
 # the names it accepts, in any case, as a comma list.
 ENV_VAR = "JAX_SMDDP_COLLECTIVES"
-# The collectives, in the engine's order (xla_ffi/algorithms/plan.h, Plan::Kind): Python's one
-# list of them (the swap, the cost model, the benchmarks), here because start-up imports nothing.
+# The collectives the cost model and the benchmarks cover, in the engine's order: the engine's
+# description of them (xla_ffi/common/collective.h, read as jax_smddp._collectives.MODELLED),
+# restated because start-up imports nothing native (tests/build/test_one_list.py checks both).
 COLLECTIVES = ("all_gather", "reduce_scatter", "all_reduce", "all_to_all")
-# What the lax swap can take (jax.lax.ppermute too: the engine's fifth, collective_permute).
+# What the lax swap can take: every collective (jax.lax.ppermute too: collective_permute).
 SWAPPABLE = COLLECTIVES + ("collective_permute",)
 # Each accepted name of a collective (jax_smddp's and jax.lax's) -> its jax_smddp name.
 COLLECTIVE_NAMES = {

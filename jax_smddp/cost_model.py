@@ -1,7 +1,9 @@
 """Cost model of jax_smddp's collectives (and of NCCL's ring and tree, the baseline).
 
-Pure Python: no jax, no files, no engine reads (though importing it as
-``jax_smddp.cost_model`` runs the package's ``__init__``, which imports jax). It
+Pure Python: no jax, no files, no engine calls; what it knows of each collective (its size
+relations, its passes, whether routes apply) is the engine's one description of it
+(:mod:`jax_smddp._collectives`). Importing it as ``jax_smddp.cost_model`` runs the package's
+``__init__``, which imports jax. It
 predicts the time of one collective call from the bytes each process must copy,
 reduce and send over each kind of link, counted by walking the same routes and
 loops as the engine (``xla_ffi/algorithms/routes.cc``,
@@ -126,9 +128,10 @@ import math
 from dataclasses import dataclass, field
 from typing import Sequence
 
-from jax_smddp._startup import COLLECTIVES
+from jax_smddp import _collectives
+from jax_smddp._collectives import block_bytes, largest_bytes, output_bytes, reduces, spec
 
-OPS = COLLECTIVES
+OPS = _collectives.MODELLED
 ALGORITHMS = ("in_process", "flat", "hierarchical")
 NCCL_ALGORITHMS = ("ring", "tree")
 # The engine's defaults the model assumes, copied here so that the model needs no native module
@@ -347,7 +350,8 @@ def default_algorithm(layout: Layout, op: str | None = None) -> str:
   (all_to_all: always a direct exchange)."""
   if layout.processes == 1:
     return "in_process"
-  return "hierarchical" if hierarchical_valid(layout) and op != "all_to_all" else "flat"
+  always_direct = op in _collectives.SPECS and not spec(op).routed  # no op: any routed one
+  return "hierarchical" if hierarchical_valid(layout) and not always_direct else "flat"
 
 
 # --------------------------------------------------------------------------- traffic
@@ -476,8 +480,8 @@ def traffic(op: str, bytes_per_rank: int, layout: Layout, algorithm: str) -> Tra
     raise ValueError(f"unknown op {op!r}; one of {OPS}")
   S, D, n = int(bytes_per_rank), layout.devices_per_process, layout.ranks
   t = Traffic()
-  block = S if op == "all_gather" else S // n
-  out_per_rank = n * S if op == "all_gather" else (S // n if op == "reduce_scatter" else S)
+  block, out_per_rank = block_bytes(op, S, n), output_bytes(op, S, n)
+  passes = spec(op).passes
   t.first_block, t.output_per_rank = block, out_per_rank
   t.footprint = D * (S + out_per_rank)
   if algorithm == "in_process":
@@ -521,7 +525,7 @@ def traffic(op: str, bytes_per_rank: int, layout: Layout, algorithm: str) -> Tra
       send(q, block, nl)
     t.local_copy += nl * nl * block
     t.hops = ("net", "intra") if rt.hier else ("net" if rt.H > 1 else "intra",)
-  elif op in ("reduce_scatter", "all_reduce"):
+  elif reduces(op):
     targets = rt.gather_targets(p)
     for r in range(n):
       srcs = rt.reduce_sources(p, r)
@@ -532,20 +536,19 @@ def traffic(op: str, bytes_per_rank: int, layout: Layout, algorithm: str) -> Tra
         t.reduce_read += (nl + len(srcs)) * block
       if dest >= 0:
         send(dest, block)
-      elif op == "all_reduce":
+      elif passes > 1:  # all_reduce: its shard's result to every process
         for q in targets:
           send(q, block)
         t.local_copy += (nl - 1) * block
-      if op == "all_reduce" and rt.gather_source(p, r) >= 0:
+      if passes > 1 and rt.gather_source(p, r) >= 0:
         recv(rt.gather_source(p, r), block)
         for tgt in rt.gather_relay(p, r):
           send(tgt, block)
         t.local_copy += (nl - 1) * block
     if rt.hier:
-      t.hops = ("intra", "net") if op == "reduce_scatter" else ("intra", "net", "net", "intra")
+      t.hops = ("intra", "net") + ("net", "intra") * (passes - 1)
     else:
-      k = "net" if rt.H > 1 else "intra"
-      t.hops = (k,) if op == "reduce_scatter" else (k, k)
+      t.hops = ("net" if rt.H > 1 else "intra",) * passes
   else:  # all_to_all: always direct between processes
     for q in range(rt.Pt):
       if q != p:
@@ -554,8 +557,8 @@ def traffic(op: str, bytes_per_rank: int, layout: Layout, algorithm: str) -> Tra
     t.local_copy += nl * nl * block
     t.hops = ("net" if rt.H > 1 else "intra",)
   t.ring = rt.ring
-  if rt.ring and op != "all_to_all":  # each block or partial goes round, a hop per host
-    t.hops = ("net",) * ((rt.H - 1) * (2 if op == "all_reduce" else 1))
+  if rt.ring and spec(op).routed:  # each block or partial goes round, a hop per host, per pass
+    t.hops = ("net",) * ((rt.H - 1) * passes)
   # Host totals: every process of a host alike.
   t.host_net_out = t.out["net"] * layout.processes_per_host
   t.host_net_in = t.inn["net"] * layout.processes_per_host
@@ -598,8 +601,7 @@ def busy_threads(op: str, bytes_per_rank: int, layout: Layout, machine: Machine)
   hosts share its cores)."""
   if layout.processes == 1:
     n = layout.ranks
-    out = n * bytes_per_rank if op == "all_gather" else bytes_per_rank
-    moved = n * max(bytes_per_rank, out)
+    moved = n * largest_bytes(op, bytes_per_rank, n)
     return min(machine.cores, n) if moved >= HELPER_MIN_BYTES else 1
   return layout.processes if machine.hosts_share_cores else layout.processes_per_host
 
@@ -634,7 +636,7 @@ def predict(op: str, bytes_per_rank: int, layout: Layout, machine: Machine,
 def _predict(op: str, bytes_per_rank: int, layout: Layout, machine: Machine,
              algorithm: str | None = None, chunk_bytes: int | None = None) -> Prediction:
   algorithm = algorithm or default_algorithm(layout, op)
-  if algorithm == "hierarchical" and (not hierarchical_valid(layout) or op == "all_to_all"):
+  if algorithm == "hierarchical" and (not hierarchical_valid(layout) or not spec(op).routed):
     algorithm = "flat"
   if layout.processes == 1:
     algorithm = "in_process"
@@ -721,7 +723,7 @@ def best(op: str, bytes_per_rank: int, layout: Layout, machine: Machine,
     p = predict(op, bytes_per_rank, layout, machine, "in_process")
     return p, [p]
   algos = list(algorithms or ("flat", "hierarchical"))
-  if not hierarchical_valid(layout) or op == "all_to_all":   # all_to_all is always direct
+  if not hierarchical_valid(layout) or not spec(op).routed:   # all_to_all is always direct
     algos = [a for a in algos if a != "hierarchical"] or ["flat"]
   cands = [predict(op, bytes_per_rank, layout, machine, a, c) for a in algos
            for c in CHUNK_CANDIDATES]
@@ -751,7 +753,7 @@ def nccl_predict(op: str, bytes_per_rank: int, nodes: int, ranks_per_node: int,
       per_step = S / n
     else:
       steps, inter = n - 1, N - 1
-      per_step = S if op == "all_gather" else S / n
+      per_step = S / n ** -spec(op).block_power
     lat = (c.base_us + (steps - inter) * c.ring_intra_us + inter * c.ring_inter_us) * 1e-6
     node_bytes = steps * per_step if N > 1 else 0.0    # one ring edge leaves each node per step
     gpu_bytes = steps * per_step                       # each GPU forwards every step

@@ -28,15 +28,14 @@ import threading
 
 import jax
 
+from jax_smddp import _collectives
 from jax_smddp import _native
-from jax_smddp import _startup
 from jax_smddp import config
 
 log = logging.getLogger("jax_smddp")
 
-# The collectives a group that spans hosts runs: every one of the list (collective_permute,
-# which is not in it, stays within a host).
-ACROSS_HOSTS = _startup.COLLECTIVES
+# The collectives a group that spans hosts runs (collective_permute stays within a host).
+ACROSS_HOSTS = _collectives.served_by("gpu_across_hosts")
 
 _lock = threading.Lock()
 _ready: set = set()  # groups (partition ids) set up in this process

@@ -36,6 +36,7 @@ import json
 import logging
 import os
 
+from jax_smddp import _collectives
 from jax_smddp import calibration
 from jax_smddp import config
 from jax_smddp import cost_model
@@ -137,13 +138,14 @@ def _decide(op: str, nbytes: int, layout: Layout, machine, forced_algo: str | No
   if layout.processes == 1:
     return Choice("in_process", forced_chunk or cost_model.DEFAULT_CHUNK_BYTES,
                   "one process: ranks share memory")
-  valid = cost_model.hierarchical_valid(layout) and op != "all_to_all"
+  routed = _collectives.spec(op).routed
+  valid = cost_model.hierarchical_valid(layout) and routed
   if forced_algo:
     algo = forced_algo
     reason = f"forced by JAX_SMDDP_ALGORITHM={forced_algo}"
     if algo == "hierarchical" and not valid:
       algo = "flat"
-      reason += (" (all_to_all is always direct; flat)" if op == "all_to_all" else
+      reason += (f" ({op} is always direct; flat)" if not routed else
                  " (not valid here: needs >= 2 hosts with >= 2 processes each; flat)")
     if forced_chunk:
       chunk = forced_chunk

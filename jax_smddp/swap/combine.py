@@ -45,8 +45,6 @@ from jax_smddp import requirements
 _ar = importlib.import_module("jax_smddp.all_reduce")
 
 ENV = "JAX_SMDDP_COMBINE_BYTES"
-KINDS = ("all_reduce", "all_gather", "reduce_scatter")  # what combining merges
-
 # lax primitive name -> (the swap's collective, reduction, invariant): what may be combined.
 _CANDIDATES = {
     "psum_p": ("all_reduce", "sum", False), "psum_invariant_p": ("all_reduce", "sum", True),
@@ -55,6 +53,7 @@ _CANDIDATES = {
     "all_gather_invariant_p": ("all_gather", None, False),
     "reduce_scatter_p": ("reduce_scatter", None, False),
 }
+KINDS = tuple(dict.fromkeys(kind for kind, _, _ in _CANDIDATES.values()))  # what combining merges
 
 
 def _candidates() -> dict[Any, tuple]:

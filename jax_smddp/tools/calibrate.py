@@ -30,10 +30,6 @@ from jax_smddp.calibration import (calibration_path, heap_fresh_output_bytes, lo
 
 # --------------------------------------------------------------------------- benchmark data
 
-BUS_FACTOR = {"all_gather": lambda n: (n - 1) / n, "reduce_scatter": lambda n: (n - 1) / n,
-              "all_reduce": lambda n: 2 * (n - 1) / n, "all_to_all": lambda n: (n - 1) / n}
-
-
 def layout_of_bench(meta_layout: dict) -> Layout:
   """The Layout of a benchmark JSON's meta["layout"]."""
   return Layout(int(meta_layout.get("hosts", 1)), int(meta_layout.get("processes_per_host", 1)),

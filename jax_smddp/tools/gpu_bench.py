@@ -70,13 +70,12 @@ import statistics
 import sys
 import time
 
-from jax_smddp import capabilities
-from jax_smddp._startup import COLLECTIVES
+from jax_smddp import _collectives, capabilities
 from jax_smddp.tools import launch
 from jax_smddp.tools.bench import nccl_tests
 from jax_smddp.tools.sizes import parse_size
 
-OPS = COLLECTIVES
+OPS = _collectives.MODELLED
 DEFAULT_OPS = OPS[:3]
 
 
@@ -119,6 +118,16 @@ def _bodies(op: str):
   return (lambda v: jax_smddp.psum(v, "x")[None], lambda v: jax.lax.psum(v, "x")[None])
 
 
+def _input_shards(op: str, n: int) -> int:
+  """A rank's input in shards (a rank's block to one peer): 1 for all_gather, n otherwise."""
+  return n ** -_collectives.spec(op).block_power
+
+
+def _output_shards(op: str, n: int) -> int:
+  """A rank's output in shards: n, or 1 for reduce_scatter."""
+  return _collectives.output_bytes(op, _input_shards(op, n), n)
+
+
 def _input(op: str, rank: int, n: int, local: int):
   """Rank `rank`'s input of `local` elements: r + 1 everywhere, or for all_to_all block k (for
   rank k) holds 1000 (k + 1) + r + 1, so a block from the wrong rank or for
@@ -136,7 +145,7 @@ def _rows(op: str, args, n: int) -> list[tuple[int, int]]:
   if args.sweep:
     sizes = [s for s in nccl_tests.row_sizes(op, args.sweep, n, 4) if s]
     return [(nccl_tests.input_bytes(op, s, n) // 4, s) for s in sizes]
-  local = [shard // 4 * (1 if op == "all_gather" else n) for shard in args.sizes]
+  local = [shard // 4 * _input_shards(op, n) for shard in args.sizes]
   return [(c, nccl_tests.size_of(op, 4 * c, n)) for c in local]
 
 
@@ -194,7 +203,7 @@ def worker(args) -> dict:
     ours = jax.jit(jax.shard_map(ours_body, mesh=mesh, in_specs=P("x"), out_specs=P("x")))
     lax = jax.jit(jax.shard_map(lax_body, mesh=mesh, in_specs=P("x"), out_specs=P("x")))
     for local, nccl_size in _rows(op, args, n):  # a rank's input in elements, nccl-tests' S
-      size = 4 * local // (1 if op == "all_gather" else n)  # "size": one shard of it (bytes)
+      size = 4 * local // _input_shards(op, n)  # "size": one shard of it (bytes)
       # Built shard by shard: a device_put of a global value would check it
       # across processes with XLA's collectives, which cannot run two ranks on one GPU.
       # Rank r's input is r + 1 everywhere: a misplaced block or a missing rank shows.
@@ -214,7 +223,7 @@ def worker(args) -> dict:
       # This process's handlers' host time per call (the exchange with the peers and the
       # enqueues), over the timed calls of both timings.
       row["host_s"] = (after["handler_ns"] - before["handler_ns"]) / calls / 1e9 if calls else None
-      if op in ("reduce_scatter", "all_reduce"):
+      if _collectives.reduces(op):
         row["max_blocks"] = ext.settings()["max_blocks"] if ext else None
         row["reduce_ref_s"] = _reduce_reference(ext, size, n, args, f"{op}/{size}")
       if args.nprocs == 1 or getattr(args, "job", None) is not None:  # NCCL can run here
@@ -263,7 +272,7 @@ def nccl_figures(r: dict, key: str = "smddp_s") -> dict:
   prints them (nccl_tests.py): each rank's input is its shard (all_gather) or n shards, so
   S = n x shard for every op; `key` the time (smddp_s, or xla_s)."""
   op, n = r.get("op", "all_gather"), r["ranks"]
-  inp = r["bytes_per_rank"] if op == "all_gather" else n * r["bytes_per_rank"]
+  inp = _input_shards(op, n) * r["bytes_per_rank"]
   size = r.get("size") or nccl_tests.size_of(op, inp, n)  # the worker's: nccl-tests' S
   return {**nccl_tests.row_head(op, size, n, "float32", 4),
           **nccl_tests.figures(op, size, n, r[key])}
@@ -321,7 +330,7 @@ def reduction_ratios(r: dict) -> tuple[float | None, float | None]:
   against the device's copy rate; "vs kernel" is the time one bare reduction
   kernel of the same sources and block budget took (alone) over the call's
   time: 1.0 when the collective costs no more than its reduction."""
-  if r.get("op") not in ("reduce_scatter", "all_reduce"):
+  if not _collectives.reduces(r.get("op", "all_gather")):
     return None, None
   n, t = r["ranks"], r["smddp_s"]
   read = n * n * r["bytes_per_rank"] / t
@@ -336,7 +345,7 @@ def metrics(r: dict) -> dict:
   op, n, t = r.get("op", "all_gather"), r["ranks"], r["smddp_s"]
   alg = r["bytes_per_rank"] * n / t
   moved = _busbw(op, n, alg) * n
-  written = alg * (1 if op == "reduce_scatter" else n)  # output bytes, all ranks
+  written = alg * _output_shards(op, n)  # output bytes, all ranks
   copy = r.get("copy_Bps") or 0
   read, vs_kernel = reduction_ratios(r)
   return {"moved_per_copy": moved / copy if copy else None,
@@ -359,7 +368,7 @@ def report(rows: list[dict]) -> str:
     alg = r["bytes_per_rank"] * n / t / 1e9
     bus = _busbw(op, n, alg)
     moved = bus * n
-    written = alg * (1 if op == "reduce_scatter" else n)  # output bytes, all ranks
+    written = alg * _output_shards(op, n)  # output bytes, all ranks
     copy = (r["copy_Bps"] or 0) / 1e9
     xla = ""
     if "xla_s" in r:

@@ -39,16 +39,15 @@ import os
 import re
 import sys
 
-from jax_smddp import capabilities
+from jax_smddp import _collectives, capabilities
 
 TRACE_NAME = "perfetto_trace.json.gz"
 
 # Canonical op for each spelling: HLO (all-gather), jax_smddp's targets (smddp_all_gather)
-# and NCCL's kernels (ncclDevKernel_AllGather_RING_LL).
-_OPS = (("all_gather", r"all[-_]?gather"), ("reduce_scatter", r"reduce[-_]?scatter"),
-        ("all_reduce", r"all[-_]?reduce"), ("all_to_all", r"all[-_]?to[-_]?all"),
-        ("collective_permute", r"collective[-_]?permute|send[-_]?recv"))
-_OP_RE = [(op, re.compile(pattern, re.IGNORECASE)) for op, pattern in _OPS]
+# and NCCL's kernels (ncclDevKernel_AllGather_RING_LL); a permutation is also XLA's send/recv.
+_OTHER_SPELLINGS = {"collective_permute": r"|send[-_]?recv"}
+_OP_RE = [(op, re.compile(op.replace("_", "[-_]?") + _OTHER_SPELLINGS.get(op, ""), re.IGNORECASE))
+          for op in _collectives.NAMES]
 _OP_KEYS = ("hlo_op", "tf_op", "kernel_annotation", "annotation")
 _INSTRUCTION_RE = re.compile(
     r"^\s*(?:ROOT\s+)?%?([\w.\-]+)\s*=\s*.*?\s([a-z][a-z0-9\-]*)\((.*)$", re.MULTILINE)

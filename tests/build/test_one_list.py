@@ -1,9 +1,12 @@
-"""Python's one list of the collectives (jax_smddp._startup.COLLECTIVES) is the engine's: C++
-enumerates and names the collectives once (xla_ffi/common/collective.h: the plan's kind, the
-world's custom-call counts, the NCCL front end's served functions all use it), its names in
-the enumeration's order begin with Python's four (collective_permute after them), no other
-C++ file declares its own enumeration of them, every Python module that lists them takes
-that list, and no other Python file spells the list out again (as names or as FFI targets)."""
+"""Each collective is described once: C++ enumerates and describes the collectives in one
+table (xla_ffi/common/collective.h: the plan's kind, the world's custom-call counts, the NCCL
+front end's served functions all use it), Python reads that table (jax_smddp._collectives,
+through the native module's collectives()), and jax_smddp._startup.COLLECTIVES, the list start-up
+keeps without importing anything native, is the table's modelled collectives in its order. No
+other C++ file declares its own enumeration of them, every Python module that lists them takes
+those lists, and no other Python file spells a list of them out again (as names or as FFI
+targets), nor a table keyed by them but for the few that map each to something outside the
+engine (TABLES)."""
 
 from __future__ import annotations
 
@@ -11,7 +14,7 @@ import ast
 import os
 import re
 
-from jax_smddp import _startup, cost_model, gpu, swap
+from jax_smddp import _collectives, _startup, cost_model, gpu, swap
 from jax_smddp.tools import gpu_bench
 from jax_smddp.tools.bench import core
 
@@ -27,12 +30,14 @@ def _enum(path: str, name: str, count: int) -> list[str]:
 
 
 def test_the_engines_enumeration_is_pythons_list():
-  want = list(_startup.COLLECTIVES)
   enum = _enum("xla_ffi/common/collective.h", "Collective", 5)
-  assert enum[:4] == want and enum[4] == "collective_permute", enum
+  assert list(_collectives.NAMES) == enum, _collectives.NAMES  # the table in the enum's order
+  assert [_collectives.SPECS[n].kind for n in enum] == list(range(len(enum)))
+  assert _startup.COLLECTIVES == _collectives.MODELLED, _startup.COLLECTIVES
+  assert _startup.SWAPPABLE == _collectives.NAMES, _startup.SWAPPABLE
   text = open(os.path.join(REPO, "xla_ffi/common/collective.h")).read()
-  names = re.findall(r'"([a-z_]+)"', text[text.index("kNames[kCollectives]"):])[:5]
-  assert names == enum, names  # CollectiveName's table in the enumeration's order
+  names = re.findall(r'\{Collective::k\w+, "([a-z_]+)"', text)
+  assert names == enum, names  # one description per collective, in the enumeration's order
 
 
 def test_no_other_enumeration_of_the_collectives():
@@ -49,49 +54,75 @@ def test_no_other_enumeration_of_the_collectives():
 
 
 def test_every_python_list_is_the_one_list():
-  for ops in (cost_model.OPS, core.OPS, gpu_bench.OPS, gpu.ACROSS_HOSTS):
-    assert ops is _startup.COLLECTIVES
-  # The swap's list is the one list and the permute (jax.lax.ppermute's).
+  for ops in (cost_model.OPS, core.OPS, gpu_bench.OPS):
+    assert ops is _collectives.MODELLED
+  assert gpu.ACROSS_HOSTS == _collectives.served_by("gpu_across_hosts")
+  # The swap's list is every collective (jax.lax.ppermute's too).
   assert swap.OPS is _startup.SWAPPABLE
-  assert _startup.SWAPPABLE == _startup.COLLECTIVES + ("collective_permute",)
+
+
+# Tables keyed by the collectives that map each to something outside the engine's description:
+# (file, the name the table is assigned to) -> what it maps them to.
+TABLES = {
+    ("jax_smddp/swap/lax.py", "table"): "the jax.lax primitives the swap takes over",
+    ("jax_smddp/tools/bench/core.py", "calls"): "how the benchmark calls jax_smddp and jax.lax",
+    ("jax_smddp/tools/bench/nccl_tests.py", "NAMES"): "nccl-tests' names and binaries",
+}
 
 
 def restated_lists(root: str) -> list[str]:
-  """Every tuple, list or set written in the package (outside _startup.py, and __all__) that
-  names every collective of the one list, by name or by FFI target ("smddp_<name>")."""
-  want = set(_startup.COLLECTIVES)
+  """Every tuple, list or set written in the package (outside _startup.py, _collectives.py
+  and __all__) that names two or more collectives, by name or by FFI target ("smddp_<name>"),
+  and every dict keyed by two or more that TABLES does not name."""
+  want = set(_collectives.NAMES)
   found = []
   for dirpath, _, files in os.walk(os.path.join(root, "jax_smddp")):
     for f in sorted(files):
       path = os.path.join(dirpath, f)
       rel = os.path.relpath(path, root)
-      if not f.endswith(".py") or rel == os.path.join("jax_smddp", "_startup.py"):
+      if not f.endswith(".py") or rel in (os.path.join("jax_smddp", "_startup.py"),
+                                          os.path.join("jax_smddp", "_collectives.py")):
         continue
       tree = ast.parse(open(path).read(), path)
       exported = {id(node.value) for node in ast.walk(tree) if isinstance(node, ast.Assign)
                   and any(isinstance(t, ast.Name) and t.id == "__all__" for t in node.targets)}
+      tables = {id(node.value) for node in ast.walk(tree) if isinstance(node, ast.Assign)
+                and any(isinstance(t, ast.Name) and (rel, t.id) in TABLES for t in node.targets)}
       for node in ast.walk(tree):
         if isinstance(node, (ast.Tuple, ast.List, ast.Set)) and id(node) not in exported:
-          names = {e.value.removeprefix("smddp_") for e in node.elts
-                   if isinstance(e, ast.Constant) and isinstance(e.value, str)}
-          if want <= names:
-            found.append(f"{rel}:{node.lineno}")
+          elts = node.elts
+        elif isinstance(node, ast.Dict) and id(node) not in tables:
+          elts = node.keys
+        else:
+          continue
+        names = {e.value.removeprefix("smddp_") for e in elts
+                 if isinstance(e, ast.Constant) and isinstance(e.value, str)}
+        if len(want & names) >= 2:
+          found.append(f"{rel}:{node.lineno}")
   return found
 
 
 def test_no_python_file_restates_the_list():
   found = restated_lists(REPO)
-  assert not found, ("the collectives listed again (take jax_smddp._startup.COLLECTIVES, or "
-                     "SWAPPABLE with collective_permute): " + ", ".join(found))
+  assert not found, ("the collectives listed again (read jax_smddp._collectives: NAMES, MODELLED, "
+                     "served_by, reduces, the size relations): " + ", ".join(found))
 
 
 def test_the_check_finds_a_restated_list(tmp_path):
   names = ", ".join(repr(n) for n in _startup.COLLECTIVES)
   targets = ", ".join(repr("smddp_" + n) for n in _startup.COLLECTIVES)
-  (tmp_path / "jax_smddp").mkdir()
+  (tmp_path / "jax_smddp" / "tools" / "bench").mkdir(parents=True)
   (tmp_path / "jax_smddp" / "a.py").write_text(
-      f"__all__ = [{names}]\nSUBSET = ({names.rsplit(', ', 1)[0]})\n"
-      f"def f(op):\n  return op in ({names})\n")
+      f"__all__ = [{names}]\nONE = ('all_gather', 'x')\n"
+      f"def f(op):\n  return op in ('reduce_scatter', 'all_reduce')\n")
   (tmp_path / "jax_smddp" / "b.py").write_text(f"TARGETS = [{targets}, 'smddp_other']\n")
+  (tmp_path / "jax_smddp" / "c.py").write_text(
+      "BUS = {'all_gather': 1, 'all_reduce': 2}\nNAMES = {'all_gather': 1, 'all_to_all': 2}\n"
+      "ONE = {'all_gather': 1, 'other': 2}\n")
+  (tmp_path / "jax_smddp" / "tools" / "bench" / "nccl_tests.py").write_text(
+      "NAMES = {'all_gather': 1, 'all_to_all': 2}\nREDOPS = {'all_gather': 1, 'all_reduce': 2}\n")
   (tmp_path / "jax_smddp" / "_startup.py").write_text(f"COLLECTIVES = ({names})\n")
-  assert restated_lists(str(tmp_path)) == ["jax_smddp/a.py:4", "jax_smddp/b.py:1"]
+  (tmp_path / "jax_smddp" / "_collectives.py").write_text(f"NAMES = ({names})\n")
+  assert restated_lists(str(tmp_path)) == [
+      "jax_smddp/a.py:4", "jax_smddp/b.py:1", "jax_smddp/c.py:1", "jax_smddp/c.py:2",
+      "jax_smddp/tools/bench/nccl_tests.py:2"]

@@ -61,7 +61,7 @@ def test_reads_real_outputs_of_nccl_2_5_to_2_31(name):
   got = (r["size"], r["count"], r["type"], r["time"], r["algbw"], r["busbw"], r["#wrong"],
          r["in_place"]["#wrong"])
   assert got == first
-  assert r["redop"] == nccl_tests.REDOPS[op] and r["root"] == -1
+  assert r["redop"] == nccl_tests.redop(op) and r["root"] == -1
   for row in table["rows"]:
     # nccl-tests' arithmetic (src/*.cu): count is the whole buffer for AllReduce, one rank's
     # block otherwise; busbw = algbw x 2(n-1)/n (AllReduce) or (n-1)/n; algbw = S / time.

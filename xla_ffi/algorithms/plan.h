@@ -33,26 +33,18 @@ struct Plan {
   size_t chunk_bytes = 0;            // message chunk; 0: JAX_SMDDP_CHUNK_BYTES
 };
 
-// One rank's input and output bytes of a call of `p` in a group of `ranks`.
+// One rank's input and output bytes of a call of `p` in a group of `ranks`:
+// its plan's block (or buffer) and the collective's size relations.
 inline void CallBytes(const Plan& p, int ranks, size_t* in, size_t* out) {
-  const size_t E = ElementSize(p.dtype), row = p.outer * p.inner, n = size_t(ranks);
-  switch (p.kind) {
-    case Collective::kAllGather:
-      *in = row, *out = row * n;
-      break;
-    case Collective::kReduceScatter:
-      *in = row * n * E, *out = row * E;
-      break;
-    case Collective::kAllReduce:
-      *in = *out = p.count * E;
-      break;
-    case Collective::kAllToAll:
-      *in = *out = row * n;
-      break;
-    case Collective::kCollectivePermute:
-      *in = *out = row;
-      break;
+  const CollectiveSpec& s = SpecOf(p.kind);
+  const size_t E = ElementSize(p.dtype), n = size_t(ranks);
+  if (s.plan_size == PlanSize::kElements) {
+    *in = p.count * E;
+  } else {
+    const size_t block = p.outer * p.inner * (s.plan_size == PlanSize::kElementBlocks ? E : 1);
+    *in = ScaleByRanks(block, -s.block_power, n);
   }
+  *out = ScaleByRanks(*in, s.out_power, n);
 }
 
 }  // namespace smddp

@@ -1,7 +1,7 @@
 // The engine's enums as Python sees them (element types, reductions, plan
-// kinds), exported by each module from the C++ definitions, so Python and the
-// tests never mirror their numbers by hand; and the plan a test entry builds
-// from those numbers.
+// kinds, the collectives' descriptions), exported by each module from the C++ definitions, so
+// Python and the tests never mirror their numbers by hand; and the plan a test entry builds from
+// those numbers.
 #ifndef JAX_SMDDP_BINDINGS_ENUMS_H_
 #define JAX_SMDDP_BINDINGS_ENUMS_H_
 
@@ -54,6 +54,32 @@ inline void BindEnums(nanobind::module_& m) {
     d["max"] = int(smddp::ReduceOp::kMax);
     d["min"] = int(smddp::ReduceOp::kMin);
     return d;
+  });
+  // Each collective's description (xla_ffi/common/collective.h), in the
+  // enumeration's order: what jax_smddp._collectives reads.
+  m.def("collectives", [] {
+    nb::list out;
+    for (const smddp::CollectiveSpec& s : smddp::kCollectiveSpecs) {
+      nb::dict d;
+      d["name"] = s.name;
+      d["kind"] = int(s.kind);
+      d["reduces"] = s.reduces;
+      d["out_power"] = int(s.out_power);
+      d["block_power"] = int(s.block_power);
+      d["passes"] = int(s.passes);
+      d["every_peer"] = s.every_peer;
+      d["routed"] = s.routed;
+      d["modelled"] = s.modelled;
+      nb::list substrates;
+      for (int bit = 0; bit < smddp::kSubstrates; ++bit)
+        if (s.substrates & (1 << bit)) substrates.append(smddp::SubstrateName(bit));
+      d["substrates"] = substrates;
+      d["plan_size"] = s.plan_size == smddp::PlanSize::kElements        ? "elements"
+                       : s.plan_size == smddp::PlanSize::kElementBlocks ? "element_blocks"
+                                                                        : "byte_blocks";
+      out.append(d);
+    }
+    return out;
   });
   m.def("plan_kinds", [] {
     nb::dict d;

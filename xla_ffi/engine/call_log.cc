@@ -34,14 +34,14 @@ std::string DescribeFields(const Fields& f) {
   // an H100 with jax 0.11.2; the same code runs on CPU).
   auto text = [](const char* s) { return std::string(s ? s : "?"); };
   std::string out = std::string(name) + " of " + text(DTypeName(dtype)) + " (";
-  if (kind == Collective::kAllReduce) {
-    out += std::to_string(f.w[3]) + " elements, " + text(ReduceOpName(op));
-  } else if (kind == Collective::kReduceScatter) {
-    out += std::to_string(f.w[1]) + " x " + std::to_string(f.w[2]) + " elements per rank out, " +
-           text(ReduceOpName(op));
+  const PlanSize size = int(kind) < kCollectives ? SpecOf(kind).plan_size : PlanSize::kByteBlocks;
+  if (size == PlanSize::kElements) {
+    out += std::to_string(f.w[3]) + " elements";
   } else {
-    out += std::to_string(f.w[1]) + " x " + std::to_string(f.w[2]) + " bytes per rank";
+    out += std::to_string(f.w[1]) + " x " + std::to_string(f.w[2]) +
+           (size == PlanSize::kElementBlocks ? " elements per rank out" : " bytes per rank");
   }
+  if (int(kind) < kCollectives && Reduces(kind)) out += ", " + text(ReduceOpName(op));
   return out + ")";
 }
 

@@ -18,8 +18,7 @@ from typing import Callable
 
 import numpy as np
 
-from jax_smddp import capabilities, config
-from jax_smddp._startup import COLLECTIVES
+from jax_smddp import _collectives, capabilities, config
 from jax_smddp.tools.bench import nccl_tests
 from jax_smddp.tools.sizes import format_size, parse_size  # noqa: F401 (the bench's names)
 from jax_smddp.tools.bench.interval import add_p90, speedup_interval
@@ -36,7 +35,7 @@ from jax_smddp.tools.bench.timing import (  # noqa: F401 (the bench's names)
 
 log = logging.getLogger("jax_smddp.tools.bench")
 
-OPS = COLLECTIVES
+OPS = _collectives.MODELLED
 DEFAULT_OPS = OPS[:3]
 
 # Large sizes run fewer iterations: a sample is cut when one implementation's
@@ -101,32 +100,18 @@ def op_specs() -> dict[str, OpSpec]:
   # S and busbw as nccl-tests defines them: one definition (nccl_tests.py), the GPU bench's too.
   total = lambda op: (lambda n: nccl_tests.size_of(op, 1, n))
   bus = lambda op: (lambda n: nccl_tests.bus_factor(op, n))
-  return {
-      "all_gather": OpSpec(
-          "all_gather",
-          lambda x, a: smddp.all_gather(x, a, tiled=True),
-          lambda x, a: jax.lax.all_gather(x, a, tiled=True),
-          total_factor=total("all_gather"), bus_factor=bus("all_gather"),
-          target="smddp_all_gather"),
-      "reduce_scatter": OpSpec(
-          "reduce_scatter",
-          lambda x, a: smddp.psum_scatter(x, a, tiled=True),
-          lambda x, a: jax.lax.psum_scatter(x, a, tiled=True),
-          total_factor=total("reduce_scatter"), bus_factor=bus("reduce_scatter"),
-          target="smddp_reduce_scatter"),
-      "all_reduce": OpSpec(
-          "all_reduce",
-          lambda x, a: smddp.psum(x, a),
-          lambda x, a: jax.lax.psum(x, a),
-          total_factor=total("all_reduce"), bus_factor=bus("all_reduce"),
-          target="smddp_all_reduce"),
-      "all_to_all": OpSpec(
-          "all_to_all",
-          lambda x, a: smddp.all_to_all(x, a, 0, 0, tiled=True),
-          lambda x, a: jax.lax.all_to_all(x, a, 0, 0, tiled=True),
-          total_factor=total("all_to_all"), bus_factor=bus("all_to_all"),
-          target="smddp_all_to_all"),
+  # How each is called, jax_smddp's and jax.lax's (the rest is the collective's description).
+  calls = {
+      "all_gather": (lambda x, a: smddp.all_gather(x, a, tiled=True),
+                     lambda x, a: jax.lax.all_gather(x, a, tiled=True)),
+      "reduce_scatter": (lambda x, a: smddp.psum_scatter(x, a, tiled=True),
+                         lambda x, a: jax.lax.psum_scatter(x, a, tiled=True)),
+      "all_reduce": (lambda x, a: smddp.psum(x, a), lambda x, a: jax.lax.psum(x, a)),
+      "all_to_all": (lambda x, a: smddp.all_to_all(x, a, 0, 0, tiled=True),
+                     lambda x, a: jax.lax.all_to_all(x, a, 0, 0, tiled=True)),
   }
+  return {op: OpSpec(op, *calls[op], total_factor=total(op), bus_factor=bus(op),
+                     target="smddp_" + op) for op in OPS}
 
 
 # What the second column times (--baseline): JAX's own collective, or a second

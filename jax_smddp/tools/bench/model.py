@@ -10,7 +10,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from jax_smddp import calibration, cost_model
+from jax_smddp import _collectives, calibration, cost_model
 from jax_smddp.tools.bench.interval import speedup_interval
 
 MEMCPY_BYTES = 64 << 20
@@ -44,8 +44,7 @@ class Layout(cost_model.Layout):
 def output_bytes_per_process(op: str, nbytes: int, layout: "Layout") -> int:
   """Bytes one process must write for one call: its devices' outputs."""
   n = layout.devices
-  per_rank = {"all_gather": n * nbytes, "reduce_scatter": nbytes // n}.get(op, nbytes)
-  return layout.devices_per_process * per_rank
+  return layout.devices_per_process * _collectives.output_bytes(op, nbytes, n)
 
 
 def memcpy_us(op: str, nbytes: int, layout: "Layout", memcpy_gbs: float) -> float:
@@ -63,10 +62,12 @@ def interhost_bytes_per_host(op: str, nbytes: int, layout: "Layout") -> int:
   all_reduce a reduce_scatter and an all_gather of the host-summed vector."""
   n, hosts = layout.devices, layout.hosts
   local = n // hosts
-  return {"all_gather": (n - local) * nbytes,
-          "reduce_scatter": (hosts - 1) * nbytes // hosts,
-          "all_reduce": 2 * (hosts - 1) * nbytes // hosts,
-          "all_to_all": local * nbytes * (hosts - 1) // hosts}[op]
+  s = _collectives.spec(op)
+  # A block from each rank of the other hosts, per pass: once per host where the host's ranks
+  # share it (a gather relays it, a reduction combines it), once per rank where each rank's
+  # differs (all_to_all).
+  distinct = 1 if s.routed else local
+  return s.passes * distinct * (n - local) * nbytes // n ** -s.block_power
 
 
 def ring_bytes_per_host(op: str, nbytes: int, layout: "Layout") -> int | None:
@@ -79,9 +80,10 @@ def ring_bytes_per_host(op: str, nbytes: int, layout: "Layout") -> int | None:
   n = layout.devices
   if layout.hosts < 2:
     return None
-  return {"all_gather": (n - 1) * nbytes,
-          "reduce_scatter": (n - 1) * nbytes // n,
-          "all_reduce": 2 * (n - 1) * nbytes // n}.get(op)
+  if op == "all_to_all":  # gloo's is no ring
+    return None
+  s = _collectives.spec(op)
+  return s.passes * (n - 1) * nbytes // n ** -s.block_power
 
 
 def link_us(op: str, nbytes: int, layout: "Layout", link_gbs: float,

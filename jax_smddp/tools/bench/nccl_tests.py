@@ -27,6 +27,8 @@ import math
 import os
 import re
 
+from jax_smddp import _collectives
+
 # Our op names -> nccl-tests' collective and binary.
 NAMES = {"all_gather": ("AllGather", "all_gather_perf"),
          "reduce_scatter": ("ReduceScatter", "reduce_scatter_perf"),
@@ -36,8 +38,17 @@ NAMES = {"all_gather": ("AllGather", "all_gather_perf"),
 TYPES = {"int8": "int8", "uint8": "uint8", "int32": "int32", "uint32": "uint32",
          "int64": "int64", "uint64": "uint64", "float16": "half", "float32": "float",
          "float64": "double", "bfloat16": "bfloat16"}
-REDOPS = {"all_gather": "none", "reduce_scatter": "sum", "all_reduce": "sum", "all_to_all": "none"}
 ROOT = -1  # none of these ops has a root
+
+
+def _known(op: str) -> None:
+  if op not in NAMES:
+    raise ValueError(f"unknown op {op!r}; choose from {', '.join(NAMES)}")
+
+
+def redop(op: str) -> str:
+  """nccl-tests' redop column: sum for a reduction, none otherwise."""
+  return "sum" if _collectives.reduces(op) else "none"
 
 
 def bus_factor(op: str, n: int) -> float:
@@ -45,21 +56,19 @@ def bus_factor(op: str, n: int) -> float:
   nccl-tests prints)."""
   if n < 1:
     raise ValueError(f"{n} ranks: a collective needs at least 1")
-  if op == "all_reduce":
-    return 2 * (n - 1) / n
-  if op in ("all_gather", "reduce_scatter", "all_to_all"):
-    return (n - 1) / n
-  raise ValueError(f"unknown op {op!r}; choose from {', '.join(NAMES)}")
+  _known(op)
+  return _collectives.bus_factor(op, n)
 
 
 def input_bytes(op: str, size: int, n: int) -> int:
-  """One rank's input bytes for a row of size S."""
-  return size // n if op == "all_gather" else size
+  """One rank's input bytes for a row of size S (the larger of a rank's input and output:
+  a gather's output)."""
+  return _collectives.input_bytes(op, size, n) if _collectives.spec(op).out_power > 0 else size
 
 
 def size_of(op: str, input_bytes_per_rank: int, n: int) -> int:
   """S of a call whose ranks each have `input_bytes_per_rank` of input."""
-  return n * input_bytes_per_rank if op == "all_gather" else input_bytes_per_rank
+  return _collectives.largest_bytes(op, input_bytes_per_rank, n)
 
 
 def coll_counts(op: str, nbytes: int, n: int, itemsize: int) -> tuple[int, int, int]:
@@ -70,19 +79,18 @@ def coll_counts(op: str, nbytes: int, n: int, itemsize: int) -> tuple[int, int, 
   alltoall.cu since December 2024; from 2022 to then base was rounded to 4 elements, the same
   for 4-byte types)."""
   total = nbytes // itemsize
-  if op == "all_reduce":
+  _known(op)
+  if _collectives.spec(op).plan_size == "elements":  # the count is the whole buffer
     return total, total, total
-  if op not in NAMES:
-    raise ValueError(f"unknown op {op!r}; choose from {', '.join(NAMES)}")
-  base = (total // n) & ~(max(1, 16 // itemsize) - 1)
-  return {"all_gather": (base, n * base, base), "reduce_scatter": (n * base, base, base),
-          "all_to_all": (n * base, n * base, base)}[op]
+  base = (total // n) & ~(max(1, 16 // itemsize) - 1)  # a block
+  send = base * n ** -_collectives.spec(op).block_power
+  return send, _collectives.output_bytes(op, send, n), base
 
 
 def count(op: str, size: int, n: int, itemsize: int) -> int:
   """nccl-tests' count column for a row of size S (B) of `itemsize`-byte elements."""
   elements = size // itemsize
-  return elements if op == "all_reduce" else elements // n
+  return elements if _collectives.spec(op).plan_size == "elements" else elements // n
 
 
 def round_size(op: str, size: int, n: int, itemsize: int) -> int:
@@ -126,7 +134,7 @@ def type_name(dtype) -> str:
 def row_head(op: str, size: int, n: int, dtype, itemsize: int) -> dict:
   """A row's size, count, type, redop and root, named as nccl-tests names them."""
   return {"size": size, "count": count(op, size, n, itemsize), "type": type_name(dtype),
-          "redop": REDOPS[op], "root": ROOT}
+          "redop": redop(op), "root": ROOT}
 
 
 # --------------------------------------------------------------------------- the table
@@ -479,7 +487,7 @@ def parse_logs(text: str, path: str | None = None, op: str | None = None) -> lis
                                               "path": path, "line": run["line"], "runs": 0})
     seen = {(r["size"], r["type"], r["redop"], r["root"]) for r in table["rows"]}
     for r in run["rows"]:  # a copy of a run another process printed adds nothing
-      r = {**r, "redop": r["redop"] or REDOPS.get(name, "none")}
+      r = {**r, "redop": r["redop"] or (redop(name) if name in NAMES else "none")}
       if (r["size"], r["type"], r["redop"], r["root"]) not in seen:
         table["rows"].append(r)
     table["runs"] += 1
