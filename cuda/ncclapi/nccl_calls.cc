@@ -10,6 +10,7 @@
 #include <vector>
 
 #include "cuda/gpu_call.h"
+#include "cuda/ncclapi/nccl_windows.h"
 #include "cuda/ncclapi/real_nccl.h"
 #include "xla_ffi/algorithms/stream_algorithms.h"
 #include "xla_ffi/common/dtype.h"
@@ -192,9 +193,13 @@ ncclResult_t FailServed(Comm& comm, StatusCode code, const Status& located) {
 // The engine's part of a served call, on `ops` (`captured`: into a CUDA graph).
 Status Enqueue(Collective kind, const void* send, void* recv, const Plan& plan, Comm& comm,
                StreamOps& ops, bool captured) {
+  const int64_t op_id = int64_t(comm.calls++);
+  bool done = false;  // on window addresses (or failed there)
+  const Status st =
+      EnqueueWindowed(comm, CollectiveName(kind), op_id, plan, ops, send, recv, captured, &done);
+  if (done) return st;
   const gpu::CallRank me{comm.local, comm.port, comm.rank_of};
-  return gpu::EnqueueCollective(CollectiveName(kind), int64_t(comm.calls++), me, ops, send, recv,
-                                plan, captured);
+  return gpu::EnqueueCollective(CollectiveName(kind), op_id, me, ops, send, recv, plan, captured);
 }
 
 ncclResult_t Serve(Collective kind, const void* send, void* recv, size_t count, DType dtype,

@@ -8,6 +8,9 @@
 // then every forwarded call as one real NCCL group (in their order: a
 // send/recv pair never splits across real groups), then the other served
 // calls. NCCL orders nothing inside a group, so this keeps its meaning.
+// A served call on a communicator with registered windows is logged against
+// its peers' and, on window buffers, read at window base + offset
+// (nccl_windows.h).
 //
 // Errors: a failed call returns ncclInvalidArgument (arguments),
 // ncclInvalidUsage (unsupported use, e.g. capture into a CUDA graph),

@@ -46,6 +46,8 @@ namespace nccl {
 // must be zero for it to fit), then the front end's part.
 constexpr size_t kRealIdBytes = 88;
 
+struct WindowState;  // its registered windows (nccl_windows.h)
+
 struct Comm {
   int nranks = 0;
   int rank = 0;
@@ -63,8 +65,9 @@ struct Comm {
   // Where its calls are counted. Weak: a communicator XLA never destroys
   // must not keep the world's links open past jax_smddp's shutdown.
   std::weak_ptr<const World> world;
-  uint64_t calls = 0;   // collective calls (op ids in messages)
-  uint64_t splits = 0;  // splits of it so far (names the children)
+  uint64_t calls = 0;                    // collective calls (op ids in messages)
+  uint64_t splits = 0;                   // splits of it so far (names the children)
+  std::shared_ptr<WindowState> windows;  // made at its first registration
 
   // Forwarding: the real communicator, created at the first forwarded call
   // (every call of a communicator forwarded entirely), from a real id

@@ -2,7 +2,8 @@
 // set-up and errors answered here, collectives through nccl_calls.h, and
 // every other call on a communicator forwarded to the real NCCL with the
 // real communicator in place of the front end's. Calls that take no
-// communicator pass straight through.
+// communicator pass straight through, but for ncclMemAlloc/ncclMemFree
+// where the front end serves (nccl_windows.h, with window registration).
 #include <cstring>
 #include <mutex>
 #include <string>
@@ -10,6 +11,7 @@
 #include "cuda/ncclapi/nccl_calls.h"
 #include "cuda/ncclapi/nccl_comm.h"
 #include "cuda/ncclapi/nccl_types.h"
+#include "cuda/ncclapi/nccl_windows.h"
 #include "cuda/ncclapi/real_nccl.h"
 
 #define SMDDP_NCCL_EXPORT extern "C" __attribute__((visibility("default")))
@@ -145,6 +147,12 @@ SMDDP_NCCL_EXPORT ncclResult_t ncclCommGetAsyncError(ncclComm_t comm, ncclResult
       c->async_error = c->local->watch->error();
       c->failed.store(true, std::memory_order_release);
     }
+    // A group inside one process has no watch: a rank of it that failed the
+    // group (a window offset that differs) says so here.
+    if (c->async_error.ok() && c->local && c->local->exchange_failure->failed()) {
+      c->async_error = c->local->exchange_failure->error();
+      c->failed.store(true, std::memory_order_release);
+    }
     failure = c->async_error;
   }
   if (!failure.ok()) {
@@ -278,10 +286,35 @@ SMDDP_FORWARD(ncclRedOpCreatePreMulSum,
               (ncclRedOp_t * op, void* scalar, ncclDataType_t type, int residence, ncclComm_t comm),
               (op, scalar, type, residence, real))
 SMDDP_FORWARD(ncclRedOpDestroy, (ncclRedOp_t op, ncclComm_t comm), (op, real))
-SMDDP_FORWARD(ncclCommWindowRegister,
-              (ncclComm_t comm, void* buff, size_t size, void** win, int flags),
-              (real, buff, size, win, flags))
-SMDDP_FORWARD(ncclCommWindowDeregister, (ncclComm_t comm, void* win), (real, win))
+
+// Windows (nccl_windows.h): a served communicator's own; a forwarded one's
+// are the real library's.
+SMDDP_NCCL_EXPORT ncclResult_t ncclCommWindowRegister(ncclComm_t comm, void* buff, size_t size,
+                                                      void** win, int flags) {
+  Comm* c = AsComm(comm);
+  if (c && c->served) {
+    if (!win) return ncclInvalidArgument;
+    return Checked(c, RegisterWindow(*c, buff, size, "ncclCommWindowRegister", win));
+  }
+  return Forward("ncclCommWindowRegister", comm, [=](ncclComm_t real) {
+    using Fn = ncclResult_t (*)(ncclComm_t, void*, size_t, void**, int);
+    auto fn = Real<Fn>("ncclCommWindowRegister");
+    return fn ? fn(real, buff, size, win, flags) : Missing("ncclCommWindowRegister");
+  });
+}
+SMDDP_NCCL_EXPORT ncclResult_t ncclCommWindowDeregister(ncclComm_t comm, void* win) {
+  Comm* c = AsComm(comm);
+  bool known = false;
+  if (c) {
+    const Status st = DeregisterWindow(*c, win, "ncclCommWindowDeregister", &known);
+    if (known) return Checked(c, st);
+  }
+  return Forward("ncclCommWindowDeregister", comm, [=](ncclComm_t real) {
+    using Fn = ncclResult_t (*)(ncclComm_t, void*);
+    auto fn = Real<Fn>("ncclCommWindowDeregister");
+    return fn ? fn(real, win) : Missing("ncclCommWindowDeregister");
+  });
+}
 SMDDP_FORWARD(ncclCommQueryProperties, (ncclComm_t comm, void* properties), (real, properties))
 SMDDP_FORWARD(ncclDevCommCreate, (ncclComm_t comm, const void* requirements, void* dev_comm),
               (real, requirements, dev_comm))
@@ -298,12 +331,14 @@ SMDDP_FORWARD(ncclPutSignal,
               (local, count, type, peer, peer_window, peer_offset, signal, ctx, flags, real,
                stream))
 
-// User buffer registration: with no real communicator (every call served)
-// there is nothing to register with, and XLA's buffers need none.
+// User buffer registration: a served communicator's is a window
+// (nccl_windows.h); a forwarded one's goes to its real communicator, and
+// with neither there is nothing to register with.
 SMDDP_NCCL_EXPORT ncclResult_t ncclCommRegister(const ncclComm_t comm, void* buff, size_t size,
                                                 void** handle) {
   Comm* c = AsComm(comm);
   if (!c || !handle) return ncclInvalidArgument;
+  if (c->served) return Checked(c, RegisterWindow(*c, buff, size, "ncclCommRegister", handle));
   std::lock_guard<std::mutex> lock(c->real_mu);
   using Fn = ncclResult_t (*)(ncclComm_t, void*, size_t, void**);
   auto fn = Real<Fn>("ncclCommRegister");
@@ -316,6 +351,9 @@ SMDDP_NCCL_EXPORT ncclResult_t ncclCommDeregister(const ncclComm_t comm, void* h
   Comm* c = AsComm(comm);
   if (!c) return ncclInvalidArgument;
   if (!handle) return ncclSuccess;
+  bool known = false;
+  const Status st = DeregisterWindow(*c, handle, "ncclCommDeregister", &known);
+  if (known) return Checked(c, st);
   std::lock_guard<std::mutex> lock(c->real_mu);
   using Fn = ncclResult_t (*)(ncclComm_t, void*);
   auto fn = Real<Fn>("ncclCommDeregister");
@@ -351,9 +389,27 @@ SMDDP_NCCL_EXPORT ncclResult_t ncclCommShrink(ncclComm_t comm, int* exclude, int
   return ncclSuccess;
 }
 
+// Memory every peer can map where the front end serves (nccl_windows.h).
+SMDDP_NCCL_EXPORT ncclResult_t ncclMemAlloc(void** ptr, size_t size) {
+  if (!ptr) return ncclInvalidArgument;
+  bool served = false;
+  const Status st = MemAlloc(ptr, size, &served);
+  if (served) return Checked(nullptr, st);
+  using Fn = ncclResult_t (*)(void**, size_t);
+  auto fn = Real<Fn>("ncclMemAlloc");
+  return fn ? fn(ptr, size) : Missing("ncclMemAlloc");
+}
+SMDDP_NCCL_EXPORT ncclResult_t ncclMemFree(void* ptr) {
+  if (!ptr) return ncclSuccess;
+  bool served = false;
+  const Status st = MemFree(ptr, &served);
+  if (served) return Checked(nullptr, st);
+  using Fn = ncclResult_t (*)(void*);
+  auto fn = Real<Fn>("ncclMemFree");
+  return fn ? fn(ptr) : Missing("ncclMemFree");
+}
+
 // No communicator: straight through.
-SMDDP_PASS(ncclMemAlloc, (void** ptr, size_t size), (ptr, size))
-SMDDP_PASS(ncclMemFree, (void* ptr), (ptr))
 SMDDP_PASS(ncclGetLsaDevicePointer, (void* window, size_t offset, int rank, void** ptr),
            (window, offset, rank, ptr))
 SMDDP_PASS(ncclGetLsaMultimemDevicePointer, (void* window, size_t offset, void** ptr),

@@ -11,6 +11,7 @@
 #ifndef JAX_SMDDP_TESTS_NATIVE_NCCL_HARNESS_H_
 #define JAX_SMDDP_TESTS_NATIVE_NCCL_HARNESS_H_
 
+#include <dirent.h>
 #include <dlfcn.h>
 #include <signal.h>
 #include <sys/mman.h>
@@ -427,6 +428,18 @@ inline int RunMain(const std::string& scenario, int processes, int killed,
   for (pid_t pid : pids)
     for (int i = 0; i < 32; ++i)
       shm_unlink(("/jax_smddp_mock-" + std::to_string(pid) + "-" + std::to_string(i)).c_str());
+  // The mock node's device memory (tests/native/mock_node) the processes left:
+  // communicators are left undestroyed, as XLA leaves them.
+  if (DIR* dir = opendir("/dev/shm")) {
+    while (dirent* e = readdir(dir)) {
+      for (pid_t pid : pids) {
+        const std::string prefix = "jax_smddp_node-" + std::to_string(pid) + "-";
+        if (std::strncmp(e->d_name, prefix.c_str(), prefix.size()) == 0)
+          shm_unlink(("/" + std::string(e->d_name)).c_str());
+      }
+    }
+    closedir(dir);
+  }
   if (ok) std::printf("all checks passed\n");
   return ok ? 0 : 1;
 }
