@@ -6,7 +6,7 @@
 // XLA does under --xla_gpu_enable_nccl_user_buffers, then calls on its stream
 // (the front end's stream backend, cuda/ncclapi/nccl_library.cc).
 //
-//   nccl_windows_test PxG exact|mismatch|realloc
+//   nccl_windows_test PxG exact|mismatch|realloc|passthrough
 //
 // exact: an input window (ncclCommWindowRegister) and an output window
 // (ncclCommRegister), buffers at offsets inside them; every collective in
@@ -23,6 +23,9 @@
 // registered: a new registration index, calls exact before and after:
 //   realloc rank <r>: window #<a> then #<b>
 //   windows realloc process <p>: <counter> <n> ...
+// passthrough: the real library is of a version the front end does not know
+// (MOCK_NCCL_VERSION): ncclMemAlloc/ncclMemFree reach it, ncclCommRegister
+// registers no window.
 // Prints "all checks passed" and exits 0 on success.
 #include <atomic>
 #include <chrono>
@@ -334,6 +337,21 @@ void Realloc(Rank& me, int p) {
   CHECK(ncclMemFree(again) == ncclSuccess && ncclMemFree(win_out) == ncclSuccess);
 }
 
+// A real library of a version the front end does not know (MOCK_NCCL_VERSION):
+// its communicators are forwarded, and so are ncclMemAlloc and ncclMemFree.
+void Passthrough(Rank& me) {
+  void* p = nullptr;
+  CHECK(ncclMemAlloc(&p, kWindow) == ncclSuccess && p, "%s", ncclGetLastError(nullptr));
+  CHECK(nccl_test::Has(nccl_test::Record(), "ncclMemAlloc size=" + std::to_string(kWindow)),
+        "ncclMemAlloc did not reach the real library: %s", nccl_test::Record().c_str());
+  void* handle = &me;
+  CHECK(ncclCommRegister(me.comm, p, kWindow, &handle) == ncclSuccess && handle == nullptr);
+  CHECK(smddp::nccl::CountWindows().registered == 0, "a forwarded communicator got a window");
+  CHECK(ncclMemFree(p) == ncclSuccess);
+  CHECK(nccl_test::Has(nccl_test::Record(), "ncclMemFree"), "%s", nccl_test::Record().c_str());
+  std::printf("rank %d: passed through\n", me.rank);
+}
+
 void RunRank(const std::string& scenario, int p, int i, const ncclUniqueId& id) {
   Rank me;
   me.rank = p * G + i;
@@ -346,6 +364,10 @@ void RunRank(const std::string& scenario, int p, int i, const ncclUniqueId& id) 
   if (scenario == "exact") Exact(me, p);
   if (scenario == "mismatch") Mismatch(me);
   if (scenario == "realloc") Realloc(me, p);
+  if (scenario == "passthrough") Passthrough(me);
+  // Served: no memory from the real library.
+  if (scenario != "passthrough")
+    CHECK(!nccl_test::Has(nccl_test::Record(), "ncclMem"), "%s", nccl_test::Record().c_str());
   JobBarrier();
   cudaStreamDestroy(me.stream);
 }
@@ -378,7 +400,7 @@ int Run(const std::string& scenario) {
 int main(int argc, char** argv) {
   int P = 0;
   if (argc != 3 || std::sscanf(argv[1], "%dx%d", &P, &G) != 2 || P < 1 || G < 1 || P * G > 16) {
-    std::fprintf(stderr, "usage: nccl_windows_test PxG exact|mismatch|realloc\n");
+    std::fprintf(stderr, "usage: nccl_windows_test PxG exact|mismatch|realloc|passthrough\n");
     return 2;
   }
   N = P * G;

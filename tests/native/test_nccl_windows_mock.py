@@ -26,12 +26,13 @@ def program():
   return native_program("nccl_windows_test")
 
 
-def _run(program, layout, scenario, memory="legacy"):
+def _run(program, layout, scenario, memory="legacy", settings=None):
   env = {k: v for k, v in os.environ.items()
          if not k.startswith("JAX_SMDDP_") and not k.startswith("MOCK_NCCL")}
   env["JAX_SMDDP_NCCL_LIBRARY"] = os.path.join(os.path.dirname(program), "mock_nccl", "libnccl.so.2")
   env["JAX_SMDDP_MOCK_WAIT_S"] = "20"
   env["JAX_SMDDP_MOCK_CUMEM"] = "1" if memory == "cumem" else "0"
+  env.update(settings or {})
   run = subprocess.run([program, layout, scenario], capture_output=True, text=True, timeout=100,
                        env=env)
   out = run.stdout + run.stderr
@@ -116,3 +117,12 @@ def test_window_realloc_new_registration(program, layout, memory):
       exported = "ipc_exports" if memory == "legacy" else "cumem_exports"
       opened = "ipc_opens" if memory == "legacy" else "maps"
       assert c[exported] == G and c[opened] == G * (P - 1) * G, c
+
+
+@pytest.mark.timeout(60)
+def test_window_memory_passes_through_unknown_version(program):
+  """With a real NCCL of a version the front end does not know, its communicators are forwarded
+  and so are ncclMemAlloc and ncclMemFree (the mock NCCL records them); ncclCommRegister makes no
+  window. (Where the front end serves, the other scenarios check the mock saw no ncclMem call.)"""
+  out = _run(program, "1x2", "passthrough", settings={"MOCK_NCCL_VERSION": "99999"})
+  assert len(re.findall(r"^rank \d: passed through$", out, re.M)) == 2, out
