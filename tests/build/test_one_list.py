@@ -41,12 +41,14 @@ def test_the_engines_enumeration_is_pythons_list():
 
 
 def test_no_other_enumeration_of_the_collectives():
-  """The plan, the world's counts and the NCCL front end take the one enumeration: none of
-  their files declares collectives of its own or spells a collective's name."""
+  """The plan, the world's counts, the FFI registrations, the call log and the NCCL front end
+  take the one enumeration: none of their files declares collectives of its own or spells a
+  collective's name (a target's name is "smddp_" and the description's)."""
   for path in ("xla_ffi/algorithms/plan.h", "xla_ffi/transports/world.h",
                "cuda/ncclapi/nccl_calls.h", "cuda/ncclapi/nccl_calls.cc",
                "xla_ffi/ffi/call_counts.h", "xla_ffi/ffi/cpu_handlers.cc",
-               "xla_ffi/ffi/gpu_handlers.cc", "xla_ffi/bindings/enums.h"):
+               "xla_ffi/ffi/gpu_handlers.cc", "xla_ffi/bindings/enums.h",
+               "xla_ffi/bindings/registrations.h", "xla_ffi/engine/call_log.cc"):
     text = re.sub(r"//[^\n]*", "", open(os.path.join(REPO, path)).read())
     assert not re.search(r"\bkAllGather\s*,\s*kReduceScatter", text), path
     for name in _startup.COLLECTIVES + ("collective_permute",):

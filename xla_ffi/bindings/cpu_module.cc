@@ -267,9 +267,13 @@ NB_MODULE(_smddp_cpu, m) {
                                     SmddpCallSiteTypeInfo());
   });
   m.def("registrations", [] {
-    return smddp::TargetRegistrations(SmddpInstantiateCpu, SmddpAllGatherCpu, SmddpReduceScatterCpu,
-                                      SmddpAllReduceCpu, SmddpAllToAllCpu,
-                                      SmddpCollectivePermuteCpu);
+    using smddp::Collective;
+    return smddp::TargetRegistrations(
+        SmddpInstantiateCpu, {{Collective::kAllGather, SmddpAllGatherCpu},
+                              {Collective::kReduceScatter, SmddpReduceScatterCpu},
+                              {Collective::kAllReduce, SmddpAllReduceCpu},
+                              {Collective::kAllToAll, SmddpAllToAllCpu},
+                              {Collective::kCollectivePermute, SmddpCollectivePermuteCpu}});
   });
   m.def("set_timeout", &smddp::SetTimeoutSeconds, nb::arg("seconds"));
   m.def("timeout", &smddp::TimeoutSeconds);

@@ -106,9 +106,13 @@ NB_MODULE(_smddp_cuda, m) {
                                     SmddpGpuCallSiteTypeInfo());
   });
   m.def("registrations", [] {
-    return smddp::TargetRegistrations(SmddpInstantiateCuda, SmddpAllGatherCuda,
-                                      SmddpReduceScatterCuda, SmddpAllReduceCuda, SmddpAllToAllCuda,
-                                      SmddpCollectivePermuteCuda);
+    using smddp::Collective;
+    return smddp::TargetRegistrations(
+        SmddpInstantiateCuda, {{Collective::kAllGather, SmddpAllGatherCuda},
+                               {Collective::kReduceScatter, SmddpReduceScatterCuda},
+                               {Collective::kAllReduce, SmddpAllReduceCuda},
+                               {Collective::kAllToAll, SmddpAllToAllCuda},
+                               {Collective::kCollectivePermute, SmddpCollectivePermuteCuda}});
   });
   m.def(
       "prepare",

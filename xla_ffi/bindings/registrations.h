@@ -1,13 +1,18 @@
 // What the Python layer hands to jax.ffi for one platform's handlers: the
 // per-instruction state type and, per collective, its instantiate and execute
-// stages; and the plan the modules' test entries take from Python (shared by
-// the CPU and CUDA modules).
+// stages under the target its description names ("smddp_" + its name); and
+// the plan the modules' test entries take from Python (shared by the CPU and
+// CUDA modules).
 #ifndef JAX_SMDDP_BINDINGS_REGISTRATIONS_H_
 #define JAX_SMDDP_BINDINGS_REGISTRATIONS_H_
+
+#include <stdexcept>
+#include <string>
 
 #include "nanobind/nanobind.h"
 #include "xla/ffi/api/c_api.h"
 #include "xla_ffi/algorithms/plan.h"
+#include "xla_ffi/common/collective.h"
 
 namespace smddp {
 
@@ -26,23 +31,29 @@ inline nanobind::dict TypeRegistrations(const char* name, XLA_FFI_TypeId* id,
   return d;
 }
 
-// {target: {"instantiate": ..., "execute": ...}} for jax.ffi.register_ffi_target.
+// One collective's execute stage.
 template <typename Handler>
-nanobind::dict TargetRegistrations(Handler* instantiate, Handler* all_gather,
-                                   Handler* reduce_scatter, Handler* all_reduce,
-                                   Handler* all_to_all, Handler* collective_permute) {
+struct Execute {
+  Collective kind;
+  Handler* handler;
+};
+
+// {target: {"instantiate": ..., "execute": ...}} for jax.ffi.register_ffi_target:
+// "smddp_all_gather" and so on, one per collective (each exactly once).
+template <typename Handler>
+nanobind::dict TargetRegistrations(Handler* instantiate,
+                                   const Execute<Handler> (&execute)[kCollectives]) {
   nanobind::dict d;
-  auto stages = [&](Handler* execute) {
+  bool seen[kCollectives] = {};
+  for (const Execute<Handler>& e : execute) {
+    if (int(e.kind) >= kCollectives || seen[int(e.kind)])
+      throw std::logic_error("jax_smddp: a collective registered twice");
+    seen[int(e.kind)] = true;
     nanobind::dict s;
     s["instantiate"] = Capsule(instantiate);
-    s["execute"] = Capsule(execute);
-    return s;
-  };
-  d["smddp_all_gather"] = stages(all_gather);
-  d["smddp_reduce_scatter"] = stages(reduce_scatter);
-  d["smddp_all_reduce"] = stages(all_reduce);
-  d["smddp_all_to_all"] = stages(all_to_all);
-  d["smddp_collective_permute"] = stages(collective_permute);
+    s["execute"] = Capsule(e.handler);
+    d[(std::string("smddp_") + CollectiveName(e.kind)).c_str()] = s;
+  }
   return d;
 }
 
