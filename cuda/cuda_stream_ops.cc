@@ -59,9 +59,7 @@ GpuCounters& Counters() {
 
 bool HaveStreamMemOps() { return DriverMemOps().wait != nullptr; }
 
-namespace {
-
-bool Capturing(cudaStream_t stream) {
+bool StreamCapturing(cudaStream_t stream) {
   cudaStreamCaptureStatus status = cudaStreamCaptureStatusNone;
   if (cudaStreamIsCapturing(stream, &status) != cudaSuccess) {
     cudaGetLastError();
@@ -70,13 +68,11 @@ bool Capturing(cudaStream_t stream) {
   return status != cudaStreamCaptureStatusNone;
 }
 
-}  // namespace
-
 CudaStreamOps::CudaStreamOps(cudaStream_t stream, const GpuSettings& settings)
     : stream_(stream),
       settings_(settings),
       memops_(settings.flags == GpuSettings::Flags::kMemOps && HaveStreamMemOps()),
-      copy_engines_(settings.copies == GpuSettings::Copies::kEngine && !Capturing(stream)) {}
+      copy_engines_(settings.copies == GpuSettings::Copies::kEngine && !StreamCapturing(stream)) {}
 
 struct CudaStreamOps::Lanes {
   cudaEvent_t fork = nullptr;

@@ -49,6 +49,10 @@ GpuCounters& Counters();
 // Whether the driver provides stream memory operations (resolved once).
 bool HaveStreamMemOps();
 
+// Whether `stream` is being captured into a CUDA graph (what runs on it is
+// recorded, not run).
+bool StreamCapturing(cudaStream_t stream);
+
 class CudaStreamOps : public StreamOps {
  public:
   CudaStreamOps(cudaStream_t stream, const GpuSettings& settings);

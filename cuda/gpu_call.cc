@@ -18,6 +18,12 @@ Status EnqueueCollective(const char* op, int64_t op_id, const CallRank& me, Stre
           "jax_smddp (GPU): a group across hosts cannot run inside a CUDA graph (its network "
           "steps are driven from the host call by call); run with "
           "XLA_FLAGS=--xla_gpu_enable_command_buffer=-COLLECTIVES"));
+    // A replayable call's first steps reuse the slots at once: safe only where
+    // every staged call drains (the group was prepared for capture).
+    if (!me.rank->view.drain_each_call)
+      return located(Status::Unsupported(
+          "jax_smddp (GPU): this group's calls cannot be captured into a CUDA graph: set "
+          "JAX_SMDDP_GPU_GRAPHS=1 alike in every process (or keep the graph from capturing them)"));
     if (const Status st = GroupFailure(*me.rank); !st.ok()) return located(st);
     // Staged: a graph keeps this call's addresses for its replays, so no peer buffers.
     const Status st = RunStreamPlan(plan, me.rank->view, ops, send, recv, /*replayable=*/true);

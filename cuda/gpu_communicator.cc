@@ -154,6 +154,13 @@ Status DirectReadsFromEnvironment(bool* out, bool* set) {
   return Status::Ok();
 }
 
+Status GraphsFromEnvironment(bool* out) {
+  std::string v;
+  SMDDP_RETURN_IF_ERROR(ReadSetting("JAX_SMDDP_GPU_GRAPHS", &v));
+  *out = v == "1";
+  return Status::Ok();
+}
+
 Status FlagMemoryFromEnvironment(FlagMemory* out) {
   std::string v;
   SMDDP_RETURN_IF_ERROR(ReadSetting("JAX_SMDDP_GPU_FLAG_MEMORY", &v));
@@ -203,6 +210,8 @@ Status GpuCommunicator::Prepare(const std::vector<std::pair<int, int>>& local, i
                                 std::vector<std::pair<int, std::string>>* handles,
                                 Preferences preferred) {
   SMDDP_RETURN_IF_ERROR(FlagMemoryFromEnvironment(&flag_memory_));
+  bool graphs = false;
+  SMDDP_RETURN_IF_ERROR(GraphsFromEnvironment(&graphs));
   bool asked = false;
   SMDDP_RETURN_IF_ERROR(DirectReadsFromEnvironment(&direct_reads_, &asked));
   // Peers keep XLA's allocations mapped, and CUDA leaves freeing an exported
@@ -253,7 +262,7 @@ Status GpuCommunicator::Prepare(const std::vector<std::pair<int, int>>& local, i
       if (err != cudaSuccess) return CudaError("clearing staging flags", err);
       l->view.rank = rank;
       l->view.layout = layout_;
-      l->view.drain_each_call = preferred.capturable;
+      l->view.drain_each_call = preferred.capturable || graphs;
       l->view.regions.assign(size(), nullptr);
       l->view.regions[rank] = l->own;
       if (shared)

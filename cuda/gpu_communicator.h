@@ -137,10 +137,16 @@ Status DirectReadsFromEnvironment(bool* out, bool* set = nullptr);
 enum class FlagMemory : uint32_t { kDevice = 0, kHost = 1 };
 Status FlagMemoryFromEnvironment(FlagMemory* out);
 
+// Whether the custom calls may be captured into CUDA graphs
+// (JAX_SMDDP_GPU_GRAPHS): their handlers then say so to XLA, and their
+// communicators are prepared as a front end's with `capturable`.
+Status GraphsFromEnvironment(bool* out);
+
 // How a front end's communicators differ from the custom calls' (both take
 // JAX_SMDDP_GPU_FLAG_MEMORY and JAX_SMDDP_GPU_DIRECT_READS from the registry).
 struct Preferences {
-  // Calls may be captured into CUDA graphs (StreamRank::drain_each_call).
+  // Calls may be captured into CUDA graphs (StreamRank::drain_each_call),
+  // whatever JAX_SMDDP_GPU_GRAPHS says.
   bool capturable = false;
 };
 

@@ -75,8 +75,18 @@ def register_cuda_targets() -> bool:
   for name, registration in _smddp_cuda.type_registrations().items():
     jax.ffi.register_ffi_type(name, registration, platform="CUDA")
   for name, stages in _smddp_cuda.registrations().items():
-    jax.ffi.register_ffi_target(name, stages, platform="CUDA")
+    jax.ffi.register_ffi_target(name, stages, platform="CUDA", **cuda_target_traits())
   return True
+
+
+def cuda_target_traits() -> dict:
+  """The CUDA handlers' traits for jax.ffi.register_ffi_target: with JAX_SMDDP_GPU_GRAPHS=1 they are
+  compatible with XLA's command buffers (CUDA graphs), which then capture them (captured calls take
+  the replayable path: cuda/gpu_call.h); otherwise none, and XLA runs them outside its graphs."""
+  if _smddp_cuda is None or not _smddp_cuda.settings()["graphs"]:
+    return {}
+  from jaxlib import xla_client  # the traits' enum: what register_ffi_target passes them to
+  return {"traits": xla_client.CustomCallTargetTraits.COMMAND_BUFFER_COMPATIBLE}
 
 
 def cuda_engine():

@@ -57,7 +57,7 @@ DEFAULT_BUDGET_S = 540
 
 QUICK_JAX = ("single_process or (sharing and engines and 2) or (sharing and staged and 2) or "
              "(hosts and engines) or (hosts and HMEM and 2-1) or hmem_required or "
-             "(dead_peer and 2) or disagree or (sharing and host and 2)")
+             "(dead_peer and 2) or disagree or (sharing and device and 2) or (sharing and graphs and 2)")
 
 
 # --- plan -------------------------------------------------------------------

@@ -61,13 +61,13 @@ def test_built_with_kernels_for_a100_and_h100():
 @pytest.mark.skipif(NVCC is None, reason="no nvcc")
 def test_extension_imports_without_a_gpu(monkeypatch):
   for name in ("JAX_SMDDP_GPU_COPIES", "JAX_SMDDP_GPU_FLAGS", "JAX_SMDDP_GPU_MAX_BLOCKS",
-               "JAX_SMDDP_GPU_FLAG_MEMORY", "JAX_SMDDP_GPU_DIRECT_READS"):
+               "JAX_SMDDP_GPU_FLAG_MEMORY", "JAX_SMDDP_GPU_DIRECT_READS", "JAX_SMDDP_GPU_GRAPHS"):
     monkeypatch.delenv(name, raising=False)
   ext = _native.cuda_engine()
   if not os.path.exists("/dev/nvidiactl"):
     assert ext.device_count() == 0  # no driver here: reported, not raised
   assert ext.settings() == {"copies": "engine", "flags": "memops", "max_blocks": 16,
-                            "flag_memory": "host", "direct_reads": True}
+                            "flag_memory": "host", "direct_reads": True, "graphs": False}
   monkeypatch.setenv("JAX_SMDDP_GPU_FLAG_MEMORY", "device")
   assert ext.settings()["flag_memory"] == "device"
   monkeypatch.setenv("JAX_SMDDP_GPU_FLAG_MEMORY", "pinned")
@@ -78,6 +78,13 @@ def test_extension_imports_without_a_gpu(monkeypatch):
   assert ext.settings()["direct_reads"] is False
   monkeypatch.setenv("JAX_SMDDP_GPU_DIRECT_READS", "1")
   assert ext.settings()["direct_reads"] is True
+  # Only with JAX_SMDDP_GPU_GRAPHS=1 do the handlers tell XLA it may capture them.
+  assert _native.cuda_target_traits() == {}
+  monkeypatch.setenv("JAX_SMDDP_GPU_GRAPHS", "1")
+  assert ext.settings()["graphs"] is True
+  from jaxlib import xla_client
+  assert _native.cuda_target_traits() == {
+      "traits": xla_client.CustomCallTargetTraits.COMMAND_BUFFER_COMPATIBLE}
   monkeypatch.setenv("JAX_SMDDP_GPU_DIRECT_READS", "yes")
   with pytest.raises(RuntimeError, match="JAX_SMDDP_GPU_DIRECT_READS='yes' is not valid: it takes one of 0\\|1"):
     ext.settings()

@@ -39,9 +39,13 @@ MODES = {
     "64 KiB slots (many steps per call)": {"JAX_SMDDP_GPU_SLOT_BYTES": "65536",
                                            "JAX_SMDDP_GPU_DIRECT_READS": "0"},
     "compute stream (no annotation)": {"JAX_SMDDP_GPU_STREAM": "compute"},
-    "step flags in host memory": {"JAX_SMDDP_GPU_FLAG_MEMORY": "host"},
-    "host flags and flag kernels": {"JAX_SMDDP_GPU_FLAG_MEMORY": "host",
-                                    "JAX_SMDDP_GPU_FLAGS": "kernel"},
+    # Host flag memory is the default (since 2026-12-02); device flags meet the peers on the host.
+    "step flags in device memory": {"JAX_SMDDP_GPU_FLAG_MEMORY": "device"},
+    "device flags and flag kernels": {"JAX_SMDDP_GPU_FLAG_MEMORY": "device",
+                                      "JAX_SMDDP_GPU_FLAGS": "kernel"},
+    # XLA captures the custom calls into its CUDA graphs (any sequence of one command or more).
+    "custom calls in CUDA graphs": {"JAX_SMDDP_GPU_GRAPHS": "1",
+                                    "XLA_FLAGS": "--xla_gpu_graph_min_graph_size=1"},
     # The default reads peers' XLA buffers in place (mapped by CUDA IPC, one step per call);
     # these stage every call through the slots instead.
     "staged through the slots": {"JAX_SMDDP_GPU_DIRECT_READS": "0"},

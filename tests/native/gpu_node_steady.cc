@@ -209,8 +209,11 @@ class Caller {
       plan.count = kind == Collective::kAllReduce ? in_n_ : 0;
       plan.sources = sources_.data();
       smddp::cuda::CudaStreamOps ops(stream_, settings_);
-      const smddp::Status st = smddp::gpu::EnqueueCollective(
-          kNames[op_], op_id_++, smddp::gpu::CallRank{s_.me}, ops, send_, recv_, plan);
+      // As the handlers do (xla_ffi/ffi/gpu_handlers.cc): a captured stream takes the
+      // replayable path.
+      const smddp::Status st =
+          smddp::gpu::EnqueueCollective(kNames[op_], op_id_++, smddp::gpu::CallRank{s_.me}, ops,
+                                        send_, recv_, plan, smddp::cuda::StreamCapturing(stream_));
       if (!st.ok() && error) {
         *error = st.message();
         return -1;

@@ -49,10 +49,11 @@ void RunRealloc(const SteadyRank& s);
 // then its stream is synchronized (what it enqueued ends, never hangs).
 void RunDeadAfterWarmUp(const SteadyRank& s, bool dies);
 
-// Capture (mode "replay", NCCL API front end): per collective but the
-// permute, one uncaptured call, then the call captured into a graph (the mock
-// records it) and the graph launched 10 times, each on new input written to
-// the same buffer; every answer checked; prints
+// Capture (mode "replay", both entry points; the custom calls' with
+// JAX_SMDDP_GPU_GRAPHS=1): per collective but the permute, one uncaptured
+// call, then the call captured into a graph (the mock records it) and the
+// graph launched 10 times, each on new input written to the same buffer;
+// every answer checked; prints
 //   replay <op> process <p>: 10 replays exact
 void RunReplay(const SteadyRank& s);
 

@@ -35,7 +35,7 @@
 // calls cost the host once their buffers are known (gpu_node_steady.h; direct reads); late_peer:
 // the last process comes 300 ms late to each call; realloc: rank 0's input allocated anew at
 // the same start; dead_warm: the last process dies after the warm-up; replay: calls captured into
-// graphs of the mock and replayed (nccl only) (the same file).
+// graphs of the mock and replayed (the same file).
 //
 //   gpu_node_test mock
 //

@@ -378,14 +378,28 @@ def test_dead_peer_after_warm_up(program, layout, entry, tmp_path):
 
 
 @pytest.mark.timeout(120)
+@pytest.mark.parametrize("entry", ["ffi", "nccl"])
 @pytest.mark.parametrize("layout", ["node_1x8", "node_8x1", "node_2x4"])
-def test_replay(program, layout, tmp_path):
-  """Through the NCCL API front end (the custom calls are not captured: their handlers do not
-  say they may be), each collective but the permute is captured into a graph of the mock node
-  and the graph launched 10 times on new input in the same buffer: every answer exact (the
+def test_replay(program, layout, entry, tmp_path):
+  """On both entry points (the custom calls with JAX_SMDDP_GPU_GRAPHS=1, as the handlers then
+  take a captured stream), each collective but the permute is captured into a graph of the mock
+  node and the graph launched 10 times on new input in the same buffer: every answer exact (the
   replayable calls' tokens leave the flags as they found them). Groups across hosts refuse
   capture (their network steps are driven from the host)."""
-  out = _run(program, LAYOUTS[layout], "replay", tmp_path, entry="nccl")
+  out = _run(program, LAYOUTS[layout], "replay", tmp_path, {"JAX_SMDDP_GPU_GRAPHS": "1"},
+             entry=entry)
   P = int(LAYOUTS[layout].split("x")[0])
   done = re.findall(r"^replay (\w+) process (\d+): 10 replays exact$", out, re.M)
   assert sorted(done) == sorted((op, str(p)) for op in STEADY_OPS[:4] for p in range(P)), out
+
+
+@pytest.mark.timeout(60)
+def test_capture_refused_without_graphs(program, tmp_path):
+  """Without JAX_SMDDP_GPU_GRAPHS=1 a custom call's group was not prepared for capture (its
+  staged calls do not drain): a captured call fails naming the setting, never runs unsafely."""
+  run = subprocess.run([program, "2x1", "replay", str(tmp_path), "ffi"], capture_output=True,
+                       text=True, timeout=60,
+                       env={**{k: v for k, v in os.environ.items() if not k.startswith("JAX_SMDDP_")},
+                            "JAX_SMDDP_MOCK_WAIT_S": "20"})
+  out = run.stdout + run.stderr
+  assert run.returncode != 0 and "JAX_SMDDP_GPU_GRAPHS=1" in out, out

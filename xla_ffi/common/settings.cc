@@ -165,6 +165,11 @@ const std::vector<SettingSpec> kSettings = {
     {"JAX_SMDDP_GPU_MAX_BLOCKS", kInt, "16", 1, 1024, "", "gpu", false,
      "thread blocks (SMs) a GPU copy or reduction kernel may use (16 of an H200's 132 read "
      "0.57-0.70 of its copy rate, 8 read 0.30-0.37: docs/gpu.md)"},
+    {"JAX_SMDDP_GPU_GRAPHS", kChoice, "0", 0, 0, "0|1", "gpu", true,
+     "1: jax_smddp's GPU custom calls tell XLA they may be captured into CUDA graphs (its command "
+     "buffers, which take custom calls by default): a captured call stages through the slots, "
+     "replayable, and every staged call then ends once its peers consumed it; 0: XLA never "
+     "captures them. The NCCL API front end's calls may always be captured"},
     {"JAX_SMDDP_GPU_FLAG_MEMORY", kChoice, "host", 0, 0, "device|host", "gpu", true,
      "where the step flags of GPU groups across processes live: host (shared memory every GPU "
      "of the group addresses: a dead peer's waiting streams are released, and direct calls meet "
