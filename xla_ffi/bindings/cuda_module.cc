@@ -294,6 +294,9 @@ NB_MODULE(_smddp_cuda, m) {
     bool direct = false;
     Check(smddp::gpu::DirectReadsFromEnvironment(&direct));
     d["direct_reads"] = direct;
+    bool graphs = false;
+    Check(smddp::gpu::GraphsFromEnvironment(&graphs));
+    d["graphs"] = graphs;
     return d;
   });
   m.def("direct_reads_staged_because", &smddp::BufferExchange::StagedBecause);
