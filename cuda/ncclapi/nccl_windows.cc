@@ -470,11 +470,12 @@ Status RegisterWindow(Comm& comm, void* buffer, size_t bytes, const char* functi
     SMDDP_RETURN_IF_ERROR(Meet(comm, mine, function, &all));
     for (int q = 0; q < comm.nranks; ++q)
       if (all[size_t(q)].bytes != bytes)
-        return Status::Mismatch("jax_smddp NCCL front end: " + std::string(function) +
-                                " (window #" + std::to_string(w->index) + "): " + Who(comm, q) +
-                                " registered " + std::to_string(all[size_t(q)].bytes) +
-                                " bytes and " + Who(comm, comm.rank) + " " + std::to_string(bytes) +
-                                "; windows are symmetric: every rank registers the same size");
+        return Status::Mismatch(
+            "jax_smddp NCCL front end: " + std::string(function) + " (window #" +
+            std::to_string(w->index) + "): " + Who(comm, q) + " registered " +
+            std::to_string(all[size_t(q)].bytes) + " bytes and " + Who(comm, comm.rank) + " " +
+            std::to_string(bytes) +
+            " bytes; windows are symmetric: every rank registers the same size");
     if (ws.rings.empty()) SMDDP_RETURN_IF_ERROR(AllRings(comm, all, &ws.rings));
     w->usable = true;
     w->bases.assign(size_t(comm.nranks), nullptr);

@@ -6,7 +6,7 @@
 // XLA does under --xla_gpu_enable_nccl_user_buffers, then calls on its stream
 // (the front end's stream backend, cuda/ncclapi/nccl_library.cc).
 //
-//   nccl_windows_test PxG exact|mismatch|realloc|passthrough
+//   nccl_windows_test PxG exact|mismatch|mismatch_registered|size_mismatch|realloc|passthrough
 //
 // exact: an input window (ncclCommWindowRegister) and an output window
 // (ncclCommRegister), buffers at offsets inside them; every collective in
@@ -17,8 +17,11 @@
 //   windows steady process <p>: <counter> <n> ...
 // and one call on buffers outside any window (the usual path), checked too.
 // mismatch: rank kOdd calls all_gather on its window at another offset than
-// the others; every rank prints the failure it saw (or none):
-//   rank <r>: failed: <message>
+// the others (mismatch_registered: it registered its window at another
+// offset of its allocation); every rank prints the failure it saw:
+//   rank <r>: failed after <s> s: <message>
+// size_mismatch: rank kOdd registers a window of another size; every rank's
+// registration fails: rank <r>: registration failed: <message>
 // realloc: a window deregistered, its memory freed, allocated again and
 // registered: a new registration index, calls exact before and after:
 //   realloc rank <r>: window #<a> then #<b>
@@ -272,15 +275,30 @@ void Exact(Rank& me, int p) {
   cudaFree(plain_out);
 }
 
-void Mismatch(Rank& me) {
+// `registered`: rank kOdd registers its input window 256 bytes into its
+// allocation (the others at its start) and every rank calls on the same
+// buffer, 256 bytes in: rank kOdd's offset in its window is 0, the others' 256.
+// Else rank kOdd calls 256 bytes further into its window than the others.
+void Mismatch(Rank& me, bool registered) {
   void *hin = nullptr, *hout = nullptr;
-  auto* win_in = static_cast<uint8_t*>(Window(me, true, &hin));
+  uint8_t* send = nullptr;
+  uint8_t* win_in = nullptr;
+  if (registered) {
+    void* p = nullptr;
+    CHECK(ncclMemAlloc(&p, kWindow) == ncclSuccess);
+    win_in = static_cast<uint8_t*>(p);
+    CHECK(ncclCommWindowRegister(me.comm, win_in + (me.rank == kOdd ? 256 : 0), kWindow - 256, &hin,
+                                 0) == ncclSuccess,
+          "registering: %s", ncclGetLastError(me.comm));
+    send = win_in + 256;
+  } else {
+    win_in = static_cast<uint8_t*>(Window(me, true, &hin));
+    send = win_in + (me.rank == kOdd ? 256 : 0);
+  }
   auto* win_out = static_cast<uint8_t*>(Window(me, true, &hout));
-  me.Call(0, 0, 1, win_in, win_out);  // all at offset 0: exact
+  me.Call(0, 0, 1, win_out, win_out + (64 << 10));  // the same offsets everywhere: exact
   me.Check();
   JobBarrier();
-  // Rank kOdd's input sits 256 bytes further into its window than the others'.
-  uint8_t* send = win_in + (me.rank == kOdd ? 256 : 0);
   const auto t0 = std::chrono::steady_clock::now();
   auto since = [&] {
     return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
@@ -337,6 +355,20 @@ void Realloc(Rank& me, int p) {
   CHECK(ncclMemFree(again) == ncclSuccess && ncclMemFree(win_out) == ncclSuccess);
 }
 
+// Rank kOdd registers a window of another size: every rank's registration
+// fails naming it.
+void SizeMismatch(Rank& me) {
+  void* p = nullptr;
+  CHECK(ncclMemAlloc(&p, kWindow) == ncclSuccess);
+  void* handle = nullptr;
+  const size_t bytes = me.rank == kOdd ? kWindow / 2 : kWindow;
+  CHECK(ncclCommRegister(me.comm, p, bytes, &handle) == ncclRemoteError, "registered");
+  std::printf("rank %d: registration failed: %s\n", me.rank, ncclGetLastError(me.comm));
+  std::fflush(stdout);
+  JobBarrier();
+  CHECK(ncclMemFree(p) == ncclSuccess);
+}
+
 // A real library of a version the front end does not know (MOCK_NCCL_VERSION):
 // its communicators are forwarded, and so are ncclMemAlloc and ncclMemFree.
 void Passthrough(Rank& me) {
@@ -362,7 +394,9 @@ void RunRank(const std::string& scenario, int p, int i, const ncclUniqueId& id) 
   CHECK_MSG(ncclCommInitRank(&me.comm, N, id, me.rank) == ncclSuccess,
             std::string("ncclCommInitRank: ") + ncclGetLastError(nullptr));
   if (scenario == "exact") Exact(me, p);
-  if (scenario == "mismatch") Mismatch(me);
+  if (scenario == "mismatch") Mismatch(me, false);
+  if (scenario == "mismatch_registered") Mismatch(me, true);
+  if (scenario == "size_mismatch") SizeMismatch(me);
   if (scenario == "realloc") Realloc(me, p);
   if (scenario == "passthrough") Passthrough(me);
   // Served: no memory from the real library.
@@ -400,7 +434,7 @@ int Run(const std::string& scenario) {
 int main(int argc, char** argv) {
   int P = 0;
   if (argc != 3 || std::sscanf(argv[1], "%dx%d", &P, &G) != 2 || P < 1 || G < 1 || P * G > 16) {
-    std::fprintf(stderr, "usage: nccl_windows_test PxG exact|mismatch|realloc|passthrough\n");
+    std::fprintf(stderr, "usage: nccl_windows_test PxG SCENARIO (see the top of the file)\n");
     return 2;
   }
   N = P * G;

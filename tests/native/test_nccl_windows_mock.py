@@ -82,18 +82,33 @@ def test_window_collectives_exact(program, layout, memory):
 
 
 @pytest.mark.timeout(120)
+@pytest.mark.parametrize("scenario", ["mismatch", "mismatch_registered"])
 @pytest.mark.parametrize("layout", LAYOUTS)
-def test_window_offset_mismatch_names_rank(program, layout):
-  """Rank 5 calls all_gather on its window 256 bytes further in than the others: the group
-  fails, every rank's call fails within 10 s naming rank 5 and its offset (never a silent wrong
-  read), ncclCommGetAsyncError reports it, and every stream ends with nothing faulted."""
-  out = _run(program, layout, "mismatch")
+def test_window_offset_mismatch_names_rank(program, layout, scenario):
+  """Rank 5 calls all_gather on its window 256 bytes further in than the others (or registered
+  its window 256 bytes further into its allocation, the buffer the same): the group fails, every
+  rank's call fails within 10 s naming rank 5 and its offset (never a silent wrong read),
+  ncclCommGetAsyncError reports it, and every stream ends with nothing faulted."""
+  out = _run(program, layout, scenario)
+  odd, others = ("256", "0") if scenario == "mismatch" else ("0", "256")
   failed = dict(re.findall(r"^rank (\d+): failed after [\d.]+ s: (.*)$", out, re.M))
   assert sorted(int(r) for r in failed) == list(range(8)), out
   for r, message in failed.items():
-    assert re.search(r"rank 5 \(process \d+\)[^.]*offset 256 of window #0", message), (r, message)
-    assert "offset 0 of window #0" in message, (r, message)
+    assert re.search(rf"rank 5 \(process \d+\) [^.]*at offset {odd} of window #0", message), (r, message)
+    assert re.search(rf"rank [0-46-7] \(process \d+\) [^.]*at offset {others} of window #0",
+                     message), (r, message)
   assert len(re.findall(r"^rank \d+: async error 6$", out, re.M)) == 8, out
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize("layout", ["1x8", "2x4"])
+def test_window_size_mismatch_names_rank(program, layout):
+  """Rank 5 registers a window of half the others' size: every rank's registration fails, naming
+  rank 5 and both sizes."""
+  out = _run(program, layout, "size_mismatch")
+  failed = dict(re.findall(r"^rank (\d+): registration failed: (.*)$", out, re.M))
+  assert sorted(int(r) for r in failed) == list(range(8)), out
+  assert all("rank 5 (process" in m and "131072 bytes" in m for m in failed.values()), failed
 
 
 @pytest.mark.timeout(120)
