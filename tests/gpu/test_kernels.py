@@ -260,7 +260,7 @@ def test_where_a_64mib_reduce_scatter_spends_its_time():
   slots, copy engines and stream memory operations; the last of 3 calls timed with CUDA
   events around every operation (phase_timer.h), at 8, 32 and 1024 blocks. Checked against
   numpy; prints each rank's copy, reduction, wait and signal time beside one bare reduction
-  kernel of the same bytes (what the budget allows) and the copy rate, for docs/gpu.md."""
+  kernel of the same bytes (what the budget allows) and the copy rate, for docs/gpu_measurements.md."""
   size, inner = 2, 8 << 20  # elements per rank's block: 32 MiB, so 64 MiB per rank's input
   xs = inputs(size, (1, size, inner), np.float32, seed=3)
   wants = [combine([x[:, r, :] for x in xs], "sum", np.float32) for r in range(size)]
@@ -316,7 +316,7 @@ def test_where_a_direct_call_spends_its_time():
   all_reduce of f32, at 8, 16 and 32 blocks; the last of 3 calls timed with CUDA events around
   every operation (on one stream: the phase clock does not follow lanes). Checked against
   numpy; prints each rank's copy, reduction, wait and signal time beside the bare kernel and
-  the copy rate: where the direct path's time goes, for docs/gpu.md."""
+  the copy rate: where the direct path's time goes, for docs/gpu_measurements.md."""
   size = 2
   xs_ag = inputs(size, (1, 2 << 20), np.float32, seed=7)
   xs_rs = inputs(size, (1, size, 8 << 20), np.float32, seed=8)

@@ -164,7 +164,7 @@ const std::vector<SettingSpec> kSettings = {
      "GPU step flags by stream memory operations or by kernels"},
     {"JAX_SMDDP_GPU_MAX_BLOCKS", kInt, "16", 1, 1024, "", "gpu", false,
      "thread blocks (SMs) a GPU copy or reduction kernel may use (16 of an H200's 132 read "
-     "0.57-0.70 of its copy rate, 8 read 0.30-0.37: docs/gpu.md)"},
+     "0.57-0.70 of its copy rate, 8 read 0.30-0.37: docs/gpu_measurements.md)"},
     {"JAX_SMDDP_GPU_GRAPHS", kChoice, "0", 0, 0, "0|1", "gpu", true,
      "1: jax_smddp's GPU custom calls tell XLA they may be captured into CUDA graphs (its command "
      "buffers, which take custom calls by default): a captured call stages through the slots, "
