@@ -41,18 +41,21 @@ def test_the_engines_enumeration_is_pythons_list():
 
 
 def test_no_other_enumeration_of_the_collectives():
-  """The plan, the world's counts, the FFI registrations, the call log and the NCCL front end
-  take the one enumeration: none of their files declares collectives of its own or spells a
-  collective's name (a target's name is "smddp_" and the description's)."""
-  for path in ("xla_ffi/algorithms/plan.h", "xla_ffi/transports/world.h",
-               "cuda/ncclapi/nccl_calls.h", "cuda/ncclapi/nccl_calls.cc",
-               "xla_ffi/ffi/call_counts.h", "xla_ffi/ffi/cpu_handlers.cc",
-               "xla_ffi/ffi/gpu_handlers.cc", "xla_ffi/bindings/enums.h",
-               "xla_ffi/bindings/registrations.h", "xla_ffi/engine/call_log.cc"):
-    text = re.sub(r"//[^\n]*", "", open(os.path.join(REPO, path)).read())
-    assert not re.search(r"\bkAllGather\s*,\s*kReduceScatter", text), path
-    for name in _startup.COLLECTIVES + ("collective_permute",):
-      assert f'"{name}"' not in text, (path, name)
+  """Every native file takes the one description: none outside collective.h declares
+  collectives of its own or spells a collective's name (a target's name is "smddp_" and the
+  description's; messages take CollectiveName)."""
+  found = []
+  for top in ("xla_ffi", "cuda"):
+    for dirpath, _, files in os.walk(os.path.join(REPO, top)):
+      for f in sorted(files):
+        path = os.path.relpath(os.path.join(dirpath, f), REPO)
+        if not re.search(r"\.(h|cc|cu|cuh|inc)$", f) or path == "xla_ffi/common/collective.h":
+          continue
+        text = re.sub(r"//[^\n]*|/\*.*?\*/", "", open(os.path.join(REPO, path)).read(), flags=re.S)
+        if re.search(r"\bkAllGather\s*,\s*kReduceScatter", text):
+          found.append(f"{path}: an enumeration")
+        found += [f"{path}: {name}" for name in _collectives.NAMES if f'"{name}"' in text]
+  assert not found, found
 
 
 def test_every_python_list_is_the_one_list():

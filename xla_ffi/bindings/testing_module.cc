@@ -146,17 +146,17 @@ std::vector<std::pair<int, std::string>> RendezvousProbe(int size, std::vector<i
     for (size_t i = 0; i < present.size(); ++i) {
       threads.emplace_back([&, i] {
         const uint64_t bytes = send[i].size() * 4;
-        smddp::CallInfo info{"all_reduce", smddp::DType::kFloat32, smddp::ReduceOp::kSum, bytes,
-                             bytes};
         smddp::Plan plan;
         plan.kind = smddp::Collective::kAllReduce;
+        const char* op = smddp::CollectiveName(plan.kind);
+        smddp::CallInfo info{op, smddp::DType::kFloat32, smddp::ReduceOp::kSum, bytes, bytes};
         plan.count = send[i].size();
         std::promise<smddp::Status> finished;
         comm->Start(run_id, 0, 0, 0, 0, 0, present[i], send[i].data(), recv[i].data(), info, plan,
                     [&finished](const smddp::Status& st) { finished.set_value(st); });
         smddp::Status st = finished.get_future().get();
         // Recorded as the CPU handler records a failure (jax_smddp.errors).
-        smddp::RecordFailure("all_reduce", comm->members(), present[i], st);
+        smddp::RecordFailure(op, comm->members(), present[i], st);
         for (size_t j = 0; j < recv[i].size() && st.ok(); ++j) {
           const float want = float(size) * float(size + 1) / 2 + float(size) * element(int64_t(j));
           if (recv[i][j] != want)

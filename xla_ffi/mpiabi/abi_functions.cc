@@ -325,7 +325,7 @@ static int ReduceScatter(const char* fn, const void* send, void* recv, int count
   plan.op = reduce;
   plan.outer = 1;
   plan.inner = size_t(count) * t.lanes;
-  CallInfo info{"reduce_scatter", t.dtype, reduce, block * n, block};
+  CallInfo info{CollectiveName(plan.kind), t.dtype, reduce, block * n, block};
   return Check(RunCollective(*r, fn, plan, info, send, recv));
 }
 
