@@ -31,6 +31,12 @@
 namespace smddp {
 namespace nccl {
 
+// A peer's allocation as this process maps it (SharedMapping).
+struct Mapping {
+  cuda::BufferIpc ipc;
+  BufferExchange::Handle handle;
+};
+
 // A registration as one rank sees it.
 struct Window {
   int64_t index = -1;
@@ -39,8 +45,11 @@ struct Window {
   size_t bytes = 0;
   bool usable = false;                   // every rank's window is addressable here
   std::vector<uint8_t*> bases;           // every rank's window, as this rank addresses it
-  std::unique_ptr<cuda::BufferIpc> ipc;  // this rank's mappings of its peers' windows
-  std::atomic<bool> freed{false};        // its memory went (ncclMemFree)
+  std::unique_ptr<cuda::BufferIpc> ipc;  // this rank's export of its window
+  // The peers' allocations it maps, shared with every window of this process
+  // that maps one of them (SharedMapping): unmapped with the last.
+  std::vector<std::shared_ptr<Mapping>> mapped;
+  std::atomic<bool> freed{false};  // its memory went (ncclMemFree)
 };
 
 // A communicator's windows (Comm::windows): used by its rank's thread.
@@ -103,6 +112,7 @@ struct Entry {
   int32_t rank;
   uint64_t bytes;
   uint64_t offset;   // of the window in its allocation
+  uint64_t unique;   // the allocation's buffer id (never reused in its process)
   uint64_t address;  // the window, as its own process addresses it
   int32_t process;
   uint32_t shareable;  // its handle maps in other processes
@@ -120,6 +130,25 @@ struct Board {
 std::map<std::tuple<uint64_t, uint64_t, int64_t, int>, Board>& Boards() {  // under mu
   static auto* b = new std::map<std::tuple<uint64_t, uint64_t, int64_t, int>, Board>;
   return *b;
+}
+
+// A peer's allocation mapped once per process, whichever windows map it
+// (XLA registers one allocation with each communicator that uses it, and a
+// legacy CUDA IPC handle opens once per device and process): by its
+// process and buffer id, mapped through the handle it first came with (a
+// cuMem descriptor's handle differs per export).
+std::shared_ptr<Mapping> SharedMapping(int process, uint64_t unique,
+                                       const BufferExchange::Handle& handle) {
+  static auto* all = new std::map<std::pair<int, uint64_t>, std::weak_ptr<Mapping>>;
+  std::lock_guard<std::mutex> lock(mu);
+  std::weak_ptr<Mapping>& slot = (*all)[{process, unique}];
+  std::shared_ptr<Mapping> m = slot.lock();
+  if (!m) {
+    m = std::make_shared<Mapping>();
+    m->handle = handle;
+    slot = m;
+  }
+  return m;
 }
 
 int ProcessOf(const Comm& comm, int rank) {
@@ -460,6 +489,7 @@ Status RegisterWindow(Comm& comm, void* buffer, size_t bytes, const char* functi
       Status st = w->ipc->FindAllocation(w->ordinal, buffer, &base, &unique);
       if (st.ok()) st = w->ipc->Export(w->ordinal, base, &mine.handle);
       mine.offset = uintptr_t(buffer) - base;
+      mine.unique = unique;
       if (!st.ok()) {
         mine.shareable = 0;
         std::strncpy(mine.why, st.message().c_str(), sizeof(mine.why) - 1);
@@ -491,7 +521,8 @@ Status RegisterWindow(Comm& comm, void* buffer, size_t bytes, const char* functi
                      function, Who(comm, q).c_str(), e.why, (long long)w->index);
       } else {
         uint8_t* base = nullptr;
-        const Status st = w->ipc->Map(w->ordinal, e.handle, &base);
+        w->mapped.push_back(SharedMapping(e.process, e.unique, e.handle));
+        const Status st = w->mapped.back()->ipc.Map(w->ordinal, w->mapped.back()->handle, &base);
         if (!st.ok())
           return Status::Error("jax_smddp NCCL front end: " + std::string(function) + " (window #" +
                                std::to_string(w->index) + "): mapping " + Who(comm, q) +

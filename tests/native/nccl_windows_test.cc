@@ -26,6 +26,9 @@
 // registered: a new registration index, calls exact before and after:
 //   realloc rank <r>: window #<a> then #<b>
 //   windows realloc process <p>: <counter> <n> ...
+// two_comms: the windows registered with a split of the communicator too
+// (the same allocations): calls exact on both; the second registration maps
+// nothing anew: windows second process <p>: ..., windows two_comms process <p>: ...
 // passthrough: the real library is of a version the front end does not know
 // (MOCK_NCCL_VERSION): ncclMemAlloc/ncclMemFree reach it, ncclCommRegister
 // registers no window.
@@ -369,6 +372,51 @@ void SizeMismatch(Rank& me) {
   CHECK(ncclMemFree(p) == ncclSuccess);
 }
 
+// One allocation registered with two communicators (the second a split of
+// the first, as XLA registers an allocation with each communicator that uses
+// it): calls exact on both; the second registration exports again but maps
+// no peer's allocation anew (a legacy CUDA IPC handle opens once per device
+// and process).
+void TwoComms(Rank& me, int p) {
+  const bool first = me.rank % G == 0;
+  void *hin = nullptr, *hout = nullptr, *hin2 = nullptr, *hout2 = nullptr;
+  auto* win_in = static_cast<uint8_t*>(Window(me, true, &hin));
+  auto* win_out = static_cast<uint8_t*>(Window(me, false, &hout));
+  me.Call(0, 0, 1, win_in + kInOffset, win_out + kOutOffset);
+  me.Check();
+  ncclComm_t a = me.comm, b = nullptr;
+  CHECK(ncclCommSplit(a, 0, me.rank, &b, nullptr) == ncclSuccess && b, "ncclCommSplit: %s",
+        ncclGetLastError(a));
+  JobBarrier();
+  const Snapshot before = Take();
+  JobBarrier();
+  CHECK(ncclCommWindowRegister(b, win_in, kWindow, &hin2, 0) == ncclSuccess, "%s",
+        ncclGetLastError(b));
+  CHECK(ncclCommRegister(b, win_out, kWindow, &hout2) == ncclSuccess, "%s", ncclGetLastError(b));
+  JobBarrier();
+  const Snapshot after = Take();
+  JobBarrier();
+  if (first) Print("second", p, before, after);
+  me.comm = b;
+  for (int op = 0; op < 4; ++op) me.Call(op, 1, 1, win_in + kInOffset, win_out + kOutOffset);
+  me.Check();
+  me.comm = a;
+  me.Call(2, 2, 0, win_in + kInOffset, win_out + kOutOffset);
+  me.Check();
+  JobBarrier();
+  if (first) Print("two_comms", p, after, Take());
+  JobBarrier();
+  CHECK(ncclCommWindowDeregister(b, hin2) == ncclSuccess && ncclCommDeregister(b, hout2) == 0);
+  me.comm = b;  // the mappings live on with the first communicator's windows
+  me.Call(0, 3, 1, win_in, win_out);
+  me.Check();
+  me.comm = a;
+  me.Call(0, 4, 1, win_in, win_out);
+  me.Check();
+  CHECK(ncclCommWindowDeregister(a, hin) == ncclSuccess && ncclCommDeregister(a, hout) == 0);
+  std::printf("rank %d: two communicators\n", me.rank);
+}
+
 // A real library of a version the front end does not know (MOCK_NCCL_VERSION):
 // its communicators are forwarded, and so are ncclMemAlloc and ncclMemFree.
 void Passthrough(Rank& me) {
@@ -399,6 +447,7 @@ void RunRank(const std::string& scenario, int p, int i, const ncclUniqueId& id) 
   if (scenario == "size_mismatch") SizeMismatch(me);
   if (scenario == "realloc") Realloc(me, p);
   if (scenario == "passthrough") Passthrough(me);
+  if (scenario == "two_comms") TwoComms(me, p);
   // Served: no memory from the real library.
   if (scenario != "passthrough")
     CHECK(!nccl_test::Has(nccl_test::Record(), "ncclMem"), "%s", nccl_test::Record().c_str());

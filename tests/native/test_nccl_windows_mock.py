@@ -70,9 +70,9 @@ def test_window_collectives_exact(program, layout, memory):
   assert sorted(registration) == sorted(steady) == sorted(outside) == list(range(P)), out
   for p in range(P):
     assert registration[p]["registered"] == 2 * G, registration[p]
-    if P > 1:  # the peers' windows mapped at registration, once each
-      opened = "ipc_opens" if memory == "legacy" else "maps"
-      assert registration[p][opened] == 2 * G * (P - 1) * G, registration[p]
+    if P > 1:  # the peers' windows mapped at registration, once per process and device
+      assert registration[p]["ipc_opens" if memory == "legacy" else "grants"] == 2 * G * (P - 1) * G
+      assert registration[p]["maps"] == (0 if memory == "legacy" else 2 * (P - 1) * G)
     costs = {k: n for k, n in steady[p].items() if k in COUNTERS + ["meetings", "waits"] and n}
     assert not costs, (p, steady[p])
     assert steady[p]["windowed"] == 4 * 20 * G and steady[p]["usual"] == 0, steady[p]
@@ -130,8 +130,32 @@ def test_window_realloc_new_registration(program, layout, memory):
     assert c["registered"] == G and c["windowed"] == 3 * G, c
     if P > 1:
       exported = "ipc_exports" if memory == "legacy" else "cumem_exports"
-      opened = "ipc_opens" if memory == "legacy" else "maps"
+      opened = "ipc_opens" if memory == "legacy" else "grants"
       assert c[exported] == G and c[opened] == G * (P - 1) * G, c
+      assert c["maps"] == (0 if memory == "legacy" else (P - 1) * G), c
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize("memory", ["legacy", "cumem"])
+@pytest.mark.parametrize("layout", LAYOUTS)
+def test_window_shared_by_two_communicators(program, layout, memory):
+  """The same allocations registered with a communicator and with its split, as XLA registers
+  an allocation with each communicator that uses it: calls exact on both, before and after the
+  split's windows are deregistered; the second registration exports each window again but opens,
+  imports, maps and grants nothing (a legacy CUDA IPC handle opens once per device and process)."""
+  _skip_refused(layout, memory)
+  out = _run(program, layout, "two_comms", memory)
+  P, G = (int(v) for v in layout.split("x"))
+  assert len(re.findall(r"^rank \d+: two communicators$", out, re.M)) == 8, out
+  second, both = _rows(out, "second"), _rows(out, "two_comms")
+  assert sorted(second) == sorted(both) == list(range(P)), out
+  for p in range(P):
+    c = second[p]
+    assert c["registered"] == 2 * G, c
+    assert all(c[k] == 0 for k in ("ipc_opens", "imports", "maps", "grants")), c
+    if P > 1:
+      assert c["ipc_exports" if memory == "legacy" else "cumem_exports"] == 2 * G, c
+    assert both[p]["windowed"] == 5 * G, both[p]
 
 
 @pytest.mark.timeout(60)
