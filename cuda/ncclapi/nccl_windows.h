@@ -15,11 +15,13 @@
 // XLA calls it on every rank at the same point, so it is served the same
 // way) are collective here on a served communicator inside one host: the
 // ranks meet once (the host waits for every rank's entry: its window's
-// handle, size and call log), each maps its peers' windows, and the window
-// gets the communicator's next registration index (never reused, alike on
-// every rank). Sizes must agree. Deregistration synchronizes the rank's
-// device, meets the peers again (nobody reads the window any more), then
-// unmaps; ncclMemFree after it frees.
+// handle, size and call log), each maps its peers' windows (a peer's
+// allocation once per process and device, however many windows or
+// communicators cover it), and the window gets the communicator's next
+// registration index (never reused, alike on every rank). Sizes must
+// agree. Deregistration synchronizes the rank's device, meets the peers
+// again (nobody reads the window any more), then unmaps; ncclMemFree after
+// it frees.
 //
 // Calls. Once a communicator has a window, every uncaptured served call of
 // each rank is logged (its window index and offsets, or none) in a ring
