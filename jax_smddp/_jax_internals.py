@@ -1,9 +1,10 @@
 """The one door to jax's private modules (``jax._src``): no other module of jax_smddp names them.
 
 Checked against jax 0.10.2 (Python 3.11), jax 0.11.2 (Python 3.12, the GPU machine;
-docs/gpu_measurements.md) and jax 0.12.0 (Python 3.12). A jax release may move any of these without
-notice; when one is missing, importing its name from here raises :class:`JaxInternalMoved`, which names the internal, the installed
-jax and the versions above (tests/build/test_jax_internals.py checks every one against the installed jax).
+docs/gpu_measurements.md) and jax 0.12.0 (Python 3.12). A jax release may move any of these without notice;
+when one is missing, importing its name from here raises :class:`JaxInternalMoved`, which names the
+internal, the installed jax and the versions above (tests/build/test_jax_internals.py checks every one
+against the installed jax).
 
 Each internal is imported under a name of ours, resolved when first imported from here (so a tool's
 internal that moved does not break ``import jax_smddp``). What jax offers publicly is used publicly
