@@ -134,13 +134,22 @@ __global__ void ResolveKernel(volatile uint64_t* out, const volatile uint64_t* e
                               uint64_t stamp, int which, const volatile uint64_t* table,
                               const volatile uint32_t* released, const volatile uint32_t* posted) {
   if (entry[0] != stamp) {
-    // The group failed: a watchdog released the peer's flags.
-    if ((released && *released) ||
-        (posted && int32_t(*posted - uint32_t(stamp)) >= int32_t(1u << 29))) {
-      *out = 0;
-      return;
+    // Another call's entry: the group failed (a watchdog released the peer's
+    // flags, and the peer ran ahead), or a protocol bug. The peer's process
+    // may have seen the failure first: this one's watchdog releases within
+    // ~50 ms, so wait for it a while before calling it a bug.
+    uint64_t t0, t;
+    asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t0));
+    for (;;) {
+      if ((released && *released) ||
+          (posted && int32_t(*posted - uint32_t(stamp)) >= int32_t(1u << 29))) {
+        *out = 0;
+        return;
+      }
+      asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
+      if (t - t0 > kStaleEntryGraceNs) __trap();  // never read a stale address
+      __nanosleep(1000);
     }
-    __trap();  // another call's entry: never read a stale address
   }
   const uint64_t id1 = entry[1 + 3 * which], offset = entry[2 + 3 * which];
   if (!table || id1 == 0) {

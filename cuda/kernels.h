@@ -38,6 +38,11 @@ cudaError_t LaunchReduceToEach(void* const* dsts, int nd, size_t dpitch, const v
                                int n, size_t spitch, size_t count, size_t rows, DType type,
                                ReduceOp op, int max_blocks, cudaStream_t stream, int unroll = 2);
 
+// How long Resolve waits, on reading another call's mailbox entry, for the
+// group's failure to be seen in this process (a peer's process may release
+// its streams first, which then run ahead) before it traps as a protocol bug.
+constexpr uint64_t kStaleEntryGraceNs = 10'000'000'000ull;
+
 // Addresses read on the device (StreamOps::WriteWords, Resolve, Copy2DFrom,
 // ReduceFrom, xla_ffi/algorithms/stream_ops.h; the same meanings).
 cudaError_t LaunchWriteWords(uint64_t* dst, const uint64_t* values, int n, cudaStream_t stream);

@@ -212,8 +212,8 @@ class Caller {
       // As the handlers do (xla_ffi/ffi/gpu_handlers.cc): a captured stream takes the
       // replayable path.
       const smddp::Status st =
-          smddp::gpu::EnqueueCollective(kNames[op_], op_id_++, smddp::gpu::CallRank{s_.me}, ops,
-                                        send_, recv_, plan, smddp::cuda::StreamCapturing(stream_));
+          smddp::gpu::EnqueueCollective(kNames[op_], op_id_++, s_.me, ops, send_, recv_, plan,
+                                        smddp::cuda::StreamCapturing(stream_));
       if (!st.ok() && error) {
         *error = st.message();
         return -1;

@@ -14,19 +14,20 @@
 
 #include <functional>
 
+#include "cuda/gpu_call.h"
 #include "cuda/gpu_communicator.h"
 #include "cuda/ncclapi/nccl_types.h"
 
 namespace smddp_test {
 
 struct SteadyRank {
-  int ranks = 0;                        // in the group
-  int rank = 0;                         // this one's
-  int process = 0;                      // this rank's process
-  bool first_of_process = false;        // prints the process's counters
-  smddp::gpu::LocalRank* me = nullptr;  // the custom calls' path, or
-  ncclComm_t comm = nullptr;            // the NCCL API front end
-  std::function<void()> barrier;        // every rank of the job
+  int ranks = 0;                  // in the group
+  int rank = 0;                   // this one's
+  int process = 0;                // this rank's process
+  bool first_of_process = false;  // prints the process's counters
+  smddp::gpu::CallRank me;        // the custom calls' path (rank set), or
+  ncclComm_t comm = nullptr;      // the NCCL API front end
+  std::function<void()> barrier;  // every rank of the job
   // Groups across hosts: the front end forwards permutes to the real NCCL
   // (here a mock that moves no data), so they are left out.
   bool permutes = true;

@@ -23,9 +23,9 @@
 // elements) on its stream.
 //
 // PxG: P processes of G devices each (1x8, 8x1, 2x4; the group is all P*G
-// devices). HxPxG (nccl only): H simulated hosts of P processes of G devices
-// (the world's libfabric shm links between hosts; the front end's
-// hierarchical bodies; each host's devices are node devices of their own). direct|staged:
+// devices). HxPxG: H simulated hosts of P processes of G devices
+// (the world's libfabric shm links between hosts; the hierarchical
+// bodies, by either entry point; each host's devices are node devices of their own). direct|staged:
 // JAX_SMDDP_GPU_DIRECT_READS=1|0; every collective, float32 and int32, two calls each; each rank
 // writes its inputs and outputs to OUTDIR/rank<r>.bin for the test to check against numpy.
 // schedule: two all_gathers of 4 KiB per rank (schedule_staged: through the 4 KiB slots), then
@@ -67,6 +67,7 @@
 #include "cuda/cuda_stream_ops.h"
 #include "cuda/gpu_call.h"
 #include "cuda/gpu_communicator.h"
+#include "cuda/gpu_hierarchy.h"
 #include "cuda/ncclapi/nccl_types.h"
 #include "tests/native/check.h"
 #include "tests/native/gpu_node_steady.h"
@@ -308,7 +309,7 @@ bool Write(const std::string& path, const std::list<Record>& records) {
 // Rank `rank` on local device `ordinal`: every call enqueued, one
 // synchronization at the end.
 void RunRank(const std::string& mode, const std::string& outdir, int P, int rank, int ordinal,
-             gpu::LocalRank* me, const ncclUniqueId* id) {
+             gpu::CallRank me, const ncclUniqueId* id) {
   smddp_test::Who() = "rank " + std::to_string(rank);
   CHECK(cudaSetDevice(ordinal) == cudaSuccess);
   ncclComm_t comm = nullptr;
@@ -387,10 +388,10 @@ void RunRank(const std::string& mode, const std::string& outdir, int P, int rank
           CHECK_MSG(rc == ncclSuccess, std::string(OpName(kind)) + ": " + ncclGetLastError(comm));
         } else {
           smddp::cuda::CudaStreamOps ops(stream, settings);
-          const Status st = gpu::EnqueueCollective(OpName(kind), op_id++, gpu::CallRank{me}, ops,
-                                                   send, recv, plan);
+          const Status st =
+              gpu::EnqueueCollective(OpName(kind), op_id++, me, ops, send, recv, plan);
           CHECK_MSG(st.ok(), std::string(OpName(kind)) + ": " + st.message());
-          in_place += !me->view.inputs.empty() || me->view.device.active;
+          in_place += !me.rank->view.inputs.empty() || me.rank->view.device.active;
         }
         CHECK(cudaMemcpyAsync(r.out.data(), recv, out_n * 4, cudaMemcpyDeviceToHost, stream) ==
               cudaSuccess);
@@ -479,7 +480,68 @@ int RunProcessNccl(int p, int P, int G, const std::string& mode, const std::stri
     id.internal[i] = char(std::stoi(hex.substr(2 * i, 2), nullptr, 16));
   std::vector<std::thread> threads;
   for (int i = 0; i < G; ++i)
-    threads.emplace_back(RunRank, mode, outdir, N, p * G + i, i, nullptr, &id);
+    threads.emplace_back(RunRank, mode, outdir, N, p * G + i, i, gpu::CallRank{}, &id);
+  for (auto& t : threads) t.join();
+  if (mode == "dead_warm") SurvivorExit(P);
+  Barrier(P);
+  CHECK(gpu::CloseCommunicatorsAtExit(), "the network proxy idle at exit");
+  smddp::WorldShutdown();
+  return 0;
+}
+
+// The custom calls' path across hosts, set up as jax_smddp/gpu.py does it:
+// this host's communicator (its processes' handles only), then the group's
+// hierarchy over the world's links (network slots staged in host memory).
+int RunProcessAcrossHosts(int p, int P, int G, const std::string& mode, const std::string& outdir) {
+  const int N = P * G, per_host = P / hosts, host = p / per_host;
+  BuildWorld(p, P);
+  std::vector<int64_t> members, intra;
+  std::vector<int> host_of, process_of;
+  for (int r = 0; r < N; ++r) {
+    members.push_back(r);
+    process_of.push_back(r / G);
+    host_of.push_back(r / G / per_host);
+    if (r / G / per_host == host) intra.push_back(r);
+  }
+  // The host's communicator numbers its ranks from 0 (group rank - first);
+  // the hierarchy takes group ranks.
+  const int first = int(intra[0]);
+  std::vector<std::pair<int, int>> local, local_intra;
+  for (int i = 0; i < G; ++i) {
+    local.emplace_back(p * G + i, i);
+    local_intra.emplace_back(p * G + i - first, i);
+  }
+  std::vector<std::pair<int, std::string>> handles;
+  Status st = gpu::PrepareCommunicator(intra, 4096, local_intra, per_host, &handles);
+  CHECK_MSG(st.ok(), "prepare: " + st.message());
+  for (const auto& [rank, h] : handles) {
+    CHECK(h.size() <= sizeof(board->handles[0].bytes));
+    board->handles[first + rank].rank = rank;
+    board->handles[first + rank].len = uint32_t(h.size());
+    std::memcpy(board->handles[first + rank].bytes, h.data(), h.size());
+  }
+  Barrier(P);
+  std::vector<std::pair<int, std::string>> remote;
+  for (int64_t r : intra) {
+    if (r / G != p)
+      remote.emplace_back(int(r) - first,
+                          std::string(board->handles[r].bytes, board->handles[r].len));
+  }
+  st = gpu::ConnectCommunicator(intra, remote);
+  CHECK_MSG(st.ok(), "connect: " + st.message());
+  bool gdrcopy = false, rail = false;
+  st = gpu::PrepareHierarchy(members, host_of, process_of, local, intra, 4096, {}, &gdrcopy, &rail);
+  CHECK_MSG(st.ok(), "prepare_hierarchy: " + st.message());
+  Barrier(P);
+  gpu::GpuHierarchy* hierarchy = gpu::FindHierarchy(gpu::GroupKey(members.data(), N));
+  CHECK(hierarchy != nullptr);
+  std::vector<std::thread> threads;
+  for (int i = 0; i < G; ++i) {
+    gpu::GpuHierarchy::Member* m = hierarchy->Find(p * G + i);
+    CHECK(m && m->local && m->port);
+    threads.emplace_back(RunRank, mode, outdir, N, p * G + i, i,
+                         gpu::CallRank{m->local, m->port, &hierarchy->rank_of()}, nullptr);
+  }
   for (auto& t : threads) t.join();
   if (mode == "dead_warm") SurvivorExit(P);
   Barrier(P);
@@ -500,6 +562,7 @@ int RunProcess(int p, int P, int G, const std::string& mode, const std::string& 
   gpu::SetProcessIndex(p);
   smddp::SetTimeoutSeconds(20);
   if (nccl) return RunProcessNccl(p, P, G, mode, outdir);
+  if (hosts > 1) return RunProcessAcrossHosts(p, P, G, mode, outdir);
   const int N = P * G;
   std::vector<int64_t> members;
   for (int r = 0; r < N; ++r) members.push_back(r);
@@ -538,7 +601,7 @@ int RunProcess(int p, int P, int G, const std::string& mode, const std::string& 
   for (int i = 0; i < G; ++i) {
     gpu::LocalRank* me = comm->Local(p * G + i);
     CHECK(me && me->ordinal == i);
-    threads.emplace_back(RunRank, mode, outdir, N, p * G + i, i, me, nullptr);
+    threads.emplace_back(RunRank, mode, outdir, N, p * G + i, i, gpu::CallRank{me}, nullptr);
   }
   for (auto& t : threads) t.join();
   if (mode == "dead_warm") SurvivorExit(P);
@@ -654,7 +717,6 @@ int main(int argc, char** argv) {
   const bool nccl = argc == 5 && std::string(argv[4]) == "nccl";
   int P = 0, G = 0, H = 0;
   if (std::sscanf(argv[1], "%dx%dx%d", &H, &P, &G) == 3) {  // hosts x processes x GPUs
-    CHECK(nccl, "groups across hosts: through the NCCL front end only");
     hosts = H;
     P *= H;
     kCount = 3000;
@@ -677,6 +739,11 @@ int main(int argc, char** argv) {
     }
     children.push_back(pid);
   }
+  // Whose mock device memory is this run's (the test checks none is left).
+  std::string pids;
+  for (pid_t c : children) pids += " " + std::to_string(c);
+  std::printf("processes:%s\n", pids.c_str());
+  std::fflush(stdout);
   bool ok = true;
   for (size_t left = children.size(); left > 0; --left) {
     int status = 0;
