@@ -460,6 +460,17 @@ int DeadPeer(int p, int P, int G, gpu::GpuCommunicator* comm) {
   return 0;
 }
 
+// Joins the ranks' threads, then leaves the world built by BuildWorld (a
+// survivor of a death at once: its group's network cannot close in order).
+int JoinAndLeaveWorld(std::vector<std::thread>& threads, const std::string& mode, int P) {
+  for (auto& t : threads) t.join();
+  if (mode == "dead_warm") SurvivorExit(P);
+  Barrier(P);
+  CHECK(gpu::CloseCommunicatorsAtExit(), "the network proxy idle at exit");
+  smddp::WorldShutdown();
+  return 0;
+}
+
 // The same calls through the NCCL API front end.
 int RunProcessNccl(int p, int P, int G, const std::string& mode, const std::string& outdir) {
   const int N = P * G;
@@ -481,12 +492,7 @@ int RunProcessNccl(int p, int P, int G, const std::string& mode, const std::stri
   std::vector<std::thread> threads;
   for (int i = 0; i < G; ++i)
     threads.emplace_back(RunRank, mode, outdir, N, p * G + i, i, gpu::CallRank{}, &id);
-  for (auto& t : threads) t.join();
-  if (mode == "dead_warm") SurvivorExit(P);
-  Barrier(P);
-  CHECK(gpu::CloseCommunicatorsAtExit(), "the network proxy idle at exit");
-  smddp::WorldShutdown();
-  return 0;
+  return JoinAndLeaveWorld(threads, mode, P);
 }
 
 // The custom calls' path across hosts, set up as jax_smddp/gpu.py does it:
@@ -542,12 +548,7 @@ int RunProcessAcrossHosts(int p, int P, int G, const std::string& mode, const st
     threads.emplace_back(RunRank, mode, outdir, N, p * G + i, i,
                          gpu::CallRank{m->local, m->port, &hierarchy->rank_of()}, nullptr);
   }
-  for (auto& t : threads) t.join();
-  if (mode == "dead_warm") SurvivorExit(P);
-  Barrier(P);
-  CHECK(gpu::CloseCommunicatorsAtExit(), "the network proxy idle at exit");
-  smddp::WorldShutdown();
-  return 0;
+  return JoinAndLeaveWorld(threads, mode, P);
 }
 
 int RunProcess(int p, int P, int G, const std::string& mode, const std::string& outdir, bool nccl) {
