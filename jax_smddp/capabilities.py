@@ -43,6 +43,12 @@ def heap_reuse() -> dict:
   return dict(_native.engine().heap_reuse())
 
 
+def malloc_arenas() -> dict:
+  """glibc's malloc arenas capped when jax_smddp was imported (JAX_SMDDP_MALLOC_ARENAS): 'arenas'
+  (the cap; 0 when left alone) and 'reason' (why it is left alone)."""
+  return dict(_native.engine().malloc_arenas())
+
+
 @functools.cache
 def fabric() -> dict:
   """libfabric: built (headers found), loaded (path, version), its providers

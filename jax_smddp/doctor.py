@@ -155,6 +155,13 @@ def _heap(rows: list[Row]) -> None:
       "once this process sets up its first CPU collective"
   rows.append(Row("host outputs", OK, f"glibc keeps allocations up to {h['bytes'] / 2**20:g} MiB "
                   f"in its heap {when} (output buffers reused, not re-faulted)"))
+  a = capabilities.malloc_arenas()
+  if a["arenas"] > 0:
+    rows.append(Row("malloc arenas", OK, f"at most {a['arenas']} since jax_smddp was imported "
+                    "(XLA's device threads allocate from the heap kept above)"))
+  else:
+    rows.append(Row("malloc arenas", INFO, f"glibc's default ({a['reason']}): XLA's device threads "
+                    "allocate from heaps of their own, which glibc unmaps once empty"))
 
 
 def _xla_swap(rows: list[Row]) -> None:

@@ -102,3 +102,60 @@ def test_the_threshold_is_the_setting(tmp_path, setting, kept, reused):
     assert max(r["faults"]) < r["pages"] // 100, r
   else:
     assert min(r["faults"]) >= r["pages"] // 2, r
+
+
+ARENAS_SCRIPT = textwrap.dedent("""
+  import ctypes, os, re, sys, tempfile
+  os.environ["XLA_FLAGS"] = "--xla_force_host_platform_device_count=2"
+  import jax_smddp as smddp  # before jax starts its CPU client: the cap applies to its threads
+  import numpy as np
+  import jax
+  from jax.sharding import PartitionSpec as P, NamedSharding
+  from jax_smddp import capabilities
+  mesh = jax.make_mesh((2,), ("x",))
+  x = jax.device_put(np.arange(1 << 20, dtype=np.float32), NamedSharding(mesh, P("x")))
+  f = jax.jit(jax.shard_map(lambda v: smddp.all_gather(v, "x", tiled=True), mesh=mesh,
+                            in_specs=P("x"), out_specs=P("x")))
+  for _ in range(5):
+    f(x).block_until_ready()
+  libc = ctypes.CDLL(None)
+  libc.fopen.restype = ctypes.c_void_p
+  libc.fopen.argtypes = [ctypes.c_char_p, ctypes.c_char_p]
+  libc.malloc_info.argtypes = [ctypes.c_int, ctypes.c_void_p]
+  libc.fclose.argtypes = [ctypes.c_void_p]
+  path = os.path.join(tempfile.mkdtemp(), "malloc.xml")
+  fp = libc.fopen(path.encode(), b"w")
+  assert libc.malloc_info(0, fp) == 0
+  libc.fclose(fp)
+  arenas = len(re.findall(r"<heap nr=", open(path).read()))
+  print("RESULT", arenas, capabilities.malloc_arenas())
+""")
+
+
+def arenas_used(tmp_path, env_extra: dict[str, str]) -> tuple[int, str]:
+  path = tmp_path / "arenas.py"
+  path.write_text(ARENAS_SCRIPT)
+  env = {k: v for k, v in os.environ.items()
+         if k not in ("XLA_FLAGS", "JAX_SMDDP_MALLOC_ARENAS", "MALLOC_ARENA_MAX") + GLIBC_MALLOC_VARS}
+  env.update(env_extra)
+  proc = subprocess.run([sys.executable, str(path)], env=env, capture_output=True, text=True,
+                        timeout=170)
+  assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+  line = [l for l in proc.stdout.splitlines() if l.startswith("RESULT ")]
+  assert line, proc.stdout + proc.stderr
+  _, n, info = line[0].split(" ", 2)
+  return int(n), info
+
+
+@pytest.mark.timeout(180)
+def test_xla_threads_share_the_kept_heap(tmp_path):
+  """JAX_SMDDP_MALLOC_ARENAS (1 by default) caps glibc's arenas when jax_smddp is imported: XLA's
+  device threads, started after, allocate from the main heap (which the policy above keeps)
+  rather than from heaps of their own that glibc unmaps once empty (docs/cpu_floor.md: the 2x2
+  all_gather's outliers). With 0 each busy thread gets an arena of its own."""
+  capped, info = arenas_used(tmp_path, {})
+  assert capped == 1 and "'arenas': 1" in info, (capped, info)
+  left, info = arenas_used(tmp_path, {"JAX_SMDDP_MALLOC_ARENAS": "0"})
+  assert left > 1 and "JAX_SMDDP_MALLOC_ARENAS=0" in info, (left, info)
+  env, info = arenas_used(tmp_path, {"MALLOC_ARENA_MAX": "3"})
+  assert "MALLOC_ARENA_MAX is set" in info, (env, info)

@@ -49,6 +49,14 @@ void Check(const smddp::Status& st) {
 // (jax_smddp.doctor).
 void BindBuildInfo(nb::module_& m) {
   // glibc's heap kept for XLA's outputs (common/heap_reuse.h).
+  m.def("malloc_arenas", [] {
+    std::string reason;
+    const int n = smddp::MallocArenas(&reason);
+    nb::dict d;
+    d["arenas"] = n;
+    d["reason"] = reason;
+    return d;
+  });
   m.def("heap_reuse", [] {
     const smddp::HeapReusePolicy p = smddp::HeapReuse();
     nb::dict d;
@@ -262,6 +270,7 @@ void BindWorld(nb::module_& m) {
 
 NB_MODULE(_smddp_cpu, m) {
   m.doc() = "jax_smddp native engine (CPU)";
+  smddp::CapMallocArenas();  // before XLA's CPU client starts its threads
   m.def("type_registrations", [] {
     return smddp::TypeRegistrations("smddp_call_site", SmddpCallSiteTypeId(),
                                     SmddpCallSiteTypeInfo());

@@ -69,4 +69,38 @@ void ApplyHeapReuse() {
 
 bool HeapReuseApplied() { return applied.load(); }
 
+namespace {
+int arenas_set = 0;
+std::string arenas_reason = "not applied yet";
+}  // namespace
+
+void CapMallocArenas() {
+  static std::once_flag once;
+  std::call_once(once, [] {
+#if !defined(__GLIBC__)
+    arenas_reason = "the C library is not glibc";
+#else
+    const int64_t n = IntSetting("JAX_SMDDP_MALLOC_ARENAS");
+    const char* tunables = std::getenv("GLIBC_TUNABLES");
+    if (n <= 0) {
+      arenas_reason = "JAX_SMDDP_MALLOC_ARENAS=0";
+    } else if (std::getenv("MALLOC_ARENA_MAX") != nullptr) {
+      arenas_reason = "MALLOC_ARENA_MAX is set: glibc's arenas are tuned by the environment";
+    } else if (tunables != nullptr && std::strstr(tunables, "glibc.malloc.arena_max") != nullptr) {
+      arenas_reason = "GLIBC_TUNABLES sets glibc.malloc.arena_max";
+    } else if (mallopt(M_ARENA_MAX, int(n)) == 1) {
+      arenas_set = int(n);
+      arenas_reason.clear();
+    } else {
+      arenas_reason = "mallopt(M_ARENA_MAX) refused it";
+    }
+#endif
+  });
+}
+
+int MallocArenas(std::string* reason) {
+  if (reason) *reason = arenas_reason;
+  return arenas_set;
+}
+
 }  // namespace smddp

@@ -30,11 +30,21 @@ HeapReusePolicy HeapReuse();
 // Applies the policy once per process (mallopt M_MMAP_THRESHOLD = bytes,
 // M_TRIM_THRESHOLD = 2 * bytes, at most INT_MAX). Called when the first CPU
 // collective is set up, so a process that only imports jax_smddp keeps
-// glibc's defaults.
+// glibc's thresholds (its arenas: CapMallocArenas, below).
 void ApplyHeapReuse();
 
 // Whether ApplyHeapReuse changed glibc's thresholds in this process.
 bool HeapReuseApplied();
+
+// glibc's arenas capped at JAX_SMDDP_MALLOC_ARENAS (mallopt M_ARENA_MAX), once
+// per process, when jax_smddp's CPU module loads: XLA's CPU device threads,
+// started later, then allocate from the heaps the policy above keeps (a
+// per-thread arena unmaps a heap once everything in it is freed, so each
+// call's output would land on fresh pages). Left alone where the setting is
+// 0, the environment tunes arenas itself, or the C library is not glibc.
+void CapMallocArenas();
+// The cap set in this process (0: none), and why none when so.
+int MallocArenas(std::string* reason);
 
 }  // namespace smddp
 

@@ -106,6 +106,14 @@ const std::vector<SettingSpec> kSettings = {
      "outputs of collectives this large or larger are advised onto transparent huge pages "
      "before they are written (madvise MADV_HUGEPAGE: one page fault per 2 MiB of XLA's fresh "
      "output mappings instead of one per 4 KiB); 0 turns that off"},
+    {"JAX_SMDDP_MALLOC_ARENAS", kInt, "1", 0, 1024, "", "runtime", false,
+     "glibc malloc arenas (mallopt M_ARENA_MAX), set when jax_smddp is imported, before XLA's "
+     "CPU client starts its device threads: with 1 their output buffers come from the main heap, "
+     "which JAX_SMDDP_HEAP_REUSE_BYTES keeps, not from per-thread heaps that glibc unmaps once "
+     "empty (a 2x2 all_gather of 4 MiB per rank: 5-9 of 80 calls on fresh, page-faulting memory "
+     "instead of 40-50, medians 4.7-6.4 ms instead of 8.4-13.7: docs/cpu_floor.md); threads then "
+     "share one allocator lock. 0 leaves glibc's default (8 per core), as do MALLOC_ARENA_MAX or "
+     "glibc.malloc.arena_max in the environment. glibc only"},
     {"JAX_SMDDP_HEAP_REUSE_BYTES", kBytes, "64M", 0, 1 << 30, "", "runtime", false,
      "when a process sets up its first CPU collective, glibc is told to serve allocations up "
      "to this size from its heap and to keep what is freed there (mallopt M_MMAP_THRESHOLD, "
