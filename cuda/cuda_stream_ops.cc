@@ -59,6 +59,10 @@ GpuCounters& Counters() {
 
 bool HaveStreamMemOps() { return DriverMemOps().wait != nullptr; }
 
+namespace {
+
+// Whether `stream` is being captured into a CUDA graph (what runs on it is
+// recorded, not run).
 bool StreamCapturing(cudaStream_t stream) {
   cudaStreamCaptureStatus status = cudaStreamCaptureStatusNone;
   if (cudaStreamIsCapturing(stream, &status) != cudaSuccess) {
@@ -68,11 +72,14 @@ bool StreamCapturing(cudaStream_t stream) {
   return status != cudaStreamCaptureStatusNone;
 }
 
+}  // namespace
+
 CudaStreamOps::CudaStreamOps(cudaStream_t stream, const GpuSettings& settings)
     : stream_(stream),
       settings_(settings),
       memops_(settings.flags == GpuSettings::Flags::kMemOps && HaveStreamMemOps()),
-      copy_engines_(settings.copies == GpuSettings::Copies::kEngine && !StreamCapturing(stream)) {}
+      capturing_(StreamCapturing(stream)),
+      copy_engines_(settings.copies == GpuSettings::Copies::kEngine && !capturing_) {}
 
 struct CudaStreamOps::Lanes {
   cudaEvent_t fork = nullptr;

@@ -49,13 +49,11 @@ GpuCounters& Counters();
 // Whether the driver provides stream memory operations (resolved once).
 bool HaveStreamMemOps();
 
-// Whether `stream` is being captured into a CUDA graph (what runs on it is
-// recorded, not run).
-bool StreamCapturing(cudaStream_t stream);
-
 class CudaStreamOps : public StreamOps {
  public:
   CudaStreamOps(cudaStream_t stream, const GpuSettings& settings);
+  // Whether the stream was being captured into a CUDA graph when these were made.
+  bool capturing() const { return capturing_; }
 
   Status Copy2D(void* dst, size_t dpitch, const void* src, size_t spitch, size_t width,
                 size_t rows) override;
@@ -93,6 +91,7 @@ class CudaStreamOps : public StreamOps {
   int forked_ = 0;  // lanes in use since Fork
   GpuSettings settings_;
   bool memops_;
+  bool capturing_;
   // Copies on the copy engines unless the stream is being captured into a
   // CUDA graph: XLA updates its command buffers' graphs when their buffers
   // move, which a kernel node allows and a memcpy node between two of XLA's

@@ -211,9 +211,8 @@ class Caller {
       smddp::cuda::CudaStreamOps ops(stream_, settings_);
       // As the handlers do (xla_ffi/ffi/gpu_handlers.cc): a captured stream takes the
       // replayable path.
-      const smddp::Status st =
-          smddp::gpu::EnqueueCollective(kNames[op_], op_id_++, s_.me, ops, send_, recv_, plan,
-                                        smddp::cuda::StreamCapturing(stream_));
+      const smddp::Status st = smddp::gpu::EnqueueCollective(kNames[op_], op_id_++, s_.me, ops,
+                                                             send_, recv_, plan, ops.capturing());
       if (!st.ok() && error) {
         *error = st.message();
         return -1;

@@ -118,9 +118,9 @@ Status EnqueueCall(const char* op, int64_t op_id, cudaStream_t stream, int32_t o
   cuda::CudaStreamOps ops(stream, Settings());
   // XLA captures the call into its command buffer (a CUDA graph) only where
   // JAX_SMDDP_GPU_GRAPHS=1 said it may (jax_smddp/_native.py registers them so).
-  const Status st = gpu::EnqueueCollective(op, op_id, gpu::CallRank{me.rank, me.port, me.rank_of},
-                                           ops, x.untyped_data(), out->untyped_data(), plan,
-                                           cuda::StreamCapturing(stream));
+  const Status st =
+      gpu::EnqueueCollective(op, op_id, gpu::CallRank{me.rank, me.port, me.rank_of}, ops,
+                             x.untyped_data(), out->untyped_data(), plan, ops.capturing());
   cuda::GpuCounters& counters = cuda::Counters();
   // Read in place: by addresses the host exchanged, or by the device exchange.
   if (st.ok() && !me.port && (!me.rank->view.inputs.empty() || me.rank->view.device.active))
