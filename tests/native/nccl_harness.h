@@ -99,7 +99,7 @@ inline void Note(const std::string& line) {
   if (fn) fn(line.c_str());
 }
 
-std::vector<std::string> Lines(const std::string& text) {
+inline std::vector<std::string> Lines(const std::string& text) {
   std::vector<std::string> out;
   size_t at = 0;
   while (at < text.size()) {
@@ -133,7 +133,7 @@ class MarkedOps : public smddp::HostStreamOps {
 // nodes); Replay runs the record on host threads, as launching the graph runs
 // it on the GPU.
 inline bool capturing = false;
-std::vector<std::function<Status(smddp::StreamOps&)>> graph;
+inline std::vector<std::function<Status(smddp::StreamOps&)>> graph;
 class RecordingOps : public smddp::StreamOps {
  public:
   Status Copy2D(void* dst, size_t dpitch, const void* src, size_t spitch, size_t width,
@@ -205,7 +205,7 @@ inline bool ReadBytes(int fd, std::string* s) {
 inline int up_fd = -1, down_fd = -1, P = 0;
 
 // What every process said (through the parent, as a key-value store would).
-std::vector<std::string> Relay(const std::string& mine) {
+inline std::vector<std::string> Relay(const std::string& mine) {
   std::vector<std::string> all(P);
   if (!WriteBytes(up_fd, mine)) return all;
   for (auto& s : all) ReadBytes(down_fd, &s);
@@ -265,7 +265,7 @@ inline void BuildWorld() {
   Check(smddp::WorldStart(), "WorldStart");
 }
 
-ncclConfig_t* Config(unsigned version, int blocking) {
+inline ncclConfig_t* Config(unsigned version, int blocking) {
   // As NCCL_CONFIG_INITIALIZER lays it out: the head, then fields the front
   // end passes on untouched.
   static unsigned char storage[256];
