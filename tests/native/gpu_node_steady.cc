@@ -16,6 +16,7 @@
 #include "cuda/cuda_stream_ops.h"
 #include "cuda/gpu_call.h"
 #include "tests/native/check.h"
+#include "tests/native/job_ranks.h"
 #include "xla_ffi/algorithms/plan.h"
 #include "xla_ffi/engine/buffer_exchange.h"
 
@@ -42,19 +43,6 @@ constexpr int kCalls = 50;    // after the warm-up
 const char* const kNames[] = {"all_gather", "reduce_scatter", "all_reduce", "all_to_all",
                               "collective_permute"};
 
-// Small integers, different per rank, op and call.
-std::vector<int32_t> Data(int rank, int op, int call, size_t n) {
-  std::vector<int32_t> v(n);
-  uint64_t x = 0x9e3779b97f4a7c15ull * uint64_t(1 + rank + 64 * (op + 8 * call));
-  for (size_t i = 0; i < n; ++i) {
-    x ^= x << 13;
-    x ^= x >> 7;
-    x ^= x << 17;
-    v[i] = int32_t(x % 41) - 20;
-  }
-  return v;
-}
-
 // Elements in and out of one rank's call of op `op`.
 void Sizes(int op, size_t N, size_t* in, size_t* out) {
   switch (Collective(op)) {
@@ -80,7 +68,7 @@ std::vector<int32_t> Want(int op, int N, int r, int call) {
   Sizes(op, size_t(N), &in, &out);
   std::vector<int32_t> want(out, 0);
   for (int q = 0; q < N; ++q) {
-    const std::vector<int32_t> x = Data(q, op, call, in);
+    const std::vector<int32_t> x = RankData(q, op, call, in);
     for (size_t i = 0; i < kRow; ++i) {
       switch (Collective(op)) {
         case Collective::kAllGather:
@@ -162,7 +150,7 @@ class Caller {
   }
   // Call `c`'s input, written on the stream.
   void Write(int c) {
-    ins_[size_t(c)] = Data(s_.rank, op_, c, in_n_);
+    ins_[size_t(c)] = RankData(s_.rank, op_, c, in_n_);
     outs_[size_t(c)].assign(out_n_, -12345);
     CHECK(cudaMemcpyAsync(send_, ins_[size_t(c)].data(), in_n_ * 4, cudaMemcpyHostToDevice,
                           stream_) == cudaSuccess);

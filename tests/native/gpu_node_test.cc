@@ -71,6 +71,7 @@
 #include "cuda/ncclapi/nccl_types.h"
 #include "tests/native/check.h"
 #include "tests/native/gpu_node_steady.h"
+#include "tests/native/job_ranks.h"
 #include "xla_ffi/algorithms/plan.h"
 #include "xla_ffi/common/timeout.h"
 #include "xla_ffi/transports/world.h"
@@ -124,21 +125,9 @@ void Barrier(int processes) {
 
 // Every rank of the job (each process's G threads, then the processes).
 int ranks_per_process = 1, job_processes = 1;
-std::mutex job_mu;
-std::condition_variable job_cv;
-int job_arrived = 0;
-uint64_t job_generation = 0;
+smddp_test::ThreadsThenProcesses job_ranks;
 void JobBarrier() {
-  std::unique_lock<std::mutex> lock(job_mu);
-  const uint64_t generation = job_generation;
-  if (++job_arrived < ranks_per_process) {
-    job_cv.wait(lock, [&] { return job_generation != generation; });
-    return;
-  }
-  Barrier(job_processes);  // the last thread of this process, for all of them
-  job_arrived = 0;
-  ++job_generation;
-  job_cv.notify_all();
+  job_ranks.Wait(ranks_per_process, [] { Barrier(job_processes); });
 }
 
 // dead_warm: a survivor leaves once every survivor is done (one that left

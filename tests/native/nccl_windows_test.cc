@@ -49,6 +49,7 @@
 #include "cuda/ncclapi/nccl_types.h"
 #include "cuda/ncclapi/nccl_windows.h"
 #include "tests/native/check.h"
+#include "tests/native/job_ranks.h"
 #include "tests/native/nccl_harness.h"
 #include "xla_ffi/engine/buffer_exchange.h"
 
@@ -74,34 +75,9 @@ constexpr size_t kInOffset = 1280, kOutOffset = 768;  // where the buffers sit i
 constexpr int kOdd = 5;                               // mismatch: the rank at another offset
 
 // Every rank of the job: this process's threads, then the processes.
-std::mutex job_mu;
-std::condition_variable job_cv;
-int job_arrived = 0;
-uint64_t job_generation = 0;
+smddp_test::ThreadsThenProcesses job_ranks;
 void JobBarrier() {
-  std::unique_lock<std::mutex> lock(job_mu);
-  const uint64_t generation = job_generation;
-  if (++job_arrived < G) {
-    job_cv.wait(lock, [&] { return job_generation != generation; });
-    return;
-  }
-  Relay("barrier");
-  job_arrived = 0;
-  ++job_generation;
-  job_cv.notify_all();
-}
-
-// Small integers (exact in float32 sums), per rank, op and call.
-std::vector<int32_t> Data(int rank, int op, int call, size_t n) {
-  std::vector<int32_t> v(n);
-  uint64_t x = 0x9e3779b97f4a7c15ull * uint64_t(1 + rank + 64 * (op + 8 * call));
-  for (size_t i = 0; i < n; ++i) {
-    x ^= x << 13;
-    x ^= x >> 7;
-    x ^= x << 17;
-    v[i] = int32_t(x % 41) - 20;
-  }
-  return v;
+  job_ranks.Wait(G, [] { Relay("barrier"); });
 }
 
 const char* const kOps[] = {"all_gather", "reduce_scatter", "all_reduce", "all_to_all"};
@@ -120,7 +96,7 @@ std::vector<int32_t> Want(int op, int r, int call) {
   Sizes(op, &in, &out);
   std::vector<int32_t> want(out, 0);
   for (int q = 0; q < N; ++q) {
-    const std::vector<int32_t> x = Data(q, op, call, in);
+    const std::vector<int32_t> x = smddp_test::RankData(q, op, call, in);
     if (op == 0)
       for (size_t i = 0; i < kRow; ++i) want[size_t(q) * kRow + i] = x[i];
     if (op == 1)
@@ -149,7 +125,7 @@ struct Rank {
   bool Call(int op, int call, int type, void* send, void* recv, std::string* error = nullptr) {
     size_t in = 0, out = 0;
     Sizes(op, &in, &out);
-    std::vector<int32_t> x = Data(rank, op, call, in);
+    std::vector<int32_t> x = smddp_test::RankData(rank, op, call, in);
     if (type == 0)
       for (int32_t& v : x) {
         const float f = float(v);
