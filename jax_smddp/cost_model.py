@@ -487,15 +487,11 @@ def traffic(op: str, bytes_per_rank: int, layout: Layout, algorithm: str) -> Tra
   if algorithm == "in_process":
     if layout.processes != 1:
       raise ValueError("in_process needs a layout of one process")
-    if op == "all_gather":
-      t.local_copy = n * n * S
-    elif op == "reduce_scatter":
-      t.reduce_read = n * S
-    elif op == "all_reduce":
-      t.reduce_read = n * S
-      t.local_copy = (n - 1) * S
-    else:
-      t.local_copy = n * S
+    if reduces(op):  # each rank reduces its shard of every rank's input; all_reduce's second
+      t.reduce_read = n * S  # pass copies each reduced shard to the n - 1 other ranks
+      t.local_copy = (passes - 1) * (n - 1) * S
+    else:  # each rank's output copied once from the peers' inputs
+      t.local_copy = n * out_per_rank
     return t
   if algorithm not in ("flat", "hierarchical"):
     raise ValueError(f"unknown algorithm {algorithm!r}")
@@ -513,7 +509,7 @@ def traffic(op: str, bytes_per_rank: int, layout: Layout, algorithm: str) -> Tra
   send = lambda q, nbytes, count=1: move(t.out, q, nbytes, count)
   recv = lambda q, nbytes, count=1: move(t.inn, q, nbytes, count)
 
-  if op == "all_gather":
+  if spec(op).routed and not reduces(op):  # all_gather: blocks relayed along the routes
     for s in range(n):
       src = rt.gather_source(p, s)
       if src >= 0:
@@ -549,7 +545,7 @@ def traffic(op: str, bytes_per_rank: int, layout: Layout, algorithm: str) -> Tra
       t.hops = ("intra", "net") + ("net", "intra") * (passes - 1)
     else:
       t.hops = ("net" if rt.H > 1 else "intra",) * passes
-  else:  # all_to_all: always direct between processes
+  else:  # not routed (all_to_all): always direct between processes
     for q in range(rt.Pt):
       if q != p:
         send(q, block, nl * rt.D)
@@ -748,12 +744,9 @@ def nccl_predict(op: str, bytes_per_rank: int, nodes: int, ranks_per_node: int,
   net_rate = machine.network.rate * machine.usable_nics(k)
   nvl_rate = machine.intra_host.rate
   if algorithm == "ring":
-    if op == "all_reduce":
-      steps, inter = 2 * (n - 1), (2 * N if N > 1 else 0)
-      per_step = S / n
-    else:
-      steps, inter = n - 1, N - 1
-      per_step = S / n ** -spec(op).block_power
+    steps, per_step = spec(op).passes * (n - 1), S / n ** -spec(op).block_power
+    # tuning.cc's inter-node steps: all_reduce's ring crosses 2N node edges, not 2 (N - 1)
+    inter = (2 * N if N > 1 else 0) if op == "all_reduce" else N - 1
     lat = (c.base_us + (steps - inter) * c.ring_intra_us + inter * c.ring_inter_us) * 1e-6
     node_bytes = steps * per_step if N > 1 else 0.0    # one ring edge leaves each node per step
     gpu_bytes = steps * per_step                       # each GPU forwards every step
