@@ -38,6 +38,7 @@ from jax_smddp._jax_internals import hlo, lax_parallel, mlir
 from jax_smddp._jax_internals import jax_core as core
 
 from jax_smddp import _collective as c
+from jax_smddp import _collectives
 from jax_smddp import _gather_scatter as _gs
 from jax_smddp import config
 from jax_smddp import requirements
@@ -85,7 +86,7 @@ def _key(eqn, kinds: dict, active: frozenset, mesh_axes: set) -> tuple | None:
     return None
   aval = eqn.invars[0].aval
   dtype = np.dtype(aval.dtype)
-  if dtype not in c.ENGINE_DTYPES or (dtype == np.bool_ and kind != "all_gather"):
+  if dtype not in c.ENGINE_DTYPES or (dtype == np.bool_ and _collectives.reduces(kind)):
     return None
   axes = _axes(params)
   if not set(axes) <= mesh_axes or len(eqn.invars) != 1:

@@ -146,6 +146,30 @@ def test_gathers_and_scatters_combined_with_their_layouts(monkeypatch):
 
 
 @pytest.mark.timeout(200)
+def test_bool_gathers_combine_and_bool_reductions_stay_lax():
+  """The engine moves bools but reduces none: gathers of bools are combined, their pmax not."""
+  mesh = mesh_1d()
+  n = mesh.size
+  rng = np.random.default_rng(6)
+  b1 = rng.integers(0, 2, (n * 2, 3)).astype(np.bool_)
+  b2 = rng.integers(0, 2, (n, 5)).astype(np.bool_)
+
+  def body(b1, b2):
+    return (jax.lax.all_gather(b1, "x", tiled=True), jax.lax.all_gather(b2, "x", tiled=True),
+            jax.lax.pmax(b1, "x"), jax.lax.pmax(b2, "x"))
+
+  f = jax.jit(jax.shard_map(body, mesh=mesh, in_specs=(P("x"), P("x")),
+                            out_specs=(P(), P(), P("x"), P("x")), check_vma=False))
+  args = shard(b1, mesh, P("x")), shard(b2, mesh, P("x"))
+  want = jax.tree_util.tree_map(np.asarray, f(*args))
+  got, text, _ = _run(f, args)
+  assert _calls(text) == {"smddp_all_gather": 1}, _calls(text)
+  _same(got, want)
+  np.testing.assert_array_equal(got[0], b1)  # independent: a tiled gather of the shards
+  np.testing.assert_array_equal(got[3], np.tile(b2.any(0), (n, 1)))
+
+
+@pytest.mark.timeout(200)
 def test_other_axes_dtypes_and_dependent_calls_stay_apart():
   mesh = mesh_2d()  # r=2, s=4
   rng = np.random.default_rng(5)
