@@ -72,7 +72,7 @@ import time
 
 from jax_smddp import _collectives, capabilities
 from jax_smddp.tools import launch
-from jax_smddp.tools.bench import nccl_tests
+from jax_smddp.tools.bench import core, nccl_tests
 from jax_smddp.tools.sizes import parse_size
 
 OPS = _collectives.MODELLED
@@ -103,19 +103,10 @@ def _time(f, x, iters: int, depth: int = 1) -> float:
 
 
 def _bodies(op: str):
-  """(jax_smddp body, jax.lax body) of `op` on a rank's flat f32 input."""
-  import jax
-  import jax_smddp
-  if op == "all_gather":
-    return (lambda v: jax_smddp.all_gather(v, "x", tiled=True)[None],
-            lambda v: jax.lax.all_gather(v, "x", tiled=True)[None])
-  if op == "reduce_scatter":
-    return (lambda v: jax_smddp.psum_scatter(v, "x", tiled=True)[None],
-            lambda v: jax.lax.psum_scatter(v, "x", tiled=True)[None])
-  if op == "all_to_all":
-    return (lambda v: jax_smddp.all_to_all(v, "x", 0, 0, tiled=True)[None],
-            lambda v: jax.lax.all_to_all(v, "x", 0, 0, tiled=True)[None])
-  return (lambda v: jax_smddp.psum(v, "x")[None], lambda v: jax.lax.psum(v, "x")[None])
+  """(jax_smddp body, jax.lax body) of `op` on a rank's flat f32 input: the CPU benchmark's
+  calls over mesh axis "x", each rank's output one row."""
+  ours, lax = core.op_calls()[op]
+  return lambda v: ours(v, "x")[None], lambda v: lax(v, "x")[None]
 
 
 def _input_shards(op: str, n: int) -> int:
@@ -246,7 +237,8 @@ def _expected(op: str, rank: int, n: int, local: int):
     return np.repeat(np.arange(1, n + 1, dtype=np.float32), local)
   if op == "all_to_all":  # block q came from rank q, which filled it for this rank
     return np.repeat(1000 * (rank + 1) + np.arange(1, n + 1, dtype=np.float32), local // n)
-  return np.full((local // n if op == "reduce_scatter" else local,), n * (n + 1) / 2, np.float32)
+  # a reduction: every element n (n + 1) / 2, the sum of the ranks' r + 1
+  return np.full((_collectives.output_bytes(op, local, n),), n * (n + 1) / 2, np.float32)
 
 
 def _check(op: str, y, n: int, local: int) -> int:
@@ -263,6 +255,11 @@ def _check(op: str, y, n: int, local: int) -> int:
   return 0
 
 
+def _op(row: dict) -> str:
+  """A row's op: rows written before the GPU bench ran other ops were all_gather's."""
+  return row.get("op", "all_gather")
+
+
 def _busbw(op: str, n: int, alg: float) -> float:
   return alg * nccl_tests.bus_factor(op, n)
 
@@ -271,7 +268,7 @@ def nccl_figures(r: dict, key: str = "smddp_s") -> dict:
   """A row's size S, count, type, redop, root, time (us), algbw and busbw as nccl-tests
   prints them (nccl_tests.py): each rank's input is its shard (all_gather) or n shards, so
   S = n x shard for every op; `key` the time (smddp_s, or xla_s)."""
-  op, n = r.get("op", "all_gather"), r["ranks"]
+  op, n = _op(r), r["ranks"]
   inp = _input_shards(op, n) * r["bytes_per_rank"]
   size = r.get("size") or nccl_tests.size_of(op, inp, n)  # the worker's: nccl-tests' S
   return {**nccl_tests.row_head(op, size, n, "float32", 4),
@@ -297,8 +294,8 @@ def nccl_rows(rows: list[dict], processes: int) -> list[dict]:
 def nccl_report(rows: list[dict], baseline: str = "XLA (NCCL)") -> str:
   """nccl-tests' table of every op and mode: out of place, in place (N/A), XLA's."""
   out = []
-  for key in dict.fromkeys((r.get("op", "all_gather"), r.get("mode")) for r in rows):
-    sel = [r for r in rows if (r.get("op", "all_gather"), r.get("mode")) == key]
+  for key in dict.fromkeys((_op(r), r.get("mode")) for r in rows):
+    sel = [r for r in rows if (_op(r), r.get("mode")) == key]
     out.append(f"# {key[0]} ({nccl_tests.NAMES[key[0]][0]}), mode {key[1]}: {sel[0]['ranks']} "
                "ranks; nccl-tests' columns (in place N/A: not run)")
     out.append(nccl_tests.header(["out-of-place", "in-place", baseline], [("speedup", "", 7)]))
@@ -330,7 +327,7 @@ def reduction_ratios(r: dict) -> tuple[float | None, float | None]:
   against the device's copy rate; "vs kernel" is the time one bare reduction
   kernel of the same sources and block budget took (alone) over the call's
   time: 1.0 when the collective costs no more than its reduction."""
-  if not _collectives.reduces(r.get("op", "all_gather")):
+  if not _collectives.reduces(_op(r)):
     return None, None
   n, t = r["ranks"], r["smddp_s"]
   read = n * n * r["bytes_per_rank"] / t
@@ -342,7 +339,7 @@ def reduction_ratios(r: dict) -> tuple[float | None, float | None]:
 def metrics(r: dict) -> dict:
   """The figures of a row against its references (None where one is missing),
   stored beside it in the JSON: moved/copy, written/copy, read/copy, vs kernel."""
-  op, n, t = r.get("op", "all_gather"), r["ranks"], r["smddp_s"]
+  op, n, t = _op(r), r["ranks"], r["smddp_s"]
   alg = r["bytes_per_rank"] * n / t
   moved = _busbw(op, n, alg) * n
   written = alg * _output_shards(op, n)  # output bytes, all ranks
@@ -364,7 +361,7 @@ def report(rows: list[dict]) -> str:
          f"{'XLA busbw':>9}"
          f"{'hosts':>6} {'hmem:slots':>11} {'direct':>10} {'synced us':>9} {'host us':>7}"]
   for r in rows:
-    op, n, t = r.get("op", "all_gather"), r["ranks"], r["smddp_s"]
+    op, n, t = _op(r), r["ranks"], r["smddp_s"]
     alg = r["bytes_per_rank"] * n / t / 1e9
     bus = _busbw(op, n, alg)
     moved = bus * n

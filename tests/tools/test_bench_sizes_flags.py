@@ -235,17 +235,45 @@ def test_the_gpu_benchmark_runs_nccl_tests_rows(op):
       assert got == want, (op, n, b, e, f, i)
   for n in (2, 3, 5):
     for local, _ in gpu_bench._rows(op, argparse.Namespace(sweep=[12, 64, 1000], sizes=[]), n):
-      inputs = [gpu_bench._input(op, r, n, local) for r in range(n)]
-      if op == "all_gather":
-        outputs = [np.concatenate(inputs)] * n
-      elif op == "all_reduce":
-        outputs = [np.sum(inputs, axis=0)] * n
-      elif op == "reduce_scatter":
-        outputs = np.split(np.sum(inputs, axis=0), n)
-      else:  # rank r receives block r of every rank, in rank order
-        outputs = [np.concatenate([np.split(x, n)[r] for x in inputs]) for r in range(n)]
+      outputs = _numpy_outputs(op, [gpu_bench._input(op, r, n, local) for r in range(n)])
       for r in range(n):
         np.testing.assert_array_equal(outputs[r], gpu_bench._expected(op, r, n, local))
+
+
+def _numpy_outputs(op: str, inputs: list) -> list:
+  """Each rank's output of `op` on the ranks' `inputs`, by numpy."""
+  import numpy as np
+  n = len(inputs)
+  if op == "all_gather":
+    return [np.concatenate(inputs)] * n
+  if op == "all_reduce":
+    return [np.sum(inputs, axis=0)] * n
+  if op == "reduce_scatter":
+    return np.split(np.sum(inputs, axis=0), n)
+  # all_to_all: rank r receives block r of every rank, in rank order
+  return [np.concatenate([np.split(x, n)[r] for x in inputs]) for r in range(n)]
+
+
+@pytest.mark.timeout(200)
+@pytest.mark.parametrize("op", OPS)
+def test_gpu_bench_bodies_run_the_engine_and_give_the_reference(op):
+  """The GPU bench's programs (the CPU bench's calls, core.op_calls), run here on CPU devices:
+  jax_smddp's calls the engine, and both give numpy's answer of _input (as above)."""
+  import jax
+  import numpy as np
+  from jax.sharding import NamedSharding, PartitionSpec as P
+  from jax_smddp.tools import gpu_bench
+  n, local = 4, 12
+  mesh = jax.make_mesh((n,), ("x",), devices=jax.devices()[:n])
+  x = jax.device_put(np.concatenate([gpu_bench._input(op, r, n, local) for r in range(n)]),
+                     NamedSharding(mesh, P("x")))
+  ours, lax = (jax.jit(jax.shard_map(b, mesh=mesh, in_specs=P("x"), out_specs=P("x")))
+               for b in gpu_bench._bodies(op))
+  assert f"smddp_{op}" in ours.lower(x).as_text()
+  assert "smddp_" not in lax.lower(x).as_text()
+  want = np.stack(_numpy_outputs(op, [gpu_bench._input(op, r, n, local) for r in range(n)]))
+  for f in (ours, lax):
+    np.testing.assert_array_equal(np.asarray(f(x)), want)
 
 
 @pytest.mark.timeout(200)

@@ -92,15 +92,12 @@ class OpSpec:
   target: str          # the plugin's custom-call target, expected in the HLO
 
 
-def op_specs() -> dict[str, OpSpec]:
-  """The benchmarked ops (imports jax: call after XLA_FLAGS is set)."""
+def op_calls() -> dict[str, tuple[Callable, Callable]]:
+  """How each benchmarked op is called, (jax_smddp's, jax.lax's), each (x, axis_name) -> y per
+  shard; the rest is the collective's description. The GPU bench's calls too (imports jax)."""
   import jax
   import jax_smddp as smddp
 
-  # S and busbw as nccl-tests defines them: one definition (nccl_tests.py), the GPU bench's too.
-  total = lambda op: (lambda n: nccl_tests.size_of(op, 1, n))
-  bus = lambda op: (lambda n: nccl_tests.bus_factor(op, n))
-  # How each is called, jax_smddp's and jax.lax's (the rest is the collective's description).
   calls = {
       "all_gather": (lambda x, a: smddp.all_gather(x, a, tiled=True),
                      lambda x, a: jax.lax.all_gather(x, a, tiled=True)),
@@ -110,6 +107,15 @@ def op_specs() -> dict[str, OpSpec]:
       "all_to_all": (lambda x, a: smddp.all_to_all(x, a, 0, 0, tiled=True),
                      lambda x, a: jax.lax.all_to_all(x, a, 0, 0, tiled=True)),
   }
+  return calls
+
+
+def op_specs() -> dict[str, OpSpec]:
+  """The benchmarked ops (imports jax: call after XLA_FLAGS is set)."""
+  # S and busbw as nccl-tests defines them: one definition (nccl_tests.py), the GPU bench's too.
+  total = lambda op: (lambda n: nccl_tests.size_of(op, 1, n))
+  bus = lambda op: (lambda n: nccl_tests.bus_factor(op, n))
+  calls = op_calls()
   return {op: OpSpec(op, *calls[op], total_factor=total(op), bus_factor=bus(op),
                      target="smddp_" + op) for op in OPS}
 

@@ -80,9 +80,9 @@ def ring_bytes_per_host(op: str, nbytes: int, layout: "Layout") -> int | None:
   n = layout.devices
   if layout.hosts < 2:
     return None
-  if op == "all_to_all":  # gloo's is no ring
-    return None
   s = _collectives.spec(op)
+  if not s.routed:  # a block for each peer, relayed by none: gloo's all_to_all is no ring either
+    return None
   return s.passes * (n - 1) * nbytes // n ** -s.block_power
 
 
