@@ -6,7 +6,9 @@ keeps without importing anything native, is the table's modelled collectives in 
 other C++ file declares its own enumeration of them, every Python module that lists them takes
 those lists, and no other Python file spells a list of them out again (as names or as FFI
 targets), nor a table keyed by them but for the few that map each to something outside the
-engine (TABLES)."""
+engine (TABLES), nor compares an op with a collective's name where its description says what
+the comparison asks (reduces, routed, passes, the size relations): the comparisons that stay
+are COMPARISONS, each with its reason."""
 
 from __future__ import annotations
 
@@ -131,3 +133,111 @@ def test_the_check_finds_a_restated_list(tmp_path):
   assert restated_lists(str(tmp_path)) == [
       "jax_smddp/a.py:4", "jax_smddp/b.py:1", "jax_smddp/c.py:1", "jax_smddp/c.py:2",
       "jax_smddp/tools/bench/nccl_tests.py:2"]
+
+
+# Comparisons of a value against a collective's name that stay: what each compares for is a fact
+# of that one collective that its description does not hold. (file, function) -> (the names, why).
+COMPARISONS: dict[tuple[str, str], tuple[frozenset, str]] = {
+    ("jax_smddp/_collective.py", "_emit_cuda_call"): (
+        frozenset({"all_reduce"}), "the GPU's all_reduce across hosts of a count n does not divide "
+        "runs as its own lowering"),
+    ("jax_smddp/_collective.py", "_cross_process_choice"): (
+        frozenset({"collective_permute"}), "a permute has no routes or chunk size for the tuner "
+        "to choose (not this file's owner's change: it could read spec(op).every_peer)"),
+    ("jax_smddp/cost_model.py", "nccl_predict"): (
+        frozenset({"all_reduce"}), "NCCL's tuner (tuning.cc): its ring all_reduce's 2N "
+        "inter-node steps, and its tree runs all_reduce only"),
+    ("jax_smddp/swap/combine.py", "_lower"): (
+        frozenset({"all_gather", "all_reduce"}), "which primitive's lowering a bucket is packed "
+        "for"),
+    ("jax_smddp/tools/bench/checks.py", "numpy_reference"): (
+        frozenset({"all_gather", "reduce_scatter", "all_reduce", "all_to_all"}),
+        "numpy's answer for each op: an independent reference, not derived from the description "
+        "it checks"),
+    ("jax_smddp/tools/bench/core.py", "build_mpi4jax_program"): (
+        frozenset({"all_gather", "all_reduce", "all_to_all"}), "which mpi4jax function runs the op"),
+    ("jax_smddp/tools/gpu_bench.py", "_input"): (
+        frozenset({"all_to_all"}), "the GPU bench's inputs: all_to_all's blocks labelled by "
+        "destination so that a misplaced block shows"),
+    ("jax_smddp/tools/gpu_bench.py", "_expected"): (
+        frozenset({"all_gather", "all_to_all"}), "the GPU bench's reference for those inputs, "
+        "per rank in closed form (numpy_reference builds every rank's output: too large at GPU "
+        "sizes)"),
+}
+
+
+def _compared_names(node: ast.Compare, want: set) -> set:
+  """The collectives' names (or FFI targets) `node` compares against: == / != a name, a name
+  in / not in anything, anything in / not in a literal tuple, list or set holding one."""
+  found = set()
+  lefts = [node.left] + node.comparators[:-1]
+  for cmp_op, left, right in zip(node.ops, lefts, node.comparators):
+    if isinstance(cmp_op, (ast.Eq, ast.NotEq)):
+      elts = [left, right]
+    elif isinstance(cmp_op, (ast.In, ast.NotIn)):
+      elts = [left] + (right.elts if isinstance(right, (ast.Tuple, ast.List, ast.Set)) else [])
+    else:
+      continue
+    found |= {e.value.removeprefix("smddp_") for e in elts
+              if isinstance(e, ast.Constant) and isinstance(e.value, str)} & want
+  return found
+
+
+def name_comparisons(root: str) -> dict[tuple[str, str], set]:
+  """Every comparison in the package's Python (outside _startup.py and _collectives.py) of a
+  value against a collective's name: (file, the function it is in) -> the names compared."""
+  want = set(_collectives.NAMES)
+  found: dict[tuple[str, str], set] = {}
+  for dirpath, _, files in os.walk(os.path.join(root, "jax_smddp")):
+    for f in sorted(files):
+      rel = os.path.relpath(os.path.join(dirpath, f), root).replace(os.sep, "/")
+      if not f.endswith(".py") or rel in ("jax_smddp/_startup.py", "jax_smddp/_collectives.py"):
+        continue
+      tree = ast.parse(open(os.path.join(dirpath, f)).read(), rel)
+
+      def visit(node, where):
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+          where = f"{where}.{node.name}" if where else node.name
+        if isinstance(node, ast.Compare):
+          names = _compared_names(node, want)
+          if names:
+            found.setdefault((rel, where or "<module>"), set()).update(names)
+        for child in ast.iter_child_nodes(node):
+          visit(child, where)
+
+      visit(tree, "")
+  return found
+
+
+def test_no_python_file_branches_on_a_collectives_name():
+  """What a collective is (reduces, its sizes, passes, routes) is its description's: code asks
+  _collectives (reduces, spec(op).routed, output_bytes, ...), not `op == "all_gather"`. The
+  comparisons that stay are COMPARISONS, each with its reason."""
+  found = name_comparisons(REPO)
+  new = {f"{path} {fn}: {sorted(names - COMPARISONS.get((path, fn), (frozenset(), ''))[0])}"
+         for (path, fn), names in found.items()
+         if names - COMPARISONS.get((path, fn), (frozenset(), ""))[0]}
+  assert not new, ("a collective's name compared (read jax_smddp._collectives: reduces, "
+                   "spec(op).routed, .passes, output_bytes, ...; or, for a fact of one collective "
+                   "that no description holds, add it to COMPARISONS with the reason): "
+                   + ", ".join(sorted(new)))
+  stale = sorted(f"{path} {fn}" for (path, fn), (names, _) in COMPARISONS.items()
+                 if not names <= found.get((path, fn), set()))
+  assert not stale, f"COMPARISONS names comparisons the code no longer makes: {stale}"
+
+
+def test_the_check_finds_a_comparison(tmp_path):
+  (tmp_path / "jax_smddp" / "tools").mkdir(parents=True)
+  (tmp_path / "jax_smddp" / "a.py").write_text(
+      "def f(op):\n  if op == 'all_gather':\n    return 1\n  return op != 'sum'\n"
+      "class C:\n  def g(self, op):\n    return op not in ('x', 'reduce_scatter')\n"
+      "X = 'smddp_all_to_all' == TARGET\n")
+  (tmp_path / "jax_smddp" / "tools" / "b.py").write_text(
+      "def h(op):\n  return op in ['all_reduce'] or op < 'all_gather' or op == OTHER\n"
+      "def k(ops):\n  return 'collective_permute' not in ops or 'all_gather' < 'x' in ops\n")
+  (tmp_path / "jax_smddp" / "_collectives.py").write_text("def f(op):\n  return op == 'all_gather'\n")
+  (tmp_path / "jax_smddp" / "_startup.py").write_text("def f(op):\n  return op == 'all_gather'\n")
+  assert name_comparisons(str(tmp_path)) == {
+      ("jax_smddp/a.py", "f"): {"all_gather"}, ("jax_smddp/a.py", "C.g"): {"reduce_scatter"},
+      ("jax_smddp/a.py", "<module>"): {"all_to_all"}, ("jax_smddp/tools/b.py", "h"): {"all_reduce"},
+      ("jax_smddp/tools/b.py", "k"): {"collective_permute"}}
