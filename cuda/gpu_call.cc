@@ -44,24 +44,11 @@ Status EnqueueCollective(const char* op, int64_t op_id, const CallRank& me, Stre
   }
   Status st;
   if (me.port) {
-    if (plan.kind == Collective::kAllGather) {
-      st = RunStreamHierarchicalAllGather(plan.outer, plan.inner, me.rank->view, *me.port,
-                                          *me.rank_of, ops, send, recv);
-    } else if (plan.kind == Collective::kReduceScatter) {
-      st =
-          RunStreamHierarchicalReduceScatter(plan.outer, plan.inner, plan.dtype, plan.op,
-                                             me.rank->view, *me.port, *me.rank_of, ops, send, recv);
-    } else if (plan.kind == Collective::kAllToAll) {
-      st = RunStreamHierarchicalAllToAll(plan.outer, plan.inner, me.rank->view, *me.port,
-                                         *me.rank_of, ops, send, recv);
-    } else if (plan.kind == Collective::kAllReduce) {
-      st = RunStreamHierarchicalAllReduce(plan.count, plan.dtype, plan.op, me.rank->view, *me.port,
-                                          *me.rank_of, ops, send, recv);
-    } else {
+    if (!(SpecOf(plan.kind).substrates & kGpuAcrossHosts))
       return Status::Unsupported("jax_smddp (GPU): " + std::string(op) +
                                  " across hosts is not supported on GPUs (" +
                                  CollectivesServedBy(kGpuAcrossHosts) + " are)");
-    }
+    st = RunStreamHierarchicalPlan(plan, me.rank->view, *me.port, *me.rank_of, ops, send, recv);
   } else {
     st = RunStreamPlan(plan, me.rank->view, ops, send, out);
     if (st.ok() && copy_back) st = ops.Copy(recv, out, copy_back);

@@ -25,7 +25,7 @@ ProcessCallHeader MakeHeader(const ProcessCall& c, const Plan& p) {
   h.count = p.count;
   h.hierarchical = c.routes->hierarchical ? 1 : 0;
   h.chunk_bytes = c.chunk_bytes;
-  if (p.kind == Collective::kCollectivePermute && p.sources) {
+  if (!SpecOf(p.kind).every_peer && p.sources) {  // a permutation: its ranks agree on it too
     uint64_t digest = 1469598103934665603ull;
     for (int r = 0; r < c.size; ++r) digest = MixTag(digest, uint64_t(p.sources[r] + 1));
     h.permutation = digest;

@@ -66,6 +66,50 @@ Status ReleaseEveryoneWaitingOn(const StreamRank& me, StreamOps& ops) {
   return Status::Ok();
 }
 
+namespace {
+
+// How a rank reaches its peers' data in one call: on the device (kernels hand
+// each other this call's addresses), by direct reads of the buffers whose
+// addresses the host exchanged, or staged through the regions' slots.
+enum class Reach { kDevice, kDirect, kStaged };
+
+// The one place the stream family picks a collective's body, for `reach`.
+// `source` and `sends`: collective_permute's (RunStreamPlan).
+Status RunStreamBody(Reach reach, const Plan& plan, Steps& steps, StreamRank& me, StreamOps& ops,
+                     const uint8_t* send, uint8_t* recv, int64_t source, bool sends) {
+  const bool device = reach == Reach::kDevice, direct = reach == Reach::kDirect;
+  const size_t outer = plan.outer, inner = plan.inner;
+  switch (plan.kind) {
+    case Collective::kAllGather:
+      return device   ? DeviceAllGatherOrAllToAll(steps, ops, send, recv, outer, inner, false)
+             : direct ? DirectAllGatherOrAllToAll(steps, ops, me.inputs, recv, outer, inner, false)
+                      : StagedAllGather(steps, ops, send, recv, outer, inner);
+    case Collective::kAllToAll:
+      return device   ? DeviceAllGatherOrAllToAll(steps, ops, send, recv, outer, inner, true)
+             : direct ? DirectAllGatherOrAllToAll(steps, ops, me.inputs, recv, outer, inner, true)
+                      : StagedAllToAll(steps, ops, send, recv, outer, inner);
+    case Collective::kReduceScatter:
+      return device ? DeviceReduceScatter(steps, ops, recv, outer, inner, plan.dtype, plan.op)
+             : direct
+                 ? DirectReduceScatter(steps, ops, me.inputs, recv, outer, inner, plan.dtype,
+                                       plan.op)
+                 : StagedReduceScatter(steps, ops, send, recv, outer, inner, plan.dtype, plan.op);
+    case Collective::kAllReduce:
+      return device   ? DeviceAllReduce(steps, ops, plan.count, plan.dtype, plan.op)
+             : direct ? DirectAllReduce(steps, ops, me.inputs, me.outputs, plan.count, plan.dtype,
+                                        plan.op)
+                      : StagedAllReduce(steps, ops, send, recv, plan.count, plan.dtype, plan.op);
+    case Collective::kCollectivePermute:
+      return device ? DeviceCollectivePermute(steps, ops, send, recv, outer * inner, source)
+             : direct
+                 ? DirectCollectivePermute(steps, ops, me.inputs, recv, outer * inner, source)
+                 : StagedCollectivePermute(steps, ops, send, recv, outer * inner, source, sends);
+  }
+  return Status::Error("jax_smddp: unknown collective kind");
+}
+
+}  // namespace
+
 Status RunStreamPlan(const Plan& plan, StreamRank& me, StreamOps& ops, const void* send_v,
                      void* recv_v, bool replayable) {
   const auto* send = static_cast<const uint8_t*>(send_v);
@@ -73,7 +117,9 @@ Status RunStreamPlan(const Plan& plan, StreamRank& me, StreamOps& ops, const voi
   if (int(me.regions.size()) != me.layout.size || me.rank < 0 || me.rank >= me.layout.size ||
       !(me.flags.empty() || int(me.flags.size()) == me.layout.size))
     return Status::Error("jax_smddp: stream communicator is not set up for this rank");
-  const bool permute = plan.kind == Collective::kCollectivePermute;
+  if (int(plan.kind) >= kCollectives) return Status::Error("jax_smddp: unknown collective kind");
+  // A collective whose ranks each send to one peer (not every peer) is given by its permutation.
+  const bool permute = !SpecOf(plan.kind).every_peer;
   if (permute && !plan.sources)
     return Status::Error("jax_smddp: collective_permute without its permutation");
   // collective_permute: where this rank's output comes from, and whether its input goes anywhere.
@@ -88,60 +134,19 @@ Status RunStreamPlan(const Plan& plan, StreamRank& me, StreamOps& ops, const voi
     return bytes ? ops.Copy(recv, send, bytes) : Status::Ok();
   }
   Steps steps(me, ops, replayable);
-  if (me.device.active && !replayable) {
-    switch (plan.kind) {
-      case Collective::kAllGather:
-      case Collective::kAllToAll:
-        return DeviceAllGatherOrAllToAll(steps, ops, send, recv, plan.outer, plan.inner,
-                                         plan.kind == Collective::kAllToAll);
-      case Collective::kReduceScatter:
-        return DeviceReduceScatter(steps, ops, recv, plan.outer, plan.inner, plan.dtype, plan.op);
-      case Collective::kAllReduce:
-        return DeviceAllReduce(steps, ops, plan.count, plan.dtype, plan.op);
-      case Collective::kCollectivePermute:
-        return DeviceCollectivePermute(steps, ops, send, recv, plan.outer * plan.inner, source);
-    }
-  }
-  if (!me.inputs.empty() && !replayable) {
+  const Reach reach = replayable           ? Reach::kStaged
+                      : me.device.active   ? Reach::kDevice
+                      : !me.inputs.empty() ? Reach::kDirect
+                                           : Reach::kStaged;
+  if (reach == Reach::kDirect) {
     const size_t P = size_t(me.layout.size);
     if (me.inputs.size() != P || me.inputs[me.rank] != send ||
         (DirectReadsNeedOutputs(plan.kind) &&
          (me.outputs.size() != P || me.outputs[me.rank] != recv)))
       return Status::Error("jax_smddp: direct reads need every rank's buffers of this call");
-    switch (plan.kind) {
-      case Collective::kAllGather:
-      case Collective::kAllToAll:
-        return DirectAllGatherOrAllToAll(steps, ops, me.inputs, recv, plan.outer, plan.inner,
-                                         plan.kind == Collective::kAllToAll);
-      case Collective::kReduceScatter:
-        return DirectReduceScatter(steps, ops, me.inputs, recv, plan.outer, plan.inner, plan.dtype,
-                                   plan.op);
-      case Collective::kAllReduce:
-        return DirectAllReduce(steps, ops, me.inputs, me.outputs, plan.count, plan.dtype, plan.op);
-      case Collective::kCollectivePermute:
-        return DirectCollectivePermute(steps, ops, me.inputs, recv, plan.outer * plan.inner,
-                                       source);
-    }
   }
-  Status st = Status::Error("jax_smddp: unknown collective kind");
-  switch (plan.kind) {
-    case Collective::kAllGather:
-      st = StagedAllGather(steps, ops, send, recv, plan.outer, plan.inner);
-      break;
-    case Collective::kAllToAll:
-      st = StagedAllToAll(steps, ops, send, recv, plan.outer, plan.inner);
-      break;
-    case Collective::kReduceScatter:
-      st = StagedReduceScatter(steps, ops, send, recv, plan.outer, plan.inner, plan.dtype, plan.op);
-      break;
-    case Collective::kAllReduce:
-      st = StagedAllReduce(steps, ops, send, recv, plan.count, plan.dtype, plan.op);
-      break;
-    case Collective::kCollectivePermute:
-      st = StagedCollectivePermute(steps, ops, send, recv, plan.outer * plan.inner, source, sends);
-      break;
-  }
-  SMDDP_RETURN_IF_ERROR(st);
+  const Status st = RunStreamBody(reach, plan, steps, me, ops, send, recv, source, sends);
+  if (!st.ok() || reach != Reach::kStaged) return st;
   return replayable || me.drain_each_call ? steps.Finish() : Status::Ok();
 }
 

@@ -189,6 +189,14 @@ Status RunStreamHierarchicalAllToAll(size_t outer, size_t inner_bytes, StreamRan
                                      NetPort& port, const std::vector<int>& rank_of, StreamOps& ops,
                                      const void* send, void* recv);
 
+// The one place the family over hosts picks a collective's body: runs
+// `plan` by the RunStreamHierarchical* above (arguments as theirs); a
+// collective it does not serve (CollectiveSpec::substrates without
+// kGpuAcrossHosts) is refused.
+Status RunStreamHierarchicalPlan(const Plan& plan, StreamRank& local, NetPort& port,
+                                 const std::vector<int>& rank_of, StreamOps& ops, const void* send,
+                                 void* recv);
+
 // For a rank that gives up on a call after its peers may have enqueued
 // theirs (a failed buffer exchange): enqueues releases (ReleasedFlag of its
 // step) of its posted flag and to its consumed flag at every peer, and of its

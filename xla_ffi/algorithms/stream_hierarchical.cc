@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <cstdint>
+#include <string>
 #include <vector>
 
 #include "xla_ffi/algorithms/net_port.h"
@@ -269,6 +270,30 @@ Status RunStreamHierarchicalAllToAll(size_t outer, size_t inner, StreamRank& loc
   HierarchicalCall call(local, port, rank_of, ops, send, recv);
   SMDDP_RETURN_IF_ERROR(call.Ready());
   return call.AllToAll(outer, inner);
+}
+
+Status RunStreamHierarchicalPlan(const Plan& plan, StreamRank& local, NetPort& port,
+                                 const std::vector<int>& rank_of, StreamOps& ops, const void* send,
+                                 void* recv) {
+  switch (plan.kind) {
+    case Collective::kAllGather:
+      return RunStreamHierarchicalAllGather(plan.outer, plan.inner, local, port, rank_of, ops, send,
+                                            recv);
+    case Collective::kReduceScatter:
+      return RunStreamHierarchicalReduceScatter(plan.outer, plan.inner, plan.dtype, plan.op, local,
+                                                port, rank_of, ops, send, recv);
+    case Collective::kAllReduce:
+      return RunStreamHierarchicalAllReduce(plan.count, plan.dtype, plan.op, local, port, rank_of,
+                                            ops, send, recv);
+    case Collective::kAllToAll:
+      return RunStreamHierarchicalAllToAll(plan.outer, plan.inner, local, port, rank_of, ops, send,
+                                           recv);
+    case Collective::kCollectivePermute:
+      break;  // not served (kGpuAcrossHosts)
+  }
+  return Status::Unsupported(std::string("jax_smddp (GPU): ") + CollectiveName(plan.kind) +
+                             " has no body across hosts (" + CollectivesServedBy(kGpuAcrossHosts) +
+                             " have)");
 }
 
 }  // namespace smddp

@@ -451,9 +451,9 @@ std::vector<nb::bytes> StreamHierarchicalProbe(int hosts, int local, size_t oute
     }
   // kind 0: all_gather (inner: bytes per row); 1: reduce_scatter (inner:
   // elements per block row); 3: all_to_all (inner: bytes per block row).
-  const size_t out_bytes = kind == 0   ? send[0].size() * P
-                           : kind == 1 ? send[0].size() / P
-                                       : send[0].size();
+  const smddp::Plan plan = smddp::PlanOf(kind, dtype, op, outer, inner, 0);
+  const size_t out_bytes =
+      smddp::ScaleByRanks(send[0].size(), smddp::SpecOf(plan.kind).out_power, P);
   std::vector<std::string> recv(P, std::string(out_bytes, '\0'));
   std::vector<smddp::Status> status(P);
   {
@@ -486,16 +486,8 @@ std::vector<nb::bytes> StreamHierarchicalProbe(int hosts, int local, size_t oute
           for (int k = 0; k < local; ++k) me.regions.push_back(regions.bases[g * local + k]);
           smddp::HostStreamOps ops(timeout_s);
           for (int c = 0; c < calls && status[x].ok(); ++c) {
-            status[x] =
-                kind == 0
-                    ? smddp::RunStreamHierarchicalAllGather(outer, inner, me, ports[x], rank_of,
-                                                            ops, send[x].data(), recv[x].data())
-                : kind == 1
-                    ? smddp::RunStreamHierarchicalReduceScatter(
-                          outer, inner, smddp::DType(dtype), smddp::ReduceOp(op), me, ports[x],
-                          rank_of, ops, send[x].data(), recv[x].data())
-                    : smddp::RunStreamHierarchicalAllToAll(outer, inner, me, ports[x], rank_of, ops,
-                                                           send[x].data(), recv[x].data());
+            status[x] = smddp::RunStreamHierarchicalPlan(plan, me, ports[x], rank_of, ops,
+                                                         send[x].data(), recv[x].data());
           }
           // The proxy reports network failures; a failed step still released the stream.
           if (status[x].ok()) {

@@ -37,7 +37,7 @@ enum Substrate : uint8_t {
   kInProcess = 1 << 0,        // every rank in this process (host_algorithms.h)
   kAcrossProcesses = 1 << 1,  // over links between processes (process_algorithms.h)
   kOnStreams = 1 << 2,        // on GPU streams, one host (stream_algorithms.h)
-  kGpuAcrossHosts = 1 << 3,   // on GPU streams across hosts (cuda/gpu_call.cc)
+  kGpuAcrossHosts = 1 << 3,   // on GPU streams across hosts (RunStreamHierarchicalPlan)
   kNcclApi = 1 << 4,          // XLA's GPU collective through the NCCL API front end
   kMpiApi = 1 << 5,           // XLA's CPU collective through the MPI ABI front end
 };
