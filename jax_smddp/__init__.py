@@ -131,6 +131,7 @@ else:
   from jax_smddp.all_to_all import all_to_all
   from jax_smddp.config import set_timeout, settings, timeout
   from jax_smddp.ppermute import ppermute
+  from jax_smddp.pbroadcast import pbroadcast
   from jax_smddp.distributed import initialize, shutdown, topology, traffic
   from jax_smddp.reduce_scatter import psum_scatter, reduce_scatter
   from jax_smddp.reduced import all_gather_invariant, all_gather_reduced, unreduced_psum_scatter
@@ -146,7 +147,7 @@ else:
 
 __all__ = [
     "all_gather", "psum_scatter", "reduce_scatter", "psum", "pmax", "pmin", "pmean", "ppermute",
-    "all_reduce", "all_to_all", "set_timeout", "timeout", "settings",
+    "pbroadcast", "all_reduce", "all_to_all", "set_timeout", "timeout", "settings",
     "initialize", "shutdown", "topology", "traffic",
     "all_gather_invariant", "all_gather_reduced", "unreduced_psum_scatter",
     "all_gather_batched", "psum_scatter_batched", "psum_batched",

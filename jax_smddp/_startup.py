@@ -40,7 +40,8 @@ ENV_VAR = "JAX_SMDDP_COLLECTIVES"
 # description of them (xla_ffi/common/collective.h, read as jax_smddp._collectives.MODELLED),
 # restated because start-up imports nothing native (tests/build/test_one_list.py checks both).
 COLLECTIVES = ("all_gather", "reduce_scatter", "all_reduce", "all_to_all")
-# What the lax swap can take: every collective (jax.lax.ppermute too: collective_permute).
+# What the lax swap can take: every collective (jax.lax.ppermute and pbroadcast too:
+# collective_permute).
 SWAPPABLE = COLLECTIVES + ("collective_permute",)
 # Each accepted name of a collective (jax_smddp's and jax.lax's) -> its jax_smddp name.
 COLLECTIVE_NAMES = {
@@ -50,6 +51,7 @@ COLLECTIVE_NAMES = {
     "pmin": "all_reduce",
     "all_to_all": "all_to_all",
     "collective_permute": "collective_permute", "ppermute": "collective_permute",
+    "pbroadcast": "collective_permute",
 }
 ALL_NAMES = ("all", "1", "true", "on", "yes")     # every collective (in the variable: and xla)
 NONE_NAMES = ("none", "0", "false", "off", "no")  # none
@@ -96,7 +98,8 @@ def parse_collectives(value: str, strict: bool = True) -> Collectives:
     elif strict:
       raise ValueError(
           f"jax_smddp: unknown collective {name!r}; use a comma list of {', '.join(SWAPPABLE)} "
-          f"(or their jax.lax names psum_scatter, psum, pmax, pmin, ppermute), 'all' (or 1), 'xla' "
+          f"(or their jax.lax names {', '.join(n for n, op in COLLECTIVE_NAMES.items() if n != op)}), "
+          f"'all' (or 1), 'xla' "
           f"(XLA's cross-process collectives only, see jax_smddp.swap.xla) or 'none' (or 0).")
   return Collectives(ops, xla, every)
 

@@ -1,8 +1,8 @@
 """Drop-in backend swap: lower ``jax.lax`` collectives through jax_smddp.
 
 An unmodified program that calls ``jax.lax.all_gather``, ``psum_scatter``,
-``psum``/``pmax``/``pmin``, ``all_to_all`` or ``ppermute`` inside ``jax.shard_map`` can run on
-jax_smddp's engine, either by setting ``JAX_SMDDP_COLLECTIVES`` before the
+``psum``/``pmax``/``pmin``, ``all_to_all``, ``ppermute`` or ``pbroadcast`` inside
+``jax.shard_map`` can run on jax_smddp's engine, either by setting ``JAX_SMDDP_COLLECTIVES`` before the
 program starts (read by the ``jax_plugins`` entry point when JAX initialises its
 backends) or from code with :func:`use`.
 
@@ -43,6 +43,7 @@ from jax_smddp.swap import combine
 _ar = importlib.import_module("jax_smddp.all_reduce")
 _a2a = importlib.import_module("jax_smddp.all_to_all")
 _pp = importlib.import_module("jax_smddp.ppermute")
+_pb = importlib.import_module("jax_smddp.pbroadcast")
 
 log = logging.getLogger("jax_smddp")
 
@@ -94,6 +95,10 @@ def _permute(ctx, x, *, platform, axis_name, perm):  # lax names one axis as it 
   return _pp._lower(ctx, x, platform=platform, axis_name=c.axes_tuple(axis_name), perm=perm)
 
 
+def _broadcast(ctx, x, *, platform, axis_name, source):
+  return _pb._lower(ctx, x, platform=platform, axis_name=c.axes_tuple(axis_name), source=source)
+
+
 def _reduce(op: str, invariant: bool):
   def lower(ctx, x, *, platform, axes, axis_index_groups=None):
     return _ar._lower(ctx, x, platform=platform, axes=tuple(axes), reduce=op,
@@ -130,7 +135,8 @@ def _takeovers() -> dict[str, list[tuple[Any, Callable[..., Lowered]]]]:
       "all_to_all": [
           ("all_to_all_p", _single(_a2a._lower, *_A2A))],
       "collective_permute": [
-          ("ppermute_p", _single(_permute, "axis_name", "perm"))],
+          ("ppermute_p", _single(_permute, "axis_name", "perm")),
+          ("pbroadcast_p", _single(_broadcast, "axis_name", "source"))],
   }
   return {op: [(getattr(lax_parallel, name), lower) for name, lower in rows
                if hasattr(lax_parallel, name)]
@@ -150,8 +156,9 @@ def _install_for(prim, op: str, lower: Callable[..., Lowered], platform: str) ->
   table = mlir._platform_specific_lowerings[platform]
   original = table.get(prim)
   _saved[(prim, platform)] = original
-  entry = original if original is not None else mlir._lowerings[prim]
-  original_rule = entry.rule
+  # None: lax has no rule for this platform (pbroadcast on CPU), so nothing to fall back to.
+  entry = original if original is not None else mlir._lowerings.get(prim)
+  original_rule = entry.rule if entry is not None else _no_rule(prim, platform)
 
   def rule(ctx, *args, **params):
     requirements.enforce()
@@ -166,7 +173,15 @@ def _install_for(prim, op: str, lower: Callable[..., Lowered], platform: str) ->
     return out
 
   rule.__name__ = f"smddp_swapped_{prim.name}"
-  mlir.register_lowering(prim, rule, platform=platform, inline=entry.inline)
+  mlir.register_lowering(prim, rule, platform=platform,
+                         inline=entry.inline if entry is not None else False)
+
+
+def _no_rule(prim, platform: str):
+  def rule(ctx, *args, **params):
+    raise NotImplementedError(f"jax.lax {prim.name} has no lowering for platform {platform}, and "
+                              f"jax_smddp does not take this call")
+  return rule
 
 
 def _uninstall(prim) -> None:
@@ -230,7 +245,8 @@ class use:
 
   Names: ``all_gather``, ``reduce_scatter``, ``all_reduce``, ``all_to_all``,
   ``collective_permute``, or the jax.lax names ``psum_scatter``, ``psum``/``pmax``/``pmin``
-  (all three are ``all_reduce``), ``ppermute``, ``all``, ``none``; comma lists are accepted. ``xla`` also has
+  (all three are ``all_reduce``), ``ppermute`` and ``pbroadcast`` (both ``collective_permute``),
+  ``all``, ``none``; comma lists are accepted. ``xla`` also has
   XLA's own cross-process CPU collectives served by jax_smddp (jax_smddp.swap.xla),
   which can only be chosen before JAX creates its CPU client, in a process whose
   jaxlib was loaded with ``MPITRAMPOLINE_LIB`` set (``JAX_SMDDP_COLLECTIVES=xla``
