@@ -22,8 +22,9 @@ namespace {
 
 StreamBackend backend;
 
-// What each served collective is called where it shows (the engine's
-// messages name it CollectiveName).
+// What each served collective (CollectiveSpec::substrates: kNcclApi) is
+// called where it shows, in the enumeration's order (the engine's messages
+// name it CollectiveName).
 struct CollectiveNames {
   const char* function;  // NCCL's (ncclAllGather)
   World::Caller caller;  // the world's per-op counts (traffic_by_op)
@@ -33,26 +34,28 @@ constexpr CollectiveNames kNames[] = {
     {"ncclReduceScatter", World::Caller::kNcclReduceScatter},
     {"ncclAllReduce", World::Caller::kNcclAllReduce},
     {"ncclAlltoAll", World::Caller::kNcclAlltoAll},
+    // A group of sends and receives served as a permutation (PermutationOf).
+    {"ncclSend/ncclRecv", World::Caller::kNcclPermute},
 };
-constexpr int kFunctions = sizeof(kNames) / sizeof(kNames[0]);
-static_assert(int(Collective::kAllToAll) + 1 == kFunctions,
-              "a name for each collective NCCL has a function of");
+static_assert(sizeof(kNames) / sizeof(kNames[0]) == kCollectives, "a name for each collective");
 const CollectiveNames& NamesOf(Collective kind) { return kNames[int(kind)]; }
 
-// A group of sends and receives served as a permutation (PermutationOf).
-constexpr const char* kPermuteFunction = "ncclSend/ncclRecv";
-
 struct Tally {
-  std::atomic<uint64_t> served[kFunctions] = {};  // per call: no lock
-  std::atomic<uint64_t> permutes{0};              // groups served as permutations
-  std::atomic<uint64_t> captured{0};              // of those, captured into CUDA graphs (once each)
-  std::mutex mu;                                  // the rest: forwarding only
+  std::atomic<uint64_t> served[kCollectives] = {};  // per call: no lock
+  std::atomic<uint64_t> captured{0};  // of those, captured into CUDA graphs (once each)
+  std::mutex mu;                      // the rest: forwarding only
   std::map<std::string, uint64_t> forwarded;
   std::set<std::string> reasons;  // told once each
 };
 Tally& Tallies() {
   static auto* t = new Tally;
   return *t;
+}
+
+// A served call of `kind` that delivered `bytes` into this rank's output.
+void CountServed(const Comm& comm, Collective kind, uint64_t bytes) {
+  if (auto world = comm.world.lock()) world->CountCall(NamesOf(kind).caller, bytes);
+  Tallies().served[int(kind)].fetch_add(1, std::memory_order_relaxed);
 }
 
 thread_local std::string thread_error;
@@ -145,11 +148,14 @@ size_t TypeBytes(ncclDataType_t type) {
 std::string WhyNotServed(const Comm& comm, Collective kind, ncclDataType_t type, ncclRedOp_t op,
                          size_t count) {
   if (!comm.served) return comm.forwarded_because;
-  if (comm.port && kind == Collective::kAllReduce && count % size_t(comm.nranks) != 0)
-    return "an all_reduce across hosts runs as reduce_scatter + all_gather, which needs a count "
-           "divisible by the ranks (" +
+  // Two passes (a reduce-scatter, then an all-gather of the shards): across
+  // hosts, shards of equal size.
+  if (comm.port && SpecOf(kind).passes > 1 && count % size_t(comm.nranks) != 0)
+    return std::string("an ") + CollectiveName(kind) +
+           " across hosts runs as reduce_scatter + all_gather, which needs a count divisible by "
+           "the ranks (" +
            std::to_string(count) + " over " + std::to_string(comm.nranks) + ")";
-  if (kind == Collective::kAllGather || kind == Collective::kAllToAll)
+  if (!Reduces(kind))
     return TypeBytes(type) ? "" : "data type " + std::to_string(int(type)) + " is not known";
   DType dtype;
   if (!EngineType(type, &dtype))
@@ -214,35 +220,26 @@ ncclResult_t Serve(Collective kind, const void* send, void* recv, size_t count, 
     }
     return Fail(&comm, earlier);
   }
+  // NCCL's count is in the unit the plan takes (PlanSize): a rank's block, or the buffer.
   Plan plan;
+  plan.kind = kind;
   plan.dtype = dtype;
   plan.op = op;
   plan.outer = 1;
-  size_t recv_bytes = 0;
-  switch (kind) {
-    case Collective::kAllGather:
-      plan.kind = Collective::kAllGather;
+  switch (SpecOf(kind).plan_size) {
+    case PlanSize::kByteBlocks:
       plan.dtype = DType::kUInt8;
       plan.inner = count * ElementSize(dtype);
-      recv_bytes = plan.inner * size_t(comm.nranks);
       break;
-    case Collective::kReduceScatter:
-      plan.kind = Collective::kReduceScatter;
+    case PlanSize::kElementBlocks:
       plan.inner = count;
-      recv_bytes = count * ElementSize(dtype);
       break;
-    case Collective::kAllReduce:
-      plan.kind = Collective::kAllReduce;
+    case PlanSize::kElements:
       plan.count = count;
-      recv_bytes = count * ElementSize(dtype);
-      break;
-    case Collective::kAllToAll:
-      plan.kind = Collective::kAllToAll;
-      plan.dtype = DType::kUInt8;
-      plan.inner = count * ElementSize(dtype);
-      recv_bytes = plan.inner * size_t(comm.nranks);
       break;
   }
+  size_t send_bytes = 0, recv_bytes = 0;
+  CallBytes(plan, comm.nranks, &send_bytes, &recv_bytes);
   if (count == 0) return ncclSuccess;
   struct Call {
     Collective kind;
@@ -265,8 +262,7 @@ ncclResult_t Serve(Collective kind, const void* send, void* recv, size_t count, 
         ", rank " + std::to_string(comm.rank) + " of " + std::to_string(comm.nranks) + "]");
     return FailServed(comm, st.code(), located);
   }
-  if (auto world = comm.world.lock()) world->CountCall(NamesOf(kind).caller, recv_bytes);
-  Tallies().served[int(kind)].fetch_add(1, std::memory_order_relaxed);
+  CountServed(comm, kind, recv_bytes);
   if (captured) Tallies().captured.fetch_add(1, std::memory_order_relaxed);
   return ncclSuccess;
 }
@@ -429,15 +425,14 @@ ncclResult_t ServePermutation(const Permutation& p) {
   if (!st.ok()) {
     const Status located = st.WithMessage(
         "jax_smddp collective_permute: " + st.message() + " [XLA's collective-permute through " +
-        kPermuteFunction + ", rank " + std::to_string(comm.rank) + " of " +
-        std::to_string(comm.nranks) + ", to rank " + std::to_string(p.target) + ", from rank " +
-        std::to_string(p.source) + "]");
+        NamesOf(Collective::kCollectivePermute).function + ", rank " + std::to_string(comm.rank) +
+        " of " + std::to_string(comm.nranks) + ", to rank " + std::to_string(p.target) +
+        ", from rank " + std::to_string(p.source) + "]");
     return FailServed(comm, st.code(), located);
   }
   size_t received = 0;
   for (const Permutation::Part& part : *p.parts) received += p.source >= 0 ? part.bytes : 0;
-  if (auto world = comm.world.lock()) world->CountCall(World::Caller::kNcclPermute, received);
-  Tallies().permutes.fetch_add(1, std::memory_order_relaxed);
+  CountServed(comm, Collective::kCollectivePermute, received);
   return ncclSuccess;
 }
 
@@ -499,10 +494,9 @@ std::string Describe() {
   Tally& t = Tallies();
   std::lock_guard<std::mutex> lock(t.mu);
   std::map<std::string, uint64_t> served;  // by name, as the forwarded ones
-  for (int k = 0; k < kFunctions; ++k)
+  for (int k = 0; k < kCollectives; ++k)
     if (const uint64_t n = t.served[k].load(std::memory_order_relaxed))
       served[kNames[k].function] = n;
-  if (const uint64_t n = t.permutes.load(std::memory_order_relaxed)) served[kPermuteFunction] = n;
   std::string out = "{\"served\": {";
   bool first = true;
   for (const auto& [f, n] : served) {
@@ -578,19 +572,8 @@ ncclResult_t RunCollective(Collective kind, const void* send, void* recv, size_t
         name, handle,
         [=](ncclComm_t real) {
           std::string missing;
-          if (kind == Collective::kAllGather) {
-            using Fn =
-                ncclResult_t (*)(const void*, void*, size_t, ncclDataType_t, ncclComm_t, void*);
-            auto fn = Real<Fn>(name, &missing);
-            return fn ? fn(send, recv, count, type, real, stream) : ncclInternalError;
-          }
-          if (kind == Collective::kReduceScatter) {
-            using Fn = ncclResult_t (*)(const void*, void*, size_t, ncclDataType_t, ncclRedOp_t,
-                                        ncclComm_t, void*);
-            auto fn = Real<Fn>(name, &missing);
-            return fn ? fn(send, recv, count, type, op, real, stream) : ncclInternalError;
-          }
-          if (kind == Collective::kAllToAll) {
+          // NCCL's functions take an op exactly where the collective reduces.
+          if (!Reduces(kind)) {
             using Fn =
                 ncclResult_t (*)(const void*, void*, size_t, ncclDataType_t, ncclComm_t, void*);
             auto fn = Real<Fn>(name, &missing);
@@ -605,7 +588,7 @@ ncclResult_t RunCollective(Collective kind, const void* send, void* recv, size_t
   }
   DType dtype = DType::kUInt8;
   EngineType(type, &dtype);
-  if (kind == Collective::kAllGather || kind == Collective::kAllToAll) dtype = MovedType(type);
+  if (!Reduces(kind)) dtype = MovedType(type);
   const ReduceOp engine_op = op == ncclMax   ? ReduceOp::kMax
                              : op == ncclMin ? ReduceOp::kMin
                                              : ReduceOp::kSum;
