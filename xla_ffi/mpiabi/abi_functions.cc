@@ -274,9 +274,7 @@ SMDDP_MPI_EXPORT int MPIABI_Allgather(const void* send, int send_count, MPIABI_D
   plan.dtype = DType::kUInt8;
   plan.outer = 1;
   plan.inner = block;
-  CallInfo info{CollectiveName(Collective::kAllGather), DType::kUInt8, ReduceOp::kSum, block,
-                block * n};
-  return Check(RunCollective(*r, "MPI_Allgather", plan, info, send, recv));
+  return Check(RunCollective(*r, "MPI_Allgather", World::Caller::kMpiAllgather, plan, send, recv));
 }
 
 SMDDP_MPI_EXPORT int MPIABI_Allreduce(const void* send, void* recv, int count, MPIABI_Datatype type,
@@ -298,9 +296,8 @@ SMDDP_MPI_EXPORT int MPIABI_Allreduce(const void* send, void* recv, int count, M
   plan.kind = Collective::kAllReduce;
   plan.dtype = t.dtype;
   plan.op = reduce;
-  plan.count = size_t(count) * t.lanes;
-  CallInfo info{CollectiveName(Collective::kAllReduce), t.dtype, reduce, bytes, bytes};
-  return Check(RunCollective(*r, "MPI_Allreduce", plan, info, send, recv));
+  plan.count = size_t(count) * t.lanes;  // count * t.size bytes (a reducible type's lanes)
+  return Check(RunCollective(*r, "MPI_Allreduce", World::Caller::kMpiAllreduce, plan, send, recv));
 }
 
 static int ReduceScatter(const char* fn, const void* send, void* recv, int count,
@@ -325,8 +322,7 @@ static int ReduceScatter(const char* fn, const void* send, void* recv, int count
   plan.op = reduce;
   plan.outer = 1;
   plan.inner = size_t(count) * t.lanes;
-  CallInfo info{CollectiveName(plan.kind), t.dtype, reduce, block * n, block};
-  return Check(RunCollective(*r, fn, plan, info, send, recv));
+  return Check(RunCollective(*r, fn, World::Caller::kMpiReduceScatter, plan, send, recv));
 }
 
 SMDDP_MPI_EXPORT int MPIABI_Reduce_scatter(const void* send, void* recv, const int* counts,

@@ -321,16 +321,15 @@ void CountCall(const Rank& r, World::Caller caller, uint64_t bytes) {
   if (r.group->world) r.group->world->CountCall(caller, bytes);
 }
 
-Status RunCollective(Rank& r, const char* mpi_name, const Plan& plan, const CallInfo& info,
+Status RunCollective(Rank& r, const char* mpi_name, World::Caller caller, const Plan& plan,
                      const void* send, void* recv) {
+  size_t in = 0, out = 0;
+  CallBytes(plan, Size(r), &in, &out);
+  const CallInfo info{CollectiveName(plan.kind), plan.dtype, plan.op, in, out};
   const uint64_t n = r.calls++;
   Status st = RunAndWait(*r.group->comm, r.group->site, n, r.rank, send, recv, info, plan);
   if (st.ok()) {
-    CountCall(r,
-              plan.kind == Collective::kAllGather       ? World::Caller::kMpiAllgather
-              : plan.kind == Collective::kReduceScatter ? World::Caller::kMpiReduceScatter
-                                                        : World::Caller::kMpiAllreduce,
-              info.recv_bytes);
+    CountCall(r, caller, info.recv_bytes);
     return st;
   }
   // The engine's message first ("jax_smddp all_gather (op ...): ..."): what

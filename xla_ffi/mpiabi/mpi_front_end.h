@@ -83,9 +83,11 @@ int WorldSize();
 Status Split(int color, int key, Rank** out);
 int Size(const Rank& r);
 
-// One collective call of `r`'s device; blocks until it is over for it.
-// Counted in the world's calls (World::CountCall) once it succeeded.
-Status RunCollective(Rank& r, const char* mpi_name, const Plan& plan, const CallInfo& info,
+// One collective call of `r`'s device, made by MPI function `mpi_name`;
+// blocks until it is over for it. Its bytes in and out are the plan's
+// (CallBytes). Counted as `caller` in the world's calls (World::CountCall)
+// once it succeeded.
+Status RunCollective(Rank& r, const char* mpi_name, World::Caller caller, const Plan& plan,
                      const void* send, void* recv);
 
 // Counts one call of `caller` of `r`'s device delivering `bytes` in the
