@@ -50,7 +50,7 @@ NetworkProxy* Proxy(int rail) {
 }
 
 // Device memory's libfabric interface. The tests' mock CUDA runtime
-// (tests/native/mock_cuda) hands out host memory as "device memory".
+// (tests/native/mock_node) hands out host memory as "device memory".
 #ifdef SMDDP_MOCK_CUDA_RUNTIME
 constexpr MemoryIface kDeviceIface = MemoryIface::kHost;
 #else
