@@ -129,6 +129,7 @@ else:
   from jax_smddp.all_gather import all_gather
   from jax_smddp.all_reduce import all_reduce, pmax, pmean, pmin, psum
   from jax_smddp.all_to_all import all_to_all
+  from jax_smddp.ragged_all_to_all import ragged_all_to_all
   from jax_smddp.config import set_timeout, settings, timeout
   from jax_smddp.ppermute import ppermute
   from jax_smddp.pbroadcast import pbroadcast
@@ -147,7 +148,7 @@ else:
 
 __all__ = [
     "all_gather", "psum_scatter", "reduce_scatter", "psum", "pmax", "pmin", "pmean", "ppermute",
-    "pbroadcast", "all_reduce", "all_to_all", "set_timeout", "timeout", "settings",
+    "pbroadcast", "all_reduce", "all_to_all", "ragged_all_to_all", "set_timeout", "timeout", "settings",
     "initialize", "shutdown", "topology", "traffic",
     "all_gather_invariant", "all_gather_reduced", "unreduced_psum_scatter",
     "all_gather_batched", "psum_scatter_batched", "psum_batched",

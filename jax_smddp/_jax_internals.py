@@ -51,8 +51,9 @@ INTERNALS: dict[str, Internal] = {
     "lax_parallel": Internal(
         "jax._src.lax.parallel", None,
         ("all_gather_p", "all_gather_invariant_p", "all_gather_reduced_p", "all_to_all_p", "ppermute_p",
-         "pbroadcast_p", "pmax_p", "pmin_p", "psum_p", "psum_invariant_p", "reduce_scatter_p",
-         "unreduced_psum_p", "unreduced_reduce_scatter_p", "insert_collective_pvary"),
+         "pbroadcast_p", "pmax_p", "pmin_p", "psum_p", "psum_invariant_p", "ragged_all_to_all_p",
+         "reduce_scatter_p", "unreduced_psum_p", "unreduced_reduce_scatter_p",
+         "insert_collective_pvary"),
         "lax's collective primitives (the primitives' recipes, the transposes, the swaps)",
         "none (jax.lax has the functions, not their primitives)"),
     "hlo": Internal(

@@ -41,7 +41,7 @@ ENV_VAR = "JAX_SMDDP_COLLECTIVES"
 # restated because start-up imports nothing native (tests/build/test_one_list.py checks both).
 COLLECTIVES = ("all_gather", "reduce_scatter", "all_reduce", "all_to_all")
 # What the lax swap can take: every collective (jax.lax.ppermute and pbroadcast too:
-# collective_permute).
+# collective_permute; jax.lax.ragged_all_to_all is all_to_all's).
 SWAPPABLE = COLLECTIVES + ("collective_permute",)
 # Each accepted name of a collective (jax_smddp's and jax.lax's) -> its jax_smddp name.
 COLLECTIVE_NAMES = {
@@ -49,7 +49,7 @@ COLLECTIVE_NAMES = {
     "reduce_scatter": "reduce_scatter", "psum_scatter": "reduce_scatter",
     "all_reduce": "all_reduce", "psum": "all_reduce", "pmax": "all_reduce",
     "pmin": "all_reduce",
-    "all_to_all": "all_to_all",
+    "all_to_all": "all_to_all", "ragged_all_to_all": "all_to_all",
     "collective_permute": "collective_permute", "ppermute": "collective_permute",
     "pbroadcast": "collective_permute",
 }

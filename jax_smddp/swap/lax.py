@@ -1,10 +1,10 @@
 """Drop-in backend swap: lower ``jax.lax`` collectives through jax_smddp.
 
 An unmodified program that calls ``jax.lax.all_gather``, ``psum_scatter``,
-``psum``/``pmax``/``pmin``, ``all_to_all``, ``ppermute`` or ``pbroadcast`` inside
-``jax.shard_map`` can run on jax_smddp's engine, either by setting ``JAX_SMDDP_COLLECTIVES`` before the
-program starts (read by the ``jax_plugins`` entry point when JAX initialises its
-backends) or from code with :func:`use`.
+``psum``/``pmax``/``pmin``, ``all_to_all``, ``ragged_all_to_all``, ``ppermute`` or ``pbroadcast``
+inside ``jax.shard_map`` can run on jax_smddp's engine, either by setting
+``JAX_SMDDP_COLLECTIVES`` before the program starts (read by the ``jax_plugins`` entry point
+when JAX initialises its backends) or from code with :func:`use`.
 
 How: the CPU and CUDA lowerings of the lax primitives themselves are replaced by a rule
 that asks the jax_smddp module of that collective to lower the call (the
@@ -44,6 +44,7 @@ _ar = importlib.import_module("jax_smddp.all_reduce")
 _a2a = importlib.import_module("jax_smddp.all_to_all")
 _pp = importlib.import_module("jax_smddp.ppermute")
 _pb = importlib.import_module("jax_smddp.pbroadcast")
+_ra = importlib.import_module("jax_smddp.ragged_all_to_all")
 
 log = logging.getLogger("jax_smddp")
 
@@ -72,6 +73,13 @@ def _single(fn: Callable[..., Lowered], *params: str) -> Callable[..., Lowered]:
       return f"unexpected parameters {sorted(set(kw) ^ known)}"
     return fn(ctx, args[0], platform=platform, **kw)
   return adapter
+
+
+def _ragged(ctx, *args, platform, **kw):
+  """jax.lax.ragged_all_to_all's six operands: the composition of engine all_to_alls."""
+  if len(args) != 6 or set(kw) != {"axis_name", "axis_index_groups"}:
+    return f"{len(args)} operands and parameters {sorted(kw)} in one call"
+  return _ra._lower(ctx, *args, platform=platform, **kw)
 
 
 def _no_bool(fn):
@@ -133,7 +141,8 @@ def _takeovers() -> dict[str, list[tuple[Any, Callable[..., Lowered]]]]:
           ("pmax_p", _single(_no_bool(_reduce("max", False)), "axes", "axis_index_groups")),
           ("pmin_p", _single(_no_bool(_reduce("min", False)), "axes", "axis_index_groups"))],
       "all_to_all": [
-          ("all_to_all_p", _single(_a2a._lower, *_A2A))],
+          ("all_to_all_p", _single(_a2a._lower, *_A2A)),
+          ("ragged_all_to_all_p", _ragged)],
       "collective_permute": [
           ("ppermute_p", _single(_permute, "axis_name", "perm")),
           ("pbroadcast_p", _single(_broadcast, "axis_name", "source"))],
@@ -162,10 +171,9 @@ def _install_for(prim, op: str, lower: Callable[..., Lowered], platform: str) ->
 
   def rule(ctx, *args, **params):
     requirements.enforce()
-    if platform == "cuda":
-      out = (c.lower_cuda(prim, op, lower, ctx, args[0], params)
-             if len(args) == 1 else f"{len(args)} operands in one call")
-    else:
+    if platform == "cuda" and len(args) == 1:
+      out = c.lower_cuda(prim, op, lower, ctx, args[0], params)
+    else:  # CPU, or a composition of collectives that each lower themselves (ragged_all_to_all)
       out = lower(ctx, *args, platform=platform, **params)
     if isinstance(out, str):
       requirements.fallback(f"jax.lax {prim.name} keeps its own lowering here", out)
@@ -245,8 +253,9 @@ class use:
 
   Names: ``all_gather``, ``reduce_scatter``, ``all_reduce``, ``all_to_all``,
   ``collective_permute``, or the jax.lax names ``psum_scatter``, ``psum``/``pmax``/``pmin``
-  (all three are ``all_reduce``), ``ppermute`` and ``pbroadcast`` (both ``collective_permute``),
-  ``all``, ``none``; comma lists are accepted. ``xla`` also has
+  (all three are ``all_reduce``), ``ragged_all_to_all`` (``all_to_all``), ``ppermute`` and
+  ``pbroadcast`` (both ``collective_permute``), ``all``, ``none``; comma lists are accepted.
+  ``xla`` also has
   XLA's own cross-process CPU collectives served by jax_smddp (jax_smddp.swap.xla),
   which can only be chosen before JAX creates its CPU client, in a process whose
   jaxlib was loaded with ``MPITRAMPOLINE_LIB`` set (``JAX_SMDDP_COLLECTIVES=xla``

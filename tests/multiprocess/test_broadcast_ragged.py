@@ -1,5 +1,6 @@
-"""jax_smddp.pbroadcast across real processes (the engine's cross-process collective_permute
-with one source feeding every rank), against numpy."""
+"""jax_smddp.pbroadcast (the engine's cross-process collective_permute with one source feeding
+every rank) and jax_smddp.ragged_all_to_all (its all_to_alls) across real processes, against
+numpy."""
 
 from __future__ import annotations
 
@@ -21,3 +22,9 @@ def _ok(procs):
 @pytest.mark.parametrize("nprocs,devices", [(2, 1), (2, 2)])
 def test_pbroadcast_across_processes(nprocs, devices):
   _ok(launch.run_job(["pbroadcast"], nprocs, devices, script=WORKER, timeout=240))
+
+
+@pytest.mark.timeout(300)
+@pytest.mark.parametrize("nprocs,devices", [(2, 1), (2, 2)])
+def test_ragged_all_to_all_across_processes(nprocs, devices):
+  _ok(launch.run_job(["ragged_all_to_all"], nprocs, devices, script=WORKER, timeout=240))

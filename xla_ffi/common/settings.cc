@@ -28,8 +28,9 @@ const std::vector<SettingSpec> kSettings = {
      "included: on CPU through the MPI ABI, on GPUs through the NCCL API front end; set before "
      "Python starts), all (xla and every jax.lax "
      "collective in shard_map), none, or a comma list of all_gather, reduce_scatter, all_reduce, "
-     "all_to_all, collective_permute (jax.lax names accepted) and xla; any case; 1/true/on/yes "
-     "mean all, 0/false/off/no none"},
+     "all_to_all, collective_permute (jax.lax names accepted: ragged_all_to_all swaps with "
+     "all_to_all, ppermute and pbroadcast with collective_permute) and xla; any case; "
+     "1/true/on/yes mean all, 0/false/off/no none"},
     {"JAX_SMDDP_COMBINE_BYTES", kBytes, "30M", 0, kNoMax, "", "runtime", true,
      "under the lax swap, independent psums, all_gathers and psum_scatters of one shard_map body "
      "with one kind, axes and element type are merged into engine calls of at most this many "
