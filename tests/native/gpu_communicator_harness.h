@@ -1,6 +1,6 @@
 // What the GPU communicators' native tests share (gpu_communicator_test.cc,
-// gpu_hosts_test.cc): built against the mock CUDA runtime of
-// tests/native/mock_cuda (no GPU here or in CI), ranks as forked processes
+// gpu_hosts_test.cc): built against the mock node's CUDA runtime
+// (tests/native/mock_node; no GPU here or in CI), ranks as forked processes
 // that talk to the parent through pipes (Spawn, WriteBytes/ReadBytes), their
 // inputs (Input) and, with direct reads, their buffers in mock device memory
 // (DeviceBuffers). One translation unit per program: everything here is
@@ -15,7 +15,7 @@
 #include <string>
 #include <vector>
 
-#include <cuda_runtime_api.h>  // the mock: inputs in "device memory"
+#include <cuda_runtime_api.h>  // the mock node: inputs in "device memory"
 
 #include "cuda/gpu_communicator.h"
 #include "tests/native/check.h"

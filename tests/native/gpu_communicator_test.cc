@@ -1,11 +1,11 @@
 // The GPU communicators' set-up and per-call checks
 // (cuda/gpu_communicator.cc, cuda/gpu_hierarchy.cc) on CPU processes, built against the
-// mock CUDA runtime of tests/native/mock_cuda (no GPU here or in CI): each
-// rank is a forked process that prepares its staging, trades handles with
-// the others through the parent, connects, then runs the stream protocol
-// with HostStreamOps over the communicator's own views (the regions and, with
-// host flag memory, the shared flag blocks it mapped). What a GPU adds (the
-// real CUDA calls) is tested by tests/gpu on a GPU machine.
+// mock node's CUDA runtime (tests/native/mock_node; no GPU here or in CI): each
+// rank is a forked process with a GPU of its own that prepares its staging,
+// trades handles with the others through the parent, connects, then runs the
+// stream protocol with HostStreamOps over the communicator's own views (the
+// regions and, with host flag memory, the shared flag blocks it mapped). What
+// a GPU adds (the real CUDA calls) is tested by tests/gpu on a GPU machine.
 //
 //   gpu_communicator_test SCENARIO device|host
 //
@@ -44,7 +44,7 @@
 #include <utility>
 #include <vector>
 
-#include <cuda_runtime_api.h>  // the mock: inputs in "device memory"
+#include <cuda_runtime_api.h>  // the mock node: inputs in "device memory"
 
 #include "cuda/buffer_ipc.h"
 #include "cuda/gpu_communicator.h"
@@ -219,6 +219,7 @@ void Mismatch(int r, gpu::LocalRank* me) {
 
 int RunRank(int r, const std::string& scenario, bool host, int up, int down) {
   gpu::SetProcessIndex(r);
+  setenv("JAX_SMDDP_MOCK_DEVICES", std::to_string(r).c_str(), 1);  // its GPU: the node's r
   // Rank 2 with an allocator direct reads refuse: it stages, the others would read in place.
   if (scenario == "direct_disagree" && r == 2) setenv("XLA_PYTHON_CLIENT_ALLOCATOR", "platform", 1);
   std::vector<std::pair<int, std::string>> handles;
@@ -270,8 +271,9 @@ int RunRank(int r, const std::string& scenario, bool host, int up, int down) {
       Expect(r, me->exchange->mapped() == size_t(2 * (kRanks - 1)),
              "mapped " + std::to_string(me->exchange->mapped()));
       // By descriptor where the memory is cuMemCreate's, else by legacy CUDA IPC.
-      Expect(r, mock_cuda::cumem_maps == (mock_cuda::CuMem() ? 2 * (kRanks - 1) : 0),
-             "cuMem mappings: " + std::to_string(mock_cuda::cumem_maps));
+      const uint64_t maps = mock_node::Count().maps;
+      Expect(r, maps == (mock_node::CuMemMode() ? 2 * (kRanks - 1) : 0u),
+             "cuMem mappings: " + std::to_string(maps));
       // The set-up probe copies a descriptor (here this process's own); a
       // refusal names the process and why, and then memory that only a
       // descriptor could share is not exported (its calls stage).
@@ -292,7 +294,7 @@ int RunRank(int r, const std::string& scenario, bool host, int up, int down) {
         uint64_t unique = 0;
         const Status st = ipc.FindAllocation(0, buffer, &base, &unique);
         Expect(r,
-               mock_cuda::CuMem()
+               mock_node::CuMemMode()
                    ? !st.ok() && st.message().find("a peer cannot copy them") != std::string::npos
                    : st.ok(),
                "after a refusal: " + st.message());
@@ -428,7 +430,7 @@ int RunRank(int r, const std::string& scenario, bool host, int up, int down) {
     Expect(r, s < 8, "took " + std::to_string(s) + " s");
     const std::string why = FirstError(me, 10);
     const char* cause =
-        mock_cuda::CuMem() ? "cuMemImportFromShareableHandle" : "cudaIpcOpenMemHandle";
+        mock_node::CuMemMode() ? "cuMemImportFromShareableHandle" : "cudaIpcOpenMemHandle";
     Expect(r, why.find(cause) != std::string::npos,
            "later calls do not fail naming the cause: " + why);
   } else if (scenario == "direct_dead_peer") {
@@ -473,12 +475,15 @@ int RunRank(int r, const std::string& scenario, bool host, int up, int down) {
 }
 
 // Two processes with two ranks each (members 20..23; process p holds ranks
-// 2p and 2p + 1 on mock devices 0 and 1): every collective with the local
-// ranks on threads, then process 1 dies and process 0's ranks, waiting on
-// it, are released (host flags) and told which ranks died.
+// 2p and 2p + 1 on its devices 0 and 1, the node's 2p and 2p + 1): every
+// collective with the local ranks on threads, then process 1 dies and
+// process 0's ranks, waiting on it, are released (host flags) and told which
+// ranks died.
 int RunTwoPerProcess(int p, bool host, int up, int down) {
   const std::vector<int64_t> members = {20, 21, 22, 23};
   gpu::SetProcessIndex(p);
+  const std::string devices = std::to_string(2 * p) + "," + std::to_string(2 * p + 1);
+  setenv("JAX_SMDDP_MOCK_DEVICES", devices.c_str(), 1);
   std::vector<std::pair<int, std::string>> handles;
   Status st = gpu::PrepareCommunicator(members, 4096, {{2 * p, 0}, {2 * p + 1, 1}}, 2, &handles);
   Expect(p, st.ok() && handles.size() == 2, "prepare: " + st.message());
@@ -500,8 +505,12 @@ int RunTwoPerProcess(int p, bool host, int up, int down) {
   Expect(p, mine[0]->watch == mine[1]->watch && mine[0]->watch, "local ranks share one watch");
   char c = 'c';
   Expect(p, WriteAll(up, &c, 1) && ReadAll(down, &c, 1), "barrier");
-  auto on_both = [&](auto&& body) {
-    std::thread t([&] { body(2 * p + 1, mine[1]); });
+  auto on_both = [&](auto&& body) {  // each rank on a thread of its device, as XLA runs them
+    std::thread t([&] {
+      cudaSetDevice(1);
+      body(2 * p + 1, mine[1]);
+    });
+    cudaSetDevice(0);
     body(2 * p, mine[0]);
     t.join();
   };
@@ -561,6 +570,7 @@ int InProcess() {
   std::vector<std::thread> threads;
   for (int r = 0; r < 3; ++r) {
     threads.emplace_back([&, r] {
+      cudaSetDevice(r);
       gpu::LocalRank* me = comm->Local(r);
       Expect(r, me && me->exchange && !me->watch, "rank not set up");
       Collectives(r, me, 3);
@@ -587,6 +597,7 @@ int InProcessLate() {
   std::vector<std::thread> threads;
   for (int r = 0; r < 3; ++r) {
     threads.emplace_back([&, r] {
+      cudaSetDevice(r);
       gpu::LocalRank* me = comm->Local(r);
       const Plan plan = MakePlan(Collective::kAllGather, 1, 400, 0);
       std::vector<float> send(100, float(r)), recv(300);
@@ -658,10 +669,7 @@ int TwoPerProcess(bool host) {
   waitpid(pids[0], &status, 0);
   const bool ok = WIFEXITED(status) && WEXITSTATUS(status) == 0;
   waitpid(pids[1], nullptr, 0);
-  for (pid_t pid : pids) {
-    for (int i = 0; i < 16; ++i)
-      shm_unlink(("/jax_smddp_mock-" + std::to_string(pid) + "-" + std::to_string(i)).c_str());
-  }
+  for (pid_t pid : pids) mock_node::RemoveMemoryOf(pid);
   if (ok) std::printf("all checks passed\n");
   return ok ? 0 : 1;
 }
@@ -725,12 +733,7 @@ int main(int argc, char** argv) {
     ok &= WIFSIGNALED(status);  // it must not have failed its own checks
   }
   // A killed rank leaves its mock "device memory" behind.
-  for (pid_t pid : pids) {
-    for (int i = 0; i < 16; ++i) {
-      const std::string name = "/jax_smddp_mock-" + std::to_string(pid) + "-" + std::to_string(i);
-      shm_unlink(name.c_str());
-    }
-  }
+  for (pid_t pid : pids) mock_node::RemoveMemoryOf(pid);
   if (ok) std::printf("all checks passed\n");
   return ok ? 0 : 1;
 }

@@ -1,6 +1,7 @@
 // The GPU communicators across hosts (cuda/gpu_hierarchy.cc) and the network
-// proxy (xla_ffi/algorithms/net_port.h) on CPU processes, against the mock CUDA
-// runtime (gpu_communicator_harness.h).
+// proxy (xla_ffi/algorithms/net_port.h) on CPU processes, against the mock
+// node's CUDA runtime (gpu_communicator_harness.h), each process on a GPU of
+// its own.
 //
 //   gpu_hosts_test hosts|hosts_dead|hosts_2x2 staging|rail
 //
@@ -32,7 +33,7 @@
 #include <utility>
 #include <vector>
 
-#include <cuda_runtime_api.h>  // the mock: inputs in "device memory"
+#include <cuda_runtime_api.h>  // the mock node: inputs in "device memory"
 
 #include "cuda/buffer_ipc.h"
 #include "cuda/gpu_communicator.h"
@@ -70,6 +71,7 @@ void Check(int p, const Status& st, const std::string& what) {
 int RunHost(int p, int L, bool rail, bool die, int up, int down) {
   const int P = 2 * L, h = p / L, j = p % L;
   gpu::SetProcessIndex(p);
+  setenv("JAX_SMDDP_MOCK_DEVICES", std::to_string(j).c_str(), 1);  // its host's GPU j
   // The world, as jax_smddp.initialize() builds it, every process its own
   // "host" to the world (libfabric shm links and a TCP watch between all).
   Check(p, smddp::WorldBegin(p, P), "WorldBegin");
@@ -378,8 +380,7 @@ int Hosts(int L, bool rail, bool die) {
     ok &= killed ? WIFSIGNALED(status) : WIFEXITED(status) && WEXITSTATUS(status) == 0;
   }
   for (pid_t pid : pids) {  // also after a failure: nothing left in /dev/shm
-    for (int i = 0; i < 16; ++i)
-      shm_unlink(("/jax_smddp_mock-" + std::to_string(pid) + "-" + std::to_string(i)).c_str());
+    mock_node::RemoveMemoryOf(pid);
     RemoveFabricRegionsOf(pid);  // the killed process's (the others checked theirs are gone)
   }
   if (ok) std::printf("all checks passed\n");

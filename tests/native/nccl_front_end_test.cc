@@ -1,5 +1,5 @@
 // The NCCL API front end (cuda/ncclapi) driven as XLA drives it, on CPU
-// processes: built against the mock CUDA runtime (tests/native/mock_cuda)
+// processes: built against the mock node's CUDA runtime (tests/native/mock_node)
 // with its served calls on HostStreamOps, the real NCCL replaced by a mock
 // that records what is forwarded (tests/native/mock_nccl.cc, found through
 // JAX_SMDDP_NCCL_LIBRARY). The parent forks P processes that build a world

@@ -1,8 +1,10 @@
 // What the NCCL API front end's native tests share (nccl_front_end_test.cc,
-// nccl_permute_test.cc): built against the mock CUDA runtime
-// (tests/native/mock_cuda) with served calls on HostStreamOps, the real NCCL
-// replaced by a mock that records what is forwarded (tests/native/mock_nccl.cc,
-// found through JAX_SMDDP_NCCL_LIBRARY). RunMain forks P processes that build a
+// nccl_permute_test.cc; nccl_windows_test.cc its processes, relay and world):
+// built against the mock node's CUDA runtime (tests/native/mock_node), each
+// process on a GPU of its own, with served calls on HostStreamOps
+// (StartProcess), the real NCCL replaced by a mock that records what is
+// forwarded (tests/native/mock_nccl.cc, found through
+// JAX_SMDDP_NCCL_LIBRARY). RunMain forks P processes that build a
 // world of shared-memory links (as jax_smddp.initialize() does on one host) and
 // relays what XLA would put in the key-value store (the unique id) through
 // pipes; each process then creates its communicator from the id and runs a
@@ -11,7 +13,6 @@
 #ifndef JAX_SMDDP_TESTS_NATIVE_NCCL_HARNESS_H_
 #define JAX_SMDDP_TESTS_NATIVE_NCCL_HARNESS_H_
 
-#include <dirent.h>
 #include <dlfcn.h>
 #include <signal.h>
 #include <sys/mman.h>
@@ -28,7 +29,7 @@
 #include <string>
 #include <vector>
 
-#include <cuda_runtime_api.h>  // the mock (tests/native/mock_cuda)
+#include <cuda_runtime_api.h>  // the mock node (tests/native/mock_node)
 
 #include "cuda/gpu_communicator.h"
 #include "cuda/ncclapi/nccl_calls.h"
@@ -336,6 +337,8 @@ inline ncclResult_t AwaitAsyncError(ncclComm_t comm, std::chrono::steady_clock::
 // In each process: served calls on HostStreamOps (MarkedOps, or RecordingOps
 // while `capturing`), the deadline `timeout_s`, and the world built.
 inline void StartProcess(double timeout_s) {
+  // A GPU of its own: its host's next (processes alternate between hosts).
+  setenv("JAX_SMDDP_MOCK_DEVICES", std::to_string(me / hosts).c_str(), 1);
   smddp::SetTimeoutSeconds(timeout_s);
   smddp::nccl::SetStreamBackend({[](void*, smddp::nccl::StreamBackend::Body body, void* context) {
                                    if (capturing) {
@@ -425,21 +428,9 @@ inline int RunMain(const std::string& scenario, int processes, int killed,
       ok = false;
     }
   }
-  for (pid_t pid : pids)
-    for (int i = 0; i < 32; ++i)
-      shm_unlink(("/jax_smddp_mock-" + std::to_string(pid) + "-" + std::to_string(i)).c_str());
-  // The mock node's device memory (tests/native/mock_node) the processes left:
-  // communicators are left undestroyed, as XLA leaves them.
-  if (DIR* dir = opendir("/dev/shm")) {
-    while (dirent* e = readdir(dir)) {
-      for (pid_t pid : pids) {
-        const std::string prefix = "jax_smddp_node-" + std::to_string(pid) + "-";
-        if (std::strncmp(e->d_name, prefix.c_str(), prefix.size()) == 0)
-          shm_unlink(("/" + std::string(e->d_name)).c_str());
-      }
-    }
-    closedir(dir);
-  }
+  // The mock node's device memory the processes left: communicators are
+  // left undestroyed, as XLA leaves them.
+  for (pid_t pid : pids) mock_node::RemoveMemoryOf(pid);
   if (ok) std::printf("all checks passed\n");
   return ok ? 0 : 1;
 }

@@ -1,9 +1,9 @@
 """The GPU communicators' set-up and per-call checks
 (cuda/gpu_communicator.cc, cuda/gpu_hierarchy.cc) without a GPU: a standalone C++ program
 (tests/native/gpu_communicator_test.cc; groups across hosts and the network proxy:
-tests/native/gpu_hosts_test.cc, on tests/native/gpu_communicator_harness.h) built against a mock CUDA runtime
-(tests/native/mock_cuda: "device memory" in POSIX shared memory) forks three
-rank processes that prepare, trade handles, connect, and run the stream
+tests/native/gpu_hosts_test.cc, on tests/native/gpu_communicator_harness.h) built against the mock
+node's CUDA runtime (tests/native/mock_node: "device memory" in POSIX shared memory) forks three
+rank processes, each on a GPU of its own, that prepare, trade handles, connect, and run the stream
 protocol over the communicator's own views, in both flag memories: every
 collective against expected values, a rank SIGKILLed while its peers wait on
 it, a rank that closes the group, one that never makes the call its peers
@@ -41,7 +41,7 @@ ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)
 @pytest.fixture(scope="module")
 def program():
   """tests/native/gpu_communicator_test.cc with cuda/'s host code against the
-  mock CUDA runtime, built by CMake (target gpu_communicator_test)."""
+  mock node's CUDA runtime, built by CMake (target gpu_communicator_test)."""
   return native_program("gpu_communicator_test")
 
 

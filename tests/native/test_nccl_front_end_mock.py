@@ -1,8 +1,9 @@
 """The NCCL API front end (cuda/ncclapi, libsmddp_nccl.so's sources) without
 a GPU: a standalone C++ program (tests/native/nccl_front_end_test.cc) built
-against the mock CUDA runtime, its served calls on host threads, the real
-NCCL replaced by a mock (tests/native/mock_nccl.cc) that records what is
-forwarded. Forked processes build a world of shared-memory links and create
+against the mock node's CUDA runtime (tests/native/mock_node), its served
+calls on host threads, the real NCCL replaced by a mock
+(tests/native/mock_nccl.cc) that records what is forwarded. Forked
+processes, each on a GPU of its own, build a world of shared-memory links and create
 communicators as XLA does (the unique id relayed as the key-value store
 would): every collective the engine takes is served with the right values
 and nothing reaches NCCL; broadcast, product reductions and send/recv are

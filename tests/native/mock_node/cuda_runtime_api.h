@@ -1,8 +1,12 @@
-// A mock CUDA runtime that behaves like a GPU node, for the layouts test
-// (tests/native/gpu_node_test.cc): cuda/'s host code and its stream
-// operations (cuda/cuda_stream_ops.cc) compiled against it run on CPU
-// processes as they would on a node of GPUs. Implemented in mock_node.cc;
-// never part of the library. What it enforces:
+// The tests' mock CUDA runtime, one that behaves like a GPU node: cuda/'s
+// host code and its stream operations (cuda/cuda_stream_ops.cc) compiled
+// against it run on CPU processes as they would on a node of GPUs (the
+// layouts of gpu_node_test.cc, nccl_windows_test.cc). Tests of the protocol
+// alone (gpu_communicator_test.cc, gpu_hosts_test.cc, the NCCL front end's)
+// take their set-up's CUDA calls from it and run the stream operations on
+// host threads themselves (tests/native/host_stream_ops.h), which none of
+// the rules below check. Implemented in mock_node.cc; never part of the
+// library. What it enforces:
 //  - Devices: the process sees the node's devices listed in
 //    JAX_SMDDP_MOCK_DEVICES (node device ids, comma separated; default
 //    0..7) as ordinals 0, 1, ...; the current device is per host thread.
@@ -23,6 +27,11 @@
 //    (peer to peer allowed, slower), pcie_nop2p (cudaDeviceCanAccessPeer
 //    says 0, enabling peer access and opening another device's IPC handle
 //    fail with cudaErrorPeerAccessUnsupported).
+//  - Memory shared between processes: JAX_SMDDP_MOCK_CUMEM=1 makes
+//    cudaMalloc's allocations cuMemCreate's (exported as POSIX file
+//    descriptors, no legacy CUDA IPC), as XLA's allocator hands out;
+//    JAX_SMDDP_MOCK_IPC_OPEN_FAILS=1 (read at each call) makes opening a
+//    peer's (cudaIpcOpenMemHandle, cuMemImportFromShareableHandle) fail.
 //  - Streams: each runs its operations in order on a worker thread of its
 //    own, asynchronously to the host and concurrently with other streams.
 //    Copies take JAX_SMDDP_MOCK_COPY_US (default 20) plus their bytes at
@@ -187,6 +196,10 @@ struct Counters {
   uint64_t attribute_queries;  // cuPointerGetAttributes
 };
 Counters Count();
+// Whether allocations are cuMemCreate's (JAX_SMDDP_MOCK_CUMEM=1).
+bool CuMemMode();
+// Removes the device memory process `pid` left (killed, or left by _exit).
+void RemoveMemoryOf(int pid);
 }  // namespace mock_node
 
 #endif  // JAX_SMDDP_TESTS_MOCK_NODE_CUDA_RUNTIME_API_H_

@@ -5,6 +5,7 @@
 #include "cuda.h"
 #include "cuda_runtime_api.h"
 
+#include <dirent.h>
 #include <fcntl.h>
 #include <sys/mman.h>
 #include <sys/stat.h>
@@ -326,10 +327,11 @@ int StreamBatchMemOp(CUstream_st* s, unsigned count, CUstreamBatchMemOpParams* p
   return 0;
 }
 
-bool CuMemMode() {
-  const char* v = std::getenv("JAX_SMDDP_MOCK_CUMEM");
+bool On(const char* setting) {  // read at each call: a test may set it midway
+  const char* v = std::getenv(setting);
   return v && v[0] == '1';
 }
+bool CuMemMode() { return On("JAX_SMDDP_MOCK_CUMEM"); }
 
 void* MapFd(int fd, size_t bytes, void* at = nullptr) {
   void* p = mmap(at, bytes, PROT_READ | PROT_WRITE, MAP_SHARED | (at ? MAP_FIXED : 0), fd, 0);
@@ -393,6 +395,7 @@ int ExportToShareableHandle(void* out, unsigned long long h, int type, unsigned 
 }
 int ImportFromShareableHandle(unsigned long long* h, void* fd, int type) {
   Bump(n_imports);
+  if (On("JAX_SMDDP_MOCK_IPC_OPEN_FAILS")) return 1;
   const int copy = type == 1 ? dup(int(reinterpret_cast<uintptr_t>(fd))) : -1;
   if (copy < 0) return 1;
   std::lock_guard<std::mutex> lock(mu);
@@ -484,6 +487,15 @@ std::string Fault(int ordinal) {
 }
 int NodeDevice(int ordinal) {
   return ordinal >= 0 && ordinal < int(Cfg().devices.size()) ? Cfg().devices[ordinal] : -1;
+}
+void RemoveMemoryOf(int pid) {  // its names: cudaMalloc's
+  const std::string prefix = "jax_smddp_node-" + std::to_string(pid) + "-";
+  DIR* dir = opendir("/dev/shm");
+  if (!dir) return;
+  while (dirent* e = readdir(dir))
+    if (std::strncmp(e->d_name, prefix.c_str(), prefix.size()) == 0)
+      shm_unlink(("/" + std::string(e->d_name)).c_str());
+  closedir(dir);
 }
 Counters Count() {
   auto n = [](const std::atomic<uint64_t>& c) { return c.load(std::memory_order_relaxed); };
@@ -741,6 +753,7 @@ cudaError_t cudaIpcGetMemHandle(cudaIpcMemHandle_t* h, void* p) {
 // peer to peer (the lazy flag enables that access for this device only).
 cudaError_t cudaIpcOpenMemHandle(void** p, cudaIpcMemHandle_t h, unsigned) {
   Bump(n_ipc_opens);
+  if (On("JAX_SMDDP_MOCK_IPC_OPEN_FAILS")) return cudaErrorInvalidValue;
   h.reserved[sizeof(h.reserved) - 1] = '\0';
   const int home = HomeOfName(h.reserved);
   if (!Cfg().p2p && home != NodeDevice(current)) return cudaErrorPeerAccessUnsupported;
