@@ -26,7 +26,7 @@ cudaError_t LaunchCopy2D(void* dst, size_t dpitch, const void* src, size_t spitc
 // pass of kMaxSources). Returns cudaErrorInvalidValue for unsupported types.
 // `unroll` 2 (the default): twice the loads in flight per thread for 4- and
 // 8-byte elements, which the H200 read 1.15-1.35x faster within 4 to 32
-// blocks (tools/gpu_block_sweep.py, docs/gpu_measurements.md); 1: as 16-bit types always.
+// blocks (scripts/gpu_block_sweep.py, docs/gpu_measurements.md); 1: as 16-bit types always.
 cudaError_t LaunchReduce(void* dst, size_t dpitch, const void* const* srcs, int n, size_t spitch,
                          size_t count, size_t rows, DType type, ReduceOp op, int max_blocks,
                          cudaStream_t stream, int unroll = 2);

@@ -1,6 +1,6 @@
 // What the benchmarks measure a GPU's own rates with, beside the collectives
 // (jax_smddp/tools/gpu_bench.py, tests/gpu/test_kernels.py,
-// tools/gpu_block_sweep.py): the device copy rate and one bare reduction
+// scripts/gpu_block_sweep.py): the device copy rate and one bare reduction
 // kernel, each the best of several runs timed by CUDA events on a stream of
 // its own. Errors name the CUDA call that failed.
 #ifndef JAX_SMDDP_CUDA_MICROBENCHMARKS_H_

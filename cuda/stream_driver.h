@@ -1,6 +1,6 @@
 // The GPU kernel tests' driver (tests/gpu/test_kernels.py, through
 // _smddp_cuda.stream_run and stream_direct_buffers), compiled into the CUDA
-// module only with -DJAX_SMDDP_TESTING=ON (tools/gpu_check.sh builds so): the
+// module only with -DJAX_SMDDP_TESTING=ON (scripts/gpu_check.sh builds so): the
 // installed module exposes no test probe.
 //
 // StreamRun runs `calls` calls of one collective as `rank` of the prepared and

@@ -47,7 +47,7 @@ INTERNALS: dict[str, Internal] = {
         "i64_attr; none for the rule tables, reshape, slice_op"),
     "pxla": Internal(
         "jax._src.interpreters.pxla", None, ("axis_groups", "ExecuteReplicated"),
-        "axis_index_groups as replica groups; tools/switch_compare.py times executions", "none"),
+        "axis_index_groups as replica groups; jax_smddp/tools/switch_compare.py times executions", "none"),
     "lax_parallel": Internal(
         "jax._src.lax.parallel", None,
         ("all_gather_p", "all_gather_invariant_p", "all_gather_reduced_p", "all_to_all_p", "ppermute_p",
@@ -79,7 +79,7 @@ INTERNALS: dict[str, Internal] = {
         "none (jax.distributed has initialize/shutdown only)"),
     "pjit": Internal(
         "jax._src.pjit", None, ("_get_fastpath_data",),
-        "tools/switch_compare.py turns off the C++ fast path to time every execution", "none"),
+        "jax_smddp/tools/switch_compare.py turns off the C++ fast path to time every execution", "none"),
     "shard_map_p": Internal(
         "jax._src.shard_map", "shard_map_p", (),
         "swap/combine.py wraps shard_map's CPU lowering", "none"),

@@ -34,8 +34,8 @@ def _how_to_build(error: ImportError) -> str:
            and not os.path.samefile(os.path.join(root, v), sys.prefix)]
   if built:
     text += f"It is built for {' and '.join(built)}: run with that. "
-  text += (f"To build it for the checkout's environments: cd {root} && bash tools/run.sh "
-           "(.venv/py311; then it runs the example) or bash tools/test.sh (.venv/py311 and "
+  text += (f"To build it for the checkout's environments: cd {root} && bash scripts/run.sh "
+           "(.venv/py311; then it runs the example) or bash scripts/test.sh (.venv/py311 and "
            ".venv/py312; then the tests). ")
   return text + (f"To build it into this Python's environment (editable: the checkout's Python "
                  f"files, the native modules in site-packages): cd {root} && {python} -m pip install "

@@ -237,11 +237,11 @@ class Machine:
     return Machine(**{k: v for k, v in d.items() if k in fields})
 
 
-# The GPU engine's phases, measured on an H200 (2026-11-26, tools/gpu_check.sh: gpu_bench's
+# The GPU engine's phases, measured on an H200 (2026-11-26, scripts/gpu_check.sh: gpu_bench's
 # bare reduction kernel, and tests/gpu/test_kernels.py's phase timing of a 64 MiB
 # reduce_scatter of 2 processes sharing the GPU; docs/gpu_measurements.md "Where a reduction's time goes").
 # Bytes read per second by one f32 reduction kernel of 2-4 sources within the default SM
-# budget (16 blocks, twice the loads in flight per thread; tools/gpu_block_sweep.py on an
+# budget (16 blocks, twice the loads in flight per thread; scripts/gpu_block_sweep.py on an
 # H200, 2026-11-28): 995-1228 GB/s; 8 blocks 529-653 GB/s, 32 blocks 1.69-2.09 TB/s,
 # unbudgeted 2.5-3.2 TB/s.
 GPU_REDUCE_READ_DEFAULT_BLOCKS = 1100 * GB

@@ -62,13 +62,13 @@ def assert_same(got, want, dtype):
 # Not built is a failure, here as in CI, never a skip: a skip would let a run go
 # green with every engine and native test left out. To leave them out on
 # purpose, deselect them: pytest -m "not engine and not native".
-_NOT_BUILT = ("{what} is not built in this environment: bash tools/build_testing.sh VENV "
+_NOT_BUILT = ("{what} is not built in this environment: bash scripts/build_testing.sh VENV "
               "(or leave these tests out: pytest -m \"not engine and not native\")")
 
 
 def engine_probes():
   """The tests' probes into the engine (_smddp_testing, built into the test
-  environment by tools/build_testing.sh; not part of the package)."""
+  environment by scripts/build_testing.sh; not part of the package)."""
   try:
     import _smddp_testing
   except ImportError as e:
@@ -96,7 +96,7 @@ def faults_to_refill(nbytes: int) -> int:
 
 
 def ran_in_first_suite(what: str) -> None:
-  """Skips, in tools/test.sh's second suite (SMDDP_FIRST_SUITE_RAN=1), a test of `what` whose
+  """Skips, in scripts/test.sh's second suite (SMDDP_FIRST_SUITE_RAN=1), a test of `what` whose
   subject is the same whatever the Python and jax (C++ programs, the engine through its
   probes, the transports between hosts, CMake, the sdist, the formatters): the first suite ran
   it. The second suite runs what depends on them (the API, the examples, jobs' set-up and
@@ -105,11 +105,11 @@ def ran_in_first_suite(what: str) -> None:
   if os.environ.get("SMDDP_FIRST_SUITE_RAN") == "1":
     import pytest
     pytest.skip(f"{what}: the same whatever the Python and jax, run by the first suite "
-                "(tools/test.sh)", allow_module_level=True)
+                "(scripts/test.sh)", allow_module_level=True)
 
 
 def native_program(name: str) -> str:
-  """A native test program (tests/native) built by tools/build_testing.sh
+  """A native test program (tests/native) built by scripts/build_testing.sh
   into build/testing-<python tag>/ (CMake target smddp_tests); skipped in the second suite
   (ran_in_first_suite)."""
   import os
@@ -139,7 +139,7 @@ def need_netns():
 def not_editable() -> str | None:
   """Why commands run from the checkout's root would not find the built package
   (the sources shadow it), or None when this environment has the checkout's
-  editable install (tools/setup_env.sh: pip install -e)."""
+  editable install (scripts/setup_env.sh: pip install -e)."""
   import importlib.metadata
   import json
   import os
@@ -152,7 +152,7 @@ def not_editable() -> str | None:
     return "jax_smddp is not installed in this environment"
   if not url.get("dir_info", {}).get("editable"):
     return ("jax_smddp is installed here, not editable: from the checkout's root its sources shadow "
-            f"it (tools/setup_env.sh installs it editable: pip install --no-build-isolation -e {root})")
+            f"it (scripts/setup_env.sh installs it editable: pip install --no-build-isolation -e {root})")
   if os.path.realpath(urllib.request.url2pathname(urllib.parse.urlparse(url.get("url", "")).path)) \
       != os.path.realpath(root):
     return f"jax_smddp is installed editable from {url.get('url')}, not from {root}"

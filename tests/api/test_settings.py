@@ -16,7 +16,7 @@ import jax_smddp
 from jax_smddp import config
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-READ_BY_CODE = ("jax_smddp", "xla_ffi", "cuda", "tests", "tools", "examples")
+READ_BY_CODE = ("jax_smddp", "xla_ffi", "cuda", "tests", "scripts", "examples")
 # JAX_SMDDP_ names that are not environment settings: CMake options and include guards
 # (the mock CUDA build's macro is SMDDP_MOCK_CUDA_RUNTIME, outside the settings' prefix).
 NOT_SETTINGS = {"JAX_SMDDP_CUDA", "JAX_SMDDP_LIBFABRIC", "JAX_SMDDP_TESTING"}

@@ -69,11 +69,11 @@ def test_libfabric_under_a_non_default_prefix_and_installed_after_a_first_build(
   ran_in_first_suite("CMake's libfabric discovery")
   found = _system_libfabric()
   if found is None:
-    assert not IN_CI, "CI must have libfabric-dev (tools/system_packages.sh installs it)"
+    assert not IN_CI, "CI must have libfabric-dev (scripts/system_packages.sh installs it)"
     pytest.skip("libfabric's headers are not installed here")
   include, library = found
   if not _tool("cmake") or not _tool("ninja"):
-    pytest.skip("cmake and ninja come with the test environment (tools/setup_env.sh)")
+    pytest.skip("cmake and ninja come with the test environment (scripts/setup_env.sh)")
   prefix = tmp_path / "efa"  # laid out like /opt/amazon/efa: include/, lib/
   (prefix / "include").mkdir(parents=True)
   (prefix / "lib").mkdir()

@@ -1,4 +1,4 @@
-"""The development install (tools/setup_env.sh: pip install -e, scikit-build-core's
+"""The development install (scripts/setup_env.sh: pip install -e, scikit-build-core's
 redirect mode): from the checkout's root, where the source folder jax_smddp/ is
 the first thing Python sees, and from anywhere else, the package loads with its
 native modules, and the README's commands run; a checkout that is not built says
@@ -93,5 +93,5 @@ def test_an_unbuilt_checkout_says_what_to_run(tmp_path):
   message = run.stderr.strip().splitlines()[-1]
   assert "native extension (_smddp_cpu) is not built for this Python" in message, message
   assert f"imported from the source checkout {checkout}" in message, message
-  assert f"cd {checkout} && bash tools/run.sh" in message, message
+  assert f"cd {checkout} && bash scripts/run.sh" in message, message
   assert f"{sys.executable} -m pip install --no-build-isolation -e ." in message, message

@@ -3,12 +3,12 @@ docs and the source comments give must exist.
 
 Where: README.md and docs/*.md (all their text), and the comments of the sources
 (C++ `//` and `/* */` comments under xla_ffi/, cuda/ and tests/; Python `#`
-comments and docstrings under jax_smddp/, tests/, tools/ and examples/; shell
+comments and docstrings under jax_smddp/, tests/, scripts/ and examples/; shell
 `#` comment lines). Code is left out: its strings are keys and templates, not
 references (e.g. the key-value store's "jax_smddp/gpu/rail/0").
 
 What counts as a path: a token that starts with one of the checkout's top-level
-folders and a slash (`xla_ffi/`, `cuda/`, `jax_smddp/`, `tests/`, `tools/`,
+folders and a slash (`xla_ffi/`, `cuda/`, `jax_smddp/`, `tests/`, `scripts/`,
 `docs/`, `examples/`, `cmake/`), backticked or not, not preceded by another path
 character (so `$CUDA_HOME/cuda/include` and URLs are not ours). Braces expand
 (`cuda/gpu_call.{h,cc}` is two paths); a token with `*` is a pattern and is left
@@ -31,7 +31,7 @@ import re
 import tokenize
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-TOPS = ("xla_ffi", "cuda", "jax_smddp", "tests", "tools", "docs", "examples", "cmake")
+TOPS = ("xla_ffi", "cuda", "jax_smddp", "tests", "scripts", "docs", "examples", "cmake")
 PATH = re.compile(r"(?<![\w./~$}-])((?:%s)/[\w./{},*-]*)" % "|".join(TOPS))
 NAME = re.compile(r"(?<![\w./-])jax_smddp(?:\.[A-Za-z_]\w*)+")
 FILE_SUFFIXES = {"pth", "py", "so", "md", "json"}
@@ -78,7 +78,7 @@ def referring_text(root: str) -> dict[str, str]:
   for f in docs:
     with open(os.path.join(root, f), errors="replace") as fh:
       out[f] = fh.read()
-  for top in ("xla_ffi", "cuda", "jax_smddp", "tests", "tools", "examples"):
+  for top in ("xla_ffi", "cuda", "jax_smddp", "tests", "scripts", "examples"):
     for dirpath, _, files in os.walk(os.path.join(root, top)):
       for name in files:
         path = os.path.relpath(os.path.join(dirpath, name), root)

@@ -345,16 +345,16 @@ def test_shell_command(block, example_compile_cache):
 
 @pytest.mark.timeout(120)
 def test_the_main_command_names_options_the_example_has():
-  """`bash tools/run.sh  # add --collectives xla ..., --mesh 2x4 ...`: run.sh passes its
+  """`bash scripts/run.sh  # add --collectives xla ..., --mesh 2x4 ...`: run.sh passes its
   arguments to examples/fsdp_train.py, whose --help (run from the root) lists them."""
   _check_editable()
-  (main,) = [b for b in _all("shell") if "tools/run.sh" in b.code]
+  (main,) = [b for b in _all("shell") if "scripts/run.sh" in b.code]
   options = re.findall(r"--[a-z][a-z0-9-]*", main.code)
   assert options, main.code
   run = subprocess.run([sys.executable, "examples/fsdp_train.py", "--help"], cwd=REPO, env=_env(),
                        capture_output=True, text=True, timeout=110)
   assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-3000:]
-  assert '/fsdp_train.py "$@"' in open(os.path.join(REPO, "tools", "run.sh")).read()
+  assert '/fsdp_train.py "$@"' in open(os.path.join(REPO, "scripts", "run.sh")).read()
   assert not [o for o in options if o not in run.stdout], (options, run.stdout)
 
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 import os
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-TOPS = ("xla_ffi", "cuda", "jax_smddp", "tests", "tools", "examples", "docs")
+TOPS = ("xla_ffi", "cuda", "jax_smddp", "tests", "scripts", "examples", "docs")
 SUFFIXES = (".py", ".cc", ".h", ".cu", ".cuh", ".md", ".sh")
 MAX_LINES = 800
 

@@ -1,5 +1,5 @@
 """The tree's C++/CUDA formatting (.clang-format) and Python lint (ruff's
-configuration in pyproject.toml), checked with the versions tools/test.sh
+configuration in pyproject.toml), checked with the versions scripts/test.sh
 pins: a file that strays fails here, naming it and the command that fixes it."""
 
 from __future__ import annotations
@@ -20,10 +20,10 @@ NATIVE = ("*.cc", "*.h", "*.cu", "*.cuh")
 
 
 def _pinned(name: str) -> str:
-  """The version tools/test.sh installs."""
-  with open(os.path.join(REPO, "tools", "test.sh")) as f:
+  """The version scripts/test.sh installs."""
+  with open(os.path.join(REPO, "scripts", "test.sh")) as f:
     found = re.search(rf'"{re.escape(name)}==([\d.]+)"', f.read())
-  assert found, f"tools/test.sh pins no {name} version"
+  assert found, f"scripts/test.sh pins no {name} version"
   return found.group(1)
 
 

@@ -31,7 +31,7 @@ GUARDED = re.compile(r'\$\{(\w+)\[@\]\+"\$\{\1\[@\]\}"\}')
 def _shellcheck() -> str:
   path = shutil.which("shellcheck")
   if path is None:
-    why = "shellcheck is not installed (tools/system_packages.sh installs it: apt-get install shellcheck)"
+    why = "shellcheck is not installed (scripts/system_packages.sh installs it: apt-get install shellcheck)"
     assert not IN_CI, why
     pytest.skip(why)
   return path

@@ -1,6 +1,6 @@
 """What a user checks first about a package: one version (pyproject.toml's) everywhere it is
 shown, the license and the changelog, the supported jax range stated as a bound that holds the
-versions tools/test.sh tests, and the platform. The sdist is built and a wheel built from it:
+versions scripts/test.sh tests, and the platform. The sdist is built and a wheel built from it:
 tests/build/test_build.py."""
 
 from __future__ import annotations
@@ -57,7 +57,7 @@ def test_license_and_changelog():
 
 def test_the_supported_jax_range_is_a_bound_holding_the_tested_versions():
   """The extension is built against one jaxlib's FFI: the dependency has an upper bound, and
-  the versions tools/test.sh tests (its jax specs) lie inside it, as does the jax running."""
+  the versions scripts/test.sh tests (its jax specs) lie inside it, as does the jax running."""
   deps = [d for d in _pyproject()["project"]["dependencies"] if re.match(r"jax\b", d)]
   assert len(deps) == 1, deps
   low = re.search(r">=\s*([\d.]+)", deps[0])
@@ -65,7 +65,7 @@ def test_the_supported_jax_range_is_a_bound_holding_the_tested_versions():
   assert low and high, f"{deps[0]}: no lower and upper bound"
   inside = lambda v: _version_tuple(low.group(1)) <= _version_tuple(v) < _version_tuple(high.group(1))
   assert inside(jax.__version__), (deps[0], jax.__version__)
-  script = open(os.path.join(REPO, "tools", "test.sh")).read()
+  script = open(os.path.join(REPO, "scripts", "test.sh")).read()
   tested = re.findall(r'"jax(?:==|>=)([\d.]+)', script)
   assert len(tested) == 2 and all(inside(v) for v in tested), (tested, deps[0])
   build_requires = [d for d in _pyproject()["build-system"]["requires"] if re.match(r"jax\b", d)]

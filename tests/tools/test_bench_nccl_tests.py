@@ -183,7 +183,7 @@ def test_bench_under_mpirun_is_one_job_of_its_processes(tmp_path):
       [(op, s) for op in ("all_gather", "reduce_scatter", "all_reduce") for s in sizes]
   for r in results:
     # (gloo's reduce_scatter is sometimes wrong on this machine: counted, not asserted;
-    # tools/gloo_reduce_scatter_check.py)
+    # scripts/gloo_reduce_scatter_check.py)
     assert r["#wrong"] == 0 and r["baseline_#wrong"] >= 0 and r["engine"], r
     want = expected(r["op"], r["bytes_per_rank"], 2, 4, r["time"] / 1e6)
     assert (r["size"], r["count"]) == (want["size"], want["count"])

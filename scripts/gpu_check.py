@@ -2,20 +2,20 @@
 under its own limit inside a total budget, each result written to OUT as it
 lands (a run cut short still leaves what it measured and a one-page summary).
 
-    bash tools/gpu_check.sh                      # STAGES=all: the stages below, in this order
-    STAGES=build,kernels bash tools/gpu_check.sh
-    GPU_CHECK_BUDGET_S=300 bash tools/gpu_check.sh
-    bash tools/gpu_check.sh --dry-run            # the plan: interpreter, libfabric, stages, limits
+    bash scripts/gpu_check.sh                      # STAGES=all: the stages below, in this order
+    STAGES=build,kernels bash scripts/gpu_check.sh
+    GPU_CHECK_BUDGET_S=300 bash scripts/gpu_check.sh
+    bash scripts/gpu_check.sh --dry-run            # the plan: interpreter, libfabric, stages, limits
 
-Run it through tools/gpu_check.sh, which resolves PYTHON (default python3) to
+Run it through scripts/gpu_check.sh, which resolves PYTHON (default python3) to
 an absolute interpreter: the build installs into that interpreter's
-environment, and tools/build_testing.sh needs its prefix.
+environment, and scripts/build_testing.sh needs its prefix.
 
 Stages (all = build kernels phases sweep swap bench jax overlap blocks):
   build    the package (editable, with the test probes) and the native test programs
   kernels  tests/gpu/test_kernels.py: the stream algorithms on the GPU without JAX
   phases   its phase timings (staged, and reading in place) under MPS
-  sweep    the bare reduction's read rate from 1 block to every SM (tools/gpu_block_sweep.py)
+  sweep    the bare reduction's read rate from 1 block to every SM (scripts/gpu_block_sweep.py)
   swap     tests/gpu/test_xla_swap_gpu.py: XLA's own GPU collectives on jax_smddp's NCCL API
            front end (JAX_SMDDP_COLLECTIVES=xla), 2 processes sharing the GPU (skipped when the
            build has no libsmddp_nccl.so), with and without collectives in XLA's CUDA graphs
@@ -77,7 +77,7 @@ def parse_stages(text: str) -> list[str]:
 
 def fab_environment(root: str, env: dict) -> dict:
   """The variables that make a carried libfabric (ROOT/.fab, as
-  tools/carry_libfabric.sh or tools/build_libfabric_cuda.sh lay it out:
+  scripts/carry_libfabric.sh or scripts/build_libfabric_cuda.sh lay it out:
   include/rdma/fabric.h, lib/libfabric.so.1) reach the build through CMake's
   documented discovery (JAX_SMDDP_LIBFABRIC_ROOT) and the processes through
   the loader path. Empty when there is no .fab/ or it lacks the header."""
@@ -211,8 +211,8 @@ def stage_build(st: Stage, py: str) -> None:
     st.note("build failed: the later stages cannot run")
     return
   # The probes and native programs beside the package, in the same environment.
-  if st.run(["bash", "tools/build_testing.sh", sys.prefix], env, echo=False) != 0:
-    st.note("tools/build_testing.sh failed: the kernel and protocol tests skip")
+  if st.run(["bash", "scripts/build_testing.sh", sys.prefix], env, echo=False) != 0:
+    st.note("scripts/build_testing.sh failed: the kernel and protocol tests skip")
     st.failed = False  # the package itself is built
   st.run([py, "-c", "import jax_smddp.gpu as g, jax_smddp._native as n, jax_smddp.capabilities as c; "
           "e = n.cuda_engine(); print('CUDA backend:', g.available(), 'GPUs:', "
@@ -317,11 +317,11 @@ def stage_phases(st: Stage, py: str) -> None:
 
 
 def stage_sweep(st: Stage, py: str) -> None:
-  st.run([py, "tools/gpu_block_sweep.py", os.path.join(st.out, "sweep.json")])
+  st.run([py, "scripts/gpu_block_sweep.py", os.path.join(st.out, "sweep.json")])
 
 
 def stage_memory(st: Stage, py: str) -> None:
-  st.run([py, "tools/gpu_memory_kinds.py"])
+  st.run([py, "scripts/gpu_memory_kinds.py"])
 
 
 def stage_cpu(st: Stage, py: str) -> None:
@@ -526,7 +526,7 @@ def targets(out: str) -> list[tuple[str, str, str, str]]:
 
 
 def write_summary(out: str, results: list[dict], budget: Budget, plan: dict) -> str:
-  lines = ["# tools/gpu_check.sh summary", "",
+  lines = ["# scripts/gpu_check.sh summary", "",
            f"python {plan['python']}; libfabric {plan['libfabric']}; budget {budget.total_s:.0f} s, "
            f"used {budget.elapsed():.0f} s", "",
            "| stage | result | seconds | limit | notes |", "|---|---|---|---|---|"]
@@ -570,7 +570,7 @@ def main(argv: list[str]) -> int:
     return 0
   print(f"=== machine; plan {json.dumps(plan)}", flush=True)
   if not shutil.which("nvidia-smi") or subprocess.run(["nvidia-smi", "-L"]).returncode != 0:
-    print("no GPU here (nvidia-smi finds none): nothing to check; bash tools/gpu_check.sh "
+    print("no GPU here (nvidia-smi finds none): nothing to check; bash scripts/gpu_check.sh "
           "--dry-run shows the plan")
     return 1
   results: list[dict] = []

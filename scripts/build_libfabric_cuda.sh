@@ -1,12 +1,12 @@
 #!/usr/bin/env bash
 # Builds libfabric with CUDA support (FI_HMEM_CUDA, CUDA loaded at run time)
 # into .fab/ at the repository root, ignored by git, in the layout
-# tools/carry_libfabric.sh makes: for a GPU machine, where device memory
+# scripts/carry_libfabric.sh makes: for a GPU machine, where device memory
 # registered with a rail (JAX_SMDDP_FABRIC_HMEM=auto) needs a libfabric built
 # with CUDA. Debian's is not, and the GPU image has none; the EFA installer's
 # is. No GPU is needed to build: the CUDA headers come with nvcc, NVML's
 # header from PyPI (nvidia-nvml-dev-cu12).
-#   LIBFABRIC_SRC=/path/to/libfabric bash tools/build_libfabric_cuda.sh
+#   LIBFABRIC_SRC=/path/to/libfabric bash scripts/build_libfabric_cuda.sh
 # LIBFABRIC_SRC: a libfabric source tree (a release tarball's, or a checkout:
 # then autogen.sh runs; needs autoconf, automake, libtool). Built here with
 # v1.22.0. Providers: shm, tcp, rxm (what the tests use).
@@ -43,7 +43,7 @@ mkdir -p "$root/.fab/include" "$root/.fab/lib" "$root/.fab/bin"
 cp -L "$work/install/lib/libfabric.so.1" "$root/.fab/lib/"
 cp "$work/install/bin/fi_info" "$root/.fab/bin/"
 cp -r "$work/install/include/rdma" "$root/.fab/include/"
-# tools/gpu_check.sh reads this: libfabric opens "libcudart.so" and
+# scripts/gpu_check.sh reads this: libfabric opens "libcudart.so" and
 # "libcuda.so" by those names, which a GPU image may only have versioned.
 echo "libfabric $("$work/install/bin/fi_info" --version | awk '/^libfabric:/{print $2}') with CUDA (dlopen)" \
   >"$root/.fab/CUDA_BUILD"

@@ -2,10 +2,10 @@
 # Copies this machine's libfabric (libfabric.so.1, the libraries it loads, and
 # its headers) into .fab/ at the repository root, ignored by git, for a GPU
 # machine whose image has no libfabric, laid out as a libfabric prefix
-# (include/rdma, lib/): tools/gpu_check.sh builds with it through
+# (include/rdma, lib/): scripts/gpu_check.sh builds with it through
 # JAX_SMDDP_LIBFABRIC_ROOT and runs with lib/ on the loader path when it is
 # there (carry .fab/ to the GPU machine with the checkout).
-#   bash tools/carry_libfabric.sh      # needs libfabric-dev here (apt-get install libfabric-dev)
+#   bash scripts/carry_libfabric.sh      # needs libfabric-dev here (apt-get install libfabric-dev)
 set -euo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
 # awk reads to the end: leaving early would kill ldconfig with SIGPIPE, which

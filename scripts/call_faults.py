@@ -7,8 +7,8 @@ step drops it. Per call and process: wall ms, page faults (minor), involuntary a
 context switches, CPU ms (getrusage), marked "<==" above 1.5x the process's median. Run it
 with glibc's malloc settings in the environment to see what the faults follow, e.g.
 
-    python tools/call_faults.py --processes 2 --devices 2 --bytes 4M --calls 40
-    MALLOC_ARENA_MAX=1 python tools/call_faults.py --processes 2 --devices 2 --bytes 4M
+    python scripts/call_faults.py --processes 2 --devices 2 --bytes 4M --calls 40
+    MALLOC_ARENA_MAX=1 python scripts/call_faults.py --processes 2 --devices 2 --bytes 4M
 """
 from __future__ import annotations
 

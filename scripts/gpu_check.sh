@@ -1,14 +1,14 @@
 #!/usr/bin/env bash
 # On a GPU machine with jax[cuda] installed: builds jax_smddp against that jax
-# and runs the GPU stages (tools/gpu_check.py says which, in what order, under
+# and runs the GPU stages (scripts/gpu_check.py says which, in what order, under
 # what limits; the results and a one-page summary land in OUT as they come).
-#   bash tools/gpu_check.sh                        # STAGES=all inside GPU_CHECK_BUDGET_S=540
-#   STAGES=build,kernels bash tools/gpu_check.sh   # some stages (a run without build uses
+#   bash scripts/gpu_check.sh                        # STAGES=all inside GPU_CHECK_BUDGET_S=540
+#   STAGES=build,kernels bash scripts/gpu_check.sh   # some stages (a run without build uses
 #                                                  # what an earlier run built on that machine)
-#   bash tools/gpu_check.sh --dry-run              # the plan only
+#   bash scripts/gpu_check.sh --dry-run              # the plan only
 # PYTHON (default python3) is resolved here to an absolute interpreter: the
 # build installs into its environment. A libfabric carried in .fab/
-# (tools/carry_libfabric.sh) reaches the build through JAX_SMDDP_LIBFABRIC_ROOT.
+# (scripts/carry_libfabric.sh) reaches the build through JAX_SMDDP_LIBFABRIC_ROOT.
 set -uo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
 py=${PYTHON:-python3}
@@ -17,7 +17,7 @@ if [[ "$py" != /* ]]; then
   [[ "$resolved" == /* ]] || resolved="$(cd "$(dirname "$resolved")" && pwd)/$(basename "$resolved")"
   py=$resolved
 fi
-if [ -f "$root/.fab/CUDA_BUILD" ]; then  # tools/build_libfabric_cuda.sh: FI_HMEM_CUDA
+if [ -f "$root/.fab/CUDA_BUILD" ]; then  # scripts/build_libfabric_cuda.sh: FI_HMEM_CUDA
   # That libfabric opens "libcudart.so" and "libcuda.so" by these names; an
   # image may have them only versioned (libcuda.so alone may be the toolkit's stub).
   names="$root/.fab/cuda_names"
@@ -28,4 +28,4 @@ if [ -f "$root/.fab/CUDA_BUILD" ]; then  # tools/build_libfabric_cuda.sh: FI_HME
   [ -n "$libcuda" ] && ln -sf "$libcuda" "$names/libcuda.so"
   export LD_LIBRARY_PATH="$names${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
 fi
-exec "$py" "$root/tools/gpu_check.py" "$@"
+exec "$py" "$root/scripts/gpu_check.py" "$@"

@@ -8,7 +8,7 @@ process switching together (a tiny psum across the processes between blocks), so
 machine's other load hits both alike. Prints each op's median, p90 and mean over every
 process's calls.
 
-    python tools/cpu_helpers_ab.py --processes 2 --devices 2 --a 1 --bytes 16M
+    python scripts/cpu_helpers_ab.py --processes 2 --devices 2 --a 1 --bytes 16M
 """
 from __future__ import annotations
 
@@ -33,7 +33,7 @@ def worker(argv: list[str]) -> None:
 
   import jax_smddp as smddp
   from jax_smddp import _native
-  import _smddp_testing as probes  # tools/build_testing.sh
+  import _smddp_testing as probes  # scripts/build_testing.sh
 
   smddp.initialize()
   probes.use_world_of(_native.engine().world_source())  # what the engine's default sees

@@ -3,7 +3,7 @@ against numpy, without jax_smddp. Found while benchmarking: under CPU load it
 returns wrong values at the tail of a shard (jax 0.10.2, 2 processes x 1 CPU
 device; e.g. 65 of 65536 elements at 512 KiB per rank, 224 at 2 MiB).
 
-    python tools/gloo_reduce_scatter_check.py            # 3 jobs of 2 processes
+    python scripts/gloo_reduce_scatter_check.py            # 3 jobs of 2 processes
     (load the cores meanwhile, e.g. two `python3 -c "while True: pass"`)
 
 Prints, per job, the (bytes per rank, iteration, wrong elements) seen on process 0.

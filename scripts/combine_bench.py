@@ -7,8 +7,8 @@ loss, SGD) written two ways and timed in alternating blocks on the same devices:
 Both run every collective on jax_smddp's engine. Prints each one's median and p90 step time,
 the engine calls in each compiled step, and whether the new parameters agree bit for bit.
 
-    python tools/combine_bench.py                              # 8 devices in one process
-    python tools/combine_bench.py --processes 2 --devices 4    # 2 processes x 4 devices
+    python scripts/combine_bench.py                              # 8 devices in one process
+    python scripts/combine_bench.py --processes 2 --devices 4    # 2 processes x 4 devices
 """
 from __future__ import annotations
 

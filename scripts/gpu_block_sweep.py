@@ -4,7 +4,7 @@ thread's batch) and with twice the loads in flight per thread (`unroll` 2); the 
 its ratio to the device's copy rate (bytes copied per second, alone). Needs a GPU and the
 CUDA module; prints a table and writes it as JSON to the path given (default none).
 
-    python tools/gpu_block_sweep.py [OUT.json]
+    python scripts/gpu_block_sweep.py [OUT.json]
 """
 
 from __future__ import annotations

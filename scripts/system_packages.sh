@@ -5,7 +5,7 @@
 # namespaces: two simulated hosts in the tests), shellcheck (the job scripts'
 # test, tests/build/test_job_scripts.py) and libpmix-dev (Slurm's mpi/pmix
 # plugin loads its libpmix.so: srun --mpi=pmix in the p4d/p5 job script's test
-# under the local Slurm, tools/slurm_local.sh). Both README commands
+# under the local Slurm, scripts/slurm_local.sh). Both README commands
 # run this before building, so their order does not matter. Elsewhere (no
 # root, no apt) it says what is missing and goes on; under CI=true it fails.
 set -euo pipefail

@@ -5,7 +5,7 @@
 # path as a top-level module (never part of the package or its wheel), and
 # the native test programs, left in build/testing-<python tag>/ where the
 # tests find them (tests/helpers.py: native_program).
-#   tools/build_testing.sh VENV_DIR
+#   scripts/build_testing.sh VENV_DIR
 set -euo pipefail
 venv=$1
 [[ "$venv" = /* ]] || venv="$PWD/$venv"
@@ -16,7 +16,7 @@ build="$root/build/testing-$tag"
 "$venv/bin/cmake" -S "$root" -B "$build" -G Ninja -DCMAKE_MAKE_PROGRAM="$venv/bin/ninja" \
   -DPython_EXECUTABLE="$python" -DJAX_SMDDP_TESTING=ON -DJAX_SMDDP_CUDA=ON -DCMAKE_CUDA_ARCHITECTURES=80 >"$build.log" 2>&1 \
   || { cat "$build.log"; exit 1; }
-# tools/test.sh's second suite runs none of the native programs (tests/helpers.py:
+# scripts/test.sh's second suite runs none of the native programs (tests/helpers.py:
 # ran_in_first_suite): it builds the module alone, 40 s less.
 target=smddp_tests
 [ "${SMDDP_FIRST_SUITE_RAN:-}" = 1 ] && target=_smddp_testing

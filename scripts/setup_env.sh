@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Creates (or reuses) a virtual environment with jax and builds jax_smddp into it.
-#   tools/setup_env.sh PYTHON VENV_DIR JAX_SPEC [EXTRA_PIP_PACKAGES...]
+#   scripts/setup_env.sh PYTHON VENV_DIR JAX_SPEC [EXTRA_PIP_PACKAGES...]
 # The plugin is compiled against the FFI headers of the jaxlib installed in
 # that environment, so each jax version gets its own environment and build.
 set -euo pipefail

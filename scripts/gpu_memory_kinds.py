@@ -2,7 +2,7 @@
 sees it: whether legacy CUDA IPC can share it (direct reads need that), and
 which shareable handle types it allows. One subprocess per allocator setting.
 
-    python tools/gpu_memory_kinds.py            # default, bfc, platform, cuda_async
+    python scripts/gpu_memory_kinds.py            # default, bfc, platform, cuda_async
 """
 from __future__ import annotations
 
