@@ -1,7 +1,8 @@
 """collective_permute's stream bodies (xla_ffi/algorithms/stream_permute.cc), the GPU
 protocol on host threads (HostStreamOps): a ring and a partial permutation (ranks that
-receive nothing get zeros) staged through small slots (several steps), read in place
-(direct), alternating, and as CUDA graphs replay them, against numpy."""
+receive nothing get zeros), and pbroadcast's fan-out (every rank's source is one rank),
+staged through small slots (several steps), read in place (direct), alternating, and as
+CUDA graphs replay them, against numpy."""
 
 from __future__ import annotations
 
@@ -27,11 +28,15 @@ def perms(size):
           "none": []}
 
 
-def run(xs, perm, *, slot, direct=0, replayable=0, calls=3, flag_blocks=False):
-  size = len(xs)
-  sources = [-1] * size
+def run(xs, perm, **kw):
+  sources = [-1] * len(xs)
   for s, d in perm:
     sources[d] = s
+  return run_sources(xs, sources, **kw)
+
+
+def run_sources(xs, sources, *, slot, direct=0, replayable=0, calls=3, flag_blocks=False):
+  """Each rank r's output after `calls` calls whose rank r reads rank sources[r]'s input."""
   dtype = xs[0].dtype
   nbytes = xs[0].nbytes
   outs = ENGINE.stream_probe(PERMUTE, DTYPES[dtype], 0, 1, nbytes, 0, slot,
@@ -63,3 +68,16 @@ def test_permute_is_numpys(mode, perm_name, size, dtype):
   got = run(xs, perm, slot=256, flag_blocks=size == 3, **kw)
   for r, (g, w) in enumerate(zip(got, expected(xs, perm))):
     np.testing.assert_array_equal(g, w, err_msg=f"rank {r}")
+
+
+@pytest.mark.parametrize("dtype", [np.float32, ml_dtypes.bfloat16, np.int32])
+@pytest.mark.parametrize("size,source", [(1, 0), (2, 1), (3, 0), (4, 2)])
+@pytest.mark.parametrize("mode", ["staged", "direct", "alternating", "replayed"])
+def test_every_rank_reads_the_broadcast_source(mode, size, source, dtype):
+  rng = np.random.default_rng(size * 10 + source)
+  xs = [rng.integers(-100, 100, size=(7, 33)).astype(dtype) for _ in range(size)]
+  kw = {"staged": {}, "direct": {"direct": 1}, "alternating": {"direct": 2},
+        "replayed": {"replayable": 2}}[mode]
+  got = run_sources(xs, [source] * size, slot=256, flag_blocks=size == 3, **kw)
+  for r, g in enumerate(got):
+    np.testing.assert_array_equal(g, xs[source], err_msg=f"rank {r}")
