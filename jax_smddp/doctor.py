@@ -161,7 +161,8 @@ def _heap(rows: list[Row]) -> None:
                     "(XLA's device threads allocate from the heap kept above)"))
   else:
     rows.append(Row("malloc arenas", INFO, f"glibc's default ({a['reason']}): XLA's device threads "
-                    "allocate from heaps of their own, which glibc unmaps once empty"))
+                    "allocate from heaps of their own, which the policy above keeps when they empty "
+                    "(M_TOP_PAD)"))
 
 
 def _xla_swap(rows: list[Row]) -> None:

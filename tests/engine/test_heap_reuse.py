@@ -159,3 +159,68 @@ def test_xla_threads_share_the_kept_heap(tmp_path):
   assert left > 1 and "JAX_SMDDP_MALLOC_ARENAS=0" in info, (left, info)
   env, info = arenas_used(tmp_path, {"MALLOC_ARENA_MAX": "3"})
   assert "MALLOC_ARENA_MAX is set" in info, (env, info)
+
+
+THREAD_ARENA_SCRIPT = textwrap.dedent("""
+  import ctypes, json, os, queue, resource, sys, threading
+  os.environ["XLA_FLAGS"] = "--xla_force_host_platform_device_count=2"
+  sys.path.insert(0, sys.argv[1])
+  from helpers import faults_to_refill
+
+  libc = ctypes.CDLL(None)
+  libc.malloc.restype = ctypes.c_void_p
+  libc.malloc.argtypes = [ctypes.c_size_t]
+  libc.free.argtypes = [ctypes.c_void_p]
+  jobs, results = queue.Queue(), queue.Queue()
+
+  def thread():
+    # This thread's first malloc takes an arena of its own: before jax_smddp is imported, as the
+    # threads jax.distributed.initialize starts do (the arena cap comes too late for them).
+    libc.free(libc.malloc(1024))
+    while (size := jobs.get()) is not None:
+      held = libc.malloc(size)  # fills the arena's first heap, which glibc never unmaps
+      results.put([faults_to_refill(size) for _ in range(5)])  # so these come from a second
+      libc.free(held)
+
+  worker = threading.Thread(target=thread)
+  worker.start()
+  import numpy as np
+  import jax
+  from jax.sharding import PartitionSpec as P, NamedSharding
+  import jax_smddp as smddp
+  from jax_smddp import capabilities
+  mesh = jax.make_mesh((2,), ("x",))
+  x = jax.device_put(np.arange(2048, dtype=np.float32), NamedSharding(mesh, P("x")))
+  f = jax.jit(jax.shard_map(lambda v: smddp.all_gather(v, "x", tiled=True), mesh=mesh,
+                            in_specs=P("x"), out_specs=P("x")))
+  f(x).block_until_ready()  # sets the heap policy up
+  size = 40 << 20  # below the policy's threshold: from the thread's arena (64 MiB heaps)
+  jobs.put(size)
+  faults = results.get()
+  jobs.put(None)
+  worker.join()
+  print("RESULT", json.dumps({"after": capabilities.heap_reuse(), "faults": faults[1:],
+                              "pages": size // resource.getpagesize()}))
+""")
+
+
+@pytest.mark.timeout(180)
+def test_a_thread_arena_keeps_its_emptied_heap(tmp_path):
+  """A thread whose arena predates jax_smddp's import (the cap then does not apply to it) gets a
+  40 MiB block, beside another in the arena's first heap, from a second heap, which glibc unmaps
+  once the block is freed unless the policy's top pad keeps it (M_TOP_PAD): then the block is
+  served again without page faults."""
+  path = tmp_path / "thread_arena.py"
+  path.write_text(THREAD_ARENA_SCRIPT)
+  env = {k: v for k, v in os.environ.items()
+         if k not in ("XLA_FLAGS", "JAX_SMDDP_HEAP_REUSE_BYTES", "MALLOC_ARENA_MAX")
+         + GLIBC_MALLOC_VARS}
+  tests = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+  proc = subprocess.run([sys.executable, str(path), tests], env=env, capture_output=True,
+                        text=True, timeout=170)
+  assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+  line = [l for l in proc.stdout.splitlines() if l.startswith("RESULT ")]
+  assert line, proc.stdout + proc.stderr
+  r = json.loads(line[0][len("RESULT "):])
+  assert r["after"]["applied"] is True, r
+  assert max(r["faults"]) < r["pages"] // 100, r

@@ -19,6 +19,10 @@ namespace {
 
 std::atomic<bool> applied{false};
 
+// The largest heap of a glibc arena other than the main one (HEAP_MAX_SIZE:
+// twice the largest dynamic mmap threshold, 64 MiB on 64-bit hosts).
+constexpr int64_t kArenaHeapBytes = int64_t(64) << 20;
+
 // The first of glibc's own malloc settings found in the environment, or null.
 const char* UserMallocSetting() {
   for (const char* name : {"MALLOC_MMAP_THRESHOLD_", "MALLOC_TRIM_THRESHOLD_", "MALLOC_TOP_PAD_"})
@@ -62,7 +66,14 @@ void ApplyHeapReuse() {
     const int64_t trim_bytes = std::min<int64_t>(2 * p.bytes, INT_MAX);
     const bool trim = mallopt(M_TRIM_THRESHOLD, int(trim_bytes)) == 1;
     const bool mmap = mallopt(M_MMAP_THRESHOLD, int(p.bytes)) == 1;
-    applied = trim && mmap;
+    // The trim threshold does not hold in a thread's own arena: glibc unmaps
+    // any of its heaps but the first once everything in it is free, unless
+    // the rest of the arena lacks room for M_TOP_PAD bytes. A pad of a whole
+    // heap keeps them, for threads that got their arenas before
+    // CapMallocArenas ran (jax_smddp imported after jax.distributed started
+    // its threads). glibc only reserves the pad's address space.
+    const bool pad = mallopt(M_TOP_PAD, int(kArenaHeapBytes)) == 1;
+    applied = trim && mmap && pad;
 #endif
   });
 }

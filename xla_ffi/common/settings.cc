@@ -118,9 +118,11 @@ const std::vector<SettingSpec> kSettings = {
     {"JAX_SMDDP_HEAP_REUSE_BYTES", kBytes, "64M", 0, 1 << 30, "", "runtime", false,
      "when a process sets up its first CPU collective, glibc is told to serve allocations up "
      "to this size from its heap and to keep what is freed there (mallopt M_MMAP_THRESHOLD, "
-     "and M_TRIM_THRESHOLD at twice this), so XLA's large output buffers are reused call after "
+     "M_TRIM_THRESHOLD at twice this, and M_TOP_PAD at 64 MiB, without which glibc unmaps a "
+     "thread arena's heaps once empty), so XLA's large output buffers are reused call after "
      "call instead of mapped afresh, page-faulted and zeroed by the kernel each time; the "
-     "process may keep up to twice this much freed memory per malloc arena; 0 leaves glibc's "
+     "process may keep up to twice this much freed memory in the main heap, and a thread's own "
+     "arena keeps the heaps it grew (64 MiB each); 0 leaves glibc's "
      "policy alone, as do MALLOC_MMAP_THRESHOLD_, MALLOC_TRIM_THRESHOLD_, MALLOC_TOP_PAD_ or a "
      "glibc.malloc tunable in the environment. glibc only"},
     {"JAX_SMDDP_STREAMING_STORE_BYTES", kBytes, "16M", 0, kNoMax, "", "runtime", false,
