@@ -1,7 +1,9 @@
 """Large collective outputs are advised onto transparent huge pages before
 the engine writes them (JAX_SMDDP_HUGE_PAGE_BYTES): the output's mapping
 carries the kernel's "hg" flag (MADV_HUGEPAGE) in /proc/self/smaps; smaller
-outputs, and every output with the setting 0, do not."""
+outputs, and every output with the setting 0, do not. By default the threshold
+is the heap policy's (JAX_SMDDP_HEAP_REUSE_BYTES: outputs glibc maps afresh),
+or 4 MiB where that policy is off."""
 
 import os
 import subprocess
@@ -53,12 +55,16 @@ SCRIPT = textwrap.dedent("""
 THP = "/sys/kernel/mm/transparent_hugepage/enabled"
 
 
-def run_script(tmp_path, per_rank: int, setting: str | None) -> list[list[str]]:
+def run_script(tmp_path, per_rank: int, setting: str | None,
+               heap_reuse: str | None = None) -> list[list[str]]:
   path = tmp_path / "huge.py"
   path.write_text(SCRIPT)
-  env = {k: v for k, v in os.environ.items() if k not in ("XLA_FLAGS", "JAX_SMDDP_HUGE_PAGE_BYTES")}
+  env = {k: v for k, v in os.environ.items()
+         if k not in ("XLA_FLAGS", "JAX_SMDDP_HUGE_PAGE_BYTES", "JAX_SMDDP_HEAP_REUSE_BYTES")}
   if setting is not None:
     env["JAX_SMDDP_HUGE_PAGE_BYTES"] = setting
+  if heap_reuse is not None:
+    env["JAX_SMDDP_HEAP_REUSE_BYTES"] = heap_reuse
   proc = subprocess.run([sys.executable, str(path), str(per_rank)], env=env, capture_output=True,
                         text=True, timeout=170)
   assert proc.returncode == 0, proc.stdout + proc.stderr
@@ -70,16 +76,25 @@ def run_script(tmp_path, per_rank: int, setting: str | None) -> list[list[str]]:
 @pytest.mark.timeout(180)
 @pytest.mark.skipif(not os.path.exists(THP), reason="this kernel has no transparent huge pages")
 def test_large_outputs_are_advised_onto_huge_pages(tmp_path):
-  # 2 x 4 MiB per rank: 8 MiB outputs, above the 4 MiB default.
-  for flags in run_script(tmp_path, 4 << 20, None):
+  # 2 x 32 MiB per rank: 64 MiB outputs, at the heap policy's default threshold (64M), which
+  # glibc maps afresh.
+  for flags in run_script(tmp_path, 32 << 20, None):
     assert "hg" in flags, f"the output's mapping lacks MADV_HUGEPAGE: VmFlags {flags}"
+  # 8 MiB outputs, from the kept heap: left alone by default, advised under a 4M setting, and
+  # by default where the heap policy is off (glibc maps them afresh then).
+  for flags in run_script(tmp_path, 4 << 20, None):
+    assert "hg" not in flags, f"an 8 MiB output from the kept heap was advised: {flags}"
+  for flags in run_script(tmp_path, 4 << 20, "4M"):
+    assert "hg" in flags, f"an 8 MiB output was not advised under a 4M threshold: {flags}"
+  for flags in run_script(tmp_path, 4 << 20, None, heap_reuse="0"):
+    assert "hg" in flags, f"an 8 MiB output was not advised with the heap policy off: {flags}"
 
 
 @pytest.mark.timeout(180)
 @pytest.mark.skipif(not os.path.exists(THP), reason="this kernel has no transparent huge pages")
 def test_no_advice_below_the_threshold_or_when_turned_off(tmp_path):
-  # Turned off: the same 8 MiB outputs keep the kernel's default.
-  for flags in run_script(tmp_path, 4 << 20, "0"):
+  # Turned off: 8 MiB outputs keep the kernel's default, the heap policy off too.
+  for flags in run_script(tmp_path, 4 << 20, "0", heap_reuse="0"):
     assert "hg" not in flags, f"JAX_SMDDP_HUGE_PAGE_BYTES=0 but the output was advised: {flags}"
   # Above the outputs' size: no advice either.
   for flags in run_script(tmp_path, 4 << 20, "64M"):

@@ -103,10 +103,16 @@ const std::vector<SettingSpec> kSettings = {
      "smallest message between two processes of a host that the receiver reads straight from "
      "the sender's memory (process_vm_readv: one copy, no ring); 0 turns that off. Where ptrace "
      "rules forbid it, the link falls back to the ring and jax_smddp.traffic() says why"},
-    {"JAX_SMDDP_HUGE_PAGE_BYTES", kBytes, "4M", 0, kNoMax, "", "runtime", false,
+    {"JAX_SMDDP_HUGE_PAGE_BYTES", kBytes, "JAX_SMDDP_HEAP_REUSE_BYTES (4M where that is off)", 0,
+     kNoMax, "", "runtime", false,
      "outputs of collectives this large or larger are advised onto transparent huge pages "
      "before they are written (madvise MADV_HUGEPAGE: one page fault per 2 MiB of XLA's fresh "
-     "output mappings instead of one per 4 KiB); 0 turns that off"},
+     "output mappings instead of one per 4 KiB); 0 turns that off. The default advises only "
+     "the outputs glibc maps afresh each call: smaller ones come from the heap "
+     "JAX_SMDDP_HEAP_REUSE_BYTES keeps, fresh only when it grows, onto memory that a virtual "
+     "machine's host may have taken back, where huge pages fault in slowest (this VM: 0.4 GB/s "
+     "against 2.4 with 4 KiB pages, python scripts/first_touch.py; 2x2 all_gather of 4 MiB per "
+     "rank, scripts/call_faults.py: such calls 35-86 ms advised, 10-27 ms not)"},
     {"JAX_SMDDP_MALLOC_ARENAS", kInt, "1", 0, 1024, "", "runtime", false,
      "glibc malloc arenas (mallopt M_ARENA_MAX), set when jax_smddp is imported, before XLA's "
      "CPU client starts its device threads: with 1 their output buffers come from the main heap, "
