@@ -385,7 +385,7 @@ def test_after_arrival_times_calls_from_the_last_start():
   assert "after_arrival" not in rows[0]
 
 
-def test_timing_methods_sample_every_call():
+def test_timing_methods_sample_every_call(monkeypatch):
   class Done:
     def block_until_ready(self):
       return self
@@ -418,6 +418,15 @@ def test_timing_methods_sample_every_call():
   calls.clear()  # solo: every timed call of one before the other's, warm-ups first
   bench.time_solo(fns, None, 4, 1)
   assert "".join(calls) == "abaaaabbbb"
+  # The processes meet before each block, so that its first call starts with every process.
+  from jax_smddp.tools.bench import timing
+  monkeypatch.setattr(timing, "process_barrier", lambda: calls.append("|"))
+  calls.clear()
+  bench.time_blocks(fns, None, 7, 0)
+  assert "".join(calls) == "|aaaaa|bbbbb|aa|bb"
+  calls.clear()
+  bench.time_solo(fns, None, 4, 1)
+  assert "".join(calls) == "ab|aaaa|bbbb"
   calls.clear()  # barrier: one before each timed call, none before the warm-up's
   bench.time_barrier(fns, None, 3, 1, barrier=lambda: calls.append("|"))
   assert "".join(calls) == "ab|a|b|a|b|a|b"

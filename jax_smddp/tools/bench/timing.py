@@ -109,7 +109,10 @@ def time_blocks(fns, x, iters: int, warmup: int, block: int = 5,
   """Seconds per call of each fn(x), each synced, in blocks of `block` calls of one
   fn back to back (a x5, b x5, a x5, ...): a block is the steady state of one
   collective (every process in step), and the blocks' alternation spreads slow
-  periods of the machine over both. `starts`, `cpu`, `sent`: as time_alternating's."""
+  periods of the machine over both. Every process meets before each block
+  (process_barrier, outside the calls' spans), so that a block's first call does not
+  carry the skew the previous block's calls left between the processes.
+  `starts`, `cpu`, `sent`: as time_alternating's."""
   for fn in fns:
     for _ in range(warmup):
       fn(x).block_until_ready()
@@ -118,6 +121,8 @@ def time_blocks(fns, x, iters: int, warmup: int, block: int = 5,
   while len(samples[0]) < iters:
     k = min(block, iters - len(samples[0]))
     for j, (fn, out, began, used) in enumerate(zip(fns, samples, starts, cpu)):
+      if sent is None:
+        process_barrier()  # with `sent`, _Sent meets before and after reading the counters
       # A block's bytes, counted around the block, every process in it.
       with _Sent(_sent_for(sent, j), barrier=process_barrier):
         for _ in range(k):
