@@ -257,6 +257,7 @@ Status Messages::Wait(size_t id) {
   const unsigned sleep_for = on_arrival ? std::max(sleep_us, kArrivalSleepUs) : sleep_us;
   CallPhases* phases = call_.phases;
   const auto waited_from = phases && !e.req.done() ? Clock::now() : Clock::time_point();
+  Clock::time_point first_sleep;  // the bound grows with the time slept on this entry
   for (unsigned spins = 0; !e.req.done(); ++spins) {
     const bool sleeps = spins > yield_after && spins >= sleep_after;
     // Read before looking, and only when this round may sleep on it.
@@ -264,11 +265,15 @@ Status Messages::Wait(size_t id) {
     ProgressAll();
     if (e.req.done()) break;
     if (sleeps) {
-      const auto slept_from = phases ? Clock::now() : Clock::time_point();
+      const auto slept_from = Clock::now();
+      if (first_sleep == Clock::time_point()) first_sleep = slept_from;
+      const unsigned bound = SleepBoundUs(
+          e.link ? sleep_for : sleep_us,
+          std::chrono::duration_cast<std::chrono::microseconds>(slept_from - first_sleep).count());
       if (e.link) {
-        e.link->AwaitActivity(seen, sleep_for);
+        e.link->AwaitActivity(seen, bound);
       } else {
-        usleep(sleep_us);
+        usleep(bound);
       }
       if (phases) {
         phases->sleep_s += std::chrono::duration<double>(Clock::now() - slept_from).count();

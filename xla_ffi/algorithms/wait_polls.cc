@@ -29,6 +29,11 @@ WaitPolls WaitPollsOnArrival(WaitPolls polls) {
           std::min(polls.sleep_after, kMost.sleep_after)};
 }
 
+unsigned SleepBoundUs(unsigned floor_us, int64_t waited_us) {
+  const int64_t grown = std::min<int64_t>(kLongWaitSleepUs, std::max<int64_t>(0, waited_us) / 8);
+  return std::max<unsigned>(floor_us, unsigned(grown));
+}
+
 WaitPolls WaitPollsFor(bool oversubscribed) {
   static const int64_t spin = GivenOr("JAX_SMDDP_SPIN");
   static const int64_t yield = GivenOr("JAX_SMDDP_YIELD");

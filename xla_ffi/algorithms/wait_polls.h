@@ -9,6 +9,8 @@
 #ifndef JAX_SMDDP_ALGORITHMS_WAIT_POLLS_H_
 #define JAX_SMDDP_ALGORITHMS_WAIT_POLLS_H_
 
+#include <cstdint>
+
 namespace smddp {
 
 struct WaitPolls {
@@ -28,6 +30,16 @@ WaitPolls WaitPollsOnArrival(WaitPolls polls);
 // the descriptor wakes it when anything arrives, so the bound only matters
 // where another thread read the completion it waits for.
 constexpr unsigned kArrivalSleepUs = 1000;
+
+// The longest a wait sleeps at a time once it has waited `waited_us`: its
+// floor (JAX_SMDDP_SLEEP_US, or kArrivalSleepUs), growing with an eighth of
+// the time waited so far up to kLongWaitSleepUs. A sleeper wakes early when
+// its link signals activity; the bound matters where another thread took
+// that activity, and there a late wake adds at most about an eighth to the
+// wait, while a wait of milliseconds (peers across a slow link) wakes tens of
+// times rather than one per floor.
+constexpr unsigned kLongWaitSleepUs = 1000;
+unsigned SleepBoundUs(unsigned floor_us, int64_t waited_us);
 
 }  // namespace smddp
 

@@ -35,6 +35,7 @@
 #include "xla_ffi/algorithms/reduce.h"
 #include "xla_ffi/algorithms/reduce_kernels.h"
 #include "xla_ffi/algorithms/stream_algorithms.h"
+#include "xla_ffi/algorithms/wait_polls.h"
 #include "xla_ffi/bindings/enums.h"
 #include "xla_ffi/bindings/failures.h"
 #include "xla_ffi/bindings/phase_dict.h"
@@ -756,6 +757,7 @@ NB_MODULE(_smddp_testing, m) {
   m.def("default_cpu_helpers", &smddp::DefaultCpuHelpers, nb::arg("cores"),
         nb::arg("local_processes"));
   m.def("local_processes", &smddp::LocalProcesses);
+  m.def("sleep_bound_us", &smddp::SleepBoundUs, nb::arg("floor_us"), nb::arg("waited_us"));
   // Reads the world of the module that built it (_smddp_cpu's world_source()) from now on,
   // as the CUDA module does: what cpu_helpers() and local_processes() see in a job.
   m.def("use_world_of",

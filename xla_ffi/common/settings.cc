@@ -96,7 +96,7 @@ const std::vector<SettingSpec> kSettings = {
     {"JAX_SMDDP_FABRIC_WAIT", kChoice, "fd", 0, 0, "fd|sleep", "runtime", false,
      "how a call waiting on a libfabric link sleeps once it stops polling: on the completion "
      "queue's descriptor, woken when data arrives (fd, where the provider offers one), or for "
-     "JAX_SMDDP_SLEEP_US at a time (sleep)"},
+     "JAX_SMDDP_SLEEP_US at a time, longer as the wait lasts (sleep)"},
     {"JAX_SMDDP_SHM_RING_BYTES", kBytes, "8M", 4096, 1 << 30, "", "runtime", false,
      "each direction's shared-memory ring between two processes of a host"},
     {"JAX_SMDDP_SHM_SINGLE_COPY_BYTES", kBytes, "64K", 0, kNoMax, "", "runtime", false,
@@ -165,8 +165,10 @@ const std::vector<SettingSpec> kSettings = {
      "link's activity: a shared-memory link as soon as its peer writes, a libfabric link with "
      "a wait descriptor when data arrives); oversubscribed as for JAX_SMDDP_SPIN"},
     {"JAX_SMDDP_SLEEP_US", kInt, "50", 0, 1e6, "", "runtime", false,
-     "longest a sleeping engine thread waits before it polls again (it wakes earlier when a "
-     "shared-memory link signals that its peer wrote)"},
+     "longest a sleeping engine thread waits before it polls again while its wait is young (it "
+     "wakes earlier when a shared-memory link signals that its peer wrote); a wait that has "
+     "lasted sleeps up to an eighth of the time it has slept, at most 1 ms or this, whichever is "
+     "longer"},
     {"JAX_SMDDP_GPU_STREAM", kChoice, "collective", 0, 0, "collective|compute", "gpu", false,
      "the stream GPU collectives run on: XLA's collective stream, or the compute stream"},
     {"JAX_SMDDP_GPU_SLOT_BYTES", kBytes, "8M", 4096, 1 << 30, "", "gpu", true,
