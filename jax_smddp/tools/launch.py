@@ -32,6 +32,28 @@ class Process:
   result: dict | None  # the worker's last `RESULT {...}` line
 
 
+def _prctl():
+  """libc's prctl, looked up in the launcher (not in a child between fork and exec); None where
+  there is none (not Linux)."""
+  try:
+    import ctypes
+    return ctypes.CDLL(None, use_errno=True).prctl
+  except (OSError, AttributeError):
+    return None
+
+
+_PR_SET_PDEATHSIG = 1
+
+
+def _dies_with_launcher(prctl):
+  """The function a worker runs between fork and exec: the kernel sends it SIGKILL when the
+  launcher dies, so that a launcher stopped by a signal (`timeout`, a scheduler, a second
+  Ctrl-C) leaves no worker behind, spinning on the cores or waiting on its peers."""
+  if prctl is None:
+    return None
+  return lambda: prctl(_PR_SET_PDEATHSIG, int(signal.SIGKILL), 0, 0, 0)
+
+
 def free_port(host: str = "127.0.0.1") -> int:
   with socket.socket() as s:
     s.bind((host, 0))
@@ -60,41 +82,49 @@ def run_job(args: list[str], nprocs: int, devices: int, *, script: str | list[st
   # a relative PATH entry has a relative sys.executable.
   interpreter = os.path.abspath(python or sys.executable)
   procs, logs = [], []
-  for i in range(nprocs):
-    prefix = [script] if isinstance(script, str) else list(script)
-    cmd = [interpreter, *prefix, *args, str(i), str(nprocs), coordinator, str(devices)]
-    cmd = shlex.split(os.environ.get("JAX_SMDDP_LAUNCH_WRAPPER", "")) + cmd
-    if namespaces is not None:
-      cmd = ["ip", "netns", "exec", namespaces[i], *cmd]
-    penv = dict(base_env)
-    if per_process_env:
-      penv.update(per_process_env[i])
-    # Output to a file, read once the job is over: a pipe read process by process would
-    # fill (64 KiB) and stall a process mid-print while the launcher waits on another
-    # one that waits for it (jax.distributed's shutdown).
-    logs.append(tempfile.TemporaryFile(mode="w+", encoding="utf-8", errors="replace"))
-    procs.append(subprocess.Popen(cmd, stdout=logs[-1], stderr=subprocess.STDOUT,
-                                  text=True, env=penv, start_new_session=True,
-                                  cwd=tempfile.gettempdir()))  # crash dumps land there
-  deadline = time.monotonic() + timeout
-  outputs = []
-  timed_out = False
-  for p, log in zip(procs, logs):
-    left = max(0.1, deadline - time.monotonic())
-    try:
-      p.wait(timeout=left)
-      note = ""
-    except subprocess.TimeoutExpired:
-      timed_out = True
+  dies_with_launcher = _dies_with_launcher(_prctl())
+  try:
+    for i in range(nprocs):
+      prefix = [script] if isinstance(script, str) else list(script)
+      cmd = [interpreter, *prefix, *args, str(i), str(nprocs), coordinator, str(devices)]
+      cmd = shlex.split(os.environ.get("JAX_SMDDP_LAUNCH_WRAPPER", "")) + cmd
+      if namespaces is not None:
+        cmd = ["ip", "netns", "exec", namespaces[i], *cmd]
+      penv = dict(base_env)
+      if per_process_env:
+        penv.update(per_process_env[i])
+      # Output to a file, read once the job is over: a pipe read process by process would
+      # fill (64 KiB) and stall a process mid-print while the launcher waits on another
+      # one that waits for it (jax.distributed's shutdown).
+      logs.append(tempfile.TemporaryFile(mode="w+", encoding="utf-8", errors="replace"))
+      procs.append(subprocess.Popen(cmd, stdout=logs[-1], stderr=subprocess.STDOUT,
+                                    text=True, env=penv, start_new_session=True,
+                                    preexec_fn=dies_with_launcher,
+                                    cwd=tempfile.gettempdir()))  # crash dumps land there
+    deadline = time.monotonic() + timeout
+    outputs = []
+    timed_out = False
+    for p, log in zip(procs, logs):
+      left = max(0.1, deadline - time.monotonic())
+      try:
+        p.wait(timeout=left)
+        note = ""
+      except subprocess.TimeoutExpired:
+        timed_out = True
+        _kill(p)
+        p.wait()
+        note = f"\n[launch.py: killed after the job's {timeout:.0f} s deadline]"
+      with log:
+        log.seek(0)
+        outputs.append(log.read() + note)
+    return [Process(i, None if timed_out and p.returncode is None else p.returncode, out,
+                    _result(out.splitlines()))
+            for i, (p, out) in enumerate(zip(procs, outputs))]
+  except BaseException:
+    # Interrupted (Ctrl-C, an error while waiting): the job goes with the launcher.
+    for p in procs:
       _kill(p)
-      p.wait()
-      note = f"\n[launch.py: killed after the job's {timeout:.0f} s deadline]"
-    with log:
-      log.seek(0)
-      outputs.append(log.read() + note)
-  return [Process(i, None if timed_out and p.returncode is None else p.returncode, out,
-                  _result(out.splitlines()))
-          for i, (p, out) in enumerate(zip(procs, outputs))]
+    raise
 
 
 def _job_env(env: dict | None) -> dict:

@@ -57,3 +57,55 @@ def test_an_interpreter_given_by_a_relative_path_is_found(tmp_path, monkeypatch)
   procs = launch.run_job([], 2, 1, script=str(script), timeout=60, python=python)
   assert [p.returncode for p in procs] == [0, 0], launch.describe(procs)
   assert all(p.result == {"ok": True} for p in procs)
+
+
+_LAUNCHER = """
+import sys
+from jax_smddp.tools import launch
+launch.run_job([sys.argv[2]], 2, 1, script=sys.argv[1], timeout=120)
+"""
+
+_SLEEPER = """
+import os, sys, time
+open(os.path.join(sys.argv[-5], str(os.getpid())), "w").close()
+time.sleep(120)
+"""
+
+
+def _alive(pid: int) -> bool:
+  try:
+    with open(f"/proc/{pid}/stat") as f:
+      return f.read().split(") ")[1][0] != "Z"
+  except OSError:
+    return False
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="PR_SET_PDEATHSIG is Linux's")
+@pytest.mark.parametrize("sig", ["SIGTERM", "SIGINT", "SIGKILL"])
+def test_the_workers_go_with_a_launcher_stopped_by_a_signal(tmp_path, sig):
+  """`timeout`, a scheduler or Ctrl-C stopping the launcher (the benchmark's parent) must not leave
+  its workers running: they have their own sessions, so no terminal signal reaches them."""
+  import signal
+  import subprocess
+  import time
+  (tmp_path / "launcher.py").write_text(_LAUNCHER)
+  (tmp_path / "sleeper.py").write_text(_SLEEPER)
+  pids = tmp_path / "pids"
+  pids.mkdir()
+  launcher = subprocess.Popen([sys.executable, str(tmp_path / "launcher.py"),
+                               str(tmp_path / "sleeper.py"), str(pids)])
+  deadline = time.monotonic() + 60
+  while len(os.listdir(pids)) < 2 and time.monotonic() < deadline:
+    time.sleep(0.05)
+  workers = [int(p) for p in os.listdir(pids)]
+  assert len(workers) == 2 and all(_alive(p) for p in workers), workers
+  launcher.send_signal(getattr(signal, sig))
+  launcher.wait(timeout=30)
+  deadline = time.monotonic() + 10
+  while any(_alive(p) for p in workers) and time.monotonic() < deadline:
+    time.sleep(0.05)
+  left = [p for p in workers if _alive(p)]
+  for p in left:
+    os.kill(p, signal.SIGKILL)
+  assert not left, f"workers {left} outlived a launcher stopped by {sig}"
