@@ -12,6 +12,7 @@ A worker reports to the launcher by printing one line ``RESULT <json>``.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import json
 import os
 import shlex
@@ -32,26 +33,19 @@ class Process:
   result: dict | None  # the worker's last `RESULT {...}` line
 
 
-def _prctl():
-  """libc's prctl, looked up in the launcher (not in a child between fork and exec); None where
-  there is none (not Linux)."""
+@functools.cache
+def _dies_with_launcher():
+  """The function a worker runs between fork and exec (libc's prctl looked up here, in the
+  launcher): the kernel sends the worker SIGKILL when the launcher dies, so that a launcher
+  stopped by a signal (`timeout`, a scheduler, a second Ctrl-C) leaves no worker behind,
+  spinning on the cores or waiting on its peers. None where there is no prctl (not Linux)."""
   try:
     import ctypes
-    return ctypes.CDLL(None, use_errno=True).prctl
+    prctl = ctypes.CDLL(None, use_errno=True).prctl
   except (OSError, AttributeError):
     return None
-
-
-_PR_SET_PDEATHSIG = 1
-
-
-def _dies_with_launcher(prctl):
-  """The function a worker runs between fork and exec: the kernel sends it SIGKILL when the
-  launcher dies, so that a launcher stopped by a signal (`timeout`, a scheduler, a second
-  Ctrl-C) leaves no worker behind, spinning on the cores or waiting on its peers."""
-  if prctl is None:
-    return None
-  return lambda: prctl(_PR_SET_PDEATHSIG, int(signal.SIGKILL), 0, 0, 0)
+  pr_set_pdeathsig = 1
+  return lambda: prctl(pr_set_pdeathsig, int(signal.SIGKILL), 0, 0, 0)
 
 
 def free_port(host: str = "127.0.0.1") -> int:
@@ -82,7 +76,6 @@ def run_job(args: list[str], nprocs: int, devices: int, *, script: str | list[st
   # a relative PATH entry has a relative sys.executable.
   interpreter = os.path.abspath(python or sys.executable)
   procs, logs = [], []
-  dies_with_launcher = _dies_with_launcher(_prctl())
   try:
     for i in range(nprocs):
       prefix = [script] if isinstance(script, str) else list(script)
@@ -99,7 +92,7 @@ def run_job(args: list[str], nprocs: int, devices: int, *, script: str | list[st
       logs.append(tempfile.TemporaryFile(mode="w+", encoding="utf-8", errors="replace"))
       procs.append(subprocess.Popen(cmd, stdout=logs[-1], stderr=subprocess.STDOUT,
                                     text=True, env=penv, start_new_session=True,
-                                    preexec_fn=dies_with_launcher,
+                                    preexec_fn=_dies_with_launcher(),
                                     cwd=tempfile.gettempdir()))  # crash dumps land there
     deadline = time.monotonic() + timeout
     outputs = []

@@ -48,11 +48,14 @@ GLIBC_MALLOC_VARS = ("MALLOC_MMAP_THRESHOLD_", "MALLOC_TRIM_THRESHOLD_", "MALLOC
                      "GLIBC_TUNABLES")
 
 
-def probe(tmp_path, env_extra: dict[str, str]) -> dict:
-  path = tmp_path / "heap.py"
-  path.write_text(SCRIPT)
+def run_script(tmp_path, script: str, unset: tuple[str, ...], env_extra: dict[str, str]) -> str:
+  """Runs `script` (given the tests' folder) in a process whose environment lacks XLA_FLAGS,
+  glibc's malloc variables and `unset`, plus `env_extra`; returns what it printed after
+  "RESULT "."""
+  path = tmp_path / "probe.py"
+  path.write_text(script)
   env = {k: v for k, v in os.environ.items()
-         if k not in ("XLA_FLAGS", "JAX_SMDDP_HEAP_REUSE_BYTES") + GLIBC_MALLOC_VARS}
+         if k not in ("XLA_FLAGS",) + GLIBC_MALLOC_VARS + unset}
   env.update(env_extra)
   tests = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
   proc = subprocess.run([sys.executable, str(path), tests], env=env, capture_output=True, text=True,
@@ -60,7 +63,11 @@ def probe(tmp_path, env_extra: dict[str, str]) -> dict:
   assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
   line = [l for l in proc.stdout.splitlines() if l.startswith("RESULT ")]
   assert line, proc.stdout + proc.stderr
-  return json.loads(line[0][len("RESULT "):])
+  return line[0][len("RESULT "):]
+
+
+def probe(tmp_path, env_extra: dict[str, str]) -> dict:
+  return json.loads(run_script(tmp_path, SCRIPT, ("JAX_SMDDP_HEAP_REUSE_BYTES",), env_extra))
 
 
 @pytest.mark.timeout(180)
@@ -133,17 +140,8 @@ ARENAS_SCRIPT = textwrap.dedent("""
 
 
 def arenas_used(tmp_path, env_extra: dict[str, str]) -> tuple[int, str]:
-  path = tmp_path / "arenas.py"
-  path.write_text(ARENAS_SCRIPT)
-  env = {k: v for k, v in os.environ.items()
-         if k not in ("XLA_FLAGS", "JAX_SMDDP_MALLOC_ARENAS", "MALLOC_ARENA_MAX") + GLIBC_MALLOC_VARS}
-  env.update(env_extra)
-  proc = subprocess.run([sys.executable, str(path)], env=env, capture_output=True, text=True,
-                        timeout=170)
-  assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
-  line = [l for l in proc.stdout.splitlines() if l.startswith("RESULT ")]
-  assert line, proc.stdout + proc.stderr
-  _, n, info = line[0].split(" ", 2)
+  n, info = run_script(tmp_path, ARENAS_SCRIPT, ("JAX_SMDDP_MALLOC_ARENAS", "MALLOC_ARENA_MAX"),
+                       env_extra).split(" ", 1)
   return int(n), info
 
 
@@ -210,17 +208,7 @@ def test_a_thread_arena_keeps_its_emptied_heap(tmp_path):
   40 MiB block, beside another in the arena's first heap, from a second heap, which glibc unmaps
   once the block is freed unless the policy's top pad keeps it (M_TOP_PAD): then the block is
   served again without page faults."""
-  path = tmp_path / "thread_arena.py"
-  path.write_text(THREAD_ARENA_SCRIPT)
-  env = {k: v for k, v in os.environ.items()
-         if k not in ("XLA_FLAGS", "JAX_SMDDP_HEAP_REUSE_BYTES", "MALLOC_ARENA_MAX")
-         + GLIBC_MALLOC_VARS}
-  tests = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-  proc = subprocess.run([sys.executable, str(path), tests], env=env, capture_output=True,
-                        text=True, timeout=170)
-  assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
-  line = [l for l in proc.stdout.splitlines() if l.startswith("RESULT ")]
-  assert line, proc.stdout + proc.stderr
-  r = json.loads(line[0][len("RESULT "):])
+  r = json.loads(run_script(tmp_path, THREAD_ARENA_SCRIPT,
+                            ("JAX_SMDDP_HEAP_REUSE_BYTES", "MALLOC_ARENA_MAX"), {}))
   assert r["after"]["applied"] is True, r
   assert max(r["faults"]) < r["pages"] // 100, r

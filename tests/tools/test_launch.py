@@ -1,7 +1,10 @@
 """The launcher of multi-process jobs (jax_smddp.tools.launch), without jax."""
 
 import os
+import signal
+import subprocess
 import sys
+import time
 
 import pytest
 
@@ -86,9 +89,6 @@ def _alive(pid: int) -> bool:
 def test_the_workers_go_with_a_launcher_stopped_by_a_signal(tmp_path, sig):
   """`timeout`, a scheduler or Ctrl-C stopping the launcher (the benchmark's parent) must not leave
   its workers running: they have their own sessions, so no terminal signal reaches them."""
-  import signal
-  import subprocess
-  import time
   (tmp_path / "launcher.py").write_text(_LAUNCHER)
   (tmp_path / "sleeper.py").write_text(_SLEEPER)
   pids = tmp_path / "pids"

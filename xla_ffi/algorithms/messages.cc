@@ -247,7 +247,7 @@ Status Messages::PeerFailed(int process, Link& link, const std::string& why) con
 Status Messages::Wait(size_t id) {
   Entry& e = entries_[id];
   // Spin briefly (shared-memory latency is microseconds), then yield the
-  // core, then sleep until the link signals activity (or sleep_us passed):
+  // core, then sleep until the link signals activity (or SleepBoundUs passed):
   // many calls may wait at once on few cores (wait_polls.h).
   // A link that wakes its sleepers on arrival is polled little (wait_polls.h).
   static const unsigned sleep_us = unsigned(IntSetting("JAX_SMDDP_SLEEP_US"));
@@ -268,7 +268,7 @@ Status Messages::Wait(size_t id) {
       const auto slept_from = Clock::now();
       if (first_sleep == Clock::time_point()) first_sleep = slept_from;
       const unsigned bound = SleepBoundUs(
-          e.link ? sleep_for : sleep_us,
+          sleep_for,
           std::chrono::duration_cast<std::chrono::microseconds>(slept_from - first_sleep).count());
       if (e.link) {
         e.link->AwaitActivity(seen, bound);

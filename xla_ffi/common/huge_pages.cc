@@ -8,6 +8,13 @@
 #include "xla_ffi/common/settings.h"
 
 namespace smddp {
+namespace {
+
+// The threshold where the heap policy does not apply (glibc's own maps blocks
+// of 32 MiB at most afresh, adjusting as blocks are freed).
+constexpr int64_t kMappedOutputHugePageBytes = int64_t(4) << 20;
+
+}  // namespace
 
 int64_t HugePageMinBytes() {
   int64_t bytes = 0;

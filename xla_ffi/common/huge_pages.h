@@ -18,13 +18,9 @@
 
 namespace smddp {
 
-// The threshold where the heap policy does not apply (glibc's own, which maps
-// blocks of 32 MiB at most afresh, adjusting as blocks are freed).
-inline constexpr int64_t kMappedOutputHugePageBytes = int64_t(4) << 20;
-
 // The smallest output advised: JAX_SMDDP_HUGE_PAGE_BYTES when set (0:
 // never), else the heap policy's threshold (outputs glibc maps afresh), or
-// kMappedOutputHugePageBytes where that policy is off.
+// 4 MiB where that policy is off.
 int64_t HugePageMinBytes();
 
 // Advises huge pages for the whole 2 MiB pages inside [p, p + bytes) when

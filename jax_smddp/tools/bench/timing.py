@@ -33,15 +33,17 @@ def settled_interface_tx(quiet_s: float = 0.02, limit_s: float = 2.0) -> dict[st
 class _Sent:
   """Adds what each interface sent during a window of calls into `into` (a dict per fn);
   the counters read settled, outside the calls' spans. `barrier`: every process meets before
-  each reading, so that no process of the host sends its part of the window's first call
-  before the window opens (eager sends need no receiver) or its last after it closed."""
+  the window, so that its first call does not carry the skew the calls before it left between
+  the processes, and around each reading, so that no process of the host sends its part of
+  the window's first call before the window opens (eager sends need no receiver) or its last
+  after it closed."""
 
   def __init__(self, into: dict | None, barrier=None):
     self.into = into
     self.barrier = barrier
 
   def __enter__(self):
-    if self.into is not None and self.barrier:
+    if self.barrier:
       self.barrier()
     self.before = settled_interface_tx() if self.into is not None else None
     if self.into is not None and self.barrier:
@@ -121,9 +123,7 @@ def time_blocks(fns, x, iters: int, warmup: int, block: int = 5,
   while len(samples[0]) < iters:
     k = min(block, iters - len(samples[0]))
     for j, (fn, out, began, used) in enumerate(zip(fns, samples, starts, cpu)):
-      if sent is None:
-        process_barrier()  # with `sent`, _Sent meets before and after reading the counters
-      # A block's bytes, counted around the block, every process in it.
+      # Every process meets before the block; its bytes are counted around it.
       with _Sent(_sent_for(sent, j), barrier=process_barrier):
         for _ in range(k):
           _timed_call(fn, x, out, began, used)
