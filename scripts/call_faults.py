@@ -1,9 +1,9 @@
-"""Per call of a cross-process all_gather: its time, and what the calling process paid besides
+"""Per call of a cross-process collective: its time, and what the calling process paid besides
 the copy (issue 69: a 2x2 all_gather's p90 at 4-12x its median on this 2-core machine).
 
-P processes x D devices on this host, jax_smddp's all_gather (or jax.lax's: --impl lax, gloo)
-of --bytes per rank under jit + shard_map, the output dropped after each call as a training
-step drops it. Per call and process: wall ms, page faults (minor), involuntary and voluntary
+P processes x D devices on this host, jax_smddp's all_gather, reduce_scatter or all_reduce
+(--op; or jax.lax's: --impl lax, gloo) of --bytes per rank under jit + shard_map, the output
+dropped after each call as a training step drops it. Per call and process: wall ms, page faults (minor), involuntary and voluntary
 context switches, CPU ms (getrusage), marked "<==" above 1.5x the process's median. Run it
 with glibc's malloc settings in the environment to see what the faults follow, e.g.
 
@@ -22,7 +22,7 @@ import time
 
 
 def worker(argv: list[str]) -> None:
-  impl, per_rank, calls, pid, nprocs, coordinator, ndev = argv
+  impl, op, per_rank, calls, pid, nprocs, coordinator, ndev = argv
   per_rank, calls, pid, nprocs, ndev = int(per_rank), int(calls), int(pid), int(nprocs), int(ndev)
   os.environ["XLA_FLAGS"] = f"--xla_force_host_platform_device_count={ndev}"
   import jax
@@ -35,9 +35,12 @@ def worker(argv: list[str]) -> None:
   import jax_smddp as smddp
   mesh = Mesh(np.array(jax.devices()), ("x",))
   n = len(jax.devices())
-  gather = smddp.all_gather if impl == "smddp" else jax.lax.all_gather
-  step = jax.jit(jax.shard_map(lambda x: gather(x, "x", tiled=True), mesh=mesh,
-                               in_specs=P("x"), out_specs=P(None), check_vma=False))
+  lib = smddp if impl == "smddp" else jax.lax
+  body, out_spec = {"all_gather": (lambda x: lib.all_gather(x, "x", tiled=True), P(None)),
+                    "reduce_scatter": (lambda x: lib.psum_scatter(x, "x", tiled=True), P("x")),
+                    "all_reduce": (lambda x: lib.psum(x, "x"), P("x"))}[op]
+  step = jax.jit(jax.shard_map(body, mesh=mesh, in_specs=P("x"), out_specs=out_spec,
+                               check_vma=False))
   elems = per_rank // 4
   x = jax.make_array_from_callback((n * elems,), NamedSharding(mesh, P("x")),
                                    lambda idx: np.arange(n * elems, dtype=np.float32)[idx])
@@ -67,12 +70,14 @@ def main() -> int:
   parser.add_argument("--bytes", default="4M", help="input bytes per rank (K, M suffixes)")
   parser.add_argument("--calls", type=int, default=40)
   parser.add_argument("--impl", choices=["smddp", "lax"], default="smddp")
+  parser.add_argument("--op", choices=["all_gather", "reduce_scatter", "all_reduce"],
+                      default="all_gather")
   args = parser.parse_args()
   unit = {"K": 1 << 10, "M": 1 << 20}.get(args.bytes[-1:].upper(), 1)
   per_rank = int(args.bytes.rstrip("KMkm")) * unit
   sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
   from jax_smddp.tools import launch
-  procs = launch.run_job([args.impl, str(per_rank), str(args.calls)], args.processes, args.devices,
+  procs = launch.run_job([args.impl, args.op, str(per_rank), str(args.calls)], args.processes, args.devices,
                          script=[os.path.abspath(__file__), "--worker"], timeout=600)
   ok = True
   for p in procs:

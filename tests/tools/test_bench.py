@@ -415,9 +415,16 @@ def test_timing_methods_sample_every_call(monkeypatch):
   calls.clear()
   bench.time_blocks(fns, None, 7, 0)
   assert "".join(calls) == "aaaaabbbbbaabb"
-  calls.clear()  # solo: every timed call of one before the other's, warm-ups first
+  calls.clear()  # solo: every timed call of one before the other's, each after its warm-up
   bench.time_solo(fns, None, 4, 1)
-  assert "".join(calls) == "abaaaabbbb"
+  assert "".join(calls) == "aaaaabbbbb"
+  # ready(j): once fns[j] is warmed up, before its first timed call (the benchmark reads
+  # jax_smddp's phases there, so that they count the timed calls alone)
+  for name, fn in bench.TIMINGS.items():
+    calls.clear()
+    fn(fns, None, 2, 1, ready=lambda j: calls.append(str(j)))
+    want = "a0aab1bb" if name == "solo" else "ab01" + ("aabb" if name == "blocks" else "abab")
+    assert "".join(calls) == want, name
   # The processes meet before each block, so that its first call starts with every process.
   from jax_smddp.tools.bench import timing
   monkeypatch.setattr(timing, "process_barrier", lambda: calls.append("|"))
@@ -426,7 +433,7 @@ def test_timing_methods_sample_every_call(monkeypatch):
   assert "".join(calls) == "|aaaaa|bbbbb|aa|bb"
   calls.clear()
   bench.time_solo(fns, None, 4, 1)
-  assert "".join(calls) == "ab|aaaa|bbbb"
+  assert "".join(calls) == "a|aaaab|bbbb"
   calls.clear()  # barrier: one before each timed call, none before the warm-up's
   bench.time_barrier(fns, None, 3, 1, barrier=lambda: calls.append("|"))
   assert "".join(calls) == "ab|a|b|a|b|a|b"

@@ -409,15 +409,17 @@ def run_benchmark(ops, sizes, *, dtype="float32", iters: int = 20, warmup: int =
         log.warning("jax.lax %s (%s/rank) differs from numpy (JAX's answer is wrong; jax_smddp's "
                     "is right): %s", op, format_size(nbytes), "; ".join(lax_bad))
       k = iters_for(n * nbytes * spec.total_factor(n), iters)
-      for _ in range(warmup):  # here, so that the phases count the timed calls alone
-        for fn in run:
-          fn(x).block_until_ready()
-      before = meter.read()
-      phases = call_phases(op) if across else None
+      marks = []  # once jax_smddp is warmed up: the phases then count the timed calls alone
+
+      def ready(j):
+        if j == 0:
+          marks.append((meter.read(), call_phases(op) if across else None))
       starts, cpu = [[] for _ in run], [[] for _ in run]
       sent = [{} for _ in run] if interfaces else None
-      samples = TIMINGS[timing](run, x, k, 0, starts=starts, cpu=cpu, sent=sent)
+      samples = TIMINGS[timing](run, x, k, warmup, starts=starts, cpu=cpu, sent=sent,
+                                ready=ready)
       after = meter.read()
+      before, phases = marks[0]
       if lax_fn not in run:  # N/A: no samples
         for lists, empty in ((samples, []), (starts, []), (cpu, []), (sent, {})):
           if lists is not None:

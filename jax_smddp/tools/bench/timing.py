@@ -83,17 +83,26 @@ def _lists(given, fns) -> list[list[float]]:
   return given if given is not None else [[] for _ in fns]
 
 
-def time_alternating(fns, x, iters: int, warmup: int, barrier=None,
-                     starts: list[list[float]] | None = None,
-                     cpu: list[list[float]] | None = None,
-                     sent: list[dict] | None = None) -> list[list[float]]:
-  """Seconds per call of each fn(x), calls interleaved (a, b, a, b, ...), each synced;
-  `barrier()`, if given, runs before each timed call (outside its span). `starts` and
-  `cpu`, if given (a list per fn), get each timed call's start and the process's CPU
-  seconds during it; `sent` (a dict per fn) the bytes each interface sent (_timed_call)."""
+def _warm_up(fns, x, warmup: int, ready=None, first: int = 0) -> None:
+  """`warmup` untimed calls of each fn(x), interleaved; then ready(j) for each, if given."""
   for _ in range(warmup):
     for fn in fns:
       fn(x).block_until_ready()
+  if ready:
+    for j in range(len(fns)):
+      ready(first + j)
+
+
+def time_alternating(fns, x, iters: int, warmup: int, barrier=None,
+                     starts: list[list[float]] | None = None,
+                     cpu: list[list[float]] | None = None,
+                     sent: list[dict] | None = None, ready=None) -> list[list[float]]:
+  """Seconds per call of each fn(x), calls interleaved (a, b, a, b, ...), each synced;
+  `barrier()`, if given, runs before each timed call (outside its span). `starts` and
+  `cpu`, if given (a list per fn), get each timed call's start and the process's CPU
+  seconds during it; `sent` (a dict per fn) the bytes each interface sent (_timed_call).
+  `ready(j)`, if given, runs once fns[j] is warmed up, before its first timed call."""
+  _warm_up(fns, x, warmup, ready)
   samples = [[] for _ in fns]
   starts, cpu = _lists(starts, fns), _lists(cpu, fns)
   for _ in range(iters):
@@ -107,17 +116,15 @@ def time_alternating(fns, x, iters: int, warmup: int, barrier=None,
 def time_blocks(fns, x, iters: int, warmup: int, block: int = 5,
                 starts: list[list[float]] | None = None,
                 cpu: list[list[float]] | None = None,
-                sent: list[dict] | None = None) -> list[list[float]]:
+                sent: list[dict] | None = None, ready=None) -> list[list[float]]:
   """Seconds per call of each fn(x), each synced, in blocks of `block` calls of one
   fn back to back (a x5, b x5, a x5, ...): a block is the steady state of one
   collective (every process in step), and the blocks' alternation spreads slow
   periods of the machine over both. Every process meets before each block
   (process_barrier, outside the calls' spans), so that a block's first call does not
   carry the skew the previous block's calls left between the processes.
-  `starts`, `cpu`, `sent`: as time_alternating's."""
-  for fn in fns:
-    for _ in range(warmup):
-      fn(x).block_until_ready()
+  `starts`, `cpu`, `sent`, `ready`: as time_alternating's."""
+  _warm_up(fns, x, warmup, ready)
   samples = [[] for _ in fns]
   starts, cpu = _lists(starts, fns), _lists(cpu, fns)
   while len(samples[0]) < iters:
@@ -148,24 +155,32 @@ def process_barrier() -> None:
 def time_barrier(fns, x, iters: int, warmup: int, barrier=process_barrier,
                  starts: list[list[float]] | None = None,
                  cpu: list[list[float]] | None = None,
-                 sent: list[dict] | None = None) -> list[list[float]]:
+                 sent: list[dict] | None = None, ready=None) -> list[list[float]]:
   """As time_alternating, with every process meeting at a barrier before each timed call
   (outside its span): every call starts together, as a harness that synchronises its
   processes before each call times it; a call then waits for no late peer."""
   return time_alternating(fns, x, iters, warmup, barrier=barrier, starts=starts, cpu=cpu,
-                          sent=sent)
+                          sent=sent, ready=ready)
 
 
 def time_solo(fns, x, iters: int, warmup: int,
               starts: list[list[float]] | None = None,
               cpu: list[list[float]] | None = None,
-              sent: list[dict] | None = None) -> list[list[float]]:
-  """As time_blocks with one block per implementation: all of one fn's calls back to
-  back, then all of the next's. Each library alone in its steady state, its threads
-  still awake from the previous call; the other timings measure calls that follow
-  another library's (docs/cpu_floor.md: cold and back-to-back calls)."""
-  return time_blocks(fns, x, iters, warmup, block=max(1, iters), starts=starts, cpu=cpu,
-                     sent=sent)
+              sent: list[dict] | None = None, ready=None) -> list[list[float]]:
+  """All of one fn's calls back to back, then all of the next's, each block right after its
+  own warm-up: each library alone in its steady state, its threads still awake from its
+  previous call and its heap grown by its own calls, not the other's (the other timings
+  measure calls that follow another library's: docs/cpu_floor.md, cold and back-to-back
+  calls). Every process meets before each block, as in time_blocks. `starts`, `cpu`, `sent`,
+  `ready`: as time_alternating's."""
+  samples = [[] for _ in fns]
+  starts, cpu = _lists(starts, fns), _lists(cpu, fns)
+  for j, (fn, out, began, used) in enumerate(zip(fns, samples, starts, cpu)):
+    _warm_up([fn], x, warmup, ready, first=j)
+    with _Sent(_sent_for(sent, j), barrier=process_barrier):
+      for _ in range(iters):
+        _timed_call(fn, x, out, began, used)
+  return samples
 
 
 TIMINGS = {"blocks": time_blocks, "alternating": time_alternating, "barrier": time_barrier,
