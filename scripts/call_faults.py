@@ -3,9 +3,10 @@ the copy (issue 69: a 2x2 all_gather's p90 at 4-12x its median on this 2-core ma
 
 P processes x D devices on this host, jax_smddp's all_gather, reduce_scatter or all_reduce
 (--op; or jax.lax's: --impl lax, gloo) of --bytes per rank under jit + shard_map, the output
-dropped after each call as a training step drops it. Per call and process: wall ms, page faults (minor), involuntary and voluntary
-context switches, CPU ms (getrusage), marked "<==" above 1.5x the process's median. Run it
-with glibc's malloc settings in the environment to see what the faults follow, e.g.
+dropped after each call as a training step drops it. Per call and process: wall ms, page
+faults (minor), involuntary and voluntary context switches, CPU ms (getrusage), marked "<=="
+above 1.5x the process's median. Run it with glibc's malloc settings in the environment to
+see what the faults follow, e.g.
 
     python scripts/call_faults.py --processes 2 --devices 2 --bytes 4M --calls 40
     MALLOC_ARENA_MAX=1 python scripts/call_faults.py --processes 2 --devices 2 --bytes 4M

@@ -43,6 +43,10 @@ DEFAULT_OPS = OPS[:3]
 # on small machines); never fewer than MIN_ITERS samples.
 BYTES_BUDGET = 2 << 30
 MIN_ITERS = 3
+# Untimed calls per implementation and row (-w): a CPU process's heap grows to a size's
+# working set over its first calls, each growth a call on fresh, page-faulting memory
+# (scripts/call_faults.py: 2x2, 4 MiB per rank, the last such calls at 8-15 of 150).
+WARMUP = 10
 
 
 # --------------------------------------------------------------------------- sizes
@@ -337,7 +341,7 @@ def _us(seconds: list[float]) -> list[float]:
   return [round(t * 1e6, 1) for t in seconds]
 
 
-def run_benchmark(ops, sizes, *, dtype="float32", iters: int = 20, warmup: int = 3,
+def run_benchmark(ops, sizes, *, dtype="float32", iters: int = 20, warmup: int = WARMUP,
                   devices=None, report: Callable[[dict], None] | None = None,
                   timing: str | None = None, mpi4jax: bool = False,
                   baseline: str | None = None, interfaces: bool = False,
@@ -409,6 +413,7 @@ def run_benchmark(ops, sizes, *, dtype="float32", iters: int = 20, warmup: int =
         log.warning("jax.lax %s (%s/rank) differs from numpy (JAX's answer is wrong; jax_smddp's "
                     "is right): %s", op, format_size(nbytes), "; ".join(lax_bad))
       k = iters_for(n * nbytes * spec.total_factor(n), iters)
+      w = iters_for(n * nbytes * spec.total_factor(n), warmup) if warmup else 0
       marks = []  # once jax_smddp is warmed up: the phases then count the timed calls alone
 
       def ready(j):
@@ -416,7 +421,7 @@ def run_benchmark(ops, sizes, *, dtype="float32", iters: int = 20, warmup: int =
           marks.append((meter.read(), call_phases(op) if across else None))
       starts, cpu = [[] for _ in run], [[] for _ in run]
       sent = [{} for _ in run] if interfaces else None
-      samples = TIMINGS[timing](run, x, k, warmup, starts=starts, cpu=cpu, sent=sent,
+      samples = TIMINGS[timing](run, x, k, w, starts=starts, cpu=cpu, sent=sent,
                                 ready=ready)
       after = meter.read()
       before, phases = marks[0]
@@ -426,7 +431,7 @@ def run_benchmark(ops, sizes, *, dtype="float32", iters: int = 20, warmup: int =
             lists.insert(1, empty)
       t_smddp, t_lax = (statistics.median(s) if s else None for s in samples[:2])
       result = {
-          "op": op, "bytes_per_rank": nbytes, "iters": k, "warmup": warmup,
+          "op": op, "bytes_per_rank": nbytes, "iters": k, "warmup": w,
           "engine": uses_engine(smddp_fn, x, spec.target),
           "baseline_engine": uses_engine(lax_fn, x, spec.target) if t_lax else None,
           "smddp": {**bandwidths(spec, nbytes, n, t_smddp), "min_us": min(samples[0]) * 1e6},

@@ -11,8 +11,8 @@ import os
 
 from jax_smddp.tools.bench import core
 from jax_smddp.tools.bench import nccl_flags, nccl_tests
-from jax_smddp.tools.bench.core import (BASELINES, BYTES_BUDGET, DEFAULT_OPS, OPS, TIMINGS, Layout,
-                                        format_size, parse_layout, parse_size)
+from jax_smddp.tools.bench.core import (BASELINES, BYTES_BUDGET, DEFAULT_OPS, OPS, TIMINGS, WARMUP,
+                                        Layout, format_size, parse_layout, parse_size)
 
 
 DEFAULT_DEVICES = 8  # one process's CPU devices
@@ -96,8 +96,10 @@ def parse_args(argv=None) -> argparse.Namespace:
                  help="multiplicative step between sizes (nccl-tests' -f; 1: steps of -i)")
   p.add_argument("-n", "--iters", type=int, default=20, help="timed calls per implementation "
                  f"(fewer for large sizes: at most {format_size(BYTES_BUDGET)} moved each)")
-  p.add_argument("-w", "--warmup", "--warmup_iters", type=int, default=3,
-                 help="untimed calls per implementation")
+  p.add_argument("-w", "--warmup", "--warmup_iters", type=int, default=WARMUP,
+                 help="untimed calls per implementation before its timed ones (fewer for large "
+                 "sizes, as --iters). The default covers the calls a CPU process needs to grow "
+                 "its heap to a size's working set (docs/cpu_floor.md)")
   p.add_argument("-d", "--dtype", "--datatype", type=nccl_flags.dtype, default="float32",
                  help="element type: nccl-tests' names (float, half, bfloat16, double, int8, "
                       "uint8, int32, uint32, int64) or numpy's")
