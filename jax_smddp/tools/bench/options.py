@@ -106,8 +106,9 @@ def parse_args(argv=None) -> argparse.Namespace:
   p.add_argument("--timing", choices=sorted(TIMINGS), default="alternating",
                  help="alternating: one call of each implementation in turn; blocks: 5 calls "
                       "of one back to back, then 5 of the other, ...; barrier: alternating, "
-                      "every process meeting at a barrier before each call; solo: all calls of one "
-                      "back to back, then all of the other's (each alone, in its steady state)")
+                      "every process meeting at a barrier before each call; solo: one's warm-up "
+                      "and all its calls back to back, then the other's (each alone, in its "
+                      "steady state)")
   p.add_argument("--baseline", choices=sorted(BASELINES), default="lax",
                  help="what jax_smddp is timed against: lax: JAX's own collective (gloo across "
                       "processes); self: a second compiled copy of jax_smddp's program, "
