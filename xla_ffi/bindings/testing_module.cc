@@ -17,6 +17,7 @@
 #include <utility>
 #include <vector>
 
+#include <sched.h>
 #include <sys/mman.h>
 #include <unistd.h>
 
@@ -522,6 +523,29 @@ std::vector<nb::bytes> StreamHierarchicalProbe(int hosts, int local, size_t oute
 // Posts one engine timer per entry of `delays_ms` (from now), cancels those
 // marked in `cancel` at once, and returns when each fired, in ms from the
 // start (-1: it never fired within `wait_ms`).
+// The CPUs a thread may run on (its affinity mask), in order.
+std::vector<int> AllowedCpus() {
+  cpu_set_t set;
+  std::vector<int> out;
+  if (sched_getaffinity(0, sizeof(set), &set) != 0) return out;
+  for (int c = 0; c < CPU_SETSIZE; ++c)
+    if (CPU_ISSET(c, &set)) out.push_back(c);
+  return out;
+}
+
+// OffCpu(cpu) on the calling thread: the CPU it then runs on and its mask
+// while the guard lives, and its mask after.
+std::tuple<int, std::vector<int>, std::vector<int>> OffCpuProbe(int cpu) {
+  int inside;
+  std::vector<int> mask_inside;
+  {
+    smddp::OffCpu away(cpu);
+    inside = sched_getcpu();
+    mask_inside = AllowedCpus();
+  }
+  return {inside, mask_inside, AllowedCpus()};
+}
+
 std::vector<double> TimerProbe(std::vector<double> delays_ms, std::vector<bool> cancel,
                                double wait_ms) {
   using Clock = std::chrono::steady_clock;
@@ -633,6 +657,7 @@ NB_MODULE(_smddp_testing, m) {
         return nb::bytes(out.data(), count * es);
       },
       nb::arg("data"), nb::arg("n"), nb::arg("dtype"), nb::arg("op"), nb::arg("path"));
+  m.def("off_cpu_probe", &OffCpuProbe, nb::arg("cpu"));
   m.def("timer_probe", &TimerProbe, nb::arg("delays_ms"), nb::arg("cancel"), nb::arg("wait_ms"));
   m.def("rendezvous_probe", &RendezvousProbe, nb::arg("size"), nb::arg("present"),
         nb::arg("timeout_s"), nb::arg("count") = 1024, nb::arg("odd_rank") = -1);

@@ -1,5 +1,7 @@
 #include "xla_ffi/engine/inprocess_rendezvous.h"
 
+#include <sched.h>
+
 #include <algorithm>
 #include <atomic>
 #include <cstdlib>
@@ -243,7 +245,14 @@ void InProcessRendezvous::Start(const GroupInfo& group, int size, const CallKey&
   const int helpers =
       moved >= HelperMinBytes() ? std::clamp(Helpers(helpers_setting_, cores_), 0, size - 1) : 0;
   lock.unlock();
-  for (int i = 0; i < helpers; ++i) Post([this, slot] { RunBodies(slot, kKeepNone); });
+  const int cpu = sched_getcpu();
+  for (int i = 0; i < helpers; ++i)
+    Post([this, slot, cpu] {
+      // Off the last arrival's core: woken there, a helper shares it with the
+      // arrival's own bodies while other cores may idle.
+      OffCpu away(cpu);
+      RunBodies(slot, kKeepNone);
+    });
   if (Task mine = RunBodies(slot, rank)) mine();
 }
 

@@ -19,6 +19,18 @@ int CoresAvailable() {
   return std::max(cores, 1);
 }
 
+OffCpu::OffCpu(int cpu) {
+  if (cpu < 0 || cpu >= CPU_SETSIZE || sched_getcpu() != cpu) return;
+  if (sched_getaffinity(0, sizeof(saved_), &saved_) != 0 || CPU_COUNT(&saved_) < 2) return;
+  cpu_set_t away = saved_;
+  CPU_CLR(cpu, &away);
+  moved_ = sched_setaffinity(0, sizeof(away), &away) == 0;
+}
+
+OffCpu::~OffCpu() {
+  if (moved_) sched_setaffinity(0, sizeof(saved_), &saved_);
+}
+
 namespace {
 
 class Scheduler {
