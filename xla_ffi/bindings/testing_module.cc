@@ -520,9 +520,6 @@ std::vector<nb::bytes> StreamHierarchicalProbe(int hosts, int local, size_t oute
   return out;
 }
 
-// Posts one engine timer per entry of `delays_ms` (from now), cancels those
-// marked in `cancel` at once, and returns when each fired, in ms from the
-// start (-1: it never fired within `wait_ms`).
 // The CPUs a thread may run on (its affinity mask), in order.
 std::vector<int> AllowedCpus() {
   cpu_set_t set;
@@ -546,6 +543,9 @@ std::tuple<int, std::vector<int>, std::vector<int>> OffCpuProbe(int cpu) {
   return {inside, mask_inside, AllowedCpus()};
 }
 
+// Posts one engine timer per entry of `delays_ms` (from now), cancels those
+// marked in `cancel` at once, and returns when each fired, in ms from the
+// start (-1: it never fired within `wait_ms`).
 std::vector<double> TimerProbe(std::vector<double> delays_ms, std::vector<bool> cancel,
                                double wait_ms) {
   using Clock = std::chrono::steady_clock;

@@ -45,7 +45,8 @@ BYTES_BUDGET = 2 << 30
 MIN_ITERS = 3
 # Untimed calls per implementation and row (-w): a CPU process's heap grows to a size's
 # working set over its first calls, each growth a call on fresh, page-faulting memory
-# (scripts/call_faults.py: 2x2, 4 MiB per rank, the last such calls at 8-15 of 150).
+# (scripts/call_faults.py --op all_reduce --bytes 16M --calls 150, 2x2: most of them among
+# the first 8 calls).
 WARMUP = 10
 
 
