@@ -531,16 +531,10 @@ std::vector<int> AllowedCpus() {
 }
 
 // OffCpu(cpu) on the calling thread: the CPU it then runs on and its mask
-// while the guard lives, and its mask after.
-std::tuple<int, std::vector<int>, std::vector<int>> OffCpuProbe(int cpu) {
-  int inside;
-  std::vector<int> mask_inside;
-  {
-    smddp::OffCpu away(cpu);
-    inside = sched_getcpu();
-    mask_inside = AllowedCpus();
-  }
-  return {inside, mask_inside, AllowedCpus()};
+// while the guard lives (the caller reads the mask it leaves behind).
+std::pair<int, std::vector<int>> OffCpuProbe(int cpu) {
+  smddp::OffCpu away(cpu);
+  return {sched_getcpu(), AllowedCpus()};
 }
 
 // Posts one engine timer per entry of `delays_ms` (from now), cancels those

@@ -250,13 +250,15 @@ void InProcessRendezvous::Start(const GroupInfo& group, int size, const CallKey&
   // off once it runs (OffCpu), and this thread yields once so that it runs
   // now, not when this thread's time slice ends (1-5 ms later, in 1 of 5
   // calls of a 1x8 all_gather without the yield).
-  const int cpu = sched_getcpu();
-  for (int i = 0; i < helpers; ++i)
-    Post([this, slot, cpu] {
-      OffCpu away(cpu);
-      RunBodies(slot, kKeepNone);
-    });
-  if (helpers > 0) sched_yield();
+  if (helpers > 0) {
+    const int cpu = sched_getcpu();
+    for (int i = 0; i < helpers; ++i)
+      Post([this, slot, cpu] {
+        OffCpu away(cpu);
+        RunBodies(slot, kKeepNone);
+      });
+    sched_yield();
+  }
   if (Task mine = RunBodies(slot, rank)) mine();
 }
 

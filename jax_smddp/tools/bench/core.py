@@ -413,8 +413,8 @@ def run_benchmark(ops, sizes, *, dtype="float32", iters: int = 20, warmup: int =
       if lax_bad:
         log.warning("jax.lax %s (%s/rank) differs from numpy (JAX's answer is wrong; jax_smddp's "
                     "is right): %s", op, format_size(nbytes), "; ".join(lax_bad))
-      k = iters_for(n * nbytes * spec.total_factor(n), iters)
-      w = iters_for(n * nbytes * spec.total_factor(n), warmup) if warmup else 0
+      moved = n * nbytes * spec.total_factor(n)
+      k, w = iters_for(moved, iters), iters_for(moved, warmup)
       marks = []  # once jax_smddp is warmed up: the phases then count the timed calls alone
 
       def ready(j):

@@ -129,12 +129,17 @@ def time_blocks(fns, x, iters: int, warmup: int, block: int = 5,
   starts, cpu = _lists(starts, fns), _lists(cpu, fns)
   while len(samples[0]) < iters:
     k = min(block, iters - len(samples[0]))
-    for j, (fn, out, began, used) in enumerate(zip(fns, samples, starts, cpu)):
-      # Every process meets before the block; its bytes are counted around it.
-      with _Sent(_sent_for(sent, j), barrier=process_barrier):
-        for _ in range(k):
-          _timed_call(fn, x, out, began, used)
+    for j, fn in enumerate(fns):
+      _time_block(fn, x, k, samples[j], starts[j], cpu[j], _sent_for(sent, j))
   return samples
+
+
+def _time_block(fn, x, k: int, out: list, began: list, used: list, sent: dict | None) -> None:
+  """k timed calls of fn(x) back to back, every process meeting before them (process_barrier,
+  outside the calls' spans) and the interfaces' bytes counted around them (_Sent)."""
+  with _Sent(sent, barrier=process_barrier):
+    for _ in range(k):
+      _timed_call(fn, x, out, began, used)
 
 
 _barriers = 0
@@ -175,11 +180,9 @@ def time_solo(fns, x, iters: int, warmup: int,
   `ready`: as time_alternating's."""
   samples = [[] for _ in fns]
   starts, cpu = _lists(starts, fns), _lists(cpu, fns)
-  for j, (fn, out, began, used) in enumerate(zip(fns, samples, starts, cpu)):
+  for j, fn in enumerate(fns):
     _warm_up([fn], x, warmup, ready, first=j)
-    with _Sent(_sent_for(sent, j), barrier=process_barrier):
-      for _ in range(iters):
-        _timed_call(fn, x, out, began, used)
+    _time_block(fn, x, iters, samples[j], starts[j], cpu[j], _sent_for(sent, j))
   return samples
 
 
