@@ -153,7 +153,7 @@ def arenas_used(tmp_path, env_extra: dict[str, str]) -> tuple[int, str]:
 def test_xla_threads_share_the_kept_heap(tmp_path):
   """JAX_SMDDP_MALLOC_ARENAS (1 by default) caps glibc's arenas when jax_smddp is imported: XLA's
   device threads, started after, allocate from the main heap (which the policy above keeps)
-  rather than from heaps of their own that glibc unmaps once empty (docs/cpu_floor.md: the 2x2
+  rather than from heaps of their own that glibc unmaps once empty (docs/cpu_steadiness.md: the 2x2
   all_gather's outliers). With 0 each busy thread gets an arena of its own."""
   capped, info = arenas_used(tmp_path, {})
   assert capped == 1 and "'arenas': 1" in info, (capped, info)

@@ -197,7 +197,7 @@ def scenario_inline():
   engine worker (distributed.call_phases()'s inline_calls), both right against numpy: 20
   small all_gathers, each followed in the same program by an XLA psum over every device (XLA
   continues the program after a call that ended on its own thread), then 5 all_gathers whose
-  output in this process reaches JAX_SMDDP_INLINE_BYTES."""
+  output in this process reaches JAX_SMDDP_INLINE_BYTES (the test sets the thresholds)."""
   from jax_smddp import distributed
   mesh = Mesh(np.array(jax.devices()), ("x",))
   small = values((mesh.size * 8, 16), np.float32, 11)

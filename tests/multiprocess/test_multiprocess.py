@@ -471,27 +471,36 @@ def test_call_phases_say_where_a_call_waits():
     else:
       assert late["body_s"] > 0.2 and late["agree_s"] < 0.15, r
       assert late["wait_s"] > 0.2, r  # the body waited on its links, it did not compute
-      # XLA's thread polled JAX_SMDDP_INLINE_WAIT_US (50 us) for the late peer, then left the
-      # call to an engine worker
+      # XLA's thread polled JAX_SMDDP_INLINE_ONE_HOST_WAIT_US (2 ms) for the late peer, then
+      # left the call to an engine worker
       assert late["inline_calls"] == 0, r
 
 
 @pytest.mark.timeout(300)
-@pytest.mark.parametrize("nprocs,devices", [(2, 1), (2, 2)])
-def test_small_calls_run_on_xlas_thread_once_the_peers_are_in_them(nprocs, devices):
-  """Calls whose output in a process is below JAX_SMDDP_INLINE_BYTES run on the last local
-  arrival's XLA thread when every peer announces the call within JAX_SMDDP_INLINE_WAIT_US
-  (a whole second here, so that every small call qualifies on a loaded machine); larger calls
-  on an engine worker. Both kinds, and an XLA psum after each small call in the same program,
-  right against numpy."""
+@pytest.mark.parametrize("nprocs,devices,hosts", [(2, 1, "aa"), (2, 2, "aa"), (2, 1, "ab")],
+                         ids=["2x1-one-host", "2x2-one-host", "2x1-two-hosts"])
+def test_small_calls_run_on_xlas_thread_once_the_peers_are_in_them(nprocs, devices, hosts):
+  """Calls whose output in a process is below JAX_SMDDP_INLINE_BYTES (between hosts) or
+  JAX_SMDDP_INLINE_ONE_HOST_BYTES (processes of one host) run on the last local arrival's XLA
+  thread when every peer announces the call within the wait (a whole second here, so that
+  every call qualifies on a loaded machine); larger calls on an engine worker. The large calls
+  here are above the first threshold and below the second: on XLA's thread within one host,
+  on a worker between hosts (told apart by JAX_SMDDP_HOST_ID). Both kinds, and an XLA psum
+  after each small call in the same program, right against numpy."""
+  if hosts != "aa":
+    ran_in_first_suite(BETWEEN_HOSTS)
   procs = run_job(["inline"], nprocs, devices, timeout=240,
-                  env={"JAX_SMDDP_INLINE_WAIT_US": "1000000", "JAX_SMDDP_INLINE_BYTES": "256K"})
+                  env={"JAX_SMDDP_INLINE_WAIT_US": "1000000", "JAX_SMDDP_INLINE_BYTES": "256K",
+                       "JAX_SMDDP_INLINE_ONE_HOST_WAIT_US": "1000000",
+                       "JAX_SMDDP_INLINE_ONE_HOST_BYTES": "16M",
+                       **({} if hosts == "aa" else {"JAX_SMDDP_FABRIC_PROVIDER": "tcp;ofi_rxm"})},
+                  per_process_env=[{"JAX_SMDDP_HOST_ID": h} for h in hosts])
   assert_all_ok(procs)
   for p in procs:
     r = p.result
-    assert r["output_bytes"] >= 256 << 10, r  # the large calls are at the threshold or above
+    assert 256 << 10 <= r["output_bytes"] < 16 << 20, r  # the large calls: between the thresholds
     assert r["small"] == {"calls": 20, "inline_calls": 20}, r
-    assert r["large"] == {"calls": 5, "inline_calls": 0}, r
+    assert r["large"] == {"calls": 5, "inline_calls": 5 if hosts == "aa" else 0}, r
 
 
 @pytest.mark.timeout(300)

@@ -22,7 +22,7 @@ int64_t HugePageMinBytes() {
   // Below the heap policy's threshold an output comes from glibc's kept heap:
   // fresh only when the heap grows, onto memory free for a while, which a
   // host that takes back free guest memory hands out slowest as huge pages
-  // (docs/cpu_floor.md: 0.4 GB/s against 2.4 with 4 KiB pages). At and above
+  // (docs/cpu_steadiness.md: 0.4 GB/s against 2.4 with 4 KiB pages). At and above
   // it, glibc maps each output afresh from memory just freed, where huge pages
   // write fastest (6.5 GB/s against 2.4).
   const HeapReusePolicy policy = HeapReuse();

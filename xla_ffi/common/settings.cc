@@ -50,22 +50,35 @@ const std::vector<SettingSpec> kSettings = {
      "cores get 11 each (not 95), 2 processes on 2 cores none. Processes bound to disjoint "
      "cores (srun --cpu-bind) see only their own and get fewer than they could: set it. "
      "Measured (python scripts/cpu_helpers_ab.py --processes 2 --devices 2 --a 1 --bytes 16M, "
-     "2-core VM under other jobs' load, 6 runs; docs/cpu_floor.md, \"Helper threads on a shared "
-     "host\"): with none (this default there) against 1 (the old default) the in-process "
+     "2-core VM under other jobs' load, 6 runs; docs/cpu_steadiness.md, \"Helper threads on a "
+     "shared host\"): with none (this default there) against 1 (the old default) the in-process "
      "all_gather's median was 0.88x (0.74-0.99), its p90 0.68x, reduce_scatter and all_reduce "
      "level (0.94x, 1.03x); 4 processes x 2 devices level (1.00-1.06x)"},
     {"JAX_SMDDP_CPU_HELPER_MIN_BYTES", kBytes, "256K", 0, kNoMax, "", "runtime", false,
      "calls moving fewer bytes (all ranks) run on the last arrival alone"},
     {"JAX_SMDDP_INLINE_BYTES", kBytes, "1M", 0, kNoMax, "", "runtime", false,
-     "calls across processes whose outputs in a process (all its devices) are smaller than "
-     "this run on the XLA thread of the process's last device to arrive, with no hand-off to an "
-     "engine worker, once every peer process has announced the same call; larger calls, and "
+     "calls across processes on more than one host (JAX_SMDDP_INLINE_ONE_HOST_BYTES within "
+     "one) whose outputs in a process (all its devices) are smaller than this run on the XLA "
+     "thread of the process's last device to arrive, with no hand-off to an engine worker, once "
+     "every peer process has announced the same call; larger calls, and "
      "calls whose peers are later than JAX_SMDDP_INLINE_WAIT_US, run on an engine worker; 0 "
      "turns that off"},
     {"JAX_SMDDP_INLINE_WAIT_US", kInt, "50", 0, 1e6, "", "runtime", false,
      "how long, in microseconds, a small call across processes (JAX_SMDDP_INLINE_BYTES) polls "
      "on XLA's thread for its peers to announce it before it leaves the call to an engine "
      "worker"},
+    {"JAX_SMDDP_INLINE_ONE_HOST_BYTES", kBytes, "64M", 0, kNoMax, "", "runtime", false,
+     "JAX_SMDDP_INLINE_BYTES for calls whose processes all share one host: once every peer "
+     "process is in the call what remains is copies in shared memory, not a network, and "
+     "running it on XLA's thread saves the hand-off to an engine worker. Measured (python -m "
+     "jax_smddp.tools.bench --layout 2x2 --ops all_gather,reduce_scatter,all_reduce -b 16M -e "
+     "16M --iters 20 --timing solo, 2-core VM, alternating runs on two days; "
+     "docs/cpu_steadiness.md, \"A call on XLA's thread within one host\"): p90 within 1.5x of "
+     "the median in 23 of 27 op-runs against 9 of 21 with the call handed to a worker, "
+     "all_reduce's median 7.0-7.7 ms against 7.9-11.5; 2x1, 4x1 and 8x1 level. 0 turns that off"},
+    {"JAX_SMDDP_INLINE_ONE_HOST_WAIT_US", kInt, "2000", 0, 1e6, "", "runtime", false,
+     "JAX_SMDDP_INLINE_WAIT_US for calls whose processes all share one host: how long XLA's "
+     "thread polls (yielding its core after a few rounds) for the peers to announce the call"},
     {"JAX_SMDDP_HOST_ID", kText, "hostname + network namespace", 0, 0, "", "runtime", false,
      "processes with equal ids share memory (one host)"},
     {"JAX_SMDDP_FABRIC_PROVIDER", kText, "efa, else net, else tcp;ofi_rxm (the first present)", 0,
@@ -118,9 +131,9 @@ const std::vector<SettingSpec> kSettings = {
      "CPU client starts its device threads: with 1 their output buffers come from the main heap, "
      "which JAX_SMDDP_HEAP_REUSE_BYTES keeps, not from per-thread heaps that glibc unmaps once "
      "empty (a 2x2 all_gather of 4 MiB per rank: 5-9 of 80 calls on fresh, page-faulting memory "
-     "instead of 40-50, medians 4.7-6.4 ms instead of 8.4-13.7: docs/cpu_floor.md); threads then "
-     "share one allocator lock. 0 leaves glibc's default (8 per core), as do MALLOC_ARENA_MAX or "
-     "glibc.malloc.arena_max in the environment. glibc only"},
+     "instead of 40-50, medians 4.7-6.4 ms instead of 8.4-13.7: docs/cpu_steadiness.md); threads "
+     "then share one allocator lock. 0 leaves glibc's default (8 per core), as do MALLOC_ARENA_MAX "
+     "or glibc.malloc.arena_max in the environment. glibc only"},
     {"JAX_SMDDP_HEAP_REUSE_BYTES", kBytes, "64M", 0, 1 << 30, "", "runtime", false,
      "when a process sets up its first CPU collective, glibc is told to serve allocations up "
      "to this size from its heap and to keep what is freed there (mallopt M_MMAP_THRESHOLD, "

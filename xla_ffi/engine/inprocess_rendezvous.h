@@ -26,7 +26,7 @@ namespace smddp {
 // host (each runs its own XLA device threads and helpers on them), less the
 // one the last arrival's XLA thread runs bodies on; at least 0. The ranks
 // that arrived earlier have returned (no rank waits), so their XLA threads
-// take no core meanwhile. Measured: docs/cpu_floor.md, "Helper threads".
+// take no core meanwhile. Measured: docs/cpu_steadiness.md, "Helper threads".
 int DefaultCpuHelpers(int cores, int local_processes);
 
 // The job's processes on this process's host, itself included (World::local_processes);

@@ -44,17 +44,22 @@ size_t StaggerChunk() {
 }
 bool Staggered() { return StaggerChunk() != 0; }
 
-// Calls whose outputs in this process are smaller than this run on the
+// Calls whose outputs in this process are smaller than `bytes` run on the
 // thread of the last local device to arrive once the peers are in the call
-// too (JAX_SMDDP_INLINE_BYTES), polling for them that long at most.
-uint64_t InlineBytes() {
-  static const uint64_t bytes = uint64_t(IntSetting("JAX_SMDDP_INLINE_BYTES"));
-  return bytes;
-}
-Clock::duration InlineWait() {
-  static const Clock::duration wait =
-      std::chrono::microseconds(IntSetting("JAX_SMDDP_INLINE_WAIT_US"));
-  return wait;
+// too, polling for them `wait` at most; within one host larger calls and a
+// longer wait (peers there only copy in memory once they are in the call).
+struct InlinePolicy {
+  uint64_t bytes;
+  Clock::duration wait;
+};
+InlinePolicy Inline(bool one_host) {
+  static const InlinePolicy across{
+      uint64_t(IntSetting("JAX_SMDDP_INLINE_BYTES")),
+      std::chrono::microseconds(IntSetting("JAX_SMDDP_INLINE_WAIT_US"))};
+  static const InlinePolicy within{
+      uint64_t(IntSetting("JAX_SMDDP_INLINE_ONE_HOST_BYTES")),
+      std::chrono::microseconds(IntSetting("JAX_SMDDP_INLINE_ONE_HOST_WAIT_US"))};
+  return one_host ? within : across;
 }
 
 }  // namespace
@@ -67,6 +72,9 @@ ProcessRendezvous::ProcessRendezvous(std::vector<int64_t> members, std::vector<i
   routes_ =
       ComputeRoutes(process_of_rank_, process_, host_of_process, HierarchyAllowed(), Staggered());
   flat_routes_ = ComputeRoutes(process_of_rank_, process_, host_of_process, false, Staggered());
+  one_host_ = std::all_of(process_of_rank_.begin(), process_of_rank_.end(), [&](int p) {
+    return host_of_process[size_t(p)] == host_of_process[size_t(process_)];
+  });
   const int n = int(process_of_rank_.size());
   local_index_.assign(n, -1);
   for (int r = 0; r < n; ++r) {
@@ -203,8 +211,10 @@ void ProcessRendezvous::Start(const GroupInfo& group, int size, const CallKey& k
   // This thread starts the cross-process part (posts its messages, never
   // waits), so peers that came earlier get this process's data at once.
   Begin(*slot);
-  if (slot->begun.ok() && (InlineBytes() == 0 || info.recv_bytes * local_.size() >= InlineBytes() ||
-                           !slot->run->PeersArrived(Clock::now() + InlineWait()))) {
+  const InlinePolicy inline_policy = Inline(one_host_);
+  if (slot->begun.ok() &&
+      (inline_policy.bytes == 0 || info.recv_bytes * local_.size() >= inline_policy.bytes ||
+       !slot->run->PeersArrived(Clock::now() + inline_policy.wait))) {
     // The rest waits on peers: an engine worker runs it. A small call whose
     // peers are all in it does not hand off: the hand-off (a thread to wake,
     // on this process and on its peers) would cost as much as the call, and

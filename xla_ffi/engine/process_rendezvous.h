@@ -5,8 +5,9 @@
 // current world, without waiting, and one thread runs the rest and completes
 // every local rank: an engine worker, or for a small call whose peers are all
 // in it already (their agreement headers arrived within
-// JAX_SMDDP_INLINE_WAIT_US) that XLA thread. No XLA thread waits for a peer
-// that is not in the call.
+// JAX_SMDDP_INLINE_WAIT_US; within one host, JAX_SMDDP_INLINE_ONE_HOST_BYTES
+// and _WAIT_US) that XLA thread. No XLA thread waits for a peer that is not
+// in the call.
 #ifndef JAX_SMDDP_ENGINE_PROCESS_RENDEZVOUS_H_
 #define JAX_SMDDP_ENGINE_PROCESS_RENDEZVOUS_H_
 
@@ -54,6 +55,7 @@ class ProcessRendezvous : public Rendezvous {
   uint64_t group_hash_ = 0;                   // equal on every process
   Routes routes_;  // hierarchical where the hosts allow (and the env does)
   Routes flat_routes_;
+  bool one_host_ = false;  // every process of the group on this one's host
   std::mutex mu_;
   std::unordered_map<CallKey, std::shared_ptr<Slot>, CallKeyHash> slots_;
 };

@@ -11,7 +11,7 @@ narrow it.
 
 Beside each median the tables give the calls' 90th percentile (``p90_us``), and mark a row
 whose p90 exceeds P90_MARK x its median: some of its calls took far longer than the typical one
-(other load, or more busy threads than cores: docs/cpu_floor.md, "Helper threads"), and its
+(other load, or more busy threads than cores: docs/cpu_steadiness.md, "Helper threads"), and its
 median, though still the figure to read, moves more from run to run."""
 
 from __future__ import annotations

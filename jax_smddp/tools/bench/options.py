@@ -99,7 +99,7 @@ def parse_args(argv=None) -> argparse.Namespace:
   p.add_argument("-w", "--warmup", "--warmup_iters", type=int, default=WARMUP,
                  help="untimed calls per implementation before its timed ones (fewer for large "
                  "sizes, as --iters). The default covers the calls a CPU process needs to grow "
-                 "its heap to a size's working set (docs/cpu_floor.md)")
+                 "its heap to a size's working set (docs/cpu_steadiness.md)")
   p.add_argument("-d", "--dtype", "--datatype", type=nccl_flags.dtype, default="float32",
                  help="element type: nccl-tests' names (float, half, bfloat16, double, int8, "
                       "uint8, int32, uint32, int64) or numpy's")
