@@ -446,13 +446,20 @@ def test_direct_transfers_between_hosts(direct_bytes):
 
 
 @pytest.mark.timeout(300)
-def test_call_phases_say_where_a_call_waits():
+@pytest.mark.parametrize("hosts", ["aaa", "abc"], ids=["one-host", "three-hosts"])
+def test_call_phases_say_where_a_call_waits(hosts):
   """distributed.call_phases() counts every call across processes and splits its time: 20
   all_gathers are 20 calls whose phases sum to less than the loop's wall time; in a call the
   last process reaches 0.3 s late, the others wait in the body (it starts at once, the
   agreement's views compared as they arrive), not before it, and the late process hardly waits
-  at all."""
-  procs = run_job(["phases"], 3, 1, timeout=240)
+  at all. Between hosts (by JAX_SMDDP_HOST_ID, one libfabric endpoint per process and no
+  shared-memory peer) that wait sleeps on the endpoint's descriptor up to 10 ms at a time
+  (wait_polls.h, kOneDescriptorSleepUs): tens of sleeps, not one per millisecond."""
+  if hosts != "aaa":
+    ran_in_first_suite(BETWEEN_HOSTS)
+  procs = run_job(["phases"], 3, 1, timeout=240,
+                  env=None if hosts == "aaa" else {"JAX_SMDDP_FABRIC_PROVIDER": "tcp;ofi_rxm"},
+                  per_process_env=[{"JAX_SMDDP_HOST_ID": h} for h in hosts])
   assert_all_ok(procs)
   for p in procs:
     r = p.result
@@ -471,6 +478,8 @@ def test_call_phases_say_where_a_call_waits():
     else:
       assert late["body_s"] > 0.2 and late["agree_s"] < 0.15, r
       assert late["wait_s"] > 0.2, r  # the body waited on its links, it did not compute
+      if hosts != "aaa":  # 1 ms bounds: about 300 sleeps
+        assert 0 < late["sleeps"] < 80, r
       # XLA's thread polled JAX_SMDDP_INLINE_ONE_HOST_WAIT_US (2 ms) for the late peer, then
       # left the call to an engine worker
       assert late["inline_calls"] == 0, r

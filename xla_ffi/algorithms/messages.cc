@@ -58,6 +58,7 @@ Messages::Messages(const ProcessCall& call)
                      [key](const Link* l) { return l->ProgressKey() == key; }))
       links_.push_back(link);
   }
+  one_descriptor_ = links_.size() == 1 && links_[0]->SleepsOnEveryArrival();
   next_check_ = Clock::now();
 }
 
@@ -254,7 +255,8 @@ Status Messages::Wait(size_t id) {
   const bool on_arrival = e.link && e.link->SleepsOnArrival();
   const WaitPolls polls = on_arrival ? WaitPollsOnArrival(polls_) : polls_;
   const unsigned yield_after = polls.yield_after, sleep_after = polls.sleep_after;
-  const unsigned sleep_for = on_arrival ? std::max(sleep_us, kArrivalSleepUs) : sleep_us;
+  const unsigned arrival_floor = one_descriptor_ ? kOneDescriptorSleepUs : kArrivalSleepUs;
+  const unsigned sleep_for = on_arrival ? std::max(sleep_us, arrival_floor) : sleep_us;
   CallPhases* phases = call_.phases;
   const auto waited_from = phases && !e.req.done() ? Clock::now() : Clock::time_point();
   Clock::time_point first_sleep;  // the bound grows with the time slept on this entry
@@ -282,7 +284,7 @@ Status Messages::Wait(size_t id) {
     } else if (spins > yield_after) {
       sched_yield();
     }
-    if ((spins & 15) != 0) continue;
+    if ((spins & 15) != 0 && !sleeps) continue;  // a sleeper checks after each sleep
     const auto now = Clock::now();
     if (now >= next_check_) {
       next_check_ = now + std::chrono::milliseconds(20);

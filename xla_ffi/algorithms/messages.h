@@ -109,6 +109,8 @@ class Messages {
   size_t chunk_;              // bytes per chunk
   WaitPolls polls_;           // how long a wait polls, yields, then sleeps
   std::vector<Link*> links_;  // for progress: one per progress key of the peers
+  // links_ is one link whose descriptor every arrival signals: waits sleep long on it.
+  bool one_descriptor_ = false;
   std::deque<Entry> entries_;
   // Announced chunks not yet handed over by SendChunk: tens per call at most
   // (found by a scan).

@@ -30,6 +30,15 @@ WaitPolls WaitPollsOnArrival(WaitPolls polls);
 // the descriptor wakes it when anything arrives, so the bound only matters
 // where another thread read the completion it waits for.
 constexpr unsigned kArrivalSleepUs = 1000;
+// The floor instead where the call polls one link alone and its descriptor
+// is signalled by everything that link carries (Link::SleepsOnEveryArrival:
+// one libfabric endpoint, no shared-memory peer that needs this process to
+// poll): the bound then only times the peer and deadline checks. 1 ms woke a
+// wait on a 200 Mbit/s link about once per ms, arrivals or not: 4x1x1
+// all_gather of 1 MiB per rank, 156 sleeps per 140 ms call and 27 ms of CPU
+// (all processes) against 59 and 15 ms at 10 ms, calls as fast
+// (docs/between_hosts.md, "One descriptor, long sleeps").
+constexpr unsigned kOneDescriptorSleepUs = 10000;
 
 // The longest a wait sleeps at a time once it has waited `waited_us`: its
 // floor (JAX_SMDDP_SLEEP_US, or kArrivalSleepUs), growing with an eighth of

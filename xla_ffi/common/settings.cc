@@ -108,7 +108,8 @@ const std::vector<SettingSpec> kSettings = {
      "whether it is on"},
     {"JAX_SMDDP_FABRIC_WAIT", kChoice, "fd", 0, 0, "fd|sleep", "runtime", false,
      "how a call waiting on a libfabric link sleeps once it stops polling: on the completion "
-     "queue's descriptor, woken when data arrives (fd, where the provider offers one), or for "
+     "queue's descriptor, woken when data arrives (fd, where the provider offers one; up to "
+     "1 ms at a time, 10 ms where the call has no shared-memory peer and one endpoint), or for "
      "JAX_SMDDP_SLEEP_US at a time, longer as the wait lasts (sleep)"},
     {"JAX_SMDDP_SHM_RING_BYTES", kBytes, "8M", 4096, 1 << 30, "", "runtime", false,
      "each direction's shared-memory ring between two processes of a host"},

@@ -122,6 +122,11 @@ class Link {
   // polling such a link and sleeps after a poll or two (wait_polls.h). On a
   // capped link between hosts, polling cost 3-4x gloo's CPU time per call.
   virtual bool SleepsOnArrival() const { return false; }
+  // True where that descriptor is signalled by everything the link carries
+  // (a striped link sleeps on one NIC's alone): a waiter that polls no other
+  // link then needs no timed wake-up to keep the link moving, and sleeps long
+  // (wait_polls.h, kOneDescriptorSleepUs).
+  virtual bool SleepsOnEveryArrival() const { return SleepsOnArrival(); }
 
   // Bytes received from the peer without an intermediate copy (shared
   // memory: read in place from the peer's memory; libfabric: tagged straight

@@ -121,6 +121,7 @@ class WatchedLink : public Link {
     inner_->AwaitActivity(seen, max_us);
   }
   bool SleepsOnArrival() const override { return inner_->SleepsOnArrival(); }
+  bool SleepsOnEveryArrival() const override { return inner_->SleepsOnEveryArrival(); }
   StatusCode PeerFailureCode() override {
     return inner_->PeerFailure().empty() ? StatusCode::kPeerFailed : inner_->PeerFailureCode();
   }

@@ -162,6 +162,8 @@ class Striped : public Link {
       if (!l->SleepsOnArrival()) return false;
     return true;
   }
+  // AwaitActivity sleeps on one NIC's descriptor: the others' arrivals wait for its bound.
+  bool SleepsOnEveryArrival() const override { return false; }
 
   uint64_t SingleCopyBytes() const override {
     uint64_t sum = 0;
