@@ -71,6 +71,21 @@ def test_a_helper_leaves_the_core_of_the_thread_it_helps():
   assert os.sched_getaffinity(0) == allowed  # its own mask back once the call's bodies are done
 
 
+@pytest.mark.skipif(len(os.sched_getaffinity(0)) < 2, reason="needs two CPUs")
+def test_a_thread_a_helper_starts_keeps_every_core():
+  # A worker thread the engine starts while a helper is kept off a core (a completion it posts
+  # with no worker idle) inherits the helper's narrowed mask unless the engine resets it: it then
+  # ran every later helper and device program it got on one core (1x8 all_reduce on this 2-core
+  # VM: 1 in 4 calls at one core's speed).
+  cpu = min(os.sched_getaffinity(0))
+  allowed = _on(cpu)
+  tasks = 2 * len(allowed) + 4  # more than the engine keeps idle: some threads start here
+  masks = _testing.off_cpu_spawn_probe(cpu, tasks)
+  assert len(masks) == tasks
+  assert all(set(m) == allowed for m in masks), masks
+  assert os.sched_getaffinity(0) == allowed
+
+
 def test_a_helper_elsewhere_or_with_one_core_stays_put():
   allowed = os.sched_getaffinity(0)
   cpu = min(allowed)

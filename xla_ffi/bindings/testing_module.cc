@@ -6,11 +6,13 @@
 #include <algorithm>
 #include <atomic>
 #include <chrono>
+#include <condition_variable>
 #include <cstdint>
 #include <cstring>
 #include <future>
 #include <map>
 #include <memory>
+#include <mutex>
 #include <stdexcept>
 #include <string>
 #include <thread>
@@ -537,6 +539,35 @@ std::pair<int, std::vector<int>> OffCpuProbe(int cpu) {
   return {sched_getcpu(), AllowedCpus()};
 }
 
+// Under OffCpu(cpu), posts `tasks` engine tasks that each wait for all the
+// others (each needs a worker of its own: more than are idle start new threads
+// from this one); returns each task's allowed CPUs.
+std::vector<std::vector<int>> OffCpuSpawnProbe(int cpu, int tasks) {
+  struct Shared {
+    std::mutex mu;
+    std::condition_variable cv;
+    std::vector<std::vector<int>> masks;
+  };
+  auto shared = std::make_shared<Shared>();
+  nb::gil_scoped_release release;
+  {
+    smddp::OffCpu away(cpu);
+    for (int i = 0; i < tasks; ++i) {
+      smddp::Post([shared, tasks] {
+        std::unique_lock<std::mutex> lock(shared->mu);
+        shared->masks.push_back(AllowedCpus());
+        shared->cv.notify_all();
+        shared->cv.wait_for(lock, std::chrono::seconds(10),
+                            [&] { return int(shared->masks.size()) >= tasks; });
+      });
+    }
+  }
+  std::unique_lock<std::mutex> lock(shared->mu);
+  shared->cv.wait_for(lock, std::chrono::seconds(10),
+                      [&] { return int(shared->masks.size()) >= tasks; });
+  return shared->masks;
+}
+
 // Posts one engine timer per entry of `delays_ms` (from now), cancels those
 // marked in `cancel` at once, and returns when each fired, in ms from the
 // start (-1: it never fired within `wait_ms`).
@@ -652,6 +683,7 @@ NB_MODULE(_smddp_testing, m) {
       },
       nb::arg("data"), nb::arg("n"), nb::arg("dtype"), nb::arg("op"), nb::arg("path"));
   m.def("off_cpu_probe", &OffCpuProbe, nb::arg("cpu"));
+  m.def("off_cpu_spawn_probe", &OffCpuSpawnProbe, nb::arg("cpu"), nb::arg("tasks"));
   m.def("timer_probe", &TimerProbe, nb::arg("delays_ms"), nb::arg("cancel"), nb::arg("wait_ms"));
   m.def("rendezvous_probe", &RendezvousProbe, nb::arg("size"), nb::arg("present"),
         nb::arg("timeout_s"), nb::arg("count") = 1024, nb::arg("odd_rank") = -1);

@@ -19,16 +19,28 @@ int CoresAvailable() {
   return std::max(cores, 1);
 }
 
+namespace {
+// The mask the calling thread had before its innermost OffCpu, while one holds:
+// a thread it starts takes that one, not the narrowed one.
+thread_local const cpu_set_t* t_home_mask = nullptr;
+}  // namespace
+
 OffCpu::OffCpu(int cpu) {
   if (cpu < 0 || cpu >= CPU_SETSIZE || sched_getcpu() != cpu) return;
   if (sched_getaffinity(0, sizeof(saved_), &saved_) != 0 || CPU_COUNT(&saved_) < 2) return;
   cpu_set_t away = saved_;
   CPU_CLR(cpu, &away);
   moved_ = sched_setaffinity(0, sizeof(away), &away) == 0;
+  if (moved_) {
+    outer_home_ = t_home_mask;
+    if (outer_home_ == nullptr) t_home_mask = &saved_;  // nested: the outermost's stays
+  }
 }
 
 OffCpu::~OffCpu() {
-  if (moved_) sched_setaffinity(0, sizeof(saved_), &saved_);
+  if (!moved_) return;
+  sched_setaffinity(0, sizeof(saved_), &saved_);
+  t_home_mask = outer_home_;
 }
 
 namespace {
@@ -49,7 +61,16 @@ class Scheduler {
       if (spawn) ++threads_;
     }
     if (spawn) {
-      std::thread([this] { Work(); }).detach();
+      // A thread inherits its creator's mask: one started by a helper kept off a
+      // core (OffCpu) would stay off it for life, and so would every device
+      // program it continues (1x8 all_reduce on 2 cores: calls at one core's speed).
+      const bool narrowed = t_home_mask != nullptr;
+      cpu_set_t home;
+      if (narrowed) home = *t_home_mask;
+      std::thread([this, narrowed, home] {
+        if (narrowed) sched_setaffinity(0, sizeof(home), &home);
+        Work();
+      }).detach();
     } else {
       cv_.notify_one();
     }

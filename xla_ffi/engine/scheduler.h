@@ -44,7 +44,8 @@ int CoresAvailable();
 // may run elsewhere (its affinity mask without `cpu`; restored when done):
 // a helper woken onto the core of the thread it helps shares that core, the
 // kernel slow to move it to an idle one (1x8 all_gather on 2 cores: 2 in 5
-// calls at one core's speed).
+// calls at one core's speed). A worker thread the engine starts meanwhile
+// (Post) takes the mask from before the guard.
 class OffCpu {
  public:
   explicit OffCpu(int cpu);
@@ -55,6 +56,7 @@ class OffCpu {
  private:
   bool moved_ = false;
   cpu_set_t saved_;
+  const cpu_set_t* outer_home_ = nullptr;  // an enclosing guard's saved mask
 };
 
 // Worker threads the engine keeps (the cores this process may use, at least
