@@ -6,20 +6,17 @@
 #include <algorithm>
 #include <atomic>
 #include <chrono>
-#include <condition_variable>
 #include <cstdint>
 #include <cstring>
 #include <future>
 #include <map>
 #include <memory>
-#include <mutex>
 #include <stdexcept>
 #include <string>
 #include <thread>
 #include <utility>
 #include <vector>
 
-#include <sched.h>
 #include <sys/mman.h>
 #include <unistd.h>
 
@@ -31,6 +28,7 @@
 #include "nanobind/stl/unique_ptr.h"
 #include "nanobind/stl/vector.h"
 #include "tests/native/host_stream_ops.h"
+#include "tests/native/scheduler_probes.h"
 #include "xla_ffi/algorithms/net_port.h"
 #include "xla_ffi/algorithms/phase_timer.h"
 #include "xla_ffi/algorithms/plan.h"
@@ -522,85 +520,6 @@ std::vector<nb::bytes> StreamHierarchicalProbe(int hosts, int local, size_t oute
   return out;
 }
 
-// The CPUs a thread may run on (its affinity mask), in order.
-std::vector<int> AllowedCpus() {
-  cpu_set_t set;
-  std::vector<int> out;
-  if (sched_getaffinity(0, sizeof(set), &set) != 0) return out;
-  for (int c = 0; c < CPU_SETSIZE; ++c)
-    if (CPU_ISSET(c, &set)) out.push_back(c);
-  return out;
-}
-
-// OffCpu(cpu) on the calling thread: the CPU it then runs on and its mask
-// while the guard lives (the caller reads the mask it leaves behind).
-std::pair<int, std::vector<int>> OffCpuProbe(int cpu) {
-  smddp::OffCpu away(cpu);
-  return {sched_getcpu(), AllowedCpus()};
-}
-
-// Under OffCpu(cpu), posts `tasks` engine tasks that each wait for all the
-// others (each needs a worker of its own: more than are idle start new threads
-// from this one); returns each task's allowed CPUs.
-std::vector<std::vector<int>> OffCpuSpawnProbe(int cpu, int tasks) {
-  struct Shared {
-    std::mutex mu;
-    std::condition_variable cv;
-    std::vector<std::vector<int>> masks;
-  };
-  auto shared = std::make_shared<Shared>();
-  nb::gil_scoped_release release;
-  {
-    smddp::OffCpu away(cpu);
-    for (int i = 0; i < tasks; ++i) {
-      smddp::Post([shared, tasks] {
-        std::unique_lock<std::mutex> lock(shared->mu);
-        shared->masks.push_back(AllowedCpus());
-        shared->cv.notify_all();
-        shared->cv.wait_for(lock, std::chrono::seconds(10),
-                            [&] { return int(shared->masks.size()) >= tasks; });
-      });
-    }
-  }
-  std::unique_lock<std::mutex> lock(shared->mu);
-  shared->cv.wait_for(lock, std::chrono::seconds(10),
-                      [&] { return int(shared->masks.size()) >= tasks; });
-  return shared->masks;
-}
-
-// Posts one engine timer per entry of `delays_ms` (from now), cancels those
-// marked in `cancel` at once, and returns when each fired, in ms from the
-// start (-1: it never fired within `wait_ms`).
-std::vector<double> TimerProbe(std::vector<double> delays_ms, std::vector<bool> cancel,
-                               double wait_ms) {
-  using Clock = std::chrono::steady_clock;
-  const size_t n = delays_ms.size();
-  auto fired = std::make_shared<std::vector<std::atomic<int64_t>>>(n);
-  for (auto& f : *fired) f.store(-1);
-  const Clock::time_point start = Clock::now();
-  std::vector<smddp::Timer> timers;
-  for (size_t i = 0; i < n; ++i) {
-    const auto at = start + std::chrono::microseconds(int64_t(delays_ms[i] * 1000));
-    timers.push_back(smddp::PostAt(at, [fired, i, start] {
-      (*fired)[i].store(
-          std::chrono::duration_cast<std::chrono::microseconds>(Clock::now() - start).count());
-    }));
-    if (i < cancel.size() && cancel[i]) smddp::Cancel(timers.back());
-  }
-  nb::gil_scoped_release release;
-  const Clock::time_point end = start + std::chrono::microseconds(int64_t(wait_ms * 1000));
-  for (;;) {
-    bool all = true;
-    for (size_t i = 0; i < n; ++i)
-      all = all && ((i < cancel.size() && cancel[i]) || (*fired)[i].load() >= 0);
-    if (all || Clock::now() >= end) break;
-    std::this_thread::sleep_for(std::chrono::milliseconds(1));
-  }
-  std::vector<double> out;
-  for (auto& f : *fired) out.push_back(f.load() < 0 ? -1.0 : double(f.load()) / 1000.0);
-  return out;
-}
-
 }  // namespace
 
 NB_MODULE(_smddp_testing, m) {
@@ -682,9 +601,11 @@ NB_MODULE(_smddp_testing, m) {
         return nb::bytes(out.data(), count * es);
       },
       nb::arg("data"), nb::arg("n"), nb::arg("dtype"), nb::arg("op"), nb::arg("path"));
-  m.def("off_cpu_probe", &OffCpuProbe, nb::arg("cpu"));
-  m.def("off_cpu_spawn_probe", &OffCpuSpawnProbe, nb::arg("cpu"), nb::arg("tasks"));
-  m.def("timer_probe", &TimerProbe, nb::arg("delays_ms"), nb::arg("cancel"), nb::arg("wait_ms"));
+  m.def("off_cpu_probe", &smddp::OffCpuProbe, nb::arg("cpu"));
+  m.def("off_cpu_spawn_probe", &smddp::OffCpuSpawnProbe, nb::arg("cpu"), nb::arg("tasks"),
+        nb::call_guard<nb::gil_scoped_release>());
+  m.def("timer_probe", &smddp::TimerProbe, nb::arg("delays_ms"), nb::arg("cancel"),
+        nb::arg("wait_ms"), nb::call_guard<nb::gil_scoped_release>());
   m.def("rendezvous_probe", &RendezvousProbe, nb::arg("size"), nb::arg("present"),
         nb::arg("timeout_s"), nb::arg("count") = 1024, nb::arg("odd_rank") = -1);
   m.def("stream_probe", &StreamProbe, nb::arg("kind"), nb::arg("dtype"), nb::arg("op"),
