@@ -480,8 +480,8 @@ def test_call_phases_say_where_a_call_waits(hosts):
       assert late["wait_s"] > 0.2, r  # the body waited on its links, it did not compute
       if hosts != "aaa":  # 1 ms bounds: about 300 sleeps
         assert 0 < late["sleeps"] < 80, r
-      # XLA's thread polled JAX_SMDDP_INLINE_ONE_HOST_WAIT_US (2 ms) for the late peer, then
-      # left the call to an engine worker
+      # XLA's thread polled JAX_SMDDP_INLINE_ONE_HOST_WAIT_US (2 ms; between hosts
+      # JAX_SMDDP_INLINE_WAIT_US, 50 us) for the late peer, then left the call to a worker
       assert late["inline_calls"] == 0, r
 
 

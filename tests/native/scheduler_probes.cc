@@ -35,23 +35,22 @@ std::pair<std::vector<int>, std::vector<std::vector<int>>> OffCpuSpawnProbe(int 
     std::vector<std::vector<int>> masks;
   };
   auto shared = std::make_shared<Shared>();
+  const auto all_in = [shared, tasks] { return int(shared->masks.size()) >= tasks; };
   std::vector<int> guarded;
   {
     OffCpu away(cpu);
     guarded = AllowedCpus();
     for (int i = 0; i < tasks; ++i) {
-      Post([shared, tasks] {
+      Post([shared, all_in] {
         std::unique_lock<std::mutex> lock(shared->mu);
         shared->masks.push_back(AllowedCpus());
         shared->cv.notify_all();
-        shared->cv.wait_for(lock, std::chrono::seconds(10),
-                            [&] { return int(shared->masks.size()) >= tasks; });
+        shared->cv.wait_for(lock, std::chrono::seconds(10), all_in);
       });
     }
   }
   std::unique_lock<std::mutex> lock(shared->mu);
-  shared->cv.wait_for(lock, std::chrono::seconds(10),
-                      [&] { return int(shared->masks.size()) >= tasks; });
+  shared->cv.wait_for(lock, std::chrono::seconds(10), all_in);
   return {guarded, shared->masks};
 }
 

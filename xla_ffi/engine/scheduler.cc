@@ -65,8 +65,7 @@ class Scheduler {
       // core (OffCpu) would stay off it for life, and so would every device
       // program it continues (1x8 all_reduce on 2 cores: calls at one core's speed).
       const bool narrowed = t_home_mask != nullptr;
-      cpu_set_t home;
-      if (narrowed) home = *t_home_mask;
+      const cpu_set_t home = narrowed ? *t_home_mask : cpu_set_t{};
       std::thread([this, narrowed, home] {
         if (narrowed) sched_setaffinity(0, sizeof(home), &home);
         Work();
