@@ -216,3 +216,59 @@ def test_a_thread_arena_keeps_its_emptied_heap(tmp_path):
                             ("JAX_SMDDP_HEAP_REUSE_BYTES", "MALLOC_ARENA_MAX"), {}))
   assert r["after"]["applied"] is True, r
   assert max(r["faults"]) < r["pages"] // 100, r
+
+
+TRIM_SCRIPT = textwrap.dedent("""
+  import ctypes, json, os, resource, sys
+  os.environ["XLA_FLAGS"] = "--xla_force_host_platform_device_count=2"
+  import jax_smddp as smddp
+  import numpy as np
+  import jax
+  from jax.sharding import PartitionSpec as P, NamedSharding
+  from jax_smddp import capabilities
+
+  libc = ctypes.CDLL(None)
+  libc.malloc.restype = ctypes.c_void_p
+  libc.malloc.argtypes = [ctypes.c_size_t]
+  libc.free.argtypes = [ctypes.c_void_p]
+  mesh = jax.make_mesh((2,), ("x",))
+  x = jax.device_put(np.arange(2048, dtype=np.float32), NamedSharding(mesh, P("x")))
+  f = jax.jit(jax.shard_map(lambda v: smddp.all_gather(v, "x", tiled=True), mesh=mesh,
+                            in_specs=P("x"), out_specs=P("x")))
+  f(x).block_until_ready()  # the policy applies
+  size, count = 40 << 20, 4  # below the policy's threshold: from the main heap
+
+  def fill():
+    # Blocks written through, then all freed: the heap's top grows by their 160 MiB.
+    blocks = [libc.malloc(size) for _ in range(count)]
+    assert all(blocks)
+    before = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
+    for b in blocks:
+      ctypes.memset(b, 1, size)
+    taken = resource.getrusage(resource.RUSAGE_SELF).ru_minflt - before
+    for b in reversed(blocks):
+      libc.free(b)
+    return taken
+
+  fill()
+  print("RESULT", json.dumps({"after": capabilities.heap_reuse(), "faults": fill(),
+                              "pages": count * size // resource.getpagesize()}))
+""")
+
+
+@pytest.mark.timeout(180)
+@pytest.mark.parametrize("setting,kept", [(None, True), ("128M", False)])
+def test_the_heap_keeps_its_freed_top_up_to_the_trim_setting(tmp_path, setting, kept):
+  """160 MiB of outputs freed together at the top of the main heap stay there under
+  JAX_SMDDP_HEAP_TRIM_BYTES' default (1G), so the same blocks are written again without page
+  faults; at 128M (twice the reuse threshold, the trim threshold before the setting) glibc gives
+  all but its 64 MiB pad back and the blocks fault in afresh."""
+  env = {} if setting is None else {"JAX_SMDDP_HEAP_TRIM_BYTES": setting}
+  r = json.loads(run_script(tmp_path, TRIM_SCRIPT,
+                            ("JAX_SMDDP_HEAP_REUSE_BYTES", "JAX_SMDDP_HEAP_TRIM_BYTES",
+                             "MALLOC_ARENA_MAX", "JAX_SMDDP_MALLOC_ARENAS"), env))
+  assert r["after"]["applied"] is True, r
+  if kept:
+    assert r["faults"] < r["pages"] // 100, r
+  else:
+    assert r["faults"] >= r["pages"] // 4, r

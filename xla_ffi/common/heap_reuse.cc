@@ -60,10 +60,13 @@ void ApplyHeapReuse() {
     const HeapReusePolicy p = HeapReuse();
     if (p.bytes <= 0) return;
     // The trim threshold first: with it above the mmap threshold, a freed
-    // output at the top of the heap is kept rather than returned at once.
-    // mallopt takes an int: the registry caps the setting at 1G, and twice
-    // that is clamped.
-    const int64_t trim_bytes = std::min<int64_t>(2 * p.bytes, INT_MAX);
+    // output at the top of the heap is kept rather than returned at once, and
+    // well above it (JAX_SMDDP_HEAP_TRIM_BYTES), the heap does not shrink to
+    // its pad and regrow onto fresh pages as outputs come and go
+    // (docs/cpu_steadiness.md). mallopt takes an int: the registry caps both
+    // settings at 1G, and twice that is clamped.
+    const int64_t trim_bytes =
+        std::min<int64_t>(std::max(IntSetting("JAX_SMDDP_HEAP_TRIM_BYTES"), 2 * p.bytes), INT_MAX);
     const bool trim = mallopt(M_TRIM_THRESHOLD, int(trim_bytes)) == 1;
     const bool mmap = mallopt(M_MMAP_THRESHOLD, int(p.bytes)) == 1;
     // The trim threshold does not hold in a thread's own arena: glibc unmaps

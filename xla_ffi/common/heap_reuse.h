@@ -28,7 +28,8 @@ struct HeapReusePolicy {
 HeapReusePolicy HeapReuse();
 
 // Applies the policy once per process (mallopt M_MMAP_THRESHOLD = bytes,
-// M_TRIM_THRESHOLD = 2 * bytes, at most INT_MAX, and M_TOP_PAD = 64 MiB so
+// M_TRIM_THRESHOLD = JAX_SMDDP_HEAP_TRIM_BYTES or 2 * bytes, the larger, at
+// most INT_MAX, and M_TOP_PAD = 64 MiB so
 // that per-thread arenas keep their emptied heaps too). Called when the first CPU
 // collective is set up, so a process that only imports jax_smddp keeps
 // glibc's thresholds (its arenas: CapMallocArenas, below).

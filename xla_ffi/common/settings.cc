@@ -138,13 +138,24 @@ const std::vector<SettingSpec> kSettings = {
     {"JAX_SMDDP_HEAP_REUSE_BYTES", kBytes, "64M", 0, 1 << 30, "", "runtime", false,
      "when a process sets up its first CPU collective, glibc is told to serve allocations up "
      "to this size from its heap and to keep what is freed there (mallopt M_MMAP_THRESHOLD, "
-     "M_TRIM_THRESHOLD at twice this, and M_TOP_PAD at 64 MiB, without which glibc unmaps a "
-     "thread arena's heaps once empty), so XLA's large output buffers are reused call after "
-     "call instead of mapped afresh, page-faulted and zeroed by the kernel each time; the "
-     "process may keep up to twice this much freed memory in the main heap, and a thread's own "
+     "M_TRIM_THRESHOLD at JAX_SMDDP_HEAP_TRIM_BYTES or twice this, the larger, and M_TOP_PAD at "
+     "64 MiB, without which glibc unmaps a thread arena's heaps once empty), so XLA's large "
+     "output buffers are reused call after call instead of mapped afresh, page-faulted and "
+     "zeroed by the kernel each time; the process may keep that much freed memory at the top "
+     "of the main heap, and a thread's own "
      "arena keeps the heaps it grew (64 MiB each); 0 leaves glibc's "
      "policy alone, as do MALLOC_MMAP_THRESHOLD_, MALLOC_TRIM_THRESHOLD_, MALLOC_TOP_PAD_ or a "
      "glibc.malloc tunable in the environment. glibc only"},
+    {"JAX_SMDDP_HEAP_TRIM_BYTES", kBytes, "1G", 0, 1 << 30, "", "runtime", false,
+     "while JAX_SMDDP_HEAP_REUSE_BYTES keeps glibc's heap, free memory at the top of the main "
+     "heap is given back to the system only beyond this much (mallopt M_TRIM_THRESHOLD; at least "
+     "twice JAX_SMDDP_HEAP_REUSE_BYTES): below it the heap shrank to its 64 MiB pad whenever "
+     "the outputs at its top were freed together and regrew onto fresh pages a few calls "
+     "later, each such call waiting for the kernel (on a VM, its host) to supply its output "
+     "page by page. 2x2 at 16 MiB per rank, 5 alternating pairs of the on-host benchmark: p90 "
+     "within 1.5x of the median in 15 of 15 op-runs against 12 of 15 at 128M, 8 of 300 calls "
+     "above 1.5x their run's median against 17 (docs/cpu_steadiness.md). The process may keep "
+     "this much freed memory"},
     {"JAX_SMDDP_STREAMING_STORE_BYTES", kBytes, "16M", 0, kNoMax, "", "runtime", false,
      "collectives that write this much or more in a process (all its outputs) copy with "
      "non-temporal stores, which bypass the caches (no read of each destination line before "
