@@ -479,7 +479,7 @@ def call_phases() -> dict:
     wait for views still in flight once the body is done; the ``inline_calls`` ran wholly on
     XLA's thread (calls smaller than JAX_SMDDP_INLINE_BYTES whose peers were in the call
     within JAX_SMDDP_INLINE_WAIT_US; JAX_SMDDP_INLINE_ONE_HOST_BYTES and _WAIT_US when every
-    process of the group is on this host);
+    process of the group is on this host, unless its processes outnumber its cores);
   - ``body_s``: the collective's own transfers, copies and reductions, started at once (the
     views are compared as they arrive), so a peer that reaches the call late shows here;
   - ``wait_s``: the part of agree and body spent waiting for links to finish transfers, and

@@ -513,6 +513,28 @@ def test_small_calls_run_on_xlas_thread_once_the_peers_are_in_them(nprocs, devic
 
 
 @pytest.mark.timeout(300)
+def test_an_oversubscribed_host_takes_the_inline_policy_between_hosts():
+  """With JAX_SMDDP_INLINE_ONE_HOST_BYTES unset, a host whose processes outnumber the cores they
+  may use (2 processes bound to one core here) runs calls within it as calls between hosts:
+  small ones (below JAX_SMDDP_INLINE_BYTES) on XLA's thread, large ones, which a host with the
+  cores would run there too (64 MiB), on an engine worker. Right against numpy as above."""
+  home = os.sched_getaffinity(0)
+  os.sched_setaffinity(0, {min(home)})  # the workers inherit it: 2 processes, 1 core
+  try:
+    procs = run_job(["inline"], 2, 1, timeout=240,
+                    env={"JAX_SMDDP_INLINE_WAIT_US": "1000000", "JAX_SMDDP_INLINE_BYTES": "256K",
+                         "JAX_SMDDP_INLINE_ONE_HOST_WAIT_US": "1000000"})
+  finally:
+    os.sched_setaffinity(0, home)
+  assert_all_ok(procs)
+  for p in procs:
+    r = p.result
+    assert 256 << 10 <= r["output_bytes"] < 16 << 20, r
+    assert r["small"] == {"calls": 20, "inline_calls": 20}, r
+    assert r["large"] == {"calls": 5, "inline_calls": 0}, r
+
+
+@pytest.mark.timeout(300)
 @pytest.mark.parametrize("hierarchical", ["1", "0"])
 def test_hierarchical_routes_cross_the_network_once_per_host(hierarchical):
   """2 hosts x 2 processes, one all_gather: with rails each process sends its

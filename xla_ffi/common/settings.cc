@@ -67,7 +67,8 @@ const std::vector<SettingSpec> kSettings = {
      "how long, in microseconds, a small call across processes (JAX_SMDDP_INLINE_BYTES) polls "
      "on XLA's thread for its peers to announce it before it leaves the call to an engine "
      "worker"},
-    {"JAX_SMDDP_INLINE_ONE_HOST_BYTES", kBytes, "64M", 0, kNoMax, "", "runtime", false,
+    {"JAX_SMDDP_INLINE_ONE_HOST_BYTES", kBytes, "64M; JAX_SMDDP_INLINE_BYTES where oversubscribed",
+     0, kNoMax, "", "runtime", false,
      "JAX_SMDDP_INLINE_BYTES for calls whose processes all share one host: once every peer "
      "process is in the call what remains is copies in shared memory, not a network, and "
      "running it on XLA's thread saves the hand-off to an engine worker. Measured (python -m "
@@ -75,7 +76,12 @@ const std::vector<SettingSpec> kSettings = {
      "16M --iters 20 --timing solo, 2-core VM, alternating runs on two days; "
      "docs/cpu_steadiness.md, \"A call on XLA's thread within one host\"): p90 within 1.5x of "
      "the median in 23 of 27 op-runs against 9 of 21 with the call handed to a worker, "
-     "all_reduce's median 7.0-7.7 ms against 7.9-11.5; 2x1, 4x1 and 8x1 level. 0 turns that off"},
+     "all_reduce's median 7.0-7.7 ms against 7.9-11.5; 2x1 and 8x1 level. Unset where the "
+     "host's processes outnumber its cores (oversubscribed, as for JAX_SMDDP_SPIN), calls within "
+     "the host take JAX_SMDDP_INLINE_BYTES and _WAIT_US, as calls between hosts do: 4x1 on 2 "
+     "cores, 3 batches of alternating runs of the set above: p90 within 1.5x in 25 of 25 "
+     "op-runs against 22 of 25, 9 calls of 500 above 1.5x their run's median against 35. 0 "
+     "turns that off"},
     {"JAX_SMDDP_INLINE_ONE_HOST_WAIT_US", kInt, "2000", 0, 1e6, "", "runtime", false,
      "JAX_SMDDP_INLINE_WAIT_US for calls whose processes all share one host: how long XLA's "
      "thread polls (yielding its core after a few rounds) for the peers to announce the call"},

@@ -47,19 +47,28 @@ bool Staggered() { return StaggerChunk() != 0; }
 // Calls whose outputs in this process are smaller than `bytes` run on the
 // thread of the last local device to arrive once the peers are in the call
 // too, polling for them `wait` at most; within one host larger calls and a
-// longer wait (peers there only copy in memory once they are in the call).
+// longer wait (peers there only copy in memory once they are in the call),
+// unless the host's processes outnumber its cores and the one-host threshold
+// is not set: there large calls handed to a worker were steadier (4x1 on 2
+// cores: docs/cpu_steadiness.md), so such a host takes the policy between hosts.
 struct InlinePolicy {
   uint64_t bytes;
   Clock::duration wait;
 };
-InlinePolicy Inline(bool one_host) {
+InlinePolicy Inline(bool one_host, bool oversubscribed) {
   static const InlinePolicy across{
       uint64_t(IntSetting("JAX_SMDDP_INLINE_BYTES")),
       std::chrono::microseconds(IntSetting("JAX_SMDDP_INLINE_WAIT_US"))};
+  static const int64_t one_host_bytes = [] {
+    int64_t bytes = -1;  // unset: 64 MiB, or the policy between hosts where oversubscribed
+    IntSettingIfSet("JAX_SMDDP_INLINE_ONE_HOST_BYTES", &bytes);
+    return bytes;
+  }();
+  if (!one_host || (oversubscribed && one_host_bytes < 0)) return across;
   static const InlinePolicy within{
-      uint64_t(IntSetting("JAX_SMDDP_INLINE_ONE_HOST_BYTES")),
+      one_host_bytes >= 0 ? uint64_t(one_host_bytes) : uint64_t(64) << 20,
       std::chrono::microseconds(IntSetting("JAX_SMDDP_INLINE_ONE_HOST_WAIT_US"))};
-  return one_host ? within : across;
+  return within;
 }
 
 }  // namespace
@@ -211,7 +220,8 @@ void ProcessRendezvous::Start(const GroupInfo& group, int size, const CallKey& k
   // This thread starts the cross-process part (posts its messages, never
   // waits), so peers that came earlier get this process's data at once.
   Begin(*slot);
-  const InlinePolicy inline_policy = Inline(one_host_);
+  const InlinePolicy inline_policy =
+      Inline(one_host_, slot->world != nullptr && slot->world->oversubscribed());
   if (slot->begun.ok() &&
       (inline_policy.bytes == 0 || info.recv_bytes * local_.size() >= inline_policy.bytes ||
        !slot->run->PeersArrived(Clock::now() + inline_policy.wait))) {

@@ -5,9 +5,9 @@
 // current world, without waiting, and one thread runs the rest and completes
 // every local rank: an engine worker, or for a small call whose peers are all
 // in it already (their agreement headers arrived within
-// JAX_SMDDP_INLINE_WAIT_US; within one host, JAX_SMDDP_INLINE_ONE_HOST_BYTES
-// and _WAIT_US) that XLA thread. No XLA thread waits for a peer that is not
-// in the call.
+// JAX_SMDDP_INLINE_WAIT_US; within one host with a core per process,
+// JAX_SMDDP_INLINE_ONE_HOST_BYTES and _WAIT_US) that XLA thread. No XLA
+// thread waits for a peer that is not in the call.
 #ifndef JAX_SMDDP_ENGINE_PROCESS_RENDEZVOUS_H_
 #define JAX_SMDDP_ENGINE_PROCESS_RENDEZVOUS_H_
 
