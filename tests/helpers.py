@@ -76,22 +76,25 @@ def engine_probes():
   return _smddp_testing
 
 
-def faults_to_refill(nbytes: int) -> int:
-  """Page faults taken writing a fresh glibc allocation of `nbytes` (freed
-  again): none when glibc serves it from memory its heap kept, one per page
-  when it maps the block afresh (JAX_SMDDP_HEAP_REUSE_BYTES)."""
+def faults_to_refill(nbytes: int, count: int = 1) -> int:
+  """Page faults taken writing `count` fresh glibc allocations of `nbytes` each
+  (all held while written, then freed): none when glibc serves them from memory
+  its heap kept, one per page when it maps them afresh
+  (JAX_SMDDP_HEAP_REUSE_BYTES, JAX_SMDDP_HEAP_TRIM_BYTES)."""
   import ctypes
   import resource
   libc = ctypes.CDLL(None)
   libc.malloc.restype = ctypes.c_void_p
   libc.malloc.argtypes = [ctypes.c_size_t]
   libc.free.argtypes = [ctypes.c_void_p]
-  p = libc.malloc(nbytes)
-  assert p, f"malloc({nbytes}) failed"
+  blocks = [libc.malloc(nbytes) for _ in range(count)]
+  assert all(blocks), f"malloc({nbytes}) failed"
   before = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
-  ctypes.memset(p, 1, nbytes)
+  for p in blocks:
+    ctypes.memset(p, 1, nbytes)
   taken = resource.getrusage(resource.RUSAGE_SELF).ru_minflt - before
-  libc.free(p)
+  for p in reversed(blocks):
+    libc.free(p)
   return taken
 
 

@@ -219,39 +219,26 @@ def test_a_thread_arena_keeps_its_emptied_heap(tmp_path):
 
 
 TRIM_SCRIPT = textwrap.dedent("""
-  import ctypes, json, os, resource, sys
+  import json, os, resource, sys
   os.environ["XLA_FLAGS"] = "--xla_force_host_platform_device_count=2"
   import jax_smddp as smddp
   import numpy as np
   import jax
   from jax.sharding import PartitionSpec as P, NamedSharding
   from jax_smddp import capabilities
+  sys.path.insert(0, sys.argv[1])
+  from helpers import faults_to_refill
 
-  libc = ctypes.CDLL(None)
-  libc.malloc.restype = ctypes.c_void_p
-  libc.malloc.argtypes = [ctypes.c_size_t]
-  libc.free.argtypes = [ctypes.c_void_p]
   mesh = jax.make_mesh((2,), ("x",))
   x = jax.device_put(np.arange(2048, dtype=np.float32), NamedSharding(mesh, P("x")))
   f = jax.jit(jax.shard_map(lambda v: smddp.all_gather(v, "x", tiled=True), mesh=mesh,
                             in_specs=P("x"), out_specs=P("x")))
   f(x).block_until_ready()  # the policy applies
   size, count = 40 << 20, 4  # below the policy's threshold: from the main heap
-
-  def fill():
-    # Blocks written through, then all freed: the heap's top grows by their 160 MiB.
-    blocks = [libc.malloc(size) for _ in range(count)]
-    assert all(blocks)
-    before = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
-    for b in blocks:
-      ctypes.memset(b, 1, size)
-    taken = resource.getrusage(resource.RUSAGE_SELF).ru_minflt - before
-    for b in reversed(blocks):
-      libc.free(b)
-    return taken
-
-  fill()
-  print("RESULT", json.dumps({"after": capabilities.heap_reuse(), "faults": fill(),
+  # Blocks written through, then all freed: the heap's top grows by their 160 MiB.
+  faults_to_refill(size, count)
+  print("RESULT", json.dumps({"after": capabilities.heap_reuse(),
+                              "faults": faults_to_refill(size, count),
                               "pages": count * size // resource.getpagesize()}))
 """)
 

@@ -55,6 +55,7 @@ struct InlinePolicy {
   uint64_t bytes;
   Clock::duration wait;
 };
+constexpr uint64_t kOneHostInlineBytes = uint64_t(64) << 20;  // the registry's default
 InlinePolicy Inline(bool one_host, bool oversubscribed) {
   static const InlinePolicy across{
       uint64_t(IntSetting("JAX_SMDDP_INLINE_BYTES")),
@@ -66,7 +67,7 @@ InlinePolicy Inline(bool one_host, bool oversubscribed) {
   }();
   if (!one_host || (oversubscribed && one_host_bytes < 0)) return across;
   static const InlinePolicy within{
-      one_host_bytes >= 0 ? uint64_t(one_host_bytes) : uint64_t(64) << 20,
+      one_host_bytes >= 0 ? uint64_t(one_host_bytes) : kOneHostInlineBytes,
       std::chrono::microseconds(IntSetting("JAX_SMDDP_INLINE_ONE_HOST_WAIT_US"))};
   return within;
 }
